@@ -1,0 +1,34 @@
+# The two commands the README leads with: `make demo` and `make test`.
+# Each creates .venv, installs the project into it, then runs. Needs only Python >= 3.10 and make.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+# `make demo` adds the CUDA libraries when the NVIDIA driver sees a GPU.
+CUDA   := $(shell nvidia-smi -L >/dev/null 2>&1 && echo ,and-cuda)
+
+.PHONY: demo test lint env clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.dev: $(BIN)/python setup.cfg pyproject.toml
+	$(BIN)/python -m pip install -q -e ".[dev$(CUDA)]"
+	touch $@
+
+demo: $(VENV)/.dev
+	$(BIN)/tfgpu env
+	$(BIN)/tfgpu demo $(ARGS)
+
+test: $(VENV)/.dev
+	$(BIN)/python -m pytest $(ARGS)
+
+lint: $(VENV)/.dev
+	$(BIN)/ruff check tfgpu tests examples benchmarks
+	$(BIN)/ruff format --check tfgpu tests examples benchmarks
+
+env: $(VENV)/.dev
+	$(BIN)/tfgpu env
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

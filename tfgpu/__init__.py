@@ -1,0 +1,67 @@
+"""tfgpu: make Keras/TensorFlow training use the GPU well.
+
+A few calls before `model.fit` and callbacks during it:
+
+```python
+import tfgpu
+tfgpu.configure()                       # memory growth, precision policy
+strategy = tfgpu.strategy()             # one GPU, several, or several machines
+train = tfgpu.data.pipeline((x, y), batch_size=tfgpu.global_batch_size(128, strategy),
+                            strategy=strategy)
+model.fit(train, callbacks=[tfgpu.callbacks.GPUMonitor(log_dir="runs/exp1")])
+print(tfgpu.diagnose(model, train))
+```
+
+Importing `tfgpu` is fast: no TensorFlow, no NVML. Each name below is loaded the first
+time it is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# Public name -> module that defines it. Submodules map to themselves.
+_EXPORTS: dict[str, str] = {
+    "configure": "tfgpu.config",
+    "Configuration": "tfgpu.config",
+    "environment": "tfgpu.env",
+    "EnvironmentReport": "tfgpu.env",
+    "strategy": "tfgpu.distribute",
+    "global_batch_size": "tfgpu.distribute",
+    "scale_learning_rate": "tfgpu.distribute",
+    "diagnose": "tfgpu.diagnosis",
+    "Diagnosis": "tfgpu.diagnosis",
+    "find_batch_size": "tfgpu.batch_size",
+    "BatchSizeResult": "tfgpu.batch_size",
+    "callbacks": "tfgpu.callbacks",
+    "data": "tfgpu.data",
+    "monitor": "tfgpu.monitor",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'tfgpu' has no attribute {name!r}")
+    module = importlib.import_module(module_name)
+    value = module if module_name == f"tfgpu.{name}" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from tfgpu import callbacks, data, monitor
+    from tfgpu.batch_size import BatchSizeResult, find_batch_size
+    from tfgpu.config import Configuration, configure
+    from tfgpu.diagnosis import Diagnosis, diagnose
+    from tfgpu.distribute import global_batch_size, scale_learning_rate, strategy
+    from tfgpu.env import EnvironmentReport, environment

@@ -1,0 +1,7 @@
+"""`python -m tfgpu` runs the `tfgpu` command."""
+
+import sys
+
+from tfgpu.cli import main
+
+sys.exit(main())

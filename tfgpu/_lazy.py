@@ -1,0 +1,36 @@
+"""Imports of heavy or optional packages, with the exact install line when one is missing."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# module name -> what to install to get it
+_INSTALL_HINTS = {
+    "tensorflow": 'pip install "tfgpu"  (or "tfgpu[and-cuda]" on a machine with an NVIDIA GPU)',
+    "keras": 'pip install "keras>=3"',
+    "tensorflow_datasets": "pip install tensorflow-datasets",
+    "pynvml": "pip install nvidia-ml-py  (NVML itself ships with the NVIDIA driver)",
+    "psutil": "pip install psutil",
+    "matplotlib": "pip install matplotlib",
+}
+
+
+def import_optional(name: str) -> ModuleType:
+    """Imports `name`, or raises `ImportError` that says what to install.
+
+    Args:
+        name: str, the module to import, e.g. `"tensorflow_datasets"`.
+
+    Returns:
+        The imported module.
+
+    Raises:
+        ImportError: if the module is not installed; the message holds the pip command.
+    """
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        top = name.split(".")[0]
+        hint = _INSTALL_HINTS.get(top, f"pip install {top}")
+        raise ImportError(f"tfgpu needs the `{top}` package for this feature. Install it with: {hint}") from e
