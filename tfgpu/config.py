@@ -1,0 +1,509 @@
+"""`tfgpu.configure()`: memory, visible GPUs, precision and determinism, set once before training.
+
+TensorFlow fixes its devices (which GPUs, how their memory is allocated, how the CPU is
+split) when its runtime first initializes, i.e. at the first tensor or model. So
+`configure()` must run before that. It works in two steps:
+
+1. `_plan(facts, wishes)`: a pure function of the device facts (the GPUs TensorFlow sees,
+   their compute capabilities, whether the runtime already started, a few environment
+   variables) and the validated arguments; every decision and every message is made here.
+2. `_apply(plan)`: the thin layer that calls `tf.config` and Keras.
+
+Called again with the same arguments it does nothing. Called after the runtime started with
+device settings it can no longer change, it raises `RuntimeError` naming them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tfgpu.precision import choose_policy, has_tensor_cores, supports_bfloat16
+
+__all__ = ["Configuration", "configure"]
+
+_PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
+_ASYNC = "cuda_malloc_async"
+_TOO_LATE = (
+    "TensorFlow already initialized its devices in this process. Call tfgpu.configure() "
+    "before building any tensor or model (first thing after the imports)."
+)
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """What `tfgpu.configure()` decided and applied. Print it for a readable summary.
+
+    Args:
+        precision: str, the Keras global precision policy now in effect.
+        precision_reason: str, why this policy.
+        gpus: tuple of str, the GPUs TensorFlow will use, e.g.
+            `("GPU:0 NVIDIA A100-SXM4-80GB (cc 8.0)",)`; empty on the CPU.
+        memory_growth: bool or None, memory growth on every used GPU; None when it was not
+            set (no GPU, or a memory limit instead).
+        memory_limit_mib: int or None, the memory limit per GPU in MiB.
+        cpu_devices: int or None, the number of logical CPU devices, if split.
+        deterministic: bool, whether op determinism was enabled.
+        seed: int or None, the seed given to Python, NumPy, TensorFlow and Keras.
+        async_allocator: bool, whether `TF_GPU_ALLOCATOR=cuda_malloc_async` is in effect.
+        notes: tuple of str, caveats: settings without effect here, and why.
+    """
+
+    precision: str
+    precision_reason: str
+    gpus: tuple[str, ...] = ()
+    memory_growth: bool | None = None
+    memory_limit_mib: int | None = None
+    cpu_devices: int | None = None
+    deterministic: bool = False
+    seed: int | None = None
+    async_allocator: bool = False
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the record as a JSON-safe dict (tuples become lists)."""
+        d = asdict(self)
+        d["gpus"] = list(self.gpus)
+        d["notes"] = list(self.notes)
+        return d
+
+    def __str__(self) -> str:
+        if self.memory_limit_mib is not None:
+            memory = f"limit {self.memory_limit_mib} MiB per GPU"
+        elif not self.gpus:
+            memory = "n/a (no GPU)"
+        elif self.memory_growth is None:
+            memory = "TensorFlow default"
+        else:
+            memory = "growth on every GPU" if self.memory_growth else "whole GPU reserved at start"
+        determinism = "on" if self.deterministic else "off"
+        rows = [
+            ("GPUs", ", ".join(self.gpus) or "none (TensorFlow runs on the CPU)"),
+            ("memory", memory),
+            ("precision", f"{self.precision} ({self.precision_reason})"),
+            (
+                "determinism",
+                f"{determinism}, "
+                + (f"seed {self.seed}" if self.seed is not None else "not seeded"),
+            ),
+            ("allocator", _ASYNC if self.async_allocator else "TensorFlow default (BFC)"),
+        ]
+        if self.cpu_devices is not None:
+            rows.append(("CPU devices", str(self.cpu_devices)))
+        lines = ["tfgpu configuration", *(f"  {k:<12} {v}" for k, v in rows)]
+        if self.notes:
+            lines += ["  notes", *(f"    - {n}" for n in self.notes)]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _Gpu:
+    name: str  # e.g. "/physical_device:GPU:0"
+    device_name: str | None = None  # e.g. "NVIDIA A100-SXM4-80GB"
+    compute_capability: tuple[int, int] | None = None
+
+    def label(self) -> str:
+        short = self.name.replace("/physical_device:", "")
+        cc = self.compute_capability
+        cc_text = f"cc {cc[0]}.{cc[1]}" if cc else "cc unknown"
+        return f"{short} {self.device_name or 'unknown GPU'} ({cc_text})"
+
+
+@dataclass(frozen=True)
+class _Facts:
+    gpus: tuple[_Gpu, ...] = ()
+    runtime_initialized: bool | None = False
+    env: Mapping[str, str | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Wishes:
+    memory_growth: bool | None = None
+    memory_limit_mib: int | None = None
+    gpus: tuple[int, ...] | None = None
+    precision: str = "auto"
+    deterministic: bool = False
+    seed: int | None = None
+    async_allocator: bool = False
+    cpu_devices: int | None = None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    visible_gpus: tuple[int, ...] | None  # indices into facts.gpus; None: leave as is
+    used_gpus: tuple[_Gpu, ...]
+    memory_growth: bool | None  # None: do not touch
+    memory_limit_mib: int | None
+    cpu_devices: int | None
+    policy: str
+    policy_reason: str
+    deterministic: bool
+    seed: int | None
+    set_async_allocator: bool  # set TF_GPU_ALLOCATOR in os.environ
+    async_allocator_effective: bool
+    notes: tuple[str, ...]
+
+
+# --------------------------------------------------------------------------------------------
+# Validation (pure, before anything changes)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _type_error(name: str, value: Any, expected: str) -> TypeError:
+    return TypeError(
+        f"Invalid type for argument `{name}`. Received: {name}={value!r} "
+        f"(of type {type(value).__name__}). Expected {expected}."
+    )
+
+
+def _value_error(name: str, value: Any, expected: str) -> ValueError:
+    return ValueError(
+        f"Invalid value for argument `{name}`. Received: {name}={value!r}. Expected {expected}."
+    )
+
+
+def _validate(
+    *,
+    memory_growth: Any,
+    memory_limit_mib: Any,
+    gpus: Any,
+    precision: Any,
+    deterministic: Any,
+    seed: Any,
+    async_allocator: Any,
+    cpu_devices: Any,
+) -> _Wishes:
+    if memory_growth is not None and not isinstance(memory_growth, bool):
+        raise _type_error("memory_growth", memory_growth, "a bool or None")
+    if memory_limit_mib is not None:
+        if not _is_int(memory_limit_mib):
+            raise _type_error("memory_limit_mib", memory_limit_mib, "an int (MiB) or None")
+        if memory_limit_mib <= 0:
+            raise _value_error("memory_limit_mib", memory_limit_mib, "a positive number of MiB")
+        if memory_growth:
+            raise ValueError(
+                "Arguments `memory_growth` and `memory_limit_mib` are mutually exclusive. "
+                f"Received: memory_growth={memory_growth!r}, memory_limit_mib={memory_limit_mib!r}."
+                " Expected either memory growth (the default) or a fixed memory limit per GPU, "
+                "not both."
+            )
+    gpu_tuple = None
+    if gpus is not None:
+        if isinstance(gpus, str | bytes) or not isinstance(gpus, Sequence):
+            raise _type_error("gpus", gpus, "a list of GPU indices (ints), e.g. [0, 1], or None")
+        for index in gpus:
+            if not _is_int(index):
+                raise _type_error(
+                    "gpus", gpus, "a list of GPU indices (ints), e.g. [0, 1], or None"
+                )
+            if index < 0:
+                raise _value_error("gpus", list(gpus), "GPU indices >= 0")
+        if len(set(gpus)) != len(gpus):
+            raise _value_error("gpus", list(gpus), "each GPU index at most once")
+        gpu_tuple = tuple(gpus)
+    if not isinstance(precision, str):
+        raise _type_error("precision", precision, f"one of: {', '.join(map(repr, _PRECISIONS))}")
+    if precision not in _PRECISIONS:
+        raise _value_error("precision", precision, f"one of: {', '.join(map(repr, _PRECISIONS))}")
+    if not isinstance(deterministic, bool):
+        raise _type_error("deterministic", deterministic, "a bool")
+    if seed is not None:
+        if not _is_int(seed):
+            raise _type_error("seed", seed, "an int or None")
+        if not 0 <= seed < 2**32:
+            raise _value_error("seed", seed, "an int in [0, 2**32 - 1]")
+    if not isinstance(async_allocator, bool):
+        raise _type_error("async_allocator", async_allocator, "a bool")
+    if cpu_devices is not None:
+        if not _is_int(cpu_devices):
+            raise _type_error("cpu_devices", cpu_devices, "an int or None")
+        if cpu_devices < 1:
+            raise _value_error("cpu_devices", cpu_devices, "an int >= 1")
+    return _Wishes(
+        memory_growth=memory_growth,
+        memory_limit_mib=memory_limit_mib,
+        gpus=gpu_tuple,
+        precision=precision,
+        deterministic=deterministic,
+        seed=seed,
+        async_allocator=async_allocator,
+        cpu_devices=cpu_devices,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The decision (pure)
+
+
+def _plan(facts: _Facts, wishes: _Wishes) -> _Plan:
+    """Turns device facts and validated wishes into what to apply (pure; raises ValueError)."""
+    n = len(facts.gpus)
+    notes: list[str] = []
+    if wishes.gpus is not None:
+        bad = [i for i in wishes.gpus if i >= n]
+        if bad:
+            expected = (
+                f"indices of the GPUs TensorFlow sees: 0 to {n - 1} ({n} GPU(s))"
+                if n
+                else "None or [] (TensorFlow sees no GPU here)"
+            )
+            raise _value_error("gpus", list(wishes.gpus), expected)
+        used = tuple(facts.gpus[i] for i in wishes.gpus)
+    else:
+        used = facts.gpus
+
+    # Memory: growth is the default; a limit replaces it.
+    growth: bool | None = None
+    if used and wishes.memory_limit_mib is None:
+        growth = True if wishes.memory_growth is None else wishes.memory_growth
+    if wishes.memory_limit_mib is not None and not used:
+        notes.append("memory_limit_mib has no effect: no GPU is used.")
+    forced = facts.env.get("TF_FORCE_GPU_ALLOW_GROWTH")
+    if used and forced in ("true", "false") and growth is not None and growth != (forced == "true"):
+        notes.append(
+            f"TF_FORCE_GPU_ALLOW_GROWTH={forced} overrides memory_growth={growth}: "
+            "unset the variable to let configure() decide."
+        )
+
+    # Precision.
+    if wishes.precision == "auto":
+        ccs = [g.compute_capability for g in used]
+        if any(cc is None for cc in ccs):
+            policy, reason = "float32", "the compute capability of a GPU is unknown"
+        else:
+            choice = choose_policy([cc for cc in ccs if cc is not None])
+            policy, reason = choice.policy, choice.reason
+    else:
+        policy, reason = wishes.precision, "requested"
+        known = [g.compute_capability for g in used if g.compute_capability]
+        if policy != "float32" and not used:
+            notes.append(
+                f"{policy} on the CPU is slower than float32 (no tensor cores); "
+                'precision="auto" would choose float32.'
+            )
+        elif policy == "mixed_bfloat16" and not all(supports_bfloat16(cc) for cc in known):
+            notes.append(
+                "mixed_bfloat16 on GPUs with compute capability < 8.0 has no bfloat16 tensor "
+                "cores: it is slow there; mixed_float16 fits them."
+            )
+        elif policy == "mixed_float16" and not all(has_tensor_cores(cc) for cc in known):
+            notes.append(
+                "mixed_float16 on GPUs without tensor cores (compute capability < 7.0) is "
+                "slower than float32."
+            )
+
+    # Determinism needs a seed: random ops without one raise once it is on.
+    seed = wishes.seed
+    if wishes.deterministic and seed is None:
+        seed = 0
+        notes.append("deterministic=True without a seed: using seed=0.")
+
+    # The async allocator is read when the GPUs initialize.
+    effective = wishes.async_allocator
+    set_env = wishes.async_allocator
+    if wishes.async_allocator:
+        current = facts.env.get("TF_GPU_ALLOCATOR")
+        if facts.runtime_initialized and current != _ASYNC:
+            effective = set_env = False
+            notes.append(
+                "async_allocator not applied: TensorFlow already initialized its GPUs; set "
+                "TF_GPU_ALLOCATOR=cuda_malloc_async before starting Python, or call "
+                "tfgpu.configure() first."
+            )
+        elif not used:
+            notes.append("async_allocator has no effect: no GPU is used.")
+        elif current not in (None, _ASYNC):
+            notes.append(f"TF_GPU_ALLOCATOR={current} replaced by {_ASYNC}.")
+    elif facts.env.get("TF_GPU_ALLOCATOR") == _ASYNC:
+        effective = True  # already chosen by the environment
+
+    return _Plan(
+        visible_gpus=wishes.gpus,
+        used_gpus=used,
+        memory_growth=growth,
+        memory_limit_mib=wishes.memory_limit_mib if used else None,
+        cpu_devices=wishes.cpu_devices,
+        policy=policy,
+        policy_reason=reason,
+        deterministic=wishes.deterministic,
+        seed=seed,
+        set_async_allocator=set_env,
+        async_allocator_effective=effective,
+        notes=tuple(notes),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Effects
+
+
+def _read_facts() -> _Facts:
+    import tensorflow as tf
+
+    from tfgpu.env import _tf_runtime_initialized
+
+    gpus = []
+    for device in tf.config.list_physical_devices("GPU"):
+        try:
+            details = tf.config.experimental.get_device_details(device)
+        except Exception:
+            details = {}
+        cc = details.get("compute_capability")
+        gpus.append(_Gpu(device.name, details.get("device_name"), tuple(cc) if cc else None))
+    env = {k: os.environ.get(k) for k in ("TF_GPU_ALLOCATOR", "TF_FORCE_GPU_ALLOW_GROWTH")}
+    return _Facts(gpus=tuple(gpus), runtime_initialized=_tf_runtime_initialized(), env=env)
+
+
+def _apply(plan: _Plan) -> Configuration:
+    """Applies `plan` with tf.config and Keras. Device settings first: if TensorFlow refuses
+    them (its runtime already started), nothing else is changed and RuntimeError names them."""
+    import keras
+    import tensorflow as tf
+
+    failed: list[str] = []
+    physical = tf.config.list_physical_devices("GPU")
+    if plan.visible_gpus is not None:
+        try:
+            tf.config.set_visible_devices([physical[i] for i in plan.visible_gpus], "GPU")
+        except RuntimeError:
+            failed.append(f"gpus={list(plan.visible_gpus)}")
+    used = [physical[i] for i in plan.visible_gpus] if plan.visible_gpus is not None else physical
+    if plan.memory_limit_mib is not None:
+        config = [tf.config.LogicalDeviceConfiguration(memory_limit=plan.memory_limit_mib)]
+        try:
+            for device in used:
+                tf.config.set_logical_device_configuration(device, config)
+        except RuntimeError:
+            failed.append(f"memory_limit_mib={plan.memory_limit_mib}")
+    elif plan.memory_growth is not None:
+        try:
+            for device in physical:  # TensorFlow wants the same growth on every GPU
+                tf.config.experimental.set_memory_growth(device, plan.memory_growth)
+        except RuntimeError:
+            failed.append(f"memory_growth={plan.memory_growth}")
+    if plan.cpu_devices is not None:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        try:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(plan.cpu_devices)]
+            )
+        except RuntimeError:
+            failed.append(f"cpu_devices={plan.cpu_devices}")
+    if failed:
+        raise RuntimeError(
+            f"tfgpu.configure() could not apply {', '.join(failed)}: {_TOO_LATE} "
+            "Settings that are already in effect can be requested again."
+        )
+
+    if plan.set_async_allocator:
+        os.environ["TF_GPU_ALLOCATOR"] = _ASYNC
+    keras.mixed_precision.set_global_policy(plan.policy)
+    if plan.seed is not None:
+        keras.utils.set_random_seed(plan.seed)
+    if plan.deterministic:
+        tf.config.experimental.enable_op_determinism()
+
+    return Configuration(
+        precision=plan.policy,
+        precision_reason=plan.policy_reason,
+        gpus=tuple(g.label() for g in plan.used_gpus),
+        memory_growth=plan.memory_growth,
+        memory_limit_mib=plan.memory_limit_mib,
+        cpu_devices=plan.cpu_devices,
+        deterministic=plan.deterministic,
+        seed=plan.seed,
+        async_allocator=plan.async_allocator_effective,
+        notes=plan.notes,
+    )
+
+
+_last: tuple[_Wishes, Configuration] | None = None
+
+
+def configure(
+    *,
+    memory_growth: bool | None = None,
+    memory_limit_mib: int | None = None,
+    gpus: Sequence[int] | None = None,
+    precision: str = "auto",
+    deterministic: bool = False,
+    seed: int | None = None,
+    async_allocator: bool = False,
+    cpu_devices: int | None = None,
+) -> Configuration:
+    """Sets up TensorFlow's devices, memory, precision and determinism. Call it first.
+
+    Run it before any tensor or model exists (right after the imports): TensorFlow fixes its
+    devices when its runtime starts. Calling it again with the same arguments does nothing.
+    Every argument is checked before anything changes.
+
+    Args:
+        memory_growth: bool or None, allocate GPU memory as needed instead of reserving
+            (almost) all of it at start, on every GPU. `None` means True unless
+            `memory_limit_mib` is given. Defaults to `None`.
+        memory_limit_mib: int or None, a fixed memory limit per GPU in MiB (a logical device
+            of that size), e.g. to share a GPU. Excludes `memory_growth=True`. Defaults to
+            `None`.
+        gpus: list of int or None, indices of the GPUs TensorFlow should use among those it
+            sees (after `CUDA_VISIBLE_DEVICES`); `[]` runs on the CPU. `None` uses all.
+            Defaults to `None`.
+        precision: str, the Keras global precision policy: `"auto"` (bfloat16 mixed
+            precision if every used GPU has compute capability >= 8.0, float16 mixed
+            precision with loss scaling if every one has tensor cores, >= 7.0, else
+            float32, and float32 on the CPU), `"float32"`, `"mixed_float16"` or
+            `"mixed_bfloat16"`. Defaults to `"auto"`.
+        deterministic: bool, enable TensorFlow's op determinism (same results run to run,
+            slower); also seeds everything (`seed`, or 0). False leaves TensorFlow's
+            setting as it is. Defaults to `False`.
+        seed: int or None, seed for Python, NumPy, TensorFlow and Keras
+            (`keras.utils.set_random_seed`). Defaults to `None` (no seeding).
+        async_allocator: bool, use CUDA's asynchronous allocator
+            (`TF_GPU_ALLOCATOR=cuda_malloc_async`), which cuts memory fragmentation. Takes
+            effect only before the GPUs initialize; the record's notes say if it was too
+            late. Defaults to `False` (TensorFlow's BFC allocator).
+        cpu_devices: int or None, split the CPU into this many logical devices, e.g. to try
+            `MirroredStrategy` without GPUs. Defaults to `None` (leave as is).
+
+    Returns:
+        `Configuration`, the record of what was decided and applied; print it to read it.
+
+    Raises:
+        TypeError: if an argument has the wrong type.
+        ValueError: if a value is out of range, a GPU index does not exist, or both
+            `memory_growth=True` and `memory_limit_mib` are given.
+        RuntimeError: if TensorFlow already initialized its devices and a device setting
+            (gpus, memory growth or limit, cpu_devices) differs from what is in effect; the
+            message names those settings.
+
+    Example:
+
+    >>> import tfgpu
+    >>> cfg = tfgpu.configure(precision="auto", seed=42)  # doctest: +SKIP
+    >>> print(cfg)  # doctest: +SKIP
+    tfgpu configuration
+      GPUs         GPU:0 NVIDIA A100-SXM4-80GB (cc 8.0)
+      memory       growth on every GPU
+      precision    mixed_bfloat16 (every GPU has compute capability >= 8.0 (8.0): ...)
+      ...
+    """
+    global _last
+    wishes = _validate(
+        memory_growth=memory_growth,
+        memory_limit_mib=memory_limit_mib,
+        gpus=gpus,
+        precision=precision,
+        deterministic=deterministic,
+        seed=seed,
+        async_allocator=async_allocator,
+        cpu_devices=cpu_devices,
+    )
+    if _last is not None and _last[0] == wishes:
+        return _last[1]
+    configuration = _apply(_plan(_read_facts(), wishes))
+    _last = (wishes, configuration)
+    return configuration

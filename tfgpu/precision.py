@@ -1,0 +1,184 @@
+"""Which Keras precision policy fits the GPUs: the decision behind `configure(precision="auto")`.
+
+Mixed precision computes in a 16-bit type and keeps variables in float32. It pays off only
+on hardware with units that compute 16-bit matrix products faster than float32 ones, i.e.
+NVIDIA tensor cores. The choice, for a set of GPUs that train together:
+
+- **`"mixed_bfloat16"`** when every GPU has compute capability >= 8.0 (Ampere: A100,
+  RTX 30xx; Ada; Hopper; Blackwell). bfloat16 has float32's exponent, hence float32's
+  range: gradients do not underflow, so no loss scaling is needed, and the numerics are
+  the least surprising of the two 16-bit types.
+- **`"mixed_float16"`** when every GPU has tensor cores (compute capability >= 7.0: Volta
+  V100, Turing T4 / RTX 20xx) but not all have bfloat16. float16's range is narrow (the
+  smallest normal number is about 6e-5), so small gradients underflow to zero unless the
+  loss is scaled up before the backward pass. Keras 3 does this for you: `Model.compile`
+  under a `"mixed_float16"` global policy wraps the optimizer in
+  `keras.optimizers.LossScaleOptimizer` (dynamic loss scaling).
+- **`"float32"`** on the CPU and on GPUs without tensor cores (Pascal and older). There
+  mixed precision only adds casts: on a CPU, `"mixed_float16"` trains several times slower
+  than `"float32"`.
+
+Mixed sets of GPUs get the policy that every one of them supports: under a distribution
+strategy all replicas run the same program, and the slowest sets the pace.
+
+Example:
+
+>>> from tfgpu.precision import choose_policy
+>>> choose_policy([(8, 0), (8, 6)]).policy
+'mixed_bfloat16'
+>>> choose_policy([(8, 0), (7, 0)]).policy
+'mixed_float16'
+>>> choose_policy([]).policy
+'float32'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["PolicyChoice", "choose_policy", "has_tensor_cores", "supports_bfloat16"]
+
+
+_TENSOR_CORES = (7, 0)
+_BFLOAT16 = (8, 0)
+
+
+@dataclass(frozen=True)
+class PolicyChoice:
+    """A chosen Keras precision policy and why it was chosen.
+
+    Args:
+        policy: str, a Keras policy name: `"float32"`, `"mixed_float16"` or
+            `"mixed_bfloat16"`.
+        reason: str, one sentence naming the facts behind the choice.
+    """
+
+    policy: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.policy} ({self.reason})"
+
+
+def _check_cc(cc: object, name: str = "cc") -> tuple[int, int]:
+    """Returns `cc` as a `(major, minor)` tuple or raises a Keras-style error."""
+    if (
+        not isinstance(cc, Sequence)
+        or isinstance(cc, str)
+        or len(cc) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in cc)
+    ):
+        raise TypeError(
+            f"Invalid value for argument `{name}`. Received: {name}={cc!r}. "
+            "Expected a compute capability as a tuple of two ints, e.g. (8, 0)."
+        )
+    if cc[0] < 0 or cc[1] < 0:
+        raise ValueError(
+            f"Invalid value for argument `{name}`. Received: {name}={cc!r}. "
+            "Expected non-negative (major, minor) numbers, e.g. (8, 0)."
+        )
+    return (cc[0], cc[1])
+
+
+def has_tensor_cores(cc: tuple[int, int]) -> bool:
+    """Tells whether a GPU of compute capability `cc` has tensor cores (Volta and newer).
+
+    Args:
+        cc: tuple of two ints, the compute capability `(major, minor)`, e.g. `(7, 5)` for a
+            T4. Same as `nvidia-smi --query-gpu=compute_cap`.
+
+    Returns:
+        bool, True if `cc >= (7, 0)`.
+
+    Raises:
+        TypeError: if `cc` is not a pair of ints.
+        ValueError: if a number is negative.
+
+    Example:
+
+    >>> has_tensor_cores((7, 5)), has_tensor_cores((6, 1))
+    (True, False)
+    """
+    return _check_cc(cc) >= _TENSOR_CORES
+
+
+def supports_bfloat16(cc: tuple[int, int]) -> bool:
+    """Tells whether a GPU of compute capability `cc` computes bfloat16 on tensor cores.
+
+    Args:
+        cc: tuple of two ints, the compute capability `(major, minor)`, e.g. `(8, 0)` for an
+            A100.
+
+    Returns:
+        bool, True if `cc >= (8, 0)` (Ampere and newer).
+
+    Raises:
+        TypeError: if `cc` is not a pair of ints.
+        ValueError: if a number is negative.
+
+    Example:
+
+    >>> supports_bfloat16((8, 0)), supports_bfloat16((7, 0))
+    (True, False)
+    """
+    return _check_cc(cc) >= _BFLOAT16
+
+
+def _fmt(ccs: Sequence[tuple[int, int]]) -> str:
+    return ", ".join(f"{major}.{minor}" for major, minor in ccs)
+
+
+def choose_policy(compute_capabilities: Sequence[tuple[int, int]]) -> PolicyChoice:
+    """Chooses the Keras precision policy for GPUs that train together.
+
+    See the module docstring for the reasoning: bfloat16 where every GPU has it, float16
+    with loss scaling where every GPU has tensor cores, float32 otherwise (and with no GPU).
+
+    Args:
+        compute_capabilities: sequence of `(major, minor)` tuples, one per GPU that will
+            train. Empty for the CPU.
+
+    Returns:
+        `PolicyChoice`, the policy name and the reason.
+
+    Raises:
+        TypeError: if `compute_capabilities` is not a sequence of pairs of ints.
+        ValueError: if a number is negative.
+
+    Example:
+
+    >>> choose_policy([(9, 0)])
+    PolicyChoice(policy='mixed_bfloat16', reason='every GPU has compute capability >= 8.0 (9.0): bfloat16 tensor cores, float32 range, no loss scaling needed')
+    """
+    if isinstance(compute_capabilities, str | bytes) or not isinstance(
+        compute_capabilities, Sequence
+    ):
+        raise TypeError(
+            "Invalid value for argument `compute_capabilities`. "
+            f"Received: compute_capabilities={compute_capabilities!r}. "
+            "Expected a list of (major, minor) tuples, e.g. [(8, 0), (8, 0)]."
+        )
+    ccs = [_check_cc(cc, "compute_capabilities") for cc in compute_capabilities]
+    if not ccs:
+        return PolicyChoice(
+            "float32", "no GPU: mixed precision has no tensor cores to use and is slower on the CPU"
+        )
+    if all(cc >= _BFLOAT16 for cc in ccs):
+        return PolicyChoice(
+            "mixed_bfloat16",
+            f"every GPU has compute capability >= 8.0 ({_fmt(ccs)}): "
+            "bfloat16 tensor cores, float32 range, no loss scaling needed",
+        )
+    if all(cc >= _TENSOR_CORES for cc in ccs):
+        return PolicyChoice(
+            "mixed_float16",
+            f"every GPU has tensor cores (compute capability >= 7.0: {_fmt(ccs)}) but not all "
+            "have bfloat16 (>= 8.0): float16 with dynamic loss scaling, which Keras applies "
+            "at compile",
+        )
+    return PolicyChoice(
+        "float32",
+        f"not every GPU has tensor cores (compute capability >= 7.0; found {_fmt(ccs)}): "
+        "mixed precision would only add casts",
+    )
