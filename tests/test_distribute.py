@@ -1,0 +1,285 @@
+"""`tfgpu.strategy()`, cluster resolution, batch/LR arithmetic, and data-parallel equality.
+
+Equality proofs run MirroredStrategy on the 4 logical CPU devices the conftest creates: after
+the same steps with the same global batch, the weights equal single-device training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfgpu
+from tests.workers.train import train
+from tfgpu import distribute
+from tfgpu.distribute import _choose_all_reduce, _choose_kind, _resolve_cluster
+
+WORKERS2 = {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}
+
+
+def tf_config(cluster=WORKERS2, task_type="worker", index=0):
+    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
+
+
+def max_diff(a, b):
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a.get_weights(), b.get_weights()))
+
+
+def cpus(n):
+    return [f"/cpu:{i}" for i in range(n)]
+
+
+# --------------------------------------------------------------------------- pure decisions
+
+
+@pytest.mark.parametrize(
+    "gpus, tasks, expected",
+    [
+        (0, 1, "default"),
+        (1, 1, "one_device"),
+        (4, 1, "mirrored"),
+        (0, 2, "multi_worker"),
+        (8, 3, "multi_worker"),
+    ],
+)
+def test_auto_picks_from_hardware_and_cluster(gpus, tasks, expected):
+    assert _choose_kind("auto", num_gpus=gpus, num_tasks=tasks) == expected
+
+
+def test_kinds_are_case_insensitive_and_explicit_kind_wins():
+    assert _choose_kind("Mirrored", num_gpus=0, num_tasks=1) == "mirrored"
+    assert _choose_kind("ONE_DEVICE", num_gpus=4, num_tasks=1) == "one_device"
+    assert _choose_kind("multi-worker", num_gpus=0, num_tasks=1) == "multi_worker"
+
+
+def test_unknown_kind_lists_the_allowed_ones():
+    with pytest.raises(ValueError, match=r"Received: kind='tpu'.*'auto', 'default', 'one_device'"):
+        tfgpu.strategy("tpu")
+    with pytest.raises(TypeError, match="Expected a str"):
+        tfgpu.strategy(2)
+
+
+def test_tf_config_resolves_workers_and_chief():
+    c = _resolve_cluster({"TF_CONFIG": tf_config(index=1)})
+    assert (c.source, c.num_tasks, c.task_type, c.task_index, c.is_chief) == (
+        "TF_CONFIG",
+        2,
+        "worker",
+        1,
+        False,
+    )
+    with_chief = {"chief": ["h0:1"], "worker": ["h1:1", "h2:1"]}
+    c = _resolve_cluster({"TF_CONFIG": tf_config(with_chief, "chief", 0)})
+    assert c.num_tasks == 3 and c.is_chief
+    assert _resolve_cluster({}).num_tasks == 1
+
+
+@pytest.mark.parametrize(
+    "raw, problem",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "top level is a list"),
+        (json.dumps({"task": {"type": "worker", "index": 0}}), '"cluster" is missing'),
+        (json.dumps({"cluster": WORKERS2}), '"task" is missing'),
+        (tf_config(index=2), r'"index" is 2 but job \'worker\' has 2 task'),
+        (tf_config(index="0"), "expected an integer"),
+        (tf_config(task_type="chief"), r"not a job of \"cluster\""),
+        (tf_config({"worker": ["localhost"]}), 'expected "host:port"'),
+        (tf_config({"wrker": ["h:1"]}), "unknown job 'wrker'"),
+        (tf_config({"worker": ["h:1"], "ps": ["h:2"]}), "parameter-server"),
+    ],
+)
+def test_malformed_tf_config_says_what_is_wrong(raw, problem):
+    with pytest.raises(ValueError, match="Invalid `TF_CONFIG`") as info:
+        _resolve_cluster({"TF_CONFIG": raw})
+    assert info.match(problem)
+    assert "Received: TF_CONFIG=" in str(info.value)
+
+
+def test_strategy_reports_malformed_tf_config_before_building_anything(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", "{oops")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        tfgpu.strategy()
+
+
+SLURM_STEP = {
+    "SLURM_PROCID": "1",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_STEP_NODELIST": "node[07-08]",
+    "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+}
+
+
+def test_slurm_step_is_a_cluster_resolved_by_tensorflow(monkeypatch):
+    cluster = _resolve_cluster(SLURM_STEP)
+    assert (cluster.source, cluster.num_tasks, cluster.task_index) == ("slurm", 2, 1)
+    assert _choose_kind("auto", num_gpus=0, num_tasks=cluster.num_tasks) == "multi_worker"
+    for key, value in SLURM_STEP.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    resolver = distribute._slurm_resolver({**SLURM_STEP, "SLURM_GPUS_ON_NODE": "0"}, 9000)
+    assert resolver.cluster_spec().as_dict() == {"worker": ["node07:9000", "node08:9000"]}
+    assert (resolver.task_type, resolver.task_id) == ("worker", 1)
+
+
+def test_tf_config_takes_precedence_over_slurm_and_single_slurm_task_is_local():
+    env = {**SLURM_STEP, "TF_CONFIG": tf_config()}
+    assert _resolve_cluster(env).source == "TF_CONFIG"
+    assert _resolve_cluster({**SLURM_STEP, "SLURM_STEP_NUM_TASKS": "1"}).num_tasks == 1
+
+
+def test_all_reduce_choice():
+    assert _choose_all_reduce("mirrored", "auto", on_gpus=True) == "nccl"
+    assert _choose_all_reduce("mirrored", "auto", on_gpus=False) == "reduction_to_one_device"
+    assert _choose_all_reduce("multi_worker", "auto", on_gpus=False) == "ring"
+    assert _choose_all_reduce("multi_worker", "NCCL", on_gpus=True) == "nccl"
+    assert _choose_all_reduce("default", "auto", on_gpus=False) is None
+    with pytest.raises(ValueError, match="NCCL"):
+        _choose_all_reduce("mirrored", "nccl", on_gpus=False)
+    with pytest.raises(ValueError, match=r"Expected one of .*'nccl', 'ring'"):
+        _choose_all_reduce("multi_worker", "hierarchical_copy", on_gpus=True)
+    with pytest.raises(ValueError, match="nothing to reduce"):
+        _choose_all_reduce("one_device", "ring", on_gpus=False)
+
+
+# --------------------------------------------------------------------------- arithmetic
+
+
+def test_global_batch_size_and_its_errors():
+    assert tfgpu.global_batch_size(64, 4) == 256
+    s = tf.distribute.MirroredStrategy(cpus(2))
+    assert tfgpu.global_batch_size(32, s) == 64
+    assert tfgpu.global_batch_size(32) == 32  # default strategy: one replica
+    with pytest.raises(ValueError, match=r"Received: per_replica=0"):
+        tfgpu.global_batch_size(0, 2)
+    with pytest.raises(TypeError, match=r"per_replica=32.0"):
+        tfgpu.global_batch_size(32.0, 2)
+    with pytest.raises(TypeError, match=r"Expected a tf\.distribute\.Strategy"):
+        tfgpu.global_batch_size(32, "mirrored")
+
+
+def test_uneven_global_batch_is_a_clear_error():
+    assert distribute._check_global_batch(64, 4) == 16
+    with pytest.raises(ValueError, match=r"batch_size=30.*over 4 replicas.*28 or 32"):
+        distribute._check_global_batch(30, 4)
+
+
+def test_scale_learning_rate_rules():
+    assert tfgpu.scale_learning_rate(0.1, 8) == pytest.approx(0.8)
+    assert tfgpu.scale_learning_rate(1e-3, 4, rule="sqrt") == pytest.approx(2e-3)
+    assert tfgpu.scale_learning_rate(0.4, 2, base_replicas=8) == pytest.approx(0.1)
+    s = tf.distribute.MirroredStrategy(cpus(4))
+    assert tfgpu.scale_learning_rate(0.01, s, "linear") == pytest.approx(0.04)
+    with pytest.raises(ValueError, match=r"Received: rule='cubic'.*'linear', 'sqrt'"):
+        tfgpu.scale_learning_rate(0.1, 2, rule="cubic")
+    with pytest.raises(ValueError, match="learning_rate=nan"):
+        tfgpu.scale_learning_rate(math.nan, 2)
+
+
+def test_auto_shard_options():
+    opts = distribute._auto_shard_options("data")
+    assert opts.experimental_distribute.auto_shard_policy == (
+        tf.data.experimental.AutoShardPolicy.DATA
+    )
+    file_opts = distribute._auto_shard_options("FILE")
+    assert file_opts.experimental_distribute.auto_shard_policy == (
+        tf.data.experimental.AutoShardPolicy.FILE
+    )
+    with pytest.raises(ValueError, match="Received: policy='rows'"):
+        distribute._auto_shard_options("rows")
+
+
+# --------------------------------------------------------------------------- building
+
+
+def test_auto_and_default_on_cpu_give_the_default_strategy():
+    default = tf.distribute.get_strategy()
+    assert tfgpu.strategy() is default
+    assert tfgpu.strategy("DEFAULT") is default
+
+
+def test_mirrored_without_gpu_uses_logical_cpus_and_says_so():
+    with pytest.warns(UserWarning, match="no GPU is visible.*4 logical CPU"):
+        s = tfgpu.strategy("mirrored")
+    assert isinstance(s, tf.distribute.MirroredStrategy) and s.num_replicas_in_sync == 4
+    s2 = tfgpu.strategy("mirrored", devices=cpus(2), all_reduce="hierarchical_copy")
+    assert s2.num_replicas_in_sync == 2
+    assert isinstance(s2.extended._cross_device_ops, tf.distribute.HierarchicalCopyAllReduce)
+    one = tfgpu.strategy("one_device", devices="/cpu:1")
+    assert isinstance(one, tf.distribute.OneDeviceStrategy)
+    assert one.extended.worker_devices[0].endswith("CPU:1")
+
+
+def test_invalid_device_and_reduction_arguments_fail_before_building():
+    with pytest.raises(ValueError, match="Received: devices=\\[\\]"):
+        tfgpu.strategy("mirrored", devices=[])
+    with pytest.raises(ValueError, match="kind='multi_worker'"):
+        tfgpu.strategy("multi_worker", devices=cpus(2))
+    with pytest.raises(ValueError, match="Expected a single device"):
+        tfgpu.strategy("one_device", devices=cpus(2))
+    with pytest.raises(ValueError, match="replicas on the CPU"):
+        tfgpu.strategy("mirrored", devices=cpus(2), all_reduce="nccl")
+    with pytest.raises(ValueError, match="timeout_seconds=0"):
+        tfgpu.strategy("multi_worker", timeout_seconds=0)
+
+
+# --------------------------------------------------------------------------- equality proofs
+
+
+@pytest.fixture(scope="module")
+def single_device():
+    model, _ = train(None, epochs=3, global_batch=8)
+    return model
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_mirrored_equals_single_device(single_device, replicas):
+    strategy = tfgpu.strategy("mirrored", devices=cpus(replicas))
+    model, _ = train(strategy, epochs=3, global_batch=8)
+    assert int(model.optimizer.iterations.numpy()) == 24 == int(single_device.optimizer.iterations)
+    assert max_diff(model, single_device) < 1e-5  # float32 rounding: about 1e-7
+
+
+def test_uneven_last_batch_differs_and_drop_remainder_restores_equality():
+    # 61 examples in batches of 8: the last batch has 5, split 3/2 over two replicas. Each
+    # replica averages its own examples and the replicas' means are averaged, which is not
+    # the mean over the 5 examples, so training drifts from the single-device run.
+    s = tfgpu.strategy("mirrored", devices=cpus(2))
+    ref, _ = train(None, epochs=2, examples=61)
+    uneven, _ = train(s, epochs=2, examples=61)
+    assert max_diff(uneven, ref) > 1e-3
+    # The pipeline default under a strategy (drop_remainder=True) avoids the odd batch.
+    ref_drop, _ = train(None, epochs=2, examples=61, drop_remainder=True)
+    even, _ = train(s, epochs=2, examples=61, drop_remainder=True)
+    assert max_diff(even, ref_drop) < 1e-5
+
+
+def test_mixed_float16_under_mirrored_trains_with_loss_scaling():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    s = tfgpu.strategy("mirrored", devices=cpus(2))
+    model, history = train(s, epochs=2)
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert model.layers[0].compute_dtype == "float16"
+    assert all(w.dtype == "float32" for w in model.trainable_weights)
+    losses = history.history["loss"]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+    assert float(model.optimizer.dynamic_scale.numpy()) > 1.0
+
+
+def test_mixed_bfloat16_under_mirrored_needs_no_loss_scaling():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    model, history = train(tfgpu.strategy("mirrored", devices=cpus(2)), epochs=2)
+    assert not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert np.isfinite(history.history["loss"]).all()
+
+
+def test_keras_correction_is_only_for_multi_worker():
+    from tfgpu import _keras_compat
+
+    assert not _keras_compat.needs_correction(tf.distribute.MirroredStrategy(cpus(2)))
+    assert not _keras_compat.needs_correction(tf.distribute.get_strategy())

@@ -1,0 +1,525 @@
+"""`BackupAndRestore`: exact resume after a kill, at epoch or step granularity, multi-worker safe.
+
+Public as `tfgpu.callbacks.BackupAndRestore`. What it fixes in `keras.callbacks.BackupAndRestore`
+(Keras 3.15):
+
+- With `save_freq=<int>` Keras restores mid-epoch weights and then re-runs the whole epoch, so
+  batches are trained on twice. Here the resumed epoch skips the batches already consumed
+  (they are drawn from the input and dropped, not trained on), so a run killed at any point
+  ends with the weights of an uninterrupted run.
+- Keras writes the weights file and the metadata file in place; a kill mid-save leaves them
+  torn or out of step. Here one file holds everything and appears by atomic rename.
+- Under `MultiWorkerMirroredStrategy` all workers write the same path (`FileExistsError`,
+  HDF5 lock errors). Here every worker reads the state (reads may be collectives), the
+  chief writes the canonical copy, and each other worker writes its own copy under
+  `<backup_dir>/.worker-<k>/`, used only where the chief's copy is not visible.
+
+What a backup holds (`<backup_dir>/backup.npz`): every model variable (weights, non-trainable
+state, and the layers' RNG seed-generator states), the optimizer variables (iteration count,
+slots, loss scale), the metric accumulators, Keras's global seed generator, Python's and
+NumPy's global RNG, and the position: epoch, batches done in that epoch, batches drawn from
+the input iterator, and the last batch logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import shutil
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+
+_LOG = logging.getLogger("tfgpu")
+
+_FORMAT = 1
+_FILE = "backup.npz"
+_PREV = "backup.prev.npz"
+_META = "__meta__"
+
+
+# --------------------------------------------------------------------------- file helpers
+
+
+def _replace(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """`os.replace`, kept as one function so tests can interrupt a save between its steps."""
+    os.replace(src, dst)
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_atomic(directory: Path, arrays: dict[str, np.ndarray], keep_previous: bool) -> Path:
+    """Writes `arrays` to `directory/backup.npz` so that a reader never sees a partial file.
+
+    The data goes to a temporary file in the same directory, is flushed to disk, and is then
+    renamed over the old backup (an atomic step on POSIX and Windows). With `keep_previous`,
+    the old backup is first hard-linked (or copied) to `backup.prev.npz`, so at every instant
+    at least one complete backup exists.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / _FILE
+    tmp = directory / f".{_FILE}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    if keep_previous and target.exists():
+        prev_tmp = directory / f".{_PREV}.tmp-{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            prev_tmp.unlink()
+        try:
+            os.link(target, prev_tmp)
+        except OSError:
+            shutil.copyfile(target, prev_tmp)
+        _replace(prev_tmp, directory / _PREV)
+    _replace(tmp, target)
+    _fsync_dir(directory)
+    return target
+
+
+def _read(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Reads one backup file; raises `OSError`/`ValueError` if it is unreadable or torn."""
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    meta = json.loads(str(arrays.pop(_META)))
+    if meta.get("format") != _FORMAT:
+        raise ValueError(f"unknown backup format {meta.get('format')!r} in {path}")
+    return meta, arrays
+
+
+# --------------------------------------------------------------------------- state
+
+
+def _groups(model) -> dict[str, list]:
+    optimizer = getattr(model, "optimizer", None)
+    return {
+        "model": list(model.variables),
+        "optimizer": list(optimizer.variables) if optimizer is not None else [],
+        "metrics": list(model.metrics_variables),
+    }
+
+
+def _keras_global_seed():
+    from keras.src.backend.common import global_state
+
+    return global_state.get_global_attribute("global_seed_generator")
+
+
+def _collect_state(model) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Reads every piece of training state into NumPy arrays plus a JSON-able description."""
+    arrays: dict[str, np.ndarray] = {}
+    paths: dict[str, list] = {}
+    for group, variables in _groups(model).items():
+        paths[group] = []
+        for i, v in enumerate(variables):
+            arrays[f"{group}/{i:05d}"] = np.asarray(keras.ops.convert_to_numpy(v))
+            paths[group].append([v.path, list(v.shape)])
+    seed = _keras_global_seed()
+    if seed is not None:
+        arrays["rng/keras_global"] = np.asarray(keras.ops.convert_to_numpy(seed.state))
+    np_state = np.random.get_state()
+    arrays["rng/numpy_keys"] = np.asarray(np_state[1])
+    meta = {
+        "format": _FORMAT,
+        "paths": paths,
+        "numpy_rng": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "python_rng": random.getstate(),
+    }
+    return meta, arrays
+
+
+def _mismatch(group: str, saved: list, variables: list) -> str | None:
+    if len(saved) != len(variables):
+        return f"{len(saved)} {group} variables in the backup, {len(variables)} in this model"
+    for i, ((path, shape), v) in enumerate(zip(saved, variables)):
+        if list(shape) != list(v.shape):
+            return (
+                f"{group} variable {i} is {path!r} with shape {tuple(shape)} in the backup, "
+                f"{v.path!r} with shape {tuple(v.shape)} here"
+            )
+    return None
+
+
+def _assign(variables: list, arrays: dict[str, np.ndarray], group: str) -> None:
+    for i, v in enumerate(variables):
+        v.assign(arrays[f"{group}/{i:05d}"])
+
+
+def _assign_metrics(variables: list, saved: list, arrays: dict[str, np.ndarray]) -> None:
+    """Restores metric accumulators by position, or by path for those built so far.
+
+    Compiled metrics other than the loss are built on the first traced step when there is
+    no strategy, so at the start of a resumed epoch some may not exist yet; those restart
+    from zero and only the epoch's metric logs (never the weights) differ.
+    """
+    if _mismatch("metrics", saved, variables) is None:
+        _assign(variables, arrays, "metrics")
+        return
+    by_path: dict[str, int] = {}
+    for i, (path, _) in enumerate(saved):
+        by_path[path] = -1 if path in by_path else i
+    for v in variables:
+        i = by_path.get(v.path, -1)
+        if i >= 0 and list(saved[i][1]) == list(v.shape):
+            v.assign(arrays[f"metrics/{i:05d}"])
+
+
+def _restore_rng(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    if "rng/keras_global" in arrays:
+        from keras.src.random.seed_generator import global_seed_generator
+
+        global_seed_generator().state.assign(arrays["rng/keras_global"])
+    name, pos, has_gauss, cached = meta["numpy_rng"]
+    np.random.set_state((name, arrays["rng/numpy_keys"], pos, has_gauss, cached))
+    version, internal, gauss = meta["python_rng"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def _pythonify(logs: dict | None) -> dict[str, float]:
+    out = {}
+    for k, v in (logs or {}).items():
+        try:
+            out[k] = float(np.asarray(keras.ops.convert_to_numpy(v)))
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def _worker_role(strategy) -> tuple[bool, str | None]:
+    """(is_chief, name of this worker's private directory or None) for `strategy`."""
+    import tensorflow as tf
+
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
+        strategy.extended._in_multi_worker_mode()
+    ):
+        resolver = strategy.cluster_resolver
+        name = f".{resolver.task_type}-{resolver.task_id}"
+        return bool(strategy.extended.should_checkpoint), name
+    return True, None
+
+
+# --------------------------------------------------------------------------- the callback
+
+
+class BackupAndRestore(keras.callbacks.Callback):
+    """Backs up the training state and resumes exactly where a killed run stopped.
+
+    A drop-in replacement for `keras.callbacks.BackupAndRestore` with the same arguments.
+    Add it to `model.fit(callbacks=[...])`; when a run dies (SIGKILL, preemption, a lost
+    worker) start the same script again and `fit` continues from the last backup: the
+    model, optimizer, metric and RNG state are restored, the epoch resumes where it was,
+    and the batches that epoch had already trained on are drawn from the input and skipped.
+    The result equals an uninterrupted run up to float rounding, provided the input
+    yields the same batches in the same order for a given epoch (no shuffle, or a
+    shuffle with a fixed seed and `reshuffle_each_iteration=False`; a dataset reshuffled
+    each epoch restarts its sequence of orders in the new process).
+
+    Writes are atomic (temporary file, then rename), so a kill during a save leaves the
+    previous backup intact. Under `MultiWorkerMirroredStrategy` the chief writes
+    `backup_dir`, other workers write `backup_dir/.worker-<k>/`; all workers must see the
+    chief's copy (a shared filesystem) or each resumes from its own copy, and they check
+    that they resume at the same step. Needs the TensorFlow backend. Logs nothing.
+
+    Args:
+        backup_dir: str or path-like, a directory used only by this callback.
+        save_freq: `"epoch"`, int or False. `"epoch"` saves at the end of every epoch; an
+            int saves every `save_freq` batches (a multiple of `steps_per_execution` is
+            best: saves happen between executions); False never saves (restore only).
+            Defaults to `"epoch"`.
+        double_checkpoint: bool, also keep the previous backup (`backup.prev.npz`) and fall
+            back to it if the newest cannot be read. Defaults to False.
+        delete_checkpoint: bool, delete the backups when `fit` completes. Defaults to True.
+
+    Raises:
+        ValueError: if `backup_dir` is empty or `save_freq` is invalid; at the start of
+            `fit`, if the model is unbuilt, or the backup belongs to a different model.
+        TypeError: if an argument has the wrong type.
+
+    Example:
+
+    >>> backup = tfgpu.callbacks.BackupAndRestore("runs/exp1/backup", save_freq=100)
+    >>> model.fit(train, epochs=10, callbacks=[backup])  # rerun the script after a kill
+    """
+
+    def __init__(
+        self,
+        backup_dir: str | os.PathLike,
+        save_freq: str | int | bool = "epoch",
+        double_checkpoint: bool = False,
+        delete_checkpoint: bool = True,
+    ):
+        super().__init__()
+        if not isinstance(backup_dir, (str, os.PathLike)):
+            raise TypeError(
+                f"Invalid type for argument `backup_dir`. Received: backup_dir={backup_dir!r} "
+                f"of type {type(backup_dir).__name__}. Expected a str or path-like."
+            )
+        if not str(backup_dir):
+            raise ValueError(
+                "Invalid value for argument `backup_dir`. Received: backup_dir=''. "
+                "Expected a directory path."
+            )
+        valid_int = isinstance(save_freq, int) and not isinstance(save_freq, bool) and save_freq > 0
+        if save_freq is not False and save_freq != "epoch" and not valid_int:
+            raise ValueError(
+                f"Invalid value for argument `save_freq`. Received: save_freq={save_freq!r}. "
+                "Expected 'epoch', a positive int (batches), or False."
+            )
+        for name, value in (
+            ("double_checkpoint", double_checkpoint),
+            ("delete_checkpoint", delete_checkpoint),
+        ):
+            if not isinstance(value, bool):
+                raise TypeError(
+                    f"Invalid type for argument `{name}`. Received: {name}={value!r}. "
+                    "Expected a bool."
+                )
+        self.backup_dir = os.fspath(backup_dir)
+        self.save_freq = save_freq
+        self.double_checkpoint = double_checkpoint
+        self.delete_checkpoint = delete_checkpoint
+        self._reset_run_state()
+
+    # ---------------------------------------------------------------- bookkeeping
+
+    def _reset_run_state(self) -> None:
+        self._epoch = 0
+        self._steps_in_epoch = 0  # batches trained (or skipped) in the current epoch
+        self._position = 0  # batches drawn from the current input iterator
+        self._iterator = None
+        self._shared_iterator: bool | None = None  # one iterator across epochs?
+        self._since_save = 0
+        self._last_logs: dict[str, float] = {}
+        self._pending: dict[str, Any] | None = None  # a restore still to apply in fit
+        self._original_train_function: Callable | None = None
+        self._set_initial_epoch = False
+        self._last_call_skipped = False
+
+    def _paths(self) -> tuple[Path, Path | None, bool]:
+        is_chief, private = _worker_role(self.model.distribute_strategy)
+        canonical = Path(self.backup_dir)
+        own = canonical / private if private else None
+        return canonical, own, is_chief
+
+    # ---------------------------------------------------------------- restore
+
+    def _candidates(self) -> list[Path]:
+        canonical, own, _ = self._paths()
+        out = [canonical / _FILE]
+        if self.double_checkpoint:
+            out.append(canonical / _PREV)
+        if own is not None:
+            out += [own / _FILE] + ([own / _PREV] if self.double_checkpoint else [])
+        return out
+
+    def _load(self) -> tuple[dict[str, Any], dict[str, np.ndarray], Path] | None:
+        errors = []
+        for path in self._candidates():
+            if not path.exists():
+                continue
+            try:
+                meta, arrays = _read(path)
+            except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+                errors.append(f"{path}: {e}")
+                _LOG.warning("tfgpu BackupAndRestore: cannot read %s (%s); trying older", path, e)
+                continue
+            return meta, arrays, path
+        if errors:
+            raise OSError("No readable backup; " + "; ".join(errors))
+        return None
+
+    def on_train_begin(self, logs=None):
+        self._reset_run_state()
+        if keras.backend.backend() != "tensorflow":
+            raise ValueError(
+                "tfgpu.callbacks.BackupAndRestore needs the TensorFlow backend. Received: "
+                f"KERAS_BACKEND={keras.backend.backend()!r}. Expected 'tensorflow'."
+            )
+        model = self.model
+        if not model.built:
+            raise ValueError(
+                "To use BackupAndRestore, the model must be built before `fit()`. Received: "
+                f"an unbuilt model {model.name!r}. Expected a built model: give it an "
+                "`keras.Input` or call it on a batch first."
+            )
+        self._wrap_train_function()
+        loaded = self._load()
+        strategy = model.distribute_strategy
+        position = [0, 0] if loaded is None else [loaded[0]["epoch"], loaded[0]["step"]]
+        self._check_workers_agree(strategy, position)
+        if loaded is None:
+            return
+        meta, arrays, path = loaded
+        if model.optimizer is not None and not model.optimizer.built:
+            with strategy.scope():
+                model.optimizer.build(model.trainable_variables)
+        groups = _groups(model)
+        for group in ("model", "optimizer"):
+            problem = _mismatch(group, meta["paths"][group], groups[group])
+            if problem:
+                raise ValueError(
+                    f"The backup in {path} was written by a different model or optimizer: "
+                    f"{problem}. Expected the model that wrote it; use a new `backup_dir` "
+                    "for a new model."
+                )
+        _assign(groups["model"], arrays, "model")
+        _assign(groups["optimizer"], arrays, "optimizer")
+        _restore_rng(meta, arrays)
+        self._epoch = meta["epoch"]
+        self._shared_iterator = meta.get("shared_iterator")
+        if meta["epoch"] > 0:
+            model._initial_epoch = meta["epoch"]
+            self._set_initial_epoch = True
+        self._pending = {
+            "skip_first": meta["position"] - meta["step"] if self._shared_iterator else 0,
+            "skip_calls": meta["step"],
+            "metrics": (meta["paths"]["metrics"], arrays) if meta["step"] else None,
+            "logs": meta.get("logs", {}),
+        }
+        if not self._pending["skip_first"] and not meta["step"]:
+            self._pending = None
+        _LOG.info(
+            "tfgpu BackupAndRestore: resumed from %s at epoch %d, batch %d",
+            path,
+            meta["epoch"],
+            meta["step"],
+        )
+
+    def _check_workers_agree(self, strategy, position: list[int]) -> None:
+        """Multi-worker: every worker must resume at the same (epoch, batch), else stop."""
+        canonical, own, _ = self._paths()
+        if own is None:
+            return
+        import tensorflow as tf
+
+        value = tf.constant([float(position[0]), float(position[1])])
+        values = strategy.run(lambda: tf.stack([value, value * value]))
+        mean = strategy.reduce("MEAN", values, axis=None).numpy()
+        variance = mean[1] - mean[0] ** 2
+        if np.any(np.abs(variance) > 1e-6):
+            raise RuntimeError(
+                f"Workers found different backups in {canonical}: this worker is at "
+                f"epoch {position[0]}, batch {position[1]}, the mean over workers is epoch "
+                f"{mean[0][0]:g}, batch {mean[0][1]:g}. Expected every worker to see the "
+                "chief's backup: put `backup_dir` on a filesystem shared by all workers."
+            )
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        self._steps_in_epoch = 0
+        pending = self._pending
+        if pending and pending["metrics"] is not None:
+            saved_paths, arrays = pending["metrics"]
+            _assign_metrics(_groups(self.model)["metrics"], saved_paths, arrays)
+            pending["metrics"] = None
+
+    # ---------------------------------------------------------------- the skip
+
+    def _wrap_train_function(self) -> None:
+        model = self.model
+        original = model.train_function
+        if original is None or getattr(original, "_tfgpu_backup", False):
+            return
+        spe = int(getattr(model, "steps_per_execution", 1) or 1)
+
+        def train_function(iterator):
+            if iterator is not self._iterator:
+                if self._iterator is not None and self._shared_iterator is None:
+                    self._shared_iterator = False
+                self._iterator = iterator
+                self._position = 0
+            elif self._steps_in_epoch == 0 and self._shared_iterator is None:
+                self._shared_iterator = True
+            pending = self._pending
+            self._last_call_skipped = False
+            if pending is not None:
+                for _ in range(pending["skip_first"]):
+                    next(iterator)
+                self._position += pending["skip_first"]
+                pending["skip_first"] = 0
+                if pending["skip_calls"] > 0:
+                    for _ in range(spe):
+                        next(iterator)
+                    pending["skip_calls"] -= spe
+                    self._position += spe
+                    if pending["skip_calls"] <= 0:
+                        self._pending = None
+                    self._last_call_skipped = True
+                    return dict(pending["logs"])
+                self._pending = None
+            result = original(iterator)
+            self._position += spe
+            return result
+
+        train_function._tfgpu_backup = True
+        self._original_train_function = original
+        model.train_function = train_function
+
+    # ---------------------------------------------------------------- save
+
+    def on_train_batch_end(self, batch, logs=None):
+        done = batch + 1
+        if self._last_call_skipped:  # a batch trained before the kill: nothing new to save
+            self._steps_in_epoch = done
+            return
+        self._since_save += done - self._steps_in_epoch
+        self._steps_in_epoch = done
+        self._last_logs = _pythonify(logs)
+        every = self.save_freq
+        if isinstance(every, int) and not isinstance(every, bool) and self._since_save >= every:
+            self._save(self._epoch, done, self._position)
+
+    def on_epoch_end(self, epoch, logs=None):
+        position = self._position if self._shared_iterator else 0
+        if self.save_freq == "epoch":
+            self._save(epoch + 1, 0, position)
+
+    def _save(self, epoch: int, step: int, position: int) -> None:
+        self._since_save = 0
+        meta, arrays = _collect_state(self.model)
+        meta.update(
+            epoch=epoch,
+            step=step,
+            position=position,
+            shared_iterator=self._shared_iterator,
+            logs=self._last_logs,
+        )
+        arrays[_META] = np.asarray(json.dumps(meta))
+        canonical, own, is_chief = self._paths()
+        _write_atomic(canonical if is_chief else own, arrays, self.double_checkpoint)
+
+    def on_train_end(self, logs=None):
+        if self._original_train_function is not None:
+            self.model.train_function = self._original_train_function
+            self._original_train_function = None
+        if self._set_initial_epoch:
+            self.model._initial_epoch = None
+        if not self.delete_checkpoint:
+            return
+        canonical, own, is_chief = self._paths()
+        if own is not None and own.exists():
+            shutil.rmtree(own, ignore_errors=True)
+        if is_chief:
+            for name in (_FILE, _PREV):
+                with contextlib.suppress(FileNotFoundError):
+                    (canonical / name).unlink()
+            for leftover in canonical.glob(f".{_FILE}.tmp-*"):
+                leftover.unlink(missing_ok=True)
+            for leftover in canonical.glob(f".{_PREV}.tmp-*"):
+                leftover.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            canonical.rmdir()  # only if empty: other workers may still be cleaning up

@@ -1,0 +1,598 @@
+"""Data parallelism: pick a `tf.distribute.Strategy`, resolve the cluster, scale batch and LR.
+
+`strategy()` decides in pure functions (`_resolve_cluster`, `_choose_kind`, `_choose_all_reduce`)
+from facts (the environment, the visible GPUs) and then builds the strategy. The arithmetic
+users get wrong lives in `global_batch_size()` and `scale_learning_rate()`.
+
+The guide is `docs/distributed.md`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+_LOG = logging.getLogger("tfgpu")
+
+KINDS = ("auto", "default", "one_device", "mirrored", "multi_worker")
+_ALL_REDUCE = {
+    "mirrored": ("auto", "nccl", "hierarchical_copy", "reduction_to_one_device"),
+    "multi_worker": ("auto", "nccl", "ring"),
+}
+_LR_RULES = ("linear", "sqrt")
+_TF_CONFIG_JOBS = ("chief", "worker", "evaluator", "ps")
+_SLURM_PORT_BASE = 8888
+
+
+# --------------------------------------------------------------------------- decisions
+
+
+@dataclass(frozen=True)
+class _Cluster:
+    """Where this process sits in a training cluster (pure data, no TensorFlow)."""
+
+    source: str  # "TF_CONFIG", "slurm" or "none"
+    num_tasks: int  # tasks that train: chief + workers
+    task_type: str | None = None
+    task_index: int | None = None
+    spec: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def is_chief(self) -> bool:
+        if self.num_tasks <= 1:
+            return True
+        if "chief" in self.spec:
+            return self.task_type == "chief"
+        return self.task_type == "worker" and self.task_index == 0
+
+
+def _tf_config_error(problem: str, raw: str) -> ValueError:
+    shown = raw if len(raw) <= 300 else raw[:300] + "..."
+    return ValueError(
+        f"Invalid `TF_CONFIG` environment variable: {problem}. Received: TF_CONFIG={shown!r}. "
+        'Expected JSON like {"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
+        '"task": {"type": "worker", "index": 0}}.'
+    )
+
+
+def _parse_tf_config(raw: str) -> _Cluster:
+    """Validates a `TF_CONFIG` string and returns the cluster it describes."""
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise _tf_config_error(f"it is not valid JSON ({e.msg} at position {e.pos})", raw) from e
+    if not isinstance(config, dict):
+        raise _tf_config_error(f"the top level is a {type(config).__name__}, not an object", raw)
+    cluster = config.get("cluster")
+    if not isinstance(cluster, dict) or not cluster:
+        raise _tf_config_error('"cluster" is missing or is not a non-empty object', raw)
+    spec: dict[str, list[str]] = {}
+    for job, addresses in cluster.items():
+        if job not in _TF_CONFIG_JOBS:
+            raise _tf_config_error(
+                f'unknown job {job!r} in "cluster" (expected one of {list(_TF_CONFIG_JOBS)})', raw
+            )
+        if isinstance(addresses, dict):  # TF also accepts {"0": "host:port", ...}
+            try:
+                addresses = [addresses[k] for k in sorted(addresses, key=int)]
+            except ValueError as e:
+                raise _tf_config_error(f"job {job!r} maps non-integer task ids", raw) from e
+        if not isinstance(addresses, list) or not addresses:
+            raise _tf_config_error(f'job {job!r} must list at least one "host:port"', raw)
+        for address in addresses:
+            host, _, port = (
+                str(address).rpartition(":") if isinstance(address, str) else ("", "", "")
+            )
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise _tf_config_error(
+                    f'job {job!r} has address {address!r}, expected "host:port"', raw
+                )
+        spec[job] = list(addresses)
+    if "ps" in spec:
+        raise _tf_config_error(
+            'it has a "ps" job: parameter-server training is not supported by tfgpu.strategy() '
+            "(use tf.distribute.experimental.ParameterServerStrategy directly)",
+            raw,
+        )
+    if len(spec.get("chief", [])) > 1:
+        raise _tf_config_error('"chief" may hold only one address', raw)
+    task = config.get("task")
+    if not isinstance(task, dict):
+        raise _tf_config_error('"task" is missing or is not an object', raw)
+    task_type, task_index = task.get("type"), task.get("index")
+    if task_type not in spec:
+        raise _tf_config_error(
+            f'"task"."type" is {task_type!r}, which is not a job of "cluster" {sorted(spec)}', raw
+        )
+    if isinstance(task_index, bool) or not isinstance(task_index, int):
+        raise _tf_config_error(f'"task"."index" is {task_index!r}, expected an integer', raw)
+    if not 0 <= task_index < len(spec[task_type]):
+        raise _tf_config_error(
+            f'"task"."index" is {task_index} but job {task_type!r} has '
+            f"{len(spec[task_type])} task(s)",
+            raw,
+        )
+    if "chief" not in spec and "worker" not in spec:
+        raise _tf_config_error('"cluster" has no "chief" or "worker" job', raw)
+    num_tasks = len(spec.get("chief", [])) + len(spec.get("worker", []))
+    return _Cluster("TF_CONFIG", num_tasks, task_type, task_index, spec)
+
+
+def _slurm_num_tasks(environ: Mapping[str, str]) -> int:
+    """Tasks in the current Slurm job step (`srun`), 0 outside a step."""
+    if "SLURM_PROCID" not in environ:
+        return 0
+    raw = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or "1"
+    try:
+        return int(raw)
+    except ValueError as e:
+        raise ValueError(
+            f"Invalid Slurm environment. Received: SLURM_STEP_NUM_TASKS={raw!r}. "
+            "Expected an integer (set by srun)."
+        ) from e
+
+
+def _resolve_cluster(environ: Mapping[str, str]) -> _Cluster:
+    """Reads the cluster from `TF_CONFIG`, else from a Slurm job step, else a single task.
+
+    Slurm is only *detected* here (task count and rank); the full spec with host names and
+    ports comes from TensorFlow's `SlurmClusterResolver` when the strategy is built.
+    """
+    raw = environ.get("TF_CONFIG", "").strip()
+    if raw:
+        return _parse_tf_config(raw)
+    num_tasks = _slurm_num_tasks(environ)
+    if num_tasks > 1:
+        return _Cluster("slurm", num_tasks, "worker", int(environ["SLURM_PROCID"]))
+    return _Cluster("none", 1)
+
+
+def _normalize_kind(kind: Any) -> str:
+    if not isinstance(kind, str):
+        raise TypeError(
+            f"Invalid type for argument `kind`. Received: kind={kind!r} of type "
+            f"{type(kind).__name__}. Expected a str, one of: {', '.join(map(repr, KINDS))}."
+        )
+    normalized = kind.strip().lower().replace("-", "_")
+    aliases = {"onedevice": "one_device", "multiworker": "multi_worker", "mirror": "mirrored"}
+    normalized = aliases.get(normalized, normalized)
+    if normalized not in KINDS:
+        raise ValueError(
+            f"Invalid value for argument `kind`. Received: kind={kind!r}. "
+            f"Expected one of: {', '.join(map(repr, KINDS))}."
+        )
+    return normalized
+
+
+def _choose_kind(kind: str, *, num_gpus: int, num_tasks: int) -> str:
+    """The strategy kind to build: `auto` resolved from the cluster size and GPU count."""
+    kind = _normalize_kind(kind)
+    if kind != "auto":
+        return kind
+    if num_tasks > 1:
+        return "multi_worker"
+    if num_gpus > 1:
+        return "mirrored"
+    if num_gpus == 1:
+        return "one_device"
+    return "default"
+
+
+def _choose_all_reduce(kind: str, all_reduce: str, *, on_gpus: bool) -> str | None:
+    """The cross-device reduction: a name from `_ALL_REDUCE[kind]`, or None where none applies.
+
+    `auto` means NCCL when every replica is a GPU, otherwise a reduction that works anywhere
+    (`reduction_to_one_device` in one process, `ring` across processes).
+    """
+    if not isinstance(all_reduce, str):
+        raise TypeError(
+            f"Invalid type for argument `all_reduce`. Received: all_reduce={all_reduce!r}. "
+            "Expected a str."
+        )
+    all_reduce = all_reduce.strip().lower()
+    allowed = _ALL_REDUCE.get(kind)
+    if allowed is None:
+        if all_reduce != "auto":
+            raise ValueError(
+                f"Invalid value for argument `all_reduce`. Received: all_reduce={all_reduce!r} "
+                f"with kind={kind!r}, which has a single replica and nothing to reduce. "
+                "Expected: 'auto'."
+            )
+        return None
+    if all_reduce not in allowed:
+        raise ValueError(
+            f"Invalid value for argument `all_reduce`. Received: all_reduce={all_reduce!r}. "
+            f"Expected one of (for kind={kind!r}): {', '.join(map(repr, allowed))}."
+        )
+    if all_reduce == "nccl" and not on_gpus:
+        raise ValueError(
+            "Invalid value for argument `all_reduce`. Received: all_reduce='nccl' with "
+            "replicas on the CPU. Expected GPUs for NCCL; use 'auto' for a reduction that "
+            "works on the CPU."
+        )
+    if all_reduce == "auto":
+        if on_gpus:
+            return "nccl"
+        return "ring" if kind == "multi_worker" else "reduction_to_one_device"
+    return all_reduce
+
+
+# --------------------------------------------------------------------------- arithmetic
+
+
+def _num_replicas(strategy: Any) -> int:
+    if isinstance(strategy, bool):
+        raise TypeError(
+            f"Invalid type for argument `strategy`. Received: strategy={strategy!r}. "
+            "Expected a tf.distribute.Strategy or a positive int (number of replicas)."
+        )
+    if isinstance(strategy, int):
+        if strategy < 1:
+            raise ValueError(
+                f"Invalid value for argument `strategy`. Received: strategy={strategy}. "
+                "Expected a positive number of replicas."
+            )
+        return strategy
+    replicas = getattr(strategy, "num_replicas_in_sync", None)
+    if not isinstance(replicas, int):
+        raise TypeError(
+            f"Invalid type for argument `strategy`. Received: strategy={strategy!r} of type "
+            f"{type(strategy).__name__}. Expected a tf.distribute.Strategy or a positive int."
+        )
+    return replicas
+
+
+def global_batch_size(per_replica: int, strategy: Any = None) -> int:
+    """Returns the global batch size: `per_replica` examples on each replica of `strategy`.
+
+    Keras and `tf.data` take the *global* batch; the strategy splits it evenly across its
+    replicas. Sizing the batch per replica keeps each GPU's work (and memory) constant
+    when GPUs are added.
+
+    Args:
+        per_replica: int, examples each replica processes per step.
+        strategy: `tf.distribute.Strategy`, an int number of replicas, or None for the
+            strategy currently in scope (`tf.distribute.get_strategy()`). Defaults to None.
+
+    Returns:
+        int, `per_replica * strategy.num_replicas_in_sync`.
+
+    Raises:
+        TypeError: if `per_replica` is not an int, or `strategy` is not a strategy or int.
+        ValueError: if `per_replica` is not positive.
+
+    Example:
+
+    >>> tfgpu.global_batch_size(64, 4)
+    256
+    """
+    if isinstance(per_replica, bool) or not isinstance(per_replica, int):
+        raise TypeError(
+            f"Invalid type for argument `per_replica`. Received: per_replica={per_replica!r} of "
+            f"type {type(per_replica).__name__}. Expected a positive int."
+        )
+    if per_replica < 1:
+        raise ValueError(
+            f"Invalid value for argument `per_replica`. Received: per_replica={per_replica}. "
+            "Expected a positive int."
+        )
+    if strategy is None:
+        import tensorflow as tf
+
+        strategy = tf.distribute.get_strategy()
+    return per_replica * _num_replicas(strategy)
+
+
+def _check_global_batch(batch_size: int, strategy: Any) -> int:
+    """Returns the per-replica batch; raises if `batch_size` does not split evenly."""
+    replicas = _num_replicas(strategy)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(
+            f"Invalid value for argument `batch_size`. Received: batch_size={batch_size!r}. "
+            "Expected a positive int (the global batch)."
+        )
+    if batch_size % replicas:
+        lower = (batch_size // replicas) * replicas
+        raise ValueError(
+            f"Invalid value for argument `batch_size`. Received: batch_size={batch_size}, which "
+            f"does not divide evenly over {replicas} replicas. Expected a multiple of "
+            f"{replicas}, e.g. {lower or replicas} or {lower + replicas} "
+            "(tfgpu.global_batch_size(per_replica, strategy) computes one)."
+        )
+    return batch_size // replicas
+
+
+def scale_learning_rate(
+    learning_rate: float,
+    strategy: Any = None,
+    rule: str = "linear",
+    *,
+    base_replicas: int = 1,
+) -> float:
+    """Scales a learning rate tuned on `base_replicas` replicas to the replicas of `strategy`.
+
+    With a per-replica batch held fixed, the global batch grows with the replicas. The
+    `"linear"` rule (Goyal et al., 2017) multiplies the learning rate by the growth factor
+    and suits SGD with momentum (add a few epochs of warm-up for large factors); `"sqrt"`
+    multiplies by its square root and is the usual choice for Adam-style optimizers.
+
+    Args:
+        learning_rate: float, the rate that works with `base_replicas` replicas.
+        strategy: `tf.distribute.Strategy`, an int number of replicas, or None for the
+            strategy in scope. Defaults to None.
+        rule: str, `"linear"` or `"sqrt"`. Defaults to `"linear"`.
+        base_replicas: int, how many replicas `learning_rate` was tuned on. Defaults to 1.
+
+    Returns:
+        float, the scaled learning rate.
+
+    Raises:
+        TypeError: if `learning_rate` is not a number or `strategy` is not a strategy or int.
+        ValueError: if `learning_rate` is not a positive finite number, `rule` is unknown,
+            or `base_replicas` is not positive.
+
+    Example:
+
+    >>> tfgpu.scale_learning_rate(0.1, 8, rule="linear")
+    0.8
+    >>> tfgpu.scale_learning_rate(1e-3, 4, rule="sqrt")
+    0.002
+    """
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)):
+        raise TypeError(
+            f"Invalid type for argument `learning_rate`. Received: learning_rate="
+            f"{learning_rate!r} of type {type(learning_rate).__name__}. Expected a float."
+        )
+    if not math.isfinite(learning_rate) or learning_rate <= 0:
+        raise ValueError(
+            f"Invalid value for argument `learning_rate`. Received: learning_rate="
+            f"{learning_rate!r}. Expected a positive finite float."
+        )
+    if rule not in _LR_RULES:
+        raise ValueError(
+            f"Invalid value for argument `rule`. Received: rule={rule!r}. "
+            f"Expected one of: {', '.join(map(repr, _LR_RULES))}."
+        )
+    if isinstance(base_replicas, bool) or not isinstance(base_replicas, int) or base_replicas < 1:
+        raise ValueError(
+            f"Invalid value for argument `base_replicas`. Received: base_replicas="
+            f"{base_replicas!r}. Expected a positive int."
+        )
+    if strategy is None:
+        import tensorflow as tf
+
+        strategy = tf.distribute.get_strategy()
+    factor = _num_replicas(strategy) / base_replicas
+    scaled = learning_rate * (factor if rule == "linear" else math.sqrt(factor))
+    return float(round(scaled, 15))
+
+
+# --------------------------------------------------------------------------- effects
+
+
+def _auto_shard_options(policy: str):
+    """`tf.data.Options` with the auto-shard policy `policy` ("DATA", "FILE", "OFF", "AUTO").
+
+    DATA suits in-memory sources (every worker reads all, keeps its share of batches);
+    FILE suits file-based sources with at least as many files as workers. Setting it
+    explicitly also silences TensorFlow's "cannot shard by FILE, falling back" warning.
+    """
+    import tensorflow as tf
+
+    names = tuple(tf.data.experimental.AutoShardPolicy.__members__)
+    if not isinstance(policy, str) or policy.upper() not in names:
+        raise ValueError(
+            f"Invalid value for argument `policy`. Received: policy={policy!r}. "
+            f"Expected one of: {', '.join(map(repr, names))}."
+        )
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = getattr(
+        tf.data.experimental.AutoShardPolicy, policy.upper()
+    )
+    return options
+
+
+def _cross_device_ops(name: str | None):
+    import tensorflow as tf
+
+    if name is None:
+        return None
+    if name == "nccl":
+        return tf.distribute.NcclAllReduce()
+    if name == "hierarchical_copy":
+        return tf.distribute.HierarchicalCopyAllReduce()
+    return tf.distribute.ReductionToOneDevice()
+
+
+def _slurm_resolver(environ: Mapping[str, str], port_base: int):
+    """TensorFlow's `SlurmClusterResolver`, told the GPU count so it never runs nvidia-smi."""
+    import tensorflow as tf
+
+    if environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+        gpus = len([d for d in environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()])
+        auto_set_gpu = False  # Slurm (or the user) already bound GPUs to this task
+    elif environ.get("SLURM_GPUS_ON_NODE", "").strip().isdigit():
+        gpus = int(environ["SLURM_GPUS_ON_NODE"])
+        auto_set_gpu = gpus > 0
+    else:
+        gpus = len(tf.config.list_physical_devices("GPU"))
+        auto_set_gpu = False
+    if gpus == 0:
+        # TensorFlow's resolver divides GPUs among a node's tasks and fails on 0 GPUs
+        # (range() step 0); give each task a placeholder GPU it never applies.
+        tasks = _slurm_num_tasks(environ) or 1
+        return tf.distribute.cluster_resolver.SlurmClusterResolver(
+            port_base=port_base, gpus_per_node=tasks, gpus_per_task=1, auto_set_gpu=False
+        )
+    return tf.distribute.cluster_resolver.SlurmClusterResolver(
+        port_base=port_base, gpus_per_node=gpus, auto_set_gpu=auto_set_gpu
+    )
+
+
+def strategy(
+    kind: str = "auto",
+    *,
+    devices: Sequence[str] | None = None,
+    all_reduce: str = "auto",
+    timeout_seconds: float | None = None,
+    slurm_port_base: int = _SLURM_PORT_BASE,
+):
+    """Returns a `tf.distribute.Strategy` for this machine or cluster.
+
+    `kind="auto"` picks, in order: `MultiWorkerMirroredStrategy` when the cluster has more than
+    one task (from `TF_CONFIG`, or a Slurm job step through TensorFlow's
+    `SlurmClusterResolver`); `MirroredStrategy` over all visible GPUs when there are several;
+    `OneDeviceStrategy` on a single GPU; the default strategy on the CPU.
+
+    `"mirrored"` with no GPU runs on the logical CPU devices (all of them unless `devices`
+    says otherwise) and warns, which is how the equality of data-parallel and single-device
+    training is tested without GPUs. `"multi_worker"` also installs a narrow correction
+    that lets Keras 3 `model.fit` run under it (see `tfgpu/_keras_compat.py`). Create the
+    strategy before any model, and build the model and optimizer inside `strategy.scope()`.
+
+    Args:
+        kind: str, one of `"auto"`, `"default"`, `"one_device"`, `"mirrored"`,
+            `"multi_worker"` (case-insensitive). Defaults to `"auto"`.
+        devices: list of str, devices to replicate on, e.g. `["/gpu:0", "/gpu:1"]`; for
+            `"one_device"` a single device. None uses all GPUs (or the CPU). Not accepted
+            for `"multi_worker"` (each worker uses its visible GPUs). Defaults to None.
+        all_reduce: str, how gradients are summed across replicas: `"auto"` (NCCL on GPUs,
+            otherwise a reduction that works on the CPU), `"nccl"`, `"hierarchical_copy"` or
+            `"reduction_to_one_device"` for `"mirrored"`; `"nccl"` or `"ring"` for
+            `"multi_worker"`. Defaults to `"auto"`.
+        timeout_seconds: float, multi-worker only: abort a collective (all-reduce) that takes
+            longer than this, e.g. a worker that hangs while still alive. A worker that dies
+            is detected by TensorFlow's coordination service heartbeat (about 10 s) either
+            way. None waits forever. Defaults to None.
+        slurm_port_base: int, first port a Slurm task listens on (tasks on one node take
+            consecutive ports). Defaults to 8888.
+
+    Returns:
+        `tf.distribute.Strategy`.
+
+    Raises:
+        TypeError: if `kind` is not a str.
+        ValueError: if `kind`, `devices` or `all_reduce` is invalid, or `TF_CONFIG` is
+            malformed (the message names what is wrong in it).
+
+    Example:
+
+    >>> strategy = tfgpu.strategy()                       # whatever the machine offers
+    >>> strategy = tfgpu.strategy("mirrored", devices=["/gpu:0", "/gpu:1"])
+    >>> with strategy.scope():
+    ...     model = build_model()
+    """
+    import tensorflow as tf
+
+    normalized = _normalize_kind(kind)
+    if devices is not None:
+        bad = (
+            normalized != "one_device"
+            if isinstance(devices, str)
+            else not devices or not all(isinstance(d, str) for d in devices)
+        )
+        if bad:
+            raise ValueError(
+                f"Invalid value for argument `devices`. Received: devices={devices!r}. "
+                'Expected a non-empty list of device names, e.g. ["/gpu:0", "/gpu:1"].'
+            )
+    if timeout_seconds is not None and (
+        isinstance(timeout_seconds, bool)
+        or not isinstance(timeout_seconds, (int, float))
+        or not timeout_seconds > 0
+    ):
+        raise ValueError(
+            f"Invalid value for argument `timeout_seconds`. Received: timeout_seconds="
+            f"{timeout_seconds!r}. Expected a positive number or None."
+        )
+    cluster = _resolve_cluster(os.environ)
+    gpus = tf.config.list_physical_devices("GPU")
+    chosen = _choose_kind(normalized, num_gpus=len(gpus), num_tasks=cluster.num_tasks)
+    if chosen == "auto":  # pragma: no cover - _choose_kind never returns it
+        raise AssertionError(chosen)
+
+    if chosen == "default":
+        _choose_all_reduce(chosen, all_reduce, on_gpus=False)
+        if devices is not None:
+            raise ValueError(
+                f"Invalid value for argument `devices`. Received: devices={devices!r} with "
+                "kind='default', which uses TensorFlow's default placement. Expected None."
+            )
+        _LOG.info("tfgpu.strategy: default strategy (%s)", "no GPU" if not gpus else "as asked")
+        return tf.distribute.get_strategy()
+
+    if chosen == "one_device":
+        _choose_all_reduce(chosen, all_reduce, on_gpus=bool(gpus))
+        if devices is None:
+            device = "/gpu:0" if gpus else "/cpu:0"
+        elif isinstance(devices, str):
+            device = devices
+        elif len(devices) == 1:
+            device = devices[0]
+        else:
+            raise ValueError(
+                f"Invalid value for argument `devices`. Received: devices={list(devices)!r} "
+                "with kind='one_device'. Expected a single device."
+            )
+        _LOG.info("tfgpu.strategy: OneDeviceStrategy on %s", device)
+        return tf.distribute.OneDeviceStrategy(device)
+
+    if chosen == "mirrored":
+        if devices is None:
+            if gpus:
+                devices = [f"/gpu:{i}" for i in range(len(tf.config.list_logical_devices("GPU")))]
+            else:
+                devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+                warnings.warn(
+                    f"tfgpu.strategy('mirrored'): no GPU is visible, so the replicas run on "
+                    f"{len(devices)} logical CPU device(s) {devices}. This proves the numerics, "
+                    "not speed.",
+                    stacklevel=2,
+                )
+        devices = list(devices)
+        on_gpus = all("gpu" in d.lower() for d in devices)
+        name = _choose_all_reduce(chosen, all_reduce, on_gpus=on_gpus)
+        _LOG.info("tfgpu.strategy: MirroredStrategy on %s, all-reduce %s", devices, name)
+        return tf.distribute.MirroredStrategy(
+            devices=devices, cross_device_ops=_cross_device_ops(name)
+        )
+
+    # multi_worker
+    if devices is not None:
+        raise ValueError(
+            f"Invalid value for argument `devices`. Received: devices={devices!r} with "
+            "kind='multi_worker'. Expected None: each worker replicates over its visible "
+            "GPUs (restrict them with CUDA_VISIBLE_DEVICES or tfgpu.configure())."
+        )
+    name = _choose_all_reduce(chosen, all_reduce, on_gpus=bool(gpus))
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=getattr(
+            tf.distribute.experimental.CommunicationImplementation, name.upper()
+        ),
+        timeout_seconds=timeout_seconds,
+    )
+    resolver = None
+    if cluster.source == "slurm":
+        resolver = _slurm_resolver(os.environ, slurm_port_base)
+    elif cluster.num_tasks <= 1:
+        _LOG.info("tfgpu.strategy: multi_worker with a single task (no TF_CONFIG or Slurm step)")
+    result = tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver, communication_options=options
+    )
+    from tfgpu import _keras_compat
+
+    if _keras_compat.needs_correction(result):
+        _keras_compat.install()
+    _LOG.info(
+        "tfgpu.strategy: MultiWorkerMirroredStrategy (%s), %d replicas, all-reduce %s",
+        cluster.source,
+        result.num_replicas_in_sync,
+        name,
+    )
+    return result
