@@ -1,0 +1,528 @@
+"""tfgpu.data.pipeline and benchmark: order of operations, sharding, files, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfgpu import data as tfdata
+from tfgpu.data import _decide, _Facts
+
+N = 64
+
+
+def _ids(batches) -> list[int]:
+    return [int(v) for b in batches for v in np.asarray(b).reshape(-1)]
+
+
+def _label_ids(ds) -> list[int]:
+    return _ids(y for _, y in ds)
+
+
+@pytest.fixture(scope="module")
+def mirrored():
+    return tf.distribute.MirroredStrategy(devices=["/cpu:0", "/cpu:1"])
+
+
+class _Counter:
+    """Counts how often a per-example function really runs (not how often it is traced)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def _bump(self, x):
+        self.calls += 1
+        return x
+
+    def decode(self, x, y):
+        x = tf.py_function(self._bump, [x], tf.float32)
+        return tf.ensure_shape(x, (4,)) * 2.0, y
+
+
+def _xy(n=N):
+    x = np.tile(np.arange(n, dtype=np.float32)[:, None], (1, 4))
+    y = np.arange(n, dtype=np.int64)
+    return x, y
+
+
+def _noise(x, y):
+    return x + tf.random.uniform(tf.shape(x)), y
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "8", None])
+def test_batch_size_must_be_a_positive_integer(bad):
+    traced = []
+    with pytest.raises(ValueError, match=r"`batch_size`.*Received"):
+        tfdata.pipeline(_xy(), batch_size=bad, map_fn=lambda x, y: traced.append(1) or (x, y))
+    assert traced == []  # raised before any work, map_fn never even traced
+
+
+def test_batch_size_and_per_replica_batch_size_are_exclusive():
+    with pytest.raises(ValueError, match="exactly one of them"):
+        tfdata.pipeline(_xy(), batch_size=8, per_replica_batch_size=4)
+    with pytest.raises(ValueError, match=r"per_replica_batch_size=0"):
+        tfdata.pipeline(_xy(), per_replica_batch_size=0)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [{1, 2, 3}, 42, None, (i for i in range(3)), (np.zeros(3), object())],
+    ids=["set", "int", "none", "generator", "object-leaf"],
+)
+def test_unsupported_source_type_is_a_type_error(source):
+    with pytest.raises(TypeError, match=r"argument `source`.*Expected a NumPy array"):
+        tfdata.pipeline(source, batch_size=2)
+
+
+def test_mismatched_array_lengths():
+    traced = []
+    with pytest.raises(ValueError, match=r"different lengths.*source\[0\]: 10, source\[1\]: 9"):
+        tfdata.pipeline(
+            (np.zeros((10, 2)), np.zeros(9)),
+            batch_size=2,
+            map_fn=lambda x, y: traced.append(1) or (x, y),
+        )
+    assert traced == []
+    with pytest.raises(ValueError, match=r"different lengths.*\['b'\]: 3"):
+        tfdata.pipeline({"a": np.zeros(4), "b": np.zeros(3)}, batch_size=2)
+    with pytest.raises(ValueError, match="scalar"):
+        tfdata.pipeline((np.zeros(4), np.float32(1.0)), batch_size=2)
+    with pytest.raises(ValueError, match="0 examples"):
+        tfdata.pipeline(np.zeros((0, 3)), batch_size=2)
+
+
+def test_shuffle_buffer_of_zero_and_conflicts():
+    with pytest.raises(ValueError, match=r"`shuffle_buffer`. Received: shuffle_buffer=0"):
+        tfdata.pipeline(_xy(), batch_size=8, shuffle_buffer=0)
+    with pytest.raises(ValueError, match="shuffle=False and shuffle_buffer=10"):
+        tfdata.pipeline(_xy(), batch_size=8, shuffle=False, shuffle_buffer=10)
+
+
+def test_unknown_dataset_name_suggests_close_matches():
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"source='mnistt'.*Did you mean: 'mnist'"):
+        tfdata.pipeline("mnistt", batch_size=8)
+    assert time.perf_counter() - start < 10
+
+
+def test_other_bad_arguments(tmp_path, mirrored):
+    with pytest.raises(TypeError, match="`map_fn`"):
+        tfdata.pipeline(_xy(), batch_size=8, map_fn="decode")
+    with pytest.raises(ValueError, match="distribute=True with strategy=None"):
+        tfdata.pipeline(_xy(), batch_size=8, distribute=True)
+    with pytest.raises(TypeError, match="`strategy`"):
+        tfdata.pipeline(_xy(), batch_size=8, strategy="mirrored")
+    with pytest.raises(ValueError, match=r"`cache`\. Received: cache=3"):
+        tfdata.pipeline(_xy(), batch_size=8, cache=3)
+    with pytest.raises(ValueError, match="does not exist"):
+        tfdata.pipeline(_xy(), batch_size=8, cache=str(tmp_path / "nope" / "cache"))
+    with pytest.raises(ValueError, match=r"batch_size=7.*2 replicas.*Expected a multiple of 2"):
+        tfdata.pipeline(_xy(), batch_size=7, strategy=mirrored)
+    with pytest.raises(FileNotFoundError, match="matches no files"):
+        tfdata.pipeline(str(tmp_path / "*.tfrecord"), batch_size=8)
+    with pytest.raises(ValueError, match="`split`/`data_dir`"):
+        tfdata.pipeline(_xy(), batch_size=8, split="train")
+    with pytest.raises(ValueError, match="`ram_budget_mib`"):
+        tfdata.pipeline(_xy(), batch_size=8, ram_budget_mib=0)
+
+
+# ----------------------------------------------------------------------------- order of operations
+
+
+def test_every_example_once_per_epoch_and_reshuffled_each_epoch():
+    ds = tfdata.pipeline(_xy(), batch_size=10)
+    first, second = _label_ids(ds), _label_ids(ds)
+    assert sorted(first) == sorted(second) == list(range(N))
+    assert first != second  # a new order every epoch
+    sizes = [int(y.shape[0]) for _, y in ds]
+    assert sizes == [10] * 6 + [4]  # no strategy: the remainder is kept
+
+
+def test_no_shuffle_keeps_order():
+    ds = tfdata.pipeline(_xy(), batch_size=10, shuffle=False, deterministic=True)
+    assert _label_ids(ds) == list(range(N))
+
+
+def test_cache_sits_before_augmentation():
+    """Decode runs once over two epochs, and the augmentation is new every epoch."""
+    counter = _Counter()
+    ds = tfdata.pipeline(
+        _xy(), batch_size=16, map_fn=counter.decode, augment_fn=_noise, deterministic=True
+    )
+    epochs = [{int(i): row for b_x, b_y in ds for i, row in zip(b_y, b_x.numpy())} for _ in "ab"]
+    assert counter.calls == N  # decoded once: the second epoch came from the cache
+    assert set(epochs[0]) == set(epochs[1]) == set(range(N))
+    for i in range(N):
+        base = 2.0 * i  # the decoded value; noise in [0, 1) on top
+        assert np.all((epochs[0][i] >= base) & (epochs[0][i] < base + 1))
+        assert not np.allclose(epochs[0][i], epochs[1][i])  # augmented afresh
+
+
+def test_random_map_fn_is_not_cached_and_warns():
+    def random_decode(x, y):
+        return x + tf.random.uniform((4,)), y
+
+    with pytest.warns(UserWarning, match="random ops"):
+        ds = tfdata.pipeline(_xy(), batch_size=N, map_fn=random_decode, shuffle=False)
+    a, b = (next(iter(ds))[0].numpy() for _ in range(2))
+    assert not np.allclose(a, b)  # not frozen by a cache
+
+
+def test_cache_larger_than_ram_budget_fails_before_work():
+    counter = _Counter()
+    with pytest.raises(ValueError, match=r"cache=True.*more than the RAM budget of 1.0 KiB"):
+        tfdata.pipeline(
+            _xy(), batch_size=8, map_fn=counter.decode, cache=True, ram_budget_mib=1 / 1024
+        )
+    assert counter.calls == 0
+    # "auto" does not raise: it just does not cache, so decoding runs every epoch.
+    ds = tfdata.pipeline(_xy(), batch_size=8, map_fn=counter.decode, ram_budget_mib=1 / 1024)
+    list(ds), list(ds)
+    assert counter.calls == 2 * N
+
+
+def test_cache_to_a_file(tmp_path):
+    counter = _Counter()
+    prefix = tmp_path / "cache"
+    ds = tfdata.pipeline(_xy(), batch_size=16, map_fn=counter.decode, cache=prefix)
+    first = sorted(_label_ids(ds))
+    assert any(p.name.startswith("cache") for p in tmp_path.iterdir())
+    second = sorted(_label_ids(ds))
+    assert first == second == list(range(N))
+    assert counter.calls == N
+
+
+def test_batch_augment_runs_on_whole_batches():
+    seen = []
+
+    def batch_aug(x, y):
+        seen.append(x.shape.as_list())  # traced once with the batch shape
+        return tf.reverse(x, axis=[0]), tf.reverse(y, axis=[0])
+
+    ds = tfdata.pipeline(
+        _xy(16), batch_size=8, shuffle=False, deterministic=True, batch_augment_fn=batch_aug
+    )
+    assert _label_ids(ds) == [*range(7, -1, -1), *range(15, 7, -1)]
+    assert seen and seen[0][1:] == [4]
+
+
+def test_repeat_gives_an_endless_dataset_reshuffled_per_pass():
+    ds = tfdata.pipeline(_xy(8), batch_size=4, repeat=True, seed=1)
+    ids = _ids(y for _, y in ds.take(6))
+    passes = [ids[i : i + 8] for i in range(0, 24, 8)]
+    assert all(sorted(p) == list(range(8)) for p in passes)
+    assert len({tuple(p) for p in passes}) > 1
+
+
+def test_options_are_set_deliberately():
+    ds = tfdata.pipeline(_xy(), batch_size=8, ram_budget_mib=256, private_threadpool_size=3)
+    options = ds.options()
+    assert options.autotune.enabled and options.autotune.ram_budget == 256 * 1024 * 1024
+    assert options.experimental_optimization.map_parallelization
+    assert options.experimental_optimization.map_fusion
+    assert options.threading.private_threadpool_size == 3
+    policy = tf.data.experimental.AutoShardPolicy
+    assert options.experimental_distribute.auto_shard_policy == policy.DATA
+    assert options.deterministic is False
+
+
+# ----------------------------------------------------------------------------- strategies, sharding
+
+
+def test_drop_remainder_under_a_strategy(mirrored):
+    ds = tfdata.pipeline(_xy(10), batch_size=4, strategy=mirrored)
+    assert ds.element_spec[0].shape.as_list() == [4, 4]  # static batch dimension
+    assert [int(y.shape[0]) for _, y in ds] == [4, 4]
+    per_replica = tfdata.pipeline(_xy(10), per_replica_batch_size=3, strategy=mirrored)
+    assert [int(y.shape[0]) for _, y in per_replica] == [6]
+
+
+def test_each_example_seen_once_per_epoch_across_replicas(mirrored):
+    dist = tfdata.pipeline(_xy(), per_replica_batch_size=4, strategy=mirrored, distribute=True)
+    assert isinstance(dist, tf.distribute.DistributedDataset)
+    for _ in range(2):
+        seen = []
+        for _, y in dist:
+            parts = mirrored.experimental_local_results(y)
+            assert [int(p.shape[0]) for p in parts] == [4, 4]
+            seen += _ids(parts)
+        assert sorted(seen) == list(range(N))
+
+
+def _workers(make, workers=2):
+    """What each worker of a multi-worker job iterates: its own pipeline, auto-sharded by
+    TensorFlow with the policy the pipeline set (the rewrite `tf.distribute` applies)."""
+    from tensorflow.python.data.experimental.ops.distribute import _AutoShardDataset
+
+    return [_AutoShardDataset(make(), workers, i) for i in range(workers)]
+
+
+def test_multi_worker_sharding_splits_in_memory_data_exactly(mirrored, monkeypatch):
+    """Two workers, DATA policy: the pipeline is made deterministic and seeded so the shards
+    partition every epoch, even with a shuffle and a parallel augmentation in between."""
+    monkeypatch.setattr(tfdata, "_num_workers", lambda strategy: 2)
+    shards = _workers(
+        lambda: tfdata.pipeline(_xy(), batch_size=8, strategy=mirrored, augment_fn=_noise)
+    )
+    orders = []
+    for _ in range(2):  # each worker runs two epochs
+        seen = [_label_ids(s) for s in shards]
+        assert not set(seen[0]) & set(seen[1])
+        assert sorted(seen[0] + seen[1]) == list(range(N))
+        orders.append(seen[0])
+    assert orders[0] != orders[1]  # still reshuffled every epoch
+
+
+def _write_tfrecords(directory, num_files=4, per_file=8) -> str:
+    for f in range(num_files):
+        with tf.io.TFRecordWriter(str(directory / f"part-{f}.tfrecord")) as w:
+            for j in range(per_file):
+                i = f * per_file + j
+                feature = {"id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i]))}
+                w.write(
+                    tf.train.Example(
+                        features=tf.train.Features(feature=feature)
+                    ).SerializeToString()
+                )
+    return str(directory / "part-*.tfrecord")
+
+
+def _parse(record):
+    parsed = tf.io.parse_single_example(record, {"id": tf.io.FixedLenFeature([], tf.int64)})
+    return tf.cast(parsed["id"], tf.float32), parsed["id"]
+
+
+def test_file_source_reads_all_files_shuffled_by_file(tmp_path):
+    pattern = _write_tfrecords(tmp_path)
+    ds = tfdata.pipeline(pattern, batch_size=5, map_fn=_parse, cache=False, seed=3)
+    assert ds.options().experimental_distribute.auto_shard_policy == (
+        tf.data.experimental.AutoShardPolicy.FILE
+    )
+    first, second = _label_ids(ds), _label_ids(ds)
+    assert sorted(first) == sorted(second) == list(range(32))
+    assert first != second
+    in_order = tfdata.pipeline(
+        [str(tmp_path / "part-1.tfrecord"), str(tmp_path / "part-0.tfrecord")],
+        batch_size=4,
+        map_fn=_parse,
+        shuffle=False,
+        deterministic=True,
+    )
+    # two files read in parallel (interleaved), order kept when deterministic
+    assert sorted(_label_ids(in_order)) == list(range(16))
+
+
+def test_file_source_is_sharded_by_file_across_workers(tmp_path, mirrored, monkeypatch):
+    monkeypatch.setattr(tfdata, "_num_workers", lambda strategy: 2)
+    pattern = _write_tfrecords(tmp_path)
+    make = lambda: tfdata.pipeline(pattern, batch_size=4, strategy=mirrored, map_fn=_parse)  # noqa: E731
+    shards = [_label_ids(s) for s in _workers(make)]
+    assert sorted(shards[0] + shards[1]) == list(range(32))
+    files = [{i // 8 for i in s} for s in shards]  # each worker reads whole files
+    assert not files[0] & files[1] and len(files[0]) == len(files[1]) == 2
+
+
+def test_gzip_tfrecords(tmp_path):
+    path = tmp_path / "z.tfrecord.gz"
+    with tf.io.TFRecordWriter(str(path), options="GZIP") as w:
+        for i in range(6):
+            feature = {"id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i]))}
+            w.write(
+                tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+            )
+    ds = tfdata.pipeline(str(path), batch_size=3, map_fn=_parse, compression_type="GZIP")
+    assert sorted(_label_ids(ds)) == list(range(6))
+
+
+def test_existing_dataset_source_keeps_its_randomness():
+    source = tf.data.Dataset.range(20).map(lambda i: (tf.random.uniform(()), i))
+    ds = tfdata.pipeline(source, batch_size=20, shuffle=False)
+    a = next(iter(ds))[0].numpy()
+    b = next(iter(ds))[0].numpy()
+    assert not np.allclose(a, b)  # not cached: a dataset passed in may hold randomness
+    policy = ds.options().experimental_distribute.auto_shard_policy
+    assert policy == tf.data.experimental.AutoShardPolicy.AUTO
+
+
+# ----------------------------------------------------------------------------- pure decisions
+
+
+def _facts(**kw) -> _Facts:
+    base = dict(
+        kind="memory",
+        num_examples=1000,
+        element_bytes=16,
+        num_files=None,
+        has_map_fn=True,
+        map_fn_random_ops=(),
+        num_replicas=1,
+        num_workers=1,
+        has_gpu=False,
+        cpu_count=8,
+        ram_budget_bytes=1 << 30,
+        free_disk_bytes=None,
+    )
+    return dataclasses.replace(_Facts(**base), **kw)
+
+
+def _plan(facts, **kw):
+    args = dict(
+        batch_size=32,
+        per_replica_batch_size=None,
+        cache="auto",
+        shuffle=True,
+        shuffle_buffer=None,
+        drop_remainder=None,
+        deterministic=None,
+        seed=None,
+        has_strategy=False,
+        private_threadpool_size=None,
+    )
+    args.update(kw)
+    return _decide(facts, **args)
+
+
+def test_decide_shuffle_buffer():
+    assert _plan(_facts(num_examples=1000)).shuffle_buffer == 1000  # whole dataset
+    assert _plan(_facts(num_examples=10**7)).shuffle_buffer == 10_000
+    assert _plan(_facts(num_examples=None)).shuffle_buffer == 10_000
+    # 150 KB images with a 100 MiB budget: 10% of it holds ~69 images; never below a batch
+    images = _facts(num_examples=10**6, element_bytes=150_528, ram_budget_bytes=100 << 20)
+    assert _plan(images).shuffle_buffer == 69
+    assert _plan(images, batch_size=128).shuffle_buffer == 128
+    assert _plan(_facts(), shuffle=False).shuffle_buffer is None
+    assert _plan(_facts(), shuffle_buffer=7).shuffle_buffer == 7
+
+
+def test_decide_cache():
+    assert _plan(_facts()).cache == "memory"  # decoded data fits
+    assert _plan(_facts(has_map_fn=False)).cache is None  # arrays already in memory
+    assert _plan(_facts(kind="dataset", has_map_fn=False)).cache is None
+    assert _plan(_facts(kind="files", has_map_fn=False)).cache == "memory"
+    assert _plan(_facts(element_bytes=None)).cache is None
+    assert _plan(_facts(num_examples=-1)).cache is None
+    assert _plan(_facts(map_fn_random_ops=("RandomUniform",))).cache is None
+    too_big = _facts(ram_budget_bytes=1000)
+    assert _plan(too_big).cache is None
+    with pytest.raises(ValueError, match="RAM budget"):
+        _plan(too_big, cache="memory")
+    with pytest.raises(ValueError, match="infinite"):
+        _plan(_facts(num_examples=-1), cache=True)
+    with pytest.raises(ValueError, match="free there"):
+        _plan(_facts(free_disk_bytes=100), cache="/tmp/c")
+    assert _plan(_facts(), cache=False).cache is None
+
+
+def test_decide_batch_drop_remainder_sharding_threads():
+    plan = _plan(_facts(num_replicas=4), per_replica_batch_size=16, batch_size=None)
+    assert plan.global_batch_size == 64 and plan.drop_remainder is False
+    assert _plan(_facts(num_replicas=2), has_strategy=True).drop_remainder is True
+    assert _plan(_facts(), drop_remainder=True).drop_remainder is True
+    assert _plan(_facts()).shard_policy == "DATA"
+    assert _plan(_facts(kind="files", num_files=8, num_workers=4)).shard_policy == "FILE"
+    few = _plan(_facts(kind="files", num_files=2, num_workers=4))
+    assert few.shard_policy == "DATA" and few.deterministic and few.shuffle_seed == 0
+    assert _plan(_facts(kind="dataset")).shard_policy == "AUTO"
+    assert _plan(_facts(has_gpu=True)).private_threadpool_size == 8
+    assert _plan(_facts(has_gpu=False)).private_threadpool_size == 0
+    assert _plan(_facts(num_workers=2), seed=5).shuffle_seed == 5
+    assert _plan(_facts()).deterministic is False
+
+
+# ----------------------------------------------------------------------------- benchmark
+
+
+def test_benchmark_counts_examples_and_restarts_short_datasets():
+    ds = tfdata.pipeline(_xy(), batch_size=16, shuffle=False)  # 4 batches per epoch
+    result = tfdata.benchmark(ds, num_batches=10, warmup=2)
+    assert isinstance(result, tfdata.PipelineBenchmark)
+    assert result.num_batches == 10 and result.num_examples == 160 and result.batch_size == 16
+    assert result.epochs == 3  # 12 batches from a 4-batch dataset
+    assert result.examples_per_second == pytest.approx(160 / result.seconds)
+    assert result.batches_per_second == pytest.approx(10 / result.seconds)
+    assert "examples/s" in str(result) and result.to_dict()["num_examples"] == 160
+    ragged = tfdata.benchmark(tfdata.pipeline(_xy(20), batch_size=8), num_batches=6, warmup=0)
+    assert ragged.batch_size is None and ragged.num_examples == 40  # 8, 8, 4, 8, 8, 4
+
+
+def test_benchmark_measures_a_slow_pipeline_as_slow():
+    def slow(i):
+        time.sleep(0.02)
+        return i
+
+    ds = tf.data.Dataset.range(10).map(lambda i: tf.py_function(slow, [i], tf.int64)).batch(1)
+    result = tfdata.benchmark(ds, num_batches=5, warmup=1)
+    assert result.seconds >= 5 * 0.02
+    assert result.batches_per_second <= 1 / 0.02
+
+
+def test_benchmark_of_a_distributed_dataset(mirrored):
+    dist = tfdata.pipeline(_xy(), per_replica_batch_size=4, strategy=mirrored, distribute=True)
+    result = tfdata.benchmark(dist, num_batches=4, warmup=1)
+    assert result.batch_size == 8 and result.num_examples == 32
+
+
+def test_benchmark_bad_input():
+    ds = tf.data.Dataset.range(4).batch(2)
+    with pytest.raises(TypeError, match="`dataset`"):
+        tfdata.benchmark([1, 2, 3])
+    with pytest.raises(ValueError, match="`num_batches`"):
+        tfdata.benchmark(ds, num_batches=0)
+    with pytest.raises(ValueError, match="`warmup`"):
+        tfdata.benchmark(ds, warmup=-1)
+    with pytest.raises(ValueError, match="0 batches"):
+        tfdata.benchmark(tf.data.Dataset.range(3).batch(4, drop_remainder=True))
+    with pytest.raises(ValueError, match="yields no batches"):
+        tfdata.benchmark(tf.data.Dataset.range(3).filter(lambda i: i > 5))
+
+
+# ----------------------------------------------------------------------------- benchmark script
+
+
+@pytest.mark.slow
+def test_benchmark_script_runs_quick():
+    import subprocess
+
+    from tests.conftest import REPO
+
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "data_pipeline.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=str(REPO),
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "tfgpu/naive" in out and "feed ratio" in out and "small CNN" in out
+
+
+def test_keras_fit_consumes_the_pipeline_under_a_strategy(mirrored):
+    import keras
+
+    seen = []
+
+    class Count(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(batch)
+
+    x, y = _xy()
+    ds = tfdata.pipeline(
+        (x, (y % 2).astype("float32")), per_replica_batch_size=4, strategy=mirrored
+    )
+    with mirrored.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    history = model.fit(ds, epochs=2, verbose=0, shuffle=False, callbacks=[Count()])
+    assert len(history.history["loss"]) == 2
+    assert seen == list(range(8)) * 2  # 64 examples / global batch 8, every epoch

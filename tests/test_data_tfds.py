@@ -1,0 +1,107 @@
+"""tfgpu.data.load_tfds and TFDS sources, on datasets built here (never downloaded)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfgpu import data as tfdata
+
+NAME = "tfgpu_tiny_digits"
+
+
+@pytest.fixture(scope="module")
+def tiny_tfds(tmp_path_factory):
+    """A tiny TFDS dataset prepared locally: 40 train / 10 test 8x8 images, label = id % 10."""
+    tfds = pytest.importorskip("tensorflow_datasets")
+
+    class TfgpuTinyDigits(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return self.dataset_info_from_configs(
+                features=tfds.features.FeaturesDict(
+                    {
+                        "image": tfds.features.Image(shape=(8, 8, 1)),
+                        "label": tfds.features.ClassLabel(num_classes=10),
+                        "id": np.int64,
+                    }
+                ),
+                supervised_keys=("image", "label"),
+            )
+
+        def _split_generators(self, dl_manager):
+            return {
+                "train": self._generate_examples(0, 40),
+                "test": self._generate_examples(40, 50),
+            }
+
+        def _generate_examples(self, start, stop):
+            for i in range(start, stop):
+                image = np.full((8, 8, 1), i, dtype=np.uint8)
+                yield i, {"image": image, "label": i % 10, "id": i}
+
+    data_dir = tmp_path_factory.mktemp("tfds")
+    TfgpuTinyDigits(data_dir=str(data_dir)).download_and_prepare()
+    return data_dir
+
+
+def test_load_tfds_reads_a_prepared_dataset(tiny_tfds):
+    ds, info = tfdata.load_tfds(NAME, "train", data_dir=tiny_tfds, with_info=True)
+    assert info.splits["train"].num_examples == 40
+    examples = list(ds)
+    assert len(examples) == 40
+    image, label = examples[0]  # supervised keys exist: (image, label) pairs by default
+    assert label.dtype == tf.int64
+    assert image.shape == (8, 8, 1) and image.dtype == tf.uint8
+    pixels = sorted(int(img[0, 0, 0]) for img, _ in examples)
+    assert pixels == list(range(40))
+    feature_dicts = tfdata.load_tfds(NAME, "test", data_dir=tiny_tfds, as_supervised=False)
+    assert sorted(int(e["id"]) for e in feature_dicts) == list(range(40, 50))
+    sliced = tfdata.load_tfds(NAME, "train[:25%]", data_dir=tiny_tfds, shuffle_files=False)
+    assert len(list(sliced)) == 10
+
+
+def test_pipeline_from_a_tfds_name(tiny_tfds):
+    def normalize(image, label):
+        return tf.cast(image, tf.float32) / 255.0, label
+
+    ds = tfdata.pipeline(NAME, batch_size=16, data_dir=tiny_tfds, map_fn=normalize)
+    options = ds.options()
+    assert options.experimental_distribute.auto_shard_policy == (
+        tf.data.experimental.AutoShardPolicy.FILE
+    )
+    for _ in range(2):
+        pixels = [round(float(v) * 255) for x, _ in ds for v in x[:, 0, 0, 0].numpy()]
+        assert sorted(pixels) == list(range(40))
+    test = tfdata.pipeline(NAME, batch_size=5, data_dir=tiny_tfds, split="test", shuffle=False)
+    assert sum(int(y.shape[0]) for _, y in test) == 10
+
+
+def test_absent_dataset_fails_fast_with_directions(tmp_path, tiny_tfds):
+    for name in (NAME, "mnist"):  # ours, and a real registered one never downloaded here
+        start = time.perf_counter()
+        with pytest.raises(FileNotFoundError) as error:
+            tfdata.load_tfds(name, "train", data_dir=tmp_path)
+        assert time.perf_counter() - start < 5
+        message = str(error.value)
+        assert repr(name) in message and str(tmp_path) in message
+        assert f"tfds build {name}" in message and "download=True" in message
+    with pytest.raises(FileNotFoundError, match="not prepared"):
+        tfdata.pipeline("mnist", batch_size=8, data_dir=tmp_path)
+
+
+def test_load_tfds_bad_input(tiny_tfds):
+    with pytest.raises(
+        ValueError, match=r"name='tfgpu_tiny_digit'.*Did you mean: 'tfgpu_tiny_digits'"
+    ):
+        tfdata.load_tfds("tfgpu_tiny_digit", data_dir=tiny_tfds)
+    with pytest.raises(ValueError, match=r"split='validation'.*\['test', 'train'\]"):
+        tfdata.load_tfds(NAME, "validation", data_dir=tiny_tfds)
+    with pytest.raises(TypeError, match="`name`"):
+        tfdata.load_tfds(7)
+    with pytest.raises(TypeError, match="`download`"):
+        tfdata.load_tfds(NAME, data_dir=tiny_tfds, download="yes")

@@ -1,0 +1,1220 @@
+"""Input pipelines that keep the GPU fed: build them, load TFDS data for them, measure them.
+
+The GPU is only as fast as the data that reaches it. `pipeline()` builds a `tf.data.Dataset`
+with the steps in the order that keeps an accelerator busy:
+
+```
+read (files: interleaved in parallel, shuffled by file)
+  -> map_fn          per-example decode/preprocess, parallel, AUTOTUNE  (deterministic work)
+  -> cache           memory or file; after the deterministic work, before any randomness
+  -> shuffle         buffer sized from the data and the RAM budget; reshuffled every epoch
+  -> [repeat]        only when asked (Keras `fit` iterates a finite dataset once per epoch)
+  -> augment_fn      per-example random augmentation, parallel, AUTOTUNE  (new every epoch)
+  -> batch           global batch; drop_remainder=True by default under a strategy
+  -> batch_augment_fn  optional vectorized per-batch augmentation
+  -> prefetch        AUTOTUNE, last
+```
+
+`load_tfds()` reads a TensorFlow Datasets dataset with fast reading options and fails within
+seconds, with a hint, when the data is not on disk. `benchmark()` measures a pipeline alone.
+
+The decisions (shuffle buffer, whether and where to cache, drop_remainder, sharding policy,
+thread pool) are made by the pure function `_decide()` from facts about the source and the
+machine; `pipeline()` applies them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import glob
+import os
+import re
+import shutil
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tfgpu._lazy import import_optional
+
+__all__ = ["PipelineBenchmark", "benchmark", "load_tfds", "pipeline"]
+
+_AUTOTUNE = tf.data.AUTOTUNE
+_MIB = 1024 * 1024
+# Shuffle buffer when nothing else limits it: large enough to mix well, small enough to fill fast.
+_MAX_SHUFFLE_BUFFER = 10_000
+# The shuffle buffer may take at most this fraction of the RAM budget.
+_SHUFFLE_RAM_FRACTION = 0.1
+# Fraction of the available host memory used as the default RAM budget.
+_DEFAULT_RAM_FRACTION = 0.5
+# Seed used for shuffles that must agree across workers (DATA sharding) when none is given.
+_SHARED_SEED = 0
+_TFDS_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*(/[A-Za-z0-9_.+\-]+)?(:[0-9.*]+)?$")
+_SOURCE_TYPES = (
+    "a NumPy array, a tf.Tensor, a tuple or dict of them (e.g. `(x, y)`), a `tf.data.Dataset`, "
+    "a TFRecord file pattern (str or list of str), or a TensorFlow Datasets name such as 'mnist'"
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Argument checks (all run before any work)
+# --------------------------------------------------------------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_positive_int(name: str, value: Any) -> int:
+    if not _is_int(value) or value <= 0:
+        raise ValueError(
+            f"Invalid value for argument `{name}`. Received: {name}={value!r}. "
+            "Expected a positive integer."
+        )
+    return int(value)
+
+
+def _check_callable(name: str, value: Any) -> None:
+    if value is not None and not callable(value):
+        raise TypeError(
+            f"Invalid type for argument `{name}`. Received: {name}={value!r} of type "
+            f"{type(value).__name__}. Expected a callable (a function of one example) or None."
+        )
+
+
+def _check_bool(name: str, value: Any, allow_none: bool = False) -> None:
+    if isinstance(value, bool) or (allow_none and value is None):
+        return
+    expected = "True, False or None" if allow_none else "True or False"
+    raise TypeError(
+        f"Invalid type for argument `{name}`. Received: {name}={value!r}. Expected {expected}."
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    """What `pipeline()` was given, classified. Pure data."""
+
+    kind: str  # "memory" | "dataset" | "files" | "tfds"
+    value: Any  # memory: the nested structure (leaves np/tf); dataset: the Dataset;
+    # files: list of file paths; tfds: the name
+    num_examples: int | None = None  # memory only
+
+
+def _leaf_length(leaf: Any) -> int | None:
+    shape = getattr(leaf, "shape", None)
+    if shape is None or len(shape) == 0:
+        return None
+    return None if shape[0] is None else int(shape[0])
+
+
+def _classify_memory(source: Any) -> _Source:
+    """Checks a nested structure of arrays: supported leaves, a dimension to slice, equal lengths."""
+
+    def to_leaf(path: str, value: Any) -> Any:
+        if isinstance(value, (np.ndarray, tf.Tensor)):
+            return value
+        if isinstance(value, (list, np.generic)):
+            try:
+                return np.asarray(value)
+            except ValueError as e:  # ragged Python lists
+                raise ValueError(
+                    f"Invalid value for argument `source`. The list at {path} cannot be made "
+                    f"into one array ({e}). Expected equal-shaped examples; pad them or pass a "
+                    "`tf.data.Dataset`."
+                ) from None
+        raise TypeError(
+            f"Invalid type for argument `source`. Received: a {type(value).__name__} at {path}. "
+            f"Expected {_SOURCE_TYPES}."
+        )
+
+    def walk(path: str, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            if not value:
+                raise ValueError(
+                    f"Invalid value for argument `source`. Received: an empty dict at {path}. "
+                    "Expected at least one array."
+                )
+            return {k: walk(f"{path}[{k!r}]", v) for k, v in value.items()}
+        if isinstance(value, tuple):
+            if not value:
+                raise ValueError(
+                    f"Invalid value for argument `source`. Received: an empty tuple at {path}. "
+                    "Expected at least one array."
+                )
+            return tuple(walk(f"{path}[{i}]", v) for i, v in enumerate(value))
+        return to_leaf(path, value)
+
+    structure = walk("source", source)
+    lengths: dict[str, int | None] = {}
+    for path, leaf in _flatten_with_paths("source", structure):
+        lengths[path] = _leaf_length(leaf)
+    scalars = [p for p, n in lengths.items() if n is None]
+    if scalars:
+        raise ValueError(
+            f"Invalid value for argument `source`. Received: a scalar (no first dimension) at "
+            f"{', '.join(scalars)}. Expected arrays whose first dimension indexes the examples."
+        )
+    distinct = set(lengths.values())
+    if len(distinct) > 1:
+        shown = ", ".join(f"{p}: {n}" for p, n in lengths.items())
+        raise ValueError(
+            "Invalid value for argument `source`. The arrays have different lengths "
+            f"(first dimensions): {shown}. Expected every array to hold the same number of "
+            "examples."
+        )
+    (n,) = distinct
+    if n == 0:
+        raise ValueError(
+            "Invalid value for argument `source`. Received: arrays with 0 examples. "
+            "Expected at least one example."
+        )
+    return _Source("memory", structure, num_examples=n)
+
+
+def _flatten_with_paths(path: str, value: Any) -> list[tuple[str, Any]]:
+    if isinstance(value, Mapping):
+        return [item for k, v in value.items() for item in _flatten_with_paths(f"{path}[{k!r}]", v)]
+    if isinstance(value, tuple):
+        return [
+            item for i, v in enumerate(value) for item in _flatten_with_paths(f"{path}[{i}]", v)
+        ]
+    return [(path, value)]
+
+
+def _expand_patterns(patterns: list[str]) -> list[str]:
+    files: list[str] = []
+    for pattern in patterns:
+        files.extend(sorted(glob.glob(os.path.expanduser(pattern))))
+    return [f for f in dict.fromkeys(files) if os.path.isfile(f)]
+
+
+def _classify_source(source: Any) -> _Source:
+    """Tells what kind of source this is, or raises `TypeError`/`ValueError`. No TF work."""
+    if isinstance(source, tf.data.Dataset):
+        return _Source("dataset", source)
+    if isinstance(source, (str, os.PathLike)):
+        text = os.fspath(source)
+        if isinstance(text, bytes):
+            text = text.decode()
+        files = _expand_patterns([text])
+        if files:
+            return _Source("files", files)
+        if _TFDS_NAME.match(text) and not os.path.splitext(text)[1]:
+            return _Source("tfds", text)
+        raise FileNotFoundError(
+            f"Invalid value for argument `source`. Received: source={text!r}, a file pattern "
+            f"that matches no files (looked in {os.path.abspath(os.path.dirname(text) or '.')}). "
+            "Expected an existing TFRecord file or glob pattern such as 'data/train-*.tfrecord'."
+        )
+    if (
+        isinstance(source, list)
+        and source
+        and all(isinstance(s, (str, os.PathLike)) for s in source)
+    ):
+        patterns = [os.fspath(s) for s in source]
+        files = _expand_patterns(patterns)
+        missing = [p for p in patterns if not _expand_patterns([p])]
+        if missing:
+            raise FileNotFoundError(
+                "Invalid value for argument `source`. These file patterns match no files: "
+                f"{missing}. Expected existing TFRecord files or glob patterns."
+            )
+        return _Source("files", files)
+    if isinstance(source, (np.ndarray, tf.Tensor, tuple, Mapping, list)):
+        return _classify_memory(source)
+    raise TypeError(
+        f"Invalid type for argument `source`. Received: source of type "
+        f"{type(source).__module__}.{type(source).__qualname__}. Expected {_SOURCE_TYPES}. "
+        "For a Python generator, wrap it first with `tf.data.Dataset.from_generator`."
+    )
+
+
+def _check_tfds_name(name: str, data_dir: str | os.PathLike | None, arg: str = "name") -> None:
+    """Raises `ValueError` for a name that no registered builder and nothing on disk knows."""
+    tfds = import_optional("tensorflow_datasets")
+    base = name.split(":")[0].split("/")[0]
+    known = tfds.list_builders(with_community_datasets=False)
+    if base in known:
+        return
+    root = os.fspath(data_dir) if data_dir is not None else _tfds_default_dir()
+    if os.path.isdir(os.path.join(root, base)):  # prepared elsewhere, copied here
+        return
+    close = difflib.get_close_matches(base, known, n=3)
+    hint = f" Did you mean: {', '.join(repr(c) for c in close)}?" if close else ""
+    raise ValueError(
+        f"Invalid value for argument `{arg}`. Received: {arg}={name!r}, which is neither a "
+        f"TensorFlow Datasets builder nor a dataset prepared in {root}.{hint} Expected one of "
+        "`tfds.list_builders()` or a file pattern that matches files."
+    )
+
+
+def _tfds_default_dir() -> str:
+    tfds = import_optional("tensorflow_datasets")
+    try:
+        return os.fspath(tfds.core.constants.data_dir())
+    except Exception:  # older/newer layouts
+        return os.path.expanduser(os.environ.get("TFDS_DATA_DIR", "~/tensorflow_datasets"))
+
+
+# --------------------------------------------------------------------------------------------
+# Pure decisions
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Facts:
+    """What is known about the data and the machine when the plan is made."""
+
+    kind: str
+    num_examples: int | None  # None: unknown; -1: infinite
+    element_bytes: int | None  # bytes of one example after map_fn, None when not static
+    num_files: int | None
+    has_map_fn: bool
+    map_fn_random_ops: tuple[str, ...]
+    num_replicas: int
+    num_workers: int
+    has_gpu: bool
+    cpu_count: int
+    ram_budget_bytes: int
+    free_disk_bytes: int | None  # at the cache path, when caching to a file
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """How the pipeline will be built. Produced by `_decide`, applied by `_apply`."""
+
+    global_batch_size: int
+    drop_remainder: bool
+    shuffle_buffer: int | None  # None: no shuffle
+    shuffle_seed: int | None
+    cache: str | None  # None, "memory", or a file path
+    cache_bytes: int | None
+    deterministic: bool
+    shard_policy: str  # name of tf.data.experimental.AutoShardPolicy member
+    private_threadpool_size: int
+    notes: tuple[str, ...] = ()
+
+
+def _human(nbytes: float) -> str:
+    for unit, size in (("GiB", 1024**3), ("MiB", _MIB), ("KiB", 1024)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def _decide(
+    facts: _Facts,
+    *,
+    batch_size: int | None,
+    per_replica_batch_size: int | None,
+    cache: Any,
+    shuffle: bool,
+    shuffle_buffer: int | None,
+    drop_remainder: bool | None,
+    deterministic: bool | None,
+    seed: int | None,
+    has_strategy: bool,
+    private_threadpool_size: int | None,
+) -> _Plan:
+    """Turns facts about the data and machine plus the user's wishes into a `_Plan`. Pure.
+
+    Raises:
+        ValueError: if the cache cannot fit (RAM budget, free disk), would never complete
+            (infinite source), or the global batch does not split evenly over the replicas.
+    """
+    notes: list[str] = []
+    # Batch: global = per replica x replicas.
+    if per_replica_batch_size is not None:
+        global_batch = per_replica_batch_size * facts.num_replicas
+    else:
+        global_batch = int(batch_size)  # type: ignore[arg-type]
+        if has_strategy and global_batch % facts.num_replicas:
+            raise ValueError(
+                f"Invalid value for argument `batch_size`. Received: batch_size={global_batch}, "
+                f"which does not split evenly over the strategy's {facts.num_replicas} replicas. "
+                f"Expected a multiple of {facts.num_replicas}, e.g. "
+                f"batch_size={max(1, global_batch // facts.num_replicas) * facts.num_replicas}, "
+                "or pass `per_replica_batch_size` instead."
+            )
+    if drop_remainder is None:
+        drop_remainder = has_strategy
+    finite = facts.num_examples is None or facts.num_examples >= 0
+
+    # Sharding: DATA for in-memory data (every worker reads all, keeps its share), FILE for
+    # file sources with at least one file per worker. Unknown (user's dataset): AUTO.
+    if facts.kind == "memory":
+        shard_policy = "DATA"
+    elif facts.kind in ("files", "tfds"):
+        if facts.num_files is not None and facts.num_files >= facts.num_workers:
+            shard_policy = "FILE"
+        else:
+            shard_policy = "DATA"
+            if facts.num_workers > 1:
+                notes.append(
+                    f"{facts.num_files} file(s) for {facts.num_workers} workers: sharding by "
+                    "example (DATA), each worker reads every file"
+                )
+    else:
+        shard_policy = "AUTO"
+    data_sharded = facts.num_workers > 1 and shard_policy in ("DATA", "AUTO")
+
+    # Determinism: DATA sharding keeps every k-th element, so all workers must see the same
+    # order: a deterministic pipeline and the same shuffle seed.
+    if deterministic is None:
+        deterministic = data_sharded
+    if data_sharded and seed is None and shuffle:
+        seed = _SHARED_SEED
+        notes.append(f"shuffle seeded with {_SHARED_SEED} so every worker shards the same order")
+
+    # Cache: after map_fn (deterministic work), before shuffle/augment (random work).
+    cache_plan: str | None = None
+    cache_bytes = None
+    if facts.element_bytes is not None and facts.num_examples is not None and finite:
+        cache_bytes = facts.element_bytes * facts.num_examples
+    if cache is None or cache is False:
+        cache_plan = None
+    elif cache == "auto":
+        if facts.map_fn_random_ops:
+            notes.append(
+                "not cached: map_fn contains random ops "
+                f"({', '.join(facts.map_fn_random_ops)}); move them to augment_fn"
+            )
+        elif not finite:
+            notes.append("not cached: the source is infinite")
+        elif facts.kind in ("memory", "dataset") and not facts.has_map_fn:
+            pass  # already in memory / may hold the user's own randomness: nothing to gain
+        elif cache_bytes is None:
+            notes.append("not cached: the cache size cannot be estimated (dynamic shapes)")
+        elif cache_bytes > facts.ram_budget_bytes:
+            notes.append(
+                f"not cached: {_human(cache_bytes)} exceeds the RAM budget "
+                f"{_human(facts.ram_budget_bytes)}"
+            )
+        else:
+            cache_plan = "memory"
+    else:
+        target = "memory" if cache is True or cache == "memory" else os.fspath(cache)
+        if not finite:
+            raise ValueError(
+                f"Invalid value for argument `cache`. Received: cache={cache!r} for an infinite "
+                "source: the cache would never complete. Expected cache=False, or a finite "
+                "source (repeat with `repeat=True`, which comes after the cache)."
+            )
+        if target == "memory" and cache_bytes is not None and cache_bytes > facts.ram_budget_bytes:
+            raise ValueError(
+                f"Invalid value for argument `cache`. Received: cache={cache!r}, but the cache "
+                f"would take about {_human(cache_bytes)} ({facts.num_examples} examples x "
+                f"{_human(facts.element_bytes or 0)}), more than the RAM budget of "
+                f"{_human(facts.ram_budget_bytes)}. Expected a cache that fits: pass a file path "
+                "(cache='/fast/disk/cache'), raise `ram_budget_mib`, or cache smaller decoded "
+                "examples (e.g. resize in map_fn)."
+            )
+        if (
+            target != "memory"
+            and cache_bytes is not None
+            and facts.free_disk_bytes is not None
+            and cache_bytes > facts.free_disk_bytes
+        ):
+            raise ValueError(
+                f"Invalid value for argument `cache`. Received: cache={cache!r}, but the cache "
+                f"would take about {_human(cache_bytes)} and only "
+                f"{_human(facts.free_disk_bytes)} is free there. Expected a path on a disk "
+                "with enough free space."
+            )
+        if facts.map_fn_random_ops:
+            notes.append(
+                "cache after a map_fn with random ops "
+                f"({', '.join(facts.map_fn_random_ops)}) repeats them every epoch"
+            )
+        cache_plan = target
+
+    # Shuffle buffer: the whole dataset when small, else capped by count and by RAM.
+    buffer: int | None = None
+    if shuffle:
+        if shuffle_buffer is not None:
+            buffer = shuffle_buffer
+        else:
+            buffer = _MAX_SHUFFLE_BUFFER
+            if facts.num_examples is not None and facts.num_examples > 0:
+                buffer = min(buffer, facts.num_examples)
+            if facts.element_bytes:
+                by_ram = int(facts.ram_budget_bytes * _SHUFFLE_RAM_FRACTION // facts.element_bytes)
+                buffer = max(min(buffer, by_ram), min(buffer, global_batch), 1)
+
+    # tf.data's own thread pool on GPU hosts, so input threads do not queue behind the
+    # runtime's inter-op work that launches GPU kernels.
+    if private_threadpool_size is None:
+        private_threadpool_size = facts.cpu_count if facts.has_gpu else 0
+
+    return _Plan(
+        global_batch_size=global_batch,
+        drop_remainder=bool(drop_remainder),
+        shuffle_buffer=buffer,
+        shuffle_seed=seed,
+        cache=cache_plan,
+        cache_bytes=cache_bytes,
+        deterministic=bool(deterministic),
+        shard_policy=shard_policy,
+        private_threadpool_size=private_threadpool_size,
+        notes=tuple(notes),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Facts (thin, read-only)
+# --------------------------------------------------------------------------------------------
+
+
+def _element_bytes(spec: Any) -> int | None:
+    total = 0
+    for s in tf.nest.flatten(spec):
+        if (
+            not isinstance(s, tf.TensorSpec)
+            or not s.shape.is_fully_defined()
+            or s.dtype in (tf.string, tf.variant, tf.resource)
+        ):
+            return None
+        total += s.shape.num_elements() * s.dtype.size
+    return total
+
+
+def _cardinality(ds: tf.data.Dataset) -> int | None:
+    n = int(ds.cardinality().numpy())
+    if n == tf.data.INFINITE_CARDINALITY:
+        return -1
+    if n == tf.data.UNKNOWN_CARDINALITY:
+        return None
+    return n
+
+
+def _random_ops(fn: Callable, spec: Any) -> tuple[str, ...]:
+    """Op types with "Random" in their name that `fn` would run on one example (traced only)."""
+    args = spec if isinstance(spec, tuple) else (spec,)
+    try:
+        graph_def = tf.function(lambda *a: fn(*a)).get_concrete_function(*args).graph.as_graph_def()
+    except Exception:  # a function we cannot trace alone; tf.data will report real errors
+        return ()
+    ops = {node.op for node in graph_def.node}
+    for function in graph_def.library.function:
+        ops.update(node.op for node in function.node_def)
+    return tuple(sorted(op for op in ops if "Random" in op))
+
+
+def _ram_budget_bytes(ram_budget_mib: float | None) -> int:
+    if ram_budget_mib is not None:
+        return int(ram_budget_mib * _MIB)
+    try:
+        import psutil
+
+        available = psutil.virtual_memory().available
+    except ImportError:  # pragma: no cover - psutil is a dependency
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(available * _DEFAULT_RAM_FRACTION)
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS
+        return os.cpu_count() or 1
+
+
+def _num_workers(strategy: Any) -> int:
+    if strategy is None:
+        return 1
+    n = getattr(strategy.extended, "_num_workers", None)
+    if _is_int(n) and n > 0:
+        return int(n)
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is not None:
+        try:
+            spec = resolver.cluster_spec()
+            return max(
+                1, sum(spec.num_tasks(job) for job in ("worker", "chief") if job in spec.jobs)
+            )
+        except Exception:
+            return 1
+    return 1
+
+
+# --------------------------------------------------------------------------------------------
+# pipeline()
+# --------------------------------------------------------------------------------------------
+
+
+def pipeline(
+    source: Any,
+    *,
+    batch_size: int | None = None,
+    per_replica_batch_size: int | None = None,
+    strategy: tf.distribute.Strategy | None = None,
+    map_fn: Callable | None = None,
+    augment_fn: Callable | None = None,
+    batch_augment_fn: Callable | None = None,
+    cache: bool | str | os.PathLike = "auto",
+    shuffle: bool = True,
+    shuffle_buffer: int | None = None,
+    drop_remainder: bool | None = None,
+    deterministic: bool | None = None,
+    repeat: bool = False,
+    distribute: bool = False,
+    seed: int | None = None,
+    ram_budget_mib: float | None = None,
+    private_threadpool_size: int | None = None,
+    split: str | None = None,
+    data_dir: str | os.PathLike | None = None,
+    compression_type: str | None = None,
+) -> tf.data.Dataset | tf.distribute.DistributedDataset:
+    """Builds an input pipeline that keeps the GPU fed, with the steps in the right order.
+
+    Order: read (files interleaved in parallel and shuffled by file) -> `map_fn` (parallel,
+    AUTOTUNE) -> cache -> shuffle (reshuffled each epoch) -> [repeat] -> `augment_fn`
+    (parallel) -> batch -> `batch_augment_fn` -> prefetch (AUTOTUNE). Caching sits after the
+    deterministic work and before the random work, so decoding runs once and augmentation is
+    new every epoch.
+
+    `tf.data.Options` are set deliberately: autotune on with `ram_budget_mib`, map
+    parallelization, map and filter fusion, parallel batch, a private thread pool on GPU hosts,
+    and the auto-shard policy for the source (DATA for in-memory data, FILE for files when
+    there is at least one file per worker, AUTO for a dataset passed in).
+
+    For Keras `fit`, leave `repeat=False`: the dataset is finite, `fit` iterates it once per
+    epoch (reshuffled each time) and needs no `steps_per_epoch`; Keras distributes it over the
+    strategy itself. For a custom training loop, pass `distribute=True` to get
+    `strategy.experimental_distribute_dataset(...)`.
+
+    Args:
+        source: the data. A NumPy array or tf.Tensor, or a tuple/dict of them (e.g. `(x, y)`)
+            whose first dimensions are equal; a `tf.data.Dataset` of examples (unbatched); a
+            TFRecord file pattern or list of patterns (parse records with `map_fn`); or a
+            TensorFlow Datasets name such as `"mnist"` (read with `load_tfds`, supervised
+            `(input, label)` pairs when the dataset defines them).
+        batch_size: int, the global batch size (all replicas together), as Keras `fit` uses
+            it. Give exactly one of `batch_size` and `per_replica_batch_size`. Defaults to None.
+        per_replica_batch_size: int, the batch size per replica; the global batch is this times
+            `strategy.num_replicas_in_sync` (1 without a strategy). Defaults to None.
+        strategy: `tf.distribute.Strategy` the model trains under, or None. Sets the replica
+            count, the sharding, and `drop_remainder=True` by default. Defaults to None.
+        map_fn: callable, per-example decode/preprocess (parse a record, decode an image,
+            resize, normalize). Must be deterministic: it runs before the cache. Defaults to
+            None.
+        augment_fn: callable, per-example random augmentation; runs after the cache and the
+            shuffle, so it differs every epoch. Defaults to None.
+        batch_augment_fn: callable, vectorized augmentation of a whole batch, after batching.
+            Defaults to None.
+        cache: `"auto"`, True/`"memory"`, a file path, or False. `"auto"` caches the output of
+            `map_fn` (or of reading files/TFDS) in memory when its estimated size fits the RAM
+            budget, the source is finite and `map_fn` has no random ops. True/`"memory"`
+            always caches in memory and raises if the estimate exceeds the budget; a path
+            caches to files at that prefix (checked against free disk space); a cache is only
+            complete after one full pass. Defaults to `"auto"`.
+        shuffle: bool, whether to shuffle (examples and, for files, file order). Defaults to
+            True.
+        shuffle_buffer: int, shuffle buffer size in examples. Defaults to None: the whole
+            dataset up to 10,000 examples, and at most 10% of the RAM budget.
+        drop_remainder: bool, drop the last partial batch so every batch has a static shape
+            (needed by XLA/`jit_compile` and for even splits over replicas). Defaults to None:
+            True under a strategy, else False.
+        deterministic: bool, keep element order fixed through parallel maps and interleaves
+            (reproducible, possibly slower). Defaults to None: False, except True when
+            several workers shard in-memory data by example (they must agree on the order).
+        repeat: bool, repeat indefinitely (after the shuffle, so each pass is reshuffled and
+            batches run across epoch boundaries). For custom loops; not needed for `fit`.
+            Defaults to False.
+        distribute: bool, return `strategy.experimental_distribute_dataset(dataset)` for a
+            custom training loop. Needs `strategy`. Defaults to False.
+        seed: int, seed for the file and example shuffles. Defaults to None (a fixed seed is
+            used when several workers shard in-memory data, so they agree).
+        ram_budget_mib: float, RAM tf.data may use: autotune's buffer budget, the limit for
+            the cache, and 10% of it for the shuffle buffer. Defaults to None: half of the
+            available host memory.
+        private_threadpool_size: int, size of a thread pool used only by this pipeline; 0
+            shares TensorFlow's pool. Defaults to None: the CPU count on hosts with a GPU
+            visible to TensorFlow, else 0.
+        split: str, TFDS split (TFDS sources only), e.g. `"train"` or `"train[:90%]"`.
+            Defaults to None (`"train"`).
+        data_dir: path, TFDS data directory (TFDS sources only). Defaults to None (TFDS's
+            default, `~/tensorflow_datasets` or `$TFDS_DATA_DIR`).
+        compression_type: str, `"GZIP"` or `"ZLIB"` for compressed TFRecord files (file
+            sources only). Defaults to None.
+
+    Returns:
+        A `tf.data.Dataset` of batches, or a `tf.distribute.DistributedDataset` when
+        `distribute=True`.
+
+    Raises:
+        TypeError: for a source of unsupported type or a non-callable function argument.
+        ValueError: for a batch size that is not a positive integer, mismatched array lengths,
+            a shuffle buffer of zero, an unknown dataset name, conflicting arguments, or a
+            cache that would not fit the RAM budget. All raised before any data is read.
+        FileNotFoundError: for a file pattern that matches no files, or a TFDS dataset that is
+            not prepared in `data_dir`.
+
+    Example:
+
+    ```python
+    def decode(jpeg, label):
+        image = tf.image.resize(tf.io.decode_jpeg(jpeg, channels=3), (160, 160))
+        return image, label
+
+    def augment(image, label):
+        image = tf.image.random_crop(image, (128, 128, 3))
+        return tf.image.random_flip_left_right(image), label
+
+    strategy = tfgpu.strategy()
+    train = tfgpu.data.pipeline(
+        (jpegs, labels), per_replica_batch_size=64, strategy=strategy,
+        map_fn=decode, augment_fn=augment)
+    model.fit(train, epochs=10)
+    ```
+    """
+    # ---- checks, before any work
+    if (batch_size is None) == (per_replica_batch_size is None):
+        raise ValueError(
+            "Invalid arguments `batch_size` and `per_replica_batch_size`. Received: "
+            f"batch_size={batch_size!r}, per_replica_batch_size={per_replica_batch_size!r}. "
+            "Expected exactly one of them: the global batch size, or the batch size per replica."
+        )
+    if batch_size is not None:
+        batch_size = _check_positive_int("batch_size", batch_size)
+    else:
+        per_replica_batch_size = _check_positive_int(
+            "per_replica_batch_size", per_replica_batch_size
+        )
+    if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
+        raise TypeError(
+            f"Invalid type for argument `strategy`. Received: strategy of type "
+            f"{type(strategy).__name__}. Expected a `tf.distribute.Strategy` (e.g. from "
+            "`tfgpu.strategy()`) or None."
+        )
+    for name, fn in (
+        ("map_fn", map_fn),
+        ("augment_fn", augment_fn),
+        ("batch_augment_fn", batch_augment_fn),
+    ):
+        _check_callable(name, fn)
+    for name, flag in (("shuffle", shuffle), ("repeat", repeat), ("distribute", distribute)):
+        _check_bool(name, flag)
+    _check_bool("drop_remainder", drop_remainder, allow_none=True)
+    _check_bool("deterministic", deterministic, allow_none=True)
+    if shuffle_buffer is not None:
+        shuffle_buffer = _check_positive_int("shuffle_buffer", shuffle_buffer)
+        if not shuffle:
+            raise ValueError(
+                f"Conflicting arguments. Received: shuffle=False and "
+                f"shuffle_buffer={shuffle_buffer}. Expected shuffle=True with a buffer, or no "
+                "buffer without shuffling."
+            )
+    if not (
+        cache is None
+        or isinstance(cache, bool)
+        or cache in ("auto", "memory")
+        or (isinstance(cache, (str, os.PathLike)) and os.fspath(cache))
+    ):
+        raise ValueError(
+            f"Invalid value for argument `cache`. Received: cache={cache!r}. Expected 'auto', "
+            "True or 'memory' (in memory), a file path prefix (on disk), or False."
+        )
+    cache_dir = None
+    if isinstance(cache, (str, os.PathLike)) and cache not in ("auto", "memory"):
+        cache_dir = os.path.dirname(os.path.abspath(os.fspath(cache)))
+        if not os.path.isdir(cache_dir):
+            raise ValueError(
+                f"Invalid value for argument `cache`. Received: cache={cache!r}, but the "
+                f"directory {cache_dir} does not exist. Expected a path prefix in an existing "
+                "directory."
+            )
+    if distribute and strategy is None:
+        raise ValueError(
+            "Invalid arguments. Received: distribute=True with strategy=None. Expected a "
+            "`strategy` to distribute the dataset with."
+        )
+    if seed is not None and not _is_int(seed):
+        raise TypeError(
+            f"Invalid type for argument `seed`. Received: seed={seed!r}. Expected an int or None."
+        )
+    if ram_budget_mib is not None and (
+        isinstance(ram_budget_mib, bool)
+        or not isinstance(ram_budget_mib, (int, float, np.number))
+        or not ram_budget_mib > 0
+    ):
+        raise ValueError(
+            f"Invalid value for argument `ram_budget_mib`. Received: ram_budget_mib="
+            f"{ram_budget_mib!r}. Expected a positive number of MiB, or None."
+        )
+    if private_threadpool_size is not None and (
+        not _is_int(private_threadpool_size) or private_threadpool_size < 0
+    ):
+        raise ValueError(
+            f"Invalid value for argument `private_threadpool_size`. Received: "
+            f"private_threadpool_size={private_threadpool_size!r}. Expected an integer >= 0 "
+            "(0 shares TensorFlow's thread pool) or None."
+        )
+    if compression_type not in (None, "", "GZIP", "ZLIB"):
+        raise ValueError(
+            f"Invalid value for argument `compression_type`. Received: compression_type="
+            f"{compression_type!r}. Expected one of: None, 'GZIP', 'ZLIB'."
+        )
+
+    src = _classify_source(source)
+    if src.kind != "tfds" and (split is not None or data_dir is not None):
+        raise ValueError(
+            f"Invalid arguments `split`/`data_dir`. Received: split={split!r}, "
+            f"data_dir={data_dir!r} for a {src.kind} source. Expected them only with a "
+            "TensorFlow Datasets name as `source`."
+        )
+    if src.kind != "files" and compression_type:
+        raise ValueError(
+            f"Invalid argument `compression_type`. Received: compression_type="
+            f"{compression_type!r} for a {src.kind} source. Expected it only for TFRecord files."
+        )
+    if src.kind == "tfds":
+        _check_tfds_name(src.value, data_dir, arg="source")
+    if src.kind == "dataset":
+        _check_unbatched(src.value)
+
+    num_replicas = strategy.num_replicas_in_sync if strategy is not None else 1
+    num_workers = _num_workers(strategy)
+
+    # ---- read
+    num_files: int | None = None
+    if src.kind == "memory":
+        ds = tf.data.Dataset.from_tensor_slices(src.value)
+    elif src.kind == "dataset":
+        ds = src.value
+    elif src.kind == "files":
+        num_files = len(src.value)
+        files = tf.data.Dataset.from_tensor_slices(src.value)
+        if shuffle:
+            files = files.shuffle(num_files, seed=seed, reshuffle_each_iteration=True)
+        ds = files.interleave(
+            lambda f: tf.data.TFRecordDataset(f, compression_type=compression_type or ""),
+            cycle_length=min(num_files, max(_cpu_count(), 2)),
+            num_parallel_calls=_AUTOTUNE,
+            deterministic=bool(deterministic),
+        )
+    else:
+        ds, info = _load_tfds(
+            src.value,
+            split or "train",
+            data_dir=data_dir,
+            download=False,
+            shuffle_files=shuffle,
+            as_supervised=None,
+            seed=seed,
+            prefetch=False,
+        )
+        split_info = _split_info(info, split or "train")
+        num_files = getattr(split_info, "num_shards", None)
+
+    # ---- decode / preprocess
+    random_ops: tuple[str, ...] = ()
+    if map_fn is not None:
+        random_ops = _random_ops(map_fn, ds.element_spec)
+        ds = ds.map(map_fn, num_parallel_calls=_AUTOTUNE, deterministic=bool(deterministic))
+
+    facts = _Facts(
+        kind=src.kind,
+        num_examples=_cardinality(ds),
+        element_bytes=_element_bytes(ds.element_spec),
+        num_files=num_files,
+        has_map_fn=map_fn is not None,
+        map_fn_random_ops=random_ops,
+        num_replicas=num_replicas,
+        num_workers=num_workers,
+        has_gpu=bool(tf.config.list_physical_devices("GPU")),
+        cpu_count=_cpu_count(),
+        ram_budget_bytes=_ram_budget_bytes(ram_budget_mib),
+        free_disk_bytes=shutil.disk_usage(cache_dir).free if cache_dir else None,
+    )
+    plan = _decide(
+        facts,
+        batch_size=batch_size,
+        per_replica_batch_size=per_replica_batch_size,
+        cache=cache,
+        shuffle=shuffle,
+        shuffle_buffer=shuffle_buffer,
+        drop_remainder=drop_remainder,
+        deterministic=deterministic,
+        seed=seed,
+        has_strategy=strategy is not None,
+        private_threadpool_size=private_threadpool_size,
+    )
+    for note in plan.notes:
+        if note.startswith("cache after") or note.startswith("not cached: map_fn"):
+            warnings.warn(f"tfgpu.data.pipeline: {note}.", stacklevel=2)
+
+    # ---- cache -> shuffle -> repeat -> augment -> batch -> batch augment -> prefetch
+    if plan.cache == "memory":
+        ds = ds.cache()
+    elif plan.cache:
+        ds = ds.cache(plan.cache)
+    if plan.shuffle_buffer:
+        ds = ds.shuffle(plan.shuffle_buffer, seed=plan.shuffle_seed, reshuffle_each_iteration=True)
+    if repeat:
+        ds = ds.repeat()
+    if augment_fn is not None:
+        ds = ds.map(augment_fn, num_parallel_calls=_AUTOTUNE, deterministic=plan.deterministic)
+    ds = ds.batch(
+        plan.global_batch_size,
+        drop_remainder=plan.drop_remainder,
+        num_parallel_calls=_AUTOTUNE,
+        deterministic=plan.deterministic,
+    )
+    if batch_augment_fn is not None:
+        ds = ds.map(
+            batch_augment_fn, num_parallel_calls=_AUTOTUNE, deterministic=plan.deterministic
+        )
+    ds = ds.prefetch(_AUTOTUNE)
+    ds = ds.with_options(_options(plan, facts.ram_budget_bytes, keep_shard=src.kind == "dataset"))
+
+    if distribute:
+        return strategy.experimental_distribute_dataset(ds)  # type: ignore[union-attr]
+    return ds
+
+
+def _check_unbatched(ds: tf.data.Dataset) -> None:
+    """Warns when a dataset passed in is already batched (pipeline batches it again)."""
+    name = type(ds).__name__
+    if "Batch" in name:
+        warnings.warn(
+            f"tfgpu.data.pipeline: the dataset passed in ends with {name}; pass unbatched "
+            "examples (pipeline batches them itself).",
+            stacklevel=3,
+        )
+
+
+def _options(plan: _Plan, ram_budget_bytes: int, *, keep_shard: bool) -> tf.data.Options:
+    options = tf.data.Options()
+    options.autotune.enabled = True
+    options.autotune.ram_budget = int(ram_budget_bytes)
+    options.deterministic = plan.deterministic
+    opt = options.experimental_optimization
+    opt.map_parallelization = True
+    opt.map_fusion = True
+    opt.filter_fusion = True
+    opt.parallel_batch = True
+    if plan.private_threadpool_size:
+        options.threading.private_threadpool_size = plan.private_threadpool_size
+    if not keep_shard:
+        options.experimental_distribute.auto_shard_policy = getattr(
+            tf.data.experimental.AutoShardPolicy, plan.shard_policy
+        )
+    return options
+
+
+# --------------------------------------------------------------------------------------------
+# load_tfds()
+# --------------------------------------------------------------------------------------------
+
+
+def _split_info(info: Any, split: str) -> Any:
+    base = re.match(r"\s*([\w\-]+)", split)
+    try:
+        return info.splits[base.group(1)] if base else None
+    except Exception:
+        return None
+
+
+def load_tfds(
+    name: str,
+    split: str = "train",
+    *,
+    data_dir: str | os.PathLike | None = None,
+    download: bool = False,
+    shuffle_files: bool = True,
+    as_supervised: bool | None = None,
+    seed: int | None = None,
+    with_info: bool = False,
+) -> tf.data.Dataset | tuple[tf.data.Dataset, Any]:
+    """Loads a TensorFlow Datasets dataset for training, with fast reading options.
+
+    Reads files in parallel (interleave with AUTOTUNE parallel calls), shuffles the file order
+    every epoch, decodes in parallel, and returns `(input, label)` pairs when the dataset
+    defines them. It first checks that the data is prepared in `data_dir`; without
+    `download=True` a dataset that is not there fails at once with a message naming the
+    dataset, the directory, and how to get the data, instead of TFDS's minutes of network
+    retries on an offline machine.
+
+    Args:
+        name: str, the TFDS name, optionally with config and version: `"mnist"`,
+            `"cifar10:3.0.2"`, `"imagenet2012/subset"`.
+        split: str, the split or split expression, e.g. `"train"`, `"test"`,
+            `"train[:90%]"`. Defaults to `"train"`.
+        data_dir: path, where prepared datasets live. Defaults to None: TFDS's default
+            (`$TFDS_DATA_DIR` or `~/tensorflow_datasets`).
+        download: bool, download and prepare the dataset if it is not in `data_dir` (needs
+            internet). Defaults to False.
+        shuffle_files: bool, shuffle the order of the dataset's files every epoch. Defaults to
+            True.
+        as_supervised: bool, return `(input, label)` tuples instead of feature dicts.
+            Defaults to None: True when the dataset defines supervised keys.
+        seed: int, seed for the file shuffle. Defaults to None.
+        with_info: bool, also return the `tfds.core.DatasetInfo`. Defaults to False.
+
+    Returns:
+        A `tf.data.Dataset` of unbatched examples, or `(dataset, info)` when `with_info=True`.
+
+    Raises:
+        ValueError: for a name that is not a TFDS dataset (with close matches), or a split
+            the dataset does not have.
+        FileNotFoundError: when the dataset is not prepared in `data_dir` and
+            `download=False`; the message says how to get it onto an offline machine.
+        ImportError: when `tensorflow-datasets` is not installed (with the pip line).
+
+    Example:
+
+    ```python
+    train = tfgpu.data.load_tfds("mnist", "train", data_dir="/data/tfds")
+    train = tfgpu.data.pipeline(train, batch_size=256, map_fn=normalize)
+    ```
+    """
+    ds, info = _load_tfds(
+        name,
+        split,
+        data_dir=data_dir,
+        download=download,
+        shuffle_files=shuffle_files,
+        as_supervised=as_supervised,
+        seed=seed,
+        prefetch=True,
+    )
+    return (ds, info) if with_info else ds
+
+
+def _load_tfds(
+    name: Any,
+    split: Any,
+    *,
+    data_dir: Any,
+    download: bool,
+    shuffle_files: bool,
+    as_supervised: bool | None,
+    seed: int | None,
+    prefetch: bool,
+) -> tuple[tf.data.Dataset, Any]:
+    if not isinstance(name, str) or not name.strip():
+        raise TypeError(
+            f"Invalid type for argument `name`. Received: name={name!r}. Expected a non-empty "
+            "str such as 'mnist'."
+        )
+    if not isinstance(split, str) or not split.strip():
+        raise TypeError(
+            f"Invalid type for argument `split`. Received: split={split!r}. Expected a str "
+            "such as 'train' or 'train[:90%]'."
+        )
+    for arg, flag in (("download", download), ("shuffle_files", shuffle_files)):
+        _check_bool(arg, flag)
+    _check_bool("as_supervised", as_supervised, allow_none=True)
+    tfds = import_optional("tensorflow_datasets")
+    _check_tfds_name(name, data_dir)
+    kwargs = {"data_dir": os.fspath(data_dir)} if data_dir is not None else {}
+    try:
+        builder = tfds.builder(name, **kwargs)
+    except Exception as e:
+        raise ValueError(
+            f"Invalid value for argument `name`. Received: name={name!r}; TensorFlow Datasets "
+            f"cannot build it: {e}"
+        ) from e
+    root = os.fspath(data_dir) if data_dir is not None else _tfds_default_dir()
+    if not builder.is_prepared():
+        if not download:
+            raise FileNotFoundError(
+                f"TensorFlow Datasets dataset {name!r} is not prepared in {root} (looked for "
+                f"{builder.data_dir}). To get it: on a machine with internet run "
+                f"`tfds build {name.split(':')[0]} --data_dir {root}` (or call "
+                f"`tfgpu.data.load_tfds({name!r}, download=True, data_dir=...)`), then copy that "
+                "data_dir to this machine and pass it as `data_dir`."
+            )
+        builder.download_and_prepare()
+    info = builder.info
+    known = set(info.splits.keys())
+    for part in split.split("+"):
+        base = re.match(r"\s*([\w\-]+)", part)
+        if base is None or base.group(1) not in known:
+            raise ValueError(
+                f"Invalid value for argument `split`. Received: split={split!r}. Expected a "
+                f"split of {name!r}: one of {sorted(known)} (slicing such as 'train[:10%]' "
+                "is allowed)."
+            )
+    if as_supervised is None:
+        as_supervised = bool(info.supervised_keys)
+    read_config = tfds.ReadConfig(
+        shuffle_seed=seed,
+        shuffle_reshuffle_each_iteration=True,
+        interleave_cycle_length=_AUTOTUNE,
+        num_parallel_calls_for_interleave_files=_AUTOTUNE,
+        num_parallel_calls_for_decode=_AUTOTUNE,
+        skip_prefetch=not prefetch,
+    )
+    ds = builder.as_dataset(
+        split=split,
+        shuffle_files=shuffle_files,
+        as_supervised=as_supervised,
+        read_config=read_config,
+    )
+    return ds, info
+
+
+# --------------------------------------------------------------------------------------------
+# benchmark()
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineBenchmark:
+    """Throughput of an input pipeline measured alone (no model), after warm-up.
+
+    Attributes:
+        examples_per_second: float, examples delivered per second over the timed batches.
+        batches_per_second: float, batches delivered per second over the timed batches.
+        num_batches: int, batches timed (after warm-up).
+        num_examples: int, examples in the timed batches.
+        seconds: float, wall time of the timed batches.
+        batch_size: int or None, the batch size when every timed batch had the same one,
+            else None.
+        warmup_batches: int, batches consumed before timing.
+        warmup_seconds: float, wall time of the warm-up (pipeline start, buffers filling).
+        epochs: int, how many times the dataset was restarted to provide the batches (a
+            finite dataset shorter than warm-up plus timed batches is iterated again).
+    """
+
+    examples_per_second: float
+    batches_per_second: float
+    num_batches: int
+    num_examples: int
+    seconds: float
+    batch_size: int | None
+    warmup_batches: int = 0
+    warmup_seconds: float = 0.0
+    epochs: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the fields as a JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.examples_per_second:,.0f} examples/s, {self.batches_per_second:,.1f} "
+            f"batches/s ({self.num_batches} batches of {self.batch_size or 'varying size'} in "
+            f"{self.seconds:.2f} s after {self.warmup_batches} warm-up batches)"
+        )
+
+
+def _batch_examples(batch: Any) -> int:
+    """Examples in one batch: the first dimension of its first component, summed over replicas."""
+    replicas = getattr(batch, "values", None)
+    if isinstance(replicas, tuple) and replicas and not isinstance(batch, tuple):
+        return sum(_batch_examples(v) for v in replicas)
+    leaves = tf.nest.flatten(batch)
+    if not leaves:
+        return 0
+    first = leaves[0]
+    values = getattr(first, "values", None)  # PerReplica inside a structure
+    if isinstance(values, tuple) and values:
+        return sum(int(v.shape[0]) if v.shape.rank else 1 for v in values)
+    shape = getattr(first, "shape", None)
+    if shape is None or len(shape) == 0:
+        return 1
+    return int(shape[0])
+
+
+def benchmark(
+    dataset: tf.data.Dataset | tf.distribute.DistributedDataset,
+    *,
+    num_batches: int = 50,
+    warmup: int = 5,
+) -> PipelineBenchmark:
+    """Measures an input pipeline alone: examples/s and batches/s after warm-up.
+
+    Consumes `warmup` batches untimed (pipeline start-up, buffers and autotuning), then times
+    `num_batches` batches. A finite dataset shorter than that is started again (like the next
+    epoch) until enough batches are seen. This is what `tfgpu.diagnose()` uses to tell whether
+    the input pipeline can feed the model.
+
+    Args:
+        dataset: `tf.data.Dataset` of batches (e.g. from `pipeline()`), or a distributed
+            dataset from `distribute=True`.
+        num_batches: int, batches to time. Defaults to 50.
+        warmup: int, batches to consume before timing. Defaults to 5.
+
+    Returns:
+        A `PipelineBenchmark`.
+
+    Raises:
+        TypeError: if `dataset` is not a dataset.
+        ValueError: if `num_batches` is not a positive integer, `warmup` is negative, or the
+            dataset yields no batches.
+
+    Example:
+
+    ```python
+    result = tfgpu.data.benchmark(train, num_batches=100)
+    print(result.examples_per_second)
+    ```
+    """
+    if not isinstance(dataset, (tf.data.Dataset, tf.distribute.DistributedDataset)):
+        raise TypeError(
+            f"Invalid type for argument `dataset`. Received: dataset of type "
+            f"{type(dataset).__name__}. Expected a `tf.data.Dataset` or a distributed dataset."
+        )
+    num_batches = _check_positive_int("num_batches", num_batches)
+    if not _is_int(warmup) or warmup < 0:
+        raise ValueError(
+            f"Invalid value for argument `warmup`. Received: warmup={warmup!r}. Expected an "
+            "integer >= 0."
+        )
+    if isinstance(dataset, tf.data.Dataset) and _cardinality(dataset) == 0:
+        raise ValueError(
+            "Invalid value for argument `dataset`. Received: a dataset with 0 batches. "
+            "Expected at least one batch (is drop_remainder dropping everything?)."
+        )
+
+    epochs = 1
+    iterator = iter(dataset)
+
+    def next_batch() -> Any:
+        nonlocal iterator, epochs
+        try:
+            return next(iterator)
+        except StopIteration:
+            pass
+        epochs += 1
+        iterator = iter(dataset)
+        try:
+            return next(iterator)
+        except StopIteration:
+            raise ValueError(
+                "Invalid value for argument `dataset`. Received: a dataset that yields no "
+                "batches. Expected at least one batch."
+            ) from None
+
+    start = time.perf_counter()
+    for _ in range(warmup):
+        next_batch()
+    warmup_seconds = time.perf_counter() - start
+
+    sizes: set[int] = set()
+    examples = 0
+    start = time.perf_counter()
+    for _ in range(num_batches):
+        n = _batch_examples(next_batch())
+        sizes.add(n)
+        examples += n
+    seconds = max(time.perf_counter() - start, 1e-9)
+    return PipelineBenchmark(
+        examples_per_second=examples / seconds,
+        batches_per_second=num_batches / seconds,
+        num_batches=num_batches,
+        num_examples=examples,
+        seconds=seconds,
+        batch_size=sizes.pop() if len(sizes) == 1 else None,
+        warmup_batches=int(warmup),
+        warmup_seconds=warmup_seconds,
+        epochs=epochs,
+    )
