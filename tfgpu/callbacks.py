@@ -1,8 +1,37 @@
-"""Keras 3 callbacks: `GPUMonitor`, `StepTimer` and `BackupAndRestore`."""
+"""Keras 3 callbacks: `GPUMonitor`, `StepTimer` and `BackupAndRestore`.
+
+`GPUMonitor` runs `tfgpu.monitor.Sampler` during `fit` and puts epoch aggregates into the
+Keras `logs`; `StepTimer` measures step time and throughput. Both are backend-agnostic
+(`keras.callbacks.Callback`, no TensorFlow op on the training path) and list the keys they
+log; `docs/metrics.md` is the one table of all keys.
+
+Place them before callbacks that read `logs` (`CSVLogger`, `TensorBoard`, `EarlyStopping`):
+Keras hands the same `logs` dict to the callbacks in list order (`History` always comes last).
+"""
 
 from __future__ import annotations
 
-__all__ = ["BackupAndRestore", "GPUMonitor", "StepTimer"]
+import collections
+import heapq
+import logging
+import math
+import numbers
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import keras
+
+from tfgpu.monitor.sampler import Sampler, _check_log_dir, artifact_name
+
+__all__ = ["BackupAndRestore", "GPUMonitor", "StepTimer"]  # noqa: F822 (lazy)
+
+_log = logging.getLogger("tfgpu.callbacks")
+_NAN = float("nan")
 
 
 def __getattr__(name: str):
@@ -12,3 +41,440 @@ def __getattr__(name: str):
 
         return BackupAndRestore
     raise AttributeError(f"module 'tfgpu.callbacks' has no attribute {name!r}")
+
+
+def _training_frame() -> FrameType | None:
+    """The frame of the function driving the callbacks: Keras `fit`, or a custom loop.
+
+    The first frame, going outwards, that belongs neither to this module nor to
+    `keras.src.callbacks` (the `CallbackList` dispatching the hook).
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module != __name__ and not module.startswith("keras.src.callbacks"):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def _infer_batch_size() -> int | None:
+    """The batch size of the running `fit`, read from its `epoch_iterator`'s data adapter."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if "epoch_iterator" in frame.f_code.co_varnames:
+            iterator = frame.f_locals.get("epoch_iterator")
+            adapter = getattr(iterator, "data_adapter", None)
+            try:
+                size = adapter.batch_size if adapter is not None else None
+            except Exception:  # an adapter that cannot tell
+                size = None
+            if isinstance(size, numbers.Integral) and size > 0:
+                return int(size)
+            return None
+        frame = frame.f_back
+    return None
+
+
+def _check_positive(value: Any, argument: str, kind: str, example: str) -> Any:
+    if value is None:
+        return None
+    ok_type = numbers.Integral if kind == "int" else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, ok_type):
+        raise TypeError(
+            f"Invalid type for argument `{argument}`. Received: {argument}={value!r}. "
+            f"Expected a positive {'integer' if kind == 'int' else 'number'} or None, "
+            f"e.g. {example}."
+        )
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"Invalid value for argument `{argument}`. Received: {argument}={value!r}. "
+            f"Expected a positive {'integer' if kind == 'int' else 'number'} or None, "
+            f"e.g. {example}."
+        )
+    return value
+
+
+class GPUMonitor(keras.callbacks.Callback):
+    """Records GPU and host metrics during `fit`; epoch aggregates go into `logs`.
+
+    A `tfgpu.monitor.Sampler` thread starts at `on_train_begin` and samples every
+    `interval` seconds, without any NVML call on the training thread (batch hooks only set
+    the epoch/step labels). It stops at `on_train_end`, and also when `fit` raises (Keras
+    then skips `on_train_end`): the sampler watches `fit`'s frame and stops within one
+    interval of `fit` leaving the stack, so failing retries in a notebook never pile up
+    threads.
+
+    Logs at `on_epoch_end` (NaN-ignoring, over the samples taken during the epoch), per
+    sampled GPU `i`: `gpu{i}_util_pct_mean`, `gpu{i}_util_pct_max`,
+    `gpu{i}_mem_used_mib_mean`, `gpu{i}_mem_used_mib_max`, `gpu{i}_power_w_mean`,
+    `gpu{i}_power_w_max`; and for the host: `host_cpu_pct_mean`, `host_rss_mib_max`.
+    `History`, `CSVLogger` and Keras's `TensorBoard` see them (list `GPUMonitor` before the
+    latter two). Sources and units: `docs/metrics.md`.
+
+    With `log_dir`, writes there `run.json` and `timeline.csv`, one row per sample with its
+    epoch and step, flushed as written (a SIGKILL loses at most the last interval). In a
+    multi-worker cluster (`TF_CONFIG`) each worker records its own GPUs to
+    `timeline-worker{k}.csv` (`run-worker{k}.json`). A later `fit` appends to the timeline.
+
+    Args:
+        log_dir: str, os.PathLike or None, the run directory (created if missing).
+            Defaults to `None`: aggregates into `logs` only, no files.
+        interval: float, seconds between samples. Defaults to `0.2`.
+        gpus: list of int or None, GPUs to sample as this process numbers them (`/GPU:i`).
+            Defaults to `None`: all GPUs this process uses.
+        tensorboard: bool or path, also write every sample as TensorBoard scalars (tags
+            `monitor/<column>`, step = milliseconds since the first `fit` began), at each
+            epoch end: `True` writes to `<log_dir>/tensorboard`, a path writes there.
+            Needs TensorFlow. Defaults to `False`.
+        host: bool, whether to record host CPU and memory. Defaults to `True`.
+
+    Raises:
+        ValueError: for a non-positive `interval`, a GPU index this process does not see,
+            an unwritable `log_dir`, or `tensorboard=True` without `log_dir`; at
+            construction, before any training.
+        TypeError: for arguments of the wrong type.
+
+    Example:
+
+    ```python
+    history = model.fit(x, y, epochs=3, callbacks=[tfgpu.callbacks.GPUMonitor("runs/exp1")])
+    history.history["gpu0_util_pct_mean"]   # one value per epoch
+    ```
+    """
+
+    def __init__(
+        self,
+        log_dir: str | os.PathLike | None = None,
+        interval: float = 0.2,
+        gpus: list[int] | None = None,
+        tensorboard: bool | str | os.PathLike = False,
+        host: bool = True,
+    ):
+        super().__init__()
+        if not isinstance(tensorboard, (bool, str, os.PathLike)):
+            raise TypeError(
+                "Invalid type for argument `tensorboard`. "
+                f"Received: tensorboard={tensorboard!r}. Expected a bool or a directory path."
+            )
+        if tensorboard is True and log_dir is None:
+            raise ValueError(
+                "Invalid value for argument `tensorboard`. Received: tensorboard=True with "
+                "log_dir=None. Expected a `log_dir` to write `<log_dir>/tensorboard` into, "
+                "or a directory path as `tensorboard`."
+            )
+        if log_dir is not None:
+            _check_log_dir(log_dir, "log_dir")
+        self._config = {"interval": interval, "gpus": gpus, "path": log_dir, "host": host}
+        self.sampler = Sampler(**self._config)  # validates every argument now
+        self.log_dir = None if log_dir is None else Path(log_dir)
+        if tensorboard is True:
+            self._tb_dir: Path | None = Path(log_dir) / "tensorboard"
+        elif tensorboard is False:
+            self._tb_dir = None
+        else:
+            self._tb_dir = _check_log_dir(tensorboard, "tensorboard")
+        self.async_safe = True  # no batch-end hook; never forces Keras to sync per batch
+        self._used = False
+        self._epoch_start: float | None = None
+        self._tb_writer: Any = None
+        self._tb_t0: float | None = None
+        self._tb_written = 0
+
+    # Keras hooks ---------------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        if self.sampler.running:  # a previous fit that raised: it is over
+            self.sampler.stop()
+        self._write_tensorboard()
+        try:
+            if self._used:
+                self.sampler = Sampler(**self._config)
+                self._tb_written = 0
+            self._used = True
+            self.sampler.start()
+            frame = _training_frame()
+            if frame is not None:
+                self.sampler.bind_to_frame(frame)
+        except Exception as e:  # side features never kill training
+            _log.warning("GPUMonitor could not start sampling (%s); training goes on.", e)
+        if self._tb_t0 is None:
+            self._tb_t0 = time.time()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = time.time()
+        self.sampler.mark(epoch=epoch)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.sampler.mark(step=batch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs.update(self.sampler.aggregate(since=self._epoch_start))
+        self._write_tensorboard()
+
+    def on_train_end(self, logs=None):
+        self.sampler.stop()
+        self._write_tensorboard()
+        if self._tb_writer is not None:
+            self._tb_writer.flush()
+
+    # TensorBoard -----------------------------------------------------------------
+    def _write_tensorboard(self) -> None:
+        if self._tb_dir is None:
+            return
+        try:
+            import tensorflow as tf
+
+            if self._tb_writer is None:
+                self._tb_writer = tf.summary.create_file_writer(str(self._tb_dir))
+            rows = self.sampler.samples_from(self._tb_written)
+            t0 = self._tb_t0 if self._tb_t0 is not None else time.time()
+            # What tf.summary.scalar writes, without needing the tensorboard package.
+            scalar = tf.compat.v1.SummaryMetadata(
+                plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars")
+            ).SerializeToString()
+            with self._tb_writer.as_default():
+                for row in rows:
+                    step = round((row["time"] - t0) * 1000)
+                    for key, value in row.items():
+                        if key not in ("time", "elapsed_s", "epoch", "step") and value == value:
+                            tensor = tf.constant(value, tf.float32)
+                            tf.summary.write(f"monitor/{key}", tensor, step=step, metadata=scalar)
+            self._tb_written += len(rows)
+        except Exception as e:  # side features never kill training
+            _log.warning("GPUMonitor: TensorBoard scalars disabled (%s).", e)
+            self._tb_dir = None
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default); NaN for no values."""
+    if not values:
+        return _NAN
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _epoch_summary(
+    executions: list[tuple[int, float]],
+    batch_size: int | None,
+    epoch_time: float,
+    flops_per_step: float | None,
+    peak_flops: float | None,
+) -> dict[str, float]:
+    """Pure: the epoch's StepTimer logs from its executions `(steps, seconds)`, in order."""
+    if executions:
+        steps0, seconds0 = executions[0]
+        first = seconds0 / steps0
+        steady = executions[1:] or executions
+    else:
+        first, steady = _NAN, []
+    per_step = [seconds / steps for steps, seconds in steady]
+    total_steps = sum(steps for steps, _ in steady)
+    total_seconds = sum(seconds for _, seconds in steady)
+    median = _percentile(per_step, 50)
+    logs = {
+        "step_time_median_s": median,
+        "step_time_p90_s": _percentile(per_step, 90),
+        "first_step_time_s": first,
+        "examples_per_s": batch_size * total_steps / total_seconds
+        if batch_size and total_seconds > 0
+        else _NAN,
+        "epoch_time_s": epoch_time,
+    }
+    if flops_per_step is not None and peak_flops is not None:
+        logs["mfu"] = flops_per_step / median / peak_flops if median > 0 else _NAN
+    return logs
+
+
+class StepTimer(keras.callbacks.Callback):
+    """Measures train step time and throughput; per-epoch figures go into `logs`.
+
+    Times each step with `time.perf_counter` from `on_train_batch_begin` to
+    `on_train_batch_end`; when Keras dispatches asynchronously (it calls batch-end hooks in
+    a thread pool once a step's results are ready, which this callback allows) a step is
+    timed from the later of its begin and the previous step's end, so queued steps are not
+    double counted. Under `steps_per_execution=k`, Keras calls the batch hooks once per
+    execution of `k` steps: each is timed as a whole and divided by its number of steps
+    (the epoch's last execution may hold fewer).
+
+    Logs at `on_epoch_end`:
+    - `step_time_median_s`, `step_time_p90_s`: seconds per step over the epoch's steps
+      except its first execution (all of them if there is only one);
+    - `first_step_time_s`: the epoch's first step (first execution / its steps): in epoch 0
+      it includes tracing and compilation, in later epochs iterator start-up;
+    - `examples_per_s`: batch size x steps / time over the same steps as the median (NaN
+      when the batch size is neither given nor inferable; partial last batches count full);
+    - `epoch_time_s`: wall time from `on_epoch_begin` to `on_epoch_end` (includes
+      validation);
+    - `mfu`: `flops_per_step / step_time_median_s / peak_flops`, only when both numbers are
+      given (see `tfgpu.flops`).
+
+    With `log_dir`, writes `steps.csv` (`steps-worker{k}.csv` in a multi-worker cluster):
+    `time,epoch,step,step_time_s,examples_per_s`, one row per batch hook (per execution),
+    flushed every 2 s, at each epoch end and at train end.
+
+    Args:
+        batch_size: int or None, the global batch size. Defaults to `None`: read from the
+            data `fit` was given (a `tf.data` dataset batched with a static size, or arrays).
+        log_dir: str, os.PathLike or None, the run directory. Defaults to `None`: no file.
+        flops_per_step: float or None, FLOPs of one train step (e.g.
+            `tfgpu.flops.train_step_flops(model, batch_size)`). Defaults to `None`.
+        peak_flops: float or None, the hardware's peak FLOP/s for the precision used (e.g.
+            `tfgpu.flops.peak_flops(gpu_name, "mixed_bfloat16")`). Defaults to `None`.
+
+    Raises:
+        ValueError: for non-positive numbers or an unwritable `log_dir`.
+        TypeError: for arguments of the wrong type.
+
+    Example:
+
+    ```python
+    timer = tfgpu.callbacks.StepTimer(log_dir="runs/exp1")
+    history = model.fit(dataset, epochs=3, callbacks=[timer])
+    history.history["examples_per_s"]
+    ```
+    """
+
+    _FLUSH_SECONDS = 2.0
+
+    def __init__(
+        self,
+        batch_size: int | None = None,
+        log_dir: str | os.PathLike | None = None,
+        flops_per_step: float | None = None,
+        peak_flops: float | None = None,
+    ):
+        super().__init__()
+        self.batch_size = _check_positive(batch_size, "batch_size", "int", "128")
+        self.flops_per_step = _check_positive(flops_per_step, "flops_per_step", "real", "1.2e12")
+        self.peak_flops = _check_positive(peak_flops, "peak_flops", "real", "989e12")
+        self.log_dir = None if log_dir is None else _check_log_dir(log_dir)
+        self.async_safe = True  # batch-end hook is thread-safe; lets Keras stay asynchronous
+        self._lock = threading.Lock()
+        self._file: Any = None
+        self._batch_size: int | None = self.batch_size
+        self._epoch = 0
+        self._last_flush = time.perf_counter()
+        self._reset_epoch()
+
+    def _reset_epoch(self) -> None:
+        self._begins: collections.deque[tuple[int, float]] = collections.deque()
+        self._ends: list[tuple[int, float, float]] = []  # heap of (end_step, perf, wall)
+        self._prev_end: float | None = None
+        self._executions: list[tuple[int, float]] = []
+        self._rows: list[str] = []
+        self._epoch_start = time.perf_counter()
+
+    # Keras hooks ---------------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        with self._lock:  # rows of a previous fit that raised
+            self._drain(final=True)
+            self._flush()
+        self._close_file()
+        self._batch_size = self.batch_size or _infer_batch_size()
+        if self._batch_size is None:
+            _log.warning(
+                "StepTimer: the batch size is unknown (a dataset without a static batch "
+                "dimension?), so examples_per_s is NaN. Pass StepTimer(batch_size=...)."
+            )
+        if self.log_dir is not None:
+            try:
+                path = self.log_dir / artifact_name("steps", ".csv")
+                header = "time,epoch,step,step_time_s,examples_per_s\n"
+                append = path.exists() and path.open().readline() == header
+                self._file = path.open("a" if append else "w")
+                if not append:
+                    self._file.write(header)
+                self._file.flush()
+            except OSError as e:  # side features never kill training
+                _log.warning("StepTimer cannot write steps.csv (%s); training goes on.", e)
+        self._last_flush = time.perf_counter()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        with self._lock:
+            self._epoch = epoch
+            self._reset_epoch()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._begins.append((batch, time.perf_counter()))
+
+    def on_train_batch_end(self, batch, logs=None):
+        now = time.perf_counter()
+        wall = time.time()
+        with self._lock:
+            heapq.heappush(self._ends, (batch, now, wall))
+            self._drain(final=False)
+            if now - self._last_flush >= self._FLUSH_SECONDS:
+                self._flush()
+
+    def on_epoch_end(self, epoch, logs=None):
+        # Keras has waited for every asynchronous batch-end hook before calling this.
+        with self._lock:
+            self._drain(final=True)
+            self._flush()
+            summary = _epoch_summary(
+                self._executions,
+                self._batch_size,
+                time.perf_counter() - self._epoch_start,
+                self.flops_per_step,
+                self.peak_flops,
+            )
+        if logs is not None:
+            logs.update(summary)
+
+    def on_train_end(self, logs=None):
+        with self._lock:
+            self._drain(final=True)
+            self._flush()
+        self._close_file()
+
+    # internals -----------------------------------------------------------------
+    def _drain(self, final: bool) -> None:
+        """Matches batch ends to begins in step order; records executions and rows."""
+        total = (self.params or {}).get("steps")
+        while self._ends and self._begins:
+            end_step, t_end, wall = self._ends[0]
+            begin_step, t_begin = self._begins[0]
+            if end_step < begin_step:  # an end without a begin: ignore it
+                heapq.heappop(self._ends)
+                continue
+            if len(self._begins) > 1 and self._begins[1][0] <= end_step:
+                if not final:
+                    break  # this begin's end is still on its way (async dispatch)
+                self._begins.popleft()  # its end never came
+                continue
+            heapq.heappop(self._ends)
+            self._begins.popleft()
+            last = min(end_step, total - 1) if isinstance(total, int) and total > 0 else end_step
+            steps = max(1, last - begin_step + 1)
+            start = t_begin if self._prev_end is None else max(t_begin, self._prev_end)
+            seconds = max(t_end - start, 0.0)
+            self._prev_end = t_end
+            self._executions.append((steps, seconds))
+            per_step = seconds / steps
+            rate = self._batch_size * steps / seconds if self._batch_size and seconds else _NAN
+            self._rows.append(f"{wall:.3f},{self._epoch},{end_step},{per_step:.6g},{rate:.6g}\n")
+
+    def _flush(self) -> None:
+        self._last_flush = time.perf_counter()
+        if self._file is None or not self._rows:
+            self._rows = []
+            return
+        try:
+            self._file.write("".join(self._rows))
+            self._file.flush()
+        except (OSError, ValueError) as e:
+            _log.warning("StepTimer: writing steps.csv failed (%s); training goes on.", e)
+            self._file = None
+        self._rows = []
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
