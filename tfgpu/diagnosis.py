@@ -1,0 +1,920 @@
+"""`tfgpu.diagnose()`: what holds the GPU back, and which knob to turn.
+
+A short, bounded, measured run separates the costs of a training step:
+
+1. the input pipeline alone (`tfgpu.data.benchmark`);
+2. the model's train step on one batch already on the device (no input cost), run by
+   `Model.fit` exactly as in training (same `steps_per_execution`, same `jit_compile`);
+3. the two together, as `fit` runs them, with the GPU monitor sampling where a GPU exists.
+
+The share of step time spent waiting for input is `(t3 - t2) / t3`. The classification uses
+the TensorFlow Profiler's input-pipeline analyzer thresholds: at least 20% is highly
+input-bound, at least 5% moderately. Further probes are measured both ways rather than
+assumed: `steps_per_execution=16` (host overhead: dispatching tiny steps one by one) and
+`jit_compile` (XLA). Facts about the dataset (NumPy input, `py_function`/generators, missing
+`prefetch`), memory headroom, the precision policy against the GPU's tensor cores, and a
+lint of the model under mixed precision complete the picture. The decision is a pure
+function of the measurements (`_classify`), tested without hardware.
+
+The model's weights, optimizer state, metrics, `steps_per_execution`, `jit_compile` and
+`history` are put back afterwards.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import statistics
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfgpu.batch_size import _restore_state, _snapshot_state
+
+__all__ = ["Diagnosis", "Finding", "diagnose"]
+
+# The TensorFlow Profiler's input-pipeline analyzer: share of step time waiting for input
+# (tensorflow/profiler: input_pipeline_analysis, kHighlyInputBoundThresholdInPercent = 20,
+# kModeratelyInputBoundThresholdInPercent = 5).
+INPUT_BOUND_HIGH = 0.20
+INPUT_BOUND_MODERATE = 0.05
+# A faster variant counts only when it wins by at least this factor (noise margin).
+HOST_OVERHEAD_MIN_GAIN = 1.3
+XLA_MIN_GAIN = 1.1
+# Probe steps_per_execution only for steps shorter than this (dispatch is ~0.1-1 ms/step).
+HOST_OVERHEAD_PROBE_BELOW_S = 0.05
+PROBE_STEPS_PER_EXECUTION = 16
+# Peak device memory below this share of capacity leaves room for a larger batch.
+MEMORY_HEADROOM_BELOW = 0.5
+# A dynamic loss scale that halves this many times in a short run is collapsing.
+LOSS_SCALE_MAX_HALVINGS = 4
+# Each comparison alternates its two variants this many times and takes medians.
+_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One finding of a diagnosis.
+
+    Args:
+        kind: str, a stable key: `"input_bound"`, `"host_overhead"`, `"host_device_traffic"`,
+            `"memory_headroom"`, `"precision"`, `"xla"`, `"mixed_precision_output"`,
+            `"mixed_precision_dims"`, `"loss_scale"`.
+        severity: str, `"high"`, `"moderate"` or `"info"`.
+        title: str, one line.
+        detail: str, what was measured or seen.
+        recommendation: str, the exact argument to change.
+        expected_gain: float or None, the speed-up factor (measured or expected).
+        gain_measured: bool, whether `expected_gain` was measured here (else it is expected
+            from datasheets or rules of thumb).
+    """
+
+    kind: str
+    severity: str
+    title: str
+    detail: str
+    recommendation: str
+    expected_gain: float | None = None
+    gain_measured: bool = False
+
+
+@dataclass
+class _Facts:
+    """Everything `_classify` decides from (filled by measurement or by tests)."""
+
+    step_time_s: float  # fit with the real input pipeline
+    compute_step_time_s: float  # fit with one device-resident batch
+    input_batch_time_s: float  # the pipeline alone, seconds per batch
+    batch_size: int | None = None
+    steps_per_execution: int = 1
+    spe_probe_step_time_s: float | None = None  # with PROBE_STEPS_PER_EXECUTION
+    spe_baseline_step_time_s: float | None = None  # its interleaved baseline
+    jit_compile: bool = False
+    xla_other_step_time_s: float | None = None  # compute step with jit_compile flipped
+    xla_baseline_step_time_s: float | None = None  # its interleaved baseline
+    on_gpu: bool = False
+    gpu_name: str | None = None
+    compute_capabilities: list[tuple[int, int]] = field(default_factory=list)
+    policy: str = "float32"
+    peak_memory_bytes: int | None = None
+    memory_capacity_bytes: int | None = None
+    numpy_input: bool = False
+    python_input: bool = False  # py_function / generator in the pipeline
+    prefetch: bool = True
+    loss_scale_before: float | None = None
+    loss_scale_after: float | None = None
+
+
+@dataclass
+class Diagnosis:
+    """The result of `tfgpu.diagnose()`: measurements, a bottleneck, and findings.
+
+    `print(diagnosis)` gives a short report; the fields are data; `to_dict()` is JSON-ready.
+
+    Args:
+        bottleneck: str, `"input"`, `"host_overhead"` or `"compute"` (the device itself is
+            the limit: the good case).
+        input_bound: str, `"high"` (>= 20% of step time waits for input), `"moderate"`
+            (>= 5%) or `"no"`.
+        input_wait_share: float, share of the step spent waiting for input.
+        step_time_s: float, seconds per step with the real input, as `fit` runs it.
+        compute_step_time_s: float, seconds per step on a device-resident batch.
+        input_batch_time_s: float, seconds per batch of the input pipeline alone.
+        batch_size: int or None, examples per step.
+        examples_per_second: float, training throughput with the real input.
+        findings: list of `Finding`, most important first.
+        device: str, e.g. `"GPU:0 (NVIDIA A100-SXM4-40GB)"` or `"CPU"`.
+        flops_per_step: float or None, see `tfgpu.flops.train_step_flops`.
+        achieved_flops_per_second: float or None.
+        mfu: float or None, model FLOPs utilization (needs a GPU in the peak table).
+        monitor: dict, GPU/host aggregates sampled during step 3 (empty without a GPU).
+        measurements: dict, the raw probe results (steps_per_execution, XLA, memory).
+        notes: list of str, what was skipped and why.
+        profile_dir: str or None, where a profiler trace was written.
+    """
+
+    bottleneck: str
+    input_bound: str
+    input_wait_share: float
+    step_time_s: float
+    compute_step_time_s: float
+    input_batch_time_s: float
+    batch_size: int | None
+    examples_per_second: float
+    findings: list[Finding]
+    device: str = "CPU"
+    flops_per_step: float | None = None
+    achieved_flops_per_second: float | None = None
+    mfu: float | None = None
+    monitor: dict[str, float] = field(default_factory=dict)
+    measurements: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    profile_dir: str | None = None
+
+    def finding(self, kind: str) -> Finding | None:
+        """Returns the first finding of `kind`, or None."""
+        return next((f for f in self.findings if f.kind == kind), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the diagnosis as JSON-ready data (with the printed report as `"text"`)."""
+        d = asdict(self)
+        d["text"] = str(self)
+        return _json_safe(d)
+
+    def __str__(self) -> str:
+        share = f"{self.input_wait_share:.0%}"
+        lines = [
+            f"tfgpu diagnosis on {self.device}: bottleneck = {self.bottleneck}",
+            f"  step time {self.step_time_s * 1e3:.2f} ms with the input pipeline, "
+            f"{self.compute_step_time_s * 1e3:.2f} ms on a device-resident batch; input wait "
+            f"{share} (input-bound: {self.input_bound})",
+            f"  input pipeline alone: {self.input_batch_time_s * 1e3:.2f} ms per batch; "
+            f"throughput {self.examples_per_second:,.0f} examples/s"
+            + (f" (batch {self.batch_size})" if self.batch_size else ""),
+        ]
+        if self.mfu is not None:
+            lines.append(
+                f"  MFU {self.mfu:.1%} ({self.achieved_flops_per_second / 1e12:.2f} TFLOP/s)"
+            )
+        elif self.achieved_flops_per_second:
+            lines.append(
+                f"  {self.achieved_flops_per_second / 1e9:.2f} GFLOP/s achieved (MFU needs a GPU "
+                "from the peak table)"
+            )
+        for key in ("gpu0_util_pct_mean", "gpu0_mem_used_mib_max"):
+            if key in self.monitor and math.isfinite(self.monitor[key]):
+                lines.append(f"  {key}: {self.monitor[key]:.1f}")
+        if not self.findings:
+            lines.append("No findings: the device is the limit. Nothing to change.")
+        for i, f in enumerate(self.findings, 1):
+            gain = ""
+            if f.expected_gain is not None:
+                gain = f" [{'measured' if f.gain_measured else 'expected'} {f.expected_gain:.2f}x]"
+            lines.append(f"{i}. ({f.severity}) {f.title}{gain}")
+            lines.append(f"   {f.detail}")
+            lines.append(f"   -> {f.recommendation}")
+        lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+def _json_safe(value):
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (np.floating, np.integer)):
+        return _json_safe(value.item())
+    return value
+
+
+# ----------------------------------------------------------------------------------------
+# Pure decisions
+
+
+def _input_level(share: float) -> str:
+    if share >= INPUT_BOUND_HIGH:
+        return "high"
+    if share >= INPUT_BOUND_MODERATE:
+        return "moderate"
+    return "no"
+
+
+def _precision_peak_key(policy: str, ccs: list[tuple[int, int]]) -> str:
+    if policy == "mixed_bfloat16":
+        return "bfloat16"
+    if policy == "mixed_float16":
+        return "float16"
+    tf32 = bool(ccs) and all(cc >= (8, 0) for cc in ccs)
+    return "tf32" if tf32 else "float32"
+
+
+def _classify(f: _Facts) -> tuple[str, str, float, list[Finding]]:
+    """Returns (bottleneck, input level, input wait share, findings) from the facts."""
+    from tfgpu.flops import peak_flops
+    from tfgpu.precision import choose_policy
+
+    findings: list[Finding] = []
+    wait = max(0.0, f.step_time_s - f.compute_step_time_s)
+    share = wait / f.step_time_s if f.step_time_s > 0 else 0.0
+    level = _input_level(share)
+
+    if level != "no":
+        gain = f.step_time_s / f.compute_step_time_s if f.compute_step_time_s > 0 else None
+        findings.append(
+            Finding(
+                "input_bound",
+                "high" if level == "high" else "moderate",
+                f"Input-bound ({level}): {share:.0%} of each step waits for input",
+                f"{f.step_time_s * 1e3:.2f} ms per step with the pipeline vs "
+                f"{f.compute_step_time_s * 1e3:.2f} ms on a device-resident batch; the "
+                f"pipeline alone takes {f.input_batch_time_s * 1e3:.2f} ms per batch.",
+                "Build the input with `tfgpu.data.pipeline(...)` (parallel `map("
+                "num_parallel_calls=tf.data.AUTOTUNE)`, `cache()`, `prefetch(tf.data.AUTOTUNE)`)"
+                "; move per-example Python work into TF ops or before `cache()`.",
+                gain,
+                True,
+            )
+        )
+
+    spe_gain = None
+    spe_base = f.spe_baseline_step_time_s or f.compute_step_time_s
+    if f.spe_probe_step_time_s and f.spe_probe_step_time_s > 0:
+        spe_gain = spe_base / f.spe_probe_step_time_s
+    host_bound = spe_gain is not None and spe_gain >= HOST_OVERHEAD_MIN_GAIN
+    if host_bound:
+        rec = (
+            f"`model.compile(..., steps_per_execution={PROBE_STEPS_PER_EXECUTION})` (or more) "
+            "runs that many steps per call, so Python and dispatch cost is paid once."
+        )
+        if f.on_gpu:
+            rec += (
+                " On GPUs also set the environment variable `TF_GPU_THREAD_MODE=gpu_private` "
+                "before TensorFlow starts (dedicated threads launch the kernels)."
+            )
+        findings.append(
+            Finding(
+                "host_overhead",
+                "high",
+                "Host-overhead-bound: steps are so short that dispatching them dominates",
+                f"{spe_base * 1e3:.2f} ms per step with steps_per_execution="
+                f"{f.steps_per_execution}, {f.spe_probe_step_time_s * 1e3:.2f} ms with "
+                f"steps_per_execution={PROBE_STEPS_PER_EXECUTION}.",
+                rec,
+                spe_gain,
+                True,
+            )
+        )
+
+    traffic: list[tuple[str, str]] = []  # (what was seen, the fix)
+    if f.numpy_input:
+        traffic.append(
+            (
+                "the data is fed as NumPy arrays, copied from host memory batch by batch",
+                "`tfgpu.data.pipeline((x, y), batch_size=...)` (cached, prefetched tf.data)",
+            )
+        )
+    if f.python_input:
+        traffic.append(
+            (
+                "the pipeline runs Python every step (`tf.py_function` / a generator), which "
+                "holds the GIL and cannot run in parallel",
+                "rewrite that step with TF ops, or `cache()` after it",
+            )
+        )
+    if not f.prefetch:
+        device_hint = " or `tf.data.experimental.prefetch_to_device('/gpu:0')`" if f.on_gpu else ""
+        traffic.append(
+            (
+                "batches are not prefetched",
+                f"end the pipeline with `.prefetch(tf.data.AUTOTUNE)`{device_hint}",
+            )
+        )
+    if traffic:
+        findings.append(
+            Finding(
+                "host_device_traffic",
+                "moderate" if level != "no" else "info",
+                "Host-side input work every step",
+                "; ".join(seen for seen, _ in traffic) + ".",
+                "; ".join(fix for _, fix in traffic) + ".",
+            )
+        )
+
+    if f.on_gpu and f.peak_memory_bytes and f.memory_capacity_bytes:
+        used = f.peak_memory_bytes / f.memory_capacity_bytes
+        if used < MEMORY_HEADROOM_BELOW:
+            room = 0.9 * f.memory_capacity_bytes / f.peak_memory_bytes
+            findings.append(
+                Finding(
+                    "memory_headroom",
+                    "info",
+                    f"Memory headroom: the step peaks at {used:.0%} of device memory",
+                    f"Peak {f.peak_memory_bytes / 2**30:.2f} GiB of "
+                    f"{f.memory_capacity_bytes / 2**30:.1f} GiB: the batch could grow about "
+                    f"{room:.1f}x.",
+                    f"A larger `batch_size` (now {f.batch_size}); `tfgpu.find_batch_size(model, "
+                    "data)` finds the largest and the fastest. Scale the learning rate with "
+                    "`tfgpu.scale_learning_rate`.",
+                )
+            )
+
+    if f.on_gpu and f.compute_capabilities and f.policy == "float32":
+        choice = choose_policy(f.compute_capabilities)
+        if choice.policy != "float32":
+            gain = None
+            if f.gpu_name:
+                now = peak_flops(f.gpu_name, _precision_peak_key("float32", f.compute_capabilities))
+                mixed = peak_flops(f.gpu_name, choice.policy)
+                gain = mixed / now if now and mixed else None
+            findings.append(
+                Finding(
+                    "precision",
+                    "moderate",
+                    "float32 on a tensor-core GPU",
+                    f"The policy is float32; {choice.reason}.",
+                    f'`tfgpu.configure(precision="{choice.policy}")` before building the model '
+                    f'(or `keras.mixed_precision.set_global_policy("{choice.policy}")`).',
+                    gain,
+                    False,
+                )
+            )
+
+    if f.xla_other_step_time_s and f.xla_other_step_time_s > 0:
+        xla_base = f.xla_baseline_step_time_s or f.compute_step_time_s
+        xla_gain = xla_base / f.xla_other_step_time_s
+        if xla_gain >= XLA_MIN_GAIN:
+            other = not f.jit_compile
+            findings.append(
+                Finding(
+                    "xla",
+                    "moderate",
+                    f"XLA {'on' if other else 'off'} is faster for this model",
+                    f"{xla_base * 1e3:.2f} ms per step with jit_compile="
+                    f"{f.jit_compile}, {f.xla_other_step_time_s * 1e3:.2f} ms with "
+                    f"jit_compile={other}.",
+                    f"`model.compile(..., jit_compile={other})`.",
+                    xla_gain,
+                    True,
+                )
+            )
+
+    if f.loss_scale_before and f.loss_scale_after is not None:
+        halvings = math.log2(f.loss_scale_before / max(f.loss_scale_after, 1e-30))
+        if halvings >= LOSS_SCALE_MAX_HALVINGS or f.loss_scale_after < 1:
+            findings.append(_loss_scale_finding(f.loss_scale_before, f.loss_scale_after))
+
+    # Tiny steps also wait on the per-step hand-over of each batch; when the pipeline alone
+    # outpaces the step, that wait is dispatch cost too, and steps_per_execution removes it.
+    pipeline_keeps_up = f.input_batch_time_s < f.compute_step_time_s
+    if host_bound and (level != "high" or pipeline_keeps_up):
+        bottleneck = "host_overhead"
+    elif level != "no":
+        bottleneck = "input"
+    else:
+        bottleneck = "compute"
+    order = {"high": 0, "moderate": 1, "info": 2}
+    lead = {"input": "input_bound", "host_overhead": "host_overhead"}.get(bottleneck)
+    findings.sort(key=lambda x: (x.kind != lead, order[x.severity]))
+    return bottleneck, level, share, findings
+
+
+def _loss_scale_finding(before: float, after: float) -> Finding:
+    return Finding(
+        "loss_scale",
+        "high",
+        "The dynamic loss scale keeps collapsing",
+        f"The scale fell from {before:g} to {after:g} during the run: each halving is a step "
+        "whose gradients overflowed float16 and whose update was skipped silently.",
+        'Use `"mixed_bfloat16"` on GPUs with compute capability >= 8.0 (no loss scale '
+        "needed); otherwise find the overflow (unnormalized inputs, large logits, a layer "
+        'that must run in float32: `dtype="float32"`).',
+    )
+
+
+def _lint_mixed_precision(model, compute_capabilities) -> list[Finding]:
+    """Checks a model for mixed-precision pitfalls (pure: reads the model, changes nothing)."""
+    from tfgpu.precision import has_tensor_cores
+
+    layers = [la for la in model._flatten_layers(include_self=False) if not la._layers]
+    half = ("float16", "bfloat16")
+    mixed = [la for la in layers if getattr(la, "compute_dtype", None) in half]
+    if not mixed:
+        return []
+    findings = []
+    last = model.layers[-1] if model.layers else None
+    while last is not None and getattr(last, "layers", None):
+        last = last.layers[-1]
+    if last is not None and getattr(last, "compute_dtype", None) in half:
+        findings.append(
+            Finding(
+                "mixed_precision_output",
+                "high",
+                f"The output layer `{last.name}` computes in {last.compute_dtype}",
+                "Softmax and losses lose precision and overflow in 16 bits.",
+                f'Give the last layer `dtype="float32"`, e.g. `keras.layers.Activation('
+                f'"softmax", dtype="float32")` after a linear `{last.name}`.',
+            )
+        )
+    tensor_cores = bool(compute_capabilities) and all(
+        has_tensor_cores(tuple(cc)) for cc in compute_capabilities
+    )
+    if tensor_cores:
+        odd = []
+        for la in mixed:
+            kernel = getattr(la, "kernel", None)
+            shape = tuple(int(d) for d in kernel.shape) if kernel is not None else ()
+            dims = shape[-2:] if len(shape) >= 2 else ()
+            bad = [d for d in dims if d % 8]
+            if bad:
+                odd.append(f"`{la.name}` {shape}")
+        if odd:
+            findings.append(
+                Finding(
+                    "mixed_precision_dims",
+                    "moderate",
+                    "Matrix dimensions not multiples of 8",
+                    "Tensor cores need input/output sizes that are multiples of 8 in float16/"
+                    "bfloat16; these kernels are not: " + ", ".join(odd[:8]) + ".",
+                    "Round `units` / `filters` / `output_dim` (and input features, e.g. by "
+                    "padding the vocabulary or channels) up to a multiple of 8.",
+                )
+            )
+    return findings
+
+
+# ----------------------------------------------------------------------------------------
+# Effects: measurements
+
+
+class _Timer(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.times: list[float] = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.times.append(time.perf_counter())
+
+
+def _fit_step_time(model, dataset, steps: int, warmup: int) -> float:
+    """Seconds per training step from `fit`, the median over calls after warm-up."""
+    spe = max(1, int(model.steps_per_execution))
+    calls_warm = max(2, math.ceil(warmup / spe))
+    calls_timed = max(6, math.ceil(steps / spe))
+    timer = _Timer()
+    model.fit(
+        dataset,
+        epochs=1,
+        steps_per_epoch=(calls_warm + calls_timed) * spe,
+        verbose=0,
+        shuffle=False,
+        callbacks=[timer],
+    )
+    times = timer.times[calls_warm - 1 :]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    return statistics.median(gaps) / spe
+
+
+def _compare(model, dataset, steps, warmup, attrs: dict[str, Any], rounds: int = _ROUNDS):
+    """Median step times (baseline, variant) with `attrs` set on the model, interleaved.
+
+    Alternating the two, `rounds` times each, keeps a noisy host from favouring either. Each
+    variant's compiled train function is kept and swapped in, so nothing is traced twice.
+    """
+    saved = {k: getattr(model, k) for k in attrs}
+    functions: dict[str, Any] = {"base": model.train_function, "variant": None}
+    times: dict[str, list[float]] = {"base": [], "variant": []}
+    try:
+        for _ in range(rounds):
+            for name, values in (("variant", attrs), ("base", saved)):
+                for k, v in values.items():
+                    setattr(model, k, v)
+                model.train_function = functions[name]
+                times[name].append(_fit_step_time(model, dataset, steps, warmup))
+                functions[name] = model.train_function
+    finally:
+        for k, v in saved.items():
+            setattr(model, k, v)
+        model.train_function = functions["base"]
+    return statistics.median(times["base"]), statistics.median(times["variant"])
+
+
+def _inspect_dataset(ds) -> dict[str, bool]:
+    """Reads the dataset's graph: Python ops, generators, a final prefetch."""
+    facts = {"python_input": False, "prefetch": True}
+    try:
+        serialized = tf.raw_ops.DatasetToGraphV2(
+            input_dataset=ds._variant_tensor, external_state_policy=1
+        )
+        graph = tf.compat.v1.GraphDef()
+        graph.ParseFromString(serialized.numpy())
+    except Exception:  # a dataset TF cannot serialize: no facts, no finding
+        return facts
+    ops = [n.op for n in graph.node]
+    for fn in graph.library.function:
+        ops += [n.op for n in fn.node_def]
+    facts["python_input"] = any(
+        o in ("EagerPyFunc", "PyFunc", "PyFuncStateless", "GeneratorDataset") for o in ops
+    )
+    ret = next((n for n in graph.node if n.op == "_Retval"), None)
+    by_name = {n.name: n for n in graph.node}
+    if ret is not None and ret.input:
+        top = by_name.get(ret.input[0].split(":")[0])
+        facts["prefetch"] = top is not None and "Prefetch" in top.op
+    else:
+        facts["prefetch"] = "PrefetchDataset" in ops
+    return facts
+
+
+def _gpu_facts(notes: list[str]) -> tuple[str | None, list[tuple[int, int]], int | None]:
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return None, [], None
+    name, ccs, capacity = None, [], None
+    for g in gpus:
+        try:
+            details = tf.config.experimental.get_device_details(g)
+        except Exception:
+            details = {}
+        if details.get("compute_capability"):
+            ccs.append(tuple(details["compute_capability"]))
+        name = name or details.get("device_name")
+    try:
+        from tfgpu.monitor.nvml import inventory
+
+        inv = inventory()
+        if inv.available and inv.gpus:
+            name = inv.gpus[0].name or name
+            capacity = int(inv.gpus[0].memory_total_mib * 2**20)
+        elif inv.error:
+            notes.append(f"NVML unavailable ({inv.error}): no memory capacity, no monitor")
+    except Exception as e:  # side feature
+        notes.append(f"NVML query failed: {e}")
+    return name, ccs, capacity
+
+
+def _policy_name(model) -> str:
+    for layer in model._flatten_layers(include_self=False):
+        if layer.weights:
+            return layer.dtype_policy.name
+    return keras.mixed_precision.global_policy().name
+
+
+def _loss_scale(model) -> float | None:
+    opt = getattr(model, "optimizer", None)
+    scale = getattr(opt, "dynamic_scale", None)
+    if scale is None:
+        return None
+    try:
+        return float(np.asarray(scale.numpy() if hasattr(scale, "numpy") else scale))
+    except Exception:
+        return None
+
+
+def _batch_of(ds) -> tuple[Any, int | None]:
+    batch = next(iter(ds))
+    first = tf.nest.flatten(batch)[0]
+    size = int(first.shape[0]) if first.shape.rank else None
+    return batch, size
+
+
+def _device_dataset(batch, on_gpu: bool):
+    ds = tf.data.Dataset.from_tensors(batch).repeat()
+    if on_gpu:
+        return ds.apply(tf.data.experimental.prefetch_to_device("/gpu:0", buffer_size=2))
+    return ds.prefetch(2)
+
+
+def _check_args(model, steps, warmup, batch_size, run_dir, profile):
+    for name, value, low in (("steps", steps, 3), ("warmup", warmup, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(
+                f"Invalid value for argument `{name}`. Received: {name}={value!r}. "
+                f"Expected an int >= {low}."
+            )
+    if batch_size is not None and (
+        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+    ):
+        raise ValueError(
+            f"Invalid value for argument `batch_size`. Received: batch_size={batch_size!r}. "
+            "Expected a positive int or None."
+        )
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"Invalid type for argument `model`. Received: {type(model).__name__}. "
+            "Expected a compiled `keras.Model`."
+        )
+    if not getattr(model, "compiled", False) or model.optimizer is None:
+        raise ValueError(
+            "Invalid value for argument `model`. Received: a model that is not compiled. "
+            "Expected a model after `model.compile(optimizer, loss)`."
+        )
+    if profile and run_dir is None:
+        raise ValueError(
+            "Invalid value for argument `profile`. Received: profile=True with run_dir=None. "
+            "Expected a `run_dir` to write the trace into."
+        )
+
+
+def _as_dataset(dataset, batch_size):
+    """Returns (batched dataset, fed-as-NumPy flag)."""
+    if isinstance(dataset, tf.data.Dataset):
+        return dataset, False
+    arrays = dataset
+    if isinstance(arrays, (tuple, list, dict)) or hasattr(arrays, "shape"):
+        flat = tf.nest.flatten(arrays)
+        if flat and all(hasattr(a, "shape") for a in flat):
+            ds = tf.data.Dataset.from_tensor_slices(
+                tuple(arrays) if isinstance(arrays, list) else arrays
+            )
+            return ds.batch(batch_size or 32), True
+    raise TypeError(
+        f"Invalid type for argument `dataset`. Received: {type(dataset).__name__}. Expected "
+        "a `tf.data.Dataset` of batches, or arrays `(x, y)` with `batch_size=`."
+    )
+
+
+def diagnose(
+    model,
+    dataset,
+    *,
+    steps: int = 20,
+    warmup: int = 3,
+    batch_size: int | None = None,
+    run_dir=None,
+    check_xla: bool = True,
+    check_steps_per_execution: bool = True,
+    monitor: bool = True,
+    profile: bool = False,
+) -> Diagnosis:
+    """Measures a short training run and says what holds the GPU back, and what to change.
+
+    Runs, each for `warmup` + `steps` steps: the input pipeline alone
+    (`tfgpu.data.benchmark`), `fit` on one batch already in device memory, and `fit` on the
+    real `dataset` (sampled by `tfgpu.monitor` where a GPU exists). With `check_xla`, the
+    device-resident run is repeated with `jit_compile` flipped; with
+    `check_steps_per_execution`, steps shorter than 50 ms are also timed with
+    `steps_per_execution=16`. The findings (see `docs/diagnosis.md`) name the argument to
+    change and the gain, measured where it could be. The model's weights, optimizer state,
+    metrics and compile settings are restored afterwards.
+
+    Args:
+        model: keras.Model, compiled.
+        dataset: `tf.data.Dataset` of batches (what you pass to `fit`), or NumPy arrays
+            `(x, y)` with `batch_size`.
+        steps: int, timed steps per measurement (>= 3). Defaults to 20.
+        warmup: int, untimed steps first (tracing, buffers). Defaults to 3.
+        batch_size: int or None, the batch for array input. Defaults to None (32).
+        run_dir: str, os.PathLike or None, a run directory: `diagnosis.json` is written
+            there (and a profiler trace with `profile=True`). Defaults to None.
+        check_xla: bool, measure `jit_compile` both ways. Defaults to True.
+        check_steps_per_execution: bool, probe `steps_per_execution=16`. Defaults to True.
+        monitor: bool, sample GPU utilization/memory during the real run. Defaults to True.
+        profile: bool, capture a TensorBoard profiler trace of a few steps into
+            `run_dir/profile` (open with TensorBoard's Profile tab). Defaults to False.
+
+    Returns:
+        A `Diagnosis`.
+
+    Raises:
+        ValueError: on invalid arguments, an uncompiled model, or an empty dataset.
+        TypeError: if `model` is not a Keras model or `dataset` is neither a dataset nor
+            arrays.
+
+    Example:
+
+    >>> diagnosis = tfgpu.diagnose(model, train, run_dir="runs/exp1")
+    >>> print(diagnosis)           # bottleneck, findings, the knob to turn
+    >>> diagnosis.bottleneck
+    'input'
+    """
+    _check_args(model, steps, warmup, batch_size, run_dir, profile)
+    if not isinstance(check_xla, bool) or not isinstance(check_steps_per_execution, bool):
+        raise TypeError(
+            "Invalid type for arguments `check_xla` / `check_steps_per_execution`. Received: "
+            f"{check_xla!r}, {check_steps_per_execution!r}. Expected bools."
+        )
+    ds, numpy_input = _as_dataset(dataset, batch_size)
+    try:
+        batch, size = _batch_of(ds)
+    except StopIteration:
+        raise ValueError(
+            "Invalid value for argument `dataset`. Received: an empty dataset. Expected at "
+            "least one batch."
+        ) from None
+    run_path = None if run_dir is None else Path(run_dir)
+    if run_path is not None:
+        run_path.mkdir(parents=True, exist_ok=True)
+
+    notes: list[str] = []
+    gpu_name, ccs, capacity = _gpu_facts(notes)
+    on_gpu = bool(tf.config.list_logical_devices("GPU"))
+    mem_device = "GPU:0" if on_gpu else "CPU:0"
+    facts = _inspect_dataset(ds)
+
+    from tfgpu.data import benchmark
+
+    pipeline = benchmark(ds, num_batches=steps, warmup=warmup)
+
+    saved = {
+        "steps_per_execution": model.steps_per_execution,
+        "jit_compile": model.jit_compile,
+        "history": getattr(model, "history", None),
+    }
+    snapshot = _snapshot_state(model)
+    scale_before = _loss_scale(model)
+    measurements: dict[str, Any] = {"pipeline": pipeline.to_dict()}
+    monitor_aggregate: dict[str, float] = {}
+    profile_dir = None
+    try:
+        device_ds = _device_dataset(batch, on_gpu)
+        try:
+            tf.config.experimental.reset_memory_stats(mem_device)
+        except Exception:
+            pass
+        compute = _fit_step_time(model, device_ds, steps, warmup)
+        try:
+            peak = int(tf.config.experimental.get_memory_info(mem_device)["peak"])
+        except Exception:
+            peak = None
+        measurements["peak_memory_bytes"] = peak
+
+        sampler = None
+        if monitor and on_gpu:
+            try:
+                from tfgpu.monitor import Sampler
+
+                sampler = Sampler(interval=0.1)
+                sampler.start()
+            except Exception as e:  # side feature: never kill the diagnosis
+                notes.append(f"GPU monitor not started: {e}")
+                sampler = None
+        try:
+            # Alternate the device-resident and the real runs (median of 3 each), so that a
+            # noisy host does not favour either.
+            computes, reals = [compute], []
+            repeated = ds.repeat()
+            for i in range(_ROUNDS):
+                reals.append(_fit_step_time(model, repeated, steps, warmup))
+                if i < _ROUNDS - 1:
+                    computes.append(_fit_step_time(model, device_ds, steps, warmup))
+            compute, real = statistics.median(computes), statistics.median(reals)
+        finally:
+            if sampler is not None:
+                try:
+                    sampler.stop()
+                    monitor_aggregate = sampler.aggregate()
+                except Exception as e:
+                    notes.append(f"GPU monitor failed: {e}")
+        if not on_gpu:
+            notes.append("no GPU visible to TensorFlow: measured on the CPU, no GPU monitor")
+        scale_after = _loss_scale(model)
+
+        spe_probe = spe_base = None
+        spe = int(model.steps_per_execution)
+        if check_steps_per_execution and spe == 1 and compute < HOST_OVERHEAD_PROBE_BELOW_S:
+            spe_base, spe_probe = _compare(
+                model, device_ds, steps, warmup, {"steps_per_execution": PROBE_STEPS_PER_EXECUTION}
+            )
+            measurements["steps_per_execution_probe"] = {
+                "steps_per_execution=1": spe_base,
+                f"steps_per_execution={PROBE_STEPS_PER_EXECUTION}": spe_probe,
+            }
+        xla_other = xla_base = None
+        if check_xla:
+            current = bool(model.jit_compile)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    model.jit_compile = not current
+                supported = bool(model.jit_compile) != current
+                model.jit_compile = current
+                if supported:
+                    xla_base, xla_other = _compare(
+                        model, device_ds, steps, warmup, {"jit_compile": not current}
+                    )
+                    measurements["xla"] = {
+                        f"jit_compile={current}": xla_base,
+                        f"jit_compile={not current}": xla_other,
+                    }
+                else:
+                    notes.append("XLA not measured: the model does not support jit_compile")
+            except Exception as e:  # XLA may not compile every op: a note, not a crash
+                notes.append(f"XLA not measured: jit_compile={not current} failed ({e})")
+                xla_other = xla_base = None
+            finally:
+                model.jit_compile = current
+                model.train_function = None
+
+        if profile and run_path is not None:
+            profile_dir = str(run_path / "profile")
+            try:
+                tf.profiler.experimental.start(profile_dir)
+                try:
+                    model.fit(
+                        ds.repeat(), epochs=1, steps_per_epoch=max(3, spe), verbose=0, shuffle=False
+                    )
+                finally:
+                    tf.profiler.experimental.stop()
+            except Exception as e:  # profiler errors should not be fatal
+                notes.append(f"profiler trace failed: {e}")
+                profile_dir = None
+    finally:
+        _restore_state(model, snapshot)
+        model.steps_per_execution = saved["steps_per_execution"]
+        model.jit_compile = saved["jit_compile"]
+        model.train_function = None
+        if saved["history"] is not None:
+            model.history = saved["history"]
+
+    policy = _policy_name(model)
+    f = _Facts(
+        step_time_s=real,
+        compute_step_time_s=compute,
+        input_batch_time_s=1.0 / pipeline.batches_per_second,
+        batch_size=size,
+        steps_per_execution=int(saved["steps_per_execution"]),
+        spe_probe_step_time_s=spe_probe,
+        spe_baseline_step_time_s=spe_base,
+        jit_compile=bool(saved["jit_compile"]),
+        xla_other_step_time_s=xla_other,
+        xla_baseline_step_time_s=xla_base,
+        on_gpu=on_gpu,
+        gpu_name=gpu_name,
+        compute_capabilities=ccs,
+        policy=policy,
+        peak_memory_bytes=measurements.get("peak_memory_bytes"),
+        memory_capacity_bytes=capacity,
+        numpy_input=numpy_input,
+        python_input=facts["python_input"],
+        prefetch=facts["prefetch"],
+        loss_scale_before=scale_before,
+        loss_scale_after=scale_after,
+    )
+    bottleneck, level, share, findings = _classify(f)
+    findings += _lint_mixed_precision(model, ccs)
+
+    flops = achieved = mfu_value = None
+    try:
+        from tfgpu.flops import mfu, peak_flops, train_step_flops
+
+        flops = train_step_flops(model, size) if size else None
+        if flops:
+            achieved = flops / real
+            if gpu_name:
+                peak = peak_flops(gpu_name, _precision_peak_key(policy, ccs))
+                mfu_value = mfu(flops, real, peak)
+    except Exception as e:  # FLOP counting is a side feature
+        notes.append(f"FLOPs not counted: {e}")
+
+    device = f"GPU:0 ({gpu_name})" if on_gpu else "CPU"
+    diagnosis = Diagnosis(
+        bottleneck=bottleneck,
+        input_bound=level,
+        input_wait_share=share,
+        step_time_s=real,
+        compute_step_time_s=compute,
+        input_batch_time_s=f.input_batch_time_s,
+        batch_size=size,
+        examples_per_second=(size or 0) / real if real > 0 else math.nan,
+        findings=findings,
+        device=device,
+        flops_per_step=flops,
+        achieved_flops_per_second=achieved,
+        mfu=mfu_value,
+        monitor=monitor_aggregate,
+        measurements=measurements,
+        notes=notes,
+        profile_dir=profile_dir,
+    )
+    if run_path is not None:
+        (run_path / "diagnosis.json").write_text(json.dumps(diagnosis.to_dict(), indent=2))
+    return diagnosis

@@ -1,0 +1,396 @@
+"""`tfgpu report RUN_DIR`: plots and a Markdown summary of a run directory.
+
+A run directory is what `GPUMonitor`, `StepTimer`, `tfgpu.monitor.record(path)` and
+`tfgpu.diagnose(..., run_dir=...)` write: `run.json`, `timeline.csv` (or
+`timeline-worker{k}.csv`), `steps.csv` (or `steps-worker{k}.csv`) and `diagnosis.json`.
+`write_report` reads what is there and writes, into the same directory (or `out_dir`):
+
+- `utilization.png`: GPU utilization and host CPU % over time;
+- `memory.png`: GPU memory used (and total), host RSS;
+- `power.png`: GPU power draw and limit (only when GPUs were sampled);
+- `step_time.png`: seconds per training step over time (when `steps.csv` exists);
+- `report.md`: averages, maxima, the GPUs' idle share, step-time statistics per epoch, and
+  the saved diagnosis.
+
+Epoch boundaries are drawn as vertical lines. A run from a machine without a GPU has host
+metrics only, and the summary says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["write_report"]
+
+IDLE_UTIL_PCT = 5.0
+"""A sample whose GPU utilization is below this is counted as idle."""
+
+_GPU_UTIL = re.compile(r"^gpu(\d+)_util_pct$")
+
+
+@dataclass
+class _Table:
+    path: Path
+    columns: list[str]
+    rows: list[dict[str, float]] = field(default_factory=list)
+
+    def col(self, name: str) -> list[float]:
+        return [r.get(name, math.nan) for r in self.rows]
+
+
+def _float(value: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _read_csv(path: Path) -> _Table:
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        columns = list(reader.fieldnames or [])
+        rows = []
+        for raw in reader:
+            if raw.get(columns[0]) == columns[0]:  # a header repeated by an appending writer
+                continue
+            rows.append({k: _float(v) for k, v in raw.items() if k is not None})
+    return _Table(path, columns, rows)
+
+
+def _finite(values) -> list[float]:
+    return [v for v in values if isinstance(v, float) and math.isfinite(v)]
+
+
+def _mean(values) -> float:
+    v = _finite(values)
+    return statistics.fmean(v) if v else math.nan
+
+
+def _max(values) -> float:
+    v = _finite(values)
+    return max(v) if v else math.nan
+
+
+def _quantile(values, q: float) -> float:
+    v = sorted(_finite(values))
+    if not v:
+        return math.nan
+    k = min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))
+    return v[k]
+
+
+def _fmt(value: float, spec: str = ".1f") -> str:
+    return "n/a" if value is None or not math.isfinite(value) else format(value, spec)
+
+
+def _gpu_indices(table: _Table) -> list[int]:
+    return sorted(int(m.group(1)) for c in table.columns if (m := _GPU_UTIL.match(c)))
+
+
+def _epoch_starts(times: list[float], epochs: list[float]) -> list[tuple[float, int]]:
+    starts, last = [], None
+    for t, e in zip(times, epochs):
+        if math.isfinite(e) and e != last:
+            starts.append((t, int(e)))
+            last = e
+    return starts
+
+
+def _suffix(path: Path, stem: str) -> str:
+    return path.stem[len(stem) :]  # "" or "-worker1"
+
+
+def _check_run_dir(run_dir) -> Path:
+    if not isinstance(run_dir, (str, Path)) and not hasattr(run_dir, "__fspath__"):
+        raise TypeError(
+            "Invalid type for argument `run_dir`. Received: "
+            f"run_dir={run_dir!r} of type {type(run_dir).__name__}. Expected a path."
+        )
+    path = Path(run_dir)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"Run directory not found: {str(path)!r}. Expected a directory written by "
+            "tfgpu.callbacks.GPUMonitor / StepTimer (log_dir=...)."
+        )
+    if not path.is_dir():
+        raise NotADirectoryError(
+            f"Invalid value for argument `run_dir`. Received: {str(path)!r}, which is a file. "
+            "Expected a run directory."
+        )
+    known = [*path.glob("timeline*.csv"), *path.glob("steps*.csv")]
+    known += [p for p in (path / "run.json", path / "diagnosis.json") if p.exists()]
+    if not known:
+        raise ValueError(
+            f"Invalid value for argument `run_dir`. Received: {str(path)!r}, which holds no "
+            "tfgpu run (no run.json, timeline.csv, steps.csv or diagnosis.json). Expected a "
+            "directory written by GPUMonitor / StepTimer / tfgpu.monitor.record."
+        )
+    return path
+
+
+def _plot_lines(plt, out: Path, title: str, ylabel: str, series, epochs) -> Path | None:
+    drawn = [(label, xs, ys, style) for label, xs, ys, style in series if _finite(ys)]
+    if not drawn:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    for label, xs, ys, style in drawn:
+        ax.plot(xs, ys, style, label=label, linewidth=1.2)
+    for t, e in epochs:
+        ax.axvline(t, color="grey", linestyle=":", linewidth=0.8)
+        ax.annotate(f"epoch {e}", (t, 1), xycoords=("data", "axes fraction"), fontsize=7, va="top")
+    ax.set_title(title)
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def _timeline_plots(plt, table: _Table, out_dir: Path, suffix: str) -> list[Path]:
+    t = table.col("elapsed_s")
+    if not _finite(t):
+        t0 = _finite(table.col("time"))
+        t = [v - t0[0] for v in table.col("time")] if t0 else list(range(len(table.rows)))
+    epochs = _epoch_starts(t, table.col("epoch"))
+    gpus = _gpu_indices(table)
+    made = []
+    util = [(f"GPU {i} util %", t, table.col(f"gpu{i}_util_pct"), "-") for i in gpus]
+    util.append(("host CPU %", t, table.col("host_cpu_pct"), "--"))
+    made.append(
+        _plot_lines(
+            plt, out_dir / f"utilization{suffix}.png", "Utilization", "percent", util, epochs
+        )
+    )
+    mem = []
+    for i in gpus:
+        mem.append((f"GPU {i} used MiB", t, table.col(f"gpu{i}_mem_used_mib"), "-"))
+        mem.append((f"GPU {i} total MiB", t, table.col(f"gpu{i}_mem_total_mib"), ":"))
+    mem.append(("host RSS MiB", t, table.col("host_rss_mib"), "--"))
+    made.append(_plot_lines(plt, out_dir / f"memory{suffix}.png", "Memory", "MiB", mem, epochs))
+    power = []
+    for i in gpus:
+        power.append((f"GPU {i} power W", t, table.col(f"gpu{i}_power_w"), "-"))
+        power.append((f"GPU {i} limit W", t, table.col(f"gpu{i}_power_limit_w"), ":"))
+    if gpus:
+        made.append(
+            _plot_lines(plt, out_dir / f"power{suffix}.png", "Power", "watts", power, epochs)
+        )
+    return [p for p in made if p is not None]
+
+
+def _steps_plot(plt, table: _Table, out_dir: Path, suffix: str, t0: float | None) -> Path | None:
+    times = table.col("time")
+    finite = _finite(times)
+    if not finite:
+        return None
+    base = t0 if t0 is not None else finite[0]
+    xs = [v - base for v in times]
+    epochs = _epoch_starts(xs, table.col("epoch"))
+    series = [("step time s", xs, table.col("step_time_s"), ".")]
+    return _plot_lines(
+        plt, out_dir / f"step_time{suffix}.png", "Training step time", "seconds", series, epochs
+    )
+
+
+def _timeline_section(table: _Table, name: str) -> list[str]:
+    gpus = _gpu_indices(table)
+    t = _finite(table.col("elapsed_s"))
+    lines = [f"## Timeline `{name}`", ""]
+    lines.append(f"{len(table.rows)} samples over {_fmt(t[-1] - t[0] if t else math.nan)} s.")
+    lines.append("")
+    if not gpus:
+        lines += [
+            "**No GPU was sampled in this run: host metrics only** (a machine without an "
+            "NVIDIA GPU or without NVML).",
+            "",
+        ]
+    else:
+        lines += [
+            "| GPU | util mean % | util max % | idle share | mem used mean MiB | "
+            "mem used max MiB | mem total MiB | power mean W | power max W |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for i in gpus:
+            util = _finite(table.col(f"gpu{i}_util_pct"))
+            idle = sum(v < IDLE_UTIL_PCT for v in util) / len(util) if util else math.nan
+            lines.append(
+                f"| {i} | {_fmt(_mean(util))} | {_fmt(_max(util))} | {_fmt(idle, '.0%')} | "
+                f"{_fmt(_mean(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
+                f"{_fmt(_max(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
+                f"{_fmt(_max(table.col(f'gpu{i}_mem_total_mib')), '.0f')} | "
+                f"{_fmt(_mean(table.col(f'gpu{i}_power_w')))} | "
+                f"{_fmt(_max(table.col(f'gpu{i}_power_w')))} |"
+            )
+        lines += [
+            "",
+            f"Idle share: the share of samples with utilization below {IDLE_UTIL_PCT:g}%.",
+            "",
+        ]
+    lines += [
+        f"Host: CPU mean {_fmt(_mean(table.col('host_cpu_pct')))}%, process RSS max "
+        f"{_fmt(_max(table.col('host_rss_mib')), '.0f')} MiB, system memory max "
+        f"{_fmt(_max(table.col('host_mem_used_pct')))}%.",
+        "",
+    ]
+    return lines
+
+
+def _steps_section(table: _Table, name: str) -> list[str]:
+    st = table.col("step_time_s")
+    lines = [
+        f"## Steps `{name}`",
+        "",
+        f"{len(table.rows)} steps; step time median {_fmt(_quantile(st, 0.5), '.4f')} s, "
+        f"p90 {_fmt(_quantile(st, 0.9), '.4f')} s; examples/s median "
+        f"{_fmt(_quantile(table.col('examples_per_s'), 0.5), ',.0f')}.",
+        "",
+        "| epoch | steps | median step s | p90 step s | first step s | epoch s |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    by_epoch: dict[int, list[dict[str, float]]] = {}
+    for r in table.rows:
+        e = r.get("epoch", math.nan)
+        by_epoch.setdefault(int(e) if math.isfinite(e) else -1, []).append(r)
+    for e, rows in sorted(by_epoch.items()):
+        times = [r.get("step_time_s", math.nan) for r in rows]
+        lines.append(
+            f"| {e if e >= 0 else '?'} | {len(rows)} | {_fmt(_quantile(times, 0.5), '.4f')} | "
+            f"{_fmt(_quantile(times, 0.9), '.4f')} | {_fmt(times[0], '.4f')} | "
+            f"{_fmt(sum(_finite(times)), '.2f')} |"
+        )
+    lines.append("")
+    return lines
+
+
+def _diagnosis_section(path: Path) -> list[str]:
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        return ["## Diagnosis", "", f"`diagnosis.json` could not be read: {e}", ""]
+    lines = ["## Diagnosis", ""]
+    if d.get("text"):
+        lines += ["```", d["text"].rstrip(), "```", ""]
+    else:
+        lines.append(f"Bottleneck: **{d.get('bottleneck', 'unknown')}**")
+        lines.append("")
+        for f in d.get("findings", []):
+            lines.append(f"- **{f.get('title', f.get('kind'))}**: {f.get('recommendation', '')}")
+        lines.append("")
+    return lines
+
+
+def write_report(run_dir, out_dir=None) -> Path:
+    """Writes PNG plots and a Markdown summary of a run directory; returns the summary's path.
+
+    Args:
+        run_dir: str or os.PathLike, a directory written by `GPUMonitor`, `StepTimer`,
+            `tfgpu.monitor.record(path)` or `tfgpu.diagnose(..., run_dir=...)`.
+        out_dir: str, os.PathLike or None, where to write `report.md` and the PNGs (created
+            if missing). Defaults to `None`: `run_dir` itself.
+
+    Returns:
+        `pathlib.Path` of `report.md`.
+
+    Raises:
+        FileNotFoundError: if `run_dir` does not exist.
+        NotADirectoryError: if `run_dir` is a file.
+        ValueError: if `run_dir` holds no tfgpu run.
+        TypeError: if `run_dir` is not a path.
+
+    Example:
+
+    >>> from tfgpu.report import write_report
+    >>> write_report("runs/exp1")  # doctest: +SKIP
+    PosixPath('runs/exp1/report.md')
+    """
+    run = _check_run_dir(run_dir)
+    out = run if out_dir is None else Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    from tfgpu._lazy import import_optional
+
+    import_optional("matplotlib")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    class _Plt:  # the pyplot subset used, on Agg-backed Figures: no global state, no GUI
+        @staticmethod
+        def subplots(figsize):
+            fig = Figure(figsize=figsize)
+            FigureCanvasAgg(fig)
+            return fig, fig.add_subplot()
+
+        @staticmethod
+        def close(fig):
+            fig.clear()
+
+    plt = _Plt()
+
+    meta: dict = {}
+    if (run / "run.json").exists():
+        try:
+            meta = json.loads((run / "run.json").read_text())
+        except ValueError as e:
+            raise ValueError(
+                f"Invalid run directory {str(run)!r}: run.json is not valid JSON ({e})."
+            ) from e
+
+    lines = [f"# tfgpu run report: `{run}`", ""]
+    if meta:
+        lines.append(
+            f"tfgpu {meta.get('tfgpu_version', '?')}, host `{meta.get('hostname', '?')}`, "
+            f"worker {meta.get('worker')}, started {meta.get('start_time', '?')}, sampling "
+            f"every {meta.get('interval', '?')} s."
+        )
+        lines.append("")
+        gpus = meta.get("gpus") or []
+        if gpus:
+            for g in gpus:
+                lines.append(
+                    f"- GPU {g.get('index')}: {g.get('name')} "
+                    f"({_fmt(g.get('memory_total_mib') or math.nan, '.0f')} MiB, compute "
+                    f"capability {g.get('compute_capability')})"
+                )
+        else:
+            lines.append("- No GPU: this run recorded host metrics only.")
+        lines.append("")
+
+    images: list[Path] = []
+    timelines = sorted(run.glob("timeline*.csv"))
+    t0_by_suffix: dict[str, float] = {}
+    for path in timelines:
+        table = _read_csv(path)
+        suffix = _suffix(path, "timeline")
+        times = _finite(table.col("time"))
+        elapsed = _finite(table.col("elapsed_s"))
+        if times:
+            t0_by_suffix[suffix] = times[0] - (elapsed[0] if elapsed else 0.0)
+        lines += _timeline_section(table, path.name)
+        images += _timeline_plots(plt, table, out, suffix)
+    if not timelines:
+        lines += ["No timeline in this run directory (no GPUMonitor / monitor.record).", ""]
+    for path in sorted(run.glob("steps*.csv")):
+        table = _read_csv(path)
+        suffix = _suffix(path, "steps")
+        lines += _steps_section(table, path.name)
+        img = _steps_plot(plt, table, out, suffix, t0_by_suffix.get(suffix))
+        if img is not None:
+            images.append(img)
+    if (run / "diagnosis.json").exists():
+        lines += _diagnosis_section(run / "diagnosis.json")
+    if images:
+        lines += ["## Plots", ""]
+        lines += [f"![{p.stem}]({p.name})" for p in images]
+        lines.append("")
+    summary = out / "report.md"
+    summary.write_text("\n".join(lines))
+    return summary
