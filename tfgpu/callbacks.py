@@ -358,6 +358,7 @@ class StepTimer(keras.callbacks.Callback):
         self._batch_size: int | None = self.batch_size
         self._epoch = 0
         self._last_flush = time.perf_counter()
+        self._reported = False
         self._reset_epoch()
 
     def _reset_epoch(self) -> None:
@@ -365,7 +366,7 @@ class StepTimer(keras.callbacks.Callback):
         self._ends: list[tuple[int, float, float]] = []  # heap of (end_step, perf, wall)
         self._prev_end: float | None = None
         self._executions: list[tuple[int, float]] = []
-        self._rows: list[str] = []
+        self._rows: list[tuple[float, int, int, float, float]] = []
         self._epoch_start = time.perf_counter()
 
     # Keras hooks ---------------------------------------------------------------
@@ -404,24 +405,31 @@ class StepTimer(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         now = time.perf_counter()
         wall = time.time()
-        with self._lock:
-            heapq.heappush(self._ends, (batch, now, wall))
-            self._drain(final=False)
-            if now - self._last_flush >= self._FLUSH_SECONDS:
-                self._flush()
+        try:
+            with self._lock:
+                heapq.heappush(self._ends, (batch, now, wall))
+                self._drain(final=False)
+                if now - self._last_flush >= self._FLUSH_SECONDS:
+                    self._flush()
+        except Exception as e:  # runs in Keras's thread pool: never let it fail `fit`
+            self._report(e)
 
     def on_epoch_end(self, epoch, logs=None):
         # Keras has waited for every asynchronous batch-end hook before calling this.
-        with self._lock:
-            self._drain(final=True)
-            self._flush()
-            summary = _epoch_summary(
-                self._executions,
-                self._batch_size,
-                time.perf_counter() - self._epoch_start,
-                self.flops_per_step,
-                self.peak_flops,
-            )
+        try:
+            with self._lock:
+                self._drain(final=True)
+                self._flush()
+                summary = _epoch_summary(
+                    self._executions,
+                    self._batch_size,
+                    time.perf_counter() - self._epoch_start,
+                    self.flops_per_step,
+                    self.peak_flops,
+                )
+        except Exception as e:  # side features never kill training
+            self._report(e)
+            return
         if logs is not None:
             logs.update(summary)
 
@@ -432,6 +440,11 @@ class StepTimer(keras.callbacks.Callback):
         self._close_file()
 
     # internals -----------------------------------------------------------------
+    def _report(self, error: Exception) -> None:
+        if not self._reported:
+            self._reported = True
+            _log.warning("StepTimer failed (%r); training goes on. (Logged once.)", error)
+
     def _drain(self, final: bool) -> None:
         """Matches batch ends to begins in step order; records executions and rows."""
         total = (self.params or {}).get("steps")
@@ -456,7 +469,7 @@ class StepTimer(keras.callbacks.Callback):
             self._executions.append((steps, seconds))
             per_step = seconds / steps
             rate = self._batch_size * steps / seconds if self._batch_size and seconds else _NAN
-            self._rows.append(f"{wall:.3f},{self._epoch},{end_step},{per_step:.6g},{rate:.6g}\n")
+            self._rows.append((wall, self._epoch, end_step, per_step, rate))
 
     def _flush(self) -> None:
         self._last_flush = time.perf_counter()
@@ -464,7 +477,9 @@ class StepTimer(keras.callbacks.Callback):
             self._rows = []
             return
         try:
-            self._file.write("".join(self._rows))
+            self._file.write(
+                "".join(f"{w:.3f},{e},{s},{t:.6g},{r:.6g}\n" for w, e, s, t, r in self._rows)
+            )
             self._file.flush()
         except (OSError, ValueError) as e:
             _log.warning("StepTimer: writing steps.csv failed (%s); training goes on.", e)

@@ -1,0 +1,358 @@
+"""tfgpu.callbacks.GPUMonitor and StepTimer in real Keras `fit` runs on the CPU.
+
+NVML is the scripted fake (`tests/fake_pynvml.py`, two GPUs); psutil is real.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from tests import fake_pynvml
+from tfgpu import monitor
+from tfgpu.callbacks import GPUMonitor, StepTimer, _epoch_summary, _percentile
+
+REPO = Path(__file__).resolve().parent.parent
+STEP_KEYS = {
+    "step_time_median_s",
+    "step_time_p90_s",
+    "first_step_time_s",
+    "examples_per_s",
+    "epoch_time_s",
+}
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    module = fake_pynvml.make()
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    for name in ("CUDA_VISIBLE_DEVICES", "TF_CONFIG", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    return module
+
+
+def _model(steps_per_execution: int = 1) -> keras.Model:
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", steps_per_execution=steps_per_execution)
+    return model
+
+
+def _data(n: int = 256):
+    rng = np.random.default_rng(0)
+    return rng.random((n, 8), dtype="float32"), rng.random((n, 1), dtype="float32")
+
+
+class _SlowBatches(keras.callbacks.Callback):
+    """Makes each batch take >= `seconds` (a begin hook, so Keras stays asynchronous)."""
+
+    def __init__(self, seconds: float = 0.01):
+        super().__init__()
+        self.seconds = seconds
+
+    def on_train_batch_begin(self, batch, logs=None):
+        time.sleep(self.seconds)
+
+
+class _Boom(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 2:
+            raise RuntimeError("boom inside fit")
+
+
+def _monitor_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "tfgpu-monitor"]
+
+
+def _wait_no_monitor_threads(timeout: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while _monitor_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not _monitor_threads()
+
+
+def _csv(path: Path) -> tuple[list[str], list[dict[str, float]]]:
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    header = rows[0]
+    for row in rows[1:]:
+        assert len(row) == len(header), row
+    return header, [{k: float(v) for k, v in zip(header, row)} for row in rows[1:]]
+
+
+def test_fit_with_both_callbacks_logs_every_key_and_writes_the_run_dir(fake, tmp_path):
+    x, y = _data()  # 8 batches of 32
+    main = threading.get_ident()
+    window = {}
+
+    class _Window(keras.callbacks.Callback):  # the span of batches, in NVML call counts
+        def on_train_batch_begin(self, batch, logs=None):
+            window.setdefault("start", len(fake.calls))
+
+        def on_epoch_end(self, epoch, logs=None):
+            window["end"] = len(fake.calls)
+
+    gpu_monitor = GPUMonitor(tmp_path, interval=0.02)
+    timer = StepTimer(log_dir=tmp_path)
+    csv_logger = keras.callbacks.CSVLogger(str(tmp_path / "epochs.csv"))
+    history = _model().fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=2,
+        verbose=0,
+        callbacks=[_Window(), gpu_monitor, timer, csv_logger, _SlowBatches(0.02)],
+    )
+    # on_train_end stopped the thread (no waiting needed)
+    assert not gpu_monitor.sampler.running and not _monitor_threads()
+
+    # on_epoch_end: the logs carry every key, once per epoch
+    logged = history.history
+    for key in [*monitor.aggregate_keys(2), *STEP_KEYS]:
+        assert len(logged[key]) == 2, key
+    assert "mfu" not in logged
+    assert logged["gpu0_util_pct_mean"] == [50.0, 50.0]
+    assert logged["gpu1_util_pct_max"] == [10.0, 10.0]
+    assert all(math.isnan(v) for v in logged["gpu1_power_w_mean"])  # V100: NotSupported
+    assert all(v > 0 for v in logged["host_rss_mib_max"])
+    assert all(v >= 8 * 0.01 for v in logged["epoch_time_s"])
+    assert all(0 < v < 1 for v in logged["step_time_median_s"])
+    assert all(v > 0 for v in logged["examples_per_s"])
+    with open(tmp_path / "epochs.csv") as f:
+        assert "gpu0_util_pct_mean" in f.readline()  # CSVLogger, listed after, saw them
+
+    # on_train_begin wrote run.json; the timeline has rows labelled by the epoch/step hooks
+    assert json.loads((tmp_path / "run.json").read_text())["interval"] == 0.02
+    header, rows = _csv(tmp_path / "timeline.csv")
+    assert header == monitor.timeline_columns(2)
+    assert len(rows) >= 4
+    assert {r["epoch"] for r in rows if r["epoch"] == r["epoch"]} == {0.0, 1.0}
+    assert {r["step"] for r in rows if r["step"] == r["step"]} <= set(range(8))
+    assert all(r["gpu0_util_pct"] == 50.0 for r in rows)
+
+    # StepTimer: one row per batch, batch size inferred from fit (32)
+    header, steps = _csv(tmp_path / "steps.csv")
+    assert header == ["time", "epoch", "step", "step_time_s", "examples_per_s"]
+    assert [(r["epoch"], r["step"]) for r in steps] == [(e, s) for e in (0, 1) for s in range(8)]
+    for r in steps:
+        assert r["step_time_s"] > 0
+        assert r["examples_per_s"] * r["step_time_s"] == pytest.approx(32, rel=1e-3)
+
+    # no NVML call on the training thread while batches ran; the sampler thread did call
+    during = fake.calls[window["start"] : window["end"]]
+    assert during and all(thread != main for _, thread in during)
+
+
+def test_the_sampler_thread_is_gone_after_fit_raises_and_retries_do_not_pile_up(fake, tmp_path):
+    x, y = _data()
+    model = _model()
+    gpu_monitor = GPUMonitor(tmp_path, interval=0.02)
+    timer = StepTimer(log_dir=tmp_path)
+    most = 0
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="boom inside fit"):
+            model.fit(
+                x, y, batch_size=32, epochs=1, verbose=0, callbacks=[gpu_monitor, timer, _Boom()]
+            )
+        most = max(most, len(_monitor_threads()))
+        assert _wait_no_monitor_threads(), "sampler still running after fit raised"
+    assert most <= 1
+    _, rows = _csv(tmp_path / "timeline.csv")
+    assert len(rows) >= 6  # each failed fit sampled at start and at its end
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[timer])
+    _, steps = _csv(tmp_path / "steps.csv")  # rows of the failed fits were kept
+    assert len(steps) >= 8 + 3
+
+
+@pytest.mark.slow
+def test_a_sigkill_during_fit_leaves_a_timeline_whose_rows_all_parse(tmp_path):
+    code = f"""
+import sys, time
+from tests import fake_pynvml
+sys.modules["pynvml"] = fake_pynvml.make()
+import keras, numpy as np
+from tfgpu.callbacks import GPUMonitor
+
+class Slow(keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+        time.sleep(0.002)
+
+x, y = np.zeros((64, 4), "float32"), np.zeros((64, 1), "float32")
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+model.fit(x, y, batch_size=8, epochs=100000, verbose=0,
+          callbacks=[GPUMonitor({str(tmp_path)!r}, interval=0.01), Slow()])
+"""
+    timeline = tmp_path / "timeline.csv"
+    with open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+        try:
+            deadline = time.monotonic() + 200
+            while time.monotonic() < deadline:
+                if timeline.exists() and timeline.read_text().count("\n") > 40:
+                    break
+                assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
+                time.sleep(0.05)
+            killed_at = time.time()
+            os.kill(proc.pid, signal.SIGKILL)
+        finally:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    header, rows = _csv(timeline)  # every row complete and numeric
+    assert header == monitor.timeline_columns(2)
+    assert len(rows) >= 40
+    assert rows[-1]["epoch"] >= 0 and rows[-1]["gpu0_util_pct"] == 50.0
+    assert killed_at - rows[-1]["time"] < 1.0  # lost at most about one interval
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (lambda d: GPUMonitor(interval=0), ValueError, r"`interval`. Received: interval=0"),
+        (lambda d: GPUMonitor(interval=-0.5), ValueError, r"Expected a positive number"),
+        (lambda d: GPUMonitor(gpus=[3]), ValueError, r"Received: gpus=\[3\].*below 2"),
+        (lambda d: GPUMonitor(log_dir=d / "file" / "x"), ValueError, r"`log_dir`.*write to"),
+        (lambda d: GPUMonitor(tensorboard=True), ValueError, r"`tensorboard`.*log_dir"),
+        (lambda d: GPUMonitor(tensorboard=1), TypeError, r"`tensorboard`"),
+        (lambda d: StepTimer(batch_size=0), ValueError, r"Received: batch_size=0"),
+        (lambda d: StepTimer(batch_size=2.5), TypeError, r"`batch_size`.*integer"),
+        (lambda d: StepTimer(flops_per_step=-1.0), ValueError, r"`flops_per_step`"),
+        (lambda d: StepTimer(peak_flops=float("nan")), ValueError, r"`peak_flops`"),
+        (lambda d: StepTimer(log_dir=d / "file" / "x"), ValueError, r"`log_dir`.*write to"),
+    ],
+)
+def test_bad_arguments_raise_before_training(fake, tmp_path, make, error, match):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(error, match=match):
+        make(tmp_path)
+    assert not _monitor_threads()
+
+
+def test_epoch_summary_from_timed_executions():
+    logs = _epoch_summary([(1, 2.0), (1, 0.1), (1, 0.2), (1, 0.3)], 32, 3.0, 1e9, 1e11)
+    assert logs["first_step_time_s"] == 2.0
+    assert logs["step_time_median_s"] == pytest.approx(0.2)
+    assert logs["step_time_p90_s"] == pytest.approx(0.28)
+    assert logs["examples_per_s"] == pytest.approx(32 * 3 / 0.6)
+    assert logs["epoch_time_s"] == 3.0
+    assert logs["mfu"] == pytest.approx(1e9 / 0.2 / 1e11)
+    # steps_per_execution=4, last execution shorter; unknown batch size; no FLOPs numbers
+    logs = _epoch_summary([(4, 4.0), (4, 0.8), (2, 0.4)], None, 5.0, None, 1e12)
+    assert logs["first_step_time_s"] == 1.0 and logs["step_time_median_s"] == pytest.approx(0.2)
+    assert math.isnan(logs["examples_per_s"]) and "mfu" not in logs
+    # one execution per epoch: it is all there is
+    assert _epoch_summary([(8, 1.6)], 10, 2.0, None, None)["examples_per_s"] == pytest.approx(50)
+    assert math.isnan(_epoch_summary([], 10, 0.0, None, None)["step_time_median_s"])
+
+
+def test_percentile_matches_numpy():
+    values = list(np.random.default_rng(1).random(37))
+    for q in (0, 50, 90, 100):
+        assert _percentile(values, q) == pytest.approx(np.percentile(values, q))
+
+
+def test_step_timer_under_steps_per_execution(fake, tmp_path):
+    x, y = _data()  # 8 batches; executions of 3 steps: 0-2, 3-5, 6-7
+    timer = StepTimer(log_dir=tmp_path, flops_per_step=1e6, peak_flops=1e12)
+    history = _model(steps_per_execution=3).fit(
+        x, y, batch_size=32, epochs=2, verbose=0, callbacks=[timer]
+    )
+    _, steps = _csv(tmp_path / "steps.csv")
+    assert [(r["epoch"], r["step"]) for r in steps] == [(e, s) for e in (0, 1) for s in (2, 5, 8)]
+    last = steps[-1]  # 2 steps in the last execution: per-step time and rate agree on it
+    assert last["examples_per_s"] * last["step_time_s"] == pytest.approx(32, rel=1e-3)
+    assert 0 < history.history["mfu"][-1] < 1
+    assert history.history["examples_per_s"][-1] > 0
+
+
+def test_step_timer_reads_the_batch_size_of_a_tf_data_dataset(fake, tmp_path, caplog):
+    import tensorflow as tf
+
+    x, y = _data(128)
+    batched = tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True)
+    _model().fit(
+        batched, epochs=1, verbose=0, shuffle=False, callbacks=[StepTimer(log_dir=tmp_path / "a")]
+    )
+    _, steps = _csv(tmp_path / "a" / "steps.csv")
+    assert len(steps) == 8
+    assert steps[-1]["examples_per_s"] * steps[-1]["step_time_s"] == pytest.approx(16, rel=1e-3)
+
+    unknown = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)  # batch dim is None
+    caplog.set_level(logging.WARNING, logger="tfgpu.callbacks")
+    history = _model().fit(unknown, epochs=1, verbose=0, shuffle=False, callbacks=[StepTimer()])
+    assert math.isnan(history.history["examples_per_s"][0])
+    assert any("StepTimer(batch_size=...)" in r.getMessage() for r in caplog.records)
+    history = _model().fit(
+        unknown, epochs=1, verbose=0, shuffle=False, callbacks=[StepTimer(batch_size=16)]
+    )
+    assert history.history["examples_per_s"][0] > 0
+
+
+def test_tensorboard_gets_a_scalar_per_sample(fake, tmp_path):
+    import tensorflow as tf
+
+    x, y = _data(64)
+    gpu_monitor = GPUMonitor(tmp_path, interval=0.02, tensorboard=True)
+    _model().fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[gpu_monitor, _SlowBatches()])
+    values = []
+    for path in (tmp_path / "tensorboard").glob("events.out.tfevents.*"):
+        for record in tf.data.TFRecordDataset(str(path)):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                if value.tag == "monitor/gpu0_util_pct":
+                    values.append(tf.make_ndarray(value.tensor).item())
+    assert len(values) == len(gpu_monitor.sampler.samples) >= 3
+    assert set(values) == {50.0}
+
+
+def test_multi_worker_files_carry_the_task_index_and_a_second_fit_appends(
+    fake, tmp_path, monkeypatch
+):
+    cluster = {"worker": ["localhost:1", "localhost:2"]}
+    monkeypatch.setenv(
+        "TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 1}})
+    )
+    x, y = _data(64)
+    model = _model()
+    callbacks = [GPUMonitor(tmp_path, interval=0.05), StepTimer(log_dir=tmp_path)]
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=callbacks)
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=callbacks)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["run-worker1.json", "steps-worker1.csv", "timeline-worker1.csv"]
+    assert json.loads((tmp_path / "run-worker1.json").read_text())["worker"] == 1
+    _, rows = _csv(tmp_path / "timeline-worker1.csv")
+    assert len(rows) >= 4  # two sessions, one header
+    _, steps = _csv(tmp_path / "steps-worker1.csv")
+    assert len(steps) == 4
+
+
+def test_without_nvml_training_goes_on_with_host_metrics(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    x, y = _data(64)
+    with pytest.warns(RuntimeWarning, match="NVIDIA driver"):
+        history = _model().fit(
+            x, y, batch_size=32, epochs=1, verbose=0, callbacks=[GPUMonitor(tmp_path)]
+        )
+    assert history.history["host_rss_mib_max"][0] > 0
+    assert not any(key.startswith("gpu") for key in history.history)
+    header, _ = _csv(tmp_path / "timeline.csv")
+    assert header == monitor.timeline_columns(0)

@@ -1,0 +1,43 @@
+"""GPU and host monitoring in a background thread, without TensorFlow or Keras.
+
+`Sampler` reads NVML (`pynvml`, from `nvidia-ml-py`) and `psutil` at an interval; `record`
+wraps it in a `with` block; `GPUMonitor` (in `tfgpu.callbacks`) drives it from Keras `fit`.
+This package never imports TensorFlow or Keras, so it runs on any machine with an NVIDIA
+driver, e.g. next to PyTorch.
+
+```python
+with tfgpu.monitor.record("runs/exp1", interval=0.2) as run:
+    train()                      # any loop; run.mark(epoch=..., step=...) to label rows
+print(run.aggregate())           # {'gpu0_util_pct_mean': ..., 'host_cpu_pct_mean': ...}
+```
+
+`METRICS` documents every recorded quantity (unit, NVML/psutil source, `nvidia-smi`
+equivalent); `timeline_columns(n)` and `aggregate_keys(n)` give the exact column and log key
+names for `n` GPUs; `artifact_name` the file names in a run directory.
+"""
+
+from __future__ import annotations
+
+from tfgpu.monitor.host import HOST_METRICS
+from tfgpu.monitor.nvml import GPU_METRICS, Metric
+from tfgpu.monitor.sampler import (
+    BASE_METRICS,
+    Sampler,
+    aggregate_keys,
+    artifact_name,
+    record,
+    timeline_columns,
+)
+
+METRICS: dict[str, Metric] = {**BASE_METRICS, **HOST_METRICS, **GPU_METRICS}
+"""Every timeline metric by name (per-GPU ones without their `gpu{i}_` prefix)."""
+
+__all__ = [
+    "METRICS",
+    "Metric",
+    "Sampler",
+    "aggregate_keys",
+    "artifact_name",
+    "record",
+    "timeline_columns",
+]

@@ -1,0 +1,113 @@
+"""Host metrics for the monitor, read through `psutil`: CPU, this process's RSS, system memory."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from tfgpu.monitor.nvml import Metric
+
+_log = logging.getLogger("tfgpu.monitor")
+_MIB = 1024.0 * 1024.0
+_NAN = float("nan")
+
+HOST_METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        Metric(
+            "host_cpu_pct",
+            "%",
+            "psutil.cpu_times() (busy share of all cores since the previous sample)",
+            None,
+            "Whole-machine CPU utilization averaged over all cores, 0-100, since the previous "
+            "sample (nan in a session's first row); a busy input pipeline shows here.",
+        ),
+        Metric(
+            "host_rss_mib",
+            "MiB",
+            "psutil.Process().memory_info().rss",
+            None,
+            "Resident memory of this process.",
+        ),
+        Metric(
+            "host_mem_used_pct",
+            "%",
+            "psutil.virtual_memory().percent",
+            None,
+            "System memory in use, all processes.",
+        ),
+    )
+}
+
+
+def _busy_and_total(times: Any) -> tuple[float, float]:
+    total = sum(times)
+    if sys.platform.startswith("linux"):
+        # guest time is already counted in user/nice on Linux (psutil does the same)
+        total -= getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    return total - idle, total
+
+
+def _cpu_pct(previous: Any, current: Any) -> float:
+    """Busy percent between two `psutil.cpu_times()` readings; NaN if no time passed."""
+    busy0, total0 = _busy_and_total(previous)
+    busy1, total1 = _busy_and_total(current)
+    elapsed = total1 - total0
+    if elapsed <= 0:
+        return _NAN
+    return max(0.0, min(100.0, 100.0 * (busy1 - busy0) / elapsed))
+
+
+class _HostReader:
+    """Reads `HOST_METRICS` in the sampler thread; NaN (one warning) if psutil fails.
+
+    CPU percent is computed from this reader's own `cpu_times()` deltas, so other users of
+    `psutil.cpu_percent()` in the process do not disturb it.
+    """
+
+    def __init__(self) -> None:
+        self._psutil: Any = None
+        self._reported = False
+        try:
+            import psutil
+
+            self._psutil = psutil
+            self._process = psutil.Process()
+            self._last_times = psutil.cpu_times()
+        except Exception as e:
+            self._warn(e)
+
+    def _warn(self, error: Exception) -> None:
+        if not self._reported:
+            self._reported = True
+            _log.warning(
+                "tfgpu.monitor: host metrics unavailable (%s); recorded as NaN. "
+                "Install psutil with: pip install psutil",
+                error,
+            )
+
+    def read(self) -> list[float]:
+        """Returns the values of `HOST_METRICS`, in that order."""
+        if self._psutil is None:
+            return [_NAN] * len(HOST_METRICS)
+        values = []
+        try:
+            times = self._psutil.cpu_times()
+            values.append(_cpu_pct(self._last_times, times))
+            self._last_times = times
+        except Exception as e:
+            values.append(_NAN)
+            self._warn(e)
+        try:
+            values.append(self._process.memory_info().rss / _MIB)
+        except Exception as e:
+            values.append(_NAN)
+            self._warn(e)
+        try:
+            values.append(float(self._psutil.virtual_memory().percent))
+        except Exception as e:
+            values.append(_NAN)
+            self._warn(e)
+        return values

@@ -1,0 +1,656 @@
+"""The sampler: a background thread that records GPU and host metrics at an interval.
+
+Each sample becomes one row: kept in memory (a column store, about 8 bytes per value) and,
+when a run directory is given, appended and flushed to its timeline CSV at once, so a crash
+or SIGKILL loses at most the row being taken. Never imports TensorFlow or Keras.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+import logging
+import math
+import numbers
+import os
+import socket
+import sys
+import threading
+import time
+import warnings
+from array import array
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from tfgpu.monitor.host import HOST_METRICS, _HostReader
+from tfgpu.monitor.nvml import (
+    GPU_METRICS,
+    GpuInfo,
+    Metric,
+    _close_readers,
+    _open_readers,
+    inventory,
+    visible_gpus,
+)
+
+_log = logging.getLogger("tfgpu.monitor")
+_NAN = float("nan")
+
+BASE_METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        Metric("time", "s", "time.time()", "--query-gpu=timestamp", "Unix time of the sample."),
+        Metric("elapsed_s", "s", "time.time() - start", None, "Seconds since the sampler started."),
+        Metric(
+            "epoch",
+            "",
+            "Sampler.mark(epoch=...) (GPUMonitor: on_epoch_begin)",
+            None,
+            "Epoch running when the sample was taken (0-based); nan before the first mark.",
+        ),
+        Metric(
+            "step",
+            "",
+            "Sampler.mark(step=...) (GPUMonitor: on_train_batch_begin)",
+            None,
+            "Batch index within the epoch whose execution began last (Keras `begin_step`); "
+            "nan before the first mark.",
+        ),
+    )
+}
+
+# Epoch aggregates: (key suffix, source column, statistic); per GPU first, then host.
+_GPU_AGGREGATES = (
+    ("util_pct_mean", "util_pct", "mean"),
+    ("util_pct_max", "util_pct", "max"),
+    ("mem_used_mib_mean", "mem_used_mib", "mean"),
+    ("mem_used_mib_max", "mem_used_mib", "max"),
+    ("power_w_mean", "power_w", "mean"),
+    ("power_w_max", "power_w", "max"),
+)
+_HOST_AGGREGATES = (
+    ("host_cpu_pct_mean", "host_cpu_pct", "mean"),
+    ("host_rss_mib_max", "host_rss_mib", "max"),
+)
+
+
+def timeline_columns(num_gpus: int) -> list[str]:
+    """Returns the timeline's column names, in file order, for `num_gpus` sampled GPUs.
+
+    Args:
+        num_gpus: int, how many GPUs are sampled (`len(sampler.gpus)`).
+
+    Returns:
+        `time, elapsed_s, epoch, step`, the host columns, then `gpu{i}_<metric>` for each GPU.
+
+    Example:
+
+    >>> timeline_columns(1)[:8]
+    ['time', 'elapsed_s', 'epoch', 'step', 'host_cpu_pct', 'host_rss_mib', 'host_mem_used_pct', 'gpu0_util_pct']
+    """
+    columns = [*BASE_METRICS, *HOST_METRICS]
+    for i in range(num_gpus):
+        columns.extend(f"gpu{i}_{name}" for name in GPU_METRICS)
+    return columns
+
+
+def aggregate_keys(num_gpus: int) -> list[str]:
+    """Returns the epoch-aggregate keys (what `GPUMonitor` puts into Keras `logs`).
+
+    Args:
+        num_gpus: int, how many GPUs are sampled.
+
+    Returns:
+        `gpu{i}_util_pct_mean`, `..._max`, `gpu{i}_mem_used_mib_mean/max`,
+        `gpu{i}_power_w_mean/max` per GPU, then `host_cpu_pct_mean`, `host_rss_mib_max`.
+    """
+    keys = [f"gpu{i}_{suffix}" for i in range(num_gpus) for suffix, _, _ in _GPU_AGGREGATES]
+    return keys + [key for key, _, _ in _HOST_AGGREGATES]
+
+
+def _worker_task(environ: Mapping[str, str]) -> tuple[str, int] | None:
+    """Returns (task type, index) of a multi-worker process, or None for a lone process.
+
+    Reads `TF_CONFIG` (the cluster TensorFlow uses), else Slurm's `SLURM_PROCID` when the job
+    step runs several tasks.
+    """
+    raw = environ.get("TF_CONFIG")
+    if raw:
+        try:
+            config = json.loads(raw)
+            task = config.get("task") or {}
+            cluster = config.get("cluster") or {}
+            size = sum(len(v) for v in cluster.values() if isinstance(v, list))
+            if "type" in task and "index" in task and size > 1:
+                return str(task["type"]), int(task["index"])
+        except (ValueError, TypeError, AttributeError):
+            pass
+        return None
+    try:
+        if int(environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in environ:
+            return "worker", int(environ["SLURM_PROCID"])
+    except ValueError:
+        pass
+    return None
+
+
+def artifact_name(stem: str, suffix: str = ".csv", environ: Mapping[str, str] | None = None) -> str:
+    """Returns a run-directory file name, carrying the worker's task in multi-worker runs.
+
+    Args:
+        stem: str, e.g. `"timeline"` or `"steps"`.
+        suffix: str, the extension with its dot. Defaults to `".csv"`.
+        environ: mapping or None, the environment to read `TF_CONFIG` / Slurm from.
+            Defaults to `os.environ`.
+
+    Returns:
+        `"timeline.csv"` for a lone process; `"timeline-worker1.csv"` for worker 1 of a
+        multi-worker cluster (`"timeline-chief0.csv"` for a chief).
+
+    Example:
+
+    >>> artifact_name("steps", environ={})
+    'steps.csv'
+    """
+    task = _worker_task(os.environ if environ is None else environ)
+    return f"{stem}{suffix}" if task is None else f"{stem}-{task[0]}{task[1]}{suffix}"
+
+
+def _is_chief(task: tuple[str, int] | None, environ: Mapping[str, str]) -> bool:
+    if task is None or task[0] == "chief":
+        return True
+    try:
+        cluster = json.loads(environ.get("TF_CONFIG") or "{}").get("cluster") or {}
+    except (ValueError, AttributeError):
+        cluster = {}
+    return task == ("worker", 0) and "chief" not in cluster
+
+
+def _check_interval(interval: Any) -> float:
+    if (
+        isinstance(interval, bool)
+        or not isinstance(interval, numbers.Real)
+        or not math.isfinite(interval)
+        or interval <= 0
+    ):
+        raise ValueError(
+            "Invalid value for argument `interval`. "
+            f"Received: interval={interval!r}. Expected a positive number of seconds, "
+            "e.g. 0.2."
+        )
+    return float(interval)
+
+
+def _check_gpus(gpus: Any) -> list[int] | None:
+    if gpus is None:
+        return None
+    if isinstance(gpus, (str, bytes)) or not isinstance(gpus, Sequence):
+        raise TypeError(
+            "Invalid type for argument `gpus`. "
+            f"Received: gpus={gpus!r}. Expected None (all GPUs this process uses) or a list "
+            "of GPU indices, e.g. [0, 1]."
+        )
+    checked = []
+    for g in gpus:
+        if isinstance(g, bool) or not isinstance(g, numbers.Integral) or g < 0:
+            raise ValueError(
+                "Invalid value for argument `gpus`. "
+                f"Received: gpus={list(gpus)!r}. Expected non-negative GPU indices, as "
+                "TensorFlow numbers them (`/GPU:0` is 0)."
+            )
+        if int(g) in checked:
+            raise ValueError(
+                "Invalid value for argument `gpus`. "
+                f"Received: gpus={list(gpus)!r}. Expected each GPU index at most once."
+            )
+        checked.append(int(g))
+    return checked
+
+
+def _check_log_dir(log_dir: Any, argument: str = "log_dir") -> Path:
+    """Creates `log_dir` if needed and proves it writable; raises ValueError/TypeError."""
+    if not isinstance(log_dir, (str, os.PathLike)):
+        raise TypeError(
+            f"Invalid type for argument `{argument}`. "
+            f"Received: {argument}={log_dir!r}. Expected a directory path (str or "
+            "os.PathLike), or None to write no files."
+        )
+    path = Path(log_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".tfgpu-write-test-{os.getpid()}-{threading.get_ident()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(
+            f"Invalid value for argument `{argument}`. "
+            f"Received: {argument}={str(log_dir)!r}. Expected a directory this process can "
+            f"create and write to ({type(e).__name__}: {e.strerror or e})."
+        ) from e
+    return path
+
+
+def _format(column: str, value: float) -> str:
+    if value != value:  # NaN
+        return "nan"
+    if column in ("time", "elapsed_s"):
+        return f"{value:.3f}"
+    if column in ("epoch", "step") or column.endswith("throttle_reasons"):
+        return str(int(value)) if math.isfinite(value) else repr(value)
+    return repr(round(value, 3))
+
+
+def _stat(values: Sequence[float], stat: str) -> float:
+    finite = [v for v in values if v == v]
+    if not finite:
+        return _NAN
+    return max(finite) if stat == "max" else math.fsum(finite) / len(finite)
+
+
+def _aggregate(columns: Mapping[str, Sequence[float]], num_gpus: int) -> dict[str, float]:
+    """Pure: epoch aggregates (NaN-ignoring mean/max) of the given column values."""
+    result: dict[str, float] = {}
+    for i in range(num_gpus):
+        for suffix, source, stat in _GPU_AGGREGATES:
+            result[f"gpu{i}_{suffix}"] = _stat(columns.get(f"gpu{i}_{source}", ()), stat)
+    for key, source, stat in _HOST_AGGREGATES:
+        result[key] = _stat(columns.get(source, ()), stat)
+    return result
+
+
+class Sampler:
+    """Samples this process's GPUs and the host in a background thread.
+
+    Every `interval` seconds (and once at `start()` and once at `stop()`, so even a very
+    short run has data) it reads, per GPU, the metrics of `tfgpu.monitor.METRICS`:
+    utilization (`nvidia-smi --query-gpu=utilization.gpu`), memory-controller utilization,
+    memory used and total, this process's own GPU memory, power draw and limit, temperature,
+    SM clock and throttle reasons; and for the host, CPU %, this process's RSS and system
+    memory %. A metric the GPU does not support is NaN. Without NVML (no driver), one warning
+    is given and the host metrics are still recorded. NVML errors during the run (a lost GPU)
+    are logged once; sampling goes on.
+
+    With `path`, the sampler writes into that run directory: `run.json` (what was sampled)
+    and `timeline.csv` (one row per sample, flushed at once; `timeline-worker{k}.csv` in a
+    multi-worker cluster). A timeline with the same columns is appended to, not replaced.
+
+    Args:
+        interval: float, seconds between samples. NVML refreshes utilization every 1/6 s
+            to 1 s depending on the GPU, so going much lower adds nothing. Defaults to `0.2`.
+        gpus: list of int or None, which GPUs to sample, numbered as this process sees them
+            (TensorFlow's `/GPU:i`, i.e. after `CUDA_VISIBLE_DEVICES`). Defaults to `None`:
+            all GPUs this process can use.
+        path: str, os.PathLike or None, the run directory to write to (created if missing).
+            Defaults to `None`: keep samples in memory only.
+        host: bool, whether to read host metrics (when False their columns are NaN).
+            Defaults to `True`.
+
+    Raises:
+        ValueError: if `interval` is not positive, a GPU index names no GPU this process
+            can see, or `path` cannot be created or written.
+        TypeError: if `gpus` is not a list of ints or `path` not a path.
+
+    Example:
+
+    ```python
+    sampler = tfgpu.monitor.Sampler(interval=0.5, path="runs/exp1")
+    sampler.start()
+    train()
+    sampler.stop()
+    print(sampler.aggregate())  # {'gpu0_util_pct_mean': 87.5, ...}
+    ```
+    """
+
+    def __init__(
+        self,
+        interval: float = 0.2,
+        gpus: Sequence[int] | None = None,
+        path: str | os.PathLike | None = None,
+        host: bool = True,
+    ):
+        self._interval = _check_interval(interval)
+        requested = _check_gpus(gpus)
+        if not isinstance(host, bool):
+            raise TypeError(
+                f"Invalid type for argument `host`. Received: host={host!r}. Expected a bool."
+            )
+        self._dir = None if path is None else _check_log_dir(path, "path")
+        self._host = host
+        self._inventory = inventory()
+        visible = visible_gpus(self._inventory.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if requested is None:
+            self._gpus = visible
+        elif not self._inventory.available:
+            self._gpus = []  # cannot check without NVML; start() warns that GPUs are not read
+        else:
+            unknown = [g for g in requested if g >= len(visible)]
+            if unknown:
+                raise ValueError(
+                    "Invalid value for argument `gpus`. "
+                    f"Received: gpus={requested!r}. Expected indices below {len(visible)}: "
+                    f"this process sees {len(visible)} GPU(s)"
+                    + (
+                        f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r})."
+                        if "CUDA_VISIBLE_DEVICES" in os.environ
+                        else "."
+                    )
+                )
+            self._gpus = [visible[g] for g in requested]
+        self._columns = timeline_columns(len(self._gpus))
+        self._data: dict[str, array] = {c: array("d") for c in self._columns}
+        self._lock = threading.Lock()
+        self._stop_event = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._file: Any = None
+        self._file_failed = False
+        self._sample_failed = False
+        self._epoch = _NAN
+        self._step = _NAN
+        self._t0 = 0.0
+        self._nv: Any = None
+        self._readers: list[Any] = []
+        self._host_reader: _HostReader | None = None
+        self._watch: tuple[int, FrameType] | None = None
+        self.timeline_path: Path | None = None
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def interval(self) -> float:
+        """The seconds between samples."""
+        return self._interval
+
+    @property
+    def gpus(self) -> list[GpuInfo]:
+        """The GPUs being sampled; position `i` is `gpu{i}_*` in rows and aggregates."""
+        return list(self._gpus)
+
+    @property
+    def running(self) -> bool:
+        """Whether the sampling thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def samples(self) -> list[dict[str, float]]:
+        """A copy of every row so far, oldest first, keyed by `timeline_columns`."""
+        return self.samples_from(0)
+
+    def samples_from(self, start: int) -> list[dict[str, float]]:
+        """A copy of the rows from number `start` (0-based) on, e.g. those not yet seen.
+
+        Args:
+            start: int, the index of the first row to return.
+
+        Returns:
+            A list of row dicts, oldest first.
+        """
+        with self._lock:
+            columns = {c: v[start:] for c, v in self._data.items()}
+        n = len(columns["time"])
+        return [{c: columns[c][k] for c in self._columns} for k in range(n)]
+
+    # ------------------------------------------------------------------ control
+    def mark(self, epoch: int | None = None, step: int | None = None) -> None:
+        """Sets the epoch and/or step written on the rows that follow; None leaves it as is.
+
+        Cheap (two attribute writes, no NVML call), so it can run at every batch.
+        """
+        if epoch is not None:
+            self._epoch = epoch
+        if step is not None:
+            self._step = step
+
+    def start(self) -> Sampler:
+        """Starts sampling (one sample now, then one per interval); a no-op if running.
+
+        Returns:
+            The sampler itself.
+        """
+        if self.running:
+            return self
+        self._stop_event.clear()
+        self._t0 = time.time()
+        if self._gpus:
+            self._nv, self._readers = _open_readers(self._gpus)
+        elif not self._inventory.available:
+            warnings.warn(
+                f"tfgpu.monitor records no GPU metrics: {self._inventory.error} "
+                "Host metrics are still recorded.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        self._host_reader = _HostReader() if self._host else None
+        if self._dir is not None:
+            self._open_files()
+        self._sample()
+        self._thread = threading.Thread(target=self._run, name="tfgpu-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Takes a last sample, stops the thread, closes the timeline. Idempotent."""
+        self._stop_event.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=max(10.0, 5 * self._interval))
+            if thread.is_alive():
+                _log.warning(
+                    "tfgpu.monitor: the sampler thread did not stop within %.0f s (a hung "
+                    "NVML call?); it is a daemon and is left behind.",
+                    max(10.0, 5 * self._interval),
+                )
+
+    def bind_to_frame(self, frame: FrameType, thread_id: int | None = None) -> None:
+        """Stops sampling on its own once `frame` has left the stack of its thread.
+
+        Lets a caller tie the sampler to a running function (Keras `fit`, a training loop):
+        when that function returns or raises, the sampler stops within one interval, even if
+        nobody calls `stop()`. `GPUMonitor` uses it because Keras does not call
+        `on_train_end` when `fit` raises.
+
+        Args:
+            frame: the frame object of the running function (e.g. from `sys._getframe()`).
+            thread_id: int or None, the thread running it. Defaults to the calling thread.
+        """
+        self._watch = (threading.get_ident() if thread_id is None else thread_id, frame)
+
+    def __enter__(self) -> Sampler:
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ reading
+    def aggregate(self, since: float | None = None) -> dict[str, float]:
+        """Returns the epoch-aggregate metrics over the rows with `time >= since`.
+
+        If no row is that recent (an epoch shorter than the interval), the newest row stands
+        in. Means and maxima ignore NaN; a metric with no value at all is NaN.
+
+        Args:
+            since: float or None, a unix time. Defaults to `None`: all rows.
+
+        Returns:
+            A dict keyed by `aggregate_keys(len(self.gpus))`.
+        """
+        with self._lock:
+            times = self._data["time"]
+            start = 0 if since is None else bisect.bisect_left(times, since)
+            if start >= len(times) and len(times):
+                start = len(times) - 1
+            columns = {c: self._data[c][start:] for c in self._data}
+        return _aggregate(columns, len(self._gpus))
+
+    # ------------------------------------------------------------------ internals
+    def _open_files(self) -> None:
+        if self._dir is None:
+            return
+        environ = os.environ
+        task = _worker_task(environ)
+        info = {
+            "tfgpu_version": _version(),
+            "start_time": self._t0,
+            "hostname": socket.gethostname(),
+            "worker": None if task is None else task[1],
+            "task_type": None if task is None else task[0],
+            "pid": os.getpid(),
+            "interval": self._interval,
+            "timeline": artifact_name("timeline", ".csv", environ),
+            "nvml_error": self._inventory.error,
+            "driver_version": self._inventory.driver_version,
+            "cuda_driver_version": self._inventory.cuda_driver_version,
+            "gpus": [
+                {
+                    "index": g.index,
+                    "name": g.name,
+                    "uuid": g.uuid,
+                    "pci_bus_id": g.pci_bus_id,
+                    "memory_total_mib": g.memory_total_mib,
+                    "compute_capability": list(g.compute_capability)
+                    if g.compute_capability
+                    else None,
+                }
+                for g in self._gpus
+            ],
+        }
+        header = ",".join(self._columns) + "\n"
+        try:
+            names = [artifact_name("run", ".json", environ)]
+            if task is not None and _is_chief(task, environ):
+                names.append("run.json")
+            for name in names:
+                (self._dir / name).write_text(json.dumps(info, indent=2) + "\n")
+            self.timeline_path = self._dir / artifact_name("timeline", ".csv", environ)
+            mode = "w"
+            if self.timeline_path.exists():
+                with open(self.timeline_path) as existing:
+                    if existing.readline() == header:
+                        mode = "a"
+            self._file = open(self.timeline_path, mode)  # noqa: SIM115 (closed in _close)
+            if mode == "w":
+                self._file.write(header)
+                self._file.flush()
+        except OSError as e:
+            self._file_failed = True
+            _log.warning("tfgpu.monitor: cannot write to %s (%s); sampling goes on.", self._dir, e)
+
+    def _sample(self) -> None:
+        """Takes one sample; never raises (side features never kill training)."""
+        try:
+            now = time.time()
+            row = [now, now - self._t0, float(self._epoch), float(self._step)]
+            if self._host_reader is not None:
+                row.extend(self._host_reader.read())
+            else:
+                row.extend([_NAN] * len(HOST_METRICS))
+            for position in range(len(self._gpus)):
+                if position < len(self._readers):
+                    row.extend(self._readers[position].read())
+                else:
+                    row.extend([_NAN] * len(GPU_METRICS))
+            with self._lock:
+                for column, value in zip(self._columns, row):
+                    self._data[column].append(value)
+            if self._file is not None:
+                try:
+                    line = ",".join(_format(c, v) for c, v in zip(self._columns, row))
+                    self._file.write(line + "\n")
+                    self._file.flush()
+                except (OSError, ValueError) as e:
+                    if not self._file_failed:
+                        self._file_failed = True
+                        _log.warning(
+                            "tfgpu.monitor: writing the timeline failed (%s); samples stay in "
+                            "memory.",
+                            e,
+                        )
+        except Exception:
+            if not self._sample_failed:
+                self._sample_failed = True
+                _log.exception("tfgpu.monitor: a sample failed; sampling goes on. (Logged once.)")
+
+    def _watched_frame_gone(self) -> bool:
+        if self._watch is None:
+            return False
+        thread_id, target = self._watch
+        frame = sys._current_frames().get(thread_id)
+        while frame is not None:
+            if frame is target:
+                return False
+            frame = frame.f_back
+        return True
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self._interval
+        try:
+            while not self._stop_event.wait(max(0.0, deadline - time.monotonic())):
+                self._sample()
+                now = time.monotonic()
+                deadline = max(deadline + self._interval, now + 0.1 * self._interval)
+                if self._watched_frame_gone():
+                    _log.debug("tfgpu.monitor: the watched function ended; stopping.")
+                    break
+            self._sample()
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        self._watch = None  # drop the frame reference (it holds the caller's locals)
+        if self._file is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._file.close()
+            self._file = None
+        _close_readers(self._nv)
+        self._nv = None
+        self._readers = []
+
+
+def _version() -> str:
+    try:
+        from tfgpu import __version__
+
+        return __version__
+    except ImportError:  # pragma: no cover
+        return "unknown"
+
+
+@contextlib.contextmanager
+def record(
+    path: str | os.PathLike | None = None,
+    interval: float = 0.2,
+    gpus: Sequence[int] | None = None,
+) -> Iterator[Sampler]:
+    """Samples GPUs and host for the duration of a `with` block; works without Keras.
+
+    Args:
+        path: str, os.PathLike or None, the run directory for `run.json` and
+            `timeline.csv`. Defaults to `None`: samples in memory only.
+        interval: float, seconds between samples. Defaults to `0.2`.
+        gpus: list of int or None, GPUs to sample as this process numbers them. Defaults to
+            `None`: all this process uses.
+
+    Returns:
+        A context manager yielding the started `Sampler`; it is stopped on exit, also when
+        the block raises.
+
+    Raises:
+        ValueError: for a non-positive `interval`, an unknown GPU index, an unwritable `path`.
+
+    Example:
+
+    ```python
+    with tfgpu.monitor.record("runs/exp1", interval=0.5) as run:
+        for step, batch in enumerate(data):
+            run.mark(step=step)
+            train_step(batch)
+    print(run.aggregate()["gpu0_util_pct_mean"])
+    ```
+    """
+    sampler = Sampler(interval=interval, gpus=gpus, path=path)
+    sampler.start()
+    try:
+        yield sampler
+    finally:
+        sampler.stop()
