@@ -1,0 +1,288 @@
+"""`tfgpu demo`: the pure decisions (sizes, settings from a diagnosis, the table), argument
+checks before any work, the TFDS loader on a dataset built here, and the whole demo for real
+in its quick mode (a subprocess: `configure()` needs a fresh TensorFlow runtime)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+from tfgpu import demo
+from tfgpu.diagnosis import PROBE_STEPS_PER_EXECUTION, Finding
+
+
+def _finding(kind: str) -> Finding:
+    return Finding(kind, "high", f"{kind} title", "detail", "recommendation", 1.5, True)
+
+
+# ---- sizes ---------------------------------------------------------------------------------
+
+
+def test_sizes_scale_with_the_hardware():
+    quick = demo._choose_sizes(quick=True, num_gpus=0)
+    cpu = demo._choose_sizes(quick=False, num_gpus=0)
+    one = demo._choose_sizes(quick=False, num_gpus=1)
+    four = demo._choose_sizes(quick=False, num_gpus=4)
+    assert quick.num_train < cpu.num_train < one.num_train < four.num_train
+    assert quick.epochs == 2 and not quick.check_xla
+    assert cpu.image_size < one.image_size and cpu.width < one.width
+    assert cpu.per_replica_batch < one.per_replica_batch
+    for sizes, replicas in ((quick, 1), (cpu, 1), (one, 1), (four, 4)):
+        assert sizes.num_train % (sizes.per_replica_batch * replicas) == 0  # no partial batch
+        assert sizes.width % 8 == 0 or sizes.width == 8
+        assert sizes.stored_size >= sizes.resize_to > sizes.image_size  # real resize + crop
+
+
+def test_epochs_override():
+    assert demo._choose_sizes(quick=True, num_gpus=0, epochs=7).epochs == 7
+    assert demo._choose_sizes(quick=False, num_gpus=2, epochs=1).epochs == 1
+
+
+# ---- settings from the diagnosis -----------------------------------------------------------
+
+
+def test_settings_apply_what_the_diagnosis_recommends():
+    settings = demo._settings_from(
+        [_finding("input_bound"), _finding("host_overhead"), _finding("xla")],
+        jit_compile_now=False,
+    )
+    assert settings.steps_per_execution == PROBE_STEPS_PER_EXECUTION
+    assert settings.jit_compile is True
+    assert len(settings.applied) == 2
+    assert settings.applied[0].startswith(f"steps_per_execution={PROBE_STEPS_PER_EXECUTION}")
+
+
+def test_settings_leave_defaults_without_a_knob_finding():
+    settings = demo._settings_from(
+        [_finding("input_bound"), _finding("host_device_traffic"), _finding("precision")],
+        jit_compile_now=False,
+    )
+    assert settings == demo._Settings()  # spe 1, jit "auto", nothing applied
+    flipped = demo._settings_from([_finding("xla")], jit_compile_now=True)
+    assert flipped.jit_compile is False
+
+
+# ---- figures and the table -----------------------------------------------------------------
+
+
+def _history(rates, steps, acc):
+    return {
+        "examples_per_s": rates,
+        "step_time_median_s": steps,
+        "accuracy": acc,
+        "host_cpu_pct_mean": [50.0] * len(rates),
+    }
+
+
+def test_side_summary_uses_steady_epochs():
+    summary = demo._side_summary(
+        _history([10.0, 100.0, 200.0], [1.0, 0.02, 0.01], [0.2, 0.6, 0.9]),
+        wall_time_s=12.0,
+        test_accuracy=0.88,
+        input_wait_share=0.4,
+        on_gpu=False,
+    )
+    assert summary["examples_per_s"] == 150.0  # the first epoch (tracing, cache) is left out
+    assert summary["step_time_s"] == pytest.approx(0.015)
+    assert summary["gpu_util_pct"] is None and summary["mfu"] is None
+    assert summary["train_accuracy"] == [0.2, 0.6, 0.9]
+
+
+def test_table_on_cpu_says_no_gpu_and_gives_the_speedup():
+    naive = demo._side_summary(
+        _history([1.0, 1000.0], [1.0, 0.064], [0.3, 0.8]),
+        wall_time_s=30.0,
+        test_accuracy=0.81,
+        input_wait_share=0.55,
+        on_gpu=False,
+    )
+    tuned = demo._side_summary(
+        _history([1.0, 2500.0], [1.0, 0.0256], [0.3, 0.85]),
+        wall_time_s=15.0,
+        test_accuracy=0.84,
+        input_wait_share=0.05,
+        on_gpu=False,
+    )
+    assert demo._speedups(naive, tuned) == {"wall_time": 2.0, "examples_per_s": 2.5}
+    table = demo._format_table(naive, tuned, on_gpu=False, epochs=2)
+    lines = {line.split("  ")[0]: line for line in table.splitlines()}
+    assert "n/a (no GPU)" in lines["GPU utilization"] and "n/a (no GPU)" in lines["MFU"]
+    assert "1,000" in lines["examples/s (steady state)"]
+    assert "2,500" in lines["examples/s (steady state)"]
+    assert "55%" in lines["input-wait share"] and "5%" in lines["input-wait share"]
+    assert "64.0 ms" in lines["step time (median)"]
+    assert "0.810" in lines["final accuracy (test)"]
+    assert "2.00x" in lines["speedup"] and "2.50x by examples/s" in lines["speedup"]
+
+
+def test_table_on_gpu_shows_utilization_and_mfu():
+    history = _history([1.0, 1000.0], [1.0, 0.01], [0.5, 0.9])
+    history["gpu0_util_pct_mean"] = [10.0, 92.0]
+    history["mfu"] = [0.01, 0.314]
+    side = demo._side_summary(
+        history, wall_time_s=5.0, test_accuracy=0.9, input_wait_share=0.01, on_gpu=True
+    )
+    table = demo._format_table(side, side, on_gpu=True, epochs=2)
+    assert "92%" in table and "31.4%" in table and "n/a (no GPU)" not in table
+
+
+def test_missing_figures_print_as_na():
+    side = demo._side_summary(
+        {}, wall_time_s=1.0, test_accuracy=math.nan, input_wait_share=None, on_gpu=False
+    )
+    table = demo._format_table(side, side, on_gpu=False, epochs=1)
+    assert "input-wait share" in table and " n/a" in table
+
+
+# ---- argument checks: before any work ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"epochs": 0}, ValueError, "Received: epochs=0"),
+        ({"epochs": "3"}, TypeError, "argument `epochs`"),
+        ({"epochs": True}, TypeError, "argument `epochs`"),
+        ({"quick": "yes"}, TypeError, "argument `quick`"),
+        ({"dataset": ""}, ValueError, "argument `dataset`"),
+        ({"dataset": 10}, ValueError, "Received: dataset=10"),
+        ({"run_dir": 3}, TypeError, "argument `run_dir`"),
+    ],
+)
+def test_bad_arguments_raise_before_any_work(kwargs, error, match, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(error, match=match):
+        demo.run_demo(**kwargs)
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_run_dir_must_be_new_or_empty(tmp_path):
+    (tmp_path / "old.csv").write_text("x")
+    with pytest.raises(ValueError, match="exists and is not an empty directory"):
+        demo.run_demo(run_dir=tmp_path)
+    with pytest.raises(ValueError, match="exists and is not an empty directory"):
+        demo.run_demo(run_dir=tmp_path / "old.csv")
+
+
+def test_cli_reports_bad_arguments_with_exit_status_2(capsys):
+    from tfgpu.cli import main
+
+    assert main(["demo", "--epochs", "0"]) == 2
+    assert "Received: epochs=0" in capsys.readouterr().err
+
+
+# ---- TFDS ----------------------------------------------------------------------------------
+
+
+def test_tfds_examples_become_jpegs_of_one_size(tmp_path):
+    tfds = pytest.importorskip("tensorflow_datasets")
+    import tensorflow as tf
+
+    class TfgpuDemoShapes(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return self.dataset_info_from_configs(
+                features=tfds.features.FeaturesDict(
+                    {
+                        "image": tfds.features.Image(shape=(20, 20, 1)),
+                        "label": tfds.features.ClassLabel(num_classes=3),
+                    }
+                ),
+                supervised_keys=("image", "label"),
+            )
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples()}
+
+        def _generate_examples(self):
+            for i in range(12):
+                yield i, {"image": np.full((20, 20, 1), 20 * i, np.uint8), "label": i % 3}
+
+    TfgpuDemoShapes(data_dir=str(tmp_path)).download_and_prepare()
+    jpegs, labels, num_classes = demo._tfds_jpegs(
+        "tfgpu_demo_shapes", 10, 16, data_dir=str(tmp_path)
+    )
+    assert num_classes == 3
+    assert jpegs.shape == (10,) and labels.dtype == np.int32
+    assert set(labels.tolist()) <= {0, 1, 2}
+    image = tf.io.decode_jpeg(jpegs[0], channels=3)
+    assert image.shape == (16, 16, 3)  # grayscale, resized, decodable as RGB
+    pixels = image.numpy().astype(float)
+    assert pixels.std() < 3 and round(pixels.mean() / 20) * 20 == pytest.approx(
+        pixels.mean(), abs=3
+    )
+    with pytest.raises(ValueError, match="Expected at least 50"):
+        demo._tfds_jpegs("tfgpu_demo_shapes", 50, 16, data_dir=str(tmp_path))
+
+
+@pytest.mark.slow
+def test_cli_demo_with_a_dataset_that_is_not_here_fails_clearly(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "tfgpu", "demo", "--quick", "--dataset", "cifar10"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=240,
+        env={**_env(), "TFDS_DATA_DIR": str(tmp_path / "tfds")},
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "tfgpu demo: error:" in result.stderr
+    assert "'cifar10' is not prepared" in result.stderr and "tfds build cifar10" in result.stderr
+
+
+# ---- the demo, for real --------------------------------------------------------------------
+
+
+def _env() -> dict:
+    import os
+
+    return {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+@pytest.mark.slow
+def test_quick_demo_trains_both_sides_and_writes_the_run(tmp_path):
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "tfgpu", "demo", "--quick", "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env=_env(),
+    )
+    out = result.stdout
+    assert result.returncode == 0, f"{out[-3000:]}\n{result.stderr[-3000:]}"
+    # Progress while training: Keras prints one line per epoch, per side.
+    assert out.count("Epoch 2/2") == 2
+    for step in ("[1/4]", "[2/4]", "[3/4]", "[4/4]"):
+        assert step in out
+    assert "bottleneck =" in out  # the diagnosis is printed
+
+    summary = json.loads((run_dir / "demo.json").read_text())
+    assert summary["table"] in out  # the printed table is the stored one
+    for side in ("naive", "tfgpu"):
+        figures = summary[side]
+        assert figures["examples_per_s"] > 0 and figures["step_time_s"] > 0
+        assert figures["train_time_s"] > 0
+        assert 0.0 <= figures["input_wait_share"] <= 1.0
+        assert 0.0 <= figures["test_accuracy"] <= 1.0
+        assert len(figures["train_accuracy"]) == 2
+        directory = run_dir / side
+        for name in ("run.json", "timeline.csv", "steps.csv", "diagnosis.json", "report.md"):
+            assert (directory / name).exists(), (side, name)
+        steps = (directory / "steps.csv").read_text().splitlines()
+        assert steps[0] == "time,epoch,step,step_time_s,examples_per_s" and len(steps) > 2
+    # Same data and epochs on both sides; the speedups are measured, not assumed.
+    assert summary["speedup"]["wall_time"] > 0 and summary["speedup"]["examples_per_s"] > 0
+    assert any("tfgpu.data.pipeline" in s for s in summary["tfgpu_settings"])
+    if not summary["configuration"]["gpus"]:
+        assert "n/a (no GPU)" in summary["table"]
+        assert summary["naive"]["gpu_util_pct"] is None
+    assert str(run_dir.resolve()) in out
