@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from tests import fake_pynvml
-from tfgpu import monitor
+from tfgpu import callbacks, flops, monitor
 from tfgpu.callbacks import GPUMonitor, StepTimer, _epoch_summary, _percentile
 
 REPO = Path(__file__).resolve().parent.parent
@@ -262,6 +262,100 @@ def test_epoch_summary_from_timed_executions():
     # one execution per epoch: it is all there is
     assert _epoch_summary([(8, 1.6)], 10, 2.0, None, None)["examples_per_s"] == pytest.approx(50)
     assert math.isnan(_epoch_summary([], 10, 0.0, None, None)["step_time_median_s"])
+
+
+@pytest.mark.parametrize(
+    "policy, cc, tf32, expected",
+    [
+        ("float32", (8, 0), True, "tf32"),
+        ("float32", (8, 0), False, "float32"),  # TF32 switched off in TensorFlow
+        ("float32", (7, 0), True, "float32"),  # no TF32 before Ampere
+        ("float32", None, True, "float32"),
+        ("mixed_bfloat16", (9, 0), True, "bfloat16"),
+        ("mixed_float16", (7, 5), True, "float16"),
+        ("bfloat16", (8, 0), True, "bfloat16"),
+        ("float64", (8, 0), True, None),
+    ],
+)
+def test_peak_precision_follows_the_dtype_policy(policy, cc, tf32, expected):
+    assert callbacks._peak_precision(policy, cc, tf32) == expected
+    if expected is not None:  # a name peak_flops accepts
+        assert flops.peak_flops("NVIDIA A100-SXM4-80GB", expected) > 0
+
+
+@pytest.mark.parametrize("policy, precision", [("float32", "tf32"), ("mixed_bfloat16", "bf16")])
+def test_step_timer_works_out_mfu_from_the_gpu_and_the_model(fake, monkeypatch, policy, precision):
+    # NVML names an A100 (cc 8.0); TensorFlow is told it trains on a GPU (this CPU stands in).
+    monkeypatch.setattr(callbacks, "_trains_on_gpu", lambda: True)
+    keras.mixed_precision.set_global_policy(policy)
+    x, y = _data(128)
+    model = _model()
+    history = model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[StepTimer()])
+    expected_flops = flops.train_step_flops(model, 32)
+    assert expected_flops == 3 * 2 * 32 * (8 * 16 + 16 * 1)  # two Dense matmuls, x3 for training
+    peak = flops.peak_flops("NVIDIA A100-SXM4-80GB", precision)
+    logged = history.history
+    for epoch in range(2):
+        median = logged["step_time_median_s"][epoch]
+        assert logged["mfu"][epoch] == pytest.approx(expected_flops / median / peak, rel=1e-9)
+
+
+def test_step_timer_keeps_given_numbers_and_fills_in_the_missing_one(fake, monkeypatch):
+    monkeypatch.setattr(callbacks, "_trains_on_gpu", lambda: True)
+    x, y = _data(64)
+    history = _model().fit(
+        x, y, batch_size=32, epochs=1, verbose=0, callbacks=[StepTimer(flops_per_step=1e9)]
+    )
+    median = history.history["step_time_median_s"][0]
+    peak = flops.peak_flops("NVIDIA A100-SXM4-80GB", "tf32")
+    assert history.history["mfu"][0] == pytest.approx(1e9 / median / peak, rel=1e-9)
+
+
+def test_auto_peak_counts_every_replica(fake, monkeypatch):
+    import tensorflow as tf
+
+    monkeypatch.setattr(callbacks, "_trains_on_gpu", lambda: True)
+    with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
+        model = _model()
+    one = flops.peak_flops("NVIDIA A100-SXM4-80GB", "tf32")
+    assert callbacks._auto_peak_flops(model) == pytest.approx(2 * one)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # the V100 (cc 7.0): no TF32
+    v100 = flops.peak_flops("Tesla V100-SXM2-16GB", "float32")
+    assert callbacks._auto_peak_flops(model) == pytest.approx(2 * v100)
+
+
+def test_no_mfu_without_nvml_or_off_the_gpu(monkeypatch, fake):
+    x, y = _data(64)
+    # NVML lists an A100 but TensorFlow trains on the CPU: a GPU peak would be meaningless
+    history = _model().fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[StepTimer()])
+    assert "mfu" not in history.history and history.history["step_time_median_s"][0] > 0
+    monkeypatch.setattr(callbacks, "_trains_on_gpu", lambda: True)
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML: no GPU to look up
+    history = _model().fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[StepTimer()])
+    assert "mfu" not in history.history and history.history["step_time_median_s"][0] > 0
+
+
+def test_mfu_failures_never_break_training(fake, monkeypatch, caplog):
+    monkeypatch.setattr(callbacks, "_trains_on_gpu", lambda: True)
+
+    class Subclassed(keras.Model):  # no `inputs`: its FLOPs cannot be counted
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = Subclassed()
+    model.compile("sgd", "mse")
+    x, y = _data(64)
+    timer = StepTimer()
+    with caplog.at_level(logging.WARNING, logger="tfgpu.callbacks"):
+        for _ in range(2):
+            history = model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[timer])
+    assert "mfu" not in history.history and history.history["examples_per_s"][0] > 0
+    notes = [r for r in caplog.records if "no mfu" in r.getMessage()]
+    assert len(notes) == 1 and "ValueError" in notes[0].getMessage()
 
 
 def test_percentile_matches_numpy():

@@ -8,7 +8,6 @@ import math
 import re
 import sys
 import types
-from dataclasses import dataclass, field
 
 import pytest
 
@@ -16,6 +15,7 @@ import tfgpu
 from tests.conftest import run_python
 from tfgpu import env
 from tfgpu.env import EnvironmentReport, Finding
+from tfgpu.monitor.nvml import GpuInfo, NvmlInventory
 
 
 def _a100(index=0, **kw):
@@ -128,6 +128,8 @@ def test_cc_support_parses_other_spellings():
         ("GPU-aaaa1", 1),
         ("GPU-ffff", 0),
         ("0,0", 1),
+        ("0,\u00b2", 1),  # a superscript two is no index (it used to raise in int())
+        ("00000000:01:00.0", 1),  # a PCI bus id
     ],
 )
 def test_visible_gpu_count_follows_cuda_rules(value, count):
@@ -412,31 +414,10 @@ def test_environment_on_this_machine():
         assert "GPUs  none: TensorFlow runs on the CPU" in str(report)
 
 
-@dataclass
-class _FakeGpu:  # shaped like tfgpu.monitor.nvml.GpuInfo (contract 1)
-    index: int
-    name: str
-    uuid: str
-    pci_bus_id: str
-    memory_total_mib: float
-    memory_used_mib: float
-    compute_capability: tuple[int, int] | None
-    utilization_pct: float
-
-
-@dataclass
-class _FakeInventory:  # shaped like tfgpu.monitor.nvml.NvmlInventory
-    available: bool
-    error: str | None
-    driver_version: str | None
-    cuda_driver_version: str | None
-    gpus: list = field(default_factory=list)
-
-
 def test_environment_reads_nvml_through_the_monitor_inventory(monkeypatch):
-    gpu = _FakeGpu(0, "NVIDIA L4", "GPU-1234", "00000000:01:00.0", 23034.0, 1.0, (8, 9), math.nan)
+    gpu = GpuInfo(0, "NVIDIA L4", "GPU-1234", "00000000:01:00.0", 23034.0, 1.0, (8, 9), math.nan)
     fake = types.ModuleType("tfgpu.monitor.nvml")
-    fake.inventory = lambda: _FakeInventory(True, None, "550.54", "12.4", [gpu])
+    fake.inventory = lambda: NvmlInventory(True, None, "550.54", "12.4", [gpu])
     monkeypatch.setitem(sys.modules, "tfgpu.monitor.nvml", fake)
     report = tfgpu.environment()
     nvml = report.facts["nvml"]

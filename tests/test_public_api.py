@@ -39,8 +39,8 @@ def test_every_public_name_resolves_and_has_a_docstring():
 
 
 def test_functions_stay_callable_after_their_module_is_imported():
-    import tfgpu.config  # noqa: F401  (a module import must not shadow the function)
-    import tfgpu.diagnosis  # noqa: F401
+    import tfgpu.config
+    import tfgpu.diagnosis
 
     assert callable(tfgpu.configure) and callable(tfgpu.diagnose)
 
@@ -65,3 +65,7 @@ def test_import_is_light_and_fast():
     out = json.loads(run_python(code).stdout.strip().splitlines()[-1])
     assert out["heavy"] == []
     assert out["seconds"] < 0.5
+
+
+def test_every_exported_name_is_in_all_and_back():
+    assert set(tfgpu._EXPORTS) | {"__version__"} == set(tfgpu.__all__)

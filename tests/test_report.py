@@ -8,22 +8,12 @@ import time
 
 import pytest
 
+from tfgpu import monitor
 from tfgpu.cli import main
 from tfgpu.report import write_report
 
-_HOST = ["time", "elapsed_s", "epoch", "step", "host_cpu_pct", "host_rss_mib", "host_mem_used_pct"]
-_GPU = [
-    "util_pct",
-    "mem_util_pct",
-    "mem_used_mib",
-    "mem_total_mib",
-    "proc_mem_mib",
-    "power_w",
-    "power_limit_w",
-    "temp_c",
-    "sm_clock_mhz",
-    "throttle_reasons",
-]
+_HOST = monitor.timeline_columns(0)
+_GPU = [c.removeprefix("gpu0_") for c in monitor.timeline_columns(1)[len(_HOST) :]]
 
 
 def _write_run(path, *, gpus: int, rows: int = 20, steps: bool = True, diagnosis=None):

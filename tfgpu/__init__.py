@@ -41,7 +41,23 @@ _EXPORTS: dict[str, str] = {
     "monitor": "tfgpu.monitor",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [
+    "BatchSizeResult",
+    "Configuration",
+    "Diagnosis",
+    "EnvironmentReport",
+    "__version__",
+    "callbacks",
+    "configure",
+    "data",
+    "diagnose",
+    "environment",
+    "find_batch_size",
+    "global_batch_size",
+    "monitor",
+    "scale_learning_rate",
+    "strategy",
+]
 
 
 def __getattr__(name: str) -> Any:

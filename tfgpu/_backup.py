@@ -37,6 +37,8 @@ from typing import Any
 import keras
 import numpy as np
 
+from tfgpu._checks import check_bool, invalid_type, invalid_value, is_int
+
 _LOG = logging.getLogger("tfgpu")
 
 _FORMAT = 1
@@ -264,30 +266,19 @@ class BackupAndRestore(keras.callbacks.Callback):
     ):
         super().__init__()
         if not isinstance(backup_dir, (str, os.PathLike)):
-            raise TypeError(
-                f"Invalid type for argument `backup_dir`. Received: backup_dir={backup_dir!r} "
-                f"of type {type(backup_dir).__name__}. Expected a str or path-like."
-            )
+            raise invalid_type("backup_dir", backup_dir, "a str or path-like")
         if not str(backup_dir):
             raise ValueError(
                 "Invalid value for argument `backup_dir`. Received: backup_dir=''. "
                 "Expected a directory path."
             )
-        valid_int = isinstance(save_freq, int) and not isinstance(save_freq, bool) and save_freq > 0
+        valid_int = is_int(save_freq) and save_freq > 0
         if save_freq is not False and save_freq != "epoch" and not valid_int:
-            raise ValueError(
-                f"Invalid value for argument `save_freq`. Received: save_freq={save_freq!r}. "
-                "Expected 'epoch', a positive int (batches), or False."
+            raise invalid_value(
+                "save_freq", save_freq, "'epoch', a positive int (batches), or False"
             )
-        for name, value in (
-            ("double_checkpoint", double_checkpoint),
-            ("delete_checkpoint", delete_checkpoint),
-        ):
-            if not isinstance(value, bool):
-                raise TypeError(
-                    f"Invalid type for argument `{name}`. Received: {name}={value!r}. "
-                    "Expected a bool."
-                )
+        check_bool("double_checkpoint", double_checkpoint)
+        check_bool("delete_checkpoint", delete_checkpoint)
         self.backup_dir = os.fspath(backup_dir)
         self.save_freq = save_freq
         self.double_checkpoint = double_checkpoint

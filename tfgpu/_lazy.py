@@ -33,4 +33,6 @@ def import_optional(name: str) -> ModuleType:
     except ImportError as e:
         top = name.split(".")[0]
         hint = _INSTALL_HINTS.get(top, f"pip install {top}")
-        raise ImportError(f"tfgpu needs the `{top}` package for this feature. Install it with: {hint}") from e
+        raise ImportError(
+            f"tfgpu needs the `{top}` package for this feature. Install it with: {hint}"
+        ) from e

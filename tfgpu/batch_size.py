@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from tfgpu._checks import check_int, invalid_value
+
 __all__ = ["BatchSizeResult", "BatchSizeTrial", "find_batch_size"]
 
 
@@ -381,16 +383,6 @@ def _run_trial(model, pool, batch_size, *, steps, device, budget, replicas) -> B
 # Public entry point
 
 
-def _check_int(name: str, value, minimum: int, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"Invalid value for argument `{name}`. Received: {name}={value!r}. "
-            f"Expected an int >= {minimum}{' or None' if optional else ''}."
-        )
-
-
 def find_batch_size(
     model,
     data,
@@ -460,21 +452,21 @@ def find_batch_size(
     >>> print(result)  # largest, fastest, trials
     >>> model.fit(x, y, batch_size=result.fastest)
     """
-    _check_int("start", start, 1)
-    _check_int("max_batch_size", max_batch_size, 1)
-    _check_int("steps", steps, 1)
-    _check_int("multiple_of", multiple_of, 1)
-    _check_int("max_trials", max_trials, 1)
-    _check_int("pool_size", pool_size, 1)
-    _check_int("memory_limit_bytes", memory_limit_bytes, 1, optional=True)
-    _check_int("target_global_batch_size", target_global_batch_size, 1, optional=True)
+    for name, value in (
+        ("start", start),
+        ("max_batch_size", max_batch_size),
+        ("steps", steps),
+        ("multiple_of", multiple_of),
+        ("max_trials", max_trials),
+        ("pool_size", pool_size),
+    ):
+        check_int(name, value)
+    check_int("memory_limit_bytes", memory_limit_bytes, allow_none=True)
+    check_int("target_global_batch_size", target_global_batch_size, allow_none=True)
     if isinstance(memory_fraction, bool) or not (
         isinstance(memory_fraction, (int, float)) and 0 < memory_fraction <= 1
     ):
-        raise ValueError(
-            "Invalid value for argument `memory_fraction`. Received: "
-            f"memory_fraction={memory_fraction!r}. Expected a float in (0, 1]."
-        )
+        raise invalid_value("memory_fraction", memory_fraction, "a float in (0, 1]")
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
         raise ValueError(
             "Invalid value for argument `model`. Received: a model that is not compiled. "

@@ -26,6 +26,7 @@ from typing import Any
 
 import keras
 
+from tfgpu._checks import invalid_type, invalid_value, is_positive_number
 from tfgpu.monitor.sampler import Sampler, _check_log_dir, artifact_name
 
 __all__ = ["BackupAndRestore", "GPUMonitor", "StepTimer"]  # noqa: F822 (lazy)
@@ -79,19 +80,12 @@ def _infer_batch_size() -> int | None:
 def _check_positive(value: Any, argument: str, kind: str, example: str) -> Any:
     if value is None:
         return None
+    expected = f"a positive {'integer' if kind == 'int' else 'number'} or None, e.g. {example}"
     ok_type = numbers.Integral if kind == "int" else numbers.Real
     if isinstance(value, bool) or not isinstance(value, ok_type):
-        raise TypeError(
-            f"Invalid type for argument `{argument}`. Received: {argument}={value!r}. "
-            f"Expected a positive {'integer' if kind == 'int' else 'number'} or None, "
-            f"e.g. {example}."
-        )
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(
-            f"Invalid value for argument `{argument}`. Received: {argument}={value!r}. "
-            f"Expected a positive {'integer' if kind == 'int' else 'number'} or None, "
-            f"e.g. {example}."
-        )
+        raise invalid_type(argument, value, expected)
+    if not is_positive_number(value):
+        raise invalid_value(argument, value, expected)
     return value
 
 
@@ -153,10 +147,7 @@ class GPUMonitor(keras.callbacks.Callback):
     ):
         super().__init__()
         if not isinstance(tensorboard, (bool, str, os.PathLike)):
-            raise TypeError(
-                "Invalid type for argument `tensorboard`. "
-                f"Received: tensorboard={tensorboard!r}. Expected a bool or a directory path."
-            )
+            raise invalid_type("tensorboard", tensorboard, "a bool or a directory path")
         if tensorboard is True and log_dir is None:
             raise ValueError(
                 "Invalid value for argument `tensorboard`. Received: tensorboard=True with "
@@ -289,6 +280,70 @@ def _epoch_summary(
     return logs
 
 
+def _trains_on_gpu() -> bool:
+    """Whether TensorFlow places this process's ops on a GPU (after `fit` started it)."""
+    try:
+        import tensorflow as tf
+
+        return bool(tf.config.list_logical_devices("GPU"))
+    except Exception:
+        return False
+
+
+def _tf32_enabled() -> bool:
+    try:
+        import tensorflow as tf
+
+        return bool(tf.config.experimental.tensor_float_32_execution_enabled())
+    except Exception:
+        return True  # TensorFlow's default
+
+
+def _peak_precision(
+    policy: str, compute_capability: tuple[int, int] | None, tf32: bool = True
+) -> str | None:
+    """The `tfgpu.flops.peak_flops` precision a Keras dtype policy runs at (pure).
+
+    float32 runs its matmuls in TF32 on compute capability >= 8.0 (TensorFlow's default);
+    the mixed policies run at their 16-bit tensor-core rate. None for other policies.
+    """
+    if policy in ("mixed_bfloat16", "bfloat16"):
+        return "bfloat16"
+    if policy in ("mixed_float16", "float16"):
+        return "float16"
+    if policy == "float32":
+        cc = tuple(compute_capability) if compute_capability else None
+        return "tf32" if tf32 and cc is not None and cc >= (8, 0) else "float32"
+    return None
+
+
+def _auto_peak_flops(model: Any) -> float | None:
+    """Peak FLOP/s of the replicas `model` trains on, or None off the GPU or if unknown.
+
+    Reads this process's first GPU from NVML (after `CUDA_VISIBLE_DEVICES`), the model's
+    dtype policy, and multiplies by the strategy's replicas (one GPU each).
+    """
+    if not _trains_on_gpu():
+        return None
+    from tfgpu.flops import peak_flops
+    from tfgpu.monitor.nvml import inventory, visible_gpus
+
+    inv = inventory()
+    gpus = visible_gpus(inv.gpus, os.environ.get("CUDA_VISIBLE_DEVICES")) if inv.available else []
+    if not gpus:
+        return None
+    policy = getattr(getattr(model, "dtype_policy", None), "name", None)
+    precision = _peak_precision(
+        str(policy or keras.config.dtype_policy().name), gpus[0].compute_capability, _tf32_enabled()
+    )
+    peak = None if precision is None else peak_flops(gpus[0].name, precision)
+    if peak is None:
+        return None
+    strategy = getattr(model, "distribute_strategy", None)
+    replicas = getattr(strategy, "num_replicas_in_sync", 1)
+    return peak * (replicas if isinstance(replicas, int) and replicas > 0 else 1)
+
+
 class StepTimer(keras.callbacks.Callback):
     """Measures train step time and throughput; per-epoch figures go into `logs`.
 
@@ -309,8 +364,13 @@ class StepTimer(keras.callbacks.Callback):
       when the batch size is neither given nor inferable; partial last batches count full);
     - `epoch_time_s`: wall time from `on_epoch_begin` to `on_epoch_end` (includes
       validation);
-    - `mfu`: `flops_per_step / step_time_median_s / peak_flops`, only when both numbers are
-      given (see `tfgpu.flops`).
+    - `mfu`: `flops_per_step / step_time_median_s / peak_flops` (see `tfgpu.flops`), when
+      both numbers are known: given, or worked out at `on_train_begin`. A missing
+      `peak_flops` comes from this process's first GPU (NVML name, the model's dtype policy:
+      float32 counts as TF32 on compute capability >= 8.0) times the strategy's replicas,
+      only while TensorFlow trains on a GPU; a missing `flops_per_step` is
+      `tfgpu.flops.train_step_flops(model, batch_size)` when the batch size is known. No
+      GPU (or a GPU missing from the peak table): no `mfu` key.
 
     With `log_dir`, writes `steps.csv` (`steps-worker{k}.csv` in a multi-worker cluster):
     `time,epoch,step,step_time_s,examples_per_s`, one row per batch hook (per execution),
@@ -321,9 +381,11 @@ class StepTimer(keras.callbacks.Callback):
             data `fit` was given (a `tf.data` dataset batched with a static size, or arrays).
         log_dir: str, os.PathLike or None, the run directory. Defaults to `None`: no file.
         flops_per_step: float or None, FLOPs of one train step (e.g.
-            `tfgpu.flops.train_step_flops(model, batch_size)`). Defaults to `None`.
+            `tfgpu.flops.train_step_flops(model, batch_size)`). Defaults to `None`: counted
+            from the model when `fit` starts, if the peak is known.
         peak_flops: float or None, the hardware's peak FLOP/s for the precision used (e.g.
-            `tfgpu.flops.peak_flops(gpu_name, "mixed_bfloat16")`). Defaults to `None`.
+            `tfgpu.flops.peak_flops(gpu_name, "mixed_bfloat16")`), summed over replicas.
+            Defaults to `None`: looked up for this process's GPU when `fit` starts.
 
     Raises:
         ValueError: for non-positive numbers or an unwritable `log_dir`.
@@ -359,6 +421,9 @@ class StepTimer(keras.callbacks.Callback):
         self._epoch = 0
         self._last_flush = time.perf_counter()
         self._reported = False
+        self._mfu_noted = False
+        self._flops: float | None = self.flops_per_step
+        self._peak: float | None = self.peak_flops
         self._reset_epoch()
 
     def _reset_epoch(self) -> None:
@@ -381,6 +446,7 @@ class StepTimer(keras.callbacks.Callback):
                 "StepTimer: the batch size is unknown (a dataset without a static batch "
                 "dimension?), so examples_per_s is NaN. Pass StepTimer(batch_size=...)."
             )
+        self._flops, self._peak = self._mfu_inputs()
         if self.log_dir is not None:
             try:
                 path = self.log_dir / artifact_name("steps", ".csv")
@@ -424,8 +490,8 @@ class StepTimer(keras.callbacks.Callback):
                     self._executions,
                     self._batch_size,
                     time.perf_counter() - self._epoch_start,
-                    self.flops_per_step,
-                    self.peak_flops,
+                    self._flops,
+                    self._peak,
                 )
         except Exception as e:  # side features never kill training
             self._report(e)
@@ -440,6 +506,31 @@ class StepTimer(keras.callbacks.Callback):
         self._close_file()
 
     # internals -----------------------------------------------------------------
+    def _mfu_inputs(self) -> tuple[float | None, float | None]:
+        """FLOPs per step and peak FLOP/s: as given, else worked out; never raises."""
+        flops, peak = self.flops_per_step, self.peak_flops
+        if flops is not None and peak is not None:
+            return flops, peak
+        try:
+            if peak is None:
+                peak = _auto_peak_flops(self.model)
+            if peak is not None and flops is None:
+                if not self._batch_size:
+                    self._note_mfu("the batch size is unknown")
+                    return None, peak
+                from tfgpu.flops import train_step_flops
+
+                flops = train_step_flops(self.model, int(self._batch_size))
+        except Exception as e:  # side features never kill training
+            self._note_mfu(f"{type(e).__name__}: {e}")
+            return self.flops_per_step, self.peak_flops
+        return flops, peak
+
+    def _note_mfu(self, why: str) -> None:
+        if not self._mfu_noted:
+            self._mfu_noted = True
+            _log.warning("StepTimer: no mfu (%s); pass flops_per_step= and peak_flops=.", why)
+
     def _report(self, error: Exception) -> None:
         if not self._reported:
             self._reported = True

@@ -23,7 +23,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="train a reference model naively, then with tfgpu, and compare")
     p.add_argument("--quick", action="store_true", help="a tiny run for tests (seconds)")
     p.add_argument("--dataset", default=None, help="a TensorFlow Datasets name, e.g. cifar10")
-    p.add_argument("--run-dir", default=None, help="where to write the run (default: runs/demo-TIME)")
+    p.add_argument(
+        "--run-dir", default=None, help="where to write the run (default: runs/demo-TIME)"
+    )
     p.add_argument("--epochs", type=int, default=None, help="epochs per side")
 
     p = sub.add_parser("report", help="plots and a Markdown summary of a run directory")

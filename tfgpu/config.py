@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tfgpu._checks import invalid_type, invalid_value, is_int
 from tfgpu.precision import choose_policy, has_tensor_cores, supports_bfloat16
 
 __all__ = ["Configuration", "configure"]
@@ -150,23 +151,6 @@ class _Plan:
 # Validation (pure, before anything changes)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _type_error(name: str, value: Any, expected: str) -> TypeError:
-    return TypeError(
-        f"Invalid type for argument `{name}`. Received: {name}={value!r} "
-        f"(of type {type(value).__name__}). Expected {expected}."
-    )
-
-
-def _value_error(name: str, value: Any, expected: str) -> ValueError:
-    return ValueError(
-        f"Invalid value for argument `{name}`. Received: {name}={value!r}. Expected {expected}."
-    )
-
-
 def _validate(
     *,
     memory_growth: Any,
@@ -179,12 +163,12 @@ def _validate(
     cpu_devices: Any,
 ) -> _Wishes:
     if memory_growth is not None and not isinstance(memory_growth, bool):
-        raise _type_error("memory_growth", memory_growth, "a bool or None")
+        raise invalid_type("memory_growth", memory_growth, "a bool or None")
     if memory_limit_mib is not None:
-        if not _is_int(memory_limit_mib):
-            raise _type_error("memory_limit_mib", memory_limit_mib, "an int (MiB) or None")
+        if not is_int(memory_limit_mib):
+            raise invalid_type("memory_limit_mib", memory_limit_mib, "an int (MiB) or None")
         if memory_limit_mib <= 0:
-            raise _value_error("memory_limit_mib", memory_limit_mib, "a positive number of MiB")
+            raise invalid_value("memory_limit_mib", memory_limit_mib, "a positive number of MiB")
         if memory_growth:
             raise ValueError(
                 "Arguments `memory_growth` and `memory_limit_mib` are mutually exclusive. "
@@ -195,35 +179,35 @@ def _validate(
     gpu_tuple = None
     if gpus is not None:
         if isinstance(gpus, str | bytes) or not isinstance(gpus, Sequence):
-            raise _type_error("gpus", gpus, "a list of GPU indices (ints), e.g. [0, 1], or None")
+            raise invalid_type("gpus", gpus, "a list of GPU indices (ints), e.g. [0, 1], or None")
         for index in gpus:
-            if not _is_int(index):
-                raise _type_error(
+            if not is_int(index):
+                raise invalid_type(
                     "gpus", gpus, "a list of GPU indices (ints), e.g. [0, 1], or None"
                 )
             if index < 0:
-                raise _value_error("gpus", list(gpus), "GPU indices >= 0")
+                raise invalid_value("gpus", list(gpus), "GPU indices >= 0")
         if len(set(gpus)) != len(gpus):
-            raise _value_error("gpus", list(gpus), "each GPU index at most once")
+            raise invalid_value("gpus", list(gpus), "each GPU index at most once")
         gpu_tuple = tuple(gpus)
     if not isinstance(precision, str):
-        raise _type_error("precision", precision, f"one of: {', '.join(map(repr, _PRECISIONS))}")
+        raise invalid_type("precision", precision, f"one of: {', '.join(map(repr, _PRECISIONS))}")
     if precision not in _PRECISIONS:
-        raise _value_error("precision", precision, f"one of: {', '.join(map(repr, _PRECISIONS))}")
+        raise invalid_value("precision", precision, f"one of: {', '.join(map(repr, _PRECISIONS))}")
     if not isinstance(deterministic, bool):
-        raise _type_error("deterministic", deterministic, "a bool")
+        raise invalid_type("deterministic", deterministic, "a bool")
     if seed is not None:
-        if not _is_int(seed):
-            raise _type_error("seed", seed, "an int or None")
+        if not is_int(seed):
+            raise invalid_type("seed", seed, "an int or None")
         if not 0 <= seed < 2**32:
-            raise _value_error("seed", seed, "an int in [0, 2**32 - 1]")
+            raise invalid_value("seed", seed, "an int in [0, 2**32 - 1]")
     if not isinstance(async_allocator, bool):
-        raise _type_error("async_allocator", async_allocator, "a bool")
+        raise invalid_type("async_allocator", async_allocator, "a bool")
     if cpu_devices is not None:
-        if not _is_int(cpu_devices):
-            raise _type_error("cpu_devices", cpu_devices, "an int or None")
+        if not is_int(cpu_devices):
+            raise invalid_type("cpu_devices", cpu_devices, "an int or None")
         if cpu_devices < 1:
-            raise _value_error("cpu_devices", cpu_devices, "an int >= 1")
+            raise invalid_value("cpu_devices", cpu_devices, "an int >= 1")
     return _Wishes(
         memory_growth=memory_growth,
         memory_limit_mib=memory_limit_mib,
@@ -252,7 +236,7 @@ def _plan(facts: _Facts, wishes: _Wishes) -> _Plan:
                 if n
                 else "None or [] (TensorFlow sees no GPU here)"
             )
-            raise _value_error("gpus", list(wishes.gpus), expected)
+            raise invalid_value("gpus", list(wishes.gpus), expected)
         used = tuple(facts.gpus[i] for i in wishes.gpus)
     else:
         used = facts.gpus

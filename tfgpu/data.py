@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tfgpu._checks import check_bool, check_int, invalid_type, invalid_value, is_int
 from tfgpu._lazy import import_optional
 
 __all__ = ["PipelineBenchmark", "benchmark", "load_tfds", "pipeline"]
@@ -64,35 +65,7 @@ _SOURCE_TYPES = (
 # Argument checks (all run before any work)
 # --------------------------------------------------------------------------------------------
 
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def _check_positive_int(name: str, value: Any) -> int:
-    if not _is_int(value) or value <= 0:
-        raise ValueError(
-            f"Invalid value for argument `{name}`. Received: {name}={value!r}. "
-            "Expected a positive integer."
-        )
-    return int(value)
-
-
-def _check_callable(name: str, value: Any) -> None:
-    if value is not None and not callable(value):
-        raise TypeError(
-            f"Invalid type for argument `{name}`. Received: {name}={value!r} of type "
-            f"{type(value).__name__}. Expected a callable (a function of one example) or None."
-        )
-
-
-def _check_bool(name: str, value: Any, allow_none: bool = False) -> None:
-    if isinstance(value, bool) or (allow_none and value is None):
-        return
-    expected = "True, False or None" if allow_none else "True or False"
-    raise TypeError(
-        f"Invalid type for argument `{name}`. Received: {name}={value!r}. Expected {expected}."
-    )
+_POSITIVE = "a positive integer"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -528,7 +501,7 @@ def _num_workers(strategy: Any) -> int:
     if strategy is None:
         return 1
     n = getattr(strategy.extended, "_num_workers", None)
-    if _is_int(n) and n > 0:
+    if is_int(n, numpy=True) and n > 0:
         return int(n)
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is not None:
@@ -681,10 +654,10 @@ def pipeline(
             "Expected exactly one of them: the global batch size, or the batch size per replica."
         )
     if batch_size is not None:
-        batch_size = _check_positive_int("batch_size", batch_size)
+        batch_size = check_int("batch_size", batch_size, numpy=True, expected=_POSITIVE)
     else:
-        per_replica_batch_size = _check_positive_int(
-            "per_replica_batch_size", per_replica_batch_size
+        per_replica_batch_size = check_int(
+            "per_replica_batch_size", per_replica_batch_size, numpy=True, expected=_POSITIVE
         )
     if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
         raise TypeError(
@@ -697,13 +670,14 @@ def pipeline(
         ("augment_fn", augment_fn),
         ("batch_augment_fn", batch_augment_fn),
     ):
-        _check_callable(name, fn)
+        if fn is not None and not callable(fn):
+            raise invalid_type(name, fn, "a callable (a function of one example) or None")
     for name, flag in (("shuffle", shuffle), ("repeat", repeat), ("distribute", distribute)):
-        _check_bool(name, flag)
-    _check_bool("drop_remainder", drop_remainder, allow_none=True)
-    _check_bool("deterministic", deterministic, allow_none=True)
+        check_bool(name, flag)
+    check_bool("drop_remainder", drop_remainder, allow_none=True)
+    check_bool("deterministic", deterministic, allow_none=True)
     if shuffle_buffer is not None:
-        shuffle_buffer = _check_positive_int("shuffle_buffer", shuffle_buffer)
+        shuffle_buffer = check_int("shuffle_buffer", shuffle_buffer, numpy=True, expected=_POSITIVE)
         if not shuffle:
             raise ValueError(
                 f"Conflicting arguments. Received: shuffle=False and "
@@ -716,9 +690,10 @@ def pipeline(
         or cache in ("auto", "memory")
         or (isinstance(cache, (str, os.PathLike)) and os.fspath(cache))
     ):
-        raise ValueError(
-            f"Invalid value for argument `cache`. Received: cache={cache!r}. Expected 'auto', "
-            "True or 'memory' (in memory), a file path prefix (on disk), or False."
+        raise invalid_value(
+            "cache",
+            cache,
+            "'auto', True or 'memory' (in memory), a file path prefix (on disk), or False",
         )
     cache_dir = None
     if isinstance(cache, (str, os.PathLike)) and cache not in ("auto", "memory"):
@@ -734,32 +709,24 @@ def pipeline(
             "Invalid arguments. Received: distribute=True with strategy=None. Expected a "
             "`strategy` to distribute the dataset with."
         )
-    if seed is not None and not _is_int(seed):
-        raise TypeError(
-            f"Invalid type for argument `seed`. Received: seed={seed!r}. Expected an int or None."
-        )
+    if seed is not None and not is_int(seed, numpy=True):
+        raise invalid_type("seed", seed, "an int or None")
     if ram_budget_mib is not None and (
         isinstance(ram_budget_mib, bool)
         or not isinstance(ram_budget_mib, (int, float, np.number))
         or not ram_budget_mib > 0
     ):
-        raise ValueError(
-            f"Invalid value for argument `ram_budget_mib`. Received: ram_budget_mib="
-            f"{ram_budget_mib!r}. Expected a positive number of MiB, or None."
-        )
-    if private_threadpool_size is not None and (
-        not _is_int(private_threadpool_size) or private_threadpool_size < 0
-    ):
-        raise ValueError(
-            f"Invalid value for argument `private_threadpool_size`. Received: "
-            f"private_threadpool_size={private_threadpool_size!r}. Expected an integer >= 0 "
-            "(0 shares TensorFlow's thread pool) or None."
-        )
+        raise invalid_value("ram_budget_mib", ram_budget_mib, "a positive number of MiB, or None")
+    check_int(
+        "private_threadpool_size",
+        private_threadpool_size,
+        minimum=0,
+        allow_none=True,
+        numpy=True,
+        expected="an integer >= 0 (0 shares TensorFlow's thread pool) or None",
+    )
     if compression_type not in (None, "", "GZIP", "ZLIB"):
-        raise ValueError(
-            f"Invalid value for argument `compression_type`. Received: compression_type="
-            f"{compression_type!r}. Expected one of: None, 'GZIP', 'ZLIB'."
-        )
+        raise invalid_value("compression_type", compression_type, "one of: None, 'GZIP', 'ZLIB'")
 
     src = _classify_source(source)
     if src.kind != "tfds" and (split is not None or data_dir is not None):
@@ -1009,8 +976,8 @@ def _load_tfds(
             "such as 'train' or 'train[:90%]'."
         )
     for arg, flag in (("download", download), ("shuffle_files", shuffle_files)):
-        _check_bool(arg, flag)
-    _check_bool("as_supervised", as_supervised, allow_none=True)
+        check_bool(arg, flag)
+    check_bool("as_supervised", as_supervised, allow_none=True)
     tfds = import_optional("tensorflow_datasets")
     _check_tfds_name(name, data_dir)
     kwargs = {"data_dir": os.fspath(data_dir)} if data_dir is not None else {}
@@ -1163,12 +1130,8 @@ def benchmark(
             f"Invalid type for argument `dataset`. Received: dataset of type "
             f"{type(dataset).__name__}. Expected a `tf.data.Dataset` or a distributed dataset."
         )
-    num_batches = _check_positive_int("num_batches", num_batches)
-    if not _is_int(warmup) or warmup < 0:
-        raise ValueError(
-            f"Invalid value for argument `warmup`. Received: warmup={warmup!r}. Expected an "
-            "integer >= 0."
-        )
+    num_batches = check_int("num_batches", num_batches, numpy=True, expected=_POSITIVE)
+    check_int("warmup", warmup, minimum=0, numpy=True, expected="an integer >= 0")
     if isinstance(dataset, tf.data.Dataset) and _cardinality(dataset) == 0:
         raise ValueError(
             "Invalid value for argument `dataset`. Received: a dataset with 0 batches. "

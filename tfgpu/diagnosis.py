@@ -36,6 +36,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfgpu._checks import check_int
 from tfgpu.batch_size import _restore_state, _snapshot_state
 
 __all__ = ["Diagnosis", "Finding", "diagnose"]
@@ -614,19 +615,9 @@ def _device_dataset(batch, on_gpu: bool):
 
 
 def _check_args(model, steps, warmup, batch_size, run_dir, profile):
-    for name, value, low in (("steps", steps, 3), ("warmup", warmup, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(
-                f"Invalid value for argument `{name}`. Received: {name}={value!r}. "
-                f"Expected an int >= {low}."
-            )
-    if batch_size is not None and (
-        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
-    ):
-        raise ValueError(
-            f"Invalid value for argument `batch_size`. Received: batch_size={batch_size!r}. "
-            "Expected a positive int or None."
-        )
+    check_int("steps", steps, minimum=3)
+    check_int("warmup", warmup, minimum=1)
+    check_int("batch_size", batch_size, allow_none=True, expected="a positive int or None")
     if not isinstance(model, keras.Model):
         raise TypeError(
             f"Invalid type for argument `model`. Received: {type(model).__name__}. "

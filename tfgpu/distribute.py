@@ -1,22 +1,24 @@
 """Data parallelism: pick a `tf.distribute.Strategy`, resolve the cluster, scale batch and LR.
 
-`strategy()` decides in pure functions (`_resolve_cluster`, `_choose_kind`, `_choose_all_reduce`)
-from facts (the environment, the visible GPUs) and then builds the strategy. The arithmetic
-users get wrong lives in `global_batch_size()` and `scale_learning_rate()`.
+`strategy()` decides in pure functions (`tfgpu._cluster.resolve_cluster`, `_choose_kind`,
+`_choose_all_reduce`) from facts (the environment, the visible GPUs) and then builds the
+strategy. The arithmetic users get wrong lives in `global_batch_size()` and
+`scale_learning_rate()`.
 
 The guide is `docs/distributed.md`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+from tfgpu._checks import check_int, invalid_type, invalid_value, is_int, is_positive_number
+from tfgpu._cluster import resolve_cluster, slurm_num_tasks
 
 _LOG = logging.getLogger("tfgpu")
 
@@ -26,147 +28,20 @@ _ALL_REDUCE = {
     "multi_worker": ("auto", "nccl", "ring"),
 }
 _LR_RULES = ("linear", "sqrt")
-_TF_CONFIG_JOBS = ("chief", "worker", "evaluator", "ps")
 _SLURM_PORT_BASE = 8888
 
 
 # --------------------------------------------------------------------------- decisions
 
 
-@dataclass(frozen=True)
-class _Cluster:
-    """Where this process sits in a training cluster (pure data, no TensorFlow)."""
-
-    source: str  # "TF_CONFIG", "slurm" or "none"
-    num_tasks: int  # tasks that train: chief + workers
-    task_type: str | None = None
-    task_index: int | None = None
-    spec: dict[str, list[str]] = field(default_factory=dict)
-
-    @property
-    def is_chief(self) -> bool:
-        if self.num_tasks <= 1:
-            return True
-        if "chief" in self.spec:
-            return self.task_type == "chief"
-        return self.task_type == "worker" and self.task_index == 0
-
-
-def _tf_config_error(problem: str, raw: str) -> ValueError:
-    shown = raw if len(raw) <= 300 else raw[:300] + "..."
-    return ValueError(
-        f"Invalid `TF_CONFIG` environment variable: {problem}. Received: TF_CONFIG={shown!r}. "
-        'Expected JSON like {"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
-        '"task": {"type": "worker", "index": 0}}.'
-    )
-
-
-def _parse_tf_config(raw: str) -> _Cluster:
-    """Validates a `TF_CONFIG` string and returns the cluster it describes."""
-    try:
-        config = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise _tf_config_error(f"it is not valid JSON ({e.msg} at position {e.pos})", raw) from e
-    if not isinstance(config, dict):
-        raise _tf_config_error(f"the top level is a {type(config).__name__}, not an object", raw)
-    cluster = config.get("cluster")
-    if not isinstance(cluster, dict) or not cluster:
-        raise _tf_config_error('"cluster" is missing or is not a non-empty object', raw)
-    spec: dict[str, list[str]] = {}
-    for job, addresses in cluster.items():
-        if job not in _TF_CONFIG_JOBS:
-            raise _tf_config_error(
-                f'unknown job {job!r} in "cluster" (expected one of {list(_TF_CONFIG_JOBS)})', raw
-            )
-        if isinstance(addresses, dict):  # TF also accepts {"0": "host:port", ...}
-            try:
-                addresses = [addresses[k] for k in sorted(addresses, key=int)]
-            except ValueError as e:
-                raise _tf_config_error(f"job {job!r} maps non-integer task ids", raw) from e
-        if not isinstance(addresses, list) or not addresses:
-            raise _tf_config_error(f'job {job!r} must list at least one "host:port"', raw)
-        for address in addresses:
-            host, _, port = (
-                str(address).rpartition(":") if isinstance(address, str) else ("", "", "")
-            )
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise _tf_config_error(
-                    f'job {job!r} has address {address!r}, expected "host:port"', raw
-                )
-        spec[job] = list(addresses)
-    if "ps" in spec:
-        raise _tf_config_error(
-            'it has a "ps" job: parameter-server training is not supported by tfgpu.strategy() '
-            "(use tf.distribute.experimental.ParameterServerStrategy directly)",
-            raw,
-        )
-    if len(spec.get("chief", [])) > 1:
-        raise _tf_config_error('"chief" may hold only one address', raw)
-    task = config.get("task")
-    if not isinstance(task, dict):
-        raise _tf_config_error('"task" is missing or is not an object', raw)
-    task_type, task_index = task.get("type"), task.get("index")
-    if task_type not in spec:
-        raise _tf_config_error(
-            f'"task"."type" is {task_type!r}, which is not a job of "cluster" {sorted(spec)}', raw
-        )
-    if isinstance(task_index, bool) or not isinstance(task_index, int):
-        raise _tf_config_error(f'"task"."index" is {task_index!r}, expected an integer', raw)
-    if not 0 <= task_index < len(spec[task_type]):
-        raise _tf_config_error(
-            f'"task"."index" is {task_index} but job {task_type!r} has '
-            f"{len(spec[task_type])} task(s)",
-            raw,
-        )
-    if "chief" not in spec and "worker" not in spec:
-        raise _tf_config_error('"cluster" has no "chief" or "worker" job', raw)
-    num_tasks = len(spec.get("chief", [])) + len(spec.get("worker", []))
-    return _Cluster("TF_CONFIG", num_tasks, task_type, task_index, spec)
-
-
-def _slurm_num_tasks(environ: Mapping[str, str]) -> int:
-    """Tasks in the current Slurm job step (`srun`), 0 outside a step."""
-    if "SLURM_PROCID" not in environ:
-        return 0
-    raw = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or "1"
-    try:
-        return int(raw)
-    except ValueError as e:
-        raise ValueError(
-            f"Invalid Slurm environment. Received: SLURM_STEP_NUM_TASKS={raw!r}. "
-            "Expected an integer (set by srun)."
-        ) from e
-
-
-def _resolve_cluster(environ: Mapping[str, str]) -> _Cluster:
-    """Reads the cluster from `TF_CONFIG`, else from a Slurm job step, else a single task.
-
-    Slurm is only *detected* here (task count and rank); the full spec with host names and
-    ports comes from TensorFlow's `SlurmClusterResolver` when the strategy is built.
-    """
-    raw = environ.get("TF_CONFIG", "").strip()
-    if raw:
-        return _parse_tf_config(raw)
-    num_tasks = _slurm_num_tasks(environ)
-    if num_tasks > 1:
-        return _Cluster("slurm", num_tasks, "worker", int(environ["SLURM_PROCID"]))
-    return _Cluster("none", 1)
-
-
 def _normalize_kind(kind: Any) -> str:
     if not isinstance(kind, str):
-        raise TypeError(
-            f"Invalid type for argument `kind`. Received: kind={kind!r} of type "
-            f"{type(kind).__name__}. Expected a str, one of: {', '.join(map(repr, KINDS))}."
-        )
+        raise invalid_type("kind", kind, f"a str, one of: {', '.join(map(repr, KINDS))}")
     normalized = kind.strip().lower().replace("-", "_")
     aliases = {"onedevice": "one_device", "multiworker": "multi_worker", "mirror": "mirrored"}
     normalized = aliases.get(normalized, normalized)
     if normalized not in KINDS:
-        raise ValueError(
-            f"Invalid value for argument `kind`. Received: kind={kind!r}. "
-            f"Expected one of: {', '.join(map(repr, KINDS))}."
-        )
+        raise invalid_value("kind", kind, f"one of: {', '.join(map(repr, KINDS))}")
     return normalized
 
 
@@ -191,10 +66,7 @@ def _choose_all_reduce(kind: str, all_reduce: str, *, on_gpus: bool) -> str | No
     (`reduction_to_one_device` in one process, `ring` across processes).
     """
     if not isinstance(all_reduce, str):
-        raise TypeError(
-            f"Invalid type for argument `all_reduce`. Received: all_reduce={all_reduce!r}. "
-            "Expected a str."
-        )
+        raise invalid_type("all_reduce", all_reduce, "a str")
     all_reduce = all_reduce.strip().lower()
     allowed = _ALL_REDUCE.get(kind)
     if allowed is None:
@@ -206,9 +78,8 @@ def _choose_all_reduce(kind: str, all_reduce: str, *, on_gpus: bool) -> str | No
             )
         return None
     if all_reduce not in allowed:
-        raise ValueError(
-            f"Invalid value for argument `all_reduce`. Received: all_reduce={all_reduce!r}. "
-            f"Expected one of (for kind={kind!r}): {', '.join(map(repr, allowed))}."
+        raise invalid_value(
+            "all_reduce", all_reduce, f"one of (for kind={kind!r}): {', '.join(map(repr, allowed))}"
         )
     if all_reduce == "nccl" and not on_gpus:
         raise ValueError(
@@ -228,23 +99,15 @@ def _choose_all_reduce(kind: str, all_reduce: str, *, on_gpus: bool) -> str | No
 
 def _num_replicas(strategy: Any) -> int:
     if isinstance(strategy, bool):
-        raise TypeError(
-            f"Invalid type for argument `strategy`. Received: strategy={strategy!r}. "
-            "Expected a tf.distribute.Strategy or a positive int (number of replicas)."
+        raise invalid_type(
+            "strategy", strategy, "a tf.distribute.Strategy or a positive int (number of replicas)"
         )
     if isinstance(strategy, int):
-        if strategy < 1:
-            raise ValueError(
-                f"Invalid value for argument `strategy`. Received: strategy={strategy}. "
-                "Expected a positive number of replicas."
-            )
+        check_int("strategy", strategy, expected="a positive number of replicas")
         return strategy
     replicas = getattr(strategy, "num_replicas_in_sync", None)
     if not isinstance(replicas, int):
-        raise TypeError(
-            f"Invalid type for argument `strategy`. Received: strategy={strategy!r} of type "
-            f"{type(strategy).__name__}. Expected a tf.distribute.Strategy or a positive int."
-        )
+        raise invalid_type("strategy", strategy, "a tf.distribute.Strategy or a positive int")
     return replicas
 
 
@@ -272,16 +135,9 @@ def global_batch_size(per_replica: int, strategy: Any = None) -> int:
     >>> tfgpu.global_batch_size(64, 4)
     256
     """
-    if isinstance(per_replica, bool) or not isinstance(per_replica, int):
-        raise TypeError(
-            f"Invalid type for argument `per_replica`. Received: per_replica={per_replica!r} of "
-            f"type {type(per_replica).__name__}. Expected a positive int."
-        )
-    if per_replica < 1:
-        raise ValueError(
-            f"Invalid value for argument `per_replica`. Received: per_replica={per_replica}. "
-            "Expected a positive int."
-        )
+    if not is_int(per_replica):
+        raise invalid_type("per_replica", per_replica, "a positive int")
+    check_int("per_replica", per_replica, expected="a positive int")
     if strategy is None:
         import tensorflow as tf
 
@@ -292,11 +148,7 @@ def global_batch_size(per_replica: int, strategy: Any = None) -> int:
 def _check_global_batch(batch_size: int, strategy: Any) -> int:
     """Returns the per-replica batch; raises if `batch_size` does not split evenly."""
     replicas = _num_replicas(strategy)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(
-            f"Invalid value for argument `batch_size`. Received: batch_size={batch_size!r}. "
-            "Expected a positive int (the global batch)."
-        )
+    check_int("batch_size", batch_size, expected="a positive int (the global batch)")
     if batch_size % replicas:
         lower = (batch_size // replicas) * replicas
         raise ValueError(
@@ -345,25 +197,12 @@ def scale_learning_rate(
     0.002
     """
     if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)):
-        raise TypeError(
-            f"Invalid type for argument `learning_rate`. Received: learning_rate="
-            f"{learning_rate!r} of type {type(learning_rate).__name__}. Expected a float."
-        )
-    if not math.isfinite(learning_rate) or learning_rate <= 0:
-        raise ValueError(
-            f"Invalid value for argument `learning_rate`. Received: learning_rate="
-            f"{learning_rate!r}. Expected a positive finite float."
-        )
+        raise invalid_type("learning_rate", learning_rate, "a float")
+    if not is_positive_number(learning_rate):
+        raise invalid_value("learning_rate", learning_rate, "a positive finite float")
     if rule not in _LR_RULES:
-        raise ValueError(
-            f"Invalid value for argument `rule`. Received: rule={rule!r}. "
-            f"Expected one of: {', '.join(map(repr, _LR_RULES))}."
-        )
-    if isinstance(base_replicas, bool) or not isinstance(base_replicas, int) or base_replicas < 1:
-        raise ValueError(
-            f"Invalid value for argument `base_replicas`. Received: base_replicas="
-            f"{base_replicas!r}. Expected a positive int."
-        )
+        raise invalid_value("rule", rule, f"one of: {', '.join(map(repr, _LR_RULES))}")
+    check_int("base_replicas", base_replicas, expected="a positive int")
     if strategy is None:
         import tensorflow as tf
 
@@ -387,10 +226,7 @@ def _auto_shard_options(policy: str):
 
     names = tuple(tf.data.experimental.AutoShardPolicy.__members__)
     if not isinstance(policy, str) or policy.upper() not in names:
-        raise ValueError(
-            f"Invalid value for argument `policy`. Received: policy={policy!r}. "
-            f"Expected one of: {', '.join(map(repr, names))}."
-        )
+        raise invalid_value("policy", policy, f"one of: {', '.join(map(repr, names))}")
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = getattr(
         tf.data.experimental.AutoShardPolicy, policy.upper()
@@ -426,7 +262,7 @@ def _slurm_resolver(environ: Mapping[str, str], port_base: int):
     if gpus == 0:
         # TensorFlow's resolver divides GPUs among a node's tasks and fails on 0 GPUs
         # (range() step 0); give each task a placeholder GPU it never applies.
-        tasks = _slurm_num_tasks(environ) or 1
+        tasks = slurm_num_tasks(environ) or 1
         return tf.distribute.cluster_resolver.SlurmClusterResolver(
             port_base=port_base, gpus_per_node=tasks, gpus_per_task=1, auto_set_gpu=False
         )
@@ -498,20 +334,14 @@ def strategy(
             else not devices or not all(isinstance(d, str) for d in devices)
         )
         if bad:
-            raise ValueError(
-                f"Invalid value for argument `devices`. Received: devices={devices!r}. "
-                'Expected a non-empty list of device names, e.g. ["/gpu:0", "/gpu:1"].'
+            raise invalid_value(
+                "devices", devices, 'a non-empty list of device names, e.g. ["/gpu:0", "/gpu:1"]'
             )
     if timeout_seconds is not None and (
-        isinstance(timeout_seconds, bool)
-        or not isinstance(timeout_seconds, (int, float))
-        or not timeout_seconds > 0
+        not isinstance(timeout_seconds, (int, float)) or not is_positive_number(timeout_seconds)
     ):
-        raise ValueError(
-            f"Invalid value for argument `timeout_seconds`. Received: timeout_seconds="
-            f"{timeout_seconds!r}. Expected a positive number or None."
-        )
-    cluster = _resolve_cluster(os.environ)
+        raise invalid_value("timeout_seconds", timeout_seconds, "a positive number or None")
+    cluster = resolve_cluster(os.environ)
     gpus = tf.config.list_physical_devices("GPU")
     chosen = _choose_kind(normalized, num_gpus=len(gpus), num_tasks=cluster.num_tasks)
     if chosen == "auto":  # pragma: no cover - _choose_kind never returns it

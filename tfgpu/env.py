@@ -13,15 +13,18 @@ people run when something is already broken.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import platform
 import re
 import sys
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from tfgpu._cluster import TFConfigError, parse_tf_config
+from tfgpu.monitor.nvml import visible_gpus
 
 __all__ = ["EnvironmentReport", "Finding", "environment"]
 
@@ -345,78 +348,25 @@ def _cc_support(cc: tuple[int, int], compiled: list[str]) -> tuple[str, str | No
 def _visible_gpu_count(cuda_visible_devices: str | None, gpus: list[dict[str, Any]]) -> int:
     """How many of the GPUs NVML lists survive `CUDA_VISIBLE_DEVICES` (CUDA's parsing rules).
 
-    CUDA reads the comma-separated entries in order (indices, or `GPU-`/`MIG-` UUID
-    prefixes) and stops at the first invalid one, so `""`, `"-1"` or `"none"` hide all GPUs.
+    The rules live in `tfgpu.monitor.nvml.visible_gpus`: entries in order (indices, `GPU-`
+    UUID prefixes, PCI bus ids), stopping at the first invalid one, so `""`, `"-1"` or
+    `"none"` hide all GPUs.
     """
-    if cuda_visible_devices is None:
-        return len(gpus)
-    seen: set[int] = set()
-    for token in cuda_visible_devices.split(","):
-        token = token.strip()
-        if re.fullmatch(r"\d+", token):
-            index = int(token)
-            if index >= len(gpus) or index in seen:
-                break
-            seen.add(index)
-        elif token.upper().startswith(("GPU-", "MIG-")):
-            match = [
-                i
-                for i, g in enumerate(gpus)
-                if str(g.get("uuid", "")).upper().startswith(token.upper())
-            ]
-            if len(match) != 1 or match[0] in seen:
-                break
-            seen.add(match[0])
-        else:
-            break
-    return len(seen)
+    ids = [
+        types.SimpleNamespace(
+            uuid=str(g.get("uuid") or ""), pci_bus_id=str(g.get("pci_bus_id") or "")
+        )
+        for g in gpus
+    ]
+    return len(visible_gpus(ids, cuda_visible_devices))
 
 
 def _tf_config_problem(raw: str) -> str | None:
-    """What is wrong with a TF_CONFIG value, or None if it is usable (pure)."""
-    if not raw.strip():
-        return None  # TensorFlow treats an empty TF_CONFIG as unset
+    """What is wrong with a TF_CONFIG value, or None if TensorFlow can use it (pure)."""
     try:
-        config = json.loads(raw)
-    except json.JSONDecodeError as e:
-        return f"it is not valid JSON ({e.msg} at position {e.pos})"
-    if not isinstance(config, dict):
-        return f"it must be a JSON object, got a {type(config).__name__}"
-    if not config:
-        return None
-    cluster = config.get("cluster")
-    if cluster is None:
-        return 'it has no "cluster" key (expected {"cluster": {"worker": ["host:port", ...]}, ...})'
-    if not isinstance(cluster, dict) or not cluster:
-        return '"cluster" must be a non-empty object mapping job names to lists of "host:port"'
-    for job, addresses in cluster.items():
-        if isinstance(addresses, dict):
-            addresses = list(addresses.values())
-        if not isinstance(addresses, list) or not addresses:
-            return f'cluster job "{job}" must be a non-empty list of "host:port" strings'
-        for address in addresses:
-            if not isinstance(address, str) or not re.fullmatch(r".+:\d+", address):
-                return f'cluster job "{job}" has the address {address!r}, expected "host:port"'
-    task = config.get("task")
-    if task is None:
-        if sum(len(a) for a in cluster.values()) > 1:
-            return 'it has no "task" key, so this process does not know which worker it is'
-        return None
-    if not isinstance(task, dict):
-        return '"task" must be an object like {"type": "worker", "index": 0}'
-    task_type, index = task.get("type"), task.get("index")
-    if not isinstance(task_type, str):
-        return f'"task" has type={task_type!r}, expected a job name such as "worker"'
-    if task_type not in cluster and task_type != "evaluator":
-        return f'task type "{task_type}" is not a job in "cluster" (jobs: {", ".join(cluster)})'
-    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
-        return f'"task" has index={index!r}, expected an int >= 0'
-    if task_type in cluster:
-        jobs = cluster[task_type]
-        size = len(jobs)
-        valid = index in {int(k) for k in jobs} if isinstance(jobs, dict) else index < size
-        if not valid:
-            return f'task index {index} is out of range: job "{task_type}" has {size} address(es)'
+        parse_tf_config(raw, strict=False)
+    except TFConfigError as e:
+        return e.problem
     return None
 
 
@@ -584,7 +534,7 @@ def _check_cuda_visible_devices(facts: dict[str, Any]) -> list[Finding]:
                 )
             ]
         return []
-    if _visible_gpu_count(value, []) == 0 and value.strip() in ("", "-1", "none", "None"):
+    if value.strip() in ("", "-1", "none", "None"):
         return [
             Finding(
                 "info",

@@ -25,6 +25,8 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tfgpu._checks import check_int, invalid_type, invalid_value
+
 __all__ = ["mfu", "peak_flops", "train_step_flops"]
 
 _TERA = 1e12
@@ -145,15 +147,11 @@ def peak_flops(gpu_name: str, precision: str) -> float | None:
     312000000000000.0
     """
     if not isinstance(gpu_name, str):
-        raise TypeError(
-            f"Invalid type for argument `gpu_name`. Received: gpu_name={gpu_name!r} of type "
-            f"{type(gpu_name).__name__}. Expected a str such as 'NVIDIA H100 80GB HBM3'."
-        )
+        raise invalid_type("gpu_name", gpu_name, "a str such as 'NVIDIA H100 80GB HBM3'")
     key = _PRECISIONS.get(str(precision).lower())
     if key is None:
-        raise ValueError(
-            f"Invalid value for argument `precision`. Received: precision={precision!r}. "
-            f"Expected one of: {', '.join(repr(p) for p in _PRECISIONS)}."
+        raise invalid_value(
+            "precision", precision, f"one of: {', '.join(repr(p) for p in _PRECISIONS)}"
         )
     peak = _lookup_peak(gpu_name)
     if peak is None:
@@ -351,10 +349,6 @@ def train_step_flops(model, batch_size: int, *, input_signature=None) -> float:
     >>> train_step_flops(model, batch_size=4)  # 3 * 2 * 4 * 32 * 10
     7680.0
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(
-            f"Invalid value for argument `batch_size`. Received: batch_size={batch_size!r}. "
-            "Expected a positive int."
-        )
+    check_int("batch_size", batch_size, expected="a positive int")
     forward = _forward_flops(model, batch_size, input_signature=input_signature)
     return 3.0 * forward["total"]

@@ -37,6 +37,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tfgpu._checks import invalid_type, invalid_value
+
 __all__ = ["PolicyChoice", "choose_policy", "has_tensor_cores", "supports_bfloat16"]
 
 
@@ -69,15 +71,9 @@ def _check_cc(cc: object, name: str = "cc") -> tuple[int, int]:
         or len(cc) != 2
         or not all(isinstance(v, int) and not isinstance(v, bool) for v in cc)
     ):
-        raise TypeError(
-            f"Invalid value for argument `{name}`. Received: {name}={cc!r}. "
-            "Expected a compute capability as a tuple of two ints, e.g. (8, 0)."
-        )
+        raise invalid_type(name, cc, "a compute capability as a tuple of two ints, e.g. (8, 0)")
     if cc[0] < 0 or cc[1] < 0:
-        raise ValueError(
-            f"Invalid value for argument `{name}`. Received: {name}={cc!r}. "
-            "Expected non-negative (major, minor) numbers, e.g. (8, 0)."
-        )
+        raise invalid_value(name, cc, "non-negative (major, minor) numbers, e.g. (8, 0)")
     return (cc[0], cc[1])
 
 
@@ -154,10 +150,10 @@ def choose_policy(compute_capabilities: Sequence[tuple[int, int]]) -> PolicyChoi
     if isinstance(compute_capabilities, str | bytes) or not isinstance(
         compute_capabilities, Sequence
     ):
-        raise TypeError(
-            "Invalid value for argument `compute_capabilities`. "
-            f"Received: compute_capabilities={compute_capabilities!r}. "
-            "Expected a list of (major, minor) tuples, e.g. [(8, 0), (8, 0)]."
+        raise invalid_type(
+            "compute_capabilities",
+            compute_capabilities,
+            "a list of (major, minor) tuples, e.g. [(8, 0), (8, 0)]",
         )
     ccs = [_check_cc(cc, "compute_capabilities") for cc in compute_capabilities]
     if not ccs:

@@ -26,6 +26,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tfgpu._checks import invalid_type
+
 __all__ = ["write_report"]
 
 IDLE_UTIL_PCT = 5.0
@@ -108,10 +110,7 @@ def _suffix(path: Path, stem: str) -> str:
 
 def _check_run_dir(run_dir) -> Path:
     if not isinstance(run_dir, (str, Path)) and not hasattr(run_dir, "__fspath__"):
-        raise TypeError(
-            "Invalid type for argument `run_dir`. Received: "
-            f"run_dir={run_dir!r} of type {type(run_dir).__name__}. Expected a path."
-        )
+        raise invalid_type("run_dir", run_dir, "a path")
     path = Path(run_dir)
     if not path.exists():
         raise FileNotFoundError(

@@ -300,7 +300,7 @@ def _parse_pci(bus_id: str) -> tuple[int, int, int, int] | None:
 
 
 def _match_token(token: str, gpus: Sequence[GpuInfo]) -> GpuInfo | None:
-    if token.isdigit():
+    if re.fullmatch(r"[0-9]+", token):  # ASCII digits only, as CUDA reads them
         position = int(token)
         return gpus[position] if position < len(gpus) else None
     if token.upper().startswith("GPU-"):

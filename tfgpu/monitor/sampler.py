@@ -25,6 +25,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from tfgpu._checks import check_bool, invalid_type, invalid_value, is_positive_number
+from tfgpu._cluster import Cluster, resolve_cluster
 from tfgpu.monitor.host import HOST_METRICS, _HostReader
 from tfgpu.monitor.nvml import (
     GPU_METRICS,
@@ -111,30 +113,21 @@ def aggregate_keys(num_gpus: int) -> list[str]:
     return keys + [key for key, _, _ in _HOST_AGGREGATES]
 
 
-def _worker_task(environ: Mapping[str, str]) -> tuple[str, int] | None:
-    """Returns (task type, index) of a multi-worker process, or None for a lone process.
+def _cluster(environ: Mapping[str, str]) -> Cluster | None:
+    """This process's place in a multi-worker cluster, or None for a lone process.
 
-    Reads `TF_CONFIG` (the cluster TensorFlow uses), else Slurm's `SLURM_PROCID` when the job
-    step runs several tasks.
+    Reads `TF_CONFIG` (the cluster TensorFlow uses), else a Slurm job step with several
+    tasks. A malformed value means a lone process: naming files must never fail.
     """
-    raw = environ.get("TF_CONFIG")
-    if raw:
-        try:
-            config = json.loads(raw)
-            task = config.get("task") or {}
-            cluster = config.get("cluster") or {}
-            size = sum(len(v) for v in cluster.values() if isinstance(v, list))
-            if "type" in task and "index" in task and size > 1:
-                return str(task["type"]), int(task["index"])
-        except (ValueError, TypeError, AttributeError):
-            pass
-        return None
     try:
-        if int(environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in environ:
-            return "worker", int(environ["SLURM_PROCID"])
+        cluster = resolve_cluster(environ, strict=False)
     except ValueError:
-        pass
-    return None
+        return None
+    if cluster.task_type is None or cluster.task_index is None:
+        return None
+    if cluster.source == "TF_CONFIG" and sum(map(len, cluster.spec.values())) <= 1:
+        return None
+    return cluster
 
 
 def artifact_name(stem: str, suffix: str = ".csv", environ: Mapping[str, str] | None = None) -> str:
@@ -155,32 +148,15 @@ def artifact_name(stem: str, suffix: str = ".csv", environ: Mapping[str, str] | 
     >>> artifact_name("steps", environ={})
     'steps.csv'
     """
-    task = _worker_task(os.environ if environ is None else environ)
-    return f"{stem}{suffix}" if task is None else f"{stem}-{task[0]}{task[1]}{suffix}"
-
-
-def _is_chief(task: tuple[str, int] | None, environ: Mapping[str, str]) -> bool:
-    if task is None or task[0] == "chief":
-        return True
-    try:
-        cluster = json.loads(environ.get("TF_CONFIG") or "{}").get("cluster") or {}
-    except (ValueError, AttributeError):
-        cluster = {}
-    return task == ("worker", 0) and "chief" not in cluster
+    task = _cluster(os.environ if environ is None else environ)
+    return (
+        f"{stem}{suffix}" if task is None else f"{stem}-{task.task_type}{task.task_index}{suffix}"
+    )
 
 
 def _check_interval(interval: Any) -> float:
-    if (
-        isinstance(interval, bool)
-        or not isinstance(interval, numbers.Real)
-        or not math.isfinite(interval)
-        or interval <= 0
-    ):
-        raise ValueError(
-            "Invalid value for argument `interval`. "
-            f"Received: interval={interval!r}. Expected a positive number of seconds, "
-            "e.g. 0.2."
-        )
+    if not is_positive_number(interval):
+        raise invalid_value("interval", interval, "a positive number of seconds, e.g. 0.2")
     return float(interval)
 
 
@@ -188,24 +164,19 @@ def _check_gpus(gpus: Any) -> list[int] | None:
     if gpus is None:
         return None
     if isinstance(gpus, (str, bytes)) or not isinstance(gpus, Sequence):
-        raise TypeError(
-            "Invalid type for argument `gpus`. "
-            f"Received: gpus={gpus!r}. Expected None (all GPUs this process uses) or a list "
-            "of GPU indices, e.g. [0, 1]."
+        raise invalid_type(
+            "gpus", gpus, "None (all GPUs this process uses) or a list of GPU indices, e.g. [0, 1]"
         )
     checked = []
     for g in gpus:
         if isinstance(g, bool) or not isinstance(g, numbers.Integral) or g < 0:
-            raise ValueError(
-                "Invalid value for argument `gpus`. "
-                f"Received: gpus={list(gpus)!r}. Expected non-negative GPU indices, as "
-                "TensorFlow numbers them (`/GPU:0` is 0)."
+            raise invalid_value(
+                "gpus",
+                list(gpus),
+                "non-negative GPU indices, as TensorFlow numbers them (`/GPU:0` is 0)",
             )
         if int(g) in checked:
-            raise ValueError(
-                "Invalid value for argument `gpus`. "
-                f"Received: gpus={list(gpus)!r}. Expected each GPU index at most once."
-            )
+            raise invalid_value("gpus", list(gpus), "each GPU index at most once")
         checked.append(int(g))
     return checked
 
@@ -213,10 +184,8 @@ def _check_gpus(gpus: Any) -> list[int] | None:
 def _check_log_dir(log_dir: Any, argument: str = "log_dir") -> Path:
     """Creates `log_dir` if needed and proves it writable; raises ValueError/TypeError."""
     if not isinstance(log_dir, (str, os.PathLike)):
-        raise TypeError(
-            f"Invalid type for argument `{argument}`. "
-            f"Received: {argument}={log_dir!r}. Expected a directory path (str or "
-            "os.PathLike), or None to write no files."
+        raise invalid_type(
+            argument, log_dir, "a directory path (str or os.PathLike), or None to write no files"
         )
     path = Path(log_dir)
     try:
@@ -225,10 +194,11 @@ def _check_log_dir(log_dir: Any, argument: str = "log_dir") -> Path:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise ValueError(
-            f"Invalid value for argument `{argument}`. "
-            f"Received: {argument}={str(log_dir)!r}. Expected a directory this process can "
-            f"create and write to ({type(e).__name__}: {e.strerror or e})."
+        raise invalid_value(
+            argument,
+            str(log_dir),
+            f"a directory this process can create and write to "
+            f"({type(e).__name__}: {e.strerror or e})",
         ) from e
     return path
 
@@ -313,10 +283,7 @@ class Sampler:
     ):
         self._interval = _check_interval(interval)
         requested = _check_gpus(gpus)
-        if not isinstance(host, bool):
-            raise TypeError(
-                f"Invalid type for argument `host`. Received: host={host!r}. Expected a bool."
-            )
+        check_bool("host", host)
         self._dir = None if path is None else _check_log_dir(path, "path")
         self._host = host
         self._inventory = inventory()
@@ -488,13 +455,13 @@ class Sampler:
         if self._dir is None:
             return
         environ = os.environ
-        task = _worker_task(environ)
+        task = _cluster(environ)
         info = {
             "tfgpu_version": _version(),
             "start_time": self._t0,
             "hostname": socket.gethostname(),
-            "worker": None if task is None else task[1],
-            "task_type": None if task is None else task[0],
+            "worker": None if task is None else task.task_index,
+            "task_type": None if task is None else task.task_type,
             "pid": os.getpid(),
             "interval": self._interval,
             "timeline": artifact_name("timeline", ".csv", environ),
@@ -518,7 +485,7 @@ class Sampler:
         header = ",".join(self._columns) + "\n"
         try:
             names = [artifact_name("run", ".json", environ)]
-            if task is not None and _is_chief(task, environ):
+            if task is not None and task.is_chief:
                 names.append("run.json")
             for name in names:
                 (self._dir / name).write_text(json.dumps(info, indent=2) + "\n")
