@@ -8,6 +8,7 @@ see an uninitialized runtime (e.g. `configure()` applied for real) run in a subp
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -31,6 +32,46 @@ def pytest_configure(config):
     )
 
 
+class _FreshCollectiveKeys:
+    """A class attribute that reads as a new collective key base at every access.
+
+    `MirroredStrategy` and `MultiWorkerMirroredStrategy` read `_collective_key_base` once, when
+    built, and number their collective groups from it (from 1 by default). The runtime keeps,
+    per (group, instance) key, the shape first reduced under it for the life of the process,
+    so two strategies built directly with TensorFlow in one process, training models of
+    different sizes, abort with "Shape mismatch in the collective instance 100"
+    (tensorflow/tensorflow#61314; `tests/test_distribute.py` checks it is still so). The
+    suite builds many such strategies in one process; with this each gets keys of its own,
+    as if each test ran in a fresh process (TensorFlow's own tests bump the same attribute).
+    Strategies from `tfgpu.strategy()` set the attribute on the instance, which wins.
+    """
+
+    _FIRST = 1 << 30  # above tfgpu's own range; int32 keys for 260k strategies
+    _STRIDE = 1 << 12
+
+    def __init__(self):
+        self._count = itertools.count()
+
+    def __get__(self, instance, owner):
+        return self._FIRST + next(self._count) * self._STRIDE
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_collective_keys_for_every_strategy():
+    import tensorflow as tf
+
+    classes = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
+    saved = {cls: cls.__dict__.get("_collective_key_base") for cls in classes}
+    fresh = _FreshCollectiveKeys()
+    for cls in classes:
+        if isinstance(saved[cls], int):
+            cls._collective_key_base = fresh
+    yield
+    for cls, value in saved.items():
+        if isinstance(value, int):
+            cls._collective_key_base = value
+
+
 def _has_gpu() -> bool:
     import tensorflow as tf
 
@@ -48,13 +89,17 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _restore_global_state():
-    """Restores the Keras precision policy and the environment after every test."""
+    """Restores the Keras precision policy, op determinism and the environment after each test."""
     import keras
+    from tensorflow.python.framework import config as tf_config
 
     policy = keras.mixed_precision.global_policy().name
+    deterministic = tf_config.is_op_determinism_enabled()
     environ = dict(os.environ)
     yield
     keras.mixed_precision.set_global_policy(policy)
+    if tf_config.is_op_determinism_enabled() != deterministic:
+        (tf_config.enable_op_determinism if deterministic else tf_config.disable_op_determinism)()
     os.environ.clear()
     os.environ.update(environ)
 

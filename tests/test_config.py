@@ -205,6 +205,14 @@ def test_apply_sets_policy_seed_and_determinism():
     assert "determinism  on, seed 7" in text
 
 
+def test_record_says_when_determinism_cannot_be_turned_off():
+    tfgpu.configure(precision="float32", deterministic=True, seed=1)
+    cfg = tfgpu.configure(precision="float32", deterministic=False)
+    assert tf_config.is_op_determinism_enabled()
+    assert cfg.deterministic  # the record tells the truth, not the wish
+    assert any("op determinism stays on" in n for n in cfg.notes)
+
+
 def test_auto_on_this_cpu_is_float32():
     if tf.config.list_physical_devices("GPU"):
         pytest.skip("this machine has GPUs")

@@ -389,8 +389,14 @@ def _apply(plan: _Plan) -> Configuration:
     keras.mixed_precision.set_global_policy(plan.policy)
     if plan.seed is not None:
         keras.utils.set_random_seed(plan.seed)
+    notes = plan.notes
     if plan.deterministic:
         tf.config.experimental.enable_op_determinism()
+    elif _op_determinism_enabled():
+        notes += (
+            "op determinism stays on: an earlier call enabled it, and TensorFlow has no public "
+            "way to turn it off in a running process (start a new process to turn it off).",
+        )
 
     return Configuration(
         precision=plan.policy,
@@ -399,11 +405,21 @@ def _apply(plan: _Plan) -> Configuration:
         memory_growth=plan.memory_growth,
         memory_limit_mib=plan.memory_limit_mib,
         cpu_devices=plan.cpu_devices,
-        deterministic=plan.deterministic,
+        deterministic=plan.deterministic or _op_determinism_enabled(),
         seed=plan.seed,
         async_allocator=plan.async_allocator_effective,
-        notes=plan.notes,
+        notes=notes,
     )
+
+
+def _op_determinism_enabled() -> bool:
+    """Whether TensorFlow's op determinism is on in this process (False if it cannot tell)."""
+    try:
+        from tensorflow.python.framework import config as tf_config
+
+        return bool(tf_config.is_op_determinism_enabled())
+    except (ImportError, AttributeError):  # a TensorFlow without this private function
+        return False
 
 
 _last: tuple[_Wishes, Configuration] | None = None
