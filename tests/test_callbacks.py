@@ -442,10 +442,14 @@ def test_multi_worker_files_carry_the_task_index_and_a_second_fit_appends(
 def test_without_nvml_training_goes_on_with_host_metrics(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "pynvml", None)
     x, y = _data(64)
-    with pytest.warns(RuntimeWarning, match="NVIDIA driver"):
+    with pytest.warns(RuntimeWarning, match="NVIDIA driver") as caught:
         history = _model().fit(
             x, y, batch_size=32, epochs=1, verbose=0, callbacks=[GPUMonitor(tmp_path)]
         )
+    # The warning points at the user's `fit` line, not at a line inside tfgpu.
+    (warning,) = [w for w in caught if "NVIDIA driver" in str(w.message)]
+    assert warning.filename == __file__, warning.filename
+    assert "_model().fit(" in Path(__file__).read_text().splitlines()[warning.lineno - 1]
     assert history.history["host_rss_mib_max"][0] > 0
     assert not any(key.startswith("gpu") for key in history.history)
     header, _ = _csv(tmp_path / "timeline.csv")

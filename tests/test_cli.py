@@ -71,18 +71,76 @@ def test_bad_commands_exit_2_with_usage(argv, message, capsys):
     assert "usage: tfgpu" in err and message in err
 
 
-@pytest.mark.slow
-def test_env_json_as_a_program():
+def _tfgpu_command() -> list[str]:
     script = Path(sys.executable).with_name("tfgpu")  # the console script, when installed
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "tfgpu"]
-    result = subprocess.run(
-        [*command, "env", "--json"],
+    return [str(script)] if script.exists() else [sys.executable, "-m", "tfgpu"]
+
+
+def _run_env(*args: str, log_level: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    if log_level is not None:
+        env["TF_CPP_MIN_LOG_LEVEL"] = log_level
+    return subprocess.run(
+        [*_tfgpu_command(), "env", *args],
         capture_output=True,
         text=True,
         timeout=240,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**env, "PYTHONPATH": str(REPO)},
         cwd=str(REPO),
     )
+
+
+_NOISE = ("cuInit", "absl::InitializeLog", "Could not find cuda drivers", "oneDNN", "I0000")
+
+
+@pytest.mark.slow
+def test_env_output_starts_with_the_report_without_tensorflow_startup_noise():
+    result = _run_env()
+    assert result.returncode == 0, result.stderr[-2000:]
+    output = result.stdout + result.stderr
+    for noise in _NOISE:
+        assert noise not in output, output[:2000]
+    assert result.stdout.startswith(f"tfgpu {tfgpu.__version__} environment report")
+    assert "TF_CPP_MIN_LOG_LEVEL" not in result.stdout  # not set by the user: not reported
+
+
+@pytest.mark.slow
+def test_env_json_as_a_program_reports_the_users_log_level():
+    result = _run_env("--json", log_level="0")
     assert result.returncode == 0, result.stderr[-2000:]
     report = _strict_json(result.stdout)
+    assert report["facts"]["env"]["TF_CPP_MIN_LOG_LEVEL"] == "0"
     assert report["facts"]["tensorflow"]["runtime_initialized"] is False
+
+
+def test_startup_noise_is_held_back_and_everything_else_goes_through(capfd):
+    from tfgpu import cli
+
+    lines = [
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n",
+        "I0000 00:00:1795965550.323854   16703 cudart_stub.cc:31] Could not find cuda drivers "
+        "on your machine, GPU will not be used.\n",
+        "E0000 00:00:1795965552.098812   16703 cuda_platform.cc:52] failed call to cuInit: "
+        "INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)\n",
+        "To enable the following instructions: AVX2 FMA, in other operations, rebuild "
+        "TensorFlow with the appropriate compiler flags.\n",
+        "W0000 00:00:1795965552.1 16703 gpu_device.cc:2342] Cannot dlopen some GPU libraries.\n",
+        "E0000 00:00:1795965552.2 16703 some_op.cc:9] a real error\n",
+        "UserWarning: from Python\n",
+    ]
+    with cli._startup_log_held_back():
+        for line in lines:
+            os.write(2, line.encode())
+    assert capfd.readouterr().err == "".join(lines[4:])
+    with cli._startup_log_held_back(enabled=False):
+        os.write(2, lines[1].encode())
+    assert capfd.readouterr().err == lines[1]
+
+
+def test_verbose_is_accepted_by_every_command():
+    from tfgpu.cli import _build_parser
+
+    parser = _build_parser()
+    assert parser.parse_args(["env", "--verbose"]).verbose is True
+    assert parser.parse_args(["demo", "-v", "--quick"]).verbose is True
+    assert parser.parse_args(["report", "runs/x"]).verbose is False

@@ -286,3 +286,83 @@ def test_quick_demo_trains_both_sides_and_writes_the_run(tmp_path):
         assert "n/a (no GPU)" in summary["table"]
         assert summary["naive"]["gpu_util_pct"] is None
     assert str(run_dir.resolve()) in out
+
+
+# ---- the synthetic data --------------------------------------------------------------------
+
+
+def _orientation_by_fft(images: np.ndarray, num_classes: int) -> np.ndarray:
+    """Each image's class read from the peak of its 2-D power spectrum (no learning)."""
+    from tfgpu._synthetic import class_angles
+
+    gray = images.astype(np.float32).mean(axis=-1)
+    gray -= gray.mean(axis=(1, 2), keepdims=True)
+    power = np.abs(np.fft.fftshift(np.fft.fft2(gray), axes=(1, 2))) ** 2
+    size = images.shape[1]
+    ky, kx = np.mgrid[0:size, 0:size] - size // 2
+    power[:, size // 2, size // 2] = 0
+    peak = power.reshape(len(images), -1).argmax(axis=1)
+    angle = np.arctan2(ky.ravel()[peak], kx.ravel()[peak]) % np.pi
+    distance = np.abs(angle[:, None] - class_angles(num_classes)[None, :])
+    distance = np.minimum(distance, np.pi - distance)
+    return distance.argmin(axis=1)
+
+
+def test_synthetic_classes_differ_only_by_a_noisy_orientation():
+    from tfgpu._synthetic import make_images
+
+    images, labels = make_images(2000, num_classes=10, size=64, seed=3)
+    assert images.shape == (2000, 64, 64, 3) and images.dtype == np.uint8
+    assert set(np.unique(labels)) == set(range(10))
+    # Not solvable from colour: a nearest-class-mean on the mean RGB is near chance (0.1).
+    colour = images.reshape(len(images), -1, 3).mean(axis=1)
+    train, test = slice(0, 1000), slice(1000, None)
+    means = np.stack([colour[train][labels[train] == c].mean(axis=0) for c in range(10)])
+    guess = np.linalg.norm(colour[test][:, None] - means[None], axis=-1).argmin(axis=1)
+    assert (guess == labels[test]).mean() < 0.2
+    # Noisy: the pixel noise is larger than the stripes' own swing.
+    residual = images.astype(np.float32) - images.astype(np.float32).mean(
+        axis=(1, 2), keepdims=True
+    )
+    assert residual.std() / 255 > 0.3
+    # Yet the orientation is there: read off the spectrum, it names the class most times.
+    accuracy = (_orientation_by_fft(images, 10) == labels).mean()
+    assert 0.8 < accuracy < 1.0, accuracy
+
+
+def test_synthetic_data_is_reproducible_and_jpeg_encoded():
+    from tfgpu._synthetic import make_images, make_jpegs
+
+    a, la = make_images(8, size=32, seed=1)
+    b, lb = make_images(8, size=32, seed=1)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(la, lb)
+    jpegs, labels = make_jpegs(8, size=32, seed=1)
+    np.testing.assert_array_equal(labels, la)
+    assert jpegs.dtype == object and all(j[:2] == b"\xff\xd8" for j in jpegs)  # JPEG magic
+
+
+# ---- the demo's callbacks ------------------------------------------------------------------
+
+
+def test_demo_callbacks_take_mfu_from_step_timer_for_the_visible_gpu(tmp_path, monkeypatch):
+    import keras
+
+    from tests import fake_pynvml
+    from tfgpu import callbacks, flops
+
+    # NVML: GPU 0 an A100, GPU 1 a V100; this process is given only the V100.
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml.make())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setattr(callbacks, "_trains_on_gpu", lambda: True)  # this CPU stands in
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x = np.random.default_rng(0).random((128, 8), dtype="float32")
+    history = model.fit(
+        x, x[:, :1], batch_size=32, epochs=1, verbose=0, callbacks=demo._callbacks(tmp_path, 32)
+    )
+    median = history.history["step_time_median_s"][0]
+    v100 = flops.peak_flops("Tesla V100-SXM2-16GB", "float32")
+    expected = flops.train_step_flops(model, 32) / median / v100
+    assert history.history["mfu"][0] == pytest.approx(expected, rel=1e-9)
+    assert (tmp_path / "steps.csv").exists() and (tmp_path / "timeline.csv").exists()

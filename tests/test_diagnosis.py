@@ -235,3 +235,56 @@ def test_bad_arguments_are_rejected_before_work():
     with pytest.raises(TypeError, match="model"):
         tfgpu.diagnose("model", (X, Y))
     assert isinstance(tfgpu.Diagnosis, type) and tfgpu.Diagnosis is Diagnosis
+
+
+def _fresh_model(initial=None):
+    """A freshly compiled model (Adam and a metric not built yet), with a dropout seed."""
+    model = keras.Sequential(
+        [
+            keras.Input((256,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dropout(0.2, seed=1),
+            keras.layers.Dense(1),
+        ]
+    )
+    if initial is not None:
+        model.set_weights(initial)
+    model.compile(keras.optimizers.Adam(1e-2), "mse", metrics=["mae"])
+    return model
+
+
+def test_training_after_diagnose_is_the_training_without_it():
+    keras.utils.set_random_seed(0)
+    initial = _fresh_model().get_weights()
+    ds = tf.data.Dataset.from_tensor_slices((X[:256], Y[:256])).batch(32)
+
+    alone = _fresh_model(initial)
+    alone.fit(ds, epochs=2, verbose=0, shuffle=False)
+
+    diagnosed = _fresh_model(initial)
+    assert not diagnosed.optimizer.built  # the case that used to leak the probe steps
+    tfgpu.diagnose(diagnosed, ds, **{**FAST, "steps": 3, "warmup": 1})
+    assert int(diagnosed.optimizer.iterations.numpy()) == 0
+    history = diagnosed.fit(ds, epochs=2, verbose=0, shuffle=False)
+
+    for a, b in zip(alone.get_weights(), diagnosed.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    for a, b in zip(alone.optimizer.variables, diagnosed.optimizer.variables, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+    assert history.history["mae"] == pytest.approx(alone.history.history["mae"], rel=1e-6)
+
+
+def test_a_tfgpu_pipeline_counts_as_prefetched():
+    from tfgpu.diagnosis import _inspect_dataset
+
+    piped = tfgpu.data.pipeline((X[:256], Y[:256]), batch_size=32)
+    assert _inspect_dataset(piped) == {"python_input": False, "prefetch": True}
+    # Options and other no-op wrappers on top of a prefetch are looked through...
+    options = tf.data.Options()
+    options.experimental_optimization.map_parallelization = False
+    wrapped = tf.data.Dataset.from_tensor_slices(X[:64]).batch(8).prefetch(2)
+    assert _inspect_dataset(wrapped.with_options(options).with_options(options))["prefetch"]
+    # ... but not work that comes after it.
+    after = wrapped.map(lambda x: x * 2).with_options(options)
+    assert not _inspect_dataset(after)["prefetch"]
+    assert not _inspect_dataset(tf.data.Dataset.from_tensor_slices(X[:64]).batch(8))["prefetch"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import time
@@ -73,8 +74,25 @@ def test_gpu_run_gets_plots_and_summary(tmp_path):
     assert "| 1 | 60.0 | 80.0 | 25% |" in text
     assert "A100" in text
     assert "Bottleneck: input (high)" in text
-    assert "| 0 | 5 |" in text and "| 1 | 5 |" in text  # steps per epoch
+    # Epochs numbered as Keras prints them; step times in ms (0.100 .. 0.140 s in epoch 1).
+    assert "| 1 | 5 | 120.00 | 140.00 | 100.00 | 0.60 |" in text
+    assert "| 2 | 5 |" in text and "| 0 | 5 |" not in text
     assert "host metrics only" not in text
+    assert "compute capability 8.0" in text
+    # The header reads as a date, and says nothing of a worker outside a cluster.
+    start = datetime.datetime.fromtimestamp(1_700_000_000).astimezone()
+    assert f"started {start.isoformat(sep=' ', timespec='seconds')}," in text
+    assert "worker" not in text and "1700000000" not in text
+
+
+def test_steps_per_execution_rows_count_all_their_steps(tmp_path):
+    run = _write_run(tmp_path / "run", gpus=0, steps=False)
+    rows = ["time,epoch,step,step_time_s,examples_per_s"]
+    rows += [f"{1_700_000_001 + k},0,{16 * k + 15},0.002,32000" for k in range(4)]
+    (run / "steps.csv").write_text("\n".join(rows) + "\n")
+    text = write_report(run).read_text()
+    # 4 rows of 16 steps, 2 ms each: 64 steps, 0.128 s in steps.
+    assert "| 1 | 64 | 2.00 | 2.00 | 2.00 | 0.13 |" in text
 
 
 def test_host_only_run_says_so_and_skips_gpu_plots(tmp_path):
@@ -83,7 +101,7 @@ def test_host_only_run_says_so_and_skips_gpu_plots(tmp_path):
     summary = write_report(run, out_dir=out)
     text = summary.read_text()
     assert summary.parent == out
-    assert "host metrics only" in text
+    assert text.count("host metrics only") == 1  # said once, where the timeline is
     assert (out / "utilization.png").exists() and (out / "memory.png").exists()
     assert not (out / "power.png").exists()
     assert not (run / "report.md").exists()

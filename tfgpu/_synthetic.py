@@ -1,13 +1,33 @@
 """Learnable synthetic image data, stored as encoded JPEGs, for the demo, examples and benchmarks.
 
-Each class is a distinct pattern (orientation and frequency of stripes, and a tint) drawn with
-noise, so a small CNN learns it in a few epochs, while the input pipeline still does real work:
-decoding JPEG bytes, resizing, cropping, flipping, colour jitter. Nothing is downloaded.
+Each class is one orientation of a stripe pattern (`num_classes` orientations spread evenly
+over 180 degrees, 18 degrees apart for ten classes). Everything else varies from image to
+image and says nothing about the class: the stripes' frequency, phase and contrast, the
+tint, and strong pixel noise; the orientation itself wobbles a little. So a small CNN has to
+learn oriented filters that see through the noise: its accuracy climbs over several epochs
+instead of jumping to 100% at once, and still ends far above chance (about 0.85 on the test
+images after the demo's 8 CPU epochs). The input pipeline does real work: decoding JPEG bytes,
+resizing, cropping, colour jitter. Nothing is downloaded.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+# Standard deviation of an image's orientation around its class's (radians; classes are
+# pi / num_classes apart, 0.31 rad for ten: neighbours rarely overlap).
+ANGLE_NOISE = 0.07
+# Standard deviation of the Gaussian noise added to each pixel (images span 0..1).
+PIXEL_NOISE = 0.42
+# Amplitude of the stripes, drawn per image (0.5 +- amplitude before tint and noise).
+AMPLITUDE = (0.12, 0.4)
+# Spatial frequency of the stripes, cycles per image side, drawn per image.
+FREQUENCY = (2.0, 5.0)
+
+
+def class_angles(num_classes: int) -> np.ndarray:
+    """The stripe orientation of each class, in radians in [0, pi)."""
+    return np.linspace(0, np.pi, num_classes, endpoint=False)
 
 
 def make_images(
@@ -17,16 +37,17 @@ def make_images(
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, num_classes, size=num_examples).astype(np.int32)
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
-    angles = np.linspace(0, np.pi, num_classes, endpoint=False)
-    freqs = 2.0 + 2.0 * (np.arange(num_classes) % 3)
-    tints = rng.uniform(0.3, 1.0, size=(num_classes, 3)).astype(np.float32)
+    angles = class_angles(num_classes)
     images = np.empty((num_examples, size, size, 3), dtype=np.uint8)
     for i, label in enumerate(labels):
+        a = angles[label] + rng.normal(0, ANGLE_NOISE)
+        freq = rng.uniform(*FREQUENCY)
         phase = rng.uniform(0, 2 * np.pi)
-        a = angles[label] + rng.normal(0, 0.08)
-        wave = np.sin(2 * np.pi * freqs[label] * (xx * np.cos(a) + yy * np.sin(a)) + phase)
-        img = (0.5 + 0.4 * wave)[..., None] * tints[label]
-        img = img + rng.normal(0, 0.08, size=img.shape)
+        amplitude = rng.uniform(*AMPLITUDE)
+        tint = rng.uniform(0.3, 1.0, size=3).astype(np.float32)
+        wave = np.sin(2 * np.pi * freq * (xx * np.cos(a) + yy * np.sin(a)) + phase)
+        img = (0.5 + amplitude * wave)[..., None] * tint
+        img = img + rng.normal(0, PIXEL_NOISE, size=img.shape)
         images[i] = np.clip(img * 255, 0, 255).astype(np.uint8)
     return images, labels
 

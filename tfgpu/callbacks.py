@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -57,6 +58,50 @@ def _training_frame() -> FrameType | None:
             return frame
         frame = frame.f_back
     return None
+
+
+_LIBRARIES = ("tfgpu", "keras", "tensorflow", "tf_keras", "absl")
+
+
+def _user_frame() -> FrameType | None:
+    """The innermost frame outside tfgpu, Keras and TensorFlow: the user's call to `fit`."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.split(".")[0] not in _LIBRARIES:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def _start_sampler(sampler: Sampler) -> list[warnings.WarningMessage]:
+    """Starts `sampler`; returns the warnings it issued (e.g. no NVML), not yet shown."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sampler.start()
+    return caught
+
+
+def _warn_at_user_code(caught: list[warnings.WarningMessage]) -> None:
+    """Issues `caught` again at the user's `fit` line, once per call site.
+
+    Python would attribute them to the line in tfgpu that started the sampler; at the
+    user's frame they read as being about the user's training.
+    """
+    frame = _user_frame()
+    for w in caught:
+        if frame is None:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            continue
+        warnings.warn_explicit(
+            w.message,
+            w.category,
+            frame.f_code.co_filename,
+            frame.f_lineno,
+            module=frame.f_globals.get("__name__"),
+            registry=frame.f_globals.setdefault("__warningregistry__", {}),
+            module_globals=frame.f_globals,
+        )
 
 
 def _infer_batch_size() -> int | None:
@@ -182,10 +227,11 @@ class GPUMonitor(keras.callbacks.Callback):
                 self.sampler = Sampler(**self._config)
                 self._tb_written = 0
             self._used = True
-            self.sampler.start()
+            caught = _start_sampler(self.sampler)
             frame = _training_frame()
             if frame is not None:
                 self.sampler.bind_to_frame(frame)
+            _warn_at_user_code(caught)
         except Exception as e:  # side features never kill training
             _log.warning("GPUMonitor could not start sampling (%s); training goes on.", e)
         if self._tb_t0 is None:

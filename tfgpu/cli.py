@@ -1,11 +1,37 @@
-"""The `tfgpu` command: `tfgpu env`, `tfgpu demo`, `tfgpu report RUN_DIR`."""
+"""The `tfgpu` command: `tfgpu env`, `tfgpu demo`, `tfgpu report RUN_DIR`.
+
+TensorFlow's C++ start-up log (absl's "All log messages before absl::InitializeLog()",
+"Could not find cuda drivers", "failed call to cuInit", oneDNN and CPU-feature notes) is
+written straight to file descriptor 2 while TensorFlow loads and finds its devices. Unless
+the user set `TF_CPP_MIN_LOG_LEVEL` or passed `--verbose`, the commands hold those lines
+back: the report then starts the output, and what `tfgpu env` says about the machine (no
+driver, no GPU seen) replaces them. Every other line written meanwhile (Python warnings,
+TensorFlow errors that are not start-up noise) still goes to stderr. The variable itself is
+left as the user set it (or unset), so `tfgpu env` reports the user's value.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import re
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
+
+# C++ log lines TensorFlow writes at every start, GPU or not: absl's preamble, INFO lines
+# (oneDNN, CPU features, "Could not find cuda drivers") and the cuInit / factory-registration
+# errors of a machine without a usable driver, which `tfgpu env` explains with a fix. Warnings
+# (e.g. "Cannot dlopen some GPU libraries") and other errors still go through.
+_STARTUP_NOISE = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\) is called"
+    r"|I\d{4} [\d:.]+\s+\d+ \S+:\d+\] "
+    r"|E\d{4} [\d:.]+\s+\d+ \S+:\d+\] (failed call to cuInit|Unable to register cu\w+ "
+    r"factory)"
+    r"|To enable the following instructions: .* rebuild TensorFlow with the appropriate)"
+)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -16,11 +42,27 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tfgpu {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also show TensorFlow's C++ start-up log (held back unless TF_CPP_MIN_LOG_LEVEL "
+        "is set)",
+    )
 
-    p = sub.add_parser("env", help="TensorFlow, CUDA, driver and GPU facts, and what is wrong")
+    p = sub.add_parser(
+        "env",
+        parents=[common],
+        help="TensorFlow, CUDA, driver and GPU facts, and what is wrong",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
-    p = sub.add_parser("demo", help="train a reference model naively, then with tfgpu, and compare")
+    p = sub.add_parser(
+        "demo",
+        parents=[common],
+        help="train a reference model naively, then with tfgpu, and compare",
+    )
     p.add_argument("--quick", action="store_true", help="a tiny run for tests (seconds)")
     p.add_argument("--dataset", default=None, help="a TensorFlow Datasets name, e.g. cifar10")
     p.add_argument(
@@ -28,10 +70,63 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--epochs", type=int, default=None, help="epochs per side")
 
-    p = sub.add_parser("report", help="plots and a Markdown summary of a run directory")
+    p = sub.add_parser(
+        "report", parents=[common], help="plots and a Markdown summary of a run directory"
+    )
     p.add_argument("run_dir", help="a directory written by GPUMonitor / StepTimer")
     p.add_argument("--out", default=None, help="where to write (default: RUN_DIR)")
     return parser
+
+
+def _is_startup_noise(line: str) -> bool:
+    """Whether a line of stderr is TensorFlow's C++ start-up log (pure)."""
+    return bool(_STARTUP_NOISE.match(line))
+
+
+@contextlib.contextmanager
+def _startup_log_held_back(enabled: bool = True) -> Iterator[None]:
+    """Holds back TensorFlow's C++ start-up lines written to fd 2 inside the block.
+
+    Everything written to file descriptor 2 meanwhile (by C++ or by Python) goes to a
+    temporary file; when the block ends, the lines that are not start-up noise are written
+    to the real stderr, in order. Does nothing when `enabled` is False.
+    """
+    saved = None
+    if enabled:
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError, AttributeError):  # no real fd 2 (embedded): leave it be
+            saved = None
+    if saved is None:
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        try:
+            os.dup2(sink.fileno(), 2)
+            yield
+        finally:
+            try:
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            text = sink.read().decode("utf-8", "replace")
+            kept = [line for line in text.splitlines(True) if not _is_startup_noise(line)]
+            if kept:
+                os.write(2, "".join(kept).encode())
+
+
+def _load_tensorflow() -> None:
+    """Imports TensorFlow and lists its GPUs (no runtime start): the noisy part of start-up."""
+    try:
+        import tensorflow as tf
+
+        tf.config.list_physical_devices("GPU")
+    except Exception:  # the command itself says what is wrong with TensorFlow
+        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -50,11 +145,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     0
     """
     args = _build_parser().parse_args(argv)
+    hold_back = not args.verbose and "TF_CPP_MIN_LOG_LEVEL" not in os.environ
     try:
         if args.command == "env":
             from tfgpu.env import environment
 
-            report = environment()
+            with _startup_log_held_back(hold_back):
+                report = environment()
             print(json.dumps(report.to_dict(), indent=2) if args.json else report)
             return 0
         if args.command == "report":
@@ -66,6 +163,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from tfgpu.demo import run_demo
 
+            # The demo reports no environment variables: quiet TensorFlow's own log too.
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if args.verbose else "2")
+            with _startup_log_held_back(hold_back):
+                _load_tensorflow()
             return run_demo(
                 quick=args.quick, dataset=args.dataset, run_dir=args.run_dir, epochs=args.epochs
             )

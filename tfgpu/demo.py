@@ -43,6 +43,7 @@ import math
 import os
 import statistics
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -447,54 +448,24 @@ def _build_model(sizes: _Sizes, num_classes: int):
     return keras.Model(inputs, outputs, name="reference_cnn")
 
 
-def _gpu_peak(policy: str) -> tuple[str | None, float | None]:
-    """(GPU name, peak FLOP/s for the policy) of GPU 0, or (None, None)."""
-    try:
-        from tfgpu.flops import peak_flops
-        from tfgpu.monitor.nvml import inventory
-
-        inv = inventory()
-        if not inv.available or not inv.gpus:
-            return None, None
-        gpu = inv.gpus[0]
-        cc = gpu.compute_capability
-        if policy == "mixed_bfloat16":
-            key = "bfloat16"
-        elif policy == "mixed_float16":
-            key = "float16"
-        else:
-            key = "tf32" if cc is not None and tuple(cc) >= (8, 0) else "float32"
-        return gpu.name, peak_flops(gpu.name, key)
-    except Exception:  # MFU is a side feature
-        return None, None
-
-
-def _callbacks(log_dir: Path, model, global_batch: int, peak: float | None) -> list:
+def _callbacks(log_dir: Path, global_batch: int) -> list:
+    """GPUMonitor and StepTimer into `log_dir`; StepTimer works out MFU on a known GPU."""
     from tfgpu.callbacks import GPUMonitor, StepTimer
 
-    flops = None
-    if peak is not None:
-        try:
-            from tfgpu.flops import train_step_flops
-
-            flops = train_step_flops(model, global_batch)
-        except Exception:  # MFU is a side feature
-            flops = None
-    return [
-        GPUMonitor(log_dir=log_dir),
-        StepTimer(
-            batch_size=global_batch,
-            log_dir=log_dir,
-            flops_per_step=flops or None,
-            peak_flops=peak if flops else None,
-        ),
-    ]
+    return [GPUMonitor(log_dir=log_dir), StepTimer(batch_size=global_batch, log_dir=log_dir)]
 
 
-def _train(model, train_ds, test_ds, *, epochs: int, callbacks: list) -> tuple[dict, float, float]:
+def _train(
+    model, train_ds, test_ds, *, epochs: int, callbacks: list, on_gpu: bool
+) -> tuple[dict, float, float]:
     """Fits (one progress line per epoch) and evaluates; returns (history, seconds, test acc)."""
     start = time.perf_counter()
-    history = model.fit(train_ds, epochs=epochs, verbose=2, shuffle=False, callbacks=callbacks)
+    with warnings.catch_warnings():
+        if not on_gpu:  # the demo says so itself, once, with the table
+            warnings.filterwarnings(
+                "ignore", "tfgpu.monitor records no GPU metrics", RuntimeWarning
+            )
+        history = model.fit(train_ds, epochs=epochs, verbose=2, shuffle=False, callbacks=callbacks)
     seconds = time.perf_counter() - start
     _, accuracy = model.evaluate(test_ds, verbose=0)
     return history.history, seconds, float(accuracy)
@@ -599,8 +570,6 @@ def run_demo(
     run_path.mkdir(parents=True, exist_ok=True)
     naive_dir, tfgpu_dir = run_path / "naive", run_path / "tfgpu"
     decode, augment = _decode_fn(sizes.resize_to), _augment_fn(sizes.image_size)
-    _, peak = _gpu_peak(config.precision)
-    _, peak32 = _gpu_peak("float32")
 
     # ---- 1. naive ------------------------------------------------------------------------
     _say(
@@ -615,9 +584,6 @@ def run_demo(
         "sparse_categorical_crossentropy",
         metrics=["accuracy"],
     )
-    # Build the optimizer's slots now, so that diagnose() snapshots and restores them too:
-    # its probe steps then leave no trace in the training that follows.
-    naive_model.optimizer.build(naive_model.trainable_variables)
 
     def decode_and_augment(jpeg, label):
         return augment(*decode(jpeg, label))
@@ -645,7 +611,8 @@ def run_demo(
         naive_train,
         test_ds,
         epochs=sizes.epochs,
-        callbacks=_callbacks(naive_dir, naive_model, sizes.per_replica_batch, peak32),
+        callbacks=_callbacks(naive_dir, sizes.per_replica_batch),
+        on_gpu=on_gpu,
     )
     naive = _side_summary(
         history,
@@ -691,7 +658,8 @@ def run_demo(
         tfgpu_train,
         test_ds,
         epochs=sizes.epochs,
-        callbacks=_callbacks(tfgpu_dir, tfgpu_model, global_batch, peak),
+        callbacks=_callbacks(tfgpu_dir, global_batch),
+        on_gpu=on_gpu,
     )
     _say("[4/4] tfgpu.diagnose(tfgpu model, tfgpu pipeline) again, after training")
     after = diagnose(

@@ -17,7 +17,10 @@ lint of the model under mixed precision complete the picture. The decision is a 
 function of the measurements (`_classify`), tested without hardware.
 
 The model's weights, optimizer state, metrics, `steps_per_execution`, `jit_compile` and
-`history` are put back afterwards.
+`history` are put back afterwards. The model and its optimizer are built before the snapshot,
+so the state the probe steps would otherwise create unrecorded (the optimizer's slots and
+step count on a freshly compiled model) is put back too: training afterwards starts exactly
+where it would have without the diagnosis.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu._checks import check_int
-from tfgpu.batch_size import _restore_state, _snapshot_state
+from tfgpu.batch_size import _prepare_model, _restore_state, _snapshot_state
 
 __all__ = ["Diagnosis", "Finding", "diagnose"]
 
@@ -528,6 +531,32 @@ def _compare(model, dataset, steps, warmup, attrs: dict[str, Any], rounds: int =
     return statistics.median(times["base"]), statistics.median(times["variant"])
 
 
+# Dataset ops that pass their input's elements on as they come (no per-element work, no
+# buffer): a prefetch below one of them still hands batches over from its buffer.
+_PASS_THROUGH_OPS = frozenset(
+    {
+        "OptionsDataset",
+        "ModelDataset",
+        "OptimizeDataset",
+        "OptimizeDatasetV2",
+        "MaxIntraOpParallelismDataset",
+        "ExperimentalMaxIntraOpParallelismDataset",
+        "PrivateThreadPoolDataset",
+        "ExperimentalPrivateThreadPoolDataset",
+        "ThreadPoolDataset",
+        "ExperimentalThreadPoolDataset",
+        "AssertCardinalityDataset",
+        "AssertNextDataset",
+        "ExperimentalAssertNextDataset",
+        "AssertPrefetchDataset",
+        "NonSerializableDataset",
+        "ExperimentalNonSerializableDataset",
+        "RepeatDataset",
+        "TakeDataset",
+    }
+)
+
+
 def _inspect_dataset(ds) -> dict[str, bool]:
     """Reads the dataset's graph: Python ops, generators, a final prefetch."""
     facts = {"python_input": False, "prefetch": True}
@@ -549,6 +578,10 @@ def _inspect_dataset(ds) -> dict[str, bool]:
     by_name = {n.name: n for n in graph.node}
     if ret is not None and ret.input:
         top = by_name.get(ret.input[0].split(":")[0])
+        # Look through wrappers that hand elements on untouched (`with_options`, thread
+        # pools, assertions, repeat/take): what counts is the last node that does work.
+        while top is not None and top.op in _PASS_THROUGH_OPS and top.input:
+            top = by_name.get(top.input[0].split(":")[0])
         facts["prefetch"] = top is not None and "Prefetch" in top.op
     else:
         facts["prefetch"] = "PrefetchDataset" in ops
@@ -740,6 +773,10 @@ def diagnose(
         "jit_compile": model.jit_compile,
         "history": getattr(model, "history", None),
     }
+    # Build the model and its optimizer first: slot variables created by the probe steps
+    # would escape the snapshot, and training afterwards would start from the probes' state.
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
+    _prepare_model(model, (x,))
     snapshot = _snapshot_state(model)
     scale_before = _loss_scale(model)
     measurements: dict[str, Any] = {"pipeline": pipeline.to_dict()}

@@ -8,17 +8,21 @@ A run directory is what `GPUMonitor`, `StepTimer`, `tfgpu.monitor.record(path)` 
 - `utilization.png`: GPU utilization and host CPU % over time;
 - `memory.png`: GPU memory used (and total), host RSS;
 - `power.png`: GPU power draw and limit (only when GPUs were sampled);
-- `step_time.png`: seconds per training step over time (when `steps.csv` exists);
+- `step_time.png`: milliseconds per training step over time, on a log scale so that the
+  first step (tracing, compilation) and the steady steps both show (when `steps.csv` exists);
 - `report.md`: averages, maxima, the GPUs' idle share, step-time statistics per epoch, and
   the saved diagnosis.
 
-Epoch boundaries are drawn as vertical lines. A run from a machine without a GPU has host
-metrics only, and the summary says so.
+Epoch boundaries are drawn as vertical lines. Epochs are numbered from 1 in the plots and the
+summary, as Keras prints them (`Epoch 1/8`); the CSV files' `epoch` column counts from 0, as
+Keras's callbacks do. A run from a machine without a GPU has host metrics only, and the
+summary says so.
 """
 
 from __future__ import annotations
 
 import csv
+import datetime
 import json
 import math
 import re
@@ -87,6 +91,15 @@ def _quantile(values, q: float) -> float:
     return v[k]
 
 
+def _when(timestamp) -> str:
+    """A Unix time as local date and time with its UTC offset, e.g. 2025-05-01 14:03:07+02:00."""
+    try:
+        moment = datetime.datetime.fromtimestamp(float(timestamp)).astimezone()
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "?"
+    return moment.isoformat(sep=" ", timespec="seconds")
+
+
 def _fmt(value: float, spec: str = ".1f") -> str:
     return "n/a" if value is None or not math.isfinite(value) else format(value, spec)
 
@@ -133,21 +146,30 @@ def _check_run_dir(run_dir) -> Path:
     return path
 
 
-def _plot_lines(plt, out: Path, title: str, ylabel: str, series, epochs) -> Path | None:
+def _plot_lines(
+    plt, out: Path, title: str, ylabel: str, series, epochs, *, ylim=None, log=False, legend=True
+) -> Path | None:
     drawn = [(label, xs, ys, style) for label, xs, ys, style in series if _finite(ys)]
     if not drawn:
         return None
     fig, ax = plt.subplots(figsize=(9, 3.6))
     for label, xs, ys, style in drawn:
         ax.plot(xs, ys, style, label=label, linewidth=1.2)
+    if log:
+        ax.set_yscale("log")
+    if ylim is not None:
+        ax.set_ylim(*ylim)
     for t, e in epochs:
         ax.axvline(t, color="grey", linestyle=":", linewidth=0.8)
-        ax.annotate(f"epoch {e}", (t, 1), xycoords=("data", "axes fraction"), fontsize=7, va="top")
+        ax.annotate(
+            f" epoch {e + 1}", (t, 1), xycoords=("data", "axes fraction"), fontsize=7, va="top"
+        )
     ax.set_title(title)
-    ax.set_xlabel("seconds since start")
+    ax.set_xlabel("seconds since the run started")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    if legend:
+        ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
@@ -162,23 +184,32 @@ def _timeline_plots(plt, table: _Table, out_dir: Path, suffix: str) -> list[Path
     epochs = _epoch_starts(t, table.col("epoch"))
     gpus = _gpu_indices(table)
     made = []
-    util = [(f"GPU {i} util %", t, table.col(f"gpu{i}_util_pct"), "-") for i in gpus]
-    util.append(("host CPU %", t, table.col("host_cpu_pct"), "--"))
+    host_only = "" if gpus else " (no GPU sampled: host only)"
+    util = [(f"GPU {i} utilization", t, table.col(f"gpu{i}_util_pct"), "-") for i in gpus]
+    util.append(("host CPU, all cores", t, table.col("host_cpu_pct"), "--"))
     made.append(
         _plot_lines(
-            plt, out_dir / f"utilization{suffix}.png", "Utilization", "percent", util, epochs
+            plt,
+            out_dir / f"utilization{suffix}.png",
+            "Utilization" + host_only,
+            "%",
+            util,
+            epochs,
+            ylim=(0, 105),
         )
     )
     mem = []
     for i in gpus:
-        mem.append((f"GPU {i} used MiB", t, table.col(f"gpu{i}_mem_used_mib"), "-"))
-        mem.append((f"GPU {i} total MiB", t, table.col(f"gpu{i}_mem_total_mib"), ":"))
-    mem.append(("host RSS MiB", t, table.col("host_rss_mib"), "--"))
-    made.append(_plot_lines(plt, out_dir / f"memory{suffix}.png", "Memory", "MiB", mem, epochs))
+        mem.append((f"GPU {i} used", t, table.col(f"gpu{i}_mem_used_mib"), "-"))
+        mem.append((f"GPU {i} total", t, table.col(f"gpu{i}_mem_total_mib"), ":"))
+    mem.append(("host: this process's RSS", t, table.col("host_rss_mib"), "--"))
+    made.append(
+        _plot_lines(plt, out_dir / f"memory{suffix}.png", "Memory" + host_only, "MiB", mem, epochs)
+    )
     power = []
     for i in gpus:
-        power.append((f"GPU {i} power W", t, table.col(f"gpu{i}_power_w"), "-"))
-        power.append((f"GPU {i} limit W", t, table.col(f"gpu{i}_power_limit_w"), ":"))
+        power.append((f"GPU {i} power draw", t, table.col(f"gpu{i}_power_w"), "-"))
+        power.append((f"GPU {i} power limit", t, table.col(f"gpu{i}_power_limit_w"), ":"))
     if gpus:
         made.append(
             _plot_lines(plt, out_dir / f"power{suffix}.png", "Power", "watts", power, epochs)
@@ -192,12 +223,35 @@ def _steps_plot(plt, table: _Table, out_dir: Path, suffix: str, t0: float | None
     if not finite:
         return None
     base = t0 if t0 is not None else finite[0]
-    xs = [v - base for v in times]
-    epochs = _epoch_starts(xs, table.col("epoch"))
-    series = [("step time s", xs, table.col("step_time_s"), ".")]
+    xs = [v - base for v in times]  # when each row's step(s) ended
+    ms = [v * 1e3 for v in table.col("step_time_s")]
+    # An epoch starts when its first step began: its end minus the time its steps took.
+    counts = _steps_per_row(table.col("step"))
+    begins = [x - t * n / 1e3 if math.isfinite(t) else x for x, t, n in zip(xs, ms, counts)]
+    epochs = _epoch_starts(begins, table.col("epoch"))
+    series = [("step time", xs, ms, ".")]
     return _plot_lines(
-        plt, out_dir / f"step_time{suffix}.png", "Training step time", "seconds", series, epochs
+        plt,
+        out_dir / f"step_time{suffix}.png",
+        "Training step time (one point per step, or per execution of steps_per_execution)",
+        "ms per step (log scale)",
+        series,
+        epochs,
+        log=True,
+        legend=False,
     )
+
+
+def _steps_per_row(last_steps: list[float]) -> list[int]:
+    """Steps each `steps.csv` row covers, from the last step of each row within an epoch."""
+    counts, previous = [], -1
+    for step in last_steps:
+        if not math.isfinite(step):
+            counts.append(1)
+            continue
+        counts.append(int(step) - previous if step > previous else 1)
+        previous = int(step)
+    return counts
 
 
 def _timeline_section(table: _Table, name: str) -> list[str]:
@@ -209,7 +263,7 @@ def _timeline_section(table: _Table, name: str) -> list[str]:
     if not gpus:
         lines += [
             "**No GPU was sampled in this run: host metrics only** (a machine without an "
-            "NVIDIA GPU or without NVML).",
+            "NVIDIA GPU, or without NVML: `tfgpu env` says which).",
             "",
         ]
     else:
@@ -244,15 +298,17 @@ def _timeline_section(table: _Table, name: str) -> list[str]:
 
 
 def _steps_section(table: _Table, name: str) -> list[str]:
-    st = table.col("step_time_s")
+    st = [v * 1e3 for v in table.col("step_time_s")]
     lines = [
         f"## Steps `{name}`",
         "",
-        f"{len(table.rows)} steps; step time median {_fmt(_quantile(st, 0.5), '.4f')} s, "
-        f"p90 {_fmt(_quantile(st, 0.9), '.4f')} s; examples/s median "
-        f"{_fmt(_quantile(table.col('examples_per_s'), 0.5), ',.0f')}.",
+        f"{len(table.rows)} rows (one per step, or per execution of `steps_per_execution` "
+        f"steps); step time median {_fmt(_quantile(st, 0.5), '.2f')} ms, p90 "
+        f"{_fmt(_quantile(st, 0.9), '.2f')} ms; examples/s median "
+        f"{_fmt(_quantile(table.col('examples_per_s'), 0.5), ',.0f')}. Epochs count from 1, "
+        "as Keras prints them; the first step of epoch 1 includes tracing and compilation.",
         "",
-        "| epoch | steps | median step s | p90 step s | first step s | epoch s |",
+        "| epoch | steps | median step ms | p90 step ms | first step ms | time in steps s |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     by_epoch: dict[int, list[dict[str, float]]] = {}
@@ -260,11 +316,13 @@ def _steps_section(table: _Table, name: str) -> list[str]:
         e = r.get("epoch", math.nan)
         by_epoch.setdefault(int(e) if math.isfinite(e) else -1, []).append(r)
     for e, rows in sorted(by_epoch.items()):
-        times = [r.get("step_time_s", math.nan) for r in rows]
+        times = [r.get("step_time_s", math.nan) * 1e3 for r in rows]
+        counts = _steps_per_row([r.get("step", math.nan) for r in rows])
+        spent = sum(_finite([t * n / 1e3 for t, n in zip(times, counts)]))
         lines.append(
-            f"| {e if e >= 0 else '?'} | {len(rows)} | {_fmt(_quantile(times, 0.5), '.4f')} | "
-            f"{_fmt(_quantile(times, 0.9), '.4f')} | {_fmt(times[0], '.4f')} | "
-            f"{_fmt(sum(_finite(times)), '.2f')} |"
+            f"| {e + 1 if e >= 0 else '?'} | {sum(counts)} | "
+            f"{_fmt(_quantile(times, 0.5), '.2f')} | {_fmt(_quantile(times, 0.9), '.2f')} | "
+            f"{_fmt(times[0], '.2f')} | {_fmt(spent, '.2f')} |"
         )
     lines.append("")
     return lines
@@ -345,23 +403,25 @@ def write_report(run_dir, out_dir=None) -> Path:
 
     lines = [f"# tfgpu run report: `{run}`", ""]
     if meta:
+        worker = meta.get("worker")
         lines.append(
-            f"tfgpu {meta.get('tfgpu_version', '?')}, host `{meta.get('hostname', '?')}`, "
-            f"worker {meta.get('worker')}, started {meta.get('start_time', '?')}, sampling "
-            f"every {meta.get('interval', '?')} s."
+            f"tfgpu {meta.get('tfgpu_version', '?')}, host `{meta.get('hostname', '?')}`"
+            + (f", worker {worker}" if worker is not None else "")
+            + f", started {_when(meta.get('start_time'))}, sampling every "
+            f"{meta.get('interval', '?')} s."
         )
         lines.append("")
-        gpus = meta.get("gpus") or []
+        gpus = meta.get("gpus") or []  # none: the timeline section says host only
+        for g in gpus:
+            cc = g.get("compute_capability")
+            cc_text = ".".join(str(c) for c in cc) if isinstance(cc, list) else cc
+            lines.append(
+                f"- GPU {g.get('index')}: {g.get('name')} "
+                f"({_fmt(g.get('memory_total_mib') or math.nan, '.0f')} MiB, compute "
+                f"capability {cc_text})"
+            )
         if gpus:
-            for g in gpus:
-                lines.append(
-                    f"- GPU {g.get('index')}: {g.get('name')} "
-                    f"({_fmt(g.get('memory_total_mib') or math.nan, '.0f')} MiB, compute "
-                    f"capability {g.get('compute_capability')})"
-                )
-        else:
-            lines.append("- No GPU: this run recorded host metrics only.")
-        lines.append("")
+            lines.append("")
 
     images: list[Path] = []
     timelines = sorted(run.glob("timeline*.csv"))
