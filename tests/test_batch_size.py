@@ -189,3 +189,23 @@ def test_invalid_arguments_are_rejected_before_work():
         find_batch_size(model, (x, y), memory_fraction=1.5)
     with pytest.raises(TypeError, match="data"):
         find_batch_size(model, "not data")
+
+
+def test_start_above_max_batch_size_is_rejected_before_any_trial():
+    model = _model()
+    model.compile("sgd", "mse")
+    x, y = _data()
+    read = []
+
+    def examples():
+        read.append(True)
+        yield from zip(x, y)
+
+    spec = (tf.TensorSpec(x.shape[1:], tf.float32), tf.TensorSpec(y.shape[1:], tf.float32))
+    data = tf.data.Dataset.from_generator(examples, output_signature=spec)
+    with pytest.raises(ValueError, match=r"start=64 with max_batch_size=8\. Expected start <="):
+        find_batch_size(model, data, start=64, max_batch_size=8)
+    assert read == [] and not model.optimizer.built  # no data read, no step trained
+    # Equal bounds are a valid single-size search.
+    result = find_batch_size(model, (x, y), start=8, max_batch_size=8, steps=1)
+    assert [t.batch_size for t in result.trials] == [8]

@@ -454,3 +454,114 @@ def test_without_nvml_training_goes_on_with_host_metrics(monkeypatch, tmp_path):
     assert not any(key.startswith("gpu") for key in history.history)
     header, _ = _csv(tmp_path / "timeline.csv")
     assert header == monitor.timeline_columns(0)
+
+
+@pytest.fixture
+def tf_sees(monkeypatch):
+    """Scripts TensorFlow's GPUs: `tf_sees(physical=2, visible=[1])` (this CPU stands in)."""
+    import tensorflow as tf
+
+    list_physical, get_visible = tf.config.list_physical_devices, tf.config.get_visible_devices
+
+    def script(physical: int, visible: list[int]):
+        devices = [
+            tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(physical)
+        ]
+        monkeypatch.setattr(
+            tf.config,
+            "list_physical_devices",
+            lambda kind=None: devices if kind == "GPU" else list_physical(kind),
+        )
+        monkeypatch.setattr(
+            tf.config,
+            "get_visible_devices",
+            lambda kind=None: [devices[i] for i in visible] if kind == "GPU" else get_visible(kind),
+        )
+
+    return script
+
+
+def test_gpu_monitor_samples_the_gpus_tensorflow_was_given(fake, tf_sees, tmp_path):
+    # NVML (CUDA) sees the A100 and the V100; TensorFlow was given only the V100, as
+    # tfgpu.configure(gpus=[1]) does with tf.config.set_visible_devices.
+    tf_sees(physical=2, visible=[1])
+    x, y = _data(64)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", jit_compile=False)
+    everything = GPUMonitor(tmp_path / "all", interval=0.02)
+    first = GPUMonitor(interval=0.02, gpus=[0])  # /GPU:0 is the V100 here
+    history = model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[everything, first])
+    assert [g.name for g in everything.sampler.gpus] == ["Tesla V100-SXM2-16GB"]
+    assert [g.name for g in first.sampler.gpus] == ["Tesla V100-SXM2-16GB"]
+    assert history.history["gpu0_util_pct_mean"] == [10.0]  # the V100's scripted value
+    assert "gpu1_util_pct_mean" not in history.history
+    meta = json.loads((tmp_path / "all" / "run.json").read_text())
+    assert [g["index"] for g in meta["gpus"]] == [1]  # NVML index of the V100
+    with pytest.raises(ValueError, match=r"gpus=\[1\].*below 1: TensorFlow uses 1 GPU"):
+        GPUMonitor(gpus=[1])
+    # Without a restriction, TensorFlow's order is CUDA's: both GPUs, in order.
+    tf_sees(physical=2, visible=[0, 1])
+    names = [g.name for g in GPUMonitor(interval=0.02).sampler.gpus]
+    assert names == ["NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-16GB"]
+
+
+def test_gpu_monitor_follows_visible_devices_set_after_it_was_built(fake, tf_sees):
+    tf_sees(physical=2, visible=[0, 1])
+    gpu_monitor = GPUMonitor(interval=0.02)
+    assert len(gpu_monitor.sampler.gpus) == 2
+    tf_sees(physical=2, visible=[1])  # tfgpu.configure(gpus=[1]) after the callback was made
+    x, y = _data(64)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", jit_compile=False)
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[gpu_monitor])
+    assert [g.name for g in gpu_monitor.sampler.gpus] == ["Tesla V100-SXM2-16GB"]
+
+
+def test_gpu_numbering_is_cuda_s_without_tensorflow_gpus(fake, monkeypatch):
+    assert callbacks._sampler_gpus([1], None) == [1] and callbacks._sampler_gpus(None, None) is None
+    assert callbacks._sampler_gpus(None, [1, 3]) == [1, 3]
+    assert callbacks._sampler_gpus([1, 0], [1, 3]) == [3, 1]
+    # TensorFlow not loaded at all: nothing to map, and nothing imports it.
+    monkeypatch.delitem(sys.modules, "tensorflow")
+    assert callbacks._tf_gpu_positions() is None
+    assert "tensorflow" not in sys.modules
+
+
+def test_auto_peak_reads_tensorflow_s_first_gpu(fake, monkeypatch, tf_sees):
+    monkeypatch.setattr(callbacks, "_trains_on_gpu", lambda: True)
+    tf_sees(physical=2, visible=[1])  # TensorFlow's /GPU:0 is the V100 (cc 7.0: no TF32)
+    model = _model()
+    v100 = flops.peak_flops("Tesla V100-SXM2-16GB", "float32")
+    assert callbacks._auto_peak_flops(model) == pytest.approx(v100)
+
+
+def test_steps_csv_keeps_every_step_of_a_fit_that_raises_and_leaks_no_handle(fake, tmp_path):
+    import gc
+    import warnings
+    import weakref
+
+    x, y = _data(256)  # 8 batches; _Boom raises at the end of batch 2 of the second fit
+    model = _model()
+    timer = StepTimer(log_dir=tmp_path)
+    alive = weakref.ref(timer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[timer])
+        try:  # the second fit reopens steps.csv to append, then raises
+            model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[timer, _Boom()])
+        except RuntimeError as e:
+            assert "boom inside fit" in str(e)
+        else:
+            raise AssertionError("fit did not raise")
+        # Every step that ran is on disk at once, no on_train_end needed.
+        _, steps = _csv(tmp_path / "steps.csv")
+        assert [(r["epoch"], r["step"]) for r in steps] == [(0, s) for s in range(8)] + [
+            (0, 0),
+            (0, 1),
+            (0, 2),
+        ]
+        del timer
+        gc.collect()
+        assert alive() is None  # collected: its file must have been closed, not leaked
+    leaks = [w for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not leaks, [str(w.message) for w in leaks]

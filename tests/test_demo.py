@@ -279,6 +279,12 @@ def test_quick_demo_trains_both_sides_and_writes_the_run(tmp_path):
             assert (directory / name).exists(), (side, name)
         steps = (directory / "steps.csv").read_text().splitlines()
         assert steps[0] == "time,epoch,step,step_time_s,examples_per_s" and len(steps) > 2
+    # Both sides train the same model the same way: same initial weights, global batch,
+    # number of steps (none dropped, none skipped by the diagnosis) and learning rate.
+    naive_recipe, tfgpu_recipe = summary["naive"]["recipe"], summary["tfgpu"]["recipe"]
+    assert naive_recipe == tfgpu_recipe
+    assert naive_recipe["steps_trained"] == 2 * 512 // naive_recipe["global_batch"]
+    assert naive_recipe["learning_rate"]["decay_steps"] == naive_recipe["steps_trained"]
     # Same data and epochs on both sides; the speedups are measured, not assumed.
     assert summary["speedup"]["wall_time"] > 0 and summary["speedup"]["examples_per_s"] > 0
     assert any("tfgpu.data.pipeline" in s for s in summary["tfgpu_settings"])

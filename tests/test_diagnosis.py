@@ -234,6 +234,13 @@ def test_bad_arguments_are_rejected_before_work():
         tfgpu.diagnose(model, "data")
     with pytest.raises(TypeError, match="model"):
         tfgpu.diagnose("model", (X, Y))
+    # The value received is shown, not only its type.
+    with pytest.raises(TypeError, match=r"Received: model='m' \(of type str\)\. Expected a"):
+        tfgpu.diagnose("m", (X, Y))
+    with pytest.raises(TypeError, match=r"Received: dataset='data' \(of type str\)"):
+        tfgpu.diagnose(model, "data")
+    with pytest.raises(TypeError, match=r"Received: check_xla='no' \(of type str\)"):
+        tfgpu.diagnose(model, (X, Y), check_xla="no")
     assert isinstance(tfgpu.Diagnosis, type) and tfgpu.Diagnosis is Diagnosis
 
 
@@ -288,3 +295,173 @@ def test_a_tfgpu_pipeline_counts_as_prefetched():
     after = wrapped.map(lambda x: x * 2).with_options(options)
     assert not _inspect_dataset(after)["prefetch"]
     assert not _inspect_dataset(tf.data.Dataset.from_tensor_slices(X[:64]).batch(8))["prefetch"]
+
+
+# ---- train-step ops placed on the CPU ------------------------------------------------------
+
+
+class _PyLayer(keras.layers.Layer):
+    """Doubles its input through Python (`tf.py_function`)."""
+
+    def call(self, x):
+        y = tf.py_function(lambda a: a * 2.0, [x], tf.float32)
+        y.set_shape(x.shape)
+        return x + tf.stop_gradient(y)
+
+
+class _PinnedLayer(keras.layers.Layer):
+    def call(self, x):
+        with tf.device("/cpu:0"):
+            return tf.math.square(x)
+
+
+class _StringLayer(keras.layers.Layer):
+    """Round-trips through strings: ops without a GPU kernel."""
+
+    def call(self, x):
+        return x + tf.stop_gradient(tf.strings.to_number(tf.strings.as_string(x)))
+
+
+def test_train_step_graph_names_its_ops_their_devices_and_gpu_kernels():
+    from tfgpu.diagnosis import _cpu_placed_ops, _train_step_ops
+
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(4, name="dense"),
+            _PyLayer(name="py"),
+            _PinnedLayer(name="pinned"),
+            _StringLayer(name="strings"),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile("adam", "mse")
+    batch = (tf.zeros((2, 8)), tf.zeros((2, 1)))
+    ops = _train_step_ops(model, batch)  # traced, not run
+    assert int(model.optimizer.iterations.numpy()) == 0
+    by_type = {}
+    for op in ops:
+        by_type.setdefault(op.op, []).append(op)
+    assert any("dense" in op.name and op.gpu_kernel for op in by_type["MatMul"])
+    assert "/py" in by_type["EagerPyFunc"][0].name  # the layer's name scope
+    (square,) = [op for op in by_type["Square"] if "/pinned" in op.name]
+    assert "CPU:0" in square.device
+    assert not by_type["StringToNumber"][0].gpu_kernel and not by_type["AsString"][0].gpu_kernel
+    placed = {(op.op, why) for op, why in _cpu_placed_ops(ops)}
+    assert placed == {
+        ("EagerPyFunc", "python"),
+        ("Square", "pinned"),
+        ("AsString", "no_kernel"),
+        ("StringToNumber", "no_kernel"),
+    }
+    # A plain model (conv, batch norm, dropout, Adam, accuracy) has nothing on the CPU.
+    plain = keras.Sequential(
+        [
+            keras.Input((8, 8, 3)),
+            keras.layers.Conv2D(8, 3),
+            keras.layers.BatchNormalization(),
+            keras.layers.Dropout(0.1),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(3, activation="softmax"),
+        ]
+    )
+    plain.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    plain_ops = _train_step_ops(plain, (tf.zeros((2, 8, 8, 3)), tf.zeros((2,), tf.int32)))
+    assert len(plain_ops) > 100 and _cpu_placed_ops(plain_ops) == []
+
+
+def test_cpu_placed_train_step_ops_are_a_host_device_traffic_finding_on_gpus():
+    from tfgpu.diagnosis import _OpFact
+
+    ops = [
+        _OpFact("model/dense/MatMul", "MatMul"),
+        _OpFact("model/py/EagerPyFunc", "EagerPyFunc", "/job:localhost/replica:0/task:0"),
+        _OpFact("model/pinned/Square", "Square", "/device:CPU:0"),
+        _OpFact("model/strings/StringToNumber", "StringToNumber", gpu_kernel=False),
+        _OpFact("model/Const", "Const", gpu_kernel=False),  # string constants: no cost
+    ]
+    _, _, _, findings = _classify(_facts(on_gpu=True, train_step_ops=ops))
+    (traffic,) = [f for f in findings if f.kind == "host_device_traffic"]
+    assert traffic.severity == "moderate" and "placed on the CPU" in traffic.title
+    assert "3 train-step op(s) run on the CPU" in traffic.detail
+    for name in ("model/py/EagerPyFunc", "model/pinned/Square", "model/strings/StringToNumber"):
+        assert f"`{name}`" in traffic.detail
+    assert "MatMul" not in traffic.detail and "Const" not in traffic.detail
+    assert "`tf.py_function` with TF ops" in traffic.recommendation
+    assert 'with tf.device("/cpu:0")' in traffic.recommendation
+    assert "no GPU kernel" in traffic.recommendation
+    # Off the GPU every op runs on the CPU anyway; under XLA the whole step is compiled.
+    for facts in (_facts(train_step_ops=ops), _facts(on_gpu=True, jit_compile=True,
+                                                     train_step_ops=ops)):  # fmt: skip
+        assert all(f.kind != "host_device_traffic" for f in _classify(facts)[3])
+
+
+# ---- input-bound advice for a pipeline that is already tuned ---------------------------------
+
+
+def test_input_bound_advice_for_a_tfgpu_pipeline_is_what_is_left():
+    from tfgpu.diagnosis import _PipelineFacts, _read_pipeline
+
+    def augment(x, y):
+        return x + tf.random.uniform(tf.shape(x), 0, 0.1), y
+
+    def timings(facts: _PipelineFacts) -> _Facts:  # highly input-bound, with these facts
+        return _facts(
+            compute_step_time_s=0.05,
+            prefetch=facts.prefetch,
+            parallel_map=facts.parallel_map,
+            sequential_map=facts.sequential_map,
+            cache=facts.cache,
+            map_after_cache=facts.map_after_cache,
+            private_threadpool_size=facts.private_threadpool_size,
+        )
+
+    piped = tfgpu.data.pipeline(
+        (X[:256], Y[:256]), batch_size=32, map_fn=lambda x, y: (x * 2, y), augment_fn=augment
+    )
+    facts = _read_pipeline(piped)
+    assert (facts.parallel_map, facts.sequential_map, facts.cache) == (True, False, "memory")
+    assert facts.map_after_cache and facts.prefetch
+    advice = next(f for f in _classify(timings(facts))[3] if f.kind == "input_bound")
+    text = advice.recommendation
+    assert "tfgpu.data.pipeline(...)` (parallel" not in text  # not "build what you have"
+    assert text.startswith("The pipeline already maps in parallel, caches in memory, prefetches")
+    for knob in ("map_fn", "batch_augment_fn=", "private_threadpool_size=", "TFRecord"):
+        assert knob in text, knob
+    assert "`cache=True`" not in text  # already cached
+
+    uncached = tfgpu.data.pipeline((X[:256], Y[:256]), batch_size=32, cache=False)
+    facts = _read_pipeline(uncached)
+    assert facts.cache is None and not facts.map_after_cache
+    text = next(f for f in _classify(timings(facts))[3] if f.kind == "input_bound").recommendation
+    assert "`cache=True` (memory)" in text and "batch_augment_fn" not in text
+
+    # A hand-written pipeline with a sequential map still gets the pipeline builder.
+    naive = tf.data.Dataset.from_tensor_slices((X[:256], Y[:256])).map(augment).batch(32)
+    facts = _read_pipeline(naive)
+    assert facts.sequential_map and not facts.parallel_map and facts.cache is None
+    text = next(f for f in _classify(timings(facts))[3] if f.kind == "input_bound").recommendation
+    assert "Build the input with `tfgpu.data.pipeline(...)`" in text
+    assert "a map runs one element at a time" in text and "not prefetched" in text
+
+
+def test_gpu_facts_describe_the_gpu_tensorflow_was_given(monkeypatch):
+    import sys
+
+    from tests import fake_pynvml
+    from tfgpu.diagnosis import _gpu_facts
+
+    # NVML sees an A100 and a V100; TensorFlow was given only the V100 (set_visible_devices).
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml.make())
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    devices = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(2)]
+    physical, visible = tf.config.list_physical_devices, tf.config.get_visible_devices
+    monkeypatch.setattr(
+        tf.config, "list_physical_devices", lambda k=None: devices if k == "GPU" else physical(k)
+    )
+    monkeypatch.setattr(
+        tf.config, "get_visible_devices", lambda k=None: devices[1:] if k == "GPU" else visible(k)
+    )
+    notes = []
+    name, _, capacity = _gpu_facts(notes)
+    assert (name, capacity) == ("Tesla V100-SXM2-16GB", 16384 * 2**20), notes

@@ -121,3 +121,23 @@ def test_mfu():
     assert mfu(3e12, 0.01, 1e15) == pytest.approx(0.3)
     assert mfu(3e12, 0.01, None) is None
     assert mfu(3e12, 0.0, 1e15) is None
+    assert mfu(float("nan"), 0.01, 1e15) is None and mfu(3e12, float("nan"), 1e15) is None
+    assert mfu(3e12, 0.01, 0.0) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        (("3e12", 0.01, 1e15), TypeError, r"`flops_per_step`. Received: flops_per_step='3e12'"),
+        ((3e12, None, 1e15), TypeError, r"`step_time_s`. Received: step_time_s=None"),
+        ((3e12, 0.01, "A100"), TypeError, r"`peak`. Received: peak='A100'.*or None"),
+        ((True, 0.01, 1e15), TypeError, r"`flops_per_step`"),
+        ((-1.0, 0.01, 1e15), ValueError, r"Received: flops_per_step=-1\.0\. Expected a finite"),
+        ((3e12, float("inf"), 1e15), ValueError, r"`step_time_s`"),
+        ((3e12, 0.01, -5.0), ValueError, r"`peak`"),
+    ],
+)
+def test_mfu_rejects_bad_arguments_as_its_docstring_says(args, error, match):
+    with pytest.raises(error, match=match):
+        mfu(*args)
+    assert "Raises:" in mfu.__doc__

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import math
 import time
@@ -149,3 +150,57 @@ def test_cli_report_exit_codes(tmp_path, capsys):
     assert "report.md" in capsys.readouterr().out
     assert main(["report", str(tmp_path / "nope")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def _appended_run(path):
+    """Three `fit` calls appended to one run directory: elapsed_s and epochs restart."""
+    path.mkdir(parents=True, exist_ok=True)
+    t0 = 1_700_000_000.0
+    lines = [",".join(_HOST)]
+    for session, start in enumerate((0.0, 0.18, 0.37)):  # 15 samples over 0.47 s
+        for k in range(5):
+            elapsed = 0.025 * k
+            lines.append(",".join(map(repr, [t0 + start + elapsed, elapsed, 0.0, float(k),
+                                             10.0 * (session + 1), 900.0, 40.0])))  # fmt: skip
+    (path / "timeline.csv").write_text("\n".join(lines) + "\n")
+    steps = ["time,epoch,step,step_time_s,examples_per_s"]
+    for session, start in enumerate((0.0, 0.18, 0.37)):
+        for k in range(4):  # each fit: epoch 0, steps 0..3, 20 ms (fit 1) / 10 ms each
+            ms = 0.02 if session == 0 else 0.01
+            steps.append(f"{t0 + start + 0.02 * (k + 1)},0,{k},{ms},3200")
+    (path / "steps.csv").write_text("\n".join(steps) + "\n")
+    return path
+
+
+def test_a_run_appended_by_several_fits_is_split_into_sessions(tmp_path):
+    from tfgpu.report import _read_csv, _time_axis, _timeline_sessions
+
+    run = _appended_run(tmp_path / "run")
+    text = write_report(run).read_text()
+    # The true span of the data, not the last session's elapsed_s.
+    assert "15 samples over 0.47 s in 3 sessions" in text, text
+    # Each fit's epoch 1 on its own row (not one merged epoch of 12 steps).
+    assert "from 3 `fit` calls" in text
+    assert "| fit | epoch | steps |" in text
+    assert "| 1 | 1 | 4 | 20.00 | 20.00 | 20.00 | 0.08 |" in text
+    assert "| 2 | 1 | 4 | 10.00 |" in text and "| 3 | 1 | 4 | 10.00 |" in text
+    assert "| 1 | 12 |" not in text
+    # The plots' time axis: seconds since the first sample, across sessions, never backwards.
+    table = _read_csv(run / "timeline.csv")
+    starts = _timeline_sessions(table)
+    assert starts == [0, 5, 10]
+    axis = _time_axis(table, starts)
+    assert axis[0] == 0.0 and axis[-1] == pytest.approx(0.47)
+    assert all(b > a for a, b in itertools.pairwise(axis))
+    for png in ("utilization.png", "memory.png", "step_time.png"):
+        assert (run / png).stat().st_size > 1000
+
+
+def test_without_a_time_column_sessions_are_laid_end_to_end(tmp_path):
+    from tfgpu.report import _Table, _time_axis, _timeline_sessions
+
+    rows = [{"elapsed_s": e} for e in (0.0, 0.1, 0.2, 0.0, 0.1)]
+    table = _Table(tmp_path, ["elapsed_s"], rows)
+    starts = _timeline_sessions(table)
+    assert starts == [0, 3]
+    assert _time_axis(table, starts) == pytest.approx([0.0, 0.1, 0.2, 0.2, 0.3])

@@ -443,7 +443,8 @@ def find_batch_size(
         A `BatchSizeResult`.
 
     Raises:
-        ValueError: on invalid arguments, or a model that is not compiled.
+        ValueError: on invalid arguments (e.g. `start` above `max_batch_size`), or a model
+            that is not compiled; before any trial.
         TypeError: if `data` is neither a dataset nor arrays.
 
     Example:
@@ -461,6 +462,12 @@ def find_batch_size(
         ("pool_size", pool_size),
     ):
         check_int(name, value)
+    if start > max_batch_size:  # the search would run one trial at `max_batch_size`
+        raise ValueError(
+            f"Invalid value for argument `start`. Received: start={start} with "
+            f"max_batch_size={max_batch_size}. Expected start <= max_batch_size (both are "
+            "per-replica batch sizes)."
+        )
     check_int("memory_limit_bytes", memory_limit_bytes, allow_none=True)
     check_int("target_global_batch_size", target_global_batch_size, allow_none=True)
     if isinstance(memory_fraction, bool) or not (

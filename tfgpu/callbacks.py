@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -28,7 +29,7 @@ from typing import Any
 import keras
 
 from tfgpu._checks import invalid_type, invalid_value, is_positive_number
-from tfgpu.monitor.sampler import Sampler, _check_log_dir, artifact_name
+from tfgpu.monitor.sampler import Sampler, _check_gpus, _check_log_dir, artifact_name
 
 __all__ = ["BackupAndRestore", "GPUMonitor", "StepTimer"]  # noqa: F822 (lazy)
 
@@ -122,6 +123,55 @@ def _infer_batch_size() -> int | None:
     return None
 
 
+def _tf_gpu_positions() -> list[int] | None:
+    """Where TensorFlow's GPUs are among the CUDA-visible ones: `/GPU:i` is at entry `i`.
+
+    `tf.config.set_visible_devices` (which `tfgpu.configure(gpus=...)` calls) hides physical
+    GPUs from TensorFlow without changing `CUDA_VISIBLE_DEVICES`, which is all NVML knows
+    about. None when TensorFlow is not loaded (this module never imports it for that) or
+    lists no GPU: then there is nothing to map. Never raises.
+    """
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
+        return None
+    try:
+        physical = [d.name for d in tf.config.list_physical_devices("GPU")]
+        if not physical:
+            return None
+        visible = [d.name for d in tf.config.get_visible_devices("GPU")]
+    except Exception:  # a TensorFlow without tf.config (a stub), a broken runtime
+        return None
+    return [physical.index(name) for name in visible if name in physical]
+
+
+def _sampler_gpus(requested: list[int] | None, positions: list[int] | None) -> list[int] | None:
+    """The CUDA-visible positions to sample for GPUs numbered as TensorFlow does. Pure.
+
+    Args:
+        requested: list of int or None, the user's `gpus` (`/GPU:i` indices), None for all.
+        positions: list of int or None, from `_tf_gpu_positions`; None: no mapping.
+
+    Returns:
+        The `gpus` argument for `tfgpu.monitor.Sampler`.
+
+    Raises:
+        ValueError: if an index names no GPU TensorFlow uses.
+    """
+    if positions is None:
+        return requested
+    if requested is None:
+        return list(positions)
+    unknown = [g for g in requested if isinstance(g, int) and not 0 <= g < len(positions)]
+    if unknown:
+        raise ValueError(
+            f"Invalid value for argument `gpus`. Received: gpus={list(requested)!r}. Expected "
+            f"indices below {len(positions)}: TensorFlow uses {len(positions)} GPU(s) "
+            "(`tf.config.set_visible_devices` / `tfgpu.configure(gpus=...)`), and `gpus` "
+            "numbers them as TensorFlow does (`/GPU:0` is 0)."
+        )
+    return [positions[g] for g in requested]
+
+
 def _check_positive(value: Any, argument: str, kind: str, example: str) -> Any:
     if value is None:
         return None
@@ -160,8 +210,10 @@ class GPUMonitor(keras.callbacks.Callback):
         log_dir: str, os.PathLike or None, the run directory (created if missing).
             Defaults to `None`: aggregates into `logs` only, no files.
         interval: float, seconds between samples. Defaults to `0.2`.
-        gpus: list of int or None, GPUs to sample as this process numbers them (`/GPU:i`).
-            Defaults to `None`: all GPUs this process uses.
+        gpus: list of int or None, GPUs to sample as TensorFlow numbers them (`/GPU:i`,
+            after `CUDA_VISIBLE_DEVICES` and `tf.config.set_visible_devices` /
+            `tfgpu.configure(gpus=...)`). Defaults to `None`: all GPUs TensorFlow uses (all
+            CUDA-visible GPUs when TensorFlow is not loaded or lists none).
         tensorboard: bool or path, also write every sample as TensorBoard scalars (tags
             `monitor/<column>`, step = milliseconds since the first `fit` began), at each
             epoch end: `True` writes to `<log_dir>/tensorboard`, a path writes there.
@@ -201,8 +253,10 @@ class GPUMonitor(keras.callbacks.Callback):
             )
         if log_dir is not None:
             _check_log_dir(log_dir, "log_dir")
-        self._config = {"interval": interval, "gpus": gpus, "path": log_dir, "host": host}
-        self.sampler = Sampler(**self._config)  # validates every argument now
+        self._gpus = _check_gpus(gpus)
+        self._config = {"interval": interval, "path": log_dir, "host": host}
+        self._sampled = _sampler_gpus(self._gpus, _tf_gpu_positions())  # TensorFlow's numbering
+        self.sampler = Sampler(**self._config, gpus=self._sampled)  # validates the rest now
         self.log_dir = None if log_dir is None else Path(log_dir)
         if tensorboard is True:
             self._tb_dir: Path | None = Path(log_dir) / "tensorboard"
@@ -223,8 +277,11 @@ class GPUMonitor(keras.callbacks.Callback):
             self.sampler.stop()
         self._write_tensorboard()
         try:
-            if self._used:
-                self.sampler = Sampler(**self._config)
+            # TensorFlow's visible GPUs may have changed since construction (configure()).
+            sampled = _sampler_gpus(self._gpus, _tf_gpu_positions())
+            if self._used or sampled != self._sampled:
+                self._sampled = sampled
+                self.sampler = Sampler(**self._config, gpus=sampled)
                 self._tb_written = 0
             self._used = True
             caught = _start_sampler(self.sampler)
@@ -366,8 +423,9 @@ def _peak_precision(
 def _auto_peak_flops(model: Any) -> float | None:
     """Peak FLOP/s of the replicas `model` trains on, or None off the GPU or if unknown.
 
-    Reads this process's first GPU from NVML (after `CUDA_VISIBLE_DEVICES`), the model's
-    dtype policy, and multiplies by the strategy's replicas (one GPU each).
+    Reads TensorFlow's first GPU (`/GPU:0`, after `CUDA_VISIBLE_DEVICES` and
+    `tf.config.set_visible_devices`) from NVML, the model's dtype policy, and multiplies by
+    the strategy's replicas (one GPU each).
     """
     if not _trains_on_gpu():
         return None
@@ -376,6 +434,9 @@ def _auto_peak_flops(model: Any) -> float | None:
 
     inv = inventory()
     gpus = visible_gpus(inv.gpus, os.environ.get("CUDA_VISIBLE_DEVICES")) if inv.available else []
+    positions = _tf_gpu_positions()
+    if positions:
+        gpus = [gpus[p] for p in positions if p < len(gpus)]
     if not gpus:
         return None
     policy = getattr(getattr(model, "dtype_policy", None), "name", None)
@@ -420,7 +481,9 @@ class StepTimer(keras.callbacks.Callback):
 
     With `log_dir`, writes `steps.csv` (`steps-worker{k}.csv` in a multi-worker cluster):
     `time,epoch,step,step_time_s,examples_per_s`, one row per batch hook (per execution),
-    flushed every 2 s, at each epoch end and at train end.
+    flushed as each is written, so a `fit` that raises (Keras then skips `on_train_end`)
+    leaves every step that ran on disk. The file is closed at train end, at the next
+    `fit`, or when the callback is garbage-collected. A later `fit` appends to it.
 
     Args:
         batch_size: int or None, the global batch size. Defaults to `None`: read from the
@@ -446,8 +509,6 @@ class StepTimer(keras.callbacks.Callback):
     ```
     """
 
-    _FLUSH_SECONDS = 2.0
-
     def __init__(
         self,
         batch_size: int | None = None,
@@ -463,9 +524,9 @@ class StepTimer(keras.callbacks.Callback):
         self.async_safe = True  # batch-end hook is thread-safe; lets Keras stay asynchronous
         self._lock = threading.Lock()
         self._file: Any = None
+        self._closer: weakref.finalize | None = None
         self._batch_size: int | None = self.batch_size
         self._epoch = 0
-        self._last_flush = time.perf_counter()
         self._reported = False
         self._mfu_noted = False
         self._flops: float | None = self.flops_per_step
@@ -497,14 +558,18 @@ class StepTimer(keras.callbacks.Callback):
             try:
                 path = self.log_dir / artifact_name("steps", ".csv")
                 header = "time,epoch,step,step_time_s,examples_per_s\n"
-                append = path.exists() and path.open().readline() == header
+                append = False
+                if path.exists():
+                    with path.open() as existing:
+                        append = existing.readline() == header
                 self._file = path.open("a" if append else "w")
+                # Keras skips on_train_end when fit raises: close it when this callback goes.
+                self._closer = weakref.finalize(self, _close_quietly, self._file)
                 if not append:
                     self._file.write(header)
                 self._file.flush()
             except OSError as e:  # side features never kill training
                 _log.warning("StepTimer cannot write steps.csv (%s); training goes on.", e)
-        self._last_flush = time.perf_counter()
 
     def on_epoch_begin(self, epoch, logs=None):
         with self._lock:
@@ -521,8 +586,8 @@ class StepTimer(keras.callbacks.Callback):
             with self._lock:
                 heapq.heappush(self._ends, (batch, now, wall))
                 self._drain(final=False)
-                if now - self._last_flush >= self._FLUSH_SECONDS:
-                    self._flush()
+                if self._rows:
+                    self._flush()  # per execution: a fit that raises loses no step
         except Exception as e:  # runs in Keras's thread pool: never let it fail `fit`
             self._report(e)
 
@@ -609,7 +674,6 @@ class StepTimer(keras.callbacks.Callback):
             self._rows.append((wall, self._epoch, end_step, per_step, rate))
 
     def _flush(self) -> None:
-        self._last_flush = time.perf_counter()
         if self._file is None or not self._rows:
             self._rows = []
             return
@@ -624,9 +688,14 @@ class StepTimer(keras.callbacks.Callback):
         self._rows = []
 
     def _close_file(self) -> None:
-        if self._file is not None:
-            try:
-                self._file.close()
-            except OSError:
-                pass
-            self._file = None
+        if self._closer is not None:
+            self._closer()  # closes the file, once
+            self._closer = None
+        self._file = None
+
+
+def _close_quietly(file: Any) -> None:
+    try:
+        file.close()
+    except (OSError, ValueError):
+        pass

@@ -11,8 +11,9 @@ The share of step time spent waiting for input is `(t3 - t2) / t3`. The classifi
 the TensorFlow Profiler's input-pipeline analyzer thresholds: at least 20% is highly
 input-bound, at least 5% moderately. Further probes are measured both ways rather than
 assumed: `steps_per_execution=16` (host overhead: dispatching tiny steps one by one) and
-`jit_compile` (XLA). Facts about the dataset (NumPy input, `py_function`/generators, missing
-`prefetch`), memory headroom, the precision policy against the GPU's tensor cores, and a
+`jit_compile` (XLA). Facts about the dataset, read from its graph (NumPy input,
+`py_function`/generators, sequential or parallel maps, cache, a final `prefetch`), the
+train-step ops that run on the CPU of a GPU host (read from the traced step), memory headroom, the precision policy against the GPU's tensor cores, and a
 lint of the model under mixed precision complete the picture. The decision is a pure
 function of the measurements (`_classify`), tested without hardware.
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import statistics
 import time
 import warnings
@@ -39,7 +41,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgpu._checks import check_int
+from tfgpu._checks import check_bool, check_int, invalid_type
 from tfgpu.batch_size import _prepare_model, _restore_state, _snapshot_state
 
 __all__ = ["Diagnosis", "Finding", "diagnose"]
@@ -112,8 +114,14 @@ class _Facts:
     numpy_input: bool = False
     python_input: bool = False  # py_function / generator in the pipeline
     prefetch: bool = True
+    parallel_map: bool = False  # the pipeline maps with num_parallel_calls
+    sequential_map: bool = False  # some map runs one element at a time
+    cache: str | None = None  # "memory", "file" or None
+    map_after_cache: bool = False  # per-example work (augmentation) after the cache
+    private_threadpool_size: int | None = None
     loss_scale_before: float | None = None
     loss_scale_after: float | None = None
+    train_step_ops: list[_OpFact] = field(default_factory=list)  # None read: empty
 
 
 @dataclass
@@ -261,9 +269,7 @@ def _classify(f: _Facts) -> tuple[str, str, float, list[Finding]]:
                 f"{f.step_time_s * 1e3:.2f} ms per step with the pipeline vs "
                 f"{f.compute_step_time_s * 1e3:.2f} ms on a device-resident batch; the "
                 f"pipeline alone takes {f.input_batch_time_s * 1e3:.2f} ms per batch.",
-                "Build the input with `tfgpu.data.pipeline(...)` (parallel `map("
-                "num_parallel_calls=tf.data.AUTOTUNE)`, `cache()`, `prefetch(tf.data.AUTOTUNE)`)"
-                "; move per-example Python work into TF ops or before `cache()`.",
+                _input_advice(f),
                 gain,
                 True,
             )
@@ -322,12 +328,18 @@ def _classify(f: _Facts) -> tuple[str, str, float, list[Finding]]:
                 f"end the pipeline with `.prefetch(tf.data.AUTOTUNE)`{device_hint}",
             )
         )
+    cpu_ops = _cpu_placed_ops(f.train_step_ops) if f.on_gpu and not f.jit_compile else []
+    if cpu_ops:
+        traffic.append(_cpu_ops_traffic(cpu_ops))
     if traffic:
         findings.append(
             Finding(
                 "host_device_traffic",
-                "moderate" if level != "no" else "info",
-                "Host-side input work every step",
+                "moderate" if level != "no" or cpu_ops else "info",
+                "Train-step ops placed on the CPU"
+                + (" and host-side input work" if len(traffic) > 1 else "")
+                if cpu_ops
+                else "Host-side input work every step",
                 "; ".join(seen for seen, _ in traffic) + ".",
                 "; ".join(fix for _, fix in traffic) + ".",
             )
@@ -409,6 +421,114 @@ def _classify(f: _Facts) -> tuple[str, str, float, list[Finding]]:
     lead = {"input": "input_bound", "host_overhead": "host_overhead"}.get(bottleneck)
     findings.sort(key=lambda x: (x.kind != lead, order[x.severity]))
     return bottleneck, level, share, findings
+
+
+def _input_advice(f: _Facts) -> str:
+    """What to change in an input-bound pipeline, given what it already does. Pure."""
+    tuned = f.prefetch and not f.sequential_map
+    if not tuned:
+        missing = []
+        if f.sequential_map:
+            missing.append("a map runs one element at a time")
+        if f.cache is None:
+            missing.append("nothing is cached")
+        if not f.prefetch:
+            missing.append("batches are not prefetched")
+        return (
+            "Build the input with `tfgpu.data.pipeline(...)` (parallel `map("
+            "num_parallel_calls=tf.data.AUTOTUNE)`, `cache()`, `prefetch(tf.data.AUTOTUNE)`)"
+            + (f": now {', '.join(missing)}" if missing else "")
+            + "; move per-example Python work into TF ops or before `cache()`."
+        )
+    cached = {"memory": "caches in memory", "file": "caches to a file"}.get(f.cache, "")
+    parallel = "maps in parallel" if f.parallel_map else ""
+    done = ", ".join(x for x in (parallel, cached, "prefetches") if x)
+    left = [
+        "make the per-example work cheaper (fewer ops in `map_fn`/`augment_fn`; decode "
+        "smaller, e.g. `tf.io.decode_jpeg(..., ratio=2)` or `decode_and_crop_jpeg`)"
+    ]
+    if f.map_after_cache:
+        left.append(
+            "move the augmentation after the cache into `batch_augment_fn=` (vectorized: one "
+            "op per batch instead of one per example)"
+        )
+    if f.cache is None:
+        left.append(
+            'cache the decoded examples: `cache=True` (memory) or `cache="/path/prefix"` (a '
+            "file), with the deterministic work in `map_fn` before it"
+        )
+    pool = f.private_threadpool_size
+    left.append(
+        "give tf.data more CPU cores (a host with more cores per GPU; "
+        f"`private_threadpool_size=` sized to them, now {pool or 'the shared pool'})"
+    )
+    left.append(
+        "preprocess offline: write the decoded, resized examples to TFRecord files once and "
+        'read them with `tfgpu.data.pipeline("data-*.tfrecord", map_fn=parse, ...)`'
+    )
+    return f"The pipeline already {done}: what is left is to " + "; ".join(left) + "."
+
+
+@dataclass(frozen=True)
+class _OpFact:
+    """One op of the traced train step, as the graph has it (see `_train_step_ops`)."""
+
+    name: str  # e.g. "sequential/my_layer/EagerPyFunc"
+    op: str  # the op type, e.g. "EagerPyFunc"
+    device: str = ""  # the requested device ("" when the placer chooses)
+    gpu_kernel: bool = True  # a GPU (or device-agnostic) kernel exists for its dtypes
+
+
+_PY_FUNC_OPS = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless"})
+# Graph plumbing: never a cost (constants, arguments, control).
+_PLUMBING_OPS = frozenset({"Const", "Placeholder", "_Arg", "_Retval", "NoOp", "HostConst"})
+
+
+def _cpu_placed_ops(ops: list[_OpFact]) -> list[tuple[_OpFact, str]]:
+    """The train-step ops that run on the CPU of a GPU host, each with why. Pure.
+
+    An op runs on the CPU when the model pins it there (`with tf.device("/cpu:0")`), when
+    it is a `tf.py_function` (Python runs on the host, its tensors are copied over), or when
+    no GPU kernel exists for it (string ops, some integer ops): soft placement then moves it
+    to the CPU, and its inputs and outputs cross PCIe every step.
+    """
+    placed = []
+    for op in ops:
+        if op.op in _PLUMBING_OPS:
+            continue
+        if "CPU" in op.device.upper():
+            placed.append((op, "pinned"))
+        elif op.op in _PY_FUNC_OPS:
+            placed.append((op, "python"))
+        elif not op.gpu_kernel:
+            placed.append((op, "no_kernel"))
+    return placed
+
+
+_CPU_OP_FIXES = {
+    "pinned": 'remove the `with tf.device("/cpu:0")` around it in the model; a preprocessing '
+    "layer that pins itself there (`TextVectorization`, `StringLookup`, `Hashing`) belongs in "
+    "the input pipeline instead (`map_fn=layer`)",
+    "python": "rewrite the `tf.py_function` with TF ops, or move it into the input pipeline",
+    "no_kernel": "no GPU kernel for it (a string op, an op without a GPU kernel for its "
+    "dtype): move it into the input pipeline (`map_fn`) or replace it with an op that has one",
+}
+
+
+def _cpu_ops_traffic(cpu_ops: list[tuple[_OpFact, str]]) -> tuple[str, str]:
+    """(what was seen, the fix) for train-step ops on the CPU. Pure."""
+    shown = [f"`{op.name}` ({op.op}{', ' + op.device if why == 'pinned' else ''})"
+             for op, why in cpu_ops[:6]]  # fmt: skip
+    more = f" and {len(cpu_ops) - 6} more" if len(cpu_ops) > 6 else ""
+    seen = (
+        f"{len(cpu_ops)} train-step op(s) run on the CPU, so tensors cross between host and "
+        f"GPU every step: {', '.join(shown)}{more}"
+    )
+    reasons = []
+    for _, why in cpu_ops:
+        if why not in reasons:
+            reasons.append(why)
+    return seen, "; ".join(_CPU_OP_FIXES[why] for why in reasons)
 
 
 def _loss_scale_finding(before: float, after: float) -> Finding:
@@ -531,6 +651,70 @@ def _compare(model, dataset, steps, warmup, attrs: dict[str, Any], rounds: int =
     return statistics.median(times["base"]), statistics.median(times["variant"])
 
 
+def _has_gpu_kernel(node, registry: dict[str, list]) -> bool:
+    """Whether a GPU (or device-agnostic) kernel is registered for `node`'s op and dtypes."""
+    from tensorflow.python.framework import kernels
+
+    if node.op not in registry:
+        try:
+            found = kernels.get_registered_kernels_for_op(node.op).kernel
+        except Exception:  # a function call op, or an op this build does not know
+            found = None
+        registry[node.op] = (
+            None if found is None else [k for k in found if k.device_type in ("GPU", "DEFAULT")]
+        )
+    candidates = registry[node.op]
+    if candidates is None:
+        return True  # unknown here: do not accuse it
+    for kernel in candidates:
+        if all(_fits(node.attr.get(c.name), c.allowed_values.list.type) for c in kernel.constraint):
+            return True
+    return False
+
+
+def _fits(attr, allowed) -> bool:
+    """Whether a node's type attribute is one a kernel constraint allows."""
+    if attr is None or not allowed:
+        return True
+    which = attr.WhichOneof("value")
+    if which == "type":
+        return attr.type in allowed
+    if which == "list":
+        return all(t in allowed for t in attr.list.type)
+    return True
+
+
+def _train_step_ops(model, batch) -> list[_OpFact]:
+    """Traces the model's train step on `batch` and lists its ops (no step runs).
+
+    Reads every node of the traced graph and of the functions it calls (layers, control
+    flow): its type, the device it asks for, and whether TensorFlow has a GPU kernel for it
+    (from the kernel registry; soft placement puts an op without one on the CPU). Under a
+    strategy with several replicas the strategy places ops itself (reductions, copies), so
+    the devices asked for are not kept there: only Python ops and ops without a GPU kernel
+    count.
+    """
+    strategy = model.distribute_strategy
+    keep_devices = int(strategy.num_replicas_in_sync) == 1
+
+    def step(data):
+        return strategy.run(model.train_step, args=(data,))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. "Gradients do not exist": not ours to say
+        graph = tf.function(step).get_concrete_function(batch).graph.as_graph_def()
+    registry: dict[str, list] = {}
+    nodes = list(graph.node)
+    for fn in graph.library.function:
+        nodes += list(fn.node_def)
+    return [
+        _OpFact(
+            node.name, node.op, node.device if keep_devices else "", _has_gpu_kernel(node, registry)
+        )
+        for node in nodes
+    ]
+
+
 # Dataset ops that pass their input's elements on as they come (no per-element work, no
 # buffer): a prefetch below one of them still hands batches over from its buffer.
 _PASS_THROUGH_OPS = frozenset(
@@ -557,39 +741,106 @@ _PASS_THROUGH_OPS = frozenset(
 )
 
 
-def _inspect_dataset(ds) -> dict[str, bool]:
-    """Reads the dataset's graph: Python ops, generators, a final prefetch."""
-    facts = {"python_input": False, "prefetch": True}
+_PARALLEL_MAP_OPS = frozenset(
+    {
+        "ParallelMapDataset",
+        "ParallelMapDatasetV2",
+        "MapAndBatchDataset",
+        "ExperimentalMapAndBatchDataset",
+    }
+)
+_SEQUENTIAL_MAP_OPS = frozenset({"MapDataset"})
+_CACHE_OPS = frozenset({"CacheDataset", "CacheDatasetV2"})
+_BATCH_OPS = frozenset({"BatchDataset", "BatchDatasetV2", "PaddedBatchDatasetV2"})
+_PYTHON_OPS = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless", "GeneratorDataset"})
+
+
+@dataclass(frozen=True)
+class _PipelineFacts:
+    """What the dataset's graph says about its input pipeline (see `_read_pipeline`)."""
+
+    python_input: bool = False  # py_function / generator somewhere in the pipeline
+    prefetch: bool = True  # the last stage that does work is a prefetch
+    parallel_map: bool = False  # some map runs with num_parallel_calls
+    sequential_map: bool = False  # some map runs one element at a time
+    cache: str | None = None  # "memory", "file" or None
+    map_after_cache: bool = False  # per-example work after the cache (augmentation)
+    private_threadpool_size: int | None = None  # tf.data.Options().threading
+
+
+def _read_pipeline(ds) -> _PipelineFacts | None:
+    """Reads the dataset's graph: Python ops, maps, cache, the final prefetch, thread pool.
+
+    Follows the chain of stages from the output back to the source (each stage's first
+    input). None when TensorFlow cannot serialize the dataset (no facts, no finding).
+    """
     try:
         serialized = tf.raw_ops.DatasetToGraphV2(
             input_dataset=ds._variant_tensor, external_state_policy=1
         )
         graph = tf.compat.v1.GraphDef()
         graph.ParseFromString(serialized.numpy())
-    except Exception:  # a dataset TF cannot serialize: no facts, no finding
-        return facts
+    except Exception:  # a dataset TF cannot serialize
+        return None
     ops = [n.op for n in graph.node]
     for fn in graph.library.function:
         ops += [n.op for n in fn.node_def]
-    facts["python_input"] = any(
-        o in ("EagerPyFunc", "PyFunc", "PyFuncStateless", "GeneratorDataset") for o in ops
-    )
-    ret = next((n for n in graph.node if n.op == "_Retval"), None)
     by_name = {n.name: n for n in graph.node}
+
+    def node_of(ref: str):
+        return by_name.get(ref.split(":")[0].lstrip("^"))
+
+    ret = next((n for n in graph.node if n.op == "_Retval"), None)
+    chain = []  # stages from the output back to the source
+    top = node_of(ret.input[0]) if ret is not None and ret.input else None
+    while top is not None and len(chain) < 10_000:
+        chain.append(top)
+        top = node_of(top.input[0]) if top.input else None
+
+    working = [n for n in chain if n.op not in _PASS_THROUGH_OPS]
     if ret is not None and ret.input:
-        top = by_name.get(ret.input[0].split(":")[0])
-        # Look through wrappers that hand elements on untouched (`with_options`, thread
-        # pools, assertions, repeat/take): what counts is the last node that does work.
-        while top is not None and top.op in _PASS_THROUGH_OPS and top.input:
-            top = by_name.get(top.input[0].split(":")[0])
-        facts["prefetch"] = top is not None and "Prefetch" in top.op
+        prefetch = bool(working) and "Prefetch" in working[0].op
     else:
-        facts["prefetch"] = "PrefetchDataset" in ops
-    return facts
+        prefetch = "PrefetchDataset" in ops
+    cache, map_after_cache, batched = None, False, False
+    for node in chain:  # from the output back: maps seen before the cache come after it
+        if node.op in _BATCH_OPS or node.op in ("MapAndBatchDataset",):
+            batched = True
+        if node.op in _CACHE_OPS:
+            filename = node_of(node.input[1]) if len(node.input) > 1 else None
+            values = list(filename.attr["value"].tensor.string_val) if filename else []
+            cache = "file" if values and values[0] else "memory"
+            break
+        if batched and node.op in _PARALLEL_MAP_OPS | _SEQUENTIAL_MAP_OPS:
+            map_after_cache = True  # per-example map between the cache and the batch
+        if node.op == "MapAndBatchDataset":
+            map_after_cache = True
+    if cache is None:
+        map_after_cache = False
+    try:
+        pool = ds.options().threading.private_threadpool_size
+    except Exception:
+        pool = None
+    return _PipelineFacts(
+        python_input=any(o in _PYTHON_OPS for o in ops),
+        prefetch=prefetch,
+        parallel_map=any(n.op in _PARALLEL_MAP_OPS for n in chain),
+        sequential_map=any(n.op in _SEQUENTIAL_MAP_OPS for n in chain),
+        cache=cache,
+        map_after_cache=map_after_cache,
+        private_threadpool_size=pool,
+    )
+
+
+def _inspect_dataset(ds) -> dict[str, bool]:
+    """Reads the dataset's graph: Python ops, generators, a final prefetch."""
+    facts = _read_pipeline(ds) or _PipelineFacts()
+    return {"python_input": facts.python_input, "prefetch": facts.prefetch}
 
 
 def _gpu_facts(notes: list[str]) -> tuple[str | None, list[tuple[int, int]], int | None]:
-    gpus = tf.config.list_physical_devices("GPU")
+    """(name, compute capabilities, memory bytes) of the GPUs TensorFlow uses, /GPU:0 first."""
+    gpus = tf.config.get_visible_devices("GPU")
     if not gpus:
         return None, [], None
     name, ccs, capacity = None, [], None
@@ -602,12 +853,17 @@ def _gpu_facts(notes: list[str]) -> tuple[str | None, list[tuple[int, int]], int
             ccs.append(tuple(details["compute_capability"]))
         name = name or details.get("device_name")
     try:
-        from tfgpu.monitor.nvml import inventory
+        from tfgpu.callbacks import _tf_gpu_positions
+        from tfgpu.monitor.nvml import inventory, visible_gpus
 
         inv = inventory()
-        if inv.available and inv.gpus:
-            name = inv.gpus[0].name or name
-            capacity = int(inv.gpus[0].memory_total_mib * 2**20)
+        # TensorFlow's /GPU:0: after CUDA_VISIBLE_DEVICES and tf.config.set_visible_devices.
+        cuda = visible_gpus(inv.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        positions = [p for p in (_tf_gpu_positions() or [0]) if p < len(cuda)]
+        if inv.available and positions:
+            first = cuda[positions[0]]
+            name = first.name or name
+            capacity = int(first.memory_total_mib * 2**20)
         elif inv.error:
             notes.append(f"NVML unavailable ({inv.error}): no memory capacity, no monitor")
     except Exception as e:  # side feature
@@ -652,10 +908,7 @@ def _check_args(model, steps, warmup, batch_size, run_dir, profile):
     check_int("warmup", warmup, minimum=1)
     check_int("batch_size", batch_size, allow_none=True, expected="a positive int or None")
     if not isinstance(model, keras.Model):
-        raise TypeError(
-            f"Invalid type for argument `model`. Received: {type(model).__name__}. "
-            "Expected a compiled `keras.Model`."
-        )
+        raise invalid_type("model", model, "a compiled `keras.Model`")
     if not getattr(model, "compiled", False) or model.optimizer is None:
         raise ValueError(
             "Invalid value for argument `model`. Received: a model that is not compiled. "
@@ -680,9 +933,8 @@ def _as_dataset(dataset, batch_size):
                 tuple(arrays) if isinstance(arrays, list) else arrays
             )
             return ds.batch(batch_size or 32), True
-    raise TypeError(
-        f"Invalid type for argument `dataset`. Received: {type(dataset).__name__}. Expected "
-        "a `tf.data.Dataset` of batches, or arrays `(x, y)` with `batch_size=`."
+    raise invalid_type(
+        "dataset", dataset, "a `tf.data.Dataset` of batches, or arrays `(x, y)` with `batch_size=`"
     )
 
 
@@ -706,7 +958,8 @@ def diagnose(
     real `dataset` (sampled by `tfgpu.monitor` where a GPU exists). With `check_xla`, the
     device-resident run is repeated with `jit_compile` flipped; with
     `check_steps_per_execution`, steps shorter than 50 ms are also timed with
-    `steps_per_execution=16`. The findings (see `docs/diagnosis.md`) name the argument to
+    `steps_per_execution=16`. On a GPU, the train step is also traced (not run) to find ops
+    that would run on the CPU. The findings (see `docs/diagnosis.md`) name the argument to
     change and the gain, measured where it could be. The model's weights, optimizer state,
     metrics and compile settings are restored afterwards.
 
@@ -730,8 +983,8 @@ def diagnose(
 
     Raises:
         ValueError: on invalid arguments, an uncompiled model, or an empty dataset.
-        TypeError: if `model` is not a Keras model or `dataset` is neither a dataset nor
-            arrays.
+        TypeError: if `model` is not a Keras model, `dataset` is neither a dataset nor
+            arrays, or a flag is not a bool.
 
     Example:
 
@@ -741,11 +994,10 @@ def diagnose(
     'input'
     """
     _check_args(model, steps, warmup, batch_size, run_dir, profile)
-    if not isinstance(check_xla, bool) or not isinstance(check_steps_per_execution, bool):
-        raise TypeError(
-            "Invalid type for arguments `check_xla` / `check_steps_per_execution`. Received: "
-            f"{check_xla!r}, {check_steps_per_execution!r}. Expected bools."
-        )
+    check_bool("check_xla", check_xla)
+    check_bool("check_steps_per_execution", check_steps_per_execution)
+    check_bool("monitor", monitor)
+    check_bool("profile", profile)
     ds, numpy_input = _as_dataset(dataset, batch_size)
     try:
         batch, size = _batch_of(ds)
@@ -762,7 +1014,7 @@ def diagnose(
     gpu_name, ccs, capacity = _gpu_facts(notes)
     on_gpu = bool(tf.config.list_logical_devices("GPU"))
     mem_device = "GPU:0" if on_gpu else "CPU:0"
-    facts = _inspect_dataset(ds)
+    pipeline_facts = _read_pipeline(ds) or _PipelineFacts()
 
     from tfgpu.data import benchmark
 
@@ -794,13 +1046,21 @@ def diagnose(
         except Exception:
             peak = None
         measurements["peak_memory_bytes"] = peak
+        train_step_ops: list[_OpFact] = []
+        if on_gpu and not model.jit_compile:  # where ops run matters only beside a GPU
+            try:
+                train_step_ops = _train_step_ops(model, batch)
+            except Exception as e:  # a side check: a note, not a crash
+                notes.append(f"train-step op placement not checked: {e}")
 
         sampler = None
         if monitor and on_gpu:
             try:
+                from tfgpu.callbacks import _sampler_gpus, _tf_gpu_positions
                 from tfgpu.monitor import Sampler
 
-                sampler = Sampler(interval=0.1)
+                # The GPUs TensorFlow trains on, /GPU:0 first (gpu0_* in the aggregates).
+                sampler = Sampler(interval=0.1, gpus=_sampler_gpus(None, _tf_gpu_positions()))
                 sampler.start()
             except Exception as e:  # side feature: never kill the diagnosis
                 notes.append(f"GPU monitor not started: {e}")
@@ -902,8 +1162,14 @@ def diagnose(
         peak_memory_bytes=measurements.get("peak_memory_bytes"),
         memory_capacity_bytes=capacity,
         numpy_input=numpy_input,
-        python_input=facts["python_input"],
-        prefetch=facts["prefetch"],
+        python_input=pipeline_facts.python_input,
+        prefetch=pipeline_facts.prefetch,
+        parallel_map=pipeline_facts.parallel_map,
+        sequential_map=pipeline_facts.sequential_map,
+        cache=pipeline_facts.cache,
+        map_after_cache=pipeline_facts.map_after_cache,
+        private_threadpool_size=pipeline_facts.private_threadpool_size,
+        train_step_ops=train_step_ops,
         loss_scale_before=scale_before,
         loss_scale_after=scale_after,
     )

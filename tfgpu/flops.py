@@ -20,6 +20,7 @@ architecture whitepapers; `docs/diagnosis.md` has the table with its sources.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 import warnings
 from collections.abc import Sequence
@@ -164,24 +165,44 @@ def mfu(flops_per_step: float, step_time_s: float, peak: float | None) -> float 
     """Returns model FLOPs utilization: achieved FLOP/s divided by peak FLOP/s.
 
     Args:
-        flops_per_step: float, FLOPs of one training step (see `train_step_flops`).
-        step_time_s: float, seconds per training step.
-        peak: float or None, the device's peak FLOP/s (see `peak_flops`).
+        flops_per_step: float, FLOPs of one training step (see `train_step_flops`); NaN
+            (not measured) gives None.
+        step_time_s: float, seconds per training step; zero or NaN (not measured) gives None.
+        peak: float or None, the device's peak FLOP/s (see `peak_flops`); None or zero when
+            the device is not in the peak table.
 
     Returns:
         float in [0, 1] for a sane measurement, or `None` when `peak` is unknown or the step
-        time is not positive.
+        time or FLOPs are not measured.
+
+    Raises:
+        TypeError: if an argument is not a real number (bools are not), or `peak` is neither a
+            number nor None.
+        ValueError: if an argument is negative or infinite.
 
     Example:
 
     >>> mfu(3e12, 0.01, 1e15)
     0.3
     """
-    if peak is None or not peak or not step_time_s or step_time_s <= 0:
+    for name, value, optional in (
+        ("flops_per_step", flops_per_step, False),
+        ("step_time_s", step_time_s, False),
+        ("peak", peak, True),
+    ):
+        if optional and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise invalid_type(
+                name, value, "a real number" + (" or None" if optional else "") + ", e.g. 1.5e12"
+            )
+        if value < 0 or math.isinf(value):
+            raise invalid_value(name, value, "a finite number >= 0")
+    if peak is None or not peak or math.isnan(peak):
         return None
-    if math.isnan(step_time_s) or math.isnan(flops_per_step):
+    if math.isnan(step_time_s) or math.isnan(flops_per_step) or step_time_s <= 0:
         return None
-    return flops_per_step / step_time_s / peak
+    return float(flops_per_step) / float(step_time_s) / float(peak)
 
 
 def _shape(tensor) -> list[int] | None:

@@ -17,6 +17,12 @@ Epoch boundaries are drawn as vertical lines. Epochs are numbered from 1 in the 
 summary, as Keras prints them (`Epoch 1/8`); the CSV files' `epoch` column counts from 0, as
 Keras's callbacks do. A run from a machine without a GPU has host metrics only, and the
 summary says so.
+
+Several `fit` calls (or `record` blocks) on one run directory append to the same files, and
+each starts its own session: the timeline's `elapsed_s` and the steps' `epoch` restart at 0.
+The report splits the files into sessions where they restart, plots everything on one time
+axis (seconds since the first sample, from the `time` column) with each session marked,
+gives the true time span, and keeps each session's epochs apart in the per-epoch table.
 """
 
 from __future__ import annotations
@@ -108,13 +114,95 @@ def _gpu_indices(table: _Table) -> list[int]:
     return sorted(int(m.group(1)) for c in table.columns if (m := _GPU_UTIL.match(c)))
 
 
-def _epoch_starts(times: list[float], epochs: list[float]) -> list[tuple[float, int]]:
+def _epoch_starts(
+    times: list[float], epochs: list[float], sessions: list[int] | None = None
+) -> list[tuple[float, int]]:
+    """(time, epoch) where each epoch begins; a new session starts its epochs afresh."""
     starts, last = [], None
-    for t, e in zip(times, epochs):
+    firsts = set(sessions or ())
+    for k, (t, e) in enumerate(zip(times, epochs)):
+        if k in firsts:
+            last = None
         if math.isfinite(e) and e != last:
             starts.append((t, int(e)))
             last = e
     return starts
+
+
+def _timeline_sessions(table: _Table) -> list[int]:
+    """Row indices where a sampling session begins: 0, then wherever `elapsed_s` restarts."""
+    starts, previous = [0] if table.rows else [], None
+    for k, elapsed in enumerate(table.col("elapsed_s")):
+        if not math.isfinite(elapsed):
+            continue
+        if previous is not None and elapsed < previous:
+            starts.append(k)
+        previous = elapsed
+    return starts
+
+
+def _steps_sessions(table: _Table) -> list[int]:
+    """Row indices where a `fit` begins: 0, then wherever the (epoch, step) order restarts."""
+    starts, previous = [0] if table.rows else [], None
+    for k, r in enumerate(table.rows):
+        e, step = r.get("epoch", math.nan), r.get("step", math.nan)
+        if not (math.isfinite(e) and math.isfinite(step)):
+            continue
+        if previous is not None and (e, step) <= previous:
+            starts.append(k)
+        previous = (e, step)
+    return starts
+
+
+def _session_of(starts: list[int], n: int) -> list[int]:
+    """The session number (0-based) of each of `n` rows."""
+    out, session = [], -1
+    firsts = set(starts)
+    for k in range(n):
+        if k in firsts:
+            session += 1
+        out.append(max(session, 0))
+    return out
+
+
+def _time_axis(table: _Table, starts: list[int], t0: float | None = None) -> list[float]:
+    """Seconds since `t0` (default: the first sample) from `time`, for every row.
+
+    Without a `time` column, the sessions' `elapsed_s` are laid end to end.
+    """
+    times = table.col("time")
+    finite = _finite(times)
+    if finite:
+        base = finite[0] if t0 is None else t0
+        return [t - base for t in times]
+    elapsed = table.col("elapsed_s")
+    if not _finite(elapsed):
+        return [float(k) for k in range(len(table.rows))]
+    out, offset, last = [], 0.0, 0.0
+    firsts = set(starts)
+    for k, v in enumerate(elapsed):
+        if k in firsts and k > 0:
+            offset = last
+        x = offset + v if math.isfinite(v) else math.nan
+        out.append(x)
+        if math.isfinite(x):
+            last = x
+    return out
+
+
+def _span(xs: list[float]) -> float:
+    finite = _finite(xs)
+    return finite[-1] - finite[0] if finite else math.nan
+
+
+def _broken(values: list[float], starts: list[int]) -> list[float]:
+    """`values` with a NaN before each session after the first: plotted lines break there."""
+    out, firsts = [], set(starts)
+    for k, v in enumerate(values):
+        if k in firsts and k > 0:
+            out.append(math.nan)
+        out.append(v)
+    return out
 
 
 def _suffix(path: Path, stem: str) -> str:
@@ -147,7 +235,17 @@ def _check_run_dir(run_dir) -> Path:
 
 
 def _plot_lines(
-    plt, out: Path, title: str, ylabel: str, series, epochs, *, ylim=None, log=False, legend=True
+    plt,
+    out: Path,
+    title: str,
+    ylabel: str,
+    series,
+    epochs,
+    *,
+    ylim=None,
+    log=False,
+    legend=True,
+    sessions=(),
 ) -> Path | None:
     drawn = [(label, xs, ys, style) for label, xs, ys, style in series if _finite(ys)]
     if not drawn:
@@ -164,8 +262,15 @@ def _plot_lines(
         ax.annotate(
             f" epoch {e + 1}", (t, 1), xycoords=("data", "axes fraction"), fontsize=7, va="top"
         )
+    if len(sessions) > 1:
+        for number, t in enumerate(sessions, 1):
+            ax.axvline(t, color="black", linestyle="--", linewidth=1.0)
+            ax.annotate(
+                f" fit {number}", (t, 0), xycoords=("data", "axes fraction"), fontsize=7,
+                va="bottom",
+            )  # fmt: skip
     ax.set_title(title)
-    ax.set_xlabel("seconds since the run started")
+    ax.set_xlabel("seconds since the first sample")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     if legend:
@@ -177,43 +282,46 @@ def _plot_lines(
 
 
 def _timeline_plots(plt, table: _Table, out_dir: Path, suffix: str) -> list[Path]:
-    t = table.col("elapsed_s")
-    if not _finite(t):
-        t0 = _finite(table.col("time"))
-        t = [v - t0[0] for v in table.col("time")] if t0 else list(range(len(table.rows)))
-    epochs = _epoch_starts(t, table.col("epoch"))
-    gpus = _gpu_indices(table)
-    made = []
-    host_only = "" if gpus else " (no GPU sampled: host only)"
-    util = [(f"GPU {i} utilization", t, table.col(f"gpu{i}_util_pct"), "-") for i in gpus]
-    util.append(("host CPU, all cores", t, table.col("host_cpu_pct"), "--"))
-    made.append(
-        _plot_lines(
+    starts = _timeline_sessions(table)
+    x = _time_axis(table, starts)
+    marks = {
+        "epochs": _epoch_starts(x, table.col("epoch"), starts),
+        "sessions": [x[k] for k in starts],
+    }
+    t = _broken(x, starts)
+
+    def col(name: str) -> list[float]:  # with the same breaks as the time axis
+        return _broken(table.col(name), starts)
+
+    def plot(name: str, title: str, ylabel: str, series, **kw) -> Path | None:
+        return _plot_lines(
             plt,
-            out_dir / f"utilization{suffix}.png",
-            "Utilization" + host_only,
-            "%",
-            util,
-            epochs,
-            ylim=(0, 105),
+            out_dir / f"{name}{suffix}.png",
+            title,
+            ylabel,
+            series,
+            marks["epochs"],
+            sessions=marks["sessions"],
+            **kw,
         )
-    )
+
+    gpus = _gpu_indices(table)
+    host_only = "" if gpus else " (no GPU sampled: host only)"
+    util = [(f"GPU {i} utilization", t, col(f"gpu{i}_util_pct"), "-") for i in gpus]
+    util.append(("host CPU, all cores", t, col("host_cpu_pct"), "--"))
+    made = [plot("utilization", "Utilization" + host_only, "%", util, ylim=(0, 105))]
     mem = []
     for i in gpus:
-        mem.append((f"GPU {i} used", t, table.col(f"gpu{i}_mem_used_mib"), "-"))
-        mem.append((f"GPU {i} total", t, table.col(f"gpu{i}_mem_total_mib"), ":"))
-    mem.append(("host: this process's RSS", t, table.col("host_rss_mib"), "--"))
-    made.append(
-        _plot_lines(plt, out_dir / f"memory{suffix}.png", "Memory" + host_only, "MiB", mem, epochs)
-    )
+        mem.append((f"GPU {i} used", t, col(f"gpu{i}_mem_used_mib"), "-"))
+        mem.append((f"GPU {i} total", t, col(f"gpu{i}_mem_total_mib"), ":"))
+    mem.append(("host: this process's RSS", t, col("host_rss_mib"), "--"))
+    made.append(plot("memory", "Memory" + host_only, "MiB", mem))
     power = []
     for i in gpus:
-        power.append((f"GPU {i} power draw", t, table.col(f"gpu{i}_power_w"), "-"))
-        power.append((f"GPU {i} power limit", t, table.col(f"gpu{i}_power_limit_w"), ":"))
+        power.append((f"GPU {i} power draw", t, col(f"gpu{i}_power_w"), "-"))
+        power.append((f"GPU {i} power limit", t, col(f"gpu{i}_power_limit_w"), ":"))
     if gpus:
-        made.append(
-            _plot_lines(plt, out_dir / f"power{suffix}.png", "Power", "watts", power, epochs)
-        )
+        made.append(plot("power", "Power", "watts", power))
     return [p for p in made if p is not None]
 
 
@@ -222,14 +330,18 @@ def _steps_plot(plt, table: _Table, out_dir: Path, suffix: str, t0: float | None
     finite = _finite(times)
     if not finite:
         return None
-    base = t0 if t0 is not None else finite[0]
-    xs = [v - base for v in times]  # when each row's step(s) ended
+    starts = _steps_sessions(table)
     ms = [v * 1e3 for v in table.col("step_time_s")]
     # An epoch starts when its first step began: its end minus the time its steps took.
-    counts = _steps_per_row(table.col("step"))
-    begins = [x - t * n / 1e3 if math.isfinite(t) else x for x, t, n in zip(xs, ms, counts)]
-    epochs = _epoch_starts(begins, table.col("epoch"))
-    series = [("step time", xs, ms, ".")]
+    counts = _steps_per_row(table.col("step"), starts)
+    ends = [v - (t0 if t0 is not None else 0.0) for v in times]
+    begin_times = [e - t * n / 1e3 if math.isfinite(t) else e for e, t, n in zip(ends, ms, counts)]
+    base = 0.0 if t0 is not None else _finite(begin_times)[0]
+    xs = [v - base for v in ends]  # when each row's step(s) ended
+    begins = [v - base for v in begin_times]
+    epochs = _epoch_starts(begins, table.col("epoch"), starts)
+    sessions = [begins[k] for k in starts]
+    series = [("step time", _broken(xs, starts), _broken(ms, starts), ".")]
     return _plot_lines(
         plt,
         out_dir / f"step_time{suffix}.png",
@@ -239,27 +351,39 @@ def _steps_plot(plt, table: _Table, out_dir: Path, suffix: str, t0: float | None
         epochs,
         log=True,
         legend=False,
+        sessions=sessions,
     )
 
 
-def _steps_per_row(last_steps: list[float]) -> list[int]:
+def _steps_per_row(last_steps: list[float], starts: list[int] = ()) -> list[int]:
     """Steps each `steps.csv` row covers, from the last step of each row within an epoch."""
     counts, previous = [], -1
-    for step in last_steps:
+    firsts = set(starts)
+    for k, step in enumerate(last_steps):
+        if k in firsts:
+            previous = -1
         if not math.isfinite(step):
             counts.append(1)
             continue
-        counts.append(int(step) - previous if step > previous else 1)
+        counts.append(int(step) - previous if step > previous else int(step) + 1)
         previous = int(step)
     return counts
 
 
 def _timeline_section(table: _Table, name: str) -> list[str]:
     gpus = _gpu_indices(table)
-    t = _finite(table.col("elapsed_s"))
+    starts = _timeline_sessions(table)
+    x = _time_axis(table, starts)
     lines = [f"## Timeline `{name}`", ""]
-    lines.append(f"{len(table.rows)} samples over {_fmt(t[-1] - t[0] if t else math.nan)} s.")
-    lines.append("")
+    text = f"{len(table.rows)} samples over {_fmt(_span(x), '.2f')} s"
+    if len(starts) > 1:
+        ends = [*starts[1:], len(x)]
+        sampled = sum(_span(x[a:b]) for a, b in zip(starts, ends) if _finite(x[a:b]))
+        text += (
+            f" in {len(starts)} sessions (one per `fit` or `record`, appended to this file), "
+            f"{_fmt(sampled, '.2f')} s of them sampled; the plots mark where each began"
+        )
+    lines += [text + ".", ""]
     if not gpus:
         lines += [
             "**No GPU was sampled in this run: host metrics only** (a machine without an "
@@ -299,28 +423,33 @@ def _timeline_section(table: _Table, name: str) -> list[str]:
 
 def _steps_section(table: _Table, name: str) -> list[str]:
     st = [v * 1e3 for v in table.col("step_time_s")]
+    starts = _steps_sessions(table)
+    fits = len(starts) > 1
     lines = [
         f"## Steps `{name}`",
         "",
         f"{len(table.rows)} rows (one per step, or per execution of `steps_per_execution` "
-        f"steps); step time median {_fmt(_quantile(st, 0.5), '.2f')} ms, p90 "
+        + (f"steps) from {len(starts)} `fit` calls appended to this file" if fits else "steps)")
+        + f"; step time median {_fmt(_quantile(st, 0.5), '.2f')} ms, p90 "
         f"{_fmt(_quantile(st, 0.9), '.2f')} ms; examples/s median "
         f"{_fmt(_quantile(table.col('examples_per_s'), 0.5), ',.0f')}. Epochs count from 1, "
         "as Keras prints them; the first step of epoch 1 includes tracing and compilation.",
         "",
-        "| epoch | steps | median step ms | p90 step ms | first step ms | time in steps s |",
-        "| --- | --- | --- | --- | --- | --- |",
+        ("| fit " if fits else "")
+        + "| epoch | steps | median step ms | p90 step ms | first step ms | time in steps s |",
+        ("| --- " if fits else "") + "| --- | --- | --- | --- | --- | --- |",
     ]
-    by_epoch: dict[int, list[dict[str, float]]] = {}
-    for r in table.rows:
+    by_epoch: dict[tuple[int, int], list[dict[str, float]]] = {}
+    for session, r in zip(_session_of(starts, len(table.rows)), table.rows):
         e = r.get("epoch", math.nan)
-        by_epoch.setdefault(int(e) if math.isfinite(e) else -1, []).append(r)
-    for e, rows in sorted(by_epoch.items()):
+        by_epoch.setdefault((session, int(e) if math.isfinite(e) else -1), []).append(r)
+    for (session, e), rows in sorted(by_epoch.items()):
         times = [r.get("step_time_s", math.nan) * 1e3 for r in rows]
         counts = _steps_per_row([r.get("step", math.nan) for r in rows])
         spent = sum(_finite([t * n / 1e3 for t, n in zip(times, counts)]))
         lines.append(
-            f"| {e + 1 if e >= 0 else '?'} | {sum(counts)} | "
+            (f"| {session + 1} " if fits else "")
+            + f"| {e + 1 if e >= 0 else '?'} | {sum(counts)} | "
             f"{_fmt(_quantile(times, 0.5), '.2f')} | {_fmt(_quantile(times, 0.9), '.2f')} | "
             f"{_fmt(times[0], '.2f')} | {_fmt(spent, '.2f')} |"
         )
@@ -425,14 +554,13 @@ def write_report(run_dir, out_dir=None) -> Path:
 
     images: list[Path] = []
     timelines = sorted(run.glob("timeline*.csv"))
-    t0_by_suffix: dict[str, float] = {}
+    t0_by_suffix: dict[str, float] = {}  # the first sample: time 0 of every plot
     for path in timelines:
         table = _read_csv(path)
         suffix = _suffix(path, "timeline")
         times = _finite(table.col("time"))
-        elapsed = _finite(table.col("elapsed_s"))
         if times:
-            t0_by_suffix[suffix] = times[0] - (elapsed[0] if elapsed else 0.0)
+            t0_by_suffix[suffix] = times[0]
         lines += _timeline_section(table, path.name)
         images += _timeline_plots(plt, table, out, suffix)
     if not timelines:

@@ -250,9 +250,11 @@ class Sampler:
     Args:
         interval: float, seconds between samples. NVML refreshes utilization every 1/6 s
             to 1 s depending on the GPU, so going much lower adds nothing. Defaults to `0.2`.
-        gpus: list of int or None, which GPUs to sample, numbered as this process sees them
-            (TensorFlow's `/GPU:i`, i.e. after `CUDA_VISIBLE_DEVICES`). Defaults to `None`:
-            all GPUs this process can use.
+        gpus: list of int or None, which GPUs to sample, numbered as CUDA lists them to
+            this process (after `CUDA_VISIBLE_DEVICES`; TensorFlow's `/GPU:i` unless
+            `tf.config.set_visible_devices` hid some, which this TF-free module cannot see:
+            `GPUMonitor` maps TensorFlow's numbering onto these positions). Defaults to
+            `None`: all GPUs this process can use.
         path: str, os.PathLike or None, the run directory to write to (created if missing).
             Defaults to `None`: keep samples in memory only.
         host: bool, whether to read host metrics (when False their columns are NaN).
@@ -595,8 +597,8 @@ def record(
         path: str, os.PathLike or None, the run directory for `run.json` and
             `timeline.csv`. Defaults to `None`: samples in memory only.
         interval: float, seconds between samples. Defaults to `0.2`.
-        gpus: list of int or None, GPUs to sample as this process numbers them. Defaults to
-            `None`: all this process uses.
+        gpus: list of int or None, GPUs to sample, numbered after `CUDA_VISIBLE_DEVICES`
+            (see `Sampler`). Defaults to `None`: all this process can use.
 
     Returns:
         A context manager yielding the started `Sampler`; it is stopped on exit, also when
