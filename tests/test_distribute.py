@@ -284,3 +284,63 @@ def test_keras_correction_is_only_for_multi_worker():
 
     assert not _keras_compat.needs_correction(tf.distribute.MirroredStrategy(cpus(2)))
     assert not _keras_compat.needs_correction(tf.distribute.get_strategy())
+
+
+# --------------------------------------------------------------------------- several strategies
+
+_SEVERAL_STRATEGIES = r"""
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import tfgpu
+
+def collective_sum(strategy, n):
+    # The strategy's collective all-reduce: MirroredStrategy's default on CPUs, and what it
+    # uses under XLA on GPUs and MultiWorkerMirroredStrategy on several local GPUs.
+    x = strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.fill([n], float(ctx.replica_id_in_sync_group + 1)))
+    ops = strategy.extended._collective_ops
+    out = tf.function(lambda v: ops.reduce(tf.distribute.ReduceOp.SUM, v, destinations=v))(x)
+    return strategy.experimental_local_results(out)[0].numpy().tolist()
+
+def plain():
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+def ours():
+    return tfgpu.strategy("mirrored", devices=["/cpu:0", "/cpu:1"])
+
+print("first", collective_sum(plain(), 5))    # one experiment: a model with 5 weights
+print("tfgpu", collective_sum(ours(), 3))     # the next one, another size
+print("tfgpu", collective_sum(ours(), 2))     # and the next
+try:
+    collective_sum(plain(), 3)                # the same without tfgpu
+except tf.errors.InvalidArgumentError as e:
+    print("plain", "Shape mismatch in the collective instance" in str(e))
+else:
+    print("plain", "worked")
+"""
+
+
+@pytest.mark.slow
+def test_each_strategy_has_its_own_collective_keys_in_a_fresh_process():
+    from tests.conftest import run_python
+
+    out = run_python(_SEVERAL_STRATEGIES).stdout.splitlines()
+    assert out[:3] == [
+        "first [3.0, 3.0, 3.0, 3.0, 3.0]",
+        "tfgpu [3.0, 3.0, 3.0]",
+        "tfgpu [3.0, 3.0]",
+    ]
+    # Upstream: two strategies built directly with TensorFlow share their keys, and the second
+    # model's all-reduce aborts. When this line fails, TensorFlow fixed it: the key ranges in
+    # tfgpu/distribute.py and tests/conftest.py can go.
+    assert out[3] == "plain True", out
+
+
+def test_collective_key_ranges_are_distinct_and_int32():
+    bases = [distribute._collective_key_base(i) for i in range(3)]
+    assert bases[0] > 1000 and len(set(bases)) == 3
+    assert np.diff(bases).min() >= distribute._COLLECTIVE_KEY_STRIDE
+    assert distribute._collective_key_base(200_000) < 2**31 - distribute._COLLECTIVE_KEY_STRIDE
+    a, b = (tfgpu.strategy("mirrored", devices=cpus(2)) for _ in range(2))
+    assert a.extended._collective_key_base != b.extended._collective_key_base

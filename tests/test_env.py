@@ -399,6 +399,20 @@ def test_report_text_and_json_are_readable_and_strict():
     assert not report.ok
 
 
+def _tf_section(report) -> str:
+    return str(report).split("GPUs TensorFlow sees\n", 1)[1].split("\n\n", 1)[0]
+
+
+@pytest.mark.parametrize("initialized", [False, True], ids=["fresh", "runtime-up"])
+def test_cpu_only_row_reads_the_same_whether_or_not_the_runtime_is_up(initialized):
+    facts = _with(_healthy(0), tensorflow={"runtime_initialized": initialized})
+    section = _tf_section(EnvironmentReport(facts, env._findings(facts)))
+    assert re.search(r"^  GPUs +none: TensorFlow runs on the CPU$", section, re.M), section
+    assert ("Runtime" in section) is initialized
+    if initialized:
+        assert re.search(r"^  Runtime +already initialized in this process$", section, re.M)
+
+
 def test_environment_on_this_machine():
     report = tfgpu.environment()
     assert isinstance(report, EnvironmentReport)
@@ -411,7 +425,12 @@ def test_environment_on_this_machine():
     json.dumps(report.to_dict(), allow_nan=False)
     assert all(isinstance(f, Finding) for f in report.findings)
     if not tf["gpus"]:
-        assert "GPUs  none: TensorFlow runs on the CPU" in str(report)
+        # The label column is as wide as the section's longest label: with the runtime already
+        # up (as under pytest) a "Runtime" row widens it, so match the row, not the padding.
+        section = _tf_section(report)
+        assert re.search(r"^  GPUs +none: TensorFlow runs on the CPU$", section, re.M), section
+        if tf["runtime_initialized"]:
+            assert re.search(r"^  Runtime +already initialized in this process$", section, re.M)
 
 
 def test_environment_reads_nvml_through_the_monitor_inventory(monkeypatch):

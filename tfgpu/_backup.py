@@ -18,7 +18,9 @@ What a backup holds (`<backup_dir>/backup.npz`): every model variable (weights, 
 state, and the layers' RNG seed-generator states), the optimizer variables (iteration count,
 slots, loss scale), the metric accumulators, Keras's global seed generator, Python's and
 NumPy's global RNG, and the position: epoch, batches done in that epoch, batches drawn from
-the input iterator, and the last batch logs.
+the input iterator, how many iterators of the training dataset `fit` had made before the one
+to resume from (a dataset reshuffled each epoch gives the k-th iterator the k-th order), and
+the last batch logs.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ import logging
 import os
 import random
 import shutil
+import sys
+import warnings
+import weakref
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -64,6 +69,51 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+def _create(path: Path, attempts: int = 5):
+    """Opens `path` for writing, creating its directories; tolerates a peer removing them.
+
+    Under multi-worker the shared `backup_dir` is removed by whichever worker cleans up last
+    (`os.rmdir`, only when empty), so between creating it and creating a file in it, a
+    directory may vanish: create it again rather than fail.
+    """
+    for attempt in range(attempts):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return open(path, "wb")
+        except FileNotFoundError:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _names(directory: Path) -> list[str]:
+    """The entries of `directory`; none if it does not exist (or a peer just removed it)."""
+    try:
+        with os.scandir(directory) as entries:
+            return [e.name for e in entries]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _delete_backups(canonical: Path, own: Path | None, is_chief: bool) -> None:
+    """Removes this worker's backups at the end of `fit`, then `canonical` if it is empty.
+
+    Workers finish at different moments and clean up concurrently: a worker removes its own
+    directory, the chief removes the canonical files and any temporary file a killed save
+    left, and whoever finds `canonical` empty removes it. Every step tolerates a path that
+    a peer removed in the meantime.
+    """
+    if own is not None:
+        shutil.rmtree(own, ignore_errors=True)
+    if is_chief:
+        for name in _names(canonical):
+            if name in (_FILE, _PREV) or name.startswith((f".{_FILE}.tmp-", f".{_PREV}.tmp-")):
+                with contextlib.suppress(FileNotFoundError):
+                    (canonical / name).unlink()
+    with contextlib.suppress(OSError):
+        canonical.rmdir()  # only if empty: other workers may still be cleaning up
+
+
 def _write_atomic(directory: Path, arrays: dict[str, np.ndarray], keep_previous: bool) -> Path:
     """Writes `arrays` to `directory/backup.npz` so that a reader never sees a partial file.
 
@@ -72,10 +122,10 @@ def _write_atomic(directory: Path, arrays: dict[str, np.ndarray], keep_previous:
     the old backup is first hard-linked (or copied) to `backup.prev.npz`, so at every instant
     at least one complete backup exists.
     """
-    directory.mkdir(parents=True, exist_ok=True)
     target = directory / _FILE
     tmp = directory / f".{_FILE}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
+    f = _create(tmp)
+    with f:
         np.savez(f, **arrays)
         f.flush()
         os.fsync(f.fileno())
@@ -121,6 +171,15 @@ def _keras_global_seed():
     return global_state.get_global_attribute("global_seed_generator")
 
 
+def _to_numpy(variable) -> np.ndarray:
+    """A variable's value as a NumPy array (through `tf.Variable.numpy()` where there is one:
+    NumPy 2's `np.array(tf_variable)` warns that TensorFlow's `__array__` lacks `copy=`)."""
+    value = getattr(variable, "value", variable)
+    if hasattr(value, "numpy"):
+        return np.asarray(value.numpy())
+    return np.asarray(keras.ops.convert_to_numpy(variable))
+
+
 def _collect_state(model) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Reads every piece of training state into NumPy arrays plus a JSON-able description."""
     arrays: dict[str, np.ndarray] = {}
@@ -128,11 +187,11 @@ def _collect_state(model) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     for group, variables in _groups(model).items():
         paths[group] = []
         for i, v in enumerate(variables):
-            arrays[f"{group}/{i:05d}"] = np.asarray(keras.ops.convert_to_numpy(v))
+            arrays[f"{group}/{i:05d}"] = _to_numpy(v)
             paths[group].append([v.path, list(v.shape)])
     seed = _keras_global_seed()
     if seed is not None:
-        arrays["rng/keras_global"] = np.asarray(keras.ops.convert_to_numpy(seed.state))
+        arrays["rng/keras_global"] = _to_numpy(seed.state)
     np_state = np.random.get_state()
     arrays["rng/numpy_keys"] = np.asarray(np_state[1])
     meta = {
@@ -214,6 +273,78 @@ def _worker_role(strategy) -> tuple[bool, str | None]:
     return True, None
 
 
+# --------------------------------------------------------------------------- shuffle orders
+
+
+class _CountingDataset:
+    """Stands in for the dataset Keras's `fit` iterates: counts the iterators made from it.
+
+    A `tf.data` shuffle with `reshuffle_each_iteration=True` draws the seeds of each new
+    iterator from a seed generator owned by the dataset, so in one process the k-th iterator
+    gets the k-th order. Counting lets a backup record which iterator an epoch read; on
+    resume, `skip_to(n)` makes the next iterator the n-th by first creating (and dropping)
+    the missing ones. Creating an iterator advances the seed generator without reading any
+    element (no shuffle buffer fill, no map call), so this costs milliseconds per epoch.
+    Everything else is forwarded to the wrapped dataset.
+    """
+
+    def __init__(self, dataset):
+        self._dataset = dataset
+        self.created = 0
+        self._skip_to = 0
+        self._made: list[tuple[Callable[[], Any], int]] = []
+
+    def skip_to(self, n: int) -> None:
+        self._skip_to = max(0, int(n))
+
+    def index_of(self, iterator) -> int | None:
+        """The creation index of `iterator` (0 for the first made here), or None if unknown."""
+        for ref, index in self._made:
+            if ref() is iterator:
+                return index
+        return None
+
+    def __iter__(self):
+        while self.created < self._skip_to:
+            iter(self._dataset)  # advances the shuffle seed generators, reads nothing
+            self.created += 1
+        iterator = iter(self._dataset)
+        try:
+            ref = weakref.ref(iterator)
+        except TypeError:
+            ref = lambda: iterator  # noqa: E731 - kept alive until dropped from the list
+        self._made = [(r, i) for r, i in self._made[-3:] if r() is not None]
+        self._made.append((ref, self.created))
+        self.created += 1
+        return iterator
+
+    def __getattr__(self, name):
+        return getattr(self._dataset, name)
+
+
+def _fit_epoch_iterator(model):
+    """The `EpochIterator` of the `model.fit` call running now (Keras 3 TF trainer), or None.
+
+    Keras gives callbacks no handle on the data `fit` iterates; its TensorFlow trainer keeps
+    it in the local `epoch_iterator` of `fit`, whose `_distributed_dataset` is what each
+    epoch's iterator is made from. Found by walking up the call stack from the callback
+    hook to that `fit` frame; anything unexpected returns None (the caller then warns).
+    """
+    try:
+        from keras.src.backend.tensorflow.trainer import TFEpochIterator
+    except ImportError:
+        return None
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
+            found = frame.f_locals.get("epoch_iterator")
+            if isinstance(found, TFEpochIterator) and hasattr(found, "_distributed_dataset"):
+                return found
+            return None
+        frame = frame.f_back
+    return None
+
+
 # --------------------------------------------------------------------------- the callback
 
 
@@ -226,9 +357,21 @@ class BackupAndRestore(keras.callbacks.Callback):
     model, optimizer, metric and RNG state are restored, the epoch resumes where it was,
     and the batches that epoch had already trained on are drawn from the input and skipped.
     The result equals an uninterrupted run up to float rounding, provided the input
-    yields the same batches in the same order for a given epoch (no shuffle, or a
-    shuffle with a fixed seed and `reshuffle_each_iteration=False`; a dataset reshuffled
-    each epoch restarts its sequence of orders in the new process).
+    yields the same batches in the same order for a given epoch.
+
+    Datasets reshuffled every epoch (`tfgpu.data.pipeline(..., seed=S)`,
+    `ds.shuffle(n, seed=S, reshuffle_each_iteration=True)`) resume exactly too, including
+    `steps_per_epoch` over a `.repeat()`ed dataset: such a dataset gives the k-th iterator
+    made from it the k-th order, so on resume the callback first makes (and drops, reading
+    nothing) as many iterators of the training dataset as the killed run had made.
+    **A seed is required for this**: an unseeded shuffle draws new orders in every process
+    (unless a global seed was set with `keras.utils.set_random_seed` before the dataset was
+    built), and a parallel map with `deterministic=False` (`tfgpu.data.pipeline`'s default
+    on one worker) may swap neighbouring examples; the resumed run then trains on other
+    orders than the uninterrupted one would have: correct training, not the same weights.
+    See `docs/distributed.md`. Where this Keras
+    keeps the training data where tfgpu cannot find it, the callback warns once on resume
+    and resumes with the new process's orders.
 
     Writes are atomic (temporary file, then rename), so a kill during a save leaves the
     previous backup intact. Under `MultiWorkerMirroredStrategy` the chief writes
@@ -299,6 +442,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._original_train_function: Callable | None = None
         self._set_initial_epoch = False
         self._last_call_skipped = False
+        self._epoch_iterator = None  # Keras's EpochIterator of this fit, when found
+        self._dataset: _CountingDataset | None = None
 
     def _paths(self) -> tuple[Path, Path | None, bool]:
         is_chief, private = _worker_role(self.model.distribute_strategy)
@@ -348,6 +493,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                 "`keras.Input` or call it on a batch first."
             )
         self._wrap_train_function()
+        self._count_iterators()
         loaded = self._load()
         strategy = model.distribute_strategy
         position = [0, 0] if loaded is None else [loaded[0]["epoch"], loaded[0]["step"]]
@@ -370,6 +516,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         _assign(groups["model"], arrays, "model")
         _assign(groups["optimizer"], arrays, "optimizer")
         _restore_rng(meta, arrays)
+        self._restore_shuffle_state(int(meta.get("iterators", 0)))
         self._epoch = meta["epoch"]
         self._shared_iterator = meta.get("shared_iterator")
         if meta["epoch"] > 0:
@@ -389,6 +536,50 @@ class BackupAndRestore(keras.callbacks.Callback):
             meta["epoch"],
             meta["step"],
         )
+
+    def _count_iterators(self) -> None:
+        """Puts a `_CountingDataset` between this `fit` and its training dataset."""
+        epoch_iterator = _fit_epoch_iterator(self.model)
+        if epoch_iterator is None:
+            return
+        dataset = epoch_iterator._distributed_dataset
+        if not isinstance(dataset, _CountingDataset):
+            dataset = _CountingDataset(dataset)
+            epoch_iterator._distributed_dataset = dataset
+        self._epoch_iterator, self._dataset = epoch_iterator, dataset
+
+    def _restore_shuffle_state(self, iterators: int) -> None:
+        if self._dataset is not None:
+            self._dataset.skip_to(iterators)
+        elif iterators > 0:
+            warnings.warn(
+                "tfgpu BackupAndRestore: cannot find the dataset this `fit` iterates (Keras "
+                f"{keras.__version__} keeps it elsewhere), so a dataset reshuffled each epoch "
+                "resumes with the shuffle order of a new run's first epoch, not the order the "
+                "interrupted run would have used; the final weights then differ slightly from "
+                "an uninterrupted run.",
+                stacklevel=2,
+            )
+
+    def _iterators_before(self, iterator) -> int:
+        """How many iterators had been made before `iterator` (the next one if None)."""
+        dataset = self._dataset
+        if dataset is None:
+            return 0
+        index = dataset.index_of(iterator) if iterator is not None else None
+        return dataset.created if index is None else index
+
+    def _next_epoch_iterator(self):
+        """The iterator Keras will use for the next epoch if it is already made, else None.
+
+        With `steps_per_epoch`, Keras keeps one iterator across epochs (or, over a finite
+        dataset, makes the next one at the end of the epoch and uses it); without, every
+        epoch starts with a new one.
+        """
+        epoch_iterator = self._epoch_iterator
+        if epoch_iterator is None or not getattr(epoch_iterator, "steps_per_epoch", None):
+            return None
+        return getattr(epoch_iterator, "_current_iterator", None)
 
     def _check_workers_agree(self, strategy, position: list[int]) -> None:
         """Multi-worker: every worker must resume at the same (epoch, batch), else stop."""
@@ -472,14 +663,21 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._last_logs = _pythonify(logs)
         every = self.save_freq
         if isinstance(every, int) and not isinstance(every, bool) and self._since_save >= every:
-            self._save(self._epoch, done, self._position)
+            self._save(self._epoch, done, self._position, self._iterators_before(self._iterator))
 
     def on_epoch_end(self, epoch, logs=None):
-        position = self._position if self._shared_iterator else 0
-        if self.save_freq == "epoch":
-            self._save(epoch + 1, 0, position)
+        if self.save_freq != "epoch":
+            return
+        upcoming = self._next_epoch_iterator()
+        if upcoming is not None and upcoming is self._iterator:
+            self._shared_iterator = True  # known now, not only at the next epoch's first step
+        if self._shared_iterator:
+            position, iterators = self._position, self._iterators_before(self._iterator)
+        else:
+            position, iterators = 0, self._iterators_before(upcoming)
+        self._save(epoch + 1, 0, position, iterators)
 
-    def _save(self, epoch: int, step: int, position: int) -> None:
+    def _save(self, epoch: int, step: int, position: int, iterators: int) -> None:
         self._since_save = 0
         meta, arrays = _collect_state(self.model)
         meta.update(
@@ -487,6 +685,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             step=step,
             position=position,
             shared_iterator=self._shared_iterator,
+            iterators=iterators,
             logs=self._last_logs,
         )
         arrays[_META] = np.asarray(json.dumps(meta))
@@ -499,18 +698,9 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._original_train_function = None
         if self._set_initial_epoch:
             self.model._initial_epoch = None
+        if self._epoch_iterator is not None and self._dataset is not None:
+            self._epoch_iterator._distributed_dataset = self._dataset._dataset
+        self._epoch_iterator = self._dataset = None
         if not self.delete_checkpoint:
             return
-        canonical, own, is_chief = self._paths()
-        if own is not None and own.exists():
-            shutil.rmtree(own, ignore_errors=True)
-        if is_chief:
-            for name in (_FILE, _PREV):
-                with contextlib.suppress(FileNotFoundError):
-                    (canonical / name).unlink()
-            for leftover in canonical.glob(f".{_FILE}.tmp-*"):
-                leftover.unlink(missing_ok=True)
-            for leftover in canonical.glob(f".{_PREV}.tmp-*"):
-                leftover.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            canonical.rmdir()  # only if empty: other workers may still be cleaning up
+        _delete_backups(*self._paths())

@@ -10,9 +10,11 @@ The guide is `docs/distributed.md`.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
+import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -29,6 +31,15 @@ _ALL_REDUCE = {
 }
 _LR_RULES = ("linear", "sqrt")
 _SLURM_PORT_BASE = 8888
+
+# Collective key ranges (see `_build_with_own_collective_keys`): strategies built directly with
+# TensorFlow number their collective groups from 1; each strategy built here starts at
+# `_COLLECTIVE_KEY_FIRST + k * _COLLECTIVE_KEY_STRIDE` for the k-th strategy of the process,
+# far from those, and keys stay int32 for the first half million strategies.
+_COLLECTIVE_KEY_FIRST = 1 << 20
+_COLLECTIVE_KEY_STRIDE = 1 << 12
+_collective_ranges = itertools.count()
+_collective_lock = threading.Lock()
 
 
 # --------------------------------------------------------------------------- decisions
@@ -234,6 +245,35 @@ def _auto_shard_options(policy: str):
     return options
 
 
+def _collective_key_base(index: int) -> int:
+    """The first collective group key of the `index`-th strategy this process builds (pure)."""
+    return _COLLECTIVE_KEY_FIRST + index * _COLLECTIVE_KEY_STRIDE
+
+
+def _build_with_own_collective_keys(cls, *args, **kwargs):
+    """Builds `cls(*args, **kwargs)` whose collective ops use keys no other strategy uses.
+
+    Every `MirroredStrategy` and `MultiWorkerMirroredStrategy` numbers its collective groups
+    from 1 and each group's instances from 100. The runtime remembers, per (group, instance)
+    key, the tensor shape first reduced under it, for the life of the process; so a second
+    strategy whose model differs (a second experiment in a notebook, a new model after a
+    first one) reduces a different shape under the same keys and every replica aborts with
+    "Collective ops is aborted by: Shape mismatch in the collective instance 100"
+    (tensorflow/tensorflow#61314, #62790). TensorFlow's own tests avoid it with the
+    `_collective_key_base` attribute both classes read at construction; tfgpu sets it on the
+    instance, before `__init__` runs, so nothing global changes. Where this TensorFlow has no
+    such attribute the strategy is built as usual.
+    """
+    if not isinstance(getattr(cls, "_collective_key_base", None), int):
+        return cls(*args, **kwargs)
+    with _collective_lock:
+        index = next(_collective_ranges)
+    instance = cls.__new__(cls)
+    instance._collective_key_base = _collective_key_base(index)
+    instance.__init__(*args, **kwargs)
+    return instance
+
+
 def _cross_device_ops(name: str | None):
     import tensorflow as tf
 
@@ -291,6 +331,11 @@ def strategy(
     training is tested without GPUs. `"multi_worker"` also installs a narrow correction
     that lets Keras 3 `model.fit` run under it (see `tfgpu/_keras_compat.py`). Create the
     strategy before any model, and build the model and optimizer inside `strategy.scope()`.
+
+    Call it again for each new model: every strategy it returns has collective keys of its
+    own, so one experiment after another in a notebook works. (Two
+    `tf.distribute.MirroredStrategy()` built directly share their keys, and the second model's
+    all-reduce aborts with "Shape mismatch in the collective instance 100".)
 
     Args:
         kind: str, one of `"auto"`, `"default"`, `"one_device"`, `"mirrored"`,
@@ -389,8 +434,10 @@ def strategy(
         on_gpus = all("gpu" in d.lower() for d in devices)
         name = _choose_all_reduce(chosen, all_reduce, on_gpus=on_gpus)
         _LOG.info("tfgpu.strategy: MirroredStrategy on %s, all-reduce %s", devices, name)
-        return tf.distribute.MirroredStrategy(
-            devices=devices, cross_device_ops=_cross_device_ops(name)
+        return _build_with_own_collective_keys(
+            tf.distribute.MirroredStrategy,
+            devices=devices,
+            cross_device_ops=_cross_device_ops(name),
         )
 
     # multi_worker
@@ -412,9 +459,18 @@ def strategy(
         resolver = _slurm_resolver(os.environ, slurm_port_base)
     elif cluster.num_tasks <= 1:
         _LOG.info("tfgpu.strategy: multi_worker with a single task (no TF_CONFIG or Slurm step)")
-    result = tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=resolver, communication_options=options
-    )
+    if cluster.num_tasks > 1:
+        # Every worker must use the same collective keys: keep TensorFlow's numbering,
+        # which only depends on the (single) strategy each worker process builds.
+        result = tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver, communication_options=options
+        )
+    else:
+        result = _build_with_own_collective_keys(
+            tf.distribute.MultiWorkerMirroredStrategy,
+            cluster_resolver=resolver,
+            communication_options=options,
+        )
     from tfgpu import _keras_compat
 
     if _keras_compat.needs_correction(result):

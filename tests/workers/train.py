@@ -40,10 +40,23 @@ def make_data():
     return x, y
 
 
-def make_dataset(global_batch, examples=EXAMPLES, drop_remainder=False, shuffle=False):
+def make_dataset(
+    global_batch,
+    examples=EXAMPLES,
+    drop_remainder=False,
+    shuffle=False,
+    reshuffle=False,
+    repeat=False,
+):
     from tfgpu.distribute import _auto_shard_options
 
     x, y = make_data()
+    if reshuffle:  # a new order every epoch, seeded: resumable exactly by BackupAndRestore
+        import tfgpu.data
+
+        return tfgpu.data.pipeline(
+            (x[:examples], y[:examples]), batch_size=global_batch, seed=0, repeat=repeat
+        )
     ds = tf.data.Dataset.from_tensor_slices((x[:examples], y[:examples]))
     if shuffle:  # same order every epoch and in every process: resumable exactly
         ds = ds.shuffle(examples, seed=7, reshuffle_each_iteration=False)
@@ -106,6 +119,9 @@ def train(
     examples=EXAMPLES,
     drop_remainder=False,
     shuffle=False,
+    reshuffle=False,
+    repeat=False,
+    steps_per_epoch=None,
     dropout=0.0,
     optimizer="sgd",
     steps_per_execution=1,
@@ -123,8 +139,10 @@ def train(
         from tfgpu.callbacks import BackupAndRestore
 
         cbs.insert(0, BackupAndRestore(backup, save_freq=save_freq))
-    ds = make_dataset(global_batch, examples, drop_remainder, shuffle)
-    history = model.fit(ds, epochs=epochs, verbose=0, callbacks=cbs, shuffle=False)
+    ds = make_dataset(global_batch, examples, drop_remainder, shuffle, reshuffle, repeat)
+    history = model.fit(
+        ds, epochs=epochs, verbose=0, callbacks=cbs, shuffle=False, steps_per_epoch=steps_per_epoch
+    )
     return model, history
 
 
@@ -136,6 +154,9 @@ def main(argv=None):
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--shuffle", action="store_true")
+    p.add_argument("--reshuffle", action="store_true", help="seeded, new order every epoch")
+    p.add_argument("--repeat", action="store_true", help="repeat the data, with --steps-per-epoch")
+    p.add_argument("--steps-per-epoch", type=int, default=None)
     p.add_argument("--steps-per-execution", type=int, default=1)
     p.add_argument("--backup")
     p.add_argument("--save-freq", default="epoch")
@@ -171,6 +192,9 @@ def main(argv=None):
             epochs=args.epochs,
             global_batch=args.global_batch,
             shuffle=args.shuffle,
+            reshuffle=args.reshuffle,
+            repeat=args.repeat,
+            steps_per_epoch=args.steps_per_epoch,
             dropout=args.dropout,
             steps_per_execution=args.steps_per_execution,
             backup=args.backup,
