@@ -152,6 +152,29 @@ def test_no_shuffle_keeps_order():
     assert _label_ids(ds) == list(range(N))
 
 
+def test_no_shuffle_keeps_order_by_default_through_parallel_maps():
+    """Predictions on `pipeline(x_test, shuffle=False)` must line up with the labels."""
+    n = 4096
+    x = np.arange(n, dtype=np.float32).reshape(n, 1)
+    y = np.arange(n, dtype=np.int64)
+
+    def uneven(x, y):  # per-example cost varies, so a non-deterministic map would reorder
+        work = tf.reduce_sum(tf.random.uniform([tf.cast(y % 7, tf.int32) * 2000]))
+        return x + 0.0 * work, y
+
+    ds = tfdata.pipeline((x, y), batch_size=32, shuffle=False, map_fn=uneven, cache=False)
+    assert ds.options().deterministic
+    for _ in range(3):
+        assert np.concatenate([b.numpy() for _, b in ds]).tolist() == list(range(n))
+
+
+def test_a_seed_makes_the_pipeline_deterministic_unless_told_otherwise():
+    assert tfdata.pipeline(_xy(), batch_size=10, seed=3).options().deterministic
+    assert not tfdata.pipeline(_xy(), batch_size=10).options().deterministic
+    fast = tfdata.pipeline(_xy(), batch_size=10, seed=3, deterministic=False)
+    assert not fast.options().deterministic
+
+
 def test_cache_sits_before_augmentation():
     """Decode runs once over two epochs, and the augmentation is new every epoch."""
     counter = _Counter()

@@ -337,9 +337,10 @@ def _decide(
     data_sharded = facts.num_workers > 1 and shard_policy in ("DATA", "AUTO")
 
     # Determinism: DATA sharding keeps every k-th element, so all workers must see the same
-    # order: a deterministic pipeline and the same shuffle seed.
+    # order: a deterministic pipeline and the same shuffle seed. Unshuffled data keeps its
+    # order (predictions must line up with labels), and a seed asks for a reproducible run.
     if deterministic is None:
-        deterministic = data_sharded
+        deterministic = data_sharded or not shuffle or seed is not None
     if data_sharded and seed is None and shuffle:
         seed = _SHARED_SEED
         notes.append(f"shuffle seeded with {_SHARED_SEED} so every worker shards the same order")
@@ -594,8 +595,11 @@ def pipeline(
             (needed by XLA/`jit_compile` and for even splits over replicas). Defaults to None:
             True under a strategy, else False.
         deterministic: bool, keep element order fixed through parallel maps and interleaves
-            (reproducible, possibly slower). Defaults to None: False, except True when
-            several workers shard in-memory data by example (they must agree on the order).
+            (reproducible, possibly slower). Defaults to None: True when `shuffle=False`
+            (the order is the data's), when a `seed` is given (a reproducible run, needed for
+            exact resume with `tfgpu.callbacks.BackupAndRestore`), or when several workers
+            shard in-memory data by example (they must agree on the order); else False, the
+            fastest.
         repeat: bool, repeat indefinitely (after the shuffle, so each pass is reshuffled and
             batches run across epoch boundaries). For custom loops; not needed for `fit`.
             Defaults to False.
