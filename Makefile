@@ -26,6 +26,7 @@ test: $(VENV)/.dev
 lint: $(VENV)/.dev
 	$(BIN)/ruff check tfgpu tests examples benchmarks
 	$(BIN)/ruff format --check tfgpu tests examples benchmarks
+	$(BIN)/mypy
 
 env: $(VENV)/.dev
 	$(BIN)/tfgpu env

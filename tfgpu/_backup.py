@@ -37,7 +37,7 @@ import weakref
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import keras
 import numpy as np
@@ -126,7 +126,7 @@ def _write_atomic(directory: Path, arrays: dict[str, np.ndarray], keep_previous:
     tmp = directory / f".{_FILE}.tmp-{os.getpid()}"
     f = _create(tmp)
     with f:
-        np.savez(f, **arrays)
+        np.savez(f, allow_pickle=True, **arrays)  # numpy's default, named for the stubs
         f.flush()
         os.fsync(f.fileno())
     if keep_previous and target.exists():
@@ -192,7 +192,9 @@ def _collect_state(model) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     seed = _keras_global_seed()
     if seed is not None:
         arrays["rng/keras_global"] = _to_numpy(seed.state)
-    np_state = np.random.get_state()
+    # The global RandomState is always MT19937, whose legacy state is this tuple (numpy's
+    # stubs type the no-argument call as the dict form, which is only for `legacy=False`).
+    np_state = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state(legacy=True))
     arrays["rng/numpy_keys"] = np.asarray(np_state[1])
     meta = {
         "format": _FORMAT,
@@ -415,7 +417,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                 "Invalid value for argument `backup_dir`. Received: backup_dir=''. "
                 "Expected a directory path."
             )
-        valid_int = is_int(save_freq) and save_freq > 0
+        valid_int = is_int(save_freq) and cast(int, save_freq) > 0
         if save_freq is not False and save_freq != "epoch" and not valid_int:
             raise invalid_value(
                 "save_freq", save_freq, "'epoch', a positive int (batches), or False"
@@ -647,7 +649,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._position += spe
             return result
 
-        train_function._tfgpu_backup = True
+        train_function._tfgpu_backup = True  # type: ignore[attr-defined]  # marks our wrapper
         self._original_train_function = original
         model.train_function = train_function
 
@@ -690,7 +692,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         )
         arrays[_META] = np.asarray(json.dumps(meta))
         canonical, own, is_chief = self._paths()
-        _write_atomic(canonical if is_chief else own, arrays, self.double_checkpoint)
+        directory = canonical if is_chief else own
+        if directory is None:  # _worker_role names a private directory for every non-chief
+            raise AssertionError("tfgpu BackupAndRestore: a non-chief worker has no directory")
+        _write_atomic(directory, arrays, self.double_checkpoint)
 
     def on_train_end(self, logs=None):
         if self._original_train_function is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, Literal, overload
 
 
 def invalid_value(name: str, value: Any, expected: str) -> ValueError:
@@ -76,6 +76,30 @@ def is_int(value: Any, *, numpy: bool = False) -> bool:
     if numpy:
         return isinstance(value, numbers.Integral) and not isinstance(value, bool)
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+@overload
+def check_int(
+    name: str,
+    value: Any,
+    *,
+    minimum: int = ...,
+    allow_none: Literal[False] = ...,
+    numpy: bool = ...,
+    expected: str | None = ...,
+) -> int: ...
+
+
+@overload
+def check_int(
+    name: str,
+    value: Any,
+    *,
+    minimum: int = ...,
+    allow_none: bool,
+    numpy: bool = ...,
+    expected: str | None = ...,
+) -> int | None: ...
 
 
 def check_int(
@@ -150,5 +174,5 @@ def is_positive_number(value: Any) -> bool:
         isinstance(value, numbers.Real)
         and not isinstance(value, bool)
         and math.isfinite(value)
-        and value > 0
+        and not value <= 0  # numbers.Real declares only < and <=; isfinite ruled out NaN
     )

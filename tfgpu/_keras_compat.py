@@ -130,8 +130,9 @@ def install() -> bool:
             with strategy.scope():
                 self._symbolic_build(data_batch=data_batch)
 
-        reduce_per_replica.__wrapped__ = original_reduce
-        _maybe_symbolic_build.__wrapped__ = original_build
+        # functools convention: each patch points at the Keras function it replaces.
+        reduce_per_replica.__wrapped__ = original_reduce  # type: ignore[attr-defined]
+        _maybe_symbolic_build.__wrapped__ = original_build  # type: ignore[attr-defined]
         tf_trainer.reduce_per_replica = reduce_per_replica
         tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
         _installed = True

@@ -138,7 +138,7 @@ def _next_candidate(
     lo = max(fits) if fits else None
     hi = min(fails) if fails else None
     if lo is None:  # even the first size failed: halve down
-        nxt = hi // 2
+        nxt = min(fails) // 2  # = hi: trials is not empty, so something failed
         return nxt if nxt >= 1 else None
     if hi is None:  # still growing by powers of two
         if lo >= max_batch_size:

@@ -24,7 +24,7 @@ import warnings
 import weakref
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypedDict
 
 import keras
 
@@ -35,6 +35,14 @@ __all__ = ["BackupAndRestore", "GPUMonitor", "StepTimer"]  # noqa: F822 (lazy)
 
 _log = logging.getLogger("tfgpu.callbacks")
 _NAN = float("nan")
+
+
+class _SamplerConfig(TypedDict):
+    """`GPUMonitor`'s `Sampler` arguments other than `gpus`."""
+
+    interval: float
+    path: str | os.PathLike | None
+    host: bool
 
 
 def __getattr__(name: str):
@@ -52,7 +60,7 @@ def _training_frame() -> FrameType | None:
     The first frame, going outwards, that belongs neither to this module nor to
     `keras.src.callbacks` (the `CallbackList` dispatching the hook).
     """
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if module != __name__ and not module.startswith("keras.src.callbacks"):
@@ -66,7 +74,7 @@ _LIBRARIES = ("tfgpu", "keras", "tensorflow", "tf_keras", "absl")
 
 def _user_frame() -> FrameType | None:
     """The innermost frame outside tfgpu, Keras and TensorFlow: the user's call to `fit`."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if module.split(".")[0] not in _LIBRARIES:
@@ -107,7 +115,7 @@ def _warn_at_user_code(caught: list[warnings.WarningMessage]) -> None:
 
 def _infer_batch_size() -> int | None:
     """The batch size of the running `fit`, read from its `epoch_iterator`'s data adapter."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if "epoch_iterator" in frame.f_code.co_varnames:
             iterator = frame.f_locals.get("epoch_iterator")
@@ -116,7 +124,7 @@ def _infer_batch_size() -> int | None:
                 size = adapter.batch_size if adapter is not None else None
             except Exception:  # an adapter that cannot tell
                 size = None
-            if isinstance(size, numbers.Integral) and size > 0:
+            if isinstance(size, numbers.Integral) and int(size) > 0:
                 return int(size)
             return None
         frame = frame.f_back
@@ -254,11 +262,13 @@ class GPUMonitor(keras.callbacks.Callback):
         if log_dir is not None:
             _check_log_dir(log_dir, "log_dir")
         self._gpus = _check_gpus(gpus)
-        self._config = {"interval": interval, "path": log_dir, "host": host}
+        self._config: _SamplerConfig = {"interval": interval, "path": log_dir, "host": host}
         self._sampled = _sampler_gpus(self._gpus, _tf_gpu_positions())  # TensorFlow's numbering
         self.sampler = Sampler(**self._config, gpus=self._sampled)  # validates the rest now
         self.log_dir = None if log_dir is None else Path(log_dir)
         if tensorboard is True:
+            if log_dir is None:  # rejected above; narrows the type
+                raise AssertionError("tensorboard=True needs log_dir")
             self._tb_dir: Path | None = Path(log_dir) / "tensorboard"
         elif tensorboard is False:
             self._tb_dir = None

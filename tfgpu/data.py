@@ -502,7 +502,7 @@ def _num_workers(strategy: Any) -> int:
     if strategy is None:
         return 1
     n = getattr(strategy.extended, "_num_workers", None)
-    if is_int(n, numpy=True) and n > 0:
+    if n is not None and is_int(n, numpy=True) and n > 0:
         return int(n)
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is not None:

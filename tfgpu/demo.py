@@ -175,7 +175,9 @@ def _settings_from(findings: list[Any], *, jit_compile_now: bool) -> _Settings:
     """
     from tfgpu.diagnosis import PROBE_STEPS_PER_EXECUTION
 
-    spe, jit, applied = 1, "auto", []
+    spe = 1
+    jit: bool | str = "auto"
+    applied: list[str] = []
     for finding in findings:
         if finding.kind == "host_overhead" and spe == 1:
             spe = PROBE_STEPS_PER_EXECUTION
@@ -203,7 +205,7 @@ def _recipe(model, *, global_batch: int, initial_digest: str) -> dict[str, Any]:
     """How a side trained (after `fit`): what must be equal on both sides."""
     optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)  # loss scaling
     schedule = getattr(optimizer, "_learning_rate", None)
-    if hasattr(schedule, "get_config"):
+    if schedule is not None and hasattr(schedule, "get_config"):
         config = {k: v for k, v in schedule.get_config().items() if k != "name"}
     else:
         config = {"value": float(optimizer.learning_rate.numpy())}

@@ -191,7 +191,7 @@ class Diagnosis:
             f"throughput {self.examples_per_second:,.0f} examples/s"
             + (f" (batch {self.batch_size})" if self.batch_size else ""),
         ]
-        if self.mfu is not None:
+        if self.mfu is not None and self.achieved_flops_per_second is not None:
             lines.append(
                 f"  MFU {self.mfu:.1%} ({self.achieved_flops_per_second / 1e12:.2f} TFLOP/s)"
             )
@@ -277,8 +277,9 @@ def _classify(f: _Facts) -> tuple[str, str, float, list[Finding]]:
 
     spe_gain = None
     spe_base = f.spe_baseline_step_time_s or f.compute_step_time_s
-    if f.spe_probe_step_time_s and f.spe_probe_step_time_s > 0:
-        spe_gain = spe_base / f.spe_probe_step_time_s
+    spe_probe = f.spe_probe_step_time_s or 0.0
+    if spe_probe > 0:
+        spe_gain = spe_base / spe_probe
     host_bound = spe_gain is not None and spe_gain >= HOST_OVERHEAD_MIN_GAIN
     if host_bound:
         rec = (
@@ -296,7 +297,7 @@ def _classify(f: _Facts) -> tuple[str, str, float, list[Finding]]:
                 "high",
                 "Host-overhead-bound: steps are so short that dispatching them dominates",
                 f"{spe_base * 1e3:.2f} ms per step with steps_per_execution="
-                f"{f.steps_per_execution}, {f.spe_probe_step_time_s * 1e3:.2f} ms with "
+                f"{f.steps_per_execution}, {spe_probe * 1e3:.2f} ms with "
                 f"steps_per_execution={PROBE_STEPS_PER_EXECUTION}.",
                 rec,
                 spe_gain,
@@ -440,7 +441,8 @@ def _input_advice(f: _Facts) -> str:
             + (f": now {', '.join(missing)}" if missing else "")
             + "; move per-example Python work into TF ops or before `cache()`."
         )
-    cached = {"memory": "caches in memory", "file": "caches to a file"}.get(f.cache, "")
+    caches = {"memory": "caches in memory", "file": "caches to a file"}
+    cached = "" if f.cache is None else caches.get(f.cache, "")
     parallel = "maps in parallel" if f.parallel_map else ""
     done = ", ".join(x for x in (parallel, cached, "prefetches") if x)
     left = [
@@ -651,7 +653,7 @@ def _compare(model, dataset, steps, warmup, attrs: dict[str, Any], rounds: int =
     return statistics.median(times["base"]), statistics.median(times["variant"])
 
 
-def _has_gpu_kernel(node, registry: dict[str, list]) -> bool:
+def _has_gpu_kernel(node, registry: dict[str, list | None]) -> bool:
     """Whether a GPU (or device-agnostic) kernel is registered for `node`'s op and dtypes."""
     from tensorflow.python.framework import kernels
 
@@ -703,7 +705,7 @@ def _train_step_ops(model, batch) -> list[_OpFact]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # e.g. "Gradients do not exist": not ours to say
         graph = tf.function(step).get_concrete_function(batch).graph.as_graph_def()
-    registry: dict[str, list] = {}
+    registry: dict[str, list | None] = {}
     nodes = list(graph.node)
     for fn in graph.library.function:
         nodes += list(fn.node_def)
@@ -791,7 +793,7 @@ def _read_pipeline(ds) -> _PipelineFacts | None:
         return by_name.get(ref.split(":")[0].lstrip("^"))
 
     ret = next((n for n in graph.node if n.op == "_Retval"), None)
-    chain = []  # stages from the output back to the source
+    chain: list[Any] = []  # stages (NodeDefs) from the output back to the source
     top = node_of(ret.input[0]) if ret is not None and ret.input else None
     while top is not None and len(chain) < 10_000:
         chain.append(top)
@@ -1184,8 +1186,8 @@ def diagnose(
         if flops:
             achieved = flops / real
             if gpu_name:
-                peak = peak_flops(gpu_name, _precision_peak_key(policy, ccs))
-                mfu_value = mfu(flops, real, peak)
+                peak_fps = peak_flops(gpu_name, _precision_peak_key(policy, ccs))
+                mfu_value = mfu(flops, real, peak_fps)
     except Exception as e:  # FLOP counting is a side feature
         notes.append(f"FLOPs not counted: {e}")
 

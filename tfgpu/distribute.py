@@ -448,6 +448,8 @@ def strategy(
             "GPUs (restrict them with CUDA_VISIBLE_DEVICES or tfgpu.configure())."
         )
     name = _choose_all_reduce(chosen, all_reduce, on_gpus=bool(gpus))
+    if name is None:  # _ALL_REDUCE lists multi_worker's reductions, so one is chosen
+        raise AssertionError("no all-reduce chosen for kind='multi_worker'")
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=getattr(
             tf.distribute.experimental.CommunicationImplementation, name.upper()

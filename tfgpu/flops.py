@@ -247,9 +247,10 @@ def _op_flops(op) -> float | None:
             k = a[-2] if adj else a[-1]
             return 2.0 * math.prod(out) * k
         if t == "Einsum":
-            if any(s is None for s in ins):
+            shapes = [s for s in ins if s is not None]
+            if len(shapes) < len(ins):
                 return None
-            return _einsum_flops(op.get_attr("equation").decode(), ins)
+            return _einsum_flops(op.get_attr("equation").decode(), shapes)
         if t in ("Conv2D", "Conv3D"):
             kernel = ins[1]
             if kernel is None or out is None:

@@ -33,6 +33,7 @@ import json
 import math
 import re
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -355,7 +356,7 @@ def _steps_plot(plt, table: _Table, out_dir: Path, suffix: str, t0: float | None
     )
 
 
-def _steps_per_row(last_steps: list[float], starts: list[int] = ()) -> list[int]:
+def _steps_per_row(last_steps: list[float], starts: Sequence[int] = ()) -> list[int]:
     """Steps each `steps.csv` row covers, from the last step of each row within an epoch."""
     counts, previous = [], -1
     firsts = set(starts)

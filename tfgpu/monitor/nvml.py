@@ -16,7 +16,7 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 _log = logging.getLogger("tfgpu.monitor")
 
@@ -288,6 +288,18 @@ def inventory() -> NvmlInventory:
         _stop(nv)
 
 
+class _GpuIds(Protocol):
+    """What `visible_gpus` reads of a GPU: a `GpuInfo`, or anything with these two ids."""
+
+    @property
+    def uuid(self) -> str: ...
+
+    @property
+    def pci_bus_id(self) -> str: ...
+
+
+_G = TypeVar("_G", bound=_GpuIds)
+
 _PCI = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})(?:\.([0-7]))?$")
 
 
@@ -299,7 +311,7 @@ def _parse_pci(bus_id: str) -> tuple[int, int, int, int] | None:
     return int(domain or "0", 16), int(bus, 16), int(device, 16), int(function or "0", 16)
 
 
-def _match_token(token: str, gpus: Sequence[GpuInfo]) -> GpuInfo | None:
+def _match_token(token: str, gpus: Sequence[_G]) -> _G | None:
     if re.fullmatch(r"[0-9]+", token):  # ASCII digits only, as CUDA reads them
         position = int(token)
         return gpus[position] if position < len(gpus) else None
@@ -313,7 +325,7 @@ def _match_token(token: str, gpus: Sequence[GpuInfo]) -> GpuInfo | None:
     return None  # e.g. MIG-... instances: not mapped
 
 
-def visible_gpus(gpus: Sequence[GpuInfo], cuda_visible_devices: str | None) -> list[GpuInfo]:
+def visible_gpus(gpus: Sequence[_G], cuda_visible_devices: str | None) -> list[_G]:
     """Maps `CUDA_VISIBLE_DEVICES` onto NVML's GPUs, in the order this process sees them.
 
     Position `i` of the result is the GPU that CUDA, and so TensorFlow's `/GPU:i`, calls `i`.
@@ -336,7 +348,7 @@ def visible_gpus(gpus: Sequence[GpuInfo], cuda_visible_devices: str | None) -> l
     """
     if cuda_visible_devices is None:
         return list(gpus)
-    selected: list[GpuInfo] = []
+    selected: list[_G] = []
     for raw in cuda_visible_devices.split(","):
         token = raw.strip()
         gpu = _match_token(token, gpus) if token else None
