@@ -430,7 +430,11 @@ def test_input_bound_advice_for_a_tfgpu_pipeline_is_what_is_left():
         assert knob in text, knob
     assert "`cache=True`" not in text  # already cached
 
-    uncached = tfgpu.data.pipeline((X[:256], Y[:256]), batch_size=32, cache=False)
+    # Uncached work (a map_fn): caching its output is the advice. (Without a map there is
+    # nothing to cache: see test_in_memory_pipeline_without_a_map_gets_in_memory_advice.)
+    uncached = tfgpu.data.pipeline(
+        (X[:256], Y[:256]), batch_size=32, map_fn=lambda x, y: (x * 2, y), cache=False
+    )
     facts = _read_pipeline(uncached)
     assert facts.cache is None and not facts.map_after_cache
     text = next(f for f in _classify(timings(facts))[3] if f.kind == "input_bound").recommendation
@@ -443,6 +447,64 @@ def test_input_bound_advice_for_a_tfgpu_pipeline_is_what_is_left():
     text = next(f for f in _classify(timings(facts))[3] if f.kind == "input_bound").recommendation
     assert "Build the input with `tfgpu.data.pipeline(...)`" in text
     assert "a map runs one element at a time" in text and "not prefetched" in text
+
+
+def test_in_memory_pipeline_without_a_map_gets_in_memory_advice():
+    from tfgpu.diagnosis import _read_pipeline
+
+    facts = _read_pipeline(tfgpu.data.pipeline((X[:256], Y[:256]), batch_size=32))
+    assert not (facts.parallel_map or facts.sequential_map or facts.python_input)
+    slow = _facts(  # a wait of 50 ms per step: input-bound, whatever the cause
+        compute_step_time_s=0.05,
+        batch_size=32,
+        steps_per_execution=4,
+        prefetch=facts.prefetch,
+        parallel_map=facts.parallel_map,
+        sequential_map=facts.sequential_map,
+        cache=facts.cache,
+    )
+    bottleneck, level, _, findings = _classify(slow)
+    assert (bottleneck, level) == ("input", "high")
+    text = next(f for f in findings if f.kind == "input_bound").recommendation
+    assert text.startswith("The pipeline has no map (in-memory data)")
+    for knob in ("`batch_size=`, now 32", "steps_per_execution=)` (now 4; e.g. 16)",
+                 "repeat=True", "steps_per_epoch"):  # fmt: skip
+        assert knob in text, knob
+    for wrong in ("decode_jpeg", "TFRecord", "`cache=True`", "map_fn", "private_threadpool"):
+        assert wrong not in text, wrong
+
+
+@pytest.mark.parametrize(
+    ("step_ms", "compute_ms", "level"),
+    [(0.32, 0.16, "no"), (2.0, 1.01, "no"), (2.0, 1.0, "high"), (20.0, 18.9, "moderate")],
+)
+def test_input_bound_needs_a_millisecond_of_wait_per_step(step_ms, compute_ms, level):
+    # The README quick start on a CPU: 0.32 ms per step, 0.16 ms on a resident batch. Half
+    # the step "waits", but 0.16 ms is tf.data's per-batch hand-over, not pipeline work.
+    facts = _facts(step_time_s=step_ms / 1e3, compute_step_time_s=compute_ms / 1e3)
+    bottleneck, got, share, findings = _classify(facts)
+    assert got == level
+    assert share == pytest.approx(1 - compute_ms / step_ms)  # still reported as measured
+    assert (bottleneck == "input") == (level != "no")
+    assert any(f.kind == "input_bound" for f in findings) == (level != "no")
+
+
+@pytest.mark.slow
+def test_tiny_in_memory_pipeline_is_not_called_input_bound():
+    # The README quick start's shape: in-memory arrays through tfgpu.data.pipeline, no map,
+    # a tiny Dense model. Its steps take well under a millisecond on this CPU.
+    train = tfgpu.data.pipeline((X, Y), batch_size=128)
+    model = _tiny_model()
+    model.compile(keras.optimizers.Adam(1e-3), "mse", steps_per_execution=16)
+    diagnosis = tfgpu.diagnose(model, train, **{**FAST, "steps": 64})
+    assert diagnosis.step_time_s < 1e-3, str(diagnosis)  # the premise: a tiny step
+    assert diagnosis.input_bound == "no", str(diagnosis)
+    assert diagnosis.bottleneck != "input" and diagnosis.finding("input_bound") is None
+    text = str(diagnosis)
+    for wrong in ("decode_jpeg", "TFRecord", "cache the decoded"):
+        assert wrong not in text, wrong
+    if diagnosis.input_wait_share >= 0.05:  # the share alone would have said input-bound
+        assert any("per-batch hand-over" in n for n in diagnosis.notes), diagnosis.notes
 
 
 def test_gpu_facts_describe_the_gpu_tensorflow_was_given(monkeypatch):

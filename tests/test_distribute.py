@@ -170,6 +170,31 @@ def test_uneven_global_batch_is_a_clear_error():
         distribute._check_global_batch(30, 4)
 
 
+def test_numpy_integers_are_accepted_and_python_ints_returned():
+    # tfgpu.data.pipeline takes NumPy ints; the batch arithmetic feeding it must too.
+    got = tfgpu.global_batch_size(np.int64(128), 2)
+    assert got == 256 and type(got) is int
+    got = tfgpu.global_batch_size(np.int32(64), np.int64(4))
+    assert got == 256 and type(got) is int
+    s = tf.distribute.MirroredStrategy(cpus(2))
+    got = tfgpu.global_batch_size(np.int64(32), s)
+    assert got == 64 and type(got) is int
+    lr = tfgpu.scale_learning_rate(0.4, 2, base_replicas=np.int64(8))
+    assert lr == pytest.approx(0.1) and type(lr) is float
+    lr = tfgpu.scale_learning_rate(0.1, np.int64(8))
+    assert lr == pytest.approx(0.8) and type(lr) is float
+    assert distribute._check_global_batch(np.int64(64), 4) == 16
+    # Still refused: NumPy floats and bools for counts, non-positive NumPy ints.
+    with pytest.raises(TypeError, match=r"`per_replica`.*float"):
+        tfgpu.global_batch_size(np.float64(32.0), 2)
+    with pytest.raises(TypeError, match="`per_replica`"):
+        tfgpu.global_batch_size(np.bool_(True), 2)
+    with pytest.raises(ValueError, match=r"Received: per_replica=.*0"):
+        tfgpu.global_batch_size(np.int64(0), 2)
+    with pytest.raises(ValueError, match="`base_replicas`"):
+        tfgpu.scale_learning_rate(0.1, 2, base_replicas=np.int64(0))
+
+
 def test_scale_learning_rate_rules():
     assert tfgpu.scale_learning_rate(0.1, 8) == pytest.approx(0.8)
     assert tfgpu.scale_learning_rate(1e-3, 4, rule="sqrt") == pytest.approx(2e-3)

@@ -9,7 +9,8 @@ A short, bounded, measured run separates the costs of a training step:
 
 The share of step time spent waiting for input is `(t3 - t2) / t3`. The classification uses
 the TensorFlow Profiler's input-pipeline analyzer thresholds: at least 20% is highly
-input-bound, at least 5% moderately. Further probes are measured both ways rather than
+input-bound, at least 5% moderately, provided the wait is at least 1 ms per step (less is
+tf.data's per-batch hand-over, not the pipeline's work: `INPUT_WAIT_MIN_S`). Further probes are measured both ways rather than
 assumed: `steps_per_execution=16` (host overhead: dispatching tiny steps one by one) and
 `jit_compile` (XLA). Facts about the dataset, read from its graph (NumPy input,
 `py_function`/generators, sequential or parallel maps, cache, a final `prefetch`), the
@@ -51,6 +52,11 @@ __all__ = ["Diagnosis", "Finding", "diagnose"]
 # kModeratelyInputBoundThresholdInPercent = 5).
 INPUT_BOUND_HIGH = 0.20
 INPUT_BOUND_MODERATE = 0.05
+# ...and only when the wait is at least this long per step. Below it the wait is tf.data's
+# fixed per-batch hand-over (the iterator's GetNext, the copy into the step), ~0.1-0.5 ms on
+# in-memory data however light the pipeline is: not the pipeline's work, so no pipeline knob
+# removes it (`steps_per_execution` amortizes it; see the host-overhead probe).
+INPUT_WAIT_MIN_S = 1e-3
 # A faster variant counts only when it wins by at least this factor (noise margin).
 HOST_OVERHEAD_MIN_GAIN = 1.3
 XLA_MIN_GAIN = 1.1
@@ -232,7 +238,10 @@ def _json_safe(value):
 # Pure decisions
 
 
-def _input_level(share: float) -> str:
+def _input_level(share: float, wait_s: float = math.inf) -> str:
+    """`"high"`, `"moderate"` or `"no"` from the wait's share of the step and its length."""
+    if wait_s < INPUT_WAIT_MIN_S:
+        return "no"
     if share >= INPUT_BOUND_HIGH:
         return "high"
     if share >= INPUT_BOUND_MODERATE:
@@ -257,7 +266,7 @@ def _classify(f: _Facts) -> tuple[str, str, float, list[Finding]]:
     findings: list[Finding] = []
     wait = max(0.0, f.step_time_s - f.compute_step_time_s)
     share = wait / f.step_time_s if f.step_time_s > 0 else 0.0
-    level = _input_level(share)
+    level = _input_level(share, wait)
 
     if level != "no":
         gain = f.step_time_s / f.compute_step_time_s if f.compute_step_time_s > 0 else None
@@ -426,6 +435,8 @@ def _classify(f: _Facts) -> tuple[str, str, float, list[Finding]]:
 
 def _input_advice(f: _Facts) -> str:
     """What to change in an input-bound pipeline, given what it already does. Pure."""
+    if not (f.parallel_map or f.sequential_map or f.python_input):
+        return _in_memory_advice(f)
     tuned = f.prefetch and not f.sequential_map
     if not tuned:
         missing = []
@@ -469,6 +480,36 @@ def _input_advice(f: _Facts) -> str:
         'read them with `tfgpu.data.pipeline("data-*.tfrecord", map_fn=parse, ...)`'
     )
     return f"The pipeline already {done}: what is left is to " + "; ".join(left) + "."
+
+
+def _in_memory_advice(f: _Facts) -> str:
+    """What helps a pipeline without a map (in-memory arrays): fewer, larger hand-overs. Pure.
+
+    Nothing is decoded or transformed, so cheaper maps, caches and TFRecords cannot help: the
+    cost is per batch (slicing, the iterator, the copy into the step) and per host round trip.
+    """
+    left = []
+    if not f.prefetch:
+        left.append("end the pipeline with `.prefetch(tf.data.AUTOTUNE)`")
+    batch = f"now {f.batch_size}" if f.batch_size else "per replica"
+    left.append(
+        f"a larger batch (`batch_size=`, {batch}): the per-batch cost is paid for more "
+        "examples; scale the learning rate with `tfgpu.scale_learning_rate`"
+    )
+    left.append(
+        f"`model.compile(..., steps_per_execution=)` (now {f.steps_per_execution}; "
+        f"e.g. {max(PROBE_STEPS_PER_EXECUTION, 4 * f.steps_per_execution)}): fewer host round "
+        "trips, several batches fetched per call"
+    )
+    left.append(
+        "`tfgpu.data.pipeline(..., repeat=True)` with `model.fit(..., steps_per_epoch=...)`: "
+        "one iterator for the whole run instead of a new one every epoch"
+    )
+    return (
+        "The pipeline has no map (in-memory data): the wait is per-batch hand-over, so "
+        + "; ".join(left)
+        + "."
+    )
 
 
 @dataclass(frozen=True)
@@ -1176,6 +1217,13 @@ def diagnose(
         loss_scale_after=scale_after,
     )
     bottleneck, level, share, findings = _classify(f)
+    wait = max(0.0, real - compute)
+    if level == "no" and share >= INPUT_BOUND_MODERATE:
+        notes.append(
+            f"input wait {wait * 1e3:.2f} ms per step ({share:.0%}) is below "
+            f"{INPUT_WAIT_MIN_S * 1e3:g} ms: tf.data's per-batch hand-over, not the pipeline's "
+            "work, so not called input-bound"
+        )
     findings += _lint_mixed_precision(model, ccs)
 
     flops = achieved = mfu_value = None

@@ -113,13 +113,12 @@ def _num_replicas(strategy: Any) -> int:
         raise invalid_type(
             "strategy", strategy, "a tf.distribute.Strategy or a positive int (number of replicas)"
         )
-    if isinstance(strategy, int):
-        check_int("strategy", strategy, expected="a positive number of replicas")
-        return strategy
-    replicas = getattr(strategy, "num_replicas_in_sync", None)
-    if not isinstance(replicas, int):
+    if is_int(strategy, numpy=True):  # a number of replicas (NumPy integers too)
+        return check_int("strategy", strategy, numpy=True, expected="a positive number of replicas")
+    replicas: Any = getattr(strategy, "num_replicas_in_sync", None)
+    if not is_int(replicas, numpy=True):
         raise invalid_type("strategy", strategy, "a tf.distribute.Strategy or a positive int")
-    return replicas
+    return int(replicas)
 
 
 def global_batch_size(per_replica: int, strategy: Any = None) -> int:
@@ -130,12 +129,12 @@ def global_batch_size(per_replica: int, strategy: Any = None) -> int:
     when GPUs are added.
 
     Args:
-        per_replica: int, examples each replica processes per step.
+        per_replica: int (a NumPy integer too), examples each replica processes per step.
         strategy: `tf.distribute.Strategy`, an int number of replicas, or None for the
             strategy currently in scope (`tf.distribute.get_strategy()`). Defaults to None.
 
     Returns:
-        int, `per_replica * strategy.num_replicas_in_sync`.
+        int (a Python int), `per_replica * strategy.num_replicas_in_sync`.
 
     Raises:
         TypeError: if `per_replica` is not an int, or `strategy` is not a strategy or int.
@@ -146,9 +145,9 @@ def global_batch_size(per_replica: int, strategy: Any = None) -> int:
     >>> tfgpu.global_batch_size(64, 4)
     256
     """
-    if not is_int(per_replica):
+    if not is_int(per_replica, numpy=True):
         raise invalid_type("per_replica", per_replica, "a positive int")
-    check_int("per_replica", per_replica, expected="a positive int")
+    per_replica = check_int("per_replica", per_replica, numpy=True, expected="a positive int")
     if strategy is None:
         import tensorflow as tf
 
@@ -159,7 +158,9 @@ def global_batch_size(per_replica: int, strategy: Any = None) -> int:
 def _check_global_batch(batch_size: int, strategy: Any) -> int:
     """Returns the per-replica batch; raises if `batch_size` does not split evenly."""
     replicas = _num_replicas(strategy)
-    check_int("batch_size", batch_size, expected="a positive int (the global batch)")
+    batch_size = check_int(
+        "batch_size", batch_size, numpy=True, expected="a positive int (the global batch)"
+    )
     if batch_size % replicas:
         lower = (batch_size // replicas) * replicas
         raise ValueError(
@@ -190,7 +191,8 @@ def scale_learning_rate(
         strategy: `tf.distribute.Strategy`, an int number of replicas, or None for the
             strategy in scope. Defaults to None.
         rule: str, `"linear"` or `"sqrt"`. Defaults to `"linear"`.
-        base_replicas: int, how many replicas `learning_rate` was tuned on. Defaults to 1.
+        base_replicas: int (a NumPy integer too), how many replicas `learning_rate` was
+            tuned on. Defaults to 1.
 
     Returns:
         float, the scaled learning rate.
@@ -213,7 +215,7 @@ def scale_learning_rate(
         raise invalid_value("learning_rate", learning_rate, "a positive finite float")
     if rule not in _LR_RULES:
         raise invalid_value("rule", rule, f"one of: {', '.join(map(repr, _LR_RULES))}")
-    check_int("base_replicas", base_replicas, expected="a positive int")
+    base_replicas = check_int("base_replicas", base_replicas, numpy=True, expected="a positive int")
     if strategy is None:
         import tensorflow as tf
 
