@@ -575,12 +575,19 @@ def pipeline(
         strategy: `tf.distribute.Strategy` the model trains under, or None. Sets the replica
             count, the sharding, and `drop_remainder=True` by default. Defaults to None.
         map_fn: callable, per-example decode/preprocess (parse a record, decode an image,
-            resize, normalize). Must be deterministic: it runs before the cache. Defaults to
-            None.
+            resize, normalize). Must be deterministic: it runs before the cache. It is called
+            as `map_fn(*example)` when an example is a tuple (`map_fn(x, y)` for `(x, y)`
+            arrays or supervised TFDS pairs), and as `map_fn(example)` when it is a dict
+            (TFDS feature dicts) or a single tensor (an array, a serialized TFRecord); it
+            returns the new example. Defaults to None.
         augment_fn: callable, per-example random augmentation; runs after the cache and the
-            shuffle, so it differs every epoch. Defaults to None.
+            shuffle, so it differs every epoch. Called like `map_fn`, on what `map_fn`
+            returned: `augment_fn(*example)` for a tuple, `augment_fn(example)` for a dict or
+            a single tensor. Defaults to None.
         batch_augment_fn: callable, vectorized augmentation of a whole batch, after batching.
-            Defaults to None.
+            Called like `map_fn`, on a batch: `batch_augment_fn(*batch)` when examples are
+            tuples (`batch_augment_fn(x_batch, y_batch)`), `batch_augment_fn(batch)` when they
+            are dicts or single tensors. Defaults to None.
         cache: `"auto"`, True/`"memory"`, a file path, or False. `"auto"` caches the output of
             `map_fn` (or of reading files/TFDS) in memory when its estimated size fits the RAM
             budget, the source is finite and `map_fn` has no random ops. True/`"memory"`
@@ -701,7 +708,8 @@ def pipeline(
         )
     cache_dir = None
     if isinstance(cache, (str, os.PathLike)) and cache not in ("auto", "memory"):
-        cache_dir = os.path.dirname(os.path.abspath(os.fspath(cache)))
+        cache = os.path.expanduser(os.fspath(cache))
+        cache_dir = os.path.dirname(os.path.abspath(cache))
         if not os.path.isdir(cache_dir):
             raise ValueError(
                 f"Invalid value for argument `cache`. Received: cache={cache!r}, but the "
@@ -767,7 +775,7 @@ def pipeline(
             lambda f: tf.data.TFRecordDataset(f, compression_type=compression_type or ""),
             cycle_length=min(num_files, max(_cpu_count(), 2)),
             num_parallel_calls=_AUTOTUNE,
-            deterministic=bool(deterministic),
+            deterministic=deterministic,
         )
     else:
         ds, info = _load_tfds(
@@ -787,7 +795,7 @@ def pipeline(
     random_ops: tuple[str, ...] = ()
     if map_fn is not None:
         random_ops = _random_ops(map_fn, ds.element_spec)
-        ds = ds.map(map_fn, num_parallel_calls=_AUTOTUNE, deterministic=bool(deterministic))
+        ds = ds.map(map_fn, num_parallel_calls=_AUTOTUNE, deterministic=deterministic)
 
     facts = _Facts(
         kind=src.kind,
@@ -824,6 +832,7 @@ def pipeline(
     if plan.cache == "memory":
         ds = ds.cache()
     elif plan.cache:
+        _remove_interrupted_cache(plan.cache)
         ds = ds.cache(plan.cache)
     if plan.shuffle_buffer:
         ds = ds.shuffle(plan.shuffle_buffer, seed=plan.shuffle_seed, reshuffle_each_iteration=True)
@@ -847,6 +856,60 @@ def pipeline(
     if distribute:
         return strategy.experimental_distribute_dataset(ds)  # type: ignore[union-attr]
     return ds
+
+
+# File cache prefixes this process has built pipelines on: their leftovers may belong to an
+# iterator still alive here, so they are not removed.
+_FILE_CACHES_IN_USE: set[str] = set()
+
+
+def _interrupted_cache_files(prefix: str) -> list[str]:
+    """Leftovers of a file cache whose first pass was killed; [] when the cache is complete.
+
+    tf.data writes shard `<prefix>_<n>` guarded by `<prefix>_<n>.lockfile`, into files named
+    `*.tempstate<random>`, and only at the end of a full pass merges them into
+    `<prefix>.index` and `<prefix>.data-*`. A process killed before that (SIGKILL, OOM, node
+    loss) leaves the lockfile behind, and the next run fails with `AlreadyExistsError`.
+    """
+    if os.path.exists(f"{prefix}.index"):
+        return []
+    directory, base = os.path.split(prefix)
+    leftover = re.compile(
+        rf"^{re.escape(base)}"
+        r"(?:_\d+\.lockfile|(?:_\d+)?\.(?:index|data-\d+-of-\d+)\.tempstate\d*)$"
+    )
+    try:
+        names = os.listdir(directory or ".")
+    except OSError:
+        return []
+    return sorted(os.path.join(directory, n) for n in names if leftover.match(n))
+
+
+def _remove_interrupted_cache(prefix: str) -> None:
+    """Removes the lockfile and temporary files an interrupted cache write left, with a warning."""
+    key = os.path.abspath(prefix)
+    in_use = key in _FILE_CACHES_IN_USE
+    _FILE_CACHES_IN_USE.add(key)
+    stale = _interrupted_cache_files(prefix)
+    if not stale or in_use:
+        return
+    failed = []
+    for path in stale:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            failed.append(f"{path} ({e.strerror})")
+    message = (
+        f"tfgpu.data.pipeline: the file cache at {prefix!r} has no completed "
+        f"{os.path.basename(prefix)}.index, so an earlier first pass was interrupted; removed "
+        f"its leftovers: {', '.join(os.path.basename(p) for p in stale)}. The cache is written "
+        "again on the next full pass."
+    )
+    if failed:
+        message += f" Could not remove: {', '.join(failed)}."
+    warnings.warn(message, stacklevel=3)
 
 
 def _check_unbatched(ds: tf.data.Dataset) -> None:
@@ -1077,22 +1140,65 @@ class PipelineBenchmark:
         )
 
 
-def _batch_examples(batch: Any) -> int:
+def _leaf_rows(leaf: Any) -> tf.Tensor:
+    """Rows (first dimension) of one batch component as an int64 tensor; 1 for a scalar."""
+    if isinstance(leaf, tf.RaggedTensor):
+        return leaf.nrows(out_type=tf.int64)
+    shape = leaf.dense_shape if isinstance(leaf, tf.SparseTensor) else tf.shape(leaf, tf.int64)
+    return tf.concat([tf.cast(shape, tf.int64), tf.ones([1], tf.int64)], axis=0)[0]
+
+
+def _batch_examples(batch: Any) -> tf.Tensor:
     """Examples in one batch: the first dimension of its first component, summed over replicas."""
     replicas = getattr(batch, "values", None)
     if isinstance(replicas, tuple) and replicas and not isinstance(batch, tuple):
-        return sum(_batch_examples(v) for v in replicas)
+        return tf.add_n([_batch_examples(v) for v in replicas])
     leaves = tf.nest.flatten(batch)
     if not leaves:
-        return 0
+        return tf.constant(0, tf.int64)
     first = leaves[0]
     values = getattr(first, "values", None)  # PerReplica inside a structure
     if isinstance(values, tuple) and values:
-        return sum(int(v.shape[0]) if v.shape.rank else 1 for v in values)
-    shape = getattr(first, "shape", None)
-    if shape is None or len(shape) == 0:
-        return 1
-    return int(shape[0])
+        return tf.add_n([_leaf_rows(v) for v in values])
+    return _leaf_rows(first)
+
+
+def _consume(iterator: Any, n: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    """Takes up to `n` batches from `iterator` inside TensorFlow (run as a `tf.function`).
+
+    Returns (batches taken, examples, smallest batch, largest batch); fewer than `n` batches
+    means the iterator is exhausted. Looping in the graph costs a few microseconds per batch
+    where a Python `next()` costs tens to hundreds (more for distributed iterators), which
+    would otherwise be measured instead of the pipeline.
+    """
+
+    def body(i, count, examples, low, high):
+        optional = iterator.get_next_as_optional()
+
+        def took():
+            k = _batch_examples(optional.get_value())
+            return i + 1, count + 1, examples + k, tf.minimum(low, k), tf.maximum(high, k)
+
+        def exhausted():
+            return n, count, examples, low, high
+
+        return tf.cond(optional.has_value(), took, exhausted)
+
+    zero = tf.constant(0, tf.int64)
+    init = (zero, zero, zero, tf.constant(np.iinfo(np.int64).max, tf.int64), zero)
+    _, count, examples, low, high = tf.while_loop(
+        lambda i, *_: i < n, body, init, parallel_iterations=1
+    )
+    return count, examples, low, high
+
+
+_CONSUMER: list[Callable] = []  # `_consume` as one tf.function, traced once per iterator type
+
+
+def _consumer() -> Callable:
+    if not _CONSUMER:
+        _CONSUMER.append(tf.function(_consume, autograph=False))
+    return _CONSUMER[0]
 
 
 def benchmark(
@@ -1105,8 +1211,11 @@ def benchmark(
 
     Consumes `warmup` batches untimed (pipeline start-up, buffers and autotuning), then times
     `num_batches` batches. A finite dataset shorter than that is started again (like the next
-    epoch) until enough batches are seen. This is what `tfgpu.diagnose()` uses to tell whether
-    the input pipeline can feed the model.
+    epoch) until enough batches are seen. The batches are taken inside TensorFlow (a
+    `tf.function` looping over the iterator), so the figure is the pipeline's own speed, not
+    the cost of a Python `next()` per batch, which on a fast pipeline is larger than the
+    pipeline's. This is what `tfgpu.diagnose()` uses to tell whether the input pipeline can
+    feed the model.
 
     Args:
         dataset: `tf.data.Dataset` of batches (e.g. from `pipeline()`), or a distributed
@@ -1142,37 +1251,39 @@ def benchmark(
             "Expected at least one batch (is drop_remainder dropping everything?)."
         )
 
+    consume = _consumer()
     epochs = 1
     iterator = iter(dataset)
+    fresh = True  # no batch taken from `iterator` yet
 
-    def next_batch() -> Any:
-        nonlocal iterator, epochs
-        try:
-            return next(iterator)
-        except StopIteration:
-            pass
-        epochs += 1
-        iterator = iter(dataset)
-        try:
-            return next(iterator)
-        except StopIteration:
-            raise ValueError(
-                "Invalid value for argument `dataset`. Received: a dataset that yields no "
-                "batches. Expected at least one batch."
-            ) from None
+    def take(n: int) -> tuple[int, int, int]:
+        """Takes `n` batches, restarting a finite dataset; returns (examples, smallest, largest)."""
+        nonlocal iterator, fresh, epochs
+        examples, low, high = 0, np.iinfo(np.int64).max, 0
+        while n:
+            count, k, lo, hi = (int(t) for t in consume(iterator, tf.constant(n, tf.int64)))
+            if count:
+                fresh = False
+                examples, low, high = examples + k, min(low, lo), max(high, hi)
+            n -= count
+            if n:
+                if fresh:
+                    raise ValueError(
+                        "Invalid value for argument `dataset`. Received: a dataset that yields "
+                        "no batches. Expected at least one batch."
+                    )
+                epochs += 1
+                iterator = iter(dataset)
+                fresh = True
+        return examples, low, high
 
+    consume(iterator, tf.constant(0, tf.int64))  # trace now: neither warm-up nor timing
     start = time.perf_counter()
-    for _ in range(warmup):
-        next_batch()
+    take(int(warmup))
     warmup_seconds = time.perf_counter() - start
 
-    sizes: set[int] = set()
-    examples = 0
     start = time.perf_counter()
-    for _ in range(num_batches):
-        n = _batch_examples(next_batch())
-        sizes.add(n)
-        examples += n
+    examples, low, high = take(num_batches)
     seconds = max(time.perf_counter() - start, 1e-9)
     return PipelineBenchmark(
         examples_per_second=examples / seconds,
@@ -1180,7 +1291,7 @@ def benchmark(
         num_batches=num_batches,
         num_examples=examples,
         seconds=seconds,
-        batch_size=sizes.pop() if len(sizes) == 1 else None,
+        batch_size=low if low == high else None,
         warmup_batches=int(warmup),
         warmup_seconds=warmup_seconds,
         epochs=epochs,
