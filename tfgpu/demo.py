@@ -53,6 +53,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from tfgpu._json import json_safe
+
 __all__ = ["run_demo"]
 
 _SEED = 0
@@ -754,7 +756,7 @@ def run_demo(
         "table": table,
         "reports": reports,
     }
-    (run_path / "demo.json").write_text(json.dumps(_json_safe(result), indent=2))
+    (run_path / "demo.json").write_text(json.dumps(json_safe(result), indent=2))
     _say("\n" + table)
     if not on_gpu:
         _say(
@@ -767,13 +769,3 @@ def run_demo(
         if path:
             _say(f"  {side} report: {path}")
     return 0
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

@@ -43,6 +43,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu._checks import check_bool, check_int, invalid_type
+from tfgpu._json import json_safe
 from tfgpu.batch_size import _prepare_model, _restore_state, _snapshot_state
 
 __all__ = ["Diagnosis", "Finding", "diagnose"]
@@ -184,7 +185,7 @@ class Diagnosis:
         """Returns the diagnosis as JSON-ready data (with the printed report as `"text"`)."""
         d = asdict(self)
         d["text"] = str(self)
-        return _json_safe(d)
+        return json_safe(d)
 
     def __str__(self) -> str:
         share = f"{self.input_wait_share:.0%}"
@@ -220,18 +221,6 @@ class Diagnosis:
             lines.append(f"   -> {f.recommendation}")
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
-
-
-def _json_safe(value):
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, (np.floating, np.integer)):
-        return _json_safe(value.item())
-    return value
 
 
 # ----------------------------------------------------------------------------------------

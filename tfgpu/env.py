@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfgpu._cluster import TFConfigError, parse_tf_config
+from tfgpu._json import json_safe
 from tfgpu.monitor.nvml import visible_gpus
 
 __all__ = ["EnvironmentReport", "Finding", "environment"]
@@ -108,7 +109,7 @@ class EnvironmentReport:
             dict with keys `"facts"` and `"findings"` (a list of dicts with `severity`,
             `code`, `message`, `fix`).
         """
-        return _json_safe(
+        return json_safe(
             {"facts": self.facts, "findings": [dataclasses.asdict(f) for f in self.findings]}
         )
 
@@ -288,18 +289,6 @@ def _env_facts() -> dict[str, str | None]:
 
 # --------------------------------------------------------------------------------------------
 # Pure helpers
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return str(value)
 
 
 def _version_tuple(text: str | None) -> tuple[int, ...] | None:
