@@ -472,6 +472,12 @@ class StepTimer(keras.callbacks.Callback):
     execution of `k` steps: each is timed as a whole and divided by its number of steps
     (the epoch's last execution may hold fewer).
 
+    The batch hooks only note the time (one append each, no lock, no I/O): everything else
+    is done in bulk, at most once a second and at epoch end. Work and writes in the batch-end
+    hook at every step cost a tiny step several percent more than they took themselves (the
+    hook runs in Keras's thread pool and hands the GIL to and from the training thread);
+    `benchmarks/monitor_overhead.py` measures it.
+
     Logs at `on_epoch_end`:
     - `step_time_median_s`, `step_time_p90_s`: seconds per step over the epoch's steps
       except its first execution (all of them if there is only one);
@@ -490,10 +496,13 @@ class StepTimer(keras.callbacks.Callback):
       GPU (or a GPU missing from the peak table): no `mfu` key.
 
     With `log_dir`, writes `steps.csv` (`steps-worker{k}.csv` in a multi-worker cluster):
-    `time,epoch,step,step_time_s,examples_per_s`, one row per batch hook (per execution),
-    flushed as each is written, so a `fit` that raises (Keras then skips `on_train_end`)
-    leaves every step that ran on disk. The file is closed at train end, at the next
-    `fit`, or when the callback is garbage-collected. A later `fit` appends to it.
+    `time,epoch,step,step_time_s,examples_per_s`, one row per batch hook (per execution).
+    Rows are written and flushed at the first batch end a second or more after the last
+    write (a SIGKILL loses at most the last second), at each epoch end, at train end, and
+    as soon as `fit` is over even when it raises (Keras then skips `on_train_end`; the
+    callback list `fit` made is released with its frame, which flushes), so a `fit` that
+    raises leaves every step that ran on disk. The file is closed at train end, at the
+    next `fit`, or when the callback is garbage-collected. A later `fit` appends to it.
 
     Args:
         batch_size: int or None, the global batch size. Defaults to `None`: read from the
@@ -532,9 +541,10 @@ class StepTimer(keras.callbacks.Callback):
         self.peak_flops = _check_positive(peak_flops, "peak_flops", "real", "989e12")
         self.log_dir = None if log_dir is None else _check_log_dir(log_dir)
         self.async_safe = True  # batch-end hook is thread-safe; lets Keras stay asynchronous
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards everything but the two append-only deques
         self._file: Any = None
         self._closer: weakref.finalize | None = None
+        self._fit_over: weakref.finalize | None = None
         self._batch_size: int | None = self.batch_size
         self._epoch = 0
         self._reported = False
@@ -544,18 +554,22 @@ class StepTimer(keras.callbacks.Callback):
         self._reset_epoch()
 
     def _reset_epoch(self) -> None:
+        # Written by the batch hooks (any thread; deque appends are atomic), read by _drain.
         self._begins: collections.deque[tuple[int, float]] = collections.deque()
-        self._ends: list[tuple[int, float, float]] = []  # heap of (end_step, perf, wall)
+        self._arrivals: collections.deque[tuple[int, float]] = collections.deque()
+        # Only under self._lock:
+        self._ends: list[tuple[int, float]] = []  # heap of (end_step, perf) not yet matched
         self._prev_end: float | None = None
         self._executions: list[tuple[int, float]] = []
         self._rows: list[tuple[float, int, int, float, float]] = []
         self._epoch_start = time.perf_counter()
+        self._clock = (time.time() - self._epoch_start, self._epoch_start)  # perf -> unix
+        self._synced_at = self._epoch_start
 
     # Keras hooks ---------------------------------------------------------------
     def on_train_begin(self, logs=None):
-        with self._lock:  # rows of a previous fit that raised
-            self._drain(final=True)
-            self._flush()
+        self._forget_fit()
+        self._sync(final=True)  # rows of a previous fit that raised
         self._close_file()
         self._batch_size = self.batch_size or _infer_batch_size()
         if self._batch_size is None:
@@ -580,6 +594,10 @@ class StepTimer(keras.callbacks.Callback):
                 self._file.flush()
             except OSError as e:  # side features never kill training
                 _log.warning("StepTimer cannot write steps.csv (%s); training goes on.", e)
+        # ... and write the rows when fit is over: its CallbackList goes with fit's frame.
+        callback_list = _calling_callback_list()
+        if callback_list is not None:
+            self._fit_over = weakref.finalize(callback_list, _sync_after_fit, weakref.ref(self))
 
     def on_epoch_begin(self, epoch, logs=None):
         with self._lock:
@@ -591,15 +609,9 @@ class StepTimer(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         now = time.perf_counter()
-        wall = time.time()
-        try:
-            with self._lock:
-                heapq.heappush(self._ends, (batch, now, wall))
-                self._drain(final=False)
-                if self._rows:
-                    self._flush()  # per execution: a fit that raises loses no step
-        except Exception as e:  # runs in Keras's thread pool: never let it fail `fit`
-            self._report(e)
+        self._arrivals.append((batch, now))
+        if now - self._synced_at >= _SYNC_EVERY_S:
+            self._sync(final=False, timeout=0)  # a thread already at it: leave it the work
 
     def on_epoch_end(self, epoch, logs=None):
         # Keras has waited for every asynchronous batch-end hook before calling this.
@@ -621,9 +633,8 @@ class StepTimer(keras.callbacks.Callback):
             logs.update(summary)
 
     def on_train_end(self, logs=None):
-        with self._lock:
-            self._drain(final=True)
-            self._flush()
+        self._forget_fit()
+        self._sync(final=True)
         self._close_file()
 
     # internals -----------------------------------------------------------------
@@ -657,11 +668,47 @@ class StepTimer(keras.callbacks.Callback):
             self._reported = True
             _log.warning("StepTimer failed (%r); training goes on. (Logged once.)", error)
 
+    def _forget_fit(self) -> None:
+        """Drops the watch on the previous `fit`'s callback list (this fit has its own)."""
+        if self._fit_over is not None:
+            self._fit_over.detach()
+            self._fit_over = None
+
+    def _sync(self, final: bool, timeout: float | None = None) -> None:
+        """Turns the noted times into rows and writes them; never raises.
+
+        Args:
+            final: bool, whether the epoch's batches are over (begins without an end are
+                dropped instead of waited for).
+            timeout: float or None, how long to wait for another thread doing the same
+                before leaving the work to it (0: not at all). Defaults to `None`: wait.
+        """
+        acquired = (
+            self._lock.acquire()
+            if timeout is None
+            else self._lock.acquire(blocking=timeout > 0, timeout=timeout if timeout > 0 else -1)
+        )
+        if not acquired:
+            return
+        try:
+            self._synced_at = time.perf_counter()
+            self._drain(final=final)
+            self._flush()
+        except Exception as e:  # may run in Keras's thread pool: never let it fail `fit`
+            self._report(e)
+        finally:
+            self._lock.release()
+
     def _drain(self, final: bool) -> None:
         """Matches batch ends to begins in step order; records executions and rows."""
+        arrivals = self._arrivals
+        while arrivals:  # ends in any order (several pool threads): a heap sorts them
+            heapq.heappush(self._ends, arrivals.popleft())
         total = (self.params or {}).get("steps")
+        last_step = total - 1 if isinstance(total, int) and total > 0 else None
+        offset = self._clock[0]
         while self._ends and self._begins:
-            end_step, t_end, wall = self._ends[0]
+            end_step, t_end = self._ends[0]
             begin_step, t_begin = self._begins[0]
             if end_step < begin_step:  # an end without a begin: ignore it
                 heapq.heappop(self._ends)
@@ -673,7 +720,7 @@ class StepTimer(keras.callbacks.Callback):
                 continue
             heapq.heappop(self._ends)
             self._begins.popleft()
-            last = min(end_step, total - 1) if isinstance(total, int) and total > 0 else end_step
+            last = end_step if last_step is None else min(end_step, last_step)
             steps = max(1, last - begin_step + 1)
             start = t_begin if self._prev_end is None else max(t_begin, self._prev_end)
             seconds = max(t_end - start, 0.0)
@@ -681,7 +728,7 @@ class StepTimer(keras.callbacks.Callback):
             self._executions.append((steps, seconds))
             per_step = seconds / steps
             rate = self._batch_size * steps / seconds if self._batch_size and seconds else _NAN
-            self._rows.append((wall, self._epoch, end_step, per_step, rate))
+            self._rows.append((offset + t_end, self._epoch, end_step, per_step, rate))
 
     def _flush(self) -> None:
         if self._file is None or not self._rows:
@@ -702,6 +749,29 @@ class StepTimer(keras.callbacks.Callback):
             self._closer()  # closes the file, once
             self._closer = None
         self._file = None
+
+
+_SYNC_EVERY_S = 1.0  # StepTimer turns noted times into steps.csv rows at most this often
+
+
+def _calling_callback_list() -> keras.callbacks.CallbackList | None:
+    """The `CallbackList` calling the hook that called this, e.g. the one `fit` made."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(8):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, keras.callbacks.CallbackList):
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def _sync_after_fit(timer: weakref.ref[StepTimer]) -> None:
+    """Writes the rows of a `fit` that is over: its callback list was just released."""
+    alive = timer()
+    if alive is not None:  # may run inside a GC in any thread, even one holding the lock
+        alive._sync(final=True, timeout=1.0)
 
 
 def _close_quietly(file: Any) -> None:
