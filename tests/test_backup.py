@@ -137,24 +137,21 @@ def test_iterators_made_to_advance_the_shuffle_read_nothing():
         reads.append(int(x))
         return x
 
-    ds = (
-        tf.data.Dataset.range(32)
-        .map(lambda x: tf.py_function(record, [x], tf.int64))
-        .shuffle(32, seed=5, reshuffle_each_iteration=True)
-        .batch(32)
-        .prefetch(2)
-    )
+    def shuffled():
+        return (
+            tf.data.Dataset.range(32)
+            .map(lambda x: tf.py_function(record, [x], tf.int64))
+            .shuffle(32, seed=5, reshuffle_each_iteration=True)
+            .batch(32)
+            .prefetch(2)
+        )
+
+    ds = shuffled()
     orders = [next(iter(ds)).numpy().tolist() for _ in range(3)]
     assert orders[0] != orders[1] != orders[2]  # the k-th iterator gets the k-th order
     reads.clear()
 
-    fresh = (
-        tf.data.Dataset.range(32)
-        .map(lambda x: tf.py_function(record, [x], tf.int64))
-        .shuffle(32, seed=5, reshuffle_each_iteration=True)
-        .batch(32)
-        .prefetch(2)
-    )
+    fresh = shuffled()
     counting = _CountingDataset(fresh)
     counting.skip_to(2)
     iterator = iter(counting)
