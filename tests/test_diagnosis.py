@@ -281,8 +281,14 @@ def test_training_after_diagnose_is_the_training_without_it():
     assert history.history["mae"] == pytest.approx(alone.history.history["mae"], rel=1e-6)
 
 
+def _inspect_dataset(ds) -> dict[str, bool]:
+    from tfgpu.diagnosis import _PipelineFacts, _read_pipeline
+
+    facts = _read_pipeline(ds) or _PipelineFacts()
+    return {"python_input": facts.python_input, "prefetch": facts.prefetch}
+
+
 def test_a_tfgpu_pipeline_counts_as_prefetched():
-    from tfgpu.diagnosis import _inspect_dataset
 
     piped = tfgpu.data.pipeline((X[:256], Y[:256]), batch_size=32)
     assert _inspect_dataset(piped) == {"python_input": False, "prefetch": True}

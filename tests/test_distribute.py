@@ -164,12 +164,6 @@ def test_global_batch_size_and_its_errors():
         tfgpu.global_batch_size(32, "mirrored")
 
 
-def test_uneven_global_batch_is_a_clear_error():
-    assert distribute._check_global_batch(64, 4) == 16
-    with pytest.raises(ValueError, match=r"batch_size=30.*over 4 replicas.*28 or 32"):
-        distribute._check_global_batch(30, 4)
-
-
 def test_numpy_integers_are_accepted_and_python_ints_returned():
     # tfgpu.data.pipeline takes NumPy ints; the batch arithmetic feeding it must too.
     got = tfgpu.global_batch_size(np.int64(128), 2)
@@ -183,7 +177,6 @@ def test_numpy_integers_are_accepted_and_python_ints_returned():
     assert lr == pytest.approx(0.1) and type(lr) is float
     lr = tfgpu.scale_learning_rate(0.1, np.int64(8))
     assert lr == pytest.approx(0.8) and type(lr) is float
-    assert distribute._check_global_batch(np.int64(64), 4) == 16
     # Still refused: NumPy floats and bools for counts, non-positive NumPy ints.
     with pytest.raises(TypeError, match=r"`per_replica`.*float"):
         tfgpu.global_batch_size(np.float64(32.0), 2)
@@ -205,22 +198,6 @@ def test_scale_learning_rate_rules():
         tfgpu.scale_learning_rate(0.1, 2, rule="cubic")
     with pytest.raises(ValueError, match="learning_rate=nan"):
         tfgpu.scale_learning_rate(math.nan, 2)
-
-
-def test_auto_shard_options():
-    opts = distribute._auto_shard_options("data")
-    assert opts.experimental_distribute.auto_shard_policy == (
-        tf.data.experimental.AutoShardPolicy.DATA
-    )
-    file_opts = distribute._auto_shard_options("FILE")
-    assert file_opts.experimental_distribute.auto_shard_policy == (
-        tf.data.experimental.AutoShardPolicy.FILE
-    )
-    with pytest.raises(ValueError, match="Received: policy='rows'"):
-        distribute._auto_shard_options("rows")
-
-
-# --------------------------------------------------------------------------- building
 
 
 def test_auto_and_default_on_cpu_give_the_default_strategy():

@@ -140,8 +140,3 @@ def install() -> bool:
             "tfgpu: installed the Keras multi-worker fit correction (tfgpu/_keras_compat.py)."
         )
         return True
-
-
-def is_installed() -> bool:
-    """Returns True once `install()` has corrected Keras in this process."""
-    return _installed

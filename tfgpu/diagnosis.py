@@ -864,12 +864,6 @@ def _read_pipeline(ds) -> _PipelineFacts | None:
     )
 
 
-def _inspect_dataset(ds) -> dict[str, bool]:
-    """Reads the dataset's graph: Python ops, generators, a final prefetch."""
-    facts = _read_pipeline(ds) or _PipelineFacts()
-    return {"python_input": facts.python_input, "prefetch": facts.prefetch}
-
-
 def _gpu_facts(notes: list[str]) -> tuple[str | None, list[tuple[int, int]], int | None]:
     """(name, compute capabilities, memory bytes) of the GPUs TensorFlow uses, /GPU:0 first."""
     gpus = tf.config.get_visible_devices("GPU")

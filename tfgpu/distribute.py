@@ -155,23 +155,6 @@ def global_batch_size(per_replica: int, strategy: Any = None) -> int:
     return per_replica * _num_replicas(strategy)
 
 
-def _check_global_batch(batch_size: int, strategy: Any) -> int:
-    """Returns the per-replica batch; raises if `batch_size` does not split evenly."""
-    replicas = _num_replicas(strategy)
-    batch_size = check_int(
-        "batch_size", batch_size, numpy=True, expected="a positive int (the global batch)"
-    )
-    if batch_size % replicas:
-        lower = (batch_size // replicas) * replicas
-        raise ValueError(
-            f"Invalid value for argument `batch_size`. Received: batch_size={batch_size}, which "
-            f"does not divide evenly over {replicas} replicas. Expected a multiple of "
-            f"{replicas}, e.g. {lower or replicas} or {lower + replicas} "
-            "(tfgpu.global_batch_size(per_replica, strategy) computes one)."
-        )
-    return batch_size // replicas
-
-
 def scale_learning_rate(
     learning_rate: float,
     strategy: Any = None,
@@ -226,25 +209,6 @@ def scale_learning_rate(
 
 
 # --------------------------------------------------------------------------- effects
-
-
-def _auto_shard_options(policy: str):
-    """`tf.data.Options` with the auto-shard policy `policy` ("DATA", "FILE", "OFF", "AUTO").
-
-    DATA suits in-memory sources (every worker reads all, keeps its share of batches);
-    FILE suits file-based sources with at least as many files as workers. Setting it
-    explicitly also silences TensorFlow's "cannot shard by FILE, falling back" warning.
-    """
-    import tensorflow as tf
-
-    names = tuple(tf.data.experimental.AutoShardPolicy.__members__)
-    if not isinstance(policy, str) or policy.upper() not in names:
-        raise invalid_value("policy", policy, f"one of: {', '.join(map(repr, names))}")
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = getattr(
-        tf.data.experimental.AutoShardPolicy, policy.upper()
-    )
-    return options
 
 
 def _collective_key_base(index: int) -> int:

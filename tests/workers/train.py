@@ -48,8 +48,6 @@ def make_dataset(
     reshuffle=False,
     repeat=False,
 ):
-    from tfgpu.distribute import _auto_shard_options
-
     x, y = make_data()
     if reshuffle:  # a new order every epoch, seeded: resumable exactly by BackupAndRestore
         import tfgpu.data
@@ -61,7 +59,9 @@ def make_dataset(
     if shuffle:  # same order every epoch and in every process: resumable exactly
         ds = ds.shuffle(examples, seed=7, reshuffle_each_iteration=False)
     ds = ds.batch(global_batch, drop_remainder=drop_remainder)
-    return ds.with_options(_auto_shard_options("DATA"))
+    options = tf.data.Options()  # in-memory data: shard by example
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return ds.with_options(options)
 
 
 def make_model(dropout=0.0, optimizer="sgd"):
