@@ -3,12 +3,19 @@
 Each message names the argument, shows what was received and says what is expected:
 ``Invalid value for argument `steps`. Received: steps=0. Expected an int >= 1.``
 `tfgpu.monitor` uses this module too, so it must never import TensorFlow or Keras.
+
+One rule everywhere: a value of the wrong type (a float where an int is expected, a str
+where a number is, a bool where either is) raises `TypeError`; a value of the right type
+that is out of range, unknown or not finite raises `ValueError`. NumPy scalars count as the
+Python numbers they hold (`np.float32(1e-3)` is a float, `np.int64(8)` an int).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import os
+from pathlib import Path
 from typing import Any, Literal, overload
 
 
@@ -57,25 +64,28 @@ def invalid_type(name: str, value: Any, expected: str) -> TypeError:
     )
 
 
-def is_int(value: Any, *, numpy: bool = False) -> bool:
-    """Whether `value` is an integer and not a bool.
-
-    Args:
-        value: any.
-        numpy: bool, whether NumPy integers (and other `numbers.Integral`) count too.
-            Defaults to `False`: only Python's `int`.
-
-    Returns:
-        True for `3`; False for `True`, `3.0` and `"3"`; `np.int64(3)` only with `numpy=True`.
+def is_int(value: Any) -> bool:
+    """Whether `value` is an integer: Python's `int` or a NumPy integer, not a bool.
 
     Example:
 
-    >>> is_int(3), is_int(True), is_int(3.0)
-    (True, False, False)
+    >>> import numpy as np
+    >>> is_int(3), is_int(np.int64(3)), is_int(True), is_int(3.0)
+    (True, True, False, False)
     """
-    if numpy:
-        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """Whether `value` is a real number (NumPy scalars included), not a bool.
+
+    Example:
+
+    >>> import numpy as np
+    >>> is_number(0.5), is_number(np.float32(1e-3)), is_number(True), is_number("1")
+    (True, True, False, False)
+    """
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @overload
@@ -84,8 +94,8 @@ def check_int(
     value: Any,
     *,
     minimum: int = ...,
+    maximum: int | None = ...,
     allow_none: Literal[False] = ...,
-    numpy: bool = ...,
     expected: str | None = ...,
 ) -> int: ...
 
@@ -96,8 +106,8 @@ def check_int(
     value: Any,
     *,
     minimum: int = ...,
+    maximum: int | None = ...,
     allow_none: bool,
-    numpy: bool = ...,
     expected: str | None = ...,
 ) -> int | None: ...
 
@@ -107,26 +117,31 @@ def check_int(
     value: Any,
     *,
     minimum: int = 1,
+    maximum: int | None = None,
     allow_none: bool = False,
-    numpy: bool = False,
     expected: str | None = None,
 ) -> int | None:
-    """Checks an integer argument with a lower bound; raises ValueError otherwise.
+    """Checks an integer argument (NumPy integers too) against its bounds.
+
+    The rule every tfgpu function follows: a value of the wrong type (a float, a str, a bool)
+    is a `TypeError`; an int out of range is a `ValueError`.
 
     Args:
         name: str, the argument's name.
         value: any, what the caller passed.
         minimum: int, the smallest valid value. Defaults to `1`.
+        maximum: int or None, the largest valid value. Defaults to `None`: no upper bound.
         allow_none: bool, whether `None` is valid (and returned as is). Defaults to `False`.
-        numpy: bool, whether NumPy integers are accepted (see `is_int`). Defaults to `False`.
         expected: str or None, the text after "Expected " in the message. Defaults to
-            `None`: "an int >= {minimum}" (plus " or None" with `allow_none`).
+            `None`: "an int >= {minimum}" (plus the maximum, and " or None" with
+            `allow_none`).
 
     Returns:
         `value` as a Python int, or None.
 
     Raises:
-        ValueError: if `value` is not an int (bools are not) or is below `minimum`.
+        TypeError: if `value` is not an integer (bools are not).
+        ValueError: if it is below `minimum` or above `maximum`.
 
     Example:
 
@@ -135,11 +150,188 @@ def check_int(
     """
     if allow_none and value is None:
         return None
-    if not is_int(value, numpy=numpy) or value < minimum:
-        if expected is None:
-            expected = f"an int >= {minimum}{' or None' if allow_none else ''}"
+    if expected is None:
+        expected = f"an int >= {minimum}"
+        if maximum is not None:
+            expected += f" and <= {maximum}"
+        if allow_none:
+            expected += " or None"
+    if not is_int(value):
+        raise invalid_type(name, value, expected)
+    if value < minimum or (maximum is not None and value > maximum):
         raise invalid_value(name, value, expected)
     return int(value)
+
+
+@overload
+def check_number(
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = ...,
+    maximum: float | None = ...,
+    exclusive_minimum: bool = ...,
+    allow_none: Literal[False] = ...,
+    expected: str | None = ...,
+) -> float: ...
+
+
+@overload
+def check_number(
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = ...,
+    maximum: float | None = ...,
+    exclusive_minimum: bool = ...,
+    allow_none: bool,
+    expected: str | None = ...,
+) -> float | None: ...
+
+
+def check_number(
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    exclusive_minimum: bool = False,
+    allow_none: bool = False,
+    expected: str | None = None,
+) -> float | None:
+    """Checks a finite real argument (ints and NumPy scalars too) against its bounds.
+
+    Args:
+        name: str, the argument's name.
+        value: any, what the caller passed.
+        minimum: float or None, the lower bound. Defaults to `None`: none.
+        maximum: float or None, the (inclusive) upper bound. Defaults to `None`: none.
+        exclusive_minimum: bool, whether `minimum` itself is invalid. Defaults to `False`.
+        allow_none: bool, whether `None` is valid (and returned as is). Defaults to `False`.
+        expected: str or None, the text after "Expected " in the message. Defaults to
+            `None`: built from the bounds.
+
+    Returns:
+        `value` as a Python float, or None.
+
+    Raises:
+        TypeError: if `value` is not a real number (bools and strings are not).
+        ValueError: if it is NaN, infinite, or out of bounds.
+
+    Example:
+
+    >>> check_number("interval", 0.2, minimum=0, exclusive_minimum=True)
+    0.2
+    """
+    if allow_none and value is None:
+        return None
+    if expected is None:
+        parts = []
+        if minimum is not None:
+            parts.append(f"{'>' if exclusive_minimum else '>='} {minimum}")
+        if maximum is not None:
+            parts.append(f"<= {maximum}")
+        expected = "a finite number" + (f" {' and '.join(parts)}" if parts else "")
+        if allow_none:
+            expected += " or None"
+    if not is_number(value):
+        raise invalid_type(name, value, expected)
+    number = float(value)
+    too_low = minimum is not None and (number <= minimum if exclusive_minimum else number < minimum)
+    if not math.isfinite(number) or too_low or (maximum is not None and number > maximum):
+        raise invalid_value(name, value, expected)
+    return number
+
+
+def check_finite_result(what: str, value: float, inputs: str) -> float:
+    """Raises ValueError when a computed result is not finite (an overflow, say).
+
+    Args:
+        what: str, what was computed, e.g. "the scaled learning rate".
+        value: float, the result.
+        inputs: str, the arguments it came from, as the user wrote them.
+
+    Returns:
+        `value`, when finite.
+
+    Raises:
+        ValueError: naming the result and the inputs, when `value` is NaN or infinite.
+
+    Example:
+
+    >>> check_finite_result("the global batch size", 256.0, "per_replica=128, replicas=2")
+    256.0
+    """
+    if not math.isfinite(value):
+        raise ValueError(
+            f"Invalid arguments: {inputs} give {what} = {value!r}, which is not a finite "
+            "number. Expected arguments whose result fits in a float."
+        )
+    return value
+
+
+def conflicting(first: str, second: str, hint: str = "") -> ValueError:
+    """Returns the one ValueError for two arguments that cannot be given together.
+
+    Args:
+        first: str, the first argument as the user wrote it, e.g. "batch_size=64".
+        second: str, the second one, e.g. "per_replica_batch_size=32".
+        hint: str, what to do instead. Defaults to "": "Pass only one of them."
+
+    Returns:
+        A `ValueError` reading ``Conflicting arguments: first and second. hint``.
+
+    Example:
+
+    >>> str(conflicting("batch_size=64", "per_replica_batch_size=32"))
+    'Conflicting arguments: batch_size=64 and per_replica_batch_size=32. Pass only one of them.'
+    """
+    return ValueError(
+        f"Conflicting arguments: {first} and {second}. {hint or 'Pass only one of them.'}"
+    )
+
+
+def check_dir(name: str, value: Any, *, allow_none: bool = False) -> Path | None:
+    """Checks a directory argument (a run directory, a backup directory) before any work.
+
+    The directory need not exist yet (it is created when written to), but neither it nor
+    any of its parents may be an existing file. `~` is expanded.
+
+    Args:
+        name: str, the argument's name, e.g. `"log_dir"`.
+        value: any, what the caller passed.
+        allow_none: bool, whether `None` is valid (and returned as is). Defaults to `False`.
+
+    Returns:
+        The directory as a `Path` (user-expanded), or None.
+
+    Raises:
+        TypeError: if `value` is neither a str nor path-like.
+        ValueError: if it is empty, or it or one of its parents is a file.
+
+    Example:
+
+    >>> check_dir("log_dir", "runs/exp1")
+    PosixPath('runs/exp1')
+    """
+    if allow_none and value is None:
+        return None
+    expected = "a directory path (str or os.PathLike)" + (" or None" if allow_none else "")
+    if not isinstance(value, (str, os.PathLike)) or isinstance(value, bytes):
+        raise invalid_type(name, value, expected)
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text.strip():
+        raise invalid_value(name, value, expected)
+    path = Path(text).expanduser()
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                where = (
+                    "is a file" if candidate == path else f"is under the file {str(candidate)!r}"
+                )
+                raise invalid_value(name, value, f"a directory; {str(path)!r} {where}")
+            break
+    return path
 
 
 def check_bool(name: str, value: Any, *, allow_none: bool = False) -> None:
@@ -170,9 +362,4 @@ def is_positive_number(value: Any) -> bool:
     >>> is_positive_number(0.2), is_positive_number(float("inf")), is_positive_number(True)
     (True, False, False)
     """
-    return (
-        isinstance(value, numbers.Real)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and not value <= 0  # numbers.Real declares only < and <=; isfinite ruled out NaN
-    )
+    return is_number(value) and math.isfinite(value) and not value <= 0

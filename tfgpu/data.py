@@ -502,7 +502,7 @@ def _num_workers(strategy: Any) -> int:
     if strategy is None:
         return 1
     n = getattr(strategy.extended, "_num_workers", None)
-    if n is not None and is_int(n, numpy=True) and n > 0:
+    if n is not None and is_int(n) and n > 0:
         return int(n)
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is not None:
@@ -665,10 +665,10 @@ def pipeline(
             "Expected exactly one of them: the global batch size, or the batch size per replica."
         )
     if batch_size is not None:
-        batch_size = check_int("batch_size", batch_size, numpy=True, expected=_POSITIVE)
+        batch_size = check_int("batch_size", batch_size, expected=_POSITIVE)
     else:
         per_replica_batch_size = check_int(
-            "per_replica_batch_size", per_replica_batch_size, numpy=True, expected=_POSITIVE
+            "per_replica_batch_size", per_replica_batch_size, expected=_POSITIVE
         )
     if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
         raise TypeError(
@@ -688,7 +688,7 @@ def pipeline(
     check_bool("drop_remainder", drop_remainder, allow_none=True)
     check_bool("deterministic", deterministic, allow_none=True)
     if shuffle_buffer is not None:
-        shuffle_buffer = check_int("shuffle_buffer", shuffle_buffer, numpy=True, expected=_POSITIVE)
+        shuffle_buffer = check_int("shuffle_buffer", shuffle_buffer, expected=_POSITIVE)
         if not shuffle:
             raise ValueError(
                 f"Conflicting arguments. Received: shuffle=False and "
@@ -721,7 +721,7 @@ def pipeline(
             "Invalid arguments. Received: distribute=True with strategy=None. Expected a "
             "`strategy` to distribute the dataset with."
         )
-    if seed is not None and not is_int(seed, numpy=True):
+    if seed is not None and not is_int(seed):
         raise invalid_type("seed", seed, "an int or None")
     if ram_budget_mib is not None and (
         isinstance(ram_budget_mib, bool)
@@ -734,7 +734,6 @@ def pipeline(
         private_threadpool_size,
         minimum=0,
         allow_none=True,
-        numpy=True,
         expected="an integer >= 0 (0 shares TensorFlow's thread pool) or None",
     )
     if compression_type not in (None, "", "GZIP", "ZLIB"):
@@ -1243,8 +1242,8 @@ def benchmark(
             f"Invalid type for argument `dataset`. Received: dataset of type "
             f"{type(dataset).__name__}. Expected a `tf.data.Dataset` or a distributed dataset."
         )
-    num_batches = check_int("num_batches", num_batches, numpy=True, expected=_POSITIVE)
-    check_int("warmup", warmup, minimum=0, numpy=True, expected="an integer >= 0")
+    num_batches = check_int("num_batches", num_batches, expected=_POSITIVE)
+    check_int("warmup", warmup, minimum=0, expected="an integer >= 0")
     if isinstance(dataset, tf.data.Dataset) and _cardinality(dataset) == 0:
         raise ValueError(
             "Invalid value for argument `dataset`. Received: a dataset with 0 batches. "

@@ -113,10 +113,10 @@ def _num_replicas(strategy: Any) -> int:
         raise invalid_type(
             "strategy", strategy, "a tf.distribute.Strategy or a positive int (number of replicas)"
         )
-    if is_int(strategy, numpy=True):  # a number of replicas (NumPy integers too)
-        return check_int("strategy", strategy, numpy=True, expected="a positive number of replicas")
+    if is_int(strategy):  # a number of replicas (NumPy integers too)
+        return check_int("strategy", strategy, expected="a positive number of replicas")
     replicas: Any = getattr(strategy, "num_replicas_in_sync", None)
-    if not is_int(replicas, numpy=True):
+    if not is_int(replicas):
         raise invalid_type("strategy", strategy, "a tf.distribute.Strategy or a positive int")
     return int(replicas)
 
@@ -145,9 +145,9 @@ def global_batch_size(per_replica: int, strategy: Any = None) -> int:
     >>> tfgpu.global_batch_size(64, 4)
     256
     """
-    if not is_int(per_replica, numpy=True):
+    if not is_int(per_replica):
         raise invalid_type("per_replica", per_replica, "a positive int")
-    per_replica = check_int("per_replica", per_replica, numpy=True, expected="a positive int")
+    per_replica = check_int("per_replica", per_replica, expected="a positive int")
     if strategy is None:
         import tensorflow as tf
 
@@ -198,7 +198,7 @@ def scale_learning_rate(
         raise invalid_value("learning_rate", learning_rate, "a positive finite float")
     if rule not in _LR_RULES:
         raise invalid_value("rule", rule, f"one of: {', '.join(map(repr, _LR_RULES))}")
-    base_replicas = check_int("base_replicas", base_replicas, numpy=True, expected="a positive int")
+    base_replicas = check_int("base_replicas", base_replicas, expected="a positive int")
     if strategy is None:
         import tensorflow as tf
 
