@@ -1,0 +1,102 @@
+"""Run-directory files that never lose what an earlier run wrote (no TensorFlow, no Keras).
+
+The promise, shared by every writer of a `log_dir`: files are appended to, rotated or
+refused, never truncated. A file that cannot be continued (another header, a damaged JSON
+record) is moved aside to the first free `NAME.N.SUFFIX` (`timeline.1.csv`,
+`timeline.2.csv`, ...) and a new one starts under the plain name, so the plain name always
+holds the newest run. JSON records are replaced atomically (a crash leaves the old or the new
+file, never half of one). `run.json` keeps every session: the newest at the top level, the
+earlier ones under `"earlier_sessions"`, oldest first.
+
+`tfgpu.monitor` uses this module, so it must never import TensorFlow or Keras.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+EARLIER_SESSIONS = "earlier_sessions"
+
+
+def free_name(path: Path) -> Path:
+    """The first `STEM.N.SUFFIX` beside `path` (N = 1, 2, ...) that does not exist.
+
+    Example:
+
+    >>> free_name(Path("/nonexistent/timeline.csv"))
+    PosixPath('/nonexistent/timeline.1.csv')
+    """
+    n = 1
+    while True:
+        candidate = path.with_name(f"{path.stem}.{n}{path.suffix}")
+        if not candidate.exists():
+            return candidate
+        n += 1
+
+
+def rotate(path: Path) -> Path | None:
+    """Moves an existing `path` aside to `free_name(path)`; returns where it went (or None)."""
+    if not path.exists():
+        return None
+    target = free_name(path)
+    os.replace(path, target)
+    return target
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Writes `text` to `path` through a temporary file and a rename (atomic on POSIX)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """Reads a JSON object from `path`.
+
+    Raises:
+        OSError: if the file cannot be read.
+        ValueError: naming the file, if it is not UTF-8 JSON or not a JSON object.
+    """
+    try:
+        value = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} holds a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def add_session(path: Path, info: dict[str, Any]) -> None:
+    """Writes `info` as the newest session of the record at `path` (e.g. `run.json`).
+
+    The sessions already in the file are kept under `"earlier_sessions"`. A file that is not
+    a JSON object is not overwritten: it is rotated aside first.
+
+    Raises:
+        OSError: if the directory cannot be written.
+    """
+    earlier: list[Any] = []
+    if path.exists():
+        try:
+            previous = read_json_object(path)
+        except (OSError, ValueError):
+            rotate(path)
+        else:
+            earlier = list(previous.pop(EARLIER_SESSIONS, None) or [])
+            earlier.append(previous)
+    record = dict(info)
+    if earlier:
+        record[EARLIER_SESSIONS] = earlier
+    write_text_atomic(path, json.dumps(record, indent=2, default=str) + "\n")
