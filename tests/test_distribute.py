@@ -198,6 +198,21 @@ def test_scale_learning_rate_rules():
         tfgpu.scale_learning_rate(0.1, 2, rule="cubic")
     with pytest.raises(ValueError, match="learning_rate=nan"):
         tfgpu.scale_learning_rate(math.nan, 2)
+    with pytest.raises(TypeError, match=r"`rule`.*\(of type int\)"):
+        tfgpu.scale_learning_rate(0.1, 2, rule=1)
+
+
+def test_scale_learning_rate_takes_numpy_floats_and_refuses_overflow():
+    lr = tfgpu.scale_learning_rate(np.float32(1e-3), 4)
+    assert lr == pytest.approx(4e-3) and type(lr) is float
+    assert tfgpu.scale_learning_rate(np.float64(0.1), np.int64(2)) == pytest.approx(0.2)
+    with pytest.raises(ValueError, match=r"give the scaled learning rate = inf.*not a finite"):
+        tfgpu.scale_learning_rate(1e308, 10)
+    for bad in ("0.1", True, None, np.bool_(True)):
+        with pytest.raises(TypeError, match="Invalid type for argument `learning_rate`"):
+            tfgpu.scale_learning_rate(bad, 2)
+    with pytest.raises(ValueError, match=r"learning_rate=inf"):
+        tfgpu.scale_learning_rate(math.inf, 2)
 
 
 def test_auto_and_default_on_cpu_give_the_default_strategy():
@@ -229,6 +244,47 @@ def test_invalid_device_and_reduction_arguments_fail_before_building():
         tfgpu.strategy("mirrored", devices=cpus(2), all_reduce="nccl")
     with pytest.raises(ValueError, match="timeout_seconds=0"):
         tfgpu.strategy("multi_worker", timeout_seconds=0)
+    with pytest.raises(TypeError, match="timeout_seconds='10'"):
+        tfgpu.strategy("multi_worker", timeout_seconds="10")
+    with pytest.raises(TypeError, match=r"`devices`.*\(of type int\)"):
+        tfgpu.strategy("mirrored", devices=3)
+    with pytest.raises(ValueError, match="slurm_port_base=70000"):
+        tfgpu.strategy(slurm_port_base=70000)
+
+
+def test_devices_are_checked_against_the_machine_when_the_strategy_is_made():
+    # This process has 4 logical CPUs and no GPU (tests/conftest.py).
+    with pytest.raises(ValueError, match=r"'/gpu:3' is not one of them\. TensorFlow sees no GPU"):
+        tfgpu.strategy("one_device", devices="/gpu:3")
+    with pytest.raises(ValueError, match=r"devices this process has: '/device:CPU:0'.*'/cpu:7'"):
+        tfgpu.strategy("mirrored", devices=["/cpu:0", "/cpu:7"])
+    with pytest.raises(ValueError, match="'/gpu:0' is not one of them"):
+        tfgpu.strategy("mirrored", devices=["/gpu:0", "/gpu:1"])
+    with pytest.raises(ValueError, match="'CPU:1' is repeated"):
+        tfgpu.strategy("mirrored", devices=["/cpu:1", "CPU:1"])
+    with pytest.raises(ValueError, match="'bogus' is not one"):
+        tfgpu.strategy("one_device", devices="bogus")
+    with pytest.raises(ValueError, match="local device names"):
+        tfgpu.strategy("one_device", devices="/job:worker/task:1/device:CPU:0")
+    # Every spelling TensorFlow accepts for a device it has works.
+    for spelling in (
+        "/cpu:2",
+        "CPU:2",
+        "/device:CPU:2",
+        "/job:localhost/replica:0/task:0/device:CPU:2",
+    ):
+        one = tfgpu.strategy("one_device", devices=spelling)
+        assert one.extended.worker_devices[0].endswith("CPU:2")
+
+
+def test_device_check_is_pure():
+    from tfgpu.distribute import _check_devices
+
+    have = ["/device:CPU:0", "/device:GPU:0", "/device:GPU:1"]
+    assert _check_devices(["/gpu:1", "gpu:0"], have) == ["/device:GPU:1", "/device:GPU:0"]
+    assert _check_devices(["/gpu"], have) == ["/device:GPU:0"]
+    with pytest.raises(ValueError, match=r"'/gpu:2' is not one of them\.$"):
+        _check_devices(["/gpu:2"], have)
 
 
 # --------------------------------------------------------------------------- equality proofs

@@ -19,7 +19,14 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tfgpu._checks import check_int, invalid_type, invalid_value, is_int, is_positive_number
+from tfgpu._checks import (
+    check_finite_result,
+    check_int,
+    check_number,
+    invalid_type,
+    invalid_value,
+    is_int,
+)
 from tfgpu._cluster import resolve_cluster, slurm_num_tasks
 
 _LOG = logging.getLogger("tfgpu")
@@ -192,10 +199,15 @@ def scale_learning_rate(
     >>> tfgpu.scale_learning_rate(1e-3, 4, rule="sqrt")
     0.002
     """
-    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)):
-        raise invalid_type("learning_rate", learning_rate, "a float")
-    if not is_positive_number(learning_rate):
-        raise invalid_value("learning_rate", learning_rate, "a positive finite float")
+    learning_rate = check_number(
+        "learning_rate",
+        learning_rate,
+        minimum=0,
+        exclusive_minimum=True,
+        expected="a positive finite float",
+    )
+    if not isinstance(rule, str):
+        raise invalid_type("rule", rule, f"one of: {', '.join(map(repr, _LR_RULES))}")
     if rule not in _LR_RULES:
         raise invalid_value("rule", rule, f"one of: {', '.join(map(repr, _LR_RULES))}")
     base_replicas = check_int("base_replicas", base_replicas, expected="a positive int")
@@ -205,10 +217,70 @@ def scale_learning_rate(
         strategy = tf.distribute.get_strategy()
     factor = _num_replicas(strategy) / base_replicas
     scaled = learning_rate * (factor if rule == "linear" else math.sqrt(factor))
+    check_finite_result(
+        "the scaled learning rate",
+        scaled,
+        f"learning_rate={learning_rate!r}, {_num_replicas(strategy)} replicas, "
+        f"base_replicas={base_replicas}",
+    )
     return float(round(scaled, 15))
 
 
+def _check_devices(devices: list[str], available: Sequence[str]) -> list[str]:
+    """Canonical names (`/device:GPU:1`) of `devices`, each checked against `available`.
+
+    Pure: `available` holds the canonical names of this process's logical devices. Accepts
+    the spellings TensorFlow accepts (`/gpu:1`, `GPU:1`, `/device:GPU:1`,
+    `/job:localhost/replica:0/task:0/device:GPU:1`); an omitted index means 0.
+
+    Raises:
+        ValueError: naming the device that is malformed, repeated or not on this machine,
+            and listing the devices that are.
+    """
+    import tensorflow as tf
+
+    have = ", ".join(repr(d) for d in available) or "none"
+    names = []
+    for device in devices:
+        try:
+            spec = tf.DeviceSpec.from_string(device)
+        except ValueError:
+            spec = None
+        if spec is None or spec.device_type is None or spec.job not in (None, "localhost"):
+            raise invalid_value(
+                "devices",
+                devices if len(devices) > 1 else device,
+                f"local device names such as '/gpu:0' or '/cpu:0'; {device!r} is not one",
+            )
+        name = f"/device:{spec.device_type.upper()}:{spec.device_index or 0}"
+        if name not in available:
+            hint = (
+                ". TensorFlow sees no GPU here (run `tfgpu env` to see why)"
+                if spec.device_type.upper() == "GPU" and not any("GPU" in d for d in available)
+                else ""
+            )
+            raise invalid_value(
+                "devices",
+                devices if len(devices) > 1 else device,
+                f"devices this process has: {have}; {device!r} is not one of them{hint}",
+            )
+        if name in names:
+            raise invalid_value("devices", devices, f"distinct devices; {device!r} is repeated")
+        names.append(name)
+    return names
+
+
 # --------------------------------------------------------------------------- effects
+
+
+def _local_devices() -> list[str]:
+    """Canonical names of this process's logical devices (initializes the runtime)."""
+    import tensorflow as tf
+
+    return [
+        f"/device:{d.device_type}:{d.name.rsplit(':', 1)[-1]}"
+        for d in tf.config.list_logical_devices()
+    ]
 
 
 def _collective_key_base(index: int) -> int:
@@ -339,19 +411,23 @@ def strategy(
 
     normalized = _normalize_kind(kind)
     if devices is not None:
-        bad = (
-            normalized != "one_device"
-            if isinstance(devices, str)
-            else not devices or not all(isinstance(d, str) for d in devices)
-        )
-        if bad:
-            raise invalid_value(
-                "devices", devices, 'a non-empty list of device names, e.g. ["/gpu:0", "/gpu:1"]'
-            )
-    if timeout_seconds is not None and (
-        not isinstance(timeout_seconds, (int, float)) or not is_positive_number(timeout_seconds)
-    ):
-        raise invalid_value("timeout_seconds", timeout_seconds, "a positive number or None")
+        expected = 'a non-empty list of device names, e.g. ["/gpu:0", "/gpu:1"]'
+        if isinstance(devices, str):
+            if normalized != "one_device":
+                raise invalid_value("devices", devices, expected)
+        elif not isinstance(devices, Sequence) or not all(isinstance(d, str) for d in devices):
+            raise invalid_type("devices", devices, expected)
+        elif not devices:
+            raise invalid_value("devices", devices, expected)
+    check_number(
+        "timeout_seconds",
+        timeout_seconds,
+        minimum=0,
+        exclusive_minimum=True,
+        allow_none=True,
+        expected="a positive number of seconds or None",
+    )
+    check_int("slurm_port_base", slurm_port_base, minimum=1, maximum=65535)
     cluster = resolve_cluster(os.environ)
     gpus = tf.config.list_physical_devices("GPU")
     chosen = _choose_kind(normalized, num_gpus=len(gpus), num_tasks=cluster.num_tasks)
@@ -381,6 +457,7 @@ def strategy(
                 f"Invalid value for argument `devices`. Received: devices={list(devices)!r} "
                 "with kind='one_device'. Expected a single device."
             )
+        device = _check_devices([device], _local_devices())[0]
         _LOG.info("tfgpu.strategy: OneDeviceStrategy on %s", device)
         return tf.distribute.OneDeviceStrategy(device)
 
@@ -396,8 +473,8 @@ def strategy(
                     "not speed.",
                     stacklevel=2,
                 )
-        devices = list(devices)
-        on_gpus = all("gpu" in d.lower() for d in devices)
+        devices = _check_devices(list(devices), _local_devices())
+        on_gpus = all("GPU" in d for d in devices)
         name = _choose_all_reduce(chosen, all_reduce, on_gpus=on_gpus)
         _LOG.info("tfgpu.strategy: MirroredStrategy on %s, all-reduce %s", devices, name)
         return _build_with_own_collective_keys(
