@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tfgpu import batch_size as batch_size_module
 from tfgpu.batch_size import (
     BatchSizeResult,
     _accumulation_plan,
     _next_candidate,
+    _stopped_by,
     find_batch_size,
 )
 
@@ -110,23 +112,157 @@ def test_oom_path_runs_exact_trials_and_leaves_model_as_found():
     assert "largest that fits: 40" in str(result)
 
 
-def test_memory_budget_gives_a_real_limit_on_cpu():
+class _FakeAllocator:
+    """TensorFlow's allocator statistics, scripted: present (peak grows with the batch) or not.
+
+    Which CPUs keep allocator statistics depends on the machine (TensorFlow's BFC CPU
+    allocator is on by default on some CPUs only), so both kinds are simulated here.
+    """
+
+    def __init__(self, monkeypatch, *, available: bool, bytes_per_example: int = 1000):
+        self.available = available
+        self.bytes_per_example = bytes_per_example
+        self.batch = 0
+        monkeypatch.setattr(tf.config.experimental, "get_memory_info", self.get_memory_info)
+        monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", self.reset)
+        original = batch_size_module._make_batch
+
+        def make_batch(pool, size, device):
+            self.batch = size
+            return original(pool, size, device)
+
+        monkeypatch.setattr(batch_size_module, "_make_batch", make_batch)
+
+    def _check(self, device):
+        if not self.available:
+            raise ValueError(f"Allocator stats not available for device '{device}'")
+
+    def reset(self, device):
+        self._check(device)
+
+    def get_memory_info(self, device):
+        self._check(device)
+        peak = 10_000 + self.batch * self.bytes_per_example
+        return {"current": 10_000, "peak": peak}
+
+
+def test_memory_budget_stops_the_search_where_allocator_statistics_exist(monkeypatch):
+    _FakeAllocator(monkeypatch, available=True)
+    model = _model()
+    model.compile("sgd", "mse")
+    x, y = _data(256)
+    budget = 10_000 + 200 * 1000  # sizes up to 200 fit the budget
+    result = find_batch_size(
+        model, (x, y), start=64, max_batch_size=512, steps=1, memory_limit_bytes=budget
+    )
+    assert result.memory_source == "allocator" and result.memory_budget_bytes == budget
+    assert [t.batch_size for t in result.trials] == [64, 128, 256, 192, 224, 208, 200]
+    assert result.largest == 200 and result.stopped_by == "limit"
+    over = [t for t in result.trials if t.reason == "over_budget"]
+    assert over and all(t.peak_memory_bytes > budget for t in over)
+    assert all(t.peak_memory_bytes <= budget for t in result.trials if t.fits)
+
+
+def test_without_allocator_statistics_the_search_says_so_and_stops_at_oom(monkeypatch):
+    _FakeAllocator(monkeypatch, available=False)
+    model = _model(_OOMAbove(40))
+    model.compile("sgd", "mse", run_eagerly=True)
+    x, y = _data()
+    result = find_batch_size(model, (x, y), start=8, max_batch_size=1024, steps=1)
+    assert result.memory_source is None
+    assert result.largest == 40 and result.stopped_by == "limit"
+    assert all(t.peak_memory_bytes is None for t in result.trials)
+    assert any("no allocator statistics for CPU:0" in n for n in result.notes)
+    assert "peak memory:       not measured" in str(result)
+    # A limit that cannot be enforced is refused before any trial, with the ways out.
+    model = _model()
+    model.compile("sgd", "mse")
+    with pytest.raises(
+        ValueError,
+        match=r"memory_limit_bytes=1000000 while TensorFlow keeps no "
+        r"allocator statistics for CPU:0.*in_subprocess=True.*TF_CPU_ALLOCATOR_USE_BFC",
+    ):
+        find_batch_size(model, (x, y), memory_limit_bytes=10**6)
+    assert not model.optimizer.built  # no step was trained
+
+
+@pytest.mark.slow
+def test_in_subprocess_measures_real_peak_memory_on_any_cpu():
+    # The subprocess starts TensorFlow with the BFC CPU allocator, so the statistics exist
+    # whatever this machine's default; the budget is enforced on real figures.
     model = _model(width=2048)
     model.compile("sgd", "mse")
     x, y = _data(256)
-    free = find_batch_size(model, (x, y), start=64, max_batch_size=512, steps=1)
+    free = find_batch_size(model, (x, y), start=64, max_batch_size=512, steps=1, in_subprocess=True)
+    assert free.memory_source == "allocator" and free.stopped_by == "max_batch_size"
     peaks = {t.batch_size: t.peak_memory_bytes for t in free.trials}
     assert peaks[512] > peaks[64] > 0  # peak grows with the batch
     budget = (peaks[128] + peaks[256]) // 2
-
     limited = find_batch_size(
-        model, (x, y), start=64, max_batch_size=512, steps=1, memory_limit_bytes=budget
+        model,
+        (x, y),
+        start=64,
+        max_batch_size=512,
+        steps=1,
+        memory_limit_bytes=budget,
+        in_subprocess=True,
     )
     assert limited.memory_budget_bytes == budget
     assert 128 <= limited.largest < 256
     over = [t for t in limited.trials if t.reason == "over_budget"]
     assert over and all(t.peak_memory_bytes > budget for t in over)
-    assert all(t.peak_memory_bytes <= budget for t in limited.trials if t.fits)
+
+
+def test_a_search_that_never_reached_a_limit_does_not_report_one():
+    model = _model()
+    model.compile("sgd", "mse")
+    x, y = _data()
+    result = find_batch_size(model, (x, y), start=8, max_batch_size=32, steps=1)
+    assert result.largest == 32 and result.stopped_by == "max_batch_size"
+    assert "not a limit: every size tried fitted" in str(result)
+    assert any("raise max_batch_size" in n for n in result.notes)
+    short = find_batch_size(model, (x, y), start=8, max_batch_size=4096, steps=1, max_trials=3)
+    assert [t.batch_size for t in short.trials] == [8, 16, 32]
+    assert short.stopped_by == "max_trials" and short.largest == 32
+    assert any("ran out of trials" in n for n in short.notes)
+    assert "not a limit: the search ran out of trials" in str(short)
+
+
+def test_stopped_by_is_pure():
+    assert (
+        _stopped_by([(8, True), (16, False), (12, True)], max_batch_size=64, ran_out=False)
+        == "limit"
+    )
+    assert (
+        _stopped_by(
+            [(8, False), (4, False), (2, False), (1, False)], max_batch_size=64, ran_out=False
+        )
+        == "nothing_fits"
+    )
+    assert (
+        _stopped_by([(8, True), (16, True)], max_batch_size=16, ran_out=False) == "max_batch_size"
+    )
+    assert _stopped_by([(8, True), (16, True)], max_batch_size=64, ran_out=True) == "max_trials"
+
+
+def test_an_absurd_start_counts_as_not_fitting_instead_of_crashing():
+    model = _model()
+    model.compile("sgd", "mse")
+    x, y = _data()
+    result = find_batch_size(
+        model, (x, y), start=2**50, max_batch_size=2**50, steps=1, max_trials=2
+    )
+    assert [t.reason for t in result.trials] == ["host_oom", "host_oom"]
+    assert result.largest is None and result.fastest is None
+
+
+def test_mismatched_lengths_are_refused_before_any_trial():
+    model = _model()
+    model.compile("sgd", "mse")
+    x, y = _data()
+    with pytest.raises(ValueError, match=r"arrays of different lengths \(32, 64 examples\)"):
+        find_batch_size(model, (x, y[:32]))
+    assert not model.optimizer.built
 
 
 def test_under_a_strategy_sizes_are_per_replica_and_global_is_reported():
@@ -189,6 +325,14 @@ def test_invalid_arguments_are_rejected_before_work():
         find_batch_size(model, (x, y), memory_fraction=1.5)
     with pytest.raises(TypeError, match="data"):
         find_batch_size(model, "not data")
+    with pytest.raises(TypeError, match=r"start=2\.5 \(of type float\)"):
+        find_batch_size(model, (x, y), start=2.5)
+    with pytest.raises(ValueError, match=r"memory_fraction=nan"):
+        find_batch_size(model, (x, y), memory_fraction=float("nan"))
+    with pytest.raises(TypeError, match=r"in_subprocess='yes'"):
+        find_batch_size(model, (x, y), in_subprocess="yes")
+    result = find_batch_size(model, (x, y), start=np.int64(8), max_batch_size=np.int32(8), steps=1)
+    assert [t.batch_size for t in result.trials] == [8]
 
 
 def test_start_above_max_batch_size_is_rejected_before_any_trial():

@@ -9,6 +9,13 @@ default, the size tensor cores like). A trial fails when TensorFlow raises
 trial runs real training steps (`Model.train_on_batch` on a batch already in memory) and
 measures throughput, and the model's weights, optimizer state and metrics are put back
 afterwards.
+
+Where the memory figure comes from: TensorFlow's allocator statistics. GPUs always keep
+them. On the CPU, TensorFlow keeps them only with its BFC CPU allocator, which is on by
+default on some CPUs and off on others (`TF_CPU_ALLOCATOR_USE_BFC=true` turns it on, read
+when TensorFlow starts). Without statistics the search stops at out-of-memory errors alone,
+the result says so (`memory_source=None`), and a `memory_limit_bytes` that cannot be
+enforced is refused; `in_subprocess=True` turns the statistics on for the trials.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from tfgpu._checks import check_int, invalid_value
+from tfgpu._checks import check_int, check_number, invalid_type
 
 __all__ = ["BatchSizeResult", "BatchSizeTrial", "find_batch_size"]
 
@@ -41,8 +48,11 @@ class BatchSizeTrial:
         batch_size: int, the per-replica batch size tried.
         global_batch_size: int, `batch_size` times the number of replicas.
         fits: bool, whether the steps ran without OOM and within the memory budget.
-        reason: str, `"ok"`, `"oom"` (`ResourceExhaustedError`) or `"over_budget"`.
-        peak_memory_bytes: int or None, peak device memory during the trial.
+        reason: str, `"ok"`, `"oom"` (`ResourceExhaustedError`), `"host_oom"` (the host
+            ran out of memory building the batch: `MemoryError`), `"over_budget"` or
+            `"oom_on_another_worker"`.
+        peak_memory_bytes: int or None, peak device memory during the trial (None where
+            TensorFlow keeps no allocator statistics for the device).
         step_time_s: float, mean seconds per step (NaN when it did not fit).
         examples_per_second: float, global examples per second (NaN when it did not fit).
     """
@@ -75,6 +85,13 @@ class BatchSizeResult:
         accumulation_batch_size: int or None, the per-replica batch to use with it.
         in_subprocess: bool, whether the trials ran in a separate Python process.
         notes: list of str, remarks (e.g. that a subprocess was used, and why).
+        memory_source: str or None, where peak memory came from: `"allocator"`
+            (TensorFlow's allocator statistics, `tf.config.experimental.get_memory_info`)
+            or None (not measured: the search stopped at out-of-memory errors only).
+        stopped_by: str, why the search ended: `"limit"` (it narrowed down to the boundary
+            between a size that fits and one that does not), `"max_batch_size"` (every size
+            up to it fitted: the limit lies above), `"max_trials"` (out of trials before
+            narrowing down) or `"nothing_fits"` (even batch size 1 failed).
     """
 
     largest: int | None
@@ -90,6 +107,8 @@ class BatchSizeResult:
     accumulation_batch_size: int | None = None
     in_subprocess: bool = False
     notes: list[str] = field(default_factory=list)
+    memory_source: str | None = None
+    stopped_by: str = "limit"
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the result as JSON-ready data."""
@@ -103,11 +122,17 @@ class BatchSizeResult:
     def __str__(self) -> str:
         lines = [
             f"Batch size (per replica, {self.num_replicas} replica(s), device {self.device}):",
-            f"  largest that fits: {self.largest} (global {self.largest_global})",
+            f"  largest that fits: {self.largest} (global {self.largest_global})"
+            + {
+                "max_batch_size": " - not a limit: every size tried fitted",
+                "max_trials": " - not a limit: the search ran out of trials",
+            }.get(self.stopped_by, ""),
             f"  fastest:           {self.fastest} (global {self.fastest_global})",
         ]
         if self.memory_budget_bytes is not None:
             lines.append(f"  memory budget:     {self.memory_budget_bytes / 2**20:.1f} MiB")
+        if self.memory_source is None:
+            lines.append("  peak memory:       not measured (out-of-memory errors only)")
         if self.gradient_accumulation_steps is not None:
             lines.append(
                 f"  to reach global batch {self.target_global_batch_size}: batch_size="
@@ -150,6 +175,18 @@ def _next_candidate(
     if mid <= lo or mid >= hi:
         return None
     return mid
+
+
+def _stopped_by(trials: list[tuple[int, bool]], *, max_batch_size: int, ran_out: bool) -> str:
+    """Why a search over `trials` ended (see `BatchSizeResult.stopped_by`); pure."""
+    fits = [b for b, ok in trials if ok]
+    if not fits and trials and min(b for b, _ in trials) == 1:
+        return "nothing_fits"
+    if ran_out:
+        return "max_trials"
+    if fits and max(fits) >= max_batch_size:
+        return "max_batch_size"
+    return "limit"
 
 
 def _accumulation_plan(target: int, max_per_replica: int, replicas: int) -> tuple[int, int]:
@@ -241,13 +278,25 @@ def _example_pool(data, pool_size: int):
     ):
         element = tuple(data)
     else:
-        raise TypeError(
-            "Invalid type for argument `data`. Received: "
-            f"{type(data).__name__}. Expected a `tf.data.Dataset` or a tuple of arrays "
-            "`(x, y)` / `(x, y, sample_weight)`."
+        raise invalid_type(
+            "data",
+            data,
+            "a `tf.data.Dataset` or a tuple of arrays `(x, y)` / `(x, y, sample_weight)`",
         )
     x, y, sw = keras.utils.unpack_x_y_sample_weight(element)
-    n = len(tf.nest.flatten(x)[0])
+    lengths = {
+        len(a) if np.ndim(a) else 0
+        for part in (x, y, sw)
+        if part is not None
+        for a in tf.nest.flatten(part)
+    }
+    if len(lengths) > 1:
+        raise ValueError(
+            "Invalid value for argument `data`. Received: arrays of different lengths "
+            f"({', '.join(map(str, sorted(lengths)))} examples). Expected x, y (and "
+            "sample_weight) with one entry per example each."
+        )
+    n = lengths.pop() if lengths else 0
     if n == 0:
         raise ValueError("Invalid value for argument `data`. Received: no examples.")
     take = min(n, pool_size)
@@ -317,6 +366,17 @@ def _reset_peak(device: str) -> bool:
         return False
 
 
+def _has_allocator_stats(device: str) -> bool:
+    """Whether TensorFlow keeps allocator statistics (current, peak) for `device` here."""
+    import tensorflow as tf
+
+    try:
+        tf.config.experimental.get_memory_info(device)
+        return True
+    except (ValueError, tf.errors.OpError):
+        return False
+
+
 def _peak(device: str) -> int | None:
     import tensorflow as tf
 
@@ -344,11 +404,13 @@ def _agree(strategy, fits: bool, seconds: float) -> tuple[bool, float]:
 def _run_trial(model, pool, batch_size, *, steps, device, budget, replicas) -> BatchSizeTrial:
     import tensorflow as tf
 
-    x, y, sw = _make_batch(pool, batch_size, None)
     measured = _reset_peak(device)
     nan = float("nan")
     fits, reason, seconds = True, "ok", nan
+    batch = None
     try:
+        batch = _make_batch(pool, batch_size, None)
+        x, y, sw = batch
         model.train_on_batch(x, y, sample_weight=sw)  # trace and warm up
         t0 = time.perf_counter()
         for _ in range(steps):
@@ -356,8 +418,10 @@ def _run_trial(model, pool, batch_size, *, steps, device, budget, replicas) -> B
         seconds = (time.perf_counter() - t0) / steps
     except tf.errors.ResourceExhaustedError:
         fits, reason = False, "oom"
+    except MemoryError:  # the host could not even hold the batch (an absurd size)
+        fits, reason = False, "host_oom"
     finally:
-        del x, y, sw
+        del batch
     peak = _peak(device) if measured else None
     if fits and budget is not None and peak is not None and peak > budget:
         fits, reason = False, "over_budget"
@@ -470,10 +534,16 @@ def find_batch_size(
         )
     check_int("memory_limit_bytes", memory_limit_bytes, allow_none=True)
     check_int("target_global_batch_size", target_global_batch_size, allow_none=True)
-    if isinstance(memory_fraction, bool) or not (
-        isinstance(memory_fraction, (int, float)) and 0 < memory_fraction <= 1
-    ):
-        raise invalid_value("memory_fraction", memory_fraction, "a float in (0, 1]")
+    check_number(
+        "memory_fraction",
+        memory_fraction,
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=1,
+        expected="a float in (0, 1]",
+    )
+    if not isinstance(in_subprocess, bool):
+        raise invalid_type("in_subprocess", in_subprocess, "True or False")
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
         raise ValueError(
             "Invalid value for argument `model`. Received: a model that is not compiled. "
@@ -499,6 +569,25 @@ def find_batch_size(
     strategy = model.distribute_strategy
     replicas = int(strategy.num_replicas_in_sync)
     device = _memory_device(strategy)
+    notes: list[str] = []
+    memory_source: str | None = "allocator"
+    if not _has_allocator_stats(device):
+        memory_source = None
+        if memory_limit_bytes is not None:
+            raise ValueError(
+                "Invalid value for argument `memory_limit_bytes`. Received: "
+                f"memory_limit_bytes={memory_limit_bytes} while TensorFlow keeps no allocator "
+                f"statistics for {device} in this process, so a peak-memory limit cannot be "
+                "enforced. Expected None here; or pass in_subprocess=True (the trials then run "
+                "with TensorFlow's BFC CPU allocator, which keeps them), or set "
+                "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts."
+            )
+        notes.append(
+            f"TensorFlow keeps no allocator statistics for {device} here, so peak memory was "
+            "not measured and only out-of-memory errors stopped the search (set "
+            "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts, or pass "
+            "in_subprocess=True, to measure it)"
+        )
     capacity = _device_capacity_bytes(device)
     budgets = [b for b in (memory_limit_bytes,) if b is not None]
     if capacity is not None:
@@ -508,8 +597,9 @@ def find_batch_size(
     _prepare_model(model, _make_batch(pool, 1, None))
     snapshot = _snapshot_state(model)
     trials: list[BatchSizeTrial] = []
+    ran_out = False
     try:
-        while len(trials) < max_trials:
+        while True:
             nxt = _next_candidate(
                 [(t.batch_size, t.fits) for t in trials],
                 start=start,
@@ -517,6 +607,9 @@ def find_batch_size(
                 multiple_of=multiple_of,
             )
             if nxt is None:
+                break
+            if len(trials) >= max_trials:
+                ran_out = True
                 break
             trials.append(
                 _run_trial(
@@ -531,16 +624,54 @@ def find_batch_size(
             )
     finally:
         _restore_state(model, snapshot)
-    return _result(trials, replicas, budget, device, target_global_batch_size, [])
+    stopped_by = _stopped_by(
+        [(t.batch_size, t.fits) for t in trials],
+        max_batch_size=max_batch_size,
+        ran_out=ran_out,
+    )
+    return _result(
+        trials,
+        replicas,
+        budget,
+        device,
+        target_global_batch_size,
+        notes,
+        memory_source=memory_source,
+        stopped_by=stopped_by,
+    )
 
 
-def _result(trials, replicas, budget, device, target, notes, in_subprocess=False):
+def _result(
+    trials,
+    replicas,
+    budget,
+    device,
+    target,
+    notes,
+    in_subprocess=False,
+    *,
+    memory_source=None,
+    stopped_by="limit",
+):
     fitting = [t.batch_size for t in trials if t.fits]
     largest = max(fitting) if fitting else None
     fastest = _pick_fastest(trials)
     notes = list(notes)
     if largest is None:
         notes.append("no batch size fitted, not even the smallest tried")
+    elif stopped_by == "max_batch_size":
+        notes.append(
+            f"every size tried fitted, up to max_batch_size={largest}: the memory limit lies "
+            "above it (raise max_batch_size to find it)"
+        )
+    elif stopped_by == "max_trials":
+        failed = [t.batch_size for t in trials if not t.fits]
+        above = f" and {min(failed)}" if failed else ""
+        notes.append(
+            f"the search ran out of trials (max_trials={len(trials)}) before narrowing down: "
+            f"the largest size that fits lies between {largest}{above}"
+            + ("" if failed else " and max_batch_size")
+        )
     steps = per_replica = None
     if target is not None and fastest is not None:
         steps, per_replica = _accumulation_plan(target, fastest, replicas)
@@ -558,6 +689,8 @@ def _result(trials, replicas, budget, device, target, notes, in_subprocess=False
         accumulation_batch_size=per_replica,
         in_subprocess=in_subprocess,
         notes=notes,
+        memory_source=memory_source,
+        stopped_by=stopped_by,
     )
 
 
@@ -576,6 +709,8 @@ def _find_in_subprocess(model, pool, kwargs) -> BatchSizeResult:
         (tmpdir / "modules.json").write_text(json.dumps(_custom_modules(model)))
         code = f"from tfgpu.batch_size import _subprocess_main; _subprocess_main({str(tmpdir)!r})"
         env = {**os.environ}
+        # A fresh TensorFlow: turn on the CPU allocator statistics the memory budget needs.
+        env.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         proc = subprocess.run(
@@ -613,6 +748,8 @@ def _find_in_subprocess(model, pool, kwargs) -> BatchSizeResult:
         d["target_global_batch_size"],
         [note, *d["notes"]],
         in_subprocess=True,
+        memory_source=d.get("memory_source"),
+        stopped_by=d.get("stopped_by", "limit"),
     )
 
 
