@@ -144,3 +144,39 @@ def test_verbose_is_accepted_by_every_command():
     assert parser.parse_args(["env", "--verbose"]).verbose is True
     assert parser.parse_args(["demo", "-v", "--quick"]).verbose is True
     assert parser.parse_args(["report", "runs/x"]).verbose is False
+
+
+@pytest.mark.parametrize(
+    "argv, verbose",
+    [
+        (["--verbose", "env"], True),
+        (["-v", "env", "--json"], True),
+        (["env", "-v"], True),
+        (["-v", "env", "-v"], True),
+        (["env"], False),
+        (["--verbose", "demo", "--quick"], True),
+        (["-v", "report", "runs/x", "--out", "o"], True),
+    ],
+)
+def test_verbose_is_accepted_before_or_after_the_command(argv, verbose):
+    from tfgpu.cli import _build_parser
+
+    assert _build_parser().parse_args(argv).verbose is verbose
+
+
+def test_verbose_before_the_command_runs_it(capsys):
+    assert main(["--verbose", "env", "--json"]) == 0
+    assert set(_strict_json(capsys.readouterr().out)) == {"facts", "findings"}
+
+
+def test_an_unexpected_os_error_is_an_error_line_not_a_traceback(tmp_path, capsys, monkeypatch):
+    import tfgpu.report
+
+    def fail(run_dir, out_dir):
+        raise PermissionError(13, "Permission denied", str(tmp_path))
+
+    monkeypatch.setattr(tfgpu.report, "_write", fail)
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tfgpu report: error: [Errno 13] Permission denied")
+    assert "Traceback" not in err

@@ -147,34 +147,136 @@ def test_missing_figures_print_as_na():
     "kwargs, error, match",
     [
         ({"epochs": 0}, ValueError, "Received: epochs=0"),
+        ({"epochs": -1}, ValueError, "Received: epochs=-1"),
+        ({"epochs": np.int64(0)}, ValueError, "argument `epochs`"),
+        ({"epochs": 2.5}, TypeError, r"Received: epochs=2\.5 \(of type float\)"),
+        ({"epochs": np.float64(2.0)}, TypeError, "argument `epochs`"),
         ({"epochs": "3"}, TypeError, "argument `epochs`"),
         ({"epochs": True}, TypeError, "argument `epochs`"),
         ({"quick": "yes"}, TypeError, "argument `quick`"),
+        ({"quick": None}, TypeError, "argument `quick`"),
         ({"dataset": ""}, ValueError, "argument `dataset`"),
-        ({"dataset": 10}, ValueError, "Received: dataset=10"),
+        ({"dataset": "  "}, ValueError, "argument `dataset`"),
+        ({"dataset": 10}, TypeError, "Received: dataset=10"),
         ({"run_dir": 3}, TypeError, "argument `run_dir`"),
+        ({"run_dir": 123}, TypeError, "Received: run_dir=123"),
+        ({"run_dir": b"runs/x"}, TypeError, "argument `run_dir`"),
+        ({"run_dir": ""}, ValueError, "argument `run_dir`"),
+        ({"run_dir": "{file}"}, ValueError, r"argument `run_dir`.*is a file"),
+        ({"run_dir": "{file}/run"}, ValueError, r"argument `run_dir`.*is under the file"),
     ],
 )
 def test_bad_arguments_raise_before_any_work(kwargs, error, match, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("keep")
+    kwargs = {
+        k: v.format(file=tmp_path / "notes.txt") if isinstance(v, str) else v
+        for k, v in kwargs.items()
+    }
     with pytest.raises(error, match=match):
         demo.run_demo(**kwargs)
-    assert list(tmp_path.iterdir()) == []  # nothing written
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]  # nothing written
+    assert (tmp_path / "notes.txt").read_text() == "keep"
 
 
-def test_run_dir_must_be_new_or_empty(tmp_path):
+def test_a_run_dir_that_holds_anything_is_refused_and_left_as_it_was(tmp_path):
     (tmp_path / "old.csv").write_text("x")
-    with pytest.raises(ValueError, match="exists and is not an empty directory"):
+    with pytest.raises(ValueError, match=r"is not empty, and a demo never writes into an earlier"):
         demo.run_demo(run_dir=tmp_path)
-    with pytest.raises(ValueError, match="exists and is not an empty directory"):
-        demo.run_demo(run_dir=tmp_path / "old.csv")
+    assert [p.name for p in tmp_path.iterdir()] == ["old.csv"]
+    assert (tmp_path / "old.csv").read_text() == "x"
+    (tmp_path / "empty").mkdir()
+    assert demo._check_args(False, None, tmp_path / "empty", None) == tmp_path / "empty"
+    assert demo._check_args(False, None, tmp_path / "new" / "run", 3) == tmp_path / "new" / "run"
 
 
-def test_cli_reports_bad_arguments_with_exit_status_2(capsys):
-    from tfgpu.cli import main
+def test_the_default_run_dir_never_reuses_an_earlier_run(tmp_path, monkeypatch):
+    import datetime
 
-    assert main(["demo", "--epochs", "0"]) == 2
-    assert "Received: epochs=0" in capsys.readouterr().err
+    class Frozen(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(2025, 1, 2, 3, 4, 5)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(demo.datetime, "datetime", Frozen)
+    first = demo._check_args(False, None, None, None)
+    assert first == demo.Path("runs/demo-20250102-030405") and not first.exists()
+    first.mkdir(parents=True)
+    (first / "demo.json").write_text("{}")
+    second = demo._check_args(False, None, None, None)
+    assert second == demo.Path("runs/demo-20250102-030405-2")
+    assert (first / "demo.json").read_text() == "{}"
+    # `runs` a file: refused before any work.
+    (first / "demo.json").unlink()
+    first.rmdir()
+    (tmp_path / "runs").rmdir()
+    (tmp_path / "runs").write_text("not a directory")
+    with pytest.raises(ValueError, match=r"is under the file 'runs'"):
+        demo._check_args(False, None, None, None)
+
+
+def test_a_run_dir_filled_after_the_check_is_still_refused(tmp_path):
+    run = tmp_path / "run"
+    demo._claim_run_dir(run)  # new: created
+    assert run.is_dir()
+    (run / "timeline.csv").write_text("another run's data")
+    with pytest.raises(ValueError, match="is not empty"):
+        demo._claim_run_dir(run)
+    assert (run / "timeline.csv").read_text() == "another run's data"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["demo", "--epochs", "0"], "Received: epochs=0"),
+        (["demo", "--epochs", "-1"], "Received: epochs=-1"),
+        (["demo", "--epochs", "2.5"], "argument --epochs: invalid int value: '2.5'"),
+        (["demo", "--dataset", ""], "argument `dataset`"),
+        (["demo", "--run-dir", "{full}"], "is not empty, and a demo never writes"),
+        (["demo", "--run-dir", "{full}/timeline.csv"], "is a file"),
+    ],
+)
+def test_cli_bad_arguments_get_usage_and_exit_2_before_tensorflow(
+    argv, message, tmp_path, capsys, monkeypatch
+):
+    from tfgpu import cli
+
+    (tmp_path / "timeline.csv").write_text("earlier run")
+    monkeypatch.setattr(cli, "_load_tensorflow", lambda: pytest.fail("TensorFlow loaded"))
+    monkeypatch.setattr(demo, "run_demo", lambda **kw: pytest.fail("the demo started"))
+    with pytest.raises(SystemExit) as e:
+        cli.main([a.format(full=tmp_path) for a in argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: tfgpu demo" in err and "tfgpu demo: error:" in err and message in err
+    assert "Traceback" not in err
+    assert (tmp_path / "timeline.csv").read_text() == "earlier run"
+
+
+@pytest.mark.slow
+def test_cli_argument_errors_never_import_tensorflow(tmp_path):
+    (tmp_path / "old.txt").write_text("x")
+    code = (
+        "import sys\n"
+        "from tfgpu.cli import main\n"
+        "for argv in (['demo', '--epochs', '-1'], ['demo', '--run-dir', sys.argv[1]],\n"
+        "             ['report', sys.argv[1] + '/old.txt']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit as e:\n"
+        "        print(e.code)\n"
+        "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
+    assert result.stdout.split() == ["2", "2", "2", "[]"], result.stderr[-2000:]
+    assert result.stderr.count("usage: tfgpu") == 3 and "Traceback" not in result.stderr
 
 
 # ---- TFDS ----------------------------------------------------------------------------------

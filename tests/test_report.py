@@ -6,6 +6,8 @@ import datetime
 import itertools
 import json
 import math
+import pathlib
+import re
 import time
 
 import pytest
@@ -136,7 +138,7 @@ def test_bad_directories_get_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="not found"):
         write_report(tmp_path / "missing")
     (tmp_path / "file.txt").write_text("x")
-    with pytest.raises(NotADirectoryError, match=r"file\.txt"):
+    with pytest.raises(ValueError, match=r"argument `run_dir`.*file\.txt.* is a file"):
         write_report(tmp_path / "file.txt")
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "notes.txt").write_text("x")
@@ -173,7 +175,7 @@ def _appended_run(path):
 
 
 def test_a_run_appended_by_several_fits_is_split_into_sessions(tmp_path):
-    from tfgpu.report import _read_csv, _time_axis, _timeline_sessions
+    from tfgpu.report import _Problems, _read_table, _time_axis, _timeline_sessions
 
     run = _appended_run(tmp_path / "run")
     text = write_report(run).read_text()
@@ -186,7 +188,7 @@ def test_a_run_appended_by_several_fits_is_split_into_sessions(tmp_path):
     assert "| 2 | 1 | 4 | 10.00 |" in text and "| 3 | 1 | 4 | 10.00 |" in text
     assert "| 1 | 12 |" not in text
     # The plots' time axis: seconds since the first sample, across sessions, never backwards.
-    table = _read_csv(run / "timeline.csv")
+    table = _read_table(run / "timeline.csv", ["time"], "timeline", _Problems())
     starts = _timeline_sessions(table)
     assert starts == [0, 5, 10]
     axis = _time_axis(table, starts)
@@ -204,3 +206,256 @@ def test_without_a_time_column_sessions_are_laid_end_to_end(tmp_path):
     starts = _timeline_sessions(table)
     assert starts == [0, 3]
     assert _time_axis(table, starts) == pytest.approx([0.0, 0.1, 0.2, 0.2, 0.3])
+
+
+# ---- damaged run directories: the rest of the report, `error:` naming the file, exit 2 -----
+
+
+def _long_line(run):
+    text = (run / "timeline.csv").read_text().splitlines()
+    text.insert(3, "1," + "9" * 200_000)  # beyond the csv module's field limit (131072)
+    (run / "timeline.csv").write_text("\n".join(text) + "\n")
+
+
+def _no_permission(run, monkeypatch):
+    real = pathlib.Path.read_bytes
+
+    def read_bytes(self):
+        if self.name == "timeline.csv":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(pathlib.Path, "read_bytes", read_bytes)
+
+
+_GARBAGE = bytes(range(256)) * 8
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda run: (run / "run.json").write_text("[1, 2]"), r"run\.json` holds a JSON list"),
+        (lambda run: (run / "run.json").write_text(""), r"run\.json` is not valid JSON"),
+        (lambda run: (run / "run.json").write_bytes(_GARBAGE), r"run\.json` is not valid JSON"),
+        (lambda run: (run / "diagnosis.json").write_text("3"), r"diagnosis\.json` holds a JSON"),
+        (_long_line, r"timeline\.csv`, line 4: field larger than field limit"),
+        (lambda run: (run / "timeline.csv").write_bytes(_GARBAGE), r"timeline\.csv` is not a CSV"),
+        (lambda run: (run / "timeline.csv").write_text(""), r"timeline\.csv` is empty"),
+        (lambda run: (run / "timeline.csv").write_text("a,b\n1,2\n"), "not a tfgpu timeline"),
+        (lambda run: (run / "steps.csv").write_bytes(_GARBAGE), r"steps\.csv` is not a CSV"),
+        (lambda run: (run / "steps.csv").write_text("\n"), r"steps\.csv` is empty"),
+        (lambda run: (run / "timeline.2.csv").mkdir(), r"timeline\.2\.csv` cannot be read"),
+        ("no permission", r"timeline\.csv` cannot be read \(Permission denied\)"),
+    ],
+    ids=[
+        "run.json-list",
+        "run.json-empty",
+        "run.json-binary",
+        "diagnosis.json-number",
+        "timeline-line-beyond-field-limit",
+        "timeline-binary",
+        "timeline-empty",
+        "timeline-foreign-header",
+        "steps-binary",
+        "steps-empty",
+        "timeline-is-a-directory",
+        "timeline-unreadable",
+    ],
+)
+def test_a_damaged_file_is_named_and_the_rest_is_written(
+    damage, message, tmp_path, capsys, monkeypatch
+):
+    run = _write_run(tmp_path / "run", gpus=1, diagnosis={"text": "Bottleneck: input"})
+    if damage == "no permission":
+        _no_permission(run, monkeypatch)
+    else:
+        damage(run)
+    assert main(["report", str(run)]) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    error = [line for line in captured.err.splitlines() if line.startswith("tfgpu report: error:")]
+    assert len(error) == 1 and re.search(message, error[0]), captured.err
+    text = (run / "report.md").read_text()
+    assert "## Problems reading this run directory" in text
+    assert re.search(message, text)
+    # The rest is there: the steps table, or the timeline, or the diagnosis.
+    undamaged = [
+        s for s in ("## Steps `steps.csv`", "| 0 | 60.0 |", "Bottleneck: input") if s in text
+    ]
+    assert len(undamaged) >= 2, text
+
+
+def test_a_long_line_keeps_the_rows_before_it(tmp_path):
+    run = _write_run(tmp_path / "run", gpus=0, steps=False)
+    _long_line(run)
+    with pytest.warns(UserWarning, match="read up to that line only"):
+        text = write_report(run).read_text()
+    assert "2 samples over 0.50 s" in text  # the two rows before line 4
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        ("header only", "No samples: the file has a header only"),
+        ("not numbers", "3 cell(s) that are not numbers read as missing"),
+        ("short rows", "2 row(s) with another number of fields than the header's 7 skipped"),
+        ("nan everywhere", "Host: CPU mean n/a%"),
+    ],
+)
+def test_what_the_report_works_around_is_noted_without_an_error(
+    content, expected, tmp_path, capsys
+):
+    run = _write_run(tmp_path / "run", gpus=0, rows=6)
+    lines = (run / "timeline.csv").read_text().splitlines()
+    if content == "header only":
+        lines = lines[:1]
+    elif content == "not numbers":
+        lines[2] = lines[2].replace("50.0", "busy", 1)
+        lines[3] = lines[3].replace("50.0", "x", 1).replace("40.0", "?", 1)
+    elif content == "short rows":
+        lines[2] = lines[2][: len(lines[2]) // 2]
+        lines.append("1,2")
+    else:
+        lines = lines[:1] + [",".join(["nan"] * len(_HOST))] * 5
+    (run / "timeline.csv").write_text("\n".join(lines) + "\n")
+    assert main(["report", str(run)]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and "error:" not in captured.err
+    text = (run / "report.md").read_text()
+    assert expected in text, text
+    assert "## Steps `steps.csv`" in text
+
+
+def test_run_json_with_odd_values_still_reports(tmp_path, capsys):
+    run = _write_run(tmp_path / "run", gpus=1)
+    odd = {"gpus": "abc", "start_time": "yesterday", "interval": None, "earlier_sessions": 7}
+    (run / "run.json").write_text(json.dumps(odd))
+    (run / "diagnosis.json").write_text(json.dumps({"text": 5, "findings": [1, {"x": 2}]}))
+    assert main(["report", str(run)]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    text = (run / "report.md").read_text()
+    assert "started ?," in text and "`earlier_sessions` is a int, not a list" in text
+    assert "| 0 | 60.0 |" in text
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["report", "{run}", "--out", "{file}"], r"out_dir.*'.*notes\.txt' is a file"),
+        (["report", "{run}", "--out", "{file}/sub"], r"out_dir.*is under the file"),
+        (["report", "{file}"], r"run_dir.*notes\.txt' is a file"),
+        (["report", "{run}", "--out", ""], r"out_dir.*Expected a directory path"),
+    ],
+)
+def test_paths_that_cannot_be_directories_get_usage_errors(argv, message, tmp_path, capsys):
+    run = _write_run(tmp_path / "run", gpus=0)
+    (tmp_path / "notes.txt").write_text("keep me")
+    argv = [a.format(run=run, file=tmp_path / "notes.txt") for a in argv]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: tfgpu report" in err and re.search(message, err) and "Traceback" not in err
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
+    assert not (run / "report.md").exists()
+
+
+def test_a_missing_run_directory_is_an_error(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert "tfgpu report: error: Run directory not found" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"run_dir": 123}, TypeError, r"argument `run_dir`. Received: run_dir=123"),
+        ({"run_dir": b"run"}, TypeError, "argument `run_dir`"),
+        ({"run_dir": None}, TypeError, "argument `run_dir`"),
+        ({"run_dir": ""}, ValueError, "argument `run_dir`"),
+        ({"out_dir": 1.5}, TypeError, r"argument `out_dir`. Received: out_dir=1.5"),
+        ({"out_dir": "{file}"}, ValueError, r"argument `out_dir`.*is a file"),
+        ({"out_dir": "{file}/x/y"}, ValueError, r"argument `out_dir`.*is under the file"),
+        ({"run_dir": "{file}/x"}, ValueError, r"argument `run_dir`.*is under the file"),
+    ],
+)
+def test_bad_arguments_raise_before_any_work(kwargs, error, match, tmp_path):
+    run = _write_run(tmp_path / "run", gpus=0)
+    (tmp_path / "f").write_text("x")
+    kwargs = {"run_dir": run, **kwargs}
+    kwargs = {
+        k: v.format(file=tmp_path / "f") if isinstance(v, str) else v for k, v in kwargs.items()
+    }
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(error, match=match):
+        write_report(**kwargs)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_repeated_reports_and_a_report_after_a_failure(tmp_path):
+    run = _write_run(tmp_path / "run", gpus=1)
+    (run / "diagnosis.json").write_text("{")
+    with pytest.warns(UserWarning, match="diagnosis"):
+        write_report(run)
+    (run / "diagnosis.json").write_text(json.dumps({"text": "fixed"}))
+    first = write_report(run).read_text()
+    assert write_report(run).read_text() == first
+    assert "Problems" not in first and "fixed" in first
+
+
+# ---- the rotated layout: timeline.1.csv, steps.1.csv, run.json's earlier_sessions ----------
+
+
+def _rotated_run(path):
+    """Session 1 sampled 2 GPUs (moved aside to timeline.1.csv); session 2 sampled none."""
+    old = _write_run(path / "old", gpus=2)
+    new = _write_run(path, gpus=0, rows=8)
+    (new / "timeline.1.csv").write_bytes((old / "timeline.csv").read_bytes())
+    (new / "steps.1.csv").write_bytes((old / "steps.csv").read_bytes())
+    for name in ("timeline.csv", "run.json", "steps.csv"):
+        (old / name).unlink()
+    old.rmdir()
+    earlier = json.loads((new / "run.json").read_text())
+    earlier["gpus"] = [{"index": i, "name": "NVIDIA H100"} for i in range(2)]
+    earlier["timeline"] = "timeline.1.csv"
+    newest = {**earlier, "gpus": [], "start_time": 1_700_000_100.0, "timeline": "timeline.csv"}
+    newest["earlier_sessions"] = [earlier]
+    (new / "run.json").write_text(json.dumps(newest))
+    return new
+
+
+def test_every_session_of_a_rotated_run_directory_is_reported(tmp_path, capsys):
+    run = _rotated_run(tmp_path / "run")
+    assert main(["report", str(run)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    text = (run / "report.md").read_text()
+    assert "2 sessions recorded in `run.json`, oldest first" in text
+    assert "| 1 |" in text and "| 2 (newest) |" in text and "2 (NVIDIA H100)" in text
+    assert "`timeline.1.csv`, `steps.1.csv`" in text
+    # Each file its own section, oldest first, and its own plots.
+    older, newer = (
+        text.index("## Timeline `timeline.1.csv`"),
+        text.index("## Timeline `timeline.csv`"),
+    )
+    assert older < newer
+    assert "| 1 | 60.0 | 80.0 | 25% |" in text[older:newer]  # the 2-GPU session's table
+    assert "host metrics only" in text[newer:]
+    assert text.index("## Steps `steps.1.csv`") < text.index("## Steps `steps.csv`")
+    for png in ("utilization.1.png", "power.1.png", "step_time.1.png", "utilization.png"):
+        assert (run / png).stat().st_size > 1000 and png in text
+    assert not (run / "power.png").exists()
+
+
+def test_a_session_whose_timeline_is_gone_is_noted(tmp_path):
+    run = _rotated_run(tmp_path / "run")
+    (run / "timeline.1.csv").unlink()
+    text = write_report(run).read_text()
+    assert "`run.json` names `timeline.1.csv`, which is not here" in text
+    assert "## Timeline `timeline.csv`" in text
+
+
+def test_a_rotated_timeline_alone_is_a_run(tmp_path):
+    (tmp_path / "timeline.3.csv").write_text(",".join(_HOST) + "\n")
+    text = write_report(tmp_path).read_text()
+    assert "## Timeline `timeline.3.csv`" in text and "No samples" in text

@@ -8,6 +8,13 @@ back: the report then starts the output, and what `tfgpu env` says about the mac
 driver, no GPU seen) replaces them. Every other line written meanwhile (Python warnings,
 TensorFlow errors that are not start-up noise) still goes to stderr. The variable itself is
 left as the user set it (or unset), so `tfgpu env` reports the user's value.
+
+Arguments are checked before any work, and before TensorFlow is imported: a malformed one
+(`demo --epochs -1`, a `--run-dir` that holds an earlier run, a `report --out` that is a
+file) gets argparse's `usage: ...` and `error: ...` lines and exit status 2. Failures once
+the command runs (a run directory not found, a file it cannot read) print
+`tfgpu COMMAND: error: ...` and exit with status 2, never a traceback. `--verbose` is
+accepted before or after the command.
 """
 
 from __future__ import annotations
@@ -41,14 +48,15 @@ def _build_parser() -> argparse.ArgumentParser:
         prog="tfgpu", description="Make Keras/TensorFlow training use the GPU well."
     )
     parser.add_argument("--version", action="version", version=f"tfgpu {__version__}")
+    verbose_help = (
+        "also show TensorFlow's C++ start-up log (held back unless TF_CPP_MIN_LOG_LEVEL is set)"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: a command without the flag keeps what was given before it (`tfgpu -v env`).
     common.add_argument(
-        "-v",
-        "--verbose",
-        action="store_true",
-        help="also show TensorFlow's C++ start-up log (held back unless TF_CPP_MIN_LOG_LEVEL "
-        "is set)",
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help
     )
 
     p = sub.add_parser(
@@ -57,6 +65,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="TensorFlow, CUDA, driver and GPU facts, and what is wrong",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(command_parser=p)
 
     p = sub.add_parser(
         "demo",
@@ -66,16 +75,37 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a tiny run for tests (seconds)")
     p.add_argument("--dataset", default=None, help="a TensorFlow Datasets name, e.g. cifar10")
     p.add_argument(
-        "--run-dir", default=None, help="where to write the run (default: runs/demo-TIME)"
+        "--run-dir",
+        default=None,
+        help="a new or empty directory for the run (default: runs/demo-TIME); one that "
+        "holds an earlier run is refused",
     )
-    p.add_argument("--epochs", type=int, default=None, help="epochs per side")
+    p.add_argument("--epochs", type=int, default=None, help="epochs per side (>= 1)")
+    p.set_defaults(command_parser=p)
 
     p = sub.add_parser(
         "report", parents=[common], help="plots and a Markdown summary of a run directory"
     )
     p.add_argument("run_dir", help="a directory written by GPUMonitor / StepTimer")
     p.add_argument("--out", default=None, help="where to write (default: RUN_DIR)")
+    p.set_defaults(command_parser=p)
     return parser
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Checks a command's arguments (no TensorFlow); raises TypeError/ValueError.
+
+    Fills in what the checks resolve (the demo's default run directory).
+    """
+    from tfgpu._checks import check_dir
+
+    if args.command == "demo":
+        from tfgpu.demo import _check_args
+
+        args.run_dir = _check_args(args.quick, args.dataset, args.run_dir, args.epochs)
+    elif args.command == "report":
+        check_dir("run_dir", args.run_dir)
+        check_dir("out_dir", args.out, allow_none=True)
 
 
 def _is_startup_noise(line: str) -> bool:
@@ -136,7 +166,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: list of str, the arguments without the program name. Defaults to `sys.argv[1:]`.
 
     Returns:
-        int, the exit status: 0 on success, 2 on bad input.
+        int, the exit status: 0 on success, 2 when the command failed or (`report`) a file
+        of the run directory could not be read.
+
+    Raises:
+        SystemExit: with status 2 (after the usage and an `error:` line) for a malformed
+            argument, and 0 for `--help` / `--version`; argparse's convention.
 
     Example:
 
@@ -145,6 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     0
     """
     args = _build_parser().parse_args(argv)
+    try:
+        _check_arguments(args)
+    except (TypeError, ValueError) as e:
+        args.command_parser.error(str(e))  # usage, then the error; exit status 2
     hold_back = not args.verbose and "TF_CPP_MIN_LOG_LEVEL" not in os.environ
     try:
         if args.command == "env":
@@ -155,11 +194,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps(report.to_dict(), indent=2) if args.json else report)
             return 0
         if args.command == "report":
-            from tfgpu.report import write_report
+            from tfgpu.report import _write
 
-            summary = write_report(args.run_dir, out_dir=args.out)
+            summary, problems = _write(args.run_dir, args.out)
             print(f"Report written to {summary}")
-            return 0
+            for error in problems.errors:
+                print(f"tfgpu report: error: {error}", file=sys.stderr)
+            if problems.notes:
+                print(
+                    f"tfgpu report: {len(problems.notes)} note(s) on what was worked around: "
+                    f"see the Problems section of {summary}",
+                    file=sys.stderr,
+                )
+            return 2 if problems.errors else 0
         if args.command == "demo":
             from tfgpu.demo import run_demo
 
@@ -170,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_demo(
                 quick=args.quick, dataset=args.dataset, run_dir=args.run_dir, epochs=args.epochs
             )
-    except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as e:
+    except (ValueError, TypeError, OSError, ImportError) as e:
         print(f"tfgpu {args.command}: error: {e}", file=sys.stderr)
         return 2
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse guarantees this

@@ -53,6 +53,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from tfgpu._checks import check_bool, check_dir, check_int, invalid_type, invalid_value
 from tfgpu._json import json_safe
 
 __all__ = ["run_demo"]
@@ -341,40 +342,47 @@ def _format_table(
     return "\n".join(lines)
 
 
-def _check_args(quick: Any, dataset: Any, run_dir: Any, epochs: Any) -> None:
-    """Raises `TypeError`/`ValueError` for bad arguments, before any work."""
-    if not isinstance(quick, bool):
-        raise TypeError(
-            f"Invalid type for argument `quick`. Received: quick={quick!r}. Expected True or False."
+def _check_run_dir(run_dir: Any) -> Path:
+    """The run directory, which must be new or empty: a demo never writes into an earlier run.
+
+    Raises:
+        TypeError: if `run_dir` is not a path.
+        ValueError: if it is (or is under) a file, or a directory that is not empty.
+    """
+    path = check_dir("run_dir", run_dir)
+    assert path is not None  # check_dir returns None only with allow_none
+    if path.is_dir() and any(path.iterdir()):
+        raise invalid_value(
+            "run_dir",
+            run_dir,
+            f"a new or empty directory; {str(path)!r} is not empty, and a demo never writes "
+            "into an earlier run (nothing there is touched): pass another directory, or leave "
+            "run_dir out for a fresh runs/demo-YYYYmmdd-HHMMSS",
         )
-    if dataset is not None and (not isinstance(dataset, str) or not dataset.strip()):
-        raise ValueError(
-            f"Invalid value for argument `dataset`. Received: dataset={dataset!r}. Expected "
-            "None (offline synthetic data) or a TensorFlow Datasets name such as 'cifar10'."
-        )
-    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int)):
-        raise TypeError(
-            f"Invalid type for argument `epochs`. Received: epochs={epochs!r}. Expected a "
-            "positive int or None."
-        )
-    if epochs is not None and epochs < 1:
-        raise ValueError(
-            f"Invalid value for argument `epochs`. Received: epochs={epochs}. Expected a "
-            "positive int or None."
-        )
-    if run_dir is not None:
-        if not isinstance(run_dir, (str, os.PathLike)):
-            raise TypeError(
-                f"Invalid type for argument `run_dir`. Received: run_dir={run_dir!r}. "
-                "Expected a directory path or None."
-            )
-        path = Path(run_dir)
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
-            raise ValueError(
-                f"Invalid value for argument `run_dir`. Received: run_dir={str(run_dir)!r}, "
-                "which exists and is not an empty directory. Expected a new or empty "
-                "directory (runs are never mixed)."
-            )
+    return path
+
+
+def _check_args(quick: Any, dataset: Any, run_dir: Any, epochs: Any) -> Path:
+    """Raises `TypeError`/`ValueError` for bad arguments, before any work (no TensorFlow).
+
+    Returns:
+        The run directory: `run_dir`, or a new `runs/demo-YYYYmmdd-HHMMSS` when it is None.
+    """
+    check_bool("quick", quick)
+    expected = "None (offline synthetic data) or a TensorFlow Datasets name such as 'cifar10'"
+    if dataset is not None and not isinstance(dataset, str):
+        raise invalid_type("dataset", dataset, expected)
+    if dataset is not None and not dataset.strip():
+        raise invalid_value("dataset", dataset, expected)
+    check_int("epochs", epochs, minimum=1, allow_none=True)
+    return _check_run_dir(_default_run_dir() if run_dir is None else run_dir)
+
+
+def _claim_run_dir(path: Path) -> None:
+    """Creates the run directory, checking again that it is empty (another run may have
+    started there since the arguments were checked)."""
+    path.mkdir(parents=True, exist_ok=True)
+    _check_run_dir(path)
 
 
 def _strategy_name(strategy) -> str:
@@ -386,8 +394,14 @@ def _strategy_name(strategy) -> str:
 
 
 def _default_run_dir() -> Path:
+    """`runs/demo-YYYYmmdd-HHMMSS`, or `...-2`, `-3`, ... when that exists already."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"demo-{stamp}"
+    base = Path("runs") / f"demo-{stamp}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
 
 
 # ----------------------------------------------------------------------------------------
@@ -558,8 +572,10 @@ def run_demo(
         dataset: str or None, a TensorFlow Datasets image classification dataset (e.g.
             `"cifar10"`), which must be prepared in `$TFDS_DATA_DIR` or
             `~/tensorflow_datasets`. Defaults to None: synthetic data made offline.
-        run_dir: str, os.PathLike or None, a new or empty directory for the run. Defaults
-            to None: `runs/demo-YYYYmmdd-HHMMSS` in the current directory.
+        run_dir: str, os.PathLike or None, a new or empty directory for the run (one
+            that holds anything is refused, so an earlier run is never mixed with or
+            overwritten). Defaults to None: a new `runs/demo-YYYYmmdd-HHMMSS` in the current
+            directory.
         epochs: int or None, epochs per side. Defaults to None (8 on the CPU, 5 on GPUs,
             2 with `quick`).
 
@@ -567,9 +583,11 @@ def run_demo(
         int, 0 when both sides trained and the run directory is written.
 
     Raises:
-        TypeError: if an argument has the wrong type.
-        ValueError: if `epochs` is not positive, `run_dir` is a file or not empty, or
-            `dataset` is not an image classification dataset.
+        TypeError: if an argument has the wrong type (`epochs=2.5`, `quick="yes"`,
+            `run_dir=123`, `dataset=10`).
+        ValueError: if `epochs` is not positive, `run_dir` is (or is under) a file or is a
+            directory that is not empty (an earlier run is never written into), or
+            `dataset` is empty or not an image classification dataset.
         FileNotFoundError: if `dataset` is not prepared on this machine (with how to get it).
 
     Example:
@@ -579,9 +597,9 @@ def run_demo(
     run_demo(quick=True, run_dir="runs/demo-quick")   # or: tfgpu demo --quick
     ```
     """
-    _check_args(quick, dataset, run_dir, epochs)
+    run_path = _check_args(quick, dataset, run_dir, epochs)
+    epochs = None if epochs is None else int(epochs)  # a NumPy int counts as an int
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    run_path = Path(run_dir) if run_dir is not None else _default_run_dir()
 
     import tfgpu
 
@@ -618,7 +636,7 @@ def run_demo(
         f"{sizes.stored_size}x{sizes.stored_size} JPEGs, {num_classes} classes, model input "
         f"{sizes.image_size}x{sizes.image_size} ({time.perf_counter() - start:.1f} s)"
     )
-    run_path.mkdir(parents=True, exist_ok=True)
+    _claim_run_dir(run_path)
     naive_dir, tfgpu_dir = run_path / "naive", run_path / "tfgpu"
     decode, augment = _decode_fn(sizes.resize_to), _augment_fn(sizes.image_size)
 

@@ -23,21 +23,41 @@ each starts its own session: the timeline's `elapsed_s` and the steps' `epoch` r
 The report splits the files into sessions where they restart, plots everything on one time
 axis (seconds since the first sample, from the `time` column) with each session marked,
 gives the true time span, and keeps each session's epochs apart in the per-epoch table.
+
+When a later session samples another set of GPUs (another timeline header), the monitor
+moves the older file aside (`timeline.1.csv`, then `timeline.2.csv`, ...; the same for
+`steps.csv`), so the plain name always holds the newest; `run.json` keeps the newest session
+at its top level and the earlier ones under `"earlier_sessions"` (oldest first, each naming
+its timeline file). The report covers every file: it lists the sessions, then gives each
+timeline and steps file its own section (oldest first) and its own plots, named after the
+file (`utilization.1.png` for `timeline.1.csv`). A run directory without rotated files or
+`earlier_sessions` (written by an older tfgpu) reads as before.
+
+A damaged file never stops the report: a file that cannot be read (permissions, binary
+data, not a JSON object, a CSV line beyond the csv module's field limit, not a tfgpu table)
+is skipped, or read up to the damage, and named in a "Problems" section at the top of
+`report.md`; `write_report` also warns about it (`UserWarning`), and `tfgpu report` prints
+it as `error: ...` and exits with status 2 after writing the rest. What the report works
+around (rows cut short by a kill, cells that are not numbers, a timeline with a header only)
+is noted there too, without an error.
 """
 
 from __future__ import annotations
 
 import csv
 import datetime
-import json
+import io
 import math
 import re
 import statistics
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from tfgpu._checks import invalid_type
+from tfgpu._checks import check_dir
+from tfgpu._files import EARLIER_SESSIONS, read_json_object, write_text_atomic
 
 __all__ = ["write_report"]
 
@@ -64,15 +84,95 @@ def _float(value: str) -> float:
         return math.nan
 
 
-def _read_csv(path: Path) -> _Table:
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        columns = list(reader.fieldnames or [])
-        rows = []
+@dataclass
+class _Problems:
+    """What the report could not read (`errors`: the CLI exits 2) or worked around (`notes`)."""
+
+    errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def section(self) -> list[str]:
+        if not (self.errors or self.notes):
+            return []
+        lines = ["## Problems reading this run directory", ""]
+        lines += [f"- **Skipped**: {e}" for e in self.errors]
+        lines += [f"- Note: {n}" for n in self.notes]
+        return [*lines, ""]
+
+
+def _reason(error: OSError) -> str:
+    return error.strerror or str(error)
+
+
+_MISSING = {"", "nan", "-nan", "+nan", "none", "null"}  # cells that mean "no value", not damage
+
+
+def _read_table(path: Path, required: Sequence[str], what: str, problems: _Problems):
+    """Reads a tfgpu CSV file into a `_Table`, or None when nothing of it can be used.
+
+    Never raises for a damaged file: what cannot be read goes to `problems.errors` (with the
+    rows before the damage kept), what is worked around to `problems.notes`.
+
+    Args:
+        path: Path, the file.
+        required: the columns of which at least one must be in the header.
+        what: str, what the file is, for messages ("timeline", "steps file").
+        problems: `_Problems`, told what went wrong.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        problems.errors.append(f"`{path}` cannot be read ({_reason(e)}).")
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        problems.errors.append(
+            f"`{path}` is not a CSV text file (byte {e.start} is not UTF-8: binary data?)."
+        )
+        return None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    rows: list[dict[str, float]] = []
+    columns: list[str] = []
+    wrong_width = not_numbers = 0
+    try:
+        header = next((row for row in reader if row), None)  # the first line not blank
+        if header is None:
+            problems.errors.append(f"`{path}` is empty (not even a header line).")
+            return None
+        columns = [c.strip() for c in header]
+        if not any(c in columns for c in required):
+            names = " or ".join(f"`{c}`" for c in required)
+            problems.errors.append(
+                f"`{path}` is not a tfgpu {what}: its first line has no {names} column."
+            )
+            return None
         for raw in reader:
-            if raw.get(columns[0]) == columns[0]:  # a header repeated by an appending writer
+            if not raw or raw == header:  # a blank line; a header repeated by an appending writer
                 continue
-            rows.append({k: _float(v) for k, v in raw.items() if k is not None})
+            if len(raw) != len(columns):
+                wrong_width += 1
+                continue
+            row = {}
+            for name, cell in zip(columns, raw):
+                value = _float(cell)
+                if math.isnan(value) and cell.strip().lower() not in _MISSING:
+                    not_numbers += 1
+                row[name] = value
+            rows.append(row)
+    except csv.Error as e:
+        problems.errors.append(
+            f"`{path}`, line {reader.line_num}: {e}; read up to that line only ({len(rows)} rows)."
+        )
+    if wrong_width:
+        problems.notes.append(
+            f"`{path}`: {wrong_width} row(s) with another number of fields than the header's "
+            f"{len(columns)} skipped (e.g. a row cut short when the run was killed)."
+        )
+    if not_numbers:
+        problems.notes.append(
+            f"`{path}`: {not_numbers} cell(s) that are not numbers read as missing."
+        )
     return _Table(path, columns, rows)
 
 
@@ -107,8 +207,10 @@ def _when(timestamp) -> str:
     return moment.isoformat(sep=" ", timespec="seconds")
 
 
-def _fmt(value: float, spec: str = ".1f") -> str:
-    return "n/a" if value is None or not math.isfinite(value) else format(value, spec)
+def _fmt(value: Any, spec: str = ".1f") -> str:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return "n/a"
+    return format(value, spec)
 
 
 def _gpu_indices(table: _Table) -> list[int]:
@@ -206,33 +308,59 @@ def _broken(values: list[float], starts: list[int]) -> list[float]:
     return out
 
 
-def _suffix(path: Path, stem: str) -> str:
-    return path.stem[len(stem) :]  # "" or "-worker1"
+_ARTIFACT = re.compile(
+    r"^(?P<stem>timeline|steps)(?P<worker>-[A-Za-z_]+\d+)?(?:\.(?P<n>\d+))?\.csv$"
+)
+_RECORD = re.compile(r"^(run|diagnosis)(-[A-Za-z_]+\d+)?(\.\d+)?\.json$")
 
 
-def _check_run_dir(run_dir) -> Path:
-    if not isinstance(run_dir, (str, Path)) and not hasattr(run_dir, "__fspath__"):
-        raise invalid_type("run_dir", run_dir, "a path")
-    path = Path(run_dir)
+@dataclass(frozen=True)
+class _Artifact:
+    """A timeline or steps file: `timeline.csv`, `timeline.2.csv`, `steps-worker1.csv`, ..."""
+
+    path: Path
+    worker: str  # "" or "-worker1"
+    rotation: int | None  # N of `NAME.N.csv` (moved aside by a later session), None: newest
+
+    @property
+    def suffix(self) -> str:
+        """What the file's plots add to their names: "", ".1", "-worker1", "-worker1.2"."""
+        stem = _ARTIFACT.match(self.path.name)
+        return self.path.stem[len(stem["stem"]) :] if stem else ""
+
+
+def _artifacts(names: list[Path], stem: str) -> list[_Artifact]:
+    """The `stem` CSV files among `names`, per worker oldest first (`.1`, `.2`, ..., plain)."""
+    found = []
+    for path in names:
+        m = _ARTIFACT.match(path.name)
+        if m and m["stem"] == stem:
+            found.append(_Artifact(path, m["worker"] or "", int(m["n"]) if m["n"] else None))
+    return sorted(found, key=lambda f: (f.worker, math.inf if f.rotation is None else f.rotation))
+
+
+def _check_run_dir(run_dir) -> tuple[Path, list[Path]]:
+    """The run directory and its entries; raises when it is not one."""
+    path = check_dir("run_dir", run_dir)
+    assert path is not None  # check_dir returns None only with allow_none
     if not path.exists():
         raise FileNotFoundError(
             f"Run directory not found: {str(path)!r}. Expected a directory written by "
             "tfgpu.callbacks.GPUMonitor / StepTimer (log_dir=...)."
         )
-    if not path.is_dir():
-        raise NotADirectoryError(
-            f"Invalid value for argument `run_dir`. Received: {str(path)!r}, which is a file. "
-            "Expected a run directory."
-        )
-    known = [*path.glob("timeline*.csv"), *path.glob("steps*.csv")]
-    known += [p for p in (path / "run.json", path / "diagnosis.json") if p.exists()]
-    if not known:
+    names = sorted(path.iterdir())
+    if not any(_ARTIFACT.match(p.name) or _RECORD.match(p.name) for p in names):
         raise ValueError(
             f"Invalid value for argument `run_dir`. Received: {str(path)!r}, which holds no "
             "tfgpu run (no run.json, timeline.csv, steps.csv or diagnosis.json). Expected a "
             "directory written by GPUMonitor / StepTimer / tfgpu.monitor.record."
         )
-    return path
+    return path, names
+
+
+def _plottable(values: list[float], log: bool = False) -> list[float]:
+    """`values` with what a plot cannot show (inf, and <= 0 on a log scale) as NaN."""
+    return [v if math.isfinite(v) and not (log and v <= 0) else math.nan for v in values]
 
 
 def _plot_lines(
@@ -248,7 +376,11 @@ def _plot_lines(
     legend=True,
     sessions=(),
 ) -> Path | None:
-    drawn = [(label, xs, ys, style) for label, xs, ys, style in series if _finite(ys)]
+    drawn = []
+    for label, xs, ys, style in series:
+        xs, ys = _plottable(xs), _plottable(ys, log)
+        if any(math.isfinite(x) and math.isfinite(y) for x, y in zip(xs, ys)):
+            drawn.append((label, xs, ys, style))
     if not drawn:
         return None
     fig, ax = plt.subplots(figsize=(9, 3.6))
@@ -259,12 +391,16 @@ def _plot_lines(
     if ylim is not None:
         ax.set_ylim(*ylim)
     for t, e in epochs:
+        if not math.isfinite(t):
+            continue
         ax.axvline(t, color="grey", linestyle=":", linewidth=0.8)
         ax.annotate(
             f" epoch {e + 1}", (t, 1), xycoords=("data", "axes fraction"), fontsize=7, va="top"
         )
     if len(sessions) > 1:
         for number, t in enumerate(sessions, 1):
+            if not math.isfinite(t):
+                continue
             ax.axvline(t, color="black", linestyle="--", linewidth=1.0)
             ax.annotate(
                 f" fit {number}", (t, 0), xycoords=("data", "axes fraction"), fontsize=7,
@@ -282,7 +418,18 @@ def _plot_lines(
     return out
 
 
-def _timeline_plots(plt, table: _Table, out_dir: Path, suffix: str) -> list[Path]:
+def _drawn(problems: _Problems, draw, plt, out: Path, *args, **kw) -> Path | None:
+    """Calls `draw(plt, out, ...)`; a plot that fails is named in `problems`, not raised."""
+    try:
+        return draw(plt, out, *args, **kw)
+    except Exception as e:  # a plot is one part of the report: the others still get written
+        problems.errors.append(f"`{out}` not drawn ({type(e).__name__}: {e}).")
+        return None
+
+
+def _timeline_plots(
+    plt, table: _Table, out_dir: Path, suffix: str, problems: _Problems
+) -> list[Path]:
     starts = _timeline_sessions(table)
     x = _time_axis(table, starts)
     marks = {
@@ -295,7 +442,9 @@ def _timeline_plots(plt, table: _Table, out_dir: Path, suffix: str) -> list[Path
         return _broken(table.col(name), starts)
 
     def plot(name: str, title: str, ylabel: str, series, **kw) -> Path | None:
-        return _plot_lines(
+        return _drawn(
+            problems,
+            _plot_lines,
             plt,
             out_dir / f"{name}{suffix}.png",
             title,
@@ -326,7 +475,7 @@ def _timeline_plots(plt, table: _Table, out_dir: Path, suffix: str) -> list[Path
     return [p for p in made if p is not None]
 
 
-def _steps_plot(plt, table: _Table, out_dir: Path, suffix: str, t0: float | None) -> Path | None:
+def _steps_plot(plt, out: Path, table: _Table, t0: float | None) -> Path | None:
     times = table.col("time")
     finite = _finite(times)
     if not finite:
@@ -337,7 +486,7 @@ def _steps_plot(plt, table: _Table, out_dir: Path, suffix: str, t0: float | None
     counts = _steps_per_row(table.col("step"), starts)
     ends = [v - (t0 if t0 is not None else 0.0) for v in times]
     begin_times = [e - t * n / 1e3 if math.isfinite(t) else e for e, t, n in zip(ends, ms, counts)]
-    base = 0.0 if t0 is not None else _finite(begin_times)[0]
+    base = 0.0 if t0 is not None else (_finite(begin_times) or finite)[0]
     xs = [v - base for v in ends]  # when each row's step(s) ended
     begins = [v - base for v in begin_times]
     epochs = _epoch_starts(begins, table.col("epoch"), starts)
@@ -345,7 +494,7 @@ def _steps_plot(plt, table: _Table, out_dir: Path, suffix: str, t0: float | None
     series = [("step time", _broken(xs, starts), _broken(ms, starts), ".")]
     return _plot_lines(
         plt,
-        out_dir / f"step_time{suffix}.png",
+        out,
         "Training step time (one point per step, or per execution of steps_per_execution)",
         "ms per step (log scale)",
         series,
@@ -376,6 +525,8 @@ def _timeline_section(table: _Table, name: str) -> list[str]:
     starts = _timeline_sessions(table)
     x = _time_axis(table, starts)
     lines = [f"## Timeline `{name}`", ""]
+    if not table.rows:
+        return [*lines, "No samples: the file has a header only (a run stopped at once).", ""]
     text = f"{len(table.rows)} samples over {_fmt(_span(x), '.2f')} s"
     if len(starts) > 1:
         ends = [*starts[1:], len(x)]
@@ -423,6 +574,8 @@ def _timeline_section(table: _Table, name: str) -> list[str]:
 
 
 def _steps_section(table: _Table, name: str) -> list[str]:
+    if not table.rows:
+        return [f"## Steps `{name}`", "", "No steps: the file has a header only.", ""]
     st = [v * 1e3 for v in table.col("step_time_s")]
     starts = _steps_sessions(table)
     fits = len(starts) > 1
@@ -458,25 +611,234 @@ def _steps_section(table: _Table, name: str) -> list[str]:
     return lines
 
 
-def _diagnosis_section(path: Path) -> list[str]:
+def _read_record(path: Path, problems: _Problems) -> dict[str, Any] | None:
+    """A JSON object file (`run.json`, `diagnosis.json`), or None (told to `problems`)."""
     try:
-        d = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        return ["## Diagnosis", "", f"`diagnosis.json` could not be read: {e}", ""]
+        return read_json_object(path)
+    except OSError as e:
+        problems.errors.append(f"`{path}` cannot be read ({_reason(e)}).")
+    except ValueError as e:
+        problems.errors.append(f"{e}.".replace(str(path), f"`{path}`", 1))
+    return None
+
+
+def _text(value: Any) -> str:
+    """A record's value as Markdown text: `?` when missing."""
+    return "?" if value is None else str(value)
+
+
+def _diagnosis_section(path: Path, problems: _Problems) -> list[str]:
+    d = _read_record(path, problems)
+    if d is None:
+        return ["## Diagnosis", "", f"`{path.name}` could not be read (see Problems above).", ""]
     lines = ["## Diagnosis", ""]
-    if d.get("text"):
-        lines += ["```", d["text"].rstrip(), "```", ""]
+    text = d.get("text")
+    if isinstance(text, str) and text.strip():
+        return [*lines, "```", text.rstrip().replace("```", "'''"), "```", ""]
+    lines += [f"Bottleneck: **{_text(d.get('bottleneck', 'unknown'))}**", ""]
+    findings = d.get("findings")
+    for f in findings if isinstance(findings, list) else []:
+        if isinstance(f, dict):
+            title = f.get("title", f.get("kind"))
+            lines.append(f"- **{_text(title)}**: {_text(f.get('recommendation', ''))}")
+    return [*lines, ""]
+
+
+def _gpu_line(g: Any) -> str:
+    if not isinstance(g, dict):
+        return f"- GPU: {_text(g)}"
+    cc = g.get("compute_capability")
+    cc_text = ".".join(str(c) for c in cc) if isinstance(cc, list) else _text(cc)
+    return (
+        f"- GPU {_text(g.get('index'))}: {_text(g.get('name'))} "
+        f"({_fmt(g.get('memory_total_mib'), '.0f')} MiB, compute capability {cc_text})"
+    )
+
+
+def _gpus_of(session: dict[str, Any]) -> list[Any]:
+    gpus = session.get("gpus")
+    return gpus if isinstance(gpus, list) else []
+
+
+def _session_line(meta: dict[str, Any]) -> str:
+    worker = meta.get("worker")
+    return (
+        f"tfgpu {_text(meta.get('tfgpu_version'))}, host `{_text(meta.get('hostname'))}`"
+        + (f", worker {worker}" if worker is not None else "")
+        + f", started {_when(meta.get('start_time'))}, sampling every "
+        f"{_text(meta.get('interval'))} s."
+    )
+
+
+def _sessions_section(
+    meta: dict[str, Any], run_json: Path, timelines: list[_Artifact], problems: _Problems
+) -> list[str]:
+    """The sessions recorded in `run.json` (the newest, and `earlier_sessions`)."""
+    newest = {k: v for k, v in meta.items() if k != EARLIER_SESSIONS}
+    earlier_raw = meta.get(EARLIER_SESSIONS) or []
+    if not isinstance(earlier_raw, list):
+        problems.notes.append(
+            f"`{run_json}`: `{EARLIER_SESSIONS}` is a {type(earlier_raw).__name__}, not a "
+            "list: earlier sessions not listed."
+        )
+        earlier_raw = []
+    earlier = [s for s in earlier_raw if isinstance(s, dict)]
+    if len(earlier) < len(earlier_raw):
+        problems.notes.append(
+            f"`{run_json}`: {len(earlier_raw) - len(earlier)} entr(ies) of "
+            f"`{EARLIER_SESSIONS}` are not objects: not listed."
+        )
+    lines: list[str] = []
+    if earlier:
+        sessions = [*earlier, newest]
+        lines += [
+            f"{len(sessions)} sessions recorded in `{run_json.name}`, oldest first:",
+            "",
+            "| session | started | host | GPUs sampled | timeline |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for number, s in enumerate(sessions, 1):
+            gpus = _gpus_of(s)
+            names = sorted({_text(g.get("name")) for g in gpus if isinstance(g, dict)})
+            label = f"{number} (newest)" if number == len(sessions) else str(number)
+            lines.append(
+                f"| {label} | {_when(s.get('start_time'))} | `{_text(s.get('hostname'))}` | "
+                f"{len(gpus)}{' (' + ', '.join(names) + ')' if names else ''} | "
+                f"`{_text(s.get('timeline'))}` |"
+            )
+        lines += ["", "Newest session: " + _session_line(newest), ""]
+        present = {t.path.name for t in timelines}
+        for s in sessions:
+            name = s.get("timeline")
+            if isinstance(name, str) and name and name not in present:
+                problems.notes.append(f"`{run_json.name}` names `{name}`, which is not here.")
+                present.add(name)
     else:
-        lines.append(f"Bottleneck: **{d.get('bottleneck', 'unknown')}**")
-        lines.append("")
-        for f in d.get("findings", []):
-            lines.append(f"- **{f.get('title', f.get('kind'))}**: {f.get('recommendation', '')}")
+        lines += [_session_line(newest), ""]
+    gpus = _gpus_of(newest)
+    lines += [_gpu_line(g) for g in gpus]  # none: the timeline section says host only
+    if gpus:
         lines.append("")
     return lines
 
 
+def _files_section(timelines: list[_Artifact], steps: list[_Artifact], names: list[Path]):
+    """Says which files were moved aside by later sessions (and where their plots are)."""
+    rotated = [a.path.name for a in [*timelines, *steps] if a.rotation is not None]
+    records = [p.name for p in names if _RECORD.match(p.name) and p.name.count(".") > 1]
+    lines = []
+    if rotated:
+        lines += [
+            "Earlier files, moved aside when a later session sampled another set of GPUs (the "
+            "plain names hold the newest): " + ", ".join(f"`{n}`" for n in rotated) + ". Each "
+            "has its own section below, oldest first, and its own plots (`utilization.1.png` "
+            "for `timeline.1.csv`).",
+            "",
+        ]
+    if records:
+        lines += [
+            "Records moved aside (damaged when a later session wrote): "
+            + ", ".join(f"`{n}`" for n in records)
+            + ".",
+            "",
+        ]
+    return lines
+
+
+def _t0_for(table: _Table, worker: str, starts: dict[str, list[float]]) -> float | None:
+    """Time 0 for a steps file's plot: the first sample of the timeline it falls in."""
+    times = _finite(table.col("time"))
+    if not times:
+        return None
+    before = [t for t in starts.get(worker, []) if t <= times[0]]
+    return max(before) if before else None
+
+
+class _Plt:
+    """The pyplot subset used, on Agg-backed Figures: no global state, no GUI."""
+
+    def __init__(self) -> None:
+        from tfgpu._lazy import import_optional
+
+        import_optional("matplotlib")
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        self._figure, self._canvas = Figure, FigureCanvasAgg
+
+    def subplots(self, figsize):
+        fig = self._figure(figsize=figsize)
+        self._canvas(fig)
+        return fig, fig.add_subplot()
+
+    @staticmethod
+    def close(fig):
+        fig.clear()
+
+
+def _write(run_dir: Any, out_dir: Any) -> tuple[Path, _Problems]:
+    """`write_report`'s work: returns `report.md`'s path and what could not be read."""
+    check_dir("run_dir", run_dir)  # both arguments, before any work
+    out_arg = check_dir("out_dir", out_dir, allow_none=True)
+    run, names = _check_run_dir(run_dir)
+    out = run if out_arg is None else out_arg
+    plt = _Plt()  # ImportError (with the pip line) before anything is written
+    out.mkdir(parents=True, exist_ok=True)
+    problems = _Problems()
+
+    timelines = _artifacts(names, "timeline")
+    steps = _artifacts(names, "steps")
+    lines = [f"# tfgpu run report: `{run}`", ""]
+    if (run / "run.json") in names:
+        meta = _read_record(run / "run.json", problems)
+        if meta is not None:
+            lines += _sessions_section(meta, run / "run.json", timelines, problems)
+    lines += _files_section(timelines, steps, names)
+
+    body: list[str] = []
+    images: list[Path] = []
+    first_samples: dict[str, list[float]] = {}  # per worker: each timeline's time 0
+    for artifact in timelines:
+        table = _read_table(artifact.path, ("time", "elapsed_s"), "timeline", problems)
+        if table is None:
+            body += [f"## Timeline `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
+            continue
+        times = _finite(table.col("time"))
+        if times:
+            first_samples.setdefault(artifact.worker, []).append(times[0])
+        body += _timeline_section(table, artifact.path.name)
+        images += _timeline_plots(plt, table, out, artifact.suffix, problems)
+    if not timelines:
+        body += ["No timeline in this run directory (no GPUMonitor / monitor.record).", ""]
+    for artifact in steps:
+        table = _read_table(artifact.path, ("step_time_s",), "steps file", problems)
+        if table is None:
+            body += [f"## Steps `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
+            continue
+        body += _steps_section(table, artifact.path.name)
+        t0 = _t0_for(table, artifact.worker, first_samples)
+        img = _drawn(problems, _steps_plot, plt, out / f"step_time{artifact.suffix}.png", table, t0)
+        if img is not None:
+            images.append(img)
+    if (run / "diagnosis.json") in names:
+        body += _diagnosis_section(run / "diagnosis.json", problems)
+    if images:
+        body += ["## Plots", ""]
+        body += [f"![{p.stem}]({p.name})" for p in images]
+        body.append("")
+    summary = out / "report.md"
+    write_text_atomic(summary, "\n".join(lines + problems.section() + body))
+    return summary, problems
+
+
 def write_report(run_dir, out_dir=None) -> Path:
     """Writes PNG plots and a Markdown summary of a run directory; returns the summary's path.
+
+    Every session in the directory is covered: timeline and steps files moved aside by a
+    later session (`timeline.1.csv`, ...) get their own sections and plots, and the sessions
+    of `run.json` (with its `"earlier_sessions"`) are listed. A damaged file does not stop
+    the report: it is skipped (or read up to the damage), named in a "Problems" section at
+    the top of `report.md`, and warned about.
 
     Args:
         run_dir: str or os.PathLike, a directory written by `GPUMonitor`, `StepTimer`,
@@ -488,10 +850,16 @@ def write_report(run_dir, out_dir=None) -> Path:
         `pathlib.Path` of `report.md`.
 
     Raises:
+        TypeError: if `run_dir` or `out_dir` is not a path.
+        ValueError: if `run_dir` or `out_dir` is (or is under) a file, or `run_dir` holds no
+            tfgpu run.
         FileNotFoundError: if `run_dir` does not exist.
-        NotADirectoryError: if `run_dir` is a file.
-        ValueError: if `run_dir` holds no tfgpu run.
-        TypeError: if `run_dir` is not a path.
+        ImportError: if matplotlib is not installed (with the pip line).
+        OSError: if `out_dir` or `report.md` cannot be written.
+
+    Warns:
+        UserWarning: for each file that could not be read, or plot that could not be drawn
+            (the rest of the report is written).
 
     Example:
 
@@ -499,86 +867,7 @@ def write_report(run_dir, out_dir=None) -> Path:
     >>> write_report("runs/exp1")  # doctest: +SKIP
     PosixPath('runs/exp1/report.md')
     """
-    run = _check_run_dir(run_dir)
-    out = run if out_dir is None else Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-
-    from tfgpu._lazy import import_optional
-
-    import_optional("matplotlib")
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    class _Plt:  # the pyplot subset used, on Agg-backed Figures: no global state, no GUI
-        @staticmethod
-        def subplots(figsize):
-            fig = Figure(figsize=figsize)
-            FigureCanvasAgg(fig)
-            return fig, fig.add_subplot()
-
-        @staticmethod
-        def close(fig):
-            fig.clear()
-
-    plt = _Plt()
-
-    meta: dict = {}
-    if (run / "run.json").exists():
-        try:
-            meta = json.loads((run / "run.json").read_text())
-        except ValueError as e:
-            raise ValueError(
-                f"Invalid run directory {str(run)!r}: run.json is not valid JSON ({e})."
-            ) from e
-
-    lines = [f"# tfgpu run report: `{run}`", ""]
-    if meta:
-        worker = meta.get("worker")
-        lines.append(
-            f"tfgpu {meta.get('tfgpu_version', '?')}, host `{meta.get('hostname', '?')}`"
-            + (f", worker {worker}" if worker is not None else "")
-            + f", started {_when(meta.get('start_time'))}, sampling every "
-            f"{meta.get('interval', '?')} s."
-        )
-        lines.append("")
-        gpus = meta.get("gpus") or []  # none: the timeline section says host only
-        for g in gpus:
-            cc = g.get("compute_capability")
-            cc_text = ".".join(str(c) for c in cc) if isinstance(cc, list) else cc
-            lines.append(
-                f"- GPU {g.get('index')}: {g.get('name')} "
-                f"({_fmt(g.get('memory_total_mib') or math.nan, '.0f')} MiB, compute "
-                f"capability {cc_text})"
-            )
-        if gpus:
-            lines.append("")
-
-    images: list[Path] = []
-    timelines = sorted(run.glob("timeline*.csv"))
-    t0_by_suffix: dict[str, float] = {}  # the first sample: time 0 of every plot
-    for path in timelines:
-        table = _read_csv(path)
-        suffix = _suffix(path, "timeline")
-        times = _finite(table.col("time"))
-        if times:
-            t0_by_suffix[suffix] = times[0]
-        lines += _timeline_section(table, path.name)
-        images += _timeline_plots(plt, table, out, suffix)
-    if not timelines:
-        lines += ["No timeline in this run directory (no GPUMonitor / monitor.record).", ""]
-    for path in sorted(run.glob("steps*.csv")):
-        table = _read_csv(path)
-        suffix = _suffix(path, "steps")
-        lines += _steps_section(table, path.name)
-        img = _steps_plot(plt, table, out, suffix, t0_by_suffix.get(suffix))
-        if img is not None:
-            images.append(img)
-    if (run / "diagnosis.json").exists():
-        lines += _diagnosis_section(run / "diagnosis.json")
-    if images:
-        lines += ["## Plots", ""]
-        lines += [f"![{p.stem}]({p.name})" for p in images]
-        lines.append("")
-    summary = out / "report.md"
-    summary.write_text("\n".join(lines))
+    summary, problems = _write(run_dir, out_dir)
+    for error in problems.errors:
+        warnings.warn(f"tfgpu report: {error} The rest is in {summary}.", stacklevel=2)
     return summary
