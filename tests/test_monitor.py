@@ -6,7 +6,6 @@ NVML is the scripted fake in `tests/fake_pynvml.py`; psutil is real.
 from __future__ import annotations
 
 import csv
-import itertools
 import json
 import logging
 import math
@@ -21,7 +20,7 @@ import pytest
 
 from tests import fake_pynvml
 from tests.conftest import run_python
-from tfgpu import monitor
+from tfgpu import _warnings, monitor
 from tfgpu.monitor import host, nvml, sampler
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,6 +35,33 @@ def fake(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     monkeypatch.delenv("SLURM_NTASKS", raising=False)
     return module
+
+
+@pytest.fixture(autouse=True)
+def _fresh_once_warnings():
+    """Each test sees the once-per-process warnings (no NVML) as a new process would."""
+    _warnings.forget()
+    yield
+    _warnings.forget()
+
+
+class _FakeEvent:
+    """Stands in for the sampler's stop event: `wait` advances a fake clock, never sleeps.
+
+    Records each timeout it was asked to wait; reports "stopped" after `waits` waits.
+    """
+
+    def __init__(self, clock: list[float], waits: int):
+        self.clock, self.left, self.timeouts = clock, waits, []
+
+    def wait(self, timeout: float) -> bool:
+        self.timeouts.append(timeout)
+        self.clock[0] += timeout
+        self.left -= 1
+        return self.left < 0
+
+    def set(self) -> None:
+        self.left = -1
 
 
 def _monitor_threads() -> list[threading.Thread]:
@@ -235,20 +261,20 @@ def test_docs_table_lists_every_key_with_its_nvidia_smi_query():
 def test_sampler_writes_a_parseable_timeline_and_run_json(fake, tmp_path):
     fake.gpus[0].processes = [(os.getpid(), 512.0), (1, 9999.0)]
     fake.gpus[0].throttle_reasons = 0x4
-    with monitor.record(tmp_path, interval=0.02) as run:
+    with monitor.record(tmp_path, interval=60) as run:  # samples taken by hand: no timing
         run.mark(epoch=0, step=0)
-        time.sleep(0.15)
+        run._sample()
         run.mark(epoch=1, step=7)
-        time.sleep(0.1)
+        run._sample()
     assert not run.running and not _monitor_threads()
 
     header, rows = _read_timeline(tmp_path / "timeline.csv")
     assert header == monitor.timeline_columns(2)
-    assert len(rows) == len(run.samples) >= 5
+    assert len(rows) == len(run.samples) == 4  # start, two by hand, stop
     times = [r["time"] for r in rows]
     assert times == sorted(times)
+    assert [(r["epoch"], r["step"]) for r in rows[1:]] == [(0, 0), (1, 7), (1, 7)]
     last = rows[-1]
-    assert (last["epoch"], last["step"]) == (1, 7)
     assert math.isnan(rows[0]["epoch"])  # before the first mark
     assert last["gpu0_util_pct"] == 50.0 and last["gpu1_util_pct"] == 10.0
     assert last["gpu0_proc_mem_mib"] == 512.0  # only this process's share
@@ -257,15 +283,30 @@ def test_sampler_writes_a_parseable_timeline_and_run_json(fake, tmp_path):
     assert math.isnan(last["gpu1_power_w"]) and math.isnan(last["gpu1_power_limit_w"])
     assert last["gpu0_throttle_reasons"] == 4 and last["gpu0_temp_c"] == 60.0
     assert last["host_rss_mib"] > 10 and 0 <= last["host_mem_used_pct"] <= 100
-    assert 0 <= rows[-1]["host_cpu_pct"] <= 100
+    assert all(
+        0 <= r["host_cpu_pct"] <= 100 for r in rows[1:] if r["host_cpu_pct"] == r["host_cpu_pct"]
+    )
     assert "nan" in (tmp_path / "timeline.csv").read_text()  # NaN is written, never empty
 
     info = json.loads((tmp_path / "run.json").read_text())
     assert {"tfgpu_version", "start_time", "hostname", "worker", "interval", "gpus"} <= set(info)
-    assert info["worker"] is None and info["interval"] == 0.02
+    assert info["worker"] is None and info["interval"] == 60
+    assert info["timeline"] == "timeline.csv" and "earlier_sessions" not in info
     assert [g["name"] for g in info["gpus"]] == ["NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-16GB"]
     assert info["gpus"][0]["compute_capability"] == [8, 0]
     assert fake.init_count == 0
+
+
+def test_each_row_is_on_disk_as_soon_as_it_is_sampled(fake, tmp_path):
+    # What a SIGKILL would find: every row taken so far, complete, without stop().
+    s = monitor.Sampler(interval=60, path=tmp_path).start()
+    try:
+        for expected in (2, 3, 4):
+            s._sample()
+            _, rows = _read_timeline(tmp_path / "timeline.csv")  # read by another handle
+            assert len(rows) == expected
+    finally:
+        s.stop()
 
 
 def test_a_short_run_still_has_a_sample_at_start_and_at_stop(fake):
@@ -277,14 +318,21 @@ def test_a_short_run_still_has_a_sample_at_start_and_at_stop(fake):
     assert len(s.samples) == 2 and not s.running
 
 
-def test_samples_come_at_the_interval(fake):
-    with monitor.record(interval=0.05) as run:
-        time.sleep(0.5)
-    n = len(run.samples)
-    assert 4 <= n <= 14, n  # ~11 expected; loose because CI cores are shared
-    elapsed = [r["elapsed_s"] for r in run.samples]
-    gaps = sorted(b - a for a, b in itertools.pairwise(elapsed[:-1]))  # last: at stop()
-    assert 0.04 <= gaps[len(gaps) // 2] <= 0.2  # waits on an Event, not a busy loop
+def test_samples_come_at_the_interval_waiting_on_an_event(fake):
+    # The sampler thread's loop, run here with a fake clock and stop event: deterministic.
+    s = monitor.Sampler(interval=0.5)
+    clock = [1000.0]
+    s._monotonic = lambda: clock[0]
+    event = _FakeEvent(clock, waits=10)
+    s._run(event)
+    assert len(s.samples) == 10 + 1  # one per interval, one when stopped
+    assert event.timeouts == [0.5] * 11  # waits a whole interval each time: no busy loop
+
+
+def test_after_a_slow_sample_the_next_wait_is_never_zero():
+    # A sample that overran the interval (a hung NVML call): keep going, at >= interval/10.
+    assert sampler._next_deadline(10.0, 10.1, 0.2) == pytest.approx(10.2)
+    assert sampler._next_deadline(10.0, 13.0, 0.2) == pytest.approx(13.02)
 
 
 def test_aggregate_covers_the_rows_since_a_time(fake):
@@ -319,7 +367,7 @@ def test_aggregate_ignores_nan_and_is_nan_when_nothing_is_known():
 
 
 def test_samples_are_safe_to_read_while_sampling(fake):
-    with monitor.record(interval=0.001) as run:
+    with monitor.record(interval=monitor.sampler.MIN_INTERVAL) as run:
         seen = [len(run.samples) for _ in range(50)]
         agg = run.aggregate()
     assert seen == sorted(seen) and seen[-1] > 0
@@ -335,6 +383,63 @@ def test_a_second_session_appends_to_the_timeline(fake, tmp_path):
     text = (tmp_path / "timeline.csv").read_text().splitlines()
     assert text[0].startswith("time,") and sum(line.startswith("time,") for line in text) == 1
     assert len(text) == 1 + 4
+    info = json.loads((tmp_path / "run.json").read_text())
+    assert len(info["earlier_sessions"]) == 1
+    assert info["earlier_sessions"][0]["timeline"] == info["timeline"] == "timeline.csv"
+
+
+@pytest.mark.parametrize(
+    ("environ", "timeline", "record"),
+    [
+        ({}, "timeline", "run.json"),
+        (
+            {
+                "TF_CONFIG": '{"cluster": {"worker": ["a:1", "b:1"]}, '
+                '"task": {"type": "worker", "index": 1}}'
+            },
+            "timeline-worker1",
+            "run-worker1.json",
+        ),
+    ],
+)
+def test_a_timeline_with_other_columns_is_rotated_never_truncated(
+    fake, tmp_path, monkeypatch, environ, timeline, record
+):
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    with monitor.record(tmp_path, interval=60):  # two GPUs
+        pass
+    first = (tmp_path / f"{timeline}.csv").read_text()
+    with monitor.record(tmp_path, interval=60, gpus=[1]):  # one GPU: other columns
+        pass
+    with monitor.record(tmp_path, interval=60, gpus=[0]):  # one GPU again: appended
+        pass
+    assert (tmp_path / f"{timeline}.1.csv").read_text() == first  # kept, byte for byte
+    header, rows = _read_timeline(tmp_path / f"{timeline}.csv")
+    assert header == monitor.timeline_columns(1) and len(rows) == 4
+    info = json.loads((tmp_path / record).read_text())
+    assert info["timeline"] == f"{timeline}.csv" and len(info["gpus"]) == 1
+    earlier = info["earlier_sessions"]
+    assert [e["timeline"] for e in earlier] == [f"{timeline}.1.csv", f"{timeline}.csv"]
+    assert [len(e["gpus"]) for e in earlier] == [2, 1]
+
+
+def test_a_timeline_cut_by_a_crash_or_damaged_is_moved_aside(fake, tmp_path):
+    header = ",".join(monitor.timeline_columns(2))
+    cut = f"{header}\n1.0,0.0,nan,nan,1,2"  # a SIGKILL in the middle of a row
+    (tmp_path / "timeline.csv").write_text(cut)
+    with monitor.record(tmp_path, interval=60):
+        pass
+    assert (tmp_path / "timeline.1.csv").read_text() == cut
+    assert len(_read_timeline(tmp_path / "timeline.csv")[1]) == 2
+    damaged = b"\xff\xfe\x00garbage"
+    (tmp_path / "timeline.csv").write_bytes(damaged)
+    (tmp_path / "run.json").write_text("{not json")
+    with monitor.record(tmp_path, interval=60):
+        pass
+    assert (tmp_path / "timeline.2.csv").read_bytes() == damaged
+    assert (tmp_path / "run.1.json").read_text() == "{not json"
+    assert json.loads((tmp_path / "run.json").read_text())["timeline"] == "timeline.csv"
 
 
 def test_the_sampler_can_restart_after_stop(fake):
@@ -352,16 +457,20 @@ def test_record_stops_the_thread_when_the_block_raises(fake):
 
 
 def test_bind_to_frame_stops_sampling_when_the_function_returns(fake):
-    def train():
-        s = monitor.Sampler(interval=0.01).start()
-        s.bind_to_frame(sys._getframe())
-        time.sleep(0.05)
-        assert s.running
-        return s
+    s = monitor.Sampler(interval=60)
 
-    s = train()  # nobody calls stop()
-    s._thread.join(timeout=5)
-    assert not s.running
+    def train():
+        s.bind_to_frame(sys._getframe())
+        return s._watched_frame_gone()
+
+    assert train() is False  # while the function runs, its frame is on the stack
+    assert s._watched_frame_gone() is True  # after it returned
+    # ...and the thread's loop stops at its next wake-up, without stop() (fake clock).
+    clock = [0.0]
+    s._monotonic = lambda: clock[0]
+    event = _FakeEvent(clock, waits=100)
+    s._run(event)
+    assert len(event.timeouts) == 1 and len(s.samples) == 2 and s._watch is None
 
 
 # ---------------------------------------------------------------- failures
@@ -376,6 +485,15 @@ def test_without_nvml_one_warning_then_host_metrics(monkeypatch):
     assert list(s.samples[-1]) == monitor.timeline_columns(0)
     assert s.samples[-1]["host_rss_mib"] > 0
     assert set(s.aggregate()) == {"host_cpu_pct_mean", "host_rss_mib_max"}
+
+
+def test_without_nvml_the_warning_is_given_once_per_process(monkeypatch, recwarn):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    for _ in range(3):  # three runs, e.g. three fits: one warning
+        with monitor.record(interval=60):
+            pass
+    (warning,) = [w for w in recwarn if "records no GPU metrics" in str(w.message)]
+    assert warning.filename == __file__  # the user's line, not tfgpu's (nor contextlib's)
 
 
 def test_without_nvml_gpu_indices_cannot_be_checked_and_are_not_fatal(monkeypatch):
@@ -437,15 +555,33 @@ def test_cpu_percent_from_cpu_times_deltas():
 
 
 # ---------------------------------------------------------------- arguments
-@pytest.mark.parametrize("interval", [0, -1, float("nan"), float("inf"), True, "0.2", None])
+@pytest.mark.parametrize("interval", [0, -1, 0.001, 0.0099, float("nan"), float("inf")])
 def test_bad_interval_raises_keras_style(fake, interval):
-    with pytest.raises(ValueError, match=r"argument `interval`.*Received: interval=.*positive"):
+    with pytest.raises(ValueError, match=r"argument `interval`.*Received: interval=.*>= 0.01"):
+        monitor.Sampler(interval=interval)
+    with pytest.raises(ValueError, match=r"argument `interval`"):
+        monitor.record(interval=interval).__enter__()
+    assert not _monitor_threads()
+
+
+@pytest.mark.parametrize("interval", [True, "0.2", None, [0.2]])
+def test_interval_of_the_wrong_type_is_a_type_error(fake, interval):
+    with pytest.raises(TypeError, match=r"argument `interval`.*Expected a number of seconds"):
         monitor.Sampler(interval=interval)
 
 
+def test_interval_accepts_numpy_scalars_and_the_lower_bound(fake):
+    np = pytest.importorskip("numpy")
+    assert monitor.Sampler(interval=np.float32(0.5)).interval == 0.5
+    assert monitor.Sampler(interval=monitor.sampler.MIN_INTERVAL).interval == 0.01
+    assert monitor.Sampler(interval=np.int64(2), gpus=[np.int64(1)]).gpus[0].index == 1
+
+
 def test_unknown_gpu_index_raises(fake):
-    with pytest.raises(ValueError, match=r"Received: gpus=\[2\].*sees 2 GPU"):
+    with pytest.raises(ValueError, match=r"Received: gpus=\[2\].*sees 2 GPU.*one of \[0, 1\]"):
         monitor.Sampler(gpus=[2])
+    with pytest.raises(ValueError, match=r"Received: gpus=\[0, 99\]"):
+        monitor.record(gpus=[0, 99]).__enter__()
 
 
 def test_unknown_gpu_index_under_cuda_visible_devices_names_it(fake, monkeypatch):
@@ -456,7 +592,15 @@ def test_unknown_gpu_index_under_cuda_visible_devices_names_it(fake, monkeypatch
 
 @pytest.mark.parametrize(
     ("gpus", "error"),
-    [("0", TypeError), ([0, 0], ValueError), ([-1], ValueError), ([0.5], ValueError)],
+    [
+        ("0", TypeError),
+        (0, TypeError),
+        ([0, 0], ValueError),
+        ([-1], ValueError),
+        ([0.5], TypeError),
+        ([True], TypeError),
+        (["0"], TypeError),
+    ],
 )
 def test_bad_gpu_lists_raise(fake, gpus, error):
     with pytest.raises(error, match="argument `gpus`"):
@@ -466,10 +610,16 @@ def test_bad_gpu_lists_raise(fake, gpus, error):
 def test_unwritable_path_raises_before_sampling(fake, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    with pytest.raises(ValueError, match=r"argument `path`.*a-file/run.*can create and write"):
+    with pytest.raises(ValueError, match=r"argument `path`.*a-file/run.*is under the file"):
         monitor.Sampler(path=blocker / "run")
+    with pytest.raises(ValueError, match=r"argument `path`.*a-file.*is a file"):
+        monitor.record(blocker).__enter__()
+    with pytest.raises(ValueError, match=r"argument `path`.*a-file/x/y.*is under the file"):
+        monitor.record(str(blocker / "x" / "y")).__enter__()
     with pytest.raises(TypeError, match="argument `path`"):
         monitor.Sampler(path=3)
+    with pytest.raises(ValueError, match="argument `path`"):
+        monitor.Sampler(path="")
     assert not _monitor_threads()
 
 
@@ -486,3 +636,88 @@ def test_monitor_never_imports_tensorflow_or_keras(tmp_path):
     out = json.loads(run_python(code).stdout.strip().splitlines()[-1])
     assert out["heavy"] == [] and out["rows"] >= 2
     assert (tmp_path / "timeline.csv").exists()
+
+
+# ---------------------------------------------------------------- hostile conditions
+class _FullDisk:
+    """A timeline file on a disk that filled up: every write fails."""
+
+    def write(self, text):
+        raise OSError(28, "No space left on device")
+
+    def flush(self):
+        raise OSError(28, "No space left on device")
+
+    def close(self):
+        pass
+
+
+def test_a_failing_disk_mid_run_is_logged_once_and_samples_stay_in_memory(fake, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="tfgpu.monitor")
+    s = monitor.Sampler(interval=60, path=tmp_path).start()
+    s._sample()
+    s._file = _FullDisk()
+    for _ in range(3):
+        s._sample()
+    s.stop()
+    assert len(s.samples) == 6 and s.aggregate()["gpu0_util_pct_max"] == 50.0
+    _, rows = _read_timeline(tmp_path / "timeline.csv")
+    assert len(rows) == 2  # what was written before the disk filled up is intact
+    failed = [r for r in caplog.records if "writing the timeline failed" in r.getMessage()]
+    assert len(failed) == 1 and "No space left" in failed[0].getMessage()
+
+
+class _Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("the binding's __str__ itself fails")
+
+
+@pytest.mark.parametrize(
+    "error", [RuntimeError("ctypes"), KeyError("gpu"), _Unprintable(), OSError(5, "I/O")]
+)
+def test_nvml_raising_unexpected_exception_types_gives_nan_not_a_crash(fake, caplog, error):
+    caplog.set_level(logging.WARNING, logger="tfgpu.monitor")
+
+    def broken():
+        raise error
+
+    s = monitor.Sampler(interval=60).start()
+    fake.gpus[0].util = broken
+    s._sample()
+    s._sample()
+    s.stop()
+    rows = s.samples
+    assert len(rows) == 4 and all(math.isnan(r["gpu0_util_pct"]) for r in rows[1:])
+    assert all(r["gpu0_mem_used_mib"] == 1024.0 for r in rows)  # other queries unaffected
+    assert len([r for r in caplog.records if "NVML error" in r.getMessage()]) == 1
+
+
+def test_an_nvml_module_that_fails_to_import_means_no_nvml(monkeypatch):
+    class Exploding:
+        def __getattr__(self, name):
+            raise RuntimeError("broken install")
+
+    monkeypatch.setitem(sys.modules, "pynvml", Exploding())
+    inv = nvml.inventory()
+    assert not inv.available and "NVIDIA driver" in inv.error
+
+
+def test_mark_rejects_labels_that_are_not_numbers(fake):
+    s = monitor.Sampler(interval=60)
+    with pytest.raises(TypeError, match="argument `epoch`"):
+        s.mark(epoch="1")
+    with pytest.raises(TypeError, match="argument `step`"):
+        s.mark(step=[3])
+    s.mark(epoch=2, step=5)
+    s.start()
+    s.stop()
+    assert (s.samples[-1]["epoch"], s.samples[-1]["step"]) == (2, 5)
+
+
+def test_a_timeline_that_is_a_directory_is_refused_and_sampling_goes_on(fake, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="tfgpu.monitor")
+    (tmp_path / "timeline.csv").mkdir()
+    with monitor.record(tmp_path, interval=60) as run:
+        pass
+    assert len(run.samples) == 2 and (tmp_path / "timeline.csv").is_dir()
+    assert any("cannot write to" in r.getMessage() for r in caplog.records)

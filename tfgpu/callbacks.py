@@ -20,7 +20,6 @@ import os
 import sys
 import threading
 import time
-import warnings
 import weakref
 from pathlib import Path
 from types import FrameType
@@ -28,8 +27,15 @@ from typing import Any, TypedDict
 
 import keras
 
-from tfgpu._checks import invalid_type, invalid_value, is_positive_number
-from tfgpu.monitor.sampler import Sampler, _check_gpus, _check_log_dir, artifact_name
+from tfgpu._checks import check_int, check_number, invalid_type
+from tfgpu.monitor.sampler import (
+    Sampler,
+    _check_gpus,
+    _check_interval,
+    _check_log_dir,
+    artifact_name,
+    open_csv,
+)
 
 __all__ = ["BackupAndRestore", "GPUMonitor", "StepTimer"]  # noqa: F822 (lazy)
 
@@ -67,50 +73,6 @@ def _training_frame() -> FrameType | None:
             return frame
         frame = frame.f_back
     return None
-
-
-_LIBRARIES = ("tfgpu", "keras", "tensorflow", "tf_keras", "absl")
-
-
-def _user_frame() -> FrameType | None:
-    """The innermost frame outside tfgpu, Keras and TensorFlow: the user's call to `fit`."""
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if module.split(".")[0] not in _LIBRARIES:
-            return frame
-        frame = frame.f_back
-    return None
-
-
-def _start_sampler(sampler: Sampler) -> list[warnings.WarningMessage]:
-    """Starts `sampler`; returns the warnings it issued (e.g. no NVML), not yet shown."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        sampler.start()
-    return caught
-
-
-def _warn_at_user_code(caught: list[warnings.WarningMessage]) -> None:
-    """Issues `caught` again at the user's `fit` line, once per call site.
-
-    Python would attribute them to the line in tfgpu that started the sampler; at the
-    user's frame they read as being about the user's training.
-    """
-    frame = _user_frame()
-    for w in caught:
-        if frame is None:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-            continue
-        warnings.warn_explicit(
-            w.message,
-            w.category,
-            frame.f_code.co_filename,
-            frame.f_lineno,
-            module=frame.f_globals.get("__name__"),
-            registry=frame.f_globals.setdefault("__warningregistry__", {}),
-            module_globals=frame.f_globals,
-        )
 
 
 def _infer_batch_size() -> int | None:
@@ -180,18 +142,6 @@ def _sampler_gpus(requested: list[int] | None, positions: list[int] | None) -> l
     return [positions[g] for g in requested]
 
 
-def _check_positive(value: Any, argument: str, kind: str, example: str) -> Any:
-    if value is None:
-        return None
-    expected = f"a positive {'integer' if kind == 'int' else 'number'} or None, e.g. {example}"
-    ok_type = numbers.Integral if kind == "int" else numbers.Real
-    if isinstance(value, bool) or not isinstance(value, ok_type):
-        raise invalid_type(argument, value, expected)
-    if not is_positive_number(value):
-        raise invalid_value(argument, value, expected)
-    return value
-
-
 class GPUMonitor(keras.callbacks.Callback):
     """Records GPU and host metrics during `fit`; epoch aggregates go into `logs`.
 
@@ -212,12 +162,20 @@ class GPUMonitor(keras.callbacks.Callback):
     With `log_dir`, writes there `run.json` and `timeline.csv`, one row per sample with its
     epoch and step, flushed as written (a SIGKILL loses at most the last interval). In a
     multi-worker cluster (`TF_CONFIG`) each worker records its own GPUs to
-    `timeline-worker{k}.csv` (`run-worker{k}.json`). A later `fit` appends to the timeline.
+    `timeline-worker{k}.csv` (`run-worker{k}.json`). A later `fit` (or run) appends to the
+    timeline; a timeline with other columns (another GPU count) is moved aside to
+    `timeline.1.csv` (`.2`, ...), never truncated, and `run.json` keeps earlier sessions
+    under `"earlier_sessions"`.
+
+    Monitoring never stops training: a failure to sample, to write (a full disk) or to
+    reach NVML is logged once, recorded as NaN or kept in memory, and `fit` goes on. Without
+    NVML, one `RuntimeWarning` per process, at the user's `fit` line (scripts, `python -c`,
+    standard input, IPython and Jupyter alike).
 
     Args:
         log_dir: str, os.PathLike or None, the run directory (created if missing).
             Defaults to `None`: aggregates into `logs` only, no files.
-        interval: float, seconds between samples. Defaults to `0.2`.
+        interval: float, seconds between samples, at least 0.01. Defaults to `0.2`.
         gpus: list of int or None, GPUs to sample as TensorFlow numbers them (`/GPU:i`,
             after `CUDA_VISIBLE_DEVICES` and `tf.config.set_visible_devices` /
             `tfgpu.configure(gpus=...)`). Defaults to `None`: all GPUs TensorFlow uses (all
@@ -229,8 +187,9 @@ class GPUMonitor(keras.callbacks.Callback):
         host: bool, whether to record host CPU and memory. Defaults to `True`.
 
     Raises:
-        ValueError: for a non-positive `interval`, a GPU index this process does not see,
-            an unwritable `log_dir`, or `tensorboard=True` without `log_dir`; at
+        ValueError: for an `interval` below 0.01, a negative or repeated GPU index or
+            (when NVML is available) one this process does not see, a `log_dir` that is or
+            lies under a file or cannot be written, or `tensorboard=True` without `log_dir`; at
             construction, before any training.
         TypeError: for arguments of the wrong type.
 
@@ -251,7 +210,7 @@ class GPUMonitor(keras.callbacks.Callback):
         host: bool = True,
     ):
         super().__init__()
-        if not isinstance(tensorboard, (bool, str, os.PathLike)):
+        if isinstance(tensorboard, bytes) or not isinstance(tensorboard, (bool, str, os.PathLike)):
             raise invalid_type("tensorboard", tensorboard, "a bool or a directory path")
         if tensorboard is True and log_dir is None:
             raise ValueError(
@@ -259,34 +218,35 @@ class GPUMonitor(keras.callbacks.Callback):
                 "log_dir=None. Expected a `log_dir` to write `<log_dir>/tensorboard` into, "
                 "or a directory path as `tensorboard`."
             )
-        if log_dir is not None:
-            _check_log_dir(log_dir, "log_dir")
+        interval = _check_interval(interval)
         self._gpus = _check_gpus(gpus)
-        self._config: _SamplerConfig = {"interval": interval, "path": log_dir, "host": host}
-        self._sampled = _sampler_gpus(self._gpus, _tf_gpu_positions())  # TensorFlow's numbering
-        self.sampler = Sampler(**self._config, gpus=self._sampled)  # validates the rest now
-        self.log_dir = None if log_dir is None else Path(log_dir)
+        path = None if log_dir is None else _check_log_dir(log_dir, "log_dir")
         if tensorboard is True:
-            if log_dir is None:  # rejected above; narrows the type
+            if path is None:  # rejected above; narrows the type
                 raise AssertionError("tensorboard=True needs log_dir")
-            self._tb_dir: Path | None = Path(log_dir) / "tensorboard"
+            self._tb_dir: Path | None = _check_log_dir(path / "tensorboard", "tensorboard")
         elif tensorboard is False:
             self._tb_dir = None
         else:
             self._tb_dir = _check_log_dir(tensorboard, "tensorboard")
+        self._config: _SamplerConfig = {"interval": interval, "path": path, "host": host}
+        self._sampled = _sampler_gpus(self._gpus, _tf_gpu_positions())  # TensorFlow's numbering
+        self.sampler = Sampler(**self._config, gpus=self._sampled)  # validates the rest now
+        self.log_dir = path
         self.async_safe = True  # no batch-end hook; never forces Keras to sync per batch
         self._used = False
         self._epoch_start: float | None = None
         self._tb_writer: Any = None
         self._tb_t0: float | None = None
         self._tb_written = 0
+        self._reported: set[str] = set()
 
     # Keras hooks ---------------------------------------------------------------
     def on_train_begin(self, logs=None):
-        if self.sampler.running:  # a previous fit that raised: it is over
-            self.sampler.stop()
-        self._write_tensorboard()
         try:
+            if self.sampler.running:  # a previous fit that raised, or another model's fit
+                self.sampler.stop()
+            self._write_tensorboard()
             # TensorFlow's visible GPUs may have changed since construction (configure()).
             sampled = _sampler_gpus(self._gpus, _tf_gpu_positions())
             if self._used or sampled != self._sampled:
@@ -294,33 +254,57 @@ class GPUMonitor(keras.callbacks.Callback):
                 self.sampler = Sampler(**self._config, gpus=sampled)
                 self._tb_written = 0
             self._used = True
-            caught = _start_sampler(self.sampler)
+            self.sampler.start()  # warns (once, at the user's fit line) when NVML is missing
             frame = _training_frame()
             if frame is not None:
                 self.sampler.bind_to_frame(frame)
-            _warn_at_user_code(caught)
+        except Warning:
+            raise  # the user's warning filters made the NVML warning an error
         except Exception as e:  # side features never kill training
-            _log.warning("GPUMonitor could not start sampling (%s); training goes on.", e)
+            self._report("could not start sampling", e)
         if self._tb_t0 is None:
             self._tb_t0 = time.time()
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = time.time()
-        self.sampler.mark(epoch=epoch)
+        try:
+            self.sampler.mark(epoch=epoch)
+        except Exception as e:
+            self._report("could not label the samples", e)
 
     def on_train_batch_begin(self, batch, logs=None):
-        self.sampler.mark(step=batch)
+        try:
+            self.sampler.mark(step=batch)
+        except Exception as e:
+            self._report("could not label the samples", e)
 
     def on_epoch_end(self, epoch, logs=None):
+        try:
+            aggregates = self.sampler.aggregate(since=self._epoch_start)
+        except Exception as e:
+            self._report("could not aggregate the samples", e)
+            aggregates = {}
         if logs is not None:
-            logs.update(self.sampler.aggregate(since=self._epoch_start))
+            logs.update(aggregates)
         self._write_tensorboard()
 
     def on_train_end(self, logs=None):
-        self.sampler.stop()
+        try:
+            self.sampler.stop()
+        except Exception as e:
+            self._report("could not stop sampling", e)
         self._write_tensorboard()
         if self._tb_writer is not None:
-            self._tb_writer.flush()
+            try:
+                self._tb_writer.flush()
+            except Exception as e:
+                self._report("could not flush TensorBoard", e)
+
+    def _report(self, what: str, error: Exception) -> None:
+        """Logs a failure of this side feature once per kind; training goes on."""
+        if what not in self._reported:
+            self._reported.add(what)
+            _log.warning("GPUMonitor %s (%r); training goes on. (Logged once.)", what, error)
 
     # TensorBoard -----------------------------------------------------------------
     def _write_tensorboard(self) -> None:
@@ -502,7 +486,9 @@ class StepTimer(keras.callbacks.Callback):
     as soon as `fit` is over even when it raises (Keras then skips `on_train_end`; the
     callback list `fit` made is released with its frame, which flushes), so a `fit` that
     raises leaves every step that ran on disk. The file is closed at train end, at the
-    next `fit`, or when the callback is garbage-collected. A later `fit` appends to it.
+    next `fit`, or when the callback is garbage-collected. A later `fit` appends to it; a
+    file with another header, or whose last row a crash cut short, is moved aside to
+    `steps.1.csv` (`.2`, ...), never truncated.
 
     Args:
         batch_size: int or None, the global batch size. Defaults to `None`: read from the
@@ -516,8 +502,10 @@ class StepTimer(keras.callbacks.Callback):
             Defaults to `None`: looked up for this process's GPU when `fit` starts.
 
     Raises:
-        ValueError: for non-positive numbers or an unwritable `log_dir`.
-        TypeError: for arguments of the wrong type.
+        ValueError: for numbers <= 0 or not finite, or a `log_dir` that is or lies under a
+            file or cannot be written.
+        TypeError: for a `batch_size` that is not an int (2.5, True, "32"), a FLOPs
+            figure that is not a number, a `log_dir` that is not a path.
 
     Example:
 
@@ -536,10 +524,15 @@ class StepTimer(keras.callbacks.Callback):
         peak_flops: float | None = None,
     ):
         super().__init__()
-        self.batch_size = _check_positive(batch_size, "batch_size", "int", "128")
-        self.flops_per_step = _check_positive(flops_per_step, "flops_per_step", "real", "1.2e12")
-        self.peak_flops = _check_positive(peak_flops, "peak_flops", "real", "989e12")
+        self.batch_size = check_int(
+            "batch_size", batch_size, allow_none=True, expected="an int >= 1 or None, e.g. 128"
+        )
+        self.flops_per_step = _check_positive_number("flops_per_step", flops_per_step, "1.2e12")
+        self.peak_flops = _check_positive_number("peak_flops", peak_flops, "989e12")
         self.log_dir = None if log_dir is None else _check_log_dir(log_dir)
+        # Seams for tests: the step clock, and the wall clock it is converted to.
+        self._perf = time.perf_counter
+        self._wall = time.time
         self.async_safe = True  # batch-end hook is thread-safe; lets Keras stay asynchronous
         self._lock = threading.Lock()  # guards everything but the two append-only deques
         self._file: Any = None
@@ -562,8 +555,8 @@ class StepTimer(keras.callbacks.Callback):
         self._prev_end: float | None = None
         self._executions: list[tuple[int, float]] = []
         self._rows: list[tuple[float, int, int, float, float]] = []
-        self._epoch_start = time.perf_counter()
-        self._clock = (time.time() - self._epoch_start, self._epoch_start)  # perf -> unix
+        self._epoch_start = self._perf()
+        self._clock = (self._wall() - self._epoch_start, self._epoch_start)  # perf -> unix
         self._synced_at = self._epoch_start
 
     # Keras hooks ---------------------------------------------------------------
@@ -581,18 +574,11 @@ class StepTimer(keras.callbacks.Callback):
         if self.log_dir is not None:
             try:
                 path = self.log_dir / artifact_name("steps", ".csv")
-                header = "time,epoch,step,step_time_s,examples_per_s\n"
-                append = False
-                if path.exists():
-                    with path.open() as existing:
-                        append = existing.readline() == header
-                self._file = path.open("a" if append else "w")
+                # Same header: appended to; other columns or a cut last row: moved aside.
+                self._file, _ = open_csv(path, _STEPS_HEADER)
                 # Keras skips on_train_end when fit raises: close it when this callback goes.
                 self._closer = weakref.finalize(self, _close_quietly, self._file)
-                if not append:
-                    self._file.write(header)
-                self._file.flush()
-            except OSError as e:  # side features never kill training
+            except Exception as e:  # side features never kill training
                 _log.warning("StepTimer cannot write steps.csv (%s); training goes on.", e)
         # ... and write the rows when fit is over: its CallbackList goes with fit's frame.
         callback_list = _calling_callback_list()
@@ -605,10 +591,10 @@ class StepTimer(keras.callbacks.Callback):
             self._reset_epoch()
 
     def on_train_batch_begin(self, batch, logs=None):
-        self._begins.append((batch, time.perf_counter()))
+        self._begins.append((batch, self._perf()))
 
     def on_train_batch_end(self, batch, logs=None):
-        now = time.perf_counter()
+        now = self._perf()
         self._arrivals.append((batch, now))
         if now - self._synced_at >= _SYNC_EVERY_S:
             self._sync(final=False, timeout=0)  # a thread already at it: leave it the work
@@ -622,7 +608,7 @@ class StepTimer(keras.callbacks.Callback):
                 summary = _epoch_summary(
                     self._executions,
                     self._batch_size,
-                    time.perf_counter() - self._epoch_start,
+                    self._perf() - self._epoch_start,
                     self._flops,
                     self._peak,
                 )
@@ -691,7 +677,7 @@ class StepTimer(keras.callbacks.Callback):
         if not acquired:
             return
         try:
-            self._synced_at = time.perf_counter()
+            self._synced_at = self._perf()
             self._drain(final=final)
             self._flush()
         except Exception as e:  # may run in Keras's thread pool: never let it fail `fit`
@@ -752,6 +738,18 @@ class StepTimer(keras.callbacks.Callback):
 
 
 _SYNC_EVERY_S = 1.0  # StepTimer turns noted times into steps.csv rows at most this often
+_STEPS_HEADER = "time,epoch,step,step_time_s,examples_per_s\n"
+
+
+def _check_positive_number(name: str, value: Any, example: str) -> float | None:
+    return check_number(
+        name,
+        value,
+        minimum=0,
+        exclusive_minimum=True,
+        allow_none=True,
+        expected=f"a finite number > 0 or None, e.g. {example}",
+    )
 
 
 def _calling_callback_list() -> keras.callbacks.CallbackList | None:

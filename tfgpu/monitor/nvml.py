@@ -181,7 +181,11 @@ class NvmlInventory:
 
 
 def _decode(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    """Text of a value or an exception; never raises (a binding's `__str__` may)."""
+    try:
+        return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    except Exception:
+        return type(value).__name__
 
 
 def _import_pynvml() -> tuple[ModuleType | None, str | None]:
@@ -189,6 +193,8 @@ def _import_pynvml() -> tuple[ModuleType | None, str | None]:
         import pynvml
     except ImportError:
         return None, f"The `pynvml` module is not installed. {NVML_HINT}"
+    except Exception as e:  # a broken install raising anything at import
+        return None, f"The `pynvml` module failed to import ({type(e).__name__}: {e}). {NVML_HINT}"
     return pynvml, None
 
 

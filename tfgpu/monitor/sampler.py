@@ -12,20 +12,27 @@ import contextlib
 import json
 import logging
 import math
-import numbers
 import os
 import socket
 import sys
 import threading
 import time
-import warnings
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from tfgpu._checks import check_bool, invalid_type, invalid_value, is_positive_number
+from tfgpu import _files, _warnings
+from tfgpu._checks import (
+    check_bool,
+    check_dir,
+    check_number,
+    invalid_type,
+    invalid_value,
+    is_int,
+    is_number,
+)
 from tfgpu._cluster import Cluster, resolve_cluster
 from tfgpu.monitor.host import HOST_METRICS, _HostReader
 from tfgpu.monitor.nvml import (
@@ -154,22 +161,35 @@ def artifact_name(stem: str, suffix: str = ".csv", environ: Mapping[str, str] | 
     )
 
 
+MIN_INTERVAL = 0.01
+"""The shortest sampling interval, in seconds. NVML refreshes its readings every 1/6 s to 1 s,
+so shorter intervals only repeat values, and below this the sampler thread would take a core."""
+
+
 def _check_interval(interval: Any) -> float:
-    if not is_positive_number(interval):
-        raise invalid_value("interval", interval, "a positive number of seconds, e.g. 0.2")
-    return float(interval)
+    return check_number(
+        "interval",
+        interval,
+        minimum=MIN_INTERVAL,
+        expected=f"a number of seconds >= {MIN_INTERVAL} (NVML refreshes every 1/6 s to 1 s), "
+        "e.g. 0.2",
+    )
+
+
+_GPUS_EXPECTED = "None (all GPUs this process uses) or a list of GPU indices (ints), e.g. [0, 1]"
 
 
 def _check_gpus(gpus: Any) -> list[int] | None:
+    """Checks the form of a `gpus` argument (the indices are checked against NVML later)."""
     if gpus is None:
         return None
     if isinstance(gpus, (str, bytes)) or not isinstance(gpus, Sequence):
-        raise invalid_type(
-            "gpus", gpus, "None (all GPUs this process uses) or a list of GPU indices, e.g. [0, 1]"
-        )
+        raise invalid_type("gpus", gpus, _GPUS_EXPECTED)
     checked = []
     for g in gpus:
-        if isinstance(g, bool) or not isinstance(g, numbers.Integral) or g < 0:
+        if not is_int(g):
+            raise invalid_type("gpus", list(gpus), _GPUS_EXPECTED)
+        if g < 0:
             raise invalid_value(
                 "gpus",
                 list(gpus),
@@ -182,12 +202,16 @@ def _check_gpus(gpus: Any) -> list[int] | None:
 
 
 def _check_log_dir(log_dir: Any, argument: str = "log_dir") -> Path:
-    """Creates `log_dir` if needed and proves it writable; raises ValueError/TypeError."""
-    if not isinstance(log_dir, (str, os.PathLike)):
-        raise invalid_type(
-            argument, log_dir, "a directory path (str or os.PathLike), or None to write no files"
-        )
-    path = Path(log_dir)
+    """Checks a run directory, creates it if needed and proves it writable.
+
+    Raises:
+        TypeError: if it is not a path.
+        ValueError: if it or a parent is a file (`tfgpu._checks.check_dir`), or it cannot be
+            created or written.
+    """
+    path = check_dir(argument, log_dir)
+    if path is None:  # pragma: no cover (allow_none is False)
+        raise invalid_type(argument, log_dir, "a directory path")
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".tfgpu-write-test-{os.getpid()}-{threading.get_ident()}"
@@ -201,6 +225,54 @@ def _check_log_dir(log_dir: Any, argument: str = "log_dir") -> Path:
             f"({type(e).__name__}: {e.strerror or e})",
         ) from e
     return path
+
+
+def _can_continue(path: Path, header: bytes) -> bool:
+    """Whether the CSV at `path` can be appended to: same header, last row complete.
+
+    An empty file can be continued too (the caller writes the header). Reads bytes, so a
+    damaged (binary) file is a "no", never an exception other than `OSError`.
+    """
+    with open(path, "rb") as f:
+        first = f.readline()
+        if not first:
+            return True
+        if first != header:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def open_csv(path: Path, header: str) -> tuple[Any, Path | None]:
+    """Opens the run-directory CSV `path` for appending, never losing what it holds.
+
+    Same header and a complete last row: appended to. Otherwise (other columns, a row cut
+    by a crash, a damaged file) the old file is moved aside to `NAME.N.csv`
+    (`tfgpu._files.rotate`) and a new one starts under the plain name.
+
+    Args:
+        path: Path, the file.
+        header: str, the header line, with its newline.
+
+    Returns:
+        The open text file (positioned at its end, header written and flushed) and where an
+        older file was moved to, or None.
+
+    Raises:
+        OSError: if the file cannot be read, moved or opened.
+    """
+    rotated = None
+    if path.exists() and not _can_continue(path, header.encode()):
+        rotated = _files.rotate(path)
+    f = open(path, "a", encoding="utf-8")  # noqa: SIM115 (the caller closes it)
+    try:
+        if f.tell() == 0:
+            f.write(header)
+            f.flush()
+    except BaseException:
+        f.close()
+        raise
+    return f, rotated
 
 
 def _format(column: str, value: float) -> str:
@@ -240,16 +312,22 @@ class Sampler:
     memory used and total, this process's own GPU memory, power draw and limit, temperature,
     SM clock and throttle reasons; and for the host, CPU %, this process's RSS and system
     memory %. A metric the GPU does not support is NaN. Without NVML (no driver), one warning
-    is given and the host metrics are still recorded. NVML errors during the run (a lost GPU)
-    are logged once; sampling goes on.
+    is given per process and the host metrics are still recorded. NVML errors during the
+    run (a lost GPU, any exception a binding raises) are logged once; sampling goes on.
 
     With `path`, the sampler writes into that run directory: `run.json` (what was sampled)
     and `timeline.csv` (one row per sample, flushed at once; `timeline-worker{k}.csv` in a
-    multi-worker cluster). A timeline with the same columns is appended to, not replaced.
+    multi-worker cluster). Nothing an earlier run wrote is lost: a timeline with the same
+    columns is appended to; one with other columns (another GPU count), or whose last row a
+    crash cut short, is moved aside to `timeline.1.csv` (`.2`, ...) and the earlier
+    session's `"timeline"` in `run.json` names where it went; `run.json` keeps earlier
+    sessions under `"earlier_sessions"`. A failure to write (a full disk) is logged once and
+    the samples stay in memory.
 
     Args:
-        interval: float, seconds between samples. NVML refreshes utilization every 1/6 s
-            to 1 s depending on the GPU, so going much lower adds nothing. Defaults to `0.2`.
+        interval: float, seconds between samples, at least `MIN_INTERVAL` (0.01). NVML
+            refreshes utilization every 1/6 s to 1 s depending on the GPU, so going much
+            lower adds nothing. Defaults to `0.2`.
         gpus: list of int or None, which GPUs to sample, numbered as CUDA lists them to
             this process (after `CUDA_VISIBLE_DEVICES`; TensorFlow's `/GPU:i` unless
             `tf.config.set_visible_devices` hid some, which this TF-free module cannot see:
@@ -261,9 +339,11 @@ class Sampler:
             Defaults to `True`.
 
     Raises:
-        ValueError: if `interval` is not positive, a GPU index names no GPU this process
-            can see, or `path` cannot be created or written.
-        TypeError: if `gpus` is not a list of ints or `path` not a path.
+        ValueError: if `interval` is below 0.01 or not finite, a GPU index is negative or
+            repeated or (when NVML is available) names no GPU this process can see, or
+            `path` is a file, under a file, or cannot be created or written.
+        TypeError: if `interval` is not a number, `gpus` not a list of ints, `host` not a
+            bool, or `path` not a path.
 
     Example:
 
@@ -297,15 +377,15 @@ class Sampler:
         else:
             unknown = [g for g in requested if g >= len(visible)]
             if unknown:
+                valid = (
+                    f"one of {list(range(len(visible)))}" if visible else "no index (it sees none)"
+                )
+                cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
                 raise ValueError(
                     "Invalid value for argument `gpus`. "
                     f"Received: gpus={requested!r}. Expected indices below {len(visible)}: "
-                    f"this process sees {len(visible)} GPU(s)"
-                    + (
-                        f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r})."
-                        if "CUDA_VISIBLE_DEVICES" in os.environ
-                        else "."
-                    )
+                    f"this process sees {len(visible)} GPU(s), so each index must be {valid}"
+                    + (f" (CUDA_VISIBLE_DEVICES={cvd!r})." if cvd is not None else ".")
                 )
             self._gpus = [visible[g] for g in requested]
         self._columns = timeline_columns(len(self._gpus))
@@ -323,6 +403,9 @@ class Sampler:
         self._readers: list[Any] = []
         self._host_reader: _HostReader | None = None
         self._watch: tuple[int, FrameType] | None = None
+        # Seams for tests: the clock that schedules samples, the clock stamped on rows.
+        self._monotonic = time.monotonic
+        self._time = time.time
         self.timeline_path: Path | None = None
 
     # ------------------------------------------------------------------ properties
@@ -364,11 +447,18 @@ class Sampler:
     def mark(self, epoch: int | None = None, step: int | None = None) -> None:
         """Sets the epoch and/or step written on the rows that follow; None leaves it as is.
 
-        Cheap (two attribute writes, no NVML call), so it can run at every batch.
+        Cheap (no NVML call), so it can run at every batch.
+
+        Raises:
+            TypeError: if `epoch` or `step` is neither None nor a number.
         """
         if epoch is not None:
+            if not is_number(epoch):
+                raise invalid_type("epoch", epoch, "an int or None")
             self._epoch = epoch
         if step is not None:
+            if not is_number(step):
+                raise invalid_type("step", step, "an int or None")
             self._step = step
 
     def start(self) -> Sampler:
@@ -379,22 +469,25 @@ class Sampler:
         """
         if self.running:
             return self
-        self._stop_event.clear()
-        self._t0 = time.time()
-        if self._gpus:
-            self._nv, self._readers = _open_readers(self._gpus)
-        elif not self._inventory.available:
-            warnings.warn(
+        if not self._gpus and not self._inventory.available:
+            # A fact of the machine: said once per process, at the user's line.
+            _warnings.warn_at_user_code(
                 f"tfgpu.monitor records no GPU metrics: {self._inventory.error} "
                 "Host metrics are still recorded.",
                 RuntimeWarning,
-                stacklevel=2,
+                once="tfgpu.monitor:no-nvml",
             )
+        self._stop_event = threading.Event()  # a fresh one: a left-behind thread keeps its own
+        self._t0 = self._time()
+        if self._gpus:
+            self._nv, self._readers = _open_readers(self._gpus)
         self._host_reader = _HostReader() if self._host else None
         if self._dir is not None:
             self._open_files()
         self._sample()
-        self._thread = threading.Thread(target=self._run, name="tfgpu-monitor", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(self._stop_event,), name="tfgpu-monitor", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -454,8 +547,16 @@ class Sampler:
 
     # ------------------------------------------------------------------ internals
     def _open_files(self) -> None:
+        """Adds this session to run.json and opens the timeline; never raises."""
         if self._dir is None:
             return
+        try:
+            self._open_files_or_raise(self._dir)
+        except Exception as e:  # OSError mostly (a full disk, a lost mount): never fatal
+            self._file_failed = True
+            _log.warning("tfgpu.monitor: cannot write to %s (%s); sampling goes on.", self._dir, e)
+
+    def _open_files_or_raise(self, directory: Path) -> None:
         environ = os.environ
         task = _cluster(environ)
         info = {
@@ -485,30 +586,20 @@ class Sampler:
             ],
         }
         header = ",".join(self._columns) + "\n"
-        try:
-            names = [artifact_name("run", ".json", environ)]
-            if task is not None and task.is_chief:
-                names.append("run.json")
-            for name in names:
-                (self._dir / name).write_text(json.dumps(info, indent=2) + "\n")
-            self.timeline_path = self._dir / artifact_name("timeline", ".csv", environ)
-            mode = "w"
-            if self.timeline_path.exists():
-                with open(self.timeline_path) as existing:
-                    if existing.readline() == header:
-                        mode = "a"
-            self._file = open(self.timeline_path, mode)  # noqa: SIM115 (closed in _close)
-            if mode == "w":
-                self._file.write(header)
-                self._file.flush()
-        except OSError as e:
-            self._file_failed = True
-            _log.warning("tfgpu.monitor: cannot write to %s (%s); sampling goes on.", self._dir, e)
+        names = [artifact_name("run", ".json", environ)]
+        if task is not None and task.is_chief:
+            names.append("run.json")
+        self.timeline_path = directory / artifact_name("timeline", ".csv", environ)
+        self._file, rotated = open_csv(self.timeline_path, header)
+        for name in names:
+            if rotated is not None:
+                _rename_timeline(directory / name, self.timeline_path.name, rotated.name)
+            _files.add_session(directory / name, info)
 
     def _sample(self) -> None:
         """Takes one sample; never raises (side features never kill training)."""
         try:
-            now = time.time()
+            now = self._time()
             row = [now, now - self._t0, float(self._epoch), float(self._step)]
             if self._host_reader is not None:
                 row.extend(self._host_reader.read())
@@ -551,17 +642,19 @@ class Sampler:
             frame = frame.f_back
         return True
 
-    def _run(self) -> None:
-        deadline = time.monotonic() + self._interval
+    def _run(self, stop: threading.Event | None = None) -> None:
+        stop = self._stop_event if stop is None else stop
         try:
-            while not self._stop_event.wait(max(0.0, deadline - time.monotonic())):
+            deadline = self._monotonic() + self._interval
+            while not stop.wait(max(0.0, deadline - self._monotonic())):
                 self._sample()
-                now = time.monotonic()
-                deadline = max(deadline + self._interval, now + 0.1 * self._interval)
+                deadline = _next_deadline(deadline, self._monotonic(), self._interval)
                 if self._watched_frame_gone():
                     _log.debug("tfgpu.monitor: the watched function ended; stopping.")
                     break
             self._sample()
+        except Exception:  # pragma: no cover (_sample never raises; a last line of defence)
+            _log.exception("tfgpu.monitor: the sampler thread failed; sampling stops.")
         finally:
             self._close()
 
@@ -574,6 +667,32 @@ class Sampler:
         _close_readers(self._nv)
         self._nv = None
         self._readers = []
+
+
+def _next_deadline(deadline: float, now: float, interval: float) -> float:
+    """Pure: when the next sample is due. Keeps the rhythm; after a stall (a sample that took
+    longer than the interval) it waits at least a tenth of an interval, never busy-loops."""
+    return max(deadline + interval, now + 0.1 * interval)
+
+
+def _rename_timeline(record: Path, old: str, new: str) -> None:
+    """Points the sessions of `record` (a run.json) that name timeline `old` to `new`.
+
+    Called when the timeline was rotated, before the new session is added. A record that
+    is missing or damaged is left to `_files.add_session` (which moves a damaged one aside).
+    """
+    try:
+        data = _files.read_json_object(record)
+    except (OSError, ValueError):
+        return
+    changed = False
+    sessions = [data, *(data.get(_files.EARLIER_SESSIONS) or [])]
+    for session in sessions:
+        if isinstance(session, dict) and session.get("timeline") == old:
+            session["timeline"] = new
+            changed = True
+    if changed:
+        _files.write_text_atomic(record, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def _version() -> str:
@@ -605,7 +724,9 @@ def record(
         the block raises.
 
     Raises:
-        ValueError: for a non-positive `interval`, an unknown GPU index, an unwritable `path`.
+        ValueError: for an `interval` below 0.01, an unknown GPU index (checked when NVML is
+            available), a `path` that is or lies under a file or cannot be written.
+        TypeError: for arguments of the wrong type.
 
     Example:
 
@@ -618,8 +739,8 @@ def record(
     ```
     """
     sampler = Sampler(interval=interval, gpus=gpus, path=path)
-    sampler.start()
     try:
+        sampler.start()
         yield sampler
     finally:
         sampler.stop()
