@@ -59,10 +59,22 @@ def _noise(x, y):
 # ----------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "8", None])
-def test_batch_size_must_be_a_positive_integer(bad):
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        (0, ValueError),
+        (-3, ValueError),
+        (2**70, ValueError),
+        (2.5, TypeError),
+        (True, TypeError),
+        ("8", TypeError),
+        (float("nan"), TypeError),
+        (None, ValueError),
+    ],
+)
+def test_batch_size_must_be_a_positive_integer(bad, error):
     traced = []
-    with pytest.raises(ValueError, match=r"`batch_size`.*Received"):
+    with pytest.raises(error, match=r"`batch_size`.*Received"):
         tfdata.pipeline(_xy(), batch_size=bad, map_fn=lambda x, y: traced.append(1) or (x, y))
     assert traced == []  # raised before any work, map_fn never even traced
 
@@ -118,11 +130,11 @@ def test_unknown_dataset_name_suggests_close_matches():
 def test_other_bad_arguments(tmp_path, mirrored):
     with pytest.raises(TypeError, match="`map_fn`"):
         tfdata.pipeline(_xy(), batch_size=8, map_fn="decode")
-    with pytest.raises(ValueError, match="distribute=True with strategy=None"):
+    with pytest.raises(ValueError, match="distribute=True and strategy=None"):
         tfdata.pipeline(_xy(), batch_size=8, distribute=True)
     with pytest.raises(TypeError, match="`strategy`"):
         tfdata.pipeline(_xy(), batch_size=8, strategy="mirrored")
-    with pytest.raises(ValueError, match=r"`cache`\. Received: cache=3"):
+    with pytest.raises(TypeError, match=r"`cache`\. Received: cache=3"):
         tfdata.pipeline(_xy(), batch_size=8, cache=3)
     with pytest.raises(ValueError, match="does not exist"):
         tfdata.pipeline(_xy(), batch_size=8, cache=str(tmp_path / "nope" / "cache"))
@@ -716,3 +728,263 @@ def test_keras_fit_consumes_the_pipeline_under_a_strategy(mirrored):
     history = model.fit(ds, epochs=2, verbose=0, shuffle=False, callbacks=[Count()])
     assert len(history.history["loss"]) == 2
     assert seen == list(range(8)) * 2  # 64 examples / global batch 8, every epoch
+
+
+# ----------------------------------------------------------------------------- hostile input
+
+
+def test_numeric_arguments_follow_one_rule():
+    x, y = _xy(16)
+    ds = tfdata.pipeline((x, y), batch_size=np.int64(8), seed=np.int32(3), shuffle_buffer=8)
+    assert sorted(_label_ids(ds)) == list(range(16))  # NumPy integers are integers
+    with pytest.raises(ValueError, match=r"`ram_budget_mib`. Received: ram_budget_mib=inf"):
+        tfdata.pipeline((x, y), batch_size=8, ram_budget_mib=float("inf"))
+    with pytest.raises(ValueError, match=r"ram_budget_mib=nan"):
+        tfdata.pipeline((x, y), batch_size=8, ram_budget_mib=float("nan"))
+    with pytest.raises(TypeError, match=r"ram_budget_mib='64'"):
+        tfdata.pipeline((x, y), batch_size=8, ram_budget_mib="64")
+    assert tfdata.pipeline((x, y), batch_size=8, ram_budget_mib=np.float32(64)) is not None
+    with pytest.raises(TypeError, match=r"`shuffle_buffer`.*nan"):
+        tfdata.pipeline((x, y), batch_size=8, shuffle_buffer=float("nan"))
+    with pytest.raises(ValueError, match=r"`seed`. Received: seed=-1"):
+        tfdata.pipeline((x, y), batch_size=8, seed=-1)
+    with pytest.raises(TypeError, match=r"`seed`"):
+        tfdata.pipeline((x, y), batch_size=8, seed=1.5)
+    with pytest.raises(TypeError, match=r"`private_threadpool_size`"):
+        tfdata.pipeline((x, y), batch_size=8, private_threadpool_size=2.0)
+    with pytest.raises(TypeError, match=r"`compression_type`"):
+        tfdata.pipeline((x, y), batch_size=8, compression_type=1)
+    with pytest.raises(TypeError, match=r"`strategy`.*pass an instance"):
+        tfdata.pipeline((x, y), batch_size=8, strategy=tf.distribute.MirroredStrategy)
+
+
+def test_paths_are_checked_before_work(tmp_path):
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    with pytest.raises(ValueError, match=r"`cache`.*under the file .*file.txt"):
+        tfdata.pipeline(_xy(), batch_size=8, cache=str(a_file / "cache"))
+    with pytest.raises(ValueError, match=r"`cache`.*is a directory.*train-cache"):
+        tfdata.pipeline(_xy(), batch_size=8, cache=tmp_path)
+    with pytest.raises(ValueError, match=r"`source`.*is a directory.*\*\.tfrecord"):
+        tfdata.pipeline(str(tmp_path), batch_size=8)
+    with pytest.raises(ValueError, match=r"`source`. Received: source=''"):
+        tfdata.pipeline("", batch_size=8)
+    with pytest.raises(FileNotFoundError, match=r"match no files: \['.*nothing-\*'\]"):
+        tfdata.pipeline([str(a_file), str(tmp_path / "nothing-*")], batch_size=8)
+    with pytest.raises(ValueError, match=r"`data_dir`.*is a file"):
+        tfdata.pipeline("mnist", batch_size=8, data_dir=a_file)
+    with pytest.raises(ValueError, match=r"`data_dir`.*is a file"):
+        tfdata.load_tfds("mnist", data_dir=a_file)
+    with pytest.raises(ValueError, match=r"`seed`"):
+        tfdata.load_tfds("mnist", seed=-2)
+    with pytest.raises(TypeError, match=r"`with_info`"):
+        tfdata.load_tfds("mnist", with_info="yes")
+    with pytest.raises(ValueError, match=r"`split`. Received: split=''"):
+        tfdata.load_tfds("mnist", split="")
+
+
+def test_compression_that_contradicts_the_files_is_named(tmp_path):
+    plain, zipped = str(tmp_path / "plain.tfrecord"), str(tmp_path / "zipped.tfrecord")
+    with tf.io.TFRecordWriter(plain) as w:
+        w.write(b"record")
+    with tf.io.TFRecordWriter(zipped, options="GZIP") as w:
+        w.write(b"record")
+    with pytest.raises(ValueError, match=r"zipped.tfrecord' is GZIP.*compression_type='GZIP'"):
+        tfdata.pipeline(zipped, batch_size=1)
+    with pytest.raises(ValueError, match=r"plain.tfrecord' is not compressed.*=None"):
+        tfdata.pipeline(plain, batch_size=1, compression_type="GZIP")
+    assert [b.numpy().tolist() for b in tfdata.pipeline(plain, batch_size=1)] == [[b"record"]]
+
+
+def test_hostile_memory_sources():
+    x, y = _xy(6)
+    with pytest.raises(TypeError, match=r"a list of arrays.*tuple of arrays"):
+        tfdata.pipeline([x, y], batch_size=2)
+    with pytest.raises(TypeError, match=r"keys \[1\].*str keys"):
+        tfdata.pipeline({1: x}, batch_size=2)
+    with pytest.raises(TypeError, match=r"Python objects.*holding a dict"):
+        tfdata.pipeline(np.array([{}, 1], dtype=object), batch_size=2)
+    with pytest.raises(ValueError, match=r"different lengths.*\['x'\]: 6, source\['y'\]: 5"):
+        tfdata.pipeline({"x": x, "y": y[:5]}, batch_size=2)
+    # strings, ragged lists and ragged tensors are data, as are (x, y, sample_weight)
+    text = tfdata.pipeline(np.array(["a", "bb", "ccc"]), batch_size=3, shuffle=False)
+    assert next(iter(text)).numpy().tolist() == [b"a", b"bb", b"ccc"]
+    ragged = tfdata.pipeline([[1, 2], [3], [4, 5, 6]], batch_size=3, shuffle=False)
+    assert next(iter(ragged)).to_list() == [[1, 2], [3], [4, 5, 6]]
+    rt = tfdata.pipeline(tf.ragged.constant([[1], [2, 3]]), batch_size=2, shuffle=False)
+    assert next(iter(rt)).to_list() == [[1], [2, 3]]
+    weighted = tfdata.pipeline((x, y, np.ones(6)), batch_size=6, map_fn=lambda a, b, w: (a, b, w))
+    assert [t.shape[0] for t in next(iter(weighted))] == [6, 6, 6]
+
+
+def test_fewer_examples_than_one_global_batch_is_an_error(mirrored):
+    x, y = _xy(6)
+    with pytest.raises(
+        ValueError,
+        match=r"`per_replica_batch_size`. Received: per_replica_batch_size=4, a global batch of "
+        r"8 \(4 per replica x 2 replicas\), but the source has only 6 examples.*no batch",
+    ):
+        tfdata.pipeline((x, y), per_replica_batch_size=4, strategy=mirrored)
+    with pytest.raises(ValueError, match=r"batch_size=8.*only 3 examples.*drop_remainder=False"):
+        tfdata.pipeline(tf.data.Dataset.range(3), batch_size=8, drop_remainder=True)
+    with pytest.raises(ValueError, match=r"0 elements"):
+        tfdata.pipeline(tf.data.Dataset.range(0), batch_size=8)
+    # a partial batch kept, or a repeated source, still yields batches
+    assert [int(b.shape[0]) for b in tfdata.pipeline(tf.data.Dataset.range(3), batch_size=8)] == [3]
+    endless = tfdata.pipeline((x, y), per_replica_batch_size=4, strategy=mirrored, repeat=True)
+    assert next(iter(endless))[0].shape[0] == 8
+
+
+def test_function_arity_is_checked_against_the_elements():
+    x, y = _xy(8)
+    with pytest.raises(TypeError, match=r"`map_fn`.*\(x\).*2 positional.*map_fn\(c0, c1\)"):
+        tfdata.pipeline((x, y), batch_size=4, map_fn=lambda x: x)
+    with pytest.raises(TypeError, match=r"`augment_fn`.*\(x, y, w\).*after `map_fn`"):
+        tfdata.pipeline((x, y), batch_size=4, augment_fn=lambda x, y, w: (x, y))
+    with pytest.raises(TypeError, match=r"`batch_augment_fn`.*on a batch"):
+        tfdata.pipeline((x, y), batch_size=4, batch_augment_fn=lambda b: b)
+    with pytest.raises(TypeError, match=r"`map_fn`.*map_fn\(dict\).*'a': TensorSpec"):
+        tfdata.pipeline({"a": x, "b": y}, batch_size=4, map_fn=lambda a, b: a)
+    with pytest.raises(TypeError, match=r"`map_fn`.*\(\).*1 positional.*element"):
+        tfdata.pipeline(x, batch_size=4, map_fn=lambda: 1)
+    # callables with unreadable or open signatures still work: tf.function, Keras layers
+    doubled = tfdata.pipeline(x, batch_size=8, shuffle=False, map_fn=tf.function(lambda a: 2 * a))
+    assert float(next(iter(doubled))[1, 0]) == 2.0
+    import keras
+
+    vectorize = keras.layers.TextVectorization(output_sequence_length=2)
+    vectorize.adapt(["a b", "b c"])
+    text = tfdata.pipeline(np.array(["a b", "c"]), batch_size=2, map_fn=vectorize)
+    assert next(iter(text)).shape == (2, 2)
+
+
+def test_errors_while_tracing_a_function_name_it():
+    x, y = _xy(8)
+    with pytest.raises(ValueError) as error:
+        tfdata.pipeline((x, y), batch_size=4, map_fn=lambda x, y: (tf.linalg.matmul(x, x), y))
+    assert "raised while tracing `map_fn`" in "".join(error.value.__notes__)
+
+
+def test_benchmark_of_hostile_datasets():
+    with pytest.raises(TypeError, match=r"`num_batches`.*2.5"):
+        tfdata.benchmark(tf.data.Dataset.range(4).batch(2), num_batches=2.5)
+    with pytest.raises(ValueError, match="0 batches"):
+        tfdata.benchmark(tf.data.Dataset.range(0))
+    endless = tfdata.benchmark(tf.data.Dataset.range(3).repeat().batch(2), num_batches=3)
+    assert endless.num_batches == 3 and endless.epochs == 1  # bounded by num_batches
+    assert tfdata.benchmark(tf.data.Dataset.range(4), num_batches=np.int64(2)).num_batches == 2
+
+
+# ----------------------------------------------------------------------------- batched sources
+
+
+def _sizes(ds) -> list[int]:
+    return [int(tf.nest.flatten(b)[0].shape[0]) for b in ds]
+
+
+def _variable_images():
+    sides = tf.data.Dataset.from_tensor_slices(np.array([2, 3, 4], np.int32))
+    return sides.map(lambda n: (tf.zeros((n, n, 3)), n))
+
+
+@pytest.mark.parametrize(
+    "make, batched",
+    [
+        (lambda: tf.data.Dataset.range(20).batch(8).prefetch(1), True),
+        (lambda: tf.data.Dataset.range(20).batch(8).map(lambda b: b * 2), True),
+        (
+            lambda: (
+                tf.data.Dataset.range(20)
+                .batch(8)
+                .cache()
+                .shuffle(2)
+                .with_options(tf.data.Options())
+            ),
+            True,
+        ),
+        (lambda: tf.data.Dataset.range(20).map(lambda i: tf.range(i % 3)).padded_batch(8), True),
+        (lambda: tf.data.Dataset.range(20).batch(8, drop_remainder=True), True),
+        (lambda: tf.data.Dataset.range(20).batch(8).unbatch(), False),
+        (lambda: tf.data.Dataset.range(20).batch(8).map(lambda b: tf.reduce_sum(b)), False),
+        (lambda: tf.data.Dataset.range(20).map(lambda i: tf.range(i % 3 + 1)), False),
+        (_variable_images, False),
+    ],
+    ids=[
+        "prefetch",
+        "map",
+        "cache-shuffle-options",
+        "padded",
+        "drop",
+        "unbatch",
+        "reduced",
+        "sequences",
+        "variable-images",
+    ],
+)
+def test_batched_sources_are_detected_from_chain_and_spec(make, batched):
+    found, ambiguous = tfdata._source_batches(make())
+    assert (found is not None) is batched and not ambiguous
+
+
+def test_a_batched_source_is_rebatched_never_batched_twice():
+    source = tf.data.Dataset.range(20).batch(8).prefetch(1)  # 8, 8, 4
+    kept = tfdata.pipeline(source, batch_size=None)
+    assert _sizes(kept) == [8, 8, 4] and sorted(_ids(kept)) == list(range(20))
+    assert _sizes(tfdata.pipeline(source, batch_size=8)) == [8, 8, 4]  # same size: kept
+    rebatched = tfdata.pipeline(source, batch_size=5)
+    assert int(rebatched.cardinality()) == 4  # unbatch forgets the count; restored
+    assert _sizes(rebatched) == [5] * 4 and sorted(_ids(rebatched)) == list(range(20))
+    dropped = tfdata.pipeline(source, batch_size=6, drop_remainder=True)
+    assert int(dropped.cardinality()) == 3 and _sizes(dropped) == [6, 6, 6]
+    mapped = tfdata.pipeline(source, batch_size=None, map_fn=lambda i: i + 100, shuffle=False)
+    assert _sizes(mapped) == [8, 8, 4] and _ids(mapped) == list(range(100, 120))
+    unknown = tf.data.Dataset.range(20).batch(8).filter(lambda b: True)
+    with pytest.warns(UserWarning, match="cardinality is unknown"):
+        rebatched = tfdata.pipeline(unknown, batch_size=10)
+    assert _sizes(rebatched) == [10, 10]
+    with pytest.raises(ValueError, match=r"batches of 3, which do not split evenly.*batch_size=2"):
+        tfdata.pipeline(tf.data.Dataset.range(9).batch(3), batch_size=None, strategy=_TwoReplicas())
+
+
+class _TwoReplicas(tf.distribute.OneDeviceStrategy):
+    """A strategy that reports 2 replicas, for the pure checks (no graph work)."""
+
+    def __init__(self):
+        super().__init__("/cpu:0")
+
+    @property
+    def num_replicas_in_sync(self):
+        return 2
+
+
+def test_keras_image_loader_dataset(tmp_path):
+    import keras
+    from PIL import Image
+
+    for label in ("cat", "dog"):
+        (tmp_path / label).mkdir()
+        for i in range(5):
+            Image.fromarray(np.full((6, 6, 3), i, np.uint8)).save(tmp_path / label / f"{i}.png")
+    batched = keras.utils.image_dataset_from_directory(
+        tmp_path, batch_size=4, image_size=(6, 6), verbose=False
+    )
+    assert _sizes(tfdata.pipeline(batched, batch_size=None)) == [4, 4, 2]
+    rebatched = tfdata.pipeline(batched, batch_size=8, augment_fn=lambda x, y: (x + 1, y))
+    assert int(rebatched.cardinality()) == 2 and _sizes(rebatched) == [8, 2]
+    images, labels = next(iter(rebatched))
+    assert images.shape == (8, 6, 6, 3) and labels.shape == (8,)  # not batches of batches
+    examples = keras.utils.image_dataset_from_directory(
+        tmp_path, batch_size=None, image_size=(6, 6), verbose=False
+    )
+    clean = tfdata.pipeline(examples, batch_size=4)
+    assert int(clean.cardinality()) == 3 and _sizes(clean) == [4, 4, 2]
+
+
+def test_a_dataset_of_batches_of_unknown_origin_is_ambiguous():
+    def batches():
+        yield np.zeros((2, 3), np.float32), np.zeros(2, np.float32)
+
+    spec = (tf.TensorSpec((None, 3), tf.float32), tf.TensorSpec((None,), tf.float32))
+    source = tf.data.Dataset.from_generator(batches, output_signature=spec)
+    with pytest.warns(UserWarning, match="cannot tell whether"):
+        tfdata.pipeline(source, batch_size=2)

@@ -28,21 +28,35 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import glob
+import inspect
+import logging
 import os
 import re
 import shutil
 import time
 import warnings
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from tfgpu._checks import check_bool, check_int, invalid_type, invalid_value, is_int
+from tfgpu._checks import (
+    check_bool,
+    check_dir,
+    check_int,
+    check_number,
+    conflicting,
+    invalid_type,
+    invalid_value,
+    is_int,
+)
 from tfgpu._lazy import import_optional
 
 __all__ = ["PipelineBenchmark", "benchmark", "load_tfds", "pipeline"]
+
+_LOG = logging.getLogger("tfgpu")
 
 _AUTOTUNE = tf.data.AUTOTUNE
 _MIB = 1024 * 1024
@@ -56,7 +70,8 @@ _DEFAULT_RAM_FRACTION = 0.5
 _SHARED_SEED = 0
 _TFDS_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*(/[A-Za-z0-9_.+\-]+)?(:[0-9.*]+)?$")
 _SOURCE_TYPES = (
-    "a NumPy array, a tf.Tensor, a tuple or dict of them (e.g. `(x, y)`), a `tf.data.Dataset`, "
+    "a NumPy array, a tf.Tensor (ragged and sparse too), a tuple or dict of them (e.g. `(x, y)`), "
+    "a `tf.data.Dataset`, "
     "a TFRecord file pattern (str or list of str), or a TensorFlow Datasets name such as 'mnist'"
 )
 
@@ -66,6 +81,12 @@ _SOURCE_TYPES = (
 # --------------------------------------------------------------------------------------------
 
 _POSITIVE = "a positive integer"
+# Upper bounds that keep every count inside TensorFlow's int64 (with room for products).
+_MAX_COUNT = 2**62
+_MAX_SEED = 2**63 - 1
+_SEED = f"an int in [0, {_MAX_SEED}] or None"
+# The largest RAM budget TensorFlow's int64 byte count can hold, in MiB.
+_MAX_RAM_BUDGET_MIB = float(2**63 // _MIB - 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,24 +103,53 @@ def _leaf_length(leaf: Any) -> int | None:
     shape = getattr(leaf, "shape", None)
     if shape is None or len(shape) == 0:
         return None
-    return None if shape[0] is None else int(shape[0])
+    if shape[0] is None:  # a RaggedTensor's rows are always known
+        return int(leaf.nrows()) if isinstance(leaf, tf.RaggedTensor) else None
+    return int(shape[0])
 
 
 def _classify_memory(source: Any) -> _Source:
     """Checks a nested structure of arrays: supported leaves, a dimension to slice, equal lengths."""
 
     def to_leaf(path: str, value: Any) -> Any:
-        if isinstance(value, (np.ndarray, tf.Tensor)):
+        if isinstance(value, (tf.Tensor, tf.RaggedTensor, tf.SparseTensor)):
             return value
+        if isinstance(value, list) and any(
+            isinstance(v, (np.ndarray, tf.Tensor, tf.RaggedTensor)) for v in value
+        ):
+            raise TypeError(
+                f"Invalid type for argument `source`. Received: a list of arrays at {path}. "
+                "Expected a tuple of arrays (e.g. `(x, y)`, one array per feature), or one "
+                "array (np.stack the list first)."
+            )
         if isinstance(value, (list, np.generic)):
             try:
-                return np.asarray(value)
-            except ValueError as e:  # ragged Python lists
-                raise ValueError(
-                    f"Invalid value for argument `source`. The list at {path} cannot be made "
-                    f"into one array ({e}). Expected equal-shaped examples; pad them or pass a "
-                    "`tf.data.Dataset`."
-                ) from None
+                value = np.asarray(value)
+            except ValueError:  # ragged Python lists: a RaggedTensor, one row per example
+                try:
+                    return tf.ragged.constant(value)
+                except (ValueError, TypeError) as e:
+                    raise ValueError(
+                        f"Invalid value for argument `source`. The list at {path} can be made "
+                        f"neither into one array nor into a ragged tensor ({e}). Expected "
+                        "examples of one type and nesting depth; pad them or pass a "
+                        "`tf.data.Dataset`."
+                    ) from None
+        if isinstance(value, np.ndarray):
+            if value.dtype.kind == "O":
+                odd = next((v for v in value.reshape(-1) if not isinstance(v, (str, bytes))), None)
+                if odd is not None or value.size == 0:
+                    raise TypeError(
+                        f"Invalid type for argument `source`. Received: a NumPy array of Python "
+                        f"objects at {path} (holding a {type(odd).__name__}). Expected arrays "
+                        "of numbers, bools or strings; convert it with `.astype(...)` first."
+                    )
+            elif value.dtype.kind not in "biufcSU":
+                raise TypeError(
+                    f"Invalid type for argument `source`. Received: a NumPy array of dtype "
+                    f"{value.dtype} at {path}. Expected arrays of numbers, bools or strings."
+                )
+            return value
         raise TypeError(
             f"Invalid type for argument `source`. Received: a {type(value).__name__} at {path}. "
             f"Expected {_SOURCE_TYPES}."
@@ -112,6 +162,12 @@ def _classify_memory(source: Any) -> _Source:
                     f"Invalid value for argument `source`. Received: an empty dict at {path}. "
                     "Expected at least one array."
                 )
+            keys = list(value)
+            if not all(isinstance(k, str) for k in keys):
+                raise TypeError(
+                    f"Invalid type for argument `source`. Received: a dict at {path} with keys "
+                    f"{keys!r}. Expected str keys (feature names)."
+                )
             return {k: walk(f"{path}[{k!r}]", v) for k, v in value.items()}
         if isinstance(value, tuple):
             if not value:
@@ -119,7 +175,8 @@ def _classify_memory(source: Any) -> _Source:
                     f"Invalid value for argument `source`. Received: an empty tuple at {path}. "
                     "Expected at least one array."
                 )
-            return tuple(walk(f"{path}[{i}]", v) for i, v in enumerate(value))
+            items = tuple(walk(f"{path}[{i}]", v) for i, v in enumerate(value))
+            return type(value)(*items) if hasattr(value, "_fields") else items
         return to_leaf(path, value)
 
     structure = walk("source", source)
@@ -169,11 +226,28 @@ def _expand_patterns(patterns: list[str]) -> list[str]:
 def _classify_source(source: Any) -> _Source:
     """Tells what kind of source this is, or raises `TypeError`/`ValueError`. No TF work."""
     if isinstance(source, tf.data.Dataset):
+        if _cardinality(source) == 0:
+            raise ValueError(
+                "Invalid value for argument `source`. Received: a `tf.data.Dataset` with 0 "
+                "elements (cardinality 0). Expected at least one example."
+            )
         return _Source("dataset", source)
-    if isinstance(source, (str, os.PathLike)):
+    if isinstance(source, (str, bytes, os.PathLike)):
         text = os.fspath(source)
         if isinstance(text, bytes):
-            text = text.decode()
+            text = os.fsdecode(text)
+        if not text.strip():
+            raise invalid_value(
+                "source", source, "a TFRecord file pattern or a TensorFlow Datasets name"
+            )
+        if os.path.isdir(os.path.expanduser(text)):
+            raise ValueError(
+                f"Invalid value for argument `source`. Received: source={text!r}, which is a "
+                "directory. Expected TFRecord files or a glob pattern, e.g. "
+                f"{os.path.join(text, '*.tfrecord')!r}; for a folder of images, use "
+                "`keras.utils.image_dataset_from_directory(..., batch_size=None)` and pass "
+                "its dataset."
+            )
         files = _expand_patterns([text])
         if files:
             return _Source("files", files)
@@ -198,7 +272,10 @@ def _classify_source(source: Any) -> _Source:
                 f"{missing}. Expected existing TFRecord files or glob patterns."
             )
         return _Source("files", files)
-    if isinstance(source, (np.ndarray, tf.Tensor, tuple, Mapping, list)):
+    if isinstance(
+        source,
+        (np.ndarray, np.generic, tf.Tensor, tf.RaggedTensor, tf.SparseTensor, tuple, Mapping, list),
+    ):
         return _classify_memory(source)
     raise TypeError(
         f"Invalid type for argument `source`. Received: source of type "
@@ -234,6 +311,197 @@ def _tfds_default_dir() -> str:
         return os.path.expanduser(os.environ.get("TFDS_DATA_DIR", "~/tensorflow_datasets"))
 
 
+def _check_cache(cache: Any) -> tuple[Any, str | None]:
+    """Checks `cache`; returns it (a file prefix user-expanded) and the prefix's directory."""
+    expected = "'auto', True or 'memory' (in memory), a file path prefix (on disk), or False"
+    if cache is None or isinstance(cache, bool) or cache in ("auto", "memory"):
+        return cache, None
+    if not isinstance(cache, (str, os.PathLike)) or isinstance(os.fspath(cache), bytes):
+        raise invalid_type("cache", cache, expected)
+    text = os.fspath(cache)
+    if not text.strip():
+        raise invalid_value("cache", cache, expected)
+    prefix = os.path.expanduser(text)
+    if prefix.endswith(os.sep) or os.path.isdir(prefix):
+        raise ValueError(
+            f"Invalid value for argument `cache`. Received: cache={text!r}, which is a "
+            "directory. Expected a file path prefix inside a directory, e.g. "
+            f"{os.path.join(prefix, 'train-cache')!r} (TensorFlow writes PREFIX.index and "
+            "PREFIX.data-*)."
+        )
+    directory = os.path.dirname(os.path.abspath(prefix))
+    for parent in (directory, *(str(p) for p in Path(directory).parents)):
+        if os.path.exists(parent) and not os.path.isdir(parent):
+            raise ValueError(
+                f"Invalid value for argument `cache`. Received: cache={text!r}, which is under "
+                f"the file {parent!r}. Expected a path prefix in a directory."
+            )
+    if not os.path.isdir(directory):
+        raise ValueError(
+            f"Invalid value for argument `cache`. Received: cache={text!r}, but the "
+            f"directory {directory} does not exist. Expected a path prefix in an existing "
+            "directory."
+        )
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"Invalid value for argument `cache`. Received: cache={text!r}, but the "
+            f"directory {directory} is not writable. Expected a path prefix in a directory "
+            "this process can write to."
+        )
+    return prefix, directory
+
+
+def _compression_of(head: bytes) -> str:
+    """ "GZIP", "ZLIB" or "" (none): what the first bytes of a file decompress as."""
+    import zlib
+
+    for kind, wbits in (("GZIP", 16 + zlib.MAX_WBITS), ("ZLIB", zlib.MAX_WBITS)):
+        try:
+            zlib.decompressobj(wbits).decompress(head, 1)
+        except zlib.error:
+            continue
+        return kind
+    return ""
+
+
+def _check_compression(files: list[str], compression_type: str) -> None:
+    """Raises ValueError when the first file's bytes contradict `compression_type`.
+
+    Reading a GZIP file as plain TFRecords (or the reverse) fails only when iterated, with a
+    `DataLossError` that names neither the file nor the argument.
+    """
+    path = files[0]
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError as e:
+        raise ValueError(
+            f"Invalid value for argument `source`. Cannot read {path!r} ({e.strerror}). "
+            "Expected readable TFRecord files."
+        ) from None
+    if not head:
+        return  # an empty file holds no records, in any compression
+    found = _compression_of(head)
+    if found == compression_type or (found == "ZLIB" and compression_type == ""):
+        return  # a plain TFRecord that happens to parse as zlib is left to TensorFlow
+    shown = {"GZIP": "GZIP-compressed", "ZLIB": "ZLIB-compressed", "": "not compressed"}
+    raise ValueError(
+        f"Invalid value for argument `compression_type`. Received: "
+        f"compression_type={compression_type or None!r}, but {path!r} is {shown[found]}. "
+        f"Expected the files' compression: pass compression_type={found or None!r}."
+    )
+
+
+def _batched_source_plan(
+    batches: _Batches,
+    *,
+    requested: int | None,
+    batch_size: int | None,
+    per_replica_batch_size: int | None,
+    per_example: list[str],
+    drop_remainder: bool | None,
+    num_replicas: int,
+) -> tuple[bool, int | None]:
+    """Whether to keep a batched source's batches; returns (keep, batch_size for `_decide`).
+
+    Kept when they already are what was asked for: no batch size given or the same one, no
+    per-example work (`map_fn`, `augment_fn`, `shuffle_buffer`), and no `drop_remainder=True`
+    that partial batches would break. Else the source is unbatched and batched again.
+    """
+    size = batches.batch_size
+    full = batches.drop_remainder is True
+    keep = (
+        (requested is None or requested == size)
+        and not per_example
+        and not (drop_remainder and not full)
+    )
+    shown = "of unknown size" if size is None else f"of {size}"
+    if keep:
+        if size is not None and size % num_replicas:
+            raise ValueError(
+                f"Invalid value for argument `source`. Received: a dataset already batched in "
+                f"batches of {size}, which do not split evenly over the strategy's "
+                f"{num_replicas} replicas. Expected batches that are a multiple of "
+                f"{num_replicas}: pass batch_size={max(1, size // num_replicas) * num_replicas} "
+                "to rebatch it."
+            )
+        _LOG.info(
+            "tfgpu.data.pipeline: the dataset passed in is already batched (batches %s); its "
+            "batches are kept as they are (order, shuffling and the last partial batch are "
+            "its own). Pass batch_size to rebatch it.",
+            shown,
+        )
+        return True, size
+    if requested is None:
+        if size is None:
+            raise ValueError(
+                "Invalid arguments `batch_size` and `per_replica_batch_size`. Received: "
+                f"batch_size=None, per_replica_batch_size=None with {', '.join(per_example)} "
+                "for a dataset that is already batched in batches of unknown size. Expected a "
+                "`batch_size`: the source is unbatched and batched again at that size."
+            )
+        batch_size = size
+    reason = (
+        f"batch_size {requested} asked for"
+        if requested is not None and requested != size
+        else f"per-example work ({', '.join(per_example)})"
+        if per_example
+        else "drop_remainder=True"
+    )
+    examples = (
+        f"{batches.num_examples} examples" if batches.num_examples is not None else "its examples"
+    )
+    _LOG.info(
+        "tfgpu.data.pipeline: the dataset passed in is already batched (batches %s); it is "
+        "unbatched and %s are batched again (%s).",
+        shown,
+        examples,
+        reason,
+    )
+    return False, batch_size if per_replica_batch_size is None else None
+
+
+def _call_text(name: str, spec: Any) -> tuple[int, str]:
+    """How tf.data calls a function on elements of `spec`: (positional arguments, a picture)."""
+    if type(spec) is tuple:  # tf.data unpacks plain tuples only (not namedtuples, not dicts)
+        names = ", ".join(f"c{i}" for i in range(len(spec)))
+        return len(spec), f"{name}({names}), one argument per component of the tuple"
+    what = "dict" if isinstance(spec, Mapping) else "element"
+    return 1, f"{name}({what}), with the whole {what} as one argument"
+
+
+def _check_arity(name: str, fn: Callable, spec: Any, what: str) -> None:
+    """Raises TypeError when `fn` cannot take the arguments tf.data will call it with.
+
+    Callables whose signature Python cannot read (some builtins, C extensions) are let
+    through; Keras layers and `tf.function`s have readable ones.
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    count, call = _call_text(name, spec)
+    try:
+        signature.bind(*range(count))
+    except TypeError as e:
+        label = getattr(fn, "__name__", None) or type(fn).__name__
+        raise TypeError(
+            f"Invalid value for argument `{name}`. Received: {name}={label}{signature}, which "
+            f"cannot be called with {count} positional argument(s) ({e}). tf.data calls it "
+            f"on {what} as {call}; the element is {spec}. Expected a function of {count} "
+            "argument(s)" + (" (e.g. `lambda x, y: ...`)" if count == 2 else "") + "."
+        ) from None
+
+
+def _map(ds: tf.data.Dataset, name: str, fn: Callable, deterministic: bool | None) -> Any:
+    """`ds.map(fn)` in parallel; an error while tracing `fn` says which argument it was."""
+    try:
+        return ds.map(fn, num_parallel_calls=_AUTOTUNE, deterministic=deterministic)
+    except Exception as e:
+        e.add_note(f"tfgpu.data.pipeline: raised while tracing `{name}` on {ds.element_spec}.")
+        raise
+
+
 # --------------------------------------------------------------------------------------------
 # Pure decisions
 # --------------------------------------------------------------------------------------------
@@ -255,6 +523,7 @@ class _Facts:
     cpu_count: int
     ram_budget_bytes: int
     free_disk_bytes: int | None  # at the cache path, when caching to a file
+    batched: bool = False  # the source's batches are kept: num_examples counts batches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,6 +562,7 @@ def _decide(
     seed: int | None,
     has_strategy: bool,
     private_threadpool_size: int | None,
+    repeat: bool = False,
 ) -> _Plan:
     """Turns facts about the data and machine plus the user's wishes into a `_Plan`. Pure.
 
@@ -304,9 +574,11 @@ def _decide(
     # Batch: global = per replica x replicas.
     if per_replica_batch_size is not None:
         global_batch = per_replica_batch_size * facts.num_replicas
+        arg, value = "per_replica_batch_size", per_replica_batch_size
     else:
-        global_batch = int(batch_size)  # type: ignore[arg-type]
-        if has_strategy and global_batch % facts.num_replicas:
+        global_batch = int(batch_size or 0)  # 0: a kept source's batches of unknown size
+        arg, value = "batch_size", global_batch
+        if has_strategy and global_batch % facts.num_replicas and not facts.batched:
             raise ValueError(
                 f"Invalid value for argument `batch_size`. Received: batch_size={global_batch}, "
                 f"which does not split evenly over the strategy's {facts.num_replicas} replicas. "
@@ -314,9 +586,34 @@ def _decide(
                 f"batch_size={max(1, global_batch // facts.num_replicas) * facts.num_replicas}, "
                 "or pass `per_replica_batch_size` instead."
             )
+    if facts.num_examples == 0:
+        raise ValueError(
+            "Invalid value for argument `source`. Received: a source with 0 "
+            f"{'batches' if facts.batched else 'examples'}. Expected at least one example."
+        )
     if drop_remainder is None:
         drop_remainder = has_strategy
     finite = facts.num_examples is None or facts.num_examples >= 0
+    n = facts.num_examples
+    if (
+        drop_remainder
+        and not repeat
+        and not facts.batched
+        and n is not None
+        and 0 < n < global_batch
+    ):
+        split = (
+            f" ({global_batch // facts.num_replicas} per replica x {facts.num_replicas} replicas)"
+            if has_strategy
+            else ""
+        )
+        raise ValueError(
+            f"Invalid value for argument `{arg}`. Received: {arg}={value}, a global batch of "
+            f"{global_batch}{split}, but the source has only {n} examples and "
+            "drop_remainder=True drops the partial batch, so the pipeline would yield no batch "
+            f"at all. Expected a global batch of at most {n}: pass a smaller `{arg}`, "
+            "drop_remainder=False, or more data."
+        )
 
     # Sharding: DATA for in-memory data (every worker reads all, keeps its share), FILE for
     # file sources with at least one file per worker. Unknown (user's dataset): AUTO.
@@ -409,7 +706,7 @@ def _decide(
 
     # Shuffle buffer: the whole dataset when small, else capped by count and by RAM.
     buffer: int | None = None
-    if shuffle:
+    if shuffle and not facts.batched:  # a kept source's order and shuffling are its own
         if shuffle_buffer is not None:
             buffer = shuffle_buffer
         else:
@@ -658,22 +955,27 @@ def pipeline(
     ```
     """
     # ---- checks, before any work
-    if (batch_size is None) == (per_replica_batch_size is None):
-        raise ValueError(
-            "Invalid arguments `batch_size` and `per_replica_batch_size`. Received: "
-            f"batch_size={batch_size!r}, per_replica_batch_size={per_replica_batch_size!r}. "
-            "Expected exactly one of them: the global batch size, or the batch size per replica."
+    if batch_size is not None and per_replica_batch_size is not None:
+        raise conflicting(
+            f"batch_size={batch_size!r}",
+            f"per_replica_batch_size={per_replica_batch_size!r}",
+            "Pass exactly one of them: the global batch size, or the batch size per replica.",
         )
-    if batch_size is not None:
-        batch_size = check_int("batch_size", batch_size, expected=_POSITIVE)
-    else:
-        per_replica_batch_size = check_int(
-            "per_replica_batch_size", per_replica_batch_size, expected=_POSITIVE
-        )
+    batch_size = check_int(
+        "batch_size", batch_size, maximum=_MAX_COUNT, allow_none=True, expected=_POSITIVE
+    )
+    per_replica_batch_size = check_int(
+        "per_replica_batch_size",
+        per_replica_batch_size,
+        maximum=_MAX_COUNT,
+        allow_none=True,
+        expected=_POSITIVE,
+    )
     if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
+        hint = " (call it: pass an instance)" if isinstance(strategy, type) else ""
         raise TypeError(
-            f"Invalid type for argument `strategy`. Received: strategy of type "
-            f"{type(strategy).__name__}. Expected a `tf.distribute.Strategy` (e.g. from "
+            f"Invalid type for argument `strategy`. Received: strategy={strategy!r} of type "
+            f"{type(strategy).__name__}{hint}. Expected a `tf.distribute.Strategy` (e.g. from "
             "`tfgpu.strategy()`) or None."
         )
     for name, fn in (
@@ -687,57 +989,47 @@ def pipeline(
         check_bool(name, flag)
     check_bool("drop_remainder", drop_remainder, allow_none=True)
     check_bool("deterministic", deterministic, allow_none=True)
-    if shuffle_buffer is not None:
-        shuffle_buffer = check_int("shuffle_buffer", shuffle_buffer, expected=_POSITIVE)
-        if not shuffle:
-            raise ValueError(
-                f"Conflicting arguments. Received: shuffle=False and "
-                f"shuffle_buffer={shuffle_buffer}. Expected shuffle=True with a buffer, or no "
-                "buffer without shuffling."
-            )
-    if not (
-        cache is None
-        or isinstance(cache, bool)
-        or cache in ("auto", "memory")
-        or (isinstance(cache, (str, os.PathLike)) and os.fspath(cache))
-    ):
-        raise invalid_value(
-            "cache",
-            cache,
-            "'auto', True or 'memory' (in memory), a file path prefix (on disk), or False",
+    shuffle_buffer = check_int(
+        "shuffle_buffer", shuffle_buffer, maximum=_MAX_COUNT, allow_none=True, expected=_POSITIVE
+    )
+    if shuffle_buffer is not None and not shuffle:
+        raise conflicting(
+            "shuffle=False",
+            f"shuffle_buffer={shuffle_buffer}",
+            "Pass shuffle=True with a buffer, or no buffer without shuffling.",
         )
-    cache_dir = None
-    if isinstance(cache, (str, os.PathLike)) and cache not in ("auto", "memory"):
-        cache = os.path.expanduser(os.fspath(cache))
-        cache_dir = os.path.dirname(os.path.abspath(cache))
-        if not os.path.isdir(cache_dir):
-            raise ValueError(
-                f"Invalid value for argument `cache`. Received: cache={cache!r}, but the "
-                f"directory {cache_dir} does not exist. Expected a path prefix in an existing "
-                "directory."
-            )
+    cache, cache_dir = _check_cache(cache)
     if distribute and strategy is None:
-        raise ValueError(
-            "Invalid arguments. Received: distribute=True with strategy=None. Expected a "
-            "`strategy` to distribute the dataset with."
+        raise conflicting(
+            "distribute=True",
+            "strategy=None",
+            "Pass the `strategy` to distribute the dataset with.",
         )
-    if seed is not None and not is_int(seed):
-        raise invalid_type("seed", seed, "an int or None")
-    if ram_budget_mib is not None and (
-        isinstance(ram_budget_mib, bool)
-        or not isinstance(ram_budget_mib, (int, float, np.number))
-        or not ram_budget_mib > 0
-    ):
-        raise invalid_value("ram_budget_mib", ram_budget_mib, "a positive number of MiB, or None")
-    check_int(
+    seed = check_int("seed", seed, minimum=0, maximum=_MAX_SEED, allow_none=True, expected=_SEED)
+    ram_budget_mib = check_number(
+        "ram_budget_mib",
+        ram_budget_mib,
+        minimum=0,
+        maximum=_MAX_RAM_BUDGET_MIB,
+        exclusive_minimum=True,
+        allow_none=True,
+        expected=f"a finite number of MiB > 0 and <= {_MAX_RAM_BUDGET_MIB:.0f}, or None",
+    )
+    private_threadpool_size = check_int(
         "private_threadpool_size",
         private_threadpool_size,
         minimum=0,
+        maximum=2**31 - 1,
         allow_none=True,
         expected="an integer >= 0 (0 shares TensorFlow's thread pool) or None",
     )
+    if compression_type is not None and not isinstance(compression_type, str):
+        raise invalid_type("compression_type", compression_type, "one of: None, 'GZIP', 'ZLIB'")
     if compression_type not in (None, "", "GZIP", "ZLIB"):
         raise invalid_value("compression_type", compression_type, "one of: None, 'GZIP', 'ZLIB'")
+    if split is not None and (not isinstance(split, str) or not split.strip()):
+        raise invalid_type("split", split, "a str such as 'train' or 'train[:90%]', or None")
+    data_dir = check_dir("data_dir", data_dir, allow_none=True)
 
     src = _classify_source(source)
     if src.kind != "tfds" and (split is not None or data_dir is not None):
@@ -751,13 +1043,57 @@ def pipeline(
             f"Invalid argument `compression_type`. Received: compression_type="
             f"{compression_type!r} for a {src.kind} source. Expected it only for TFRecord files."
         )
+    if src.kind == "files":
+        _check_compression(src.value, compression_type or "")
     if src.kind == "tfds":
         _check_tfds_name(src.value, data_dir, arg="source")
-    if src.kind == "dataset":
-        _check_unbatched(src.value)
 
     num_replicas = strategy.num_replicas_in_sync if strategy is not None else 1
     num_workers = _num_workers(strategy)
+
+    # A dataset passed in may already be batched (Keras loaders, `.batch(n).prefetch(1)`):
+    # keep its batches when they already are what was asked for, else unbatch it and batch
+    # again at the requested size; never batch batches.
+    source_batches: _Batches | None = None
+    keep_batches = False
+    if src.kind == "dataset":
+        source_batches, ambiguous = _source_batches(src.value)
+        if ambiguous:
+            warnings.warn(
+                "tfgpu.data.pipeline: cannot tell whether the dataset passed in yields examples "
+                f"or batches (its chain ends in a step that makes new elements, and every "
+                f"component has an unknown first dimension: {src.value.element_spec}). It is "
+                "treated as examples and batched; if its elements are batches, unbatch them "
+                "first (`.unbatch()`), or build it without batching.",
+                stacklevel=2,
+            )
+    requested = (
+        batch_size
+        if batch_size is not None
+        else None
+        if per_replica_batch_size is None
+        else per_replica_batch_size * num_replicas
+    )
+    if source_batches is None and requested is None:
+        raise ValueError(
+            "Invalid arguments `batch_size` and `per_replica_batch_size`. Received: "
+            "batch_size=None, per_replica_batch_size=None. Expected exactly one of them: the "
+            "global batch size, or the batch size per replica (both may be None only for a "
+            "dataset that is already batched, whose batches are then kept)."
+        )
+    if source_batches is not None:
+        keep_batches, batch_size = _batched_source_plan(
+            source_batches,
+            requested=requested,
+            batch_size=batch_size,
+            per_replica_batch_size=per_replica_batch_size,
+            per_example=[
+                f"{n}=..." for n, f in (("map_fn", map_fn), ("augment_fn", augment_fn)) if f
+            ]
+            + ([f"shuffle_buffer={shuffle_buffer}"] if shuffle_buffer is not None else []),
+            drop_remainder=drop_remainder,
+            num_replicas=num_replicas if strategy is not None else 1,
+        )
 
     # ---- read
     num_files: int | None = None
@@ -765,6 +1101,19 @@ def pipeline(
         ds = tf.data.Dataset.from_tensor_slices(src.value)
     elif src.kind == "dataset":
         ds = src.value
+        if source_batches is not None and not keep_batches:
+            ds = ds.unbatch()
+            if source_batches.num_examples is not None:  # unbatch forgets the count
+                ds = ds.apply(tf.data.experimental.assert_cardinality(source_batches.num_examples))
+            else:
+                warnings.warn(
+                    "tfgpu.data.pipeline: the number of examples in the batched dataset passed in "
+                    "is unknown, so the rebatched pipeline's cardinality is unknown too (Keras "
+                    "shows no step count in the first epoch). Pass the loader's examples "
+                    "unbatched (e.g. `image_dataset_from_directory(..., batch_size=None)`) to "
+                    "keep it.",
+                    stacklevel=2,
+                )
     elif src.kind == "files":
         num_files = len(src.value)
         files = tf.data.Dataset.from_tensor_slices(src.value)
@@ -793,8 +1142,9 @@ def pipeline(
     # ---- decode / preprocess
     random_ops: tuple[str, ...] = ()
     if map_fn is not None:
+        _check_arity("map_fn", map_fn, ds.element_spec, "an example")
         random_ops = _random_ops(map_fn, ds.element_spec)
-        ds = ds.map(map_fn, num_parallel_calls=_AUTOTUNE, deterministic=deterministic)
+        ds = _map(ds, "map_fn", map_fn, deterministic)
 
     facts = _Facts(
         kind=src.kind,
@@ -809,6 +1159,7 @@ def pipeline(
         cpu_count=_cpu_count(),
         ram_budget_bytes=_ram_budget_bytes(ram_budget_mib),
         free_disk_bytes=shutil.disk_usage(cache_dir).free if cache_dir else None,
+        batched=keep_batches,
     )
     plan = _decide(
         facts,
@@ -822,6 +1173,7 @@ def pipeline(
         seed=seed,
         has_strategy=strategy is not None,
         private_threadpool_size=private_threadpool_size,
+        repeat=repeat,
     )
     for note in plan.notes:
         if note.startswith("cache after") or note.startswith("not cached: map_fn"):
@@ -838,17 +1190,19 @@ def pipeline(
     if repeat:
         ds = ds.repeat()
     if augment_fn is not None:
-        ds = ds.map(augment_fn, num_parallel_calls=_AUTOTUNE, deterministic=plan.deterministic)
-    # A plain batch, on purpose: tf.data fuses `map(augment_fn) -> batch` into one
-    # MapAndBatchDataset that writes each augmented example straight into its batch. A batch
-    # with `num_parallel_calls` is a ParallelBatchDataset, which that fusion skips: one more
-    # stage and buffer per example cost 12-18% throughput on the image benchmark. Where nothing
-    # fuses, the `parallel_batch` option (set in `_options`) still parallelizes the copy.
-    ds = ds.batch(plan.global_batch_size, drop_remainder=plan.drop_remainder)
+        _check_arity("augment_fn", augment_fn, ds.element_spec, "an example after `map_fn`")
+        ds = _map(ds, "augment_fn", augment_fn, plan.deterministic)
+    if not keep_batches:
+        # A plain batch, on purpose: tf.data fuses `map(augment_fn) -> batch` into one
+        # MapAndBatchDataset that writes each augmented example straight into its batch. A
+        # batch with `num_parallel_calls` is a ParallelBatchDataset, which that fusion skips:
+        # one more stage and buffer per example cost 12-18% throughput on the image benchmark.
+        # Where nothing fuses, the `parallel_batch` option (set in `_options`) still
+        # parallelizes the copy.
+        ds = ds.batch(plan.global_batch_size, drop_remainder=plan.drop_remainder)
     if batch_augment_fn is not None:
-        ds = ds.map(
-            batch_augment_fn, num_parallel_calls=_AUTOTUNE, deterministic=plan.deterministic
-        )
+        _check_arity("batch_augment_fn", batch_augment_fn, ds.element_spec, "a batch")
+        ds = _map(ds, "batch_augment_fn", batch_augment_fn, plan.deterministic)
     ds = ds.prefetch(_AUTOTUNE)
     ds = ds.with_options(_options(plan, facts.ram_budget_bytes, keep_shard=src.kind == "dataset"))
 
@@ -911,15 +1265,123 @@ def _remove_interrupted_cache(prefix: str) -> None:
     warnings.warn(message, stacklevel=3)
 
 
-def _check_unbatched(ds: tf.data.Dataset) -> None:
-    """Warns when a dataset passed in is already batched (pipeline batches it again)."""
-    name = type(ds).__name__
-    if "Batch" in name:
-        warnings.warn(
-            f"tfgpu.data.pipeline: the dataset passed in ends with {name}; pass unbatched "
-            "examples (pipeline batches them itself).",
-            stacklevel=3,
+# Steps of a dataset's input chain, recognized by their (private) class names, lowercased and
+# without underscores. Only the steps that make, undo or replace batches matter: every other
+# step with one input (prefetch, map, cache, shuffle, options, take, filter, ...) passes the
+# batched-ness of its input through, and the element spec has the last word.
+_UNBATCH_STEP = "unbatch"
+_BATCH_STEP = "batch"  # batch, padded_batch, rebatch, ragged/sparse batch, map_and_batch
+_NEW_ELEMENT_STEPS = ("flatmap", "interleave", "window", "groupby", "bucket", "generator")
+_EXAMPLE_SOURCES = ("tensorslice", "range", "record", "textline", "csv", "counter", "listfiles")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Batches:
+    """What is known about the batches of a source that is already batched. Pure data."""
+
+    batch_size: int | None  # examples per batch (the last may be smaller), when known
+    drop_remainder: bool | None  # True: every batch is full
+    num_examples: int | None  # examples in all its batches, when known
+
+
+def _spec_looks_batched(spec: Any) -> bool:
+    """Whether every component has a first dimension, all unknown or equal: a batch's shape."""
+    leaves = tf.nest.flatten(spec)
+    known: set[int] = set()
+    for leaf in leaves:
+        shape = getattr(leaf, "shape", None)
+        if not isinstance(leaf, tf.TypeSpec) or shape is None or shape.rank in (None, 0):
+            return False
+        if isinstance(leaf, tf.data.DatasetSpec):
+            return False
+        if shape[0] is not None:
+            known.add(int(shape[0]))
+    return bool(leaves) and len(known) <= 1
+
+
+def _chain_state(ds: tf.data.Dataset, depth: int = 0) -> tuple[str, tf.data.Dataset | None]:
+    """Walks a dataset's input chain back to the step that decides its elements.
+
+    Returns ("batched", the batching step or None), ("examples", None) when the chain reaches
+    an unbatch or a source of examples first, or ("unknown", None) when a step makes new
+    elements (flat_map, interleave, from_generator, ...) or the chain cannot be read.
+    """
+    for _ in range(10_000):
+        name = type(ds).__name__.lower().replace("_", "")
+        if _UNBATCH_STEP in name:
+            return "examples", None
+        if _BATCH_STEP in name:
+            return "batched", ds
+        if any(step in name for step in _NEW_ELEMENT_STEPS):
+            return "unknown", None
+        try:
+            inputs = list(ds._inputs())
+        except Exception:  # a dataset class without the private accessor
+            return "unknown", None
+        if not inputs:
+            known = any(source in name for source in _EXAMPLE_SOURCES)
+            return ("examples" if known else "unknown"), None
+        if len(inputs) > 1:  # zip, concatenate, sample_from_datasets: all inputs must agree
+            if depth > 50:
+                return "unknown", None
+            states = {_chain_state(d, depth + 1)[0] for d in inputs}
+            return (states.pop() if len(states) == 1 else "unknown"), None
+        ds = inputs[0]
+    return "unknown", None
+
+
+def _static_int(value: Any) -> int | None:
+    try:
+        number = int(value.numpy() if hasattr(value, "numpy") else value)
+    except Exception:
+        return None
+    return number if number > 0 else None
+
+
+def _source_batches(ds: tf.data.Dataset) -> tuple[_Batches | None, bool]:
+    """Decides whether a dataset passed in yields batches, from its input chain and element spec.
+
+    Returns (the batches' facts or None when its elements are examples, whether it was
+    ambiguous: the chain is unreadable but every component has an unknown first dimension).
+    """
+    state, step = _chain_state(ds)
+    looks_batched = _spec_looks_batched(ds.element_spec)
+    if state != "batched" or not looks_batched:
+        leaves = tf.nest.flatten(ds.element_spec)
+        ambiguous = (
+            state == "unknown"
+            and looks_batched
+            and len(leaves) > 1
+            and all(leaf.shape[0] is None for leaf in leaves)
         )
+        return None, ambiguous
+    static = {leaf.shape[0] for leaf in tf.nest.flatten(ds.element_spec)} - {None}
+    drop_remainder: bool | None = True if static else None
+    batch_size: int | None = static.pop() if static else None
+    if step is not None and batch_size is None:
+        batch_size = _static_int(getattr(step, "_batch_size", None))
+        drop = getattr(step, "_drop_remainder", None)
+        drop_remainder = None if drop is None else bool(_static_int(drop))
+    num_examples = None
+    batches = _cardinality(ds)
+    # Counted only when nothing after the batch step drops or adds batches.
+    if (
+        step is not None
+        and batch_size
+        and batches is not None
+        and batches >= 0
+        and _cardinality(step) == batches
+    ):
+        if drop_remainder:
+            num_examples = batches * batch_size
+        else:
+            try:
+                before = _cardinality(step._inputs()[0])
+            except Exception:
+                before = None
+            if before is not None and before >= 0 and -(-before // batch_size) == batches:
+                num_examples = before
+    return _Batches(batch_size, drop_remainder, num_examples), False
 
 
 def _options(plan: _Plan, ram_budget_bytes: int, *, keep_shard: bool) -> tf.data.Options:
@@ -1007,6 +1469,7 @@ def load_tfds(
     train = tfgpu.data.pipeline(train, batch_size=256, map_fn=normalize)
     ```
     """
+    check_bool("with_info", with_info)
     ds, info = _load_tfds(
         name,
         split,
@@ -1031,19 +1494,19 @@ def _load_tfds(
     seed: int | None,
     prefetch: bool,
 ) -> tuple[tf.data.Dataset, Any]:
-    if not isinstance(name, str) or not name.strip():
-        raise TypeError(
-            f"Invalid type for argument `name`. Received: name={name!r}. Expected a non-empty "
-            "str such as 'mnist'."
-        )
-    if not isinstance(split, str) or not split.strip():
-        raise TypeError(
-            f"Invalid type for argument `split`. Received: split={split!r}. Expected a str "
-            "such as 'train' or 'train[:90%]'."
-        )
+    for arg, value, example in (
+        ("name", name, "a non-empty str such as 'mnist'"),
+        ("split", split, "a str such as 'train' or 'train[:90%]'"),
+    ):
+        if not isinstance(value, str):
+            raise invalid_type(arg, value, example)
+        if not value.strip():
+            raise invalid_value(arg, value, example)
     for arg, flag in (("download", download), ("shuffle_files", shuffle_files)):
         check_bool(arg, flag)
     check_bool("as_supervised", as_supervised, allow_none=True)
+    seed = check_int("seed", seed, minimum=0, maximum=_MAX_SEED, allow_none=True, expected=_SEED)
+    data_dir = check_dir("data_dir", data_dir, allow_none=True)
     tfds = import_optional("tensorflow_datasets")
     _check_tfds_name(name, data_dir)
     kwargs = {"data_dir": os.fspath(data_dir)} if data_dir is not None else {}
@@ -1242,8 +1705,8 @@ def benchmark(
             f"Invalid type for argument `dataset`. Received: dataset of type "
             f"{type(dataset).__name__}. Expected a `tf.data.Dataset` or a distributed dataset."
         )
-    num_batches = check_int("num_batches", num_batches, expected=_POSITIVE)
-    check_int("warmup", warmup, minimum=0, expected="an integer >= 0")
+    num_batches = check_int("num_batches", num_batches, maximum=_MAX_COUNT, expected=_POSITIVE)
+    warmup = check_int("warmup", warmup, minimum=0, maximum=_MAX_COUNT, expected="an integer >= 0")
     if isinstance(dataset, tf.data.Dataset) and _cardinality(dataset) == 0:
         raise ValueError(
             "Invalid value for argument `dataset`. Received: a dataset with 0 batches. "
