@@ -861,12 +861,16 @@ def pipeline(
 
     Args:
         source: the data. A NumPy array or tf.Tensor, or a tuple/dict of them (e.g. `(x, y)`)
-            whose first dimensions are equal; a `tf.data.Dataset` of examples (unbatched); a
-            TFRecord file pattern or list of patterns (parse records with `map_fn`); or a
-            TensorFlow Datasets name such as `"mnist"` (read with `load_tfds`, supervised
-            `(input, label)` pairs when the dataset defines them).
+            whose first dimensions are equal (ragged and string data too); a
+            `tf.data.Dataset` of examples, or of batches (a Keras loader's,
+            `.batch(n).prefetch(...)`: kept when no other batch size is asked for, else
+            unbatched and batched again, never batched twice); a TFRecord file pattern or list
+            of patterns (parse records with `map_fn`); or a TensorFlow Datasets name such as
+            `"mnist"` (read with `load_tfds`, supervised `(input, label)` pairs when the
+            dataset defines them).
         batch_size: int, the global batch size (all replicas together), as Keras `fit` uses
-            it. Give exactly one of `batch_size` and `per_replica_batch_size`. Defaults to None.
+            it. Give exactly one of `batch_size` and `per_replica_batch_size`, or neither for
+            a dataset that is already batched (its batches are kept). Defaults to None.
         per_replica_batch_size: int, the batch size per replica; the global batch is this times
             `strategy.num_replicas_in_sync` (1 without a strategy). Defaults to None.
         strategy: `tf.distribute.Strategy` the model trains under, or None. Sets the replica
@@ -929,10 +933,16 @@ def pipeline(
         `distribute=True`.
 
     Raises:
-        TypeError: for a source of unsupported type or a non-callable function argument.
-        ValueError: for a batch size that is not a positive integer, mismatched array lengths,
-            a shuffle buffer of zero, an unknown dataset name, conflicting arguments, or a
-            cache that would not fit the RAM budget. All raised before any data is read.
+        TypeError: for an argument of the wrong type (a float batch size, a str seed, a
+            strategy class instead of an instance), a source of unsupported type, a
+            non-callable function argument, or a function that cannot take the arguments
+            tf.data calls it with (the message shows its signature and the element).
+        ValueError: for a value out of range (a batch size < 1, a NaN or infinite RAM budget,
+            a negative seed), mismatched array lengths (naming each), an empty source, fewer
+            examples than one global batch with `drop_remainder=True`, an unknown dataset
+            name, conflicting arguments, a cache path under a file or in a missing directory,
+            files whose compression contradicts `compression_type`, or a cache that would not
+            fit the RAM budget. All raised before any data is read.
         FileNotFoundError: for a file pattern that matches no files, or a TFDS dataset that is
             not prepared in `data_dir`.
 
@@ -1456,8 +1466,9 @@ def load_tfds(
         A `tf.data.Dataset` of unbatched examples, or `(dataset, info)` when `with_info=True`.
 
     Raises:
-        ValueError: for a name that is not a TFDS dataset (with close matches), or a split
-            the dataset does not have.
+        TypeError: for a `name`, `split`, flag or `seed` of the wrong type.
+        ValueError: for a name that is not a TFDS dataset (with close matches), a split the
+            dataset does not have, a negative seed, or a `data_dir` that is (under) a file.
         FileNotFoundError: when the dataset is not prepared in `data_dir` and
             `download=False`; the message says how to get it onto an offline machine.
         ImportError: when `tensorflow-datasets` is not installed (with the pip line).
@@ -1689,9 +1700,9 @@ def benchmark(
         A `PipelineBenchmark`.
 
     Raises:
-        TypeError: if `dataset` is not a dataset.
-        ValueError: if `num_batches` is not a positive integer, `warmup` is negative, or the
-            dataset yields no batches.
+        TypeError: if `dataset` is not a dataset, or `num_batches`/`warmup` is not an int.
+        ValueError: if `num_batches` is < 1, `warmup` is negative, or the dataset yields no
+            batches. An infinite dataset is fine: only `warmup + num_batches` are taken.
 
     Example:
 
