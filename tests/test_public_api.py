@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import tfgpu
 from tests.conftest import run_python
 
@@ -46,25 +48,26 @@ def test_functions_stay_callable_after_their_module_is_imported():
 
 
 def test_unknown_attribute_raises_attribute_error():
-    try:
+    with pytest.raises(AttributeError, match="has no attribute 'does_not_exist'"):
         tfgpu.does_not_exist  # noqa: B018
-    except AttributeError as e:
-        assert "does_not_exist" in str(e)
-    else:
-        raise AssertionError("expected AttributeError")
 
 
-def test_import_is_light_and_fast():
+def test_import_is_light():
+    # Fast by construction, not by a stopwatch (a loaded machine makes any time limit flaky):
+    # `import tfgpu` loads its own __init__ and a handful of standard-library modules, and
+    # nothing heavy (no TensorFlow, Keras, NVML, TFDS or matplotlib).
     code = (
-        "import sys, time, json\n"
-        "t = time.perf_counter(); import tfgpu; dt = time.perf_counter() - t\n"
-        "heavy = [m for m in ('tensorflow', 'keras', 'pynvml', 'tensorflow_datasets', 'matplotlib')"
-        " if m in sys.modules]\n"
-        "print(json.dumps({'seconds': dt, 'heavy': heavy}))\n"
+        "import sys, json\n"
+        "before = set(sys.modules)\n"
+        "import tfgpu\n"
+        "new = sorted(set(sys.modules) - before)\n"
+        "print(json.dumps(new))\n"
     )
-    out = json.loads(run_python(code).stdout.strip().splitlines()[-1])
-    assert out["heavy"] == []
-    assert out["seconds"] < 0.5
+    new = json.loads(run_python(code).stdout.strip().splitlines()[-1])
+    assert [m for m in new if m.split(".")[0] == "tfgpu"] == ["tfgpu"]
+    heavy = ("tensorflow", "keras", "pynvml", "tensorflow_datasets", "matplotlib", "numpy")
+    assert not [m for m in new if m.split(".")[0] in heavy]
+    assert len(new) < 20, new
 
 
 def test_every_exported_name_is_in_all_and_back():
