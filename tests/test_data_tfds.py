@@ -105,3 +105,20 @@ def test_load_tfds_bad_input(tiny_tfds):
         tfdata.load_tfds(7)
     with pytest.raises(TypeError, match="`download`"):
         tfdata.load_tfds(NAME, data_dir=tiny_tfds, download="yes")
+
+
+def test_tfds_sources_checked_before_reading(tiny_tfds, tmp_path):
+    with pytest.raises(TypeError, match=r"`map_fn`.*\(image\).*2 positional"):
+        tfdata.pipeline(NAME, batch_size=8, data_dir=tiny_tfds, map_fn=lambda image: image)
+    with pytest.raises(ValueError, match=r"batch_size=64.*only 40 examples.*no batch"):
+        tfdata.pipeline(NAME, batch_size=64, data_dir=tiny_tfds, drop_remainder=True)
+    a_file = tmp_path / "not-a-dir"
+    a_file.write_text("")
+    with pytest.raises(ValueError, match=r"`data_dir`.*is a file"):
+        tfdata.load_tfds(NAME, data_dir=a_file)
+    with pytest.raises(ValueError, match=r"`data_dir`.*under the file"):
+        tfdata.pipeline(NAME, batch_size=8, data_dir=a_file / "tfds")
+    # what load_tfds returns is examples (its chain ends in TFDS's interleave): batched once
+    examples = tfdata.load_tfds(NAME, data_dir=tiny_tfds)
+    batches = tfdata.pipeline(examples, batch_size=8)
+    assert next(tuple(x.shape) for x, _ in batches) == (8, 8, 8, 1)
