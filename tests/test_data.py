@@ -121,10 +121,8 @@ def test_shuffle_buffer_of_zero_and_conflicts():
 
 
 def test_unknown_dataset_name_suggests_close_matches():
-    start = time.perf_counter()
     with pytest.raises(ValueError, match=r"source='mnistt'.*Did you mean: 'mnist'"):
         tfdata.pipeline("mnistt", batch_size=8)
-    assert time.perf_counter() - start < 10
 
 
 def test_other_bad_arguments(tmp_path, mirrored):
