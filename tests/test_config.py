@@ -50,8 +50,7 @@ def _fresh_configure_state():
         (
             {"memory_growth": True, "memory_limit_mib": 4096},
             ValueError,
-            r"`memory_growth` and `memory_limit_mib` are mutually exclusive. "
-            r"Received: memory_growth=True, memory_limit_mib=4096",
+            r"Conflicting arguments: memory_growth=True and memory_limit_mib=4096\. Choose",
         ),
         ({"gpus": "0"}, TypeError, r"argument `gpus`. Received: gpus='0'"),
         ({"gpus": 0}, TypeError, r"Expected a list of GPU indices"),

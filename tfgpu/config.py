@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tfgpu._checks import invalid_type, invalid_value, is_int
+from tfgpu._checks import conflicting, invalid_type, invalid_value, is_int
 from tfgpu.precision import choose_policy, has_tensor_cores, supports_bfloat16
 
 __all__ = ["Configuration", "configure"]
@@ -170,12 +170,12 @@ def _validate(
         if memory_limit_mib <= 0:
             raise invalid_value("memory_limit_mib", memory_limit_mib, "a positive number of MiB")
         if memory_growth:
-            raise ValueError(
-                "Arguments `memory_growth` and `memory_limit_mib` are mutually exclusive. "
-                f"Received: memory_growth={memory_growth!r}, memory_limit_mib={memory_limit_mib!r}."
-                " Expected either memory growth (the default) or a fixed memory limit per GPU, "
-                "not both."
+            raise conflicting(
+                f"memory_growth={memory_growth!r}",
+                f"memory_limit_mib={memory_limit_mib!r}",
+                "Choose memory growth (the default) or a fixed memory limit per GPU, not both.",
             )
+        memory_limit_mib = int(memory_limit_mib)
     gpu_tuple = None
     if gpus is not None:
         if isinstance(gpus, str | bytes) or not isinstance(gpus, Sequence):
@@ -189,7 +189,7 @@ def _validate(
                 raise invalid_value("gpus", list(gpus), "GPU indices >= 0")
         if len(set(gpus)) != len(gpus):
             raise invalid_value("gpus", list(gpus), "each GPU index at most once")
-        gpu_tuple = tuple(gpus)
+        gpu_tuple = tuple(int(g) for g in gpus)
     if not isinstance(precision, str):
         raise invalid_type("precision", precision, f"one of: {', '.join(map(repr, _PRECISIONS))}")
     if precision not in _PRECISIONS:
@@ -214,7 +214,7 @@ def _validate(
         gpus=gpu_tuple,
         precision=precision,
         deterministic=deterministic,
-        seed=seed,
+        seed=None if seed is None else int(seed),
         async_allocator=async_allocator,
         cpu_devices=cpu_devices,
     )
