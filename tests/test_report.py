@@ -9,6 +9,7 @@ import math
 import pathlib
 import re
 import time
+import warnings
 
 import pytest
 
@@ -211,6 +212,14 @@ def test_without_a_time_column_sessions_are_laid_end_to_end(tmp_path):
 # ---- damaged run directories: the rest of the report, `error:` naming the file, exit 2 -----
 
 
+@pytest.fixture
+def no_plots(monkeypatch):
+    """Skips drawing (the slow part) where a test reads only report.md."""
+    import tfgpu.report
+
+    monkeypatch.setattr(tfgpu.report, "_plot_lines", lambda *args, **kw: None)
+
+
 def _long_line(run):
     text = (run / "timeline.csv").read_text().splitlines()
     text.insert(3, "1," + "9" * 200_000)  # beyond the csv module's field limit (131072)
@@ -263,7 +272,7 @@ _GARBAGE = bytes(range(256)) * 8
     ],
 )
 def test_a_damaged_file_is_named_and_the_rest_is_written(
-    damage, message, tmp_path, capsys, monkeypatch
+    damage, message, tmp_path, capsys, monkeypatch, no_plots
 ):
     run = _write_run(tmp_path / "run", gpus=1, diagnosis={"text": "Bottleneck: input"})
     if damage == "no permission":
@@ -285,7 +294,7 @@ def test_a_damaged_file_is_named_and_the_rest_is_written(
     assert len(undamaged) >= 2, text
 
 
-def test_a_long_line_keeps_the_rows_before_it(tmp_path):
+def test_a_long_line_keeps_the_rows_before_it(tmp_path, no_plots):
     run = _write_run(tmp_path / "run", gpus=0, steps=False)
     _long_line(run)
     with pytest.warns(UserWarning, match="read up to that line only"):
@@ -303,7 +312,7 @@ def test_a_long_line_keeps_the_rows_before_it(tmp_path):
     ],
 )
 def test_what_the_report_works_around_is_noted_without_an_error(
-    content, expected, tmp_path, capsys
+    content, expected, tmp_path, capsys, no_plots
 ):
     run = _write_run(tmp_path / "run", gpus=0, rows=6)
     lines = (run / "timeline.csv").read_text().splitlines()
@@ -326,7 +335,7 @@ def test_what_the_report_works_around_is_noted_without_an_error(
     assert "## Steps `steps.csv`" in text
 
 
-def test_run_json_with_odd_values_still_reports(tmp_path, capsys):
+def test_run_json_with_odd_values_still_reports(tmp_path, capsys, no_plots):
     run = _write_run(tmp_path / "run", gpus=1)
     odd = {"gpus": "abc", "start_time": "yesterday", "interval": None, "earlier_sessions": 7}
     (run / "run.json").write_text(json.dumps(odd))
@@ -393,7 +402,7 @@ def test_bad_arguments_raise_before_any_work(kwargs, error, match, tmp_path):
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
 
 
-def test_repeated_reports_and_a_report_after_a_failure(tmp_path):
+def test_repeated_reports_and_a_report_after_a_failure(tmp_path, no_plots):
     run = _write_run(tmp_path / "run", gpus=1)
     (run / "diagnosis.json").write_text("{")
     with pytest.warns(UserWarning, match="diagnosis"):
@@ -447,7 +456,7 @@ def test_every_session_of_a_rotated_run_directory_is_reported(tmp_path, capsys):
     assert not (run / "power.png").exists()
 
 
-def test_a_session_whose_timeline_is_gone_is_noted(tmp_path):
+def test_a_session_whose_timeline_is_gone_is_noted(tmp_path, no_plots):
     run = _rotated_run(tmp_path / "run")
     (run / "timeline.1.csv").unlink()
     text = write_report(run).read_text()
@@ -459,3 +468,34 @@ def test_a_rotated_timeline_alone_is_a_run(tmp_path):
     (tmp_path / "timeline.3.csv").write_text(",".join(_HOST) + "\n")
     text = write_report(tmp_path).read_text()
     assert "## Timeline `timeline.3.csv`" in text and "No samples" in text
+
+
+def test_extreme_values_neither_crash_nor_warn(tmp_path, capsys):
+    run = _write_run(tmp_path / "run", gpus=1)
+    lines = (run / "timeline.csv").read_text().splitlines()
+    lines[3] = lines[3].replace("50.0", "1e308").replace("1700000001.0", "inf", 1)
+    lines.append(",".join(["1e308"] * len(lines[1].split(","))))
+    lines.append(",".join(["-inf"] * len(lines[1].split(","))))
+    (run / "timeline.csv").write_text("\n".join(lines) + "\n")
+    steps = "time,epoch,step,step_time_s,examples_per_s\n1e308,-5,1e308,-1,inf\n"
+    steps += "inf,1e300,3,0,0\n1700000001,0,0,1e308,1\n1700000002,0,1,0.1,1\n"
+    (run / "steps.csv").write_text(steps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["report", str(run)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    assert "## Steps `steps.csv`" in (run / "report.md").read_text()
+
+
+def test_outputs_that_cannot_be_written_are_errors(tmp_path, capsys):
+    run = _write_run(tmp_path / "run", gpus=0, steps=False)
+    (run / "memory.png").mkdir()
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"error: `.*memory\.png` not drawn", err) and "Traceback" not in err
+    assert "utilization.png" in (run / "report.md").read_text()
+    (run / "report.md").unlink()
+    (run / "report.md").mkdir()
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"error: .*cannot write '.*report\.md'", err) and "Traceback" not in err

@@ -125,7 +125,7 @@ def _read_table(path: Path, required: Sequence[str], what: str, problems: _Probl
         problems.errors.append(f"`{path}` cannot be read ({_reason(e)}).")
         return None
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a BOM (a file saved by a spreadsheet) is not data
     except UnicodeDecodeError as e:
         problems.errors.append(
             f"`{path}` is not a CSV text file (byte {e.start} is not UTF-8: binary data?)."
@@ -182,7 +182,12 @@ def _finite(values) -> list[float]:
 
 def _mean(values) -> float:
     v = _finite(values)
-    return statistics.fmean(v) if v else math.nan
+    if not v:
+        return math.nan
+    try:
+        return statistics.fmean(v)
+    except OverflowError:  # values near the float maximum
+        return math.fsum(x / len(v) for x in v)
 
 
 def _max(values) -> float:
@@ -375,6 +380,17 @@ def _plot_lines(
     log=False,
     legend=True,
     sessions=(),
+) -> Path | None:
+    with warnings.catch_warnings():  # matplotlib's own, on extreme values: the plot says it
+        warnings.simplefilter("ignore")
+        return _plot_lines_quietly(
+            plt, out, title, ylabel, series, epochs, ylim=ylim, log=log, legend=legend,
+            sessions=sessions,
+        )  # fmt: skip
+
+
+def _plot_lines_quietly(
+    plt, out: Path, title: str, ylabel: str, series, epochs, *, ylim, log, legend, sessions
 ) -> Path | None:
     drawn = []
     for label, xs, ys, style in series:
@@ -745,6 +761,18 @@ def _files_section(timelines: list[_Artifact], steps: list[_Artifact], names: li
     return lines
 
 
+def _section(problems: _Problems, path: Path, make, *args) -> list[str]:
+    """`make(*args)`, the lines of one section; values it cannot handle skip that section
+    (named in `problems`) instead of the whole report."""
+    try:
+        return make(*args)
+    except Exception as e:  # one file's odd values must not cost the rest of the report
+        problems.errors.append(
+            f"`{path}`: its section could not be written ({type(e).__name__}: {e})."
+        )
+        return []
+
+
 def _t0_for(table: _Table, worker: str, starts: dict[str, list[float]]) -> float | None:
     """Time 0 for a steps file's plot: the first sample of the timeline it falls in."""
     times = _finite(table.col("time"))
@@ -792,7 +820,10 @@ def _write(run_dir: Any, out_dir: Any) -> tuple[Path, _Problems]:
     if (run / "run.json") in names:
         meta = _read_record(run / "run.json", problems)
         if meta is not None:
-            lines += _sessions_section(meta, run / "run.json", timelines, problems)
+            lines += _section(
+                problems, run / "run.json", _sessions_section, meta, run / "run.json", timelines,
+                problems,
+            )  # fmt: skip
     lines += _files_section(timelines, steps, names)
 
     body: list[str] = []
@@ -806,7 +837,7 @@ def _write(run_dir: Any, out_dir: Any) -> tuple[Path, _Problems]:
         times = _finite(table.col("time"))
         if times:
             first_samples.setdefault(artifact.worker, []).append(times[0])
-        body += _timeline_section(table, artifact.path.name)
+        body += _section(problems, artifact.path, _timeline_section, table, artifact.path.name)
         images += _timeline_plots(plt, table, out, artifact.suffix, problems)
     if not timelines:
         body += ["No timeline in this run directory (no GPUMonitor / monitor.record).", ""]
@@ -815,19 +846,23 @@ def _write(run_dir: Any, out_dir: Any) -> tuple[Path, _Problems]:
         if table is None:
             body += [f"## Steps `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
             continue
-        body += _steps_section(table, artifact.path.name)
+        body += _section(problems, artifact.path, _steps_section, table, artifact.path.name)
         t0 = _t0_for(table, artifact.worker, first_samples)
         img = _drawn(problems, _steps_plot, plt, out / f"step_time{artifact.suffix}.png", table, t0)
         if img is not None:
             images.append(img)
     if (run / "diagnosis.json") in names:
-        body += _diagnosis_section(run / "diagnosis.json", problems)
+        diagnosis = run / "diagnosis.json"
+        body += _section(problems, diagnosis, _diagnosis_section, diagnosis, problems)
     if images:
         body += ["## Plots", ""]
         body += [f"![{p.stem}]({p.name})" for p in images]
         body.append("")
     summary = out / "report.md"
-    write_text_atomic(summary, "\n".join(lines + problems.section() + body))
+    try:
+        write_text_atomic(summary, "\n".join(lines + problems.section() + body))
+    except OSError as e:
+        raise OSError(e.errno, f"cannot write {str(summary)!r} ({_reason(e)})") from e
     return summary, problems
 
 
