@@ -621,14 +621,16 @@ def test_benchmark_counts_examples_and_restarts_short_datasets():
 
 
 def test_benchmark_measures_a_slow_pipeline_as_slow():
+    # A lower bound only: each element sleeps 20 ms in a sequential map, and sleeping is never
+    # shorter on a loaded machine. At most two elements can be ready before timing starts.
     def slow(i):
         time.sleep(0.02)
         return i
 
     ds = tf.data.Dataset.range(10).map(lambda i: tf.py_function(slow, [i], tf.int64)).batch(1)
-    result = tfdata.benchmark(ds, num_batches=5, warmup=1)
-    assert result.seconds >= 5 * 0.02
-    assert result.batches_per_second <= 1 / 0.02
+    result = tfdata.benchmark(ds, num_batches=5, warmup=0)
+    assert result.seconds >= 3 * 0.02
+    assert result.batches_per_second <= 5 / (3 * 0.02)
 
 
 def test_benchmark_of_a_distributed_dataset(mirrored):
@@ -637,27 +639,26 @@ def test_benchmark_of_a_distributed_dataset(mirrored):
     assert result.batch_size == 8 and result.num_examples == 32
 
 
-def test_benchmark_measures_the_pipeline_not_python_next_calls():
-    """A fast pipeline benchmarks faster than Python can pull batches from it one by one.
+def test_benchmark_pulls_batches_inside_tensorflow_not_through_python_next(monkeypatch):
+    """What is timed is the pipeline, not Python wrapping each batch in eager tensors.
 
-    Tabular batches of 16 columns: Python's `next()` wraps every column in an eager tensor, a
-    cost that belongs to Python, not to the pipeline (measured here: 1.8-3.5x the pipeline's).
+    (How much that matters is measured in `benchmarks/data_pipeline.py`.)
     """
+    from tensorflow.python.data.ops import iterator_ops
+
+    calls = []
+    original = iterator_ops.OwnedIterator.__next__
+
+    def counting_next(self):
+        calls.append(1)
+        return original(self)
+
+    monkeypatch.setattr(iterator_ops.OwnedIterator, "__next__", counting_next)
     x, y = _xy()
-    source = {"x": x, "y": y, **{f"column{i}": y for i in range(14)}}
-    ds = tfdata.pipeline(source, batch_size=2, shuffle=False, repeat=True)
-    n = 600
-    measured, python = [], []
-    for _ in range(5):  # alternating, so load from other processes hits both alike
-        measured.append(tfdata.benchmark(ds, num_batches=n, warmup=20).seconds / n)
-        iterator = iter(ds)
-        for _ in range(20):
-            next(iterator)
-        start = time.perf_counter()
-        for _ in range(n):
-            next(iterator)
-        python.append((time.perf_counter() - start) / n)
-    assert min(python) > 1.25 * min(measured), (measured, python)
+    ds = tfdata.pipeline({"x": x, "y": y}, batch_size=2, shuffle=False, repeat=True)
+    result = tfdata.benchmark(ds, num_batches=300, warmup=20)
+    assert result.num_batches == 300 and result.num_examples == 600
+    assert calls == []
 
 
 def test_benchmark_counts_ragged_sparse_and_unbatched_elements():
