@@ -70,16 +70,71 @@ def test_pipeline_slowed_on_purpose_is_input_bound():
     assert "py_function" in traffic.detail and "not prefetched" in traffic.detail
 
 
-@pytest.mark.slow
-def test_same_model_on_cached_prefetched_data_is_not_input_bound():
+class _ScriptedSteps:
+    """Stands in for diagnose's step timing: seconds per step scripted from the run's setup.
+
+    Real `fit` calls still run (the probes, the state restore and the files are exercised);
+    only the clock is replaced, so the verdict does not depend on the machine's load.
+    `device_s` is the step on a batch already in memory, `real_s` the step on the user's data;
+    `steps_per_execution=16` divides the device step by `spe_gain`, `jit_compile` multiplies
+    it by `xla_factor`.
+    """
+
+    def __init__(self, monkeypatch, *, device_s, real_s, spe_gain=1.0, xla_factor=1.0):
+        from tfgpu import diagnosis as module
+
+        self.device_s, self.real_s = device_s, real_s
+        self.spe_gain, self.xla_factor = spe_gain, xla_factor
+        original_fit_step_time = module._fit_step_time
+        original_device_dataset = module._device_dataset
+        self.device_datasets: list = []
+
+        def device_dataset(batch, on_gpu):
+            ds = original_device_dataset(batch, on_gpu)
+            self.device_datasets.append(ds)
+            return ds
+
+        def fit_step_time(model, dataset, steps, warmup):
+            original_fit_step_time(model, dataset, 1, 1)  # a real, short fit
+            if not any(dataset is d for d in self.device_datasets):
+                return self.real_s
+            seconds = self.device_s
+            if int(model.steps_per_execution) > 1:
+                seconds /= self.spe_gain
+            if model.jit_compile:
+                seconds *= self.xla_factor
+            return seconds
+
+        monkeypatch.setattr(module, "_device_dataset", device_dataset)
+        monkeypatch.setattr(module, "_fit_step_time", fit_step_time)
+
+
+def test_real_step_barely_above_the_device_step_is_not_input_bound(monkeypatch):
+    _ScriptedSteps(monkeypatch, device_s=0.040, real_s=0.0404)
     ds = tf.data.Dataset.from_tensor_slices((X, Y)).batch(256).cache().prefetch(tf.data.AUTOTUNE)
-    # Longer windows than FAST: on a shared 2-core host a 5-step window is too noisy.
-    diagnosis = tfgpu.diagnose(_heavy_model(), ds, **{**FAST, "steps": 20})
-    # Not highly input-bound. On a 2-core host shared with other jobs, tf.data's threads and
-    # the matmuls contend, which can show as a few percent of "wait" (moderate at most).
-    assert diagnosis.input_bound != "high", str(diagnosis)
-    assert diagnosis.input_wait_share < 0.2
+    diagnosis = tfgpu.diagnose(_heavy_model(), ds, **FAST)
+    assert diagnosis.input_bound == "no" and diagnosis.input_wait_share == pytest.approx(
+        0.0004 / 0.0404
+    )
+    assert diagnosis.finding("input_bound") is None
     assert diagnosis.finding("host_device_traffic") is None
+
+
+def test_the_probe_keeps_the_variant_that_is_clearly_faster(monkeypatch):
+    _ScriptedSteps(monkeypatch, device_s=0.004, real_s=0.004, spe_gain=3.0, xla_factor=1.2)
+    diagnosis = tfgpu.diagnose(_tiny_model(), (X, Y), batch_size=16, steps=5, warmup=2)
+    assert diagnosis.bottleneck == "host_overhead", str(diagnosis)
+    finding = diagnosis.finding("host_overhead")
+    assert "steps_per_execution=16" in finding.recommendation
+    assert finding.gain_measured and finding.expected_gain == pytest.approx(3.0)
+    assert diagnosis.finding("xla") is None  # measured slower: not advised
+
+
+def test_a_probe_measured_as_no_gain_is_not_recommended(monkeypatch):
+    _ScriptedSteps(monkeypatch, device_s=0.004, real_s=0.004, spe_gain=1.0, xla_factor=1.0)
+    diagnosis = tfgpu.diagnose(_tiny_model(), (X, Y), batch_size=16, steps=5, warmup=2)
+    host = diagnosis.finding("host_overhead")
+    assert host is None or "steps_per_execution=16" not in host.recommendation, str(diagnosis)
 
 
 def _state(model):
@@ -97,11 +152,12 @@ def test_tiny_model_with_one_step_per_execution_is_host_overhead_bound(tmp_path)
         model, (X, Y), batch_size=16, steps=30, check_xla=True, run_dir=tmp_path
     )
 
-    assert diagnosis.bottleneck == "host_overhead", str(diagnosis)
-    finding = diagnosis.finding("host_overhead")
-    assert "steps_per_execution=16" in finding.recommendation
-    assert finding.gain_measured and finding.expected_gain >= 1.3
-    assert "TF_GPU_THREAD_MODE" not in finding.recommendation  # CPU: GPU-only advice left out
+    # Which bottleneck wins depends on this machine's load (see the scripted tests above for
+    # the verdicts); what follows does not.
+    spe = diagnosis.measurements["steps_per_execution_probe"]
+    assert spe["steps_per_execution=1"] > 0 and spe["steps_per_execution=16"] > 0
+    for finding in diagnosis.findings:  # CPU: GPU-only advice left out
+        assert "TF_GPU_THREAD_MODE" not in finding.recommendation
     assert "NumPy" in diagnosis.finding("host_device_traffic").detail
     xla = diagnosis.measurements["xla"]
     assert xla["jit_compile=False"] > 0 and xla["jit_compile=True"] > 0
@@ -114,13 +170,13 @@ def test_tiny_model_with_one_step_per_execution_is_host_overhead_bound(tmp_path)
     assert model.history is history
     # Text, data and the saved file agree.
     text = str(diagnosis)
-    assert "bottleneck = host_overhead" in text and "steps_per_execution=16" in text
+    assert f"bottleneck = {diagnosis.bottleneck}" in text
     saved = json.loads((tmp_path / "diagnosis.json").read_text())
-    assert saved["bottleneck"] == "host_overhead"
-    assert saved["findings"][0]["kind"] == diagnosis.findings[0].kind
+    assert saved["bottleneck"] == diagnosis.bottleneck
+    assert [f["kind"] for f in saved["findings"]] == [f.kind for f in diagnosis.findings]
     from tfgpu.report import write_report
 
-    assert "bottleneck = host_overhead" in write_report(tmp_path).read_text()
+    assert f"bottleneck = {diagnosis.bottleneck}" in write_report(tmp_path).read_text()
 
 
 def _facts(**kw):
@@ -242,6 +298,33 @@ def test_bad_arguments_are_rejected_before_work():
     with pytest.raises(TypeError, match=r"Received: check_xla='no' \(of type str\)"):
         tfgpu.diagnose(model, (X, Y), check_xla="no")
     assert isinstance(tfgpu.Diagnosis, type) and tfgpu.Diagnosis is Diagnosis
+
+
+def test_paths_and_data_fit_cannot_train_on_are_refused_before_work(tmp_path):
+    model = _tiny_model()
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x")
+    with pytest.raises(TypeError, match=r"Received: run_dir=123 \(of type int\)"):
+        tfgpu.diagnose(model, (X, Y), run_dir=123)
+    with pytest.raises(ValueError, match=r"`run_dir`.*is under the file"):
+        tfgpu.diagnose(model, (X, Y), run_dir=a_file / "run")
+    with pytest.raises(TypeError, match=r"batch_size=2\.5 \(of type float\)"):
+        tfgpu.diagnose(model, (X, Y), batch_size=2.5)
+    unbatched = tf.data.Dataset.from_tensor_slices((X, Y))
+    with pytest.raises(ValueError, match=r"single examples \(inputs of shape \(256,\)\).*batch"):
+        tfgpu.diagnose(model, unbatched)
+    inputs_only = tf.data.Dataset.from_tensor_slices(X).batch(32)
+    with pytest.raises(ValueError, match=r"inputs without labels.*loss='mse'.*\(x, y\)"):
+        tfgpu.diagnose(model, inputs_only)
+    assert not model.optimizer.built  # nothing was trained
+
+
+def test_an_earlier_diagnosis_in_the_run_dir_is_kept(monkeypatch, tmp_path):
+    _ScriptedSteps(monkeypatch, device_s=0.004, real_s=0.004)
+    (tmp_path / "diagnosis.json").write_text('{"bottleneck": "earlier"}')
+    tfgpu.diagnose(_tiny_model(), (X[:128], Y[:128]), batch_size=16, run_dir=tmp_path, **FAST)
+    assert json.loads((tmp_path / "diagnosis.1.json").read_text()) == {"bottleneck": "earlier"}
+    assert "findings" in json.loads((tmp_path / "diagnosis.json").read_text())
 
 
 def _fresh_model(initial=None):

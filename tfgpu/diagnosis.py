@@ -35,14 +35,14 @@ import statistics
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgpu._checks import check_bool, check_int, invalid_type
+from tfgpu._checks import check_bool, check_dir, check_int, invalid_type
+from tfgpu._files import rotate, write_text_atomic
 from tfgpu._json import json_safe
 from tfgpu.batch_size import _prepare_model, _restore_state, _snapshot_state
 
@@ -922,6 +922,32 @@ def _batch_of(ds) -> tuple[Any, int | None]:
     return batch, size
 
 
+def _check_batch(model, batch) -> None:
+    """Refuses data `fit` cannot train on, naming the problem, before any measurement."""
+    x, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
+    ranks = [t.shape.rank for t in tf.nest.flatten(x)]
+    expected = [len(t.shape) for t in tf.nest.flatten(getattr(model, "inputs", None) or [])]
+    if 0 in ranks or (
+        expected
+        and len(expected) == len(ranks)
+        and all(r == e - 1 for r, e in zip(ranks, expected))
+    ):
+        shapes = [tuple(t.shape) for t in tf.nest.flatten(x)]
+        raise ValueError(
+            "Invalid value for argument `dataset`. Received: a dataset of single examples "
+            f"(inputs of shape {shapes[0] if len(shapes) == 1 else shapes}). Expected batches, "
+            "as `fit` takes them: `dataset.batch(32)`, or `tfgpu.data.pipeline(..., "
+            "batch_size=32)`."
+        )
+    custom_step = type(model).train_step is not keras.Model.train_step
+    if y is None and getattr(model, "loss", None) is not None and not custom_step:
+        raise ValueError(
+            "Invalid value for argument `dataset`. Received: batches of inputs without labels "
+            f"while the model was compiled with loss={model.loss!r}. Expected `(x, y)` or "
+            "`(x, y, sample_weight)` batches (diagnose trains the model as `fit` would)."
+        )
+
+
 def _device_dataset(batch, on_gpu: bool):
     ds = tf.data.Dataset.from_tensors(batch).repeat()
     if on_gpu:
@@ -940,6 +966,7 @@ def _check_args(model, steps, warmup, batch_size, run_dir, profile):
             "Invalid value for argument `model`. Received: a model that is not compiled. "
             "Expected a model after `model.compile(optimizer, loss)`."
         )
+    check_dir("run_dir", run_dir, allow_none=True)
     if profile and run_dir is None:
         raise ValueError(
             "Invalid value for argument `profile`. Received: profile=True with run_dir=None. "
@@ -1032,7 +1059,8 @@ def diagnose(
             "Invalid value for argument `dataset`. Received: an empty dataset. Expected at "
             "least one batch."
         ) from None
-    run_path = None if run_dir is None else Path(run_dir)
+    _check_batch(model, batch)
+    run_path = check_dir("run_dir", run_dir, allow_none=True)
     if run_path is not None:
         run_path.mkdir(parents=True, exist_ok=True)
 
@@ -1242,6 +1270,8 @@ def diagnose(
         notes=notes,
         profile_dir=profile_dir,
     )
-    if run_path is not None:
-        (run_path / "diagnosis.json").write_text(json.dumps(diagnosis.to_dict(), indent=2))
+    if run_path is not None:  # an earlier diagnosis is kept as diagnosis.1.json, ...
+        path = run_path / "diagnosis.json"
+        rotate(path)
+        write_text_atomic(path, json.dumps(diagnosis.to_dict(), indent=2))
     return diagnosis
