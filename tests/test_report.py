@@ -499,3 +499,19 @@ def test_outputs_that_cannot_be_written_are_errors(tmp_path, capsys):
     assert main(["report", str(run)]) == 2
     err = capsys.readouterr().err
     assert re.search(r"error: .*cannot write '.*report\.md'", err) and "Traceback" not in err
+
+
+def test_earlier_diagnoses_and_moved_aside_records_are_listed(tmp_path, no_plots):
+    run = _write_run(tmp_path / "run", gpus=0, diagnosis={"text": "newest: input-bound"})
+    (run / "diagnosis.1.json").write_text(json.dumps({"bottleneck": "host_overhead"}))
+    (run / "diagnosis.2.json").write_text("[]")
+    (run / "run.1.json").write_text("{damaged")
+    with pytest.warns(UserWarning, match=r"diagnosis\.2\.json` holds a JSON list"):
+        text = write_report(run).read_text()
+    assert "Earlier diagnoses, kept when a later one was saved: `diagnosis.1.json`" in text
+    assert "moved aside because a later session could not read them (damaged): `run.1.json`" in text
+    first = text.index("## Earlier diagnosis `diagnosis.1.json`")
+    assert (
+        first < text.index("## Earlier diagnosis `diagnosis.2.json`") < text.index("## Diagnosis")
+    )
+    assert "**host_overhead**" in text[first:] and "newest: input-bound" in text

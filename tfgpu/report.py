@@ -644,10 +644,13 @@ def _text(value: Any) -> str:
 
 
 def _diagnosis_section(path: Path, problems: _Problems) -> list[str]:
+    title = (
+        "## Diagnosis" if path.name == "diagnosis.json" else f"## Earlier diagnosis `{path.name}`"
+    )
     d = _read_record(path, problems)
     if d is None:
-        return ["## Diagnosis", "", f"`{path.name}` could not be read (see Problems above).", ""]
-    lines = ["## Diagnosis", ""]
+        return [title, "", f"`{path.name}` could not be read (see Problems above).", ""]
+    lines = [title, ""]
     text = d.get("text")
     if isinstance(text, str) and text.strip():
         return [*lines, "```", text.rstrip().replace("```", "'''"), "```", ""]
@@ -655,8 +658,8 @@ def _diagnosis_section(path: Path, problems: _Problems) -> list[str]:
     findings = d.get("findings")
     for f in findings if isinstance(findings, list) else []:
         if isinstance(f, dict):
-            title = f.get("title", f.get("kind"))
-            lines.append(f"- **{_text(title)}**: {_text(f.get('recommendation', ''))}")
+            name = f.get("title", f.get("kind"))
+            lines.append(f"- **{_text(name)}**: {_text(f.get('recommendation', ''))}")
     return [*lines, ""]
 
 
@@ -738,11 +741,14 @@ def _sessions_section(
     return lines
 
 
-def _files_section(timelines: list[_Artifact], steps: list[_Artifact], names: list[Path]):
+def _files_section(
+    timelines: list[_Artifact], steps: list[_Artifact], names: list[Path]
+) -> list[str]:
     """Says which files were moved aside by later sessions (and where their plots are)."""
     rotated = [a.path.name for a in [*timelines, *steps] if a.rotation is not None]
-    records = [p.name for p in names if _RECORD.match(p.name) and p.name.count(".") > 1]
-    lines = []
+    diagnoses = [p.name for p in _diagnoses(names) if p.name != "diagnosis.json"]
+    damaged = [p.name for p in names if re.match(r"^run(-[A-Za-z_]+\d+)?\.\d+\.json$", p.name)]
+    lines: list[str] = []
     if rotated:
         lines += [
             "Earlier files, moved aside when a later session sampled another set of GPUs (the "
@@ -751,14 +757,32 @@ def _files_section(timelines: list[_Artifact], steps: list[_Artifact], names: li
             "for `timeline.1.csv`).",
             "",
         ]
-    if records:
+    if diagnoses:
         lines += [
-            "Records moved aside (damaged when a later session wrote): "
-            + ", ".join(f"`{n}`" for n in records)
+            "Earlier diagnoses, kept when a later one was saved: "
+            + ", ".join(f"`{n}`" for n in diagnoses)
+            + " (below, before the newest).",
+            "",
+        ]
+    if damaged:
+        lines += [
+            "Records moved aside because a later session could not read them (damaged): "
+            + ", ".join(f"`{n}`" for n in damaged)
             + ".",
             "",
         ]
     return lines
+
+
+def _diagnoses(names: list[Path]) -> list[Path]:
+    """`diagnosis.N.json` (earlier diagnoses, moved aside by later ones), oldest first, then
+    `diagnosis.json`."""
+    found = []
+    for path in names:
+        m = re.match(r"^diagnosis(?:\.(\d+))?\.json$", path.name)
+        if m:
+            found.append((int(m[1]) if m[1] else math.inf, path))
+    return [path for _, path in sorted(found)]
 
 
 def _section(problems: _Problems, path: Path, make, *args) -> list[str]:
@@ -851,8 +875,7 @@ def _write(run_dir: Any, out_dir: Any) -> tuple[Path, _Problems]:
         img = _drawn(problems, _steps_plot, plt, out / f"step_time{artifact.suffix}.png", table, t0)
         if img is not None:
             images.append(img)
-    if (run / "diagnosis.json") in names:
-        diagnosis = run / "diagnosis.json"
+    for diagnosis in _diagnoses(names):  # earlier ones (diagnosis.1.json, ...) first
         body += _section(problems, diagnosis, _diagnosis_section, diagnosis, problems)
     if images:
         body += ["## Plots", ""]
