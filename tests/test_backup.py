@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from tests.workers.cluster import REPO, TRAIN
-from tests.workers.train import train
+from tests.workers.train import make_dataset, make_model, train
 from tfgpu.callbacks import BackupAndRestore
 
 
@@ -59,6 +59,65 @@ def test_arguments_are_validated_like_keras():
     with pytest.raises(TypeError, match="delete_checkpoint=1"):
         BackupAndRestore("/tmp/x", delete_checkpoint=1)
     assert BackupAndRestore("/tmp/x", save_freq=False).save_freq is False
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"save_freq": 2.5}, TypeError, r"save_freq=2\.5 \(of type float\)"),
+        ({"save_freq": 3.0}, TypeError, r"save_freq=3\.0"),
+        ({"save_freq": "3"}, ValueError, r"save_freq='3'"),
+        ({"save_freq": "Epoch"}, ValueError, r"save_freq='Epoch'"),
+        ({"save_freq": -1}, ValueError, r"save_freq=-1.*an int >= 1"),
+        ({"save_freq": np.int64(0)}, ValueError, r"save_freq=np\.int64\(0\)"),
+        ({"save_freq": True}, ValueError, r"save_freq=True.*or False"),
+        ({"save_freq": None}, TypeError, r"save_freq=None"),
+        ({"save_freq": float("nan")}, TypeError, r"save_freq=nan"),
+        ({"save_freq": [1]}, TypeError, r"save_freq=\[1\]"),
+        ({"double_checkpoint": "yes"}, TypeError, r"double_checkpoint='yes'"),
+        ({"double_checkpoint": None}, TypeError, r"double_checkpoint=None"),
+        ({"double_checkpoint": np.bool_(True)}, TypeError, r"double_checkpoint="),
+        ({"delete_checkpoint": 0}, TypeError, r"delete_checkpoint=0"),
+    ],
+)
+def test_hostile_arguments_fail_at_construction(tmp_path, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        BackupAndRestore(str(tmp_path / "b"), **kwargs)
+    assert not (tmp_path / "b").exists()
+
+
+def test_save_freq_accepts_numpy_ints_as_ints(tmp_path):
+    backup = BackupAndRestore(tmp_path / "b", save_freq=np.int32(3))
+    assert backup.save_freq == 3 and type(backup.save_freq) is int
+    assert BackupAndRestore(tmp_path / "b", save_freq="epoch").save_freq == "epoch"
+
+
+def test_backup_dir_must_be_a_directory_path(tmp_path, monkeypatch):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("kept")
+    with pytest.raises(ValueError, match=r"backup_dir=.*notes\.txt.*is a file"):
+        BackupAndRestore(str(a_file))
+    with pytest.raises(ValueError, match=r"is under the file .*notes\.txt"):
+        BackupAndRestore(a_file / "backup")
+    for value in (123, None, b"/tmp/b", ["/tmp/b"]):
+        with pytest.raises(TypeError, match="Invalid type for argument `backup_dir`"):
+            BackupAndRestore(value)
+    with pytest.raises(ValueError, match="backup_dir='  '"):
+        BackupAndRestore("  ")
+    assert a_file.read_text() == "kept"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert BackupAndRestore("~/runs/b").backup_dir == str(tmp_path / "runs" / "b")
+
+
+def test_backup_dir_that_became_a_file_fails_before_training(tmp_path):
+    backup = BackupAndRestore(tmp_path / "b")
+    (tmp_path / "b").write_text("not a directory")
+    model, opt = make_model()
+    model.compile(opt, "mse")
+    with pytest.raises(ValueError, match=r"backup_dir=.*is a file"):
+        model.fit(make_dataset(8), epochs=1, verbose=0, shuffle=False, callbacks=[backup])
+    assert int(model.optimizer.iterations.numpy()) == 0
+    assert (tmp_path / "b").read_text() == "not a directory"
 
 
 @pytest.mark.parametrize(
@@ -177,40 +236,260 @@ def test_resume_warns_once_when_the_dataset_cannot_be_found(tmp_path, monkeypatc
     assert max_diff(model.get_weights(), reference.get_weights()) > 1e-4
 
 
-def test_double_checkpoint_falls_back_to_the_previous_backup(tmp_path):
-    reference, _ = train()
-    with pytest.raises(Interrupt):
-        train(backup=str(tmp_path), save_freq=2, callbacks=[StopAt(1, 3)])
-    # A disk error tore the only backup: say so rather than silently starting over.
-    (tmp_path / "backup.npz").write_bytes(b"PK\x03\x04 torn")
-    with pytest.raises(OSError, match="No readable backup"):
-        train(backup=str(tmp_path), save_freq=2)
-
-    assert not (tmp_path / "backup.prev.npz").exists()
-
-    # With double_checkpoint=True the older copy is used.
-    def run(stop=None):
-        cb = BackupAndRestore(str(tmp_path / "dd"), save_freq=2, double_checkpoint=True)
-        callbacks = [cb] + ([StopAt(*stop)] if stop else [])
-        return train(callbacks=callbacks)
-
-    with pytest.raises(Interrupt):
-        run(stop=(1, 3))
-    assert (tmp_path / "dd" / "backup.prev.npz").exists()
-    (tmp_path / "dd" / "backup.npz").write_bytes(b"torn")
-    model, _ = run()
-    assert int(model.optimizer.iterations.numpy()) == 24
-    assert max_diff(model.get_weights(), reference.get_weights()) < 1e-6
-
-
 def test_backup_of_another_model_is_refused(tmp_path):
     with pytest.raises(Interrupt):
         train(backup=str(tmp_path), save_freq=2, callbacks=[StopAt(0, 1)])
+    before = (tmp_path / "backup.npz").read_bytes()
     other = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)])
     other.compile("sgd", "mse")
     x = np.zeros((8, 4), "float32")
-    with pytest.raises(ValueError, match=r"different model or optimizer.*shape"):
+    with pytest.raises(ValueError, match=r"backup\.npz: .*different model or optimizer.*shape"):
         other.fit(x, np.zeros((8, 2)), callbacks=[BackupAndRestore(str(tmp_path))], verbose=0)
+    assert (tmp_path / "backup.npz").read_bytes() == before  # refused, not touched
+
+
+# --------------------------------------------------------------------------- retry in-process
+
+
+class FirstStep(keras.callbacks.Callback):
+    """Records the optimizer's step count when the first epoch of `fit` begins (after any
+    restore): the batches a `fit` trains are the final count minus this one."""
+
+    def on_train_begin(self, logs=None):
+        self.steps = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.steps is None:
+            self.steps = int(self.model.optimizer.iterations.numpy())
+
+
+def compiled_model():
+    model, opt = make_model()
+    model.compile(opt, "mse")
+    return model
+
+
+def fit(model, *callbacks, epochs=3):
+    return model.fit(
+        make_dataset(8), epochs=epochs, verbose=0, shuffle=False, callbacks=list(callbacks)
+    )
+
+
+@pytest.mark.parametrize("same_instance", [False, True], ids=["new-callback", "same-callback"])
+def test_retry_after_a_failed_fit_resumes_exactly_in_the_same_process(
+    tmp_path, same_instance, reference_weights
+):
+    model = compiled_model()
+    backups = iter(
+        [BackupAndRestore(tmp_path, save_freq=3)] * 4
+        if same_instance
+        else [BackupAndRestore(tmp_path, save_freq=3) for _ in range(4)]
+    )
+    first = FirstStep()
+    with pytest.raises(Interrupt):  # saved after batch 3 of epoch 1 (step 12), dies at 13
+        fit(model, next(backups), first, StopAt(1, 4))
+    with pytest.raises(Interrupt):  # dies while skipping the batches already trained
+        fit(model, next(backups), first, StopAt(1, 1))
+    assert first.steps == 12
+    with pytest.raises(Interrupt):  # saved after batch 6 of epoch 1 (step 15), dies at 17
+        fit(model, next(backups), first, StopAt(2, 0))
+    assert first.steps == 12
+    history = fit(model, next(backups), first)
+    assert first.steps == 15
+    assert int(model.optimizer.iterations.numpy()) == 24  # 9 batches trained: none twice
+    assert history.epoch == [1, 2]
+    assert max_diff(model.get_weights(), reference_weights) < 1e-6
+    assert not tmp_path.exists()
+
+
+def test_retry_with_a_reshuffled_dataset_is_exact_when_the_dataset_is_rebuilt(tmp_path):
+    import warnings
+
+    reference, _ = train(reshuffle=True)
+
+    def fit_reshuffled(model, ds, *callbacks):
+        backup = BackupAndRestore(tmp_path, save_freq=3)
+        return model.fit(ds, epochs=3, verbose=0, shuffle=False, callbacks=[backup, *callbacks])
+
+    model = compiled_model()
+    with pytest.raises(Interrupt):
+        fit_reshuffled(model, make_dataset(8, reshuffle=True), StopAt(1, 4))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        fit_reshuffled(model, make_dataset(8, reshuffle=True))  # rebuilt, as after a kill
+    assert not [x for x in w if "BackupAndRestore" in str(x.message)]
+    assert int(model.optimizer.iterations.numpy()) == 24
+    assert max_diff(model.get_weights(), reference.get_weights()) < 1e-6
+
+    # The same dataset object again: its first orders are spent; say so, train on anyway.
+    model, ds = compiled_model(), make_dataset(8, reshuffle=True)
+    with pytest.raises(Interrupt):
+        fit_reshuffled(model, ds, StopAt(1, 4))
+    with pytest.warns(UserWarning, match="build the dataset again before retrying"):
+        fit_reshuffled(model, ds)
+    assert int(model.optimizer.iterations.numpy()) == 24
+
+
+def test_a_failed_fit_leaves_no_skip_behind_for_later_fits(tmp_path):
+    model = compiled_model()
+    with pytest.raises(Interrupt):
+        fit(model, BackupAndRestore(tmp_path, save_freq=3), StopAt(1, 4))
+    with pytest.raises(Interrupt):  # resumed at epoch 1, dies with 3 batches still to skip
+        fit(model, BackupAndRestore(tmp_path, save_freq=3), StopAt(1, 0))
+    # A plain fit of the same model: all its epochs, every batch trained.
+    before = int(model.optimizer.iterations.numpy())
+    history = fit(model)
+    assert history.epoch == [0, 1, 2]
+    assert int(model.optimizer.iterations.numpy()) == before + 24
+    assert (tmp_path / "backup.npz").exists()  # still there for a later resume
+
+
+@pytest.mark.parametrize("same_instance", [False, True], ids=["new-callback", "same-callback"])
+def test_fits_in_a_row_train_like_one_longer_fit(tmp_path, same_instance):
+    reference, _ = train(epochs=6)
+    model = compiled_model()
+    backup = BackupAndRestore(tmp_path, save_freq=2)
+    fit(model, backup)
+    fit(model, backup if same_instance else BackupAndRestore(tmp_path, save_freq=2))
+    assert int(model.optimizer.iterations.numpy()) == 48
+    assert max_diff(model.get_weights(), reference.get_weights()) < 1e-6
+    assert not getattr(model.train_function, "_tfgpu_backup", None)  # nothing left wrapped
+
+
+def test_two_backup_callbacks_in_one_fit_are_refused(tmp_path):
+    model = compiled_model()
+    with pytest.raises(ValueError, match="two tfgpu BackupAndRestore callbacks in one `fit`"):
+        fit(model, BackupAndRestore(tmp_path / "a"), BackupAndRestore(tmp_path / "b"))
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
+# --------------------------------------------------------------------------- damaged backups
+
+
+@pytest.fixture(scope="module")
+def reference_weights():
+    return train()[0].get_weights()
+
+
+@pytest.fixture(scope="module")
+def other_model_backup(tmp_path_factory):
+    """The bytes of a backup written by a model with other shapes."""
+    directory = tmp_path_factory.mktemp("other")
+    other = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)])
+    other.compile(keras.optimizers.SGD(0.05, momentum=0.9), "mse")
+    x = np.zeros((8, 4), "float32")
+    with pytest.raises(Interrupt):
+        other.fit(
+            x,
+            np.zeros((8, 2), "float32"),
+            verbose=0,
+            callbacks=[BackupAndRestore(directory, save_freq=1), StopAt(0, 0)],
+        )
+    return (directory / "backup.npz").read_bytes()
+
+
+def without_a_weight(valid: bytes) -> bytes:
+    import io
+
+    with np.load(io.BytesIO(valid)) as data:
+        arrays = {k: data[k] for k in data.files if k != "model/00001"}
+    out = io.BytesIO()
+    np.savez(out, **arrays)
+    return out.getvalue()
+
+
+DAMAGES = {
+    "empty": lambda valid, other: b"",
+    "truncated": lambda valid, other: valid[: len(valid) // 2],
+    "zip-header-only": lambda valid, other: b"PK\x03\x04 torn",
+    "garbage": lambda valid, other: bytes(range(256)) * 8,
+    "missing-weight": lambda valid, other: without_a_weight(valid),
+    "npz-of-something-else": lambda valid, other: _npz(a=np.arange(3)),
+    "other-model": lambda valid, other: other,
+}
+DAMAGE_MESSAGES = {
+    "empty": "cannot be read as a backup archive",
+    "truncated": "cannot be read as a backup archive",
+    "zip-header-only": "cannot be read as a backup archive",
+    "garbage": "cannot be read as a backup archive",
+    "missing-weight": r"model variable 1 .* is missing",
+    "npz-of-something-else": "has no '__meta__' record",
+    "other-model": "different model or optimizer",
+}
+
+
+def _npz(**arrays) -> bytes:
+    import io
+
+    out = io.BytesIO()
+    np.savez(out, **arrays)
+    return out.getvalue()
+
+
+def fit_with(directory, *callbacks, double_checkpoint=False):
+    backup = BackupAndRestore(directory, save_freq=2, double_checkpoint=double_checkpoint)
+    return train(callbacks=[backup, *callbacks])
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_damaged_backup_without_a_previous_one_is_named_and_kept(
+    tmp_path, damage, other_model_backup
+):
+    with pytest.raises(Interrupt):
+        fit_with(tmp_path, StopAt(1, 3))
+    latest = tmp_path / "backup.npz"
+    damaged = DAMAGES[damage](latest.read_bytes(), other_model_backup)
+    latest.write_bytes(damaged)
+    with pytest.raises(ValueError, match=DAMAGE_MESSAGES[damage]) as raised:
+        fit_with(tmp_path)
+    message = str(raised.value)
+    assert str(latest) in message
+    assert "move the damaged file(s) away or delete them, or pass another `backup_dir`" in message
+    assert "Nothing was deleted" in message
+    assert latest.read_bytes() == damaged  # never deleted, never rewritten
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["backup.npz"]
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_double_checkpoint_falls_back_to_the_intact_previous_backup(
+    tmp_path, damage, reference_weights, other_model_backup
+):
+    with pytest.raises(Interrupt):
+        fit_with(tmp_path, StopAt(1, 3), double_checkpoint=True)
+    latest = tmp_path / "backup.npz"
+    assert (tmp_path / "backup.prev.npz").exists()
+    damaged = DAMAGES[damage](latest.read_bytes(), other_model_backup)
+    latest.write_bytes(damaged)
+    with pytest.warns(UserWarning, match=r"cannot resume from .*backup\.npz: ") as w:
+        model, _ = fit_with(tmp_path, double_checkpoint=True)
+    message = str(next(x.message for x in w if "cannot resume" in str(x.message)))
+    assert "moved to " + str(tmp_path / "backup.1.npz") in message
+    assert "from the older backup " + str(tmp_path / "backup.prev.npz") in message
+    assert int(model.optimizer.iterations.numpy()) == 24  # no batch trained twice
+    assert max_diff(model.get_weights(), reference_weights) < 1e-6
+    # The finished fit removed its own backups; the damaged one is kept for inspection.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["backup.1.npz"]
+    assert (tmp_path / "backup.1.npz").read_bytes() == damaged
+
+
+def test_both_backups_damaged_lists_both_and_touches_nothing(tmp_path):
+    with pytest.raises(Interrupt):
+        fit_with(tmp_path, StopAt(1, 3), double_checkpoint=True)
+    (tmp_path / "backup.npz").write_bytes(b"")
+    (tmp_path / "backup.prev.npz").write_bytes(b"PK")
+    with pytest.raises(ValueError, match=r"backup\.npz: .*; .*backup\.prev\.npz: .*") as raised:
+        fit_with(tmp_path, double_checkpoint=True)
+    assert "Nothing was deleted" in str(raised.value)
+    assert (tmp_path / "backup.npz").read_bytes() == b""
+    assert (tmp_path / "backup.prev.npz").read_bytes() == b"PK"
+
+
+def test_damaged_backup_names_the_previous_one_when_double_checkpoint_is_off(tmp_path):
+    with pytest.raises(Interrupt):
+        fit_with(tmp_path, StopAt(1, 3), double_checkpoint=True)
+    (tmp_path / "backup.npz").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"pass `double_checkpoint=True` to resume from it"):
+        fit_with(tmp_path)
 
 
 # --------------------------------------------------------------------------- workers racing

@@ -34,7 +34,6 @@ import shutil
 import sys
 import warnings
 import weakref
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -42,7 +41,15 @@ from typing import Any, cast
 import keras
 import numpy as np
 
-from tfgpu._checks import check_bool, invalid_type, invalid_value, is_int
+from tfgpu._checks import (
+    check_bool,
+    check_dir,
+    check_int,
+    invalid_value,
+    is_int,
+    is_number,
+)
+from tfgpu._files import rotate
 
 _LOG = logging.getLogger("tfgpu")
 
@@ -143,14 +150,101 @@ def _write_atomic(directory: Path, arrays: dict[str, np.ndarray], keep_previous:
     return target
 
 
+class _Unusable(Exception):
+    """A backup file that cannot be resumed from; `str()` says why (no path)."""
+
+
 def _read(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Reads one backup file; raises `OSError`/`ValueError` if it is unreadable or torn."""
-    with np.load(path, allow_pickle=False) as data:
-        arrays = {k: data[k] for k in data.files}
-    meta = json.loads(str(arrays.pop(_META)))
-    if meta.get("format") != _FORMAT:
-        raise ValueError(f"unknown backup format {meta.get('format')!r} in {path}")
+    """Reads one backup file; raises `_Unusable` saying why if it is unreadable or torn.
+
+    A damaged file fails in many ways (an empty file is an `EOFError`, a torn zip a
+    `BadZipFile`, a flipped byte a `zlib.error`, garbage a pickle `ValueError`...): every
+    one of them means the same thing here, so every one becomes `_Unusable`.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if not isinstance(data, np.lib.npyio.NpzFile):
+                raise _Unusable("it is a single NumPy array, not a backup archive")
+            arrays = {k: data[k] for k in data.files}
+    except _Unusable:
+        raise
+    except Exception as e:  # see the docstring: all damage looks alike
+        raise _Unusable(
+            f"it cannot be read as a backup archive ({type(e).__name__}: {e})"
+        ) from None
+    if _META not in arrays:
+        raise _Unusable(f"it has no {_META!r} record (not a tfgpu backup, or a torn one)")
+    try:
+        meta = json.loads(str(arrays.pop(_META)))
+    except (TypeError, ValueError) as e:
+        raise _Unusable(f"its {_META!r} record is not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else meta
+        raise _Unusable(f"unknown backup format {found!r} (expected {_FORMAT})")
+    problem = _malformed(meta, arrays)
+    if problem:
+        raise _Unusable(problem)
     return meta, arrays
+
+
+def _is_count(value: Any) -> bool:
+    return is_int(value) and value >= 0
+
+
+def _malformed(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> str | None:
+    """What is missing or inconsistent in a backup's record and arrays, or None if complete."""
+    for key in ("epoch", "step", "position"):
+        if not _is_count(meta.get(key)):
+            return f"its record has {key}={meta.get(key)!r}, expected an int >= 0"
+    if not _is_count(meta.get("iterators", 0)):
+        return f"its record has iterators={meta.get('iterators')!r}, expected an int >= 0"
+    paths = meta.get("paths")
+    if not isinstance(paths, dict):
+        return "its record lists no variables"
+    for group in ("model", "optimizer", "metrics"):
+        saved = paths.get(group)
+        if not isinstance(saved, list):
+            return f"its record lists no {group} variables"
+        for i, entry in enumerate(saved):
+            if not (
+                isinstance(entry, list)
+                and len(entry) == 2
+                and isinstance(entry[0], str)
+                and isinstance(entry[1], list)
+                and all(_is_count(d) for d in entry[1])
+            ):
+                return f"its record of {group} variable {i} is malformed: {entry!r}"
+            array = arrays.get(f"{group}/{i:05d}")
+            if array is None:
+                return f"{group} variable {i} ({entry[0]!r}) is missing"
+            if list(array.shape) != list(entry[1]) or array.dtype.kind not in "biuf":
+                return (
+                    f"{group} variable {i} ({entry[0]!r}) holds a {array.dtype} array of "
+                    f"shape {array.shape}, its record says shape {tuple(entry[1])}"
+                )
+    keys = arrays.get("rng/numpy_keys")
+    numpy_rng, python_rng = meta.get("numpy_rng"), meta.get("python_rng")
+    if keys is None or keys.shape != (624,) or keys.dtype.kind not in "iu":
+        return "its NumPy random state is missing or malformed"
+    if not (
+        isinstance(numpy_rng, list)
+        and len(numpy_rng) == 4
+        and isinstance(numpy_rng[0], str)
+        and all(is_number(x) for x in numpy_rng[1:])
+    ):
+        return "its NumPy random state is malformed"
+    if not (
+        isinstance(python_rng, list)
+        and len(python_rng) == 3
+        and is_int(python_rng[0])
+        and isinstance(python_rng[1], list)
+        and len(python_rng[1]) == len(random.getstate()[1])
+        and all(is_int(x) for x in python_rng[1])
+    ):
+        return "its Python random state is malformed"
+    if not isinstance(meta.get("logs", {}), dict):
+        return "its record of the last batch logs is malformed"
+    return None
 
 
 # --------------------------------------------------------------------------- state
@@ -324,6 +418,26 @@ class _CountingDataset:
         return getattr(self._dataset, name)
 
 
+def _reshuffles(dataset) -> bool:
+    """Whether a tf.data `dataset` has a shuffle with `reshuffle_each_iteration=True`."""
+    from tensorflow.core.framework import graph_pb2
+
+    try:
+        graph = graph_pb2.GraphDef()
+        graph.ParseFromString(dataset._as_serialized_graph().numpy())
+    except Exception:  # not a plain tf.data graph (e.g. a stateful source): cannot tell
+        return False
+    nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]
+    return any("Shuffle" in n.op and n.attr["reshuffle_each_iteration"].b for n in nodes)
+
+
+def _unwrapped(train_function):
+    """Keras's own `train_function` under any BackupAndRestore wrappers left on it."""
+    while getattr(train_function, "_tfgpu_original", None) is not None:
+        train_function = train_function._tfgpu_original
+    return train_function
+
+
 def _fit_epoch_iterator(model):
     """The `EpochIterator` of the `model.fit` call running now (Keras 3 TF trainer), or None.
 
@@ -345,6 +459,34 @@ def _fit_epoch_iterator(model):
             return None
         frame = frame.f_back
     return None
+
+
+def _check_save_freq(save_freq: Any) -> str | int | bool:
+    """`"epoch"`, an int >= 1 (NumPy ints too, returned as int) or False; else raises."""
+    expected = "'epoch', an int >= 1 (batches between saves), or False (never save)"
+    if isinstance(save_freq, str):
+        if save_freq == "epoch":
+            return save_freq
+        raise invalid_value("save_freq", save_freq, expected)
+    if isinstance(save_freq, (bool, np.bool_)):
+        if not save_freq:
+            return False
+        raise invalid_value("save_freq", save_freq, expected)
+    return check_int("save_freq", save_freq, minimum=1, expected=expected)
+
+
+def _clear_leftover_initial_epoch(model) -> None:
+    """Undoes the `model._initial_epoch` a BackupAndRestore set, if it is still there.
+
+    Keras's `fit` starts at `model._initial_epoch` when set (that is how a restore skips
+    the finished epochs). A `fit` that raised before this callback cleared it would make
+    every later `fit` of the model skip those epochs too.
+    """
+    ours = getattr(model, "_tfgpu_initial_epoch", None)
+    if ours is not None:
+        if getattr(model, "_initial_epoch", None) == ours:
+            model._initial_epoch = None
+        model._tfgpu_initial_epoch = None
 
 
 # --------------------------------------------------------------------------- the callback
@@ -376,25 +518,35 @@ class BackupAndRestore(keras.callbacks.Callback):
     and resumes with the new process's orders.
 
     Writes are atomic (temporary file, then rename), so a kill during a save leaves the
-    previous backup intact. Under `MultiWorkerMirroredStrategy` the chief writes
+    previous backup intact. A backup that cannot be resumed from (empty, torn, not a tfgpu
+    backup, written by another model) is never deleted: with `double_checkpoint=True` the
+    callback warns, moves it to `backup.N.npz` and resumes from the previous backup;
+    otherwise `fit` stops before training with an error naming the file and what to do.
+    A `fit` that raised can simply be called again, in the same process, with this or a new
+    BackupAndRestore: it resumes from the last backup exactly as after a kill (a dataset
+    reshuffled each epoch must be built again for that, as a restarted script does; the
+    callback warns when it is not). Under `MultiWorkerMirroredStrategy` the chief writes
     `backup_dir`, other workers write `backup_dir/.worker-<k>/`; all workers must see the
     chief's copy (a shared filesystem) or each resumes from its own copy, and they check
     that they resume at the same step. Needs the TensorFlow backend. Logs nothing.
 
     Args:
-        backup_dir: str or path-like, a directory used only by this callback.
+        backup_dir: str or path-like, a directory used only by this callback (`~` is
+            expanded; created on the first save).
         save_freq: `"epoch"`, int or False. `"epoch"` saves at the end of every epoch; an
-            int saves every `save_freq` batches (a multiple of `steps_per_execution` is
-            best: saves happen between executions); False never saves (restore only).
-            Defaults to `"epoch"`.
+            int >= 1 (NumPy ints too) saves every `save_freq` batches (a multiple of
+            `steps_per_execution` is best: saves happen between executions); False never
+            saves (restore only). Defaults to `"epoch"`.
         double_checkpoint: bool, also keep the previous backup (`backup.prev.npz`) and fall
-            back to it if the newest cannot be read. Defaults to False.
+            back to it if the newest cannot be used. Defaults to False.
         delete_checkpoint: bool, delete the backups when `fit` completes. Defaults to True.
 
     Raises:
-        ValueError: if `backup_dir` is empty or `save_freq` is invalid; at the start of
-            `fit`, if the model is unbuilt, or the backup belongs to a different model.
-        TypeError: if an argument has the wrong type.
+        TypeError: if an argument has the wrong type (`save_freq=2.5`, `backup_dir=123`).
+        ValueError: if `backup_dir` is empty, is a file or is under a file, or `save_freq`
+            is out of range or unknown (`0`, `"batch"`); at the start of `fit`, if the
+            model is unbuilt, two BackupAndRestore callbacks are given, or no backup in
+            `backup_dir` can be resumed from (the message names each file and why).
 
     Example:
 
@@ -410,22 +562,11 @@ class BackupAndRestore(keras.callbacks.Callback):
         delete_checkpoint: bool = True,
     ):
         super().__init__()
-        if not isinstance(backup_dir, (str, os.PathLike)):
-            raise invalid_type("backup_dir", backup_dir, "a str or path-like")
-        if not str(backup_dir):
-            raise ValueError(
-                "Invalid value for argument `backup_dir`. Received: backup_dir=''. "
-                "Expected a directory path."
-            )
-        valid_int = is_int(save_freq) and cast(int, save_freq) > 0
-        if save_freq is not False and save_freq != "epoch" and not valid_int:
-            raise invalid_value(
-                "save_freq", save_freq, "'epoch', a positive int (batches), or False"
-            )
+        directory = check_dir("backup_dir", backup_dir)
+        self.save_freq = _check_save_freq(save_freq)
         check_bool("double_checkpoint", double_checkpoint)
         check_bool("delete_checkpoint", delete_checkpoint)
-        self.backup_dir = os.fspath(backup_dir)
-        self.save_freq = save_freq
+        self.backup_dir = os.fspath(cast(Path, directory))
         self.double_checkpoint = double_checkpoint
         self.delete_checkpoint = delete_checkpoint
         self._reset_run_state()
@@ -446,6 +587,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._last_call_skipped = False
         self._epoch_iterator = None  # Keras's EpochIterator of this fit, when found
         self._dataset: _CountingDataset | None = None
+        self._source = None  # the user's tf.data dataset, when found
+        self._source_reused = False  # did an earlier fit with this callback iterate it?
 
     def _paths(self) -> tuple[Path, Path | None, bool]:
         is_chief, private = _worker_role(self.model.distribute_strategy)
@@ -465,20 +608,76 @@ class BackupAndRestore(keras.callbacks.Callback):
         return out
 
     def _load(self) -> tuple[dict[str, Any], dict[str, np.ndarray], Path] | None:
-        errors = []
-        for path in self._candidates():
-            if not path.exists():
-                continue
+        """The newest usable backup, after moving aside (never deleting) damaged newer ones.
+
+        A candidate is usable when it reads completely and matches this model and optimizer.
+        Unusable ones before the one resumed from are reported in a warning and, where this
+        worker writes, moved to `backup.N.npz` so that later saves and the end-of-fit cleanup
+        leave them alone. If no candidate is usable, raises with every file and its problem,
+        and touches nothing.
+        """
+        present = [p for p in self._candidates() if os.path.lexists(p)]
+        if not present:
+            return None
+        model = self.model
+        if model.optimizer is not None and not model.optimizer.built:
+            with model.distribute_strategy.scope():
+                model.optimizer.build(model.trainable_variables)
+        groups = _groups(model)
+        problems: list[tuple[Path, str]] = []
+        for path in present:
             try:
                 meta, arrays = _read(path)
-            except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-                errors.append(f"{path}: {e}")
-                _LOG.warning("tfgpu BackupAndRestore: cannot read %s (%s); trying older", path, e)
+                for group in ("model", "optimizer"):
+                    problem = _mismatch(group, meta["paths"][group], groups[group])
+                    if problem:
+                        raise _Unusable(
+                            f"it was written by a different model or optimizer: {problem}"
+                        )
+            except _Unusable as e:
+                problems.append((path, str(e)))
                 continue
+            if problems:
+                self._set_aside(problems, path)
             return meta, arrays, path
-        if errors:
-            raise OSError("No readable backup; " + "; ".join(errors))
-        return None
+        raise ValueError(self._no_usable_backup(problems))
+
+    def _set_aside(self, problems: list[tuple[Path, str]], used: Path) -> None:
+        canonical, own, is_chief = self._paths()
+        writable = canonical if is_chief else own
+        notes = []
+        for path, problem in problems:
+            note = f"{path}: {problem}"
+            if writable is not None and path.parent == writable:
+                try:
+                    moved = rotate(path)
+                except OSError as e:
+                    note += f" (could not move it aside: {e})"
+                else:
+                    note += f" (moved to {moved}, kept for inspection)"
+            notes.append(note)
+        warnings.warn(
+            "tfgpu BackupAndRestore: cannot resume from " + "; ".join(notes) + f". Resuming "
+            f"from the older backup {used} instead.",
+            stacklevel=3,
+        )
+
+    def _no_usable_backup(self, problems: list[tuple[Path, str]]) -> str:
+        canonical = Path(self.backup_dir)
+        listed = "; ".join(f"{path}: {problem}" for path, problem in problems)
+        hint = ""
+        prev = canonical / _PREV
+        if not self.double_checkpoint and prev.exists():
+            hint = (
+                f" An older backup {prev} exists: pass `double_checkpoint=True` to resume from it."
+            )
+        return (
+            f"Cannot resume from the backups in `backup_dir`={str(canonical)!r}: {listed}. "
+            "Nothing was deleted." + hint + " Expected a complete backup written by this "
+            "model and optimizer: to start training from the beginning, move the damaged "
+            "file(s) away or delete them, or pass another `backup_dir` (a new model needs "
+            "its own)."
+        )
 
     def on_train_begin(self, logs=None):
         self._reset_run_state()
@@ -494,8 +693,10 @@ class BackupAndRestore(keras.callbacks.Callback):
                 f"an unbuilt model {model.name!r}. Expected a built model: give it an "
                 "`keras.Input` or call it on a batch first."
             )
-        self._wrap_train_function()
+        check_dir("backup_dir", self.backup_dir)  # it may have become a file since
+        _clear_leftover_initial_epoch(model)
         self._count_iterators()
+        self._wrap_train_function()
         loaded = self._load()
         strategy = model.distribute_strategy
         position = [0, 0] if loaded is None else [loaded[0]["epoch"], loaded[0]["step"]]
@@ -503,18 +704,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         if loaded is None:
             return
         meta, arrays, path = loaded
-        if model.optimizer is not None and not model.optimizer.built:
-            with strategy.scope():
-                model.optimizer.build(model.trainable_variables)
         groups = _groups(model)
-        for group in ("model", "optimizer"):
-            problem = _mismatch(group, meta["paths"][group], groups[group])
-            if problem:
-                raise ValueError(
-                    f"The backup in {path} was written by a different model or optimizer: "
-                    f"{problem}. Expected the model that wrote it; use a new `backup_dir` "
-                    "for a new model."
-                )
         _assign(groups["model"], arrays, "model")
         _assign(groups["optimizer"], arrays, "optimizer")
         _restore_rng(meta, arrays)
@@ -522,7 +712,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._epoch = meta["epoch"]
         self._shared_iterator = meta.get("shared_iterator")
         if meta["epoch"] > 0:
+            # Keras's `fit` reads this once, right after `on_train_begin`; it is cleared at
+            # the first `on_epoch_begin`, so a `fit` that raises later leaves nothing behind.
             model._initial_epoch = meta["epoch"]
+            model._tfgpu_initial_epoch = meta["epoch"]
             self._set_initial_epoch = True
         self._pending = {
             "skip_first": meta["position"] - meta["step"] if self._shared_iterator else 0,
@@ -549,8 +742,26 @@ class BackupAndRestore(keras.callbacks.Callback):
             dataset = _CountingDataset(dataset)
             epoch_iterator._distributed_dataset = dataset
         self._epoch_iterator, self._dataset = epoch_iterator, dataset
+        # The user's tf.data dataset: one that an earlier `fit` in this process iterated
+        # has already given out its first shuffle orders (see _restore_shuffle_state).
+        source: Any = getattr(getattr(epoch_iterator, "data_adapter", None), "_dataset", None)
+        if hasattr(source, "_as_serialized_graph"):
+            self._source_reused = bool(getattr(source, "_tfgpu_fitted", False))
+            with contextlib.suppress(AttributeError):
+                source._tfgpu_fitted = True
+            self._source = source
 
     def _restore_shuffle_state(self, iterators: int) -> None:
+        if self._source_reused and _reshuffles(self._source):
+            warnings.warn(
+                "tfgpu BackupAndRestore: this `fit` resumes on a dataset object that an "
+                "earlier `fit` in this process already iterated, and it is reshuffled each "
+                "epoch: it cannot give again the shuffle orders the interrupted run would "
+                "have used, so the final weights differ slightly from an uninterrupted run. "
+                "To resume exactly, build the dataset again before retrying `fit` (as a "
+                "restarted script does).",
+                stacklevel=2,
+            )
         if self._dataset is not None:
             self._dataset.skip_to(iterators)
         elif iterators > 0:
@@ -603,6 +814,9 @@ class BackupAndRestore(keras.callbacks.Callback):
             )
 
     def on_epoch_begin(self, epoch, logs=None):
+        if self._set_initial_epoch:
+            _clear_leftover_initial_epoch(self.model)
+            self._set_initial_epoch = False
         self._epoch = epoch
         self._steps_in_epoch = 0
         pending = self._pending
@@ -614,14 +828,41 @@ class BackupAndRestore(keras.callbacks.Callback):
     # ---------------------------------------------------------------- the skip
 
     def _wrap_train_function(self) -> None:
+        """Puts the skip of already-trained batches in front of Keras's `train_function`.
+
+        A `fit` that raised never reaches `on_train_end`, so its wrapper is still on the
+        model: it is taken off here (whichever BackupAndRestore made it) before wrapping
+        again, and it steps aside by itself in a later `fit` that is not its own.
+        """
         model = self.model
-        original = model.train_function
-        if original is None or getattr(original, "_tfgpu_backup", False):
+        current = model.train_function
+        if current is None:
             return
+        owner = getattr(current, "_tfgpu_backup", None)
+        if (
+            owner is not None
+            and owner is not self
+            and self._epoch_iterator is not None
+            and owner._epoch_iterator is self._epoch_iterator
+        ):
+            raise ValueError(
+                "Invalid callbacks: two tfgpu BackupAndRestore callbacks in one `fit`, with "
+                f"backup_dir={owner.backup_dir!r} and backup_dir={self.backup_dir!r}. "
+                "Expected at most one."
+            )
+        original = _unwrapped(current)
         spe = int(getattr(model, "steps_per_execution", 1) or 1)
 
         def train_function(iterator):
             if iterator is not self._iterator:
+                if (
+                    self._epoch_iterator is not None
+                    and _fit_epoch_iterator(model) is not self._epoch_iterator
+                ):
+                    # Left on the model by a `fit` that raised; this `fit` is not ours.
+                    if model.train_function is train_function:
+                        model.train_function = original
+                    return original(iterator)
                 if self._iterator is not None and self._shared_iterator is None:
                     self._shared_iterator = False
                 self._iterator = iterator
@@ -649,7 +890,8 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._position += spe
             return result
 
-        train_function._tfgpu_backup = True  # type: ignore[attr-defined]  # marks our wrapper
+        train_function._tfgpu_backup = self  # type: ignore[attr-defined]  # marks our wrapper
+        train_function._tfgpu_original = original  # type: ignore[attr-defined]
         self._original_train_function = original
         model.train_function = train_function
 
@@ -699,10 +941,12 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         if self._original_train_function is not None:
-            self.model.train_function = self._original_train_function
+            if getattr(self.model.train_function, "_tfgpu_backup", None) is self:
+                self.model.train_function = self._original_train_function
             self._original_train_function = None
         if self._set_initial_epoch:
-            self.model._initial_epoch = None
+            _clear_leftover_initial_epoch(self.model)
+            self._set_initial_epoch = False
         if self._epoch_iterator is not None and self._dataset is not None:
             self._epoch_iterator._distributed_dataset = self._dataset._dataset
         self._epoch_iterator = self._dataset = None
