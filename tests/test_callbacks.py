@@ -683,3 +683,120 @@ def test_steps_csv_is_written_about_every_second_during_a_long_epoch(tmp_path):
     assert [r["step"] for r in steps] == list(range(20))
     assert all(r["step_time_s"] == pytest.approx(0.125) for r in steps)
     assert all(r["examples_per_s"] == pytest.approx(128) for r in steps)
+
+
+# ---------------------------------------------------------------- earlier runs are kept
+def test_steps_csv_with_another_header_or_a_cut_row_is_moved_aside(fake, tmp_path):
+    x, y = _data(64)
+    old = "time,epoch,step,step_time_s\n1.0,0,0,0.1\n"  # an older tfgpu's columns
+    (tmp_path / "steps.csv").write_text(old)
+    _model().fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[StepTimer(log_dir=tmp_path)])
+    assert (tmp_path / "steps.1.csv").read_text() == old
+    text = (tmp_path / "steps.csv").read_text()
+    cut = text + "1700000000.000,0,0,0.0"  # a SIGKILL in the middle of a row
+    (tmp_path / "steps.csv").write_text(cut)
+    _model().fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[StepTimer(log_dir=tmp_path)])
+    assert (tmp_path / "steps.2.csv").read_text() == cut
+    _, steps = _csv(tmp_path / "steps.csv")
+    assert len(steps) == 2
+
+
+def test_a_gpu_monitor_run_with_other_gpus_rotates_the_timeline(fake, tmp_path):
+    x, y = _data(64)
+    model = _model()
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[GPUMonitor(tmp_path)])
+    first = (tmp_path / "timeline.csv").read_text()
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[GPUMonitor(tmp_path, gpus=[1])])
+    assert (tmp_path / "timeline.1.csv").read_text() == first
+    header, rows = _csv(tmp_path / "timeline.csv")
+    assert header == monitor.timeline_columns(1) and len(rows) == 2
+    info = json.loads((tmp_path / "run.json").read_text())
+    assert info["timeline"] == "timeline.csv"
+    assert [s["timeline"] for s in info["earlier_sessions"]] == ["timeline.1.csv"]
+
+
+# ---------------------------------------------------------------- hostile conditions
+class _FullDisk:
+    def write(self, text):
+        raise OSError(28, "No space left on device")
+
+    flush = write
+
+    def close(self):
+        pass
+
+
+def test_a_disk_that_fills_up_mid_fit_never_stops_training(fake, tmp_path, caplog):
+    caplog.set_level(logging.WARNING)
+    gpu_monitor, timer = GPUMonitor(tmp_path, interval=60), StepTimer(log_dir=tmp_path)
+
+    class _FillDisk(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 1:
+                gpu_monitor.sampler._file = _FullDisk()
+                timer._file = _FullDisk()
+
+    x, y = _data(128)
+    history = _model().fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=2,
+        verbose=0,
+        callbacks=[gpu_monitor, timer, _FillDisk(), _SampleAt(gpu_monitor)],
+    )
+    assert history.history["gpu0_util_pct_mean"] == [50.0, 50.0]  # from memory
+    assert len(history.history["examples_per_s"]) == 2
+    _, rows = _csv(tmp_path / "timeline.csv")
+    assert len(rows) == 1  # the sample taken at start, intact
+    assert any("writing the timeline failed" in r.getMessage() for r in caplog.records)
+    assert any("writing steps.csv failed" in r.getMessage() for r in caplog.records)
+
+
+def test_nvml_raising_anything_mid_fit_never_stops_training(fake):
+    def broken():
+        raise SystemError("a binding bug")
+
+    class _BreakNvml(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            fake.gpus[0].util = broken
+            fake.nvmlDeviceGetCount = broken
+
+    gpu_monitor = GPUMonitor(interval=60)
+    history = _model().fit(
+        *_data(64),
+        batch_size=32,
+        epochs=2,
+        verbose=0,
+        callbacks=[_BreakNvml(), gpu_monitor, _SampleAt(gpu_monitor, batch=1)],
+    )
+    assert all(math.isnan(v) for v in history.history["gpu0_util_pct_mean"])
+    assert history.history["gpu1_util_pct_mean"] == [10.0, 10.0]
+
+
+def test_one_callback_in_two_models_and_two_fits_keeps_every_session(fake, tmp_path):
+    gpu_monitor, timer = GPUMonitor(tmp_path, interval=60), StepTimer(log_dir=tmp_path)
+    x, y = _data(64)
+    for model in (_model(), _model(), _model(steps_per_execution=2)):
+        history = model.fit(
+            x, y, batch_size=32, epochs=1, verbose=0, callbacks=[gpu_monitor, timer]
+        )
+        assert history.history["gpu0_util_pct_mean"] == [50.0]
+        assert history.history["examples_per_s"][0] > 0
+    assert not _monitor_threads()
+    info = json.loads((tmp_path / "run.json").read_text())
+    assert len(info["earlier_sessions"]) == 2
+    _, rows = _csv(tmp_path / "timeline.csv")
+    assert len(rows) == 6
+    _, steps = _csv(tmp_path / "steps.csv")
+    assert [r["step"] for r in steps] == [0, 1, 0, 1, 1]
+
+
+def test_gpu_monitor_hooks_outside_fit_never_raise(fake):
+    gpu_monitor = GPUMonitor(interval=60)
+    logs = {}
+    gpu_monitor.on_epoch_end(0, logs)  # no on_train_begin: nothing sampled yet
+    assert set(logs) == set(monitor.aggregate_keys(2))
+    gpu_monitor.on_train_batch_begin("not a step")  # a wrong label is logged, not raised
+    gpu_monitor.on_train_end()
+    gpu_monitor.on_train_end()
