@@ -498,8 +498,11 @@ def test_without_nvml_the_warning_is_given_once_per_process(monkeypatch, recwarn
 
 def test_without_nvml_gpu_indices_cannot_be_checked_and_are_not_fatal(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    s = monitor.Sampler(interval=60, gpus=[0])
+    s = monitor.Sampler(interval=60, gpus=[99])
     assert s.gpus == []
+    with pytest.warns(RuntimeWarning, match=r"pip install nvidia-ml-py.*gpus=\[99\] could not"):
+        s.start()
+    s.stop()
 
 
 def test_a_gpu_lost_mid_run_is_logged_once_and_sampling_goes_on(fake, caplog):

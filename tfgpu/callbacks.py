@@ -27,7 +27,7 @@ from typing import Any, TypedDict
 
 import keras
 
-from tfgpu._checks import check_int, check_number, invalid_type
+from tfgpu._checks import check_dir, check_int, check_number, invalid_type
 from tfgpu.monitor.sampler import (
     Sampler,
     _check_gpus,
@@ -224,7 +224,7 @@ class GPUMonitor(keras.callbacks.Callback):
         if tensorboard is True:
             if path is None:  # rejected above; narrows the type
                 raise AssertionError("tensorboard=True needs log_dir")
-            self._tb_dir: Path | None = _check_log_dir(path / "tensorboard", "tensorboard")
+            self._tb_dir: Path | None = check_dir("tensorboard", path / "tensorboard")
         elif tensorboard is False:
             self._tb_dir = None
         else:

@@ -365,6 +365,7 @@ class Sampler:
     ):
         self._interval = _check_interval(interval)
         requested = _check_gpus(gpus)
+        self._unchecked: list[int] | None = None  # `gpus` NVML was not there to check
         check_bool("host", host)
         self._dir = None if path is None else _check_log_dir(path, "path")
         self._host = host
@@ -374,6 +375,7 @@ class Sampler:
             self._gpus = visible
         elif not self._inventory.available:
             self._gpus = []  # cannot check without NVML; start() warns that GPUs are not read
+            self._unchecked = requested
         else:
             unknown = [g for g in requested if g >= len(visible)]
             if unknown:
@@ -471,9 +473,14 @@ class Sampler:
             return self
         if not self._gpus and not self._inventory.available:
             # A fact of the machine: said once per process, at the user's line.
+            unchecked = (
+                f" The GPU indices gpus={self._unchecked!r} could not be checked."
+                if self._unchecked
+                else ""
+            )
             _warnings.warn_at_user_code(
                 f"tfgpu.monitor records no GPU metrics: {self._inventory.error} "
-                "Host metrics are still recorded.",
+                f"Host metrics are still recorded.{unchecked}",
                 RuntimeWarning,
                 once="tfgpu.monitor:no-nvml",
             )
