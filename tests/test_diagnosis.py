@@ -617,3 +617,261 @@ def test_gpu_facts_describe_the_gpu_tensorflow_was_given(monkeypatch):
     notes = []
     name, _, capacity = _gpu_facts(notes)
     assert (name, capacity) == ("Tesla V100-SXM2-16GB", 16384 * 2**20), notes
+
+
+# ---- what GPU utilization hides: findings from the GPU counters (issue 15) -------------------
+
+
+def _gpu(**kw):
+    """A monitored GPU run on an A100 (cc 8.0) with every counter measured, all healthy."""
+    base = dict(
+        on_gpu=True,
+        gpu_name="NVIDIA A100-SXM4-40GB",
+        compute_capabilities=[(8, 0)],
+        policy="mixed_bfloat16",
+        util_pct_mean=90.0,
+        sm_active_pct_mean=85.0,
+        tensor_active_pct_mean=40.0,
+        pcie_mib_s_mean=10.0,
+        power_w_mean=350.0,
+        power_limit_w_max=400.0,
+        throttle_reasons_any=float(0x1 | 0x4),
+        sm_clock_mhz_mean=1410.0,
+        energy_j=1000.0,
+        batch_bytes=2**20,
+        tf32_enabled=True,
+    )
+    return _facts(**{**base, **kw})
+
+
+_COUNTER_KINDS = {"tensor_cores_idle", "small_kernels", "pcie_traffic", "clocks_throttled"}
+
+
+def _counter_kinds(facts) -> set[str]:
+    return {f.kind for f in _classify(facts)[3]} & _COUNTER_KINDS
+
+
+def test_a_healthy_gpu_run_has_no_counter_findings_and_no_unseen_notes():
+    from tfgpu.diagnosis import _unseen
+
+    assert _counter_kinds(_gpu()) == set()
+    assert _unseen(_gpu()) == []
+
+
+def test_tensor_cores_idle_under_mixed_precision_names_layers_dims_and_tf32():
+    facts = _gpu(
+        tensor_active_pct_mean=1.5,
+        float32_layers=["`encoder_dense`"],
+        odd_dim_layers=["`dense` (30, 64)"],
+        tf32_enabled=False,
+    )
+    (finding,) = [f for f in _classify(facts)[3] if f.kind == "tensor_cores_idle"]
+    assert "1.5%" in finding.detail and "90% utilization" in finding.detail
+    assert "mixed_bfloat16" in finding.detail and "TF32 is off" in finding.detail
+    rec = finding.recommendation
+    assert "`encoder_dense`" in rec and "keep float32 math" in rec
+    assert "`dense` (30, 64)" in rec and "multiples of 8" in rec
+    assert "enable_tensor_float_32_execution" in rec and rec[0].isupper()
+    # TF32 on (the default): not blamed; mixed already: no mixed-precision advice.
+    rec_on = next(
+        f.recommendation
+        for f in _classify(_gpu(tensor_active_pct_mean=1.5))[3]
+        if f.kind == "tensor_cores_idle"
+    )
+    assert "TF32" not in rec_on and "tfgpu.configure" not in rec_on and "jit_compile" in rec_on
+
+
+def test_tensor_cores_idle_under_float32_advises_mixed_precision_for_the_gpu():
+    rec = next(
+        f.recommendation
+        for f in _classify(_gpu(policy="float32", tensor_active_pct_mean=0.0))[3]
+        if f.kind == "tensor_cores_idle"
+    )
+    assert 'precision="mixed_bfloat16"' in rec
+    t4 = _gpu(
+        policy="float32", tensor_active_pct_mean=0.0, gpu_name="Tesla T4",
+        compute_capabilities=[(7, 5)], tf32_enabled=False,
+    )  # fmt: skip
+    rec = next(f.recommendation for f in _classify(t4)[3] if f.kind == "tensor_cores_idle")
+    assert 'precision="mixed_float16"' in rec and "before Ampere" in rec
+    assert "TF32" not in rec  # a T4 has no TF32: "off" means nothing there
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(tensor_active_pct_mean=5.0),  # at the threshold: not "near zero"
+        dict(tensor_active_pct_mean=1.0, util_pct_mean=49.0),  # the GPU mostly idle anyway
+        dict(tensor_active_pct_mean=1.0, compute_capabilities=[(6, 1)]),  # no tensor cores
+        dict(tensor_active_pct_mean=float("nan")),  # not measured (no GPM)
+        dict(tensor_active_pct_mean=1.0, util_pct_mean=float("nan")),
+        dict(tensor_active_pct_mean=1.0, on_gpu=False),
+    ],
+)
+def test_tensor_cores_idle_needs_a_busy_tensor_core_gpu_and_a_measurement(kw):
+    assert "tensor_cores_idle" not in _counter_kinds(_gpu(**kw))
+
+
+def test_small_kernels_high_utilization_low_sm_activity():
+    facts = _gpu(util_pct_mean=95.0, sm_active_pct_mean=30.0, batch_size=32)
+    (finding,) = [f for f in _classify(facts)[3] if f.kind == "small_kernels"]
+    assert "95%" in finding.detail and "30%" in finding.detail
+    rec = finding.recommendation
+    assert "now 32" in rec and "find_batch_size" in rec
+    assert "steps_per_execution=16" in rec and "jit_compile=True" in rec
+    already = _gpu(util_pct_mean=95.0, sm_active_pct_mean=30.0, jit_compile=True)
+    rec = next(f.recommendation for f in _classify(already)[3] if f.kind == "small_kernels")
+    assert "XLA is already on" in rec
+    for kw in (
+        dict(util_pct_mean=79.0, sm_active_pct_mean=30.0),
+        dict(util_pct_mean=95.0, sm_active_pct_mean=50.0),
+        dict(util_pct_mean=95.0, sm_active_pct_mean=float("nan")),
+    ):
+        assert "small_kernels" not in _counter_kinds(_gpu(**kw))
+
+
+def test_pcie_traffic_far_above_the_batch_bytes_names_the_causes():
+    from tfgpu.diagnosis import _OpFact
+
+    # 100 MiB/s x 0.1 s = 10 MiB per step, 10x a 1 MiB batch.
+    ops = [_OpFact("model/pinned/Square", "Square", "/device:CPU:0")]
+    facts = _gpu(pcie_mib_s_mean=100.0, train_step_ops=ops, numpy_input=True)
+    (finding,) = [f for f in _classify(facts)[3] if f.kind == "pcie_traffic"]
+    assert "10.0 MiB crossed PCIe per step" in finding.detail
+    assert "10x the batch's 1.00 MiB" in finding.detail
+    assert "`model/pinned/Square`" in finding.detail and "NumPy arrays" in finding.detail
+    rec = finding.recommendation
+    assert "placed on the CPU" in rec and "`.numpy()`" in rec and "`tf.py_function`" in rec
+    # 4x the batch is the threshold (40 MiB/s -> 4 MiB per step: not above it).
+    assert "pcie_traffic" not in _counter_kinds(_gpu(pcie_mib_s_mean=40.0))
+    assert "pcie_traffic" in _counter_kinds(_gpu(pcie_mib_s_mean=41.0))
+    assert "pcie_traffic" not in _counter_kinds(_gpu(pcie_mib_s_mean=100.0, batch_bytes=None))
+    assert "pcie_traffic" not in _counter_kinds(_gpu(pcie_mib_s_mean=float("nan")))
+
+
+@pytest.mark.parametrize(
+    ("reasons", "severity", "names"),
+    [
+        (0x1 | 0x40, "high", ["HW thermal slowdown"]),
+        (0x4, "moderate", ["SW power cap"]),
+        (0x20 | 0x80, "high", ["SW thermal slowdown", "HW power brake slowdown"]),
+        (0x2, "moderate", ["applications clocks setting"]),
+        (0x1000, "moderate", ["reason bits 0x1000"]),
+    ],
+)
+def test_low_power_with_throttled_clocks_names_the_reason(reasons, severity, names):
+    facts = _gpu(power_w_mean=150.0, throttle_reasons_any=float(reasons))
+    (finding,) = [f for f in _classify(facts)[3] if f.kind == "clocks_throttled"]
+    assert finding.severity == severity
+    for name in names:
+        assert name in finding.title and f"{name}:" in finding.recommendation
+    assert "38% of the 400 W limit" in finding.detail and "1410 MHz" in finding.detail
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(power_w_mean=150.0, throttle_reasons_any=float(0x1)),  # idle only: no throttle
+        dict(power_w_mean=150.0, throttle_reasons_any=0.0),
+        dict(power_w_mean=240.0, throttle_reasons_any=float(0x40)),  # 60% of the limit
+        dict(power_w_mean=150.0, throttle_reasons_any=float("nan")),
+        dict(power_w_mean=150.0, power_limit_w_max=float("nan"), throttle_reasons_any=64.0),
+        dict(power_w_mean=150.0, power_limit_w_max=0.0, throttle_reasons_any=64.0),
+    ],
+)
+def test_throttle_finding_needs_low_power_and_a_real_reason(kw):
+    assert "clocks_throttled" not in _counter_kinds(_gpu(**kw))
+
+
+def test_a_gpu_without_gpm_uses_what_exists_and_says_what_it_cannot_see():
+    from tfgpu.diagnosis import _unseen
+
+    nan = float("nan")
+    # An A10 without GPM: utilization, power and throttle reasons exist; GPM counters do not.
+    facts = _gpu(
+        util_pct_mean=92.0, sm_active_pct_mean=nan, tensor_active_pct_mean=nan,
+        pcie_mib_s_mean=nan, power_w_mean=60.0, power_limit_w_max=150.0,
+        throttle_reasons_any=float(0x20),
+    )  # fmt: skip
+    assert _counter_kinds(facts) == {"clocks_throttled"}  # what exists still decides
+    notes = _unseen(facts)
+    assert any(
+        "tensor/SM activity not measured: GPM needs a Hopper or newer GPU" in n
+        and "cannot tell idle SMs from busy ones" in n
+        and "92%" in n
+        for n in notes
+    )
+    assert any("PCIe traffic not measured" in n for n in notes)
+    no_power = _gpu(power_limit_w_max=nan, throttle_reasons_any=nan)
+    assert _unseen(no_power) == [
+        "power limit or clock throttle reasons not reported by NVML: throttling not checked"
+    ]
+    assert "not compared" in _unseen(_gpu(batch_bytes=None))[0]
+    # No monitor at all (monitor=False, no NVML) or no GPU: the monitor's own note says so.
+    assert _unseen(_gpu(util_pct_mean=nan, sm_active_pct_mean=nan)) == []
+    assert _unseen(_gpu(on_gpu=False, sm_active_pct_mean=nan)) == []
+
+
+def test_monitor_facts_read_gpu0_and_absent_or_odd_values_as_nan():
+    import math
+
+    from tfgpu.diagnosis import _monitor_facts
+
+    agg = {
+        "gpu0_util_pct_mean": np.float32(75.0),
+        "gpu0_sm_active_pct_mean": 40.0,
+        "gpu0_pcie_tx_mib_s_mean": 30.0,
+        "gpu0_pcie_rx_mib_s_mean": float("nan"),  # one direction measured: that one
+        "gpu0_throttle_reasons_any": 68.0,
+        "gpu0_power_w_mean": "250",  # not a number: NaN, not a crash
+        "gpu0_energy_j": float("inf"),
+        "gpu1_tensor_active_pct_mean": 12.0,  # another GPU: not /GPU:0
+    }
+    facts = _monitor_facts(agg)
+    assert facts["util_pct_mean"] == 75.0 and facts["sm_active_pct_mean"] == 40.0
+    assert facts["pcie_mib_s_mean"] == 30.0 and facts["throttle_reasons_any"] == 68.0
+    for key in ("tensor_active_pct_mean", "power_w_mean", "energy_j", "sm_clock_mhz_mean"):
+        assert math.isnan(facts[key])
+    assert all(math.isnan(v) for v in _monitor_facts({}).values())  # an older monitor
+    both = _monitor_facts({"gpu0_pcie_tx_mib_s_mean": 1.5, "gpu0_pcie_rx_mib_s_mean": 2.5})
+    assert both["pcie_mib_s_mean"] == 4.0
+    assert all(math.isnan(v) for v in _monitor_facts(None).values())  # type: ignore[arg-type]
+
+
+def test_batch_bytes_and_the_layers_the_tensor_core_advice_names():
+    from tfgpu.diagnosis import _batch_bytes, _precision_layers
+
+    batch = (tf.zeros((4, 3), tf.float32), tf.zeros((4,), tf.int64))
+    assert _batch_bytes(batch) == 4 * 3 * 4 + 4 * 8
+    assert _batch_bytes({"a": tf.zeros((2, 2), tf.float16)}) == 8
+    keras.mixed_precision.set_global_policy("mixed_float16")  # restored by conftest
+    model = keras.Sequential(
+        [
+            keras.Input((30,)),
+            keras.layers.Dense(64),
+            keras.layers.Dense(64, dtype="float32", name="kept_f32"),
+            keras.layers.Dense(10, dtype="float32", name="head"),  # a float32 head is right
+        ]
+    )
+    float32, odd = _precision_layers(model)
+    assert float32 == ["`kept_f32`"]
+    assert len(odd) == 1 and odd[0].endswith("(30, 64)")  # 64 -> 10 is the float32 head
+    keras.mixed_precision.set_global_policy("float32")
+    plain = keras.Sequential([keras.Input((30,)), keras.layers.Dense(64), keras.layers.Dense(8)])
+    float32, odd = _precision_layers(plain)
+    assert float32 == [] and len(odd) == 1 and odd[0].endswith("(30, 64)")
+
+
+def test_a_hand_built_diagnosis_prints_the_activity_counters():
+    d = Diagnosis(
+        bottleneck="compute", input_bound="no", input_wait_share=0.0, step_time_s=0.1,
+        compute_step_time_s=0.1, input_batch_time_s=0.01, batch_size=64,
+        examples_per_second=640.0, findings=[], device="GPU:0 (NVIDIA H100 80GB HBM3)",
+        monitor={"gpu0_util_pct_mean": 97.0, "gpu0_sm_active_pct_mean": 41.5,
+                 "gpu0_tensor_active_pct_mean": float("nan")},
+        notes=["tensor/SM activity not measured: ..."],
+    )  # fmt: skip
+    text = str(d)
+    assert "gpu0_sm_active_pct_mean: 41.5" in text
+    assert "tensor_active" not in text  # NaN: not printed
+    assert json.loads(json.dumps(d.to_dict()))["monitor"]["gpu0_sm_active_pct_mean"] == 41.5

@@ -15,7 +15,10 @@ assumed: `steps_per_execution=16` (host overhead: dispatching tiny steps one by 
 `jit_compile` (XLA). Facts about the dataset, read from its graph (NumPy input,
 `py_function`/generators, sequential or parallel maps, cache, a final `prefetch`), the
 train-step ops that run on the CPU of a GPU host (read from the traced step), memory headroom, the precision policy against the GPU's tensor cores, and a
-lint of the model under mixed precision complete the picture. The decision is a pure
+lint of the model under mixed precision complete the picture. Where the GPU monitor ran,
+its counters show what utilization hides: tensor cores idle, SMs idle under a busy GPU
+(small kernels), PCIe traffic far above the batch's size, clocks throttled (the reason
+named); on a GPU without GPM a note says what could not be seen. The decision is a pure
 function of the measurements (`_classify`), tested without hardware.
 
 The model's weights, optimizer state, metrics, `steps_per_execution`, `jit_compile` and
@@ -41,7 +44,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgpu._checks import check_bool, check_dir, check_int, invalid_type
+from tfgpu._checks import check_bool, check_dir, check_int, invalid_type, is_number
 from tfgpu._files import rotate, write_text_atomic
 from tfgpu._json import json_safe
 from tfgpu.batch_size import _prepare_model, _restore_state, _snapshot_state
@@ -70,6 +73,67 @@ MEMORY_HEADROOM_BELOW = 0.5
 LOSS_SCALE_MAX_HALVINGS = 4
 # Each comparison alternates its two variants this many times and takes medians.
 _ROUNDS = 3
+# What GPU utilization hides (GPU counters from the monitored run, see docs/diagnosis.md).
+# Tensor cores idle: tensor-pipe activity below this while the GPU is busy at least...
+TENSOR_ACTIVE_LOW_PCT = 5.0
+TENSOR_BUSY_UTIL_PCT = 50.0
+# Small kernels: utilization at least this high while SMs are active less than that.
+SMALL_KERNELS_UTIL_PCT = 80.0
+SMALL_KERNELS_SM_ACTIVE_PCT = 50.0
+# Host-device traffic inside the step: PCIe bytes per step above this many batches' bytes.
+PCIE_BATCH_FACTOR = 4.0
+# Throttled: mean power below this share of the limit with a throttle reason other than idle.
+POWER_LOW_SHARE = 0.6
+_GPM_UNSEEN = (
+    "tensor/SM activity not measured: GPM needs a Hopper or newer GPU; utilization alone "
+    "cannot tell idle SMs from busy ones"
+)
+# NVML's clocks-event (throttle) reasons: bit -> (what it says, what to do).
+# nvmlClocksEventReason* / nvmlClocksThrottleReason* in nvml.h; nvidia-smi
+# --query-gpu=clocks_throttle_reasons.active.
+THROTTLE_REASONS: dict[int, tuple[str, str]] = {
+    0x2: (
+        "applications clocks setting",
+        "the application clocks are set below the maximum: `nvidia-smi -rac` resets them "
+        "(needs root)",
+    ),
+    0x4: (
+        "SW power cap",
+        "the driver holds clocks down to stay under the power limit: check it with "
+        "`nvidia-smi -q -d POWER` and raise it with `nvidia-smi -pl` (needs root) if it was "
+        "lowered",
+    ),
+    0x8: (
+        "HW slowdown",
+        "the hardware halved the clocks (temperature too high or the power supply cannot "
+        "deliver): check cooling and the power supply (`nvidia-smi -q -d PERFORMANCE`)",
+    ),
+    0x10: (
+        "sync boost",
+        "clocks are held to those of the other GPUs of a sync-boost group: check the slowest one",
+    ),
+    0x20: (
+        "SW thermal slowdown",
+        "the driver lowers clocks to keep the GPU under its temperature target: improve "
+        "cooling and airflow (`nvidia-smi -q -d TEMPERATURE`)",
+    ),
+    0x40: (
+        "HW thermal slowdown",
+        "the GPU reached its hardware temperature limit: fix the cooling (fans, airflow, "
+        "blocked heatsink)",
+    ),
+    0x80: (
+        "HW power brake slowdown",
+        "an external power-brake signal (the power supply or chassis) slows the GPU: check "
+        "the system's power supply",
+    ),
+    0x100: (
+        "display clock setting",
+        "clocks are limited by the display clock setting",
+    ),
+}
+_THROTTLE_IDLE = 0x1  # "GPU idle": nothing to run, not a throttle
+_THROTTLE_SEVERE = 0x8 | 0x40 | 0x80  # hardware slowdowns: high severity
 
 
 @dataclass(frozen=True)
@@ -79,7 +143,9 @@ class Finding:
     Args:
         kind: str, a stable key: `"input_bound"`, `"host_overhead"`, `"host_device_traffic"`,
             `"memory_headroom"`, `"precision"`, `"xla"`, `"mixed_precision_output"`,
-            `"mixed_precision_dims"`, `"loss_scale"`.
+            `"mixed_precision_dims"`, `"loss_scale"`, and from the GPU counters of the
+            monitored run: `"tensor_cores_idle"`, `"small_kernels"`, `"pcie_traffic"`,
+            `"clocks_throttled"`.
         severity: str, `"high"`, `"moderate"` or `"info"`.
         title: str, one line.
         detail: str, what was measured or seen.
@@ -129,6 +195,21 @@ class _Facts:
     loss_scale_before: float | None = None
     loss_scale_after: float | None = None
     train_step_ops: list[_OpFact] = field(default_factory=list)  # None read: empty
+    # GPU counters from the monitored real run, gpu0 = TensorFlow's /GPU:0 (see
+    # `_monitor_facts`); NaN when not measured (no monitor, no GPM, no NVML counter).
+    util_pct_mean: float = math.nan
+    sm_active_pct_mean: float = math.nan
+    tensor_active_pct_mean: float = math.nan
+    pcie_mib_s_mean: float = math.nan  # transmitted + received
+    power_w_mean: float = math.nan
+    power_limit_w_max: float = math.nan
+    throttle_reasons_any: float = math.nan  # bitwise OR of the window's NVML bitmasks
+    sm_clock_mhz_mean: float = math.nan
+    energy_j: float = math.nan
+    batch_bytes: int | None = None  # one batch's tensors, in bytes
+    tf32_enabled: bool | None = None  # tf.config.experimental.tensor_float_32_execution_enabled()
+    float32_layers: list[str] = field(default_factory=list)  # float32 math under a 16-bit policy
+    odd_dim_layers: list[str] = field(default_factory=list)  # kernels with dims % 8 != 0
 
 
 @dataclass
@@ -207,8 +288,13 @@ class Diagnosis:
                 f"  {self.achieved_flops_per_second / 1e9:.2f} GFLOP/s achieved (MFU needs a GPU "
                 "from the peak table)"
             )
-        for key in ("gpu0_util_pct_mean", "gpu0_mem_used_mib_max"):
-            if key in self.monitor and math.isfinite(self.monitor[key]):
+        for key in (
+            "gpu0_util_pct_mean",
+            "gpu0_sm_active_pct_mean",
+            "gpu0_tensor_active_pct_mean",
+            "gpu0_mem_used_mib_max",
+        ):
+            if _finite(self.monitor.get(key)):
                 lines.append(f"  {key}: {self.monitor[key]:.1f}")
         if not self.findings:
             lines.append("No findings: the device is the limit. Nothing to change.")
@@ -407,6 +493,8 @@ def _classify(f: _Facts) -> tuple[str, str, float, list[Finding]]:
         if halvings >= LOSS_SCALE_MAX_HALVINGS or f.loss_scale_after < 1:
             findings.append(_loss_scale_finding(f.loss_scale_before, f.loss_scale_after))
 
+    findings += _counter_findings(f, cpu_ops)
+
     # Tiny steps also wait on the per-step hand-over of each batch; when the pipeline alone
     # outpaces the step, that wait is dispatch cost too, and steps_per_execution removes it.
     pipeline_keeps_up = f.input_batch_time_s < f.compute_step_time_s
@@ -420,6 +508,250 @@ def _classify(f: _Facts) -> tuple[str, str, float, list[Finding]]:
     lead = {"input": "input_bound", "host_overhead": "host_overhead"}.get(bottleneck)
     findings.sort(key=lambda x: (x.kind != lead, order[x.severity]))
     return bottleneck, level, share, findings
+
+
+def _finite(value: Any) -> bool:
+    """Whether `value` is a finite real number (NumPy scalars too, bools not)."""
+    return is_number(value) and math.isfinite(float(value))
+
+
+def _counter_findings(f: _Facts, cpu_ops: list[tuple[_OpFact, str]]) -> list[Finding]:
+    """What GPU utilization hides, from the GPU counters of the monitored run. Pure.
+
+    Each finding needs its counters measured (finite); a counter that is NaN (no GPM, no
+    NVML support, no monitor) decides nothing: `_unseen` says what could not be seen.
+    """
+    if not f.on_gpu:
+        return []
+    findings = []
+    util = f.util_pct_mean
+    tensor_gpu = bool(f.compute_capabilities) and all(
+        tuple(cc) >= (7, 0) for cc in f.compute_capabilities
+    )
+    if (
+        tensor_gpu
+        and _finite(f.tensor_active_pct_mean)
+        and _finite(util)
+        and f.tensor_active_pct_mean < TENSOR_ACTIVE_LOW_PCT
+        and util >= TENSOR_BUSY_UTIL_PCT
+    ):
+        findings.append(_tensor_idle_finding(f))
+    if (
+        _finite(util)
+        and _finite(f.sm_active_pct_mean)
+        and util >= SMALL_KERNELS_UTIL_PCT
+        and f.sm_active_pct_mean < SMALL_KERNELS_SM_ACTIVE_PCT
+    ):
+        findings.append(_small_kernels_finding(f))
+    if _finite(f.pcie_mib_s_mean) and f.batch_bytes and f.step_time_s > 0:
+        per_step = f.pcie_mib_s_mean * 2**20 * f.step_time_s
+        if per_step > PCIE_BATCH_FACTOR * f.batch_bytes:
+            findings.append(_pcie_finding(f, per_step, cpu_ops))
+    if (
+        _finite(f.power_w_mean)
+        and _finite(f.power_limit_w_max)
+        and f.power_limit_w_max > 0
+        and _finite(f.throttle_reasons_any)
+        and f.power_w_mean < POWER_LOW_SHARE * f.power_limit_w_max
+    ):
+        reasons = int(f.throttle_reasons_any) & ~_THROTTLE_IDLE
+        if reasons:
+            findings.append(_throttle_finding(f, reasons))
+    return findings
+
+
+def _tensor_idle_finding(f: _Facts) -> Finding:
+    mixed = f.policy in ("mixed_float16", "mixed_bfloat16")
+    tf32_capable = all(tuple(cc) >= (8, 0) for cc in f.compute_capabilities)
+    fixes = []
+    if mixed and f.float32_layers:
+        fixes.append(
+            "these layers keep float32 math under the mixed policy, so their matmuls skip the "
+            "tensor cores: " + ", ".join(f.float32_layers[:8]) + " (drop their "
+            '`dtype="float32"` unless they must stay float32, like a final softmax)'
+        )
+    if f.odd_dim_layers:
+        fixes.append(
+            "round `units` / `filters` / `output_dim` (pad vocabularies, channels, input "
+            "features) to multiples of 8, which tensor cores need: "
+            + ", ".join(f.odd_dim_layers[:8])
+        )
+    if f.tf32_enabled is False and tf32_capable:
+        fixes.append(
+            "TF32 is off, so float32 matmuls run on the CUDA cores: remove "
+            "`tf.config.experimental.enable_tensor_float_32_execution(False)` (or call it "
+            "with `True`)"
+        )
+    if not mixed:
+        choice = "mixed_bfloat16" if tf32_capable else "mixed_float16"
+        fixes.append(
+            f'mixed precision: `tfgpu.configure(precision="{choice}")` before building the '
+            "model" + ("" if tf32_capable else " (float32 never uses tensor cores before Ampere)")
+        )
+    fixes.append(
+        "if the step is mostly element-wise work (normalization, activations, embedding "
+        "look-ups) rather than matmuls and convolutions, tensor cores have little to do: "
+        "`jit_compile=True` fuses that work"
+    )
+    return Finding(
+        "tensor_cores_idle",
+        "moderate",
+        "Tensor cores nearly idle while the GPU is busy",
+        f"Tensor-core activity {f.tensor_active_pct_mean:.1f}% (GPM) at "
+        f"{f.util_pct_mean:.0f}% utilization under the {f.policy} policy: the matmuls and "
+        "convolutions do not run on the tensor cores."
+        + (" TF32 is off." if f.tf32_enabled is False and tf32_capable else ""),
+        _sentence("; ".join(fixes)),
+    )
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + "."
+
+
+def _small_kernels_finding(f: _Facts) -> Finding:
+    batch = f"now {f.batch_size}" if f.batch_size else "per replica"
+    spe = max(PROBE_STEPS_PER_EXECUTION, 4 * f.steps_per_execution)
+    xla = (
+        "XLA is already on (`jit_compile=True`): look for ops it cannot fuse"
+        if f.jit_compile
+        else "`model.compile(..., jit_compile=True)`: XLA fuses small element-wise kernels "
+        "into fewer, larger ones"
+    )
+    return Finding(
+        "small_kernels",
+        "moderate",
+        "Utilization high, SM activity low: kernels too small to fill the GPU",
+        f"NVML utilization {f.util_pct_mean:.0f}% says a kernel was running that share of the "
+        f"time; GPM says the SMs were active only {f.sm_active_pct_mean:.0f}% of it on "
+        "average: each kernel occupies a few SMs and leaves the rest idle.",
+        f"A larger `batch_size` ({batch}; `tfgpu.find_batch_size(model, data)` finds the "
+        "largest that fits, and scale the learning rate with `tfgpu.scale_learning_rate`); "
+        f"`model.compile(..., steps_per_execution={spe})` (now {f.steps_per_execution}) so "
+        f"kernels are queued back to back; {xla}.",
+    )
+
+
+def _pcie_finding(f: _Facts, per_step: float, cpu_ops: list[tuple[_OpFact, str]]) -> Finding:
+    assert f.batch_bytes  # checked by the caller
+    seen = []
+    if cpu_ops:
+        seen.append(_cpu_ops_traffic(cpu_ops)[0])
+    if f.numpy_input:
+        seen.append("the data is fed as NumPy arrays")
+    if f.python_input:
+        seen.append("the pipeline runs `tf.py_function` / a generator")
+    mib = 2**20
+    return Finding(
+        "pcie_traffic",
+        "moderate",
+        "Host-device transfers inside the step: PCIe traffic far above the batch's size",
+        f"{per_step / mib:,.1f} MiB crossed PCIe per step ({f.pcie_mib_s_mean:,.1f} MiB/s "
+        f"sent and received x {f.step_time_s * 1e3:.2f} ms per step), "
+        f"{per_step / f.batch_bytes:.0f}x the batch's {f.batch_bytes / mib:,.2f} MiB"
+        + (f"; seen: {'; '.join(seen)}" if seen else "")
+        + ".",
+        "Keep the step on the GPU: ops placed on the CPU (pinned with `tf.device`, or without "
+        "a GPU kernel; `tf.debugging.set_log_device_placement(True)` lists them) move into the "
+        "input pipeline or get a GPU op; NumPy conversions in a callback (`.numpy()`, "
+        "`np.asarray(...)`, `float(tensor)` in `on_train_batch_end`) copy tensors back every "
+        "batch: do them per epoch, or keep the values as tensors; `tf.py_function` in the "
+        "model runs on the host: rewrite it with TF ops.",
+    )
+
+
+def _throttle_names(reasons: int) -> list[tuple[str, str]]:
+    """The (name, fix) of each bit set in an NVML throttle-reason bitmask (idle left out)."""
+    named = [THROTTLE_REASONS[bit] for bit in sorted(THROTTLE_REASONS) if reasons & bit]
+    unknown = reasons & ~_THROTTLE_IDLE & ~sum(THROTTLE_REASONS)
+    if unknown:
+        named.append(
+            (f"reason bits {unknown:#x}", "see `nvidia-smi -q -d PERFORMANCE` for the reason")
+        )
+    return named
+
+
+def _throttle_finding(f: _Facts, reasons: int) -> Finding:
+    named = _throttle_names(reasons)
+    clock = (
+        f" at {f.sm_clock_mhz_mean:.0f} MHz SM clock (mean)" if _finite(f.sm_clock_mhz_mean) else ""
+    )
+    return Finding(
+        "clocks_throttled",
+        "high" if reasons & _THROTTLE_SEVERE else "moderate",
+        "Clocks throttled: " + ", ".join(name for name, _ in named),
+        f"Power {f.power_w_mean:.0f} W on average, {f.power_w_mean / f.power_limit_w_max:.0%} "
+        f"of the {f.power_limit_w_max:.0f} W limit{clock}, while NVML reported clock "
+        f"throttle reasons {reasons:#x} ({', '.join(name for name, _ in named)}).",
+        "; ".join(f"{name}: {fix}" for name, fix in named) + ".",
+    )
+
+
+def _unseen(f: _Facts) -> list[str]:
+    """Notes on what the GPU counters could not show (NaN where the monitor ran). Pure."""
+    if not (f.on_gpu and _finite(f.util_pct_mean)):
+        return []  # no monitor: its own note says so
+    notes = []
+    if not (_finite(f.sm_active_pct_mean) or _finite(f.tensor_active_pct_mean)):
+        high = (
+            f" (utilization averaged {f.util_pct_mean:.0f}% here: a kernel was running, not "
+            "necessarily on every SM)"
+            if f.util_pct_mean >= SMALL_KERNELS_UTIL_PCT
+            else ""
+        )
+        notes.append(_GPM_UNSEEN + high)
+    if not _finite(f.pcie_mib_s_mean):
+        notes.append(
+            "PCIe traffic not measured (no GPM or NVML PCIe counter on this GPU): host-device "
+            "transfers inside the step not checked"
+        )
+    elif not f.batch_bytes:
+        notes.append("PCIe traffic per step not compared: the batch's size in bytes is unknown")
+    if not (_finite(f.power_limit_w_max) and _finite(f.throttle_reasons_any)):
+        notes.append(
+            "power limit or clock throttle reasons not reported by NVML: throttling not checked"
+        )
+    return notes
+
+
+def _monitor_facts(aggregate: dict[str, Any], gpu: int = 0) -> dict[str, float]:
+    """The `_Facts` GPU counters from `Sampler.aggregate()` keys `gpu{gpu}_*`. Pure.
+
+    A key that is absent (an older monitor) or not a finite number reads as NaN. PCIe is
+    transmitted + received (what was measured, when only one direction was).
+    """
+
+    def get(key: str) -> float:
+        value = aggregate.get(f"gpu{gpu}_{key}") if isinstance(aggregate, dict) else None
+        return float(value) if value is not None and _finite(value) else math.nan
+
+    tx, rx = get("pcie_tx_mib_s_mean"), get("pcie_rx_mib_s_mean")
+    pcie = [v for v in (tx, rx) if math.isfinite(v)]
+    return {
+        "util_pct_mean": get("util_pct_mean"),
+        "sm_active_pct_mean": get("sm_active_pct_mean"),
+        "tensor_active_pct_mean": get("tensor_active_pct_mean"),
+        "pcie_mib_s_mean": sum(pcie) if pcie else math.nan,
+        "power_w_mean": get("power_w_mean"),
+        "power_limit_w_max": get("power_limit_w_max"),
+        "throttle_reasons_any": get("throttle_reasons_any"),
+        "sm_clock_mhz_mean": get("sm_clock_mhz_mean"),
+        "energy_j": get("energy_j"),
+    }
+
+
+def _batch_bytes(batch) -> int | None:
+    """Bytes of one batch's tensors (inputs, labels, weights), or None if unknown."""
+    total = 0
+    try:
+        for t in tf.nest.flatten(batch, expand_composites=True):
+            n = t.shape.num_elements()
+            if n is None:
+                return None
+            total += int(n) * int(t.dtype.size)
+    except Exception:  # an odd element (a string tensor has no fixed size): unknown
+        return None
+    return total or None
 
 
 def _input_advice(f: _Facts) -> str:
@@ -604,14 +936,7 @@ def _lint_mixed_precision(model, compute_capabilities) -> list[Finding]:
         has_tensor_cores(tuple(cc)) for cc in compute_capabilities
     )
     if tensor_cores:
-        odd = []
-        for la in mixed:
-            kernel = getattr(la, "kernel", None)
-            shape = tuple(int(d) for d in kernel.shape) if kernel is not None else ()
-            dims = shape[-2:] if len(shape) >= 2 else ()
-            bad = [d for d in dims if d % 8]
-            if bad:
-                odd.append(f"`{la.name}` {shape}")
+        odd = _odd_dims(mixed)
         if odd:
             findings.append(
                 Finding(
@@ -625,6 +950,45 @@ def _lint_mixed_precision(model, compute_capabilities) -> list[Finding]:
                 )
             )
     return findings
+
+
+def _leaf_layers(model) -> list[Any]:
+    return [la for la in model._flatten_layers(include_self=False) if not la._layers]
+
+
+def _odd_dims(layers) -> list[str]:
+    """Each layer whose kernel has a dimension (of its last two) not a multiple of 8, as
+    "`name` (shape)"."""
+    odd = []
+    for la in layers:
+        kernel = getattr(la, "kernel", None)
+        shape = tuple(int(d) for d in kernel.shape) if kernel is not None else ()
+        dims = shape[-2:] if len(shape) >= 2 else ()
+        if any(d % 8 for d in dims):
+            odd.append(f"`{la.name}` {shape}")
+    return odd
+
+
+def _precision_layers(model) -> tuple[list[str], list[str]]:
+    """(layers keeping float32 math under a 16-bit policy, kernels with dims not multiples
+    of 8) for the tensor-core advice. Reads the model, changes nothing.
+
+    The first list is empty unless some layer computes in float16/bfloat16; the last layer
+    is left out of it (a float32 output is what the mixed-precision guide asks for).
+    """
+    layers = _leaf_layers(model)
+    half = ("float16", "bfloat16")
+    mixed = [la for la in layers if getattr(la, "compute_dtype", None) in half]
+    with_kernel = [la for la in layers if getattr(la, "kernel", None) is not None]
+    float32 = []
+    if mixed:
+        last = with_kernel[-1] if with_kernel else None
+        float32 = [
+            f"`{la.name}`"
+            for la in with_kernel
+            if la is not last and getattr(la, "compute_dtype", None) == "float32"
+        ]
+    return float32, _odd_dims(mixed or with_kernel)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1226,8 +1590,18 @@ def diagnose(
         train_step_ops=train_step_ops,
         loss_scale_before=scale_before,
         loss_scale_after=scale_after,
+        batch_bytes=_batch_bytes(batch),
     )
+    for name, value in _monitor_facts(monitor_aggregate).items():
+        setattr(f, name, value)
+    if on_gpu:
+        try:
+            f.tf32_enabled = bool(tf.config.experimental.tensor_float_32_execution_enabled())
+            f.float32_layers, f.odd_dim_layers = _precision_layers(model)
+        except Exception as e:  # side facts: a note, not a crash
+            notes.append(f"tensor-core facts not read: {e}")
     bottleneck, level, share, findings = _classify(f)
+    notes += _unseen(f)
     wait = max(0.0, real - compute)
     if level == "no" and share >= INPUT_BOUND_MODERATE:
         notes.append(
