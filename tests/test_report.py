@@ -21,8 +21,13 @@ _HOST = monitor.timeline_columns(0)
 _GPU = [c.removeprefix("gpu0_") for c in monitor.timeline_columns(1)[len(_HOST) :]]
 
 
-def _write_run(path, *, gpus: int, rows: int = 20, steps: bool = True, diagnosis=None):
-    """A run directory per the run-directory contract, with known values."""
+def _write_run(path, *, gpus: int, rows: int = 20, steps: bool = True, diagnosis=None, extra=None):
+    """A run directory per the run-directory contract, with known values.
+
+    `extra` maps per-GPU column names (without `gpu{i}_`) to `f(k, i)`, the value of row `k`
+    for GPU `i`; other columns the monitor records are NaN (unsupported).
+    """
+    extra = extra or {}
     path.mkdir(parents=True, exist_ok=True)
     t0 = 1_700_000_000.0
     meta = {
@@ -43,16 +48,27 @@ def _write_run(path, *, gpus: int, rows: int = 20, steps: bool = True, diagnosis
         ],
     }
     (path / "run.json").write_text(json.dumps(meta))
-    cols = _HOST + [f"gpu{i}_{c}" for i in range(gpus) for c in _GPU]
+    names = _GPU + [c for c in extra if c not in _GPU]
+    cols = _HOST + [f"gpu{i}_{c}" for i in range(gpus) for c in names]
     lines = [",".join(cols)]
     for k in range(rows):
         epoch = 0 if k < rows // 2 else 1
         host = [t0 + 0.5 * k, 0.5 * k, epoch, k, 50.0, 1000.0 + k, 40.0]
         per_gpu = []
-        for _ in range(gpus):
-            util = 0.0 if k % 4 == 0 else 80.0  # a quarter of samples idle
-            per_gpu += [util, 30.0, 20000.0 + k, 40960.0, 19000.0, 250.0, 400.0, 60.0, 1400.0]
-            per_gpu.append(math.nan)  # throttle reasons unsupported -> nan
+        for i in range(gpus):
+            known = {
+                "util_pct": 0.0 if k % 4 == 0 else 80.0,  # a quarter of samples idle
+                "mem_util_pct": 30.0,
+                "mem_used_mib": 20000.0 + k,
+                "mem_total_mib": 40960.0,
+                "proc_mem_mib": 19000.0,
+                "power_w": 250.0,
+                "power_limit_w": 400.0,
+                "temp_c": 60.0,
+                "sm_clock_mhz": 1400.0,
+                **{c: f(k, i) for c, f in extra.items()},
+            }
+            per_gpu += [known.get(c, math.nan) for c in names]  # the rest unsupported: nan
         lines.append(",".join("nan" if v != v else repr(float(v)) for v in host + per_gpu))
     (path / "timeline.csv").write_text("\n".join(lines) + "\n")
     if steps:
@@ -515,3 +531,129 @@ def test_earlier_diagnoses_and_moved_aside_records_are_listed(tmp_path, no_plots
         first < text.index("## Earlier diagnosis `diagnosis.2.json`") < text.index("## Diagnosis")
     )
     assert "**host_overhead**" in text[first:] and "newest: input-bound" in text
+
+
+# ---- what utilization hides: SM/tensor activity, PCIe, energy per example (issue 15) --------
+
+
+def _hand_timeline(path, columns, rows):
+    """A timeline written by hand: `rows` are lists of values in `columns` order."""
+    path.mkdir(parents=True, exist_ok=True)
+    lines = [",".join(columns)]
+    lines += [",".join("nan" if v != v else repr(float(v)) for v in row) for row in rows]
+    (path / "timeline.csv").write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _steps(path, rows):
+    """steps.csv rows (time, epoch, step, step_time_s, examples_per_s)."""
+    text = ["time,epoch,step,step_time_s,examples_per_s"]
+    text += [",".join(str(v) for v in row) for row in rows]
+    (path / "steps.csv").write_text("\n".join(text) + "\n")
+
+
+_T0 = 1_700_000_000.0
+
+
+def test_sm_and_tensor_activity_are_plotted_next_to_utilization(tmp_path):
+    run = _write_run(
+        tmp_path / "run",
+        gpus=2,
+        extra={
+            "sm_active_pct": lambda k, i: 35.0,
+            "tensor_active_pct": lambda k, i: 2.0 if i == 0 else math.nan,  # GPU 1: not read
+            "pcie_tx_mib_s": lambda k, i: 100.0 + k,
+            "pcie_rx_mib_s": lambda k, i: 50.0,
+        },
+    )
+    text = write_report(run).read_text()
+    assert (run / "activity.png").stat().st_size > 1000
+    assert "![activity](activity.png)" in text
+    assert (
+        "| GPU | util mean % | SM active mean % | tensor active mean % | PCIe tx mean MiB/s | "
+        "PCIe rx mean MiB/s |" in text
+    )
+    assert "| 0 | 60.0 | 35.0 | 2.0 | 109.5 | 50.0 |" in text
+    assert "| 1 | 60.0 | 35.0 | n/a | 109.5 | 50.0 |" in text
+    assert "SM active is the share of SMs busy" in text
+
+
+def test_without_activity_or_energy_values_the_report_is_as_before(tmp_path, no_plots):
+    old = ["time", "elapsed_s", "epoch", "gpu0_util_pct", "gpu0_power_w"]  # an older tfgpu
+    rows = [[_T0 + k, float(k), 0.0, 80.0, 200.0] for k in range(5)]
+    for run, columns, values in (
+        (tmp_path / "old", old, rows),
+        # Columns present but all NaN: a GPU without GPM, PCIe or energy counters.
+        (
+            tmp_path / "no_gpm",
+            [*old, "gpu0_sm_active_pct", "gpu0_tensor_active_pct", "gpu0_energy_j"],
+            [[*r, math.nan, math.nan, math.nan] for r in rows],
+        ),
+        # One energy value: nothing to subtract.
+        (
+            tmp_path / "one_energy",
+            [*old, "gpu0_energy_j"],
+            [[*r, 5000.0 if k == 2 else math.nan] for k, r in enumerate(rows)],
+        ),
+    ):
+        _hand_timeline(run, columns, values)
+        _steps(run, [[_T0 + 1, 0, 0, 0.1, 640.0]])
+        text = write_report(run).read_text()
+        assert "SM active" not in text and "## Energy" not in text, run.name
+        assert "| 0 | 80.0 | 80.0 | 0% |" in text
+        assert not (run / "activity.png").exists()
+
+
+def test_energy_per_example_over_the_span_the_steps_share(tmp_path, no_plots):
+    # 20 samples every 0.5 s; the counter rises 125 J per sample: 2375 J over 9.5 s (250 W).
+    columns = ["time", "elapsed_s", "epoch", "gpu0_util_pct", "gpu0_energy_j"]
+    rows = [[_T0 + 0.5 * k, 0.5 * k, 0.0, 90.0, 1e6 + 125.0 * k] for k in range(20)]
+    run = _hand_timeline(tmp_path / "run", columns, rows)
+    # 64 examples per row (640/s x 0.1 s); rows ending at T0+1 ... T0+9 fall in the span,
+    # the one at T0+10 ends after the last sample.
+    _steps(run, [[_T0 + 1 + k, 0, k, 0.1, 640.0] for k in range(10)])
+    text = write_report(run).read_text()
+    assert "## Energy" in text
+    assert "| `timeline.csv` | 0 | 2.375 | 9.5 | 250.0 | 576 | 4.123 |" in text
+    # Rows of several steps (steps_per_execution) count all their examples.
+    _steps(run, [[_T0 + 2, 0, 3, 0.1, 640.0], [_T0 + 4, 0, 7, 0.1, 640.0]])  # 4 steps each
+    text = write_report(run).read_text()
+    assert "| 2.375 | 9.5 | 250.0 | 512 | 4.639 |" in text
+
+
+def test_energy_of_several_gpus_and_sessions_counts_only_within_sessions(tmp_path, no_plots):
+    columns = ["time", "elapsed_s", "epoch", "gpu0_util_pct", "gpu0_energy_j",
+               "gpu1_util_pct", "gpu1_energy_j"]  # fmt: skip
+    rows = []
+    for k in range(5):  # session 1: 100 J per second on GPU 0, 50 on GPU 1
+        rows.append([_T0 + k, float(k), 0.0, 90.0, 1000.0 + 100 * k, 90.0, 500.0 + 50 * k])
+    for k in range(5):  # session 2, an hour later: the GPUs ran other work in between
+        t = _T0 + 3600 + k
+        rows.append([t, float(k), 0.0, 90.0, 90000.0 + 100 * k, 90.0, 40000.0 + 50 * k])
+    run = _hand_timeline(tmp_path / "run", columns, rows)
+    _steps(
+        run,
+        [
+            [_T0 + 2, 0, 0, 0.1, 1000.0],
+            [_T0 + 3602, 0, 0, 0.1, 1000.0],
+            [_T0 + 1800, 0, 1, 0.1, 1000.0],
+        ],
+    )  # fmt: skip  (the last: between sessions)
+    text = write_report(run).read_text()
+    assert "| `timeline.csv` | 0 | 0.800 | 8.0 | 100.0 | 200 | 4 |" in text
+    assert "| `timeline.csv` | 1 | 0.400 | 8.0 | 50.0 | 200 | 2 |" in text
+    assert "| `timeline.csv` | all | 1.200 | n/a | n/a | 200 | 6 |" in text
+
+
+def test_energy_without_steps_or_batch_size_or_with_a_counter_reset(tmp_path, no_plots):
+    columns = ["time", "elapsed_s", "epoch", "gpu0_util_pct", "gpu0_energy_j"]
+    rows = [[_T0 + k, float(k), 0.0, 90.0, 1000.0 + 100 * k] for k in range(5)]
+    run = _hand_timeline(tmp_path / "run", columns, rows)
+    text = write_report(run).read_text()  # no steps.csv: energy, no examples
+    assert "| `timeline.csv` | 0 | 0.400 | 4.0 | 100.0 | n/a | n/a |" in text
+    _steps(run, [[_T0 + 2, 0, 0, 0.1, "nan"]])  # StepTimer without a batch size
+    assert "| 100.0 | n/a | n/a |" in write_report(run).read_text()
+    reset = [[*r[:4], 1000.0 - 100 * k] for k, r in enumerate(rows)]  # driver reloaded
+    _hand_timeline(run, columns, reset)
+    text = write_report(run).read_text()
+    assert "1 session(s) skipped where the energy counter went backwards" in text

@@ -8,9 +8,14 @@ A run directory is what `GPUMonitor`, `StepTimer`, `tfgpu.monitor.record(path)` 
 - `utilization.png`: GPU utilization and host CPU % over time;
 - `memory.png`: GPU memory used (and total), host RSS;
 - `power.png`: GPU power draw and limit (only when GPUs were sampled);
+- `activity.png`: GPU utilization next to SM and tensor-core activity (only when the
+  timeline has `gpu{i}_sm_active_pct` / `gpu{i}_tensor_active_pct` values: GPM, Hopper or
+  newer), what utilization alone hides;
 - `step_time.png`: milliseconds per training step over time, on a log scale so that the
   first step (tracing, compilation) and the steady steps both show (when `steps.csv` exists);
-- `report.md`: averages, maxima, the GPUs' idle share, step-time statistics per epoch, and
+- `report.md`: averages, maxima, the GPUs' idle share, SM/tensor/DRAM activity and PCIe
+  traffic where recorded, step-time statistics per epoch, energy used per GPU and per
+  example (from `gpu{i}_energy_j` and the examples of `steps.csv` over the same span), and
   the saved diagnosis.
 
 Epoch boundaries are drawn as vertical lines. Epochs are numbered from 1 in the plots and the
@@ -488,7 +493,35 @@ def _timeline_plots(
         power.append((f"GPU {i} power limit", t, col(f"gpu{i}_power_limit_w"), ":"))
     if gpus:
         made.append(plot("power", "Power", "watts", power))
+    active = _activity_gpus(table)
+    if active:  # GPM counters recorded: what utilization hides, next to it
+        activity = []
+        for i in active:
+            activity.append((f"GPU {i} utilization", t, col(f"gpu{i}_util_pct"), "-"))
+            activity.append((f"GPU {i} SM active", t, col(f"gpu{i}_sm_active_pct"), "--"))
+            activity.append((f"GPU {i} tensor active", t, col(f"gpu{i}_tensor_active_pct"), ":"))
+        made.append(
+            plot(
+                "activity",
+                "What utilization hides: utilization vs SM and tensor-core activity",
+                "%",
+                activity,
+                ylim=(0, 105),
+            )
+        )
     return [p for p in made if p is not None]
+
+
+_ACTIVITY = ("sm_active_pct", "tensor_active_pct")
+
+
+def _activity_gpus(table: _Table) -> list[int]:
+    """The GPUs with SM or tensor activity values (GPM) in the timeline."""
+    return [
+        i
+        for i in _gpu_indices(table)
+        if any(_finite(table.col(f"gpu{i}_{name}")) for name in _ACTIVITY)
+    ]
 
 
 def _steps_plot(plt, out: Path, table: _Table, t0: float | None) -> Path | None:
@@ -580,6 +613,7 @@ def _timeline_section(table: _Table, name: str) -> list[str]:
             f"Idle share: the share of samples with utilization below {IDLE_UTIL_PCT:g}%.",
             "",
         ]
+        lines += _activity_lines(table, gpus)
     lines += [
         f"Host: CPU mean {_fmt(_mean(table.col('host_cpu_pct')))}%, process RSS max "
         f"{_fmt(_max(table.col('host_rss_mib')), '.0f')} MiB, system memory max "
@@ -624,6 +658,159 @@ def _steps_section(table: _Table, name: str) -> list[str]:
             f"{_fmt(times[0], '.2f')} | {_fmt(spent, '.2f')} |"
         )
     lines.append("")
+    return lines
+
+
+# (column, header) of the activity table: GPM counters and PCIe, where recorded.
+_ACTIVITY_TABLE = (
+    ("sm_active_pct", "SM active mean %"),
+    ("sm_occupancy_pct", "SM occupancy mean %"),
+    ("tensor_active_pct", "tensor active mean %"),
+    ("dram_active_pct", "DRAM active mean %"),
+    ("pcie_tx_mib_s", "PCIe tx mean MiB/s"),
+    ("pcie_rx_mib_s", "PCIe rx mean MiB/s"),
+)
+
+
+def _activity_lines(table: _Table, gpus: list[int]) -> list[str]:
+    """The activity table (what utilization hides), when the timeline has such values."""
+    shown = [
+        (name, header)
+        for name, header in _ACTIVITY_TABLE
+        if any(_finite(table.col(f"gpu{i}_{name}")) for i in gpus)
+    ]
+    if not shown:
+        return []  # an older timeline, or a GPU without GPM and PCIe counters
+    lines = [
+        "| GPU | util mean % | " + " | ".join(h for _, h in shown) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in shown) + " |",
+    ]
+    for i in gpus:
+        cells = [_fmt(_mean(table.col(f"gpu{i}_{name}"))) for name, _ in shown]
+        lines.append(
+            f"| {i} | {_fmt(_mean(table.col(f'gpu{i}_util_pct')))} | " + " | ".join(cells) + " |"
+        )
+    lines += [
+        "",
+        "Utilization is the share of time a kernel was running, however few SMs it used; SM "
+        "active is the share of SMs busy, tensor active the share of time the tensor cores "
+        "worked (GPM, Hopper or newer). n/a: not measured on that GPU.",
+        "",
+    ]
+    return lines
+
+
+@dataclass
+class _Energy:
+    """Energy of one GPU over a timeline's sessions (`gpu{i}_energy_j`, cumulative J)."""
+
+    gpu: int
+    joules: float = 0.0
+    seconds: float = 0.0
+    spans: list[tuple[float, float]] = field(default_factory=list)  # unix times
+    resets: int = 0  # sessions whose counter went backwards (driver reloaded): skipped
+
+
+def _energy(table: _Table) -> list[_Energy]:
+    """Energy used per GPU: per session, last minus first finite `energy_j`, summed.
+
+    The counter is cumulative since the driver loaded, so only differences within a
+    session count (between sessions the GPU may have run other work).
+    """
+    starts = _timeline_sessions(table)
+    ends = [*starts[1:], len(table.rows)]
+    times = table.col("time")
+    out = []
+    for i in _gpu_indices(table):
+        values = table.col(f"gpu{i}_energy_j")
+        if not _finite(values):
+            continue
+        e = _Energy(i)
+        for a, b in zip(starts, ends):
+            pairs = [(t, v) for t, v in zip(times[a:b], values[a:b]) if math.isfinite(v)]
+            if len(pairs) < 2:
+                continue
+            (t_first, first), (t_last, last) = pairs[0], pairs[-1]
+            if last < first:
+                e.resets += 1
+                continue
+            e.joules += last - first
+            if math.isfinite(t_first) and math.isfinite(t_last):
+                e.seconds += t_last - t_first
+                e.spans.append((t_first, t_last))
+        if e.spans or e.joules or e.resets:
+            out.append(e)
+    return out
+
+
+def _examples_in(steps: list[_Table], spans: list[tuple[float, float]]) -> float:
+    """Examples trained in steps rows that ended within `spans` (NaN when unknown).
+
+    A row covers `step_time_s x steps` seconds at `examples_per_s`: its examples are the
+    product (the batch size times its steps).
+    """
+    total, known = 0.0, False
+    for table in steps:
+        starts = _steps_sessions(table)
+        counts = _steps_per_row(table.col("step"), starts)
+        for r, n in zip(table.rows, counts):
+            t = r.get("time", math.nan)
+            if not any(a <= t <= b for a, b in spans):
+                continue
+            examples = r.get("examples_per_s", math.nan) * r.get("step_time_s", math.nan) * n
+            if math.isfinite(examples):
+                total += examples
+                known = True
+    return total if known else math.nan
+
+
+def _energy_section(
+    timelines: list[tuple[_Artifact, _Table]], steps: dict[str, list[_Table]]
+) -> list[str]:
+    """Energy used per GPU and per example, for timelines with `gpu{i}_energy_j` values."""
+    rows = []
+    for artifact, table in timelines:
+        energies = _energy(table)
+        if not energies:
+            continue
+        spans = sorted({s for e in energies for s in e.spans})
+        examples = _examples_in(steps.get(artifact.worker, []), spans)
+        for e in energies:
+            rows.append((artifact.path.name, str(e.gpu), e.joules, e.seconds, examples, e.resets))
+        if len(energies) > 1:
+            total = math.fsum(e.joules for e in energies)
+            rows.append((artifact.path.name, "all", total, math.nan, examples, 0))
+    if not rows:
+        return []  # no energy counter recorded (an older timeline, an old driver)
+    lines = [
+        "## Energy",
+        "",
+        "| timeline | GPU | energy used kJ | over s | mean power W | examples | J per example |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    resets = 0
+    for name, gpu, joules, seconds, examples, reset in rows:
+        power = joules / seconds if seconds > 0 else math.nan
+        per_example = joules / examples if examples > 0 else math.nan
+        lines.append(
+            f"| `{name}` | {gpu} | {_fmt(joules / 1e3, '.3f')} | {_fmt(seconds, '.1f')} | "
+            f"{_fmt(power)} | {_fmt(examples, ',.0f')} | {_fmt(per_example, '.4g')} |"
+        )
+        resets += reset
+    lines += [
+        "",
+        "Energy used: the GPU's energy counter (NVML, cumulative) at the last sample minus the "
+        "first, per session. Examples: the rows of `steps.csv` (StepTimer) that ended in the "
+        "same span (examples/s x step time x steps). n/a examples: no `steps.csv` over that "
+        "span, or a batch size StepTimer could not tell (`StepTimer(batch_size=...)`).",
+        "",
+    ]
+    if resets:
+        lines += [
+            f"{resets} session(s) skipped where the energy counter went backwards (the driver "
+            "was reloaded).",
+            "",
+        ]
     return lines
 
 
@@ -853,11 +1040,14 @@ def _write(run_dir: Any, out_dir: Any) -> tuple[Path, _Problems]:
     body: list[str] = []
     images: list[Path] = []
     first_samples: dict[str, list[float]] = {}  # per worker: each timeline's time 0
+    read_timelines: list[tuple[_Artifact, _Table]] = []
+    read_steps: dict[str, list[_Table]] = {}  # per worker
     for artifact in timelines:
         table = _read_table(artifact.path, ("time", "elapsed_s"), "timeline", problems)
         if table is None:
             body += [f"## Timeline `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
             continue
+        read_timelines.append((artifact, table))
         times = _finite(table.col("time"))
         if times:
             first_samples.setdefault(artifact.worker, []).append(times[0])
@@ -870,11 +1060,14 @@ def _write(run_dir: Any, out_dir: Any) -> tuple[Path, _Problems]:
         if table is None:
             body += [f"## Steps `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
             continue
+        read_steps.setdefault(artifact.worker, []).append(table)
         body += _section(problems, artifact.path, _steps_section, table, artifact.path.name)
         t0 = _t0_for(table, artifact.worker, first_samples)
         img = _drawn(problems, _steps_plot, plt, out / f"step_time{artifact.suffix}.png", table, t0)
         if img is not None:
             images.append(img)
+    if read_timelines:
+        body += _section(problems, run, _energy_section, read_timelines, read_steps)
     for diagnosis in _diagnoses(names):  # earlier ones (diagnosis.1.json, ...) first
         body += _section(problems, diagnosis, _diagnosis_section, diagnosis, problems)
     if images:
