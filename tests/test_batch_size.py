@@ -11,6 +11,7 @@ from tfgpu import batch_size as batch_size_module
 from tfgpu.batch_size import (
     BatchSizeResult,
     _accumulation_plan,
+    _example_pool,
     _next_candidate,
     _stopped_by,
     find_batch_size,
@@ -353,3 +354,20 @@ def test_start_above_max_batch_size_is_rejected_before_any_trial():
     # Equal bounds are a valid single-size search.
     result = find_batch_size(model, (x, y), start=8, max_batch_size=8, steps=1)
     assert [t.batch_size for t in result.trials] == [8]
+
+
+def test_examples_with_an_unknown_first_dimension_are_not_taken_for_batches():
+    # Variable-length examples (shape (None, 4)) look like batches by their spec alone; the
+    # dataset's chain says they are examples, so they are not unbatched into rows.
+    x, y = _data()
+    examples = tf.data.Dataset.from_tensor_slices((x, y)).map(
+        lambda a, b: (
+            tf.reshape(tf.boolean_mask(a, tf.math.is_finite(a)), [-1, 4]),
+            tf.boolean_mask(b, tf.math.is_finite(b)),
+        )
+    )
+    assert examples.element_spec[0].shape.as_list() == [None, 4]
+    pool_x, pool_y, _ = _example_pool(examples, 16)
+    assert pool_x.shape == (16, 2, 4) and pool_y.shape == (16, 1)
+    batched_x, _, _ = _example_pool(examples.batch(4).prefetch(1), 16)
+    assert batched_x.shape == (16, 2, 4)

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from tfgpu import data as tfdata
+from tfgpu._datasets import source_batches
 from tfgpu.data import _decide, _Facts
 
 N = 64
@@ -921,7 +922,7 @@ def _variable_images():
     ],
 )
 def test_batched_sources_are_detected_from_chain_and_spec(make, batched):
-    found, ambiguous = tfdata._source_batches(make())
+    found, ambiguous = source_batches(make())
     assert (found is not None) is batched and not ambiguous
 
 

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from tfgpu._checks import check_int, check_number, invalid_type
+from tfgpu._datasets import source_batches
 
 __all__ = ["BatchSizeResult", "BatchSizeTrial", "find_batch_size"]
 
@@ -266,9 +267,8 @@ def _example_pool(data, pool_size: int):
     import tensorflow as tf
 
     if isinstance(data, tf.data.Dataset):
-        spec = data.element_spec
-        leading = [s.shape[0] if s.shape.rank else 1 for s in tf.nest.flatten(spec)]
-        ds = data.unbatch() if all(d is None for d in leading) else data
+        batched, ambiguous = source_batches(data)
+        ds = data.unbatch() if batched is not None or ambiguous else data
         element = next(iter(ds.take(pool_size).batch(pool_size)))
         element = tf.nest.map_structure(lambda t: t.numpy(), element)
     elif _is_array_like(data):

@@ -52,6 +52,7 @@ from tfgpu._checks import (
     invalid_value,
     is_int,
 )
+from tfgpu._datasets import Batches, cardinality, source_batches
 from tfgpu._lazy import import_optional
 
 __all__ = ["PipelineBenchmark", "benchmark", "load_tfds", "pipeline"]
@@ -226,7 +227,7 @@ def _expand_patterns(patterns: list[str]) -> list[str]:
 def _classify_source(source: Any) -> _Source:
     """Tells what kind of source this is, or raises `TypeError`/`ValueError`. No TF work."""
     if isinstance(source, tf.data.Dataset):
-        if _cardinality(source) == 0:
+        if cardinality(source) == 0:
             raise ValueError(
                 "Invalid value for argument `source`. Received: a `tf.data.Dataset` with 0 "
                 "elements (cardinality 0). Expected at least one example."
@@ -393,7 +394,7 @@ def _check_compression(files: list[str], compression_type: str) -> None:
 
 
 def _batched_source_plan(
-    batches: _Batches,
+    batches: Batches,
     *,
     requested: int | None,
     batch_size: int | None,
@@ -754,15 +755,6 @@ def _element_bytes(spec: Any) -> int | None:
     return total
 
 
-def _cardinality(ds: tf.data.Dataset) -> int | None:
-    n = int(ds.cardinality().numpy())
-    if n == tf.data.INFINITE_CARDINALITY:
-        return -1
-    if n == tf.data.UNKNOWN_CARDINALITY:
-        return None
-    return n
-
-
 def _random_ops(fn: Callable, spec: Any) -> tuple[str, ...]:
     """Op types with "Random" in their name that `fn` would run on one example (traced only)."""
     args = spec if isinstance(spec, tuple) else (spec,)
@@ -1064,10 +1056,10 @@ def pipeline(
     # A dataset passed in may already be batched (Keras loaders, `.batch(n).prefetch(1)`):
     # keep its batches when they already are what was asked for, else unbatch it and batch
     # again at the requested size; never batch batches.
-    source_batches: _Batches | None = None
+    batched_source: Batches | None = None
     keep_batches = False
     if src.kind == "dataset":
-        source_batches, ambiguous = _source_batches(src.value)
+        batched_source, ambiguous = source_batches(src.value)
         if ambiguous:
             warnings.warn(
                 "tfgpu.data.pipeline: cannot tell whether the dataset passed in yields examples "
@@ -1084,16 +1076,16 @@ def pipeline(
         if per_replica_batch_size is None
         else per_replica_batch_size * num_replicas
     )
-    if source_batches is None and requested is None:
+    if batched_source is None and requested is None:
         raise ValueError(
             "Invalid arguments `batch_size` and `per_replica_batch_size`. Received: "
             "batch_size=None, per_replica_batch_size=None. Expected exactly one of them: the "
             "global batch size, or the batch size per replica (both may be None only for a "
             "dataset that is already batched, whose batches are then kept)."
         )
-    if source_batches is not None:
+    if batched_source is not None:
         keep_batches, batch_size = _batched_source_plan(
-            source_batches,
+            batched_source,
             requested=requested,
             batch_size=batch_size,
             per_replica_batch_size=per_replica_batch_size,
@@ -1111,10 +1103,10 @@ def pipeline(
         ds = tf.data.Dataset.from_tensor_slices(src.value)
     elif src.kind == "dataset":
         ds = src.value
-        if source_batches is not None and not keep_batches:
+        if batched_source is not None and not keep_batches:
             ds = ds.unbatch()
-            if source_batches.num_examples is not None:  # unbatch forgets the count
-                ds = ds.apply(tf.data.experimental.assert_cardinality(source_batches.num_examples))
+            if batched_source.num_examples is not None:  # unbatch forgets the count
+                ds = ds.apply(tf.data.experimental.assert_cardinality(batched_source.num_examples))
             else:
                 warnings.warn(
                     "tfgpu.data.pipeline: the number of examples in the batched dataset passed in "
@@ -1158,7 +1150,7 @@ def pipeline(
 
     facts = _Facts(
         kind=src.kind,
-        num_examples=_cardinality(ds),
+        num_examples=cardinality(ds),
         element_bytes=_element_bytes(ds.element_spec),
         num_files=num_files,
         has_map_fn=map_fn is not None,
@@ -1273,125 +1265,6 @@ def _remove_interrupted_cache(prefix: str) -> None:
     if failed:
         message += f" Could not remove: {', '.join(failed)}."
     warnings.warn(message, stacklevel=3)
-
-
-# Steps of a dataset's input chain, recognized by their (private) class names, lowercased and
-# without underscores. Only the steps that make, undo or replace batches matter: every other
-# step with one input (prefetch, map, cache, shuffle, options, take, filter, ...) passes the
-# batched-ness of its input through, and the element spec has the last word.
-_UNBATCH_STEP = "unbatch"
-_BATCH_STEP = "batch"  # batch, padded_batch, rebatch, ragged/sparse batch, map_and_batch
-_NEW_ELEMENT_STEPS = ("flatmap", "interleave", "window", "groupby", "bucket", "generator")
-_EXAMPLE_SOURCES = ("tensorslice", "range", "record", "textline", "csv", "counter", "listfiles")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Batches:
-    """What is known about the batches of a source that is already batched. Pure data."""
-
-    batch_size: int | None  # examples per batch (the last may be smaller), when known
-    drop_remainder: bool | None  # True: every batch is full
-    num_examples: int | None  # examples in all its batches, when known
-
-
-def _spec_looks_batched(spec: Any) -> bool:
-    """Whether every component has a first dimension, all unknown or equal: a batch's shape."""
-    leaves = tf.nest.flatten(spec)
-    known: set[int] = set()
-    for leaf in leaves:
-        shape = getattr(leaf, "shape", None)
-        if not isinstance(leaf, tf.TypeSpec) or shape is None or shape.rank in (None, 0):
-            return False
-        if isinstance(leaf, tf.data.DatasetSpec):
-            return False
-        if shape[0] is not None:
-            known.add(int(shape[0]))
-    return bool(leaves) and len(known) <= 1
-
-
-def _chain_state(ds: tf.data.Dataset, depth: int = 0) -> tuple[str, tf.data.Dataset | None]:
-    """Walks a dataset's input chain back to the step that decides its elements.
-
-    Returns ("batched", the batching step or None), ("examples", None) when the chain reaches
-    an unbatch or a source of examples first, or ("unknown", None) when a step makes new
-    elements (flat_map, interleave, from_generator, ...) or the chain cannot be read.
-    """
-    for _ in range(10_000):
-        name = type(ds).__name__.lower().replace("_", "")
-        if _UNBATCH_STEP in name:
-            return "examples", None
-        if _BATCH_STEP in name:
-            return "batched", ds
-        if any(step in name for step in _NEW_ELEMENT_STEPS):
-            return "unknown", None
-        try:
-            inputs = list(ds._inputs())
-        except Exception:  # a dataset class without the private accessor
-            return "unknown", None
-        if not inputs:
-            known = any(source in name for source in _EXAMPLE_SOURCES)
-            return ("examples" if known else "unknown"), None
-        if len(inputs) > 1:  # zip, concatenate, sample_from_datasets: all inputs must agree
-            if depth > 50:
-                return "unknown", None
-            states = {_chain_state(d, depth + 1)[0] for d in inputs}
-            return (states.pop() if len(states) == 1 else "unknown"), None
-        ds = inputs[0]
-    return "unknown", None
-
-
-def _static_int(value: Any) -> int | None:
-    try:
-        number = int(value.numpy() if hasattr(value, "numpy") else value)
-    except Exception:
-        return None
-    return number if number > 0 else None
-
-
-def _source_batches(ds: tf.data.Dataset) -> tuple[_Batches | None, bool]:
-    """Decides whether a dataset passed in yields batches, from its input chain and element spec.
-
-    Returns (the batches' facts or None when its elements are examples, whether it was
-    ambiguous: the chain is unreadable but every component has an unknown first dimension).
-    """
-    state, step = _chain_state(ds)
-    looks_batched = _spec_looks_batched(ds.element_spec)
-    if state != "batched" or not looks_batched:
-        leaves = tf.nest.flatten(ds.element_spec)
-        ambiguous = (
-            state == "unknown"
-            and looks_batched
-            and len(leaves) > 1
-            and all(leaf.shape[0] is None for leaf in leaves)
-        )
-        return None, ambiguous
-    static = {leaf.shape[0] for leaf in tf.nest.flatten(ds.element_spec)} - {None}
-    drop_remainder: bool | None = True if static else None
-    batch_size: int | None = static.pop() if static else None
-    if step is not None and batch_size is None:
-        batch_size = _static_int(getattr(step, "_batch_size", None))
-        drop = getattr(step, "_drop_remainder", None)
-        drop_remainder = None if drop is None else bool(_static_int(drop))
-    num_examples = None
-    batches = _cardinality(ds)
-    # Counted only when nothing after the batch step drops or adds batches.
-    if (
-        step is not None
-        and batch_size
-        and batches is not None
-        and batches >= 0
-        and _cardinality(step) == batches
-    ):
-        if drop_remainder:
-            num_examples = batches * batch_size
-        else:
-            try:
-                before = _cardinality(step._inputs()[0])
-            except Exception:
-                before = None
-            if before is not None and before >= 0 and -(-before // batch_size) == batches:
-                num_examples = before
-    return _Batches(batch_size, drop_remainder, num_examples), False
 
 
 def _options(plan: _Plan, ram_budget_bytes: int, *, keep_shard: bool) -> tf.data.Options:
@@ -1718,7 +1591,7 @@ def benchmark(
         )
     num_batches = check_int("num_batches", num_batches, maximum=_MAX_COUNT, expected=_POSITIVE)
     warmup = check_int("warmup", warmup, minimum=0, maximum=_MAX_COUNT, expected="an integer >= 0")
-    if isinstance(dataset, tf.data.Dataset) and _cardinality(dataset) == 0:
+    if isinstance(dataset, tf.data.Dataset) and cardinality(dataset) == 0:
         raise ValueError(
             "Invalid value for argument `dataset`. Received: a dataset with 0 batches. "
             "Expected at least one batch (is drop_remainder dropping everything?)."

@@ -1,0 +1,143 @@
+"""What a `tf.data.Dataset` yields: batches or examples, and how many.
+
+Shared by `tfgpu.data` (which must never batch a batched source again), the batch-size
+finder (which cuts its own batches from examples) and `diagnose` (which needs batches).
+The decision reads the dataset's input chain and its element spec, never only the type of
+its last step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import tensorflow as tf
+
+
+def cardinality(ds: tf.data.Dataset) -> int | None:
+    """Elements in `ds`: a count, -1 when infinite, None when TensorFlow cannot tell."""
+    n = int(ds.cardinality().numpy())
+    if n == tf.data.INFINITE_CARDINALITY:
+        return -1
+    if n == tf.data.UNKNOWN_CARDINALITY:
+        return None
+    return n
+
+
+# Steps of a dataset's input chain, recognized by their (private) class names, lowercased and
+# without underscores. Only the steps that make, undo or replace batches matter: every other
+# step with one input (prefetch, map, cache, shuffle, options, take, filter, ...) passes the
+# batched-ness of its input through, and the element spec has the last word.
+_UNBATCH_STEP = "unbatch"
+_BATCH_STEP = "batch"  # batch, padded_batch, rebatch, ragged/sparse batch, map_and_batch
+_NEW_ELEMENT_STEPS = ("flatmap", "interleave", "window", "groupby", "bucket", "generator")
+_EXAMPLE_SOURCES = ("tensorslice", "range", "record", "textline", "csv", "counter", "listfiles")
+
+
+@dataclasses.dataclass(frozen=True)
+class Batches:
+    """What is known about the batches of a source that is already batched. Pure data."""
+
+    batch_size: int | None  # examples per batch (the last may be smaller), when known
+    drop_remainder: bool | None  # True: every batch is full
+    num_examples: int | None  # examples in all its batches, when known
+
+
+def spec_looks_batched(spec: Any) -> bool:
+    """Whether every component has a first dimension, all unknown or equal: a batch's shape."""
+    leaves = tf.nest.flatten(spec)
+    known: set[int] = set()
+    for leaf in leaves:
+        shape = getattr(leaf, "shape", None)
+        if not isinstance(leaf, tf.TypeSpec) or shape is None or shape.rank in (None, 0):
+            return False
+        if isinstance(leaf, tf.data.DatasetSpec):
+            return False
+        if shape[0] is not None:
+            known.add(int(shape[0]))
+    return bool(leaves) and len(known) <= 1
+
+
+def chain_state(ds: tf.data.Dataset, depth: int = 0) -> tuple[str, tf.data.Dataset | None]:
+    """Walks a dataset's input chain back to the step that decides its elements.
+
+    Returns ("batched", the batching step or None), ("examples", None) when the chain reaches
+    an unbatch or a source of examples first, or ("unknown", None) when a step makes new
+    elements (flat_map, interleave, from_generator, ...) or the chain cannot be read.
+    """
+    for _ in range(10_000):
+        name = type(ds).__name__.lower().replace("_", "")
+        if _UNBATCH_STEP in name:
+            return "examples", None
+        if _BATCH_STEP in name:
+            return "batched", ds
+        if any(step in name for step in _NEW_ELEMENT_STEPS):
+            return "unknown", None
+        try:
+            inputs = list(ds._inputs())
+        except Exception:  # a dataset class without the private accessor
+            return "unknown", None
+        if not inputs:
+            known = any(source in name for source in _EXAMPLE_SOURCES)
+            return ("examples" if known else "unknown"), None
+        if len(inputs) > 1:  # zip, concatenate, sample_from_datasets: all inputs must agree
+            if depth > 50:
+                return "unknown", None
+            states = {chain_state(d, depth + 1)[0] for d in inputs}
+            return (states.pop() if len(states) == 1 else "unknown"), None
+        ds = inputs[0]
+    return "unknown", None
+
+
+def _static_int(value: Any) -> int | None:
+    try:
+        number = int(value.numpy() if hasattr(value, "numpy") else value)
+    except Exception:
+        return None
+    return number if number > 0 else None
+
+
+def source_batches(ds: tf.data.Dataset) -> tuple[Batches | None, bool]:
+    """Decides whether a dataset passed in yields batches, from its input chain and element spec.
+
+    Returns (the batches' facts or None when its elements are examples, whether it was
+    ambiguous: the chain is unreadable but every component has an unknown first dimension).
+    """
+    state, step = chain_state(ds)
+    looks_batched = spec_looks_batched(ds.element_spec)
+    if state != "batched" or not looks_batched:
+        leaves = tf.nest.flatten(ds.element_spec)
+        ambiguous = (
+            state == "unknown"
+            and looks_batched
+            and len(leaves) > 1
+            and all(leaf.shape[0] is None for leaf in leaves)
+        )
+        return None, ambiguous
+    static = {leaf.shape[0] for leaf in tf.nest.flatten(ds.element_spec)} - {None}
+    drop_remainder: bool | None = True if static else None
+    batch_size: int | None = static.pop() if static else None
+    if step is not None and batch_size is None:
+        batch_size = _static_int(getattr(step, "_batch_size", None))
+        drop = getattr(step, "_drop_remainder", None)
+        drop_remainder = None if drop is None else bool(_static_int(drop))
+    num_examples = None
+    batches = cardinality(ds)
+    # Counted only when nothing after the batch step drops or adds batches.
+    if (
+        step is not None
+        and batch_size
+        and batches is not None
+        and batches >= 0
+        and cardinality(step) == batches
+    ):
+        if drop_remainder:
+            num_examples = batches * batch_size
+        else:
+            try:
+                before = cardinality(step._inputs()[0])
+            except Exception:
+                before = None
+            if before is not None and before >= 0 and -(-before // batch_size) == batches:
+                num_examples = before
+    return Batches(batch_size, drop_remainder, num_examples), False
