@@ -149,9 +149,13 @@ def test_fit_with_both_callbacks_logs_every_key_and_writes_the_run_dir(fake, tmp
 
     # on_epoch_end: the logs carry every key, once per epoch
     logged = history.history
-    for key in [*monitor.aggregate_keys(2), *STEP_KEYS]:
+    logged_keys = [k for k in monitor.aggregate_keys(2) if k.endswith(_CLASSIC)]
+    for key in [*logged_keys, *STEP_KEYS]:
         assert len(logged[key]) == 2, key
     assert "mfu" not in logged
+    # no GPM on the fake A100/V100: those keys stay out rather than logging NaN
+    assert not [k for k in logged if "sm_active" in k or "tensor_active" in k]
+    assert logged["gpu0_pcie_mib_per_step"] == [0.0, 0.0]
     assert logged["gpu0_util_pct_mean"] == [50.0, 50.0]
     assert logged["gpu1_util_pct_max"] == [10.0, 10.0]
     assert all(math.isnan(v) for v in logged["gpu1_power_w_mean"])  # V100: NotSupported
@@ -526,6 +530,18 @@ def tf_sees(monkeypatch):
     return script
 
 
+_CLASSIC = (
+    "util_pct_mean",
+    "util_pct_max",
+    "mem_used_mib_mean",
+    "mem_used_mib_max",
+    "power_w_mean",
+    "power_w_max",
+    "host_cpu_pct_mean",
+    "host_rss_mib_max",
+)
+
+
 def test_gpu_monitor_samples_the_gpus_tensorflow_was_given(fake, tf_sees, tmp_path):
     # NVML (CUDA) sees the A100 and the V100; TensorFlow was given only the V100, as
     # tfgpu.configure(gpus=[1]) does with tf.config.set_visible_devices.
@@ -796,7 +812,42 @@ def test_gpu_monitor_hooks_outside_fit_never_raise(fake):
     gpu_monitor = GPUMonitor(interval=60)
     logs = {}
     gpu_monitor.on_epoch_end(0, logs)  # no on_train_begin: nothing sampled yet
-    assert set(logs) == set(monitor.aggregate_keys(2))
+    assert set(logs) == {k for k in monitor.aggregate_keys(2) if k.endswith(_CLASSIC)}
     gpu_monitor.on_train_batch_begin("not a step")  # a wrong label is logged, not raised
     gpu_monitor.on_train_end()
     gpu_monitor.on_train_end()
+
+
+# ---------------------------------------------------------------- issue 15: epoch logs (pure)
+def test_epoch_logs_add_gpm_pcie_and_energy_only_where_known():
+    from tfgpu.callbacks import _epoch_logs
+
+    nan = float("nan")
+    agg = {k: 1.0 for k in monitor.aggregate_keys(2)}
+    agg.update(
+        gpu0_sm_active_pct_mean=60.0,
+        gpu0_tensor_active_pct_mean=40.0,
+        gpu1_sm_active_pct_mean=nan,  # a GPU without GPM next to one with it
+        gpu1_tensor_active_pct_mean=nan,
+        gpu0_pcie_tx_mib_s_mean=100.0,
+        gpu0_pcie_rx_mib_s_mean=50.0,
+        gpu1_pcie_tx_mib_s_mean=nan,
+        gpu1_pcie_rx_mib_s_mean=nan,
+        gpu0_energy_j=600.0,
+        gpu1_energy_j=200.0,
+    )
+    logs = _epoch_logs(agg, 2, seconds=10.0, steps=100, batch_size=32)
+    assert logs["gpu0_sm_active_pct_mean"] == 60.0 and math.isnan(logs["gpu1_sm_active_pct_mean"])
+    assert logs["gpu0_tensor_active_pct_mean"] == 40.0
+    assert logs["gpu0_pcie_mib_per_step"] == pytest.approx(150.0 * 10.0 / 100)
+    assert logs["joules_per_example"] == pytest.approx(800.0 / 3200)
+    assert "gpu0_energy_j" not in logs and "gpu0_power_limit_w_max" not in logs  # diagnose's
+    assert logs["host_cpu_pct_mean"] == 1.0 and logs["gpu1_util_pct_max"] == 1.0
+
+    no_gpm = dict(agg, gpu0_sm_active_pct_mean=nan, gpu0_tensor_active_pct_mean=nan)
+    no_gpm.update(gpu0_pcie_tx_mib_s_mean=nan, gpu1_energy_j=nan)
+    logs = _epoch_logs(no_gpm, 2, seconds=10.0, steps=100, batch_size=32)
+    assert not [k for k in logs if "active" in k or "pcie" in k]
+    assert "joules_per_example" not in logs  # one GPU without energy: no partial sum
+    assert "joules_per_example" not in _epoch_logs(agg, 2, 10.0, 100, batch_size=None)
+    assert "gpu0_pcie_mib_per_step" not in _epoch_logs(agg, 2, 10.0, 0, batch_size=32)

@@ -175,7 +175,7 @@ def test_columns_and_aggregate_keys_follow_the_contract():
         "host_rss_mib",
         "host_mem_used_pct",
     ]
-    gpu1 = monitor.timeline_columns(2)[17:]
+    gpu1 = monitor.timeline_columns(2)[27:]
     assert gpu1 == [
         f"gpu1_{m}"
         for m in (
@@ -189,6 +189,17 @@ def test_columns_and_aggregate_keys_follow_the_contract():
             "temp_c",
             "sm_clock_mhz",
             "throttle_reasons",
+            # issue 15: what utilization hides (appended, in this order)
+            "sm_active_pct",
+            "sm_occupancy_pct",
+            "tensor_active_pct",
+            "fp16_active_pct",
+            "fp32_active_pct",
+            "dram_active_pct",
+            "pcie_tx_mib_s",
+            "pcie_rx_mib_s",
+            "energy_j",
+            "proc_sm_util_pct",
         )
     ]
     assert monitor.aggregate_keys(1) == [
@@ -198,6 +209,16 @@ def test_columns_and_aggregate_keys_follow_the_contract():
         "gpu0_mem_used_mib_max",
         "gpu0_power_w_mean",
         "gpu0_power_w_max",
+        "gpu0_sm_active_pct_mean",
+        "gpu0_sm_occupancy_pct_mean",
+        "gpu0_tensor_active_pct_mean",
+        "gpu0_dram_active_pct_mean",
+        "gpu0_pcie_tx_mib_s_mean",
+        "gpu0_pcie_rx_mib_s_mean",
+        "gpu0_energy_j",
+        "gpu0_power_limit_w_max",
+        "gpu0_sm_clock_mhz_mean",
+        "gpu0_throttle_reasons_any",
         "host_cpu_pct_mean",
         "host_rss_mib_max",
     ]

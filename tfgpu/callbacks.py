@@ -155,7 +155,12 @@ class GPUMonitor(keras.callbacks.Callback):
     Logs at `on_epoch_end` (NaN-ignoring, over the samples taken during the epoch), per
     sampled GPU `i`: `gpu{i}_util_pct_mean`, `gpu{i}_util_pct_max`,
     `gpu{i}_mem_used_mib_mean`, `gpu{i}_mem_used_mib_max`, `gpu{i}_power_w_mean`,
-    `gpu{i}_power_w_max`; and for the host: `host_cpu_pct_mean`, `host_rss_mib_max`.
+    `gpu{i}_power_w_max`; and for the host: `host_cpu_pct_mean`, `host_rss_mib_max`. Where
+    known (left out when NaN for every GPU, so GPUs without GPM get no clutter):
+    `gpu{i}_sm_active_pct_mean` and `gpu{i}_tensor_active_pct_mean` (GPM, Hopper and
+    newer), `gpu{i}_pcie_mib_per_step` (PCIe TX+RX MiB per training step) and
+    `joules_per_example` (all sampled GPUs' energy over the epoch / examples trained; needs
+    the batch size, read from `fit` as `StepTimer` does).
     `History`, `CSVLogger` and Keras's `TensorBoard` see them (list `GPUMonitor` before the
     latter two). Sources and units: `docs/metrics.md`.
 
@@ -236,6 +241,8 @@ class GPUMonitor(keras.callbacks.Callback):
         self.async_safe = True  # no batch-end hook; never forces Keras to sync per batch
         self._used = False
         self._epoch_start: float | None = None
+        self._epoch_batches = 0
+        self._batch_size: int | None = None
         self._tb_writer: Any = None
         self._tb_t0: float | None = None
         self._tb_written = 0
@@ -254,6 +261,7 @@ class GPUMonitor(keras.callbacks.Callback):
                 self.sampler = Sampler(**self._config, gpus=sampled)
                 self._tb_written = 0
             self._used = True
+            self._batch_size = _infer_batch_size()
             self.sampler.start()  # warns (once, at the user's fit line) when NVML is missing
             frame = _training_frame()
             if frame is not None:
@@ -267,12 +275,14 @@ class GPUMonitor(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = time.time()
+        self._epoch_batches = 0
         try:
             self.sampler.mark(epoch=epoch)
         except Exception as e:
             self._report("could not label the samples", e)
 
     def on_train_batch_begin(self, batch, logs=None):
+        self._epoch_batches = batch + 1 if isinstance(batch, int) else self._epoch_batches
         try:
             self.sampler.mark(step=batch)
         except Exception as e:
@@ -281,6 +291,13 @@ class GPUMonitor(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         try:
             aggregates = self.sampler.aggregate(since=self._epoch_start)
+            steps = self.params.get("steps") if isinstance(self.params, dict) else None
+            if not (isinstance(steps, int) and steps > 0):
+                steps = self._epoch_batches  # an unknown epoch length: the batches begun
+            seconds = time.time() - self._epoch_start if self._epoch_start else _NAN
+            aggregates = _epoch_logs(
+                aggregates, len(self.sampler.gpus), seconds, steps, self._batch_size
+            )
         except Exception as e:
             self._report("could not aggregate the samples", e)
             aggregates = {}
@@ -332,6 +349,55 @@ class GPUMonitor(keras.callbacks.Callback):
         except Exception as e:  # side features never kill training
             _log.warning("GPUMonitor: TensorBoard scalars disabled (%s).", e)
             self._tb_dir = None
+
+
+_LOGGED = (
+    "util_pct_mean",
+    "util_pct_max",
+    "mem_used_mib_mean",
+    "mem_used_mib_max",
+    "power_w_mean",
+    "power_w_max",
+)
+_LOGGED_WHERE_KNOWN = ("sm_active_pct_mean", "tensor_active_pct_mean")
+
+
+def _epoch_logs(
+    aggregates: dict[str, float],
+    num_gpus: int,
+    seconds: float,
+    steps: int,
+    batch_size: int | None,
+) -> dict[str, float]:
+    """Pure: the keys `GPUMonitor` logs, from `Sampler.aggregate()` of the epoch.
+
+    The six classic per-GPU keys and the host ones always; `gpu{i}_sm_active_pct_mean`,
+    `gpu{i}_tensor_active_pct_mean`, `gpu{i}_pcie_mib_per_step` and `joules_per_example`
+    only where at least one GPU has a value (NaN for the others).
+    """
+    gpus = range(num_gpus)
+    logs = {f"gpu{i}_{key}": aggregates.get(f"gpu{i}_{key}", _NAN) for i in gpus for key in _LOGGED}
+    for key in _LOGGED_WHERE_KNOWN:
+        values = {f"gpu{i}_{key}": aggregates.get(f"gpu{i}_{key}", _NAN) for i in gpus}
+        if any(v == v for v in values.values()):
+            logs.update(values)
+    if steps > 0 and seconds == seconds and seconds > 0:
+        per_step = {
+            f"gpu{i}_pcie_mib_per_step": (
+                aggregates.get(f"gpu{i}_pcie_tx_mib_s_mean", _NAN)
+                + aggregates.get(f"gpu{i}_pcie_rx_mib_s_mean", _NAN)
+            )
+            * seconds
+            / steps
+            for i in gpus
+        }
+        if any(v == v for v in per_step.values()):
+            logs.update(per_step)
+    energy = [aggregates.get(f"gpu{i}_energy_j", _NAN) for i in gpus]
+    if batch_size and steps > 0 and energy and all(e == e for e in energy):
+        logs["joules_per_example"] = math.fsum(energy) / (batch_size * steps)
+    logs.update({k: v for k, v in aggregates.items() if k.startswith("host_")})
+    return logs
 
 
 def _percentile(values: list[float], q: float) -> float:

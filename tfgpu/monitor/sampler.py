@@ -72,6 +72,9 @@ BASE_METRICS: dict[str, Metric] = {
 }
 
 # Epoch aggregates: (key suffix, source column, statistic); per GPU first, then host.
+# Statistics: mean/max ignore NaN; "delta" is the last finite value minus the first (a
+# cumulative counter's increase, NaN with fewer than two values or if it went back);
+# "or" is the bitwise OR of the finite bitmasks, as a float.
 _GPU_AGGREGATES = (
     ("util_pct_mean", "util_pct", "mean"),
     ("util_pct_max", "util_pct", "max"),
@@ -79,6 +82,16 @@ _GPU_AGGREGATES = (
     ("mem_used_mib_max", "mem_used_mib", "max"),
     ("power_w_mean", "power_w", "mean"),
     ("power_w_max", "power_w", "max"),
+    ("sm_active_pct_mean", "sm_active_pct", "mean"),
+    ("sm_occupancy_pct_mean", "sm_occupancy_pct", "mean"),
+    ("tensor_active_pct_mean", "tensor_active_pct", "mean"),
+    ("dram_active_pct_mean", "dram_active_pct", "mean"),
+    ("pcie_tx_mib_s_mean", "pcie_tx_mib_s", "mean"),
+    ("pcie_rx_mib_s_mean", "pcie_rx_mib_s", "mean"),
+    ("energy_j", "energy_j", "delta"),
+    ("power_limit_w_max", "power_limit_w", "max"),
+    ("sm_clock_mhz_mean", "sm_clock_mhz", "mean"),
+    ("throttle_reasons_any", "throttle_reasons", "or"),
 )
 _HOST_AGGREGATES = (
     ("host_cpu_pct_mean", "host_cpu_pct", "mean"),
@@ -107,14 +120,21 @@ def timeline_columns(num_gpus: int) -> list[str]:
 
 
 def aggregate_keys(num_gpus: int) -> list[str]:
-    """Returns the epoch-aggregate keys (what `GPUMonitor` puts into Keras `logs`).
+    """Returns the keys of `Sampler.aggregate()`, in order.
+
+    `GPUMonitor` puts the first six per GPU and the host ones into Keras `logs`, plus the
+    GPM and energy figures where known (see `docs/metrics.md`).
 
     Args:
         num_gpus: int, how many GPUs are sampled.
 
     Returns:
         `gpu{i}_util_pct_mean`, `..._max`, `gpu{i}_mem_used_mib_mean/max`,
-        `gpu{i}_power_w_mean/max` per GPU, then `host_cpu_pct_mean`, `host_rss_mib_max`.
+        `gpu{i}_power_w_mean/max`, `gpu{i}_sm_active_pct_mean`, `..._sm_occupancy_pct_mean`,
+        `..._tensor_active_pct_mean`, `..._dram_active_pct_mean`, `..._pcie_tx_mib_s_mean`,
+        `..._pcie_rx_mib_s_mean`, `gpu{i}_energy_j`, `gpu{i}_power_limit_w_max`,
+        `gpu{i}_sm_clock_mhz_mean`, `gpu{i}_throttle_reasons_any` per GPU, then
+        `host_cpu_pct_mean`, `host_rss_mib_max`.
     """
     keys = [f"gpu{i}_{suffix}" for i in range(num_gpus) for suffix, _, _ in _GPU_AGGREGATES]
     return keys + [key for key, _, _ in _HOST_AGGREGATES]
@@ -286,10 +306,20 @@ def _format(column: str, value: float) -> str:
 
 
 def _stat(values: Sequence[float], stat: str) -> float:
-    finite = [v for v in values if v == v]
+    finite = [v for v in values if v == v and not math.isinf(v)]
     if not finite:
         return _NAN
-    return max(finite) if stat == "max" else math.fsum(finite) / len(finite)
+    if stat == "max":
+        return max(finite)
+    if stat == "delta":
+        change = finite[-1] - finite[0]
+        return change if len(finite) >= 2 and change >= 0 else _NAN
+    if stat == "or":
+        bits = 0
+        for v in finite:
+            bits |= int(v) if v >= 0 else 0
+        return float(bits)
+    return math.fsum(finite) / len(finite)
 
 
 def _aggregate(columns: Mapping[str, Sequence[float]], num_gpus: int) -> dict[str, float]:
@@ -310,7 +340,9 @@ class Sampler:
     short run has data) it reads, per GPU, the metrics of `tfgpu.monitor.METRICS`:
     utilization (`nvidia-smi --query-gpu=utilization.gpu`), memory-controller utilization,
     memory used and total, this process's own GPU memory, power draw and limit, temperature,
-    SM clock and throttle reasons; and for the host, CPU %, this process's RSS and system
+    SM clock and throttle reasons, and the counters utilization hides: SM activity and
+    occupancy, tensor/FP16/FP32 pipe activity and DRAM bandwidth (GPM, Hopper and newer),
+    PCIe TX/RX rates, cumulative energy and this process's SM share; and for the host, CPU %, this process's RSS and system
     memory %. A metric the GPU does not support is NaN. Without NVML (no driver), one warning
     is given per process and the host metrics are still recorded. NVML errors during the
     run (a lost GPU, any exception a binding raises) are logged once; sampling goes on.
@@ -487,7 +519,7 @@ class Sampler:
         self._stop_event = threading.Event()  # a fresh one: a left-behind thread keeps its own
         self._t0 = self._time()
         if self._gpus:
-            self._nv, self._readers = _open_readers(self._gpus)
+            self._nv, self._readers = _open_readers(self._gpus, lambda: self._monotonic())
         self._host_reader = _HostReader() if self._host else None
         if self._dir is not None:
             self._open_files()
@@ -671,7 +703,7 @@ class Sampler:
             with contextlib.suppress(OSError, ValueError):
                 self._file.close()
             self._file = None
-        _close_readers(self._nv)
+        _close_readers(self._nv, self._readers)
         self._nv = None
         self._readers = []
 

@@ -1,0 +1,414 @@
+"""The counters GPU utilization hides (issue 15): GPM, PCIe, energy, per-process SM share,
+and the driver-generation fallbacks, all against the scripted NVML of `tests/fake_pynvml.py`.
+
+Deterministic: the fake NVML and the readers share one fake clock; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import logging
+import math
+import os
+import sys
+
+import pytest
+
+from tests import fake_pynvml
+from tfgpu import _warnings, monitor
+from tfgpu.monitor import nvml, sampler
+
+NAN = float("nan")
+GPM_KEYS = ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct")
+
+
+class Clock:
+    """One fake monotonic clock for the fake NVML (GPM/field timestamps) and the readers."""
+
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("SLURM_NTASKS", raising=False)
+    _warnings.forget()
+    yield
+    _warnings.forget()
+
+
+def _install(monkeypatch, gpus, **kwargs):
+    fake = fake_pynvml.make(gpus, **kwargs)
+    clock = Clock()
+    fake.clock, fake.sleep = clock, clock.sleep
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return fake, clock
+
+
+class Readers:
+    """The sampler's per-GPU readers, driven by hand: `read()` returns one row per GPU."""
+
+    def __init__(self, fake, clock):
+        self.fake, self.clock = fake, clock
+        inventory = nvml.inventory()
+        self.nv, self.readers = nvml._open_readers(inventory.gpus, clock)
+
+    def read(self, advance: float = 0.0) -> list[dict[str, float]]:
+        self.clock.t += advance
+        return [dict(zip(nvml.GPU_METRICS, r.read())) for r in self.readers]
+
+    def close(self) -> None:
+        nvml._close_readers(self.nv, self.readers)
+
+
+def _calls(fake, name):
+    return sum(1 for n, _ in fake.calls if n == name)
+
+
+# ---------------------------------------------------------------- GPM
+def test_gpm_metrics_come_from_two_samples_and_are_freed_at_stop(monkeypatch):
+    fake, clock = _install(monkeypatch, [fake_pynvml.hopper()])
+    r = Readers(fake, clock)
+    first = r.read()[0]
+    assert all(math.isnan(first[k]) for k in GPM_KEYS)  # one sample: nothing to compare yet
+    second = r.read(0.2)[0]
+    assert second["util_pct"] == 100.0
+    assert second["sm_active_pct"] == 60.0 and second["sm_occupancy_pct"] == 30.0
+    assert second["tensor_active_pct"] == 40.0 and second["dram_active_pct"] == 25.0
+    assert second["fp16_active_pct"] == 1.0 and second["fp32_active_pct"] == 5.0
+    assert (second["pcie_tx_mib_s"], second["pcie_rx_mib_s"]) == (100.0, 50.0)
+    fake.gpus[0].gpm["any_tensor"] = 2.0  # e.g. float32 without TF32
+    assert r.read(0.2)[0]["tensor_active_pct"] == 2.0
+    assert fake.gpm_live == 2  # two samples reused, not one per read
+    r.close()
+    assert fake.gpm_live == 0 and fake.init_count == 0
+
+
+def test_gpm_with_an_interval_under_100_ms_carries_values(monkeypatch):
+    fake, clock = _install(monkeypatch, [fake_pynvml.hopper()])
+    r = Readers(fake, clock)
+    rows = [r.read(0.03)[0] for _ in range(20)]  # 0.03 s apart: the fake refuses < 0.1 s
+    assert all(row["sm_active_pct"] == 60.0 for row in rows[4:])
+    assert _calls(fake, "nvmlGpmSampleGet") == 5  # once per 0.1 s, not per read
+    r.close()
+
+
+def test_gpm_unsupported_gpu_is_said_once_and_never_sampled(monkeypatch, caplog):
+    fake, clock = _install(monkeypatch, [fake_pynvml.FakeGpu()])  # an A100: no GPM
+    caplog.set_level(logging.INFO, logger="tfgpu.monitor")
+    r = Readers(fake, clock)
+    rows = [r.read(0.2)[0] for _ in range(4)]
+    assert all(math.isnan(row[k]) for row in rows for k in GPM_KEYS)
+    assert rows[-1]["util_pct"] == 50.0  # the rest is unaffected
+    said = [m for m in caplog.messages if "Hopper or newer needed" in m]
+    assert len(said) == 1 and "sm/tensor/dram activity not recorded" in said[0]
+    assert _calls(fake, "nvmlGpmQueryDeviceSupport") == 1
+    assert _calls(fake, "nvmlGpmSampleAlloc") == 0
+    r.close()
+
+
+def test_gpm_on_a_driver_without_it_is_off(monkeypatch, caplog):
+    fake, clock = _install(monkeypatch, [fake_pynvml.hopper()], old_driver=True)
+    caplog.set_level(logging.INFO, logger="tfgpu.monitor")
+    r = Readers(fake, clock)
+    rows = [r.read(0.2)[0] for _ in range(3)]
+    assert all(math.isnan(row["sm_active_pct"]) for row in rows)
+    assert any("does not offer GPM" in m for m in caplog.messages)
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.WARNING]
+    r.close()
+
+
+def test_gpm_counters_held_by_another_profiler_warn_once_and_recover(monkeypatch, caplog):
+    fake, clock = _install(monkeypatch, [fake_pynvml.hopper(gpm_busy=True)])
+    r = Readers(fake, clock)
+    rows = [r.read(0.2)[0] for _ in range(4)]
+    assert all(math.isnan(row["sm_active_pct"]) for row in rows)
+    assert rows[-1]["util_pct"] == 100.0
+    busy = [m for m in caplog.messages if "in use" in m]
+    assert len(busy) == 1 and "another profiler" in busy[0]
+    fake.gpus[0].gpm_busy = False  # the profiler let go
+    assert math.isnan(r.read(0.2)[0]["sm_active_pct"])  # one fresh sample
+    assert r.read(0.2)[0]["sm_active_pct"] == 60.0  # two: values again
+    r.close()
+    assert fake.gpm_live == 0
+
+
+def test_gpm_on_a_gpu_lost_mid_run_recovers_with_fresh_samples(monkeypatch, caplog):
+    fake, clock = _install(monkeypatch, [fake_pynvml.hopper()])
+    r = Readers(fake, clock)
+    r.read()
+    assert r.read(0.2)[0]["sm_active_pct"] == 60.0
+    fake.gpus[0].lost = True
+    lost = [r.read(0.2)[0] for _ in range(3)]
+    assert all(math.isnan(row["sm_active_pct"]) and math.isnan(row["util_pct"]) for row in lost)
+    fake.gpus[0].lost = False
+    r.read(0.2)
+    assert r.read(0.2)[0]["sm_active_pct"] == 60.0
+    assert len([m for m in caplog.messages if "GPU is lost" in m]) == 1
+    r.close()
+
+
+def test_a_gpm_metric_the_gpu_lacks_is_nan_and_noted_once(monkeypatch, caplog):
+    gpu = fake_pynvml.hopper()
+    del gpu.gpm["sm_occupancy"], gpu.gpm["pcie_tx"], gpu.gpm["pcie_rx"]
+    gpu.pcie_tx_bytes = lambda: clock.t * 2**20 * 10  # 10 MiB/s through the byte counter
+    fake, clock = _install(monkeypatch, [gpu])
+    caplog.set_level(logging.INFO, logger="tfgpu.monitor")
+    r = Readers(fake, clock)
+    rows = [r.read(0.2)[0] for _ in range(4)]
+    assert rows[-1]["sm_active_pct"] == 60.0 and math.isnan(rows[-1]["sm_occupancy_pct"])
+    assert rows[-1]["pcie_tx_mib_s"] == pytest.approx(10.0)  # GPM lacks PCIe: field values
+    assert len([m for m in caplog.messages if "NVML_GPM_METRIC_SM_OCCUPANCY" in m]) == 1
+    r.close()
+
+
+# ---------------------------------------------------------------- PCIe
+def test_pcie_rates_from_the_byte_counters(monkeypatch):
+    gpu = fake_pynvml.FakeGpu()
+    fake, clock = _install(monkeypatch, [gpu])
+    r = Readers(fake, clock)
+    gpu.pcie_tx_bytes, gpu.pcie_rx_bytes = 0, 0
+    assert math.isnan(r.read()[0]["pcie_tx_mib_s"])  # a counter needs two readings
+    gpu.pcie_tx_bytes, gpu.pcie_rx_bytes = 50 * 2**20, 100 * 2**20
+    row = r.read(0.5)[0]
+    assert row["pcie_tx_mib_s"] == pytest.approx(100.0)
+    assert row["pcie_rx_mib_s"] == pytest.approx(200.0)
+    gpu.pcie_tx_bytes = 0  # a counter that went back (driver reload): no negative rate
+    assert math.isnan(r.read(0.5)[0]["pcie_tx_mib_s"])
+    assert _calls(fake, "nvmlDeviceGetPcieThroughput") == 0  # never the blocking call
+    r.close()
+
+
+def test_pcie_throughput_fallback_reads_one_counter_a_second(monkeypatch, caplog):
+    gpu = fake_pynvml.FakeGpu(pcie_tx_kb_s=2048, pcie_rx_kb_s=1024)
+    fake, clock = _install(monkeypatch, [gpu], driver_lacks={"field:197", "field:198"})
+    caplog.set_level(logging.INFO, logger="tfgpu.monitor")
+    r = Readers(fake, clock)
+    rows = [r.read(0.2)[0] for _ in range(12)]  # 2.4 s at 0.2 s
+    assert rows[0]["pcie_tx_mib_s"] == 2.0 and math.isnan(rows[0]["pcie_rx_mib_s"])
+    assert all(row["pcie_rx_mib_s"] == 1.0 for row in rows[1:])  # KB/s -> MiB/s, carried
+    # Each read blocks ~20 ms: at most one per sample, each counter at most once a second.
+    assert _calls(fake, "nvmlDeviceGetPcieThroughput") <= 2 * 3
+    assert any("no PCIe byte counters" in m for m in caplog.messages)
+    r.close()
+
+
+def test_pcie_unsupported_everywhere_is_nan_and_not_asked_again(monkeypatch):
+    gpu = fake_pynvml.FakeGpu(not_supported={"nvmlDeviceGetPcieThroughput"})
+    fake, clock = _install(monkeypatch, [gpu], driver_lacks={"field:197", "field:198"})
+    r = Readers(fake, clock)
+    rows = [r.read(0.5)[0] for _ in range(6)]
+    assert all(math.isnan(row["pcie_tx_mib_s"]) for row in rows)
+    assert _calls(fake, "nvmlDeviceGetPcieThroughput") == 1
+    r.close()
+
+
+# ---------------------------------------------------------------- energy, process SM share
+def test_energy_is_cumulative_joules_and_the_aggregate_is_the_difference(monkeypatch):
+    gpu = fake_pynvml.FakeGpu(energy_j=lambda: 5000.0 + 300.0 * (clock.t - 1000.0))
+    fake, clock = _install(monkeypatch, [gpu, fake_pynvml.two_gpus()[1]])
+    fake.gpus[1].not_supported.add("nvmlDeviceGetTotalEnergyConsumption")  # a pre-Volta GPU
+    s = monitor.Sampler(interval=0.5, host=False)
+    s._monotonic = clock
+    s._nv, s._readers = nvml._open_readers(s._gpus, lambda: s._monotonic())
+    for _ in range(5):
+        s._sample()
+        clock.t += 0.5
+    s._close()
+    assert [row["gpu0_energy_j"] for row in s.samples][:2] == [5000.0, 5150.0]
+    assert all(math.isnan(row["gpu1_energy_j"]) for row in s.samples)
+    agg = s.aggregate()
+    assert agg["gpu0_energy_j"] == pytest.approx(600.0)  # 300 W for 2 s
+    assert math.isnan(agg["gpu1_energy_j"])
+
+
+def test_this_process_sm_share_from_per_process_samples(monkeypatch):
+    me = os.getpid()
+    gpu = fake_pynvml.FakeGpu(process_util=[(me, 70), (me + 1, 20)])
+    fake, clock = _install(monkeypatch, [gpu])
+    r = Readers(fake, clock)
+    assert r.read(0.2)[0]["proc_sm_util_pct"] == 70.0
+    gpu.process_util = []  # no newer sample (NVML_ERROR_NOT_FOUND): carried a second
+    assert r.read(0.2)[0]["proc_sm_util_pct"] == 70.0
+    assert r.read(1.0)[0]["proc_sm_util_pct"] == 0.0  # then: idle
+    gpu.process_util = [(me + 1, 90)]  # only another process ran
+    assert r.read(0.2)[0]["proc_sm_util_pct"] == 0.0
+    r.close()
+
+
+# ---------------------------------------------------------------- driver generations
+def test_throttle_reasons_fall_back_when_the_driver_lacks_the_new_name(monkeypatch, caplog):
+    # nvidia-ml-py 13 has nvmlDeviceGetCurrentClocksEventReasons; a pre-R535 driver does not.
+    gpu = fake_pynvml.FakeGpu(throttle_reasons=0x4)
+    fake, clock = _install(
+        monkeypatch, [gpu], driver_lacks={"nvmlDeviceGetCurrentClocksEventReasons"}
+    )
+    r = Readers(fake, clock)
+    assert [r.read(0.2)[0]["throttle_reasons"] for _ in range(3)] == [4.0, 4.0, 4.0]
+    assert _calls(fake, "nvmlDeviceGetCurrentClocksEventReasons") == 1  # not asked again
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.WARNING]
+    r.close()
+
+
+def test_process_memory_falls_back_on_a_library_mismatch(monkeypatch, caplog):
+    me = os.getpid()
+    gpu = fake_pynvml.FakeGpu(processes=[(me, 512.0), (me + 1, 64.0)])
+    fake, clock = _install(monkeypatch, [gpu], old_driver=True)
+    assert not issubclass(fake.NVMLLibraryMismatchError, fake.NVMLError)
+    r = Readers(fake, clock)
+    assert [r.read(0.2)[0]["proc_mem_mib"] for _ in range(3)] == [512.0] * 3
+    assert _calls(fake, "nvmlDeviceGetComputeRunningProcesses_v3") == 1
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.WARNING]
+    r.close()
+
+
+def test_memory_used_matches_nvidia_smi_where_the_driver_allows(monkeypatch, caplog):
+    gpu = fake_pynvml.FakeGpu(memory_used_mib=1000.0, memory_reserved_mib=512.0)
+    fake, clock = _install(monkeypatch, [gpu])
+    r = Readers(fake, clock)
+    assert r.read()[0]["mem_used_mib"] == 1000.0  # v2 struct: reserved memory left out
+    assert nvml.inventory().gpus[0].memory_used_mib == 1000.0
+    r.close()
+    fake, clock = _install(monkeypatch, [gpu], old_driver=True)
+    caplog.set_level(logging.INFO, logger="tfgpu.monitor")
+    r = Readers(fake, clock)
+    assert [r.read()[0]["mem_used_mib"] for _ in range(2)] == [1512.0, 1512.0]  # v1
+    assert len([m for m in caplog.messages if "counts reserved memory" in m]) == 1
+    r.close()
+
+
+def test_an_old_driver_loses_only_what_it_lacks(monkeypatch, caplog):
+    gpu = fake_pynvml.hopper(throttle_reasons=0x1, pcie_tx_kb_s=1024)
+    fake, _ = _install(monkeypatch, [gpu], old_driver=True)
+    with monitor.record(interval=60) as run:
+        pass
+    row = run.samples[-1]
+    assert row["gpu0_util_pct"] == 100.0 and row["gpu0_throttle_reasons"] == 1.0
+    assert row["gpu0_energy_j"] == 1000.0
+    assert math.isnan(row["gpu0_sm_active_pct"])
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.WARNING]
+    assert fake.init_count == 0
+
+
+# ---------------------------------------------------------------- through the sampler
+def test_the_timeline_carries_the_new_columns(monkeypatch, tmp_path):
+    fake, clock = _install(monkeypatch, [fake_pynvml.hopper(), fake_pynvml.FakeGpu()])
+    s = monitor.Sampler(interval=0.2, path=tmp_path, host=False)
+    s._monotonic = clock
+
+    class Event:  # the stop event of the sampler thread, advancing the fake clock
+        left = 5
+
+        def wait(self, timeout):
+            clock.t += timeout
+            self.left -= 1
+            return self.left < 0
+
+    s._nv, s._readers = nvml._open_readers(s._gpus, lambda: s._monotonic())
+    s._open_files()
+    s._run(Event())
+    assert fake.gpm_live == 0 and fake.init_count == 0  # freed, then NVML shut down
+    header, *rows = (tmp_path / "timeline.csv").read_text().splitlines()
+    assert header.split(",") == monitor.timeline_columns(2)
+    parsed = [dict(zip(header.split(","), map(float, line.split(",")))) for line in rows]
+    assert len(parsed) == 6  # five intervals and the last sample at stop
+    assert [p["gpu0_sm_active_pct"] for p in parsed][1:] == [60.0] * 5
+    assert all(math.isnan(p["gpu1_tensor_active_pct"]) for p in parsed)
+    agg = s.aggregate()
+    assert agg["gpu0_tensor_active_pct_mean"] == 40.0
+    assert agg["gpu0_pcie_tx_mib_s_mean"] == 100.0
+    assert math.isnan(agg["gpu1_sm_active_pct_mean"])
+
+
+# ---------------------------------------------------------------- aggregates (pure)
+def test_aggregates_of_counters_and_bitmasks():
+    columns = {
+        "gpu0_energy_j": [NAN, 100.0, 150.0, NAN, 400.0],
+        "gpu0_throttle_reasons": [0.0, 4.0, NAN, 32.0],
+        "gpu0_power_limit_w": [700.0, 350.0],
+        "gpu0_sm_clock_mhz": [1000.0, 2000.0],
+        "gpu0_sm_active_pct": [NAN, 20.0, 40.0],
+    }
+    agg = sampler._aggregate(columns, 1)
+    assert agg["gpu0_energy_j"] == 300.0
+    assert agg["gpu0_throttle_reasons_any"] == 36.0
+    assert agg["gpu0_power_limit_w_max"] == 700.0
+    assert agg["gpu0_sm_clock_mhz_mean"] == 1500.0
+    assert agg["gpu0_sm_active_pct_mean"] == 30.0
+    assert math.isnan(agg["gpu0_tensor_active_pct_mean"])
+    one = sampler._aggregate({"gpu0_energy_j": [5.0], "gpu0_throttle_reasons": [NAN]}, 1)
+    assert math.isnan(one["gpu0_energy_j"]) and math.isnan(one["gpu0_throttle_reasons_any"])
+    reset = sampler._aggregate({"gpu0_energy_j": [500.0, 10.0]}, 1)  # driver reloaded
+    assert math.isnan(reset["gpu0_energy_j"])
+
+
+# ---------------------------------------------------------------- the fake keeps NVML's rules
+def test_the_fake_refuses_gpm_calls_nvml_would_refuse(monkeypatch):
+    fake, clock = _install(monkeypatch, [fake_pynvml.hopper(), fake_pynvml.hopper()])
+    fake.nvmlInit()
+    h0, h1 = fake.nvmlDeviceGetHandleByIndex(0), fake.nvmlDeviceGetHandleByIndex(1)
+    a, b = fake.nvmlGpmSampleAlloc(), fake.nvmlGpmSampleAlloc()
+    request = fake.c_nvmlGpmMetricsGet_t()
+    request.version = fake.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = 1
+    request.metrics[0].metricId = fake.NVML_GPM_METRIC_SM_UTIL
+    request.sample1, request.sample2 = a, b
+    with pytest.raises(fake.NVMLError_InvalidArgument):  # not filled yet
+        fake.nvmlGpmMetricsGet(request)
+    fake.nvmlGpmSampleGet(h0, a)
+    clock.t += 0.2
+    fake.nvmlGpmSampleGet(h1, b)
+    with pytest.raises(fake.NVMLError_InvalidArgument):  # two GPUs
+        fake.nvmlGpmMetricsGet(request)
+    fake.nvmlGpmSampleGet(h0, b)
+    request.sample1, request.sample2 = b, a
+    with pytest.raises(fake.NVMLError_InvalidArgument):  # out of time order
+        fake.nvmlGpmMetricsGet(request)
+    request.sample1, request.sample2 = a, b
+    request.version = 2
+    with pytest.raises(fake.NVMLError_ArgumentVersionMismatch):
+        fake.nvmlGpmMetricsGet(request)
+    request.version = fake.NVML_GPM_METRICS_GET_VERSION
+    assert fake.nvmlGpmMetricsGet(request).metrics[0].value == 60.0
+    fake.nvmlGpmSampleFree(a)
+    with pytest.raises(fake.NVMLError_InvalidArgument):  # a freed sample
+        fake.nvmlGpmMetricsGet(request)
+    with pytest.raises(TypeError):  # structs go by reference, as ctypes.byref wants
+        fake.nvmlGpmMetricsGet({"version": 1})
+    fake.nvmlGpmSampleFree(b)
+    fake.nvmlShutdown()
+
+
+def test_the_fake_structs_match_nvidia_ml_py(monkeypatch):
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    spec = importlib.util.find_spec("pynvml")
+    if spec is None or spec.origin is None or "site-packages" not in spec.origin:
+        pytest.skip("nvidia-ml-py is not installed")
+    real = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "pynvml", real)  # it looks itself up there
+    spec.loader.exec_module(real)  # loads no library: that happens at nvmlInit
+    assert not issubclass(real.NVMLLibraryMismatchError, real.NVMLError)
+    for name in (
+        "c_nvmlMemory_t",
+        "c_nvmlMemory_v2_t",
+        "c_nvmlFieldValue_t",
+        "c_nvmlProcessUtilizationSample_t",
+        "c_nvmlGpmMetric_t",
+        "c_nvmlGpmMetricsGet_t",
+        "c_nvmlGpmSupport_t",
+    ):
+        fake_struct, real_struct = getattr(fake_pynvml, name), getattr(real, name)
+        assert [f[0] for f in fake_struct._fields_] == [f[0] for f in real_struct._fields_], name
+        assert ctypes.sizeof(fake_struct) == ctypes.sizeof(real_struct), name
+    for name in dir(fake_pynvml):
+        if name.startswith(("NVML_", "nvmlMemory_")) and hasattr(real, name):
+            assert getattr(fake_pynvml, name) == getattr(real, name), name
