@@ -313,6 +313,11 @@ def test_paths_and_data_fit_cannot_train_on_are_refused_before_work(tmp_path):
     unbatched = tf.data.Dataset.from_tensor_slices((X, Y))
     with pytest.raises(ValueError, match=r"single examples \(inputs of shape \(256,\)\).*batch"):
         tfgpu.diagnose(model, unbatched)
+    # Told by the dataset's chain even when the model cannot say (no Input layer yet).
+    no_input = keras.Sequential([keras.layers.Dense(1)])
+    no_input.compile("sgd", "mse")
+    with pytest.raises(ValueError, match="single examples"):
+        tfgpu.diagnose(no_input, unbatched.map(lambda x, y: (x * 2, y)).prefetch(1))
     inputs_only = tf.data.Dataset.from_tensor_slices(X).batch(32)
     with pytest.raises(ValueError, match=r"inputs without labels.*loss='mse'.*\(x, y\)"):
         tfgpu.diagnose(model, inputs_only)

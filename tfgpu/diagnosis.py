@@ -45,6 +45,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu._checks import check_bool, check_dir, check_int, invalid_type, is_number
+from tfgpu._datasets import chain_state
 from tfgpu._files import rotate, write_text_atomic
 from tfgpu._json import json_safe
 from tfgpu.batch_size import _prepare_model, _restore_state, _snapshot_state
@@ -1286,15 +1287,23 @@ def _batch_of(ds) -> tuple[Any, int | None]:
     return batch, size
 
 
-def _check_batch(model, batch) -> None:
-    """Refuses data `fit` cannot train on, naming the problem, before any measurement."""
+def _check_batch(model, batch, dataset: tf.data.Dataset) -> None:
+    """Refuses data `fit` cannot train on, naming the problem, before any measurement.
+
+    Single examples are told from batches by the dataset's input chain (an unbatched source
+    with no batch step after it) or, where the chain cannot tell, by the model's input rank.
+    """
     x, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
     ranks = [t.shape.rank for t in tf.nest.flatten(x)]
     expected = [len(t.shape) for t in tf.nest.flatten(getattr(model, "inputs", None) or [])]
-    if 0 in ranks or (
-        expected
-        and len(expected) == len(ranks)
-        and all(r == e - 1 for r, e in zip(ranks, expected))
+    if (
+        0 in ranks
+        or chain_state(dataset)[0] == "examples"
+        or (
+            expected
+            and len(expected) == len(ranks)
+            and all(r == e - 1 for r, e in zip(ranks, expected))
+        )
     ):
         shapes = [tuple(t.shape) for t in tf.nest.flatten(x)]
         raise ValueError(
@@ -1423,7 +1432,7 @@ def diagnose(
             "Invalid value for argument `dataset`. Received: an empty dataset. Expected at "
             "least one batch."
         ) from None
-    _check_batch(model, batch)
+    _check_batch(model, batch, ds)
     run_path = check_dir("run_dir", run_dir, allow_none=True)
     if run_path is not None:
         run_path.mkdir(parents=True, exist_ok=True)
