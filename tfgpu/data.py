@@ -487,7 +487,7 @@ def _check_arity(name: str, fn: Callable, spec: Any, what: str) -> None:
     except TypeError as e:
         label = getattr(fn, "__name__", None) or type(fn).__name__
         raise TypeError(
-            f"Invalid value for argument `{name}`. Received: {name}={label}{signature}, which "
+            f"Invalid type for argument `{name}`. Received: {name}={label}{signature}, which "
             f"cannot be called with {count} positional argument(s) ({e}). tf.data calls it "
             f"on {what} as {call}; the element is {spec}. Expected a function of {count} "
             "argument(s)" + (" (e.g. `lambda x, y: ...`)" if count == 2 else "") + "."
