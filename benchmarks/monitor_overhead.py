@@ -92,7 +92,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inside-steps", type=int, default=512, help="steps per gated epoch")
     parser.add_argument("--callbacks", default=None, help="another copy of tfgpu/callbacks.py")
     parser.add_argument("--no-fake", action="store_true")
+    parser.add_argument(
+        "--sample-only",
+        action="store_true",
+        help="only the per-sample cost, with fake NVMLs of 2 GPUs, 8 Hopper GPUs (GPM) and "
+        "8 GPUs whose PCIe rates need the blocking nvmlDeviceGetPcieThroughput",
+    )
     args = parser.parse_args(argv)
+    if args.sample_only:
+        return _sample_costs(args.interval)
 
     nvml_mode = _use_fake_nvml_if_needed(args.no_fake)
     import keras
@@ -286,6 +294,37 @@ def main(argv: list[str] | None = None) -> int:
         f"   batch hooks: {hooks_only * 1e6:.2f} us per step in the hooks, "
         f"{per_step_hooks * 1e6:.2f} us with their rows processed and written to steps.csv"
     )
+    return 0
+
+
+def _sample_costs(interval: float) -> int:
+    """Per-sample cost of the sampler thread on fake NVMLs, paced as the thread paces them."""
+    from tests import fake_pynvml
+    from tfgpu.monitor import Sampler
+
+    setups = {
+        "2 GPUs (A100 + V100, no GPM)": lambda: fake_pynvml.make(),
+        "8 H100 (GPM)": lambda: fake_pynvml.make([fake_pynvml.hopper() for _ in range(8)]),
+        "8 GPUs, PCIe via nvmlDeviceGetPcieThroughput": lambda: fake_pynvml.make(
+            [fake_pynvml.FakeGpu() for _ in range(8)], driver_lacks={"field:197", "field:198"}
+        ),
+    }
+    print(f"per-sample cost at interval {interval} s (fake NVML; real calls cost more):")
+    for name, build in setups.items():
+        sys.modules["pynvml"] = build()
+        sampler = Sampler(interval=3600, host=True).start()
+        costs = []
+        for _ in range(max(20, round(4.0 / interval))):  # about 4 s of samples
+            time.sleep(interval)
+            t0 = time.perf_counter()
+            sampler._sample()
+            costs.append(time.perf_counter() - t0)
+        sampler.stop()
+        print(
+            f"  {name:46s} median {statistics.median(costs) * 1e3:7.3f} ms, "
+            f"max {max(costs) * 1e3:7.3f} ms, mean {statistics.fmean(costs) * 1e3:7.3f} ms "
+            f"({100 * statistics.fmean(costs) / interval:.2f}% of the interval)"
+        )
     return 0
 
 

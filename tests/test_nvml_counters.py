@@ -195,10 +195,26 @@ def test_pcie_throughput_fallback_reads_one_counter_a_second(monkeypatch, caplog
     r = Readers(fake, clock)
     rows = [r.read(0.2)[0] for _ in range(12)]  # 2.4 s at 0.2 s
     assert rows[0]["pcie_tx_mib_s"] == 2.0 and math.isnan(rows[0]["pcie_rx_mib_s"])
-    assert all(row["pcie_rx_mib_s"] == 1.0 for row in rows[1:])  # KB/s -> MiB/s, carried
-    # Each read blocks ~20 ms: at most one per sample, each counter at most once a second.
+    assert all(row["pcie_rx_mib_s"] == 1.0 for row in rows[3:])  # KB/s -> MiB/s, carried
+    assert all(row["pcie_tx_mib_s"] == 2.0 for row in rows)
+    # Each call blocks ~20 ms: one GPU reads each counter at most once a second.
     assert _calls(fake, "nvmlDeviceGetPcieThroughput") <= 2 * 3
     assert any("no PCIe byte counters" in m for m in caplog.messages)
+    r.close()
+
+
+def test_pcie_throughput_calls_are_spread_over_many_gpus(monkeypatch):
+    gpus = [fake_pynvml.FakeGpu(pcie_tx_kb_s=1024, pcie_rx_kb_s=2048) for _ in range(8)]
+    fake, clock = _install(monkeypatch, gpus, driver_lacks={"field:197", "field:198"})
+    r = Readers(fake, clock)
+    per_sample = []
+    for _ in range(20):  # 4 s at 0.2 s
+        before = _calls(fake, "nvmlDeviceGetPcieThroughput")
+        rows = r.read(0.2)
+        per_sample.append(_calls(fake, "nvmlDeviceGetPcieThroughput") - before)
+    assert max(per_sample) == 1  # never 8 GPUs x 20 ms in one sample
+    assert sum(per_sample) == 20
+    assert sum(row["pcie_tx_mib_s"] == 1.0 for row in rows) == 8  # each GPU read once
     r.close()
 
 

@@ -236,8 +236,10 @@ GPM_MIN_PERIOD = 0.1
 shorter sampling interval GPM values are computed every 0.1 s and carried in between."""
 
 PCIE_THROUGHPUT_PERIOD = 1.0
-"""Seconds between two reads of one `nvmlDeviceGetPcieThroughput` counter (each blocks about
-20 ms), used only where neither GPM nor the PCIe byte-counter field values work."""
+"""Seconds between two reads of one `nvmlDeviceGetPcieThroughput` counter at the least (each
+blocks about 20 ms), used only where neither GPM nor the PCIe byte-counter field values work.
+All GPUs together make at most one such call per `PCIE_THROUGHPUT_PERIOD / (2 * GPUs)` s, so
+with many GPUs each counter is refreshed less often (8 GPUs at 0.2 s: every 3.2 s)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -488,6 +490,15 @@ def visible_gpus(gpus: Sequence[_G], cuda_visible_devices: str | None) -> list[_
     return selected
 
 
+@dataclasses.dataclass
+class _BlockingCalls:
+    """Shared by a session's readers: when the next blocking NVML call may be made."""
+
+    spacing: float
+    next_call: float = -math.inf
+    served: dict[tuple[int, int], float] = dataclasses.field(default_factory=dict)
+
+
 def _error_code(nv: ModuleType, name: str, default: int) -> int:
     value = getattr(nv, name, default)
     return value if isinstance(value, int) else default
@@ -515,6 +526,7 @@ class _GpuReader:
         position: int,
         pid: int | None = None,
         clock: Callable[[], float] | None = None,
+        blocking: _BlockingCalls | None = None,
     ):
         self._nv = nv
         self._gpu = gpu
@@ -560,7 +572,7 @@ class _GpuReader:
         self._fields_ok: bool | None = None
         self._fields_prev: tuple[float, float, float] | None = None  # (time s, tx, rx bytes)
         self._throughput: list[float] = [_NAN, _NAN]
-        self._throughput_due = [0.0, 0.0]
+        self._blocking = blocking or _BlockingCalls(PCIE_THROUGHPUT_PERIOD / 2)
         self._proc_last_ts = 0
         self._proc_value = _NAN
         self._proc_seen = -math.inf
@@ -849,24 +861,37 @@ class _GpuReader:
         return tuple(r if r >= 0 else _NAN for r in rates)  # type: ignore[return-value]
 
     def _pcie_throughput(self, h: Any) -> tuple[float, ...]:
-        """`nvmlDeviceGetPcieThroughput` (blocks ~20 ms): one counter per read, each at most
-        once per `PCIE_THROUGHPUT_PERIOD`; values are carried in between."""
+        """`nvmlDeviceGetPcieThroughput` (blocks ~20 ms): at most one call per read, the
+        session's readers taking turns (least recently read counter first), at most one call
+        per `PCIE_THROUGHPUT_PERIOD / (2 * GPUs)` s, each counter at most once per
+        `PCIE_THROUGHPUT_PERIOD`; values are carried in between."""
+        shared = self._blocking
+        mine = ((self._position, 0), (self._position, 1))
+        for key in mine:
+            shared.served.setdefault(key, -math.inf)
         now = self._clock()
-        due = [k for k in (0, 1) if now >= self._throughput_due[k]]
-        if due:
-            k = min(due, key=lambda i: self._throughput_due[i])
-            self._throughput_due[k] = now + PCIE_THROUGHPUT_PERIOD
-            counter = (
-                getattr(self._nv, "NVML_PCIE_UTIL_TX_BYTES", 0)
-                if k == 0
-                else getattr(self._nv, "NVML_PCIE_UTIL_RX_BYTES", 1)
-            )
-            try:
-                kb_s = self._nv.nvmlDeviceGetPcieThroughput(h, counter)
-            except Exception:
-                self._throughput[k] = _NAN
-                raise
-            self._throughput[k] = kb_s / 1024.0  # KB/s (NVML's KB are 1024 bytes) to MiB/s
+        if now < shared.next_call:
+            return tuple(self._throughput)
+        oldest = min(shared.served, key=lambda key: shared.served[key])
+        if oldest not in mine or now - shared.served[oldest] < PCIE_THROUGHPUT_PERIOD:
+            return tuple(self._throughput)
+        shared.next_call = now + shared.spacing
+        shared.served[oldest] = now
+        k = oldest[1]
+        counter = (
+            getattr(self._nv, "NVML_PCIE_UTIL_TX_BYTES", 0)
+            if k == 0
+            else getattr(self._nv, "NVML_PCIE_UTIL_RX_BYTES", 1)
+        )
+        try:
+            kb_s = self._nv.nvmlDeviceGetPcieThroughput(h, counter)
+        except Exception as e:
+            self._throughput[k] = _NAN
+            if self._is_not_supported(e):
+                for key in mine:  # never asked again: leave the turns to the others
+                    shared.served.pop(key, None)
+            raise
+        self._throughput[k] = kb_s / 1024.0  # KB/s (NVML's KB are 1024 bytes) to MiB/s
         return tuple(self._throughput)
 
     # ------------------------------------------------------------- reading
@@ -930,7 +955,11 @@ def _open_readers(
     nv, _ = _import_pynvml()
     if nv is None or _start(nv) is not None:
         return None, []
-    return nv, [_GpuReader(nv, gpu, position, clock=clock) for position, gpu in enumerate(gpus)]
+    blocking = _BlockingCalls(PCIE_THROUGHPUT_PERIOD / (2 * len(gpus)))
+    return nv, [
+        _GpuReader(nv, gpu, position, clock=clock, blocking=blocking)
+        for position, gpu in enumerate(gpus)
+    ]
 
 
 def _close_readers(nv: ModuleType | None, readers: Sequence[_GpuReader] = ()) -> None:
