@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections import namedtuple
 from pathlib import Path
 
@@ -745,3 +746,18 @@ def test_a_timeline_that_is_a_directory_is_refused_and_sampling_goes_on(fake, tm
         pass
     assert len(run.samples) == 2 and (tmp_path / "timeline.csv").is_dir()
     assert any("cannot write to" in r.getMessage() for r in caplog.records)
+
+
+def test_record_checks_its_arguments_at_the_call(tmp_path):
+    from tfgpu import monitor
+
+    with pytest.raises(TypeError, match=r"Received: interval='1' \(of type str\)"):
+        monitor.record(interval="1")
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ValueError, match=r"Invalid value for argument `path`.*is a file"):
+        monitor.record(tmp_path / "f")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no NVML here: warned once per process
+        with monitor.record(interval=0.5) as run:
+            assert run.running
+    assert not run.running

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -743,13 +743,14 @@ def _version() -> str:
         return "unknown"
 
 
-@contextlib.contextmanager
 def record(
     path: str | os.PathLike | None = None,
     interval: float = 0.2,
     gpus: Sequence[int] | None = None,
-) -> Iterator[Sampler]:
+) -> Sampler:
     """Samples GPUs and host for the duration of a `with` block; works without Keras.
+
+    The arguments are checked at the call, before the block runs.
 
     Args:
         path: str, os.PathLike or None, the run directory for `run.json` and
@@ -759,8 +760,8 @@ def record(
             (see `Sampler`). Defaults to `None`: all this process can use.
 
     Returns:
-        A context manager yielding the started `Sampler`; it is stopped on exit, also when
-        the block raises.
+        A `Sampler`, checked but not started: `with` starts it and stops it on exit, also
+        when the block raises.
 
     Raises:
         ValueError: for an `interval` below 0.01, an unknown GPU index (checked when NVML is
@@ -777,9 +778,4 @@ def record(
     print(run.aggregate()["gpu0_util_pct_mean"])
     ```
     """
-    sampler = Sampler(interval=interval, gpus=gpus, path=path)
-    try:
-        sampler.start()
-        yield sampler
-    finally:
-        sampler.stop()
+    return Sampler(interval=interval, gpus=gpus, path=path)
