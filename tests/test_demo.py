@@ -186,8 +186,10 @@ def test_a_run_dir_that_holds_anything_is_refused_and_left_as_it_was(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["old.csv"]
     assert (tmp_path / "old.csv").read_text() == "x"
     (tmp_path / "empty").mkdir()
-    assert demo._check_args(False, None, tmp_path / "empty", None) == tmp_path / "empty"
-    assert demo._check_args(False, None, tmp_path / "new" / "run", 3) == tmp_path / "new" / "run"
+    assert demo.check_arguments(False, None, tmp_path / "empty", None) == tmp_path / "empty"
+    assert (
+        demo.check_arguments(False, None, tmp_path / "new" / "run", 3) == tmp_path / "new" / "run"
+    )
 
 
 def test_the_default_run_dir_never_reuses_an_earlier_run(tmp_path, monkeypatch):
@@ -200,11 +202,11 @@ def test_the_default_run_dir_never_reuses_an_earlier_run(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(demo.datetime, "datetime", Frozen)
-    first = demo._check_args(False, None, None, None)
+    first = demo.check_arguments(False, None, None, None)
     assert first == demo.Path("runs/demo-20250102-030405") and not first.exists()
     first.mkdir(parents=True)
     (first / "demo.json").write_text("{}")
-    second = demo._check_args(False, None, None, None)
+    second = demo.check_arguments(False, None, None, None)
     assert second == demo.Path("runs/demo-20250102-030405-2")
     assert (first / "demo.json").read_text() == "{}"
     # `runs` a file: refused before any work.
@@ -213,7 +215,7 @@ def test_the_default_run_dir_never_reuses_an_earlier_run(tmp_path, monkeypatch):
     (tmp_path / "runs").rmdir()
     (tmp_path / "runs").write_text("not a directory")
     with pytest.raises(ValueError, match=r"is under the file 'runs'"):
-        demo._check_args(False, None, None, None)
+        demo.check_arguments(False, None, None, None)
 
 
 def test_a_run_dir_filled_after_the_check_is_still_refused(tmp_path):

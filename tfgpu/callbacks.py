@@ -30,10 +30,10 @@ import keras
 from tfgpu._checks import check_dir, check_int, check_number, invalid_type
 from tfgpu.monitor.sampler import (
     Sampler,
-    _check_gpus,
-    _check_interval,
-    _check_log_dir,
     artifact_name,
+    check_gpus,
+    check_interval,
+    check_log_dir,
     open_csv,
 )
 
@@ -223,9 +223,9 @@ class GPUMonitor(keras.callbacks.Callback):
                 "log_dir=None. Expected a `log_dir` to write `<log_dir>/tensorboard` into, "
                 "or a directory path as `tensorboard`."
             )
-        interval = _check_interval(interval)
-        self._gpus = _check_gpus(gpus)
-        path = None if log_dir is None else _check_log_dir(log_dir, "log_dir")
+        interval = check_interval(interval)
+        self._gpus = check_gpus(gpus)
+        path = None if log_dir is None else check_log_dir(log_dir, "log_dir")
         if tensorboard is True:
             if path is None:  # rejected above; narrows the type
                 raise AssertionError("tensorboard=True needs log_dir")
@@ -233,7 +233,7 @@ class GPUMonitor(keras.callbacks.Callback):
         elif tensorboard is False:
             self._tb_dir = None
         else:
-            self._tb_dir = _check_log_dir(tensorboard, "tensorboard")
+            self._tb_dir = check_log_dir(tensorboard, "tensorboard")
         self._config: _SamplerConfig = {"interval": interval, "path": path, "host": host}
         self._sampled = _sampler_gpus(self._gpus, _tf_gpu_positions())  # TensorFlow's numbering
         self.sampler = Sampler(**self._config, gpus=self._sampled)  # validates the rest now
@@ -595,7 +595,7 @@ class StepTimer(keras.callbacks.Callback):
         )
         self.flops_per_step = _check_positive_number("flops_per_step", flops_per_step, "1.2e12")
         self.peak_flops = _check_positive_number("peak_flops", peak_flops, "989e12")
-        self.log_dir = None if log_dir is None else _check_log_dir(log_dir)
+        self.log_dir = None if log_dir is None else check_log_dir(log_dir)
         # Seams for tests: the step clock, and the wall clock it is converted to.
         self._perf = time.perf_counter
         self._wall = time.time

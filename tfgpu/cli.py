@@ -100,9 +100,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
     from tfgpu._checks import check_dir
 
     if args.command == "demo":
-        from tfgpu.demo import _check_args
+        from tfgpu.demo import check_arguments
 
-        args.run_dir = _check_args(args.quick, args.dataset, args.run_dir, args.epochs)
+        args.run_dir = check_arguments(args.quick, args.dataset, args.run_dir, args.epochs)
     elif args.command == "report":
         check_dir("run_dir", args.run_dir)
         check_dir("out_dir", args.out, allow_none=True)

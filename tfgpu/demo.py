@@ -362,7 +362,7 @@ def _check_run_dir(run_dir: Any) -> Path:
     return path
 
 
-def _check_args(quick: Any, dataset: Any, run_dir: Any, epochs: Any) -> Path:
+def check_arguments(quick: Any, dataset: Any, run_dir: Any, epochs: Any) -> Path:
     """Raises `TypeError`/`ValueError` for bad arguments, before any work (no TensorFlow).
 
     Returns:
@@ -597,7 +597,7 @@ def run_demo(
     run_demo(quick=True, run_dir="runs/demo-quick")   # or: tfgpu demo --quick
     ```
     """
-    run_path = _check_args(quick, dataset, run_dir, epochs)
+    run_path = check_arguments(quick, dataset, run_dir, epochs)
     epochs = None if epochs is None else int(epochs)  # a NumPy int counts as an int
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 

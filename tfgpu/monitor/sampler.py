@@ -186,7 +186,8 @@ MIN_INTERVAL = 0.01
 so shorter intervals only repeat values, and below this the sampler thread would take a core."""
 
 
-def _check_interval(interval: Any) -> float:
+def check_interval(interval: Any) -> float:
+    """Checks a sampling interval (seconds, >= `MIN_INTERVAL`); returns it as a float."""
     return check_number(
         "interval",
         interval,
@@ -199,7 +200,7 @@ def _check_interval(interval: Any) -> float:
 _GPUS_EXPECTED = "None (all GPUs this process uses) or a list of GPU indices (ints), e.g. [0, 1]"
 
 
-def _check_gpus(gpus: Any) -> list[int] | None:
+def check_gpus(gpus: Any) -> list[int] | None:
     """Checks the form of a `gpus` argument (the indices are checked against NVML later)."""
     if gpus is None:
         return None
@@ -221,7 +222,7 @@ def _check_gpus(gpus: Any) -> list[int] | None:
     return checked
 
 
-def _check_log_dir(log_dir: Any, argument: str = "log_dir") -> Path:
+def check_log_dir(log_dir: Any, argument: str = "log_dir") -> Path:
     """Checks a run directory, creates it if needed and proves it writable.
 
     Raises:
@@ -395,11 +396,11 @@ class Sampler:
         path: str | os.PathLike | None = None,
         host: bool = True,
     ):
-        self._interval = _check_interval(interval)
-        requested = _check_gpus(gpus)
+        self._interval = check_interval(interval)
+        requested = check_gpus(gpus)
         self._unchecked: list[int] | None = None  # `gpus` NVML was not there to check
         check_bool("host", host)
-        self._dir = None if path is None else _check_log_dir(path, "path")
+        self._dir = None if path is None else check_log_dir(path, "path")
         self._host = host
         self._inventory = inventory()
         visible = visible_gpus(self._inventory.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
