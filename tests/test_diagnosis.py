@@ -880,3 +880,27 @@ def test_a_hand_built_diagnosis_prints_the_activity_counters():
     assert "gpu0_sm_active_pct_mean: 41.5" in text
     assert "tensor_active" not in text  # NaN: not printed
     assert json.loads(json.dumps(d.to_dict()))["monitor"]["gpu0_sm_active_pct_mean"] == 41.5
+
+
+def test_diagnose_decides_with_the_rules_it_shares_with_the_report(monkeypatch):
+    import tfgpu.diagnosis
+    from tfgpu import _gpu_counters
+
+    facts = _gpu(tensor_active_pct_mean=3.0)
+    assert "tensor_cores_idle" in _counter_kinds(facts)
+    monkeypatch.setattr(_gpu_counters, "TENSOR_ACTIVE_LOW_PCT", 2.0)  # one threshold, moved
+    assert "tensor_cores_idle" not in _counter_kinds(facts)
+    # No second copy of the thresholds or the throttle table in diagnosis.py.
+    for name in ("TENSOR_ACTIVE_LOW_PCT", "SMALL_KERNELS_UTIL_PCT", "PCIE_BATCH_FACTOR",
+                 "POWER_LOW_SHARE", "THROTTLE_REASONS"):  # fmt: skip
+        assert not hasattr(tfgpu.diagnosis, name), name
+    # The same clocks-throttled text in both.
+    throttled = _gpu(power_w_mean=150.0, throttle_reasons_any=float(0x40))
+    (finding,) = [f for f in _classify(throttled)[3] if f.kind == "clocks_throttled"]
+    shared = _gpu_counters.clocks_throttled(tfgpu.diagnosis._counters(throttled))
+    assert shared is not None
+    assert (finding.title, finding.detail, finding.recommendation) == (
+        shared.title,
+        shared.detail(),
+        shared.fix,
+    )

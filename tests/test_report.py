@@ -657,3 +657,140 @@ def test_energy_without_steps_or_batch_size_or_with_a_counter_reset(tmp_path, no
     _hand_timeline(run, columns, reset)
     text = write_report(run).read_text()
     assert "1 session(s) skipped where the energy counter went backwards" in text
+
+
+# ---- findings from the GPU counters, with the rules diagnose uses (tfgpu._gpu_counters) ----
+
+_COUNTERS = ["time", "elapsed_s", "epoch", "gpu0_util_pct", "gpu0_power_w", "gpu0_power_limit_w",
+             "gpu0_sm_clock_mhz", "gpu0_throttle_reasons", "gpu0_sm_active_pct",
+             "gpu0_tensor_active_pct", "gpu0_pcie_tx_mib_s", "gpu0_pcie_rx_mib_s"]  # fmt: skip
+
+
+def _counter_rows(n=10, t0=_T0, **kw):
+    """Rows of `_COUNTERS`: a busy H100 with GPM, healthy unless `kw` says otherwise."""
+    base = dict(util=90.0, power=500.0, limit=700.0, clock=1980.0, reasons=0.0, sm=85.0,
+                tensor=40.0, tx=60.0, rx=40.0)  # fmt: skip
+    v = {**base, **kw}
+    order = ("util", "power", "limit", "clock", "reasons", "sm", "tensor", "tx", "rx")
+    rows = [[t0 + k, float(k), 0.0, *(v[c] for c in order)] for k in range(n)]
+    if "reasons_once" in v and n > 3:  # one sample with other throttle reasons
+        rows[3][7] = v["reasons_once"]
+    return rows
+
+
+def _findings(text):
+    start = text.index("## Findings from the GPU counters")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else None]
+
+
+def test_the_report_names_what_utilization_hides_from_the_timeline(tmp_path, no_plots):
+    rows = _counter_rows(util=95.0, sm=30.0, tensor=1.0, power=200.0, reasons=1.0,
+                         reasons_once=float(0x1 | 0x4))  # fmt: skip
+    run = _hand_timeline(tmp_path / "run", _COUNTERS, rows)
+    _steps(run, [[_T0 + 1 + k, 0, k, 0.05, 640.0] for k in range(5)])  # 50 ms per step
+    text = _findings(write_report(run).read_text())
+    assert "- **GPU 0**, moderate: **Tensor cores nearly idle while the GPU is busy**. " in text
+    assert "Tensor-core activity 1.0% (GPM) at 95% utilization" in text
+    assert 'precision="mixed_bfloat16"' in text and "multiples of 8" in text
+    assert "TF32" in text and "`tfgpu.diagnose(model, data)` names the layers" in text
+    assert "**Utilization high, SM activity low: kernels too small to fill the GPU**" in text
+    assert "find_batch_size" in text and "a larger `steps_per_execution`" in text
+    assert "moderate: **Clocks throttled: SW power cap**" in text
+    assert "29% of the 700 W limit at 1980 MHz" in text and "`nvidia-smi -pl`" in text
+    # PCIe: 100 MiB/s x 50 ms = 5 MiB per step, told, not judged (the batch's bytes unknown).
+    assert "info: **PCIe traffic per step (not judged" in text
+    assert "5.0 MiB crossed PCIe per step (100.0 MiB/s sent and received x 50.00 ms" in text
+    assert "`tfgpu.diagnose(model, data)` knows the batch's bytes" in text
+    assert "No finding" not in text and "Not seen" not in text
+
+
+def test_a_healthy_run_says_no_finding_and_pcie_needs_the_step_time(tmp_path, no_plots):
+    run = _hand_timeline(tmp_path / "run", _COUNTERS, _counter_rows())
+    text = _findings(write_report(run).read_text())  # no steps.csv: no step time
+    assert "No finding on GPU 0." in text and "PCIe" not in text
+    _steps(run, [[_T0 + 100, 0, 0, 0.05, 640.0]])  # a step outside the timeline's span
+    assert "PCIe" not in _findings(write_report(run).read_text())
+
+
+def test_a_gpu_without_gpm_uses_what_exists_and_says_once_what_it_cannot_see(tmp_path, no_plots):
+    columns = ["time", "elapsed_s", "epoch"]
+    for i in (0, 1):
+        columns += [f"gpu{i}_{c}" for c in ("util_pct", "power_w", "power_limit_w",
+                    "throttle_reasons", "sm_active_pct", "tensor_active_pct")]  # fmt: skip
+    nan = math.nan
+    rows = [
+        [
+            _T0 + k,
+            float(k),
+            0.0,
+            92.0,
+            60.0,
+            150.0,
+            32.0,
+            nan,
+            nan,
+            92.0,
+            140.0,
+            150.0,
+            0.0,
+            nan,
+            nan,
+        ]
+        for k in range(6)
+    ]
+    run = _hand_timeline(tmp_path / "run", columns, rows)
+    text = _findings(write_report(run).read_text())
+    assert "- **GPU 0**, moderate: **Clocks throttled: SW thermal slowdown**" in text
+    assert "GPU 1**" not in text
+    assert text.count("tensor/SM activity not measured") == 1
+    assert (
+        "- Not seen on GPU 0 and 1: tensor/SM activity not measured: GPM needs a Hopper or "
+        "newer GPU; utilization alone cannot tell idle SMs from busy ones." in text
+    )
+    assert "PCIe traffic not measured" not in text  # no PCIe column: an older monitor
+
+
+def test_older_timelines_and_host_only_runs_get_no_counter_section(tmp_path, no_plots):
+    old = ["time", "elapsed_s", "epoch", "gpu0_util_pct", "gpu0_power_w", "gpu0_power_limit_w",
+           "gpu0_throttle_reasons"]  # fmt: skip
+    host = ["time", "elapsed_s", "epoch", "host_cpu_pct"]
+    for run, columns, rows in (
+        (tmp_path / "old", old, [[_T0 + k, float(k), 0.0, 80.0, 300.0, 400.0, 0.0] for k in range(4)]),
+        (tmp_path / "host", host, [[_T0 + k, float(k), 0.0, 50.0] for k in range(4)]),
+        (tmp_path / "empty", _COUNTERS, []),
+    ):  # fmt: skip
+        _hand_timeline(run, columns, rows)
+        _steps(run, [[_T0 + 1, 0, 0, 0.1, 640.0]])
+        assert "Findings from the GPU counters" not in write_report(run).read_text(), run.name
+    # ...but an older timeline's throttled clocks are still named (the columns exist).
+    rows = [[_T0 + k, float(k), 0.0, 80.0, 100.0, 400.0, 64.0] for k in range(4)]
+    _hand_timeline(tmp_path / "old", old, rows)
+    text = _findings(write_report(tmp_path / "old").read_text())
+    assert "high: **Clocks throttled: HW thermal slowdown**" in text and "Not seen" not in text
+
+
+def test_counter_findings_are_per_session_and_odd_values_do_not_crash(tmp_path, capsys):
+    rows = _counter_rows(5) + [
+        [*r[:1], *r[1:4], 100.0, *r[5:7], 0x40, *r[8:]] for r in _counter_rows(5, _T0 + 3600)
+    ]
+    run = _hand_timeline(tmp_path / "run", _COUNTERS, rows)
+    text = _findings(write_report(run).read_text())
+    assert "- **GPU 0** (session 2), high: **Clocks throttled: HW thermal slowdown**" in text
+    assert "(session 1)" not in text
+    odd = [[*r[:7], v, *r[8:]] for r, v in zip(_counter_rows(4), (1e300, -4.0, math.inf, 2.5))]
+    odd[0][8] = 1e308  # an SM activity past anything real
+    _hand_timeline(run, _COUNTERS, odd)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["report", str(run)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_the_report_and_diagnose_share_one_threshold(tmp_path, no_plots, monkeypatch):
+    from tfgpu import _gpu_counters
+
+    run = _hand_timeline(tmp_path / "run", _COUNTERS, _counter_rows(tensor=3.0))
+    assert "Tensor cores nearly idle" in _findings(write_report(run).read_text())
+    monkeypatch.setattr(_gpu_counters, "TENSOR_ACTIVE_LOW_PCT", 2.0)
+    assert "No finding on GPU 0." in _findings(write_report(run).read_text())

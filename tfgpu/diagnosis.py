@@ -44,7 +44,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgpu._checks import check_bool, check_dir, check_int, invalid_type, is_number
+from tfgpu import _gpu_counters as counters
+from tfgpu._checks import check_bool, check_dir, check_int, invalid_type
 from tfgpu._datasets import chain_state
 from tfgpu._files import rotate, write_text_atomic
 from tfgpu._json import json_safe
@@ -74,67 +75,9 @@ MEMORY_HEADROOM_BELOW = 0.5
 LOSS_SCALE_MAX_HALVINGS = 4
 # Each comparison alternates its two variants this many times and takes medians.
 _ROUNDS = 3
-# What GPU utilization hides (GPU counters from the monitored run, see docs/diagnosis.md).
-# Tensor cores idle: tensor-pipe activity below this while the GPU is busy at least...
-TENSOR_ACTIVE_LOW_PCT = 5.0
-TENSOR_BUSY_UTIL_PCT = 50.0
-# Small kernels: utilization at least this high while SMs are active less than that.
-SMALL_KERNELS_UTIL_PCT = 80.0
-SMALL_KERNELS_SM_ACTIVE_PCT = 50.0
-# Host-device traffic inside the step: PCIe bytes per step above this many batches' bytes.
-PCIE_BATCH_FACTOR = 4.0
-# Throttled: mean power below this share of the limit with a throttle reason other than idle.
-POWER_LOW_SHARE = 0.6
-_GPM_UNSEEN = (
-    "tensor/SM activity not measured: GPM needs a Hopper or newer GPU; utilization alone "
-    "cannot tell idle SMs from busy ones"
-)
-# NVML's clocks-event (throttle) reasons: bit -> (what it says, what to do).
-# nvmlClocksEventReason* / nvmlClocksThrottleReason* in nvml.h; nvidia-smi
-# --query-gpu=clocks_throttle_reasons.active.
-THROTTLE_REASONS: dict[int, tuple[str, str]] = {
-    0x2: (
-        "applications clocks setting",
-        "the application clocks are set below the maximum: `nvidia-smi -rac` resets them "
-        "(needs root)",
-    ),
-    0x4: (
-        "SW power cap",
-        "the driver holds clocks down to stay under the power limit: check it with "
-        "`nvidia-smi -q -d POWER` and raise it with `nvidia-smi -pl` (needs root) if it was "
-        "lowered",
-    ),
-    0x8: (
-        "HW slowdown",
-        "the hardware halved the clocks (temperature too high or the power supply cannot "
-        "deliver): check cooling and the power supply (`nvidia-smi -q -d PERFORMANCE`)",
-    ),
-    0x10: (
-        "sync boost",
-        "clocks are held to those of the other GPUs of a sync-boost group: check the slowest one",
-    ),
-    0x20: (
-        "SW thermal slowdown",
-        "the driver lowers clocks to keep the GPU under its temperature target: improve "
-        "cooling and airflow (`nvidia-smi -q -d TEMPERATURE`)",
-    ),
-    0x40: (
-        "HW thermal slowdown",
-        "the GPU reached its hardware temperature limit: fix the cooling (fans, airflow, "
-        "blocked heatsink)",
-    ),
-    0x80: (
-        "HW power brake slowdown",
-        "an external power-brake signal (the power supply or chassis) slows the GPU: check "
-        "the system's power supply",
-    ),
-    0x100: (
-        "display clock setting",
-        "clocks are limited by the display clock setting",
-    ),
-}
-_THROTTLE_IDLE = 0x1  # "GPU idle": nothing to run, not a throttle
-_THROTTLE_SEVERE = 0x8 | 0x40 | 0x80  # hardware slowdowns: high severity
+# What GPU utilization hides (tensor cores idle, small kernels, PCIe per step, throttled
+# clocks): thresholds, throttle reasons and rules in `tfgpu/_gpu_counters.py`, shared with
+# `tfgpu report`; this module adds what the model tells (layers, policy, TF32, batch bytes).
 
 
 @dataclass(frozen=True)
@@ -511,57 +454,72 @@ def _classify(f: _Facts) -> tuple[str, str, float, list[Finding]]:
     return bottleneck, level, share, findings
 
 
-def _finite(value: Any) -> bool:
-    """Whether `value` is a finite real number (NumPy scalars too, bools not)."""
-    return is_number(value) and math.isfinite(float(value))
+_finite = counters.finite  # a finite real number (NumPy scalars too, bools not)
+
+
+def _counters(f: _Facts) -> counters.Counters:
+    return counters.Counters(
+        util_pct_mean=f.util_pct_mean,
+        sm_active_pct_mean=f.sm_active_pct_mean,
+        tensor_active_pct_mean=f.tensor_active_pct_mean,
+        pcie_mib_s_mean=f.pcie_mib_s_mean,
+        power_w_mean=f.power_w_mean,
+        power_limit_w_max=f.power_limit_w_max,
+        throttle_reasons_any=f.throttle_reasons_any,
+        sm_clock_mhz_mean=f.sm_clock_mhz_mean,
+    )
 
 
 def _counter_findings(f: _Facts, cpu_ops: list[tuple[_OpFact, str]]) -> list[Finding]:
     """What GPU utilization hides, from the GPU counters of the monitored run. Pure.
 
-    Each finding needs its counters measured (finite); a counter that is NaN (no GPM, no
-    NVML support, no monitor) decides nothing: `_unseen` says what could not be seen.
+    The rules (thresholds, decisions, throttle reasons) are `tfgpu._gpu_counters`'s, shared
+    with `tfgpu report`; this adds what only a diagnosis knows: the model's layers, the
+    policy, TF32, the train step's CPU ops, the batch's bytes. A counter that is NaN (no
+    GPM, no NVML support, no monitor) decides nothing: `_unseen` says what could not be seen.
     """
     if not f.on_gpu:
         return []
+    c = _counters(f)
     findings = []
-    util = f.util_pct_mean
     tensor_gpu = bool(f.compute_capabilities) and all(
         tuple(cc) >= (7, 0) for cc in f.compute_capabilities
     )
-    if (
-        tensor_gpu
-        and _finite(f.tensor_active_pct_mean)
-        and _finite(util)
-        and f.tensor_active_pct_mean < TENSOR_ACTIVE_LOW_PCT
-        and util >= TENSOR_BUSY_UTIL_PCT
-    ):
-        findings.append(_tensor_idle_finding(f))
-    if (
-        _finite(util)
-        and _finite(f.sm_active_pct_mean)
-        and util >= SMALL_KERNELS_UTIL_PCT
-        and f.sm_active_pct_mean < SMALL_KERNELS_SM_ACTIVE_PCT
-    ):
-        findings.append(_small_kernels_finding(f))
-    if _finite(f.pcie_mib_s_mean) and f.batch_bytes and f.step_time_s > 0:
-        per_step = f.pcie_mib_s_mean * 2**20 * f.step_time_s
-        if per_step > PCIE_BATCH_FACTOR * f.batch_bytes:
-            findings.append(_pcie_finding(f, per_step, cpu_ops))
-    if (
-        _finite(f.power_w_mean)
-        and _finite(f.power_limit_w_max)
-        and f.power_limit_w_max > 0
-        and _finite(f.throttle_reasons_any)
-        and f.power_w_mean < POWER_LOW_SHARE * f.power_limit_w_max
-    ):
-        reasons = int(f.throttle_reasons_any) & ~_THROTTLE_IDLE
-        if reasons:
-            findings.append(_throttle_finding(f, reasons))
+    idle = counters.tensor_cores_idle(c) if tensor_gpu else None
+    if idle is not None:
+        findings.append(_tensor_idle_finding(f, idle))
+    small = counters.small_kernels(
+        c,
+        counters.small_kernels_fix(
+            f.batch_size,
+            f.steps_per_execution,
+            max(PROBE_STEPS_PER_EXECUTION, 4 * f.steps_per_execution),
+            f.jit_compile,
+        ),
+    )
+    if small is not None:
+        findings.append(_finding(small))
+    pcie = counters.pcie_traffic(c, f.step_time_s, f.batch_bytes)
+    if pcie is not None:
+        findings.append(_pcie_finding(f, pcie, cpu_ops))
+    throttled = counters.clocks_throttled(c)
+    if throttled is not None:
+        findings.append(_finding(throttled))
     return findings
 
 
-def _tensor_idle_finding(f: _Facts) -> Finding:
+def _finding(found: counters.CounterFinding, detail: str | None = None, fix: str | None = None):
+    """A `Finding` from a shared rule's text pieces (`detail`, `fix`: what the model adds)."""
+    return Finding(
+        found.kind,
+        found.severity,
+        found.title,
+        found.detail() if detail is None else detail,
+        found.fix if fix is None else fix,
+    )
+
+
+def _tensor_idle_finding(f: _Facts, found: counters.CounterFinding) -> Finding:
     mixed = f.policy in ("mixed_float16", "mixed_bfloat16")
     tf32_capable = all(tuple(cc) >= (8, 0) for cc in f.compute_capabilities)
     fixes = []
@@ -572,11 +530,7 @@ def _tensor_idle_finding(f: _Facts) -> Finding:
             '`dtype="float32"` unless they must stay float32, like a final softmax)'
         )
     if f.odd_dim_layers:
-        fixes.append(
-            "round `units` / `filters` / `output_dim` (pad vocabularies, channels, input "
-            "features) to multiples of 8, which tensor cores need: "
-            + ", ".join(f.odd_dim_layers[:8])
-        )
+        fixes.append(counters.MULTIPLES_OF_8 + ": " + ", ".join(f.odd_dim_layers[:8]))
     if f.tf32_enabled is False and tf32_capable:
         fixes.append(
             "TF32 is off, so float32 matmuls run on the CUDA cores: remove "
@@ -589,18 +543,10 @@ def _tensor_idle_finding(f: _Facts) -> Finding:
             f'mixed precision: `tfgpu.configure(precision="{choice}")` before building the '
             "model" + ("" if tf32_capable else " (float32 never uses tensor cores before Ampere)")
         )
-    fixes.append(
-        "if the step is mostly element-wise work (normalization, activations, embedding "
-        "look-ups) rather than matmuls and convolutions, tensor cores have little to do: "
-        "`jit_compile=True` fuses that work"
-    )
-    return Finding(
-        "tensor_cores_idle",
-        "moderate",
-        "Tensor cores nearly idle while the GPU is busy",
-        f"Tensor-core activity {f.tensor_active_pct_mean:.1f}% (GPM) at "
-        f"{f.util_pct_mean:.0f}% utilization under the {f.policy} policy: the matmuls and "
-        "convolutions do not run on the tensor cores."
+    fixes.append(counters.ELEMENTWISE_FIX)
+    return _finding(
+        found,
+        f"{found.measured} under the {f.policy} policy: {found.meaning}."
         + (" TF32 is off." if f.tf32_enabled is False and tf32_capable else ""),
         _sentence("; ".join(fixes)),
     )
@@ -610,31 +556,9 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:] + "."
 
 
-def _small_kernels_finding(f: _Facts) -> Finding:
-    batch = f"now {f.batch_size}" if f.batch_size else "per replica"
-    spe = max(PROBE_STEPS_PER_EXECUTION, 4 * f.steps_per_execution)
-    xla = (
-        "XLA is already on (`jit_compile=True`): look for ops it cannot fuse"
-        if f.jit_compile
-        else "`model.compile(..., jit_compile=True)`: XLA fuses small element-wise kernels "
-        "into fewer, larger ones"
-    )
-    return Finding(
-        "small_kernels",
-        "moderate",
-        "Utilization high, SM activity low: kernels too small to fill the GPU",
-        f"NVML utilization {f.util_pct_mean:.0f}% says a kernel was running that share of the "
-        f"time; GPM says the SMs were active only {f.sm_active_pct_mean:.0f}% of it on "
-        "average: each kernel occupies a few SMs and leaves the rest idle.",
-        f"A larger `batch_size` ({batch}; `tfgpu.find_batch_size(model, data)` finds the "
-        "largest that fits, and scale the learning rate with `tfgpu.scale_learning_rate`); "
-        f"`model.compile(..., steps_per_execution={spe})` (now {f.steps_per_execution}) so "
-        f"kernels are queued back to back; {xla}.",
-    )
-
-
-def _pcie_finding(f: _Facts, per_step: float, cpu_ops: list[tuple[_OpFact, str]]) -> Finding:
-    assert f.batch_bytes  # checked by the caller
+def _pcie_finding(
+    f: _Facts, found: counters.CounterFinding, cpu_ops: list[tuple[_OpFact, str]]
+) -> Finding:
     seen = []
     if cpu_ops:
         seen.append(_cpu_ops_traffic(cpu_ops)[0])
@@ -642,75 +566,20 @@ def _pcie_finding(f: _Facts, per_step: float, cpu_ops: list[tuple[_OpFact, str]]
         seen.append("the data is fed as NumPy arrays")
     if f.python_input:
         seen.append("the pipeline runs `tf.py_function` / a generator")
-    mib = 2**20
-    return Finding(
-        "pcie_traffic",
-        "moderate",
-        "Host-device transfers inside the step: PCIe traffic far above the batch's size",
-        f"{per_step / mib:,.1f} MiB crossed PCIe per step ({f.pcie_mib_s_mean:,.1f} MiB/s "
-        f"sent and received x {f.step_time_s * 1e3:.2f} ms per step), "
-        f"{per_step / f.batch_bytes:.0f}x the batch's {f.batch_bytes / mib:,.2f} MiB"
-        + (f"; seen: {'; '.join(seen)}" if seen else "")
-        + ".",
-        "Keep the step on the GPU: ops placed on the CPU (pinned with `tf.device`, or without "
-        "a GPU kernel; `tf.debugging.set_log_device_placement(True)` lists them) move into the "
-        "input pipeline or get a GPU op; NumPy conversions in a callback (`.numpy()`, "
-        "`np.asarray(...)`, `float(tensor)` in `on_train_batch_end`) copy tensors back every "
-        "batch: do them per epoch, or keep the values as tensors; `tf.py_function` in the "
-        "model runs on the host: rewrite it with TF ops.",
-    )
-
-
-def _throttle_names(reasons: int) -> list[tuple[str, str]]:
-    """The (name, fix) of each bit set in an NVML throttle-reason bitmask (idle left out)."""
-    named = [THROTTLE_REASONS[bit] for bit in sorted(THROTTLE_REASONS) if reasons & bit]
-    unknown = reasons & ~_THROTTLE_IDLE & ~sum(THROTTLE_REASONS)
-    if unknown:
-        named.append(
-            (f"reason bits {unknown:#x}", "see `nvidia-smi -q -d PERFORMANCE` for the reason")
-        )
-    return named
-
-
-def _throttle_finding(f: _Facts, reasons: int) -> Finding:
-    named = _throttle_names(reasons)
-    clock = (
-        f" at {f.sm_clock_mhz_mean:.0f} MHz SM clock (mean)" if _finite(f.sm_clock_mhz_mean) else ""
-    )
-    return Finding(
-        "clocks_throttled",
-        "high" if reasons & _THROTTLE_SEVERE else "moderate",
-        "Clocks throttled: " + ", ".join(name for name, _ in named),
-        f"Power {f.power_w_mean:.0f} W on average, {f.power_w_mean / f.power_limit_w_max:.0%} "
-        f"of the {f.power_limit_w_max:.0f} W limit{clock}, while NVML reported clock "
-        f"throttle reasons {reasons:#x} ({', '.join(name for name, _ in named)}).",
-        "; ".join(f"{name}: {fix}" for name, fix in named) + ".",
-    )
+    return _finding(found, found.measured + (f"; seen: {'; '.join(seen)}" if seen else "") + ".")
 
 
 def _unseen(f: _Facts) -> list[str]:
     """Notes on what the GPU counters could not show (NaN where the monitor ran). Pure."""
-    if not (f.on_gpu and _finite(f.util_pct_mean)):
-        return []  # no monitor: its own note says so
-    notes = []
-    if not (_finite(f.sm_active_pct_mean) or _finite(f.tensor_active_pct_mean)):
-        high = (
-            f" (utilization averaged {f.util_pct_mean:.0f}% here: a kernel was running, not "
-            "necessarily on every SM)"
-            if f.util_pct_mean >= SMALL_KERNELS_UTIL_PCT
-            else ""
-        )
-        notes.append(_GPM_UNSEEN + high)
-    if not _finite(f.pcie_mib_s_mean):
-        notes.append(
-            "PCIe traffic not measured (no GPM or NVML PCIe counter on this GPU): host-device "
-            "transfers inside the step not checked"
-        )
-    elif not f.batch_bytes:
-        notes.append("PCIe traffic per step not compared: the batch's size in bytes is unknown")
-    if not (_finite(f.power_limit_w_max) and _finite(f.throttle_reasons_any)):
-        notes.append(
-            "power limit or clock throttle reasons not reported by NVML: throttling not checked"
+    if not f.on_gpu:
+        return []  # no GPU: its own note says so
+    c = _counters(f)
+    notes = counters.unseen(c)
+    measured = counters.finite(f.util_pct_mean) and counters.finite(f.pcie_mib_s_mean)
+    if measured and not f.batch_bytes:
+        notes.insert(
+            len(notes) - (counters.POWER_UNSEEN in notes),
+            "PCIe traffic per step not compared: the batch's size in bytes is unknown",
         )
     return notes
 
