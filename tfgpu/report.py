@@ -15,8 +15,11 @@ A run directory is what `GPUMonitor`, `StepTimer`, `tfgpu.monitor.record(path)` 
   first step (tracing, compilation) and the steady steps both show (when `steps.csv` exists);
 - `report.md`: averages, maxima, the GPUs' idle share, SM/tensor/DRAM activity and PCIe
   traffic where recorded, step-time statistics per epoch, energy used per GPU and per
-  example (from `gpu{i}_energy_j` and the examples of `steps.csv` over the same span), and
-  the saved diagnosis.
+  example (from `gpu{i}_energy_j` and the examples of `steps.csv` over the same span),
+  findings from the GPU counters (tensor cores idle, small kernels, throttled clocks with
+  the reason named, PCIe MiB per step; per timeline, session and GPU, with the rules
+  `tfgpu.diagnose` uses, `tfgpu._gpu_counters`, and what a GPU without GPM cannot show),
+  and the saved diagnosis.
 
 Epoch boundaries are drawn as vertical lines. Epochs are numbered from 1 in the plots and the
 summary, as Keras prints them (`Epoch 1/8`); the CSV files' `epoch` column counts from 0, as
