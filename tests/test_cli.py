@@ -175,7 +175,7 @@ def test_an_unexpected_os_error_is_an_error_line_not_a_traceback(tmp_path, capsy
     def fail(run_dir, out_dir):
         raise PermissionError(13, "Permission denied", str(tmp_path))
 
-    monkeypatch.setattr(tfgpu.report, "_write", fail)
+    monkeypatch.setattr(tfgpu.report, "write_report_and_problems", fail)
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tfgpu report: error: [Errno 13] Permission denied")

@@ -194,9 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps(report.to_dict(), indent=2) if args.json else report)
             return 0
         if args.command == "report":
-            from tfgpu.report import _write
+            from tfgpu.report import write_report_and_problems
 
-            summary, problems = _write(args.run_dir, args.out)
+            summary, problems = write_report_and_problems(args.run_dir, args.out)
             print(f"Report written to {summary}")
             for error in problems.errors:
                 print(f"tfgpu report: error: {error}", file=sys.stderr)

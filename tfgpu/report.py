@@ -1147,8 +1147,11 @@ class _Plt:
         fig.clear()
 
 
-def _write(run_dir: Any, out_dir: Any) -> tuple[Path, _Problems]:
-    """`write_report`'s work: returns `report.md`'s path and what could not be read."""
+def write_report_and_problems(run_dir: Any, out_dir: Any) -> tuple[Path, _Problems]:
+    """`write_report` for front ends: returns `report.md`'s path and what could not be read.
+
+    The CLI prints the problems as `error:` lines (exit status 2) instead of warnings.
+    """
     check_dir("run_dir", run_dir)  # both arguments, before any work
     out_arg = check_dir("out_dir", out_dir, allow_none=True)
     run, names = _check_run_dir(run_dir)
@@ -1251,7 +1254,7 @@ def write_report(run_dir, out_dir=None) -> Path:
     >>> write_report("runs/exp1")  # doctest: +SKIP
     PosixPath('runs/exp1/report.md')
     """
-    summary, problems = _write(run_dir, out_dir)
+    summary, problems = write_report_and_problems(run_dir, out_dir)
     for error in problems.errors:
         warnings.warn(f"tfgpu report: {error} The rest is in {summary}.", stacklevel=2)
     return summary
