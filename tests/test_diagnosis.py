@@ -59,15 +59,25 @@ FAST = dict(check_xla=False, check_steps_per_execution=False, steps=5, warmup=2)
 
 
 @pytest.mark.slow
-def test_pipeline_slowed_on_purpose_is_input_bound():
+def test_pipeline_slowed_on_purpose_is_measured_slow_and_its_python_step_named():
+    # What holds on any machine, loaded or not: each batch sleeps 100 ms in a sequential map,
+    # so no step is faster than that; the Python step and the missing prefetch are read from
+    # the pipeline itself. (The verdict, which depends on the compute time, is checked on a
+    # scripted clock below.)
     ds = tf.data.Dataset.from_tensor_slices((X, Y)).batch(256).map(_sleepy)
     diagnosis = tfgpu.diagnose(_heavy_model(), ds, **FAST)
-    assert diagnosis.bottleneck == "input"
-    assert diagnosis.input_bound == "high" and diagnosis.input_wait_share >= 0.2
-    finding = diagnosis.finding("input_bound")
-    assert "tfgpu.data.pipeline" in finding.recommendation and finding.gain_measured
+    assert diagnosis.step_time_s >= 0.1, str(diagnosis)
     traffic = diagnosis.finding("host_device_traffic")
     assert "py_function" in traffic.detail and "not prefetched" in traffic.detail
+
+
+def test_pipeline_slowed_on_purpose_is_input_bound(monkeypatch):
+    _ScriptedSteps(monkeypatch, device_s=0.02, real_s=0.1)
+    ds = tf.data.Dataset.from_tensor_slices((X[:512], Y[:512])).batch(256).map(_sleepy)
+    diagnosis = tfgpu.diagnose(_heavy_model(), ds, **FAST)
+    assert diagnosis.bottleneck == "input"
+    assert diagnosis.input_bound == "high" and diagnosis.input_wait_share == pytest.approx(0.8)
+    assert "tfgpu.data.pipeline" in diagnosis.finding("input_bound").recommendation
 
 
 class _ScriptedSteps:

@@ -96,11 +96,14 @@ def _check_quickstart(out: str, cwd: Path) -> None:
 
 
 def _check_input_pipeline_tuning(out: str, cwd: Path) -> None:
-    assert "bottleneck = input" in out  # the slow pipeline is diagnosed as input-bound
-    assert "py_function" in out  # ... and the Python step is named
+    # What the notebook shows, not how fast this machine ran it: the verdicts and the wait
+    # shares depend on the load (they are checked on scripted clocks in test_diagnosis.py;
+    # the speed-up is measured in benchmarks/data_pipeline.py).
+    assert "bottleneck = " in out
+    assert "py_function" in out  # the slow pipeline's Python step is named
     line = next(x for x in out.splitlines() if x.startswith("input wait"))
     before, after = (float(s.rstrip("%")) for s in line.split(";")[0].split()[2::2])
-    assert after < before, line
+    assert 0 <= before <= 100 and 0 <= after <= 100, line
     assert "steps_per_execution=" in out and "accuracy" in out
 
 
