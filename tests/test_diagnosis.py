@@ -152,7 +152,7 @@ def _state(model):
 
 
 @pytest.mark.slow
-def test_tiny_model_with_one_step_per_execution_is_host_overhead_bound(tmp_path):
+def test_a_real_diagnosis_probes_restores_the_model_and_its_files_agree(tmp_path):
     model = _tiny_model()
     model.fit(X[:64], Y[:64], batch_size=32, epochs=1, verbose=0)
     history = model.history
