@@ -18,9 +18,9 @@ from tfgpu._checks import (
     conflicting,
     invalid_type,
     invalid_value,
+    is_finite_number,
     is_int,
     is_number,
-    is_positive_number,
 )
 
 
@@ -125,16 +125,18 @@ def test_check_bool():
     [
         (0.2, True),
         (3, True),
-        (0, False),
-        (-1.0, False),
+        (0, True),
+        (-1.0, True),
+        (np.float32(1.0), True),
         (float("nan"), False),
         (float("inf"), False),
         (True, False),
         ("1", False),
+        (None, False),
     ],
 )
-def test_is_positive_number(value, ok):
-    assert is_positive_number(value) is ok
+def test_is_finite_number(value, ok):
+    assert is_finite_number(value) is ok
 
 
 def test_importing_it_loads_neither_tensorflow_nor_keras():

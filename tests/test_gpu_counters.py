@@ -141,9 +141,3 @@ def test_unseen_says_what_a_gpu_without_gpm_cannot_show():
         gc.POWER_UNSEEN,
     ]
     assert gc.unseen(_c(util_pct_mean=NAN, sm_active_pct_mean=NAN)) == []  # no monitor
-
-
-def test_finite_takes_numpy_scalars_and_rejects_bools_and_strings():
-    assert gc.finite(np.float32(1.0)) and gc.finite(3)
-    assert not gc.finite(True) and not gc.finite("1") and not gc.finite(NAN)
-    assert not gc.finite(None) and not gc.finite(math.inf)

@@ -354,12 +354,12 @@ def check_bool(name: str, value: Any, *, allow_none: bool = False) -> None:
     raise invalid_type(name, value, "True, False or None" if allow_none else "True or False")
 
 
-def is_positive_number(value: Any) -> bool:
-    """Whether `value` is a finite real number > 0 (bools are not numbers here).
+def is_finite_number(value: Any) -> bool:
+    """Whether `value` is a finite real number (NumPy scalars too; bools and NaN are not).
 
     Example:
 
-    >>> is_positive_number(0.2), is_positive_number(float("inf")), is_positive_number(True)
+    >>> is_finite_number(0.2), is_finite_number(float("nan")), is_finite_number(True)
     (True, False, False)
     """
-    return is_number(value) and math.isfinite(value) and not value <= 0
+    return is_number(value) and math.isfinite(float(value))

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
-from tfgpu._checks import is_number
+from tfgpu._checks import is_finite_number
 
 # Tensor cores idle: tensor-pipe activity below this while the GPU is busy at least...
 TENSOR_ACTIVE_LOW_PCT = 5.0
@@ -121,11 +120,6 @@ PCIE_FIX = (
 _MIB = 2**20
 
 
-def finite(value: Any) -> bool:
-    """Whether `value` is a finite real number (NumPy scalars too, bools not)."""
-    return is_number(value) and math.isfinite(float(value))
-
-
 @dataclass(frozen=True)
 class Counters:
     """One GPU's counters, means over a monitored window; NaN where not measured.
@@ -181,7 +175,7 @@ def tensor_cores_idle(c: Counters) -> CounterFinding | None:
     """Tensor-pipe activity near zero while the GPU is busy (the caller checks that the GPU
     has tensor cores; GPM, which measures it, needs Hopper or newer)."""
     tensor, util = c.tensor_active_pct_mean, c.util_pct_mean
-    if not (finite(tensor) and finite(util)):
+    if not (is_finite_number(tensor) and is_finite_number(util)):
         return None
     if not (tensor < TENSOR_ACTIVE_LOW_PCT and util >= TENSOR_BUSY_UTIL_PCT):
         return None
@@ -224,7 +218,7 @@ def small_kernels_fix(
 def small_kernels(c: Counters, fix: str | None = None) -> CounterFinding | None:
     """Utilization high while few SMs are active: kernels too small to fill the GPU."""
     util, sm = c.util_pct_mean, c.sm_active_pct_mean
-    if not (finite(util) and finite(sm)):
+    if not (is_finite_number(util) and is_finite_number(sm)):
         return None
     if not (util >= SMALL_KERNELS_UTIL_PCT and sm < SMALL_KERNELS_SM_ACTIVE_PCT):
         return None
@@ -241,7 +235,9 @@ def small_kernels(c: Counters, fix: str | None = None) -> CounterFinding | None:
 
 def pcie_per_step_bytes(c: Counters, step_time_s: float) -> float:
     """PCIe bytes per step (the mean rate times the step time), NaN when either is unknown."""
-    if not (finite(c.pcie_mib_s_mean) and finite(step_time_s) and step_time_s > 0):
+    if not (
+        is_finite_number(c.pcie_mib_s_mean) and is_finite_number(step_time_s) and step_time_s > 0
+    ):
         return math.nan
     return float(c.pcie_mib_s_mean) * _MIB * float(step_time_s)
 
@@ -304,7 +300,13 @@ def throttle_names(reasons: int) -> list[tuple[str, str]]:
 def clocks_throttled(c: Counters) -> CounterFinding | None:
     """Power far below the limit while NVML names a throttle reason other than idle."""
     power, limit, bits = c.power_w_mean, c.power_limit_w_max, c.throttle_reasons_any
-    if not (finite(power) and finite(limit) and limit > 0 and finite(bits) and bits >= 0):
+    if not (
+        is_finite_number(power)
+        and is_finite_number(limit)
+        and limit > 0
+        and is_finite_number(bits)
+        and bits >= 0
+    ):
         return None
     if not power < POWER_LOW_SHARE * limit:
         return None
@@ -314,7 +316,9 @@ def clocks_throttled(c: Counters) -> CounterFinding | None:
     named = throttle_names(reasons)
     names = ", ".join(name for name, _ in named)
     clock = (
-        f" at {c.sm_clock_mhz_mean:.0f} MHz SM clock (mean)" if finite(c.sm_clock_mhz_mean) else ""
+        f" at {c.sm_clock_mhz_mean:.0f} MHz SM clock (mean)"
+        if is_finite_number(c.sm_clock_mhz_mean)
+        else ""
     )
     return CounterFinding(
         "clocks_throttled",
@@ -336,10 +340,10 @@ def unseen(c: Counters, *, with_util: bool = True) -> list[str]:
         with_util: bool, whether the GPM note quotes a high utilization (a figure of this
             GPU; the report leaves it out to say the note once for several GPUs).
     """
-    if not finite(c.util_pct_mean):
+    if not is_finite_number(c.util_pct_mean):
         return []
     notes = []
-    if not (finite(c.sm_active_pct_mean) or finite(c.tensor_active_pct_mean)):
+    if not (is_finite_number(c.sm_active_pct_mean) or is_finite_number(c.tensor_active_pct_mean)):
         high = (
             f" (utilization averaged {c.util_pct_mean:.0f}% here: a kernel was running, not "
             "necessarily on every SM)"
@@ -347,8 +351,8 @@ def unseen(c: Counters, *, with_util: bool = True) -> list[str]:
             else ""
         )
         notes.append(GPM_UNSEEN + high)
-    if not finite(c.pcie_mib_s_mean):
+    if not is_finite_number(c.pcie_mib_s_mean):
         notes.append(PCIE_UNSEEN)
-    if not (finite(c.power_limit_w_max) and finite(c.throttle_reasons_any)):
+    if not (is_finite_number(c.power_limit_w_max) and is_finite_number(c.throttle_reasons_any)):
         notes.append(POWER_UNSEEN)
     return notes

@@ -45,7 +45,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu import _gpu_counters as counters
-from tfgpu._checks import check_bool, check_dir, check_int, invalid_type
+from tfgpu._checks import check_bool, check_dir, check_int, invalid_type, is_finite_number
 from tfgpu._datasets import chain_state
 from tfgpu._files import rotate, write_text_atomic
 from tfgpu._json import json_safe
@@ -238,7 +238,7 @@ class Diagnosis:
             "gpu0_tensor_active_pct_mean",
             "gpu0_mem_used_mib_max",
         ):
-            if _finite(self.monitor.get(key)):
+            if is_finite_number(self.monitor.get(key)):
                 lines.append(f"  {key}: {self.monitor[key]:.1f}")
         if not self.findings:
             lines.append("No findings: the device is the limit. Nothing to change.")
@@ -454,9 +454,6 @@ def _classify(f: _Facts) -> tuple[str, str, float, list[Finding]]:
     return bottleneck, level, share, findings
 
 
-_finite = counters.finite  # a finite real number (NumPy scalars too, bools not)
-
-
 def _counters(f: _Facts) -> counters.Counters:
     return counters.Counters(
         util_pct_mean=f.util_pct_mean,
@@ -575,7 +572,7 @@ def _unseen(f: _Facts) -> list[str]:
         return []  # no GPU: its own note says so
     c = _counters(f)
     notes = counters.unseen(c)
-    measured = counters.finite(f.util_pct_mean) and counters.finite(f.pcie_mib_s_mean)
+    measured = is_finite_number(f.util_pct_mean) and is_finite_number(f.pcie_mib_s_mean)
     if measured and not f.batch_bytes:
         notes.insert(
             len(notes) - (counters.POWER_UNSEEN in notes),
@@ -593,7 +590,7 @@ def _monitor_facts(aggregate: dict[str, Any], gpu: int = 0) -> dict[str, float]:
 
     def get(key: str) -> float:
         value = aggregate.get(f"gpu{gpu}_{key}") if isinstance(aggregate, dict) else None
-        return float(value) if value is not None and _finite(value) else math.nan
+        return float(value) if value is not None and is_finite_number(value) else math.nan
 
     tx, rx = get("pcie_tx_mib_s_mean"), get("pcie_rx_mib_s_mean")
     pcie = [v for v in (tx, rx) if math.isfinite(v)]
