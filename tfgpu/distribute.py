@@ -152,8 +152,6 @@ def global_batch_size(per_replica: int, strategy: Any = None) -> int:
     >>> tfgpu.global_batch_size(64, 4)
     256
     """
-    if not is_int(per_replica):
-        raise invalid_type("per_replica", per_replica, "a positive int")
     per_replica = check_int("per_replica", per_replica, expected="a positive int")
     if strategy is None:
         import tensorflow as tf
