@@ -9,6 +9,7 @@ its last step.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any
 
 import tensorflow as tf
@@ -141,3 +142,33 @@ def source_batches(ds: tf.data.Dataset) -> tuple[Batches | None, bool]:
             if before is not None and before >= 0 and -(-before // batch_size) == batches:
                 num_examples = before
     return Batches(batch_size, drop_remainder, num_examples), False
+
+
+# Datasets `tfgpu.data.pipeline` returned, so that advice can fit what the user wrote (its
+# arguments, not "use tfgpu.data.pipeline"). Weak: a marked dataset is never kept alive.
+_PIPELINES: weakref.WeakSet = weakref.WeakSet()
+
+
+def mark_pipeline(ds: Any) -> Any:
+    """Records `ds` as built by `tfgpu.data.pipeline`; returns it."""
+    try:
+        _PIPELINES.add(ds)
+    except TypeError:  # not weak-referenceable: simply unknown later
+        pass
+    return ds
+
+
+def made_by_pipeline(ds: Any) -> bool:
+    """Whether `ds`, or a dataset in its single-input chain (`.repeat()`, `.take(n)` after
+    it), was built by `tfgpu.data.pipeline`."""
+    for _ in range(10_000):
+        try:
+            if ds in _PIPELINES:
+                return True
+            inputs = list(ds._inputs())
+        except Exception:
+            return False
+        if len(inputs) != 1:
+            return False
+        ds = inputs[0]
+    return False
