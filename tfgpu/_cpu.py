@@ -1,0 +1,214 @@
+"""An upper bound of this CPU's FLOP/s, from what the machine says (no TensorFlow, no Keras).
+
+`peak_flops(dtype)` = usable cores x max clock x FLOPs per cycle per core, where
+
+- usable cores: the CPUs this process may run on (`os.sched_getaffinity`), capped by a
+  cgroup CPU quota (`cpu.max` in cgroup v2, `cpu.cfs_quota_us / cpu.cfs_period_us` in v1),
+  else `os.cpu_count()`. Hyper-threads count as cores (they share the vector units, so the
+  bound stays an upper bound);
+- max clock: `/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq`, else the highest
+  `cpu MHz` in `/proc/cpuinfo` (in a virtual machine that is the clock the hypervisor
+  reports, which turbo can exceed);
+- FLOPs per cycle per core from the vector flags in `/proc/cpuinfo`, assuming two vector
+  FMA units (a multiply-add is 2 FLOPs): AVX-512 (`avx512f`) 2 x 16 float32 lanes x 2 = 64;
+  AVX2 with FMA 2 x 8 x 2 = 32; AVX without FMA (one add and one multiply unit, 8 lanes) 16;
+  SSE 2 x 4 x 2 = 16; Arm `asimd` (up to four 128-bit pipes) 4 x 4 x 2 = 32. For 16-bit
+  dtypes: AMX (`amx_bf16`, `amx_fp16`) 1024 per cycle; `avx512_bf16` / `avx512_fp16`
+  twice the float32 rate; otherwise the float32 rate (the CPU computes in float32).
+
+The result is `None` when the machine does not say (not Linux, unreadable files, no clock,
+no known vector flags). This module is what `tfgpu.diagnosis` compares achieved FLOP/s
+with on a CPU, to catch a FLOP count that claims more than the machine can do.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+from tfgpu._checks import invalid_type, invalid_value
+
+__all__ = ["peak_flops"]
+
+_CPUINFO = Path("/proc/cpuinfo")
+_MAX_FREQ = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+_CGROUP_V2_MAX = Path("/sys/fs/cgroup/cpu.max")
+_CGROUP_V1_QUOTA = Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")
+_CGROUP_V1_PERIOD = Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
+
+# dtype (or Keras policy) name -> the rate class used below.
+_DTYPES = {
+    "float32": "fp32",
+    "fp32": "fp32",
+    "tf32": "fp32",
+    "float16": "fp16",
+    "fp16": "fp16",
+    "mixed_float16": "fp16",
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "mixed_bfloat16": "bf16",
+}
+
+_AMX_PER_CYCLE = 1024  # one AMX tile multiply unit: 16x32x(2 bf16) per cycle per core
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def _flags(cpuinfo: str) -> set[str]:
+    """The vector feature flags of the first CPU (`flags` on x86, `Features` on Arm)."""
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() in ("flags", "features"):
+            return set(value.split())
+    return set()
+
+
+def _fp32_per_cycle(flags: set[str]) -> int | None:
+    if "avx512f" in flags:
+        return 2 * 16 * 2
+    if "avx2" in flags and "fma" in flags:
+        return 2 * 8 * 2
+    if "avx" in flags:
+        return 2 * 8
+    if "sse" in flags or "sse2" in flags:
+        return 2 * 4 * 2
+    if "asimd" in flags:
+        return 4 * 4 * 2
+    return None
+
+
+def _flops_per_cycle(flags: set[str], rate: str) -> int | None:
+    """FLOPs per cycle per core for a rate class ('fp32', 'fp16', 'bf16'), or None."""
+    fp32 = _fp32_per_cycle(flags)
+    if fp32 is None:
+        return None
+    if rate == "bf16":
+        if "amx_bf16" in flags:
+            return max(_AMX_PER_CYCLE, fp32)
+        if "avx512_bf16" in flags:
+            return 2 * fp32
+    if rate == "fp16":
+        if "amx_fp16" in flags:
+            return max(_AMX_PER_CYCLE, fp32)
+        if "avx512_fp16" in flags:
+            return 2 * fp32
+    return fp32
+
+
+def _max_clock_hz(cpuinfo: str, max_freq_khz: str | None) -> float | None:
+    """The max clock: cpufreq's `cpuinfo_max_freq` (kHz), else the highest `cpu MHz`."""
+    if max_freq_khz is not None:
+        try:
+            khz = float(max_freq_khz.strip())
+        except ValueError:
+            khz = math.nan
+        if math.isfinite(khz) and khz > 0:
+            return khz * 1e3
+    mhz = []
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() == "cpu mhz":
+            try:
+                mhz.append(float(value.strip()))
+            except ValueError:
+                continue
+    mhz = [m for m in mhz if math.isfinite(m) and m > 0]
+    return max(mhz) * 1e6 if mhz else None
+
+
+def _usable_cores(
+    affinity: int | None,
+    cpu_count: int | None,
+    cgroup_v2_max: str | None = None,
+    cfs_quota_us: str | None = None,
+    cfs_period_us: str | None = None,
+) -> int | None:
+    """The cores this process can use: the affinity set (else cpu_count), capped by a quota."""
+    cores = affinity if affinity else cpu_count
+    if not cores or cores < 1:
+        return None
+    quota = period = None
+    if cgroup_v2_max is not None:
+        parts = cgroup_v2_max.split()
+        if len(parts) == 2 and parts[0] != "max":
+            quota, period = parts
+    elif cfs_quota_us is not None and cfs_period_us is not None:
+        quota, period = cfs_quota_us.strip(), cfs_period_us.strip()
+    if quota is not None and period is not None:
+        try:
+            q, p = float(quota), float(period)
+        except ValueError:
+            q = p = math.nan
+        if math.isfinite(q) and math.isfinite(p) and q > 0 and p > 0:
+            cores = min(cores, max(1, math.ceil(q / p)))
+    return cores
+
+
+def _peak_from_texts(
+    cpuinfo: str | None, cores: int | None, max_freq_khz: str | None, rate: str
+) -> float | None:
+    """The pure part of `peak_flops`: cores x clock x FLOPs per cycle, or None."""
+    if not cpuinfo or not cores:
+        return None
+    per_cycle = _flops_per_cycle(_flags(cpuinfo), rate)
+    clock = _max_clock_hz(cpuinfo, max_freq_khz)
+    if per_cycle is None or clock is None:
+        return None
+    return float(cores) * clock * per_cycle
+
+
+def _rate(dtype: object) -> str:
+    expected = f"one of: {', '.join(repr(d) for d in _DTYPES)}"
+    if not isinstance(dtype, str):
+        raise invalid_type("dtype", dtype, f"a str, {expected}")
+    rate = _DTYPES.get(dtype.lower())
+    if rate is None:
+        raise invalid_value("dtype", dtype, expected)
+    return rate
+
+
+def peak_flops(dtype: str = "float32") -> float | None:
+    """Returns an upper bound of this CPU's FLOP/s for a dtype, from what the machine says.
+
+    Usable cores x max clock x FLOPs per cycle per core (from the vector flags); see the
+    module docstring for the sources and the per-cycle table.
+
+    Args:
+        dtype: str, the compute dtype or Keras policy name: `"float32"`, `"float16"`,
+            `"bfloat16"`, `"mixed_float16"`, `"mixed_bfloat16"` (or `"fp32"`, `"tf32"`,
+            `"fp16"`, `"bf16"`). Defaults to `"float32"`.
+
+    Returns:
+        float, FLOP/s, or `None` when the machine does not say (not Linux, `/proc/cpuinfo`
+        unreadable, no clock, no known vector flags).
+
+    Raises:
+        TypeError: if `dtype` is not a str.
+        ValueError: if `dtype` is not one of the names above.
+
+    Example:
+
+    >>> peak = peak_flops("float32")  # e.g. 2 cores x 2.45 GHz x 32 = 1.6e11 with AVX2
+    """
+    rate = _rate(dtype)
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        affinity: int | None = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = None
+    cores = _usable_cores(
+        affinity,
+        os.cpu_count(),
+        _read(_CGROUP_V2_MAX),
+        _read(_CGROUP_V1_QUOTA),
+        _read(_CGROUP_V1_PERIOD),
+    )
+    return _peak_from_texts(_read(_CPUINFO), cores, _read(_MAX_FREQ), rate)
