@@ -77,46 +77,73 @@ def test_pipeline_slowed_on_purpose_is_input_bound(monkeypatch):
     diagnosis = tfgpu.diagnose(_heavy_model(), ds, **FAST)
     assert diagnosis.bottleneck == "input"
     assert diagnosis.input_bound == "high" and diagnosis.input_wait_share == pytest.approx(0.8)
-    assert "tfgpu.data.pipeline" in diagnosis.finding("input_bound").recommendation
+    # A Python step in the pipeline: the advice is about that step, not "use a pipeline".
+    assert "`tf.py_function`" in diagnosis.finding("input_bound").recommendation
 
 
 class _ScriptedSteps:
     """Stands in for diagnose's step timing: seconds per step scripted from the run's setup.
 
     Real `fit` calls still run (the probes, the state restore and the files are exercised);
-    only the clock is replaced, so the verdict does not depend on the machine's load.
-    `device_s` is the step on a batch already in memory, `real_s` the step on the user's data;
-    `steps_per_execution=16` divides the device step by `spe_gain`, `jit_compile` multiplies
-    it by `xla_factor`.
+    only the clocks are replaced, so the verdict does not depend on the machine's load: the
+    step clock (`_fit_step_time`) and the budget's clock (`_now`), which advances by the
+    scripted duration of each fit (`warmup` + `steps` steps, cut at the deadline the way the
+    real deadline callback cuts a fit). `device_s` is the step on a batch already in memory,
+    `real_s` the step on the user's data (a number, or a list used round after round, to
+    script noise); `steps_per_execution=16` divides the device step by `spe_gain`,
+    `jit_compile` multiplies it by `xla_factor`. `xla_error` makes the XLA probe raise it.
     """
 
-    def __init__(self, monkeypatch, *, device_s, real_s, spe_gain=1.0, xla_factor=1.0):
+    def __init__(
+        self, monkeypatch, *, device_s, real_s, spe_gain=1.0, xla_factor=1.0, xla_error=None
+    ):
         from tfgpu import diagnosis as module
 
         self.device_s, self.real_s = device_s, real_s
         self.spe_gain, self.xla_factor = spe_gain, xla_factor
+        self.clock = 1000.0
+        self.fits: list[tuple[str, float]] = []  # (what, scripted seconds per step)
         original_fit_step_time = module._fit_step_time
         original_device_dataset = module._device_dataset
         self.device_datasets: list = []
+        self.reals = 0
 
         def device_dataset(batch, on_gpu):
             ds = original_device_dataset(batch, on_gpu)
             self.device_datasets.append(ds)
             return ds
 
-        def fit_step_time(model, dataset, steps, warmup):
+        def pick(value, i):
+            return value[i % len(value)] if isinstance(value, (list, tuple)) else value
+
+        def fit_step_time(model, dataset, steps, warmup, deadline=None, timed_limit_s=None):
             original_fit_step_time(model, dataset, 1, 1)  # a real, short fit
             if not any(dataset is d for d in self.device_datasets):
-                return self.real_s
-            seconds = self.device_s
-            if int(model.steps_per_execution) > 1:
-                seconds /= self.spe_gain
-            if model.jit_compile:
-                seconds *= self.xla_factor
+                seconds, what = pick(self.real_s, self.reals), "real"
+                self.reals += 1
+            else:
+                if model.jit_compile and xla_error is not None:
+                    raise xla_error
+                seconds, what = pick(self.device_s, self.reals), "device"
+                if int(model.steps_per_execution) > 1:
+                    seconds /= self.spe_gain
+                    what = "spe"
+                if model.jit_compile:
+                    seconds *= self.xla_factor
+                    what = "xla"
+            duration = (steps + warmup) * seconds
+            if timed_limit_s is not None:
+                duration = min(duration, warmup * seconds + timed_limit_s + seconds)
+            if deadline is not None:
+                duration = min(duration, max(deadline - self.clock, 0.0) + seconds)
+            self.clock += duration
+            self.fits.append((what, seconds))
             return seconds
 
         monkeypatch.setattr(module, "_device_dataset", device_dataset)
         monkeypatch.setattr(module, "_fit_step_time", fit_step_time)
+        monkeypatch.setattr(module, "_now", lambda: self.clock)
+        monkeypatch.setattr(module, "_warm_real", lambda *a, **k: None)
 
 
 def test_real_step_barely_above_the_device_step_is_not_input_bound(monkeypatch):
@@ -512,6 +539,7 @@ def test_input_bound_advice_for_a_tfgpu_pipeline_is_what_is_left():
     def timings(facts: _PipelineFacts) -> _Facts:  # highly input-bound, with these facts
         return _facts(
             compute_step_time_s=0.05,
+            input_batch_time_s=0.05,  # the pipeline explains the 50 ms wait
             prefetch=facts.prefetch,
             parallel_map=facts.parallel_map,
             sequential_map=facts.sequential_map,
@@ -549,7 +577,8 @@ def test_input_bound_advice_for_a_tfgpu_pipeline_is_what_is_left():
     facts = _read_pipeline(naive)
     assert facts.sequential_map and not facts.parallel_map and facts.cache is None
     text = next(f for f in _classify(timings(facts))[3] if f.kind == "input_bound").recommendation
-    assert "Build the input with `tfgpu.data.pipeline(...)`" in text
+    assert "Build the input with `tfgpu.data.pipeline(ds, batch_size=...)`" in text
+    assert "num_parallel_calls=tf.data.AUTOTUNE" in text
     assert "a map runs one element at a time" in text and "not prefetched" in text
 
 
@@ -558,8 +587,9 @@ def test_in_memory_pipeline_without_a_map_gets_in_memory_advice():
 
     facts = _read_pipeline(tfgpu.data.pipeline((X[:256], Y[:256]), batch_size=32))
     assert not (facts.parallel_map or facts.sequential_map or facts.python_input)
-    slow = _facts(  # a wait of 50 ms per step: input-bound, whatever the cause
+    slow = _facts(  # a wait of 50 ms per step, as long as the pipeline's batch: input-bound
         compute_step_time_s=0.05,
+        input_batch_time_s=0.05,
         batch_size=32,
         steps_per_execution=4,
         prefetch=facts.prefetch,

@@ -45,8 +45,15 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu import _gpu_counters as counters
-from tfgpu._checks import check_bool, check_dir, check_int, invalid_type, is_finite_number
-from tfgpu._datasets import chain_state
+from tfgpu._checks import (
+    check_bool,
+    check_dir,
+    check_int,
+    check_number,
+    invalid_type,
+    is_finite_number,
+)
+from tfgpu._datasets import chain_state, made_by_pipeline, source_batches
 from tfgpu._files import rotate, write_text_atomic
 from tfgpu._json import json_safe
 from tfgpu.batch_size import _prepare_model, _restore_state, _snapshot_state
@@ -73,8 +80,28 @@ PROBE_STEPS_PER_EXECUTION = 16
 MEMORY_HEADROOM_BELOW = 0.5
 # A dynamic loss scale that halves this many times in a short run is collapsing.
 LOSS_SCALE_MAX_HALVINGS = 4
-# Each comparison alternates its two variants this many times and takes medians.
-_ROUNDS = 3
+# Each comparison alternates its two variants in rounds: at least `_MIN_ROUNDS`, then more
+# (up to `_MAX_ROUNDS`, `_PROBE_MAX_ROUNDS` for a probe) until a distribution-free confidence
+# interval of the median (order statistics, binomial coverage >= `CONFIDENCE`) lies on one side
+# of every threshold, or the time budget is spent.
+_MIN_ROUNDS = 3
+_ROUNDS = _MIN_ROUNDS
+_MAX_ROUNDS = 12
+_PROBE_MAX_ROUNDS = 7
+CONFIDENCE = 0.90
+# A probe stops after its first round when the variant is this much slower than the baseline.
+PROBE_CLEARLY_SLOWER = 1.5
+# An input wait longer than this many times the pipeline's own time per batch (plus
+# `INPUT_WAIT_MIN_S`) is not the pipeline's doing: not called input-bound.
+WAIT_UNEXPLAINED_FACTOR = 2.0
+# The default time budget of a diagnosis, in seconds.
+DEFAULT_TIME_BUDGET_S = 60.0
+# Rounds beyond `_MIN_ROUNDS` stop once this share of the budget is spent (the probes need
+# the rest).
+_ROUNDS_BUDGET_SHARE = 0.6
+# Each timed fit of a probe's variant runs at most this many times as long as the baseline's
+# timed steps took (its warm-up, tracing and compiling, is bounded by the budget only).
+_PROBE_FIT_LIMIT_FACTOR = 3.0
 # What GPU utilization hides (tensor cores idle, small kernels, PCIe per step, throttled
 # clocks): thresholds, throttle reasons and rules in `tfgpu/_gpu_counters.py`, shared with
 # `tfgpu report`; this module adds what the model tells (layers, policy, TF32, batch bytes).
@@ -154,6 +181,16 @@ class _Facts:
     tf32_enabled: bool | None = None  # tf.config.experimental.tensor_float_32_execution_enabled()
     float32_layers: list[str] = field(default_factory=list)  # float32 math under a 16-bit policy
     odd_dim_layers: list[str] = field(default_factory=list)  # kernels with dims % 8 != 0
+    # Interleaved rounds, when measured: (device-resident, real) step times per round, and
+    # (baseline, variant) per round of each probe. Empty: the scalar fields above decide.
+    rounds: list[tuple[float, float]] = field(default_factory=list)
+    spe_rounds: list[tuple[float, float]] = field(default_factory=list)
+    xla_rounds: list[tuple[float, float]] = field(default_factory=list)
+    made_by_pipeline: bool = False  # the input is a `tfgpu.data.pipeline` dataset
+    dynamic_shape: str | None = None  # a batch component's shape with None dims, e.g. "(None, 32)"
+    partial_batches: bool = False  # batches of different sizes (no drop_remainder)
+    replicas: int = 1  # the strategy's replicas (> 1: a distributed iterator)
+    host_load: float | None = None  # 1-minute load average per core
 
 
 @dataclass
@@ -163,11 +200,15 @@ class Diagnosis:
     `print(diagnosis)` gives a short report; the fields are data; `to_dict()` is JSON-ready.
 
     Args:
-        bottleneck: str, `"input"`, `"host_overhead"` or `"compute"` (the device itself is
-            the limit: the good case).
+        bottleneck: str, `"input"`, `"host_overhead"`, `"compute"` (the device itself is
+            the limit: the good case) or `"inconclusive"` (the input wait could not be told
+            from noise within the time budget, or the pipeline alone is far faster than the
+            wait, so something else holds the steps back: see the findings).
         input_bound: str, `"high"` (>= 20% of step time waits for input), `"moderate"`
-            (>= 5%) or `"no"`.
-        input_wait_share: float, share of the step spent waiting for input.
+            (>= 5%), `"no"` or `"inconclusive"` (the confidence interval of the wait's share
+            straddles a threshold, or the wait is not explained by the pipeline).
+        input_wait_share: float, share of the step spent waiting for input (the median over
+            the interleaved rounds).
         step_time_s: float, seconds per step with the real input, as `fit` runs it.
         compute_step_time_s: float, seconds per step on a device-resident batch.
         input_batch_time_s: float, seconds per batch of the input pipeline alone.
@@ -179,9 +220,14 @@ class Diagnosis:
         achieved_flops_per_second: float or None.
         mfu: float or None, model FLOPs utilization (needs a GPU in the peak table).
         monitor: dict, GPU/host aggregates sampled during step 3 (empty without a GPU).
-        measurements: dict, the raw probe results (steps_per_execution, XLA, memory).
-        notes: list of str, what was skipped and why.
+        measurements: dict, the raw results: per-round step times (`"rounds"`), the probes
+            (`"steps_per_execution_probe"`, `"xla"`, each with its rounds and gain interval),
+            memory, `"noise"` (the input-wait share's confidence interval), `"wall_s"` and
+            `"time_budget_s"`.
+        notes: list of str, what was skipped and why (one line each).
         profile_dir: str or None, where a profiler trace was written.
+        noise: float or None, the width of the confidence interval of `input_wait_share`
+            (0.12: 12 percentage points between its low and high ends).
     """
 
     bottleneck: str
@@ -201,6 +247,7 @@ class Diagnosis:
     measurements: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     profile_dir: str | None = None
+    noise: float | None = None
 
     def finding(self, kind: str) -> Finding | None:
         """Returns the first finding of `kind`, or None."""
@@ -213,15 +260,26 @@ class Diagnosis:
         return json_safe(d)
 
     def __str__(self) -> str:
-        share = f"{self.input_wait_share:.0%}"
+        level = self.input_bound
+        interval = self.measurements.get("noise") if isinstance(self.measurements, dict) else None
+        if level == "inconclusive" and self.noise is not None and isinstance(interval, dict):
+            low, high = interval.get("low"), interval.get("high")
+            level = f"inconclusive (noise {self.noise:.0%}: {low:.0%} to {high:.0%})"
+        elif level == "inconclusive" and self.noise is not None:
+            level = f"inconclusive (noise {self.noise:.0%})"
+        batch = f" (batch {self.batch_size})" if self.batch_size else ""
         lines = [
             f"tfgpu diagnosis on {self.device}: bottleneck = {self.bottleneck}",
-            f"  step time {self.step_time_s * 1e3:.2f} ms with the input pipeline, "
-            f"{self.compute_step_time_s * 1e3:.2f} ms on a device-resident batch; input wait "
-            f"{share} (input-bound: {self.input_bound})",
-            f"  input pipeline alone: {self.input_batch_time_s * 1e3:.2f} ms per batch; "
-            f"throughput {self.examples_per_second:,.0f} examples/s"
-            + (f" (batch {self.batch_size})" if self.batch_size else ""),
+            f"  training: {self.examples_per_second:,.0f} examples/s{batch}; step time "
+            f"{self.step_time_s * 1e3:.2f} ms with the input pipeline, "
+            f"{self.compute_step_time_s * 1e3:.2f} ms on a device-resident batch",
+            f"  input wait {self.input_wait_share:.0%} of the step (input-bound: {level})",
+            f"  input pipeline alone: {self.input_batch_time_s * 1e3:.2f} ms per batch"
+            + (
+                f" ({self.batch_size / self.input_batch_time_s:,.0f} examples/s)"
+                if self.batch_size and self.input_batch_time_s > 0
+                else ""
+            ),
         ]
         if self.mfu is not None and self.achieved_flops_per_second is not None:
             lines.append(
@@ -257,6 +315,111 @@ class Diagnosis:
 # Pure decisions
 
 
+def _median_interval(values: list[float]) -> tuple[float, float, float]:
+    """(low, high, confidence) of a distribution-free confidence interval of the median. Pure.
+
+    The interval is the k-th smallest to the k-th largest value, k the largest with binomial
+    coverage `1 - 2 P(Bin(n, 1/2) < k)` >= `CONFIDENCE`; with fewer than 5 values no k
+    reaches it and the interval is the full range (coverage 75% for 3 values, 87.5% for 4).
+
+    Example:
+
+    >>> _median_interval([3.0, 1.0, 2.0])
+    (1.0, 3.0, 0.75)
+    """
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        return math.nan, math.nan, 0.0
+
+    def coverage(k: int) -> float:
+        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2**n
+
+    k = 1
+    while k + 1 <= n // 2 and coverage(k + 1) >= CONFIDENCE:
+        k += 1
+    return xs[k - 1], xs[n - k], coverage(k)
+
+
+def _wait_and_share(compute_s: float, real_s: float) -> tuple[float, float]:
+    wait = max(0.0, real_s - compute_s)
+    return wait, (wait / real_s if real_s > 0 else 0.0)
+
+
+def _share_verdict(rounds: list[tuple[float, float]]) -> dict[str, Any]:
+    """The input-bound level the interleaved rounds support, with their noise. Pure.
+
+    Each round (device-resident step, real step) gives a wait and its share of the step. The
+    level is decided at both ends of the median's confidence interval (of the share and of
+    the wait); when they differ, the rounds cannot tell the level: `"inconclusive"`.
+
+    Returns:
+        dict with `level`, `share` (median), `wait_s` (median), `low`, `high` (the share's
+        interval), `confidence`, `rounds`.
+    """
+    waits = [_wait_and_share(c, r)[0] for c, r in rounds]
+    shares = [_wait_and_share(c, r)[1] for c, r in rounds]
+    low, high, confidence = _median_interval(shares)
+    wait_low, wait_high, _ = _median_interval(waits)
+    at_low, at_high = _input_level(low, wait_low), _input_level(high, wait_high)
+    return {
+        "level": at_low if at_low == at_high else "inconclusive",
+        "share": statistics.median(shares),
+        "wait_s": statistics.median(waits),
+        "low": low,
+        "high": high,
+        "confidence": confidence,
+        "rounds": len(rounds),
+    }
+
+
+def _probe_gain(
+    rounds: list[tuple[float, float]], base_s: float | None, variant_s: float | None
+) -> tuple[float | None, float, float]:
+    """(gain, low, high) of a probe: baseline / variant time, with the interval of the
+    per-round ratios (a point without rounds). Pure."""
+    if rounds:
+        ratios = [b / v for b, v in rounds if v > 0]
+        if not ratios:
+            return None, math.nan, math.nan
+        gain = statistics.median(b for b, _ in rounds) / statistics.median(v for _, v in rounds)
+        low, high, _ = _median_interval(ratios)
+        return gain, min(low, gain), max(high, gain)
+    if base_s and variant_s and variant_s > 0:
+        gain = base_s / variant_s
+        return gain, gain, gain
+    return None, math.nan, math.nan
+
+
+def _probe_settled(rounds: list[tuple[float, float]], threshold: float) -> bool:
+    """Whether a probe's ratio interval lies on one side of `threshold`. Pure."""
+    _, low, high = _probe_gain(rounds, None, None)
+    return low >= threshold or high < threshold
+
+
+_NOISE_LINES = ("Traceback", "File ", "Detected at node", "Node:", "[[", "{{", "During handling")
+
+
+def _one_line(error: BaseException, limit: int = 200) -> str:
+    """An exception as one line: its type and the first meaningful line of its message. Pure.
+
+    TensorFlow's messages start with "Graph execution error:" and a traceback of where the
+    node was defined; those lines are skipped for the first one that says what failed.
+    """
+    text = str(error)
+    lines = [line for line in text.splitlines() if line.strip()]
+    meaningful = [
+        line.strip()
+        for line in lines
+        if not line[:1].isspace()
+        and not line.strip().startswith(_NOISE_LINES)
+        and line.strip() not in ("Graph execution error:",)
+    ]
+    first = meaningful[0] if meaningful else (lines[0].strip() if lines else "")
+    out = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    return out if len(out) <= limit else out[: limit - 3].rstrip() + "..."
+
+
 def _input_level(share: float, wait_s: float = math.inf) -> str:
     """`"high"`, `"moderate"` or `"no"` from the wait's share of the step and its length."""
     if wait_s < INPUT_WAIT_MIN_S:
@@ -283,11 +446,30 @@ def _classify(f: _Facts) -> tuple[str, str, float, list[Finding]]:
     from tfgpu.precision import choose_policy
 
     findings: list[Finding] = []
-    wait = max(0.0, f.step_time_s - f.compute_step_time_s)
-    share = wait / f.step_time_s if f.step_time_s > 0 else 0.0
-    level = _input_level(share, wait)
+    if f.rounds:
+        verdict = _share_verdict(f.rounds)
+        level, share, wait = verdict["level"], verdict["share"], verdict["wait_s"]
+    else:
+        wait, share = _wait_and_share(f.compute_step_time_s, f.step_time_s)
+        level = _input_level(share, wait)
+    spe_gain, spe_low, _ = _probe_gain(
+        f.spe_rounds, f.spe_baseline_step_time_s or f.compute_step_time_s, f.spe_probe_step_time_s
+    )
+    spe_no_gain = spe_gain is not None and not spe_low >= HOST_OVERHEAD_MIN_GAIN
+    xla_gain, xla_low, _ = _probe_gain(
+        f.xla_rounds, f.xla_baseline_step_time_s or f.compute_step_time_s, f.xla_other_step_time_s
+    )
+    xla_no_gain = xla_gain is not None and not xla_low >= XLA_MIN_GAIN
 
-    if level != "no":
+    # A finding must agree with the figures it prints: a wait far longer than the pipeline
+    # takes to make a batch is not the pipeline's doing.
+    unexplained = level != "no" and wait > (
+        WAIT_UNEXPLAINED_FACTOR * f.input_batch_time_s + INPUT_WAIT_MIN_S
+    )
+    if unexplained:
+        level = "inconclusive"
+        findings.append(_unexplained_wait_finding(f, wait))
+    elif level in ("high", "moderate"):
         gain = f.step_time_s / f.compute_step_time_s if f.compute_step_time_s > 0 else None
         findings.append(
             Finding(
@@ -297,18 +479,23 @@ def _classify(f: _Facts) -> tuple[str, str, float, list[Finding]]:
                 f"{f.step_time_s * 1e3:.2f} ms per step with the pipeline vs "
                 f"{f.compute_step_time_s * 1e3:.2f} ms on a device-resident batch; the "
                 f"pipeline alone takes {f.input_batch_time_s * 1e3:.2f} ms per batch.",
-                _input_advice(f),
+                _input_advice(f, spe_no_gain),
                 gain,
                 True,
             )
         )
 
-    spe_gain = None
-    spe_base = f.spe_baseline_step_time_s or f.compute_step_time_s
-    spe_probe = f.spe_probe_step_time_s or 0.0
-    if spe_probe > 0:
-        spe_gain = spe_base / spe_probe
-    host_bound = spe_gain is not None and spe_gain >= HOST_OVERHEAD_MIN_GAIN
+    spe_base = (
+        statistics.median(b for b, _ in f.spe_rounds)
+        if f.spe_rounds
+        else f.spe_baseline_step_time_s or f.compute_step_time_s
+    )
+    spe_probe = (
+        statistics.median(v for _, v in f.spe_rounds)
+        if f.spe_rounds
+        else f.spe_probe_step_time_s or 0.0
+    )
+    host_bound = spe_gain is not None and spe_low >= HOST_OVERHEAD_MIN_GAIN
     if host_bound:
         rec = (
             f"`model.compile(..., steps_per_execution={PROBE_STEPS_PER_EXECUTION})` (or more) "
@@ -413,10 +600,18 @@ def _classify(f: _Facts) -> tuple[str, str, float, list[Finding]]:
                 )
             )
 
-    if f.xla_other_step_time_s and f.xla_other_step_time_s > 0:
-        xla_base = f.xla_baseline_step_time_s or f.compute_step_time_s
-        xla_gain = xla_base / f.xla_other_step_time_s
-        if xla_gain >= XLA_MIN_GAIN:
+    if xla_gain is not None and not xla_no_gain:
+        xla_base = (
+            statistics.median(b for b, _ in f.xla_rounds)
+            if f.xla_rounds
+            else f.xla_baseline_step_time_s or f.compute_step_time_s
+        )
+        xla_variant = (
+            statistics.median(v for _, v in f.xla_rounds)
+            if f.xla_rounds
+            else f.xla_other_step_time_s or 0.0
+        )
+        if xla_variant > 0:
             other = not f.jit_compile
             findings.append(
                 Finding(
@@ -424,7 +619,7 @@ def _classify(f: _Facts) -> tuple[str, str, float, list[Finding]]:
                     "moderate",
                     f"XLA {'on' if other else 'off'} is faster for this model",
                     f"{xla_base * 1e3:.2f} ms per step with jit_compile="
-                    f"{f.jit_compile}, {f.xla_other_step_time_s * 1e3:.2f} ms with "
+                    f"{f.jit_compile}, {xla_variant * 1e3:.2f} ms with "
                     f"jit_compile={other}.",
                     f"`model.compile(..., jit_compile={other})`.",
                     xla_gain,
@@ -437,19 +632,25 @@ def _classify(f: _Facts) -> tuple[str, str, float, list[Finding]]:
         if halvings >= LOSS_SCALE_MAX_HALVINGS or f.loss_scale_after < 1:
             findings.append(_loss_scale_finding(f.loss_scale_before, f.loss_scale_after))
 
-    findings += _counter_findings(f, cpu_ops)
+    findings += _counter_findings(f, cpu_ops, spe_no_gain, xla_no_gain)
 
     # Tiny steps also wait on the per-step hand-over of each batch; when the pipeline alone
     # outpaces the step, that wait is dispatch cost too, and steps_per_execution removes it.
     pipeline_keeps_up = f.input_batch_time_s < f.compute_step_time_s
     if host_bound and (level != "high" or pipeline_keeps_up):
         bottleneck = "host_overhead"
-    elif level != "no":
+    elif level in ("high", "moderate"):
         bottleneck = "input"
+    elif level == "inconclusive":
+        bottleneck = "inconclusive"
     else:
         bottleneck = "compute"
     order = {"high": 0, "moderate": 1, "info": 2}
-    lead = {"input": "input_bound", "host_overhead": "host_overhead"}.get(bottleneck)
+    lead = {
+        "input": "input_bound",
+        "host_overhead": "host_overhead",
+        "inconclusive": "input_wait_unexplained",
+    }.get(bottleneck)
     findings.sort(key=lambda x: (x.kind != lead, order[x.severity]))
     return bottleneck, level, share, findings
 
@@ -467,7 +668,12 @@ def _counters(f: _Facts) -> counters.Counters:
     )
 
 
-def _counter_findings(f: _Facts, cpu_ops: list[tuple[_OpFact, str]]) -> list[Finding]:
+def _counter_findings(
+    f: _Facts,
+    cpu_ops: list[tuple[_OpFact, str]],
+    spe_no_gain: bool = False,
+    xla_no_gain: bool = False,
+) -> list[Finding]:
     """What GPU utilization hides, from the GPU counters of the monitored run. Pure.
 
     The rules (thresholds, decisions, throttle reasons) are `tfgpu._gpu_counters`'s, shared
@@ -485,15 +691,19 @@ def _counter_findings(f: _Facts, cpu_ops: list[tuple[_OpFact, str]]) -> list[Fin
     idle = counters.tensor_cores_idle(c) if tensor_gpu else None
     if idle is not None:
         findings.append(_tensor_idle_finding(f, idle))
-    small = counters.small_kernels(
-        c,
-        counters.small_kernels_fix(
-            f.batch_size,
-            f.steps_per_execution,
-            max(PROBE_STEPS_PER_EXECUTION, 4 * f.steps_per_execution),
-            f.jit_compile,
-        ),
+    fix = counters.small_kernels_fix(
+        f.batch_size,
+        f.steps_per_execution,
+        max(PROBE_STEPS_PER_EXECUTION, 4 * f.steps_per_execution),
+        f.jit_compile,
     )
+    if spe_no_gain or (xla_no_gain and not f.jit_compile):  # never advise a knob measured idle
+        measured = (["steps_per_execution"] if spe_no_gain else []) + (
+            ["jit_compile=True"] if xla_no_gain and not f.jit_compile else []
+        )
+        parts = [p for p in fix.rstrip(".").split("; ") if not any(m in p for m in measured)]
+        fix = "; ".join(parts) + "."
+    small = counters.small_kernels(c, fix)
     if small is not None:
         findings.append(_finding(small))
     pcie = counters.pcie_traffic(c, f.step_time_s, f.batch_bytes)
@@ -621,12 +831,63 @@ def _batch_bytes(batch) -> int | None:
     return total or None
 
 
-def _input_advice(f: _Facts) -> str:
-    """What to change in an input-bound pipeline, given what it already does. Pure."""
+def _unexplained_wait_finding(f: _Facts, wait: float) -> Finding:
+    """The input wait is far longer than the pipeline's own time per batch: what to check. Pure."""
+    causes = []
+    if f.dynamic_shape:
+        causes.append(
+            f"the batches' shape {f.dynamic_shape} has `None` dims"
+            + (" and the last batch is partial" if f.partial_batches else "")
+            + ": each new shape retraces the train step"
+            + (" and recompiles it under `jit_compile`" if f.jit_compile else "")
+            + "; batch with `drop_remainder=True` (`.batch(..., drop_remainder=True)`, "
+            "`tfgpu.data.pipeline(..., drop_remainder=True)`) or pad to fixed shapes"
+        )
+    if f.replicas > 1:
+        causes.append(
+            f"the batches are split across {f.replicas} replicas every step (the distributed "
+            "iterator's overhead): time a single-device run to compare"
+        )
+    if f.host_load is not None and f.host_load >= 1.0:
+        causes.append(
+            f"the host is loaded (load average {f.host_load:.1f} per core): other processes "
+            "compete for the cores tf.data and the step use; diagnose on a quieter machine"
+        )
+    if not causes:
+        causes.append(
+            "none of the usual causes was seen (fixed batch shapes, one replica, host not "
+            "loaded): rerun `diagnose` with a larger `time_budget_s`, or capture a trace "
+            "with `profile=True` and a `run_dir`"
+        )
+    return Finding(
+        "input_wait_unexplained",
+        "moderate",
+        "Steps wait far longer than the pipeline takes: the input pipeline is not the cause",
+        f"{wait * 1e3:.2f} ms of each {f.step_time_s * 1e3:.2f} ms step waits beside a "
+        f"{f.compute_step_time_s * 1e3:.2f} ms device-resident step, but the pipeline alone "
+        f"makes a batch in {f.input_batch_time_s * 1e3:.2f} ms: not called input-bound.",
+        _sentence("check: " + "; ".join(causes)),
+    )
+
+
+def _input_advice(f: _Facts, spe_no_gain: bool = False) -> str:
+    """What to change in an input-bound pipeline, given what it already does and who built
+    it (a `tfgpu.data.pipeline`, a Keras loader or hand-made chain, a generator). Pure."""
     if not (f.parallel_map or f.sequential_map or f.python_input):
-        return _in_memory_advice(f)
+        return _in_memory_advice(f, spe_no_gain)
+    if f.python_input:
+        where = (
+            "in `map_fn`, then let `cache=` keep its output"
+            if f.made_by_pipeline
+            else "before a `cache()`"
+        )
+        return (
+            "The pipeline runs Python for every element (`tf.py_function` / a generator), "
+            "which holds the GIL and cannot run in parallel: rewrite that step with TF ops "
+            f"(`tf.io`, `tf.image`, `tf.strings`), or run it once {where}."
+        )
     tuned = f.prefetch and not f.sequential_map
-    if not tuned:
+    if not tuned and not f.made_by_pipeline:
         missing = []
         if f.sequential_map:
             missing.append("a map runs one element at a time")
@@ -635,19 +896,28 @@ def _input_advice(f: _Facts) -> str:
         if not f.prefetch:
             missing.append("batches are not prefetched")
         return (
-            "Build the input with `tfgpu.data.pipeline(...)` (parallel `map("
-            "num_parallel_calls=tf.data.AUTOTUNE)`, `cache()`, `prefetch(tf.data.AUTOTUNE)`)"
+            "Build the input with `tfgpu.data.pipeline(ds, batch_size=...)` (it takes a Keras "
+            "loader's dataset too: parallel `map(num_parallel_calls=tf.data.AUTOTUNE)`, "
+            "`cache()`, `prefetch(tf.data.AUTOTUNE)`), or give your own `ds.map(...)` "
+            "`num_parallel_calls=tf.data.AUTOTUNE` and end with `.prefetch(tf.data.AUTOTUNE)`"
             + (f": now {', '.join(missing)}" if missing else "")
             + "; move per-example Python work into TF ops or before `cache()`."
         )
     caches = {"memory": "caches in memory", "file": "caches to a file"}
     cached = "" if f.cache is None else caches.get(f.cache, "")
     parallel = "maps in parallel" if f.parallel_map else ""
-    done = ", ".join(x for x in (parallel, cached, "prefetches") if x)
+    prefetches = "prefetches" if f.prefetch else ""
+    done = ", ".join(x for x in (parallel, cached, prefetches) if x) or "is a tfgpu pipeline"
     left = [
         "make the per-example work cheaper (fewer ops in `map_fn`/`augment_fn`; decode "
         "smaller, e.g. `tf.io.decode_jpeg(..., ratio=2)` or `decode_and_crop_jpeg`)"
     ]
+    if f.sequential_map:
+        left.insert(
+            0,
+            "a map in the dataset passed in runs one element at a time: move that work into "
+            "`map_fn=` (run in parallel) or, vectorized, `batch_map_fn=`",
+        )
     if f.map_after_cache:
         left.append(
             "move the augmentation after the cache into `batch_augment_fn=` (vectorized: one "
@@ -670,7 +940,7 @@ def _input_advice(f: _Facts) -> str:
     return f"The pipeline already {done}: what is left is to " + "; ".join(left) + "."
 
 
-def _in_memory_advice(f: _Facts) -> str:
+def _in_memory_advice(f: _Facts, spe_no_gain: bool = False) -> str:
     """What helps a pipeline without a map (in-memory arrays): fewer, larger hand-overs. Pure.
 
     Nothing is decoded or transformed, so cheaper maps, caches and TFRecords cannot help: the
@@ -684,11 +954,12 @@ def _in_memory_advice(f: _Facts) -> str:
         f"a larger batch (`batch_size=`, {batch}): the per-batch cost is paid for more "
         "examples; scale the learning rate with `tfgpu.scale_learning_rate`"
     )
-    left.append(
-        f"`model.compile(..., steps_per_execution=)` (now {f.steps_per_execution}; "
-        f"e.g. {max(PROBE_STEPS_PER_EXECUTION, 4 * f.steps_per_execution)}): fewer host round "
-        "trips, several batches fetched per call"
-    )
+    if not spe_no_gain:  # never advise what its own probe measured as no gain
+        left.append(
+            f"`model.compile(..., steps_per_execution=)` (now {f.steps_per_execution}; "
+            f"e.g. {max(PROBE_STEPS_PER_EXECUTION, 4 * f.steps_per_execution)}): fewer host "
+            "round trips, several batches fetched per call"
+        )
     left.append(
         "`tfgpu.data.pipeline(..., repeat=True)` with `model.fit(..., steps_per_epoch=...)`: "
         "one iterator for the whole run instead of a new one every epoch"
@@ -862,21 +1133,53 @@ def _precision_layers(model) -> tuple[list[str], list[str]]:
 # Effects: measurements
 
 
+# The clock of the time budget (tests replace it with a scripted one).
+_now = time.perf_counter
+
+
 class _Timer(keras.callbacks.Callback):
-    def __init__(self):
+    """Times each call of the train function; stops `fit` at a deadline.
+
+    `deadline` (on `_now`'s clock) bounds the whole fit; `timed_limit_s` bounds the timed
+    part, counted from the end of the warm-up calls (so tracing and compiling are bounded by
+    the deadline only). The median then uses the steps that ran.
+    """
+
+    def __init__(self, calls_warm: int = 0, deadline=None, timed_limit_s=None):
         super().__init__()
         self.times: list[float] = []
+        self.calls_warm = calls_warm
+        self.deadline = deadline
+        self.timed_limit_s = timed_limit_s
+        self.warm_at: float | None = None
 
     def on_train_batch_end(self, batch, logs=None):
         self.times.append(time.perf_counter())
+        if self.deadline is None and self.timed_limit_s is None:
+            return
+        now = _now()
+        if len(self.times) == self.calls_warm:
+            self.warm_at = now
+        late = self.deadline is not None and now >= self.deadline
+        if self.timed_limit_s is not None and self.warm_at is not None:
+            late = late or now - self.warm_at >= self.timed_limit_s
+        if late:
+            self.model.stop_training = True
 
 
-def _fit_step_time(model, dataset, steps: int, warmup: int) -> float:
-    """Seconds per training step from `fit`, the median over calls after warm-up."""
+def _fit_step_time(
+    model, dataset, steps: int, warmup: int, deadline=None, timed_limit_s=None
+) -> float:
+    """Seconds per training step from `fit`, the median over calls after warm-up.
+
+    Stopped at `deadline` (or `timed_limit_s` after the warm-up): the median uses the calls
+    that ran (the warm-up ones too when fewer than two timed calls ran).
+    """
     spe = max(1, int(model.steps_per_execution))
     calls_warm = max(2, math.ceil(warmup / spe))
     calls_timed = max(6, math.ceil(steps / spe))
-    timer = _Timer()
+    timer = _Timer(calls_warm, deadline, timed_limit_s)
+    start = time.perf_counter()
     model.fit(
         dataset,
         epochs=1,
@@ -885,33 +1188,91 @@ def _fit_step_time(model, dataset, steps: int, warmup: int) -> float:
         shuffle=False,
         callbacks=[timer],
     )
-    times = timer.times[calls_warm - 1 :]
+    model.stop_training = False
+    times = timer.times[calls_warm - 1 :] if len(timer.times) > calls_warm else timer.times
     gaps = [b - a for a, b in itertools.pairwise(times)]
+    if not gaps:  # one call ran: its whole time (tracing included) is all there is
+        return ((times[-1] if times else time.perf_counter()) - start) / spe
     return statistics.median(gaps) / spe
 
 
-def _compare(model, dataset, steps, warmup, attrs: dict[str, Any], rounds: int = _ROUNDS):
-    """Median step times (baseline, variant) with `attrs` set on the model, interleaved.
+@dataclass
+class _Budget:
+    """The time budget of one diagnosis, on `_now`'s clock (None: no limit)."""
 
-    Alternating the two, `rounds` times each, keeps a noisy host from favouring either. Each
-    variant's compiled train function is kept and swapped in, so nothing is traced twice.
+    seconds: float | None
+    start: float = field(default_factory=lambda: _now())
+
+    @property
+    def deadline(self) -> float | None:
+        return None if self.seconds is None else self.start + self.seconds
+
+    def left(self) -> float:
+        return math.inf if self.seconds is None else self.start + self.seconds - _now()
+
+    def spent_share(self) -> float:
+        return 0.0 if self.seconds is None else (_now() - self.start) / self.seconds
+
+
+def _compare(
+    model,
+    dataset,
+    steps,
+    warmup,
+    attrs: dict[str, Any],
+    *,
+    threshold: float = 1.0,
+    budget: _Budget | None = None,
+    max_rounds: int = _PROBE_MAX_ROUNDS,
+) -> tuple[list[tuple[float, float]], str | None]:
+    """Per-round step times (baseline, variant) with `attrs` set on the model, interleaved.
+
+    Alternates the two (variant first) for at least `_MIN_ROUNDS` rounds, more (up to
+    `max_rounds`) while the interval of the per-round ratios straddles `threshold`. Stops
+    early, saying why: after the first round when the variant is `PROBE_CLEARLY_SLOWER`
+    than the baseline, or when the budget is spent. Each variant fit's timed part is limited
+    to `_PROBE_FIT_LIMIT_FACTOR` times the baseline's. Each variant's compiled train function
+    is kept and swapped in, so nothing is traced twice.
+
+    Returns:
+        (rounds, why it stopped early or None).
     """
+    budget = budget or _Budget(None)
     saved = {k: getattr(model, k) for k in attrs}
     functions: dict[str, Any] = {"base": model.train_function, "variant": None}
-    times: dict[str, list[float]] = {"base": [], "variant": []}
+    rounds: list[tuple[float, float]] = []
+    stopped = None
+    base_timed_s: float | None = None
     try:
-        for _ in range(rounds):
+        for i in range(max_rounds):
+            if i >= _MIN_ROUNDS and _probe_settled(rounds, threshold):
+                break
+            if i > 0 and budget.left() <= 0:
+                stopped = "budget"
+                break
+            times = {}
             for name, values in (("variant", attrs), ("base", saved)):
                 for k, v in values.items():
                     setattr(model, k, v)
                 model.train_function = functions[name]
-                times[name].append(_fit_step_time(model, dataset, steps, warmup))
+                limit = None
+                if name == "variant" and base_timed_s is not None:
+                    limit = _PROBE_FIT_LIMIT_FACTOR * base_timed_s
+                times[name] = _fit_step_time(
+                    model, dataset, steps, warmup, deadline=budget.deadline, timed_limit_s=limit
+                )
                 functions[name] = model.train_function
+            rounds.append((times["base"], times["variant"]))
+            if base_timed_s is None:
+                base_timed_s = times["base"] * max(6, steps) + 1.0
+            if i == 0 and times["variant"] > PROBE_CLEARLY_SLOWER * times["base"]:
+                stopped = "slower"
+                break
     finally:
         for k, v in saved.items():
             setattr(model, k, v)
         model.train_function = functions["base"]
-    return statistics.median(times["base"]), statistics.median(times["variant"])
+    return rounds, stopped
 
 
 def _has_gpu_kernel(node, registry: dict[str, list | None]) -> bool:
@@ -1194,6 +1555,146 @@ def _device_dataset(batch, on_gpu: bool):
     return ds.prefetch(2)
 
 
+def _shape_facts(ds) -> tuple[str | None, bool]:
+    """(a batch component's shape with `None` dims, as text, or None; whether batches differ
+    in size: a partial last batch, no `drop_remainder`)."""
+    dynamic = None
+    for leaf in tf.nest.flatten(ds.element_spec):
+        shape = getattr(leaf, "shape", None)
+        if shape is not None and shape.rank and any(d is None for d in shape.as_list()):
+            dynamic = "(" + ", ".join("None" if d is None else str(d) for d in shape.as_list())
+            dynamic += ",)" if shape.rank == 1 else ")"
+            break
+    try:
+        batches, _ = source_batches(ds)
+    except Exception:
+        batches = None
+    partial = bool(
+        dynamic
+        and batches is not None
+        and not batches.drop_remainder
+        and (
+            batches.num_examples is None
+            or not batches.batch_size
+            or batches.num_examples % batches.batch_size != 0
+        )
+    )
+    return dynamic, partial
+
+
+def _host_load() -> float | None:
+    """The 1-minute load average per CPU core, or None where the OS does not say."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except (OSError, AttributeError):
+        return None
+
+
+def _warm_real(model, ds, repeated, budget: _Budget) -> None:
+    """One untimed pass over the real data's first epoch (every batch shape it has, the
+    partial last batch included), so retracing and recompiling fall outside the timed runs.
+
+    Capped at 64 batches and by the budget; an infinite or unknown-length dataset is warmed
+    by the timed runs' own warm-up only.
+    """
+    from tfgpu._datasets import cardinality
+
+    try:
+        n = cardinality(ds)
+    except Exception:
+        n = None
+    if not n or n < 0:
+        return
+    spe = max(1, int(model.steps_per_execution))
+    calls = min(64, max(1, math.ceil(n / spe)) + 1)
+    model.fit(
+        repeated,
+        epochs=1,
+        steps_per_epoch=calls * spe,
+        verbose=0,
+        shuffle=False,
+        callbacks=[_Timer(0, budget.deadline, None)],
+    )
+    model.stop_training = False
+
+
+def _probe_record(
+    base_name: str, variant_name: str, rounds: list[tuple[float, float]], stopped: str | None
+) -> dict[str, Any]:
+    """A probe's measurements: median step times, the gain and its interval, the rounds."""
+    gain, low, high = _probe_gain(rounds, None, None)
+    record: dict[str, Any] = {
+        base_name: statistics.median(b for b, _ in rounds) if rounds else None,
+        variant_name: statistics.median(v for _, v in rounds) if rounds else None,
+        "gain": gain,
+        "gain_low": low,
+        "gain_high": high,
+        "rounds": [{"baseline_s": b, "variant_s": v} for b, v in rounds],
+    }
+    if stopped:
+        record["stopped"] = stopped
+    return record
+
+
+def _probe_notes(
+    name: str, rounds: list[tuple[float, float]], stopped: str | None, budget_s: float | None
+) -> list[str]:
+    """One line on a probe that stopped early or could not tell its gain from noise."""
+    gain, low, high = _probe_gain(rounds, None, None)
+    if gain is None:
+        return []
+    if stopped == "slower":
+        return [f"{name} measured {1 / gain:.1f}x slower after one round: not measured further"]
+    if stopped == "budget":
+        return [
+            f"{name} probe cut short by the time budget of {budget_s:g} s after "
+            f"{len(rounds)} round(s): {gain:.2f}x ({low:.2f}x to {high:.2f}x)"
+        ]
+    return []
+
+
+def _flops(model, x, size, real, policy, gpu_name, ccs, on_gpu):
+    """(FLOPs per step, achieved FLOP/s, MFU, notes), counted with the batch's own shapes and
+    checked against the device's peak: a count above the peak is not reported as achieved."""
+    from tfgpu.flops import mfu, peak_flops, train_step_flops
+
+    notes: list[str] = []
+    if not size:
+        return None, None, None, notes
+    try:
+        signature = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), x)
+        if isinstance(signature, (list, tuple)) and len(signature) == 1:
+            signature = signature[0]
+        flops = train_step_flops(model, size, input_signature=signature)
+    except Exception as e:  # FLOP counting is a side feature
+        # Its message may advise arguments of `train_step_flops`; diagnose takes none of them.
+        text = _one_line(e)
+        text = ". ".join(p for p in text.split(". ") if "input_signature" not in p)
+        notes.append(f"FLOPs not counted: {text.rstrip('.')}")
+        return None, None, None, notes
+    if not flops or not real or real <= 0:
+        return flops or None, None, None, notes
+    achieved = flops / real
+    peak = None
+    try:
+        if on_gpu:
+            peak = peak_flops(gpu_name, _precision_peak_key(policy, ccs)) if gpu_name else None
+        else:
+            from tfgpu import _cpu
+
+            peak = _cpu.peak_flops(policy)
+    except Exception:
+        peak = None
+    if peak and achieved > peak:
+        notes.append(
+            f"FLOP count cannot be right: {achieved / 1e9:,.1f} GFLOP/s counted exceeds this "
+            f"device's peak of about {peak / 1e9:,.1f} GFLOP/s (not reported as achieved)"
+        )
+        return flops, None, None, notes
+    mfu_value = mfu(flops, real, peak) if on_gpu and peak else None
+    return flops, achieved, mfu_value, notes
+
+
 def _check_args(model, steps, warmup, batch_size, run_dir, profile):
     check_int("steps", steps, minimum=3)
     check_int("warmup", warmup, minimum=1)
@@ -1242,15 +1743,19 @@ def diagnose(
     check_steps_per_execution: bool = True,
     monitor: bool = True,
     profile: bool = False,
+    time_budget_s: float | None = DEFAULT_TIME_BUDGET_S,
 ) -> Diagnosis:
     """Measures a short training run and says what holds the GPU back, and what to change.
 
-    Runs, each for `warmup` + `steps` steps: the input pipeline alone
-    (`tfgpu.data.benchmark`), `fit` on one batch already in device memory, and `fit` on the
-    real `dataset` (sampled by `tfgpu.monitor` where a GPU exists). With `check_xla`, the
-    device-resident run is repeated with `jit_compile` flipped; with
-    `check_steps_per_execution`, steps shorter than 50 ms are also timed with
-    `steps_per_execution=16`. On a GPU, the train step is also traced (not run) to find ops
+    Measures, in this order of priority, each for `warmup` + `steps` steps: the input
+    pipeline alone (`tfgpu.data.benchmark`); `fit` on one batch already in device memory and
+    `fit` on the real `dataset` (sampled by `tfgpu.monitor` where a GPU exists), alternated in
+    rounds until the input-wait share is clear of the 5% and 20% thresholds (at least 3
+    rounds, at most 12) or says "inconclusive"; with `check_steps_per_execution`, steps
+    shorter than 50 ms timed with `steps_per_execution=16`; with `check_xla`, the
+    device-resident run with `jit_compile` flipped. Everything stays within `time_budget_s`:
+    a probe that does not fit is skipped (a note says so), a variant clearly slower than its
+    baseline after one round is not measured further. On a GPU, the train step is also traced (not run) to find ops
     that would run on the CPU. The findings (see `docs/diagnosis.md`) name the argument to
     change and the gain, measured where it could be. The model's weights, optimizer state,
     metrics and compile settings are restored afterwards.
@@ -1269,6 +1774,9 @@ def diagnose(
         monitor: bool, sample GPU utilization/memory during the real run. Defaults to True.
         profile: bool, capture a TensorBoard profiler trace of a few steps into
             `run_dir/profile` (open with TensorBoard's Profile tab). Defaults to False.
+        time_budget_s: float or None, seconds the measurements may take (each `fit` stops
+            at the deadline; probes that do not fit are skipped with a note). None: no
+            limit. Defaults to 60.0.
 
     Returns:
         A `Diagnosis`.
@@ -1290,6 +1798,15 @@ def diagnose(
     check_bool("check_steps_per_execution", check_steps_per_execution)
     check_bool("monitor", monitor)
     check_bool("profile", profile)
+    time_budget_s = check_number(
+        "time_budget_s",
+        time_budget_s,
+        minimum=0,
+        exclusive_minimum=True,
+        allow_none=True,
+        expected="a finite number of seconds > 0, or None (no limit)",
+    )
+    budget = _Budget(time_budget_s)
     ds, numpy_input = _as_dataset(dataset, batch_size)
     try:
         batch, size = _batch_of(ds)
@@ -1308,6 +1825,7 @@ def diagnose(
     on_gpu = bool(tf.config.list_logical_devices("GPU"))
     mem_device = "GPU:0" if on_gpu else "CPU:0"
     pipeline_facts = _read_pipeline(ds) or _PipelineFacts()
+    dynamic_shape, partial = _shape_facts(ds)
 
     from tfgpu.data import benchmark
 
@@ -1333,7 +1851,7 @@ def diagnose(
             tf.config.experimental.reset_memory_stats(mem_device)
         except Exception:
             pass
-        compute = _fit_step_time(model, device_ds, steps, warmup)
+        compute = _fit_step_time(model, device_ds, steps, warmup, budget.deadline)
         try:
             peak = int(tf.config.experimental.get_memory_info(mem_device)["peak"])
         except Exception:
@@ -1344,7 +1862,7 @@ def diagnose(
             try:
                 train_step_ops = _train_step_ops(model, batch)
             except Exception as e:  # a side check: a note, not a crash
-                notes.append(f"train-step op placement not checked: {e}")
+                notes.append(f"train-step op placement not checked: {_one_line(e)}")
 
         sampler = None
         if monitor and on_gpu:
@@ -1356,64 +1874,116 @@ def diagnose(
                 sampler = Sampler(interval=0.1, gpus=_sampler_gpus(None, _tf_gpu_positions()))
                 sampler.start()
             except Exception as e:  # side feature: never kill the diagnosis
-                notes.append(f"GPU monitor not started: {e}")
+                notes.append(f"GPU monitor not started: {_one_line(e)}")
                 sampler = None
+        rounds: list[tuple[float, float]] = []
         try:
-            # Alternate the device-resident and the real runs (median of 3 each), so that a
-            # noisy host does not favour either.
-            computes, reals = [compute], []
+            # Warm the real data once through every batch shape it has (a partial last batch
+            # retraces the step, and recompiles it under XLA): not inside a timed window.
             repeated = ds.repeat()
-            for i in range(_ROUNDS):
-                reals.append(_fit_step_time(model, repeated, steps, warmup))
-                if i < _ROUNDS - 1:
-                    computes.append(_fit_step_time(model, device_ds, steps, warmup))
-            compute, real = statistics.median(computes), statistics.median(reals)
+            _warm_real(model, ds, repeated, budget)
+            # Alternate the device-resident and the real runs, so that a noisy host favours
+            # neither, until the input-wait share is clear of the thresholds.
+            rounds_until = (
+                None
+                if budget.seconds is None
+                else budget.start + _ROUNDS_BUDGET_SHARE * budget.seconds
+            )
+            for i in range(_MAX_ROUNDS):
+                if i > 0:
+                    if budget.left() <= 0:
+                        break
+                    if i >= _MIN_ROUNDS:
+                        if _share_verdict(rounds)["level"] != "inconclusive":
+                            break
+                        if rounds_until is not None and _now() >= rounds_until:
+                            break
+                    compute = _fit_step_time(model, device_ds, steps, warmup, budget.deadline)
+                real = _fit_step_time(model, repeated, steps, warmup, budget.deadline)
+                rounds.append((compute, real))
+            if len(rounds) < _MIN_ROUNDS:
+                notes.append(
+                    f"only {len(rounds)} of {_MIN_ROUNDS} rounds ran within the time budget of "
+                    f"{time_budget_s:g} s: pass a larger `time_budget_s`"
+                )
+            compute = statistics.median(c for c, _ in rounds)
+            real = statistics.median(r for _, r in rounds)
+            measurements["rounds"] = [{"device_resident_s": c, "real_s": r} for c, r in rounds]
         finally:
             if sampler is not None:
                 try:
                     sampler.stop()
                     monitor_aggregate = sampler.aggregate()
                 except Exception as e:
-                    notes.append(f"GPU monitor failed: {e}")
+                    notes.append(f"GPU monitor failed: {_one_line(e)}")
         if not on_gpu:
             notes.append("no GPU visible to TensorFlow: measured on the CPU, no GPU monitor")
         scale_after = _loss_scale(model)
 
-        spe_probe = spe_base = None
+        skipped: list[str] = []
+        spe_rounds: list[tuple[float, float]] = []
         spe = int(model.steps_per_execution)
+        spe_name = f"steps_per_execution={PROBE_STEPS_PER_EXECUTION}"
         if check_steps_per_execution and spe == 1 and compute < HOST_OVERHEAD_PROBE_BELOW_S:
-            spe_base, spe_probe = _compare(
-                model, device_ds, steps, warmup, {"steps_per_execution": PROBE_STEPS_PER_EXECUTION}
-            )
-            measurements["steps_per_execution_probe"] = {
-                "steps_per_execution=1": spe_base,
-                f"steps_per_execution={PROBE_STEPS_PER_EXECUTION}": spe_probe,
-            }
-        xla_other = xla_base = None
+            if budget.left() <= 0:
+                skipped.append(f"the {spe_name} probe")
+            else:
+                try:
+                    spe_rounds, stopped = _compare(
+                        model,
+                        device_ds,
+                        steps,
+                        warmup,
+                        {"steps_per_execution": PROBE_STEPS_PER_EXECUTION},
+                        threshold=HOST_OVERHEAD_MIN_GAIN,
+                        budget=budget,
+                    )
+                    measurements["steps_per_execution_probe"] = _probe_record(
+                        "steps_per_execution=1", spe_name, spe_rounds, stopped
+                    )
+                    notes.extend(_probe_notes(spe_name, spe_rounds, stopped, time_budget_s))
+                except Exception as e:  # a probe never kills the diagnosis
+                    notes.append(f"{spe_name} not measured: {_one_line(e)}")
+                    spe_rounds = []
+        xla_rounds: list[tuple[float, float]] = []
         if check_xla:
             current = bool(model.jit_compile)
+            xla_name = f"jit_compile={not current}"
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     model.jit_compile = not current
                 supported = bool(model.jit_compile) != current
                 model.jit_compile = current
-                if supported:
-                    xla_base, xla_other = _compare(
-                        model, device_ds, steps, warmup, {"jit_compile": not current}
-                    )
-                    measurements["xla"] = {
-                        f"jit_compile={current}": xla_base,
-                        f"jit_compile={not current}": xla_other,
-                    }
-                else:
+                if not supported:
                     notes.append("XLA not measured: the model does not support jit_compile")
-            except Exception as e:  # XLA may not compile every op: a note, not a crash
-                notes.append(f"XLA not measured: jit_compile={not current} failed ({e})")
-                xla_other = xla_base = None
+                elif budget.left() <= 0:
+                    skipped.append(f"the {xla_name} probe")
+                else:
+                    xla_rounds, stopped = _compare(
+                        model,
+                        device_ds,
+                        steps,
+                        warmup,
+                        {"jit_compile": not current},
+                        threshold=XLA_MIN_GAIN,
+                        budget=budget,
+                    )
+                    measurements["xla"] = _probe_record(
+                        f"jit_compile={current}", xla_name, xla_rounds, stopped
+                    )
+                    notes.extend(_probe_notes(xla_name, xla_rounds, stopped, time_budget_s))
+            except Exception as e:  # XLA may not compile every op: one line, not a crash
+                notes.append(f"XLA not measured: {xla_name} failed ({_one_line(e)})")
+                xla_rounds = []
             finally:
                 model.jit_compile = current
                 model.train_function = None
+        if skipped:
+            notes.append(
+                f"skipped for the time budget of {time_budget_s:g} s: {', '.join(skipped)} "
+                "(pass a larger `time_budget_s`, or None for no limit)"
+            )
 
         if profile and run_path is not None:
             profile_dir = str(run_path / "profile")
@@ -1426,7 +1996,7 @@ def diagnose(
                 finally:
                     tf.profiler.experimental.stop()
             except Exception as e:  # profiler errors should not be fatal
-                notes.append(f"profiler trace failed: {e}")
+                notes.append(f"profiler trace failed: {_one_line(e)}")
                 profile_dir = None
     finally:
         _restore_state(model, snapshot)
@@ -1443,11 +2013,15 @@ def diagnose(
         input_batch_time_s=1.0 / pipeline.batches_per_second,
         batch_size=size,
         steps_per_execution=int(saved["steps_per_execution"]),
-        spe_probe_step_time_s=spe_probe,
-        spe_baseline_step_time_s=spe_base,
         jit_compile=bool(saved["jit_compile"]),
-        xla_other_step_time_s=xla_other,
-        xla_baseline_step_time_s=xla_base,
+        rounds=rounds,
+        spe_rounds=spe_rounds,
+        xla_rounds=xla_rounds,
+        made_by_pipeline=made_by_pipeline(dataset),
+        dynamic_shape=dynamic_shape,
+        partial_batches=partial,
+        replicas=int(model.distribute_strategy.num_replicas_in_sync),
+        host_load=_host_load(),
         on_gpu=on_gpu,
         gpu_name=gpu_name,
         compute_capabilities=ccs,
@@ -1474,10 +2048,27 @@ def diagnose(
             f.tf32_enabled = bool(tf.config.experimental.tensor_float_32_execution_enabled())
             f.float32_layers, f.odd_dim_layers = _precision_layers(model)
         except Exception as e:  # side facts: a note, not a crash
-            notes.append(f"tensor-core facts not read: {e}")
+            notes.append(f"tensor-core facts not read: {_one_line(e)}")
     bottleneck, level, share, findings = _classify(f)
     notes += _unseen(f)
-    wait = max(0.0, real - compute)
+    verdict = _share_verdict(rounds)
+    wait = verdict["wait_s"]
+    noise = verdict["high"] - verdict["low"]
+    measurements["noise"] = {
+        "low": verdict["low"],
+        "high": verdict["high"],
+        "confidence": verdict["confidence"],
+        "rounds": verdict["rounds"],
+    }
+    if verdict["level"] == "inconclusive" and all(
+        x.kind != "input_wait_unexplained" for x in findings
+    ):
+        notes.append(
+            f"input wait between {verdict['low']:.0%} and {verdict['high']:.0%} of the step "
+            f"over {verdict['rounds']} rounds ({verdict['confidence']:.0%} confidence): too "
+            f"noisy to call against the {INPUT_BOUND_MODERATE:.0%} and {INPUT_BOUND_HIGH:.0%} "
+            "thresholds; rerun on a quieter machine or with a larger `time_budget_s`"
+        )
     if level == "no" and share >= INPUT_BOUND_MODERATE:
         notes.append(
             f"input wait {wait * 1e3:.2f} ms per step ({share:.0%}) is below "
@@ -1486,18 +2077,12 @@ def diagnose(
         )
     findings += _lint_mixed_precision(model, ccs)
 
-    flops = achieved = mfu_value = None
-    try:
-        from tfgpu.flops import mfu, peak_flops, train_step_flops
-
-        flops = train_step_flops(model, size) if size else None
-        if flops:
-            achieved = flops / real
-            if gpu_name:
-                peak_fps = peak_flops(gpu_name, _precision_peak_key(policy, ccs))
-                mfu_value = mfu(flops, real, peak_fps)
-    except Exception as e:  # FLOP counting is a side feature
-        notes.append(f"FLOPs not counted: {e}")
+    flops, achieved, mfu_value, flop_notes = _flops(
+        model, x, size, real, policy, gpu_name, ccs, on_gpu
+    )
+    notes += flop_notes
+    measurements["wall_s"] = _now() - budget.start
+    measurements["time_budget_s"] = time_budget_s
 
     device = f"GPU:0 ({gpu_name})" if on_gpu else "CPU"
     diagnosis = Diagnosis(
@@ -1518,6 +2103,7 @@ def diagnose(
         measurements=measurements,
         notes=notes,
         profile_dir=profile_dir,
+        noise=noise,
     )
     if run_path is not None:  # an earlier diagnosis is kept as diagnosis.1.json, ...
         path = run_path / "diagnosis.json"
