@@ -3,15 +3,35 @@
 MFU is the share of the GPU's peak arithmetic rate a training run achieves:
 `mfu = train_step_flops / step_time_s / peak_flops`. The FLOP count follows the usual
 convention (Kaplan et al. 2020, "Scaling Laws for Neural Language Models"; Chowdhery et al.
-2022, PaLM, appendix B): only matrix multiplications and convolutions are counted, a
-multiply-add is 2 FLOPs, and a training step (forward + backward) costs 3x the forward pass.
+2022, PaLM, appendix B): only matrix multiplications and convolutions are counted and a
+multiply-add is 2 FLOPs. Element-wise ops, bias adds, normalization and softmax are left
+out (they are a few percent for real models).
 
-The forward count is read from the model's traced graph (a `tf.function` of the forward pass
-at the given batch size), op by op: `MatMul`, `BatchMatMul*`, `Einsum`, `Conv2D`, `Conv3D`,
-`DepthwiseConv2dNative`, `Conv2DBackpropInput` (transposed convolutions) and
-`Conv3DBackpropInputV2`. Element-wise ops, bias adds, normalization and softmax are left out
-(they are a few percent for real models). Ops inside loops (recurrent layers) are counted
-once, not per time step; such models get a warning.
+What a training step computes is read from its traced graph, not assumed. `train_step_flops`
+traces the step as `fit` runs it (the model in training mode under a `tf.GradientTape`, the
+gradient taken with respect to `model.trainable_variables`) and counts the ops that run:
+those the gradients and outputs need, as TensorFlow prunes the rest. Per forward matmul or
+convolution of `F` FLOPs, the backward pass adds
+
+- `F` for the weight gradient, only when the layer's weights are trainable;
+- `F` for the input gradient, only when some trainable layer lies below it. The first
+  trainable layer needs none: nothing under it takes a gradient, and a model's inputs are
+  data, not variables.
+
+So a fully trainable stack costs 3x its forward pass minus one forward of its first layer
+(the "3x forward" rule of thumb overcounts by that much); a frozen backbone
+(`trainable=False`) under a trainable head costs the backbone's forward pass only, plus 3x
+the head (less the head's first input gradient); a model with nothing trainable costs its
+forward pass. BatchNormalization, in training or inference mode, changes none of this
+(it has no matmuls). If the gradient cannot be traced, the step falls back to 3x the forward
+pass, with a warning.
+
+Counted op types: forward `MatMul`, `BatchMatMul*`, `Einsum`, `Conv2D`, `Conv3D`,
+`DepthwiseConv2dNative`, `Conv2DBackpropInput`/`Conv3DBackpropInputV2` (transposed
+convolutions); backward (besides matmuls and einsums) `Conv2DBackpropInput`,
+`Conv2DBackpropFilter`, `Conv3DBackpropInputV2`, `Conv3DBackpropFilterV2`,
+`DepthwiseConv2dNativeBackpropInput` and `DepthwiseConv2dNativeBackpropFilter`. Ops inside
+loops (recurrent layers) are counted once, not per time step; such models get a warning.
 
 The peak table lists dense (not structured-sparse) rates from NVIDIA datasheets and
 architecture whitepapers; `docs/diagnosis.md` has the table with its sources.
@@ -32,8 +52,9 @@ __all__ = ["mfu", "peak_flops", "train_step_flops"]
 
 _TERA = 1e12
 
-# The ops counted and their FLOPs, given static input/output shapes.
-_COUNTED_OPS = (
+# The ops counted and their FLOPs, given static input/output shapes. Forward ops (a
+# transposed convolution is a Conv*BackpropInput op) ...
+_FORWARD_OPS = (
     "MatMul",
     "BatchMatMul",
     "BatchMatMulV2",
@@ -45,6 +66,22 @@ _COUNTED_OPS = (
     "Conv2DBackpropInput",
     "Conv3DBackpropInputV2",
 )
+# ... and the ops only a backward pass adds (matmul and einsum gradients are matmuls and
+# einsums): convolution input and weight gradients.
+_CONV_INPUT_GRADS = (
+    "Conv2DBackpropInput",
+    "Conv2DBackpropInputV2",
+    "Conv3DBackpropInput",
+    "Conv3DBackpropInputV2",
+)
+_CONV_FILTER_GRADS = ("Conv2DBackpropFilter", "Conv3DBackpropFilter", "Conv3DBackpropFilterV2")
+_BACKWARD_OPS = (
+    *_CONV_INPUT_GRADS,
+    *_CONV_FILTER_GRADS,
+    "DepthwiseConv2dNativeBackpropInput",
+    "DepthwiseConv2dNativeBackpropFilter",
+)
+_COUNTED_OPS = frozenset(_FORWARD_OPS + _BACKWARD_OPS)
 _LOOP_OPS = ("While", "StatelessWhile")
 
 
@@ -228,7 +265,12 @@ def _einsum_flops(equation: str, shapes: Sequence[list[int]]) -> float:
 
 
 def _op_flops(op) -> float | None:
-    """FLOPs of one graph op, or None when its shapes are not static."""
+    """FLOPs of one graph op, or None when its shapes are not static.
+
+    Every convolution formula is 2 x (elements of the smaller activation: the output of a
+    convolution, the incoming gradient of a backprop op) x (kernel elements per output
+    element), which does not depend on the data format (NHWC or NCHW).
+    """
     t = op.type
     ins = [_shape(x) for x in op.inputs]
     out = _shape(op.outputs[0]) if op.outputs else None
@@ -262,39 +304,187 @@ def _op_flops(op) -> float | None:
             if kernel is None or out is None:
                 return None
             return 2.0 * math.prod(out) * kernel[0] * kernel[1]
-        if t in ("Conv2DBackpropInput", "Conv3DBackpropInputV2"):
+        if t in _CONV_INPUT_GRADS:
+            # Input gradient (or transposed convolution): every element of the incoming
+            # gradient multiplies the kernel's spatial x other-channel elements.
             kernel, grad = ins[1], ins[2]
             if kernel is None or grad is None:
                 return None
-            # Transposed conv: every input (grad) position multiplies the full kernel.
-            return 2.0 * math.prod(grad[:-1]) * math.prod(kernel)
+            return 2.0 * math.prod(grad) * math.prod(kernel[:-1])
+        if t in _CONV_FILTER_GRADS:
+            # Weight gradient: same products as the forward convolution; the kernel shape is
+            # the op's output.
+            grad = ins[2]
+            if grad is None or out is None:
+                return None
+            return 2.0 * math.prod(grad) * math.prod(out[:-1])
+        if t in ("DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter"):
+            grad = ins[2]
+            kernel = ins[1] if t.endswith("Input") else out
+            if grad is None or kernel is None:
+                return None
+            return 2.0 * math.prod(grad) * kernel[0] * kernel[1]
     except (ValueError, IndexError, TypeError):
         return None
     return None
+
+
+class _UnknownSizes(ValueError):
+    """Raised when an op's shapes are not static: the caller must pass real sizes."""
+
+
+def _called_functions(op) -> list[str]:
+    """Names of the functions an op runs (While body and cond, If branches, calls)."""
+    names = []
+    for value in op.node_def.attr.values():
+        if value.HasField("func"):
+            names.append(value.func.name)
+        names.extend(f.name for f in value.list.func)
+    return names
+
+
+def _function_graph(graph, name: str):
+    g = graph
+    while g is not None:
+        function = g._get_function(name)
+        if function is not None:
+            return getattr(function, "graph", None)
+        g = getattr(g, "outer_graph", None)
+    return None
+
+
+def _count(graph) -> tuple[dict[str, float], list[str], bool]:
+    """FLOPs per op type of the ops that run: those the graph's outputs and side effects need.
+
+    TensorFlow prunes ops whose results nothing uses (an input gradient of the first layer
+    that a gradient function built anyway, a weight gradient of a frozen kernel), so they
+    are not counted. Functions called by counted ops (loop bodies, branches) are counted
+    once per call site.
+    """
+    counts: dict[str, float] = {}
+    unknown: list[str] = []
+    loops = False
+
+    def visit(g) -> None:
+        nonlocal loops
+        stack = [t.op for t in g.outputs] + list(getattr(g, "control_outputs", ()))
+        seen: set[str] = set()
+        while stack:
+            op = stack.pop()
+            if op.name in seen:
+                continue
+            seen.add(op.name)
+            if op.type in _LOOP_OPS:
+                loops = True
+            if op.type in _COUNTED_OPS:
+                f = _op_flops(op)
+                if f is None:
+                    unknown.append(op.name)
+                else:
+                    counts[op.type] = counts.get(op.type, 0.0) + f
+            for name in _called_functions(op):
+                sub = _function_graph(g, name)
+                if sub is not None and sub is not g:
+                    visit(sub)
+            stack.extend(t.op for t in op.inputs)
+            stack.extend(op.control_inputs)
+
+    visit(graph)
+    return counts, unknown, loops
+
+
+def _counted(fn, specs, stacklevel: int) -> dict[str, float]:
+    """Traces `fn` on `specs` and counts its matmul/conv FLOPs per op type, plus "total"."""
+    import tensorflow as tf
+
+    graph = tf.function(fn, autograph=False).get_concrete_function(specs).graph
+    counts, unknown, loops = _count(graph)
+    if unknown:
+        raise _UnknownSizes(
+            "Cannot count FLOPs: input shapes with unknown sizes (None dims): pass "
+            "`input_signature` with the sizes of a real batch. Received: inputs "
+            f"{_describe(specs)}, with which {len(unknown)} matmul/conv op(s) have no static "
+            f"shape (e.g. {unknown[0]!r})."
+        )
+    if loops:
+        warnings.warn(
+            "The model has loops (e.g. recurrent layers): their FLOPs are counted once, not "
+            "per iteration, so the count is a lower bound.",
+            stacklevel=stacklevel,
+        )
+    counts["total"] = sum(counts.values())
+    return counts
+
+
+def _describe(specs) -> str:
+    import tensorflow as tf
+
+    parts = [
+        f"{tuple(s.shape)} {s.dtype.name}"
+        for s in tf.nest.flatten(specs)
+        if isinstance(s, tf.TensorSpec)
+    ]
+    return ", ".join(parts) or repr(specs)
+
+
+_SIGNATURE_EXPECTED = (
+    "a tf.TensorSpec, or a nested structure of them (or of arrays with the shapes of a real "
+    "batch), e.g. tf.TensorSpec((None, 32, 32, 3))"
+)
 
 
 def _input_specs(model, batch_size: int, input_signature):
     import tensorflow as tf
 
     if input_signature is not None:
-        specs = tf.nest.map_structure(
-            lambda s: tf.TensorSpec((batch_size, *tuple(s.shape)[1:]), s.dtype),
-            input_signature,
-        )
-        return specs
-    inputs = getattr(model, "inputs", None)
+
+        def spec(s):
+            shape, dtype = getattr(s, "shape", None), getattr(s, "dtype", None)
+            if shape is None or dtype is None:
+                raise invalid_type("input_signature", input_signature, _SIGNATURE_EXPECTED)
+            shape = tf.TensorShape(shape)
+            if shape.rank is None:
+                raise _UnknownSizes(
+                    "Cannot count FLOPs: input shapes with unknown sizes (None dims): pass "
+                    "`input_signature` with the sizes of a real batch. Received: "
+                    f"input_signature={input_signature!r} (unknown rank)."
+                )
+            if shape.rank == 0:
+                raise invalid_value(
+                    "input_signature",
+                    input_signature,
+                    "specs with a batch dimension first (rank >= 1)",
+                )
+            return tf.TensorSpec((batch_size, *shape.as_list()[1:]), tf.as_dtype(dtype))
+
+        try:
+            return tf.nest.map_structure(spec, input_signature)
+        except TypeError as e:
+            if str(e).startswith("Invalid type for argument `input_signature`"):
+                raise
+            raise invalid_type("input_signature", input_signature, _SIGNATURE_EXPECTED) from e
+    try:
+        inputs = getattr(model, "inputs", None)
+    except (AttributeError, ValueError):
+        inputs = None
     if not inputs:
         raise ValueError(
             "Cannot count FLOPs of a model without known inputs. Received: a model whose "
-            "`inputs` are undefined (a subclassed model). Expected: a Functional/Sequential "
-            "model with an `Input`, or pass `input_signature=tf.TensorSpec((None, ...))`."
+            "`inputs` are undefined (a subclassed or unbuilt model). Expected: a "
+            "Functional/Sequential model with an `Input`, or pass "
+            "`input_signature=tf.TensorSpec((None, ...))` with the sizes of a real batch."
         )
     specs = [tf.TensorSpec((batch_size, *tuple(t.shape)[1:]), t.dtype or "float32") for t in inputs]
     return specs[0] if len(specs) == 1 else specs
 
 
+def _check_model(model) -> None:
+    if not callable(model) or not hasattr(model, "trainable_variables"):
+        raise invalid_type("model", model, "a keras.Model")
+
+
 def _forward_flops(model, batch_size: int = 1, *, input_signature=None) -> dict:
-    """Counts forward FLOPs per op type from the traced graph.
+    """Counts forward FLOPs per op type from the traced graph (inference mode).
 
     Args:
         model: keras.Model, a built model.
@@ -305,72 +495,98 @@ def _forward_flops(model, batch_size: int = 1, *, input_signature=None) -> dict:
     Returns:
         dict mapping op type to FLOPs, plus `"total"`.
     """
+    specs = _input_specs(model, batch_size, input_signature)
+    return _counted(lambda x: model(x, training=False), specs, stacklevel=3)
+
+
+def _train_flops(model, batch_size: int = 1, *, input_signature=None) -> dict:
+    """Counts the FLOPs of a training step per op type, from the traced gradient graph.
+
+    The step runs the model in training mode under a `tf.GradientTape`, sums its float
+    outputs into a scalar (a loss has no matmuls) and takes the gradient with respect to
+    `model.trainable_variables`, as `fit` does; only ops whose results are used are counted.
+
+    Returns:
+        dict mapping op type (forward and backward ops) to FLOPs, plus `"total"`.
+    """
+    return _train_counts(model, _input_specs(model, batch_size, input_signature))
+
+
+def _train_counts(model, specs) -> dict[str, float]:
     import tensorflow as tf
 
-    specs = _input_specs(model, batch_size, input_signature)
-    fn = tf.function(lambda x: model(x, training=False), autograph=False)
-    graph = fn.get_concrete_function(specs).graph
-    counts: dict[str, float] = {}
-    unknown, loops = [], False
+    def step(x):
+        with tf.GradientTape() as tape:
+            outputs = model(x, training=True)
+            parts = [
+                tf.reduce_sum(tf.cast(o, "float32"))
+                for o in tf.nest.flatten(outputs)
+                if o.dtype.is_floating
+            ]
+            loss = tf.add_n(parts) if parts else tf.constant(0.0)
+        grads = tape.gradient(loss, model.trainable_variables)
+        kept = [g for g in tf.nest.flatten(grads, expand_composites=True) if g is not None]
+        return loss, outputs, kept
 
-    def visit(g):
-        nonlocal loops
-        for op in g.get_operations():
-            if op.type in _LOOP_OPS:
-                loops = True
-            if op.type in _COUNTED_OPS:
-                f = _op_flops(op)
-                if f is None:
-                    unknown.append(op.name)
-                else:
-                    counts[op.type] = counts.get(op.type, 0.0) + f
-        for sub in getattr(g, "_functions", {}).values():
-            sub_graph = getattr(sub, "graph", None)
-            if sub_graph is not None and sub_graph is not g:
-                visit(sub_graph)
-
-    visit(graph)
-    if unknown:
-        raise ValueError(
-            f"Cannot count FLOPs: {len(unknown)} op(s) have non-static shapes (e.g. "
-            f"{unknown[0]}). Received: inputs {specs}. Expected fully defined input shapes "
-            "apart from the batch; pass `input_signature` with fixed sizes."
-        )
-    if loops:
-        warnings.warn(
-            "The model has loops (e.g. recurrent layers): their FLOPs are counted once, not "
-            "per iteration, so the count is a lower bound.",
-            stacklevel=3,
-        )
-    counts["total"] = sum(counts.values())
-    return counts
+    return _counted(step, specs, stacklevel=5)  # user <- train_step_flops <- _step_flops
 
 
 def train_step_flops(model, batch_size: int, *, input_signature=None) -> float:
-    """Returns the FLOPs of one training step: 3x the forward pass's matmul/conv FLOPs.
+    """Returns the matmul/conv FLOPs of one training step, as the step really computes them.
 
-    Backpropagation costs about twice the forward pass (one matmul for the input gradient and
-    one for the weight gradient per forward matmul), hence 3x.
+    Counted from the traced gradient graph (see the module docstring): the forward pass of
+    every layer, the weight gradients of trainable layers, and the input gradients from the
+    output down to the first trainable layer. A fully trainable stack costs 3x its forward
+    pass minus the first layer's input gradient; a frozen backbone costs its forward pass
+    only; a model with nothing trainable costs its forward pass. If the gradient cannot be
+    traced, the step is counted as 3x the forward pass (1x with nothing trainable) and a
+    warning says so.
 
     Args:
         model: keras.Model, a built model (Functional/Sequential, or any model when
             `input_signature` is given).
         batch_size: int, the (global) batch size of one step.
-        input_signature: optional `tf.TensorSpec` or nested structure of them giving the
-            input shapes; the batch dimension is ignored. Defaults to `model.inputs`.
+        input_signature: optional `tf.TensorSpec` (or array), or nested structure of them,
+            giving the input shapes and dtypes; the batch dimension is ignored. Defaults to
+            `None`: `model.inputs`.
 
     Returns:
         float, FLOPs per training step.
 
     Raises:
-        ValueError: if `batch_size` is not a positive int, or input shapes are unknown.
+        TypeError: if `batch_size` is not an int, `model` is not a Keras model, or
+            `input_signature` holds something without a shape and dtype.
+        ValueError: if `batch_size` < 1, the inputs are unknown (a subclassed model without
+            `input_signature`), or input sizes are unknown (None dims besides the batch).
 
     Example:
 
     >>> model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(10)])
-    >>> train_step_flops(model, batch_size=4)  # 3 * 2 * 4 * 32 * 10
-    7680.0
+    >>> train_step_flops(model, batch_size=4)  # forward + weight gradient: 2 * 2 * 4 * 32 * 10
+    5120.0
     """
     check_int("batch_size", batch_size, expected="a positive int")
-    forward = _forward_flops(model, batch_size, input_signature=input_signature)
-    return 3.0 * forward["total"]
+    _check_model(model)
+    try:
+        return _step_flops(model, batch_size, input_signature)
+    except _UnknownSizes as e:
+        raise ValueError(str(e)) from None  # a plain ValueError for the caller
+
+
+def _step_flops(model, batch_size: int, input_signature) -> float:
+    specs = _input_specs(model, batch_size, input_signature)
+    try:
+        return _train_counts(model, specs)["total"]
+    except _UnknownSizes:
+        raise
+    except Exception as e:  # any failure to trace the gradient falls back to the estimate
+        reason = e
+    forward = _counted(lambda x: model(x, training=False), specs, stacklevel=4)["total"]
+    factor = 3.0 if model.trainable_variables else 1.0
+    warnings.warn(
+        f"Could not trace the gradient of a training step ({type(reason).__name__}: "
+        f"{reason}); counting a step as {factor:g}x the forward pass, which overcounts "
+        "frozen layers.",
+        stacklevel=3,
+    )
+    return factor * forward
