@@ -944,3 +944,250 @@ def test_diagnose_decides_with_the_rules_it_shares_with_the_report(monkeypatch):
         shared.detail(),
         shared.fix,
     )
+
+
+# ---- issue 11: quick (a time budget), stable (noise measured), right, honest, quiet ---------
+
+
+def _piped_slowly(ms: float = 20.0, n: int = 512):
+    """A pipeline whose batches take `ms` each (a Python sleep), so it explains a wait."""
+
+    def slow(x, y):
+        def nap(a):
+            time.sleep(ms / 1e3)
+            return a
+
+        out = tf.py_function(nap, [x], tf.float32)
+        out.set_shape(x.shape)
+        return out, y
+
+    return tf.data.Dataset.from_tensor_slices((X[:n], Y[:n])).batch(256).map(slow).prefetch(2)
+
+
+def test_median_interval_is_the_order_statistics_interval():
+    from tfgpu.diagnosis import _median_interval
+
+    assert _median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0, 0.75)  # too few: the full range
+    low, high, confidence = _median_interval(list(range(12)))
+    assert (low, high) == (2, 9) and confidence >= 0.9  # 3rd smallest to 3rd largest
+    low, high, confidence = _median_interval(list(range(8)))
+    assert (low, high) == (1, 6) and confidence == pytest.approx(1 - 2 * 9 / 256)
+
+
+def test_time_budget_is_checked_before_work():
+    model = _tiny_model()
+    for bad in ("60", True, [60]):
+        with pytest.raises(TypeError, match=r"time_budget_s.*Expected a finite number"):
+            tfgpu.diagnose(model, (X, Y), time_budget_s=bad)
+    for bad in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"`time_budget_s`.*Expected a finite number"):
+            tfgpu.diagnose(model, (X, Y), time_budget_s=bad)
+    assert not model.optimizer.built
+
+
+def test_the_budget_is_respected_and_what_it_left_out_is_noted(monkeypatch):
+    clock = _ScriptedSteps(monkeypatch, device_s=0.04, real_s=0.04)
+    diagnosis = tfgpu.diagnose(
+        _tiny_model(), (X, Y), batch_size=16, steps=5, warmup=2, time_budget_s=1.0
+    )
+    m = diagnosis.measurements
+    assert m["time_budget_s"] == 1.0 and m["wall_s"] <= 1.0 + 0.04  # one step past, at most
+    assert "steps_per_execution_probe" not in m and "xla" not in m
+    assert all(what in ("device", "real") for what, _ in clock.fits)
+    (skipped,) = [n for n in diagnosis.notes if "skipped for the time budget" in n]
+    assert "steps_per_execution=16 probe" in skipped and "jit_compile=True probe" in skipped
+    assert any("rounds ran within the time budget" in n for n in diagnosis.notes)
+    # No limit: every probe runs.
+    _ScriptedSteps(monkeypatch, device_s=0.04, real_s=0.04)
+    full = tfgpu.diagnose(_tiny_model(), (X, Y), batch_size=16, steps=5, warmup=2,
+                          time_budget_s=None)  # fmt: skip
+    assert "steps_per_execution_probe" in full.measurements and "xla" in full.measurements
+    assert full.measurements["time_budget_s"] is None
+
+
+def test_a_variant_ten_times_slower_is_stopped_after_its_first_round(monkeypatch):
+    clock = _ScriptedSteps(monkeypatch, device_s=0.004, real_s=0.004, xla_factor=10.0)
+    diagnosis = tfgpu.diagnose(_tiny_model(), (X, Y), batch_size=16, steps=20, warmup=3)
+    xla = diagnosis.measurements["xla"]
+    assert len(xla["rounds"]) == 1 and xla["stopped"] == "slower"
+    assert [what for what, _ in clock.fits].count("xla") == 1
+    assert any("jit_compile=True measured 10.0x slower after one round" in n
+               for n in diagnosis.notes)  # fmt: skip
+    assert diagnosis.finding("xla") is None
+
+
+def test_noise_straddling_the_threshold_is_inconclusive_and_without_noise_it_is_not(
+    monkeypatch,
+):
+    # Device-resident step 100 ms; the real step alternates 103 and 108 ms: a wait share of
+    # 3% or 7.4%, round after round, around the 5% threshold. The pipeline alone takes
+    # 20 ms per batch, so a wait of up to 8 ms is its doing.
+    clock = _ScriptedSteps(monkeypatch, device_s=0.1, real_s=[0.103, 0.108])
+    noisy = tfgpu.diagnose(_heavy_model(), _piped_slowly(), **FAST)
+    assert noisy.input_bound == "inconclusive" and noisy.bottleneck == "inconclusive"
+    assert len(noisy.measurements["rounds"]) == 12  # kept adding rounds, then said so
+    assert [what for what, _ in clock.fits].count("real") == 12
+    assert noisy.noise == pytest.approx(0.108 - 0.1 - 0.003 / 0.103 * 0.108, abs=0.05)
+    text = str(noisy)
+    assert "input-bound: inconclusive (noise" in text and "3% to 7%" in text, text
+    assert noisy.finding("input_bound") is None
+    assert any("too noisy to call" in n for n in noisy.notes)
+
+    _ScriptedSteps(monkeypatch, device_s=0.1, real_s=0.108)
+    steady = tfgpu.diagnose(_heavy_model(), _piped_slowly(), **FAST)
+    assert (steady.input_bound, steady.bottleneck) == ("moderate", "input"), str(steady)
+    assert len(steady.measurements["rounds"]) == 3 and steady.noise == 0
+
+
+def test_a_probe_measured_at_1_015x_is_recommended_nowhere(monkeypatch):
+    _ScriptedSteps(monkeypatch, device_s=0.004, real_s=0.004, spe_gain=1.015)
+    diagnosis = tfgpu.diagnose(_tiny_model(), (X, Y), batch_size=16, steps=5, warmup=2)
+    assert diagnosis.measurements["steps_per_execution_probe"]["gain"] == pytest.approx(1.015)
+    assert "steps_per_execution=" not in "\n".join(
+        f"{f.title} {f.detail} {f.recommendation}" for f in diagnosis.findings
+    )
+    # The in-memory advice leaves it out too once the probe measured no gain ...
+    facts = dict(compute_step_time_s=0.05, input_batch_time_s=0.05, batch_size=32)
+    no_gain = _facts(**facts, spe_rounds=[(0.004, 0.004 / 1.015)] * 3)
+    text = next(f for f in _classify(no_gain)[3] if f.kind == "input_bound").recommendation
+    assert "steps_per_execution" not in text and "`batch_size=`" in text
+    # ... and keeps it when the probe did not run.
+    text = next(f for f in _classify(_facts(**facts))[3] if f.kind == "input_bound").recommendation
+    assert "steps_per_execution" in text
+    # A gain whose interval reaches below the margin does not count either.
+    straddling = _facts(spe_rounds=[(0.004, 0.004 / 1.2), (0.004, 0.004 / 2.0), (0.004, 0.002)])
+    assert _classify(straddling)[0] != "host_overhead"
+
+
+def test_a_wait_far_above_the_pipelines_batch_time_is_not_input_bound():
+    # The image-folder case: 518 ms of "wait" against a pipeline making a batch in 3.9 ms.
+    facts = _facts(
+        step_time_s=0.6, compute_step_time_s=0.082, input_batch_time_s=0.0039,
+        dynamic_shape="(None, 64, 64, 3)", partial_batches=True, jit_compile=True,
+        made_by_pipeline=True, parallel_map=True,
+    )  # fmt: skip
+    bottleneck, level, _, findings = _classify(facts)
+    assert (bottleneck, level) == ("inconclusive", "inconclusive")
+    assert all(f.kind != "input_bound" for f in findings)
+    (why,) = [f for f in findings if f.kind == "input_wait_unexplained"]
+    assert findings[0] is why
+    assert "518.00 ms" in why.detail and "3.90 ms" in why.detail
+    assert "(None, 64, 64, 3)" in why.recommendation and "partial" in why.recommendation
+    assert "recompiles it under `jit_compile`" in why.recommendation
+    assert "drop_remainder=True" in why.recommendation
+    assert "tfgpu.data.pipeline(...)` (parallel" not in why.recommendation
+    loaded = _facts(step_time_s=0.6, compute_step_time_s=0.082, host_load=3.5, replicas=2)
+    rec = next(f for f in _classify(loaded)[3] if f.kind == "input_wait_unexplained")
+    assert "2 replicas" in rec.recommendation and "load average 3.5" in rec.recommendation
+    # A clear host-overhead finding still decides the bottleneck.
+    host = _facts(step_time_s=0.006, compute_step_time_s=0.002, input_batch_time_s=0.0001,
+                  spe_rounds=[(0.002, 0.0005)] * 3)  # fmt: skip
+    assert _classify(host)[:2] == ("host_overhead", "inconclusive")
+
+
+def test_advice_fits_what_built_the_input():
+    base = dict(compute_step_time_s=0.05, input_batch_time_s=0.05)
+    # A tfgpu pipeline around a dataset with a sequential map: its own arguments.
+    piped = _facts(**base, made_by_pipeline=True, parallel_map=True, sequential_map=True)
+    text = next(f for f in _classify(piped)[3] if f.kind == "input_bound").recommendation
+    assert "Build the input" not in text and "batch_map_fn=" in text and "map_fn=" in text
+    # A Keras loader with the user's sequential map: num_parallel_calls or the pipeline.
+    loader = _facts(**base, parallel_map=True, sequential_map=True)
+    text = next(f for f in _classify(loader)[3] if f.kind == "input_bound").recommendation
+    assert "tfgpu.data.pipeline(ds, batch_size=...)" in text
+    assert "num_parallel_calls=tf.data.AUTOTUNE" in text
+    # A generator: the Python step.
+    python = _facts(**base, python_input=True, sequential_map=True, made_by_pipeline=True)
+    text = next(f for f in _classify(python)[3] if f.kind == "input_bound").recommendation
+    assert "`tf.py_function` / a generator" in text and "Build the input" not in text
+
+
+def test_a_probe_error_is_one_line(monkeypatch):
+    trace = "\n".join(f'  File "/site-packages/keras/x{i}.py", line {i}, in f' for i in range(30))
+    error = tf.errors.InvalidArgumentError(
+        None,
+        None,
+        "Graph execution error:\n\nDetected at node StatefulPartitionedCall defined at (most "
+        f"recent call last):\n{trace}\n\nDetected unsupported operations when trying to "
+        "compile graph __inference_one_step_on_data_1234 on XLA_CPU_JIT: MultiDeviceIterator"
+        "GetNextFromShard " + "x" * 300 + "\n\t [[{{node MultiDeviceIteratorGetNextFromShard}}]]",
+    )
+    _ScriptedSteps(monkeypatch, device_s=0.004, real_s=0.004, xla_error=error)
+    diagnosis = tfgpu.diagnose(_tiny_model(), (X, Y), batch_size=16, steps=5, warmup=2)
+    (note,) = [n for n in diagnosis.notes if n.startswith("XLA not measured")]
+    assert "\n" not in note and "File " not in note and len(note) < 300
+    assert "InvalidArgumentError: Detected unsupported operations" in note
+    assert note.endswith("...)")
+    assert "\n" not in "".join(diagnosis.notes)
+    from tfgpu.diagnosis import _one_line
+
+    assert _one_line(ValueError("")) == "ValueError"
+    assert _one_line(RuntimeError("plain message")) == "RuntimeError: plain message"
+
+
+def test_the_text_keeps_the_pipeline_and_the_training_throughput_apart():
+    d = Diagnosis(
+        bottleneck="compute", input_bound="no", input_wait_share=0.0, step_time_s=0.1,
+        compute_step_time_s=0.1, input_batch_time_s=0.004, batch_size=16,
+        examples_per_second=160.0, findings=[],
+    )  # fmt: skip
+    lines = str(d).splitlines()
+    (pipe,) = [line for line in lines if "input pipeline alone" in line]
+    assert pipe.strip() == "input pipeline alone: 4.00 ms per batch (4,000 examples/s)"
+    (train,) = [line for line in lines if "training:" in line]
+    assert "160 examples/s (batch 16)" in train and "pipeline alone" not in train
+
+
+class _AnyShape(keras.layers.Layer):
+    def build(self, shape):
+        self.kernel = self.add_weight(shape=(shape[-1], 4))
+
+    def call(self, x):
+        return tf.reduce_mean(tf.matmul(x, self.kernel), axis=1)
+
+
+def test_flops_use_the_batch_shapes_and_a_count_above_the_peak_is_not_achieved(monkeypatch):
+    from tfgpu import _cpu
+
+    # Inputs with a None dimension (a sequence of any length): counted from the batch seen.
+    model = keras.Sequential([keras.Input((None, 8)), _AnyShape(), keras.layers.Dense(1)])
+    model.compile("adam", "mse")
+    x = RNG.normal(size=(64, 10, 8)).astype("float32")
+    monkeypatch.setattr(_cpu, "peak_flops", lambda dtype="float32": 1e15)
+    _ScriptedSteps(monkeypatch, device_s=0.01, real_s=0.01)
+    ok = tfgpu.diagnose(model, (x, Y[:64]), batch_size=16, **FAST)
+    # Forward and weight gradients of the first layer at the length seen (10): 2 x 2 x 16x10x8x4.
+    assert ok.flops_per_step and ok.flops_per_step >= 2 * 2 * 16 * 10 * 8 * 4
+    assert ok.achieved_flops_per_second == pytest.approx(ok.flops_per_step / 0.01)
+    assert not any("input_signature" in n or "FLOP" in n for n in ok.notes), ok.notes
+
+    monkeypatch.setattr(_cpu, "peak_flops", lambda dtype="float32": 1e6)  # 1 MFLOP/s
+    _ScriptedSteps(monkeypatch, device_s=0.01, real_s=0.01)
+    wrong = tfgpu.diagnose(model, (x, Y[:64]), batch_size=16, **FAST)
+    assert wrong.achieved_flops_per_second is None and wrong.mfu is None
+    (note,) = [n for n in wrong.notes if "FLOP count cannot be right" in n]
+    assert "exceeds this device's peak of about 0.0 GFLOP/s" in note
+    assert "GFLOP/s achieved" not in str(wrong)
+
+
+def test_nvml_warning_once_in_a_script_with_diagnose_and_gpumonitor_fits(monkeypatch, tmp_path):
+    import sys
+    import warnings
+
+    from tfgpu import _warnings
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("checks a machine without a GPU")
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML at all
+    _warnings.forget()
+    model = _tiny_model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        tfgpu.diagnose(model, (X[:64], Y[:64]), batch_size=16, **{**FAST, "steps": 3})
+        for i in range(2):
+            model.fit(X[:32], Y[:32], batch_size=16, epochs=1, verbose=0,
+                      callbacks=[tfgpu.callbacks.GPUMonitor(log_dir=tmp_path / str(i))])  # fmt: skip
+        tfgpu.diagnose(model, (X[:64], Y[:64]), batch_size=16, **{**FAST, "steps": 3})
+    _warnings.forget()
+    nvml = [w for w in caught if "records no GPU metrics" in str(w.message)]
+    assert len(nvml) == 1, [str(w.message) for w in caught]
