@@ -30,6 +30,7 @@ import difflib
 import glob
 import inspect
 import logging
+import math
 import os
 import re
 import shutil
@@ -37,7 +38,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias, overload
 
 import numpy as np
 import tensorflow as tf
@@ -51,13 +52,16 @@ from tfgpu._checks import (
     invalid_type,
     invalid_value,
     is_int,
+    is_number,
 )
-from tfgpu._datasets import Batches, cardinality, source_batches
+from tfgpu._datasets import Batches, cardinality, mark_pipeline, source_batches
 from tfgpu._lazy import import_optional
 
 __all__ = ["PipelineBenchmark", "benchmark", "load_tfds", "pipeline"]
 
 _LOG = logging.getLogger("tfgpu")
+# What `pipeline()` returns for each side: a dataset of batches, or its distributed form.
+_Pipeline: TypeAlias = tf.data.Dataset | tf.distribute.DistributedDataset
 
 _AUTOTUNE = tf.data.AUTOTUNE
 _MIB = 1024 * 1024
@@ -504,6 +508,201 @@ def _map(ds: tf.data.Dataset, name: str, fn: Callable, deterministic: bool | Non
 
 
 # --------------------------------------------------------------------------------------------
+# Validation split and map_fn output checks
+# --------------------------------------------------------------------------------------------
+
+# Hash buckets for the split of TFRecord files: a record is validation when its bucket is below
+# `validation_split * _SPLIT_BUCKETS`; Fingerprint64 of the serialized bytes, so the split is the
+# same every epoch, in every file order and on every worker.
+_SPLIT_BUCKETS = 1 << 20
+_VALIDATION_SPLIT = "a float in (0, 1), e.g. 0.1, or None"
+
+
+def _check_validation_split(value: Any) -> float | None:
+    """Checks `validation_split`: None, or a finite number strictly between 0 and 1."""
+    if value is None:
+        return None
+    if not is_number(value):
+        raise invalid_type("validation_split", value, _VALIDATION_SPLIT)
+    number = float(value)
+    if not math.isfinite(number) or not 0.0 < number < 1.0:
+        raise invalid_value("validation_split", value, _VALIDATION_SPLIT)
+    return number
+
+
+def _split_counts(n: int, validation_split: float) -> tuple[int, int]:
+    """(train, validation) examples: the last `validation_split` of `n`, as Keras `fit` takes it."""
+    split_at = math.floor(n * (1.0 - validation_split))
+    return split_at, n - split_at
+
+
+def _check_split_counts(
+    n: int, validation_split: float, global_batch: int | None, drop_remainder: bool
+) -> tuple[int, int]:
+    """Raises ValueError when a side of the split has no example, or no full batch to keep."""
+    train, validation = _split_counts(n, validation_split)
+    shown = (
+        f"validation_split={validation_split} of {n} examples gives {train} for training "
+        f"and {validation} for validation"
+    )
+    if not train or not validation:
+        raise ValueError(
+            f"Invalid value for argument `validation_split`. Received: {shown}. Expected a "
+            "split that leaves at least one example on each side: pass a validation_split "
+            f"between {1 / n:.3g} and {1 - 1 / n:.3g}, or more data."
+        )
+    if drop_remainder and global_batch:
+        short = [
+            f"{side} ({count} examples)"
+            for side, count in (("training", train), ("validation", validation))
+            if count < global_batch
+        ]
+        if short:
+            raise ValueError(
+                f"Invalid value for argument `validation_split`. Received: {shown}, but "
+                f"drop_remainder=True drops partial batches of the global batch of "
+                f"{global_batch}, so {' and '.join(short)} would yield no batch at all. "
+                "Expected each side to hold at least one global batch: pass another "
+                "validation_split, a smaller batch size, drop_remainder=False, or more data."
+            )
+    return train, validation
+
+
+def _reshuffles(ds: tf.data.Dataset) -> bool:
+    """Whether a step in `ds`'s input chain reshuffles every iteration (a Keras loader's shuffle)."""
+    stack, seen = [ds], 0
+    while stack and seen < 10_000:
+        step = stack.pop()
+        seen += 1
+        if "shuffle" in type(step).__name__.lower() and bool(
+            getattr(step, "_reshuffle_each_iteration", False)
+        ):
+            return True
+        try:
+            stack.extend(step._inputs())
+        except Exception:  # a dataset class without the private accessor: nothing more known
+            continue
+    return False
+
+
+def _refuse_dataset_split(reason: str, validation_split: float) -> ValueError:
+    return ValueError(
+        f"Invalid value for argument `validation_split`. Received: validation_split="
+        f"{validation_split} for a `tf.data.Dataset` {reason}. Expected a dataset whose "
+        "examples come in the same order every pass, and a known number of them. Split with "
+        "the loader instead, e.g. `train_ds, val_ds = keras.utils.image_dataset_from_directory("
+        f'..., validation_split={validation_split}, subset="both", seed=1337)` and a '
+        "`tfgpu.data.pipeline(...)` for each (validation with shuffle=False), or load it with "
+        "shuffle=False."
+    )
+
+
+def _in_validation(threshold: int) -> Callable:
+    """A `filter` predicate on serialized records: True for the validation share."""
+
+    def predicate(record: tf.Tensor) -> tf.Tensor:
+        return tf.strings.to_hash_bucket_fast(record, _SPLIT_BUCKETS) < threshold
+
+    return predicate
+
+
+def _tfds_slices(split: str, num_examples: int, validation_split: float) -> tuple[str, str]:
+    """TFDS split strings for (train, validation): the last `validation_split` by count."""
+    train, _ = _split_counts(num_examples, validation_split)
+    return f"{split}[:{train}]", f"{split}[{train}:]"
+
+
+def _label(fn: Callable) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _written_for_batches(fn: Callable, spec: Any) -> bool:
+    """Whether `fn` also traces on a batch of 3 examples (a function written for batches).
+
+    Functions written for one example (decode_jpeg, parse_single_example) fail to trace on a
+    vector of records; a batch function (`TextVectorization` after `expand_dims`) does not.
+    """
+
+    def batched(s: Any) -> Any:
+        if isinstance(s, tf.TensorSpec):
+            return tf.TensorSpec([3, *s.shape], s.dtype)
+        return s
+
+    args = tf.nest.map_structure(batched, spec)
+    args = args if type(args) is tuple else (args,)
+    try:
+        tf.function(lambda *a: fn(*a), autograph=False).get_concrete_function(*args)
+    except Exception:
+        return False
+    return True
+
+
+def _unknown_size(spec: Any) -> bool:
+    return isinstance(spec, tf.TensorSpec) and (
+        spec.shape.rank is None or any(d is None for d in spec.shape.as_list())
+    )
+
+
+def _check_map_output(map_fn: Callable, spec_in: Any, spec_out: Any) -> bool:
+    """Raises for a map_fn that returns batches of one; warns for shapes a batch cannot stack.
+
+    Returns whether the batches must be ragged: `map_fn` gets the rows of a ragged feature as
+    dense tensors, and what it returns for them is batched ragged again, as without it.
+    """
+    leaves_in = tf.nest.flatten(spec_in)
+    out = _flatten_with_paths("element", spec_out)
+    pairs: list[tuple[Any, str, Any]] = []
+    try:
+        tf.nest.assert_same_structure(spec_in, spec_out, check_types=False)
+        pairs = [(a, p, b) for a, (p, b) in zip(leaves_in, out, strict=True)]
+    except (TypeError, ValueError):
+        if len(leaves_in) == 1:
+            pairs = [(leaves_in[0], p, b) for p, b in out]
+    suspects = [
+        (p, a, b)
+        for a, p, b in pairs
+        if isinstance(a, tf.TensorSpec)
+        and a.shape.rank == 0
+        and isinstance(b, tf.TensorSpec)
+        and b.shape.rank is not None
+        and b.shape.rank >= 2
+        and b.shape[0] in (1, None)
+    ]
+    if any(b.shape[0] is None for _, _, b in suspects) and not _written_for_batches(
+        map_fn, spec_in
+    ):
+        suspects = [s for s in suspects if s[2].shape[0] == 1]
+    if suspects:
+        path, a, b = suspects[0]
+        shape = tuple(b.shape.as_list())
+        raise ValueError(
+            f"Invalid value for argument `map_fn`. Received: map_fn={_label(map_fn)}, which "
+            f"turns one example's {path} of shape {tuple(a.shape.as_list())} into shape "
+            f"{shape}: a batch of one, not one example, so batches would be "
+            f"(batch, {', '.join(str(d) for d in shape)}). `map_fn` runs on one example at a "
+            "time. Expected a per-example function; pass a function written for batches (such "
+            "as `TextVectorization` after `tf.expand_dims(text, -1)`) as `batch_map_fn=` "
+            "instead, which runs on whole batches after batching."
+        )
+    ragged = {p for a, p, b in pairs if isinstance(a, tf.RaggedTensorSpec) and _unknown_size(b)}
+    variable = [
+        f"{p} {tuple(b.shape.as_list()) if b.shape.rank is not None else '(unknown rank)'}"
+        for p, b in out
+        if _unknown_size(b) and p not in ragged
+    ]
+    if variable:
+        warnings.warn(
+            f"tfgpu.data.pipeline: `map_fn` ({_label(map_fn)}) returns examples of unknown size "
+            f"at {', '.join(variable)}; a batch fails at run time when examples differ in "
+            "size. Give them a fixed size in map_fn (`TextVectorization(..., "
+            "output_sequence_length=N)`, `tf.image.resize`), return a `tf.RaggedTensor`, or "
+            "vectorize whole batches with `batch_map_fn=`.",
+            stacklevel=3,
+        )
+    return bool(ragged)
+
+
+# --------------------------------------------------------------------------------------------
 # Pure decisions
 # --------------------------------------------------------------------------------------------
 
@@ -810,6 +1009,7 @@ def _num_workers(strategy: Any) -> int:
 # --------------------------------------------------------------------------------------------
 
 
+@overload
 def pipeline(
     source: Any,
     *,
@@ -818,7 +1018,9 @@ def pipeline(
     strategy: tf.distribute.Strategy | None = None,
     map_fn: Callable | None = None,
     augment_fn: Callable | None = None,
+    batch_map_fn: Callable | None = None,
     batch_augment_fn: Callable | None = None,
+    validation_split: None = None,
     cache: bool | str | os.PathLike = "auto",
     shuffle: bool = True,
     shuffle_buffer: int | None = None,
@@ -832,14 +1034,74 @@ def pipeline(
     split: str | None = None,
     data_dir: str | os.PathLike | None = None,
     compression_type: str | None = None,
-) -> tf.data.Dataset | tf.distribute.DistributedDataset:
+) -> _Pipeline: ...
+
+
+@overload
+def pipeline(
+    source: Any,
+    *,
+    batch_size: int | None = None,
+    per_replica_batch_size: int | None = None,
+    strategy: tf.distribute.Strategy | None = None,
+    map_fn: Callable | None = None,
+    augment_fn: Callable | None = None,
+    batch_map_fn: Callable | None = None,
+    batch_augment_fn: Callable | None = None,
+    validation_split: float = ...,
+    cache: bool | str | os.PathLike = "auto",
+    shuffle: bool = True,
+    shuffle_buffer: int | None = None,
+    drop_remainder: bool | None = None,
+    deterministic: bool | None = None,
+    repeat: bool = False,
+    distribute: bool = False,
+    seed: int | None = None,
+    ram_budget_mib: float | None = None,
+    private_threadpool_size: int | None = None,
+    split: str | None = None,
+    data_dir: str | os.PathLike | None = None,
+    compression_type: str | None = None,
+) -> tuple[_Pipeline, _Pipeline]: ...
+
+
+def pipeline(
+    source: Any,
+    *,
+    batch_size: int | None = None,
+    per_replica_batch_size: int | None = None,
+    strategy: tf.distribute.Strategy | None = None,
+    map_fn: Callable | None = None,
+    augment_fn: Callable | None = None,
+    batch_map_fn: Callable | None = None,
+    batch_augment_fn: Callable | None = None,
+    validation_split: float | None = None,
+    cache: bool | str | os.PathLike = "auto",
+    shuffle: bool = True,
+    shuffle_buffer: int | None = None,
+    drop_remainder: bool | None = None,
+    deterministic: bool | None = None,
+    repeat: bool = False,
+    distribute: bool = False,
+    seed: int | None = None,
+    ram_budget_mib: float | None = None,
+    private_threadpool_size: int | None = None,
+    split: str | None = None,
+    data_dir: str | os.PathLike | None = None,
+    compression_type: str | None = None,
+) -> Any:
     """Builds an input pipeline that keeps the GPU fed, with the steps in the right order.
 
     Order: read (files interleaved in parallel and shuffled by file) -> `map_fn` (parallel,
     AUTOTUNE) -> cache -> shuffle (reshuffled each epoch) -> [repeat] -> `augment_fn`
-    (parallel) -> batch -> `batch_augment_fn` -> prefetch (AUTOTUNE). Caching sits after the
-    deterministic work and before the random work, so decoding runs once and augmentation is
-    new every epoch.
+    (parallel) -> batch -> `batch_map_fn` -> `batch_augment_fn` -> prefetch (AUTOTUNE).
+    Caching sits after the deterministic work and before the random work, so decoding runs
+    once and augmentation is new every epoch.
+
+    With `validation_split`, the validation examples are split off before any shuffle and go
+    through the same `map_fn`, cache, batch and `batch_map_fn`, but no augmentation, shuffle
+    or repeat, always in the same order: `train, val = pipeline(..., validation_split=0.1)`,
+    then `model.fit(train, validation_data=val)`.
 
     `tf.data.Options` are set deliberately: autotune on with `ram_budget_mib`, map
     parallelization, map and filter fusion, parallel batch, a private thread pool on GPU hosts,
@@ -877,10 +1139,24 @@ def pipeline(
             shuffle, so it differs every epoch. Called like `map_fn`, on what `map_fn`
             returned: `augment_fn(*example)` for a tuple, `augment_fn(example)` for a dict or
             a single tensor. Defaults to None.
+        batch_map_fn: callable, deterministic vectorized preprocessing of a whole batch,
+            right after batching (e.g. a `TextVectorization` layer on a batch of strings: a
+            function written for batches belongs here, not in `map_fn`). Called like
+            `batch_augment_fn`, before it; applied to the validation batches too. Defaults to
+            None.
         batch_augment_fn: callable, vectorized augmentation of a whole batch, after batching.
             Called like `map_fn`, on a batch: `batch_augment_fn(*batch)` when examples are
             tuples (`batch_augment_fn(x_batch, y_batch)`), `batch_augment_fn(batch)` when they
             are dicts or single tensors. Defaults to None.
+        validation_split: float in (0, 1), the fraction of the examples held out for
+            validation; `pipeline` then returns `(train, validation)`. Arrays: the last
+            fraction, as Keras `fit(validation_split=)` takes it (`floor(n * (1 - split))`
+            examples train). A dataset passed in: its last fraction, when its size is known
+            and its order is the same every pass (a Keras loader needs `shuffle=False`, or
+            its own `validation_split=..., subset="both"`). TFRecord files: the records whose
+            hash falls in the fraction (about that share, the same in every epoch, file order
+            and worker). A TFDS name: the split sliced by counts (`split` must not be sliced
+            already). Defaults to None: no split, one dataset is returned.
         cache: `"auto"`, True/`"memory"`, a file path, or False. `"auto"` caches the output of
             `map_fn` (or of reading files/TFDS) in memory when its estimated size fits the RAM
             budget, the source is finite and `map_fn` has no random ops. True/`"memory"`
@@ -922,19 +1198,26 @@ def pipeline(
 
     Returns:
         A `tf.data.Dataset` of batches, or a `tf.distribute.DistributedDataset` when
-        `distribute=True`.
+        `distribute=True`. With `validation_split`, a tuple `(train, validation)` of two of
+        them (both distributed with `distribute=True`); the validation one is finite even
+        with `repeat=True`.
 
     Raises:
         TypeError: for an argument of the wrong type (a float batch size, a str seed, a
             strategy class instead of an instance), a source of unsupported type, a
             non-callable function argument, or a function that cannot take the arguments
-            tf.data calls it with (the message shows its signature and the element).
+            tf.data calls it with (the message shows its signature and the element), or a
+            `validation_split` that is not a number.
         ValueError: for a value out of range (a batch size < 1, a NaN or infinite RAM budget,
             a negative seed), mismatched array lengths (naming each), an empty source, fewer
             examples than one global batch with `drop_remainder=True`, an unknown dataset
             name, conflicting arguments, a cache path under a file or in a missing directory,
             files whose compression contradicts `compression_type`, or a cache that would not
-            fit the RAM budget. All raised before any data is read.
+            fit the RAM budget; a `validation_split` of 0, 1, NaN or out of range, one that
+            leaves a side with no example (or no full batch with `drop_remainder=True`), or
+            one for a dataset of unknown size or reshuffled every pass, or with a sliced TFDS
+            `split`; a `map_fn` that returns a batch of one (a function written for batches:
+            pass it as `batch_map_fn`). All raised before any data is read.
         FileNotFoundError: for a file pattern that matches no files, or a TFDS dataset that is
             not prepared in `data_dir`.
 
@@ -983,6 +1266,7 @@ def pipeline(
     for name, fn in (
         ("map_fn", map_fn),
         ("augment_fn", augment_fn),
+        ("batch_map_fn", batch_map_fn),
         ("batch_augment_fn", batch_augment_fn),
     ):
         if fn is not None and not callable(fn):
@@ -1032,6 +1316,7 @@ def pipeline(
     if split is not None and (not isinstance(split, str) or not split.strip()):
         raise invalid_type("split", split, "a str such as 'train' or 'train[:90%]', or None")
     data_dir = check_dir("data_dir", data_dir, allow_none=True)
+    validation_split = _check_validation_split(validation_split)
 
     src = _classify_source(source)
     if src.kind != "tfds" and (split is not None or data_dir is not None):
@@ -1049,6 +1334,33 @@ def pipeline(
         _check_compression(src.value, compression_type or "")
     if src.kind == "tfds":
         _check_tfds_name(src.value, data_dir, arg="source")
+    if validation_split is not None and src.kind == "tfds" and split and re.search(r"[\[+]", split):
+        raise conflicting(
+            f"split={split!r}",
+            f"validation_split={validation_split}",
+            "Pass an unsliced split (e.g. split='train') with validation_split, or build two "
+            "pipelines from sliced splits (split='train[:90%]' and split='train[90%:]', the "
+            "second with shuffle=False).",
+        )
+    if validation_split is not None and src.kind == "dataset" and _reshuffles(src.value):
+        raise _refuse_dataset_split(
+            "that reshuffles its examples every pass (a `shuffle` step with "
+            "reshuffle_each_iteration=True, as Keras loaders do by default), so training and "
+            "validation examples would swap every epoch",
+            validation_split,
+        )
+    if validation_split is not None and src.kind == "dataset":
+        # The split takes the dataset's last examples, so the steps before it (the loader's
+        # own parallel maps) must keep their order: tf.data options reach the whole chain.
+        if deterministic is False:
+            raise conflicting(
+                "deterministic=False",
+                f"validation_split={validation_split} for a `tf.data.Dataset`",
+                "The split takes the dataset's last examples, which must come in the same "
+                "order every pass: leave deterministic=None (the pipeline is then "
+                "deterministic).",
+            )
+        deterministic = True
 
     num_replicas = strategy.num_replicas_in_sync if strategy is not None else 1
     num_workers = _num_workers(strategy)
@@ -1092,15 +1404,40 @@ def pipeline(
             per_example=[
                 f"{n}=..." for n, f in (("map_fn", map_fn), ("augment_fn", augment_fn)) if f
             ]
-            + ([f"shuffle_buffer={shuffle_buffer}"] if shuffle_buffer is not None else []),
+            + ([f"shuffle_buffer={shuffle_buffer}"] if shuffle_buffer is not None else [])
+            + ([f"validation_split={validation_split}"] if validation_split is not None else []),
             drop_remainder=drop_remainder,
             num_replicas=num_replicas if strategy is not None else 1,
         )
 
-    # ---- read
+    # The validation split's counts, checked before any work where the count is known.
+    drop = bool(drop_remainder) if drop_remainder is not None else strategy is not None
+    global_batch = requested if requested is not None else batch_size
+    split_counts: tuple[int, int] | None = None
+    if validation_split is not None and src.kind in ("memory", "dataset"):
+        if src.kind == "memory":
+            total = src.num_examples
+        elif batched_source is not None:
+            total = batched_source.num_examples
+        else:
+            total = cardinality(src.value)
+        if total is None:
+            raise _refuse_dataset_split(
+                "whose number of examples is unknown (e.g. after a `filter` or from a "
+                "generator), so its last fraction cannot be taken",
+                validation_split,
+            )
+        if total < 0:
+            raise _refuse_dataset_split("that is infinite (repeated)", validation_split)
+        split_counts = _check_split_counts(total, validation_split, global_batch, drop)
+
+    # ---- read, and split off the validation examples before any shuffle
     num_files: int | None = None
+    val_ds: tf.data.Dataset | None = None
     if src.kind == "memory":
         ds = tf.data.Dataset.from_tensor_slices(src.value)
+        if split_counts is not None:
+            ds, val_ds = ds.take(split_counts[0]), ds.skip(split_counts[0])
     elif src.kind == "dataset":
         ds = src.value
         if batched_source is not None and not keep_batches:
@@ -1116,21 +1453,33 @@ def pipeline(
                     "keep it.",
                     stacklevel=2,
                 )
+        if split_counts is not None:
+            ds, val_ds = ds.take(split_counts[0]), ds.skip(split_counts[0])
     elif src.kind == "files":
-        num_files = len(src.value)
-        files = tf.data.Dataset.from_tensor_slices(src.value)
-        if shuffle:
-            files = files.shuffle(num_files, seed=seed, reshuffle_each_iteration=True)
-        ds = files.interleave(
-            lambda f: tf.data.TFRecordDataset(f, compression_type=compression_type or ""),
-            cycle_length=min(num_files, max(_cpu_count(), 2)),
-            num_parallel_calls=_AUTOTUNE,
-            deterministic=deterministic,
-        )
+        num_files = count = len(src.value)
+
+        def read(shuffled: bool, ordered: bool | None) -> tf.data.Dataset:
+            files = tf.data.Dataset.from_tensor_slices(src.value)
+            if shuffled:
+                files = files.shuffle(count, seed=seed, reshuffle_each_iteration=True)
+            return files.interleave(
+                lambda f: tf.data.TFRecordDataset(f, compression_type=compression_type or ""),
+                cycle_length=min(count, max(_cpu_count(), 2)),
+                num_parallel_calls=_AUTOTUNE,
+                deterministic=ordered,
+            )
+
+        ds = read(shuffle, deterministic)
+        if validation_split is not None:
+            threshold = min(max(round(validation_split * _SPLIT_BUCKETS), 1), _SPLIT_BUCKETS - 1)
+            in_validation = _in_validation(threshold)
+            ds = ds.filter(lambda record: tf.logical_not(in_validation(record)))
+            val_ds = read(False, True).filter(in_validation)
     else:
+        tfds_split = split or "train"
         ds, info = _load_tfds(
             src.value,
-            split or "train",
+            tfds_split,
             data_dir=data_dir,
             download=False,
             shuffle_files=shuffle,
@@ -1138,15 +1487,45 @@ def pipeline(
             seed=seed,
             prefetch=False,
         )
-        split_info = _split_info(info, split or "train")
+        split_info = _split_info(info, tfds_split)
         num_files = getattr(split_info, "num_shards", None)
+        if validation_split is not None:
+            examples: Any = getattr(split_info, "num_examples", None)
+            if not is_int(examples) or examples < 1:
+                raise ValueError(
+                    f"Invalid value for argument `validation_split`. Received: validation_split="
+                    f"{validation_split}, but the number of examples in {src.value!r} split "
+                    f"{tfds_split!r} is unknown. Expected a prepared split with a known size, "
+                    f"or sliced splits in two pipelines (split='{tfds_split}[:90%]' and "
+                    f"split='{tfds_split}[90%:]')."
+                )
+            _check_split_counts(int(examples), validation_split, global_batch, drop)
+            train_split, val_split = _tfds_slices(tfds_split, int(examples), validation_split)
+            ds, val_ds = (
+                _load_tfds(
+                    src.value,
+                    part,
+                    data_dir=data_dir,
+                    download=False,
+                    shuffle_files=shuffled,
+                    as_supervised=None,
+                    seed=seed if shuffled else None,
+                    prefetch=False,
+                )[0]
+                for part, shuffled in ((train_split, shuffle), (val_split, False))
+            )
 
     # ---- decode / preprocess
     random_ops: tuple[str, ...] = ()
+    ragged = False
     if map_fn is not None:
         _check_arity("map_fn", map_fn, ds.element_spec, "an example")
         random_ops = _random_ops(map_fn, ds.element_spec)
+        spec_in = ds.element_spec
         ds = _map(ds, "map_fn", map_fn, deterministic)
+        ragged = _check_map_output(map_fn, spec_in, ds.element_spec)
+        if val_ds is not None:
+            val_ds = _map(val_ds, "map_fn", map_fn, True)
 
     facts = _Facts(
         kind=src.kind,
@@ -1181,12 +1560,8 @@ def pipeline(
         if note.startswith("cache after") or note.startswith("not cached: map_fn"):
             warnings.warn(f"tfgpu.data.pipeline: {note}.", stacklevel=2)
 
-    # ---- cache -> shuffle -> repeat -> augment -> batch -> batch augment -> prefetch
-    if plan.cache == "memory":
-        ds = ds.cache()
-    elif plan.cache:
-        _remove_interrupted_cache(plan.cache)
-        ds = ds.cache(plan.cache)
+    # ---- cache -> shuffle -> repeat -> augment -> batch -> batch map -> batch augment -> prefetch
+    ds = _cached(ds, plan.cache)
     if plan.shuffle_buffer:
         ds = ds.shuffle(plan.shuffle_buffer, seed=plan.shuffle_seed, reshuffle_each_iteration=True)
     if repeat:
@@ -1194,23 +1569,80 @@ def pipeline(
     if augment_fn is not None:
         _check_arity("augment_fn", augment_fn, ds.element_spec, "an example after `map_fn`")
         ds = _map(ds, "augment_fn", augment_fn, plan.deterministic)
-    if not keep_batches:
+
+    def finish(ds: tf.data.Dataset, plan: _Plan, batch: bool, augment: Any) -> tf.data.Dataset:
+        return _batched(
+            ds,
+            plan,
+            batch=batch,
+            ragged=ragged,
+            batch_map_fn=batch_map_fn,
+            batch_augment_fn=augment,
+            ram_budget_bytes=facts.ram_budget_bytes,
+            keep_shard=src.kind == "dataset",
+        )
+
+    ds = finish(ds, plan, not keep_batches, batch_augment_fn)
+
+    # The validation side: the same map_fn, batch_map_fn, batch, cache and sharding; no
+    # augmentation, no shuffle, no repeat, and always in the same order.
+    if val_ds is not None:
+        val_plan = dataclasses.replace(plan, shuffle_buffer=None, deterministic=True)
+        val_cache = plan.cache if plan.cache in (None, "memory") else f"{plan.cache}-validation"
+        val_ds = _cached(val_ds, val_cache)
+        val_ds = finish(val_ds, val_plan, True, None)
+
+    if distribute:
+        train_out = strategy.experimental_distribute_dataset(ds)  # type: ignore[union-attr]
+        if val_ds is None:
+            return train_out
+        return train_out, strategy.experimental_distribute_dataset(val_ds)  # type: ignore[union-attr]
+    return ds if val_ds is None else (ds, val_ds)
+
+
+def _cached(ds: tf.data.Dataset, cache: str | None) -> tf.data.Dataset:
+    """`ds` cached as the plan says: not at all (None), in memory, or at a file prefix."""
+    if cache == "memory":
+        return ds.cache()
+    if cache:
+        _remove_interrupted_cache(cache)
+        return ds.cache(cache)
+    return ds
+
+
+def _batched(
+    ds: tf.data.Dataset,
+    plan: _Plan,
+    *,
+    batch: bool,
+    ragged: bool,
+    batch_map_fn: Callable | None,
+    batch_augment_fn: Callable | None,
+    ram_budget_bytes: int,
+    keep_shard: bool,
+) -> tf.data.Dataset:
+    """batch (`ragged`: a ragged batch) -> `batch_map_fn` -> `batch_augment_fn` -> prefetch ->
+    options; the result is marked as built by `pipeline`."""
+    if batch:
         # A plain batch, on purpose: tf.data fuses `map(augment_fn) -> batch` into one
         # MapAndBatchDataset that writes each augmented example straight into its batch. A
         # batch with `num_parallel_calls` is a ParallelBatchDataset, which that fusion skips:
         # one more stage and buffer per example cost 12-18% throughput on the image benchmark.
         # Where nothing fuses, the `parallel_batch` option (set in `_options`) still
         # parallelizes the copy.
-        ds = ds.batch(plan.global_batch_size, drop_remainder=plan.drop_remainder)
+        if ragged:  # rows of a ragged feature after map_fn: ragged again, as they came
+            ds = ds.ragged_batch(plan.global_batch_size, drop_remainder=plan.drop_remainder)
+        else:
+            ds = ds.batch(plan.global_batch_size, drop_remainder=plan.drop_remainder)
+    if batch_map_fn is not None:
+        _check_arity("batch_map_fn", batch_map_fn, ds.element_spec, "a batch")
+        ds = _map(ds, "batch_map_fn", batch_map_fn, plan.deterministic)
     if batch_augment_fn is not None:
         _check_arity("batch_augment_fn", batch_augment_fn, ds.element_spec, "a batch")
         ds = _map(ds, "batch_augment_fn", batch_augment_fn, plan.deterministic)
     ds = ds.prefetch(_AUTOTUNE)
-    ds = ds.with_options(_options(plan, facts.ram_budget_bytes, keep_shard=src.kind == "dataset"))
-
-    if distribute:
-        return strategy.experimental_distribute_dataset(ds)  # type: ignore[union-attr]
-    return ds
+    ds = ds.with_options(_options(plan, ram_budget_bytes, keep_shard=keep_shard))
+    return mark_pipeline(ds)
 
 
 # File cache prefixes this process has built pipelines on: their leftovers may belong to an
