@@ -13,8 +13,10 @@ import pytest
 import tensorflow as tf
 
 from tfgpu import data as tfdata
-from tfgpu._datasets import source_batches
+from tfgpu._datasets import made_by_pipeline, source_batches
 from tfgpu.data import _decide, _Facts
+
+from .test_data_tfds import NAME, tiny_tfds  # noqa: F401 - the prepared TFDS fixture
 
 N = 64
 
@@ -988,3 +990,182 @@ def test_a_dataset_of_batches_of_unknown_origin_is_ambiguous():
     source = tf.data.Dataset.from_generator(batches, output_signature=spec)
     with pytest.warns(UserWarning, match="cannot tell whether"):
         tfdata.pipeline(source, batch_size=2)
+
+
+# ----------------------------------------------------------------- validation_split, batch_map_fn
+
+
+def test_validation_split_of_arrays_is_the_last_fraction_taken_before_shuffling():
+    train, val = tfdata.pipeline(_xy(20), batch_size=4, validation_split=0.25, augment_fn=_noise)
+    assert int(train.cardinality()) == 4 and int(val.cardinality()) == 2
+    first, second = _label_ids(train), _label_ids(train)
+    assert sorted(first) == sorted(second) == list(range(15)) and first != second
+    assert _label_ids(val) == _label_ids(val) == list(range(15, 20))  # Keras fit's split
+    x, y = next(iter(val))
+    np.testing.assert_array_equal(x[:, 0], y)  # not augmented
+    assert made_by_pipeline(train) and made_by_pipeline(val)
+    train_only = tfdata.pipeline(_xy(20), batch_size=4)
+    assert isinstance(train_only, tf.data.Dataset)  # without the split: one dataset, as before
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        (0, ValueError),
+        (1, ValueError),
+        (0.0, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        (-0.5, ValueError),
+        (1.5, ValueError),
+        (True, TypeError),
+        ("0.1", TypeError),
+        ([0.1], TypeError),
+    ],
+)
+def test_validation_split_must_be_a_fraction(bad, error):
+    with pytest.raises(error, match=r"argument `validation_split`.*Expected a float in \(0, 1\)"):
+        tfdata.pipeline(_xy(20), batch_size=4, validation_split=bad)
+
+
+def test_validation_split_counts_are_checked_before_work(mirrored):
+    _, val = tfdata.pipeline(_xy(20), batch_size=4, validation_split=np.float32(0.2))
+    assert _label_ids(val) == [16, 17, 18, 19]
+    with pytest.raises(ValueError, match=r"of 5 examples gives 0 for training and 5 for valid"):
+        tfdata.pipeline(_xy(5), batch_size=1, validation_split=0.9)
+    with pytest.raises(
+        ValueError,
+        match=r"gives 18 for training and 2 for validation.*global "
+        r"batch of 4, so validation \(2 examples\) would yield no batch",
+    ):
+        tfdata.pipeline(_xy(20), batch_size=4, strategy=mirrored, validation_split=0.1)
+    _, val = tfdata.pipeline(
+        _xy(20), batch_size=4, strategy=mirrored, validation_split=0.1, drop_remainder=False
+    )
+    assert int(val.cardinality()) == 1
+
+
+def test_validation_split_of_a_dataset_takes_its_last_examples():
+    source = tf.data.Dataset.range(20).map(lambda i: (tf.cast(i, tf.float32), i))
+    train, val = tfdata.pipeline(source, batch_size=4, validation_split=0.25)
+    assert sorted(_label_ids(train)) == list(range(15))
+    assert _label_ids(val) == list(range(15, 20))
+    batched = source.batch(6)  # a loader's batches: unbatched, split, batched again
+    train, val = tfdata.pipeline(batched, validation_split=0.25)
+    assert [int(tf.size(y)) for _, y in train] == [6, 6, 3] and _label_ids(val) == [
+        15,
+        16,
+        17,
+        18,
+        19,
+    ]
+    with pytest.raises(ValueError, match=r"number of examples is unknown.*subset=\"both\""):
+        tfdata.pipeline(source.filter(lambda x, y: True), batch_size=4, validation_split=0.2)
+    with pytest.raises(ValueError, match="infinite"):
+        tfdata.pipeline(source.repeat(), batch_size=4, validation_split=0.2)
+    with pytest.raises(ValueError, match=r"reshuffles its examples every pass.*shuffle=False"):
+        tfdata.pipeline(source.shuffle(20), batch_size=4, validation_split=0.2)
+    fixed = source.shuffle(20, seed=1, reshuffle_each_iteration=False)  # same order every pass
+    _, val = tfdata.pipeline(fixed, batch_size=4, validation_split=0.25)
+    assert _label_ids(val) == _label_ids(val) == [int(i) for _, i in fixed][15:]
+    with pytest.raises(ValueError, match=r"Conflicting arguments: deterministic=False and "):
+        tfdata.pipeline(source, batch_size=4, validation_split=0.2, deterministic=False)
+
+
+def test_validation_split_of_tfrecords_is_by_record_hash(tmp_path, mirrored, monkeypatch):
+    pattern = _write_tfrecords(tmp_path)  # 4 files of 8 records, ids 0..31
+    train, val = tfdata.pipeline(pattern, batch_size=4, map_fn=_parse, validation_split=0.25)
+    train_ids, val_ids = _label_ids(train), _label_ids(val)
+    assert sorted(train_ids + val_ids) == list(range(32)) and 0 < len(val_ids) < 32
+    assert sorted(_label_ids(train)) == sorted(train_ids) and _label_ids(val) == val_ids
+    files = sorted(tmp_path.glob("part-*.tfrecord"), reverse=True)  # another file order
+    _, val_again = tfdata.pipeline(
+        [str(f) for f in files], batch_size=4, map_fn=_parse, validation_split=0.25
+    )
+    assert sorted(_label_ids(val_again)) == sorted(val_ids)
+    monkeypatch.setattr(tfdata, "_num_workers", lambda strategy: 2)
+    make = lambda: tfdata.pipeline(  # noqa: E731
+        pattern,
+        batch_size=2,
+        strategy=mirrored,
+        map_fn=_parse,
+        validation_split=0.25,
+        drop_remainder=False,
+    )
+    shards = [_validation_shard(make(), 2, i) for i in range(2)]
+    seen = [_label_ids(s) for s in shards]
+    assert not set(seen[0]) & set(seen[1]) and sorted(seen[0] + seen[1]) == sorted(val_ids)
+
+
+def _validation_shard(pair, workers, index):
+    from tensorflow.python.data.experimental.ops.distribute import _AutoShardDataset
+
+    return _AutoShardDataset(pair[1], workers, index)
+
+
+def test_validation_split_of_in_memory_data_is_sharded_across_workers(mirrored, monkeypatch):
+    monkeypatch.setattr(tfdata, "_num_workers", lambda strategy: 2)
+    make = lambda: tfdata.pipeline(  # noqa: E731
+        _xy(40), batch_size=4, strategy=mirrored, validation_split=0.2
+    )
+    seen = [_label_ids(_validation_shard(make(), 2, i)) for i in range(2)]
+    assert not set(seen[0]) & set(seen[1]) and sorted(seen[0] + seen[1]) == list(range(32, 40))
+
+
+def test_validation_side_is_cached_not_repeated_and_distributed_too(tmp_path, mirrored):
+    counter = _Counter()
+    train, val = tfdata.pipeline(
+        _xy(20), batch_size=4, map_fn=counter.decode, cache="memory", validation_split=0.2
+    )
+    for _ in range(2):
+        _label_ids(train), _label_ids(val)
+    assert counter.calls == 20  # each example decoded once, on both sides
+    prefix = tmp_path / "cache"
+    train, val = tfdata.pipeline(_xy(20), batch_size=4, cache=str(prefix), validation_split=0.2)
+    _label_ids(train), _label_ids(val)
+    assert (tmp_path / "cache.index").is_file() and (tmp_path / "cache-validation.index").is_file()
+    train, val = tfdata.pipeline(_xy(20), batch_size=4, repeat=True, validation_split=0.2)
+    assert int(train.cardinality()) == tf.data.INFINITE_CARDINALITY
+    assert int(val.cardinality()) == 1
+    train, val = tfdata.pipeline(
+        _xy(16), batch_size=4, strategy=mirrored, distribute=True, validation_split=0.25
+    )
+    assert all(isinstance(d, tf.distribute.DistributedDataset) for d in (train, val))
+    assert val.element_spec == train.element_spec
+
+
+def test_validation_split_with_a_tfds_name_slices_the_split(tiny_tfds):  # noqa: F811
+    train, val = tfdata.pipeline(NAME, data_dir=tiny_tfds, batch_size=5, validation_split=0.25)
+    pixels = lambda ds: [int(v) for x, _ in ds for v in x[:, 0, 0, 0]]  # noqa: E731
+    train_ids, val_ids = pixels(train), pixels(val)
+    assert len(train_ids) == 30 and len(val_ids) == 10
+    assert sorted(train_ids + val_ids) == list(range(40)) and pixels(val) == val_ids
+    with pytest.raises(ValueError, match=r"Conflicting arguments: split='train\[:50%\]' and "):
+        tfdata.pipeline(
+            NAME, data_dir=tiny_tfds, split="train[:50%]", batch_size=5, validation_split=0.2
+        )
+
+
+def test_batch_map_fn_runs_on_batches_before_batch_augment_fn_and_on_validation():
+    def batch_map(x, y):
+        return x * 10.0, y
+
+    def batch_augment(x, y):
+        return x + 1.0, y
+
+    train, val = tfdata.pipeline(
+        _xy(12),
+        batch_size=4,
+        shuffle=False,
+        batch_map_fn=batch_map,
+        batch_augment_fn=batch_augment,
+        validation_split=1 / 3,
+    )
+    x, y = next(iter(train))
+    np.testing.assert_allclose(x[:, 0], y.numpy() * 10.0 + 1.0)  # map, then augment
+    x, y = next(iter(val))
+    np.testing.assert_allclose(x[:, 0], y.numpy() * 10.0)  # map only
+    with pytest.raises(TypeError, match=r"`batch_map_fn`.*batch_map_fn\(c0, c1\)"):
+        tfdata.pipeline(_xy(8), batch_size=4, batch_map_fn=lambda x: x)
+    with pytest.raises(TypeError, match=r"Invalid type for argument `batch_map_fn`"):
+        tfdata.pipeline(_xy(8), batch_size=4, batch_map_fn="lowercase")

@@ -524,7 +524,8 @@ def _check_validation_split(value: Any) -> float | None:
         return None
     if not is_number(value):
         raise invalid_type("validation_split", value, _VALIDATION_SPLIT)
-    number = float(value)
+    # A NumPy float as the user wrote it: np.float32(0.2) is 0.2, not 0.20000000298.
+    number = float(str(value)) if isinstance(value, np.floating) else float(value)
     if not math.isfinite(number) or not 0.0 < number < 1.0:
         raise invalid_value("validation_split", value, _VALIDATION_SPLIT)
     return number
