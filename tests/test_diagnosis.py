@@ -1033,6 +1033,7 @@ def test_noise_straddling_the_threshold_is_inconclusive_and_without_noise_it_is_
     assert "input-bound: inconclusive (noise" in text and "3% to 7%" in text, text
     assert noisy.finding("input_bound") is None
     assert any("too noisy to call" in n for n in noisy.notes)
+    assert "Nothing to change" not in text and "No clear finding" in text
 
     _ScriptedSteps(monkeypatch, device_s=0.1, real_s=0.108)
     steady = tfgpu.diagnose(_heavy_model(), _piped_slowly(), **FAST)

@@ -298,7 +298,9 @@ class Diagnosis:
         ):
             if is_finite_number(self.monitor.get(key)):
                 lines.append(f"  {key}: {self.monitor[key]:.1f}")
-        if not self.findings:
+        if not self.findings and self.bottleneck == "inconclusive":
+            lines.append("No clear finding: the measurements were too noisy (see the notes).")
+        elif not self.findings:
             lines.append("No findings: the device is the limit. Nothing to change.")
         for i, f in enumerate(self.findings, 1):
             gain = ""
