@@ -16,8 +16,6 @@ from tfgpu import data as tfdata
 from tfgpu._datasets import made_by_pipeline, source_batches
 from tfgpu.data import _decide, _Facts
 
-from .test_data_tfds import NAME, tiny_tfds  # noqa: F401 - the prepared TFDS fixture
-
 N = 64
 
 
@@ -1134,15 +1132,47 @@ def test_validation_side_is_cached_not_repeated_and_distributed_too(tmp_path, mi
     assert val.element_spec == train.element_spec
 
 
-def test_validation_split_with_a_tfds_name_slices_the_split(tiny_tfds):  # noqa: F811
-    train, val = tfdata.pipeline(NAME, data_dir=tiny_tfds, batch_size=5, validation_split=0.25)
+@pytest.fixture(scope="module")
+def split_tfds(tmp_path_factory):
+    """A TFDS dataset prepared here: 40 train 4x4 images, image i is flat at level i."""
+    tfds = pytest.importorskip("tensorflow_datasets")
+
+    class TfgpuSplitDigits(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return self.dataset_info_from_configs(
+                features=tfds.features.FeaturesDict(
+                    {
+                        "image": tfds.features.Image(shape=(4, 4, 1)),
+                        "label": tfds.features.ClassLabel(num_classes=2),
+                    }
+                ),
+                supervised_keys=("image", "label"),
+            )
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples()}
+
+        def _generate_examples(self):
+            for i in range(40):
+                yield i, {"image": np.full((4, 4, 1), i, np.uint8), "label": i % 2}
+
+    data_dir = tmp_path_factory.mktemp("tfds_split")
+    TfgpuSplitDigits(data_dir=str(data_dir)).download_and_prepare()
+    return data_dir
+
+
+def test_validation_split_with_a_tfds_name_slices_the_split(split_tfds):
+    name = "tfgpu_split_digits"
+    train, val = tfdata.pipeline(name, data_dir=split_tfds, batch_size=5, validation_split=0.25)
     pixels = lambda ds: [int(v) for x, _ in ds for v in x[:, 0, 0, 0]]  # noqa: E731
     train_ids, val_ids = pixels(train), pixels(val)
     assert len(train_ids) == 30 and len(val_ids) == 10
     assert sorted(train_ids + val_ids) == list(range(40)) and pixels(val) == val_ids
     with pytest.raises(ValueError, match=r"Conflicting arguments: split='train\[:50%\]' and "):
         tfdata.pipeline(
-            NAME, data_dir=tiny_tfds, split="train[:50%]", batch_size=5, validation_split=0.2
+            name, data_dir=split_tfds, split="train[:50%]", batch_size=5, validation_split=0.2
         )
 
 

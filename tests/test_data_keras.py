@@ -154,6 +154,7 @@ def test_text_classifier_with_batch_map_fn(text_dir):
     x, y = next(iter(train))
     assert x.shape == (20, SEQUENCE) and x.dtype == tf.int64 and y.shape == (20,)
 
+    # In a fixed order (class by class: the split's mechanics, not a recipe; see the next test).
     examples = _texts(text_dir, batch_size=None, shuffle=False)
     train, val = tfdata.pipeline(
         examples, batch_size=4, validation_split=0.2, batch_map_fn=vectorize_text
@@ -273,3 +274,25 @@ def test_every_structure_keras_accepts_reaches_fit_unchanged(name):
     model.compile("sgd", loss)
     history = model.fit(train, validation_data=val, epochs=1, verbose=0)
     assert np.isfinite(history.history["val_loss"][0])
+
+
+def test_the_text_recipe_of_the_docs(text_dir):
+    """docs/data.md, "Text": the loader splits (every class on both sides), tfgpu vectorizes."""
+    raw_train, raw_val = keras.utils.text_dataset_from_directory(
+        text_dir, batch_size=None, validation_split=0.2, subset="both", seed=1337, verbose=False
+    )
+    vectorize_layer = keras.layers.TextVectorization(
+        max_tokens=100, output_mode="int", output_sequence_length=SEQUENCE
+    )
+    vectorize_layer.adapt(raw_train.map(lambda text, label: text).batch(256))
+
+    def vectorize_text(text, label):
+        text = tf.expand_dims(text, -1)
+        return vectorize_layer(text), label
+
+    train = tfdata.pipeline(raw_train, batch_size=4, batch_map_fn=vectorize_text)
+    val = tfdata.pipeline(raw_val, batch_size=4, batch_map_fn=vectorize_text, shuffle=False)
+    assert int(train.cardinality()) == 4 and int(val.cardinality()) == 1
+    assert sorted(int(v) for _, y in val for v in y) == sorted(int(y) for _, y in raw_val)
+    history = _text_model().fit(train, validation_data=val, epochs=1, verbose=0)
+    assert {"loss", "val_loss"} <= set(history.history)

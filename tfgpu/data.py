@@ -593,8 +593,9 @@ def _refuse_dataset_split(reason: str, validation_split: float) -> ValueError:
         "examples come in the same order every pass, and a known number of them. Split with "
         "the loader instead, e.g. `train_ds, val_ds = keras.utils.image_dataset_from_directory("
         f'..., validation_split={validation_split}, subset="both", seed=1337)` and a '
-        "`tfgpu.data.pipeline(...)` for each (validation with shuffle=False), or load it with "
-        "shuffle=False."
+        "`tfgpu.data.pipeline(...)` for each (validation with shuffle=False); or load it with "
+        "shuffle=False, if its order is already mixed (a class-folder loader lists files class "
+        "by class, so its last examples would all be of the last class)."
     )
 
 
@@ -1153,8 +1154,10 @@ def pipeline(
             validation; `pipeline` then returns `(train, validation)`. Arrays: the last
             fraction, as Keras `fit(validation_split=)` takes it (`floor(n * (1 - split))`
             examples train). A dataset passed in: its last fraction, when its size is known
-            and its order is the same every pass (a Keras loader needs `shuffle=False`, or
-            its own `validation_split=..., subset="both"`). TFRecord files: the records whose
+            and its order is the same every pass (the training pipeline is then
+            deterministic too; for a Keras loader use its own `validation_split=...,
+            subset="both"`: with `shuffle=False` it lists files class by class, so the last
+            fraction would be the last class). TFRecord files: the records whose
             hash falls in the fraction (about that share, the same in every epoch, file order
             and worker). A TFDS name: the split sliced by counts (`split` must not be sliced
             already). Defaults to None: no split, one dataset is returned.
