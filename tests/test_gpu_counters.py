@@ -62,6 +62,13 @@ def test_small_kernels_and_its_fix_with_and_without_the_model():
     fix = gc.small_kernels_fix(32, 2, 16, True)
     assert "now 32" in fix and "steps_per_execution=16)` (now 2)" in fix
     assert "XLA is already on" in fix
+    # A knob its own probe measured as no faster is never advised.
+    idle = gc.small_kernels_fix(32, 1, 16, False, measured_no_gain=frozenset({"jit_compile"}))
+    assert "jit_compile" not in idle and "steps_per_execution=16" in idle
+    idle = gc.small_kernels_fix(
+        32, 1, 16, False, measured_no_gain=frozenset({"steps_per_execution"})
+    )
+    assert "steps_per_execution" not in idle and "jit_compile=True" in idle
     assert gc.small_kernels(_c(util_pct_mean=79.9, sm_active_pct_mean=30.0)) is None
     assert gc.small_kernels(_c(util_pct_mean=95.0, sm_active_pct_mean=50.0)) is None
     assert gc.small_kernels(_c(util_pct_mean=95.0, sm_active_pct_mean=NAN)) is None

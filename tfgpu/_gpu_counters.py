@@ -194,25 +194,34 @@ def small_kernels_fix(
     steps_per_execution: int | None = None,
     suggested_steps_per_execution: int | None = None,
     jit_compile: bool | None = None,
+    *,
+    measured_no_gain: frozenset[str] = frozenset(),
 ) -> str:
-    """The small-kernels fix, with what the caller knows of the model (None: unknown)."""
+    """The small-kernels fix, with what the caller knows of the model (None: unknown).
+
+    `measured_no_gain` names the knobs (`"steps_per_execution"`, `"jit_compile"`) that a probe
+    on this model measured as no faster: they are left out, never advised.
+    """
     batch = f"now {batch_size}" if batch_size else "per replica"
-    if suggested_steps_per_execution:
-        now = f" (now {steps_per_execution})" if steps_per_execution else ""
-        spe = f"`model.compile(..., steps_per_execution={suggested_steps_per_execution})`{now}"
-    else:
-        spe = "a larger `steps_per_execution` in `model.compile(...)`"
-    xla = (
-        "XLA is already on (`jit_compile=True`): look for ops it cannot fuse"
-        if jit_compile
-        else "`model.compile(..., jit_compile=True)`: XLA fuses small element-wise kernels "
-        "into fewer, larger ones"
-    )
-    return (
+    parts = [
         f"A larger `batch_size` ({batch}; `tfgpu.find_batch_size(model, data)` finds the "
-        "largest that fits, and scale the learning rate with `tfgpu.scale_learning_rate`); "
-        f"{spe} so kernels are queued back to back; {xla}."
-    )
+        "largest that fits, and scale the learning rate with `tfgpu.scale_learning_rate`)"
+    ]
+    if "steps_per_execution" not in measured_no_gain:
+        if suggested_steps_per_execution:
+            now = f" (now {steps_per_execution})" if steps_per_execution else ""
+            spe = f"`model.compile(..., steps_per_execution={suggested_steps_per_execution})`{now}"
+        else:
+            spe = "a larger `steps_per_execution` in `model.compile(...)`"
+        parts.append(f"{spe} so kernels are queued back to back")
+    if jit_compile:
+        parts.append("XLA is already on (`jit_compile=True`): look for ops it cannot fuse")
+    elif "jit_compile" not in measured_no_gain:
+        parts.append(
+            "`model.compile(..., jit_compile=True)`: XLA fuses small element-wise kernels into "
+            "fewer, larger ones"
+        )
+    return "; ".join(parts) + "."
 
 
 def small_kernels(c: Counters, fix: str | None = None) -> CounterFinding | None:

@@ -692,19 +692,17 @@ def _counter_findings(
     )
     idle = counters.tensor_cores_idle(c) if tensor_gpu else None
     if idle is not None:
-        findings.append(_tensor_idle_finding(f, idle))
+        findings.append(_tensor_idle_finding(f, idle, xla_no_gain))
     fix = counters.small_kernels_fix(
         f.batch_size,
         f.steps_per_execution,
         max(PROBE_STEPS_PER_EXECUTION, 4 * f.steps_per_execution),
         f.jit_compile,
+        measured_no_gain=frozenset(
+            (["steps_per_execution"] if spe_no_gain else [])
+            + (["jit_compile"] if xla_no_gain else [])
+        ),
     )
-    if spe_no_gain or (xla_no_gain and not f.jit_compile):  # never advise a knob measured idle
-        measured = (["steps_per_execution"] if spe_no_gain else []) + (
-            ["jit_compile=True"] if xla_no_gain and not f.jit_compile else []
-        )
-        parts = [p for p in fix.rstrip(".").split("; ") if not any(m in p for m in measured)]
-        fix = "; ".join(parts) + "."
     small = counters.small_kernels(c, fix)
     if small is not None:
         findings.append(_finding(small))
@@ -728,7 +726,9 @@ def _finding(found: counters.CounterFinding, detail: str | None = None, fix: str
     )
 
 
-def _tensor_idle_finding(f: _Facts, found: counters.CounterFinding) -> Finding:
+def _tensor_idle_finding(
+    f: _Facts, found: counters.CounterFinding, xla_no_gain: bool = False
+) -> Finding:
     mixed = f.policy in ("mixed_float16", "mixed_bfloat16")
     tf32_capable = all(tuple(cc) >= (8, 0) for cc in f.compute_capabilities)
     fixes = []
@@ -752,7 +752,8 @@ def _tensor_idle_finding(f: _Facts, found: counters.CounterFinding) -> Finding:
             f'mixed precision: `tfgpu.configure(precision="{choice}")` before building the '
             "model" + ("" if tf32_capable else " (float32 never uses tensor cores before Ampere)")
         )
-    fixes.append(counters.ELEMENTWISE_FIX)
+    if not xla_no_gain:  # never advise what its own probe measured as no gain
+        fixes.append(counters.ELEMENTWISE_FIX)
     return _finding(
         found,
         f"{found.measured} under the {f.policy} policy: {found.meaning}."
