@@ -186,10 +186,22 @@ def test_a_batch_function_passed_as_map_fn_is_refused(text_dir, length):
         tfdata.pipeline(_texts(text_dir), map_fn=vectorize_text)
 
 
-def test_a_leading_dimension_of_one_is_refused():
-    source = (np.array([b"a", b"b"]), np.array([0, 1]))
-    with pytest.raises(ValueError, match=r"`map_fn`.*shape \(1, 3\).*batch_map_fn"):
-        tfdata.pipeline(source, batch_size=2, map_fn=lambda s, y: (tf.zeros((1, 3)), y))
+def test_a_leading_dimension_of_one_is_refused_unless_it_is_one_example_s_own():
+    source = (np.array([b"ab", b"c"]), np.array([0, 1]))
+
+    def lengths(s, y):  # written for batches: (batch,) strings -> (batch, 1, 1)
+        return tf.expand_dims(tf.strings.length(tf.expand_dims(s, -1)), -1), y
+
+    with pytest.raises(ValueError, match=r"`map_fn`.*lengths.*shape \(1, 1\).*batch_map_fn"):
+        tfdata.pipeline(source, batch_size=2, map_fn=lengths)
+
+    def channels_first(s, y):  # one example: a (1, 2, 1) channels-first image
+        return tf.reshape(tf.cast(tf.io.decode_raw(s, tf.uint8)[:2], tf.float32), (1, 2, 1)), y
+
+    ds = tfdata.pipeline(
+        (np.array([b"ab", b"cd"]), np.array([0, 1])), batch_size=2, map_fn=channels_first
+    )
+    assert next(iter(ds))[0].shape == (2, 1, 2, 1)
 
 
 def _jpegs(n=6):

@@ -618,11 +618,12 @@ def _label(fn: Callable) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
-def _written_for_batches(fn: Callable, spec: Any) -> bool:
-    """Whether `fn` also traces on a batch of 3 examples (a function written for batches).
+def _on_a_batch(fn: Callable, spec: Any) -> dict[str, Any] | None:
+    """What `fn` returns when traced on a batch of 3 examples: {path: spec}, or None.
 
     Functions written for one example (decode_jpeg, parse_single_example) fail to trace on a
-    vector of records; a batch function (`TextVectorization` after `expand_dims`) does not.
+    vector of records (None); a function written for batches (`TextVectorization` after
+    `expand_dims`) returns leaves whose first dimension follows the batch (3 or unknown).
     """
 
     def batched(s: Any) -> Any:
@@ -633,10 +634,14 @@ def _written_for_batches(fn: Callable, spec: Any) -> bool:
     args = tf.nest.map_structure(batched, spec)
     args = args if type(args) is tuple else (args,)
     try:
-        tf.function(lambda *a: fn(*a), autograph=False).get_concrete_function(*args)
+        function = tf.function(lambda *a: fn(*a), autograph=False)
+        outputs = function.get_concrete_function(*args).structured_outputs
     except Exception:
-        return False
-    return True
+        return None
+    specs = tf.nest.map_structure(
+        lambda t: tf.TensorSpec(t.shape, t.dtype) if isinstance(t, tf.Tensor) else t, outputs
+    )
+    return dict(_flatten_with_paths("element", specs))
 
 
 def _unknown_size(spec: Any) -> bool:
@@ -670,10 +675,15 @@ def _check_map_output(map_fn: Callable, spec_in: Any, spec_out: Any) -> bool:
         and b.shape.rank >= 2
         and b.shape[0] in (1, None)
     ]
-    if any(b.shape[0] is None for _, _, b in suspects) and not _written_for_batches(
-        map_fn, spec_in
-    ):
-        suspects = [s for s in suspects if s[2].shape[0] == 1]
+    if suspects:  # a batch of one, unless the function fails on a batch or keeps the 1
+        probe = _on_a_batch(map_fn, spec_in) or {}
+        suspects = [
+            (p, a, b)
+            for p, a, b in suspects
+            if isinstance(probe.get(p), tf.TensorSpec)
+            and probe[p].shape.rank
+            and probe[p].shape[0] != 1
+        ]
     if suspects:
         path, a, b = suspects[0]
         shape = tuple(b.shape.as_list())
