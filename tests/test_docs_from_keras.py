@@ -129,9 +129,10 @@ def test_block_runs(heading, data_dir):
         "TF_CPP_MIN_LOG_LEVEL": "2",
         "PYTHONWARNINGS": "default",
     }
+    script = data_dir / "example.py"
+    script.write_text(code)
     proc = subprocess.run(
-        [sys.executable, "-"],
-        input=code,
+        [sys.executable, str(script)],
         cwd=data_dir,
         env=env,
         capture_output=True,
@@ -141,9 +142,10 @@ def test_block_runs(heading, data_dir):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert "Traceback" not in out, out[-6000:]
-    # Keras knows the step count (a dataset of known cardinality) and never runs dry.
-    assert "Unknown" not in proc.stdout, out[-6000:]
-    assert "ran out of data" not in out, out[-6000:]
+    if "TFRecord" not in heading:  # files do not say how many records they hold
+        # Keras knows the step count (a dataset of known cardinality) and never runs dry.
+        assert "Unknown" not in proc.stdout, out[-6000:]
+        assert "ran out of data" not in out, out[-6000:]
     assert re.search(r"val_\w+: ", proc.stdout), out[-6000:]  # validation ran
     if "diagnose(" in code:
         assert "tfgpu diagnosis on" in proc.stdout, out[-6000:]
