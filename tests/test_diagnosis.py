@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import keras
 import numpy as np
@@ -1039,6 +1040,19 @@ def test_noise_straddling_the_threshold_is_inconclusive_and_without_noise_it_is_
     steady = tfgpu.diagnose(_heavy_model(), _piped_slowly(), **FAST)
     assert (steady.input_bound, steady.bottleneck) == ("moderate", "input"), str(steady)
     assert len(steady.measurements["rounds"]) == 3 and steady.noise == 0
+
+
+def test_a_noisy_wait_the_pipeline_cannot_cause_is_not_input_bound():
+    # The MNIST case on a loaded machine: rounds give 0% to 7% of a 45 ms step, but the
+    # pipeline alone makes a batch in 0.6 ms; even at half speed it cannot cost 5%.
+    rounds = [(0.043, 0.043), (0.042, 0.0452), (0.044, 0.0441), (0.043, 0.0465)]
+    noisy = _facts(step_time_s=0.045, compute_step_time_s=0.043, rounds=rounds)
+    assert _classify(replace(noisy, input_batch_time_s=0.0006))[:2] == ("compute", "no")
+    # A pipeline slow enough to cost that much leaves the noise undecided.
+    assert _classify(replace(noisy, input_batch_time_s=0.004))[:2] == (
+        "inconclusive",
+        "inconclusive",
+    )
 
 
 def test_a_probe_measured_at_1_015x_is_recommended_nowhere(monkeypatch):
