@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import tfgpu
+import tfgpu.diagnosis as diagnosis_module
 from tfgpu.diagnosis import (
     Diagnosis,
     _classify,
@@ -1219,3 +1220,35 @@ def test_an_inconclusive_run_without_findings_does_not_say_nothing_to_change():
     text = str(d)
     assert "inconclusive (noise 40%: 0% to 40%)" in text
     assert "Nothing to change" not in text and "No clear finding" in text
+
+
+def test_a_fit_cut_before_a_timed_step_is_no_measurement():
+    # The deadline has passed: the fit stops after its first call, a warm-up (tracing) call,
+    # whose time is not a step time. A probe cut that way records no round, not "slower".
+    model = _tiny_model()
+    data = tf.data.Dataset.from_tensor_slices((X[:64], Y[:64])).batch(16).repeat()
+    assert diagnosis_module._fit_step_time(model, data, 5, 2, deadline=0.0) is None
+    assert diagnosis_module._fit_step_time(model, data, 5, 2) > 0
+    spent = diagnosis_module._Budget(0.0)
+    rounds, stopped = diagnosis_module._compare(
+        model, data, 5, 2, {"steps_per_execution": 4}, budget=spent
+    )
+    assert (rounds, stopped) == ([], "budget")
+    assert int(model.steps_per_execution) == 1  # put back
+
+
+def test_fewer_rounds_than_the_minimum_cannot_tell_the_noise():
+    one = diagnosis_module._share_verdict([(0.1, 0.2)])
+    assert one["level"] == "inconclusive" and one["rounds"] == 1
+    three = diagnosis_module._share_verdict([(0.1, 0.2)] * 3)
+    assert three["level"] == "high"
+
+
+def test_full_batches_with_an_unknown_batch_dimension_do_not_change_shape():
+    full = tf.data.Dataset.from_tensor_slices(X[:64]).batch(16)  # 4 full batches, spec (None, 256)
+    assert diagnosis_module._shape_facts(full) == (None, False)
+    partial = tf.data.Dataset.from_tensor_slices(X[:60]).batch(16)
+    assert diagnosis_module._shape_facts(partial) == ("(None, 256)", True)
+    ragged_text = tf.data.Dataset.from_tensor_slices(np.zeros((64, 7), "int64")).batch(16)
+    padded = ragged_text.map(lambda t: tf.pad(t, [[0, 0], [0, tf.shape(t)[0] % 3]]))
+    assert diagnosis_module._shape_facts(padded)[0] == "(None, None)"

@@ -85,7 +85,6 @@ LOSS_SCALE_MAX_HALVINGS = 4
 # interval of the median (order statistics, binomial coverage >= `CONFIDENCE`) lies on one side
 # of every threshold, or the time budget is spent.
 _MIN_ROUNDS = 3
-_ROUNDS = _MIN_ROUNDS
 _MAX_ROUNDS = 12
 _PROBE_MAX_ROUNDS = 7
 CONFIDENCE = 0.90
@@ -356,7 +355,8 @@ def _share_verdict(rounds: list[tuple[float, float]]) -> dict[str, Any]:
 
     Each round (device-resident step, real step) gives a wait and its share of the step. The
     level is decided at both ends of the median's confidence interval (of the share and of
-    the wait); when they differ, the rounds cannot tell the level: `"inconclusive"`.
+    the wait); when they differ, the rounds cannot tell the level: `"inconclusive"`. Fewer
+    than `_MIN_ROUNDS` rounds (the budget ran out) cannot tell the noise: `"inconclusive"` too.
 
     Returns:
         dict with `level`, `share` (median), `wait_s` (median), `low`, `high` (the share's
@@ -368,9 +368,10 @@ def _share_verdict(rounds: list[tuple[float, float]]) -> dict[str, Any]:
     wait_low, wait_high, _ = _median_interval(waits)
     at_low, at_high = _input_level(low, wait_low), _input_level(high, wait_high)
     return {
-        "level": at_low if at_low == at_high else "inconclusive",
+        "level": at_low if at_low == at_high and len(rounds) >= _MIN_ROUNDS else "inconclusive",
         "share": statistics.median(shares),
         "wait_s": statistics.median(waits),
+        "wait_low_s": wait_low,
         "low": low,
         "high": high,
         "confidence": confidence,
@@ -454,8 +455,10 @@ def _classify(f: _Facts) -> tuple[str, str, float, list[Finding]]:
     if f.rounds:
         verdict = _share_verdict(f.rounds)
         level, share, wait = verdict["level"], verdict["share"], verdict["wait_s"]
+        wait_low = verdict["wait_low_s"]
     else:
         wait, share = _wait_and_share(f.compute_step_time_s, f.step_time_s)
+        wait_low = wait
         level = _input_level(share, wait)
     spe_gain, spe_low, _ = _probe_gain(
         f.spe_rounds, f.spe_baseline_step_time_s or f.compute_step_time_s, f.spe_probe_step_time_s
@@ -466,14 +469,14 @@ def _classify(f: _Facts) -> tuple[str, str, float, list[Finding]]:
     )
     xla_no_gain = xla_gain is not None and not xla_low >= XLA_MIN_GAIN
 
-    # A finding must agree with the figures it prints: a wait far longer than the pipeline
-    # takes to make a batch is not the pipeline's doing...
+    # A finding must agree with the figures it prints. The most the pipeline can add to a
+    # step is about its own time per batch (measured far more steadily than a difference of
+    # two step times): a wait above that in every round is not the pipeline's doing...
     most_input_can_cost = WAIT_UNEXPLAINED_FACTOR * f.input_batch_time_s + INPUT_WAIT_MIN_S
-    unexplained = level != "no" and wait > most_input_can_cost
-    # ...and a noisy wait cannot be the input's when even the most the pipeline can cost is
-    # under the moderate threshold (its own time per batch is measured far more steadily).
+    unexplained = level != "no" and wait_low > most_input_can_cost
+    # ...and a wait within it is the input's only if that most is itself a moderate share.
     if (
-        level == "inconclusive"
+        level != "no"
         and not unexplained
         and f.step_time_s > 0
         and _input_level(most_input_can_cost / f.step_time_s) == "no"
@@ -1183,17 +1186,17 @@ class _Timer(keras.callbacks.Callback):
 
 def _fit_step_time(
     model, dataset, steps: int, warmup: int, deadline=None, timed_limit_s=None
-) -> float:
+) -> float | None:
     """Seconds per training step from `fit`, the median over calls after warm-up.
 
-    Stopped at `deadline` (or `timed_limit_s` after the warm-up): the median uses the calls
-    that ran (the warm-up ones too when fewer than two timed calls ran).
+    Stopped at `deadline` (or `timed_limit_s` after the warm-up): the median uses the timed
+    calls that ran. None when the deadline came before one timed call: a time from warm-up
+    calls (tracing, compiling) is not a step time.
     """
     spe = max(1, int(model.steps_per_execution))
     calls_warm = max(2, math.ceil(warmup / spe))
     calls_timed = max(6, math.ceil(steps / spe))
     timer = _Timer(calls_warm, deadline, timed_limit_s)
-    start = time.perf_counter()
     model.fit(
         dataset,
         epochs=1,
@@ -1203,11 +1206,8 @@ def _fit_step_time(
         callbacks=[timer],
     )
     model.stop_training = False
-    times = timer.times[calls_warm - 1 :] if len(timer.times) > calls_warm else timer.times
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    if not gaps:  # one call ran: its whole time (tracing included) is all there is
-        return ((times[-1] if times else time.perf_counter()) - start) / spe
-    return statistics.median(gaps) / spe
+    gaps = [b - a for a, b in itertools.pairwise(timer.times[calls_warm - 1 :])]
+    return statistics.median(gaps) / spe if gaps else None
 
 
 @dataclass
@@ -1225,9 +1225,6 @@ class _Budget:
     def left(self) -> float:
         deadline = self.deadline
         return math.inf if deadline is None else deadline - _now()
-
-    def spent_share(self) -> float:
-        return 0.0 if self.seconds is None else (_now() - self.start) / self.seconds
 
 
 def _compare(
@@ -1278,6 +1275,9 @@ def _compare(
                     model, dataset, steps, warmup, deadline=budget.deadline, timed_limit_s=limit
                 )
                 functions[name] = model.train_function
+            if times["base"] is None or times["variant"] is None:  # cut before a timed step
+                stopped = "budget"
+                break
             rounds.append((times["base"], times["variant"]))
             if base_timed_s is None:
                 base_timed_s = times["base"] * max(6, steps) + 1.0
@@ -1572,22 +1572,17 @@ def _device_dataset(batch, on_gpu: bool):
 
 
 def _shape_facts(ds) -> tuple[str | None, bool]:
-    """(a batch component's shape with `None` dims, as text, or None; whether batches differ
-    in size: a partial last batch, no `drop_remainder`)."""
-    dynamic = None
-    for leaf in tf.nest.flatten(ds.element_spec):
-        shape = getattr(leaf, "shape", None)
-        if shape is not None and shape.rank and any(d is None for d in shape.as_list()):
-            dynamic = "(" + ", ".join("None" if d is None else str(d) for d in shape.as_list())
-            dynamic += ",)" if shape.rank == 1 else ")"
-            break
+    """(a batch component's shape that changes from batch to batch, as text, or None; whether
+    batches differ in size: a partial last batch, no `drop_remainder`).
+
+    A `None` batch dimension alone does not change shapes when every batch is full.
+    """
     try:
         batches, _ = source_batches(ds)
     except Exception:
         batches = None
     partial = bool(
-        dynamic
-        and batches is not None
+        batches is not None
         and not batches.drop_remainder
         and (
             batches.num_examples is None
@@ -1595,7 +1590,17 @@ def _shape_facts(ds) -> tuple[str | None, bool]:
             or batches.num_examples % batches.batch_size != 0
         )
     )
-    return dynamic, partial
+    dynamic = None
+    for leaf in tf.nest.flatten(ds.element_spec):
+        shape = getattr(leaf, "shape", None)
+        if shape is None or not shape.rank:
+            continue
+        dims = shape.as_list()
+        if any(d is None for d in dims[1:]) or (dims[0] is None and partial):
+            dynamic = "(" + ", ".join("None" if d is None else str(d) for d in dims)
+            dynamic += ",)" if shape.rank == 1 else ")"
+            break
+    return dynamic, partial and dynamic is not None
 
 
 def _host_load() -> float | None:
@@ -1867,7 +1872,9 @@ def diagnose(
             tf.config.experimental.reset_memory_stats(mem_device)
         except Exception:
             pass
-        compute = _fit_step_time(model, device_ds, steps, warmup, budget.deadline)
+        # The first pair (this and the first real run) always runs in full, whatever the
+        # budget: a diagnosis needs one step time of each.
+        compute = _fit_step_time(model, device_ds, steps, warmup)
         try:
             peak = int(tf.config.experimental.get_memory_info(mem_device)["peak"])
         except Exception:
@@ -1915,7 +1922,11 @@ def diagnose(
                         if rounds_until is not None and _now() >= rounds_until:
                             break
                     compute = _fit_step_time(model, device_ds, steps, warmup, budget.deadline)
-                real = _fit_step_time(model, repeated, steps, warmup, budget.deadline)
+                real = _fit_step_time(
+                    model, repeated, steps, warmup, budget.deadline if i > 0 else None
+                )
+                if compute is None or real is None:  # the budget ran out before a timed step
+                    break
                 rounds.append((compute, real))
             if len(rounds) < _MIN_ROUNDS:
                 notes.append(
@@ -2069,13 +2080,16 @@ def diagnose(
     notes += _unseen(f)
     verdict = _share_verdict(rounds)
     wait = verdict["wait_s"]
-    noise = verdict["high"] - verdict["low"]
-    measurements["noise"] = {
-        "low": verdict["low"],
-        "high": verdict["high"],
-        "confidence": verdict["confidence"],
-        "rounds": verdict["rounds"],
-    }
+    noise = None
+    measurements["noise"] = None
+    if verdict["rounds"] >= _MIN_ROUNDS:  # fewer rounds cannot tell the noise
+        noise = verdict["high"] - verdict["low"]
+        measurements["noise"] = {
+            "low": verdict["low"],
+            "high": verdict["high"],
+            "confidence": verdict["confidence"],
+            "rounds": verdict["rounds"],
+        }
     if verdict["level"] == "inconclusive" and level == "no":
         notes.append(
             f"input wait between {verdict['low']:.0%} and {verdict['high']:.0%} of the step "
@@ -2083,7 +2097,11 @@ def diagnose(
             f"{f.input_batch_time_s * 1e3:.2f} ms: even at half that speed it could not hold "
             f"back {INPUT_BOUND_MODERATE:.0%} of a {real * 1e3:.2f} ms step, so not input-bound"
         )
-    elif level == "inconclusive" and all(x.kind != "input_wait_unexplained" for x in findings):
+    elif (
+        level == "inconclusive"
+        and verdict["rounds"] >= _MIN_ROUNDS  # fewer: the budget note says why
+        and all(x.kind != "input_wait_unexplained" for x in findings)
+    ):
         notes.append(
             f"input wait between {verdict['low']:.0%} and {verdict['high']:.0%} of the step "
             f"over {verdict['rounds']} rounds ({verdict['confidence']:.0%} confidence): too "
