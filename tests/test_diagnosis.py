@@ -1136,7 +1136,7 @@ def test_a_probe_error_is_one_line(monkeypatch):
     assert "InvalidArgumentError: Detected unsupported operations" in note
     assert note.endswith("...)")
     assert "\n" not in "".join(diagnosis.notes)
-    from tfgpu.diagnosis import _one_line
+    from tfgpu._warnings import one_line as _one_line
 
     assert _one_line(ValueError("")) == "ValueError"
     assert _one_line(RuntimeError("plain message")) == "RuntimeError: plain message"

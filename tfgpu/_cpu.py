@@ -43,6 +43,7 @@ _DTYPES = {
     "float32": "fp32",
     "fp32": "fp32",
     "tf32": "fp32",
+    "float64": "fp32",  # half the float32 rate on vector units: float32's stays an upper bound
     "float16": "fp16",
     "fp16": "fp16",
     "mixed_float16": "fp16",

@@ -113,3 +113,28 @@ def forget(key: str | None = None) -> None:
             _shown.clear()
         else:
             _shown.discard(key)
+
+
+_NOISE_LINES = ("Traceback", "File ", "Detected at node", "Node:", "[[", "{{", "During handling")
+
+
+def one_line(error: BaseException, limit: int = 200) -> str:
+    """An exception as one line: its type and the first meaningful line of its message. Pure.
+
+    For notes and warnings that must never carry a traceback (a failed probe, a failed trace).
+
+    TensorFlow's messages start with "Graph execution error:" and a traceback of where the
+    node was defined; those lines are skipped for the first one that says what failed.
+    """
+    text = str(error)
+    lines = [line for line in text.splitlines() if line.strip()]
+    meaningful = [
+        line.strip()
+        for line in lines
+        if not line[:1].isspace()
+        and not line.strip().startswith(_NOISE_LINES)
+        and line.strip() not in ("Graph execution error:",)
+    ]
+    first = meaningful[0] if meaningful else (lines[0].strip() if lines else "")
+    out = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    return out if len(out) <= limit else out[: limit - 3].rstrip() + "..."

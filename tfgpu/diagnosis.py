@@ -53,9 +53,10 @@ from tfgpu._checks import (
     invalid_type,
     is_finite_number,
 )
-from tfgpu._datasets import chain_state, made_by_pipeline, source_batches
+from tfgpu._datasets import cardinality, chain_state, made_by_pipeline, source_batches
 from tfgpu._files import rotate, write_text_atomic
 from tfgpu._json import json_safe
+from tfgpu._warnings import one_line
 from tfgpu.batch_size import _prepare_model, _restore_state, _snapshot_state
 
 __all__ = ["Diagnosis", "Finding", "diagnose"]
@@ -401,29 +402,6 @@ def _probe_settled(rounds: list[tuple[float, float]], threshold: float) -> bool:
     """Whether a probe's ratio interval lies on one side of `threshold`. Pure."""
     _, low, high = _probe_gain(rounds, None, None)
     return low >= threshold or high < threshold
-
-
-_NOISE_LINES = ("Traceback", "File ", "Detected at node", "Node:", "[[", "{{", "During handling")
-
-
-def _one_line(error: BaseException, limit: int = 200) -> str:
-    """An exception as one line: its type and the first meaningful line of its message. Pure.
-
-    TensorFlow's messages start with "Graph execution error:" and a traceback of where the
-    node was defined; those lines are skipped for the first one that says what failed.
-    """
-    text = str(error)
-    lines = [line for line in text.splitlines() if line.strip()]
-    meaningful = [
-        line.strip()
-        for line in lines
-        if not line[:1].isspace()
-        and not line.strip().startswith(_NOISE_LINES)
-        and line.strip() not in ("Graph execution error:",)
-    ]
-    first = meaningful[0] if meaningful else (lines[0].strip() if lines else "")
-    out = f"{type(error).__name__}: {first}" if first else type(error).__name__
-    return out if len(out) <= limit else out[: limit - 3].rstrip() + "..."
 
 
 def _input_level(share: float, wait_s: float = math.inf) -> str:
@@ -1618,7 +1596,6 @@ def _warm_real(model, ds, repeated, budget: _Budget) -> None:
     Capped at 64 batches and by the budget; an infinite or unknown-length dataset is warmed
     by the timed runs' own warm-up only.
     """
-    from tfgpu._datasets import cardinality
 
     try:
         n = cardinality(ds)
@@ -1689,7 +1666,7 @@ def _flops(model, x, size, real, policy, gpu_name, ccs, on_gpu):
         flops = train_step_flops(model, size, input_signature=signature)
     except Exception as e:  # FLOP counting is a side feature
         # Its message may advise arguments of `train_step_flops`; diagnose takes none of them.
-        text = _one_line(e)
+        text = one_line(e)
         text = ". ".join(p for p in text.split(". ") if "input_signature" not in p)
         notes.append(f"FLOPs not counted: {text.rstrip('.')}")
         return None, None, None, notes
@@ -1885,7 +1862,7 @@ def diagnose(
             try:
                 train_step_ops = _train_step_ops(model, batch)
             except Exception as e:  # a side check: a note, not a crash
-                notes.append(f"train-step op placement not checked: {_one_line(e)}")
+                notes.append(f"train-step op placement not checked: {one_line(e)}")
 
         sampler = None
         if monitor and on_gpu:
@@ -1897,7 +1874,7 @@ def diagnose(
                 sampler = Sampler(interval=0.1, gpus=_sampler_gpus(None, _tf_gpu_positions()))
                 sampler.start()
             except Exception as e:  # side feature: never kill the diagnosis
-                notes.append(f"GPU monitor not started: {_one_line(e)}")
+                notes.append(f"GPU monitor not started: {one_line(e)}")
                 sampler = None
         rounds: list[tuple[float, float]] = []
         try:
@@ -1942,7 +1919,7 @@ def diagnose(
                     sampler.stop()
                     monitor_aggregate = sampler.aggregate()
                 except Exception as e:
-                    notes.append(f"GPU monitor failed: {_one_line(e)}")
+                    notes.append(f"GPU monitor failed: {one_line(e)}")
         if not on_gpu:
             notes.append("no GPU visible to TensorFlow: measured on the CPU, no GPU monitor")
         scale_after = _loss_scale(model)
@@ -1970,7 +1947,7 @@ def diagnose(
                     )
                     notes.extend(_probe_notes(spe_name, spe_rounds, stopped, time_budget_s))
                 except Exception as e:  # a probe never kills the diagnosis
-                    notes.append(f"{spe_name} not measured: {_one_line(e)}")
+                    notes.append(f"{spe_name} not measured: {one_line(e)}")
                     spe_rounds = []
         xla_rounds: list[tuple[float, float]] = []
         if check_xla:
@@ -2001,7 +1978,7 @@ def diagnose(
                     )
                     notes.extend(_probe_notes(xla_name, xla_rounds, stopped, time_budget_s))
             except Exception as e:  # XLA may not compile every op: one line, not a crash
-                notes.append(f"XLA not measured: {xla_name} failed ({_one_line(e)})")
+                notes.append(f"XLA not measured: {xla_name} failed ({one_line(e)})")
                 xla_rounds = []
             finally:
                 model.jit_compile = current
@@ -2023,7 +2000,7 @@ def diagnose(
                 finally:
                     tf.profiler.experimental.stop()
             except Exception as e:  # profiler errors should not be fatal
-                notes.append(f"profiler trace failed: {_one_line(e)}")
+                notes.append(f"profiler trace failed: {one_line(e)}")
                 profile_dir = None
     finally:
         _restore_state(model, snapshot)
@@ -2075,7 +2052,7 @@ def diagnose(
             f.tf32_enabled = bool(tf.config.experimental.tensor_float_32_execution_enabled())
             f.float32_layers, f.odd_dim_layers = _precision_layers(model)
         except Exception as e:  # side facts: a note, not a crash
-            notes.append(f"tensor-core facts not read: {_one_line(e)}")
+            notes.append(f"tensor-core facts not read: {one_line(e)}")
     bottleneck, level, share, findings = _classify(f)
     notes += _unseen(f)
     verdict = _share_verdict(rounds)

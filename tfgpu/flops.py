@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tfgpu._checks import check_int, invalid_type, invalid_value
+from tfgpu._warnings import one_line
 
 __all__ = ["mfu", "peak_flops", "train_step_flops"]
 
@@ -584,8 +585,7 @@ def _step_flops(model, batch_size: int, input_signature) -> float:
     forward = _counted(lambda x: model(x, training=False), specs, stacklevel=4)["total"]
     factor = 3.0 if model.trainable_variables else 1.0
     warnings.warn(
-        f"Could not trace the gradient of a training step ({type(reason).__name__}: "
-        f"{reason}); counting a step as {factor:g}x the forward pass, which overcounts "
+        f"Could not trace the gradient of a training step ({one_line(reason)}); counting a step as {factor:g}x the forward pass, which overcounts "
         "frozen layers.",
         stacklevel=3,
     )
