@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 import time
 import warnings
@@ -1036,11 +1037,12 @@ def test_validation_split_counts_are_checked_before_work(mirrored):
         match=r"gives 18 for training and 2 for validation.*global "
         r"batch of 4, so validation \(2 examples\) would yield no batch",
     ):
-        tfdata.pipeline(_xy(20), batch_size=4, strategy=mirrored, validation_split=0.1)
-    _, val = tfdata.pipeline(
-        _xy(20), batch_size=4, strategy=mirrored, validation_split=0.1, drop_remainder=False
-    )
-    assert int(val.cardinality()) == 1
+        tfdata.pipeline(
+            _xy(20), batch_size=4, strategy=mirrored, validation_split=0.1, drop_remainder=True
+        )
+    # drop_remainder left to the strategy's default: the validation side keeps partial batches
+    _, val = tfdata.pipeline(_xy(20), batch_size=4, strategy=mirrored, validation_split=0.1)
+    assert int(val.cardinality()) == 1 and _label_ids(val) == [18, 19]
 
 
 def test_validation_split_of_a_dataset_takes_its_last_examples():
@@ -1129,7 +1131,10 @@ def test_validation_side_is_cached_not_repeated_and_distributed_too(tmp_path, mi
         _xy(16), batch_size=4, strategy=mirrored, distribute=True, validation_split=0.25
     )
     assert all(isinstance(d, tf.distribute.DistributedDataset) for d in (train, val))
-    assert val.element_spec == train.element_spec
+    # the same structure; validation keeps its partial last batch (batch dimension unknown)
+    val_x = val.element_spec[0]._value_specs[0]
+    train_x = train.element_spec[0]._value_specs[0]
+    assert train_x.shape == (2, 4) and val_x.shape.as_list() == [None, 4]
 
 
 @pytest.fixture(scope="module")
@@ -1199,3 +1204,144 @@ def test_batch_map_fn_runs_on_batches_before_batch_augment_fn_and_on_validation(
         tfdata.pipeline(_xy(8), batch_size=4, batch_map_fn=lambda x: x)
     with pytest.raises(TypeError, match=r"Invalid type for argument `batch_map_fn`"):
         tfdata.pipeline(_xy(8), batch_size=4, batch_map_fn="lowercase")
+
+
+def test_validation_split_of_a_dataset_reading_files_is_sharded_by_example(
+    tmp_path, mirrored, monkeypatch
+):
+    """A file-reading dataset passed in: AUTO would become FILE, and take/skip would count
+    each worker's files; both sides are sharded by example (DATA) instead."""
+    _write_tfrecords(tmp_path)  # 4 files of 8 records, ids 0..31
+    files = sorted(str(f) for f in tmp_path.glob("part-*.tfrecord"))
+    monkeypatch.setattr(tfdata, "_num_workers", lambda strategy: 2)
+
+    def make():
+        source = tf.data.TFRecordDataset(files).map(_parse)
+        source = source.apply(tf.data.experimental.assert_cardinality(32))
+        return tfdata.pipeline(source, batch_size=2, strategy=mirrored, validation_split=0.25)
+
+    data = tf.data.experimental.AutoShardPolicy.DATA
+    assert all(d.options().experimental_distribute.auto_shard_policy == data for d in make())
+    trains, vals = [], []
+    for worker in range(2):
+        train, val = make()
+        trains.append(_label_ids(_validation_shard((None, train), 2, worker)))
+        vals.append(_label_ids(_validation_shard((None, val), 2, worker)))
+        assert trains[-1] and vals[-1] and not set(trains[-1]) & set(vals[-1])
+    assert sorted(trains[0] + trains[1]) == list(range(24))
+    assert sorted(vals[0] + vals[1]) == list(range(24, 32))
+
+
+def test_validation_side_of_a_dataset_is_cached_so_its_source_runs_once():
+    runs = tf.Variable(0, dtype=tf.int64)
+
+    def load(i):  # the source's own map: counts the examples it really produces
+        return tf.cast(i + 0 * runs.assign_add(1), tf.float32), i
+
+    source = tf.data.Dataset.range(50).map(load)
+    train, val = tfdata.pipeline(source, batch_size=5, validation_split=0.2)
+    assert _label_ids(val) == list(range(40, 50))
+    after_first = int(runs.numpy())
+    assert after_first == 50  # skip(40) runs the source's map on every training example
+    assert _label_ids(val) == list(range(40, 50))
+    assert int(runs.numpy()) == after_first  # the second pass reads the cache
+    assert sorted(_label_ids(train)) == list(range(40))  # the training side reads the source
+    assert int(runs.numpy()) == after_first + 40
+
+
+def _val_plan(facts=None, **kwargs):
+    facts = facts or _facts(kind="dataset", num_examples=None, has_map_fn=False)
+    plan = _decide(
+        facts,
+        batch_size=4,
+        per_replica_batch_size=None,
+        cache=kwargs.get("cache", "auto"),
+        shuffle=True,
+        shuffle_buffer=None,
+        drop_remainder=kwargs.get("drop_remainder"),
+        deterministic=None,
+        seed=None,
+        has_strategy=kwargs.get("has_strategy", True),
+        private_threadpool_size=0,
+    )
+    return tfdata._validation_plan(
+        plan,
+        facts,
+        cache=kwargs.get("cache", "auto"),
+        drop_remainder=kwargs.get("drop_remainder"),
+        num_examples=kwargs.get("num_examples", 100),
+        element_bytes=kwargs.get("element_bytes", 16),
+    )
+
+
+def test_validation_plan_keeps_partial_batches_and_caches_what_fits():
+    plan = _val_plan()
+    assert plan.drop_remainder is False and plan.shuffle_buffer is None and plan.deterministic
+    assert plan.cache == "memory"
+    assert _val_plan(drop_remainder=True).drop_remainder is True  # only when asked for
+    assert _val_plan(drop_remainder=False).drop_remainder is False
+    assert _val_plan(cache=False).cache is None
+    assert _val_plan(element_bytes=2**40).cache is None  # over the RAM budget
+    assert _val_plan(element_bytes=None, num_examples=2_000).cache == "memory"  # small by count
+    assert _val_plan(element_bytes=None, num_examples=2_001).cache is None
+    assert _val_plan(num_examples=None).cache is None  # TFRecord hash split: count unknown
+    random = _facts(kind="dataset", num_examples=None, map_fn_random_ops=("RandomUniform",))
+    assert _val_plan(random).cache is None
+    arrays = _facts(kind="memory", num_examples=100, has_map_fn=False)
+    assert _val_plan(arrays).cache is None  # already in memory
+    split = _facts(kind="dataset", num_examples=100, num_workers=2, split_by_position=True)
+    assert _plan(split).shard_policy == "DATA" and _plan(split).shuffle_seed is not None
+    assert _plan(_facts(kind="dataset", num_examples=100)).shard_policy == "AUTO"
+
+
+def test_validation_keeps_every_example_under_a_strategy(mirrored):
+    """MirroredStrategy drops partial training batches by default; validation keeps them."""
+    train, val = tfdata.pipeline(_xy(105), batch_size=4, strategy=mirrored, validation_split=0.2)
+    assert len(_label_ids(train)) == 84 and _label_ids(val) == list(range(84, 105))
+    _, val = tfdata.pipeline(_xy(105), batch_size=4, strategy=mirrored, validation_split=0.2)
+    dist = mirrored.experimental_distribute_dataset(val)
+    seen = [v for y in (b[1] for b in dist) for v in _ids(mirrored.experimental_local_results(y))]
+    assert sorted(seen) == list(range(84, 105))
+    _, val = tfdata.pipeline(
+        _xy(105), batch_size=4, strategy=mirrored, validation_split=0.2, drop_remainder=True
+    )
+    assert _label_ids(val) == list(range(84, 104))
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("map_fn", "one example"),
+        ("augment_fn", "one example"),
+        ("batch_map_fn", "one batch"),
+        ("batch_augment_fn", "one batch"),
+    ],
+)
+def test_function_arguments_say_what_they_are_called_on(name, expected):
+    with pytest.raises(TypeError, match=rf"`{name}`.*Received: {name}=1.*a function of {expected}"):
+        tfdata.pipeline(_xy(8), batch_size=4, **{name: 1})
+
+
+@pytest.mark.parametrize(
+    "name, returned, what",
+    [
+        ("map_fn", None, "example"),
+        ("augment_fn", None, "example"),
+        ("batch_map_fn", None, "batch"),
+        ("batch_augment_fn", (), "batch"),
+        ("map_fn", {}, "example"),
+    ],
+)
+def test_a_function_that_returns_nothing_is_named(name, returned, what):
+    def forgot_return(x, y):
+        x * 2.0
+
+        return returned
+
+    with pytest.raises(
+        TypeError,
+        match=rf"argument `{name}`\. Received: {name}=forgot_return, which returned "
+        rf"{re.escape(repr(returned))} on the {what} .*Expected a function that returns the "
+        rf"new {what}",
+    ):
+        tfdata.pipeline(_xy(8), batch_size=4, validation_split=0.5, **{name: forgot_return})

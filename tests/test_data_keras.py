@@ -308,3 +308,24 @@ def test_the_text_recipe_of_the_docs(text_dir):
     assert sorted(int(v) for _, y in val for v in y) == sorted(int(y) for _, y in raw_val)
     history = _text_model().fit(train, validation_data=val, epochs=1, verbose=0)
     assert {"loss", "val_loss"} <= set(history.history)
+
+
+def test_validation_under_mirrored_strategy_evaluates_every_example():
+    """Keras evaluates the validation side's partial last batch under MirroredStrategy: the
+    loss is the mean over all 21 validation examples, as on one device."""
+    x = np.linspace(-1.0, 1.0, 105, dtype=np.float32)[:, None]
+    y = 3.0 * x
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    train, val = tfdata.pipeline(
+        (x, y), batch_size=4, strategy=strategy, validation_split=0.2, shuffle=False
+    )
+    assert sum(int(tf.shape(b)[0]) for b, _ in val) == 21
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False)])
+        model.compile(loss="mse")
+    model.layers[0].set_weights([np.ones((1, 1), np.float32)])
+    history = model.fit(train, validation_data=val, epochs=1, verbose=0, shuffle=False)
+    weight = float(model.layers[0].get_weights()[0][0, 0])
+    expected = float(np.mean((weight * x[84:] - y[84:]) ** 2))
+    np.testing.assert_allclose(history.history["val_loss"][0], expected, rtol=1e-5)
+    np.testing.assert_allclose(model.evaluate(val, verbose=0), expected, rtol=1e-5)

@@ -499,12 +499,34 @@ def _check_arity(name: str, fn: Callable, spec: Any, what: str) -> None:
 
 
 def _map(ds: tf.data.Dataset, name: str, fn: Callable, deterministic: bool | None) -> Any:
-    """`ds.map(fn)` in parallel; an error while tracing `fn` says which argument it was."""
+    """`ds.map(fn)` in parallel; an error while tracing `fn` says which argument it was.
+
+    A function that returns nothing (None, or an empty tuple/dict: a missing `return`) is
+    refused with a `TypeError` naming the argument, instead of tf.data's "Length for attr
+    'output_types' of 0".
+    """
+    what = "batch" if name.startswith("batch_") else "example"
+    empty: list[Any] = []  # what `fn` returned when it returned nothing
+
+    def checked(*args: Any) -> Any:
+        out = fn(*args)
+        if out is None or not tf.nest.flatten(out):
+            empty.append(out)
+            return tf.constant(0)  # a placeholder so tracing ends; refused below
+        return out
+
     try:
-        return ds.map(fn, num_parallel_calls=_AUTOTUNE, deterministic=deterministic)
+        mapped = ds.map(checked, num_parallel_calls=_AUTOTUNE, deterministic=deterministic)
     except Exception as e:
         e.add_note(f"tfgpu.data.pipeline: raised while tracing `{name}` on {ds.element_spec}.")
         raise
+    if empty:
+        raise TypeError(
+            f"Invalid type for argument `{name}`. Received: {name}={_label(fn)}, which "
+            f"returned {empty[0]!r} on the {what} {ds.element_spec}. Expected a function that "
+            f"returns the new {what} (e.g. `return x, y`): is a `return` missing?"
+        )
+    return mapped
 
 
 # --------------------------------------------------------------------------------------------
@@ -538,9 +560,17 @@ def _split_counts(n: int, validation_split: float) -> tuple[int, int]:
 
 
 def _check_split_counts(
-    n: int, validation_split: float, global_batch: int | None, drop_remainder: bool
+    n: int,
+    validation_split: float,
+    global_batch: int | None,
+    drop_remainder: bool,
+    validation_drop_remainder: bool,
 ) -> tuple[int, int]:
-    """Raises ValueError when a side of the split has no example, or no full batch to keep."""
+    """Raises ValueError when a side of the split has no example, or no full batch to keep.
+
+    `drop_remainder` is the training side's, `validation_drop_remainder` the validation
+    side's (True only when the user passed `drop_remainder=True`).
+    """
     train, validation = _split_counts(n, validation_split)
     shown = (
         f"validation_split={validation_split} of {n} examples gives {train} for training "
@@ -552,11 +582,14 @@ def _check_split_counts(
             "split that leaves at least one example on each side: pass a validation_split "
             f"between {1 / n:.3g} and {1 - 1 / n:.3g}, or more data."
         )
-    if drop_remainder and global_batch:
+    if global_batch:
         short = [
             f"{side} ({count} examples)"
-            for side, count in (("training", train), ("validation", validation))
-            if count < global_batch
+            for side, count, drops in (
+                ("training", train, drop_remainder),
+                ("validation", validation, validation_drop_remainder),
+            )
+            if drops and count < global_batch
         ]
         if short:
             raise ValueError(
@@ -736,6 +769,8 @@ class _Facts:
     ram_budget_bytes: int
     free_disk_bytes: int | None  # at the cache path, when caching to a file
     batched: bool = False  # the source's batches are kept: num_examples counts batches
+    # A dataset passed in, split by position (take/skip): every worker must read all of it.
+    split_by_position: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -841,6 +876,10 @@ def _decide(
                     f"{facts.num_files} file(s) for {facts.num_workers} workers: sharding by "
                     "example (DATA), each worker reads every file"
                 )
+    elif facts.split_by_position:
+        # take/skip count examples of the whole dataset: under FILE sharding (what AUTO
+        # becomes for a file-reading dataset) each worker would apply them to its own files.
+        shard_policy = "DATA"
     else:
         shard_policy = "AUTO"
     data_sharded = facts.num_workers > 1 and shard_policy in ("DATA", "AUTO")
@@ -945,6 +984,55 @@ def _decide(
         shard_policy=shard_policy,
         private_threadpool_size=private_threadpool_size,
         notes=tuple(notes),
+    )
+
+
+# Validation examples of unknown size (dynamic shapes) cached in memory by `cache="auto"`
+# when at most this many: a few hundred MiB even for decoded images.
+_SMALL_VALIDATION = 2_000
+
+
+def _validation_plan(
+    plan: _Plan,
+    facts: _Facts,
+    *,
+    cache: Any,
+    drop_remainder: bool | None,
+    num_examples: int | None,
+    element_bytes: int | None,
+) -> _Plan:
+    """The validation side's plan from the training side's. Pure.
+
+    No shuffle, deterministic; partial batches kept unless the user passed
+    `drop_remainder=True` (Keras evaluates a partial batch correctly under a strategy, and
+    dropping it would leave validation examples out). The same cache (a file cache at
+    `<prefix>-validation`); where the training side has none and `cache="auto"`, the
+    validation examples are cached in memory when their estimated size fits the RAM budget
+    (or, size unknown, they are at most `_SMALL_VALIDATION`), so later passes do not read the
+    source again (for a dataset passed in, `skip` would run its steps on every training
+    example). Not when `map_fn` has random ops, nor for arrays without `map_fn` (already in
+    memory).
+    """
+    val_cache = plan.cache if plan.cache in (None, "memory") else f"{plan.cache}-validation"
+    if (
+        val_cache is None
+        and cache == "auto"
+        and not facts.map_fn_random_ops
+        and not (facts.kind == "memory" and not facts.has_map_fn)
+        and num_examples is not None
+    ):
+        size = element_bytes * num_examples if element_bytes is not None else None
+        if (size is not None and size <= facts.ram_budget_bytes) or (
+            size is None and num_examples <= _SMALL_VALIDATION
+        ):
+            val_cache = "memory"
+    return dataclasses.replace(
+        plan,
+        shuffle_buffer=None,
+        deterministic=True,
+        drop_remainder=drop_remainder is True,
+        cache=val_cache,
+        cache_bytes=None,
     )
 
 
@@ -1113,12 +1201,15 @@ def pipeline(
     With `validation_split`, the validation examples are split off before any shuffle and go
     through the same `map_fn`, cache, batch and `batch_map_fn`, but no augmentation, shuffle
     or repeat, always in the same order: `train, val = pipeline(..., validation_split=0.1)`,
-    then `model.fit(train, validation_data=val)`.
+    then `model.fit(train, validation_data=val)`. The validation side keeps its last partial
+    batch (even under a strategy) unless `drop_remainder=True` is passed, and with
+    `cache="auto"` it is cached in memory when it fits, so later passes do not read the source.
 
     `tf.data.Options` are set deliberately: autotune on with `ram_budget_mib`, map
     parallelization, map and filter fusion, parallel batch, a private thread pool on GPU hosts,
     and the auto-shard policy for the source (DATA for in-memory data, FILE for files when
-    there is at least one file per worker, AUTO for a dataset passed in).
+    there is at least one file per worker, AUTO for a dataset passed in, DATA for a dataset
+    passed in with `validation_split`, whose split counts the whole dataset).
 
     For Keras `fit`, leave `repeat=False`: the dataset is finite, `fit` iterates it once per
     epoch (reshuffled each time) and needs no `steps_per_epoch`; Keras distributes it over the
@@ -1165,7 +1256,8 @@ def pipeline(
             fraction, as Keras `fit(validation_split=)` takes it (`floor(n * (1 - split))`
             examples train). A dataset passed in: its last fraction, when its size is known
             and its order is the same every pass (the training pipeline is then
-            deterministic too; for a Keras loader use its own `validation_split=...,
+            deterministic too, and both sides are sharded by example across workers; for a
+            Keras loader use its own `validation_split=...,
             subset="both"`: with `shuffle=False` it lists files class by class, so the last
             fraction would be the last class). TFRecord files: the records whose
             hash falls in the fraction (about that share, the same in every epoch, file order
@@ -1183,7 +1275,9 @@ def pipeline(
             dataset up to 10,000 examples, and at most 10% of the RAM budget.
         drop_remainder: bool, drop the last partial batch so every batch has a static shape
             (needed by XLA/`jit_compile` and for even splits over replicas). Defaults to None:
-            True under a strategy, else False.
+            True under a strategy, else False; the validation side of `validation_split`
+            drops it only when True is passed (Keras evaluates partial batches under a
+            strategy, and no validation example is left out).
         deterministic: bool, keep element order fixed through parallel maps and interleaves
             (reproducible, possibly slower). Defaults to None: True when `shuffle=False`
             (the order is the data's), when a `seed` is given (a reproducible run, needed for
@@ -1220,7 +1314,8 @@ def pipeline(
         TypeError: for an argument of the wrong type (a float batch size, a str seed, a
             strategy class instead of an instance), a source of unsupported type, a
             non-callable function argument, or a function that cannot take the arguments
-            tf.data calls it with (the message shows its signature and the element), or a
+            tf.data calls it with (the message shows its signature and the element), a
+            function that returns nothing (None: a missing `return`), or a
             `validation_split` that is not a number.
         ValueError: for a value out of range (a batch size < 1, a NaN or infinite RAM budget,
             a negative seed), mismatched array lengths (naming each), an empty source, fewer
@@ -1284,7 +1379,8 @@ def pipeline(
         ("batch_augment_fn", batch_augment_fn),
     ):
         if fn is not None and not callable(fn):
-            raise invalid_type(name, fn, "a callable (a function of one example) or None")
+            what = "one batch" if name.startswith("batch_") else "one example"
+            raise invalid_type(name, fn, f"a callable (a function of {what}) or None")
     for name, flag in (("shuffle", shuffle), ("repeat", repeat), ("distribute", distribute)):
         check_bool(name, flag)
     check_bool("drop_remainder", drop_remainder, allow_none=True)
@@ -1443,7 +1539,9 @@ def pipeline(
             )
         if total < 0:
             raise _refuse_dataset_split("that is infinite (repeated)", validation_split)
-        split_counts = _check_split_counts(total, validation_split, global_batch, drop)
+        split_counts = _check_split_counts(
+            total, validation_split, global_batch, drop, drop_remainder is True
+        )
 
     # ---- read, and split off the validation examples before any shuffle
     num_files: int | None = None
@@ -1513,7 +1611,9 @@ def pipeline(
                     f"or sliced splits in two pipelines (split='{tfds_split}[:90%]' and "
                     f"split='{tfds_split}[90%:]')."
                 )
-            _check_split_counts(int(examples), validation_split, global_batch, drop)
+            split_counts = _check_split_counts(
+                int(examples), validation_split, global_batch, drop, drop_remainder is True
+            )
             train_split, val_split = _tfds_slices(tfds_split, int(examples), validation_split)
             ds, val_ds = (
                 _load_tfds(
@@ -1555,6 +1655,7 @@ def pipeline(
         ram_budget_bytes=_ram_budget_bytes(ram_budget_mib),
         free_disk_bytes=shutil.disk_usage(cache_dir).free if cache_dir else None,
         batched=keep_batches,
+        split_by_position=src.kind == "dataset" and validation_split is not None,
     )
     plan = _decide(
         facts,
@@ -1593,7 +1694,8 @@ def pipeline(
             batch_map_fn=batch_map_fn,
             batch_augment_fn=augment,
             ram_budget_bytes=facts.ram_budget_bytes,
-            keep_shard=src.kind == "dataset",
+            # A dataset passed in keeps its own sharding, unless it is split by position.
+            keep_shard=src.kind == "dataset" and validation_split is None,
         )
 
     ds = finish(ds, plan, not keep_batches, batch_augment_fn)
@@ -1601,9 +1703,15 @@ def pipeline(
     # The validation side: the same map_fn, batch_map_fn, batch, cache and sharding; no
     # augmentation, no shuffle, no repeat, and always in the same order.
     if val_ds is not None:
-        val_plan = dataclasses.replace(plan, shuffle_buffer=None, deterministic=True)
-        val_cache = plan.cache if plan.cache in (None, "memory") else f"{plan.cache}-validation"
-        val_ds = _cached(val_ds, val_cache)
+        val_plan = _validation_plan(
+            plan,
+            facts,
+            cache=cache,
+            drop_remainder=drop_remainder,
+            num_examples=split_counts[1] if split_counts is not None else None,
+            element_bytes=_element_bytes(val_ds.element_spec),
+        )
+        val_ds = _cached(val_ds, val_plan.cache)
         val_ds = finish(val_ds, val_plan, True, None)
 
     if distribute:
