@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # `make demo` adds the CUDA libraries when the NVIDIA driver sees a GPU.
 CUDA   := $(shell nvidia-smi -L >/dev/null 2>&1 && echo ,and-cuda)
 
-.PHONY: demo test lint env clean
+.PHONY: demo test test-fast lint env clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ demo: $(VENV)/.dev
 
 test: $(VENV)/.dev
 	$(BIN)/python -m pytest $(ARGS)
+
+# The edit-test loop: every test not marked `slow` (no subprocesses, no multi-second training).
+test-fast: $(VENV)/.dev
+	$(BIN)/python -m pytest -m "not slow and not gpu" -q $(ARGS)
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check tfgpu tests examples benchmarks

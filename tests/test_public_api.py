@@ -25,6 +25,9 @@ EXPECTED = {
     "callbacks",
     "data",
     "monitor",
+    "flops",
+    "precision",
+    "report",
 }
 
 
@@ -40,11 +43,20 @@ def test_every_public_name_resolves_and_has_a_docstring():
             assert value.__doc__ and value.__doc__.strip(), f"tfgpu.{name} has no docstring"
 
 
-def test_functions_stay_callable_after_their_module_is_imported():
+def test_a_function_is_still_itself_after_its_module_is_imported():
+    # `import tfgpu.diagnosis` sets the attribute `tfgpu.diagnosis` (the module): the lazy
+    # names must keep pointing at the functions, never at a module of a similar name.
     import tfgpu.config
     import tfgpu.diagnosis
 
-    assert callable(tfgpu.configure) and callable(tfgpu.diagnose)
+    assert tfgpu.configure is tfgpu.config.configure
+    assert tfgpu.diagnose is tfgpu.diagnosis.diagnose
+
+
+def test_the_modules_the_docs_present_are_reachable_after_import_tfgpu():
+    for name in ("callbacks", "data", "monitor", "flops", "precision", "report"):
+        module = getattr(tfgpu, name)
+        assert module.__name__ == f"tfgpu.{name}" and module.__all__, name
 
 
 def test_unknown_attribute_raises_attribute_error():

@@ -39,6 +39,9 @@ _EXPORTS: dict[str, str] = {
     "callbacks": "tfgpu.callbacks",
     "data": "tfgpu.data",
     "monitor": "tfgpu.monitor",
+    "flops": "tfgpu.flops",
+    "precision": "tfgpu.precision",
+    "report": "tfgpu.report",
 }
 
 __all__ = [
@@ -53,8 +56,11 @@ __all__ = [
     "diagnose",
     "environment",
     "find_batch_size",
+    "flops",
     "global_batch_size",
     "monitor",
+    "precision",
+    "report",
     "scale_learning_rate",
     "strategy",
 ]
@@ -75,7 +81,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from tfgpu import callbacks, data, monitor
+    from tfgpu import callbacks, data, flops, monitor, precision, report
     from tfgpu.batch_size import BatchSizeResult, find_batch_size
     from tfgpu.config import Configuration, configure
     from tfgpu.diagnosis import Diagnosis, diagnose
