@@ -1,0 +1,333 @@
+"""The one place that answers "which GPU does TensorFlow train on, and what does NVML say".
+
+TensorFlow numbers the GPUs it uses `/GPU:0`, `/GPU:1`, ...; CUDA numbers the GPUs this
+process may see after `CUDA_VISIBLE_DEVICES` (indices, UUIDs or `GPU-...` prefixes, PCI bus
+ids); NVML numbers every GPU of the machine in PCI-bus order. They differ as soon as
+`CUDA_VISIBLE_DEVICES` reorders or hides GPUs, or `tfgpu.configure(gpus=...)` /
+`tf.config.set_visible_devices` hides some from TensorFlow. Every feature that needs "the GPU
+`/GPU:k` is", its name, compute capability, memory or NVML index, asks here:
+
+- `tf_gpus()`: TensorFlow's GPUs in `/GPU:k` order, each with its CUDA index, NVML index
+  and NVML record;
+- `gpu_record(k)`: one of them; `nvml_indices()` and `cuda_indices()`: what a sampler reads;
+- `physical_gpus()`: every GPU TensorFlow lists (used or hidden), with its device details;
+- `peak_precision(...)`: the `tfgpu.flops.peak_flops` precision a dtype policy runs at;
+- `tf_runtime_initialized()`, `tf32_execution_enabled()`.
+
+None of them initializes TensorFlow's runtime (listing physical devices and reading their
+details leaves `configure()` possible afterwards), and none imports TensorFlow: where it is
+not imported yet, nothing has hidden a GPU from it, so the GPUs CUDA shows this process stand
+in for `/GPU:0`, `/GPU:1`, ... (`tfgpu.monitor` relies on this to stay TensorFlow-free).
+NVML is reached through `tfgpu.monitor.nvml`; where it is missing the NVML fields are None.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tfgpu._checks import invalid_type, is_int
+
+if TYPE_CHECKING:
+    from tfgpu.monitor.nvml import GpuInfo
+
+
+@dataclasses.dataclass(frozen=True)
+class PhysicalGpu:
+    """One GPU as TensorFlow lists it (`tf.config.list_physical_devices("GPU")`).
+
+    Attributes:
+        cuda_index: int, its CUDA ordinal in this process (after `CUDA_VISIBLE_DEVICES`).
+        tf_name: str, e.g. `"/physical_device:GPU:1"`.
+        device_name: str or None, TensorFlow's device details, e.g. `"NVIDIA A100-SXM4-80GB"`.
+        compute_capability: tuple or None, from the device details, e.g. `(8, 0)`.
+        visible: bool, whether TensorFlow uses it (not hidden by `set_visible_devices`).
+        logical_devices: int, how many logical `/GPU:k` TensorFlow makes of it (more than one
+            with `tf.config.set_logical_device_configuration`; 0 when not visible).
+        error: str or None, why the device details could not be read.
+    """
+
+    cuda_index: int
+    tf_name: str
+    device_name: str | None
+    compute_capability: tuple[int, int] | None
+    visible: bool
+    logical_devices: int
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TfGpu:
+    """One GPU TensorFlow trains on, `/GPU:{position}`, and the physical GPU behind it.
+
+    Attributes:
+        position: int, `k` in TensorFlow's `/GPU:k`.
+        cuda_index: int, the CUDA ordinal of its physical GPU in this process (after
+            `CUDA_VISIBLE_DEVICES`); the `gpus=` numbering of `tfgpu.monitor.Sampler`.
+        tf_name: str or None, TensorFlow's physical device, e.g. `"/physical_device:GPU:1"`;
+            None where TensorFlow is not imported or lists no GPU (the CUDA-visible GPUs
+            stand in, as TensorFlow would number them).
+        nvml: `tfgpu.monitor.nvml.GpuInfo` or None, the NVML record (None without NVML, or
+            where `CUDA_VISIBLE_DEVICES` names a GPU NVML cannot match, e.g. a MIG instance).
+        device_name: str or None, TensorFlow's device details' name.
+        tf_compute_capability: tuple or None, TensorFlow's device details' capability.
+    """
+
+    position: int
+    cuda_index: int
+    tf_name: str | None
+    nvml: GpuInfo | None
+    device_name: str | None = None
+    tf_compute_capability: tuple[int, int] | None = None
+
+    @property
+    def nvml_index(self) -> int | None:
+        """NVML's index of the GPU (PCI-bus order), or None without an NVML record."""
+        return None if self.nvml is None else self.nvml.index
+
+    @property
+    def name(self) -> str | None:
+        """The product name: NVML's, else TensorFlow's device details', else None."""
+        return self.nvml.name if self.nvml is not None and self.nvml.name else self.device_name
+
+    @property
+    def compute_capability(self) -> tuple[int, int] | None:
+        """TensorFlow's compute capability, else NVML's, else None."""
+        if self.tf_compute_capability is not None:
+            return self.tf_compute_capability
+        return None if self.nvml is None else self.nvml.compute_capability
+
+    @property
+    def memory_total_bytes(self) -> int | None:
+        """Installed memory from NVML (`nvidia-smi --query-gpu=memory.total`), or None."""
+        return None if self.nvml is None else int(self.nvml.memory_total_mib * 2**20)
+
+
+def tf_runtime_initialized() -> bool | None:
+    """Whether TensorFlow's eager context (and so its devices) exists already.
+
+    False where TensorFlow is not imported; None where it is but cannot tell.
+    """
+    if "tensorflow" not in sys.modules:
+        return False
+    try:
+        from tensorflow.python.eager import context
+
+        return context.context()._context_handle is not None
+    except Exception:
+        return None
+
+
+def tf32_execution_enabled() -> bool:
+    """Whether TensorFlow runs float32 matmuls in TF32 (its default where it is not loaded)."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
+        return True
+    try:
+        return bool(tf.config.experimental.tensor_float_32_execution_enabled())
+    except Exception:  # a stub, a broken runtime
+        return True
+
+
+def physical_gpus() -> list[PhysicalGpu]:
+    """Every GPU TensorFlow lists, used or hidden, in CUDA order; [] where it is not imported.
+
+    Reads `tf.config.list_physical_devices`, `get_visible_devices`, `get_device_details` and
+    `get_logical_device_configuration`, none of which starts TensorFlow's runtime. Never
+    raises: a TensorFlow that cannot list its devices lists none.
+    """
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
+        return []
+    try:
+        physical = list(tf.config.list_physical_devices("GPU"))
+        visible = {d.name for d in tf.config.get_visible_devices("GPU")} if physical else set()
+    except Exception:  # a TensorFlow without tf.config (a stub), a broken runtime
+        return []
+    gpus = []
+    # TensorFlow lists physical GPUs by CUDA ordinal: "/physical_device:GPU:k" is CUDA's k.
+    for cuda_index, device in enumerate(physical):
+        details: dict[str, Any] = {}
+        error = None
+        try:
+            details = dict(tf.config.experimental.get_device_details(device))
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+        cc = details.get("compute_capability")
+        used = device.name in visible
+        logical = 0
+        if used:
+            try:
+                split = tf.config.get_logical_device_configuration(device)
+            except Exception:  # a device TensorFlow does not know (a test's stand-in)
+                split = None
+            logical = len(split) if split else 1
+        gpus.append(
+            PhysicalGpu(
+                cuda_index=cuda_index,
+                tf_name=device.name,
+                device_name=details.get("device_name"),
+                compute_capability=(int(cc[0]), int(cc[1])) if cc else None,
+                visible=used,
+                logical_devices=logical,
+                error=error,
+            )
+        )
+    return gpus
+
+
+def _cuda_gpus() -> list[GpuInfo]:
+    """NVML's records of the GPUs CUDA shows this process, in CUDA order ([] without NVML)."""
+    try:
+        from tfgpu.monitor.nvml import inventory, visible_gpus
+
+        inv = inventory()
+        if not inv.available:
+            return []
+        return visible_gpus(inv.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    except Exception:  # side feature: no NVML record, never a failure
+        return []
+
+
+def tf_gpus() -> list[TfGpu]:
+    """TensorFlow's GPUs in `/GPU:k` order, each with its physical identity and NVML record.
+
+    `/GPU:k` follows `CUDA_VISIBLE_DEVICES` (its order, by index, UUID or `GPU-...` prefix)
+    and `tfgpu.configure(gpus=...)` / `tf.config.set_visible_devices`. A GPU split into
+    several logical devices gives one entry per logical device. Where TensorFlow is not
+    imported, or lists no GPU at all (a CPU-only build), the GPUs CUDA shows this process
+    stand in, as TensorFlow would number them (`tf_name` None). Never starts TensorFlow's
+    runtime, never raises.
+
+    Returns:
+        A list of `TfGpu`; [] where TensorFlow hides every GPU, or without GPUs.
+
+    Example:
+
+    >>> [(g.position, g.cuda_index, g.nvml_index) for g in tf_gpus()]  # doctest: +SKIP
+    [(0, 1, 2)]  # CUDA_VISIBLE_DEVICES=2,0 and configure(gpus=[1])
+    """
+    return _tf_gpus(physical_gpus(), _cuda_gpus())
+
+
+def _tf_gpus(physical: list[PhysicalGpu], cuda: list[GpuInfo]) -> list[TfGpu]:
+    if not physical:
+        return [TfGpu(k, k, None, gpu) for k, gpu in enumerate(cuda)]
+    gpus: list[TfGpu] = []
+    for p in physical:
+        for _ in range(p.logical_devices):
+            gpus.append(
+                TfGpu(
+                    position=len(gpus),
+                    cuda_index=p.cuda_index,
+                    tf_name=p.tf_name,
+                    nvml=cuda[p.cuda_index] if p.cuda_index < len(cuda) else None,
+                    device_name=p.device_name,
+                    tf_compute_capability=p.compute_capability,
+                )
+            )
+    return gpus
+
+
+def gpu_record(k: int = 0) -> TfGpu | None:
+    """TensorFlow's `/GPU:k` (see `tf_gpus`), or None where there is no such GPU."""
+    gpus = tf_gpus()
+    return gpus[k] if 0 <= k < len(gpus) else None
+
+
+def _unique(values: Sequence[int]) -> list[int]:
+    return list(dict.fromkeys(values))
+
+
+def nvml_indices() -> list[int]:
+    """NVML indices of the GPUs TensorFlow uses, `/GPU:0`'s first, each once.
+
+    GPUs without an NVML record are left out ([] without NVML).
+    """
+    return _unique([g.nvml_index for g in tf_gpus() if g.nvml_index is not None])
+
+
+def cuda_indices(gpus: Sequence[int] | None = None) -> list[int] | None:
+    """The CUDA ordinals (the `tfgpu.monitor.Sampler` `gpus=` numbering) of TensorFlow's GPUs.
+
+    Args:
+        gpus: sequence of int or None, `/GPU:k` indices to keep (in that order); None for all
+            of TensorFlow's GPUs. Defaults to `None`.
+
+    Returns:
+        The CUDA ordinals, each once; or `gpus` itself (a list, or None) where TensorFlow is
+        not imported or lists no GPU: then TensorFlow's numbering is CUDA's.
+
+    Raises:
+        ValueError: if an index in `gpus` names no GPU TensorFlow uses.
+    """
+    physical = physical_gpus()
+    if not physical:
+        return None if gpus is None else list(gpus)
+    # No NVML needed: TensorFlow's physical GPU k is CUDA's ordinal k.
+    positions = [g.cuda_index for g in _tf_gpus(physical, [])]
+    if gpus is None:
+        return _unique(positions)
+    wrong = [g for g in gpus if not is_int(g)]
+    if wrong:
+        raise invalid_type("gpus", list(gpus), "a list of int (TensorFlow's /GPU:k indices)")
+    unknown = [g for g in gpus if not 0 <= g < len(positions)]
+    if unknown:
+        raise ValueError(
+            f"Invalid value for argument `gpus`. Received: gpus={list(gpus)!r}. Expected "
+            f"indices below {len(positions)}: TensorFlow uses {len(positions)} GPU(s) "
+            "(`tf.config.set_visible_devices` / `tfgpu.configure(gpus=...)`), and `gpus` "
+            "numbers them as TensorFlow does (`/GPU:0` is 0)."
+        )
+    return _unique([positions[g] for g in gpus])
+
+
+def peak_precision(
+    policy: str,
+    compute_capabilities: Sequence[tuple[int, int] | None] | tuple[int, int] | None,
+    tf32_enabled: bool | None = None,
+) -> str | None:
+    """The `tfgpu.flops.peak_flops` precision a Keras dtype policy runs at. Pure but for the
+    default of `tf32_enabled`.
+
+    `mixed_bfloat16` (and `bfloat16`) run at the bfloat16 tensor-core rate, `mixed_float16`
+    (and `float16`) at the float16 one; `float32` runs its matmuls in TF32 when TF32 is
+    enabled and every GPU has compute capability >= 8.0, else at the float32 rate.
+
+    Args:
+        policy: str, the dtype policy's name, e.g. `"mixed_float16"`.
+        compute_capabilities: the GPUs' capabilities (a sequence of `(major, minor)`, None
+            for an unknown one), or one `(major, minor)`, or None.
+        tf32_enabled: bool or None, whether TensorFlow runs float32 matmuls in TF32; None
+            reads it from TensorFlow (`tf32_execution_enabled()`). Defaults to `None`.
+
+    Returns:
+        `"bfloat16"`, `"float16"`, `"tf32"` or `"float32"`; None for other policies (e.g.
+        `"float64"`), which have no tensor-core rate in `peak_flops`.
+
+    Example:
+
+    >>> peak_precision("float32", [(8, 0), (9, 0)], tf32_enabled=True)
+    'tf32'
+    >>> peak_precision("float32", (7, 0), tf32_enabled=True)
+    'float32'
+    """
+    if policy in ("mixed_bfloat16", "bfloat16"):
+        return "bfloat16"
+    if policy in ("mixed_float16", "float16"):
+        return "float16"
+    if policy != "float32":
+        return None
+    if compute_capabilities is None:
+        ccs: list[tuple[int, int] | None] = []
+    elif len(compute_capabilities) == 2 and all(is_int(v) for v in compute_capabilities):
+        ccs = [(int(compute_capabilities[0]), int(compute_capabilities[1]))]  # type: ignore[arg-type]
+    else:
+        ccs = [None if cc is None else (int(cc[0]), int(cc[1])) for cc in compute_capabilities]  # type: ignore[index]
+    if tf32_enabled is None:
+        tf32_enabled = tf32_execution_enabled()
+    ampere = bool(ccs) and all(cc is not None and cc >= (8, 0) for cc in ccs)
+    return "tf32" if tf32_enabled and ampere else "float32"
