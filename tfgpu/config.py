@@ -327,20 +327,13 @@ def _plan(facts: _Facts, wishes: _Wishes) -> _Plan:
 
 
 def _read_facts() -> _Facts:
-    import tensorflow as tf
+    import tensorflow as tf  # noqa: F401  (loaded, so that _devices reads its devices)
 
-    from tfgpu.env import _tf_runtime_initialized
+    from tfgpu._devices import physical_gpus, tf_runtime_initialized
 
-    gpus = []
-    for device in tf.config.list_physical_devices("GPU"):
-        try:
-            details = tf.config.experimental.get_device_details(device)
-        except Exception:
-            details = {}
-        cc = details.get("compute_capability")
-        gpus.append(_Gpu(device.name, details.get("device_name"), tuple(cc) if cc else None))
+    gpus = [_Gpu(g.tf_name, g.device_name, g.compute_capability) for g in physical_gpus()]
     env = {k: os.environ.get(k) for k in ("TF_GPU_ALLOCATOR", "TF_FORCE_GPU_ALLOW_GROWTH")}
-    return _Facts(gpus=tuple(gpus), runtime_initialized=_tf_runtime_initialized(), env=env)
+    return _Facts(gpus=tuple(gpus), runtime_initialized=tf_runtime_initialized(), env=env)
 
 
 def _apply(plan: _Plan) -> Configuration:

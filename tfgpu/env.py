@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfgpu._cluster import TFConfigError, parse_tf_config
+from tfgpu._devices import physical_gpus, tf_runtime_initialized
 from tfgpu._json import json_safe
 from tfgpu.monitor.nvml import visible_gpus
 
@@ -214,33 +215,23 @@ def _tensorflow_facts() -> dict[str, Any]:
         "cuda_version": build.get("cuda_version"),
         "cudnn_version": build.get("cudnn_version"),
         "cuda_compute_capabilities": list(build.get("cuda_compute_capabilities") or []),
-        "runtime_initialized": _tf_runtime_initialized(),
+        "runtime_initialized": tf_runtime_initialized(),
     }
+    # _devices lists the devices without creating the runtime's context: logical devices
+    # and memory settings can still be changed after.
     gpus = []
-    # list_physical_devices and get_device_details query the devices without creating the
-    # runtime's context: logical devices and memory settings can still be changed after.
-    for device in tf.config.list_physical_devices("GPU"):
-        gpu: dict[str, Any] = {"name": device.name, "device_name": None, "compute_capability": None}
-        try:
-            details = tf.config.experimental.get_device_details(device)
-            gpu["device_name"] = details.get("device_name")
-            cc = details.get("compute_capability")
-            gpu["compute_capability"] = list(cc) if cc else None
-        except Exception as e:
-            gpu["error"] = f"{type(e).__name__}: {e}"
+    for device in physical_gpus():
+        cc = device.compute_capability
+        gpu: dict[str, Any] = {
+            "name": device.tf_name,
+            "device_name": device.device_name,
+            "compute_capability": list(cc) if cc else None,
+        }
+        if device.error is not None:
+            gpu["error"] = device.error
         gpus.append(gpu)
     facts["gpus"] = gpus
     return facts
-
-
-def _tf_runtime_initialized() -> bool | None:
-    """Whether TensorFlow's eager context (and so its devices) exists already; None if unknown."""
-    try:
-        from tensorflow.python.eager import context
-
-        return context.context()._context_handle is not None
-    except Exception:
-        return None
 
 
 def _keras_facts() -> dict[str, Any]:
