@@ -8,12 +8,14 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.conftest import REPO
 from tfgpu import demo
+from tfgpu.demo import _args, _plan, _results, _run, _workload
 from tfgpu.diagnosis import PROBE_STEPS_PER_EXECUTION, Finding
 
 
@@ -25,10 +27,10 @@ def _finding(kind: str) -> Finding:
 
 
 def test_sizes_scale_with_the_hardware():
-    quick = demo._choose_sizes(quick=True, num_gpus=0)
-    cpu = demo._choose_sizes(quick=False, num_gpus=0)
-    one = demo._choose_sizes(quick=False, num_gpus=1)
-    four = demo._choose_sizes(quick=False, num_gpus=4)
+    quick = _plan.choose_sizes(quick=True, num_gpus=0)
+    cpu = _plan.choose_sizes(quick=False, num_gpus=0)
+    one = _plan.choose_sizes(quick=False, num_gpus=1)
+    four = _plan.choose_sizes(quick=False, num_gpus=4)
     assert quick.num_train < cpu.num_train < one.num_train < four.num_train
     assert quick.epochs == 2 and not quick.check_xla
     assert cpu.image_size < one.image_size and cpu.width < one.width
@@ -40,15 +42,15 @@ def test_sizes_scale_with_the_hardware():
 
 
 def test_epochs_override():
-    assert demo._choose_sizes(quick=True, num_gpus=0, epochs=7).epochs == 7
-    assert demo._choose_sizes(quick=False, num_gpus=2, epochs=1).epochs == 1
+    assert _plan.choose_sizes(quick=True, num_gpus=0, epochs=7).epochs == 7
+    assert _plan.choose_sizes(quick=False, num_gpus=2, epochs=1).epochs == 1
 
 
 # ---- settings from the diagnosis -----------------------------------------------------------
 
 
 def test_settings_apply_what_the_diagnosis_recommends():
-    settings = demo._settings_from(
+    settings = _plan.settings_from(
         [_finding("input_bound"), _finding("host_overhead"), _finding("xla")],
         jit_compile_now=False,
     )
@@ -59,12 +61,12 @@ def test_settings_apply_what_the_diagnosis_recommends():
 
 
 def test_settings_leave_defaults_without_a_knob_finding():
-    settings = demo._settings_from(
+    settings = _plan.settings_from(
         [_finding("input_bound"), _finding("host_device_traffic"), _finding("precision")],
         jit_compile_now=False,
     )
-    assert settings == demo._Settings()  # spe 1, jit "auto", nothing applied
-    flipped = demo._settings_from([_finding("xla")], jit_compile_now=True)
+    assert settings == _plan.Settings()  # spe 1, jit "auto", nothing applied
+    flipped = _plan.settings_from([_finding("xla")], jit_compile_now=True)
     assert flipped.jit_compile is False
 
 
@@ -81,36 +83,36 @@ def _history(rates, steps, acc):
 
 
 def test_side_summary_uses_steady_epochs():
-    summary = demo._side_summary(
+    summary = _results.side_figures(
         _history([10.0, 100.0, 200.0], [1.0, 0.02, 0.01], [0.2, 0.6, 0.9]),
         wall_time_s=12.0,
         test_accuracy=0.88,
         input_wait_share=0.4,
         on_gpu=False,
     )
-    assert summary["examples_per_s"] == 150.0  # the first epoch (tracing, cache) is left out
-    assert summary["step_time_s"] == pytest.approx(0.015)
-    assert summary["gpu_util_pct"] is None and summary["mfu"] is None
-    assert summary["train_accuracy"] == [0.2, 0.6, 0.9]
+    assert summary.examples_per_s == 150.0  # the first epoch (tracing, cache) is left out
+    assert summary.step_time_s == pytest.approx(0.015)
+    assert summary.gpu_util_pct is None and summary.mfu is None
+    assert summary.train_accuracy == [0.2, 0.6, 0.9]
 
 
 def test_table_on_cpu_says_no_gpu_and_gives_the_speedup():
-    naive = demo._side_summary(
+    naive = _results.side_figures(
         _history([1.0, 1000.0], [1.0, 0.064], [0.3, 0.8]),
         wall_time_s=30.0,
         test_accuracy=0.81,
         input_wait_share=0.55,
         on_gpu=False,
     )
-    tuned = demo._side_summary(
+    tuned = _results.side_figures(
         _history([1.0, 2500.0], [1.0, 0.0256], [0.3, 0.85]),
         wall_time_s=15.0,
         test_accuracy=0.84,
         input_wait_share=0.05,
         on_gpu=False,
     )
-    assert demo._speedups(naive, tuned) == {"wall_time": 2.0, "examples_per_s": 2.5}
-    table = demo._format_table(naive, tuned, on_gpu=False, epochs=2)
+    assert _results.speedups(naive, tuned) == _results.Speedups(wall_time=2.0, examples_per_s=2.5)
+    table = _results.format_table(naive, tuned, on_gpu=False, epochs=2)
     lines = {line.split("  ")[0]: line for line in table.splitlines()}
     assert "n/a (no GPU)" in lines["GPU utilization"] and "n/a (no GPU)" in lines["MFU"]
     assert "1,000" in lines["examples/s (steady state)"]
@@ -125,22 +127,66 @@ def test_table_on_gpu_shows_utilization_and_mfu():
     history = _history([1.0, 1000.0], [1.0, 0.01], [0.5, 0.9])
     history["gpu0_util_pct_mean"] = [10.0, 92.0]
     history["mfu"] = [0.01, 0.314]
-    side = demo._side_summary(
+    side = _results.side_figures(
         history, wall_time_s=5.0, test_accuracy=0.9, input_wait_share=0.01, on_gpu=True
     )
-    table = demo._format_table(side, side, on_gpu=True, epochs=2)
+    table = _results.format_table(side, side, on_gpu=True, epochs=2)
     assert "92%" in table and "31.4%" in table and "n/a (no GPU)" not in table
 
 
 def test_missing_figures_print_as_na():
-    side = demo._side_summary(
+    side = _results.side_figures(
         {}, wall_time_s=1.0, test_accuracy=math.nan, input_wait_share=None, on_gpu=False
     )
-    table = demo._format_table(side, side, on_gpu=False, epochs=1)
+    table = _results.format_table(side, side, on_gpu=False, epochs=1)
     assert "input-wait share" in table and " n/a" in table
 
 
+def test_demo_json_stores_each_side_as_its_figures_then_its_recipe():
+    figures = _results.side_figures(
+        _history([1.0, 100.0], [1.0, 0.02], [0.5, 0.9]),
+        wall_time_s=3.0,
+        test_accuracy=0.9,
+        input_wait_share=0.2,
+        on_gpu=False,
+    )
+    recipe = _results.Recipe(
+        global_batch=32,
+        steps_trained=32,
+        learning_rate={"decay_steps": 32},
+        initial_weights_sha256="ab",
+    )
+    side = _run._Side(figures, recipe, diagnosis=None)  # type: ignore[arg-type]
+    stored = side.to_dict()
+    assert list(stored) == [
+        "examples_per_s",
+        "step_time_s",
+        "input_wait_share",
+        "gpu_util_pct",
+        "mfu",
+        "host_cpu_pct",
+        "train_time_s",
+        "train_accuracy",
+        "test_accuracy",
+        "recipe",
+    ]
+    assert stored["recipe"] == {
+        "global_batch": 32,
+        "steps_trained": 32,
+        "learning_rate": {"decay_steps": 32},
+        "initial_weights_sha256": "ab",
+    }
+    assert json.loads(json.dumps(stored))["examples_per_s"] == 100.0
+
+
 # ---- argument checks: before any work ------------------------------------------------------
+
+
+def test_run_demo_takes_keyword_arguments_only(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TypeError, match="positional argument"):
+        demo.run_demo(True)  # type: ignore[misc]
+    assert list(tmp_path.iterdir()) == []  # nothing written
 
 
 @pytest.mark.parametrize(
@@ -158,12 +204,12 @@ def test_missing_figures_print_as_na():
         ({"dataset": ""}, ValueError, "argument `dataset`"),
         ({"dataset": "  "}, ValueError, "argument `dataset`"),
         ({"dataset": 10}, TypeError, "Received: dataset=10"),
-        ({"run_dir": 3}, TypeError, "argument `run_dir`"),
-        ({"run_dir": 123}, TypeError, "Received: run_dir=123"),
-        ({"run_dir": b"runs/x"}, TypeError, "argument `run_dir`"),
-        ({"run_dir": ""}, ValueError, "argument `run_dir`"),
-        ({"run_dir": "{file}"}, ValueError, r"argument `run_dir`.*is a file"),
-        ({"run_dir": "{file}/run"}, ValueError, r"argument `run_dir`.*is under the file"),
+        ({"log_dir": 3}, TypeError, "argument `log_dir`"),
+        ({"log_dir": 123}, TypeError, "Received: log_dir=123"),
+        ({"log_dir": b"runs/x"}, TypeError, "argument `log_dir`"),
+        ({"log_dir": ""}, ValueError, "argument `log_dir`"),
+        ({"log_dir": "{file}"}, ValueError, r"argument `log_dir`.*is a file"),
+        ({"log_dir": "{file}/run"}, ValueError, r"argument `log_dir`.*is under the file"),
     ],
 )
 def test_bad_arguments_raise_before_any_work(kwargs, error, match, tmp_path, monkeypatch):
@@ -179,20 +225,20 @@ def test_bad_arguments_raise_before_any_work(kwargs, error, match, tmp_path, mon
     assert (tmp_path / "notes.txt").read_text() == "keep"
 
 
-def test_a_run_dir_that_holds_anything_is_refused_and_left_as_it_was(tmp_path):
+def test_a_log_dir_that_holds_anything_is_refused_and_left_as_it_was(tmp_path):
     (tmp_path / "old.csv").write_text("x")
     with pytest.raises(ValueError, match=r"is not empty, and a demo never writes into an earlier"):
-        demo.run_demo(run_dir=tmp_path)
+        demo.run_demo(log_dir=tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["old.csv"]
     assert (tmp_path / "old.csv").read_text() == "x"
     (tmp_path / "empty").mkdir()
-    assert demo.check_arguments(False, None, tmp_path / "empty", None) == tmp_path / "empty"
+    assert _args.check_arguments(False, None, tmp_path / "empty", None) == tmp_path / "empty"
     assert (
-        demo.check_arguments(False, None, tmp_path / "new" / "run", 3) == tmp_path / "new" / "run"
+        _args.check_arguments(False, None, tmp_path / "new" / "run", 3) == tmp_path / "new" / "run"
     )
 
 
-def test_the_default_run_dir_never_reuses_an_earlier_run(tmp_path, monkeypatch):
+def test_the_default_log_dir_never_reuses_an_earlier_run(tmp_path, monkeypatch):
     import datetime
 
     class Frozen(datetime.datetime):
@@ -201,13 +247,13 @@ def test_the_default_run_dir_never_reuses_an_earlier_run(tmp_path, monkeypatch):
             return cls(2025, 1, 2, 3, 4, 5)
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(demo.datetime, "datetime", Frozen)
-    first = demo.check_arguments(False, None, None, None)
-    assert first == demo.Path("runs/demo-20250102-030405") and not first.exists()
+    monkeypatch.setattr(_args.datetime, "datetime", Frozen)
+    first = _args.check_arguments(False, None, None, None)
+    assert first == Path("runs/demo-20250102-030405") and not first.exists()
     first.mkdir(parents=True)
     (first / "demo.json").write_text("{}")
-    second = demo.check_arguments(False, None, None, None)
-    assert second == demo.Path("runs/demo-20250102-030405-2")
+    second = _args.check_arguments(False, None, None, None)
+    assert second == Path("runs/demo-20250102-030405-2")
     assert (first / "demo.json").read_text() == "{}"
     # `runs` a file: refused before any work.
     (first / "demo.json").unlink()
@@ -215,16 +261,16 @@ def test_the_default_run_dir_never_reuses_an_earlier_run(tmp_path, monkeypatch):
     (tmp_path / "runs").rmdir()
     (tmp_path / "runs").write_text("not a directory")
     with pytest.raises(ValueError, match=r"is under the file 'runs'"):
-        demo.check_arguments(False, None, None, None)
+        _args.check_arguments(False, None, None, None)
 
 
-def test_a_run_dir_filled_after_the_check_is_still_refused(tmp_path):
+def test_a_log_dir_filled_after_the_check_is_still_refused(tmp_path):
     run = tmp_path / "run"
-    demo._claim_run_dir(run)  # new: created
+    _args.claim_log_dir(run)  # new: created
     assert run.is_dir()
     (run / "timeline.csv").write_text("another run's data")
     with pytest.raises(ValueError, match="is not empty"):
-        demo._claim_run_dir(run)
+        _args.claim_log_dir(run)
     assert (run / "timeline.csv").read_text() == "another run's data"
 
 
@@ -310,7 +356,7 @@ def test_tfds_examples_become_jpegs_of_one_size(tmp_path):
                 yield i, {"image": np.full((20, 20, 1), 20 * i, np.uint8), "label": i % 3}
 
     TfgpuDemoShapes(data_dir=str(tmp_path)).download_and_prepare()
-    jpegs, labels, num_classes = demo._tfds_jpegs(
+    jpegs, labels, num_classes = _workload.tfds_jpegs(
         "tfgpu_demo_shapes", 10, 16, data_dir=str(tmp_path)
     )
     assert num_classes == 3
@@ -323,7 +369,7 @@ def test_tfds_examples_become_jpegs_of_one_size(tmp_path):
         pixels.mean(), abs=3
     )
     with pytest.raises(ValueError, match="Expected at least 50"):
-        demo._tfds_jpegs("tfgpu_demo_shapes", 50, 16, data_dir=str(tmp_path))
+        _workload.tfds_jpegs("tfgpu_demo_shapes", 50, 16, data_dir=str(tmp_path))
 
 
 @pytest.mark.slow
@@ -353,8 +399,13 @@ def _env() -> dict:
 @pytest.mark.slow
 def test_quick_demo_trains_both_sides_and_writes_the_run(tmp_path):
     run_dir = tmp_path / "run"
+    code = (
+        "import sys\n"
+        "from tfgpu.demo import run_demo\n"
+        "sys.exit(run_demo(quick=True, log_dir=sys.argv[1]))\n"
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "tfgpu", "demo", "--quick", "--run-dir", str(run_dir)],
+        [sys.executable, "-c", code, str(run_dir)],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -469,7 +520,7 @@ def test_demo_callbacks_take_mfu_from_step_timer_for_the_visible_gpu(tmp_path, m
     model.compile("sgd", "mse")
     x = np.random.default_rng(0).random((128, 8), dtype="float32")
     history = model.fit(
-        x, x[:, :1], batch_size=32, epochs=1, verbose=0, callbacks=demo._callbacks(tmp_path, 32)
+        x, x[:, :1], batch_size=32, epochs=1, verbose=0, callbacks=_run._callbacks(tmp_path, 32)
     )
     median = history.history["step_time_median_s"][0]
     v100 = flops.peak_flops("Tesla V100-SXM2-16GB", "float32")

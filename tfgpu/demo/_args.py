@@ -1,0 +1,64 @@
+"""The demo's argument checks and its run directory (no TensorFlow): refused before any work."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+from tfgpu._checks import check_bool, check_dir, check_int, invalid_type, invalid_value
+
+
+def check_arguments(quick: Any, dataset: Any, log_dir: Any, epochs: Any) -> Path:
+    """Raises `TypeError`/`ValueError` for bad arguments, before any work (no TensorFlow).
+
+    Returns:
+        The run directory: `log_dir`, or a new `runs/demo-YYYYmmdd-HHMMSS` when it is None.
+    """
+    check_bool("quick", quick)
+    expected = "None (offline synthetic data) or a TensorFlow Datasets name such as 'cifar10'"
+    if dataset is not None and not isinstance(dataset, str):
+        raise invalid_type("dataset", dataset, expected)
+    if dataset is not None and not dataset.strip():
+        raise invalid_value("dataset", dataset, expected)
+    check_int("epochs", epochs, minimum=1, allow_none=True)
+    return check_log_dir(default_log_dir() if log_dir is None else log_dir)
+
+
+def check_log_dir(log_dir: Any) -> Path:
+    """The run directory, which must be new or empty: a demo never writes into an earlier run.
+
+    Raises:
+        TypeError: if `log_dir` is not a path.
+        ValueError: if it is (or is under) a file, or a directory that is not empty.
+    """
+    path = check_dir("log_dir", log_dir)
+    if path is None:  # check_dir returns None only with allow_none
+        raise invalid_type("log_dir", log_dir, "a directory path (str or os.PathLike)")
+    if path.is_dir() and any(path.iterdir()):
+        raise invalid_value(
+            "log_dir",
+            log_dir,
+            f"a new or empty directory; {str(path)!r} is not empty, and a demo never writes "
+            "into an earlier run (nothing there is touched): pass another directory, or leave "
+            "log_dir out for a fresh runs/demo-YYYYmmdd-HHMMSS",
+        )
+    return path
+
+
+def claim_log_dir(path: Path) -> None:
+    """Creates the run directory, checking again that it is empty (another run may have
+    started there since the arguments were checked)."""
+    path.mkdir(parents=True, exist_ok=True)
+    check_log_dir(path)
+
+
+def default_log_dir() -> Path:
+    """`runs/demo-YYYYmmdd-HHMMSS`, or `...-2`, `-3`, ... when that exists already."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path("runs") / f"demo-{stamp}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path

@@ -1,0 +1,132 @@
+"""The demo's pure decisions: how big it runs, and what a diagnosis changes on the tfgpu side."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+SEED = 0
+NUM_CLASSES = 10
+LEARNING_RATE = 2e-3
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """How big the demo runs. Chosen by `choose_sizes` from the hardware."""
+
+    num_train: int  # examples per epoch (a multiple of the largest global batch)
+    num_test: int
+    stored_size: int  # side of the stored JPEGs
+    image_size: int  # side of the model input (random crop of the resized image)
+    per_replica_batch: int
+    width: int  # filters of the first conv layer (then 2x, 4x); a multiple of 8
+    epochs: int
+    diagnose_steps: int
+    diagnose_warmup: int
+    check_xla: bool
+
+    @property
+    def resize_to(self) -> int:
+        """Side the decoded image is resized to, before the random crop (+12.5%)."""
+        return self.image_size + self.image_size // 8
+
+
+def choose_sizes(*, quick: bool, num_gpus: int, epochs: int | None = None) -> Sizes:
+    """Returns the demo's sizes for the hardware. Pure.
+
+    Args:
+        quick: bool, a tiny run for tests (seconds).
+        num_gpus: int, GPUs TensorFlow sees (0 on the CPU).
+        epochs: int or None, epochs per side. Defaults to None (2 quick, 8 on the CPU, 5 on GPUs).
+
+    Returns:
+        `Sizes`; `num_train` is a multiple of the global batch on up to 8 replicas.
+    """
+    if quick:
+        sizes = Sizes(
+            num_train=512,
+            num_test=256,
+            stored_size=48,
+            image_size=24,
+            per_replica_batch=32,
+            width=8,
+            epochs=2,
+            diagnose_steps=3,
+            diagnose_warmup=1,
+            check_xla=False,
+        )
+    elif num_gpus == 0:
+        # Under a minute per side on 2 cores (8 epochs of 128 steps). The images are stored
+        # larger than the model input (as in most datasets) and the model is small next to
+        # their decoding, as a GPU's step is short next to a CPU input pipeline.
+        sizes = Sizes(
+            num_train=8192,
+            num_test=1024,
+            stored_size=128,
+            image_size=32,
+            per_replica_batch=64,
+            width=8,
+            epochs=8,
+            diagnose_steps=20,
+            diagnose_warmup=3,
+            check_xla=True,
+        )
+    else:
+        replicas = min(num_gpus, 8)
+        batch = 256
+        steps = 80  # per epoch, on all GPUs together
+        sizes = Sizes(
+            num_train=steps * batch * replicas,
+            num_test=4096,
+            stored_size=128,
+            image_size=96,
+            per_replica_batch=batch,
+            width=32,
+            epochs=5,
+            diagnose_steps=20,
+            diagnose_warmup=3,
+            check_xla=True,
+        )
+    if epochs is not None:
+        sizes = dataclasses.replace(sizes, epochs=epochs)
+    return sizes
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What the tfgpu side changes because the diagnosis recommends it."""
+
+    steps_per_execution: int = 1
+    jit_compile: bool | str = "auto"
+    applied: tuple[str, ...] = ()  # each change and why, as printed and stored
+
+
+def settings_from(findings: Sequence[Any], *, jit_compile_now: bool) -> Settings:
+    """Turns diagnosis findings into compile settings for the tfgpu side. Pure.
+
+    `host_overhead` -> `steps_per_execution` (the probed value); `xla` -> `jit_compile`
+    flipped from what the naive model used. Other findings are about the input pipeline
+    (which the tfgpu side replaces anyway), precision (which `configure()` sets) or the
+    batch size (kept equal on both sides, so they train on the same examples).
+
+    Args:
+        findings: sequence of `tfgpu.diagnosis.Finding` (anything with `kind` and `title`).
+        jit_compile_now: bool, whether the diagnosed model ran with XLA.
+
+    Returns:
+        `Settings`, with `applied` naming each change and why.
+    """
+    from tfgpu.diagnosis import PROBE_STEPS_PER_EXECUTION
+
+    spe = 1
+    jit: bool | str = "auto"
+    applied: list[str] = []
+    for finding in findings:
+        if finding.kind == "host_overhead" and spe == 1:
+            spe = PROBE_STEPS_PER_EXECUTION
+            applied.append(f"steps_per_execution={spe} ({finding.title})")
+        elif finding.kind == "xla" and jit == "auto":
+            jit = not jit_compile_now
+            applied.append(f"jit_compile={jit} ({finding.title})")
+    return Settings(steps_per_execution=spe, jit_compile=jit, applied=tuple(applied))

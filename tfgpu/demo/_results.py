@@ -1,0 +1,161 @@
+"""The demo's figures: what each side measured, what must be equal, and the printed table.
+
+Pure: nothing here touches TensorFlow, Keras or the disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+NA_GPU = "n/a (no GPU)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """How a side trained (read after `fit`): what must be equal on both sides."""
+
+    global_batch: int
+    steps_trained: int
+    learning_rate: dict[str, Any]  # the schedule's config (without its name), or {"value": lr}
+    initial_weights_sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Figures:
+    """One side's figures, as stored in `demo.json` and printed in the table.
+
+    Steady-state figures leave out the first epoch (tracing, cache filling) when there are
+    more; a figure that was not measured (no GPU, no samples) is None.
+    """
+
+    examples_per_s: float | None
+    step_time_s: float | None
+    input_wait_share: float | None  # from tfgpu.diagnose() on this side
+    gpu_util_pct: float | None
+    mfu: float | None
+    host_cpu_pct: float | None
+    train_time_s: float  # wall time of all epochs
+    train_accuracy: list[float]  # per epoch
+    test_accuracy: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Speedups:
+    """tfgpu over naive: by wall time of all epochs, and by steady-state examples/s."""
+
+    wall_time: float | None
+    examples_per_s: float | None
+
+
+def _finite(values: Sequence[float | None]) -> list[float]:
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
+def _median(values: Sequence[float | None]) -> float:
+    finite = _finite(values)
+    return statistics.median(finite) if finite else math.nan
+
+
+def _mean(values: Sequence[float | None]) -> float:
+    finite = _finite(values)
+    return statistics.fmean(finite) if finite else math.nan
+
+
+def _steady(values: list[float]) -> list[float]:
+    """Epochs after the first (tracing, cache filling), or all when there is only one."""
+    return values[1:] if len(values) > 1 else values
+
+
+def side_figures(
+    history: Mapping[str, Sequence[float]],
+    *,
+    wall_time_s: float,
+    test_accuracy: float,
+    input_wait_share: float | None,
+    on_gpu: bool,
+) -> Figures:
+    """The figures of one side, from its Keras history (`History.history`) and measurements."""
+
+    def steady(key: str, stat: Callable[[Sequence[float | None]], float] = _median) -> float | None:
+        value = stat(_steady(list(history.get(key, []))))
+        return None if math.isnan(value) else value
+
+    return Figures(
+        examples_per_s=steady("examples_per_s"),
+        step_time_s=steady("step_time_median_s"),
+        input_wait_share=input_wait_share,
+        gpu_util_pct=steady("gpu0_util_pct_mean", _mean) if on_gpu else None,
+        mfu=steady("mfu") if on_gpu else None,
+        host_cpu_pct=steady("host_cpu_pct_mean", _mean),
+        train_time_s=wall_time_s,
+        train_accuracy=[float(a) for a in history.get("accuracy", [])],
+        test_accuracy=test_accuracy,
+    )
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or not b or math.isnan(a) or math.isnan(b):
+        return None
+    return a / b
+
+
+def speedups(naive: Figures, tuned: Figures) -> Speedups:
+    """tfgpu over naive: by wall time of all epochs, and by steady-state examples/s."""
+    return Speedups(
+        wall_time=_ratio(naive.train_time_s, tuned.train_time_s),
+        examples_per_s=_ratio(tuned.examples_per_s, naive.examples_per_s),
+    )
+
+
+def _fmt(value: float | None, kind: str, on_gpu: bool = True) -> str:
+    if kind in ("gpu", "mfu") and not on_gpu:
+        return NA_GPU
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if kind == "rate":
+        return f"{value:,.0f}"
+    if kind == "ms":
+        return f"{value * 1e3:.1f} ms"
+    if kind == "share":
+        return f"{value:.0%}"
+    if kind in ("gpu", "pct"):
+        return f"{value:.0f}%"
+    if kind == "mfu":
+        return f"{value:.1%}"
+    if kind == "s":
+        return f"{value:.1f} s"
+    if kind == "acc":
+        return f"{value:.3f}"
+    if kind == "x":
+        return f"{value:.2f}x"
+    return str(value)
+
+
+def format_table(naive: Figures, tuned: Figures, *, on_gpu: bool, epochs: int) -> str:
+    """The side-by-side table printed at the end (and stored in `demo.json`)."""
+    speed = speedups(naive, tuned)
+    rows = [
+        ("examples/s (steady state)", "examples_per_s", "rate"),
+        ("step time (median)", "step_time_s", "ms"),
+        ("input-wait share", "input_wait_share", "share"),
+        ("GPU utilization", "gpu_util_pct", "gpu"),
+        ("MFU", "mfu", "mfu"),
+        ("host CPU", "host_cpu_pct", "pct"),
+        (f"train time ({epochs} epochs)", "train_time_s", "s"),
+        ("final accuracy (test)", "test_accuracy", "acc"),
+    ]
+    width = max(len(r[0]) for r in rows) + 2
+    lines = [f"{'':<{width}}{'naive':>16}{'tfgpu':>16}"]
+    for label, key, kind in rows:
+        a = _fmt(getattr(naive, key), kind, on_gpu)
+        b = _fmt(getattr(tuned, key), kind, on_gpu)
+        lines.append(f"{label:<{width}}{a:>16}{b:>16}")
+    lines.append(
+        f"{'speedup':<{width}}{'1.00x':>16}{_fmt(speed.wall_time, 'x'):>16}"
+        f"   (wall time; {_fmt(speed.examples_per_s, 'x')} by examples/s)"
+    )
+    return "\n".join(lines)
