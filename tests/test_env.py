@@ -501,3 +501,27 @@ def test_environment_with_the_nvml_library_missing(monkeypatch):
     if not report.facts["tensorflow"]["gpus"]:
         f = next(f for f in report.findings if f.code == "no-nvidia-driver")
         assert "NVML could not be initialized" in f.message
+
+
+def test_tensorflow_facts_list_the_gpus_tensorflow_lists(monkeypatch):
+    from tfgpu import _devices
+    from tfgpu._devices import PhysicalGpu
+
+    listed = [
+        PhysicalGpu(0, "/physical_device:GPU:0", "NVIDIA L4", (8, 9), True, 1),
+        PhysicalGpu(1, "/physical_device:GPU:1", None, None, False, 0, "ValueError: no details"),
+    ]
+    monkeypatch.setattr(_devices, "physical_gpus", lambda: listed)
+    assert env._tensorflow_facts()["gpus"] == [
+        {
+            "name": "/physical_device:GPU:0",
+            "device_name": "NVIDIA L4",
+            "compute_capability": [8, 9],
+        },
+        {
+            "name": "/physical_device:GPU:1",
+            "device_name": None,
+            "compute_capability": None,
+            "error": "ValueError: no details",
+        },
+    ]

@@ -329,11 +329,11 @@ def _plan(facts: _Facts, wishes: _Wishes) -> _Plan:
 def _read_facts() -> _Facts:
     import tensorflow as tf  # noqa: F401  (loaded, so that _devices reads its devices)
 
-    from tfgpu._devices import physical_gpus, tf_runtime_initialized
+    from tfgpu import _devices
 
-    gpus = [_Gpu(g.tf_name, g.device_name, g.compute_capability) for g in physical_gpus()]
+    gpus = [_Gpu(g.tf_name, g.device_name, g.compute_capability) for g in _devices.physical_gpus()]
     env = {k: os.environ.get(k) for k in ("TF_GPU_ALLOCATOR", "TF_FORCE_GPU_ALLOW_GROWTH")}
-    return _Facts(gpus=tuple(gpus), runtime_initialized=tf_runtime_initialized(), env=env)
+    return _Facts(gpus=tuple(gpus), runtime_initialized=_devices.tf_runtime_initialized(), env=env)
 
 
 def _apply(plan: _Plan) -> Configuration:

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfgpu import _devices
 from tfgpu._cluster import TFConfigError, parse_tf_config
-from tfgpu._devices import physical_gpus, tf_runtime_initialized
 from tfgpu._json import json_safe
 from tfgpu.monitor.nvml import visible_gpus
 
@@ -215,12 +215,12 @@ def _tensorflow_facts() -> dict[str, Any]:
         "cuda_version": build.get("cuda_version"),
         "cudnn_version": build.get("cudnn_version"),
         "cuda_compute_capabilities": list(build.get("cuda_compute_capabilities") or []),
-        "runtime_initialized": tf_runtime_initialized(),
+        "runtime_initialized": _devices.tf_runtime_initialized(),
     }
     # _devices lists the devices without creating the runtime's context: logical devices
     # and memory settings can still be changed after.
     gpus = []
-    for device in physical_gpus():
+    for device in _devices.physical_gpus():
         cc = device.compute_capability
         gpu: dict[str, Any] = {
             "name": device.tf_name,
