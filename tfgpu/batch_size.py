@@ -31,12 +31,17 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tfgpu._checks import check_int, check_number, invalid_type
 from tfgpu._datasets import source_batches
+from tfgpu._model_state import preserved
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
 
 __all__ = ["BatchSizeResult", "BatchSizeTrial", "find_batch_size"]
 
@@ -207,50 +212,6 @@ def _accumulation_plan(target: int, max_per_replica: int, replicas: int) -> tupl
 def _pick_fastest(trials: list[BatchSizeTrial]) -> int | None:
     ok = [t for t in trials if t.fits and not math.isnan(t.examples_per_second)]
     return max(ok, key=lambda t: t.examples_per_second).batch_size if ok else None
-
-
-# ----------------------------------------------------------------------------------------
-# Model state: snapshot and restore (shared with tfgpu.diagnosis)
-
-
-def _all_state_variables(model) -> list:
-    seen: dict[int, Any] = {}
-    groups = [getattr(model, "variables", []), getattr(model, "metrics_variables", [])]
-    opt = getattr(model, "optimizer", None)
-    while opt is not None:
-        groups.append(getattr(opt, "variables", []))
-        opt = getattr(opt, "inner_optimizer", None)
-    for group in groups:
-        for v in group:
-            seen.setdefault(id(v), v)
-    return list(seen.values())
-
-
-def _snapshot_state(model) -> list[tuple[Any, np.ndarray]]:
-    """Copies every variable of the model, its optimizer and its metrics."""
-    return [(v, np.array(v.numpy(), copy=True)) for v in _all_state_variables(model)]
-
-
-def _restore_state(model, snapshot) -> None:
-    """Puts back the values from `_snapshot_state`; resets metrics created since."""
-    known = set()
-    for v, value in snapshot:
-        v.assign(value)
-        known.add(id(v))
-    for m in getattr(model, "metrics", []):
-        if any(id(v) not in known for v in getattr(m, "variables", [])):
-            m.reset_state()
-
-
-def _prepare_model(model, sample_batch) -> None:
-    """Builds the model and its optimizer so their state can be snapshotted."""
-    strategy = model.distribute_strategy
-    with strategy.scope():
-        if not model.built:
-            model(sample_batch[0], training=False)
-        opt = model.optimizer
-        if opt is not None and not getattr(opt, "built", True):
-            opt.build(model.trainable_variables)
 
 
 # ----------------------------------------------------------------------------------------
@@ -448,8 +409,8 @@ def _run_trial(model, pool, batch_size, *, steps, device, budget, replicas) -> B
 
 
 def find_batch_size(
-    model,
-    data,
+    model: keras.Model,
+    data: tf.data.Dataset | tuple[Any, ...] | list[Any],
     *,
     start: int = 8,
     max_batch_size: int = 4096,
@@ -594,11 +555,9 @@ def find_batch_size(
         budgets.append(int(capacity * memory_fraction))
     budget = min(budgets) if budgets else None
 
-    _prepare_model(model, _make_batch(pool, 1, None))
-    snapshot = _snapshot_state(model)
     trials: list[BatchSizeTrial] = []
     ran_out = False
-    try:
+    with preserved(model, _make_batch(pool, 1, None)[0]):
         while True:
             nxt = _next_candidate(
                 [(t.batch_size, t.fits) for t in trials],
@@ -622,8 +581,6 @@ def find_batch_size(
                     replicas=replicas,
                 )
             )
-    finally:
-        _restore_state(model, snapshot)
     stopped_by = _stopped_by(
         [(t.batch_size, t.fits) for t in trials],
         max_batch_size=max_batch_size,

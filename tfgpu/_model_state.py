@@ -1,0 +1,102 @@
+"""Snapshot and restore of a Keras model's training state: `with preserved(model, x): ...`.
+
+Shared by `tfgpu.diagnose` and `tfgpu.find_batch_size` (and anything else that trains a
+user's model to measure it): the model comes back exactly as it went in, so training
+afterwards starts where it would have without the measurement. Kept: the values of every
+variable of the model, its optimizer (nested ones too, e.g. a `LossScaleOptimizer`'s inner
+optimizer) and its metrics; `steps_per_execution`, `jit_compile`, `train_function` and
+`history`. Metrics created during the body are reset.
+
+The model and its optimizer are built before the snapshot (`build`): variables that the
+first training step would otherwise create (the optimizer's slots and step count on a
+freshly compiled model) then exist, are recorded, and are put back too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+__all__ = ["build", "preserved"]
+
+# Model attributes put back as they were (compile settings and what `fit` replaces).
+_ATTRIBUTES = ("steps_per_execution", "jit_compile", "train_function", "history")
+
+
+def build(model: Any, x: Any = None) -> None:
+    """Builds `model` (on inputs `x`, if not built yet) and its optimizer, under its strategy.
+
+    Args:
+        model: keras.Model, compiled.
+        x: the model's inputs for one batch (any batch size), used only when the model is
+            not built yet. Defaults to None (the model must then be built).
+    """
+    strategy = model.distribute_strategy
+    with strategy.scope():
+        if not model.built and x is not None:
+            model(x, training=False)
+        opt = getattr(model, "optimizer", None)
+        if opt is not None and not getattr(opt, "built", True):
+            opt.build(model.trainable_variables)
+
+
+def _state_variables(model: Any) -> list[Any]:
+    """Every variable of the model, its optimizer chain and its metrics, each once."""
+    seen: dict[int, Any] = {}
+    groups = [getattr(model, "variables", []), getattr(model, "metrics_variables", [])]
+    opt = getattr(model, "optimizer", None)
+    while opt is not None:
+        groups.append(getattr(opt, "variables", []))
+        opt = getattr(opt, "inner_optimizer", None)
+    for group in groups:
+        for v in group:
+            seen.setdefault(id(v), v)
+    return list(seen.values())
+
+
+def snapshot(model: Any) -> list[tuple[Any, np.ndarray]]:
+    """Copies of every variable of the model, its optimizer and its metrics."""
+    return [(v, np.array(v.numpy(), copy=True)) for v in _state_variables(model)]
+
+
+def restore(model: Any, values: list[tuple[Any, np.ndarray]]) -> None:
+    """Puts back the values from `snapshot`; resets metrics whose variables came since."""
+    known = set()
+    for v, value in values:
+        v.assign(value)
+        known.add(id(v))
+    for m in getattr(model, "metrics", []):
+        if any(id(v) not in known for v in getattr(m, "variables", [])):
+            m.reset_state()
+
+
+@contextlib.contextmanager
+def preserved(model: Any, x: Any = None) -> Iterator[None]:
+    """Runs the body, then puts the model's training state back (also on an exception).
+
+    Args:
+        model: keras.Model, compiled.
+        x: the model's inputs for one batch, to build an unbuilt model. Defaults to None.
+
+    Example:
+
+    >>> with preserved(model, x[:1]):
+    ...     model.fit(x, y, epochs=1)  # weights, optimizer, metrics, history: as before
+    """
+    build(model, x)
+    values = snapshot(model)
+    saved = {name: getattr(model, name, None) for name in _ATTRIBUTES}
+    try:
+        yield
+    finally:
+        restore(model, values)
+        model.steps_per_execution = saved["steps_per_execution"]
+        model.jit_compile = saved["jit_compile"]
+        # The train function compiled for these settings (None: the next fit makes one).
+        model.train_function = saved["train_function"]
+        if saved["history"] is not None:
+            model.history = saved["history"]
+        model.stop_training = False
