@@ -45,6 +45,7 @@ import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tfgpu._checks import check_int, invalid_type, invalid_value
 from tfgpu._warnings import one_line
@@ -532,7 +533,7 @@ def _train_counts(model, specs) -> dict[str, float]:
     return _counted(step, specs, stacklevel=5)  # user <- train_step_flops <- _step_flops
 
 
-def train_step_flops(model, batch_size: int, *, input_signature=None) -> float:
+def train_step_flops(model: Any, batch_size: int, *, input_signature: Any = None) -> float:
     """Returns the matmul/conv FLOPs of one training step, as the step really computes them.
 
     Counted from the traced gradient graph (see the module docstring): the forward pass of
