@@ -312,7 +312,15 @@ def _compare(
 # ---- helpers of the phases ------------------------------------------------------------------
 
 
-def _diagnose(model: Any, train: Any, sizes: Sizes, log_dir: Path, **probes: bool) -> Diagnosis:
+def _diagnose(
+    model: Any,
+    train: Any,
+    sizes: Sizes,
+    log_dir: Path,
+    *,
+    check_xla: bool,
+    check_steps_per_execution: bool = True,
+) -> Diagnosis:
     """`tfgpu.diagnose()` with the demo's step counts, printed indented."""
     from tfgpu.diagnosis import diagnose
 
@@ -322,7 +330,8 @@ def _diagnose(model: Any, train: Any, sizes: Sizes, log_dir: Path, **probes: boo
         steps=sizes.diagnose_steps,
         warmup=sizes.diagnose_warmup,
         run_dir=log_dir,
-        **probes,
+        check_xla=check_xla,
+        check_steps_per_execution=check_steps_per_execution,
     )
     _say("  " + str(diagnosis).replace("\n", "\n  "))
     return diagnosis
