@@ -12,13 +12,12 @@ import pytest
 import tensorflow as tf
 
 import tfgpu
-import tfgpu.diagnosis as diagnosis_module
-from tfgpu.diagnosis import (
-    Diagnosis,
-    _classify,
-    _Facts,
-    _lint_mixed_precision,
-)
+from tfgpu.diagnosis import Diagnosis, _measure
+from tfgpu.diagnosis._classify import _classify
+from tfgpu.diagnosis._facts import _Facts
+from tfgpu.diagnosis._graph import _shape_facts
+from tfgpu.diagnosis._lint import _lint_mixed_precision
+from tfgpu.diagnosis._rounds import _share_verdict
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(1024, 256)).astype("float32")
@@ -99,7 +98,7 @@ class _ScriptedSteps:
     def __init__(
         self, monkeypatch, *, device_s, real_s, spe_gain=1.0, xla_factor=1.0, xla_error=None
     ):
-        from tfgpu import diagnosis as module
+        from tfgpu.diagnosis import _measure as module
 
         self.device_s, self.real_s = device_s, real_s
         self.spe_gain, self.xla_factor = spe_gain, xla_factor
@@ -188,7 +187,7 @@ def test_a_real_diagnosis_probes_restores_the_model_and_its_files_agree(tmp_path
     before = _state(model)
 
     diagnosis = tfgpu.diagnose(
-        model, (X, Y), batch_size=16, steps=30, check_xla=True, run_dir=tmp_path
+        model, (X, Y), batch_size=16, steps=30, check_xla=True, log_dir=tmp_path
     )
 
     # Which bottleneck wins depends on this machine's load (see the scripted tests above for
@@ -310,9 +309,9 @@ def test_mixed_precision_lint():
 
 
 @pytest.mark.slow
-def test_profiler_trace_is_captured_into_the_run_dir(tmp_path):
+def test_profiler_trace_is_captured_into_the_log_dir(tmp_path):
     ds = tf.data.Dataset.from_tensor_slices((X[:256], Y[:256])).batch(32).prefetch(2)
-    diagnosis = tfgpu.diagnose(_tiny_model(), ds, profile=True, run_dir=tmp_path, **FAST)
+    diagnosis = tfgpu.diagnose(_tiny_model(), ds, profile=True, log_dir=tmp_path, **FAST)
     assert diagnosis.profile_dir == str(tmp_path / "profile")
     assert list((tmp_path / "profile").rglob("*.xplane.pb"))
 
@@ -324,16 +323,19 @@ def test_bad_arguments_are_rejected_before_work():
     model.compile("sgd", "mse")
     with pytest.raises(ValueError, match="steps=1"):
         tfgpu.diagnose(model, (X, Y), steps=1)
-    with pytest.raises(ValueError, match="run_dir=None"):
+    with pytest.raises(ValueError, match="log_dir=None"):
         tfgpu.diagnose(model, (X, Y), profile=True)
-    with pytest.raises(TypeError, match="dataset"):
+    with pytest.raises(TypeError, match="argument `data`"):
         tfgpu.diagnose(model, "data")
+    # Everything after the model and the data is keyword-only, as in `fit(x, y, *, ...)`.
+    with pytest.raises(TypeError, match="positional argument"):
+        tfgpu.diagnose(model, (X, Y), 20)
     with pytest.raises(TypeError, match="model"):
         tfgpu.diagnose("model", (X, Y))
     # The value received is shown, not only its type.
     with pytest.raises(TypeError, match=r"Received: model='m' \(of type str\)\. Expected a"):
         tfgpu.diagnose("m", (X, Y))
-    with pytest.raises(TypeError, match=r"Received: dataset='data' \(of type str\)"):
+    with pytest.raises(TypeError, match=r"Received: data='data' \(of type str\)"):
         tfgpu.diagnose(model, "data")
     with pytest.raises(TypeError, match=r"Received: check_xla='no' \(of type str\)"):
         tfgpu.diagnose(model, (X, Y), check_xla="no")
@@ -344,10 +346,10 @@ def test_paths_and_data_fit_cannot_train_on_are_refused_before_work(tmp_path):
     model = _tiny_model()
     a_file = tmp_path / "notes.txt"
     a_file.write_text("x")
-    with pytest.raises(TypeError, match=r"Received: run_dir=123 \(of type int\)"):
-        tfgpu.diagnose(model, (X, Y), run_dir=123)
-    with pytest.raises(ValueError, match=r"`run_dir`.*is under the file"):
-        tfgpu.diagnose(model, (X, Y), run_dir=a_file / "run")
+    with pytest.raises(TypeError, match=r"Received: log_dir=123 \(of type int\)"):
+        tfgpu.diagnose(model, (X, Y), log_dir=123)
+    with pytest.raises(ValueError, match=r"`log_dir`.*is under the file"):
+        tfgpu.diagnose(model, (X, Y), log_dir=a_file / "run")
     with pytest.raises(TypeError, match=r"batch_size=2\.5 \(of type float\)"):
         tfgpu.diagnose(model, (X, Y), batch_size=2.5)
     unbatched = tf.data.Dataset.from_tensor_slices((X, Y))
@@ -364,10 +366,10 @@ def test_paths_and_data_fit_cannot_train_on_are_refused_before_work(tmp_path):
     assert not model.optimizer.built  # nothing was trained
 
 
-def test_an_earlier_diagnosis_in_the_run_dir_is_kept(monkeypatch, tmp_path):
+def test_an_earlier_diagnosis_in_the_log_dir_is_kept(monkeypatch, tmp_path):
     _ScriptedSteps(monkeypatch, device_s=0.004, real_s=0.004)
     (tmp_path / "diagnosis.json").write_text('{"bottleneck": "earlier"}')
-    tfgpu.diagnose(_tiny_model(), (X[:128], Y[:128]), batch_size=16, run_dir=tmp_path, **FAST)
+    tfgpu.diagnose(_tiny_model(), (X[:128], Y[:128]), batch_size=16, log_dir=tmp_path, **FAST)
     assert json.loads((tmp_path / "diagnosis.1.json").read_text()) == {"bottleneck": "earlier"}
     assert "findings" in json.loads((tmp_path / "diagnosis.json").read_text())
 
@@ -410,7 +412,7 @@ def test_training_after_diagnose_is_the_training_without_it():
 
 
 def _inspect_dataset(ds) -> dict[str, bool]:
-    from tfgpu.diagnosis import _PipelineFacts, _read_pipeline
+    from tfgpu.diagnosis._graph import _PipelineFacts, _read_pipeline
 
     facts = _read_pipeline(ds) or _PipelineFacts()
     return {"python_input": facts.python_input, "prefetch": facts.prefetch}
@@ -457,7 +459,8 @@ class _StringLayer(keras.layers.Layer):
 
 
 def test_train_step_graph_names_its_ops_their_devices_and_gpu_kernels():
-    from tfgpu.diagnosis import _cpu_placed_ops, _train_step_ops
+    from tfgpu.diagnosis._classify import _cpu_placed_ops
+    from tfgpu.diagnosis._graph import _train_step_ops
 
     model = keras.Sequential(
         [
@@ -505,7 +508,7 @@ def test_train_step_graph_names_its_ops_their_devices_and_gpu_kernels():
 
 
 def test_cpu_placed_train_step_ops_are_a_host_device_traffic_finding_on_gpus():
-    from tfgpu.diagnosis import _OpFact
+    from tfgpu.diagnosis._facts import _OpFact
 
     ops = [
         _OpFact("model/dense/MatMul", "MatMul"),
@@ -534,7 +537,7 @@ def test_cpu_placed_train_step_ops_are_a_host_device_traffic_finding_on_gpus():
 
 
 def test_input_bound_advice_for_a_tfgpu_pipeline_is_what_is_left():
-    from tfgpu.diagnosis import _PipelineFacts, _read_pipeline
+    from tfgpu.diagnosis._graph import _PipelineFacts, _read_pipeline
 
     def augment(x, y):
         return x + tf.random.uniform(tf.shape(x), 0, 0.1), y
@@ -586,7 +589,7 @@ def test_input_bound_advice_for_a_tfgpu_pipeline_is_what_is_left():
 
 
 def test_in_memory_pipeline_without_a_map_gets_in_memory_advice():
-    from tfgpu.diagnosis import _read_pipeline
+    from tfgpu.diagnosis._graph import _read_pipeline
 
     facts = _read_pipeline(tfgpu.data.pipeline((X[:256], Y[:256]), batch_size=32))
     assert not (facts.parallel_map or facts.sequential_map or facts.python_input)
@@ -649,7 +652,7 @@ def test_gpu_facts_describe_the_gpu_tensorflow_was_given(monkeypatch):
     import sys
 
     from tests import fake_pynvml
-    from tfgpu.diagnosis import _gpu_facts
+    from tfgpu.diagnosis._diagnose import _gpu_facts
 
     # NVML sees an A100 and a V100; TensorFlow was given only the V100 (set_visible_devices).
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml.make())
@@ -700,7 +703,7 @@ def _counter_kinds(facts) -> set[str]:
 
 
 def test_a_healthy_gpu_run_has_no_counter_findings_and_no_unseen_notes():
-    from tfgpu.diagnosis import _unseen
+    from tfgpu.diagnosis._classify import _unseen
 
     assert _counter_kinds(_gpu()) == set()
     assert _unseen(_gpu()) == []
@@ -779,7 +782,7 @@ def test_small_kernels_high_utilization_low_sm_activity():
 
 
 def test_pcie_traffic_far_above_the_batch_bytes_names_the_causes():
-    from tfgpu.diagnosis import _OpFact
+    from tfgpu.diagnosis._facts import _OpFact
 
     # 100 MiB/s x 0.1 s = 10 MiB per step, 10x a 1 MiB batch.
     ops = [_OpFact("model/pinned/Square", "Square", "/device:CPU:0")]
@@ -832,7 +835,7 @@ def test_throttle_finding_needs_low_power_and_a_real_reason(kw):
 
 
 def test_a_gpu_without_gpm_uses_what_exists_and_says_what_it_cannot_see():
-    from tfgpu.diagnosis import _unseen
+    from tfgpu.diagnosis._classify import _unseen
 
     nan = float("nan")
     # An A10 without GPM: utilization, power and throttle reasons exist; GPM counters do not.
@@ -863,7 +866,7 @@ def test_a_gpu_without_gpm_uses_what_exists_and_says_what_it_cannot_see():
 def test_monitor_facts_read_gpu0_and_absent_or_odd_values_as_nan():
     import math
 
-    from tfgpu.diagnosis import _monitor_facts
+    from tfgpu.diagnosis._classify import _monitor_facts
 
     agg = {
         "gpu0_util_pct_mean": np.float32(75.0),
@@ -887,7 +890,8 @@ def test_monitor_facts_read_gpu0_and_absent_or_odd_values_as_nan():
 
 
 def test_batch_bytes_and_the_layers_the_tensor_core_advice_names():
-    from tfgpu.diagnosis import _batch_bytes, _precision_layers
+    from tfgpu.diagnosis._graph import _batch_bytes
+    from tfgpu.diagnosis._lint import _precision_layers
 
     batch = (tf.zeros((4, 3), tf.float32), tf.zeros((4,), tf.int64))
     assert _batch_bytes(batch) == 4 * 3 * 4 + 4 * 8
@@ -926,21 +930,23 @@ def test_a_hand_built_diagnosis_prints_the_activity_counters():
 
 
 def test_diagnose_decides_with_the_rules_it_shares_with_the_report(monkeypatch):
-    import tfgpu.diagnosis
     from tfgpu import _gpu_counters
+    from tfgpu.diagnosis import _classify as _classify_module
+    from tfgpu.diagnosis import _facts
 
     facts = _gpu(tensor_active_pct_mean=3.0)
     assert "tensor_cores_idle" in _counter_kinds(facts)
     monkeypatch.setattr(_gpu_counters, "TENSOR_ACTIVE_LOW_PCT", 2.0)  # one threshold, moved
     assert "tensor_cores_idle" not in _counter_kinds(facts)
-    # No second copy of the thresholds or the throttle table in diagnosis.py.
+    # No second copy of the thresholds or the throttle table in the diagnosis package.
     for name in ("TENSOR_ACTIVE_LOW_PCT", "SMALL_KERNELS_UTIL_PCT", "PCIE_BATCH_FACTOR",
                  "POWER_LOW_SHARE", "THROTTLE_REASONS"):  # fmt: skip
-        assert not hasattr(tfgpu.diagnosis, name), name
+        for module in (tfgpu.diagnosis, _facts, _classify_module):
+            assert not hasattr(module, name), name
     # The same clocks-throttled text in both.
     throttled = _gpu(power_w_mean=150.0, throttle_reasons_any=float(0x40))
     (finding,) = [f for f in _classify(throttled)[3] if f.kind == "clocks_throttled"]
-    shared = _gpu_counters.clocks_throttled(tfgpu.diagnosis._counters(throttled))
+    shared = _gpu_counters.clocks_throttled(_classify_module._counters(throttled))
     assert shared is not None
     assert (finding.title, finding.detail, finding.recommendation) == (
         shared.title,
@@ -968,7 +974,7 @@ def _piped_slowly(ms: float = 20.0, n: int = 512):
 
 
 def test_median_interval_is_the_order_statistics_interval():
-    from tfgpu.diagnosis import _median_interval
+    from tfgpu.diagnosis._rounds import _median_interval
 
     assert _median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0, 0.75)  # too few: the full range
     low, high, confidence = _median_interval(list(range(12)))
@@ -1227,28 +1233,26 @@ def test_a_fit_cut_before_a_timed_step_is_no_measurement():
     # whose time is not a step time. A probe cut that way records no round, not "slower".
     model = _tiny_model()
     data = tf.data.Dataset.from_tensor_slices((X[:64], Y[:64])).batch(16).repeat()
-    assert diagnosis_module._fit_step_time(model, data, 5, 2, deadline=0.0) is None
-    assert diagnosis_module._fit_step_time(model, data, 5, 2) > 0
-    spent = diagnosis_module._Budget(0.0)
-    rounds, stopped = diagnosis_module._compare(
-        model, data, 5, 2, {"steps_per_execution": 4}, budget=spent
-    )
+    assert _measure._fit_step_time(model, data, 5, 2, deadline=0.0) is None
+    assert _measure._fit_step_time(model, data, 5, 2) > 0
+    spent = _measure._Budget(0.0)
+    rounds, stopped = _measure._compare(model, data, 5, 2, {"steps_per_execution": 4}, budget=spent)
     assert (rounds, stopped) == ([], "budget")
     assert int(model.steps_per_execution) == 1  # put back
 
 
 def test_fewer_rounds_than_the_minimum_cannot_tell_the_noise():
-    one = diagnosis_module._share_verdict([(0.1, 0.2)])
+    one = _share_verdict([(0.1, 0.2)])
     assert one["level"] == "inconclusive" and one["rounds"] == 1
-    three = diagnosis_module._share_verdict([(0.1, 0.2)] * 3)
+    three = _share_verdict([(0.1, 0.2)] * 3)
     assert three["level"] == "high"
 
 
 def test_full_batches_with_an_unknown_batch_dimension_do_not_change_shape():
     full = tf.data.Dataset.from_tensor_slices(X[:64]).batch(16)  # 4 full batches, spec (None, 256)
-    assert diagnosis_module._shape_facts(full) == (None, False)
+    assert _shape_facts(full) == (None, False)
     partial = tf.data.Dataset.from_tensor_slices(X[:60]).batch(16)
-    assert diagnosis_module._shape_facts(partial) == ("(None, 256)", True)
+    assert _shape_facts(partial) == ("(None, 256)", True)
     ragged_text = tf.data.Dataset.from_tensor_slices(np.zeros((64, 7), "int64")).batch(16)
     padded = ragged_text.map(lambda t: tf.pad(t, [[0, 0], [0, tf.shape(t)[0] % 3]]))
-    assert diagnosis_module._shape_facts(padded)[0] == "(None, None)"
+    assert _shape_facts(padded)[0] == "(None, None)"

@@ -1,0 +1,250 @@
+"""The texts of the findings: what was seen and the exact argument to change. Pure."""
+
+from __future__ import annotations
+
+from tfgpu import _gpu_counters as counters
+from tfgpu.diagnosis._facts import PROBE_STEPS_PER_EXECUTION, _Facts, _OpFact
+from tfgpu.diagnosis._result import Finding
+
+
+def _finding(found: counters.CounterFinding, detail: str | None = None, fix: str | None = None):
+    """A `Finding` from a shared rule's text pieces (`detail`, `fix`: what the model adds)."""
+    return Finding(
+        found.kind,
+        found.severity,
+        found.title,
+        found.detail() if detail is None else detail,
+        found.fix if fix is None else fix,
+    )
+
+
+def _tensor_idle_finding(
+    f: _Facts, found: counters.CounterFinding, xla_no_gain: bool = False
+) -> Finding:
+    mixed = f.policy in ("mixed_float16", "mixed_bfloat16")
+    tf32_capable = all(tuple(cc) >= (8, 0) for cc in f.compute_capabilities)
+    fixes = []
+    if mixed and f.float32_layers:
+        fixes.append(
+            "these layers keep float32 math under the mixed policy, so their matmuls skip the "
+            "tensor cores: " + ", ".join(f.float32_layers[:8]) + " (drop their "
+            '`dtype="float32"` unless they must stay float32, like a final softmax)'
+        )
+    if f.odd_dim_layers:
+        fixes.append(counters.MULTIPLES_OF_8 + ": " + ", ".join(f.odd_dim_layers[:8]))
+    if f.tf32_enabled is False and tf32_capable:
+        fixes.append(
+            "TF32 is off, so float32 matmuls run on the CUDA cores: remove "
+            "`tf.config.experimental.enable_tensor_float_32_execution(False)` (or call it "
+            "with `True`)"
+        )
+    if not mixed:
+        choice = "mixed_bfloat16" if tf32_capable else "mixed_float16"
+        fixes.append(
+            f'mixed precision: `tfgpu.configure(precision="{choice}")` before building the '
+            "model" + ("" if tf32_capable else " (float32 never uses tensor cores before Ampere)")
+        )
+    if not xla_no_gain:  # never advise what its own probe measured as no gain
+        fixes.append(counters.ELEMENTWISE_FIX)
+    return _finding(
+        found,
+        f"{found.measured} under the {f.policy} policy: {found.meaning}."
+        + (" TF32 is off." if f.tf32_enabled is False and tf32_capable else ""),
+        _sentence("; ".join(fixes)),
+    )
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + "."
+
+
+def _pcie_finding(
+    f: _Facts, found: counters.CounterFinding, cpu_ops: list[tuple[_OpFact, str]]
+) -> Finding:
+    seen = []
+    if cpu_ops:
+        seen.append(_cpu_ops_traffic(cpu_ops)[0])
+    if f.numpy_input:
+        seen.append("the data is fed as NumPy arrays")
+    if f.python_input:
+        seen.append("the pipeline runs `tf.py_function` / a generator")
+    return _finding(found, found.measured + (f"; seen: {'; '.join(seen)}" if seen else "") + ".")
+
+
+def _unexplained_wait_finding(f: _Facts, wait: float) -> Finding:
+    """The input wait is far longer than the pipeline's own time per batch: what to check. Pure."""
+    causes = []
+    if f.dynamic_shape:
+        causes.append(
+            f"the batches' shape {f.dynamic_shape} has `None` dims"
+            + (" and the last batch is partial" if f.partial_batches else "")
+            + ": each new shape retraces the train step"
+            + (" and recompiles it under `jit_compile`" if f.jit_compile else "")
+            + "; batch with `drop_remainder=True` (`.batch(..., drop_remainder=True)`, "
+            "`tfgpu.data.pipeline(..., drop_remainder=True)`) or pad to fixed shapes"
+        )
+    if f.replicas > 1:
+        causes.append(
+            f"the batches are split across {f.replicas} replicas every step (the distributed "
+            "iterator's overhead): time a single-device run to compare"
+        )
+    if f.host_load is not None and f.host_load >= 1.0:
+        causes.append(
+            f"the host is loaded (load average {f.host_load:.1f} per core): other processes "
+            "compete for the cores tf.data and the step use; diagnose on a quieter machine"
+        )
+    if not causes:
+        causes.append(
+            "none of the usual causes was seen (fixed batch shapes, one replica, host not "
+            "loaded): rerun `diagnose` with a larger `time_budget_s`, or capture a trace "
+            "with `profile=True` and a `run_dir`"
+        )
+    return Finding(
+        "input_wait_unexplained",
+        "moderate",
+        "Steps wait far longer than the pipeline takes: the input pipeline is not the cause",
+        f"{wait * 1e3:.2f} ms of each {f.step_time_s * 1e3:.2f} ms step waits beside a "
+        f"{f.compute_step_time_s * 1e3:.2f} ms device-resident step, but the pipeline alone "
+        f"makes a batch in {f.input_batch_time_s * 1e3:.2f} ms: not called input-bound.",
+        _sentence("check: " + "; ".join(causes)),
+    )
+
+
+def _input_advice(f: _Facts, spe_no_gain: bool = False) -> str:
+    """What to change in an input-bound pipeline, given what it already does and who built
+    it (a `tfgpu.data.pipeline`, a Keras loader or hand-made chain, a generator). Pure."""
+    if not (f.parallel_map or f.sequential_map or f.python_input):
+        return _in_memory_advice(f, spe_no_gain)
+    if f.python_input:
+        where = (
+            "in `map_fn`, then let `cache=` keep its output"
+            if f.made_by_pipeline
+            else "before a `cache()`"
+        )
+        return (
+            "The pipeline runs Python for every element (`tf.py_function` / a generator), "
+            "which holds the GIL and cannot run in parallel: rewrite that step with TF ops "
+            f"(`tf.io`, `tf.image`, `tf.strings`), or run it once {where}."
+        )
+    tuned = f.prefetch and not f.sequential_map
+    if not tuned and not f.made_by_pipeline:
+        missing = []
+        if f.sequential_map:
+            missing.append("a map runs one element at a time")
+        if f.cache is None:
+            missing.append("nothing is cached")
+        if not f.prefetch:
+            missing.append("batches are not prefetched")
+        return (
+            "Build the input with `tfgpu.data.pipeline(ds, batch_size=...)` (it takes a Keras "
+            "loader's dataset too: parallel `map(num_parallel_calls=tf.data.AUTOTUNE)`, "
+            "`cache()`, `prefetch(tf.data.AUTOTUNE)`), or give your own `ds.map(...)` "
+            "`num_parallel_calls=tf.data.AUTOTUNE` and end with `.prefetch(tf.data.AUTOTUNE)`"
+            + (f": now {', '.join(missing)}" if missing else "")
+            + "; move per-example Python work into TF ops or before `cache()`."
+        )
+    caches = {"memory": "caches in memory", "file": "caches to a file"}
+    cached = "" if f.cache is None else caches.get(f.cache, "")
+    parallel = "maps in parallel" if f.parallel_map else ""
+    prefetches = "prefetches" if f.prefetch else ""
+    done = ", ".join(x for x in (parallel, cached, prefetches) if x) or "is a tfgpu pipeline"
+    left = [
+        "make the per-example work cheaper (fewer ops in `map_fn`/`augment_fn`; decode "
+        "smaller, e.g. `tf.io.decode_jpeg(..., ratio=2)` or `decode_and_crop_jpeg`)"
+    ]
+    if f.sequential_map:
+        left.insert(
+            0,
+            "a map in the dataset passed in runs one element at a time: move that work into "
+            "`map_fn=` (run in parallel) or, vectorized, `batch_map_fn=`",
+        )
+    if f.map_after_cache:
+        left.append(
+            "move the augmentation after the cache into `batch_augment_fn=` (vectorized: one "
+            "op per batch instead of one per example)"
+        )
+    if f.cache is None:
+        left.append(
+            'cache the decoded examples: `cache=True` (memory) or `cache="/path/prefix"` (a '
+            "file), with the deterministic work in `map_fn` before it"
+        )
+    pool = f.private_threadpool_size
+    left.append(
+        "give tf.data more CPU cores (a host with more cores per GPU; "
+        f"`private_threadpool_size=` sized to them, now {pool or 'the shared pool'})"
+    )
+    left.append(
+        "preprocess offline: write the decoded, resized examples to TFRecord files once and "
+        'read them with `tfgpu.data.pipeline("data-*.tfrecord", map_fn=parse, ...)`'
+    )
+    return f"The pipeline already {done}: what is left is to " + "; ".join(left) + "."
+
+
+def _in_memory_advice(f: _Facts, spe_no_gain: bool = False) -> str:
+    """What helps a pipeline without a map (in-memory arrays): fewer, larger hand-overs. Pure.
+
+    Nothing is decoded or transformed, so cheaper maps, caches and TFRecords cannot help: the
+    cost is per batch (slicing, the iterator, the copy into the step) and per host round trip.
+    """
+    left = []
+    if not f.prefetch:
+        left.append("end the pipeline with `.prefetch(tf.data.AUTOTUNE)`")
+    batch = f"now {f.batch_size}" if f.batch_size else "per replica"
+    left.append(
+        f"a larger batch (`batch_size=`, {batch}): the per-batch cost is paid for more "
+        "examples; scale the learning rate with `tfgpu.scale_learning_rate`"
+    )
+    if not spe_no_gain:  # never advise what its own probe measured as no gain
+        left.append(
+            f"`model.compile(..., steps_per_execution=)` (now {f.steps_per_execution}; "
+            f"e.g. {max(PROBE_STEPS_PER_EXECUTION, 4 * f.steps_per_execution)}): fewer host "
+            "round trips, several batches fetched per call"
+        )
+    left.append(
+        "`tfgpu.data.pipeline(..., repeat=True)` with `model.fit(..., steps_per_epoch=...)`: "
+        "one iterator for the whole run instead of a new one every epoch"
+    )
+    return (
+        "The pipeline has no map (in-memory data): the wait is per-batch hand-over, so "
+        + "; ".join(left)
+        + "."
+    )
+
+
+_CPU_OP_FIXES = {
+    "pinned": 'remove the `with tf.device("/cpu:0")` around it in the model; a preprocessing '
+    "layer that pins itself there (`TextVectorization`, `StringLookup`, `Hashing`) belongs in "
+    "the input pipeline instead (`map_fn=layer`)",
+    "python": "rewrite the `tf.py_function` with TF ops, or move it into the input pipeline",
+    "no_kernel": "no GPU kernel for it (a string op, an op without a GPU kernel for its "
+    "dtype): move it into the input pipeline (`map_fn`) or replace it with an op that has one",
+}
+
+
+def _cpu_ops_traffic(cpu_ops: list[tuple[_OpFact, str]]) -> tuple[str, str]:
+    """(what was seen, the fix) for train-step ops on the CPU. Pure."""
+    shown = [f"`{op.name}` ({op.op}{', ' + op.device if why == 'pinned' else ''})"
+             for op, why in cpu_ops[:6]]  # fmt: skip
+    more = f" and {len(cpu_ops) - 6} more" if len(cpu_ops) > 6 else ""
+    seen = (
+        f"{len(cpu_ops)} train-step op(s) run on the CPU, so tensors cross between host and "
+        f"GPU every step: {', '.join(shown)}{more}"
+    )
+    reasons = []
+    for _, why in cpu_ops:
+        if why not in reasons:
+            reasons.append(why)
+    return seen, "; ".join(_CPU_OP_FIXES[why] for why in reasons)
+
+
+def _loss_scale_finding(before: float, after: float) -> Finding:
+    return Finding(
+        "loss_scale",
+        "high",
+        "The dynamic loss scale keeps collapsing",
+        f"The scale fell from {before:g} to {after:g} during the run: each halving is a step "
+        "whose gradients overflowed float16 and whose update was skipped silently.",
+        'Use `"mixed_bfloat16"` on GPUs with compute capability >= 8.0 (no loss scale '
+        "needed); otherwise find the overflow (unnormalized inputs, large logits, a layer "
+        'that must run in float32: `dtype="float32"`).',
+    )

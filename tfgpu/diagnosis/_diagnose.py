@@ -1,0 +1,576 @@
+"""`tfgpu.diagnose()`: check the arguments, read what needs no training, measure under
+`preserved(model)`, classify, write `diagnosis.json`."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfgpu import _devices
+from tfgpu._checks import (
+    check_bool,
+    check_dir,
+    check_int,
+    check_number,
+    invalid_type,
+)
+from tfgpu._datasets import chain_state, made_by_pipeline
+from tfgpu._files import rotate, write_text_atomic
+from tfgpu._model_state import preserved
+from tfgpu._warnings import one_line
+from tfgpu.diagnosis import _measure
+from tfgpu.diagnosis._classify import _classify, _monitor_facts, _unseen, _wait_notes
+from tfgpu.diagnosis._facts import (
+    _MIN_ROUNDS,
+    DEFAULT_TIME_BUDGET_S,
+    HOST_OVERHEAD_MIN_GAIN,
+    HOST_OVERHEAD_PROBE_BELOW_S,
+    PROBE_STEPS_PER_EXECUTION,
+    XLA_MIN_GAIN,
+    _Facts,
+    _OpFact,
+)
+from tfgpu.diagnosis._graph import (
+    _batch_bytes,
+    _PipelineFacts,
+    _read_pipeline,
+    _shape_facts,
+    _train_step_ops,
+)
+from tfgpu.diagnosis._lint import (
+    _lint_mixed_precision,
+    _loss_scale,
+    _policy_name,
+    _precision_layers,
+)
+from tfgpu.diagnosis._result import Diagnosis
+from tfgpu.diagnosis._rounds import _medians, _share_verdict
+
+
+def _gpu_facts(notes: list[str]) -> tuple[str | None, list[tuple[int, int]], int | None]:
+    """(name, compute capabilities, memory bytes) of the GPUs TensorFlow uses, /GPU:0 first."""
+    if not tf.config.get_visible_devices("GPU"):
+        return None, [], None
+    gpus = _devices.tf_gpus()
+    ccs: list[tuple[int, int]] = []
+    seen: set[int] = set()
+    for g in gpus:  # one capability per physical GPU (a split GPU counts once)
+        if g.cuda_index not in seen and g.compute_capability:
+            seen.add(g.cuda_index)
+            ccs.append(tuple(g.compute_capability))  # type: ignore[arg-type]
+    first = gpus[0] if gpus else None
+    name = None if first is None else first.name
+    capacity = None if first is None else first.memory_total_bytes
+    if first is not None and first.nvml is None:
+        try:
+            from tfgpu.monitor.nvml import inventory
+
+            inv = inventory()
+            if inv.error:
+                notes.append(f"NVML unavailable ({inv.error}): no memory capacity, no monitor")
+        except Exception as e:  # side feature
+            notes.append(f"NVML query failed: {e}")
+    return name, ccs, capacity
+
+
+def _first_batch(model: keras.Model, ds: tf.data.Dataset) -> tuple[Any, int | None]:
+    """(the first batch, its size), refusing an empty dataset or data `fit` cannot take."""
+    try:
+        batch, size = _batch_of(ds)
+    except StopIteration:
+        raise ValueError(
+            "Invalid value for argument `data`. Received: an empty dataset. Expected at "
+            "least one batch."
+        ) from None
+    _check_batch(model, batch, ds)
+    return batch, size
+
+
+def _check_args(
+    model: Any,
+    steps: Any,
+    warmup: Any,
+    batch_size: Any,
+    log_dir: Any,
+    profile: Any,
+    flags: dict[str, Any],
+    time_budget_s: Any,
+) -> float | None:
+    """Checks every argument but the data, before any work; returns the time budget."""
+    check_int("steps", steps, minimum=3)
+    check_int("warmup", warmup, minimum=1)
+    check_int("batch_size", batch_size, allow_none=True, expected="a positive int or None")
+    if not isinstance(model, keras.Model):
+        raise invalid_type("model", model, "a compiled `keras.Model`")
+    if not getattr(model, "compiled", False) or model.optimizer is None:
+        raise ValueError(
+            "Invalid value for argument `model`. Received: a model that is not compiled. "
+            "Expected a model after `model.compile(optimizer, loss)`."
+        )
+    check_dir("log_dir", log_dir, allow_none=True)
+    if profile and log_dir is None:
+        raise ValueError(
+            "Invalid value for argument `profile`. Received: profile=True with log_dir=None. "
+            "Expected a `log_dir` to write the trace into."
+        )
+    for name, value in flags.items():
+        check_bool(name, value)
+    return check_number(
+        "time_budget_s",
+        time_budget_s,
+        minimum=0,
+        exclusive_minimum=True,
+        allow_none=True,
+        expected="a finite number of seconds > 0, or None (no limit)",
+    )
+
+
+def _batch_of(ds) -> tuple[Any, int | None]:
+    batch = next(iter(ds))
+    first = tf.nest.flatten(batch)[0]
+    size = int(first.shape[0]) if first.shape.rank else None
+    return batch, size
+
+
+def _check_batch(model, batch, dataset: tf.data.Dataset) -> None:
+    """Refuses data `fit` cannot train on, naming the problem, before any measurement.
+
+    Single examples are told from batches by the dataset's input chain (an unbatched source
+    with no batch step after it) or, where the chain cannot tell, by the model's input rank.
+    """
+    x, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
+    ranks = [t.shape.rank for t in tf.nest.flatten(x)]
+    expected = [len(t.shape) for t in tf.nest.flatten(getattr(model, "inputs", None) or [])]
+    if (
+        0 in ranks
+        or chain_state(dataset)[0] == "examples"
+        or (
+            expected
+            and len(expected) == len(ranks)
+            and all(r == e - 1 for r, e in zip(ranks, expected))
+        )
+    ):
+        shapes = [tuple(t.shape) for t in tf.nest.flatten(x)]
+        raise ValueError(
+            "Invalid value for argument `data`. Received: a dataset of single examples "
+            f"(inputs of shape {shapes[0] if len(shapes) == 1 else shapes}). Expected batches, "
+            "as `fit` takes them: `dataset.batch(32)`, or `tfgpu.data.pipeline(..., "
+            "batch_size=32)`."
+        )
+    custom_step = type(model).train_step is not keras.Model.train_step
+    if y is None and getattr(model, "loss", None) is not None and not custom_step:
+        raise ValueError(
+            "Invalid value for argument `data`. Received: batches of inputs without labels "
+            f"while the model was compiled with loss={model.loss!r}. Expected `(x, y)` or "
+            "`(x, y, sample_weight)` batches (diagnose trains the model as `fit` would)."
+        )
+
+
+def _flops(model, x, size, real, policy, gpu_name, ccs, on_gpu):
+    """(FLOPs per step, achieved FLOP/s, MFU, notes), counted with the batch's own shapes and
+    checked against the device's peak: a count above the peak is not reported as achieved."""
+    from tfgpu.flops import mfu, peak_flops, train_step_flops
+
+    notes: list[str] = []
+    if not size:
+        return None, None, None, notes
+    try:
+        signature = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), x)
+        if isinstance(signature, (list, tuple)) and len(signature) == 1:
+            signature = signature[0]
+        flops = train_step_flops(model, size, input_signature=signature)
+    except Exception as e:  # FLOP counting is a side feature
+        # Its message may advise arguments of `train_step_flops`; diagnose takes none of them.
+        text = one_line(e)
+        text = ". ".join(p for p in text.split(". ") if "input_signature" not in p)
+        notes.append(f"FLOPs not counted: {text.rstrip('.')}")
+        return None, None, None, notes
+    if not flops or not real or real <= 0:
+        return flops or None, None, None, notes
+    achieved = flops / real
+    peak = None
+    try:
+        if on_gpu:
+            peak = peak_flops(gpu_name, _devices.peak_precision(policy, ccs)) if gpu_name else None
+        else:
+            from tfgpu import _cpu
+
+            peak = _cpu.peak_flops(policy)
+    except Exception:
+        peak = None
+    if peak and achieved > peak:
+        notes.append(
+            f"FLOP count cannot be right: {achieved / 1e9:,.1f} GFLOP/s counted exceeds this "
+            f"device's peak of about {peak / 1e9:,.1f} GFLOP/s (not reported as achieved)"
+        )
+        return flops, None, None, notes
+    mfu_value = mfu(flops, real, peak) if on_gpu and peak else None
+    return flops, achieved, mfu_value, notes
+
+
+def _as_dataset(data: Any, batch_size: int | None) -> tuple[tf.data.Dataset, bool]:
+    """Returns (batched dataset, fed-as-NumPy flag)."""
+    if isinstance(data, tf.data.Dataset):
+        return data, False
+    arrays = data
+    if isinstance(arrays, (tuple, list, dict)) or hasattr(arrays, "shape"):
+        flat = tf.nest.flatten(arrays)
+        if flat and all(hasattr(a, "shape") for a in flat):
+            ds = tf.data.Dataset.from_tensor_slices(
+                tuple(arrays) if isinstance(arrays, list) else arrays
+            )
+            return ds.batch(batch_size or 32), True
+    raise invalid_type(
+        "data", data, "a `tf.data.Dataset` of batches, or arrays `(x, y)` with `batch_size=`"
+    )
+
+
+def diagnose(
+    model: keras.Model,
+    data: tf.data.Dataset | tuple[Any, ...] | list[Any] | dict[str, Any] | np.ndarray,
+    *,
+    steps: int = 20,
+    warmup: int = 3,
+    batch_size: int | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
+    check_xla: bool = True,
+    check_steps_per_execution: bool = True,
+    monitor: bool = True,
+    profile: bool = False,
+    time_budget_s: float | None = DEFAULT_TIME_BUDGET_S,
+) -> Diagnosis:
+    """Measures a short training run and says what holds the GPU back, and what to change.
+
+    Measures, in this order of priority, each for `warmup` + `steps` steps: the input
+    pipeline alone (`tfgpu.data.benchmark`); `fit` on one batch already in device memory and
+    `fit` on the real `data` (sampled by `tfgpu.monitor` where a GPU exists), alternated in
+    rounds until the input-wait share is clear of the 5% and 20% thresholds (at least 3
+    rounds, at most 12) or says "inconclusive"; with `check_steps_per_execution`, steps
+    shorter than 50 ms timed with `steps_per_execution=16`; with `check_xla`, the
+    device-resident run with `jit_compile` flipped. Everything stays within `time_budget_s`:
+    a probe that does not fit is skipped (a note says so), a variant clearly slower than its
+    baseline after one round is not measured further. On a GPU, the train step is also
+    traced (not run) to find ops that would run on the CPU. The findings (see
+    `docs/diagnosis.md`) name the argument to change and the gain, measured where it could
+    be. The model's weights, optimizer state, metrics, compile settings and `history` are
+    restored afterwards: training afterwards starts exactly where it would have.
+
+    Args:
+        model: keras.Model, compiled.
+        data: `tf.data.Dataset` of batches (what you pass to `fit`), or NumPy arrays
+            `(x, y)` with `batch_size`.
+        steps: int, timed steps per measurement (>= 3). Defaults to 20.
+        warmup: int, untimed steps first (tracing, buffers). Defaults to 3.
+        batch_size: int or None, the batch for array input. Defaults to None (32).
+        log_dir: str, os.PathLike or None, a run directory: `diagnosis.json` is written
+            there (an earlier one is kept as `diagnosis.1.json`, ...), and a profiler trace
+            with `profile=True`. Defaults to None.
+        check_xla: bool, measure `jit_compile` both ways. Defaults to True.
+        check_steps_per_execution: bool, probe `steps_per_execution=16`. Defaults to True.
+        monitor: bool, sample GPU utilization/memory during the real run. Defaults to True.
+        profile: bool, capture a TensorBoard profiler trace of a few steps into
+            `log_dir/profile` (open with TensorBoard's Profile tab). Defaults to False.
+        time_budget_s: float or None, seconds the measurements may take (each `fit` stops
+            at the deadline; probes that do not fit are skipped with a note). None: no
+            limit. Defaults to 60.0.
+
+    Returns:
+        A `Diagnosis`.
+
+    Raises:
+        ValueError: on invalid arguments, an uncompiled model, or an empty dataset.
+        TypeError: if `model` is not a Keras model, `data` is neither a dataset nor
+            arrays, or a flag is not a bool.
+
+    Example:
+
+    >>> diagnosis = tfgpu.diagnose(model, train, log_dir="runs/exp1")
+    >>> print(diagnosis)           # bottleneck, findings, the knob to turn
+    >>> diagnosis.bottleneck
+    'input'
+    """
+    # 1. Check the arguments, before any work.
+    flags = {
+        "check_xla": check_xla,
+        "check_steps_per_execution": check_steps_per_execution,
+        "monitor": monitor,
+        "profile": profile,
+    }
+    time_budget_s = _check_args(
+        model, steps, warmup, batch_size, log_dir, profile, flags, time_budget_s
+    )
+    budget = _measure._Budget(time_budget_s)
+    ds, numpy_input = _as_dataset(data, batch_size)
+    batch, size = _first_batch(model, ds)
+    log_path = check_dir("log_dir", log_dir, allow_none=True)
+    if log_path is not None:
+        log_path.mkdir(parents=True, exist_ok=True)
+
+    # 2. Read what needs no training: the GPU, the pipeline's graph, the pipeline alone.
+    notes: list[str] = []
+    gpu_name, ccs, capacity = _gpu_facts(notes)
+    on_gpu = bool(tf.config.list_logical_devices("GPU"))
+    pipeline_facts = _read_pipeline(ds) or _PipelineFacts()
+    dynamic_shape, partial = _shape_facts(ds)
+
+    from tfgpu.data import benchmark
+
+    pipeline = benchmark(ds, steps=steps, warmup=warmup)
+    measurements: dict[str, Any] = {"pipeline": pipeline.to_dict()}
+    spe, jit_compile = int(model.steps_per_execution), bool(model.jit_compile)
+
+    # 3. Measure, with the model's state put back afterwards.
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
+    with preserved(model, x):
+        m = _measure_model(
+            model,
+            ds,
+            batch,
+            on_gpu=on_gpu,
+            steps=steps,
+            warmup=warmup,
+            budget=budget,
+            check_xla=check_xla,
+            check_steps_per_execution=check_steps_per_execution,
+            monitor=monitor,
+            profile_dir=str(log_path / "profile") if profile and log_path is not None else None,
+            measurements=measurements,
+            notes=notes,
+        )
+    compute, real = _medians(m.rounds)
+
+    # 4. Classify.
+    f = _Facts(
+        step_time_s=real,
+        compute_step_time_s=compute,
+        input_batch_time_s=1.0 / pipeline.batches_per_second,
+        batch_size=size,
+        steps_per_execution=spe,
+        jit_compile=jit_compile,
+        rounds=m.rounds,
+        spe_rounds=m.spe_rounds,
+        xla_rounds=m.xla_rounds,
+        made_by_pipeline=made_by_pipeline(data),
+        dynamic_shape=dynamic_shape,
+        partial_batches=partial,
+        replicas=int(model.distribute_strategy.num_replicas_in_sync),
+        host_load=_measure._host_load(),
+        on_gpu=on_gpu,
+        gpu_name=gpu_name,
+        compute_capabilities=ccs,
+        policy=_policy_name(model),
+        peak_memory_bytes=measurements.get("peak_memory_bytes"),
+        memory_capacity_bytes=capacity,
+        numpy_input=numpy_input,
+        python_input=pipeline_facts.python_input,
+        prefetch=pipeline_facts.prefetch,
+        parallel_map=pipeline_facts.parallel_map,
+        sequential_map=pipeline_facts.sequential_map,
+        cache=pipeline_facts.cache,
+        map_after_cache=pipeline_facts.map_after_cache,
+        private_threadpool_size=pipeline_facts.private_threadpool_size,
+        train_step_ops=m.train_step_ops,
+        loss_scale_before=m.loss_scale_before,
+        loss_scale_after=m.loss_scale_after,
+        batch_bytes=_batch_bytes(batch),
+    )
+    for name, value in _monitor_facts(m.monitor).items():
+        setattr(f, name, value)
+    if on_gpu:
+        try:
+            f.tf32_enabled = _devices.tf32_execution_enabled()
+            f.float32_layers, f.odd_dim_layers = _precision_layers(model)
+        except Exception as e:  # side facts: a note, not a crash
+            notes.append(f"tensor-core facts not read: {one_line(e)}")
+    verdict = _share_verdict(m.rounds)
+    bottleneck, level, share, findings = _classify(f, verdict)
+    notes += _unseen(f)
+    notes += _wait_notes(f, verdict, level, share, findings)
+    measurements["noise"] = None
+    noise = None
+    if verdict["rounds"] >= _MIN_ROUNDS:  # fewer rounds cannot tell the noise
+        noise = verdict["high"] - verdict["low"]
+        measurements["noise"] = {k: verdict[k] for k in ("low", "high", "confidence", "rounds")}
+    findings += _lint_mixed_precision(model, ccs)
+    flops, achieved, mfu_value, flop_notes = _flops(
+        model, x, size, real, f.policy, gpu_name, ccs, on_gpu
+    )
+    notes += flop_notes
+    measurements["wall_s"] = budget.elapsed()
+    measurements["time_budget_s"] = time_budget_s
+
+    diagnosis = Diagnosis(
+        bottleneck=bottleneck,
+        input_bound=level,
+        input_wait_share=share,
+        step_time_s=real,
+        compute_step_time_s=compute,
+        input_batch_time_s=f.input_batch_time_s,
+        batch_size=size,
+        examples_per_second=(size or 0) / real if real > 0 else math.nan,
+        findings=findings,
+        device=f"GPU:0 ({gpu_name})" if on_gpu else "CPU",
+        flops_per_step=flops,
+        achieved_flops_per_second=achieved,
+        mfu=mfu_value,
+        monitor=m.monitor,
+        measurements=measurements,
+        notes=notes,
+        profile_dir=m.profile_dir,
+        noise=noise,
+    )
+    # 5. Write: an earlier diagnosis is kept as diagnosis.1.json, ...
+    if log_path is not None:
+        path = log_path / "diagnosis.json"
+        rotate(path)
+        write_text_atomic(path, json.dumps(diagnosis.to_dict(), indent=2))
+    return diagnosis
+
+
+@dataclass
+class _Measured:
+    """What `_measure_model` measured (its notes and raw records go to the lists passed in)."""
+
+    rounds: list[tuple[float, float]]
+    spe_rounds: list[tuple[float, float]]
+    xla_rounds: list[tuple[float, float]]
+    train_step_ops: list[_OpFact]
+    monitor: dict[str, float]
+    loss_scale_before: float | None
+    loss_scale_after: float | None
+    profile_dir: str | None
+
+
+def _measure_model(
+    model: keras.Model,
+    ds: tf.data.Dataset,
+    batch: Any,
+    *,
+    on_gpu: bool,
+    steps: int,
+    warmup: int,
+    budget: _measure._Budget,
+    check_xla: bool,
+    check_steps_per_execution: bool,
+    monitor: bool,
+    profile_dir: str | None,
+    measurements: dict[str, Any],
+    notes: list[str],
+) -> _Measured:
+    """The measuring phase (the model's state is the caller's to put back): the rounds,
+    the train step's ops, the probes and the profiler trace."""
+    scale_before = _loss_scale(model)
+    device_ds = _measure._device_dataset(batch, on_gpu)
+    first, peak = _measure._first_device_run(
+        model, device_ds, steps, warmup, "GPU:0" if on_gpu else "CPU:0"
+    )
+    measurements["peak_memory_bytes"] = peak
+    train_step_ops: list[_OpFact] = []
+    if on_gpu and not model.jit_compile:  # where ops run matters only beside a GPU
+        try:
+            train_step_ops = _train_step_ops(model, batch)
+        except Exception as e:  # a side check: a note, not a crash
+            notes.append(f"train-step op placement not checked: {one_line(e)}")
+    with _measure._monitoring(monitor and on_gpu, notes) as aggregate:
+        rounds = _measure._measure_rounds(model, ds, device_ds, first, steps, warmup, budget)
+    if len(rounds) < _MIN_ROUNDS:
+        notes.append(
+            f"only {len(rounds)} of {_MIN_ROUNDS} rounds ran within the time budget of "
+            f"{budget.seconds:g} s: pass a larger `time_budget_s`"
+        )
+    measurements["rounds"] = [{"device_resident_s": c, "real_s": r} for c, r in rounds]
+    if not on_gpu:
+        notes.append("no GPU visible to TensorFlow: measured on the CPU, no GPU monitor")
+    scale_after = _loss_scale(model)
+
+    compute, _ = _medians(rounds)
+    skipped: list[str] = []
+    spe_rounds: list[tuple[float, float]] = []
+    spe = int(model.steps_per_execution)
+    if check_steps_per_execution and spe == 1 and compute < HOST_OVERHEAD_PROBE_BELOW_S:
+        probe = _measure._run_probe(
+            model,
+            device_ds,
+            steps,
+            warmup,
+            budget,
+            setting="steps_per_execution",
+            current=spe,
+            value=PROBE_STEPS_PER_EXECUTION,
+            threshold=HOST_OVERHEAD_MIN_GAIN,
+            failed="{name} not measured: {error}",
+        )
+        spe_rounds = _record_probe(probe, "steps_per_execution_probe", measurements, notes, skipped)
+    xla_rounds: list[tuple[float, float]] = []
+    if check_xla:
+        current = bool(model.jit_compile)
+        if not _measure._supports_xla(model):
+            notes.append("XLA not measured: the model does not support jit_compile")
+        else:
+            probe = _measure._run_probe(
+                model,
+                device_ds,
+                steps,
+                warmup,
+                budget,
+                setting="jit_compile",
+                current=current,
+                value=not current,
+                threshold=XLA_MIN_GAIN,
+                failed="XLA not measured: {name} failed ({error})",
+            )
+            xla_rounds = _record_probe(probe, "xla", measurements, notes, skipped)
+    if skipped:
+        notes.append(
+            f"skipped for the time budget of {budget.seconds:g} s: {', '.join(skipped)} "
+            "(pass a larger `time_budget_s`, or None for no limit)"
+        )
+    if profile_dir is not None:
+        profile_dir = _profile(model, ds, profile_dir, max(3, spe), notes)
+    return _Measured(
+        rounds=rounds,
+        spe_rounds=spe_rounds,
+        xla_rounds=xla_rounds,
+        train_step_ops=train_step_ops,
+        monitor=aggregate,
+        loss_scale_before=scale_before,
+        loss_scale_after=scale_after,
+        profile_dir=profile_dir,
+    )
+
+
+def _record_probe(
+    probe: _measure._Probe,
+    key: str,
+    measurements: dict[str, Any],
+    notes: list[str],
+    skipped: list[str],
+) -> list[tuple[float, float]]:
+    """Files a probe's record, notes and skip; returns its rounds."""
+    if probe.record is not None:
+        measurements[key] = probe.record
+    notes.extend(probe.notes)
+    if probe.skipped:
+        skipped.append(probe.skipped)
+    return probe.rounds
+
+
+def _profile(model: keras.Model, ds: tf.data.Dataset, path: str, steps: int, notes: list[str]):
+    """A TensorBoard profiler trace of `steps` steps into `path`; None (and a note) if it fails."""
+    try:
+        tf.profiler.experimental.start(path)
+        try:
+            model.fit(ds.repeat(), epochs=1, steps_per_epoch=steps, verbose=0, shuffle=False)
+        finally:
+            tf.profiler.experimental.stop()
+    except Exception as e:  # profiler errors should not be fatal
+        notes.append(f"profiler trace failed: {one_line(e)}")
+        return None
+    return path

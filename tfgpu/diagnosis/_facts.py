@@ -1,0 +1,142 @@
+"""What a diagnosis decides from: the facts (`_Facts`, `_OpFact`) and the thresholds.
+
+`_Facts` is filled by the measurements (`_diagnose`) or by hand in tests, and read by the
+pure decision (`_classify`). Every number the decision or the measuring protocol uses is
+named here, with where it comes from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+# The TensorFlow Profiler's input-pipeline analyzer: share of step time waiting for input
+# (tensorflow/profiler: input_pipeline_analysis, kHighlyInputBoundThresholdInPercent = 20,
+# kModeratelyInputBoundThresholdInPercent = 5).
+INPUT_BOUND_HIGH = 0.20
+
+INPUT_BOUND_MODERATE = 0.05
+
+# ...and only when the wait is at least this long per step. Below it the wait is tf.data's
+# fixed per-batch hand-over (the iterator's GetNext, the copy into the step), ~0.1-0.5 ms on
+# in-memory data however light the pipeline is: not the pipeline's work, so no pipeline knob
+# removes it (`steps_per_execution` amortizes it; see the host-overhead probe).
+INPUT_WAIT_MIN_S = 1e-3
+
+# A faster variant counts only when it wins by at least this factor (noise margin).
+HOST_OVERHEAD_MIN_GAIN = 1.3
+
+XLA_MIN_GAIN = 1.1
+
+# Probe steps_per_execution only for steps shorter than this (dispatch is ~0.1-1 ms/step).
+HOST_OVERHEAD_PROBE_BELOW_S = 0.05
+
+PROBE_STEPS_PER_EXECUTION = 16
+
+# Peak device memory below this share of capacity leaves room for a larger batch.
+MEMORY_HEADROOM_BELOW = 0.5
+
+# A dynamic loss scale that halves this many times in a short run is collapsing.
+LOSS_SCALE_MAX_HALVINGS = 4
+
+# Each comparison alternates its two variants in rounds: at least `_MIN_ROUNDS`, then more
+# (up to `_MAX_ROUNDS`, `_PROBE_MAX_ROUNDS` for a probe) until a distribution-free confidence
+# interval of the median (order statistics, binomial coverage >= `CONFIDENCE`) lies on one side
+# of every threshold, or the time budget is spent.
+_MIN_ROUNDS = 3
+
+_MAX_ROUNDS = 12
+
+_PROBE_MAX_ROUNDS = 7
+
+CONFIDENCE = 0.90
+
+# A probe stops after its first round when the variant is this much slower than the baseline.
+PROBE_CLEARLY_SLOWER = 1.5
+
+# An input wait longer than this many times the pipeline's own time per batch (plus
+# `INPUT_WAIT_MIN_S`) is not the pipeline's doing: not called input-bound.
+WAIT_UNEXPLAINED_FACTOR = 2.0
+
+# The default time budget of a diagnosis, in seconds.
+DEFAULT_TIME_BUDGET_S = 60.0
+
+# Rounds beyond `_MIN_ROUNDS` stop once this share of the budget is spent (the probes need
+# the rest).
+_ROUNDS_BUDGET_SHARE = 0.6
+
+# Measuring stops at this share of the budget; the rest is for counting FLOPs (a traced
+# gradient) and putting the model back, so the whole call ends within its budget.
+_MEASURE_SHARE = 0.85
+
+# Each timed fit of a probe's variant runs at most this many times as long as the baseline's
+# timed steps took (its warm-up, tracing and compiling, is bounded by the budget only).
+_PROBE_FIT_LIMIT_FACTOR = 3.0
+
+
+@dataclass
+class _Facts:
+    """Everything `_classify` decides from (filled by measurement or by tests)."""
+
+    step_time_s: float  # fit with the real input pipeline
+    compute_step_time_s: float  # fit with one device-resident batch
+    input_batch_time_s: float  # the pipeline alone, seconds per batch
+    batch_size: int | None = None
+    steps_per_execution: int = 1
+    spe_probe_step_time_s: float | None = None  # with PROBE_STEPS_PER_EXECUTION
+    spe_baseline_step_time_s: float | None = None  # its interleaved baseline
+    jit_compile: bool = False
+    xla_other_step_time_s: float | None = None  # compute step with jit_compile flipped
+    xla_baseline_step_time_s: float | None = None  # its interleaved baseline
+    on_gpu: bool = False
+    gpu_name: str | None = None
+    compute_capabilities: list[tuple[int, int]] = field(default_factory=list)
+    policy: str = "float32"
+    peak_memory_bytes: int | None = None
+    memory_capacity_bytes: int | None = None
+    numpy_input: bool = False
+    python_input: bool = False  # py_function / generator in the pipeline
+    prefetch: bool = True
+    parallel_map: bool = False  # the pipeline maps with num_parallel_calls
+    sequential_map: bool = False  # some map runs one element at a time
+    cache: str | None = None  # "memory", "file" or None
+    map_after_cache: bool = False  # per-example work (augmentation) after the cache
+    private_threadpool_size: int | None = None
+    loss_scale_before: float | None = None
+    loss_scale_after: float | None = None
+    train_step_ops: list[_OpFact] = field(default_factory=list)  # None read: empty
+    # GPU counters from the monitored real run, gpu0 = TensorFlow's /GPU:0 (see
+    # `_monitor_facts`); NaN when not measured (no monitor, no GPM, no NVML counter).
+    util_pct_mean: float = math.nan
+    sm_active_pct_mean: float = math.nan
+    tensor_active_pct_mean: float = math.nan
+    pcie_mib_s_mean: float = math.nan  # transmitted + received
+    power_w_mean: float = math.nan
+    power_limit_w_max: float = math.nan
+    throttle_reasons_any: float = math.nan  # bitwise OR of the window's NVML bitmasks
+    sm_clock_mhz_mean: float = math.nan
+    energy_j: float = math.nan
+    batch_bytes: int | None = None  # one batch's tensors, in bytes
+    tf32_enabled: bool | None = None  # tf.config.experimental.tensor_float_32_execution_enabled()
+    float32_layers: list[str] = field(default_factory=list)  # float32 math under a 16-bit policy
+    odd_dim_layers: list[str] = field(default_factory=list)  # kernels with dims % 8 != 0
+    # Interleaved rounds, when measured: (device-resident, real) step times per round, and
+    # (baseline, variant) per round of each probe. Empty: the scalar fields above decide.
+    rounds: list[tuple[float, float]] = field(default_factory=list)
+    spe_rounds: list[tuple[float, float]] = field(default_factory=list)
+    xla_rounds: list[tuple[float, float]] = field(default_factory=list)
+    made_by_pipeline: bool = False  # the input is a `tfgpu.data.pipeline` dataset
+    dynamic_shape: str | None = None  # a batch component's shape with None dims, e.g. "(None, 32)"
+    partial_batches: bool = False  # batches of different sizes (no drop_remainder)
+    replicas: int = 1  # the strategy's replicas (> 1: a distributed iterator)
+    host_load: float | None = None  # 1-minute load average per core
+
+
+@dataclass(frozen=True)
+class _OpFact:
+    """One op of the traced train step, as the graph has it (see `_train_step_ops`)."""
+
+    name: str  # e.g. "sequential/my_layer/EagerPyFunc"
+    op: str  # the op type, e.g. "EagerPyFunc"
+    device: str = ""  # the requested device ("" when the placer chooses)
+    gpu_kernel: bool = True  # a GPU (or device-agnostic) kernel exists for its dtypes
