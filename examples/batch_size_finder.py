@@ -2,8 +2,8 @@
 
 Run: `python examples/batch_size_finder.py`. `tfgpu.find_batch_size` doubles the batch
 until a trial runs out of memory (a real `ResourceExhaustedError`) or passes 90% of the
-GPU's memory, then bisects; every trial runs real training steps and is timed. Weights and
-optimizer state are restored afterwards. `in_subprocess=True` runs the trials in a fresh
+GPU's memory, then bisects; every trial runs real training steps and is timed. Weights,
+optimizer state, metrics and compile settings are restored afterwards. `in_subprocess=True` runs the trials in a fresh
 process, so this one keeps no memory from the failed trials.
 
 On the CPU there is no memory capacity to measure, so only `max_batch_size` stops the
@@ -39,6 +39,7 @@ model = keras.Sequential(
 )
 model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy")
 
+# The model and the data come first; every other argument is keyword-only.
 result = tfgpu.find_batch_size(
     model,
     (x, y),

@@ -371,3 +371,28 @@ def test_examples_with_an_unknown_first_dimension_are_not_taken_for_batches():
     assert pool_x.shape == (16, 2, 4) and pool_y.shape == (16, 1)
     batched_x, _, _ = _example_pool(examples.batch(4).prefetch(1), 16)
     assert batched_x.shape == (16, 2, 4)
+
+
+def test_the_memory_budget_is_read_from_the_gpu_tensorflow_trains_on(monkeypatch):
+    # NVML lists an A100 80GB, a V100 16GB and an H100; CUDA_VISIBLE_DEVICES="2,0" and
+    # TensorFlow given only CUDA's GPU 1 (the A100): /GPU:0 is the A100, not NVML's GPU 0's
+    # neighbour nor the H100 that CUDA numbers first.
+    import sys
+
+    from tests import fake_pynvml
+    from tfgpu import _devices
+    from tfgpu._devices import PhysicalGpu
+
+    a100, v100 = fake_pynvml.two_gpus()
+    h100 = fake_pynvml.hopper(pci_bus_id="00000000:0F:00.0", memory_total_mib=81559.0)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml.make([a100, v100, h100]))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    gpus = [
+        PhysicalGpu(i, f"/physical_device:GPU:{i}", None, None, i == 1, int(i == 1))
+        for i in range(2)
+    ]
+    monkeypatch.setattr(_devices, "physical_gpus", lambda: gpus)
+    expected = _devices.gpu_record(0)
+    assert expected is not None and expected.nvml_index == 0  # the A100
+    assert batch_size_module._device_capacity_bytes("GPU:0") == expected.memory_total_bytes
+    assert batch_size_module._device_capacity_bytes("CPU:0") is None

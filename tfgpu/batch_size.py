@@ -302,19 +302,17 @@ def _memory_device(strategy) -> str:
 
 
 def _device_capacity_bytes(device: str) -> int | None:
-    """Total memory of the measured GPU (from NVML), or None (CPU, or NVML missing)."""
+    """Total memory of the measured GPU, TensorFlow's `/GPU:k` (from NVML), or None (CPU,
+    or NVML missing). `/GPU:k` follows `CUDA_VISIBLE_DEVICES` and `configure(gpus=...)`."""
     if not device.startswith("GPU"):
         return None
     try:
-        from tfgpu.monitor.nvml import inventory
+        from tfgpu import _devices
 
-        inv = inventory()
-        index = int(device.split(":")[1])
-        if inv.available and index < len(inv.gpus):
-            return int(inv.gpus[index].memory_total_mib * 2**20)
+        gpu = _devices.gpu_record(int(device.split(":")[1]))
     except Exception:  # side feature: fall back to OOM detection only
         return None
-    return None
+    return None if gpu is None else gpu.memory_total_bytes
 
 
 def _reset_peak(device: str) -> bool:
