@@ -108,7 +108,7 @@ def pipeline_alone(data, args, epoch_batches):
     for r in range(args.repeats):
         datasets = {name: VARIANTS[name](*data, args.size, args.batch) for name in names}
         for name in _rotate(names, r):
-            tfgpu.data.benchmark(datasets[name], num_batches=epoch_batches, warmup=0)
+            tfgpu.data.benchmark(datasets[name], steps=epoch_batches, warmup=0)
         epoch_rates = {name: [] for name in names}
         epoch_cpu = {name: [] for name in names}
         for i in range(args.alone_epochs):
@@ -116,7 +116,7 @@ def pipeline_alone(data, args, epoch_batches):
                 start, cpu_start = time.perf_counter(), time.process_time()
                 # One epoch; timed from outside so that creating the iterator and tearing it
                 # down count too, as they do for every epoch of Keras `fit`.
-                result = tfgpu.data.benchmark(datasets[name], num_batches=epoch_batches, warmup=0)
+                result = tfgpu.data.benchmark(datasets[name], steps=epoch_batches, warmup=0)
                 seconds = time.perf_counter() - start
                 epoch_cpu[name].append(
                     (time.process_time() - cpu_start) * 1e6 / result.num_examples

@@ -15,7 +15,8 @@ import tensorflow as tf
 
 from tfgpu import data as tfdata
 from tfgpu._datasets import made_by_pipeline, source_batches
-from tfgpu.data import _decide, _Facts
+from tfgpu.data import _pipeline
+from tfgpu.data._plan import Facts, decide, validation_plan
 
 N = 64
 
@@ -89,18 +90,18 @@ def test_batch_size_and_per_replica_batch_size_are_exclusive():
 
 
 @pytest.mark.parametrize(
-    "source",
+    "data",
     [{1, 2, 3}, 42, None, (i for i in range(3)), (np.zeros(3), object())],
     ids=["set", "int", "none", "generator", "object-leaf"],
 )
-def test_unsupported_source_type_is_a_type_error(source):
-    with pytest.raises(TypeError, match=r"argument `source`.*Expected a NumPy array"):
-        tfdata.pipeline(source, batch_size=2)
+def test_unsupported_data_type_is_a_type_error(data):
+    with pytest.raises(TypeError, match=r"argument `data`.*Expected a NumPy array"):
+        tfdata.pipeline(data, batch_size=2)
 
 
 def test_mismatched_array_lengths():
     traced = []
-    with pytest.raises(ValueError, match=r"different lengths.*source\[0\]: 10, source\[1\]: 9"):
+    with pytest.raises(ValueError, match=r"different lengths.*data\[0\]: 10, data\[1\]: 9"):
         tfdata.pipeline(
             (np.zeros((10, 2)), np.zeros(9)),
             batch_size=2,
@@ -123,7 +124,7 @@ def test_shuffle_buffer_of_zero_and_conflicts():
 
 
 def test_unknown_dataset_name_suggests_close_matches():
-    with pytest.raises(ValueError, match=r"source='mnistt'.*Did you mean: 'mnist'"):
+    with pytest.raises(ValueError, match=r"data='mnistt'.*Did you mean: 'mnist'"):
         tfdata.pipeline("mnistt", batch_size=8)
 
 
@@ -437,7 +438,7 @@ def _workers(make, workers=2):
 def test_multi_worker_sharding_splits_in_memory_data_exactly(mirrored, monkeypatch):
     """Two workers, DATA policy: the pipeline is made deterministic and seeded so the shards
     partition every epoch, even with a shuffle and a parallel augmentation in between."""
-    monkeypatch.setattr(tfdata, "_num_workers", lambda strategy: 2)
+    monkeypatch.setattr(_pipeline, "worker_count", lambda strategy: 2)
     shards = _workers(
         lambda: tfdata.pipeline(_xy(), batch_size=8, strategy=mirrored, augment_fn=_noise)
     )
@@ -490,7 +491,7 @@ def test_file_source_reads_all_files_shuffled_by_file(tmp_path):
 
 
 def test_file_source_is_sharded_by_file_across_workers(tmp_path, mirrored, monkeypatch):
-    monkeypatch.setattr(tfdata, "_num_workers", lambda strategy: 2)
+    monkeypatch.setattr(_pipeline, "worker_count", lambda strategy: 2)
     pattern = _write_tfrecords(tmp_path)
     make = lambda: tfdata.pipeline(pattern, batch_size=4, strategy=mirrored, map_fn=_parse)  # noqa: E731
     shards = [_label_ids(s) for s in _workers(make)]
@@ -524,7 +525,7 @@ def test_existing_dataset_source_keeps_its_randomness():
 # ----------------------------------------------------------------------------- pure decisions
 
 
-def _facts(**kw) -> _Facts:
+def _facts(**kw) -> Facts:
     base = dict(
         kind="memory",
         num_examples=1000,
@@ -539,7 +540,7 @@ def _facts(**kw) -> _Facts:
         ram_budget_bytes=1 << 30,
         free_disk_bytes=None,
     )
-    return dataclasses.replace(_Facts(**base), **kw)
+    return dataclasses.replace(Facts(**base), **kw)
 
 
 def _plan(facts, **kw):
@@ -556,7 +557,7 @@ def _plan(facts, **kw):
         private_threadpool_size=None,
     )
     args.update(kw)
-    return _decide(facts, **args)
+    return decide(facts, **args)
 
 
 def test_decide_shuffle_buffer():
@@ -611,14 +612,14 @@ def test_decide_batch_drop_remainder_sharding_threads():
 
 def test_benchmark_counts_examples_and_restarts_short_datasets():
     ds = tfdata.pipeline(_xy(), batch_size=16, shuffle=False)  # 4 batches per epoch
-    result = tfdata.benchmark(ds, num_batches=10, warmup=2)
+    result = tfdata.benchmark(ds, steps=10, warmup=2)
     assert isinstance(result, tfdata.PipelineBenchmark)
     assert result.num_batches == 10 and result.num_examples == 160 and result.batch_size == 16
     assert result.epochs == 3  # 12 batches from a 4-batch dataset
     assert result.examples_per_second == pytest.approx(160 / result.seconds)
     assert result.batches_per_second == pytest.approx(10 / result.seconds)
     assert "examples/s" in str(result) and result.to_dict()["num_examples"] == 160
-    ragged = tfdata.benchmark(tfdata.pipeline(_xy(20), batch_size=8), num_batches=6, warmup=0)
+    ragged = tfdata.benchmark(tfdata.pipeline(_xy(20), batch_size=8), steps=6, warmup=0)
     assert ragged.batch_size is None and ragged.num_examples == 40  # 8, 8, 4, 8, 8, 4
 
 
@@ -630,14 +631,14 @@ def test_benchmark_measures_a_slow_pipeline_as_slow():
         return i
 
     ds = tf.data.Dataset.range(10).map(lambda i: tf.py_function(slow, [i], tf.int64)).batch(1)
-    result = tfdata.benchmark(ds, num_batches=5, warmup=0)
+    result = tfdata.benchmark(ds, steps=5, warmup=0)
     assert result.seconds >= 3 * 0.02
     assert result.batches_per_second <= 5 / (3 * 0.02)
 
 
 def test_benchmark_of_a_distributed_dataset(mirrored):
     dist = tfdata.pipeline(_xy(), per_replica_batch_size=4, strategy=mirrored, distribute=True)
-    result = tfdata.benchmark(dist, num_batches=4, warmup=1)
+    result = tfdata.benchmark(dist, steps=4, warmup=1)
     assert result.batch_size == 8 and result.num_examples == 32
 
 
@@ -658,27 +659,27 @@ def test_benchmark_pulls_batches_inside_tensorflow_not_through_python_next(monke
     monkeypatch.setattr(iterator_ops.OwnedIterator, "__next__", counting_next)
     x, y = _xy()
     ds = tfdata.pipeline({"x": x, "y": y}, batch_size=2, shuffle=False, repeat=True)
-    result = tfdata.benchmark(ds, num_batches=300, warmup=20)
+    result = tfdata.benchmark(ds, steps=300, warmup=20)
     assert result.num_batches == 300 and result.num_examples == 600
     assert calls == []
 
 
 def test_benchmark_counts_ragged_sparse_and_unbatched_elements():
     ragged = tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[1], [2, 3], [], [4]]))
-    result = tfdata.benchmark(ragged.batch(3), num_batches=2, warmup=0)
+    result = tfdata.benchmark(ragged.batch(3), steps=2, warmup=0)
     assert result.num_examples == 4 and result.batch_size is None  # 3, 1
     sparse = tf.data.Dataset.from_tensors(tf.sparse.eye(5)).repeat(3)
-    assert tfdata.benchmark(sparse, num_batches=3, warmup=0).num_examples == 15
-    scalars = tfdata.benchmark(tf.data.Dataset.range(4), num_batches=6, warmup=1)
+    assert tfdata.benchmark(sparse, steps=3, warmup=0).num_examples == 15
+    scalars = tfdata.benchmark(tf.data.Dataset.range(4), steps=6, warmup=1)
     assert scalars.num_examples == 6 and scalars.batch_size == 1 and scalars.epochs == 2
 
 
 def test_benchmark_bad_input():
     ds = tf.data.Dataset.range(4).batch(2)
-    with pytest.raises(TypeError, match="`dataset`"):
+    with pytest.raises(TypeError, match=r"argument `data`. Received: data of type list"):
         tfdata.benchmark([1, 2, 3])
-    with pytest.raises(ValueError, match="`num_batches`"):
-        tfdata.benchmark(ds, num_batches=0)
+    with pytest.raises(ValueError, match=r"argument `steps`. Received: steps=0"):
+        tfdata.benchmark(ds, steps=0)
     with pytest.raises(ValueError, match="`warmup`"):
         tfdata.benchmark(ds, warmup=-1)
     with pytest.raises(ValueError, match="0 batches"):
@@ -766,9 +767,9 @@ def test_paths_are_checked_before_work(tmp_path):
         tfdata.pipeline(_xy(), batch_size=8, cache=str(a_file / "cache"))
     with pytest.raises(ValueError, match=r"`cache`.*is a directory.*train-cache"):
         tfdata.pipeline(_xy(), batch_size=8, cache=tmp_path)
-    with pytest.raises(ValueError, match=r"`source`.*is a directory.*\*\.tfrecord"):
+    with pytest.raises(ValueError, match=r"`data`.*is a directory.*\*\.tfrecord"):
         tfdata.pipeline(str(tmp_path), batch_size=8)
-    with pytest.raises(ValueError, match=r"`source`. Received: source=''"):
+    with pytest.raises(ValueError, match=r"`data`. Received: data=''"):
         tfdata.pipeline("", batch_size=8)
     with pytest.raises(FileNotFoundError, match=r"match no files: \['.*nothing-\*'\]"):
         tfdata.pipeline([str(a_file), str(tmp_path / "nothing-*")], batch_size=8)
@@ -805,7 +806,7 @@ def test_hostile_memory_sources():
         tfdata.pipeline({1: x}, batch_size=2)
     with pytest.raises(TypeError, match=r"Python objects.*holding a dict"):
         tfdata.pipeline(np.array([{}, 1], dtype=object), batch_size=2)
-    with pytest.raises(ValueError, match=r"different lengths.*\['x'\]: 6, source\['y'\]: 5"):
+    with pytest.raises(ValueError, match=r"different lengths.*\['x'\]: 6, data\['y'\]: 5"):
         tfdata.pipeline({"x": x, "y": y[:5]}, batch_size=2)
     # strings, ragged lists and ragged tensors are data, as are (x, y, sample_weight)
     text = tfdata.pipeline(np.array(["a", "bb", "ccc"]), batch_size=3, shuffle=False)
@@ -867,13 +868,13 @@ def test_errors_while_tracing_a_function_name_it():
 
 
 def test_benchmark_of_hostile_datasets():
-    with pytest.raises(TypeError, match=r"`num_batches`.*2.5"):
-        tfdata.benchmark(tf.data.Dataset.range(4).batch(2), num_batches=2.5)
+    with pytest.raises(TypeError, match=r"`steps`.*2.5"):
+        tfdata.benchmark(tf.data.Dataset.range(4).batch(2), steps=2.5)
     with pytest.raises(ValueError, match="0 batches"):
         tfdata.benchmark(tf.data.Dataset.range(0))
-    endless = tfdata.benchmark(tf.data.Dataset.range(3).repeat().batch(2), num_batches=3)
-    assert endless.num_batches == 3 and endless.epochs == 1  # bounded by num_batches
-    assert tfdata.benchmark(tf.data.Dataset.range(4), num_batches=np.int64(2)).num_batches == 2
+    endless = tfdata.benchmark(tf.data.Dataset.range(3).repeat().batch(2), steps=3)
+    assert endless.num_batches == 3 and endless.epochs == 1  # bounded by steps
+    assert tfdata.benchmark(tf.data.Dataset.range(4), steps=np.int64(2)).num_batches == 2
 
 
 # ----------------------------------------------------------------------------- batched sources
@@ -991,6 +992,35 @@ def test_a_dataset_of_batches_of_unknown_origin_is_ambiguous():
         tfdata.pipeline(source, batch_size=2)
 
 
+def test_each_warning_points_at_the_line_that_called_pipeline(tmp_path):
+    # The warnings are raised a few calls deep inside the package; each must still name the
+    # caller's file and line, where the fix belongs.
+    def random_decode(x, y):
+        return x + tf.random.uniform((4,)), y
+
+    def unsized(x, y):  # examples of unknown size: a batch cannot stack them
+        return tf.zeros(tf.stack([y % 2 + 1])), y
+
+    def batches():
+        yield np.zeros((2, 3), np.float32), np.zeros(2, np.float32)
+
+    spec = (tf.TensorSpec((None, 3), tf.float32), tf.TensorSpec((None,), tf.float32))
+    (tmp_path / "cache_0.lockfile").write_text("Created at: 1700000000")
+    with pytest.warns(UserWarning) as record:
+        tfdata.pipeline(_xy(), batch_size=16, map_fn=random_decode)  # random ops: not cached
+        tfdata.pipeline(_xy(), batch_size=16, map_fn=unsized)  # unknown size
+        tfdata.pipeline(_xy(), batch_size=16, cache=tmp_path / "cache")  # interrupted cache
+        tfdata.pipeline(
+            tf.data.Dataset.from_generator(batches, output_signature=spec), batch_size=2
+        )
+        filtered = tf.data.Dataset.range(20).filter(lambda i: i >= 0).batch(4)
+        tfdata.pipeline(filtered, batch_size=2)  # rebatched, count unknown
+    messages = [str(w.message) for w in record]
+    for expected in ("random ops", "unknown size", "interrupted", "cannot tell", "is unknown"):
+        assert any(expected in m for m in messages), (expected, messages)
+    assert {(w.filename, w.message.__class__) for w in record} == {(__file__, UserWarning)}
+
+
 # ----------------------------------------------------------------- validation_split, batch_map_fn
 
 
@@ -1083,7 +1113,7 @@ def test_validation_split_of_tfrecords_is_by_record_hash(tmp_path, mirrored, mon
         [str(f) for f in files], batch_size=4, map_fn=_parse, validation_split=0.25
     )
     assert sorted(_label_ids(val_again)) == sorted(val_ids)
-    monkeypatch.setattr(tfdata, "_num_workers", lambda strategy: 2)
+    monkeypatch.setattr(_pipeline, "worker_count", lambda strategy: 2)
     make = lambda: tfdata.pipeline(  # noqa: E731
         pattern,
         batch_size=2,
@@ -1104,7 +1134,7 @@ def _validation_shard(pair, workers, index):
 
 
 def test_validation_split_of_in_memory_data_is_sharded_across_workers(mirrored, monkeypatch):
-    monkeypatch.setattr(tfdata, "_num_workers", lambda strategy: 2)
+    monkeypatch.setattr(_pipeline, "worker_count", lambda strategy: 2)
     make = lambda: tfdata.pipeline(  # noqa: E731
         _xy(40), batch_size=4, strategy=mirrored, validation_split=0.2
     )
@@ -1213,7 +1243,7 @@ def test_validation_split_of_a_dataset_reading_files_is_sharded_by_example(
     each worker's files; both sides are sharded by example (DATA) instead."""
     _write_tfrecords(tmp_path)  # 4 files of 8 records, ids 0..31
     files = sorted(str(f) for f in tmp_path.glob("part-*.tfrecord"))
-    monkeypatch.setattr(tfdata, "_num_workers", lambda strategy: 2)
+    monkeypatch.setattr(_pipeline, "worker_count", lambda strategy: 2)
 
     def make():
         source = tf.data.TFRecordDataset(files).map(_parse)
@@ -1251,7 +1281,7 @@ def test_validation_side_of_a_dataset_is_cached_so_its_source_runs_once():
 
 def _val_plan(facts=None, **kwargs):
     facts = facts or _facts(kind="dataset", num_examples=None, has_map_fn=False)
-    plan = _decide(
+    plan = decide(
         facts,
         batch_size=4,
         per_replica_batch_size=None,
@@ -1264,7 +1294,7 @@ def _val_plan(facts=None, **kwargs):
         has_strategy=kwargs.get("has_strategy", True),
         private_threadpool_size=0,
     )
-    return tfdata._validation_plan(
+    return validation_plan(
         plan,
         facts,
         cache=kwargs.get("cache", "auto"),

@@ -1,0 +1,64 @@
+"""Facts the plan is made from, read without side effects: example size, RAM, CPUs, workers."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import tensorflow as tf
+
+from tfgpu._checks import is_int
+from tfgpu.data._limits import MIB
+
+# Fraction of the available host memory used as the default RAM budget.
+_DEFAULT_RAM_FRACTION = 0.5
+
+
+def bytes_per_example(spec: Any) -> int | None:
+    total = 0
+    for s in tf.nest.flatten(spec):
+        if (
+            not isinstance(s, tf.TensorSpec)
+            or not s.shape.is_fully_defined()
+            or s.dtype in (tf.string, tf.variant, tf.resource)
+        ):
+            return None
+        total += s.shape.num_elements() * s.dtype.size
+    return total
+
+
+def ram_budget(ram_budget_mib: float | None) -> int:
+    if ram_budget_mib is not None:
+        return int(ram_budget_mib * MIB)
+    try:
+        import psutil
+
+        available = psutil.virtual_memory().available
+    except ImportError:  # pragma: no cover - psutil is a dependency
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(available * _DEFAULT_RAM_FRACTION)
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS
+        return os.cpu_count() or 1
+
+
+def worker_count(strategy: Any) -> int:
+    if strategy is None:
+        return 1
+    n = getattr(strategy.extended, "worker_count", None)
+    if n is not None and is_int(n) and n > 0:
+        return int(n)
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is not None:
+        try:
+            spec = resolver.cluster_spec()
+            return max(
+                1, sum(spec.num_tasks(job) for job in ("worker", "chief") if job in spec.jobs)
+            )
+        except Exception:
+            return 1
+    return 1

@@ -1,0 +1,190 @@
+"""The user's functions (`map_fn`, `augment_fn`, `batch_map_fn`, `batch_augment_fn`): how
+tf.data calls them, checks of their arity and output, their random ops, and the parallel map
+that names the argument when one fails."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import tensorflow as tf
+
+from tfgpu.data._sources import flatten_with_paths
+
+
+def _call_text(name: str, spec: Any) -> tuple[int, str]:
+    """How tf.data calls a function on elements of `spec`: (positional arguments, a picture)."""
+    if type(spec) is tuple:  # tf.data unpacks plain tuples only (not namedtuples, not dicts)
+        names = ", ".join(f"c{i}" for i in range(len(spec)))
+        return len(spec), f"{name}({names}), one argument per component of the tuple"
+    what = "dict" if isinstance(spec, Mapping) else "element"
+    return 1, f"{name}({what}), with the whole {what} as one argument"
+
+
+def check_arity(name: str, fn: Callable, spec: Any, what: str) -> None:
+    """Raises TypeError when `fn` cannot take the arguments tf.data will call it with.
+
+    Callables whose signature Python cannot read (some builtins, C extensions) are let
+    through; Keras layers and `tf.function`s have readable ones.
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    count, call = _call_text(name, spec)
+    try:
+        signature.bind(*range(count))
+    except TypeError as e:
+        label = getattr(fn, "__name__", None) or type(fn).__name__
+        raise TypeError(
+            f"Invalid type for argument `{name}`. Received: {name}={label}{signature}, which "
+            f"cannot be called with {count} positional argument(s) ({e}). tf.data calls it "
+            f"on {what} as {call}; the element is {spec}. Expected a function of {count} "
+            "argument(s)" + (" (e.g. `lambda x, y: ...`)" if count == 2 else "") + "."
+        ) from None
+
+
+def parallel_map(ds: tf.data.Dataset, name: str, fn: Callable, deterministic: bool | None) -> Any:
+    """`ds.map(fn)` in parallel; an error while tracing `fn` says which argument it was.
+
+    A function that returns nothing (None, or an empty tuple/dict: a missing `return`) is
+    refused with a `TypeError` naming the argument, instead of tf.data's "Length for attr
+    'output_types' of 0".
+    """
+    what = "batch" if name.startswith("batch_") else "example"
+    empty: list[Any] = []  # what `fn` returned when it returned nothing
+
+    def checked(*args: Any) -> Any:
+        out = fn(*args)
+        if out is None or not tf.nest.flatten(out):
+            empty.append(out)
+            return tf.constant(0)  # a placeholder so tracing ends; refused below
+        return out
+
+    try:
+        mapped = ds.map(checked, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    except Exception as e:
+        e.add_note(f"tfgpu.data.pipeline: raised while tracing `{name}` on {ds.element_spec}.")
+        raise
+    if empty:
+        raise TypeError(
+            f"Invalid type for argument `{name}`. Received: {name}={_label(fn)}, which "
+            f"returned {empty[0]!r} on the {what} {ds.element_spec}. Expected a function that "
+            f"returns the new {what} (e.g. `return x, y`): is a `return` missing?"
+        )
+    return mapped
+
+
+def _label(fn: Callable) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _on_a_batch(fn: Callable, spec: Any) -> dict[str, Any] | None:
+    """What `fn` returns when traced on a batch of 3 examples: {path: spec}, or None.
+
+    Functions written for one example (decode_jpeg, parse_single_example) fail to trace on a
+    vector of records (None); a function written for batches (`TextVectorization` after
+    `expand_dims`) returns leaves whose first dimension follows the batch (3 or unknown).
+    """
+
+    def batched(s: Any) -> Any:
+        if isinstance(s, tf.TensorSpec):
+            return tf.TensorSpec([3, *s.shape], s.dtype)
+        return s
+
+    args = tf.nest.map_structure(batched, spec)
+    args = args if type(args) is tuple else (args,)
+    try:
+        function = tf.function(lambda *a: fn(*a), autograph=False)
+        outputs = function.get_concrete_function(*args).structured_outputs
+    except Exception:
+        return None
+    specs = tf.nest.map_structure(
+        lambda t: tf.TensorSpec(t.shape, t.dtype) if isinstance(t, tf.Tensor) else t, outputs
+    )
+    return dict(flatten_with_paths("element", specs))
+
+
+def _unknown_size(spec: Any) -> bool:
+    return isinstance(spec, tf.TensorSpec) and (
+        spec.shape.rank is None or any(d is None for d in spec.shape.as_list())
+    )
+
+
+def check_map_output(map_fn: Callable, spec_in: Any, spec_out: Any) -> bool:
+    """Raises for a map_fn that returns batches of one; warns for shapes a batch cannot stack.
+
+    Returns whether the batches must be ragged: `map_fn` gets the rows of a ragged feature as
+    dense tensors, and what it returns for them is batched ragged again, as without it.
+    """
+    leaves_in = tf.nest.flatten(spec_in)
+    out = flatten_with_paths("element", spec_out)
+    pairs: list[tuple[Any, str, Any]] = []
+    try:
+        tf.nest.assert_same_structure(spec_in, spec_out, check_types=False)
+        pairs = [(a, p, b) for a, (p, b) in zip(leaves_in, out, strict=True)]
+    except (TypeError, ValueError):
+        if len(leaves_in) == 1:
+            pairs = [(leaves_in[0], p, b) for p, b in out]
+    suspects = [
+        (p, a, b)
+        for a, p, b in pairs
+        if isinstance(a, tf.TensorSpec)
+        and a.shape.rank == 0
+        and isinstance(b, tf.TensorSpec)
+        and b.shape.rank is not None
+        and b.shape.rank >= 2
+        and b.shape[0] in (1, None)
+    ]
+    if suspects:  # a batch of one, unless the function fails on a batch or keeps the 1
+        probe = _on_a_batch(map_fn, spec_in) or {}
+        suspects = [
+            (p, a, b)
+            for p, a, b in suspects
+            if isinstance(probe.get(p), tf.TensorSpec)
+            and probe[p].shape.rank
+            and probe[p].shape[0] != 1
+        ]
+    if suspects:
+        path, a, b = suspects[0]
+        shape = tuple(b.shape.as_list())
+        raise ValueError(
+            f"Invalid value for argument `map_fn`. Received: map_fn={_label(map_fn)}, which "
+            f"turns one example's {path} of shape {tuple(a.shape.as_list())} into shape "
+            f"{shape}: a batch of one, not one example, so batches would be "
+            f"(batch, {', '.join(str(d) for d in shape)}). `map_fn` runs on one example at a "
+            "time. Expected a per-example function; pass a function written for batches (such "
+            "as `TextVectorization` after `tf.expand_dims(text, -1)`) as `batch_map_fn=` "
+            "instead, which runs on whole batches after batching."
+        )
+    ragged = {p for a, p, b in pairs if isinstance(a, tf.RaggedTensorSpec) and _unknown_size(b)}
+    variable = [
+        f"{p} {tuple(b.shape.as_list()) if b.shape.rank is not None else '(unknown rank)'}"
+        for p, b in out
+        if _unknown_size(b) and p not in ragged
+    ]
+    if variable:
+        warnings.warn(
+            f"tfgpu.data.pipeline: `map_fn` ({_label(map_fn)}) returns examples of unknown size "
+            f"at {', '.join(variable)}; a batch fails at run time when examples differ in "
+            "size. Give them a fixed size in map_fn (`TextVectorization(..., "
+            "output_sequence_length=N)`, `tf.image.resize`), return a `tf.RaggedTensor`, or "
+            "vectorize whole batches with `batch_map_fn=`.",
+            stacklevel=4,  # the caller of `pipeline`
+        )
+    return bool(ragged)
+
+
+def random_op_types(fn: Callable, spec: Any) -> tuple[str, ...]:
+    """Op types with "Random" in their name that `fn` would run on one example (traced only)."""
+    args = spec if isinstance(spec, tuple) else (spec,)
+    try:
+        graph_def = tf.function(lambda *a: fn(*a)).get_concrete_function(*args).graph.as_graph_def()
+    except Exception:  # a function we cannot trace alone; tf.data will report real errors
+        return ()
+    ops = {node.op for node in graph_def.node}
+    for function in graph_def.library.function:
+        ops.update(node.op for node in function.node_def)
+    return tuple(sorted(op for op in ops if "Random" in op))

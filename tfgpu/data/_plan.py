@@ -1,0 +1,307 @@
+"""The pipeline's decisions, made from facts: a pure function, no TensorFlow.
+
+`decide()` turns what is known about the data and the machine (`Facts`) plus the user's
+wishes into a `Plan`: the global batch, drop_remainder, the shuffle buffer, whether and where
+to cache, determinism, the auto-shard policy and the thread pool. `validation_plan()` derives
+the validation side's plan from the training side's. `pipeline()` gathers the facts and
+applies the plan; the tests exercise the decisions here without building any dataset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from tfgpu.data._limits import MIB
+
+# Shuffle buffer when nothing else limits it: large enough to mix well, small enough to fill fast.
+_MAX_SHUFFLE_BUFFER = 10_000
+# The shuffle buffer may take at most this fraction of the RAM budget.
+_SHUFFLE_RAM_FRACTION = 0.1
+# Seed used for shuffles that must agree across workers (DATA sharding) when none is given.
+_SHARED_SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What is known about the data and the machine when the plan is made."""
+
+    kind: str
+    num_examples: int | None  # None: unknown; -1: infinite
+    element_bytes: int | None  # bytes of one example after map_fn, None when not static
+    num_files: int | None
+    has_map_fn: bool
+    map_fn_random_ops: tuple[str, ...]
+    num_replicas: int
+    num_workers: int
+    has_gpu: bool
+    cpu_count: int
+    ram_budget_bytes: int
+    free_disk_bytes: int | None  # at the cache path, when caching to a file
+    batched: bool = False  # the source's batches are kept: num_examples counts batches
+    # A dataset passed in, split by position (take/skip): every worker must read all of it.
+    split_by_position: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How the pipeline will be built. Produced by `decide`, applied by `pipeline`."""
+
+    global_batch_size: int
+    drop_remainder: bool
+    shuffle_buffer: int | None  # None: no shuffle
+    shuffle_seed: int | None
+    cache: str | None  # None, "memory", or a file path
+    cache_bytes: int | None
+    deterministic: bool
+    shard_policy: str  # name of tf.data.experimental.AutoShardPolicy member
+    private_threadpool_size: int
+    notes: tuple[str, ...] = ()
+
+
+def _human(nbytes: float) -> str:
+    for unit, size in (("GiB", 1024**3), ("MiB", MIB), ("KiB", 1024)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def decide(
+    facts: Facts,
+    *,
+    batch_size: int | None,
+    per_replica_batch_size: int | None,
+    cache: Any,
+    shuffle: bool,
+    shuffle_buffer: int | None,
+    drop_remainder: bool | None,
+    deterministic: bool | None,
+    seed: int | None,
+    has_strategy: bool,
+    private_threadpool_size: int | None,
+    repeat: bool = False,
+) -> Plan:
+    """Turns facts about the data and machine plus the user's wishes into a `Plan`. Pure.
+
+    Raises:
+        ValueError: if the cache cannot fit (RAM budget, free disk), would never complete
+            (infinite source), or the global batch does not split evenly over the replicas.
+    """
+    notes: list[str] = []
+    # Batch: global = per replica x replicas.
+    if per_replica_batch_size is not None:
+        global_batch = per_replica_batch_size * facts.num_replicas
+        arg, value = "per_replica_batch_size", per_replica_batch_size
+    else:
+        global_batch = int(batch_size or 0)  # 0: a kept source's batches of unknown size
+        arg, value = "batch_size", global_batch
+        if has_strategy and global_batch % facts.num_replicas and not facts.batched:
+            raise ValueError(
+                f"Invalid value for argument `batch_size`. Received: batch_size={global_batch}, "
+                f"which does not split evenly over the strategy's {facts.num_replicas} replicas. "
+                f"Expected a multiple of {facts.num_replicas}, e.g. "
+                f"batch_size={max(1, global_batch // facts.num_replicas) * facts.num_replicas}, "
+                "or pass `per_replica_batch_size` instead."
+            )
+    if facts.num_examples == 0:
+        raise ValueError(
+            "Invalid value for argument `data`. Received: a source with 0 "
+            f"{'batches' if facts.batched else 'examples'}. Expected at least one example."
+        )
+    if drop_remainder is None:
+        drop_remainder = has_strategy
+    finite = facts.num_examples is None or facts.num_examples >= 0
+    n = facts.num_examples
+    if (
+        drop_remainder
+        and not repeat
+        and not facts.batched
+        and n is not None
+        and 0 < n < global_batch
+    ):
+        split = (
+            f" ({global_batch // facts.num_replicas} per replica x {facts.num_replicas} replicas)"
+            if has_strategy
+            else ""
+        )
+        raise ValueError(
+            f"Invalid value for argument `{arg}`. Received: {arg}={value}, a global batch of "
+            f"{global_batch}{split}, but the source has only {n} examples and "
+            "drop_remainder=True drops the partial batch, so the pipeline would yield no batch "
+            f"at all. Expected a global batch of at most {n}: pass a smaller `{arg}`, "
+            "drop_remainder=False, or more data."
+        )
+
+    # Sharding: DATA for in-memory data (every worker reads all, keeps its share), FILE for
+    # file sources with at least one file per worker. Unknown (user's dataset): AUTO.
+    if facts.kind == "memory":
+        shard_policy = "DATA"
+    elif facts.kind in ("files", "tfds"):
+        if facts.num_files is not None and facts.num_files >= facts.num_workers:
+            shard_policy = "FILE"
+        else:
+            shard_policy = "DATA"
+            if facts.num_workers > 1:
+                notes.append(
+                    f"{facts.num_files} file(s) for {facts.num_workers} workers: sharding by "
+                    "example (DATA), each worker reads every file"
+                )
+    elif facts.split_by_position:
+        # take/skip count examples of the whole dataset: under FILE sharding (what AUTO
+        # becomes for a file-reading dataset) each worker would apply them to its own files.
+        shard_policy = "DATA"
+    else:
+        shard_policy = "AUTO"
+    data_sharded = facts.num_workers > 1 and shard_policy in ("DATA", "AUTO")
+
+    # Determinism: DATA sharding keeps every k-th element, so all workers must see the same
+    # order: a deterministic pipeline and the same shuffle seed. Unshuffled data keeps its
+    # order (predictions must line up with labels), and a seed asks for a reproducible run.
+    if deterministic is None:
+        deterministic = data_sharded or not shuffle or seed is not None
+    if data_sharded and seed is None and shuffle:
+        seed = _SHARED_SEED
+        notes.append(f"shuffle seeded with {_SHARED_SEED} so every worker shards the same order")
+
+    # Cache: after map_fn (deterministic work), before shuffle/augment (random work).
+    cache_plan: str | None = None
+    cache_bytes = None
+    if facts.element_bytes is not None and facts.num_examples is not None and finite:
+        cache_bytes = facts.element_bytes * facts.num_examples
+    if cache is None or cache is False:
+        cache_plan = None
+    elif cache == "auto":
+        if facts.map_fn_random_ops:
+            notes.append(
+                "not cached: map_fn contains random ops "
+                f"({', '.join(facts.map_fn_random_ops)}); move them to augment_fn"
+            )
+        elif not finite:
+            notes.append("not cached: the source is infinite")
+        elif facts.kind in ("memory", "dataset") and not facts.has_map_fn:
+            pass  # already in memory / may hold the user's own randomness: nothing to gain
+        elif cache_bytes is None:
+            notes.append("not cached: the cache size cannot be estimated (dynamic shapes)")
+        elif cache_bytes > facts.ram_budget_bytes:
+            notes.append(
+                f"not cached: {_human(cache_bytes)} exceeds the RAM budget "
+                f"{_human(facts.ram_budget_bytes)}"
+            )
+        else:
+            cache_plan = "memory"
+    else:
+        target = "memory" if cache is True or cache == "memory" else os.fspath(cache)
+        if not finite:
+            raise ValueError(
+                f"Invalid value for argument `cache`. Received: cache={cache!r} for an infinite "
+                "source: the cache would never complete. Expected cache=False, or a finite "
+                "source (repeat with `repeat=True`, which comes after the cache)."
+            )
+        if target == "memory" and cache_bytes is not None and cache_bytes > facts.ram_budget_bytes:
+            raise ValueError(
+                f"Invalid value for argument `cache`. Received: cache={cache!r}, but the cache "
+                f"would take about {_human(cache_bytes)} ({facts.num_examples} examples x "
+                f"{_human(facts.element_bytes or 0)}), more than the RAM budget of "
+                f"{_human(facts.ram_budget_bytes)}. Expected a cache that fits: pass a file path "
+                "(cache='/fast/disk/cache'), raise `ram_budget_mib`, or cache smaller decoded "
+                "examples (e.g. resize in map_fn)."
+            )
+        if (
+            target != "memory"
+            and cache_bytes is not None
+            and facts.free_disk_bytes is not None
+            and cache_bytes > facts.free_disk_bytes
+        ):
+            raise ValueError(
+                f"Invalid value for argument `cache`. Received: cache={cache!r}, but the cache "
+                f"would take about {_human(cache_bytes)} and only "
+                f"{_human(facts.free_disk_bytes)} is free there. Expected a path on a disk "
+                "with enough free space."
+            )
+        if facts.map_fn_random_ops:
+            notes.append(
+                "cache after a map_fn with random ops "
+                f"({', '.join(facts.map_fn_random_ops)}) repeats them every epoch"
+            )
+        cache_plan = target
+
+    # Shuffle buffer: the whole dataset when small, else capped by count and by RAM.
+    buffer: int | None = None
+    if shuffle and not facts.batched:  # a kept source's order and shuffling are its own
+        if shuffle_buffer is not None:
+            buffer = shuffle_buffer
+        else:
+            buffer = _MAX_SHUFFLE_BUFFER
+            if facts.num_examples is not None and facts.num_examples > 0:
+                buffer = min(buffer, facts.num_examples)
+            if facts.element_bytes:
+                by_ram = int(facts.ram_budget_bytes * _SHUFFLE_RAM_FRACTION // facts.element_bytes)
+                buffer = max(min(buffer, by_ram), min(buffer, global_batch), 1)
+
+    # tf.data's own thread pool on GPU hosts, so input threads do not queue behind the
+    # runtime's inter-op work that launches GPU kernels.
+    if private_threadpool_size is None:
+        private_threadpool_size = facts.cpu_count if facts.has_gpu else 0
+
+    return Plan(
+        global_batch_size=global_batch,
+        drop_remainder=bool(drop_remainder),
+        shuffle_buffer=buffer,
+        shuffle_seed=seed,
+        cache=cache_plan,
+        cache_bytes=cache_bytes,
+        deterministic=bool(deterministic),
+        shard_policy=shard_policy,
+        private_threadpool_size=private_threadpool_size,
+        notes=tuple(notes),
+    )
+
+
+# Validation examples of unknown size (dynamic shapes) cached in memory by `cache="auto"`
+# when at most this many: a few hundred MiB even for decoded images.
+_SMALL_VALIDATION = 2_000
+
+
+def validation_plan(
+    plan: Plan,
+    facts: Facts,
+    *,
+    cache: Any,
+    drop_remainder: bool | None,
+    num_examples: int | None,
+    element_bytes: int | None,
+) -> Plan:
+    """The validation side's plan from the training side's. Pure.
+
+    No shuffle, deterministic; partial batches kept unless the user passed
+    `drop_remainder=True` (Keras evaluates a partial batch correctly under a strategy, and
+    dropping it would leave validation examples out). The same cache (a file cache at
+    `<prefix>-validation`); where the training side has none and `cache="auto"`, the
+    validation examples are cached in memory when their estimated size fits the RAM budget
+    (or, size unknown, they are at most `_SMALL_VALIDATION`), so later passes do not read the
+    source again (for a dataset passed in, `skip` would run its steps on every training
+    example). Not when `map_fn` has random ops, nor for arrays without `map_fn` (already in
+    memory).
+    """
+    val_cache = plan.cache if plan.cache in (None, "memory") else f"{plan.cache}-validation"
+    if (
+        val_cache is None
+        and cache == "auto"
+        and not facts.map_fn_random_ops
+        and not (facts.kind == "memory" and not facts.has_map_fn)
+        and num_examples is not None
+    ):
+        size = element_bytes * num_examples if element_bytes is not None else None
+        if (size is not None and size <= facts.ram_budget_bytes) or (
+            size is None and num_examples <= _SMALL_VALIDATION
+        ):
+            val_cache = "memory"
+    return dataclasses.replace(
+        plan,
+        shuffle_buffer=None,
+        deterministic=True,
+        drop_remainder=drop_remainder is True,
+        cache=val_cache,
+        cache_bytes=None,
+    )

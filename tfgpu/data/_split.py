@@ -1,0 +1,130 @@
+"""`validation_split`: checking it, counting each side, and splitting each kind of source.
+
+Arrays and datasets passed in: the last fraction by position (as Keras `fit` takes it), refused
+for a dataset whose order changes every pass or whose size is unknown. TFRecord files: the
+records whose hash falls in the fraction. TFDS: the split sliced by counts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tfgpu._checks import invalid_type, invalid_value, is_number
+
+# Hash buckets for the split of TFRecord files: a record is validation when its bucket is below
+# `validation_split * SPLIT_BUCKETS`; Fingerprint64 of the serialized bytes, so the split is the
+# same every epoch, in every file order and on every worker.
+SPLIT_BUCKETS = 1 << 20
+_VALIDATION_SPLIT = "a float in (0, 1), e.g. 0.1, or None"
+
+
+def check_validation_split(value: Any) -> float | None:
+    """Checks `validation_split`: None, or a finite number strictly between 0 and 1."""
+    if value is None:
+        return None
+    if not is_number(value):
+        raise invalid_type("validation_split", value, _VALIDATION_SPLIT)
+    # A NumPy float as the user wrote it: np.float32(0.2) is 0.2, not 0.20000000298.
+    number = float(str(value)) if isinstance(value, np.floating) else float(value)
+    if not math.isfinite(number) or not 0.0 < number < 1.0:
+        raise invalid_value("validation_split", value, _VALIDATION_SPLIT)
+    return number
+
+
+def _split_counts(n: int, validation_split: float) -> tuple[int, int]:
+    """(train, validation) examples: the last `validation_split` of `n`, as Keras `fit` takes it."""
+    split_at = math.floor(n * (1.0 - validation_split))
+    return split_at, n - split_at
+
+
+def check_split_counts(
+    n: int,
+    validation_split: float,
+    global_batch: int | None,
+    drop_remainder: bool,
+    validation_drop_remainder: bool,
+) -> tuple[int, int]:
+    """Raises ValueError when a side of the split has no example, or no full batch to keep.
+
+    `drop_remainder` is the training side's, `validation_drop_remainder` the validation
+    side's (True only when the user passed `drop_remainder=True`).
+    """
+    train, validation = _split_counts(n, validation_split)
+    shown = (
+        f"validation_split={validation_split} of {n} examples gives {train} for training "
+        f"and {validation} for validation"
+    )
+    if not train or not validation:
+        raise ValueError(
+            f"Invalid value for argument `validation_split`. Received: {shown}. Expected a "
+            "split that leaves at least one example on each side: pass a validation_split "
+            f"between {1 / n:.3g} and {1 - 1 / n:.3g}, or more data."
+        )
+    if global_batch:
+        short = [
+            f"{side} ({count} examples)"
+            for side, count, drops in (
+                ("training", train, drop_remainder),
+                ("validation", validation, validation_drop_remainder),
+            )
+            if drops and count < global_batch
+        ]
+        if short:
+            raise ValueError(
+                f"Invalid value for argument `validation_split`. Received: {shown}, but "
+                f"drop_remainder=True drops partial batches of the global batch of "
+                f"{global_batch}, so {' and '.join(short)} would yield no batch at all. "
+                "Expected each side to hold at least one global batch: pass another "
+                "validation_split, a smaller batch size, drop_remainder=False, or more data."
+            )
+    return train, validation
+
+
+def reshuffles(ds: tf.data.Dataset) -> bool:
+    """Whether a step in `ds`'s input chain reshuffles every iteration (a Keras loader's shuffle)."""
+    stack, seen = [ds], 0
+    while stack and seen < 10_000:
+        step = stack.pop()
+        seen += 1
+        if "shuffle" in type(step).__name__.lower() and bool(
+            getattr(step, "_reshuffle_each_iteration", False)
+        ):
+            return True
+        try:
+            stack.extend(step._inputs())
+        except Exception:  # a dataset class without the private accessor: nothing more known
+            continue
+    return False
+
+
+def refuse_dataset_split(reason: str, validation_split: float) -> ValueError:
+    return ValueError(
+        f"Invalid value for argument `validation_split`. Received: validation_split="
+        f"{validation_split} for a `tf.data.Dataset` {reason}. Expected a dataset whose "
+        "examples come in the same order every pass, and a known number of them. Split with "
+        "the loader instead, e.g. `train_ds, val_ds = keras.utils.image_dataset_from_directory("
+        f'..., validation_split={validation_split}, subset="both", seed=1337)` and a '
+        "`tfgpu.data.pipeline(...)` for each (validation with shuffle=False); or load it with "
+        "shuffle=False, if its order is already mixed (a class-folder loader lists files class "
+        "by class, so its last examples would all be of the last class)."
+    )
+
+
+def validation_filter(threshold: int) -> Callable:
+    """A `filter` predicate on serialized records: True for the validation share."""
+
+    def predicate(record: tf.Tensor) -> tf.Tensor:
+        return tf.strings.to_hash_bucket_fast(record, SPLIT_BUCKETS) < threshold
+
+    return predicate
+
+
+def tfds_slices(split: str, num_examples: int, validation_split: float) -> tuple[str, str]:
+    """TFDS split strings for (train, validation): the last `validation_split` by count."""
+    train, _ = _split_counts(num_examples, validation_split)
+    return f"{split}[:{train}]", f"{split}[{train}:]"
