@@ -329,7 +329,7 @@ def _diagnose(
         train,
         steps=sizes.diagnose_steps,
         warmup=sizes.diagnose_warmup,
-        run_dir=log_dir,
+        log_dir=log_dir,
         check_xla=check_xla,
         check_steps_per_execution=check_steps_per_execution,
     )
