@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from tests.workers.cluster import REPO, TRAIN
 from tests.workers.train import make_dataset, make_model, train
+from tfgpu import _keras_internals
 from tfgpu.callbacks import BackupAndRestore
 
 
@@ -221,12 +222,10 @@ def test_iterators_made_to_advance_the_shuffle_read_nothing():
 
 
 def test_resume_warns_once_when_the_dataset_cannot_be_found(tmp_path, monkeypatch):
-    from tfgpu import _backup
-
     reference, _ = train(reshuffle=True)
     with pytest.raises(Interrupt):
         train(backup=str(tmp_path), save_freq=3, reshuffle=True, callbacks=[StopAt(1, 4)])
-    monkeypatch.setattr(_backup, "_fit_epoch_iterator", lambda model: None)
+    monkeypatch.setattr(_keras_internals, "distributed_dataset", lambda epoch_iterator: None)
     with pytest.warns(
         UserWarning, match="reshuffled each epoch resumes with the shuffle order"
     ) as w:
@@ -353,7 +352,7 @@ def test_fits_in_a_row_train_like_one_longer_fit(tmp_path, same_instance):
     fit(model, backup if same_instance else BackupAndRestore(tmp_path, save_freq=2))
     assert int(model.optimizer.iterations.numpy()) == 48
     assert max_diff(model.get_weights(), reference.get_weights()) < 1e-6
-    assert not getattr(model.train_function, "_tfgpu_backup", None)  # nothing left wrapped
+    assert _keras_internals.wrapper_owner(model.train_function) is None  # nothing left wrapped
 
 
 def test_two_backup_callbacks_in_one_fit_are_refused(tmp_path):

@@ -22,8 +22,10 @@ import numpy as np
 import pytest
 
 from tests import fake_pynvml
-from tfgpu import _warnings, callbacks, flops, monitor
-from tfgpu.callbacks import GPUMonitor, StepTimer, _epoch_summary, _percentile
+from tfgpu import _devices, _warnings, flops, monitor
+from tfgpu.callbacks import GPUMonitor, StepTimer, _gpus
+from tfgpu.callbacks.gpu_monitor import _epoch_logs
+from tfgpu.callbacks.step_timer import _epoch_summary
 
 REPO = Path(__file__).resolve().parent.parent
 STEP_KEYS = {
@@ -325,7 +327,7 @@ def test_epoch_summary_from_timed_executions():
     ],
 )
 def test_peak_precision_follows_the_dtype_policy(policy, cc, tf32, expected):
-    assert callbacks._peak_precision(policy, cc, tf32) == expected
+    assert _devices.peak_precision(policy, cc, tf32) == expected
     if expected is not None:  # a name peak_flops accepts
         assert flops.peak_flops("NVIDIA A100-SXM4-80GB", expected) > 0
 
@@ -333,7 +335,7 @@ def test_peak_precision_follows_the_dtype_policy(policy, cc, tf32, expected):
 @pytest.mark.parametrize("policy, precision", [("float32", "tf32"), ("mixed_bfloat16", "bf16")])
 def test_step_timer_works_out_mfu_from_the_gpu_and_the_model(fake, monkeypatch, policy, precision):
     # NVML names an A100 (cc 8.0); TensorFlow is told it trains on a GPU (this CPU stands in).
-    monkeypatch.setattr(callbacks, "_trains_on_gpu", lambda: True)
+    monkeypatch.setattr(_gpus, "_trains_on_gpu", lambda: True)
     keras.mixed_precision.set_global_policy(policy)
     x, y = _data(128)
     model = _model()
@@ -350,7 +352,7 @@ def test_step_timer_works_out_mfu_from_the_gpu_and_the_model(fake, monkeypatch, 
 
 
 def test_step_timer_keeps_given_numbers_and_fills_in_the_missing_one(fake, monkeypatch):
-    monkeypatch.setattr(callbacks, "_trains_on_gpu", lambda: True)
+    monkeypatch.setattr(_gpus, "_trains_on_gpu", lambda: True)
     x, y = _data(64)
     history = _model().fit(
         x, y, batch_size=32, epochs=1, verbose=0, callbacks=[StepTimer(flops_per_step=1e9)]
@@ -363,14 +365,14 @@ def test_step_timer_keeps_given_numbers_and_fills_in_the_missing_one(fake, monke
 def test_auto_peak_counts_every_replica(fake, monkeypatch):
     import tensorflow as tf
 
-    monkeypatch.setattr(callbacks, "_trains_on_gpu", lambda: True)
+    monkeypatch.setattr(_gpus, "_trains_on_gpu", lambda: True)
     with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
         model = _model()
     one = flops.peak_flops("NVIDIA A100-SXM4-80GB", "tf32")
-    assert callbacks._auto_peak_flops(model) == pytest.approx(2 * one)
+    assert _gpus.auto_peak_flops(model) == pytest.approx(2 * one)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # the V100 (cc 7.0): no TF32
     v100 = flops.peak_flops("Tesla V100-SXM2-16GB", "float32")
-    assert callbacks._auto_peak_flops(model) == pytest.approx(2 * v100)
+    assert _gpus.auto_peak_flops(model) == pytest.approx(2 * v100)
 
 
 def test_no_mfu_without_nvml_or_off_the_gpu(monkeypatch, fake):
@@ -378,14 +380,14 @@ def test_no_mfu_without_nvml_or_off_the_gpu(monkeypatch, fake):
     # NVML lists an A100 but TensorFlow trains on the CPU: a GPU peak would be meaningless
     history = _model().fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[StepTimer()])
     assert "mfu" not in history.history and history.history["step_time_median_s"][0] > 0
-    monkeypatch.setattr(callbacks, "_trains_on_gpu", lambda: True)
+    monkeypatch.setattr(_gpus, "_trains_on_gpu", lambda: True)
     monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML: no GPU to look up
     history = _model().fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[StepTimer()])
     assert "mfu" not in history.history and history.history["step_time_median_s"][0] > 0
 
 
 def test_mfu_failures_never_break_training(fake, monkeypatch, caplog):
-    monkeypatch.setattr(callbacks, "_trains_on_gpu", lambda: True)
+    monkeypatch.setattr(_gpus, "_trains_on_gpu", lambda: True)
 
     class Subclassed(keras.Model):  # no `inputs`: its FLOPs cannot be counted
         def __init__(self):
@@ -405,12 +407,6 @@ def test_mfu_failures_never_break_training(fake, monkeypatch, caplog):
     assert "mfu" not in history.history and history.history["examples_per_s"][0] > 0
     notes = [r for r in caplog.records if "no mfu" in r.getMessage()]
     assert len(notes) == 1 and "ValueError" in notes[0].getMessage()
-
-
-def test_percentile_matches_numpy():
-    values = list(np.random.default_rng(1).random(37))
-    for q in (0, 50, 90, 100):
-        assert _percentile(values, q) == pytest.approx(np.percentile(values, q))
 
 
 def test_step_timer_under_steps_per_execution(fake, tmp_path):
@@ -580,22 +576,21 @@ def test_gpu_monitor_follows_visible_devices_set_after_it_was_built(fake, tf_see
     assert [g.name for g in gpu_monitor.sampler.gpus] == ["Tesla V100-SXM2-16GB"]
 
 
-def test_gpu_numbering_is_cuda_s_without_tensorflow_gpus(fake, monkeypatch):
-    assert callbacks._sampler_gpus([1], None) == [1] and callbacks._sampler_gpus(None, None) is None
-    assert callbacks._sampler_gpus(None, [1, 3]) == [1, 3]
-    assert callbacks._sampler_gpus([1, 0], [1, 3]) == [3, 1]
-    # TensorFlow not loaded at all: nothing to map, and nothing imports it.
+def test_gpu_numbering_is_cuda_s_without_tensorflow(fake, monkeypatch):
+    # TensorFlow not loaded at all: `gpus` numbers the CUDA-visible GPUs, nothing imports it.
     monkeypatch.delitem(sys.modules, "tensorflow")
-    assert callbacks._tf_gpu_positions() is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")  # the V100 first
+    gpu_monitor = GPUMonitor(gpus=[0])
+    assert [g.name for g in gpu_monitor.sampler.gpus] == ["Tesla V100-SXM2-16GB"]
     assert "tensorflow" not in sys.modules
 
 
 def test_auto_peak_reads_tensorflow_s_first_gpu(fake, monkeypatch, tf_sees):
-    monkeypatch.setattr(callbacks, "_trains_on_gpu", lambda: True)
+    monkeypatch.setattr(_gpus, "_trains_on_gpu", lambda: True)
     tf_sees(physical=2, visible=[1])  # TensorFlow's /GPU:0 is the V100 (cc 7.0: no TF32)
     model = _model()
     v100 = flops.peak_flops("Tesla V100-SXM2-16GB", "float32")
-    assert callbacks._auto_peak_flops(model) == pytest.approx(v100)
+    assert _gpus.auto_peak_flops(model) == pytest.approx(v100)
 
 
 def test_steps_csv_keeps_every_step_of_a_fit_that_raises_and_leaks_no_handle(fake, tmp_path):
@@ -822,7 +817,6 @@ def test_gpu_monitor_hooks_outside_fit_never_raise(fake):
 
 # ---------------------------------------------------------------- issue 15: epoch logs (pure)
 def test_epoch_logs_add_gpm_pcie_and_energy_only_where_known():
-    from tfgpu.callbacks import _epoch_logs
 
     nan = float("nan")
     agg = {k: 1.0 for k in monitor.aggregate_keys(2)}

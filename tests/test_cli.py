@@ -172,7 +172,7 @@ def test_verbose_before_the_command_runs_it(capsys):
 def test_an_unexpected_os_error_is_an_error_line_not_a_traceback(tmp_path, capsys, monkeypatch):
     import tfgpu.report
 
-    def fail(run_dir, out_dir):
+    def fail(log_dir, *, out_dir):
         raise PermissionError(13, "Permission denied", str(tmp_path))
 
     monkeypatch.setattr(tfgpu.report, "write_report_and_problems", fail)

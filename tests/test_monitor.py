@@ -321,7 +321,7 @@ def test_sampler_writes_a_parseable_timeline_and_run_json(fake, tmp_path):
 
 def test_each_row_is_on_disk_as_soon_as_it_is_sampled(fake, tmp_path):
     # What a SIGKILL would find: every row taken so far, complete, without stop().
-    s = monitor.Sampler(interval=60, path=tmp_path).start()
+    s = monitor.Sampler(interval=60, log_dir=tmp_path).start()
     try:
         for expected in (2, 3, 4):
             s._sample()
@@ -635,16 +635,21 @@ def test_bad_gpu_lists_raise(fake, gpus, error):
 def test_unwritable_path_raises_before_sampling(fake, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    with pytest.raises(ValueError, match=r"argument `path`.*a-file/run.*is under the file"):
-        monitor.Sampler(path=blocker / "run")
-    with pytest.raises(ValueError, match=r"argument `path`.*a-file.*is a file"):
+    with pytest.raises(ValueError, match=r"argument `log_dir`.*a-file/run.*is under the file"):
+        monitor.Sampler(log_dir=blocker / "run")
+    with pytest.raises(ValueError, match=r"argument `log_dir`.*a-file.*is a file"):
         monitor.record(blocker).__enter__()
-    with pytest.raises(ValueError, match=r"argument `path`.*a-file/x/y.*is under the file"):
+    with pytest.raises(ValueError, match=r"argument `log_dir`.*a-file/x/y.*is under the file"):
         monitor.record(str(blocker / "x" / "y")).__enter__()
-    with pytest.raises(TypeError, match="argument `path`"):
-        monitor.Sampler(path=3)
-    with pytest.raises(ValueError, match="argument `path`"):
-        monitor.Sampler(path="")
+    with pytest.raises(TypeError, match="argument `log_dir`"):
+        monitor.Sampler(log_dir=3)
+    with pytest.raises(ValueError, match="argument `log_dir`"):
+        monitor.Sampler(log_dir="")
+    # The run directory is `log_dir` everywhere; the other arguments are keywords.
+    with pytest.raises(TypeError, match="unexpected keyword argument 'path'"):
+        monitor.Sampler(path=tmp_path)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="positional argument"):
+        monitor.record(tmp_path, 0.5)  # type: ignore[misc]
     assert not _monitor_threads()
 
 
@@ -679,7 +684,7 @@ class _FullDisk:
 
 def test_a_failing_disk_mid_run_is_logged_once_and_samples_stay_in_memory(fake, tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="tfgpu.monitor")
-    s = monitor.Sampler(interval=60, path=tmp_path).start()
+    s = monitor.Sampler(interval=60, log_dir=tmp_path).start()
     s._sample()
     s._file = _FullDisk()
     for _ in range(3):
@@ -754,7 +759,7 @@ def test_record_checks_its_arguments_at_the_call(tmp_path):
     with pytest.raises(TypeError, match=r"Received: interval='1' \(of type str\)"):
         monitor.record(interval="1")
     (tmp_path / "f").write_text("x")
-    with pytest.raises(ValueError, match=r"Invalid value for argument `path`.*is a file"):
+    with pytest.raises(ValueError, match=r"Invalid value for argument `log_dir`.*is a file"):
         monitor.record(tmp_path / "f")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no NVML here: warned once per process

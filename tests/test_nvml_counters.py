@@ -318,7 +318,7 @@ def test_an_old_driver_loses_only_what_it_lacks(monkeypatch, caplog):
 # ---------------------------------------------------------------- through the sampler
 def test_the_timeline_carries_the_new_columns(monkeypatch, tmp_path):
     fake, clock = _install(monkeypatch, [fake_pynvml.hopper(), fake_pynvml.FakeGpu()])
-    s = monitor.Sampler(interval=0.2, path=tmp_path, host=False)
+    s = monitor.Sampler(interval=0.2, log_dir=tmp_path, host=False)
     s._monotonic = clock
 
     class Event:  # the stop event of the sampler thread, advancing the fake clock

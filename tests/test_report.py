@@ -95,7 +95,8 @@ def test_gpu_run_gets_plots_and_summary(tmp_path):
     assert "A100" in text
     assert "Bottleneck: input (high)" in text
     # Epochs numbered as Keras prints them; step times in ms (0.100 .. 0.140 s in epoch 1).
-    assert "| 1 | 5 | 120.00 | 140.00 | 100.00 | 0.60 |" in text
+    # Median and p90 as StepTimer logs them: without the first row, linearly interpolated.
+    assert "| 1 | 5 | 125.00 | 137.00 | 100.00 | 0.60 |" in text
     assert "| 2 | 5 |" in text and "| 0 | 5 |" not in text
     assert "host metrics only" not in text
     assert "compute capability 8.0" in text
@@ -155,7 +156,7 @@ def test_bad_directories_get_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="not found"):
         write_report(tmp_path / "missing")
     (tmp_path / "file.txt").write_text("x")
-    with pytest.raises(ValueError, match=r"argument `run_dir`.*file\.txt.* is a file"):
+    with pytest.raises(ValueError, match=r"argument `log_dir`.*file\.txt.* is a file"):
         write_report(tmp_path / "file.txt")
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "notes.txt").write_text("x")
@@ -369,7 +370,7 @@ def test_run_json_with_odd_values_still_reports(tmp_path, capsys, no_plots):
     [
         (["report", "{run}", "--out", "{file}"], r"out_dir.*'.*notes\.txt' is a file"),
         (["report", "{run}", "--out", "{file}/sub"], r"out_dir.*is under the file"),
-        (["report", "{file}"], r"run_dir.*notes\.txt' is a file"),
+        (["report", "{file}"], r"log_dir.*notes\.txt' is a file"),
         (["report", "{run}", "--out", ""], r"out_dir.*Expected a directory path"),
     ],
 )
@@ -395,20 +396,20 @@ def test_a_missing_run_directory_is_an_error(tmp_path, capsys):
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        ({"run_dir": 123}, TypeError, r"argument `run_dir`. Received: run_dir=123"),
-        ({"run_dir": b"run"}, TypeError, "argument `run_dir`"),
-        ({"run_dir": None}, TypeError, "argument `run_dir`"),
-        ({"run_dir": ""}, ValueError, "argument `run_dir`"),
+        ({"log_dir": 123}, TypeError, r"argument `log_dir`. Received: log_dir=123"),
+        ({"log_dir": b"run"}, TypeError, "argument `log_dir`"),
+        ({"log_dir": None}, TypeError, "argument `log_dir`"),
+        ({"log_dir": ""}, ValueError, "argument `log_dir`"),
         ({"out_dir": 1.5}, TypeError, r"argument `out_dir`. Received: out_dir=1.5"),
         ({"out_dir": "{file}"}, ValueError, r"argument `out_dir`.*is a file"),
         ({"out_dir": "{file}/x/y"}, ValueError, r"argument `out_dir`.*is under the file"),
-        ({"run_dir": "{file}/x"}, ValueError, r"argument `run_dir`.*is under the file"),
+        ({"log_dir": "{file}/x"}, ValueError, r"argument `log_dir`.*is under the file"),
     ],
 )
 def test_bad_arguments_raise_before_any_work(kwargs, error, match, tmp_path):
     run = _write_run(tmp_path / "run", gpus=0)
     (tmp_path / "f").write_text("x")
-    kwargs = {"run_dir": run, **kwargs}
+    kwargs = {"log_dir": run, **kwargs}
     kwargs = {
         k: v.format(file=tmp_path / "f") if isinstance(v, str) else v for k, v in kwargs.items()
     }

@@ -1,4 +1,4 @@
-"""The `tfgpu` command: `tfgpu env`, `tfgpu demo`, `tfgpu report RUN_DIR`.
+"""The `tfgpu` command: `tfgpu env`, `tfgpu demo`, `tfgpu report LOG_DIR`.
 
 TensorFlow's C++ start-up log (absl's "All log messages before absl::InitializeLog()",
 "Could not find cuda drivers", "failed call to cuInit", oneDNN and CPU-feature notes) is
@@ -10,7 +10,7 @@ TensorFlow errors that are not start-up noise) still goes to stderr. The variabl
 left as the user set it (or unset), so `tfgpu env` reports the user's value.
 
 Arguments are checked before any work, and before TensorFlow is imported: a malformed one
-(`demo --epochs -1`, a `--run-dir` that holds an earlier run, a `report --out` that is a
+(`demo --epochs -1`, a `--log-dir` that holds an earlier run, a `report --out` that is a
 file) gets argparse's `usage: ...` and `error: ...` lines and exit status 2. Failures once
 the command runs (a run directory not found, a file it cannot read) print
 `tfgpu COMMAND: error: ...` and exit with status 2, never a traceback. `--verbose` is
@@ -75,8 +75,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a tiny run for tests (seconds)")
     p.add_argument("--dataset", default=None, help="a TensorFlow Datasets name, e.g. cifar10")
     p.add_argument(
-        "--run-dir",
+        "--log-dir",
         default=None,
+        metavar="LOG_DIR",
         help="a new or empty directory for the run (default: runs/demo-TIME); one that "
         "holds an earlier run is refused",
     )
@@ -86,8 +87,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "report", parents=[common], help="plots and a Markdown summary of a run directory"
     )
-    p.add_argument("run_dir", help="a directory written by GPUMonitor / StepTimer")
-    p.add_argument("--out", default=None, help="where to write (default: RUN_DIR)")
+    p.add_argument(
+        "log_dir", metavar="LOG_DIR", help="a run directory written by GPUMonitor / StepTimer"
+    )
+    p.add_argument("--out", default=None, help="where to write (default: LOG_DIR)")
     p.set_defaults(command_parser=p)
     return parser
 
@@ -102,9 +105,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
     if args.command == "demo":
         from tfgpu.demo import check_arguments
 
-        args.run_dir = check_arguments(args.quick, args.dataset, args.run_dir, args.epochs)
+        args.log_dir = check_arguments(args.quick, args.dataset, args.log_dir, args.epochs)
     elif args.command == "report":
-        check_dir("run_dir", args.run_dir)
+        check_dir("log_dir", args.log_dir)
         check_dir("out_dir", args.out, allow_none=True)
 
 
@@ -196,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "report":
             from tfgpu.report import write_report_and_problems
 
-            summary, problems = write_report_and_problems(args.run_dir, args.out)
+            summary, problems = write_report_and_problems(args.log_dir, out_dir=args.out)
             print(f"Report written to {summary}")
             for error in problems.errors:
                 print(f"tfgpu report: error: {error}", file=sys.stderr)
@@ -215,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with _startup_log_held_back(hold_back):
                 _load_tensorflow()
             return run_demo(
-                quick=args.quick, dataset=args.dataset, run_dir=args.run_dir, epochs=args.epochs
+                quick=args.quick, dataset=args.dataset, log_dir=args.log_dir, epochs=args.epochs
             )
     except (ValueError, TypeError, OSError, ImportError) as e:
         print(f"tfgpu {args.command}: error: {e}", file=sys.stderr)

@@ -1,7 +1,7 @@
-"""`tfgpu report RUN_DIR`: plots and a Markdown summary of a run directory.
+"""`tfgpu report LOG_DIR`: plots and a Markdown summary of a run directory.
 
-A run directory is what `GPUMonitor`, `StepTimer`, `tfgpu.monitor.record(path)` and
-`tfgpu.diagnose(..., run_dir=...)` write: `run.json`, `timeline.csv` (or
+A run directory is what `GPUMonitor`, `StepTimer`, `tfgpu.monitor.record(log_dir)` and
+`tfgpu.diagnose(..., log_dir=...)` write: `run.json`, `timeline.csv` (or
 `timeline-worker{k}.csv`), `steps.csv` (or `steps-worker{k}.csv`) and `diagnosis.json`.
 `write_report` reads what is there and writes, into the same directory (or `out_dir`):
 
@@ -56,8 +56,8 @@ import csv
 import datetime
 import io
 import math
+import os
 import re
-import statistics
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from tfgpu import _gpu_counters as counters
+from tfgpu import _stats
 from tfgpu._checks import check_dir
 from tfgpu._files import EARLIER_SESSIONS, read_json_object, write_text_atomic
 
@@ -186,30 +187,16 @@ def _read_table(path: Path, required: Sequence[str], what: str, problems: _Probl
 
 
 def _finite(values) -> list[float]:
-    return [v for v in values if isinstance(v, float) and math.isfinite(v)]
+    return _stats.finite(values)
 
 
 def _mean(values) -> float:
-    v = _finite(values)
-    if not v:
-        return math.nan
-    try:
-        return statistics.fmean(v)
-    except OverflowError:  # values near the float maximum
-        return math.fsum(x / len(v) for x in v)
+    return _stats.mean(values)
 
 
 def _max(values) -> float:
     v = _finite(values)
     return max(v) if v else math.nan
-
-
-def _quantile(values, q: float) -> float:
-    v = sorted(_finite(values))
-    if not v:
-        return math.nan
-    k = min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))
-    return v[k]
 
 
 def _when(timestamp) -> str:
@@ -353,9 +340,9 @@ def _artifacts(names: list[Path], stem: str) -> list[_Artifact]:
     return sorted(found, key=lambda f: (f.worker, math.inf if f.rotation is None else f.rotation))
 
 
-def _check_run_dir(run_dir) -> tuple[Path, list[Path]]:
+def _check_log_dir(log_dir) -> tuple[Path, list[Path]]:
     """The run directory and its entries; raises when it is not one."""
-    path = check_dir("run_dir", run_dir)
+    path = check_dir("log_dir", log_dir)
     assert path is not None  # check_dir returns None only with allow_none
     if not path.exists():
         raise FileNotFoundError(
@@ -365,7 +352,7 @@ def _check_run_dir(run_dir) -> tuple[Path, list[Path]]:
     names = sorted(path.iterdir())
     if not any(_ARTIFACT.match(p.name) or _RECORD.match(p.name) for p in names):
         raise ValueError(
-            f"Invalid value for argument `run_dir`. Received: {str(path)!r}, which holds no "
+            f"Invalid value for argument `log_dir`. Received: {str(path)!r}, which holds no "
             "tfgpu run (no run.json, timeline.csv, steps.csv or diagnosis.json). Expected a "
             "directory written by GPUMonitor / StepTimer / tfgpu.monitor.record."
         )
@@ -638,10 +625,12 @@ def _steps_section(table: _Table, name: str) -> list[str]:
         "",
         f"{len(table.rows)} rows (one per step, or per execution of `steps_per_execution` "
         + (f"steps) from {len(starts)} `fit` calls appended to this file" if fits else "steps)")
-        + f"; step time median {_fmt(_quantile(st, 0.5), '.2f')} ms, p90 "
-        f"{_fmt(_quantile(st, 0.9), '.2f')} ms; examples/s median "
-        f"{_fmt(_quantile(table.col('examples_per_s'), 0.5), ',.0f')}. Epochs count from 1, "
-        "as Keras prints them; the first step of epoch 1 includes tracing and compilation.",
+        + f"; step time median {_fmt(_stats.median(st), '.2f')} ms, p90 "
+        f"{_fmt(_stats.percentile(st, 90), '.2f')} ms; examples/s median "
+        f"{_fmt(_stats.median(table.col('examples_per_s')), ',.0f')}. Epochs count from 1, "
+        "as Keras prints them; the first step of epoch 1 includes tracing and compilation. "
+        "An epoch's median and p90 leave out its first row (as `StepTimer`'s "
+        "`step_time_median_s` and `step_time_p90_s` do), unless it has only one.",
         "",
         ("| fit " if fits else "")
         + "| epoch | steps | median step ms | p90 step ms | first step ms | time in steps s |",
@@ -655,10 +644,11 @@ def _steps_section(table: _Table, name: str) -> list[str]:
         times = [r.get("step_time_s", math.nan) * 1e3 for r in rows]
         counts = _steps_per_row([r.get("step", math.nan) for r in rows])
         spent = sum(_finite([t * n / 1e3 for t, n in zip(times, counts)]))
+        steady = times[1:] or times  # StepTimer's rule: the first execution is not steady
         lines.append(
             (f"| {session + 1} " if fits else "")
             + f"| {e + 1 if e >= 0 else '?'} | {sum(counts)} | "
-            f"{_fmt(_quantile(times, 0.5), '.2f')} | {_fmt(_quantile(times, 0.9), '.2f')} | "
+            f"{_fmt(_stats.median(steady), '.2f')} | {_fmt(_stats.percentile(steady, 90), '.2f')} | "
             f"{_fmt(times[0], '.2f')} | {_fmt(spent, '.2f')} |"
         )
     lines.append("")
@@ -867,7 +857,7 @@ def _step_time_in(steps: list[_Table], first: float, last: float) -> float:
         for r in table.rows
         if first <= r.get("time", math.nan) <= last
     ]
-    return _quantile([t for t in _finite(times) if t > 0], 0.5)
+    return _stats.median([t for t in _finite(times) if t > 0])
 
 
 def _gpu_list(gpus: list[int]) -> str:
@@ -1147,14 +1137,16 @@ class _Plt:
         fig.clear()
 
 
-def write_report_and_problems(run_dir: Any, out_dir: Any) -> tuple[Path, _Problems]:
+def write_report_and_problems(
+    log_dir: str | os.PathLike, *, out_dir: str | os.PathLike | None = None
+) -> tuple[Path, _Problems]:
     """`write_report` for front ends: returns `report.md`'s path and what could not be read.
 
     The CLI prints the problems as `error:` lines (exit status 2) instead of warnings.
     """
-    check_dir("run_dir", run_dir)  # both arguments, before any work
+    check_dir("log_dir", log_dir)  # both arguments, before any work
     out_arg = check_dir("out_dir", out_dir, allow_none=True)
-    run, names = _check_run_dir(run_dir)
+    run, names = _check_log_dir(log_dir)
     out = run if out_arg is None else out_arg
     plt = _Plt()  # ImportError (with the pip line) before anything is written
     out.mkdir(parents=True, exist_ok=True)
@@ -1218,7 +1210,7 @@ def write_report_and_problems(run_dir: Any, out_dir: Any) -> tuple[Path, _Proble
     return summary, problems
 
 
-def write_report(run_dir, out_dir=None) -> Path:
+def write_report(log_dir: str | os.PathLike, *, out_dir: str | os.PathLike | None = None) -> Path:
     """Writes PNG plots and a Markdown summary of a run directory; returns the summary's path.
 
     Every session in the directory is covered: timeline and steps files moved aside by a
@@ -1228,19 +1220,19 @@ def write_report(run_dir, out_dir=None) -> Path:
     the top of `report.md`, and warned about.
 
     Args:
-        run_dir: str or os.PathLike, a directory written by `GPUMonitor`, `StepTimer`,
-            `tfgpu.monitor.record(path)` or `tfgpu.diagnose(..., run_dir=...)`.
+        log_dir: str or os.PathLike, a directory written by `GPUMonitor`, `StepTimer`,
+            `tfgpu.monitor.record(log_dir)` or `tfgpu.diagnose(..., log_dir=...)`.
         out_dir: str, os.PathLike or None, where to write `report.md` and the PNGs (created
-            if missing). Defaults to `None`: `run_dir` itself.
+            if missing). Defaults to `None`: `log_dir` itself.
 
     Returns:
         `pathlib.Path` of `report.md`.
 
     Raises:
-        TypeError: if `run_dir` or `out_dir` is not a path.
-        ValueError: if `run_dir` or `out_dir` is (or is under) a file, or `run_dir` holds no
+        TypeError: if `log_dir` or `out_dir` is not a path.
+        ValueError: if `log_dir` or `out_dir` is (or is under) a file, or `log_dir` holds no
             tfgpu run.
-        FileNotFoundError: if `run_dir` does not exist.
+        FileNotFoundError: if `log_dir` does not exist.
         ImportError: if matplotlib is not installed (with the pip line).
         OSError: if `out_dir` or `report.md` cannot be written.
 
@@ -1254,7 +1246,7 @@ def write_report(run_dir, out_dir=None) -> Path:
     >>> write_report("runs/exp1")  # doctest: +SKIP
     PosixPath('runs/exp1/report.md')
     """
-    summary, problems = write_report_and_problems(run_dir, out_dir)
+    summary, problems = write_report_and_problems(log_dir, out_dir=out_dir)
     for error in problems.errors:
         warnings.warn(f"tfgpu report: {error} The rest is in {summary}.", stacklevel=2)
     return summary

@@ -8,7 +8,7 @@ from typing import Any
 
 from tfgpu.monitor.nvml import Metric
 
-_log = logging.getLogger("tfgpu.monitor")
+_log = logging.getLogger(__name__)
 _MIB = 1024.0 * 1024.0
 _NAN = float("nan")
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
-_log = logging.getLogger("tfgpu.monitor")
+_log = logging.getLogger(__name__)
 
 NVML_HINT = (
     "NVML ships with the NVIDIA driver: install or repair the driver until `nvidia-smi` "

@@ -45,7 +45,7 @@ from tfgpu.monitor.nvml import (
     visible_gpus,
 )
 
-_log = logging.getLogger("tfgpu.monitor")
+_log = logging.getLogger(__name__)
 _NAN = float("nan")
 
 BASE_METRICS: dict[str, Metric] = {
@@ -348,7 +348,7 @@ class Sampler:
     is given per process and the host metrics are still recorded. NVML errors during the
     run (a lost GPU, any exception a binding raises) are logged once; sampling goes on.
 
-    With `path`, the sampler writes into that run directory: `run.json` (what was sampled)
+    With `log_dir`, the sampler writes into that run directory: `run.json` (what was sampled)
     and `timeline.csv` (one row per sample, flushed at once; `timeline-worker{k}.csv` in a
     multi-worker cluster). Nothing an earlier run wrote is lost: a timeline with the same
     columns is appended to; one with other columns (another GPU count), or whose last row a
@@ -366,7 +366,7 @@ class Sampler:
             `tf.config.set_visible_devices` hid some, which this TF-free module cannot see:
             `GPUMonitor` maps TensorFlow's numbering onto these positions). Defaults to
             `None`: all GPUs this process can use.
-        path: str, os.PathLike or None, the run directory to write to (created if missing).
+        log_dir: str, os.PathLike or None, the run directory to write to (created if missing).
             Defaults to `None`: keep samples in memory only.
         host: bool, whether to read host metrics (when False their columns are NaN).
             Defaults to `True`.
@@ -374,14 +374,14 @@ class Sampler:
     Raises:
         ValueError: if `interval` is below 0.01 or not finite, a GPU index is negative or
             repeated or (when NVML is available) names no GPU this process can see, or
-            `path` is a file, under a file, or cannot be created or written.
+            `log_dir` is a file, under a file, or cannot be created or written.
         TypeError: if `interval` is not a number, `gpus` not a list of ints, `host` not a
-            bool, or `path` not a path.
+            bool, or `log_dir` not a path.
 
     Example:
 
     ```python
-    sampler = tfgpu.monitor.Sampler(interval=0.5, path="runs/exp1")
+    sampler = tfgpu.monitor.Sampler(interval=0.5, log_dir="runs/exp1")
     sampler.start()
     train()
     sampler.stop()
@@ -391,16 +391,17 @@ class Sampler:
 
     def __init__(
         self,
+        *,
         interval: float = 0.2,
         gpus: Sequence[int] | None = None,
-        path: str | os.PathLike | None = None,
+        log_dir: str | os.PathLike | None = None,
         host: bool = True,
-    ):
+    ) -> None:
         self._interval = check_interval(interval)
         requested = check_gpus(gpus)
         self._unchecked: list[int] | None = None  # `gpus` NVML was not there to check
         check_bool("host", host)
-        self._dir = None if path is None else check_log_dir(path, "path")
+        self._dir = None if log_dir is None else check_log_dir(log_dir, "log_dir")
         self._host = host
         self._inventory = inventory()
         visible = visible_gpus(self._inventory.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -745,7 +746,8 @@ def _version() -> str:
 
 
 def record(
-    path: str | os.PathLike | None = None,
+    log_dir: str | os.PathLike | None = None,
+    *,
     interval: float = 0.2,
     gpus: Sequence[int] | None = None,
 ) -> Sampler:
@@ -754,7 +756,7 @@ def record(
     The arguments are checked at the call, before the block runs.
 
     Args:
-        path: str, os.PathLike or None, the run directory for `run.json` and
+        log_dir: str, os.PathLike or None, the run directory for `run.json` and
             `timeline.csv`. Defaults to `None`: samples in memory only.
         interval: float, seconds between samples. Defaults to `0.2`.
         gpus: list of int or None, GPUs to sample, numbered after `CUDA_VISIBLE_DEVICES`
@@ -766,7 +768,7 @@ def record(
 
     Raises:
         ValueError: for an `interval` below 0.01, an unknown GPU index (checked when NVML is
-            available), a `path` that is or lies under a file or cannot be written.
+            available), a `log_dir` that is or lies under a file or cannot be written.
         TypeError: for arguments of the wrong type.
 
     Example:
@@ -779,4 +781,4 @@ def record(
     print(run.aggregate()["gpu0_util_pct_mean"])
     ```
     """
-    return Sampler(interval=interval, gpus=gpus, path=path)
+    return Sampler(interval=interval, gpus=gpus, log_dir=log_dir)

@@ -1,0 +1,145 @@
+"""tfgpu._keras_internals: every reach into Keras's internals still finds its target.
+
+`test_every_reach_finds_its_target_in_a_real_fit` is the alarm: it fails, naming the Keras
+version and what moved, the day Keras keeps `fit`'s epoch iterator, its data adapter,
+`model.train_function`, `model._initial_epoch` or its global seed generator elsewhere.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+from tfgpu import _keras_internals
+
+
+def _model() -> keras.Model:
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    return model
+
+
+class _Probe(keras.callbacks.Callback):
+    """Runs the check from inside `fit`'s hooks; keeps what each hook saw."""
+
+    def __init__(self):
+        super().__init__()
+        self.problems: dict[str, list[str]] = {}
+        self.batch_size: int | None = None
+        self.source = None
+        self.frame_name: str | None = None
+
+    def on_train_begin(self, logs=None):
+        self.problems["on_train_begin"] = _keras_internals.problems_in_fit(self.model)
+        self.batch_size = _keras_internals.fit_batch_size(self.model)
+        iterator = _keras_internals.fit_epoch_iterator(self.model)
+        self.source = _keras_internals.source_dataset(iterator)
+        frame = _keras_internals.training_frame(__name__)
+        self.frame_name = None if frame is None else frame.f_code.co_name
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.problems.setdefault("on_train_batch_end", _keras_internals.problems_in_fit(self.model))
+
+
+def _data(kind: str) -> dict:
+    x = np.zeros((32, 4), "float32")
+    y = np.zeros((32, 1), "float32")
+    if kind == "arrays":
+        return {"x": x, "y": y, "batch_size": 8}
+    import tensorflow as tf
+
+    # A static batch size (drop_remainder) is what the data adapter can report.
+    return {"x": tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True)}
+
+
+@pytest.mark.parametrize("kind", ["arrays", "dataset"])
+def test_every_reach_finds_its_target_in_a_real_fit(kind):
+    probe = _Probe()
+    data = _data(kind)
+    _model().fit(**data, epochs=1, verbose=0, shuffle=False, callbacks=[probe])
+    found = [f"{hook}: {p}" for hook, ps in probe.problems.items() for p in ps]
+    if probe.batch_size != 8:
+        found.append(_keras_internals.moved("the data adapter's `batch_size`"))
+    if kind == "dataset" and probe.source is not data["x"]:
+        found.append(_keras_internals.moved("the data adapter's `_dataset` (the user's dataset)"))
+    if found or len(probe.problems) != 2:
+        pytest.fail(
+            f"Keras {keras.__version__} moved what tfgpu reaches for (checked against Keras "
+            f"{'.'.join(map(str, _keras_internals.CHECKED_KERAS))}); update "
+            "tfgpu/_keras_internals.py and CHECKED_KERAS. What moved:\n  "
+            + "\n  ".join(found or ["the callback hooks did not run"])
+        )
+    assert probe.frame_name == "fit"
+    checked = _keras_internals.CHECKED_KERAS
+    installed = tuple(int(p) for p in keras.__version__.split(".")[:2])
+    if installed > checked:
+        warnings.warn(
+            f"Keras {keras.__version__} is newer than the one tfgpu/_keras_internals.py was "
+            f"checked against ({checked[0]}.{checked[1]}); every reach still works: raise "
+            "CHECKED_KERAS.",
+            stacklevel=1,
+        )
+
+
+def test_outside_fit_nothing_is_found():
+    model = _model()
+    assert _keras_internals.fit_epoch_iterator(model) is None
+    assert _keras_internals.fit_batch_size(model) is None
+    assert _keras_internals.calling_callback_list() is None
+    assert _keras_internals.problems_in_fit(model) == [
+        _keras_internals.moved("`fit`'s frame with a local `epoch_iterator`")
+    ]
+    assert "Keras " in _keras_internals.moved("x") and "tfgpu/_keras_internals.py" in (
+        _keras_internals.moved("x")
+    )
+
+
+def test_a_wrapped_train_function_is_found_under_and_taken_off():
+    model = _model()
+    model.make_train_function()
+    keras_fn = model.train_function
+    owner, other = object(), object()
+
+    def outer(iterator):
+        return keras_fn(iterator)
+
+    _keras_internals.install_train_function(model, outer, owner=owner, original=keras_fn)
+    assert model.train_function is outer
+    assert _keras_internals.wrapper_owner(outer) is owner
+    assert _keras_internals.keras_train_function(outer) is keras_fn
+    _keras_internals.restore_train_function(model, other, keras_fn)  # not other's: stays
+    assert model.train_function is outer
+    _keras_internals.restore_train_function(model, owner, keras_fn)
+    assert model.train_function is keras_fn
+    assert _keras_internals.wrapper_owner(keras_fn) is None
+
+
+def test_initial_epoch_is_cleared_only_when_it_is_tfgpu_s():
+    model = _model()
+    _keras_internals.set_initial_epoch(model, 3)
+    assert model._initial_epoch == 3
+    _keras_internals.clear_initial_epoch(model)
+    assert model._initial_epoch is None
+    model._initial_epoch = 5  # set by someone else: left alone
+    _keras_internals.clear_initial_epoch(model)
+    assert model._initial_epoch == 5
+
+
+def test_a_fit_that_restarts_from_the_initial_epoch_skips_the_done_epochs():
+    model = _model()
+    seen: list[int] = []
+
+    class _Start(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            _keras_internals.set_initial_epoch(self.model, 2)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            seen.append(epoch)
+            _keras_internals.clear_initial_epoch(self.model)
+
+    model.fit(**_data("arrays"), epochs=3, verbose=0, callbacks=[_Start()])
+    assert seen == [2]
+    assert model._initial_epoch is None

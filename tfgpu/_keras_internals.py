@@ -1,0 +1,286 @@
+"""Every reach into Keras's private internals, in one place, checked against one Keras version.
+
+Keras gives callbacks no handle on the data `fit` iterates, on the function it calls per
+step, or on the frame running it; tfgpu's callbacks need all three (the batch size for
+throughput, exact resume, flushing when `fit` raises). Each such reach is one function
+here, so the day Keras moves something, one module changes:
+
+- `fit`'s frame and its local `epoch_iterator` (`keras/src/backend/tensorflow/trainer.py`,
+  `TensorFlowTrainer.fit`), found by walking up the call stack from a callback hook;
+- the epoch iterator's private fields: `data_adapter` (its `batch_size` and `_dataset`),
+  `_distributed_dataset` (what each epoch's iterator is made from), `_current_iterator`;
+- `model.train_function` (set by `make_train_function` before `on_train_begin`, called by
+  `fit` once per execution) and `model._initial_epoch` (read by `fit` right after
+  `on_train_begin`);
+- Keras's global seed generator (`keras/src/backend/common/global_state.py`,
+  `keras/src/random/seed_generator.py`);
+- the `CallbackList` that `fit` made (released with `fit`'s frame).
+
+Every function here returns None (or does nothing) where this Keras keeps things elsewhere;
+callers then fall back and say so. `CHECKED_KERAS` is the version this was last checked
+against; `tests/test_keras_internals.py` runs a real `fit` and fails, naming the Keras version
+and what moved, as soon as one of these reaches finds nothing. No TensorFlow import at
+module level.
+"""
+
+from __future__ import annotations
+
+import numbers
+import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+# The Keras version (major, minor) every reach below was checked against.
+CHECKED_KERAS = (3, 15)
+
+# Marks on the functions tfgpu puts in place of `model.train_function`.
+_OWNER = "_tfgpu_backup"
+_ORIGINAL = "_tfgpu_original"
+
+
+def keras_version() -> str:
+    """The installed Keras version, e.g. "3.15.1"."""
+    import keras
+
+    return str(keras.__version__)
+
+
+def moved(what: str) -> str:
+    """A sentence for when a reach found nothing: what moved, in which Keras version.
+
+    Example:
+
+    >>> moved("fit's epoch iterator")  # doctest: +ELLIPSIS
+    "Keras ... keeps fit's epoch iterator elsewhere than Keras 3.15 (tfgpu/_keras_internals.py)"
+    """
+    return (
+        f"Keras {keras_version()} keeps {what} elsewhere than Keras "
+        f"{CHECKED_KERAS[0]}.{CHECKED_KERAS[1]} (tfgpu/_keras_internals.py)"
+    )
+
+
+# --------------------------------------------------------------------------- fit's frame
+
+
+def _fit_frame(model: Any, start: FrameType | None) -> FrameType | None:
+    """The frame of the `fit` call (of `model`, when given) that encloses `start`."""
+    frame = start
+    while frame is not None:
+        code = frame.f_code
+        if (
+            code.co_name == "fit"
+            and "epoch_iterator" in code.co_varnames
+            and (model is None or frame.f_locals.get("self") is model)
+        ):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def fit_epoch_iterator(model: Any = None) -> Any:
+    """The epoch iterator of the `fit` running now (of `model` when given), or None.
+
+    Call it from a callback hook: Keras's TensorFlow trainer keeps the iterator in the local
+    `epoch_iterator` of `fit`, found by walking up the call stack. None outside `fit`, or
+    when this Keras names it otherwise.
+    """
+    frame = _fit_frame(model, sys._getframe(1))
+    return None if frame is None else frame.f_locals.get("epoch_iterator")
+
+
+def fit_batch_size(model: Any = None) -> int | None:
+    """The batch size of the running `fit`, from its epoch iterator's data adapter, or None.
+
+    None where the adapter cannot tell (a dataset without a static batch dimension).
+    """
+    frame = _fit_frame(model, sys._getframe(1))
+    iterator = None if frame is None else frame.f_locals.get("epoch_iterator")
+    adapter = getattr(iterator, "data_adapter", None)
+    try:
+        size = adapter.batch_size if adapter is not None else None
+    except Exception:  # an adapter that cannot tell
+        return None
+    if isinstance(size, numbers.Integral) and not isinstance(size, bool) and int(size) > 0:
+        return int(size)
+    return None
+
+
+def training_frame(caller_module: str) -> FrameType | None:
+    """The frame of the function driving the callbacks: Keras `fit`, or a custom loop.
+
+    The first frame, going outwards from the caller, that belongs neither to
+    `caller_module` (the callback's module), nor to this module, nor to
+    `keras.src.callbacks` (the `CallbackList` dispatching the hook).
+    """
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module not in (caller_module, __name__) and not module.startswith("keras.src.callbacks"):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def calling_callback_list(depth: int = 8) -> Any:
+    """The `keras.callbacks.CallbackList` calling the hook that called this, or None.
+
+    `fit` makes one and drops it with its frame, so a `weakref.finalize` on it runs when
+    `fit` is over, even when it raised (Keras then skips `on_train_end`).
+    """
+    import keras
+
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, keras.callbacks.CallbackList):
+            return owner
+        frame = frame.f_back
+    return None
+
+
+# --------------------------------------------------------------------------- the epoch iterator
+
+
+def distributed_dataset(epoch_iterator: Any) -> Any:
+    """What each epoch's iterator is made from (`TFEpochIterator._distributed_dataset`)."""
+    try:
+        from keras.src.backend.tensorflow.trainer import TFEpochIterator
+    except ImportError:
+        return None
+    if not isinstance(epoch_iterator, TFEpochIterator):
+        return None
+    return getattr(epoch_iterator, "_distributed_dataset", None)
+
+
+def set_distributed_dataset(epoch_iterator: Any, dataset: Any) -> None:
+    """Puts `dataset` where `fit` makes each epoch's iterator from."""
+    epoch_iterator._distributed_dataset = dataset
+
+
+def source_dataset(epoch_iterator: Any) -> Any:
+    """The user's dataset as `fit` received it (the data adapter's `_dataset`), or None."""
+    return getattr(getattr(epoch_iterator, "data_adapter", None), "_dataset", None)
+
+
+def current_iterator(epoch_iterator: Any) -> Any:
+    """The input iterator the epoch iterator holds now (kept across epochs with
+    `steps_per_epoch`), or None."""
+    return getattr(epoch_iterator, "_current_iterator", None)
+
+
+def steps_per_epoch(epoch_iterator: Any) -> int | None:
+    """The `steps_per_epoch` the epoch iterator was made with, or None."""
+    return getattr(epoch_iterator, "steps_per_epoch", None)
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def train_function(model: Any) -> Callable | None:
+    """The function `fit` calls for each execution (`model.train_function`), or None."""
+    return getattr(model, "train_function", None)
+
+
+def keras_train_function(function: Any) -> Any:
+    """Keras's own train function under any tfgpu wrappers left on it."""
+    while getattr(function, _ORIGINAL, None) is not None:
+        function = getattr(function, _ORIGINAL)
+    return function
+
+
+def wrapper_owner(function: Any) -> Any:
+    """The object that installed `function` with `install_train_function`, or None."""
+    return getattr(function, _OWNER, None)
+
+
+def install_train_function(model: Any, wrapper: Callable, owner: Any, original: Any) -> None:
+    """Makes `fit` call `wrapper` instead of `original` (Keras's function) from now on.
+
+    `wrapper` is marked with its `owner` and `original`, so `keras_train_function` finds
+    Keras's function under it and `restore_train_function` takes it off.
+    """
+    setattr(wrapper, _OWNER, owner)
+    setattr(wrapper, _ORIGINAL, original)
+    model.train_function = wrapper
+
+
+def restore_train_function(model: Any, owner: Any, original: Any) -> None:
+    """Puts `original` back, if the function on the model is still `owner`'s wrapper."""
+    if wrapper_owner(getattr(model, "train_function", None)) is owner:
+        model.train_function = original
+
+
+def set_initial_epoch(model: Any, epoch: int) -> None:
+    """Makes the running `fit` start at `epoch` (it reads it right after `on_train_begin`).
+
+    Marked as tfgpu's, so `clear_initial_epoch` undoes it and nothing else.
+    """
+    model._initial_epoch = epoch
+    model._tfgpu_initial_epoch = epoch
+
+
+def clear_initial_epoch(model: Any) -> None:
+    """Undoes a `set_initial_epoch` that is still there (a `fit` that raised leaves it).
+
+    Left in place, every later `fit` of the model would skip those epochs too.
+    """
+    ours = getattr(model, "_tfgpu_initial_epoch", None)
+    if ours is not None:
+        if getattr(model, "_initial_epoch", None) == ours:
+            model._initial_epoch = None
+        model._tfgpu_initial_epoch = None
+
+
+# --------------------------------------------------------------------------- random state
+
+
+def global_seed_generator(create: bool = False) -> Any:
+    """Keras's global `SeedGenerator` (used by layers without a seed), or None if not made.
+
+    Args:
+        create: bool, make it when it does not exist yet (as Keras does on first use).
+            Defaults to `False`: read only.
+    """
+    if create:
+        from keras.src.random.seed_generator import global_seed_generator as make
+
+        return make()
+    from keras.src.backend.common import global_state
+
+    return global_state.get_global_attribute("global_seed_generator")
+
+
+# --------------------------------------------------------------------------- the check
+
+
+def problems_in_fit(model: Any) -> list[str]:
+    """What this Keras no longer has where tfgpu reaches for it. Call it from a hook of `fit`.
+
+    Run by `tests/test_keras_internals.py` inside a real `fit` (arrays and a batched
+    `tf.data` dataset); an empty list means every reach above still finds its target. What
+    depends on the data (the batch size, the user's dataset) the test checks itself.
+    """
+    found: list[str] = []
+    frame = _fit_frame(model, sys._getframe(1))
+    if frame is None:
+        return [moved("`fit`'s frame with a local `epoch_iterator`")]
+    iterator = frame.f_locals.get("epoch_iterator")
+    checks = [
+        ("the epoch iterator's `data_adapter`", hasattr(iterator, "data_adapter")),
+        ("`TFEpochIterator._distributed_dataset`", distributed_dataset(iterator) is not None),
+        ("`EpochIterator._current_iterator`", hasattr(iterator, "_current_iterator")),
+        ("`EpochIterator.steps_per_epoch`", hasattr(iterator, "steps_per_epoch")),
+        ("`model.train_function`", callable(train_function(model))),
+        ("`model._initial_epoch`", hasattr(model, "_initial_epoch")),
+        ("the `CallbackList` calling the hooks", calling_callback_list() is not None),
+    ]
+    found.extend(moved(what) for what, ok in checks if not ok)
+    try:
+        global_seed_generator()
+        global_seed_generator(create=True)
+    except (ImportError, AttributeError) as e:
+        found.append(moved(f"the global seed generator ({type(e).__name__}: {e})"))
+    return found

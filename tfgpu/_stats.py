@@ -1,0 +1,115 @@
+"""The one definition of each small statistic tfgpu prints (no TensorFlow, no Keras).
+
+A figure shown in two places (`step_time_p90_s` in Keras's `History`, "p90" in
+`report.md`) is computed here, so both agree. Percentiles interpolate linearly between the
+two nearest ranks, as `numpy.percentile`'s default (`method="linear"`) and
+`statistics.median` do; missing values (None, NaN, infinities) are left out, and no value at
+all gives NaN. `tfgpu.monitor` uses this module, so it must never import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+_NAN = float("nan")
+
+
+def finite(values: Iterable[Any]) -> list[float]:
+    """The finite real numbers among `values`, as floats (None, NaN, inf, bools, str dropped).
+
+    Example:
+
+    >>> finite([1, None, float("nan"), 2.5, float("inf"), True])
+    [1.0, 2.5]
+    """
+    out = []
+    for v in values:
+        if isinstance(v, bool) or v is None:
+            continue
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(x):
+            out.append(x)
+    return out
+
+
+def percentile(values: Iterable[Any], q: float) -> float:
+    """The `q`-th percentile of the finite `values`, linearly interpolated; NaN if none.
+
+    Same as `numpy.nanpercentile(values, q)` (its default `method="linear"`) on the finite
+    values: the value at rank `(n - 1) * q / 100` of the sorted values, interpolating between
+    the two nearest ranks.
+
+    Args:
+        values: iterable of numbers; None, NaN and infinities are left out.
+        q: float, the percentile, 0 to 100 (50 is the median).
+
+    Returns:
+        A float; NaN when no value is finite.
+
+    Raises:
+        ValueError: if `q` is not within 0 to 100.
+
+    Example:
+
+    >>> percentile([1.0, 2.0, 3.0, 4.0], 50), percentile([1.0, 2.0, 3.0, 4.0], 75)
+    (2.5, 3.25)
+    """
+    if not 0 <= q <= 100:
+        raise ValueError(f"Invalid value for argument `q`. Received: q={q!r}. Expected 0 to 100.")
+    ordered = sorted(finite(values))
+    if not ordered:
+        return _NAN
+    position = (len(ordered) - 1) * q / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def median(values: Iterable[Any]) -> float:
+    """The median of the finite `values` (`percentile(values, 50)`); NaN if none.
+
+    Example:
+
+    >>> median([3.0, float("nan"), 1.0, 2.0, 10.0])
+    2.5
+    """
+    return percentile(values, 50)
+
+
+def mean(values: Iterable[Any]) -> float:
+    """The mean of the finite `values`; NaN if none. Safe near the float maximum.
+
+    Example:
+
+    >>> mean([1.0, None, 2.0, float("nan")])
+    1.5
+    """
+    v = finite(values)
+    if not v:
+        return _NAN
+    try:
+        total = math.fsum(v)
+    except OverflowError:  # values near the float maximum
+        total = math.inf
+    if math.isfinite(total):
+        return total / len(v)
+    return math.fsum(x / len(v) for x in v)
+
+
+def format_bytes(nbytes: float) -> str:
+    """A byte count for people, in binary units: "512 B", "1.5 KiB", "2.0 MiB", "3.2 GiB".
+
+    Example:
+
+    >>> format_bytes(512), format_bytes(1536), format_bytes(3 * 2**30)
+    ('512 B', '1.5 KiB', '3.0 GiB')
+    """
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{int(nbytes)} B"

@@ -1,0 +1,292 @@
+"""`GPUMonitor`: GPU and host metrics during `fit`, epoch aggregates into the Keras `logs`.
+
+Place it before callbacks that read `logs` (`CSVLogger`, `TensorBoard`, `EarlyStopping`):
+Keras hands the same `logs` dict to the callbacks in list order (`History` always comes
+last). `docs/metrics.md` is the one table of all keys.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, TypedDict
+
+import keras
+
+from tfgpu import _devices, _keras_internals
+from tfgpu._checks import check_dir, invalid_type
+from tfgpu.monitor.sampler import Sampler, check_gpus, check_interval, check_log_dir
+
+_log = logging.getLogger(__name__)
+_NAN = float("nan")
+
+
+class _SamplerConfig(TypedDict):
+    """`GPUMonitor`'s `Sampler` arguments other than `gpus`."""
+
+    interval: float
+    log_dir: str | os.PathLike | None
+    host: bool
+
+
+class GPUMonitor(keras.callbacks.Callback):
+    """Records GPU and host metrics during `fit`; epoch aggregates go into `logs`.
+
+    A `tfgpu.monitor.Sampler` thread starts at `on_train_begin` and samples every
+    `interval` seconds, without any NVML call on the training thread (batch hooks only set
+    the epoch/step labels). It stops at `on_train_end`, and also when `fit` raises (Keras
+    then skips `on_train_end`) within one interval of `fit` returning, so failing retries
+    in a notebook never pile up threads.
+
+    Logs at `on_epoch_end` (NaN-ignoring, over the samples taken during the epoch), per
+    sampled GPU `i`: `gpu{i}_util_pct_mean`, `gpu{i}_util_pct_max`,
+    `gpu{i}_mem_used_mib_mean`, `gpu{i}_mem_used_mib_max`, `gpu{i}_power_w_mean`,
+    `gpu{i}_power_w_max`; and for the host: `host_cpu_pct_mean`, `host_rss_mib_max`. Where
+    known (left out when NaN for every GPU, so GPUs without GPM get no clutter):
+    `gpu{i}_sm_active_pct_mean` and `gpu{i}_tensor_active_pct_mean` (GPM, Hopper and
+    newer), `gpu{i}_pcie_mib_per_step` (PCIe TX+RX MiB per training step) and
+    `joules_per_example` (all sampled GPUs' energy over the epoch / examples trained; needs
+    the batch size, read from `fit` as `StepTimer` does).
+    `History`, `CSVLogger` and Keras's `TensorBoard` see them (list `GPUMonitor` before the
+    latter two). Sources and units: `docs/metrics.md`.
+
+    With `log_dir`, writes there `run.json` and `timeline.csv`, one row per sample with its
+    epoch and step, flushed as written (a SIGKILL loses at most the last interval). In a
+    multi-worker cluster (`TF_CONFIG`) each worker records its own GPUs to
+    `timeline-worker{k}.csv` (`run-worker{k}.json`). A later `fit` (or run) appends to the
+    timeline; a timeline with other columns (another GPU count) is moved aside to
+    `timeline.1.csv` (`.2`, ...), never truncated, and `run.json` keeps earlier sessions
+    under `"earlier_sessions"`.
+
+    Monitoring never stops training: a failure to sample, to write (a full disk) or to
+    reach NVML is logged once, recorded as NaN or kept in memory, and `fit` goes on. Without
+    NVML, one `RuntimeWarning` per process, at the user's `fit` line (scripts, `python -c`,
+    standard input, IPython and Jupyter alike).
+
+    Args:
+        log_dir: str, os.PathLike or None, the run directory (created if missing).
+            Defaults to `None`: aggregates into `logs` only, no files.
+        interval: float, seconds between samples, at least 0.01. Defaults to `0.2`.
+        gpus: list of int or None, GPUs to sample as TensorFlow numbers them (`/GPU:i`,
+            after `CUDA_VISIBLE_DEVICES` and `tf.config.set_visible_devices` /
+            `tfgpu.configure(gpus=...)`). Defaults to `None`: all GPUs TensorFlow uses (all
+            CUDA-visible GPUs when TensorFlow is not loaded or lists none).
+        tensorboard: bool or path, also write every sample as TensorBoard scalars (tags
+            `monitor/<column>`, step = milliseconds since the first `fit` began), at each
+            epoch end: `True` writes to `<log_dir>/tensorboard`, a path writes there.
+            Needs TensorFlow. Defaults to `False`.
+        host: bool, whether to record host CPU and memory. Defaults to `True`.
+
+    Raises:
+        ValueError: for an `interval` below 0.01, a negative or repeated GPU index or
+            (when NVML is available) one this process does not see, a `log_dir` that is or
+            lies under a file or cannot be written, or `tensorboard=True` without `log_dir`; at
+            construction, before any training.
+        TypeError: for arguments of the wrong type.
+
+    Example:
+
+    ```python
+    history = model.fit(x, y, epochs=3, callbacks=[tfgpu.callbacks.GPUMonitor("runs/exp1")])
+    history.history["gpu0_util_pct_mean"]   # one value per epoch
+    ```
+    """
+
+    def __init__(
+        self,
+        log_dir: str | os.PathLike | None = None,
+        *,
+        interval: float = 0.2,
+        gpus: list[int] | None = None,
+        tensorboard: bool | str | os.PathLike = False,
+        host: bool = True,
+    ) -> None:
+        super().__init__()
+        if isinstance(tensorboard, bytes) or not isinstance(tensorboard, (bool, str, os.PathLike)):
+            raise invalid_type("tensorboard", tensorboard, "a bool or a directory path")
+        if tensorboard is True and log_dir is None:
+            raise ValueError(
+                "Invalid value for argument `tensorboard`. Received: tensorboard=True with "
+                "log_dir=None. Expected a `log_dir` to write `<log_dir>/tensorboard` into, "
+                "or a directory path as `tensorboard`."
+            )
+        interval = check_interval(interval)
+        self._gpus = check_gpus(gpus)
+        path = None if log_dir is None else check_log_dir(log_dir, "log_dir")
+        if tensorboard is True:
+            if path is None:  # rejected above; narrows the type
+                raise AssertionError("tensorboard=True needs log_dir")
+            self._tb_dir: Path | None = check_dir("tensorboard", path / "tensorboard")
+        elif tensorboard is False:
+            self._tb_dir = None
+        else:
+            self._tb_dir = check_log_dir(tensorboard, "tensorboard")
+        self._config: _SamplerConfig = {"interval": interval, "log_dir": path, "host": host}
+        self._sampled = _devices.cuda_indices(self._gpus)  # TensorFlow's numbering
+        self.sampler = Sampler(**self._config, gpus=self._sampled)  # validates the rest now
+        self.log_dir = path
+        self.async_safe = True  # no batch-end hook; never forces Keras to sync per batch
+        self._used = False
+        self._epoch_start: float | None = None
+        self._epoch_batches = 0
+        self._batch_size: int | None = None
+        self._tb_writer: Any = None
+        self._tb_t0: float | None = None
+        self._tb_written = 0
+        self._reported: set[str] = set()
+
+    # Keras hooks ---------------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        try:
+            if self.sampler.running:  # a previous fit that raised, or another model's fit
+                self.sampler.stop()
+            self._write_tensorboard()
+            # TensorFlow's visible GPUs may have changed since construction (configure()).
+            sampled = _devices.cuda_indices(self._gpus)
+            if self._used or sampled != self._sampled:
+                self._sampled = sampled
+                self.sampler = Sampler(**self._config, gpus=sampled)
+                self._tb_written = 0
+            self._used = True
+            self._batch_size = _keras_internals.fit_batch_size(self.model)
+            self.sampler.start()  # warns (once, at the user's fit line) when NVML is missing
+            # The sampler stops by itself once the frame driving the hooks (Keras `fit`, or a
+            # custom loop) has left the stack: `fit` that raises never calls on_train_end.
+            frame = _keras_internals.training_frame(__name__)
+            if frame is not None:
+                self.sampler.bind_to_frame(frame)
+        except Warning:
+            raise  # the user's warning filters made the NVML warning an error
+        except Exception as e:  # side features never kill training
+            self._report("could not start sampling", e)
+        if self._tb_t0 is None:
+            self._tb_t0 = time.time()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = time.time()
+        self._epoch_batches = 0
+        try:
+            self.sampler.mark(epoch=epoch)
+        except Exception as e:
+            self._report("could not label the samples", e)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._epoch_batches = batch + 1 if isinstance(batch, int) else self._epoch_batches
+        try:
+            self.sampler.mark(step=batch)
+        except Exception as e:
+            self._report("could not label the samples", e)
+
+    def on_epoch_end(self, epoch, logs=None):
+        try:
+            aggregates = self.sampler.aggregate(since=self._epoch_start)
+            steps = self.params.get("steps") if isinstance(self.params, dict) else None
+            if not (isinstance(steps, int) and steps > 0):
+                steps = self._epoch_batches  # an unknown epoch length: the batches begun
+            seconds = time.time() - self._epoch_start if self._epoch_start else _NAN
+            aggregates = _epoch_logs(
+                aggregates, len(self.sampler.gpus), seconds, steps, self._batch_size
+            )
+        except Exception as e:
+            self._report("could not aggregate the samples", e)
+            aggregates = {}
+        if logs is not None:
+            logs.update(aggregates)
+        self._write_tensorboard()
+
+    def on_train_end(self, logs=None):
+        try:
+            self.sampler.stop()
+        except Exception as e:
+            self._report("could not stop sampling", e)
+        self._write_tensorboard()
+        if self._tb_writer is not None:
+            try:
+                self._tb_writer.flush()
+            except Exception as e:
+                self._report("could not flush TensorBoard", e)
+
+    def _report(self, what: str, error: Exception) -> None:
+        """Logs a failure of this side feature once per kind; training goes on."""
+        if what not in self._reported:
+            self._reported.add(what)
+            _log.warning("GPUMonitor %s (%r); training goes on. (Logged once.)", what, error)
+
+    # TensorBoard -----------------------------------------------------------------
+    def _write_tensorboard(self) -> None:
+        if self._tb_dir is None:
+            return
+        try:
+            import tensorflow as tf
+
+            if self._tb_writer is None:
+                self._tb_writer = tf.summary.create_file_writer(str(self._tb_dir))
+            rows = self.sampler.samples_from(self._tb_written)
+            t0 = self._tb_t0 if self._tb_t0 is not None else time.time()
+            # What tf.summary.scalar writes, without needing the tensorboard package.
+            scalar = tf.compat.v1.SummaryMetadata(
+                plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars")
+            ).SerializeToString()
+            with self._tb_writer.as_default():
+                for row in rows:
+                    step = round((row["time"] - t0) * 1000)
+                    for key, value in row.items():
+                        if key not in ("time", "elapsed_s", "epoch", "step") and value == value:
+                            tensor = tf.constant(value, tf.float32)
+                            tf.summary.write(f"monitor/{key}", tensor, step=step, metadata=scalar)
+            self._tb_written += len(rows)
+        except Exception as e:  # side features never kill training
+            _log.warning("GPUMonitor: TensorBoard scalars disabled (%s).", e)
+            self._tb_dir = None
+
+
+_LOGGED = (
+    "util_pct_mean",
+    "util_pct_max",
+    "mem_used_mib_mean",
+    "mem_used_mib_max",
+    "power_w_mean",
+    "power_w_max",
+)
+_LOGGED_WHERE_KNOWN = ("sm_active_pct_mean", "tensor_active_pct_mean")
+
+
+def _epoch_logs(
+    aggregates: dict[str, float],
+    num_gpus: int,
+    seconds: float,
+    steps: int,
+    batch_size: int | None,
+) -> dict[str, float]:
+    """Pure: the keys `GPUMonitor` logs, from `Sampler.aggregate()` of the epoch.
+
+    The six classic per-GPU keys and the host ones always; `gpu{i}_sm_active_pct_mean`,
+    `gpu{i}_tensor_active_pct_mean`, `gpu{i}_pcie_mib_per_step` and `joules_per_example`
+    only where at least one GPU has a value (NaN for the others).
+    """
+    gpus = range(num_gpus)
+    logs = {f"gpu{i}_{key}": aggregates.get(f"gpu{i}_{key}", _NAN) for i in gpus for key in _LOGGED}
+    for key in _LOGGED_WHERE_KNOWN:
+        values = {f"gpu{i}_{key}": aggregates.get(f"gpu{i}_{key}", _NAN) for i in gpus}
+        if any(v == v for v in values.values()):
+            logs.update(values)
+    if steps > 0 and seconds == seconds and seconds > 0:
+        per_step = {
+            f"gpu{i}_pcie_mib_per_step": (
+                aggregates.get(f"gpu{i}_pcie_tx_mib_s_mean", _NAN)
+                + aggregates.get(f"gpu{i}_pcie_rx_mib_s_mean", _NAN)
+            )
+            * seconds
+            / steps
+            for i in gpus
+        }
+        if any(v == v for v in per_step.values()):
+            logs.update(per_step)
+    energy = [aggregates.get(f"gpu{i}_energy_j", _NAN) for i in gpus]
+    if batch_size and steps > 0 and energy and all(e == e for e in energy):
+        logs["joules_per_example"] = math.fsum(energy) / (batch_size * steps)
+    logs.update({k: v for k, v in aggregates.items() if k.startswith("host_")})
+    return logs

@@ -1,0 +1,380 @@
+"""`StepTimer`: train step time, throughput and MFU per epoch, into the Keras `logs`.
+
+`docs/metrics.md` is the one table of all keys.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import logging
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+import keras
+
+from tfgpu import _keras_internals, _stats
+from tfgpu._checks import check_int, check_number
+from tfgpu.callbacks._gpus import auto_peak_flops
+from tfgpu.monitor.sampler import artifact_name, check_log_dir, open_csv
+
+_log = logging.getLogger(__name__)
+_NAN = float("nan")
+
+
+def _epoch_summary(
+    executions: list[tuple[int, float]],
+    batch_size: int | None,
+    epoch_time: float,
+    flops_per_step: float | None,
+    peak_flops: float | None,
+) -> dict[str, float]:
+    """Pure: the epoch's StepTimer logs from its executions `(steps, seconds)`, in order."""
+    if executions:
+        steps0, seconds0 = executions[0]
+        first = seconds0 / steps0
+        steady = executions[1:] or executions
+    else:
+        first, steady = _NAN, []
+    per_step = [seconds / steps for steps, seconds in steady]
+    total_steps = sum(steps for steps, _ in steady)
+    total_seconds = sum(seconds for _, seconds in steady)
+    median = _stats.median(per_step)
+    logs = {
+        "step_time_median_s": median,
+        "step_time_p90_s": _stats.percentile(per_step, 90),
+        "first_step_time_s": first,
+        "examples_per_s": batch_size * total_steps / total_seconds
+        if batch_size and total_seconds > 0
+        else _NAN,
+        "epoch_time_s": epoch_time,
+    }
+    if flops_per_step is not None and peak_flops is not None:
+        logs["mfu"] = flops_per_step / median / peak_flops if median > 0 else _NAN
+    return logs
+
+
+class StepTimer(keras.callbacks.Callback):
+    """Measures train step time and throughput; per-epoch figures go into `logs`.
+
+    Times each step with `time.perf_counter` from `on_train_batch_begin` to
+    `on_train_batch_end`; when Keras dispatches asynchronously (it calls batch-end hooks in
+    a thread pool once a step's results are ready, which this callback allows) a step is
+    timed from the later of its begin and the previous step's end, so queued steps are not
+    double counted. Under `steps_per_execution=k`, Keras calls the batch hooks once per
+    execution of `k` steps: each is timed as a whole and divided by its number of steps
+    (the epoch's last execution may hold fewer).
+
+    The batch hooks only note the time: the rows and figures are made in bulk, at most once
+    a second and at epoch end, so the callback adds almost nothing to even a tiny step
+    (`benchmarks/RESULTS.md`, from `benchmarks/monitor_overhead.py`).
+
+    Logs at `on_epoch_end`:
+    - `step_time_median_s`, `step_time_p90_s`: seconds per step over the epoch's steps
+      except its first execution (all of them if there is only one);
+    - `first_step_time_s`: the epoch's first step (first execution / its steps): in epoch 0
+      it includes tracing and compilation, in later epochs iterator start-up;
+    - `examples_per_s`: batch size x steps / time over the same steps as the median (NaN
+      when the batch size is neither given nor inferable; partial last batches count full);
+    - `epoch_time_s`: wall time from `on_epoch_begin` to `on_epoch_end` (includes
+      validation);
+    - `mfu`: `flops_per_step / step_time_median_s / peak_flops` (see `tfgpu.flops`), when
+      both numbers are known: given, or worked out at `on_train_begin`. A missing
+      `peak_flops` comes from this process's first GPU (its name, the model's dtype policy:
+      float32 counts as TF32 on compute capability >= 8.0 while TF32 is enabled) times the strategy's replicas,
+      only while TensorFlow trains on a GPU; a missing `flops_per_step` is
+      `tfgpu.flops.train_step_flops(model, batch_size)` when the batch size is known. No
+      GPU (or a GPU missing from the peak table): no `mfu` key.
+
+    With `log_dir`, writes `steps.csv` (`steps-worker{k}.csv` in a multi-worker cluster):
+    `time,epoch,step,step_time_s,examples_per_s`, one row per batch hook (per execution).
+    Rows are written and flushed at the first batch end a second or more after the last
+    write (a SIGKILL loses at most the last second), at each epoch end, at train end, and
+    as soon as `fit` is over even when it raises (Keras then skips `on_train_end`), so a
+    `fit` that raises leaves every step that ran on disk. The file is closed at train end, at the
+    next `fit`, or when the callback is garbage-collected. A later `fit` appends to it; a
+    file with another header, or whose last row a crash cut short, is moved aside to
+    `steps.1.csv` (`.2`, ...), never truncated.
+
+    Args:
+        batch_size: int or None, the global batch size. Defaults to `None`: read from the
+            data `fit` was given (a `tf.data` dataset batched with a static size, or arrays).
+        log_dir: str, os.PathLike or None, the run directory. Defaults to `None`: no file.
+        flops_per_step: float or None, FLOPs of one train step (e.g.
+            `tfgpu.flops.train_step_flops(model, batch_size)`). Defaults to `None`: counted
+            from the model when `fit` starts, if the peak is known.
+        peak_flops: float or None, the hardware's peak FLOP/s for the precision used (e.g.
+            `tfgpu.flops.peak_flops(gpu_name, "mixed_bfloat16")`), summed over replicas.
+            Defaults to `None`: looked up for this process's GPU when `fit` starts.
+
+    Raises:
+        ValueError: for numbers <= 0 or not finite, or a `log_dir` that is or lies under a
+            file or cannot be written.
+        TypeError: for a `batch_size` that is not an int (2.5, True, "32"), a FLOPs
+            figure that is not a number, a `log_dir` that is not a path.
+
+    Example:
+
+    ```python
+    timer = tfgpu.callbacks.StepTimer(log_dir="runs/exp1")
+    history = model.fit(dataset, epochs=3, callbacks=[timer])
+    history.history["examples_per_s"]
+    ```
+    """
+
+    def __init__(
+        self,
+        *,
+        batch_size: int | None = None,
+        log_dir: str | os.PathLike | None = None,
+        flops_per_step: float | None = None,
+        peak_flops: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.batch_size = check_int(
+            "batch_size", batch_size, allow_none=True, expected="an int >= 1 or None, e.g. 128"
+        )
+        self.flops_per_step = _check_positive_number("flops_per_step", flops_per_step, "1.2e12")
+        self.peak_flops = _check_positive_number("peak_flops", peak_flops, "989e12")
+        self.log_dir = None if log_dir is None else check_log_dir(log_dir)
+        # Seams for tests: the step clock, and the wall clock it is converted to.
+        self._perf = time.perf_counter
+        self._wall = time.time
+        self.async_safe = True  # batch-end hook is thread-safe; lets Keras stay asynchronous
+        self._lock = threading.Lock()  # guards everything but the two append-only deques
+        self._file: Any = None
+        self._closer: weakref.finalize | None = None
+        self._fit_over: weakref.finalize | None = None
+        self._batch_size: int | None = self.batch_size
+        self._epoch = 0
+        self._reported = False
+        self._mfu_noted = False
+        self._flops: float | None = self.flops_per_step
+        self._peak: float | None = self.peak_flops
+        self._reset_epoch()
+
+    def _reset_epoch(self) -> None:
+        # Written by the batch hooks (any thread; deque appends are atomic), read by _drain.
+        self._begins: collections.deque[tuple[int, float]] = collections.deque()
+        self._arrivals: collections.deque[tuple[int, float]] = collections.deque()
+        # Only under self._lock:
+        self._ends: list[tuple[int, float]] = []  # heap of (end_step, perf) not yet matched
+        self._prev_end: float | None = None
+        self._executions: list[tuple[int, float]] = []
+        self._rows: list[tuple[float, int, int, float, float]] = []
+        self._epoch_start = self._perf()
+        self._clock = (self._wall() - self._epoch_start, self._epoch_start)  # perf -> unix
+        self._synced_at = self._epoch_start
+
+    # Keras hooks ---------------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        self._forget_fit()
+        self._sync(final=True)  # rows of a previous fit that raised
+        self._close_file()
+        self._batch_size = self.batch_size or _keras_internals.fit_batch_size(self.model)
+        if self._batch_size is None:
+            _log.warning(
+                "StepTimer: the batch size is unknown (a dataset without a static batch "
+                "dimension?), so examples_per_s is NaN. Pass StepTimer(batch_size=...)."
+            )
+        self._flops, self._peak = self._mfu_inputs()
+        if self.log_dir is not None:
+            try:
+                path = self.log_dir / artifact_name("steps", ".csv")
+                # Same header: appended to; other columns or a cut last row: moved aside.
+                self._file, _ = open_csv(path, _STEPS_HEADER)
+                # Keras skips on_train_end when fit raises: close it when this callback goes.
+                self._closer = weakref.finalize(self, _close_quietly, self._file)
+            except Exception as e:  # side features never kill training
+                _log.warning("StepTimer cannot write steps.csv (%s); training goes on.", e)
+        # ... and write the rows when fit is over: its CallbackList goes with fit's frame.
+        callback_list = _keras_internals.calling_callback_list()
+        if callback_list is not None:
+            self._fit_over = weakref.finalize(callback_list, _sync_after_fit, weakref.ref(self))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        with self._lock:
+            self._epoch = epoch
+            self._reset_epoch()
+
+    # The batch hooks only note the time (one append each, no lock, no I/O). Work and writes
+    # in the batch-end hook at every step cost a tiny step several percent more than they
+    # took themselves: the hook runs in Keras's thread pool and hands the GIL to and from the
+    # training thread.
+    def on_train_batch_begin(self, batch, logs=None):
+        self._begins.append((batch, self._perf()))
+
+    def on_train_batch_end(self, batch, logs=None):
+        now = self._perf()
+        self._arrivals.append((batch, now))
+        if now - self._synced_at >= _SYNC_EVERY_S:
+            self._sync(final=False, timeout=0)  # a thread already at it: leave it the work
+
+    def on_epoch_end(self, epoch, logs=None):
+        # Keras has waited for every asynchronous batch-end hook before calling this.
+        try:
+            with self._lock:
+                self._drain(final=True)
+                self._flush()
+                summary = _epoch_summary(
+                    self._executions,
+                    self._batch_size,
+                    self._perf() - self._epoch_start,
+                    self._flops,
+                    self._peak,
+                )
+        except Exception as e:  # side features never kill training
+            self._report(e)
+            return
+        if logs is not None:
+            logs.update(summary)
+
+    def on_train_end(self, logs=None):
+        self._forget_fit()
+        self._sync(final=True)
+        self._close_file()
+
+    # internals -----------------------------------------------------------------
+    def _mfu_inputs(self) -> tuple[float | None, float | None]:
+        """FLOPs per step and peak FLOP/s: as given, else worked out; never raises."""
+        flops, peak = self.flops_per_step, self.peak_flops
+        if flops is not None and peak is not None:
+            return flops, peak
+        try:
+            if peak is None:
+                peak = auto_peak_flops(self.model)
+            if peak is not None and flops is None:
+                if not self._batch_size:
+                    self._note_mfu("the batch size is unknown")
+                    return None, peak
+                from tfgpu.flops import train_step_flops
+
+                flops = train_step_flops(self.model, int(self._batch_size))
+        except Exception as e:  # side features never kill training
+            self._note_mfu(f"{type(e).__name__}: {e}")
+            return self.flops_per_step, self.peak_flops
+        return flops, peak
+
+    def _note_mfu(self, why: str) -> None:
+        if not self._mfu_noted:
+            self._mfu_noted = True
+            _log.warning("StepTimer: no mfu (%s); pass flops_per_step= and peak_flops=.", why)
+
+    def _report(self, error: Exception) -> None:
+        if not self._reported:
+            self._reported = True
+            _log.warning("StepTimer failed (%r); training goes on. (Logged once.)", error)
+
+    def _forget_fit(self) -> None:
+        """Drops the watch on the previous `fit`'s callback list (this fit has its own)."""
+        if self._fit_over is not None:
+            self._fit_over.detach()
+            self._fit_over = None
+
+    def _sync(self, final: bool, timeout: float | None = None) -> None:
+        """Turns the noted times into rows and writes them; never raises.
+
+        Args:
+            final: bool, whether the epoch's batches are over (begins without an end are
+                dropped instead of waited for).
+            timeout: float or None, how long to wait for another thread doing the same
+                before leaving the work to it (0: not at all). Defaults to `None`: wait.
+        """
+        acquired = (
+            self._lock.acquire()
+            if timeout is None
+            else self._lock.acquire(blocking=timeout > 0, timeout=timeout if timeout > 0 else -1)
+        )
+        if not acquired:
+            return
+        try:
+            self._synced_at = self._perf()
+            self._drain(final=final)
+            self._flush()
+        except Exception as e:  # may run in Keras's thread pool: never let it fail `fit`
+            self._report(e)
+        finally:
+            self._lock.release()
+
+    def _drain(self, final: bool) -> None:
+        """Matches batch ends to begins in step order; records executions and rows."""
+        arrivals = self._arrivals
+        while arrivals:  # ends in any order (several pool threads): a heap sorts them
+            heapq.heappush(self._ends, arrivals.popleft())
+        total = (self.params or {}).get("steps")
+        last_step = total - 1 if isinstance(total, int) and total > 0 else None
+        offset = self._clock[0]
+        while self._ends and self._begins:
+            end_step, t_end = self._ends[0]
+            begin_step, t_begin = self._begins[0]
+            if end_step < begin_step:  # an end without a begin: ignore it
+                heapq.heappop(self._ends)
+                continue
+            if len(self._begins) > 1 and self._begins[1][0] <= end_step:
+                if not final:
+                    break  # this begin's end is still on its way (async dispatch)
+                self._begins.popleft()  # its end never came
+                continue
+            heapq.heappop(self._ends)
+            self._begins.popleft()
+            last = end_step if last_step is None else min(end_step, last_step)
+            steps = max(1, last - begin_step + 1)
+            start = t_begin if self._prev_end is None else max(t_begin, self._prev_end)
+            seconds = max(t_end - start, 0.0)
+            self._prev_end = t_end
+            self._executions.append((steps, seconds))
+            per_step = seconds / steps
+            rate = self._batch_size * steps / seconds if self._batch_size and seconds else _NAN
+            self._rows.append((offset + t_end, self._epoch, end_step, per_step, rate))
+
+    def _flush(self) -> None:
+        if self._file is None or not self._rows:
+            self._rows = []
+            return
+        try:
+            self._file.write(
+                "".join(f"{w:.3f},{e},{s},{t:.6g},{r:.6g}\n" for w, e, s, t, r in self._rows)
+            )
+            self._file.flush()
+        except (OSError, ValueError) as e:
+            _log.warning("StepTimer: writing steps.csv failed (%s); training goes on.", e)
+            self._file = None
+        self._rows = []
+
+    def _close_file(self) -> None:
+        if self._closer is not None:
+            self._closer()  # closes the file, once
+            self._closer = None
+        self._file = None
+
+
+_SYNC_EVERY_S = 1.0  # StepTimer turns noted times into steps.csv rows at most this often
+_STEPS_HEADER = "time,epoch,step,step_time_s,examples_per_s\n"
+
+
+def _check_positive_number(name: str, value: Any, example: str) -> float | None:
+    return check_number(
+        name,
+        value,
+        minimum=0,
+        exclusive_minimum=True,
+        allow_none=True,
+        expected=f"a finite number > 0 or None, e.g. {example}",
+    )
+
+
+def _sync_after_fit(timer: weakref.ref[StepTimer]) -> None:
+    """Writes the rows of a `fit` that is over: its callback list was just released."""
+    alive = timer()
+    if alive is not None:  # may run inside a GC in any thread, even one holding the lock
+        alive._sync(final=True, timeout=1.0)
+
+
+def _close_quietly(file: Any) -> None:
+    try:
+        file.close()
+    except (OSError, ValueError):
+        pass
