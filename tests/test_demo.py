@@ -281,8 +281,8 @@ def test_a_log_dir_filled_after_the_check_is_still_refused(tmp_path):
         (["demo", "--epochs", "-1"], "Received: epochs=-1"),
         (["demo", "--epochs", "2.5"], "argument --epochs: invalid int value: '2.5'"),
         (["demo", "--dataset", ""], "argument `dataset`"),
-        (["demo", "--run-dir", "{full}"], "is not empty, and a demo never writes"),
-        (["demo", "--run-dir", "{full}/timeline.csv"], "is a file"),
+        (["demo", "--log-dir", "{full}"], "is not empty, and a demo never writes"),
+        (["demo", "--log-dir", "{full}/timeline.csv"], "is a file"),
     ],
 )
 def test_cli_bad_arguments_get_usage_and_exit_2_before_tensorflow(
@@ -308,7 +308,7 @@ def test_cli_argument_errors_never_import_tensorflow(tmp_path):
     code = (
         "import sys\n"
         "from tfgpu.cli import main\n"
-        "for argv in (['demo', '--epochs', '-1'], ['demo', '--run-dir', sys.argv[1]],\n"
+        "for argv in (['demo', '--epochs', '-1'], ['demo', '--log-dir', sys.argv[1]],\n"
         "             ['report', sys.argv[1] + '/old.txt']):\n"
         "    try:\n"
         "        main(argv)\n"
@@ -398,14 +398,9 @@ def _env() -> dict:
 
 @pytest.mark.slow
 def test_quick_demo_trains_both_sides_and_writes_the_run(tmp_path):
-    run_dir = tmp_path / "run"
-    code = (
-        "import sys\n"
-        "from tfgpu.demo import run_demo\n"
-        "sys.exit(run_demo(quick=True, log_dir=sys.argv[1]))\n"
-    )
+    log_dir = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-c", code, str(run_dir)],
+        [sys.executable, "-m", "tfgpu", "demo", "--quick", "--log-dir", str(log_dir)],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -420,7 +415,7 @@ def test_quick_demo_trains_both_sides_and_writes_the_run(tmp_path):
         assert step in out
     assert "bottleneck =" in out  # the diagnosis is printed
 
-    summary = json.loads((run_dir / "demo.json").read_text())
+    summary = json.loads((log_dir / "demo.json").read_text())
     assert summary["table"] in out  # the printed table is the stored one
     for side in ("naive", "tfgpu"):
         figures = summary[side]
@@ -429,7 +424,7 @@ def test_quick_demo_trains_both_sides_and_writes_the_run(tmp_path):
         assert 0.0 <= figures["input_wait_share"] <= 1.0
         assert 0.0 <= figures["test_accuracy"] <= 1.0
         assert len(figures["train_accuracy"]) == 2
-        directory = run_dir / side
+        directory = log_dir / side
         for name in ("run.json", "timeline.csv", "steps.csv", "diagnosis.json", "report.md"):
             assert (directory / name).exists(), (side, name)
         steps = (directory / "steps.csv").read_text().splitlines()
@@ -446,7 +441,7 @@ def test_quick_demo_trains_both_sides_and_writes_the_run(tmp_path):
     if not summary["configuration"]["gpus"]:
         assert "n/a (no GPU)" in summary["table"]
         assert summary["naive"]["gpu_util_pct"] is None
-    assert str(run_dir.resolve()) in out
+    assert str(log_dir.resolve()) in out
 
 
 # ---- the synthetic data --------------------------------------------------------------------
@@ -508,14 +503,29 @@ def test_synthetic_data_is_reproducible_and_jpeg_encoded():
 
 def test_demo_callbacks_take_mfu_from_step_timer_for_the_visible_gpu(tmp_path, monkeypatch):
     import keras
+    import tensorflow as tf
 
     from tests import fake_pynvml
-    from tfgpu import callbacks, flops
+    from tfgpu import flops
+    from tfgpu.callbacks import _gpus
 
-    # NVML: GPU 0 an A100, GPU 1 a V100; this process is given only the V100.
+    # NVML: GPU 0 an A100, GPU 1 a V100; this process is given only the V100, which
+    # TensorFlow lists as its one GPU (this CPU stands in for it).
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml.make())
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    monkeypatch.setattr(callbacks, "_trains_on_gpu", lambda: True)  # this CPU stands in
+    gpu = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
+    list_physical, get_visible = tf.config.list_physical_devices, tf.config.get_visible_devices
+    monkeypatch.setattr(
+        tf.config,
+        "list_physical_devices",
+        lambda kind=None: [gpu] if kind == "GPU" else list_physical(kind),
+    )
+    monkeypatch.setattr(
+        tf.config,
+        "get_visible_devices",
+        lambda kind=None: [gpu] if kind == "GPU" else get_visible(kind),
+    )
+    monkeypatch.setattr(_gpus, "_trains_on_gpu", lambda: True)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     x = np.random.default_rng(0).random((128, 8), dtype="float32")

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
+
+from tfgpu._stats import mean, median
 
 NA_GPU = "n/a (no GPU)"
 
@@ -51,20 +52,6 @@ class Speedups:
     examples_per_s: float | None
 
 
-def _finite(values: Sequence[float | None]) -> list[float]:
-    return [v for v in values if v is not None and math.isfinite(v)]
-
-
-def _median(values: Sequence[float | None]) -> float:
-    finite = _finite(values)
-    return statistics.median(finite) if finite else math.nan
-
-
-def _mean(values: Sequence[float | None]) -> float:
-    finite = _finite(values)
-    return statistics.fmean(finite) if finite else math.nan
-
-
 def _steady(values: list[float]) -> list[float]:
     """Epochs after the first (tracing, cache filling), or all when there is only one."""
     return values[1:] if len(values) > 1 else values
@@ -80,7 +67,7 @@ def side_figures(
 ) -> Figures:
     """The figures of one side, from its Keras history (`History.history`) and measurements."""
 
-    def steady(key: str, stat: Callable[[Sequence[float | None]], float] = _median) -> float | None:
+    def steady(key: str, stat: Callable[[Iterable[Any]], float] = median) -> float | None:
         value = stat(_steady(list(history.get(key, []))))
         return None if math.isnan(value) else value
 
@@ -88,9 +75,9 @@ def side_figures(
         examples_per_s=steady("examples_per_s"),
         step_time_s=steady("step_time_median_s"),
         input_wait_share=input_wait_share,
-        gpu_util_pct=steady("gpu0_util_pct_mean", _mean) if on_gpu else None,
+        gpu_util_pct=steady("gpu0_util_pct_mean", mean) if on_gpu else None,
         mfu=steady("mfu") if on_gpu else None,
-        host_cpu_pct=steady("host_cpu_pct_mean", _mean),
+        host_cpu_pct=steady("host_cpu_pct_mean", mean),
         train_time_s=wall_time_s,
         train_accuracy=[float(a) for a in history.get("accuracy", [])],
         test_accuracy=test_accuracy,
