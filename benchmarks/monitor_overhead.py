@@ -4,7 +4,7 @@ Usage (from the repository root):
 
     .venv/bin/python benchmarks/monitor_overhead.py                 # default interval 0.2 s
     .venv/bin/python benchmarks/monitor_overhead.py --rounds 16 --inside-epochs 160
-    .venv/bin/python benchmarks/monitor_overhead.py --callbacks /tmp/old_callbacks.py
+    .venv/bin/python benchmarks/monitor_overhead.py --tfgpu-root /tmp/old
 
 Three measurements, all in one process on one compiled model, the fake NVML standing in
 (two GPUs) where no driver is found, so the NVML code path is still paid for:
@@ -23,15 +23,15 @@ Three measurements, all in one process on one compiled model, the fake NVML stan
 3. Each component's direct cost: one sample, and the batch hooks called as Keras calls
    them, their bulk processing and steps.csv writes included.
 
-`--callbacks FILE` measures the GPUMonitor/StepTimer of another copy of `tfgpu/callbacks.py`
-(e.g. `git show HEAD~1:tfgpu/callbacks.py > /tmp/old_callbacks.py`), for before/after.
+`--tfgpu-root DIR` measures the GPUMonitor/StepTimer of another checkout of tfgpu (the
+directory holding its `tfgpu/` package, e.g. `git worktree add /tmp/old HEAD~1`), for
+before/after: run the script once with it and once without.
 `--no-fake` samples the host only where NVML is missing.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import sys
@@ -58,15 +58,17 @@ def _use_fake_nvml_if_needed(no_fake: bool) -> str:
     return "fake NVML (tests/fake_pynvml.py), 2 GPUs"
 
 
-def _callbacks_module(path: str | None):
-    if path is None:
-        from tfgpu import callbacks
+def _callbacks_module(root: str | None):
+    """`tfgpu.callbacks`, from this checkout or from the checkout at `root`."""
+    if root is not None:
+        if not (Path(root) / "tfgpu" / "__init__.py").is_file():
+            raise SystemExit(f"--tfgpu-root {root}: no tfgpu/ package there")
+        sys.path.insert(0, str(Path(root).resolve()))
+        for name in [m for m in sys.modules if m == "tfgpu" or m.startswith("tfgpu.")]:
+            del sys.modules[name]
+    from tfgpu import callbacks
 
-        return callbacks
-    spec = importlib.util.spec_from_file_location("_measured_callbacks", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return callbacks
 
 
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -90,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         "--inside-epochs", type=int, default=96, help="epochs per gated fit (0: skip part 2)"
     )
     parser.add_argument("--inside-steps", type=int, default=512, help="steps per gated epoch")
-    parser.add_argument("--callbacks", default=None, help="another copy of tfgpu/callbacks.py")
+    parser.add_argument(
+        "--tfgpu-root", default=None, help="another checkout of tfgpu to measure (before/after)"
+    )
     parser.add_argument("--no-fake", action="store_true")
     parser.add_argument(
         "--sample-only",
@@ -106,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     import keras
     import numpy as np
 
-    cbs = _callbacks_module(args.callbacks)
+    cbs = _callbacks_module(args.tfgpu_root)
     GPUMonitor, StepTimer = cbs.GPUMonitor, cbs.StepTimer
 
     rng = np.random.default_rng(0)

@@ -13,7 +13,7 @@ import dataclasses
 import os
 from typing import Any
 
-from tfgpu.data._limits import MIB
+from tfgpu._stats import format_bytes
 
 # Shuffle buffer when nothing else limits it: large enough to mix well, small enough to fill fast.
 _MAX_SHUFFLE_BUFFER = 10_000
@@ -58,13 +58,6 @@ class Plan:
     shard_policy: str  # name of tf.data.experimental.AutoShardPolicy member
     private_threadpool_size: int
     notes: tuple[str, ...] = ()
-
-
-def _human(nbytes: float) -> str:
-    for unit, size in (("GiB", 1024**3), ("MiB", MIB), ("KiB", 1024)):
-        if nbytes >= size:
-            return f"{nbytes / size:.1f} {unit}"
-    return f"{int(nbytes)} B"
 
 
 def decide(
@@ -185,8 +178,8 @@ def decide(
             notes.append("not cached: the cache size cannot be estimated (dynamic shapes)")
         elif cache_bytes > facts.ram_budget_bytes:
             notes.append(
-                f"not cached: {_human(cache_bytes)} exceeds the RAM budget "
-                f"{_human(facts.ram_budget_bytes)}"
+                f"not cached: {format_bytes(cache_bytes)} exceeds the RAM budget "
+                f"{format_bytes(facts.ram_budget_bytes)}"
             )
         else:
             cache_plan = "memory"
@@ -201,9 +194,9 @@ def decide(
         if target == "memory" and cache_bytes is not None and cache_bytes > facts.ram_budget_bytes:
             raise ValueError(
                 f"Invalid value for argument `cache`. Received: cache={cache!r}, but the cache "
-                f"would take about {_human(cache_bytes)} ({facts.num_examples} examples x "
-                f"{_human(facts.element_bytes or 0)}), more than the RAM budget of "
-                f"{_human(facts.ram_budget_bytes)}. Expected a cache that fits: pass a file path "
+                f"would take about {format_bytes(cache_bytes)} ({facts.num_examples} examples x "
+                f"{format_bytes(facts.element_bytes or 0)}), more than the RAM budget of "
+                f"{format_bytes(facts.ram_budget_bytes)}. Expected a cache that fits: pass a file path "
                 "(cache='/fast/disk/cache'), raise `ram_budget_mib`, or cache smaller decoded "
                 "examples (e.g. resize in map_fn)."
             )
@@ -215,8 +208,8 @@ def decide(
         ):
             raise ValueError(
                 f"Invalid value for argument `cache`. Received: cache={cache!r}, but the cache "
-                f"would take about {_human(cache_bytes)} and only "
-                f"{_human(facts.free_disk_bytes)} is free there. Expected a path on a disk "
+                f"would take about {format_bytes(cache_bytes)} and only "
+                f"{format_bytes(facts.free_disk_bytes)} is free there. Expected a path on a disk "
                 "with enough free space."
             )
         if facts.map_fn_random_ops:

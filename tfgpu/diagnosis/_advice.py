@@ -97,7 +97,7 @@ def _unexplained_wait_finding(f: _Facts, wait: float) -> Finding:
         causes.append(
             "none of the usual causes was seen (fixed batch shapes, one replica, host not "
             "loaded): rerun `diagnose` with a larger `time_budget_s`, or capture a trace "
-            "with `profile=True` and a `run_dir`"
+            "with `profile=True` and a `log_dir`"
         )
     return Finding(
         "input_wait_unexplained",

@@ -13,7 +13,6 @@ import contextlib
 import itertools
 import math
 import os
-import statistics
 import time
 import warnings
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tfgpu import _stats
 from tfgpu._datasets import cardinality
 from tfgpu._warnings import one_line
 from tfgpu.diagnosis._facts import (
@@ -93,7 +93,7 @@ def _fit_step_time(
     )
     model.stop_training = False
     gaps = [b - a for a, b in itertools.pairwise(timer.times[calls_warm - 1 :])]
-    return statistics.median(gaps) / spe if gaps else None
+    return _stats.median(gaps) / spe if gaps else None
 
 
 @dataclass

@@ -4,9 +4,9 @@ input-wait verdict and a probe's gain (no TensorFlow)."""
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Any
 
+from tfgpu import _stats
 from tfgpu.diagnosis._facts import (
     _MIN_ROUNDS,
     CONFIDENCE,
@@ -24,7 +24,7 @@ def _medians(rounds: list[tuple[float, float]]) -> tuple[float, float]:
     >>> _medians([(1.0, 4.0), (3.0, 2.0), (2.0, 3.0)])
     (2.0, 3.0)
     """
-    return statistics.median(a for a, _ in rounds), statistics.median(b for _, b in rounds)
+    return _stats.median(a for a, _ in rounds), _stats.median(b for _, b in rounds)
 
 
 def _median_interval(values: list[float]) -> tuple[float, float, float]:
@@ -77,8 +77,8 @@ def _share_verdict(rounds: list[tuple[float, float]]) -> dict[str, Any]:
     at_low, at_high = _input_level(low, wait_low), _input_level(high, wait_high)
     return {
         "level": at_low if at_low == at_high and len(rounds) >= _MIN_ROUNDS else "inconclusive",
-        "share": statistics.median(shares),
-        "wait_s": statistics.median(waits),
+        "share": _stats.median(shares),
+        "wait_s": _stats.median(waits),
         "wait_low_s": wait_low,
         "low": low,
         "high": high,
