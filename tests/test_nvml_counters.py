@@ -17,7 +17,7 @@ import pytest
 
 from tests import fake_pynvml
 from tfgpu import _warnings, monitor
-from tfgpu.monitor import nvml, sampler
+from tfgpu.monitor import _aggregates, _gpu_reader, nvml
 
 NAN = float("nan")
 GPM_KEYS = ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct")
@@ -60,14 +60,14 @@ class Readers:
     def __init__(self, fake, clock):
         self.fake, self.clock = fake, clock
         inventory = nvml.inventory()
-        self.nv, self.readers = nvml._open_readers(inventory.gpus, clock)
+        self.nv, self.readers = _gpu_reader.open_readers(inventory.gpus, clock)
 
     def read(self, advance: float = 0.0) -> list[dict[str, float]]:
         self.clock.t += advance
         return [dict(zip(nvml.GPU_METRICS, r.read())) for r in self.readers]
 
     def close(self) -> None:
-        nvml._close_readers(self.nv, self.readers)
+        _gpu_reader.close_readers(self.nv, self.readers)
 
 
 def _calls(fake, name):
@@ -235,7 +235,7 @@ def test_energy_is_cumulative_joules_and_the_aggregate_is_the_difference(monkeyp
     fake.gpus[1].not_supported.add("nvmlDeviceGetTotalEnergyConsumption")  # a pre-Volta GPU
     s = monitor.Sampler(interval=0.5, host=False)
     s._monotonic = clock
-    s._nv, s._readers = nvml._open_readers(s._gpus, lambda: s._monotonic())
+    s._nv, s._readers = _gpu_reader.open_readers(s._gpus, lambda: s._monotonic())
     for _ in range(5):
         s._sample()
         clock.t += 0.5
@@ -329,7 +329,7 @@ def test_the_timeline_carries_the_new_columns(monkeypatch, tmp_path):
             self.left -= 1
             return self.left < 0
 
-    s._nv, s._readers = nvml._open_readers(s._gpus, lambda: s._monotonic())
+    s._nv, s._readers = _gpu_reader.open_readers(s._gpus, lambda: s._monotonic())
     s._open_files()
     s._run(Event())
     assert fake.gpm_live == 0 and fake.init_count == 0  # freed, then NVML shut down
@@ -354,16 +354,16 @@ def test_aggregates_of_counters_and_bitmasks():
         "gpu0_sm_clock_mhz": [1000.0, 2000.0],
         "gpu0_sm_active_pct": [NAN, 20.0, 40.0],
     }
-    agg = sampler._aggregate(columns, 1)
+    agg = _aggregates.aggregate_columns(columns, 1)
     assert agg["gpu0_energy_j"] == 300.0
     assert agg["gpu0_throttle_reasons_any"] == 36.0
     assert agg["gpu0_power_limit_w_max"] == 700.0
     assert agg["gpu0_sm_clock_mhz_mean"] == 1500.0
     assert agg["gpu0_sm_active_pct_mean"] == 30.0
     assert math.isnan(agg["gpu0_tensor_active_pct_mean"])
-    one = sampler._aggregate({"gpu0_energy_j": [5.0], "gpu0_throttle_reasons": [NAN]}, 1)
+    one = _aggregates.aggregate_columns({"gpu0_energy_j": [5.0], "gpu0_throttle_reasons": [NAN]}, 1)
     assert math.isnan(one["gpu0_energy_j"]) and math.isnan(one["gpu0_throttle_reasons_any"])
-    reset = sampler._aggregate({"gpu0_energy_j": [500.0, 10.0]}, 1)  # driver reloaded
+    reset = _aggregates.aggregate_columns({"gpu0_energy_j": [500.0, 10.0]}, 1)  # driver reloaded
     assert math.isnan(reset["gpu0_energy_j"])
 
 

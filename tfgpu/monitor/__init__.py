@@ -18,19 +18,24 @@ names for `n` GPUs; `artifact_name` the file names in a run directory.
 
 from __future__ import annotations
 
-from tfgpu.monitor.host import HOST_METRICS
-from tfgpu.monitor.nvml import GPU_METRICS, Metric
+# The rooms, in reading order:
+# - sampler.py: `Sampler` (the thread, the rows, the timeline) and `record`;
+# - _arguments.py: the checks of their arguments (interval, gpus, log_dir);
+# - _metrics.py: the table of every recorded quantity (`METRICS`, `timeline_columns`);
+# - nvml.py: which GPUs exist and which this process uses (`inventory`, `visible_gpus`);
+# - _gpu_reader.py: one NVML read of each GPU per sample (GPM, PCIe, energy, fallbacks);
+# - host.py: the psutil reader (CPU, RSS, system memory);
+# - _aggregates.py: the epoch aggregates (`aggregate_keys`), pure;
+# - _run_files.py: what goes into the run directory (file names, run.json, the CSV);
+# - _nvml_lib.py: importing, starting and stopping the NVML binding.
+from tfgpu.monitor._metrics import METRICS, Metric
 from tfgpu.monitor.sampler import (
-    BASE_METRICS,
     Sampler,
     aggregate_keys,
     artifact_name,
     record,
     timeline_columns,
 )
-
-METRICS: dict[str, Metric] = {**BASE_METRICS, **HOST_METRICS, **GPU_METRICS}
-"""Every timeline metric by name (per-GPU ones without their `gpu{i}_` prefix)."""
 
 __all__ = [
     "METRICS",

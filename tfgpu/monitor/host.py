@@ -1,4 +1,8 @@
-"""Host metrics for the monitor, read through `psutil`: CPU, this process's RSS, system memory."""
+"""The host reader of the sampler thread, through `psutil`: CPU, this process's RSS, system memory.
+
+The metrics themselves (`HOST_METRICS`, importable from here too) are defined in the monitor's
+metric table, `tfgpu.monitor.METRICS`.
+"""
 
 from __future__ import annotations
 
@@ -6,39 +10,11 @@ import logging
 import sys
 from typing import Any
 
-from tfgpu.monitor.nvml import Metric
+from tfgpu.monitor._metrics import HOST_METRICS as HOST_METRICS
 
 _log = logging.getLogger(__name__)
 _MIB = 1024.0 * 1024.0
 _NAN = float("nan")
-
-HOST_METRICS: dict[str, Metric] = {
-    m.name: m
-    for m in (
-        Metric(
-            "host_cpu_pct",
-            "%",
-            "psutil.cpu_times() (busy share of all cores since the previous sample)",
-            None,
-            "Whole-machine CPU utilization averaged over all cores, 0-100, since the previous "
-            "sample (nan in a session's first row); a busy input pipeline shows here.",
-        ),
-        Metric(
-            "host_rss_mib",
-            "MiB",
-            "psutil.Process().memory_info().rss",
-            None,
-            "Resident memory of this process.",
-        ),
-        Metric(
-            "host_mem_used_pct",
-            "%",
-            "psutil.virtual_memory().percent",
-            None,
-            "System memory in use, all processes.",
-        ),
-    )
-}
 
 
 def _busy_and_total(times: Any) -> tuple[float, float]:

@@ -1,0 +1,88 @@
+"""Epoch aggregates: the pure statistics over timeline columns that `Sampler.aggregate()` returns.
+
+`GPUMonitor` puts them into Keras `logs` at each epoch's end; `aggregate_keys(n)` names them
+for `n` GPUs (`docs/metrics.md` lists them all).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+_NAN = float("nan")
+
+# Epoch aggregates: (key suffix, source column, statistic); per GPU first, then host.
+# Statistics: mean/max ignore NaN; "delta" is the last finite value minus the first (a
+# cumulative counter's increase, NaN with fewer than two values or if it went back);
+# "or" is the bitwise OR of the finite bitmasks, as a float.
+_GPU_AGGREGATES = (
+    ("util_pct_mean", "util_pct", "mean"),
+    ("util_pct_max", "util_pct", "max"),
+    ("mem_used_mib_mean", "mem_used_mib", "mean"),
+    ("mem_used_mib_max", "mem_used_mib", "max"),
+    ("power_w_mean", "power_w", "mean"),
+    ("power_w_max", "power_w", "max"),
+    ("sm_active_pct_mean", "sm_active_pct", "mean"),
+    ("sm_occupancy_pct_mean", "sm_occupancy_pct", "mean"),
+    ("tensor_active_pct_mean", "tensor_active_pct", "mean"),
+    ("dram_active_pct_mean", "dram_active_pct", "mean"),
+    ("pcie_tx_mib_s_mean", "pcie_tx_mib_s", "mean"),
+    ("pcie_rx_mib_s_mean", "pcie_rx_mib_s", "mean"),
+    ("energy_j", "energy_j", "delta"),
+    ("power_limit_w_max", "power_limit_w", "max"),
+    ("sm_clock_mhz_mean", "sm_clock_mhz", "mean"),
+    ("throttle_reasons_any", "throttle_reasons", "or"),
+)
+_HOST_AGGREGATES = (
+    ("host_cpu_pct_mean", "host_cpu_pct", "mean"),
+    ("host_rss_mib_max", "host_rss_mib", "max"),
+)
+
+
+def aggregate_keys(num_gpus: int) -> list[str]:
+    """Returns the keys of `Sampler.aggregate()`, in order.
+
+    `GPUMonitor` puts the first six per GPU and the host ones into Keras `logs`, plus the
+    GPM and energy figures where known (see `docs/metrics.md`).
+
+    Args:
+        num_gpus: int, how many GPUs are sampled.
+
+    Returns:
+        `gpu{i}_util_pct_mean`, `..._max`, `gpu{i}_mem_used_mib_mean/max`,
+        `gpu{i}_power_w_mean/max`, `gpu{i}_sm_active_pct_mean`, `..._sm_occupancy_pct_mean`,
+        `..._tensor_active_pct_mean`, `..._dram_active_pct_mean`, `..._pcie_tx_mib_s_mean`,
+        `..._pcie_rx_mib_s_mean`, `gpu{i}_energy_j`, `gpu{i}_power_limit_w_max`,
+        `gpu{i}_sm_clock_mhz_mean`, `gpu{i}_throttle_reasons_any` per GPU, then
+        `host_cpu_pct_mean`, `host_rss_mib_max`.
+    """
+    keys = [f"gpu{i}_{suffix}" for i in range(num_gpus) for suffix, _, _ in _GPU_AGGREGATES]
+    return keys + [key for key, _, _ in _HOST_AGGREGATES]
+
+
+def _stat(values: Sequence[float], stat: str) -> float:
+    finite = [v for v in values if v == v and not math.isinf(v)]
+    if not finite:
+        return _NAN
+    if stat == "max":
+        return max(finite)
+    if stat == "delta":
+        change = finite[-1] - finite[0]
+        return change if len(finite) >= 2 and change >= 0 else _NAN
+    if stat == "or":
+        bits = 0
+        for v in finite:
+            bits |= int(v) if v >= 0 else 0
+        return float(bits)
+    return math.fsum(finite) / len(finite)
+
+
+def aggregate_columns(columns: Mapping[str, Sequence[float]], num_gpus: int) -> dict[str, float]:
+    """Pure: epoch aggregates (NaN-ignoring mean/max) of the given column values."""
+    result: dict[str, float] = {}
+    for i in range(num_gpus):
+        for suffix, source, stat in _GPU_AGGREGATES:
+            result[f"gpu{i}_{suffix}"] = _stat(columns.get(f"gpu{i}_{source}", ()), stat)
+    for key, source, stat in _HOST_AGGREGATES:
+        result[key] = _stat(columns.get(source, ()), stat)
+    return result

@@ -1,0 +1,216 @@
+"""What the sampler writes into a run directory: file names, `run.json` sessions, the timeline CSV.
+
+Never loses what an earlier run wrote: a timeline with the same columns is appended to,
+another one is moved aside (`tfgpu._files.rotate`) and `run.json` is told where it went;
+`run.json` keeps earlier sessions (`tfgpu._files.add_session`). In a multi-worker cluster
+each worker writes its own files (`artifact_name`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tfgpu import _files
+from tfgpu._cluster import Cluster, resolve_cluster
+from tfgpu.monitor.nvml import GpuInfo, NvmlInventory
+
+
+def _cluster(environ: Mapping[str, str]) -> Cluster | None:
+    """This process's place in a multi-worker cluster, or None for a lone process.
+
+    Reads `TF_CONFIG` (the cluster TensorFlow uses), else a Slurm job step with several
+    tasks. A malformed value means a lone process: naming files must never fail.
+    """
+    try:
+        cluster = resolve_cluster(environ, strict=False)
+    except ValueError:
+        return None
+    if cluster.task_type is None or cluster.task_index is None:
+        return None
+    if cluster.source == "TF_CONFIG" and sum(map(len, cluster.spec.values())) <= 1:
+        return None
+    return cluster
+
+
+def artifact_name(stem: str, suffix: str = ".csv", environ: Mapping[str, str] | None = None) -> str:
+    """Returns a run-directory file name, carrying the worker's task in multi-worker runs.
+
+    Args:
+        stem: str, e.g. `"timeline"` or `"steps"`.
+        suffix: str, the extension with its dot. Defaults to `".csv"`.
+        environ: mapping or None, the environment to read `TF_CONFIG` / Slurm from.
+            Defaults to `os.environ`.
+
+    Returns:
+        `"timeline.csv"` for a lone process; `"timeline-worker1.csv"` for worker 1 of a
+        multi-worker cluster (`"timeline-chief0.csv"` for a chief).
+
+    Example:
+
+    >>> artifact_name("steps", environ={})
+    'steps.csv'
+    """
+    task = _cluster(os.environ if environ is None else environ)
+    return (
+        f"{stem}{suffix}" if task is None else f"{stem}-{task.task_type}{task.task_index}{suffix}"
+    )
+
+
+def _can_continue(path: Path, header: bytes) -> bool:
+    """Whether the CSV at `path` can be appended to: same header, last row complete.
+
+    An empty file can be continued too (the caller writes the header). Reads bytes, so a
+    damaged (binary) file is a "no", never an exception other than `OSError`.
+    """
+    with open(path, "rb") as f:
+        first = f.readline()
+        if not first:
+            return True
+        if first != header:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def open_csv(path: Path, header: str) -> tuple[Any, Path | None]:
+    """Opens the run-directory CSV `path` for appending, never losing what it holds.
+
+    Same header and a complete last row: appended to. Otherwise (other columns, a row cut
+    by a crash, a damaged file) the old file is moved aside to `NAME.N.csv`
+    (`tfgpu._files.rotate`) and a new one starts under the plain name.
+
+    Args:
+        path: Path, the file.
+        header: str, the header line, with its newline.
+
+    Returns:
+        The open text file (positioned at its end, header written and flushed) and where an
+        older file was moved to, or None.
+
+    Raises:
+        OSError: if the file cannot be read, moved or opened.
+    """
+    rotated = None
+    if path.exists() and not _can_continue(path, header.encode()):
+        rotated = _files.rotate(path)
+    f = open(path, "a", encoding="utf-8")  # noqa: SIM115 (the caller closes it)
+    try:
+        if f.tell() == 0:
+            f.write(header)
+            f.flush()
+    except BaseException:
+        f.close()
+        raise
+    return f, rotated
+
+
+def session_record(
+    *,
+    start_time: float,
+    interval: float,
+    inventory: NvmlInventory,
+    gpus: Sequence[GpuInfo],
+    environ: Mapping[str, str],
+) -> dict[str, Any]:
+    """This sampling session's entry of `run.json` (keys listed in `docs/metrics.md`)."""
+    task = _cluster(environ)
+    return {
+        "tfgpu_version": _version(),
+        "start_time": start_time,
+        "hostname": socket.gethostname(),
+        "worker": None if task is None else task.task_index,
+        "task_type": None if task is None else task.task_type,
+        "pid": os.getpid(),
+        "interval": interval,
+        "timeline": artifact_name("timeline", ".csv", environ),
+        "nvml_error": inventory.error,
+        "driver_version": inventory.driver_version,
+        "cuda_driver_version": inventory.cuda_driver_version,
+        "gpus": [
+            {
+                "index": g.index,
+                "name": g.name,
+                "uuid": g.uuid,
+                "pci_bus_id": g.pci_bus_id,
+                "memory_total_mib": g.memory_total_mib,
+                "compute_capability": list(g.compute_capability) if g.compute_capability else None,
+            }
+            for g in gpus
+        ],
+    }
+
+
+def add_session(
+    directory: Path,
+    info: dict[str, Any],
+    timeline: str,
+    rotated: Path | None,
+    environ: Mapping[str, str],
+) -> None:
+    """Adds `info` to this process's `run.json` (and the chief's to `run.json` as well).
+
+    Where the timeline was rotated to `rotated`, earlier sessions naming `timeline` are first
+    pointed to the rotated file.
+
+    Raises:
+        OSError: if a record cannot be written.
+    """
+    task = _cluster(environ)
+    names = [artifact_name("run", ".json", environ)]
+    if task is not None and task.is_chief:
+        names.append("run.json")
+    for name in names:
+        if rotated is not None:
+            _rename_timeline(directory / name, timeline, rotated.name)
+        _files.add_session(directory / name, info)
+
+
+def _format(column: str, value: float) -> str:
+    """One timeline value as written: 3 decimals, ints for epoch/step/bitmasks, `nan`."""
+    if value != value:  # NaN
+        return "nan"
+    if column in ("time", "elapsed_s"):
+        return f"{value:.3f}"
+    if column in ("epoch", "step") or column.endswith("throttle_reasons"):
+        return str(int(value)) if math.isfinite(value) else repr(value)
+    return repr(round(value, 3))
+
+
+def format_row(columns: Sequence[str], row: Sequence[float]) -> str:
+    """One timeline line (without its newline) for the values `row` of `columns`."""
+    return ",".join(_format(c, v) for c, v in zip(columns, row))
+
+
+def _rename_timeline(record: Path, old: str, new: str) -> None:
+    """Points the sessions of `record` (a run.json) that name timeline `old` to `new`.
+
+    Called when the timeline was rotated, before the new session is added. A record that
+    is missing or damaged is left to `_files.add_session` (which moves a damaged one aside).
+    """
+    try:
+        data = _files.read_json_object(record)
+    except (OSError, ValueError):
+        return
+    changed = False
+    sessions = [data, *(data.get(_files.EARLIER_SESSIONS) or [])]
+    for session in sessions:
+        if isinstance(session, dict) and session.get("timeline") == old:
+            session["timeline"] = new
+            changed = True
+    if changed:
+        _files.write_text_atomic(record, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _version() -> str:
+    try:
+        from tfgpu import __version__
+
+        return __version__
+    except ImportError:  # pragma: no cover
+        return "unknown"
