@@ -193,7 +193,8 @@ def _appended_run(path):
 
 
 def test_a_run_appended_by_several_fits_is_split_into_sessions(tmp_path):
-    from tfgpu.report import _Problems, _read_table, _time_axis, _timeline_sessions
+    from tfgpu.report._read import _Problems, _read_table
+    from tfgpu.report._series import _time_axis, _timeline_sessions
 
     run = _appended_run(tmp_path / "run")
     text = write_report(run).read_text()
@@ -217,7 +218,8 @@ def test_a_run_appended_by_several_fits_is_split_into_sessions(tmp_path):
 
 
 def test_without_a_time_column_sessions_are_laid_end_to_end(tmp_path):
-    from tfgpu.report import _Table, _time_axis, _timeline_sessions
+    from tfgpu.report._read import _Table
+    from tfgpu.report._series import _time_axis, _timeline_sessions
 
     rows = [{"elapsed_s": e} for e in (0.0, 0.1, 0.2, 0.0, 0.1)]
     table = _Table(tmp_path, ["elapsed_s"], rows)
@@ -232,9 +234,9 @@ def test_without_a_time_column_sessions_are_laid_end_to_end(tmp_path):
 @pytest.fixture
 def no_plots(monkeypatch):
     """Skips drawing (the slow part) where a test reads only report.md."""
-    import tfgpu.report
+    from tfgpu.report import _plots
 
-    monkeypatch.setattr(tfgpu.report, "_plot_lines", lambda *args, **kw: None)
+    monkeypatch.setattr(_plots, "_plot_lines", lambda *args, **kw: None)
 
 
 def _long_line(run):

@@ -1,0 +1,134 @@
+"""The "Energy" section: energy used per GPU and per example, from `gpu{i}_energy_j`.
+
+The GPU's energy counter is cumulative since the driver loaded: only differences within a
+session count. Examples come from the `steps.csv` rows that ended in the same span.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tfgpu.report._read import _Artifact, _Table
+from tfgpu.report._sections import _fmt
+from tfgpu.report._series import (
+    _finite,
+    _gpu_indices,
+    _steps_per_row,
+    _steps_sessions,
+    _timeline_sessions,
+)
+
+
+@dataclass
+class _Energy:
+    """Energy of one GPU over a timeline's sessions (`gpu{i}_energy_j`, cumulative J)."""
+
+    gpu: int
+    joules: float = 0.0
+    seconds: float = 0.0
+    spans: list[tuple[float, float]] = field(default_factory=list)  # unix times
+    resets: int = 0  # sessions whose counter went backwards (driver reloaded): skipped
+
+
+def _energy(table: _Table) -> list[_Energy]:
+    """Energy used per GPU: per session, last minus first finite `energy_j`, summed.
+
+    The counter is cumulative since the driver loaded, so only differences within a
+    session count (between sessions the GPU may have run other work).
+    """
+    starts = _timeline_sessions(table)
+    ends = [*starts[1:], len(table.rows)]
+    times = table.col("time")
+    out = []
+    for i in _gpu_indices(table):
+        values = table.col(f"gpu{i}_energy_j")
+        if not _finite(values):
+            continue
+        e = _Energy(i)
+        for a, b in zip(starts, ends):
+            pairs = [(t, v) for t, v in zip(times[a:b], values[a:b]) if math.isfinite(v)]
+            if len(pairs) < 2:
+                continue
+            (t_first, first), (t_last, last) = pairs[0], pairs[-1]
+            if last < first:
+                e.resets += 1
+                continue
+            e.joules += last - first
+            if math.isfinite(t_first) and math.isfinite(t_last):
+                e.seconds += t_last - t_first
+                e.spans.append((t_first, t_last))
+        if e.spans or e.joules or e.resets:
+            out.append(e)
+    return out
+
+
+def _examples_in(steps: list[_Table], spans: list[tuple[float, float]]) -> float:
+    """Examples trained in steps rows that ended within `spans` (NaN when unknown).
+
+    A row covers `step_time_s x steps` seconds at `examples_per_s`: its examples are the
+    product (the batch size times its steps).
+    """
+    total, known = 0.0, False
+    for table in steps:
+        starts = _steps_sessions(table)
+        counts = _steps_per_row(table.col("step"), starts)
+        for r, n in zip(table.rows, counts):
+            t = r.get("time", math.nan)
+            if not any(a <= t <= b for a, b in spans):
+                continue
+            examples = r.get("examples_per_s", math.nan) * r.get("step_time_s", math.nan) * n
+            if math.isfinite(examples):
+                total += examples
+                known = True
+    return total if known else math.nan
+
+
+def _energy_section(
+    timelines: list[tuple[_Artifact, _Table]], steps: dict[str, list[_Table]]
+) -> list[str]:
+    """Energy used per GPU and per example, for timelines with `gpu{i}_energy_j` values."""
+    rows = []
+    for artifact, table in timelines:
+        energies = _energy(table)
+        if not energies:
+            continue
+        spans = sorted({s for e in energies for s in e.spans})
+        examples = _examples_in(steps.get(artifact.worker, []), spans)
+        for e in energies:
+            rows.append((artifact.path.name, str(e.gpu), e.joules, e.seconds, examples, e.resets))
+        if len(energies) > 1:
+            total = math.fsum(e.joules for e in energies)
+            rows.append((artifact.path.name, "all", total, math.nan, examples, 0))
+    if not rows:
+        return []  # no energy counter recorded (an older timeline, an old driver)
+    lines = [
+        "## Energy",
+        "",
+        "| timeline | GPU | energy used kJ | over s | mean power W | examples | J per example |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    resets = 0
+    for name, gpu, joules, seconds, examples, reset in rows:
+        power = joules / seconds if seconds > 0 else math.nan
+        per_example = joules / examples if examples > 0 else math.nan
+        lines.append(
+            f"| `{name}` | {gpu} | {_fmt(joules / 1e3, '.3f')} | {_fmt(seconds, '.1f')} | "
+            f"{_fmt(power)} | {_fmt(examples, ',.0f')} | {_fmt(per_example, '.4g')} |"
+        )
+        resets += reset
+    lines += [
+        "",
+        "Energy used: the GPU's energy counter (NVML, cumulative) at the last sample minus the "
+        "first, per session. Examples: the rows of `steps.csv` (StepTimer) that ended in the "
+        "same span (examples/s x step time x steps). n/a examples: no `steps.csv` over that "
+        "span, or a batch size StepTimer could not tell (`StepTimer(batch_size=...)`).",
+        "",
+    ]
+    if resets:
+        lines += [
+            f"{resets} session(s) skipped where the energy counter went backwards (the driver "
+            "was reloaded).",
+            "",
+        ]
+    return lines

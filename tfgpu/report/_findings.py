@@ -1,0 +1,146 @@
+"""The "Findings from the GPU counters" section: what utilization hides, per session and GPU.
+
+Aggregates each timeline session's per-GPU counters as the sampler does for `diagnose`, then
+applies the same rules, `tfgpu._gpu_counters` (tensor cores idle, small kernels, throttled
+clocks, PCIe traffic per step), and says what a GPU without GPM cannot show.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tfgpu import _gpu_counters as counters
+from tfgpu import _stats
+from tfgpu.report._read import _Artifact, _Table
+from tfgpu.report._series import _finite, _gpu_indices, _max, _mean, _timeline_sessions
+
+# Timeline columns (per GPU) that only a monitor which reads the GPU counters writes: a
+# timeline without any of them is from an older tfgpu, and what it lacks is not "unseen".
+_COUNTER_COLUMNS = ("sm_active_pct", "tensor_active_pct", "pcie_tx_mib_s", "pcie_rx_mib_s")
+
+
+# Which columns each of `_gpu_counters.unseen`'s notes is about.
+_UNSEEN_COLUMNS = {
+    counters.GPM_UNSEEN: ("sm_active_pct", "tensor_active_pct"),
+    counters.PCIE_UNSEEN: ("pcie_tx_mib_s", "pcie_rx_mib_s"),
+    counters.POWER_UNSEEN: ("power_limit_w", "throttle_reasons"),
+}
+
+
+_NO_BITMASK = 2.0**64  # NVML's throttle reasons are an unsigned 64-bit mask
+
+
+def _bits_or(values: list[float]) -> float:
+    """The bitwise OR of the bitmasks among `values` (as a float), NaN when there is none."""
+    masks = [int(v) for v in _finite(values) if 0 <= v < _NO_BITMASK]
+    out = 0
+    for m in masks:
+        out |= m
+    return float(out) if masks else math.nan
+
+
+def _window_counters(table: _Table, gpu: int, a: int, b: int) -> counters.Counters:
+    """GPU `gpu`'s counters over rows `a:b` of a timeline: means, the power limit's maximum
+    and the throttle reasons' OR, as the sampler aggregates them for `diagnose`."""
+
+    def col(name: str) -> list[float]:
+        return table.col(f"gpu{gpu}_{name}")[a:b]
+
+    pcie = [m for m in (_mean(col("pcie_tx_mib_s")), _mean(col("pcie_rx_mib_s"))) if m == m]
+    return counters.Counters(
+        util_pct_mean=_mean(col("util_pct")),
+        sm_active_pct_mean=_mean(col("sm_active_pct")),
+        tensor_active_pct_mean=_mean(col("tensor_active_pct")),
+        pcie_mib_s_mean=sum(pcie) if pcie else math.nan,  # inf past the float maximum
+        power_w_mean=_mean(col("power_w")),
+        power_limit_w_max=_max(col("power_limit_w")),
+        throttle_reasons_any=_bits_or(col("throttle_reasons")),
+        sm_clock_mhz_mean=_mean(col("sm_clock_mhz")),
+    )
+
+
+def _step_time_in(steps: list[_Table], first: float, last: float) -> float:
+    """Median seconds per step of the steps rows that ended within [first, last] (NaN)."""
+    times = [
+        r.get("step_time_s", math.nan)
+        for table in steps
+        for r in table.rows
+        if first <= r.get("time", math.nan) <= last
+    ]
+    return _stats.median([t for t in _finite(times) if t > 0])
+
+
+def _gpu_list(gpus: list[int]) -> str:
+    names = [str(i) for i in gpus]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _counter_lines(table: _Table, name: str, steps: list[_Table]) -> list[str]:
+    """One timeline's findings from its GPU counters, per session and GPU ([] if none)."""
+    gpus = _gpu_indices(table)
+    if not (gpus and table.rows):
+        return []
+    recorded = any(f"gpu{i}_{c}" in table.columns for i in gpus for c in _COUNTER_COLUMNS)
+    starts = _timeline_sessions(table)
+    ends = [*starts[1:], len(table.rows)]
+    times = table.col("time")
+    items: list[str] = []
+    unseen: dict[str, list[int]] = {}
+    fixes: set[str] = set()  # each fix written out once per file
+    for number, (a, b) in enumerate(zip(starts, ends), 1):
+        span = _finite(times[a:b])
+        step_time = _step_time_in(steps, span[0], span[-1]) if span else math.nan
+        where = f" (session {number})" if len(starts) > 1 else ""
+        for i in gpus:
+            c = _window_counters(table, i, a, b)
+            found = [
+                counters.tensor_cores_idle(c),
+                counters.small_kernels(c),
+                counters.clocks_throttled(c),
+                counters.pcie_unjudged(c, step_time),
+            ]
+            for f in found:
+                if f is not None:
+                    fix = "the same as above" if f.fix in fixes else f.fix
+                    fixes.add(f.fix)
+                    items += [
+                        f"- **GPU {i}**{where}, {f.severity}: **{f.title}**. {f.detail()}",
+                        f"  Fix: {fix}",
+                    ]
+            for note in counters.unseen(c, with_util=False) if recorded else []:
+                columns = _UNSEEN_COLUMNS.get(note, ())
+                if any(f"gpu{i}_{col}" in table.columns for col in columns):
+                    seen_on = unseen.setdefault(note, [])
+                    if i not in seen_on:
+                        seen_on.append(i)
+    if not (items or recorded):
+        return []  # an older timeline with nothing to say: as before
+    lines = [f"### `{name}`", ""]
+    if not any(line.startswith("- **GPU") and ", info:" not in line for line in items):
+        lines.append(f"No finding on GPU {_gpu_list(gpus)}.")
+        lines.append("")
+    lines += items
+    lines += [f"- Not seen on GPU {_gpu_list(g)}: {note}." for note, g in unseen.items()]
+    return [*lines, ""]
+
+
+def _counter_section(
+    timelines: list[tuple[_Artifact, _Table]], steps: dict[str, list[_Table]]
+) -> list[str]:
+    """ "Findings from the GPU counters": what utilization hides, with the rules `diagnose`
+    uses (`tfgpu._gpu_counters`), from each timeline's per-GPU means."""
+    body: list[str] = []
+    for artifact, table in timelines:
+        body += _counter_lines(table, artifact.path.name, steps.get(artifact.worker, []))
+    if not body:
+        return []  # older timelines, host-only runs
+    return [
+        "## Findings from the GPU counters",
+        "",
+        "What utilization hides, from each timeline's per-GPU means (per session where a "
+        "file holds several), with the thresholds `tfgpu.diagnose` uses (docs/diagnosis.md). "
+        "A timeline knows nothing of the model: `tfgpu.diagnose(model, data)` names the "
+        "layers, the precision policy and the batch's bytes behind a finding.",
+        "",
+        *body,
+    ]

@@ -1,0 +1,241 @@
+"""The report's PNG plots (matplotlib, Agg figures): utilization, memory, power, activity,
+step time.
+
+Every plot shares one time axis (seconds since the first sample), marks epochs and sessions,
+and is optional: a plot that fails is named in the problems, never raised.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+from tfgpu.report._read import _Problems, _Table
+from tfgpu.report._series import (
+    _broken,
+    _epoch_starts,
+    _finite,
+    _gpu_indices,
+    _steps_per_row,
+    _steps_sessions,
+    _time_axis,
+    _timeline_sessions,
+)
+
+
+class _Plt:
+    """The pyplot subset used, on Agg-backed Figures: no global state, no GUI."""
+
+    def __init__(self) -> None:
+        from tfgpu._lazy import import_optional
+
+        import_optional("matplotlib")
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        self._figure, self._canvas = Figure, FigureCanvasAgg
+
+    def subplots(self, figsize):
+        fig = self._figure(figsize=figsize)
+        self._canvas(fig)
+        return fig, fig.add_subplot()
+
+    @staticmethod
+    def close(fig):
+        fig.clear()
+
+
+def _plottable(values: list[float], log: bool = False) -> list[float]:
+    """`values` with what a plot cannot show (inf, and <= 0 on a log scale) as NaN."""
+    return [v if math.isfinite(v) and not (log and v <= 0) else math.nan for v in values]
+
+
+def _plot_lines(
+    plt,
+    out: Path,
+    title: str,
+    ylabel: str,
+    series,
+    epochs,
+    *,
+    ylim=None,
+    log=False,
+    legend=True,
+    sessions=(),
+) -> Path | None:
+    with warnings.catch_warnings():  # matplotlib's own, on extreme values: the plot says it
+        warnings.simplefilter("ignore")
+        return _plot_lines_quietly(
+            plt, out, title, ylabel, series, epochs, ylim=ylim, log=log, legend=legend,
+            sessions=sessions,
+        )  # fmt: skip
+
+
+def _plot_lines_quietly(
+    plt, out: Path, title: str, ylabel: str, series, epochs, *, ylim, log, legend, sessions
+) -> Path | None:
+    drawn = []
+    for label, xs, ys, style in series:
+        xs, ys = _plottable(xs), _plottable(ys, log)
+        if any(math.isfinite(x) and math.isfinite(y) for x, y in zip(xs, ys)):
+            drawn.append((label, xs, ys, style))
+    if not drawn:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    for label, xs, ys, style in drawn:
+        ax.plot(xs, ys, style, label=label, linewidth=1.2)
+    if log:
+        ax.set_yscale("log")
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    for t, e in epochs:
+        if not math.isfinite(t):
+            continue
+        ax.axvline(t, color="grey", linestyle=":", linewidth=0.8)
+        ax.annotate(
+            f" epoch {e + 1}", (t, 1), xycoords=("data", "axes fraction"), fontsize=7, va="top"
+        )
+    if len(sessions) > 1:
+        for number, t in enumerate(sessions, 1):
+            if not math.isfinite(t):
+                continue
+            ax.axvline(t, color="black", linestyle="--", linewidth=1.0)
+            ax.annotate(
+                f" fit {number}", (t, 0), xycoords=("data", "axes fraction"), fontsize=7,
+                va="bottom",
+            )  # fmt: skip
+    ax.set_title(title)
+    ax.set_xlabel("seconds since the first sample")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def _drawn(problems: _Problems, draw, plt, out: Path, *args, **kw) -> Path | None:
+    """Calls `draw(plt, out, ...)`; a plot that fails is named in `problems`, not raised."""
+    try:
+        return draw(plt, out, *args, **kw)
+    except Exception as e:  # a plot is one part of the report: the others still get written
+        problems.errors.append(f"`{out}` not drawn ({type(e).__name__}: {e}).")
+        return None
+
+
+def _timeline_plots(
+    plt, table: _Table, out_dir: Path, suffix: str, problems: _Problems
+) -> list[Path]:
+    starts = _timeline_sessions(table)
+    x = _time_axis(table, starts)
+    marks = {
+        "epochs": _epoch_starts(x, table.col("epoch"), starts),
+        "sessions": [x[k] for k in starts],
+    }
+    t = _broken(x, starts)
+
+    def col(name: str) -> list[float]:  # with the same breaks as the time axis
+        return _broken(table.col(name), starts)
+
+    def plot(name: str, title: str, ylabel: str, series, **kw) -> Path | None:
+        return _drawn(
+            problems,
+            _plot_lines,
+            plt,
+            out_dir / f"{name}{suffix}.png",
+            title,
+            ylabel,
+            series,
+            marks["epochs"],
+            sessions=marks["sessions"],
+            **kw,
+        )
+
+    gpus = _gpu_indices(table)
+    host_only = "" if gpus else " (no GPU sampled: host only)"
+    util = [(f"GPU {i} utilization", t, col(f"gpu{i}_util_pct"), "-") for i in gpus]
+    util.append(("host CPU, all cores", t, col("host_cpu_pct"), "--"))
+    made = [plot("utilization", "Utilization" + host_only, "%", util, ylim=(0, 105))]
+    mem = []
+    for i in gpus:
+        mem.append((f"GPU {i} used", t, col(f"gpu{i}_mem_used_mib"), "-"))
+        mem.append((f"GPU {i} total", t, col(f"gpu{i}_mem_total_mib"), ":"))
+    mem.append(("host: this process's RSS", t, col("host_rss_mib"), "--"))
+    made.append(plot("memory", "Memory" + host_only, "MiB", mem))
+    power = []
+    for i in gpus:
+        power.append((f"GPU {i} power draw", t, col(f"gpu{i}_power_w"), "-"))
+        power.append((f"GPU {i} power limit", t, col(f"gpu{i}_power_limit_w"), ":"))
+    if gpus:
+        made.append(plot("power", "Power", "watts", power))
+    active = _activity_gpus(table)
+    if active:  # GPM counters recorded: what utilization hides, next to it
+        activity = []
+        for i in active:
+            activity.append((f"GPU {i} utilization", t, col(f"gpu{i}_util_pct"), "-"))
+            activity.append((f"GPU {i} SM active", t, col(f"gpu{i}_sm_active_pct"), "--"))
+            activity.append((f"GPU {i} tensor active", t, col(f"gpu{i}_tensor_active_pct"), ":"))
+        made.append(
+            plot(
+                "activity",
+                "What utilization hides: utilization vs SM and tensor-core activity",
+                "%",
+                activity,
+                ylim=(0, 105),
+            )
+        )
+    return [p for p in made if p is not None]
+
+
+_ACTIVITY = ("sm_active_pct", "tensor_active_pct")
+
+
+def _activity_gpus(table: _Table) -> list[int]:
+    """The GPUs with SM or tensor activity values (GPM) in the timeline."""
+    return [
+        i
+        for i in _gpu_indices(table)
+        if any(_finite(table.col(f"gpu{i}_{name}")) for name in _ACTIVITY)
+    ]
+
+
+def _steps_plot(plt, out: Path, table: _Table, t0: float | None) -> Path | None:
+    times = table.col("time")
+    finite = _finite(times)
+    if not finite:
+        return None
+    starts = _steps_sessions(table)
+    ms = [v * 1e3 for v in table.col("step_time_s")]
+    # An epoch starts when its first step began: its end minus the time its steps took.
+    counts = _steps_per_row(table.col("step"), starts)
+    ends = [v - (t0 if t0 is not None else 0.0) for v in times]
+    begin_times = [e - t * n / 1e3 if math.isfinite(t) else e for e, t, n in zip(ends, ms, counts)]
+    base = 0.0 if t0 is not None else (_finite(begin_times) or finite)[0]
+    xs = [v - base for v in ends]  # when each row's step(s) ended
+    begins = [v - base for v in begin_times]
+    epochs = _epoch_starts(begins, table.col("epoch"), starts)
+    sessions = [begins[k] for k in starts]
+    series = [("step time", _broken(xs, starts), _broken(ms, starts), ".")]
+    return _plot_lines(
+        plt,
+        out,
+        "Training step time (one point per step, or per execution of steps_per_execution)",
+        "ms per step (log scale)",
+        series,
+        epochs,
+        log=True,
+        legend=False,
+        sessions=sessions,
+    )
+
+
+def _t0_for(table: _Table, worker: str, starts: dict[str, list[float]]) -> float | None:
+    """Time 0 for a steps file's plot: the first sample of the timeline it falls in."""
+    times = _finite(table.col("time"))
+    if not times:
+        return None
+    before = [t for t in starts.get(worker, []) if t <= times[0]]
+    return max(before) if before else None

@@ -1,0 +1,204 @@
+"""Reading a run directory: its files, CSV tables and JSON records, and what went wrong.
+
+Finds the timeline and steps files (`timeline.csv`, `timeline.1.csv`,
+`steps-worker1.csv`, ...) and the records (`run.json`, `diagnosis.json`, ...), reads them
+without ever raising for a damaged file, and collects what could not be read or was worked
+around in `_Problems`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tfgpu._checks import check_dir
+from tfgpu._files import read_json_object
+
+
+@dataclass
+class _Table:
+    path: Path
+    columns: list[str]
+    rows: list[dict[str, float]] = field(default_factory=list)
+
+    def col(self, name: str) -> list[float]:
+        return [r.get(name, math.nan) for r in self.rows]
+
+
+def _float(value: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+@dataclass
+class _Problems:
+    """What the report could not read (`errors`: the CLI exits 2) or worked around (`notes`)."""
+
+    errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def section(self) -> list[str]:
+        if not (self.errors or self.notes):
+            return []
+        lines = ["## Problems reading this run directory", ""]
+        lines += [f"- **Skipped**: {e}" for e in self.errors]
+        lines += [f"- Note: {n}" for n in self.notes]
+        return [*lines, ""]
+
+
+def _reason(error: OSError) -> str:
+    return error.strerror or str(error)
+
+
+_MISSING = {"", "nan", "-nan", "+nan", "none", "null"}  # cells that mean "no value", not damage
+
+
+def _read_table(path: Path, required: Sequence[str], what: str, problems: _Problems):
+    """Reads a tfgpu CSV file into a `_Table`, or None when nothing of it can be used.
+
+    Never raises for a damaged file: what cannot be read goes to `problems.errors` (with the
+    rows before the damage kept), what is worked around to `problems.notes`.
+
+    Args:
+        path: Path, the file.
+        required: the columns of which at least one must be in the header.
+        what: str, what the file is, for messages ("timeline", "steps file").
+        problems: `_Problems`, told what went wrong.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        problems.errors.append(f"`{path}` cannot be read ({_reason(e)}).")
+        return None
+    try:
+        text = data.decode("utf-8-sig")  # a BOM (a file saved by a spreadsheet) is not data
+    except UnicodeDecodeError as e:
+        problems.errors.append(
+            f"`{path}` is not a CSV text file (byte {e.start} is not UTF-8: binary data?)."
+        )
+        return None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    rows: list[dict[str, float]] = []
+    columns: list[str] = []
+    wrong_width = not_numbers = 0
+    try:
+        header = next((row for row in reader if row), None)  # the first line not blank
+        if header is None:
+            problems.errors.append(f"`{path}` is empty (not even a header line).")
+            return None
+        columns = [c.strip() for c in header]
+        if not any(c in columns for c in required):
+            names = " or ".join(f"`{c}`" for c in required)
+            problems.errors.append(
+                f"`{path}` is not a tfgpu {what}: its first line has no {names} column."
+            )
+            return None
+        for raw in reader:
+            if not raw or raw == header:  # a blank line; a header repeated by an appending writer
+                continue
+            if len(raw) != len(columns):
+                wrong_width += 1
+                continue
+            row = {}
+            for name, cell in zip(columns, raw):
+                value = _float(cell)
+                if math.isnan(value) and cell.strip().lower() not in _MISSING:
+                    not_numbers += 1
+                row[name] = value
+            rows.append(row)
+    except csv.Error as e:
+        problems.errors.append(
+            f"`{path}`, line {reader.line_num}: {e}; read up to that line only ({len(rows)} rows)."
+        )
+    if wrong_width:
+        problems.notes.append(
+            f"`{path}`: {wrong_width} row(s) with another number of fields than the header's "
+            f"{len(columns)} skipped (e.g. a row cut short when the run was killed)."
+        )
+    if not_numbers:
+        problems.notes.append(
+            f"`{path}`: {not_numbers} cell(s) that are not numbers read as missing."
+        )
+    return _Table(path, columns, rows)
+
+
+def _read_record(path: Path, problems: _Problems) -> dict[str, Any] | None:
+    """A JSON object file (`run.json`, `diagnosis.json`), or None (told to `problems`)."""
+    try:
+        return read_json_object(path)
+    except OSError as e:
+        problems.errors.append(f"`{path}` cannot be read ({_reason(e)}).")
+    except ValueError as e:
+        problems.errors.append(f"{e}.".replace(str(path), f"`{path}`", 1))
+    return None
+
+
+_ARTIFACT = re.compile(
+    r"^(?P<stem>timeline|steps)(?P<worker>-[A-Za-z_]+\d+)?(?:\.(?P<n>\d+))?\.csv$"
+)
+
+
+_RECORD = re.compile(r"^(run|diagnosis)(-[A-Za-z_]+\d+)?(\.\d+)?\.json$")
+
+
+@dataclass(frozen=True)
+class _Artifact:
+    """A timeline or steps file: `timeline.csv`, `timeline.2.csv`, `steps-worker1.csv`, ..."""
+
+    path: Path
+    worker: str  # "" or "-worker1"
+    rotation: int | None  # N of `NAME.N.csv` (moved aside by a later session), None: newest
+
+    @property
+    def suffix(self) -> str:
+        """What the file's plots add to their names: "", ".1", "-worker1", "-worker1.2"."""
+        stem = _ARTIFACT.match(self.path.name)
+        return self.path.stem[len(stem["stem"]) :] if stem else ""
+
+
+def _artifacts(names: list[Path], stem: str) -> list[_Artifact]:
+    """The `stem` CSV files among `names`, per worker oldest first (`.1`, `.2`, ..., plain)."""
+    found = []
+    for path in names:
+        m = _ARTIFACT.match(path.name)
+        if m and m["stem"] == stem:
+            found.append(_Artifact(path, m["worker"] or "", int(m["n"]) if m["n"] else None))
+    return sorted(found, key=lambda f: (f.worker, math.inf if f.rotation is None else f.rotation))
+
+
+def _diagnoses(names: list[Path]) -> list[Path]:
+    """`diagnosis.N.json` (earlier diagnoses, moved aside by later ones), oldest first, then
+    `diagnosis.json`."""
+    found = []
+    for path in names:
+        m = re.match(r"^diagnosis(?:\.(\d+))?\.json$", path.name)
+        if m:
+            found.append((int(m[1]) if m[1] else math.inf, path))
+    return [path for _, path in sorted(found)]
+
+
+def _check_log_dir(log_dir) -> tuple[Path, list[Path]]:
+    """The run directory and its entries; raises when it is not one."""
+    path = check_dir("log_dir", log_dir)
+    assert path is not None  # check_dir returns None only with allow_none
+    if not path.exists():
+        raise FileNotFoundError(
+            f"Run directory not found: {str(path)!r}. Expected a directory written by "
+            "tfgpu.callbacks.GPUMonitor / StepTimer (log_dir=...)."
+        )
+    names = sorted(path.iterdir())
+    if not any(_ARTIFACT.match(p.name) or _RECORD.match(p.name) for p in names):
+        raise ValueError(
+            f"Invalid value for argument `log_dir`. Received: {str(path)!r}, which holds no "
+            "tfgpu run (no run.json, timeline.csv, steps.csv or diagnosis.json). Expected a "
+            "directory written by GPUMonitor / StepTimer / tfgpu.monitor.record."
+        )
+    return path, names

@@ -1,0 +1,318 @@
+"""The report's sections as Markdown lines: sessions, files, timelines, steps, diagnoses.
+
+Each function takes what was read (a table, a record) and returns the lines of one section
+of `report.md`; the energy and GPU-counter sections have their own modules (`_energy`,
+`_findings`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from tfgpu import _stats
+from tfgpu._files import EARLIER_SESSIONS
+from tfgpu.report._read import _Artifact, _diagnoses, _Problems, _read_record, _Table
+from tfgpu.report._series import (
+    _finite,
+    _gpu_indices,
+    _max,
+    _mean,
+    _session_of,
+    _span,
+    _steps_per_row,
+    _steps_sessions,
+    _time_axis,
+    _timeline_sessions,
+)
+
+IDLE_UTIL_PCT = 5.0
+"""A sample whose GPU utilization is below this is counted as idle."""
+
+
+def _when(timestamp) -> str:
+    """A Unix time as local date and time with its UTC offset, e.g. 2025-05-01 14:03:07+02:00."""
+    try:
+        moment = datetime.datetime.fromtimestamp(float(timestamp)).astimezone()
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "?"
+    return moment.isoformat(sep=" ", timespec="seconds")
+
+
+def _fmt(value: Any, spec: str = ".1f") -> str:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return "n/a"
+    return format(value, spec)
+
+
+def _text(value: Any) -> str:
+    """A record's value as Markdown text: `?` when missing."""
+    return "?" if value is None else str(value)
+
+
+def _timeline_section(table: _Table, name: str) -> list[str]:
+    gpus = _gpu_indices(table)
+    starts = _timeline_sessions(table)
+    x = _time_axis(table, starts)
+    lines = [f"## Timeline `{name}`", ""]
+    if not table.rows:
+        return [*lines, "No samples: the file has a header only (a run stopped at once).", ""]
+    text = f"{len(table.rows)} samples over {_fmt(_span(x), '.2f')} s"
+    if len(starts) > 1:
+        ends = [*starts[1:], len(x)]
+        sampled = sum(_span(x[a:b]) for a, b in zip(starts, ends) if _finite(x[a:b]))
+        text += (
+            f" in {len(starts)} sessions (one per `fit` or `record`, appended to this file), "
+            f"{_fmt(sampled, '.2f')} s of them sampled; the plots mark where each began"
+        )
+    lines += [text + ".", ""]
+    if not gpus:
+        lines += [
+            "**No GPU was sampled in this run: host metrics only** (a machine without an "
+            "NVIDIA GPU, or without NVML: `tfgpu env` says which).",
+            "",
+        ]
+    else:
+        lines += [
+            "| GPU | util mean % | util max % | idle share | mem used mean MiB | "
+            "mem used max MiB | mem total MiB | power mean W | power max W |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for i in gpus:
+            util = _finite(table.col(f"gpu{i}_util_pct"))
+            idle = sum(v < IDLE_UTIL_PCT for v in util) / len(util) if util else math.nan
+            lines.append(
+                f"| {i} | {_fmt(_mean(util))} | {_fmt(_max(util))} | {_fmt(idle, '.0%')} | "
+                f"{_fmt(_mean(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
+                f"{_fmt(_max(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
+                f"{_fmt(_max(table.col(f'gpu{i}_mem_total_mib')), '.0f')} | "
+                f"{_fmt(_mean(table.col(f'gpu{i}_power_w')))} | "
+                f"{_fmt(_max(table.col(f'gpu{i}_power_w')))} |"
+            )
+        lines += [
+            "",
+            f"Idle share: the share of samples with utilization below {IDLE_UTIL_PCT:g}%.",
+            "",
+        ]
+        lines += _activity_lines(table, gpus)
+    lines += [
+        f"Host: CPU mean {_fmt(_mean(table.col('host_cpu_pct')))}%, process RSS max "
+        f"{_fmt(_max(table.col('host_rss_mib')), '.0f')} MiB, system memory max "
+        f"{_fmt(_max(table.col('host_mem_used_pct')))}%.",
+        "",
+    ]
+    return lines
+
+
+def _steps_section(table: _Table, name: str) -> list[str]:
+    if not table.rows:
+        return [f"## Steps `{name}`", "", "No steps: the file has a header only.", ""]
+    st = [v * 1e3 for v in table.col("step_time_s")]
+    starts = _steps_sessions(table)
+    fits = len(starts) > 1
+    lines = [
+        f"## Steps `{name}`",
+        "",
+        f"{len(table.rows)} rows (one per step, or per execution of `steps_per_execution` "
+        + (f"steps) from {len(starts)} `fit` calls appended to this file" if fits else "steps)")
+        + f"; step time median {_fmt(_stats.median(st), '.2f')} ms, p90 "
+        f"{_fmt(_stats.percentile(st, 90), '.2f')} ms; examples/s median "
+        f"{_fmt(_stats.median(table.col('examples_per_s')), ',.0f')}. Epochs count from 1, "
+        "as Keras prints them; the first step of epoch 1 includes tracing and compilation. "
+        "An epoch's median and p90 leave out its first row (as `StepTimer`'s "
+        "`step_time_median_s` and `step_time_p90_s` do), unless it has only one.",
+        "",
+        ("| fit " if fits else "")
+        + "| epoch | steps | median step ms | p90 step ms | first step ms | time in steps s |",
+        ("| --- " if fits else "") + "| --- | --- | --- | --- | --- | --- |",
+    ]
+    by_epoch: dict[tuple[int, int], list[dict[str, float]]] = {}
+    for session, r in zip(_session_of(starts, len(table.rows)), table.rows):
+        e = r.get("epoch", math.nan)
+        by_epoch.setdefault((session, int(e) if math.isfinite(e) else -1), []).append(r)
+    for (session, e), rows in sorted(by_epoch.items()):
+        times = [r.get("step_time_s", math.nan) * 1e3 for r in rows]
+        counts = _steps_per_row([r.get("step", math.nan) for r in rows])
+        spent = sum(_finite([t * n / 1e3 for t, n in zip(times, counts)]))
+        steady = times[1:] or times  # StepTimer's rule: the first execution is not steady
+        lines.append(
+            (f"| {session + 1} " if fits else "")
+            + f"| {e + 1 if e >= 0 else '?'} | {sum(counts)} | "
+            f"{_fmt(_stats.median(steady), '.2f')} | {_fmt(_stats.percentile(steady, 90), '.2f')} | "
+            f"{_fmt(times[0], '.2f')} | {_fmt(spent, '.2f')} |"
+        )
+    lines.append("")
+    return lines
+
+
+# (column, header) of the activity table: GPM counters and PCIe, where recorded.
+_ACTIVITY_TABLE = (
+    ("sm_active_pct", "SM active mean %"),
+    ("sm_occupancy_pct", "SM occupancy mean %"),
+    ("tensor_active_pct", "tensor active mean %"),
+    ("dram_active_pct", "DRAM active mean %"),
+    ("pcie_tx_mib_s", "PCIe tx mean MiB/s"),
+    ("pcie_rx_mib_s", "PCIe rx mean MiB/s"),
+)
+
+
+def _activity_lines(table: _Table, gpus: list[int]) -> list[str]:
+    """The activity table (what utilization hides), when the timeline has such values."""
+    shown = [
+        (name, header)
+        for name, header in _ACTIVITY_TABLE
+        if any(_finite(table.col(f"gpu{i}_{name}")) for i in gpus)
+    ]
+    if not shown:
+        return []  # an older timeline, or a GPU without GPM and PCIe counters
+    lines = [
+        "| GPU | util mean % | " + " | ".join(h for _, h in shown) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in shown) + " |",
+    ]
+    for i in gpus:
+        cells = [_fmt(_mean(table.col(f"gpu{i}_{name}"))) for name, _ in shown]
+        lines.append(
+            f"| {i} | {_fmt(_mean(table.col(f'gpu{i}_util_pct')))} | " + " | ".join(cells) + " |"
+        )
+    lines += [
+        "",
+        "Utilization is the share of time a kernel was running, however few SMs it used; SM "
+        "active is the share of SMs busy, tensor active the share of time the tensor cores "
+        "worked (GPM, Hopper or newer). n/a: not measured on that GPU.",
+        "",
+    ]
+    return lines
+
+
+def _diagnosis_section(path: Path, problems: _Problems) -> list[str]:
+    title = (
+        "## Diagnosis" if path.name == "diagnosis.json" else f"## Earlier diagnosis `{path.name}`"
+    )
+    d = _read_record(path, problems)
+    if d is None:
+        return [title, "", f"`{path.name}` could not be read (see Problems above).", ""]
+    lines = [title, ""]
+    text = d.get("text")
+    if isinstance(text, str) and text.strip():
+        return [*lines, "```", text.rstrip().replace("```", "'''"), "```", ""]
+    lines += [f"Bottleneck: **{_text(d.get('bottleneck', 'unknown'))}**", ""]
+    findings = d.get("findings")
+    for f in findings if isinstance(findings, list) else []:
+        if isinstance(f, dict):
+            name = f.get("title", f.get("kind"))
+            lines.append(f"- **{_text(name)}**: {_text(f.get('recommendation', ''))}")
+    return [*lines, ""]
+
+
+def _gpu_line(g: Any) -> str:
+    if not isinstance(g, dict):
+        return f"- GPU: {_text(g)}"
+    cc = g.get("compute_capability")
+    cc_text = ".".join(str(c) for c in cc) if isinstance(cc, list) else _text(cc)
+    return (
+        f"- GPU {_text(g.get('index'))}: {_text(g.get('name'))} "
+        f"({_fmt(g.get('memory_total_mib'), '.0f')} MiB, compute capability {cc_text})"
+    )
+
+
+def _gpus_of(session: dict[str, Any]) -> list[Any]:
+    gpus = session.get("gpus")
+    return gpus if isinstance(gpus, list) else []
+
+
+def _session_line(meta: dict[str, Any]) -> str:
+    worker = meta.get("worker")
+    return (
+        f"tfgpu {_text(meta.get('tfgpu_version'))}, host `{_text(meta.get('hostname'))}`"
+        + (f", worker {worker}" if worker is not None else "")
+        + f", started {_when(meta.get('start_time'))}, sampling every "
+        f"{_text(meta.get('interval'))} s."
+    )
+
+
+def _sessions_section(
+    meta: dict[str, Any], run_json: Path, timelines: list[_Artifact], problems: _Problems
+) -> list[str]:
+    """The sessions recorded in `run.json` (the newest, and `earlier_sessions`)."""
+    newest = {k: v for k, v in meta.items() if k != EARLIER_SESSIONS}
+    earlier_raw = meta.get(EARLIER_SESSIONS) or []
+    if not isinstance(earlier_raw, list):
+        problems.notes.append(
+            f"`{run_json}`: `{EARLIER_SESSIONS}` is a {type(earlier_raw).__name__}, not a "
+            "list: earlier sessions not listed."
+        )
+        earlier_raw = []
+    earlier = [s for s in earlier_raw if isinstance(s, dict)]
+    if len(earlier) < len(earlier_raw):
+        problems.notes.append(
+            f"`{run_json}`: {len(earlier_raw) - len(earlier)} entr(ies) of "
+            f"`{EARLIER_SESSIONS}` are not objects: not listed."
+        )
+    lines: list[str] = []
+    if earlier:
+        sessions = [*earlier, newest]
+        lines += [
+            f"{len(sessions)} sessions recorded in `{run_json.name}`, oldest first:",
+            "",
+            "| session | started | host | GPUs sampled | timeline |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for number, s in enumerate(sessions, 1):
+            gpus = _gpus_of(s)
+            names = sorted({_text(g.get("name")) for g in gpus if isinstance(g, dict)})
+            label = f"{number} (newest)" if number == len(sessions) else str(number)
+            lines.append(
+                f"| {label} | {_when(s.get('start_time'))} | `{_text(s.get('hostname'))}` | "
+                f"{len(gpus)}{' (' + ', '.join(names) + ')' if names else ''} | "
+                f"`{_text(s.get('timeline'))}` |"
+            )
+        lines += ["", "Newest session: " + _session_line(newest), ""]
+        present = {t.path.name for t in timelines}
+        for s in sessions:
+            name = s.get("timeline")
+            if isinstance(name, str) and name and name not in present:
+                problems.notes.append(f"`{run_json.name}` names `{name}`, which is not here.")
+                present.add(name)
+    else:
+        lines += [_session_line(newest), ""]
+    gpus = _gpus_of(newest)
+    lines += [_gpu_line(g) for g in gpus]  # none: the timeline section says host only
+    if gpus:
+        lines.append("")
+    return lines
+
+
+def _files_section(
+    timelines: list[_Artifact], steps: list[_Artifact], names: list[Path]
+) -> list[str]:
+    """Says which files were moved aside by later sessions (and where their plots are)."""
+    rotated = [a.path.name for a in [*timelines, *steps] if a.rotation is not None]
+    diagnoses = [p.name for p in _diagnoses(names) if p.name != "diagnosis.json"]
+    damaged = [p.name for p in names if re.match(r"^run(-[A-Za-z_]+\d+)?\.\d+\.json$", p.name)]
+    lines: list[str] = []
+    if rotated:
+        lines += [
+            "Earlier files, moved aside when a later session sampled another set of GPUs (the "
+            "plain names hold the newest): " + ", ".join(f"`{n}`" for n in rotated) + ". Each "
+            "has its own section below, oldest first, and its own plots (`utilization.1.png` "
+            "for `timeline.1.csv`).",
+            "",
+        ]
+    if diagnoses:
+        lines += [
+            "Earlier diagnoses, kept when a later one was saved: "
+            + ", ".join(f"`{n}`" for n in diagnoses)
+            + " (below, before the newest).",
+            "",
+        ]
+    if damaged:
+        lines += [
+            "Records moved aside because a later session could not read them (damaged): "
+            + ", ".join(f"`{n}`" for n in damaged)
+            + ".",
+            "",
+        ]
+    return lines

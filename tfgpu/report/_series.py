@@ -1,0 +1,141 @@
+"""A table's columns as series: NaN-aware reductions, sessions, the time axis, epoch starts.
+
+Several `fit` calls (or `record` blocks) append to one file, each restarting `elapsed_s`
+(timeline) or `(epoch, step)` (steps): these helpers find where each session begins, lay
+the rows on one time axis and count the steps each row covers. Pure: no files, no plots.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+from tfgpu import _stats
+from tfgpu.report._read import _Table
+
+
+def _finite(values) -> list[float]:
+    return _stats.finite(values)
+
+
+def _mean(values) -> float:
+    return _stats.mean(values)
+
+
+def _max(values) -> float:
+    v = _finite(values)
+    return max(v) if v else math.nan
+
+
+_GPU_UTIL = re.compile(r"^gpu(\d+)_util_pct$")
+
+
+def _gpu_indices(table: _Table) -> list[int]:
+    return sorted(int(m.group(1)) for c in table.columns if (m := _GPU_UTIL.match(c)))
+
+
+def _epoch_starts(
+    times: list[float], epochs: list[float], sessions: list[int] | None = None
+) -> list[tuple[float, int]]:
+    """(time, epoch) where each epoch begins; a new session starts its epochs afresh."""
+    starts, last = [], None
+    firsts = set(sessions or ())
+    for k, (t, e) in enumerate(zip(times, epochs)):
+        if k in firsts:
+            last = None
+        if math.isfinite(e) and e != last:
+            starts.append((t, int(e)))
+            last = e
+    return starts
+
+
+def _timeline_sessions(table: _Table) -> list[int]:
+    """Row indices where a sampling session begins: 0, then wherever `elapsed_s` restarts."""
+    starts, previous = [0] if table.rows else [], None
+    for k, elapsed in enumerate(table.col("elapsed_s")):
+        if not math.isfinite(elapsed):
+            continue
+        if previous is not None and elapsed < previous:
+            starts.append(k)
+        previous = elapsed
+    return starts
+
+
+def _steps_sessions(table: _Table) -> list[int]:
+    """Row indices where a `fit` begins: 0, then wherever the (epoch, step) order restarts."""
+    starts, previous = [0] if table.rows else [], None
+    for k, r in enumerate(table.rows):
+        e, step = r.get("epoch", math.nan), r.get("step", math.nan)
+        if not (math.isfinite(e) and math.isfinite(step)):
+            continue
+        if previous is not None and (e, step) <= previous:
+            starts.append(k)
+        previous = (e, step)
+    return starts
+
+
+def _session_of(starts: list[int], n: int) -> list[int]:
+    """The session number (0-based) of each of `n` rows."""
+    out, session = [], -1
+    firsts = set(starts)
+    for k in range(n):
+        if k in firsts:
+            session += 1
+        out.append(max(session, 0))
+    return out
+
+
+def _steps_per_row(last_steps: list[float], starts: Sequence[int] = ()) -> list[int]:
+    """Steps each `steps.csv` row covers, from the last step of each row within an epoch."""
+    counts, previous = [], -1
+    firsts = set(starts)
+    for k, step in enumerate(last_steps):
+        if k in firsts:
+            previous = -1
+        if not math.isfinite(step):
+            counts.append(1)
+            continue
+        counts.append(int(step) - previous if step > previous else int(step) + 1)
+        previous = int(step)
+    return counts
+
+
+def _time_axis(table: _Table, starts: list[int], t0: float | None = None) -> list[float]:
+    """Seconds since `t0` (default: the first sample) from `time`, for every row.
+
+    Without a `time` column, the sessions' `elapsed_s` are laid end to end.
+    """
+    times = table.col("time")
+    finite = _finite(times)
+    if finite:
+        base = finite[0] if t0 is None else t0
+        return [t - base for t in times]
+    elapsed = table.col("elapsed_s")
+    if not _finite(elapsed):
+        return [float(k) for k in range(len(table.rows))]
+    out, offset, last = [], 0.0, 0.0
+    firsts = set(starts)
+    for k, v in enumerate(elapsed):
+        if k in firsts and k > 0:
+            offset = last
+        x = offset + v if math.isfinite(v) else math.nan
+        out.append(x)
+        if math.isfinite(x):
+            last = x
+    return out
+
+
+def _span(xs: list[float]) -> float:
+    finite = _finite(xs)
+    return finite[-1] - finite[0] if finite else math.nan
+
+
+def _broken(values: list[float], starts: list[int]) -> list[float]:
+    """`values` with a NaN before each session after the first: plotted lines break there."""
+    out, firsts = [], set(starts)
+    for k, v in enumerate(values):
+        if k in firsts and k > 0:
+            out.append(math.nan)
+        out.append(v)
+    return out

@@ -1,0 +1,164 @@
+"""`write_report` and `write_report_and_problems`: read a run directory, write `report.md`
+and the plots.
+
+The one place that puts the rooms together: check the arguments, list the files, read each
+one, write its sections and plots, then `report.md` atomically (problems first).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+from tfgpu._checks import check_dir
+from tfgpu._files import write_text_atomic
+from tfgpu.report._energy import _energy_section
+from tfgpu.report._findings import _counter_section
+from tfgpu.report._plots import _drawn, _Plt, _steps_plot, _t0_for, _timeline_plots
+from tfgpu.report._read import (
+    _Artifact,
+    _artifacts,
+    _check_log_dir,
+    _diagnoses,
+    _Problems,
+    _read_record,
+    _read_table,
+    _reason,
+    _Table,
+)
+from tfgpu.report._sections import (
+    _diagnosis_section,
+    _files_section,
+    _sessions_section,
+    _steps_section,
+    _timeline_section,
+)
+from tfgpu.report._series import _finite
+
+
+def _section(problems: _Problems, path: Path, make, *args) -> list[str]:
+    """`make(*args)`, the lines of one section; values it cannot handle skip that section
+    (named in `problems`) instead of the whole report."""
+    try:
+        return make(*args)
+    except Exception as e:  # one file's odd values must not cost the rest of the report
+        problems.errors.append(
+            f"`{path}`: its section could not be written ({type(e).__name__}: {e})."
+        )
+        return []
+
+
+def write_report_and_problems(
+    log_dir: str | os.PathLike, *, out_dir: str | os.PathLike | None = None
+) -> tuple[Path, _Problems]:
+    """`write_report` for front ends: returns `report.md`'s path and what could not be read.
+
+    The CLI prints the problems as `error:` lines (exit status 2) instead of warnings.
+    """
+    check_dir("log_dir", log_dir)  # both arguments, before any work
+    out_arg = check_dir("out_dir", out_dir, allow_none=True)
+    run, names = _check_log_dir(log_dir)
+    out = run if out_arg is None else out_arg
+    plt = _Plt()  # ImportError (with the pip line) before anything is written
+    out.mkdir(parents=True, exist_ok=True)
+    problems = _Problems()
+
+    timelines = _artifacts(names, "timeline")
+    steps = _artifacts(names, "steps")
+    lines = [f"# tfgpu run report: `{run}`", ""]
+    if (run / "run.json") in names:
+        meta = _read_record(run / "run.json", problems)
+        if meta is not None:
+            lines += _section(
+                problems, run / "run.json", _sessions_section, meta, run / "run.json", timelines,
+                problems,
+            )  # fmt: skip
+    lines += _files_section(timelines, steps, names)
+
+    body: list[str] = []
+    images: list[Path] = []
+    first_samples: dict[str, list[float]] = {}  # per worker: each timeline's time 0
+    read_timelines: list[tuple[_Artifact, _Table]] = []
+    read_steps: dict[str, list[_Table]] = {}  # per worker
+    for artifact in timelines:
+        table = _read_table(artifact.path, ("time", "elapsed_s"), "timeline", problems)
+        if table is None:
+            body += [f"## Timeline `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
+            continue
+        read_timelines.append((artifact, table))
+        times = _finite(table.col("time"))
+        if times:
+            first_samples.setdefault(artifact.worker, []).append(times[0])
+        body += _section(problems, artifact.path, _timeline_section, table, artifact.path.name)
+        images += _timeline_plots(plt, table, out, artifact.suffix, problems)
+    if not timelines:
+        body += ["No timeline in this run directory (no GPUMonitor / monitor.record).", ""]
+    for artifact in steps:
+        table = _read_table(artifact.path, ("step_time_s",), "steps file", problems)
+        if table is None:
+            body += [f"## Steps `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
+            continue
+        read_steps.setdefault(artifact.worker, []).append(table)
+        body += _section(problems, artifact.path, _steps_section, table, artifact.path.name)
+        t0 = _t0_for(table, artifact.worker, first_samples)
+        img = _drawn(problems, _steps_plot, plt, out / f"step_time{artifact.suffix}.png", table, t0)
+        if img is not None:
+            images.append(img)
+    if read_timelines:
+        body += _section(problems, run, _energy_section, read_timelines, read_steps)
+        body += _section(problems, run, _counter_section, read_timelines, read_steps)
+    for diagnosis in _diagnoses(names):  # earlier ones (diagnosis.1.json, ...) first
+        body += _section(problems, diagnosis, _diagnosis_section, diagnosis, problems)
+    if images:
+        body += ["## Plots", ""]
+        body += [f"![{p.stem}]({p.name})" for p in images]
+        body.append("")
+    summary = out / "report.md"
+    try:
+        write_text_atomic(summary, "\n".join(lines + problems.section() + body))
+    except OSError as e:
+        raise OSError(e.errno, f"cannot write {str(summary)!r} ({_reason(e)})") from e
+    return summary, problems
+
+
+def write_report(log_dir: str | os.PathLike, *, out_dir: str | os.PathLike | None = None) -> Path:
+    """Writes PNG plots and a Markdown summary of a run directory; returns the summary's path.
+
+    Every session in the directory is covered: timeline and steps files moved aside by a
+    later session (`timeline.1.csv`, ...) get their own sections and plots, and the sessions
+    of `run.json` (with its `"earlier_sessions"`) are listed. A damaged file does not stop
+    the report: it is skipped (or read up to the damage), named in a "Problems" section at
+    the top of `report.md`, and warned about.
+
+    Args:
+        log_dir: str or os.PathLike, a directory written by `GPUMonitor`, `StepTimer`,
+            `tfgpu.monitor.record(log_dir)` or `tfgpu.diagnose(..., log_dir=...)`.
+        out_dir: str, os.PathLike or None, where to write `report.md` and the PNGs (created
+            if missing). Defaults to `None`: `log_dir` itself.
+
+    Returns:
+        `pathlib.Path` of `report.md`.
+
+    Raises:
+        TypeError: if `log_dir` or `out_dir` is not a path.
+        ValueError: if `log_dir` or `out_dir` is (or is under) a file, or `log_dir` holds no
+            tfgpu run.
+        FileNotFoundError: if `log_dir` does not exist.
+        ImportError: if matplotlib is not installed (with the pip line).
+        OSError: if `out_dir` or `report.md` cannot be written.
+
+    Warns:
+        UserWarning: for each file that could not be read, or plot that could not be drawn
+            (the rest of the report is written).
+
+    Example:
+
+    >>> from tfgpu.report import write_report
+    >>> write_report("runs/exp1")  # doctest: +SKIP
+    PosixPath('runs/exp1/report.md')
+    """
+    summary, problems = write_report_and_problems(log_dir, out_dir=out_dir)
+    for error in problems.errors:
+        warnings.warn(f"tfgpu report: {error} The rest is in {summary}.", stacklevel=2)
+    return summary
