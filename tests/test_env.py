@@ -13,8 +13,7 @@ import pytest
 
 import tfgpu
 from tests.conftest import run_python
-from tfgpu import env
-from tfgpu.env import EnvironmentReport, Finding
+from tfgpu.env import EnvironmentReport, Finding, _facts, _findings, _gather
 from tfgpu.monitor.nvml import GpuInfo, NvmlInventory
 
 
@@ -66,7 +65,7 @@ def _healthy(n_gpus=1):
             "cuda_driver_version": "12.6",
             "gpus": [_a100(i) for i in range(n_gpus)],
         },
-        "env": dict.fromkeys(env._ENV_VARS),
+        "env": dict.fromkeys(_facts.ENV_VARS),
     }
 
 
@@ -79,11 +78,11 @@ def _with(facts, **sections):
 
 
 def _codes(facts):
-    return [f.code for f in env._findings(facts)]
+    return [f.code for f in _findings.findings(facts)]
 
 
 def _one(facts, code):
-    found = [f for f in env._findings(facts) if f.code == code]
+    found = [f for f in _findings.findings(facts) if f.code == code]
     assert len(found) == 1, _codes(facts)
     return found[0]
 
@@ -105,13 +104,13 @@ def _one(facts, code):
 )
 def test_cc_support(cc, kind, arch):
     compiled = ["sm_60", "sm_70", "sm_80", "sm_89", "compute_90"]
-    assert env._cc_support(cc, compiled) == (kind, arch)
+    assert _facts.cc_support(cc, compiled) == (kind, arch)
 
 
 def test_cc_support_parses_other_spellings():
-    assert env._cc_support((10, 0), ["sm_100a", "compute_120"]) == ("native", "sm_100")
-    assert env._cc_support((7, 5), ["7.0", "8.0"]) == ("native", "sm_70")
-    assert env._cc_support((7, 5), ["bogus", "sm_8"]) == ("unsupported", None)
+    assert _facts.cc_support((10, 0), ["sm_100a", "compute_120"]) == ("native", "sm_100")
+    assert _facts.cc_support((7, 5), ["7.0", "8.0"]) == ("native", "sm_70")
+    assert _facts.cc_support((7, 5), ["bogus", "sm_8"]) == ("unsupported", None)
 
 
 @pytest.mark.parametrize(
@@ -133,7 +132,7 @@ def test_cc_support_parses_other_spellings():
     ],
 )
 def test_visible_gpu_count_follows_cuda_rules(value, count):
-    assert env._visible_gpu_count(value, [_a100(0), _a100(1)]) == count
+    assert _facts.visible_gpu_count(value, [_a100(0), _a100(1)]) == count
 
 
 @pytest.mark.parametrize(
@@ -155,7 +154,7 @@ def test_visible_gpu_count_follows_cuda_rules(value, count):
     ],
 )
 def test_tf_config_problems_are_named(raw, problem):
-    found = env._tf_config_problem(raw)
+    found = _facts.tf_config_problem(raw)
     assert found is not None
     assert re.search(problem, found), found
 
@@ -172,14 +171,14 @@ def test_tf_config_problems_are_named(raw, problem):
     ],
 )
 def test_valid_tf_config_is_accepted(raw):
-    assert env._tf_config_problem(raw) is None
+    assert _facts.tf_config_problem(raw) is None
 
 
 # --- findings: one test per branch ------------------------------------------------------
 
 
 def test_healthy_setup_has_no_findings():
-    assert env._findings(_healthy(2)) == []
+    assert _findings.findings(_healthy(2)) == []
 
 
 def test_tensorflow_not_importable():
@@ -303,13 +302,13 @@ def test_allow_growth_contradicted_by_async_allocator():
 )
 def test_gpu_allocator_values(value, code):
     assert _one(_with(_healthy(), env={"TF_GPU_ALLOCATOR": value}), code).severity == "warning"
-    assert not env._findings(_with(_healthy(), env={"TF_GPU_ALLOCATOR": "cuda_malloc_async"}))
+    assert not _findings.findings(_with(_healthy(), env={"TF_GPU_ALLOCATOR": "cuda_malloc_async"}))
 
 
 def test_gpu_thread_mode_invalid():
     facts = _with(_healthy(), env={"TF_GPU_THREAD_MODE": "private"})
     assert "gpu_private" in _one(facts, "thread-mode-invalid").fix
-    assert not env._findings(_with(_healthy(), env={"TF_GPU_THREAD_MODE": "gpu_private"}))
+    assert not _findings.findings(_with(_healthy(), env={"TF_GPU_THREAD_MODE": "gpu_private"}))
 
 
 @pytest.mark.parametrize(
@@ -344,7 +343,7 @@ def test_gpu_used_by_another_process():
 
 def test_unsupported_utilization_nan_does_not_trip_busy():
     facts = _with(_healthy(), nvml={"gpus": [_a100(utilization_pct=math.nan)]})
-    assert env._findings(facts) == []
+    assert _findings.findings(facts) == []
 
 
 def test_mixed_gpu_models():
@@ -363,21 +362,21 @@ def test_findings_are_sorted_errors_first():
         _healthy(),
         env={"TF_GPU_THREAD_MODE": "x", "TF_CONFIG": "{", "TF_DETERMINISTIC_OPS": "1"},
     )
-    assert [f.severity for f in env._findings(facts)] == ["error", "warning", "info"]
+    assert [f.severity for f in _findings.findings(facts)] == ["error", "warning", "info"]
 
 
 def test_a_failing_check_becomes_a_finding(monkeypatch):
     def broken(facts):
         raise KeyError("boom")
 
-    monkeypatch.setattr(env, "_CHECKS", (broken, *env._CHECKS))
+    monkeypatch.setattr(_findings, "CHECKS", (broken, *_findings.CHECKS))
     f = _one(_healthy(), "check-failed")
     assert "broken failed: KeyError" in f.message
 
 
 def test_garbage_facts_never_raise():
     for facts in ({}, {"tensorflow": None, "nvml": "x", "env": {}}, {"nvml": {"available": True}}):
-        assert isinstance(env._findings(facts), list)
+        assert isinstance(_findings.findings(facts), list)
 
 
 # --- the report object and the real machine ---------------------------------------------
@@ -386,7 +385,7 @@ def test_garbage_facts_never_raise():
 def test_report_text_and_json_are_readable_and_strict():
     facts = _with(_healthy(), nvml={"gpus": [_a100(utilization_pct=math.nan)]})
     facts["env"]["TF_CONFIG"] = "{"
-    report = EnvironmentReport(facts, env._findings(facts))
+    report = EnvironmentReport(facts, _findings.findings(facts))
     text = str(report)
     for heading in ("Software", "Host", "NVIDIA driver (NVML)", "GPUs TensorFlow sees"):
         assert f"\n{heading}\n" in text
@@ -406,7 +405,7 @@ def _tf_section(report) -> str:
 @pytest.mark.parametrize("initialized", [False, True], ids=["fresh", "runtime-up"])
 def test_cpu_only_row_reads_the_same_whether_or_not_the_runtime_is_up(initialized):
     facts = _with(_healthy(0), tensorflow={"runtime_initialized": initialized})
-    section = _tf_section(EnvironmentReport(facts, env._findings(facts)))
+    section = _tf_section(EnvironmentReport(facts, _findings.findings(facts)))
     assert re.search(r"^  GPUs +none: TensorFlow runs on the CPU$", section, re.M), section
     assert ("Runtime" in section) is initialized
     if initialized:
@@ -421,7 +420,7 @@ def test_environment_on_this_machine():
     assert isinstance(tf["cuda_compute_capabilities"], list)
     assert report.facts["keras"]["backend"] == "tensorflow"
     assert report.facts["host"]["cpus_logical"] >= 1
-    assert set(report.facts["env"]) == set(env._ENV_VARS)
+    assert set(report.facts["env"]) == set(_facts.ENV_VARS)
     json.dumps(report.to_dict(), allow_nan=False)
     assert all(isinstance(f, Finding) for f in report.findings)
     if not tf["gpus"]:
@@ -512,7 +511,7 @@ def test_tensorflow_facts_list_the_gpus_tensorflow_lists(monkeypatch):
         PhysicalGpu(1, "/physical_device:GPU:1", None, None, False, 0, "ValueError: no details"),
     ]
     monkeypatch.setattr(_devices, "physical_gpus", lambda: listed)
-    assert env._tensorflow_facts()["gpus"] == [
+    assert _gather._tensorflow_facts()["gpus"] == [
         {
             "name": "/physical_device:GPU:0",
             "device_name": "NVIDIA L4",

@@ -1,0 +1,49 @@
+"""Environment facts and findings: what `tfgpu env` prints and `tfgpu.environment()` returns.
+
+The facts come from TensorFlow's build info and physical device list, NVML (through
+`tfgpu.monitor.nvml`), the host and the environment variables that change TensorFlow's
+behaviour. Reading them does not initialize TensorFlow's devices, so `tfgpu.configure()`
+still works afterwards in the same process.
+
+Each finding is decided by a pure function of the facts, so every branch is testable
+without a GPU. A check that fails is reported, never raised: this is the command people run
+when something is already broken.
+"""
+
+from __future__ import annotations
+
+# Where things live (private modules, one job each), in reading order:
+#
+# - `__init__.py`: `environment()`: gather the facts, run the checks, return the report.
+# - `_gather.py`: reading the facts from this process and machine (the only effects).
+# - `_facts.py`: the facts' shape and pure readings of it (sections, versions, compute
+#   capabilities against TensorFlow's build, CUDA_VISIBLE_DEVICES, TF_CONFIG).
+# - `_findings.py`: the checks table and its runner (findings, errors first).
+# - `_gpu_checks.py`: driver, CUDA build and GPU checks; `_setup_checks.py`: TensorFlow,
+#   Keras, environment-variable and OS checks. Each check: facts in, findings out.
+# - `_result.py`: `EnvironmentReport` and `Finding`; `_text.py`: the `tfgpu env` text.
+from tfgpu.env._findings import findings
+from tfgpu.env._gather import gather_facts
+from tfgpu.env._result import EnvironmentReport, Finding
+
+__all__ = ["EnvironmentReport", "Finding", "environment"]
+
+
+def environment() -> EnvironmentReport:
+    """Collects facts about TensorFlow, CUDA, the driver, the GPUs and the host, with findings.
+
+    Does not initialize TensorFlow's devices: `tfgpu.configure()` still works afterwards.
+    Never raises for a broken environment; what could not be read is a fact and a finding.
+
+    Returns:
+        `EnvironmentReport`; `str(report)` is the `tfgpu env` output, `report.to_dict()`
+        the `tfgpu env --json` output.
+
+    Example:
+
+    >>> import tfgpu
+    >>> report = tfgpu.environment()  # doctest: +SKIP
+    >>> print(report)  # doctest: +SKIP
+    """
+    facts = gather_facts()
+    return EnvironmentReport(facts=facts, findings=findings(facts))

@@ -1,0 +1,143 @@
+"""The facts' shape, and pure readings of it: versions, compute capabilities, visible GPUs.
+
+`tfgpu.env._gather` fills a dict of sections (`tensorflow`, `nvml`, `env`, ...); the checks
+(`_gpu_checks`, `_setup_checks`) and the text (`_text`) read it through the helpers here,
+which tolerate missing or malformed sections (a fact that could not be read is an `error`
+key, not an exception). Everything here is pure: no TensorFlow, no NVML calls.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+from typing import Any
+
+from tfgpu._cluster import TFConfigError, parse_tf_config
+from tfgpu.monitor.nvml import visible_gpus
+
+# Variables that change how TensorFlow, CUDA or Keras behave, shown in the report when set.
+ENV_VARS = (
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "TF_FORCE_GPU_ALLOW_GROWTH",
+    "TF_GPU_ALLOCATOR",
+    "TF_CONFIG",
+    "TF_GPU_THREAD_MODE",
+    "TF_GPU_THREAD_COUNT",
+    "XLA_FLAGS",
+    "TF_XLA_FLAGS",
+    "TF_CPP_MIN_LOG_LEVEL",
+    "TF_CPP_MAX_VLOG_LEVEL",
+    "TF_ENABLE_ONEDNN_OPTS",
+    "TF_DETERMINISTIC_OPS",
+    "TF_CUDNN_DETERMINISTIC",
+    "TF_USE_LEGACY_KERAS",
+    "KERAS_BACKEND",
+    "CUDA_CACHE_MAXSIZE",
+    "CUDA_CACHE_DISABLE",
+    "OMP_NUM_THREADS",
+    "LD_LIBRARY_PATH",
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Sections of the facts dict
+
+
+def section(facts: dict[str, Any], name: str) -> dict[str, Any]:
+    """The section `name` of `facts`, or `{}` when it is missing or not a dict."""
+    value = facts.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def nvml_gpu_facts(facts: dict[str, Any]) -> list[dict[str, Any]]:
+    """The GPUs NVML lists (all of them, whatever CUDA_VISIBLE_DEVICES says), or `[]`."""
+    nvml = section(facts, "nvml")
+    return list(nvml.get("gpus") or []) if nvml.get("available") else []
+
+
+def tf_gpu_facts(facts: dict[str, Any]) -> list[dict[str, Any]]:
+    """The GPUs TensorFlow lists, or `[]`."""
+    return list(section(facts, "tensorflow").get("gpus") or [])
+
+
+def env_value(facts: dict[str, Any], name: str) -> str | None:
+    """The value of environment variable `name` when the facts were read, or None."""
+    return section(facts, "env").get(name)
+
+
+# --------------------------------------------------------------------------------------------
+# Versions, compute capabilities, CUDA_VISIBLE_DEVICES, TF_CONFIG
+
+
+def version_tuple(text: str | None) -> tuple[int, ...] | None:
+    """'12.5.1' -> (12, 5, 1); None or unparsable -> None."""
+    if not text:
+        return None
+    m = re.match(r"^\s*(\d+(?:\.\d+)*)", str(text))
+    return tuple(int(p) for p in m.group(1).split(".")) if m else None
+
+
+def parse_arch(entry: str) -> tuple[str, tuple[int, int]] | None:
+    """'sm_80' -> ('sm', (8, 0)); 'compute_90' -> ('compute', (9, 0)); '8.6' -> ('sm', (8, 6))."""
+    entry = str(entry).strip().lower()
+    m = re.fullmatch(r"(sm|compute)_(\d+)[a-z]?", entry)
+    if m:
+        digits = m.group(2)
+        if len(digits) < 2:
+            return None
+        return m.group(1), (int(digits[:-1]), int(digits[-1]))
+    m = re.fullmatch(r"(\d+)\.(\d+)", entry)
+    if m:
+        return "sm", (int(m.group(1)), int(m.group(2)))
+    return None
+
+
+def cc_support(cc: tuple[int, int], compiled: list[str]) -> tuple[str, str | None]:
+    """How TensorFlow runs on a GPU of compute capability `cc`.
+
+    Returns ("native", "sm_80") when a compiled binary (SASS) runs on it: binaries for
+    sm_XY run on every X.Z with Z >= Y; ("ptx", "compute_90") when only PTX of an equal or
+    older architecture is present, JIT-compiled by the driver; ("unsupported", None)
+    otherwise.
+    """
+    archs = [a for a in (parse_arch(e) for e in compiled) if a]
+    sass = [c for kind, c in archs if kind == "sm" and c[0] == cc[0] and c[1] <= cc[1]]
+    if sass:
+        best = max(sass)
+        return "native", f"sm_{best[0]}{best[1]}"
+    ptx = [c for kind, c in archs if kind == "compute" and c <= cc]
+    if ptx:
+        best = max(ptx)
+        return "ptx", f"compute_{best[0]}{best[1]}"
+    return "unsupported", None
+
+
+def visible_gpu_count(cuda_visible_devices: str | None, gpus: list[dict[str, Any]]) -> int:
+    """How many of the GPUs NVML lists survive `CUDA_VISIBLE_DEVICES` (CUDA's parsing rules).
+
+    The rules live in `tfgpu.monitor.nvml.visible_gpus`: entries in order (indices, `GPU-`
+    UUID prefixes, PCI bus ids), stopping at the first invalid one, so `""`, `"-1"` or
+    `"none"` hide all GPUs.
+    """
+    ids = [
+        types.SimpleNamespace(
+            uuid=str(g.get("uuid") or ""), pci_bus_id=str(g.get("pci_bus_id") or "")
+        )
+        for g in gpus
+    ]
+    return len(visible_gpus(ids, cuda_visible_devices))
+
+
+def tf_config_problem(raw: str) -> str | None:
+    """What is wrong with a TF_CONFIG value, or None if TensorFlow can use it (pure)."""
+    try:
+        parse_tf_config(raw, strict=False)
+    except TFConfigError as e:
+        return e.problem
+    return None
+
+
+def cc_str(cc: Any) -> str:
+    """(8, 6) -> '8.6'; None -> 'unknown'."""
+    return f"{cc[0]}.{cc[1]}" if cc else "unknown"

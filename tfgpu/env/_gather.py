@@ -1,0 +1,155 @@
+"""Reading the facts from this process and machine: the only module here with effects.
+
+Each section (`tfgpu`, `python`, `os`, `host`, `tensorflow`, `keras`, `nvml`, `env`) is read
+by its own function; one that raises becomes `{"error": ...}` in its section, so the report
+always comes out. TensorFlow's GPUs are listed through `tfgpu._devices`, which does not
+create the runtime's context, and NVML is read through `tfgpu.monitor.nvml.inventory`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import sys
+from typing import Any
+
+from tfgpu import _devices
+from tfgpu.env._facts import ENV_VARS
+
+
+def gather_facts() -> dict[str, Any]:
+    """Every section of the facts, read now; a section that fails holds `{"error": ...}`."""
+    facts: dict[str, Any] = {}
+    for name, read in (
+        ("tfgpu", _tfgpu_facts),
+        ("python", _python_facts),
+        ("os", _os_facts),
+        ("host", _host_facts),
+        ("tensorflow", _tensorflow_facts),
+        ("keras", _keras_facts),
+        ("nvml", _nvml_facts),
+        ("env", _env_facts),
+    ):
+        try:
+            facts[name] = read()
+        except Exception as e:  # a fact we cannot read must not stop the report
+            facts[name] = {"error": f"{type(e).__name__}: {e}"}
+    return facts
+
+
+def _tfgpu_facts() -> dict[str, Any]:
+    from tfgpu import __version__
+
+    return {"version": __version__}
+
+
+def _python_facts() -> dict[str, Any]:
+    return {
+        "version": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "executable": sys.executable,
+    }
+
+
+def _os_facts() -> dict[str, Any]:
+    release = platform.release()
+    return {
+        "system": platform.system(),
+        "release": release,
+        "machine": platform.machine(),
+        "wsl": "microsoft" in release.lower(),
+    }
+
+
+def _host_facts() -> dict[str, Any]:
+    facts: dict[str, Any] = {"cpus_logical": os.cpu_count()}
+    if hasattr(os, "sched_getaffinity"):
+        facts["cpus_available"] = len(os.sched_getaffinity(0))
+    try:
+        import psutil
+
+        facts["cpus_physical"] = psutil.cpu_count(logical=False)
+        mem = psutil.virtual_memory()
+        facts["memory_total_mib"] = mem.total / 2**20
+        facts["memory_available_mib"] = mem.available / 2**20
+    except ImportError:
+        facts["error"] = "psutil is not installed (pip install psutil): no memory facts"
+    return facts
+
+
+def _tensorflow_facts() -> dict[str, Any]:
+    try:
+        import tensorflow as tf
+    except Exception as e:  # ImportError, or a broken install raising anything
+        return {"importable": False, "error": f"{type(e).__name__}: {e}"}
+    build = dict(tf.sysconfig.get_build_info())
+    facts: dict[str, Any] = {
+        "importable": True,
+        "version": tf.__version__,
+        "is_cuda_build": bool(build.get("is_cuda_build", False)),
+        "is_rocm_build": bool(build.get("is_rocm_build", False)),
+        "cuda_version": build.get("cuda_version"),
+        "cudnn_version": build.get("cudnn_version"),
+        "cuda_compute_capabilities": list(build.get("cuda_compute_capabilities") or []),
+        "runtime_initialized": _devices.tf_runtime_initialized(),
+    }
+    # _devices lists the devices without creating the runtime's context: logical devices
+    # and memory settings can still be changed after.
+    gpus = []
+    for device in _devices.physical_gpus():
+        cc = device.compute_capability
+        gpu: dict[str, Any] = {
+            "name": device.tf_name,
+            "device_name": device.device_name,
+            "compute_capability": list(cc) if cc else None,
+        }
+        if device.error is not None:
+            gpu["error"] = device.error
+        gpus.append(gpu)
+    facts["gpus"] = gpus
+    return facts
+
+
+def _keras_facts() -> dict[str, Any]:
+    facts: dict[str, Any] = {"version": None, "backend": None}
+    try:
+        from importlib.metadata import version
+
+        facts["version"] = version("keras")
+    except Exception:
+        pass
+    try:
+        import keras
+
+        facts["version"] = keras.__version__
+        facts["backend"] = keras.backend.backend()
+    except Exception as e:
+        facts["error"] = f"{type(e).__name__}: {e}"
+        facts["backend"] = os.environ.get("KERAS_BACKEND")
+    return facts
+
+
+def _nvml_facts() -> dict[str, Any]:
+    try:
+        from tfgpu.monitor.nvml import inventory
+    except ImportError as e:
+        return {"available": False, "error": f"tfgpu.monitor.nvml is unavailable: {e}", "gpus": []}
+    inv = inventory()
+    gpus = []
+    for g in inv.gpus:
+        d = dataclasses.asdict(g) if dataclasses.is_dataclass(g) else dict(vars(g))
+        cc = d.get("compute_capability")
+        d["compute_capability"] = list(cc) if cc else None
+        gpus.append(d)
+    return {
+        "available": bool(inv.available),
+        "error": inv.error,
+        "driver_version": inv.driver_version,
+        "cuda_driver_version": inv.cuda_driver_version,
+        "gpus": gpus,
+    }
+
+
+def _env_facts() -> dict[str, str | None]:
+    return {name: os.environ.get(name) for name in ENV_VARS}
