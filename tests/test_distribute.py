@@ -338,10 +338,12 @@ def test_mixed_bfloat16_under_mirrored_needs_no_loss_scaling():
 
 
 def test_keras_correction_is_only_for_multi_worker():
-    from tfgpu import _keras_compat
+    from tfgpu import _keras_internals
 
-    assert not _keras_compat.needs_correction(tf.distribute.MirroredStrategy(cpus(2)))
-    assert not _keras_compat.needs_correction(tf.distribute.get_strategy())
+    assert not _keras_internals.needs_multi_worker_correction(
+        tf.distribute.MirroredStrategy(cpus(2))
+    )
+    assert not _keras_internals.needs_multi_worker_correction(tf.distribute.get_strategy())
 
 
 # --------------------------------------------------------------------------- several strategies

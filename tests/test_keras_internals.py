@@ -2,7 +2,8 @@
 
 `test_every_reach_finds_its_target_in_a_real_fit` is the alarm: it fails, naming the Keras
 version and what moved, the day Keras keeps `fit`'s epoch iterator, its data adapter,
-`model.train_function`, `model._initial_epoch` or its global seed generator elsewhere.
+`model.train_function`, `model._initial_epoch`, its global seed generator, or the trainer
+functions the multi-worker `fit` correction wraps, elsewhere.
 """
 
 from __future__ import annotations
@@ -143,3 +144,54 @@ def test_a_fit_that_restarts_from_the_initial_epoch_skips_the_done_epochs():
     model.fit(**_data("arrays"), epochs=3, verbose=0, callbacks=[_Start()])
     assert seen == [2]
     assert model._initial_epoch is None
+
+
+def test_the_trainer_check_names_what_the_multi_worker_correction_lost(monkeypatch):
+    from keras.src.backend.tensorflow import trainer
+
+    assert _keras_internals.problems_in_trainer() == []
+
+    def build_without_iterator(self, data_batch=None):  # a Keras that changed the signature
+        return None
+
+    monkeypatch.delattr(trainer, "reduce_per_replica")
+    monkeypatch.setattr(trainer.TensorFlowTrainer, "_maybe_symbolic_build", build_without_iterator)
+    assert _keras_internals.problems_in_trainer() == [
+        _keras_internals.moved("`trainer.reduce_per_replica(values, strategy, reduction)`"),
+        _keras_internals.moved("`TensorFlowTrainer._maybe_symbolic_build(iterator, data_batch)`"),
+    ]
+
+
+def test_the_multi_worker_correction_is_not_installed_where_keras_lacks_the_functions(
+    monkeypatch, caplog
+):
+    from keras.src.backend.tensorflow import trainer
+
+    monkeypatch.setattr(_keras_internals, "_correction_installed", False)
+    monkeypatch.delattr(trainer, "reduce_per_replica")
+    build = trainer.TensorFlowTrainer._maybe_symbolic_build
+    with caplog.at_level("WARNING", logger="tfgpu"):
+        assert _keras_internals.install_multi_worker_correction() is False
+    assert "multi-worker fit correction is not applied" in caplog.text
+    assert trainer.TensorFlowTrainer._maybe_symbolic_build is build  # nothing changed
+
+
+def test_the_multi_worker_correction_wraps_keras_and_defers_to_it_off_multi_worker(monkeypatch):
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import trainer
+
+    monkeypatch.setattr(_keras_internals, "_correction_installed", False)
+    monkeypatch.setattr(trainer, "reduce_per_replica", trainer.reduce_per_replica)
+    monkeypatch.setattr(
+        trainer.TensorFlowTrainer,
+        "_maybe_symbolic_build",
+        trainer.TensorFlowTrainer._maybe_symbolic_build,
+    )
+    original = trainer.reduce_per_replica
+    assert _keras_internals.install_multi_worker_correction() is True
+    assert _keras_internals.install_multi_worker_correction() is True  # idempotent
+    assert trainer.reduce_per_replica.__wrapped__ is original
+    assert _keras_internals.problems_in_trainer() == []  # the check sees through the wrapper
+    value = tf.constant([1.0, 3.0])
+    reduced = trainer.reduce_per_replica(value, tf.distribute.get_strategy(), "auto")
+    assert reduced.numpy().tolist() == [1.0, 3.0]  # Keras's own answer off multi-worker

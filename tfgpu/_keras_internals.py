@@ -14,22 +14,31 @@ here, so the day Keras moves something, one module changes:
   `on_train_begin`);
 - Keras's global seed generator (`keras/src/backend/common/global_state.py`,
   `keras/src/random/seed_generator.py`);
-- the `CallbackList` that `fit` made (released with `fit`'s frame).
+- the `CallbackList` that `fit` made (released with `fit`'s frame);
+- Keras's TensorFlow trainer (`trainer.reduce_per_replica`,
+  `TensorFlowTrainer._maybe_symbolic_build` and `_symbolic_build`) and TensorFlow's
+  `strategy.extended._in_multi_worker_mode()`, for the multi-worker `fit` correction at the
+  end of this module.
 
 Every function here returns None (or does nothing) where this Keras keeps things elsewhere;
 callers then fall back and say so. `CHECKED_KERAS` is the version this was last checked
-against; `tests/test_keras_internals.py` runs a real `fit` and fails, naming the Keras version
-and what moved, as soon as one of these reaches finds nothing. No TensorFlow import at
-module level.
+against (the one version guard); `tests/test_keras_internals.py` runs a real `fit` and
+fails, naming the Keras version and what moved, as soon as one of these reaches finds
+nothing. No TensorFlow import at module level.
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 import numbers
 import sys
+import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
+
+_LOG = logging.getLogger(__name__)
 
 # The Keras version (major, minor) every reach below was checked against.
 CHECKED_KERAS = (3, 15)
@@ -44,6 +53,12 @@ def keras_version() -> str:
     import keras
 
     return str(keras.__version__)
+
+
+def keras_version_tuple() -> tuple[int, int]:
+    """The installed Keras version as (major, minor), e.g. (3, 15)."""
+    major, minor = (int(p) for p in keras_version().split(".")[:2])
+    return major, minor
 
 
 def moved(what: str) -> str:
@@ -253,6 +268,195 @@ def global_seed_generator(create: bool = False) -> Any:
     return global_state.get_global_attribute("global_seed_generator")
 
 
+# --------------------------------------------------------------------------- multi-worker fit
+#
+# Keras 3 (checked up to CHECKED_KERAS) with TensorFlow 2.21 fails in `model.fit` as soon as
+# a `MultiWorkerMirroredStrategy` really spans several workers, in two places of
+# `keras/src/backend/tensorflow/trainer.py`:
+#
+# 1. `TensorFlowTrainer._maybe_symbolic_build` reduces the first (per-replica) data batch
+#    with `strategy.reduce("MEAN", batch, axis=None)` to get something to build the model
+#    from. Under multi-worker that becomes a collective on a `PerReplica` value and fails
+#    with `ValueError: Attempt to convert a value (PerReplica:{...}) ... to a Tensor`. The
+#    build only needs shapes and dtypes, so the correction builds from this worker's first
+#    local replica value, with no communication at all.
+# 2. `reduce_per_replica(..., reduction="auto")` reduces every log with
+#    `strategy.reduce("MEAN", v, axis=0)` in multi-worker mode; logs are scalars, so
+#    TensorFlow raises `ValueError: Invalid reduction dimension 0 for input with 0
+#    dimensions` (tensorflow/tensorflow#72388, closed without a fix). The correction reduces
+#    rank-0 values with `axis=None` (a mean across replicas) and leaves the rest to Keras.
+#
+# Both corrections wrap the Keras functions and change nothing unless the model's strategy
+# is a `MultiWorkerMirroredStrategy` in multi-worker mode. `tfgpu.strategy()` installs them
+# only when it returns such a strategy, and only for a Keras 3 whose trainer still has the
+# two functions (a Keras newer than CHECKED_KERAS is corrected too, with a log line).
+# `tests/test_multi_worker.py` runs plain Keras without the correction and fails loudly
+# once upstream no longer breaks: the signal to delete this section.
+
+_correction_lock = threading.Lock()
+_correction_installed = False
+
+
+def _trainer_module() -> Any:
+    """Keras's TensorFlow trainer module, or None where this Keras has none."""
+    try:
+        from keras.src.backend.tensorflow import trainer
+    except ImportError:
+        return None
+    return trainer
+
+
+def needs_multi_worker_correction(strategy: Any) -> bool:
+    """Returns True if `strategy` is a multi-worker `MultiWorkerMirroredStrategy`.
+
+    Args:
+        strategy: tf.distribute.Strategy, the strategy a model is trained under.
+
+    Returns:
+        True when Keras's TensorFlow trainer would hit the multi-worker bugs above.
+    """
+    import tensorflow as tf
+
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return False
+    return bool(strategy.extended._in_multi_worker_mode())
+
+
+def _local_value(value: Any) -> Any:
+    """The first local replica's component of a distributed value; other values unchanged."""
+    import tensorflow as tf
+
+    if isinstance(value, tf.distribute.DistributedValues):
+        return value.values[0]
+    return value
+
+
+def install_multi_worker_correction() -> bool:
+    """Installs the multi-worker `fit` correction into Keras's TensorFlow trainer (idempotent).
+
+    Returns:
+        True if the correction is installed (now or before), False if this Keras does not
+        have the functions it corrects (then nothing is changed and a warning is logged).
+    """
+    global _correction_installed
+    with _correction_lock:
+        if _correction_installed:
+            return True
+        installed = keras_version_tuple()
+        if installed[0] != 3:
+            _LOG.warning(
+                "tfgpu: Keras %s is not Keras 3; the multi-worker fit correction is not applied.",
+                ".".join(map(str, installed)),
+            )
+            return False
+        from keras import tree
+
+        tf_trainer = _trainer_module()
+        original_reduce = getattr(tf_trainer, "reduce_per_replica", None)
+        original_build = getattr(
+            getattr(tf_trainer, "TensorFlowTrainer", None), "_maybe_symbolic_build", None
+        )
+        if original_reduce is None or original_build is None:
+            _LOG.warning(
+                "tfgpu: this Keras has no trainer.reduce_per_replica/_maybe_symbolic_build; "
+                "the multi-worker fit correction is not applied (upstream may have fixed it)."
+            )
+            return False
+        if installed > CHECKED_KERAS:
+            _LOG.info(
+                "tfgpu: Keras %s is newer than the last version checked (3.%d); applying the "
+                "multi-worker fit correction anyway. Re-run the upstream check in "
+                "tests/test_multi_worker.py to see whether it is still needed.",
+                ".".join(map(str, installed)),
+                CHECKED_KERAS[1],
+            )
+
+        def reduce_per_replica(values, strategy, reduction):
+            if reduction not in ("auto", "mean") or not needs_multi_worker_correction(strategy):
+                return original_reduce(values, strategy, reduction)
+
+            def reduce_one(v):
+                if _local_value(v).shape.rank == 0:
+                    return strategy.reduce("MEAN", v, axis=None)
+                return original_reduce(v, strategy, reduction)
+
+            return tree.map_structure(reduce_one, values)
+
+        def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+            strategy = self._distribute_strategy
+            if strategy is None or iterator is None or not needs_multi_worker_correction(strategy):
+                return original_build(self, iterator=iterator, data_batch=data_batch)
+            for _, _, it in iterator:
+                data_batch = tree.map_structure(_local_value, next(it))
+                break
+            with strategy.scope():
+                self._symbolic_build(data_batch=data_batch)
+
+        # functools convention: each patch points at the Keras function it replaces.
+        reduce_per_replica.__wrapped__ = original_reduce  # type: ignore[attr-defined]
+        _maybe_symbolic_build.__wrapped__ = original_build  # type: ignore[attr-defined]
+        tf_trainer.reduce_per_replica = reduce_per_replica
+        tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+        _correction_installed = True
+        _LOG.info(
+            "tfgpu: installed the Keras multi-worker fit correction (tfgpu/_keras_internals.py)."
+        )
+        return True
+
+
+def _has_parameters(function: Any, *names: str) -> bool:
+    """Whether `function` (unwrapped) is callable with parameters `names`."""
+    function = inspect.unwrap(function) if callable(function) else None
+    if function is None:
+        return False
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+    return all(n in parameters for n in names)
+
+
+def problems_in_trainer() -> list[str]:
+    """What the multi-worker `fit` correction reaches for and this Keras (or TensorFlow) lacks.
+
+    Run by `tests/test_keras_internals.py` (through `problems_in_fit`); an empty list means
+    the correction still finds every function it wraps or calls, with the same parameters.
+    """
+    tf_trainer = _trainer_module()
+    if tf_trainer is None:
+        return [moved("the TensorFlow trainer (`keras.src.backend.tensorflow.trainer`)")]
+    trainer_class = getattr(tf_trainer, "TensorFlowTrainer", None)
+    checks = [
+        (
+            "`trainer.reduce_per_replica(values, strategy, reduction)`",
+            _has_parameters(
+                getattr(tf_trainer, "reduce_per_replica", None), "values", "strategy", "reduction"
+            ),
+        ),
+        (
+            "`TensorFlowTrainer._maybe_symbolic_build(iterator, data_batch)`",
+            _has_parameters(
+                getattr(trainer_class, "_maybe_symbolic_build", None), "iterator", "data_batch"
+            ),
+        ),
+        (
+            "`TensorFlowTrainer._symbolic_build(data_batch)`",
+            _has_parameters(getattr(trainer_class, "_symbolic_build", None), "data_batch"),
+        ),
+    ]
+    found = [moved(what) for what, ok in checks if not ok]
+    import tensorflow as tf
+    from tensorflow.python.distribute import collective_all_reduce_strategy as mwms
+
+    extended = getattr(mwms, "CollectiveAllReduceExtended", None)
+    if not callable(getattr(extended, "_in_multi_worker_mode", None)):
+        found.append(
+            f"TensorFlow {tf.__version__} has no `MultiWorkerMirroredStrategy.extended."
+            "_in_multi_worker_mode()` (tfgpu/_keras_internals.py)"
+        )
+    return found
+
+
 # --------------------------------------------------------------------------- the check
 
 
@@ -260,8 +464,9 @@ def problems_in_fit(model: Any) -> list[str]:
     """What this Keras no longer has where tfgpu reaches for it. Call it from a hook of `fit`.
 
     Run by `tests/test_keras_internals.py` inside a real `fit` (arrays and a batched
-    `tf.data` dataset); an empty list means every reach above still finds its target. What
-    depends on the data (the batch size, the user's dataset) the test checks itself.
+    `tf.data` dataset); an empty list means every reach above still finds its target,
+    the multi-worker correction's included (`problems_in_trainer`). What depends on the
+    data (the batch size, the user's dataset) the test checks itself.
     """
     found: list[str] = []
     frame = _fit_frame(model, sys._getframe(1))
@@ -283,4 +488,5 @@ def problems_in_fit(model: Any) -> list[str]:
         global_seed_generator(create=True)
     except (ImportError, AttributeError) as e:
         found.append(moved(f"the global seed generator ({type(e).__name__}: {e})"))
+    found.extend(problems_in_trainer())
     return found

@@ -29,7 +29,7 @@ from tfgpu._checks import (
 )
 from tfgpu._cluster import resolve_cluster, slurm_num_tasks
 
-_LOG = logging.getLogger("tfgpu")
+_LOG = logging.getLogger(__name__)
 
 KINDS = ("auto", "default", "one_device", "mirrored", "multi_worker")
 _ALL_REDUCE = {
@@ -365,7 +365,7 @@ def strategy(
     `"mirrored"` with no GPU runs on the logical CPU devices (all of them unless `devices`
     says otherwise) and warns, which is how the equality of data-parallel and single-device
     training is tested without GPUs. `"multi_worker"` also installs a narrow correction
-    that lets Keras 3 `model.fit` run under it (see `tfgpu/_keras_compat.py`). Create the
+    that lets Keras 3 `model.fit` run under it (see `docs/distributed.md`). Create the
     strategy before any model, and build the model and optimizer inside `strategy.scope()`.
 
     Call it again for each new model: every strategy it returns has collective keys of its
@@ -514,10 +514,10 @@ def strategy(
             cluster_resolver=resolver,
             communication_options=options,
         )
-    from tfgpu import _keras_compat
+    from tfgpu import _keras_internals
 
-    if _keras_compat.needs_correction(result):
-        _keras_compat.install()
+    if _keras_internals.needs_multi_worker_correction(result):
+        _keras_internals.install_multi_worker_correction()
     _LOG.info(
         "tfgpu.strategy: MultiWorkerMirroredStrategy (%s), %d replicas, all-reduce %s",
         cluster.source,
