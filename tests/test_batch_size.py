@@ -7,15 +7,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgpu import batch_size as batch_size_module
-from tfgpu.batch_size import (
-    BatchSizeResult,
-    _accumulation_plan,
-    _example_pool,
-    _next_candidate,
-    _stopped_by,
-    find_batch_size,
-)
+from tfgpu.batch_size import BatchSizeResult, find_batch_size
+from tfgpu.batch_size import _trial as trial_module
+from tfgpu.batch_size._search import _accumulation_plan, _next_candidate, _stopped_by
+from tfgpu.batch_size._trial import _example_pool
 
 
 def _search(fails_above: int, **kw) -> list[int]:
@@ -126,13 +121,13 @@ class _FakeAllocator:
         self.batch = 0
         monkeypatch.setattr(tf.config.experimental, "get_memory_info", self.get_memory_info)
         monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", self.reset)
-        original = batch_size_module._make_batch
+        original = trial_module._make_batch
 
         def make_batch(pool, size, device):
             self.batch = size
             return original(pool, size, device)
 
-        monkeypatch.setattr(batch_size_module, "_make_batch", make_batch)
+        monkeypatch.setattr(trial_module, "_make_batch", make_batch)
 
     def _check(self, device):
         if not self.available:
@@ -394,5 +389,5 @@ def test_the_memory_budget_is_read_from_the_gpu_tensorflow_trains_on(monkeypatch
     monkeypatch.setattr(_devices, "physical_gpus", lambda: gpus)
     expected = _devices.gpu_record(0)
     assert expected is not None and expected.nvml_index == 0  # the A100
-    assert batch_size_module._device_capacity_bytes("GPU:0") == expected.memory_total_bytes
-    assert batch_size_module._device_capacity_bytes("CPU:0") is None
+    assert trial_module._device_capacity_bytes("GPU:0") == expected.memory_total_bytes
+    assert trial_module._device_capacity_bytes("CPU:0") is None

@@ -1,0 +1,216 @@
+"""`find_batch_size()`: check the arguments, work out the memory budget, run the trials
+under `preserved(model)` (or in a subprocess), and build the result."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tfgpu._checks import check_int, check_number, invalid_type
+from tfgpu._model_state import preserved
+from tfgpu.batch_size._result import BatchSizeResult, BatchSizeTrial, _build_result
+from tfgpu.batch_size._search import _next_candidate, _stopped_by
+from tfgpu.batch_size._subprocess import _find_in_subprocess
+from tfgpu.batch_size._trial import (
+    _device_capacity_bytes,
+    _example_pool,
+    _has_allocator_stats,
+    _make_batch,
+    _memory_device,
+    _run_trial,
+)
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
+
+__all__ = ["find_batch_size"]
+
+
+def find_batch_size(
+    model: keras.Model,
+    data: tf.data.Dataset | tuple[Any, ...] | list[Any],
+    *,
+    start: int = 8,
+    max_batch_size: int = 4096,
+    steps: int = 3,
+    memory_fraction: float = 0.9,
+    memory_limit_bytes: int | None = None,
+    multiple_of: int = 8,
+    max_trials: int = 16,
+    target_global_batch_size: int | None = None,
+    in_subprocess: bool = False,
+    pool_size: int = 1024,
+) -> BatchSizeResult:
+    """Finds the largest per-replica batch that fits in device memory, and the fastest.
+
+    Grows the batch by powers of two from `start` until a trial runs out of memory
+    (`tf.errors.ResourceExhaustedError`) or its peak device memory passes the budget, then
+    binary-searches between the last size that fitted and the first that failed. Every trial
+    runs `steps` real training steps on a batch cut from `data` (repeating examples when the
+    batch is larger than the data) and measures throughput. The model's weights, optimizer
+    state and metric state are restored afterwards.
+
+    The memory budget is `memory_fraction` of the device's capacity (on GPUs, from NVML;
+    1 - `memory_fraction` is the safety margin for what fit adds: prefetch buffers,
+    fragmentation), capped by `memory_limit_bytes`. Without a known capacity (the CPU) only
+    `memory_limit_bytes` and OOM errors stop the growth. Under a distribution strategy
+    (`model` built in `strategy.scope()`) sizes are per replica, each replica runs the full
+    per-replica batch, and the global sizes are reported too; under multi-worker training
+    every worker takes the same decision per trial.
+
+    TensorFlow does not give GPU memory back after an OOM. With `in_subprocess=True` the
+    trials run in a fresh Python process (the model is saved to a temporary `.keras` file),
+    so this process's GPU memory stays untouched; the result says so in `notes`. Custom
+    layers must then be registered with `keras.saving.register_keras_serializable` in an
+    importable module (the subprocess imports the modules that define them).
+
+    Args:
+        model: keras.Model, compiled (`model.compile(optimizer, loss)`).
+        data: `tf.data.Dataset` (batched or not) or a tuple of arrays `(x, y)` /
+            `(x, y, sample_weight)`: examples to train on; the first `pool_size` are used.
+        start: int, the first per-replica batch size. Defaults to 8.
+        max_batch_size: int, the largest per-replica size to try. Defaults to 4096.
+        steps: int, timed training steps per trial (after one warm-up step). Defaults to 3.
+        memory_fraction: float in (0, 1], share of device capacity allowed. Defaults to 0.9.
+        memory_limit_bytes: int or None, an absolute peak-memory limit. Defaults to None.
+        multiple_of: int, binary-search midpoints are rounded down to a multiple of this.
+            Defaults to 8.
+        max_trials: int, the most trials to run. Defaults to 16.
+        target_global_batch_size: int or None, a global batch to reach with gradient
+            accumulation; the result gives `gradient_accumulation_steps` and the
+            per-replica batch (based on the fastest size). Defaults to None.
+        in_subprocess: bool, run the trials in a fresh process. Defaults to False.
+        pool_size: int, how many examples to read from `data`. Defaults to 1024.
+
+    Returns:
+        A `BatchSizeResult`.
+
+    Raises:
+        ValueError: on invalid arguments (e.g. `start` above `max_batch_size`), or a model
+            that is not compiled; before any trial.
+        TypeError: if `data` is neither a dataset nor arrays.
+
+    Example:
+
+    >>> result = tfgpu.find_batch_size(model, (x, y), max_batch_size=1024)
+    >>> print(result)  # largest, fastest, trials
+    >>> model.fit(x, y, batch_size=result.fastest)
+    """
+    for name, value in (
+        ("start", start),
+        ("max_batch_size", max_batch_size),
+        ("steps", steps),
+        ("multiple_of", multiple_of),
+        ("max_trials", max_trials),
+        ("pool_size", pool_size),
+    ):
+        check_int(name, value)
+    if start > max_batch_size:  # the search would run one trial at `max_batch_size`
+        raise ValueError(
+            f"Invalid value for argument `start`. Received: start={start} with "
+            f"max_batch_size={max_batch_size}. Expected start <= max_batch_size (both are "
+            "per-replica batch sizes)."
+        )
+    check_int("memory_limit_bytes", memory_limit_bytes, allow_none=True)
+    check_int("target_global_batch_size", target_global_batch_size, allow_none=True)
+    check_number(
+        "memory_fraction",
+        memory_fraction,
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=1,
+        expected="a float in (0, 1]",
+    )
+    if not isinstance(in_subprocess, bool):
+        raise invalid_type("in_subprocess", in_subprocess, "True or False")
+    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
+        raise ValueError(
+            "Invalid value for argument `model`. Received: a model that is not compiled. "
+            "Expected a model after `model.compile(optimizer, loss)`."
+        )
+    pool = _example_pool(data, pool_size)
+    if in_subprocess:
+        return _find_in_subprocess(
+            model,
+            pool,
+            dict(
+                start=start,
+                max_batch_size=max_batch_size,
+                steps=steps,
+                memory_fraction=memory_fraction,
+                memory_limit_bytes=memory_limit_bytes,
+                multiple_of=multiple_of,
+                max_trials=max_trials,
+                target_global_batch_size=target_global_batch_size,
+            ),
+        )
+
+    strategy = model.distribute_strategy
+    replicas = int(strategy.num_replicas_in_sync)
+    device = _memory_device(strategy)
+    notes: list[str] = []
+    memory_source: str | None = "allocator"
+    if not _has_allocator_stats(device):
+        memory_source = None
+        if memory_limit_bytes is not None:
+            raise ValueError(
+                "Invalid value for argument `memory_limit_bytes`. Received: "
+                f"memory_limit_bytes={memory_limit_bytes} while TensorFlow keeps no allocator "
+                f"statistics for {device} in this process, so a peak-memory limit cannot be "
+                "enforced. Expected None here; or pass in_subprocess=True (the trials then run "
+                "with TensorFlow's BFC CPU allocator, which keeps them), or set "
+                "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts."
+            )
+        notes.append(
+            f"TensorFlow keeps no allocator statistics for {device} here, so peak memory was "
+            "not measured and only out-of-memory errors stopped the search (set "
+            "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts, or pass "
+            "in_subprocess=True, to measure it)"
+        )
+    capacity = _device_capacity_bytes(device)
+    budgets = [b for b in (memory_limit_bytes,) if b is not None]
+    if capacity is not None:
+        budgets.append(int(capacity * memory_fraction))
+    budget = min(budgets) if budgets else None
+
+    trials: list[BatchSizeTrial] = []
+    ran_out = False
+    with preserved(model, _make_batch(pool, 1, None)[0]):
+        while True:
+            nxt = _next_candidate(
+                [(t.batch_size, t.fits) for t in trials],
+                start=start,
+                max_batch_size=max_batch_size,
+                multiple_of=multiple_of,
+            )
+            if nxt is None:
+                break
+            if len(trials) >= max_trials:
+                ran_out = True
+                break
+            trials.append(
+                _run_trial(
+                    model,
+                    pool,
+                    nxt,
+                    steps=steps,
+                    device=device,
+                    budget=budget,
+                    replicas=replicas,
+                )
+            )
+    stopped_by = _stopped_by(
+        [(t.batch_size, t.fits) for t in trials],
+        max_batch_size=max_batch_size,
+        ran_out=ran_out,
+    )
+    return _build_result(
+        trials,
+        replicas,
+        budget,
+        device,
+        target_global_batch_size,
+        notes,
+        memory_source=memory_source,
+        stopped_by=stopped_by,
+    )

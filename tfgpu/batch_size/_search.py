@@ -1,0 +1,66 @@
+"""The pure decisions of the batch-size search: the next size to try, why the search ended,
+the fastest size, and the gradient-accumulation plan (no TensorFlow, tested without hardware)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tfgpu.batch_size._result import BatchSizeTrial
+
+
+def _next_candidate(
+    trials: list[tuple[int, bool]], *, start: int, max_batch_size: int, multiple_of: int
+) -> int | None:
+    """The next per-replica batch size to try, or None when the search is over."""
+    if not trials:
+        return min(start, max_batch_size)
+    fits = [b for b, ok in trials if ok]
+    fails = [b for b, ok in trials if not ok]
+    lo = max(fits) if fits else None
+    hi = min(fails) if fails else None
+    if lo is None:  # even the first size failed: halve down
+        nxt = min(fails) // 2  # = hi: trials is not empty, so something failed
+        return nxt if nxt >= 1 else None
+    if hi is None:  # still growing by powers of two
+        if lo >= max_batch_size:
+            return None
+        return min(lo * 2, max_batch_size)
+    mid = (lo + hi) // 2
+    if multiple_of > 1 and mid >= multiple_of:
+        mid = mid // multiple_of * multiple_of
+    if mid <= lo or mid >= hi:
+        return None
+    return mid
+
+
+def _stopped_by(trials: list[tuple[int, bool]], *, max_batch_size: int, ran_out: bool) -> str:
+    """Why a search over `trials` ended (see `BatchSizeResult.stopped_by`); pure."""
+    fits = [b for b, ok in trials if ok]
+    if not fits and trials and min(b for b, _ in trials) == 1:
+        return "nothing_fits"
+    if ran_out:
+        return "max_trials"
+    if fits and max(fits) >= max_batch_size:
+        return "max_batch_size"
+    return "limit"
+
+
+def _accumulation_plan(target: int, max_per_replica: int, replicas: int) -> tuple[int, int]:
+    """(steps, per-replica batch) reaching `target` global examples per optimizer update.
+
+    Prefers an exact split (target divisible by replicas * steps); otherwise rounds the
+    per-replica batch up so that each update sees at least `target` examples.
+    """
+    per_step = max_per_replica * replicas
+    steps = max(1, math.ceil(target / per_step))
+    for s in range(steps, steps * 2 + 1):
+        if target % (replicas * s) == 0 and target // (replicas * s) <= max_per_replica:
+            return s, target // (replicas * s)
+    return steps, math.ceil(target / (replicas * steps))
+
+
+def _pick_fastest(trials: list[BatchSizeTrial]) -> int | None:
+    ok = [t for t in trials if t.fits and not math.isnan(t.examples_per_second)]
+    return max(ok, key=lambda t: t.examples_per_second).batch_size if ok else None
