@@ -17,7 +17,7 @@ import os
 import threading
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfgpu._checks import (
     check_finite_result,
@@ -28,6 +28,9 @@ from tfgpu._checks import (
     is_int,
 )
 from tfgpu._cluster import resolve_cluster, slurm_num_tasks
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 _LOG = logging.getLogger(__name__)
 
@@ -354,7 +357,7 @@ def strategy(
     all_reduce: str = "auto",
     timeout_seconds: float | None = None,
     slurm_port_base: int = _SLURM_PORT_BASE,
-):
+) -> tf.distribute.Strategy:
     """Returns a `tf.distribute.Strategy` for this machine or cluster.
 
     `kind="auto"` picks, in order: `MultiWorkerMirroredStrategy` when the cluster has more than
