@@ -536,6 +536,62 @@ def test_earlier_diagnoses_and_moved_aside_records_are_listed(tmp_path, no_plots
     assert "**host_overhead**" in text[first:] and "newest: input-bound" in text
 
 
+# ---- multi-worker runs: each task's run-{task}{k}.json, like run.json -----------------------
+
+
+def _multi_worker_run(path, workers=(0, 1, 10)):
+    """A multi-worker run directory: per worker `run-worker{k}.json`, `timeline-worker{k}.csv`
+    and `steps-worker{k}.csv`; worker 0 (the chief) also in `run.json`. Worker 1 sampled 2
+    H100s on `node-1` after an earlier session; the others 1 GPU each."""
+    path.mkdir(parents=True)
+    for k in workers:
+        one = _write_run(path / f"w{k}", gpus=2 if k == 1 else 1)
+        meta = json.loads((one / "run.json").read_text())
+        meta.update(hostname=f"node-{k}", worker=k, task_type="worker")
+        meta["timeline"] = f"timeline-worker{k}.csv"
+        if k == 1:
+            meta["gpus"] = [{"index": i, "name": "NVIDIA H100"} for i in range(2)]
+            meta["earlier_sessions"] = [{**meta, "start_time": 1_699_999_000.0}]
+        (path / f"run-worker{k}.json").write_text(json.dumps(meta))
+        if k == 0:
+            (path / "run.json").write_text(json.dumps(meta))
+        for stem in ("timeline", "steps"):
+            (one / f"{stem}.csv").rename(path / f"{stem}-worker{k}.csv")
+        (one / "run.json").unlink()
+        one.rmdir()
+    return path
+
+
+def test_each_workers_record_is_listed_like_run_json(tmp_path, no_plots):
+    run = _multi_worker_run(tmp_path / "run")
+    text = write_report(run).read_text()
+    assert "## Workers" in text
+    w0, w1, w10 = (text.index(f"### `run-worker{k}.json`") for k in (0, 1, 10))
+    assert w0 < w1 < w10  # by number, not by name
+    assert "host `node-0`, worker 0" in text[w0:w1]
+    worker1 = text[w1:w10]
+    assert "2 sessions recorded in `run-worker1.json`, oldest first" in worker1
+    assert "host `node-1`, worker 1" in worker1 and "- GPU 1: NVIDIA H100" in worker1
+    assert "host `node-10`, worker 10" in text[w10:]
+    for k in (0, 1, 10):  # each worker's files keep their own sections
+        assert f"## Timeline `timeline-worker{k}.csv`" in text
+        assert f"## Steps `steps-worker{k}.csv`" in text
+    assert "which is not here" not in text  # each record's timeline was found
+    lone = write_report(_write_run(tmp_path / "lone", gpus=1)).read_text()
+    assert "Workers" not in lone
+
+
+def test_a_damaged_worker_record_is_named_and_the_others_are_listed(tmp_path, capsys, no_plots):
+    run = _multi_worker_run(tmp_path / "run", workers=(0, 1))
+    (run / "run-worker1.json").write_text("{damaged")
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"error: `.*run-worker1\.json` is not valid JSON", err), err
+    text = (run / "report.md").read_text()
+    assert "host `node-0`, worker 0" in text and "## Timeline `timeline-worker1.csv`" in text
+    assert "### `run-worker1.json`\n\nSkipped (see Problems)." in text
+
+
 # ---- what utilization hides: SM/tensor activity, PCIe, energy per example (issue 15) --------
 
 

@@ -41,6 +41,11 @@ timeline and steps file its own section (oldest first) and its own plots, named 
 file (`utilization.1.png` for `timeline.1.csv`). A run directory without rotated files or
 `earlier_sessions` (written by an older tfgpu) reads as before.
 
+In a multi-worker run each task records its own files (`timeline-worker1.csv`,
+`steps-worker1.csv`, `run-worker1.json`; the chief's sessions are in `run.json` too): every
+timeline and steps file gets its section as above, and each task's record its list of
+sessions under "Workers".
+
 A damaged file never stops the report: a file that cannot be read (permissions, binary
 data, not a JSON object, a CSV line beyond the csv module's field limit, not a tfgpu table)
 is skipped, or read up to the damage, and named in a "Problems" section at the top of

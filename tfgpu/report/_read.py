@@ -174,6 +174,16 @@ def _artifacts(names: list[Path], stem: str) -> list[_Artifact]:
     return sorted(found, key=lambda f: (f.worker, math.inf if f.rotation is None else f.rotation))
 
 
+_WORKER_RECORD = re.compile(r"^run-(?P<task>[A-Za-z_]+)(?P<index>\d+)\.json$")
+
+
+def _worker_records(names: list[Path]) -> list[Path]:
+    """The records of a multi-worker run's tasks (`run-worker0.json`, `run-worker1.json`,
+    `run-chief0.json`, ...), by task type then number (`run-worker2` before `run-worker10`)."""
+    found = [(m["task"], int(m["index"]), p) for p in names if (m := _WORKER_RECORD.match(p.name))]
+    return [path for _, _, path in sorted(found)]
+
+
 def _diagnoses(names: list[Path]) -> list[Path]:
     """`diagnosis.N.json` (earlier diagnoses, moved aside by later ones), oldest first, then
     `diagnosis.json`."""

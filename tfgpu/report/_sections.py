@@ -285,6 +285,18 @@ def _sessions_section(
     return lines
 
 
+def _workers_heading(records: list[Path]) -> list[str]:
+    """The heading of the workers' sessions: one subsection per `run-{task}{k}.json` follows."""
+    names = ", ".join(f"`{p.name}`" for p in records)
+    return [
+        "## Workers",
+        "",
+        f"Each task of a multi-worker run records its own sessions: {names}. (The chief's are "
+        "in `run.json` too.)",
+        "",
+    ]
+
+
 def _files_section(
     timelines: list[_Artifact], steps: list[_Artifact], names: list[Path]
 ) -> list[str]:

@@ -26,6 +26,7 @@ from tfgpu.report._read import (
     _read_table,
     _reason,
     _Table,
+    _worker_records,
 )
 from tfgpu.report._sections import (
     _diagnosis_section,
@@ -33,6 +34,7 @@ from tfgpu.report._sections import (
     _sessions_section,
     _steps_section,
     _timeline_section,
+    _workers_heading,
 )
 from tfgpu.report._series import _finite
 
@@ -81,6 +83,18 @@ def write_report_and_problems(
     first_samples: dict[str, list[float]] = {}  # per worker: each timeline's time 0
     read_timelines: list[tuple[_Artifact, _Table]] = []
     read_steps: dict[str, list[_Table]] = {}  # per worker
+    workers = _worker_records(names)
+    if workers:  # a multi-worker run: each task's run-{task}{k}.json, like run.json
+        body += _workers_heading(workers)
+    for record in workers:
+        body += [f"### `{record.name}`", ""]
+        worker_meta = _read_record(record, problems)
+        if worker_meta is None:
+            body += ["Skipped (see Problems).", ""]
+            continue
+        body += _section(
+            problems, record, _sessions_section, worker_meta, record, timelines, problems
+        )
     for artifact in timelines:
         table = _read_table(artifact.path, ("time", "elapsed_s"), "timeline", problems)
         if table is None:
@@ -126,10 +140,11 @@ def write_report(log_dir: str | os.PathLike, *, out_dir: str | os.PathLike | Non
     """Writes PNG plots and a Markdown summary of a run directory; returns the summary's path.
 
     Every session in the directory is covered: timeline and steps files moved aside by a
-    later session (`timeline.1.csv`, ...) get their own sections and plots, and the sessions
-    of `run.json` (with its `"earlier_sessions"`) are listed. A damaged file does not stop
-    the report: it is skipped (or read up to the damage), named in a "Problems" section at
-    the top of `report.md`, and warned about.
+    later session (`timeline.1.csv`, ...) get their own sections and plots; the sessions of
+    `run.json` (with its `"earlier_sessions"`) are listed, and under "Workers" those of each
+    task of a multi-worker run (`run-worker0.json`, `run-worker1.json`, ...). A damaged
+    file does not stop the report: it is skipped (or read up to the damage), named in a
+    "Problems" section at the top of `report.md`, and warned about.
 
     Args:
         log_dir: str or os.PathLike, a directory written by `GPUMonitor`, `StepTimer`,
