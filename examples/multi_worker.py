@@ -104,7 +104,7 @@ def worker() -> None:
     with strategy.scope():
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)])
         model.compile(
-            keras.optimizers.Adam(tfgpu.scale_learning_rate(1e-2, strategy, "sqrt")), "mse"
+            keras.optimizers.Adam(tfgpu.scale_learning_rate(1e-2, strategy, rule="sqrt")), "mse"
         )
     history = model.fit(
         train,

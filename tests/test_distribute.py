@@ -193,7 +193,7 @@ def test_scale_learning_rate_rules():
     assert tfgpu.scale_learning_rate(1e-3, 4, rule="sqrt") == pytest.approx(2e-3)
     assert tfgpu.scale_learning_rate(0.4, 2, base_replicas=8) == pytest.approx(0.1)
     s = tf.distribute.MirroredStrategy(cpus(4))
-    assert tfgpu.scale_learning_rate(0.01, s, "linear") == pytest.approx(0.04)
+    assert tfgpu.scale_learning_rate(0.01, s, rule="linear") == pytest.approx(0.04)
     with pytest.raises(ValueError, match=r"Received: rule='cubic'.*'linear', 'sqrt'"):
         tfgpu.scale_learning_rate(0.1, 2, rule="cubic")
     with pytest.raises(ValueError, match="learning_rate=nan"):
