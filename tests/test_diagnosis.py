@@ -1060,6 +1060,16 @@ def test_a_noisy_wait_the_pipeline_cannot_cause_is_not_input_bound():
         "inconclusive",
         "inconclusive",
     )
+    # The note says why (the pipeline's speed), never that a 3 ms wait is "below 1 ms".
+    from tfgpu.diagnosis._classify import _wait_notes
+    from tfgpu.diagnosis._rounds import _share_verdict
+
+    fast = replace(noisy, input_batch_time_s=0.0006)
+    notes = _wait_notes(fast, _share_verdict(rounds), "no", 0.066, [])
+    assert len(notes) == 1 and "the pipeline alone makes a batch in 0.60 ms" in notes[0]
+    steady = _share_verdict([(0.043, 0.046)] * 3)  # 6.5%, every round: "moderate"
+    notes = _wait_notes(replace(fast, rounds=[(0.043, 0.046)] * 3), steady, "no", 0.07, [])
+    assert "3.00 ms per step (7%)" in notes[0] and "below 1 ms" not in notes[0]
 
 
 def test_a_probe_measured_at_1_015x_is_recommended_nowhere(monkeypatch):

@@ -403,10 +403,15 @@ def _wait_notes(
 ) -> list[str]:
     """The notes on an input wait that was noisy, or too short to be the pipeline's. Pure."""
     notes = []
-    if verdict["level"] == "inconclusive" and level == "no":
+    if verdict["level"] != "no" and level == "no":  # the pipeline is too fast to be the cause
+        measured = (
+            f"between {verdict['low']:.0%} and {verdict['high']:.0%} of the step over "
+            f"{verdict['rounds']} rounds (noisy)"
+            if verdict["level"] == "inconclusive"
+            else f"{verdict['wait_s'] * 1e3:.2f} ms per step ({share:.0%})"
+        )
         notes.append(
-            f"input wait between {verdict['low']:.0%} and {verdict['high']:.0%} of the step "
-            f"over {verdict['rounds']} rounds (noisy), but the pipeline alone makes a batch in "
+            f"input wait {measured}, but the pipeline alone makes a batch in "
             f"{f.input_batch_time_s * 1e3:.2f} ms: even at half that speed it could not hold "
             f"back {INPUT_BOUND_MODERATE:.0%} of a {f.step_time_s * 1e3:.2f} ms step, so not "
             "input-bound"
@@ -422,7 +427,7 @@ def _wait_notes(
             f"noisy to call against the {INPUT_BOUND_MODERATE:.0%} and {INPUT_BOUND_HIGH:.0%} "
             "thresholds; rerun on a quieter machine or with a larger `time_budget_s`"
         )
-    if level == "no" and share >= INPUT_BOUND_MODERATE:
+    elif level == "no" and share >= INPUT_BOUND_MODERATE and verdict["wait_s"] < INPUT_WAIT_MIN_S:
         notes.append(
             f"input wait {verdict['wait_s'] * 1e3:.2f} ms per step ({share:.0%}) is below "
             f"{INPUT_WAIT_MIN_S * 1e3:g} ms: tf.data's per-batch hand-over, not the pipeline's "

@@ -67,7 +67,7 @@ _ROUNDS_BUDGET_SHARE = 0.6
 
 # Measuring stops at this share of the budget; the rest is for counting FLOPs (a traced
 # gradient) and putting the model back, so the whole call ends within its budget.
-_MEASURE_SHARE = 0.85
+_MEASURE_SHARE = 0.8
 
 # Each timed fit of a probe's variant runs at most this many times as long as the baseline's
 # timed steps took (its warm-up, tracing and compiling, is bounded by the budget only).
