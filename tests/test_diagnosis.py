@@ -1266,3 +1266,18 @@ def test_full_batches_with_an_unknown_batch_dimension_do_not_change_shape():
     ragged_text = tf.data.Dataset.from_tensor_slices(np.zeros((64, 7), "int64")).batch(16)
     padded = ragged_text.map(lambda t: tf.pad(t, [[0, 0], [0, tf.shape(t)[0] % 3]]))
     assert _shape_facts(padded)[0] == "(None, None)"
+
+
+def test_mfu_under_several_gpus_divides_by_all_their_peaks():
+    # The step's FLOPs are the global batch's: two A100s (one replica each) have twice the
+    # peak of one, as StepTimer counts it.
+    from tfgpu.diagnosis._diagnose import _flops
+    from tfgpu.flops import peak_flops
+
+    model = _tiny_model()
+    x = X[:16]
+    one = _flops(model, x, 16, 0.01, "mixed_bfloat16", "NVIDIA A100-SXM4-80GB", [(8, 0)], True)
+    two = _flops(model, x, 16, 0.01, "mixed_bfloat16", "NVIDIA A100-SXM4-80GB", [(8, 0)], True, 2)
+    peak = peak_flops("NVIDIA A100-SXM4-80GB", "bfloat16")
+    assert one[2] == pytest.approx(one[0] / 0.01 / peak)
+    assert two[2] == pytest.approx(one[2] / 2)

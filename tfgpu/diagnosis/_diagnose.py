@@ -173,9 +173,14 @@ def _check_batch(model, batch, dataset: tf.data.Dataset) -> None:
         )
 
 
-def _flops(model, x, size, real, policy, gpu_name, ccs, on_gpu):
+def _flops(model, x, size, real, policy, gpu_name, ccs, on_gpu, replicas=1):
     """(FLOPs per step, achieved FLOP/s, MFU, notes), counted with the batch's own shapes and
-    checked against the device's peak: a count above the peak is not reported as achieved."""
+    checked against the devices' peak: a count above the peak is not reported as achieved.
+
+    The step's FLOPs are the whole global batch's, so on GPUs the peak is one GPU's times the
+    replicas (one GPU each, as `StepTimer`'s MFU counts them). Logical CPU devices share the
+    same cores: the CPU's peak is the machine's, whatever the replicas.
+    """
     from tfgpu.flops import mfu, peak_flops, train_step_flops
 
     notes: list[str] = []
@@ -198,7 +203,9 @@ def _flops(model, x, size, real, policy, gpu_name, ccs, on_gpu):
     peak = None
     try:
         if on_gpu:
-            peak = peak_flops(gpu_name, _devices.peak_precision(policy, ccs)) if gpu_name else None
+            precision = _devices.peak_precision(policy, ccs)
+            one = peak_flops(gpu_name, precision) if gpu_name and precision else None
+            peak = None if one is None else one * max(1, replicas)
         else:
             from tfgpu import _cpu
 
@@ -400,7 +407,7 @@ def diagnose(
         measurements["noise"] = {k: verdict[k] for k in ("low", "high", "confidence", "rounds")}
     findings += _lint_mixed_precision(model, ccs)
     flops, achieved, mfu_value, flop_notes = _flops(
-        model, x, size, real, f.policy, gpu_name, ccs, on_gpu
+        model, x, size, real, f.policy, gpu_name, ccs, on_gpu, f.replicas
     )
     notes += flop_notes
     measurements["wall_s"] = budget.elapsed()
