@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
     )
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    run_dir = tempfile.mkdtemp(prefix="tfgpu-overhead-")
+    log_dir = tempfile.mkdtemp(prefix="tfgpu-overhead-")
     print(f"nvml: {nvml_mode}; interval {args.interval} s; callbacks from {cbs.__file__}")
 
     # 1. Whole fits, ABBA ---------------------------------------------------------
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         """Returns (wall seconds, process CPU seconds: all threads, the sampler's included)."""
         callbacks = []
         if with_callbacks:
-            callbacks = [GPUMonitor(run_dir, interval=args.interval), StepTimer(log_dir=run_dir)]
+            callbacks = [GPUMonitor(log_dir, interval=args.interval), StepTimer(log_dir=log_dir)]
         start, cpu_start = time.perf_counter(), time.process_time()
         model.fit(
             x[: args.examples],
@@ -221,11 +221,11 @@ def main(argv: list[str] | None = None) -> int:
 
     components = {
         "nothing (noise floor)": lambda: [],
-        "GPUMonitor": lambda: [GPUMonitor(run_dir, interval=args.interval)],
-        "StepTimer": lambda: [StepTimer(log_dir=run_dir)],
+        "GPUMonitor": lambda: [GPUMonitor(log_dir, interval=args.interval)],
+        "StepTimer": lambda: [StepTimer(log_dir=log_dir)],
         "GPUMonitor + StepTimer": lambda: [
-            GPUMonitor(run_dir, interval=args.interval),
-            StepTimer(log_dir=run_dir),
+            GPUMonitor(log_dir, interval=args.interval),
+            StepTimer(log_dir=log_dir),
         ],
     }
     if args.inside_epochs >= 4:
@@ -275,8 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         f"\n3. one sample: {per_sample * 1e3:.3f} ms = {100 * per_sample / args.interval:.3f}% "
         f"of a core at interval {args.interval} s"
     )
-    gpu_monitor = GPUMonitor(run_dir, interval=3600)
-    timer = StepTimer(batch_size=args.batch_size, log_dir=run_dir)
+    gpu_monitor = GPUMonitor(log_dir, interval=3600)
+    timer = StepTimer(batch_size=args.batch_size, log_dir=log_dir)
     n_hooks = 20000
     timer.set_params({"steps": n_hooks})
     gpu_monitor.on_train_begin()

@@ -32,6 +32,8 @@ from tfgpu._cluster import resolve_cluster, slurm_num_tasks
 if TYPE_CHECKING:
     import tensorflow as tf
 
+__all__ = ["global_batch_size", "scale_learning_rate", "strategy"]
+
 _LOG = logging.getLogger(__name__)
 
 KINDS = ("auto", "default", "one_device", "mirrored", "multi_worker")

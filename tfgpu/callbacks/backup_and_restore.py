@@ -13,10 +13,9 @@ What it fixes in `keras.callbacks.BackupAndRestore` (Keras 3.15):
   chief writes the canonical copy, and each other worker writes its own copy under
   `<backup_dir>/.worker-<k>/`, used only where the chief's copy is not visible.
 
-The backup file and the state in it: `tfgpu/_backup.py`. The Keras internals it relies on
-(`fit`'s epoch iterator, `model.train_function`, `model._initial_epoch`):
-`tfgpu/_keras_internals.py`.
 """
+# The backup file and the state in it: tfgpu/_backup.py. The Keras internals this relies on
+# (fit's epoch iterator, model.train_function, model._initial_epoch): tfgpu/_keras_internals.py.
 
 from __future__ import annotations
 
@@ -140,7 +139,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         save_freq: str | int | bool = "epoch",
         double_checkpoint: bool = False,
         delete_checkpoint: bool = True,
-    ):
+    ) -> None:
         super().__init__()
         directory = check_dir("backup_dir", backup_dir)
         self.save_freq = _check_save_freq(save_freq)

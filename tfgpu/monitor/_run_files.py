@@ -38,7 +38,9 @@ def _cluster(environ: Mapping[str, str]) -> Cluster | None:
     return cluster
 
 
-def artifact_name(stem: str, suffix: str = ".csv", environ: Mapping[str, str] | None = None) -> str:
+def artifact_name(
+    stem: str, suffix: str = ".csv", *, environ: Mapping[str, str] | None = None
+) -> str:
     """Returns a run-directory file name, carrying the worker's task in multi-worker runs.
 
     Args:
@@ -128,7 +130,7 @@ def session_record(
         "task_type": None if task is None else task.task_type,
         "pid": os.getpid(),
         "interval": interval,
-        "timeline": artifact_name("timeline", ".csv", environ),
+        "timeline": artifact_name("timeline", ".csv", environ=environ),
         "nvml_error": inventory.error,
         "driver_version": inventory.driver_version,
         "cuda_driver_version": inventory.cuda_driver_version,
@@ -162,7 +164,7 @@ def add_session(
         OSError: if a record cannot be written.
     """
     task = _cluster(environ)
-    names = [artifact_name("run", ".json", environ)]
+    names = [artifact_name("run", ".json", environ=environ)]
     if task is not None and task.is_chief:
         names.append("run.json")
     for name in names:

@@ -1,8 +1,8 @@
 """The sampler: a background thread that records GPU and host metrics at an interval.
 
-Each sample becomes one row: kept in memory (a column store, about 8 bytes per value) and,
-when a run directory is given, appended and flushed to its timeline CSV at once, so a crash
-or SIGKILL loses at most the row being taken. Never imports TensorFlow or Keras.
+Each sample becomes one row: kept in memory and, when a run directory is given, appended and
+flushed to its timeline CSV at once, so a crash or SIGKILL loses at most the row being taken.
+Never imports TensorFlow or Keras.
 
 Public here: `Sampler` and `record`. The checks of their arguments, the files they write, the
 epoch aggregates and the per-GPU readers live in the monitor's private modules (see
@@ -56,8 +56,8 @@ class Sampler:
     memory used and total, this process's own GPU memory, power draw and limit, temperature,
     SM clock and throttle reasons, and the counters utilization hides: SM activity and
     occupancy, tensor/FP16/FP32 pipe activity and DRAM bandwidth (GPM, Hopper and newer),
-    PCIe TX/RX rates, cumulative energy and this process's SM share; and for the host, CPU %, this process's RSS and system
-    memory %. A metric the GPU does not support is NaN. Without NVML (no driver), one warning
+    PCIe TX/RX rates, cumulative energy and this process's SM share; and for the host, CPU %,
+    this process's RSS and system memory %. A metric the GPU does not support is NaN. Without NVML (no driver), one warning
     is given per process and the host metrics are still recorded. NVML errors during the
     run (a lost GPU, any exception a binding raises) are logged once; sampling goes on.
 
@@ -138,6 +138,7 @@ class Sampler:
                 )
             self._gpus = [visible[g] for g in requested]
         self._columns = timeline_columns(len(self._gpus))
+        # A column store of doubles: about 8 bytes per value, however long the run.
         self._data: dict[str, array] = {c: array("d") for c in self._columns}
         self._lock = threading.Lock()
         self._stop_event = threading.Event()
@@ -259,12 +260,12 @@ class Sampler:
                 )
 
     def bind_to_frame(self, frame: FrameType, thread_id: int | None = None) -> None:
-        """Stops sampling on its own once `frame` has left the stack of its thread.
+        """Stops sampling on its own when a running function returns or raises.
 
-        Lets a caller tie the sampler to a running function (Keras `fit`, a training loop):
-        when that function returns or raises, the sampler stops within one interval, even if
-        nobody calls `stop()`. `GPUMonitor` uses it because Keras does not call
-        `on_train_end` when `fit` raises.
+        Ties the sampler to a running function (Keras `fit`, a training loop): when that
+        function returns or raises, the sampler stops within one interval, even if nobody
+        calls `stop()`. `GPUMonitor` uses it because Keras does not call `on_train_end` when
+        `fit` raises.
 
         Args:
             frame: the frame object of the running function (e.g. from `sys._getframe()`).
@@ -319,7 +320,7 @@ class Sampler:
             gpus=self._gpus,
             environ=environ,
         )
-        self.timeline_path = directory / artifact_name("timeline", ".csv", environ)
+        self.timeline_path = directory / artifact_name("timeline", ".csv", environ=environ)
         self._file, rotated = open_csv(self.timeline_path, ",".join(self._columns) + "\n")
         add_session(directory, info, self.timeline_path.name, rotated, environ)
 
