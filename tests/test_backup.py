@@ -146,6 +146,7 @@ def test_backup_dir_that_became_a_file_fails_before_training(tmp_path):
         "repeat-epoch",
     ],
 )
+@pytest.mark.slow
 def test_resume_equals_uninterrupted(tmp_path, save_freq, stop_at, kwargs):
     reference, ref_history = train(**kwargs)
     model, history = interrupted_then_resumed(
@@ -160,6 +161,7 @@ def test_resume_equals_uninterrupted(tmp_path, save_freq, stop_at, kwargs):
     assert not (tmp_path / "b").exists()  # delete_checkpoint=True cleans up at the end
 
 
+@pytest.mark.slow
 def test_resume_under_mirrored_strategy(tmp_path):
     def strategy():
         return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -172,6 +174,7 @@ def test_resume_under_mirrored_strategy(tmp_path):
     assert max_diff(model.get_weights(), reference.get_weights()) < 1e-6
 
 
+@pytest.mark.slow
 def test_reshuffled_resume_under_mirrored_strategy(tmp_path):
     # Under a strategy Keras reads one batch (one iterator) to build the model before the
     # callbacks start: the count of iterators must still line up.
@@ -221,6 +224,7 @@ def test_iterators_made_to_advance_the_shuffle_read_nothing():
     assert counting.element_spec == fresh.element_spec  # the rest is the dataset's
 
 
+@pytest.mark.slow
 def test_resume_warns_once_when_the_dataset_cannot_be_found(tmp_path, monkeypatch):
     reference, _ = train(reshuffle=True)
     with pytest.raises(Interrupt):
@@ -274,6 +278,7 @@ def fit(model, *callbacks, epochs=3):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("same_instance", [False, True], ids=["new-callback", "same-callback"])
 def test_retry_after_a_failed_fit_resumes_exactly_in_the_same_process(
     tmp_path, same_instance, reference_weights
@@ -301,6 +306,7 @@ def test_retry_after_a_failed_fit_resumes_exactly_in_the_same_process(
     assert not tmp_path.exists()
 
 
+@pytest.mark.slow
 def test_retry_with_a_reshuffled_dataset_is_exact_when_the_dataset_is_rebuilt(tmp_path):
     import warnings
 
@@ -329,6 +335,7 @@ def test_retry_with_a_reshuffled_dataset_is_exact_when_the_dataset_is_rebuilt(tm
     assert int(model.optimizer.iterations.numpy()) == 24
 
 
+@pytest.mark.slow
 def test_a_failed_fit_leaves_no_skip_behind_for_later_fits(tmp_path):
     model = compiled_model()
     with pytest.raises(Interrupt):
@@ -343,6 +350,7 @@ def test_a_failed_fit_leaves_no_skip_behind_for_later_fits(tmp_path):
     assert (tmp_path / "backup.npz").exists()  # still there for a later resume
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("same_instance", [False, True], ids=["new-callback", "same-callback"])
 def test_fits_in_a_row_train_like_one_longer_fit(tmp_path, same_instance):
     reference, _ = train(epochs=6)
@@ -430,6 +438,7 @@ def fit_with(directory, *callbacks, double_checkpoint=False):
     return train(callbacks=[backup, *callbacks])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", list(DAMAGES))
 def test_damaged_backup_without_a_previous_one_is_named_and_kept(
     tmp_path, damage, other_model_backup
@@ -449,6 +458,7 @@ def test_damaged_backup_without_a_previous_one_is_named_and_kept(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["backup.npz"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", list(DAMAGES))
 def test_double_checkpoint_falls_back_to_the_intact_previous_backup(
     tmp_path, damage, reference_weights, other_model_backup
@@ -483,6 +493,7 @@ def test_both_backups_damaged_lists_both_and_touches_nothing(tmp_path):
     assert (tmp_path / "backup.prev.npz").read_bytes() == b"PK"
 
 
+@pytest.mark.slow
 def test_damaged_backup_names_the_previous_one_when_double_checkpoint_is_off(tmp_path):
     with pytest.raises(Interrupt):
         fit_with(tmp_path, StopAt(1, 3), double_checkpoint=True)

@@ -86,6 +86,7 @@ def _state(model):
     ]
 
 
+@pytest.mark.slow
 def test_oom_path_runs_exact_trials_and_leaves_model_as_found():
     model = _model(_OOMAbove(40))
     model.compile(keras.optimizers.Adam(1e-2), "mse", run_eagerly=True)
@@ -142,6 +143,7 @@ class _FakeAllocator:
         return {"current": 10_000, "peak": peak}
 
 
+@pytest.mark.slow
 def test_memory_budget_stops_the_search_where_allocator_statistics_exist(monkeypatch):
     _FakeAllocator(monkeypatch, available=True)
     model = _model()
@@ -159,6 +161,7 @@ def test_memory_budget_stops_the_search_where_allocator_statistics_exist(monkeyp
     assert all(t.peak_memory_bytes <= budget for t in result.trials if t.fits)
 
 
+@pytest.mark.slow
 def test_without_allocator_statistics_the_search_says_so_and_stops_at_oom(monkeypatch):
     _FakeAllocator(monkeypatch, available=False)
     model = _model(_OOMAbove(40))
@@ -209,6 +212,7 @@ def test_in_subprocess_measures_real_peak_memory_on_any_cpu():
     assert over and all(t.peak_memory_bytes > budget for t in over)
 
 
+@pytest.mark.slow
 def test_a_search_that_never_reached_a_limit_does_not_report_one():
     model = _model()
     model.compile("sgd", "mse")
@@ -241,6 +245,7 @@ def test_stopped_by_is_pure():
     assert _stopped_by([(8, True), (16, True)], max_batch_size=64, ran_out=True) == "max_trials"
 
 
+@pytest.mark.slow
 def test_an_absurd_start_counts_as_not_fitting_instead_of_crashing():
     model = _model()
     model.compile("sgd", "mse")
@@ -261,6 +266,7 @@ def test_mismatched_lengths_are_refused_before_any_trial():
     assert not model.optimizer.built
 
 
+@pytest.mark.slow
 def test_under_a_strategy_sizes_are_per_replica_and_global_is_reported():
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():
@@ -281,6 +287,7 @@ def test_under_a_strategy_sizes_are_per_replica_and_global_is_reported():
         np.testing.assert_array_equal(a, w.numpy())
 
 
+@pytest.mark.slow
 def test_dataset_input_and_accumulation_steps():
     x, y = _data(32)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)

@@ -423,6 +423,7 @@ def test_step_timer_under_steps_per_execution(fake, tmp_path):
     assert history.history["examples_per_s"][-1] > 0
 
 
+@pytest.mark.slow
 def test_step_timer_reads_the_batch_size_of_a_tf_data_dataset(fake, tmp_path, caplog):
     import tensorflow as tf
 
@@ -446,6 +447,7 @@ def test_step_timer_reads_the_batch_size_of_a_tf_data_dataset(fake, tmp_path, ca
     assert history.history["examples_per_s"][0] > 0
 
 
+@pytest.mark.slow
 def test_tensorboard_gets_a_scalar_per_sample(fake, tmp_path):
     import tensorflow as tf
 
@@ -593,6 +595,7 @@ def test_auto_peak_reads_tensorflow_s_first_gpu(fake, monkeypatch, tf_sees):
     assert _gpus.auto_peak_flops(model) == pytest.approx(v100)
 
 
+@pytest.mark.slow
 def test_steps_csv_keeps_every_step_of_a_fit_that_raises_and_leaks_no_handle(fake, tmp_path):
     import gc
     import warnings
@@ -784,6 +787,7 @@ def test_nvml_raising_anything_mid_fit_never_stops_training(fake):
     assert history.history["gpu1_util_pct_mean"] == [10.0, 10.0]
 
 
+@pytest.mark.slow
 def test_one_callback_in_two_models_and_two_fits_keeps_every_session(fake, tmp_path):
     gpu_monitor, timer = GPUMonitor(tmp_path, interval=60), StepTimer(log_dir=tmp_path)
     x, y = _data(64)

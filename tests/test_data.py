@@ -166,6 +166,7 @@ def test_no_shuffle_keeps_order():
     assert _label_ids(ds) == list(range(N))
 
 
+@pytest.mark.slow
 def test_no_shuffle_keeps_order_by_default_through_parallel_maps():
     """Predictions on `pipeline(x_test, shuffle=False)` must line up with the labels."""
     n = 4096
@@ -296,6 +297,7 @@ def test_leftovers_of_an_interrupted_file_cache_are_removed_with_a_warning(tmp_p
     assert sorted(_label_ids(again)) == list(range(N)) and counter.calls == N
 
 
+@pytest.mark.slow
 def test_a_cache_being_written_in_this_process_is_not_removed(tmp_path):
     prefix = tmp_path / "cache"
     n = 20_000  # unshuffled, so only the prefetched batches pass the cache before next() returns
@@ -623,6 +625,7 @@ def test_benchmark_counts_examples_and_restarts_short_datasets():
     assert ragged.batch_size is None and ragged.num_examples == 40  # 8, 8, 4, 8, 8, 4
 
 
+@pytest.mark.slow
 def test_benchmark_measures_a_slow_pipeline_as_slow():
     # A lower bound only: each element sleeps 20 ms in a sequential map, and sleeping is never
     # shorter on a loaded machine. At most two elements can be ready before timing starts.
@@ -711,6 +714,7 @@ def test_benchmark_script_runs_quick():
     assert "tfgpu/best hand-tuned (" in out and "goal tfgpu/best >= 0.97:" in out
 
 
+@pytest.mark.slow
 def test_keras_fit_consumes_the_pipeline_under_a_strategy(mirrored):
     import keras
 
@@ -837,6 +841,7 @@ def test_fewer_examples_than_one_global_batch_is_an_error(mirrored):
     assert next(iter(endless))[0].shape[0] == 8
 
 
+@pytest.mark.slow
 def test_function_arity_is_checked_against_the_elements():
     x, y = _xy(8)
     with pytest.raises(TypeError, match=r"`map_fn`.*\(x\).*2 positional.*map_fn\(c0, c1\)"):
@@ -928,6 +933,7 @@ def test_batched_sources_are_detected_from_chain_and_spec(make, batched):
     assert (found is not None) is batched and not ambiguous
 
 
+@pytest.mark.slow
 def test_a_batched_source_is_rebatched_never_batched_twice():
     source = tf.data.Dataset.range(20).batch(8).prefetch(1)  # 8, 8, 4
     kept = tfdata.pipeline(source, batch_size=None)
@@ -1075,6 +1081,7 @@ def test_validation_split_counts_are_checked_before_work(mirrored):
     assert int(val.cardinality()) == 1 and _label_ids(val) == [18, 19]
 
 
+@pytest.mark.slow
 def test_validation_split_of_a_dataset_takes_its_last_examples():
     source = tf.data.Dataset.range(20).map(lambda i: (tf.cast(i, tf.float32), i))
     train, val = tfdata.pipeline(source, batch_size=4, validation_split=0.25)
@@ -1102,6 +1109,7 @@ def test_validation_split_of_a_dataset_takes_its_last_examples():
         tfdata.pipeline(source, batch_size=4, validation_split=0.2, deterministic=False)
 
 
+@pytest.mark.slow
 def test_validation_split_of_tfrecords_is_by_record_hash(tmp_path, mirrored, monkeypatch):
     pattern = _write_tfrecords(tmp_path)  # 4 files of 8 records, ids 0..31
     train, val = tfdata.pipeline(pattern, batch_size=4, map_fn=_parse, validation_split=0.25)

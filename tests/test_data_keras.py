@@ -87,6 +87,7 @@ def test_loader_batches_are_kept_or_rebatched_with_a_known_count(image_dir):
     assert made_by_pipeline(kept) and made_by_pipeline(train)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loader_batch", [None, 32])
 def test_image_folder_validation_split_and_fit(image_dir, loader_batch):
     source = _images(image_dir, batch_size=loader_batch, shuffle=False)
@@ -142,6 +143,7 @@ def _text_model():
     return model
 
 
+@pytest.mark.slow
 def test_text_classifier_with_batch_map_fn(text_dir):
     raw = _texts(text_dir)  # batches of 32 strings, as in the Keras example
     vectorize_layer = _vectorizer(raw)
@@ -276,6 +278,7 @@ def _structure(name):
     "name",
     ["x_y", "x_y_sample_weight", "dict_of_inputs", "dict_of_outputs", "ragged", "strings"],
 )
+@pytest.mark.slow
 def test_every_structure_keras_accepts_reaches_fit_unchanged(name):
     source, model = _structure(name)
     train, val = tfdata.pipeline(source, batch_size=4, validation_split=0.25, seed=0)
@@ -288,6 +291,7 @@ def test_every_structure_keras_accepts_reaches_fit_unchanged(name):
     assert np.isfinite(history.history["val_loss"][0])
 
 
+@pytest.mark.slow
 def test_the_text_recipe_of_the_docs(text_dir):
     """docs/data.md, "Text": the loader splits (every class on both sides), tfgpu vectorizes."""
     raw_train, raw_val = keras.utils.text_dataset_from_directory(
@@ -310,6 +314,7 @@ def test_the_text_recipe_of_the_docs(text_dir):
     assert {"loss", "val_loss"} <= set(history.history)
 
 
+@pytest.mark.slow
 def test_validation_under_mirrored_strategy_evaluates_every_example():
     """Keras evaluates the validation side's partial last batch under MirroredStrategy: the
     loss is the mean over all 21 validation examples, as on one device."""

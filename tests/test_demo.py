@@ -464,6 +464,7 @@ def _orientation_by_fft(images: np.ndarray, num_classes: int) -> np.ndarray:
     return distance.argmin(axis=1)
 
 
+@pytest.mark.slow
 def test_synthetic_classes_differ_only_by_a_noisy_orientation():
     from tfgpu._synthetic import make_images
 

@@ -72,6 +72,7 @@ def test_pipeline_slowed_on_purpose_is_measured_slow_and_its_python_step_named()
     assert "py_function" in traffic.detail and "not prefetched" in traffic.detail
 
 
+@pytest.mark.slow
 def test_pipeline_slowed_on_purpose_is_input_bound(monkeypatch):
     _ScriptedSteps(monkeypatch, device_s=0.02, real_s=0.1)
     ds = tf.data.Dataset.from_tensor_slices((X[:512], Y[:512])).batch(256).map(_sleepy)
@@ -147,6 +148,7 @@ class _ScriptedSteps:
         monkeypatch.setattr(module, "_warm_real", lambda *a, **k: None)
 
 
+@pytest.mark.slow
 def test_real_step_barely_above_the_device_step_is_not_input_bound(monkeypatch):
     _ScriptedSteps(monkeypatch, device_s=0.040, real_s=0.0404)
     ds = tf.data.Dataset.from_tensor_slices((X, Y)).batch(256).cache().prefetch(tf.data.AUTOTUNE)
@@ -158,6 +160,7 @@ def test_real_step_barely_above_the_device_step_is_not_input_bound(monkeypatch):
     assert diagnosis.finding("host_device_traffic") is None
 
 
+@pytest.mark.slow
 def test_the_probe_keeps_the_variant_that_is_clearly_faster(monkeypatch):
     _ScriptedSteps(monkeypatch, device_s=0.004, real_s=0.004, spe_gain=3.0, xla_factor=1.2)
     diagnosis = tfgpu.diagnose(_tiny_model(), (X, Y), batch_size=16, steps=5, warmup=2)
@@ -168,6 +171,7 @@ def test_the_probe_keeps_the_variant_that_is_clearly_faster(monkeypatch):
     assert diagnosis.finding("xla") is None  # measured slower: not advised
 
 
+@pytest.mark.slow
 def test_a_probe_measured_as_no_gain_is_not_recommended(monkeypatch):
     _ScriptedSteps(monkeypatch, device_s=0.004, real_s=0.004, spe_gain=1.0, xla_factor=1.0)
     diagnosis = tfgpu.diagnose(_tiny_model(), (X, Y), batch_size=16, steps=5, warmup=2)
@@ -342,6 +346,7 @@ def test_bad_arguments_are_rejected_before_work():
     assert isinstance(tfgpu.Diagnosis, type) and tfgpu.Diagnosis is Diagnosis
 
 
+@pytest.mark.slow
 def test_paths_and_data_fit_cannot_train_on_are_refused_before_work(tmp_path):
     model = _tiny_model()
     a_file = tmp_path / "notes.txt"
@@ -366,6 +371,7 @@ def test_paths_and_data_fit_cannot_train_on_are_refused_before_work(tmp_path):
     assert not model.optimizer.built  # nothing was trained
 
 
+@pytest.mark.slow
 def test_an_earlier_diagnosis_in_the_log_dir_is_kept(monkeypatch, tmp_path):
     _ScriptedSteps(monkeypatch, device_s=0.004, real_s=0.004)
     (tmp_path / "diagnosis.json").write_text('{"bottleneck": "earlier"}')
@@ -390,6 +396,7 @@ def _fresh_model(initial=None):
     return model
 
 
+@pytest.mark.slow
 def test_training_after_diagnose_is_the_training_without_it():
     keras.utils.set_random_seed(0)
     initial = _fresh_model().get_weights()
@@ -458,6 +465,7 @@ class _StringLayer(keras.layers.Layer):
         return x + tf.stop_gradient(tf.strings.to_number(tf.strings.as_string(x)))
 
 
+@pytest.mark.slow
 def test_train_step_graph_names_its_ops_their_devices_and_gpu_kernels():
     from tfgpu.diagnosis._classify import _cpu_placed_ops
     from tfgpu.diagnosis._graph import _train_step_ops
@@ -994,6 +1002,7 @@ def test_time_budget_is_checked_before_work():
     assert not model.optimizer.built
 
 
+@pytest.mark.slow
 def test_the_budget_is_respected_and_what_it_left_out_is_noted(monkeypatch):
     clock = _ScriptedSteps(monkeypatch, device_s=0.04, real_s=0.04)
     diagnosis = tfgpu.diagnose(
@@ -1014,6 +1023,7 @@ def test_the_budget_is_respected_and_what_it_left_out_is_noted(monkeypatch):
     assert full.measurements["time_budget_s"] is None
 
 
+@pytest.mark.slow
 def test_a_variant_ten_times_slower_is_stopped_after_its_first_round(monkeypatch):
     clock = _ScriptedSteps(monkeypatch, device_s=0.004, real_s=0.004, xla_factor=10.0)
     diagnosis = tfgpu.diagnose(_tiny_model(), (X, Y), batch_size=16, steps=20, warmup=3)
@@ -1025,6 +1035,7 @@ def test_a_variant_ten_times_slower_is_stopped_after_its_first_round(monkeypatch
     assert diagnosis.finding("xla") is None
 
 
+@pytest.mark.slow
 def test_noise_straddling_the_threshold_is_inconclusive_and_without_noise_it_is_not(
     monkeypatch,
 ):
@@ -1072,6 +1083,7 @@ def test_a_noisy_wait_the_pipeline_cannot_cause_is_not_input_bound():
     assert "3.00 ms per step (7%)" in notes[0] and "below 1 ms" not in notes[0]
 
 
+@pytest.mark.slow
 def test_a_probe_measured_at_1_015x_is_recommended_nowhere(monkeypatch):
     _ScriptedSteps(monkeypatch, device_s=0.004, real_s=0.004, spe_gain=1.015)
     diagnosis = tfgpu.diagnose(_tiny_model(), (X, Y), batch_size=16, steps=5, warmup=2)
@@ -1135,6 +1147,7 @@ def test_advice_fits_what_built_the_input():
     assert "`tf.py_function` / a generator" in text and "Build the input" not in text
 
 
+@pytest.mark.slow
 def test_a_probe_error_is_one_line(monkeypatch):
     trace = "\n".join(f'  File "/site-packages/keras/x{i}.py", line {i}, in f' for i in range(30))
     error = tf.errors.InvalidArgumentError(
@@ -1179,6 +1192,7 @@ class _AnyShape(keras.layers.Layer):
         return tf.reduce_mean(tf.matmul(x, self.kernel), axis=1)
 
 
+@pytest.mark.slow
 def test_flops_use_the_batch_shapes_and_a_count_above_the_peak_is_not_achieved(monkeypatch):
     from tfgpu import _cpu
 
@@ -1203,6 +1217,7 @@ def test_flops_use_the_batch_shapes_and_a_count_above_the_peak_is_not_achieved(m
     assert "GFLOP/s achieved" not in str(wrong)
 
 
+@pytest.mark.slow
 def test_nvml_warning_once_in_a_script_with_diagnose_and_gpumonitor_fits(monkeypatch, tmp_path):
     import sys
     import warnings
@@ -1238,6 +1253,7 @@ def test_an_inconclusive_run_without_findings_does_not_say_nothing_to_change():
     assert "Nothing to change" not in text and "No clear finding" in text
 
 
+@pytest.mark.slow
 def test_a_fit_cut_before_a_timed_step_is_no_measurement():
     # The deadline has passed: the fit stops after its first call, a warm-up (tracing) call,
     # whose time is not a step time. A probe cut that way records no round, not "slower".

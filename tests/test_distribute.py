@@ -296,6 +296,7 @@ def single_device():
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas", [2, 4])
 def test_mirrored_equals_single_device(single_device, replicas):
     strategy = tfgpu.strategy("mirrored", devices=cpus(replicas))
@@ -304,6 +305,7 @@ def test_mirrored_equals_single_device(single_device, replicas):
     assert max_diff(model, single_device) < 1e-5  # float32 rounding: about 1e-7
 
 
+@pytest.mark.slow
 def test_uneven_last_batch_differs_and_drop_remainder_restores_equality():
     # 61 examples in batches of 8: the last batch has 5, split 3/2 over two replicas. Each
     # replica averages its own examples and the replicas' means are averaged, which is not
@@ -318,6 +320,7 @@ def test_uneven_last_batch_differs_and_drop_remainder_restores_equality():
     assert max_diff(even, ref_drop) < 1e-5
 
 
+@pytest.mark.slow
 def test_mixed_float16_under_mirrored_trains_with_loss_scaling():
     keras.mixed_precision.set_global_policy("mixed_float16")
     s = tfgpu.strategy("mirrored", devices=cpus(2))
@@ -330,6 +333,7 @@ def test_mixed_float16_under_mirrored_trains_with_loss_scaling():
     assert float(model.optimizer.dynamic_scale.numpy()) > 1.0
 
 
+@pytest.mark.slow
 def test_mixed_bfloat16_under_mirrored_needs_no_loss_scaling():
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     model, history = train(tfgpu.strategy("mirrored", devices=cpus(2)), epochs=2)

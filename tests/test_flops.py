@@ -123,6 +123,7 @@ def _frozen_backbone_model(trainable: bool):
     return keras.Model(inp, out)
 
 
+@pytest.mark.slow
 def test_frozen_backbone_costs_its_forward_pass_only():
     conv1, conv2 = 2 * (16 * 16 * 8) * (3 * 3 * 3), 2 * (8 * 8 * 8) * (3 * 3 * 8)
     head1, head2 = 2 * 8 * 16, 2 * 16 * 5

@@ -30,6 +30,7 @@ def _assert_same(before, after):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_a_fit_inside_leaves_weights_optimizer_metrics_and_history_as_they_were():
     model = _model()
     history = model.fit(X, Y, epochs=1, batch_size=16, verbose=0)
@@ -44,6 +45,7 @@ def test_a_fit_inside_leaves_weights_optimizer_metrics_and_history_as_they_were(
     assert model.steps_per_execution == 1
 
 
+@pytest.mark.slow
 def test_the_state_is_put_back_when_the_body_raises():
     model = _model()
     model.fit(X, Y, epochs=1, batch_size=16, verbose=0)
@@ -54,6 +56,7 @@ def test_the_state_is_put_back_when_the_body_raises():
     _assert_same(before, _state(model))
 
 
+@pytest.mark.slow
 def test_a_fresh_model_is_built_first_so_the_optimizer_slots_are_put_back_too():
     model = _model()
     assert not model.optimizer.built

@@ -81,6 +81,7 @@ def _write_run(path, *, gpus: int, rows: int = 20, steps: bool = True, diagnosis
     return path
 
 
+@pytest.mark.slow
 def test_gpu_run_gets_plots_and_summary(tmp_path):
     run = _write_run(tmp_path / "run", gpus=2, diagnosis={"text": "Bottleneck: input (high)"})
     summary = write_report(run)
@@ -128,6 +129,7 @@ def test_host_only_run_says_so_and_skips_gpu_plots(tmp_path):
     assert not (run / "report.md").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:tfgpu.monitor records no GPU metrics")
 def test_report_of_a_real_sampler_run(tmp_path):
     from tfgpu.monitor import record
@@ -142,6 +144,7 @@ def test_report_of_a_real_sampler_run(tmp_path):
     assert (tmp_path / "utilization.png").exists()
 
 
+@pytest.mark.slow
 def test_diagnosis_findings_without_text(tmp_path):
     diag = {
         "bottleneck": "host_overhead",
@@ -164,6 +167,7 @@ def test_bad_directories_get_clear_errors(tmp_path):
         write_report(tmp_path / "foreign")
 
 
+@pytest.mark.slow
 def test_cli_report_exit_codes(tmp_path, capsys):
     run = _write_run(tmp_path / "run", gpus=1)
     assert main(["report", str(run)]) == 0
@@ -453,6 +457,7 @@ def _rotated_run(path):
     return new
 
 
+@pytest.mark.slow
 def test_every_session_of_a_rotated_run_directory_is_reported(tmp_path, capsys):
     run = _rotated_run(tmp_path / "run")
     assert main(["report", str(run)]) == 0
@@ -489,6 +494,7 @@ def test_a_rotated_timeline_alone_is_a_run(tmp_path):
     assert "## Timeline `timeline.3.csv`" in text and "No samples" in text
 
 
+@pytest.mark.slow
 def test_extreme_values_neither_crash_nor_warn(tmp_path, capsys):
     run = _write_run(tmp_path / "run", gpus=1)
     lines = (run / "timeline.csv").read_text().splitlines()
@@ -614,6 +620,7 @@ def _steps(path, rows):
 _T0 = 1_700_000_000.0
 
 
+@pytest.mark.slow
 def test_sm_and_tensor_activity_are_plotted_next_to_utilization(tmp_path):
     run = _write_run(
         tmp_path / "run",
@@ -829,6 +836,7 @@ def test_older_timelines_and_host_only_runs_get_no_counter_section(tmp_path, no_
     assert "high: **Clocks throttled: HW thermal slowdown**" in text and "Not seen" not in text
 
 
+@pytest.mark.slow
 def test_counter_findings_are_per_session_and_odd_values_do_not_crash(tmp_path, capsys):
     rows = _counter_rows(5) + [
         [*r[:1], *r[1:4], 100.0, *r[5:7], 0x40, *r[8:]] for r in _counter_rows(5, _T0 + 3600)
