@@ -436,7 +436,19 @@ def test_step_timer_reads_the_batch_size_of_a_tf_data_dataset(fake, tmp_path, ca
     assert len(steps) == 8
     assert steps[-1]["examples_per_s"] * steps[-1]["step_time_s"] == pytest.approx(16, rel=1e-3)
 
-    unknown = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)  # batch dim is None
+    # A batch dimension of None: the batching step in the chain still tells the size.
+    partial = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    history = _model().fit(partial, epochs=1, verbose=0, shuffle=False, callbacks=[StepTimer()])
+    assert history.history["examples_per_s"][0] > 0
+
+    # Batches from a generator: nothing can tell their size.
+    unknown = tf.data.Dataset.from_generator(
+        lambda: ((x[i : i + 16], y[i : i + 16]) for i in range(0, 128, 16)),
+        output_signature=(
+            tf.TensorSpec((None, 8), tf.float32),
+            tf.TensorSpec((None, 1), tf.float32),
+        ),
+    )
     caplog.set_level(logging.WARNING, logger="tfgpu.callbacks")
     history = _model().fit(unknown, epochs=1, verbose=0, shuffle=False, callbacks=[StepTimer()])
     assert math.isnan(history.history["examples_per_s"][0])
@@ -848,3 +860,17 @@ def test_epoch_logs_add_gpm_pcie_and_energy_only_where_known():
     assert "joules_per_example" not in logs  # one GPU without energy: no partial sum
     assert "joules_per_example" not in _epoch_logs(agg, 2, 10.0, 100, batch_size=None)
     assert "gpu0_pcie_mib_per_step" not in _epoch_logs(agg, 2, 10.0, 0, batch_size=32)
+
+
+def test_step_timer_reads_the_batch_size_of_a_pipeline_with_a_partial_last_batch(caplog):
+    # 100 examples in batches of 32: the batch dimension is None (the last batch holds 4), so
+    # Keras's adapter cannot tell; the batching step in the dataset's chain can.
+    x, y = _data(100)
+    from tfgpu.data import pipeline
+
+    train = pipeline((x, y), batch_size=32, shuffle=False)
+    assert train.element_spec[0].shape[0] is None
+    with caplog.at_level("WARNING", logger="tfgpu"):
+        history = _model().fit(train, epochs=1, verbose=0, callbacks=[StepTimer()])
+    assert "batch size is unknown" not in caplog.text
+    assert np.isfinite(history.history["examples_per_s"][0])

@@ -1297,3 +1297,12 @@ def test_mfu_under_several_gpus_divides_by_all_their_peaks():
     peak = peak_flops("NVIDIA A100-SXM4-80GB", "bfloat16")
     assert one[2] == pytest.approx(one[0] / 0.01 / peak)
     assert two[2] == pytest.approx(one[2] / 2)
+
+
+def test_a_small_flop_rate_is_shown_in_a_unit_that_shows_it():
+    from tfgpu.diagnosis._result import _flop_rate
+
+    assert _flop_rate(3.2e6) == "3.20 MFLOP/s"  # a tiny model on a CPU: not "0.00 GFLOP/s"
+    assert _flop_rate(2.5e9) == "2.50 GFLOP/s"
+    assert _flop_rate(4e12) == "4.00 TFLOP/s"
+    assert _flop_rate(12.0) == "12 FLOP/s"

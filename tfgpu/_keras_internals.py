@@ -105,9 +105,11 @@ def fit_epoch_iterator(model: Any = None) -> Any:
 
 
 def fit_batch_size(model: Any = None) -> int | None:
-    """The batch size of the running `fit`, from its epoch iterator's data adapter, or None.
+    """The batch size of the running `fit`, or None where nothing can tell.
 
-    None where the adapter cannot tell (a dataset without a static batch dimension).
+    From the epoch iterator's data adapter; for a `tf.data.Dataset` whose batch dimension is
+    not static (a last partial batch: `None`), from the batching step in the dataset's chain
+    (the size of every batch but the last).
     """
     frame = _fit_frame(model, sys._getframe(1))
     iterator = None if frame is None else frame.f_locals.get("epoch_iterator")
@@ -115,7 +117,15 @@ def fit_batch_size(model: Any = None) -> int | None:
     try:
         size = adapter.batch_size if adapter is not None else None
     except Exception:  # an adapter that cannot tell
-        return None
+        size = None
+    if size is None and iterator is not None:
+        from tfgpu._datasets import source_batches
+
+        try:
+            batches, _ = source_batches(source_dataset(iterator))
+            size = None if batches is None else batches.batch_size
+        except Exception:  # not a tf.data.Dataset, or a chain that cannot be read
+            size = None
     if isinstance(size, numbers.Integral) and not isinstance(size, bool) and int(size) > 0:
         return int(size)
     return None

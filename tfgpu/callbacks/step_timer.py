@@ -101,7 +101,8 @@ class StepTimer(keras.callbacks.Callback):
 
     Args:
         batch_size: int or None, the global batch size. Defaults to `None`: read from the
-            data `fit` was given (a `tf.data` dataset batched with a static size, or arrays).
+            data `fit` was given (arrays, or a `tf.data` dataset with a batching step or a
+            static batch size).
         log_dir: str, os.PathLike or None, the run directory. Defaults to `None`: no file.
         flops_per_step: float or None, FLOPs of one train step (e.g.
             `tfgpu.flops.train_step_flops(model, batch_size)`). Defaults to `None`: counted

@@ -131,7 +131,7 @@ class Diagnosis:
             )
         elif self.achieved_flops_per_second:
             lines.append(
-                f"  {self.achieved_flops_per_second / 1e9:.2f} GFLOP/s achieved (MFU needs a GPU "
+                f"  {_flop_rate(self.achieved_flops_per_second)} achieved (MFU needs a GPU "
                 "from the peak table)"
             )
         for key in (
@@ -155,3 +155,17 @@ class Diagnosis:
             lines.append(f"   -> {f.recommendation}")
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
+
+
+def _flop_rate(flops_per_second: float) -> str:
+    """A FLOP rate in the unit that shows it: "1.23 TFLOP/s", "45.6 GFLOP/s", "7.89 MFLOP/s".
+
+    Example:
+
+    >>> _flop_rate(3.2e6), _flop_rate(2.5e9), _flop_rate(4e12)
+    ('3.20 MFLOP/s', '2.50 GFLOP/s', '4.00 TFLOP/s')
+    """
+    for unit, size in (("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6)):
+        if flops_per_second >= size:
+            return f"{flops_per_second / size:.2f} {unit}"
+    return f"{flops_per_second:.0f} FLOP/s"
