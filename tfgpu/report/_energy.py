@@ -9,15 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from tfgpu import _stats
 from tfgpu.report._read import _Artifact, _Table
 from tfgpu.report._sections import _fmt
-from tfgpu.report._series import (
-    _finite,
-    _gpu_indices,
-    _steps_per_row,
-    _steps_sessions,
-    _timeline_sessions,
-)
+from tfgpu.report._series import _gpu_indices, _steps_per_row, _steps_sessions, _timeline_sessions
 
 
 @dataclass
@@ -43,7 +38,7 @@ def _energy(table: _Table) -> list[_Energy]:
     out = []
     for i in _gpu_indices(table):
         values = table.col(f"gpu{i}_energy_j")
-        if not _finite(values):
+        if not _stats.finite(values):
             continue
         e = _Energy(i)
         for a, b in zip(starts, ends):

@@ -12,7 +12,7 @@ import math
 from tfgpu import _gpu_counters as counters
 from tfgpu import _stats
 from tfgpu.report._read import _Artifact, _Table
-from tfgpu.report._series import _finite, _gpu_indices, _max, _mean, _timeline_sessions
+from tfgpu.report._series import _gpu_indices, _max, _timeline_sessions
 
 # Timeline columns (per GPU) that only a monitor which reads the GPU counters writes: a
 # timeline without any of them is from an older tfgpu, and what it lacks is not "unseen".
@@ -32,7 +32,7 @@ _NO_BITMASK = 2.0**64  # NVML's throttle reasons are an unsigned 64-bit mask
 
 def _bits_or(values: list[float]) -> float:
     """The bitwise OR of the bitmasks among `values` (as a float), NaN when there is none."""
-    masks = [int(v) for v in _finite(values) if 0 <= v < _NO_BITMASK]
+    masks = [int(v) for v in _stats.finite(values) if 0 <= v < _NO_BITMASK]
     out = 0
     for m in masks:
         out |= m
@@ -46,16 +46,18 @@ def _window_counters(table: _Table, gpu: int, a: int, b: int) -> counters.Counte
     def col(name: str) -> list[float]:
         return table.col(f"gpu{gpu}_{name}")[a:b]
 
-    pcie = [m for m in (_mean(col("pcie_tx_mib_s")), _mean(col("pcie_rx_mib_s"))) if m == m]
+    pcie = [
+        m for m in (_stats.mean(col("pcie_tx_mib_s")), _stats.mean(col("pcie_rx_mib_s"))) if m == m
+    ]
     return counters.Counters(
-        util_pct_mean=_mean(col("util_pct")),
-        sm_active_pct_mean=_mean(col("sm_active_pct")),
-        tensor_active_pct_mean=_mean(col("tensor_active_pct")),
+        util_pct_mean=_stats.mean(col("util_pct")),
+        sm_active_pct_mean=_stats.mean(col("sm_active_pct")),
+        tensor_active_pct_mean=_stats.mean(col("tensor_active_pct")),
         pcie_mib_s_mean=sum(pcie) if pcie else math.nan,  # inf past the float maximum
-        power_w_mean=_mean(col("power_w")),
+        power_w_mean=_stats.mean(col("power_w")),
         power_limit_w_max=_max(col("power_limit_w")),
         throttle_reasons_any=_bits_or(col("throttle_reasons")),
-        sm_clock_mhz_mean=_mean(col("sm_clock_mhz")),
+        sm_clock_mhz_mean=_stats.mean(col("sm_clock_mhz")),
     )
 
 
@@ -67,7 +69,7 @@ def _step_time_in(steps: list[_Table], first: float, last: float) -> float:
         for r in table.rows
         if first <= r.get("time", math.nan) <= last
     ]
-    return _stats.median([t for t in _finite(times) if t > 0])
+    return _stats.median([t for t in _stats.finite(times) if t > 0])
 
 
 def _gpu_list(gpus: list[int]) -> str:
@@ -88,7 +90,7 @@ def _counter_lines(table: _Table, name: str, steps: list[_Table]) -> list[str]:
     unseen: dict[str, list[int]] = {}
     fixes: set[str] = set()  # each fix written out once per file
     for number, (a, b) in enumerate(zip(starts, ends), 1):
-        span = _finite(times[a:b])
+        span = _stats.finite(times[a:b])
         step_time = _step_time_in(steps, span[0], span[-1]) if span else math.nan
         where = f" (session {number})" if len(starts) > 1 else ""
         for i in gpus:

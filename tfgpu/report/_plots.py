@@ -11,11 +11,11 @@ import math
 import warnings
 from pathlib import Path
 
+from tfgpu import _stats
 from tfgpu.report._read import _Problems, _Table
 from tfgpu.report._series import (
     _broken,
     _epoch_starts,
-    _finite,
     _gpu_indices,
     _steps_per_row,
     _steps_sessions,
@@ -198,13 +198,13 @@ def _activity_gpus(table: _Table) -> list[int]:
     return [
         i
         for i in _gpu_indices(table)
-        if any(_finite(table.col(f"gpu{i}_{name}")) for name in _ACTIVITY)
+        if any(_stats.finite(table.col(f"gpu{i}_{name}")) for name in _ACTIVITY)
     ]
 
 
 def _steps_plot(plt, out: Path, table: _Table, t0: float | None) -> Path | None:
     times = table.col("time")
-    finite = _finite(times)
+    finite = _stats.finite(times)
     if not finite:
         return None
     starts = _steps_sessions(table)
@@ -213,7 +213,7 @@ def _steps_plot(plt, out: Path, table: _Table, t0: float | None) -> Path | None:
     counts = _steps_per_row(table.col("step"), starts)
     ends = [v - (t0 if t0 is not None else 0.0) for v in times]
     begin_times = [e - t * n / 1e3 if math.isfinite(t) else e for e, t, n in zip(ends, ms, counts)]
-    base = 0.0 if t0 is not None else (_finite(begin_times) or finite)[0]
+    base = 0.0 if t0 is not None else (_stats.finite(begin_times) or finite)[0]
     xs = [v - base for v in ends]  # when each row's step(s) ended
     begins = [v - base for v in begin_times]
     epochs = _epoch_starts(begins, table.col("epoch"), starts)
@@ -234,7 +234,7 @@ def _steps_plot(plt, out: Path, table: _Table, t0: float | None) -> Path | None:
 
 def _t0_for(table: _Table, worker: str, starts: dict[str, list[float]]) -> float | None:
     """Time 0 for a steps file's plot: the first sample of the timeline it falls in."""
-    times = _finite(table.col("time"))
+    times = _stats.finite(table.col("time"))
     if not times:
         return None
     before = [t for t in starts.get(worker, []) if t <= times[0]]

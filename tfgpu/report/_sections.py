@@ -17,10 +17,8 @@ from tfgpu import _stats
 from tfgpu._files import EARLIER_SESSIONS
 from tfgpu.report._read import _Artifact, _diagnoses, _Problems, _read_record, _Table
 from tfgpu.report._series import (
-    _finite,
     _gpu_indices,
     _max,
-    _mean,
     _session_of,
     _span,
     _steps_per_row,
@@ -63,7 +61,7 @@ def _timeline_section(table: _Table, name: str) -> list[str]:
     text = f"{len(table.rows)} samples over {_fmt(_span(x), '.2f')} s"
     if len(starts) > 1:
         ends = [*starts[1:], len(x)]
-        sampled = sum(_span(x[a:b]) for a, b in zip(starts, ends) if _finite(x[a:b]))
+        sampled = sum(_span(x[a:b]) for a, b in zip(starts, ends) if _stats.finite(x[a:b]))
         text += (
             f" in {len(starts)} sessions (one per `fit` or `record`, appended to this file), "
             f"{_fmt(sampled, '.2f')} s of them sampled; the plots mark where each began"
@@ -82,14 +80,14 @@ def _timeline_section(table: _Table, name: str) -> list[str]:
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for i in gpus:
-            util = _finite(table.col(f"gpu{i}_util_pct"))
+            util = _stats.finite(table.col(f"gpu{i}_util_pct"))
             idle = sum(v < IDLE_UTIL_PCT for v in util) / len(util) if util else math.nan
             lines.append(
-                f"| {i} | {_fmt(_mean(util))} | {_fmt(_max(util))} | {_fmt(idle, '.0%')} | "
-                f"{_fmt(_mean(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
+                f"| {i} | {_fmt(_stats.mean(util))} | {_fmt(_max(util))} | {_fmt(idle, '.0%')} | "
+                f"{_fmt(_stats.mean(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
                 f"{_fmt(_max(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
                 f"{_fmt(_max(table.col(f'gpu{i}_mem_total_mib')), '.0f')} | "
-                f"{_fmt(_mean(table.col(f'gpu{i}_power_w')))} | "
+                f"{_fmt(_stats.mean(table.col(f'gpu{i}_power_w')))} | "
                 f"{_fmt(_max(table.col(f'gpu{i}_power_w')))} |"
             )
         lines += [
@@ -99,7 +97,7 @@ def _timeline_section(table: _Table, name: str) -> list[str]:
         ]
         lines += _activity_lines(table, gpus)
     lines += [
-        f"Host: CPU mean {_fmt(_mean(table.col('host_cpu_pct')))}%, process RSS max "
+        f"Host: CPU mean {_fmt(_stats.mean(table.col('host_cpu_pct')))}%, process RSS max "
         f"{_fmt(_max(table.col('host_rss_mib')), '.0f')} MiB, system memory max "
         f"{_fmt(_max(table.col('host_mem_used_pct')))}%.",
         "",
@@ -136,7 +134,7 @@ def _steps_section(table: _Table, name: str) -> list[str]:
     for (session, e), rows in sorted(by_epoch.items()):
         times = [r.get("step_time_s", math.nan) * 1e3 for r in rows]
         counts = _steps_per_row([r.get("step", math.nan) for r in rows])
-        spent = sum(_finite([t * n / 1e3 for t, n in zip(times, counts)]))
+        spent = sum(_stats.finite([t * n / 1e3 for t, n in zip(times, counts)]))
         steady = times[1:] or times  # StepTimer's rule: the first execution is not steady
         lines.append(
             (f"| {session + 1} " if fits else "")
@@ -164,7 +162,7 @@ def _activity_lines(table: _Table, gpus: list[int]) -> list[str]:
     shown = [
         (name, header)
         for name, header in _ACTIVITY_TABLE
-        if any(_finite(table.col(f"gpu{i}_{name}")) for i in gpus)
+        if any(_stats.finite(table.col(f"gpu{i}_{name}")) for i in gpus)
     ]
     if not shown:
         return []  # an older timeline, or a GPU without GPM and PCIe counters
@@ -173,9 +171,11 @@ def _activity_lines(table: _Table, gpus: list[int]) -> list[str]:
         "| --- | --- | " + " | ".join("---" for _ in shown) + " |",
     ]
     for i in gpus:
-        cells = [_fmt(_mean(table.col(f"gpu{i}_{name}"))) for name, _ in shown]
+        cells = [_fmt(_stats.mean(table.col(f"gpu{i}_{name}"))) for name, _ in shown]
         lines.append(
-            f"| {i} | {_fmt(_mean(table.col(f'gpu{i}_util_pct')))} | " + " | ".join(cells) + " |"
+            f"| {i} | {_fmt(_stats.mean(table.col(f'gpu{i}_util_pct')))} | "
+            + " | ".join(cells)
+            + " |"
         )
     lines += [
         "",

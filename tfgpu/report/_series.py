@@ -15,16 +15,8 @@ from tfgpu import _stats
 from tfgpu.report._read import _Table
 
 
-def _finite(values) -> list[float]:
-    return _stats.finite(values)
-
-
-def _mean(values) -> float:
-    return _stats.mean(values)
-
-
 def _max(values) -> float:
-    v = _finite(values)
+    v = _stats.finite(values)
     return max(v) if v else math.nan
 
 
@@ -107,12 +99,12 @@ def _time_axis(table: _Table, starts: list[int], t0: float | None = None) -> lis
     Without a `time` column, the sessions' `elapsed_s` are laid end to end.
     """
     times = table.col("time")
-    finite = _finite(times)
+    finite = _stats.finite(times)
     if finite:
         base = finite[0] if t0 is None else t0
         return [t - base for t in times]
     elapsed = table.col("elapsed_s")
-    if not _finite(elapsed):
+    if not _stats.finite(elapsed):
         return [float(k) for k in range(len(table.rows))]
     out, offset, last = [], 0.0, 0.0
     firsts = set(starts)
@@ -127,7 +119,7 @@ def _time_axis(table: _Table, starts: list[int], t0: float | None = None) -> lis
 
 
 def _span(xs: list[float]) -> float:
-    finite = _finite(xs)
+    finite = _stats.finite(xs)
     return finite[-1] - finite[0] if finite else math.nan
 
 

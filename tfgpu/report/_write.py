@@ -11,6 +11,7 @@ import os
 import warnings
 from pathlib import Path
 
+from tfgpu import _stats
 from tfgpu._checks import check_dir
 from tfgpu._files import write_text_atomic
 from tfgpu.report._energy import _energy_section
@@ -36,7 +37,6 @@ from tfgpu.report._sections import (
     _timeline_section,
     _workers_heading,
 )
-from tfgpu.report._series import _finite
 
 
 def _section(problems: _Problems, path: Path, make, *args) -> list[str]:
@@ -101,7 +101,7 @@ def write_report_and_problems(
             body += [f"## Timeline `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
             continue
         read_timelines.append((artifact, table))
-        times = _finite(table.col("time"))
+        times = _stats.finite(table.col("time"))
         if times:
             first_samples.setdefault(artifact.worker, []).append(times[0])
         body += _section(problems, artifact.path, _timeline_section, table, artifact.path.name)
