@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import tfgpu
+from tfgpu import _measure as protocol
 from tfgpu.diagnosis import Diagnosis, _measure
 from tfgpu.diagnosis._classify import _classify
 from tfgpu.diagnosis._facts import _Facts
@@ -88,7 +89,7 @@ class _ScriptedSteps:
 
     Real `fit` calls still run (the probes, the state restore and the files are exercised);
     only the clocks are replaced, so the verdict does not depend on the machine's load: the
-    step clock (`_fit_step_time`) and the budget's clock (`_now`), which advances by the
+    step clock (`tfgpu._measure.fit_step_time`) and the budget's clock (`now`), which advances by the
     scripted duration of each fit (`warmup` + `steps` steps, cut at the deadline the way the
     real deadline callback cuts a fit). `device_s` is the step on a batch already in memory,
     `real_s` the step on the user's data (a number, or a list used round after round, to
@@ -99,13 +100,14 @@ class _ScriptedSteps:
     def __init__(
         self, monkeypatch, *, device_s, real_s, spe_gain=1.0, xla_factor=1.0, xla_error=None
     ):
+        from tfgpu import _measure as protocol
         from tfgpu.diagnosis import _measure as module
 
         self.device_s, self.real_s = device_s, real_s
         self.spe_gain, self.xla_factor = spe_gain, xla_factor
         self.clock = 1000.0
         self.fits: list[tuple[str, float]] = []  # (what, scripted seconds per step)
-        original_fit_step_time = module._fit_step_time
+        original_fit_step_time = protocol.fit_step_time
         original_device_dataset = module._device_dataset
         self.device_datasets: list = []
         self.reals = 0
@@ -143,8 +145,8 @@ class _ScriptedSteps:
             return seconds
 
         monkeypatch.setattr(module, "_device_dataset", device_dataset)
-        monkeypatch.setattr(module, "_fit_step_time", fit_step_time)
-        monkeypatch.setattr(module, "_now", lambda: self.clock)
+        monkeypatch.setattr(protocol, "fit_step_time", fit_step_time)
+        monkeypatch.setattr(protocol, "now", lambda: self.clock)
         monkeypatch.setattr(module, "_warm_real", lambda *a, **k: None)
 
 
@@ -982,7 +984,7 @@ def _piped_slowly(ms: float = 20.0, n: int = 512):
 
 
 def test_median_interval_is_the_order_statistics_interval():
-    from tfgpu.diagnosis._rounds import _median_interval
+    from tfgpu._measure import median_interval as _median_interval
 
     assert _median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0, 0.75)  # too few: the full range
     low, high, confidence = _median_interval(list(range(12)))
@@ -1259,9 +1261,9 @@ def test_a_fit_cut_before_a_timed_step_is_no_measurement():
     # whose time is not a step time. A probe cut that way records no round, not "slower".
     model = _tiny_model()
     data = tf.data.Dataset.from_tensor_slices((X[:64], Y[:64])).batch(16).repeat()
-    assert _measure._fit_step_time(model, data, 5, 2, deadline=0.0) is None
-    assert _measure._fit_step_time(model, data, 5, 2) > 0
-    spent = _measure._Budget(0.0)
+    assert protocol.fit_step_time(model, data, 5, 2, deadline=0.0) is None
+    assert protocol.fit_step_time(model, data, 5, 2) > 0
+    spent = protocol.Budget(0.0)
     rounds, stopped = _measure._compare(model, data, 5, 2, {"steps_per_execution": 4}, budget=spent)
     assert (rounds, stopped) == ([], "budget")
     assert int(model.steps_per_execution) == 1  # put back

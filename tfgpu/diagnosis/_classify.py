@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from tfgpu import _gpu_counters as counters
+from tfgpu import _measure as protocol
 from tfgpu._checks import is_finite_number
 from tfgpu._devices import peak_precision
 from tfgpu.diagnosis._advice import (
@@ -23,7 +24,6 @@ from tfgpu.diagnosis._advice import (
     _unexplained_wait_finding,
 )
 from tfgpu.diagnosis._facts import (
-    _MIN_ROUNDS,
     HOST_OVERHEAD_MIN_GAIN,
     INPUT_BOUND_HIGH,
     INPUT_BOUND_MODERATE,
@@ -39,8 +39,6 @@ from tfgpu.diagnosis._facts import (
 from tfgpu.diagnosis._result import Finding
 from tfgpu.diagnosis._rounds import (
     _input_level,
-    _medians,
-    _probe_gain,
     _share_verdict,
     _wait_and_share,
 )
@@ -65,11 +63,11 @@ def _classify(
         wait, share = _wait_and_share(f.compute_step_time_s, f.step_time_s)
         wait_low = wait
         level = _input_level(share, wait)
-    spe_gain, spe_low, _ = _probe_gain(
+    spe_gain, spe_low, _ = protocol.gain(
         f.spe_rounds, f.spe_baseline_step_time_s or f.compute_step_time_s, f.spe_probe_step_time_s
     )
     spe_no_gain = spe_gain is not None and not spe_low >= HOST_OVERHEAD_MIN_GAIN
-    xla_gain, xla_low, _ = _probe_gain(
+    xla_gain, xla_low, _ = protocol.gain(
         f.xla_rounds, f.xla_baseline_step_time_s or f.compute_step_time_s, f.xla_other_step_time_s
     )
     xla_no_gain = xla_gain is not None and not xla_low >= XLA_MIN_GAIN
@@ -107,7 +105,7 @@ def _classify(
         )
 
     spe_base, spe_probe = (
-        _medians(f.spe_rounds)
+        protocol.medians(f.spe_rounds)
         if f.spe_rounds
         else (f.spe_baseline_step_time_s or f.compute_step_time_s, f.spe_probe_step_time_s or 0.0)
     )
@@ -221,7 +219,7 @@ def _classify(
 
     if xla_gain is not None and not xla_no_gain:
         xla_base, xla_variant = (
-            _medians(f.xla_rounds)
+            protocol.medians(f.xla_rounds)
             if f.xla_rounds
             else (
                 f.xla_baseline_step_time_s or f.compute_step_time_s,
@@ -418,7 +416,7 @@ def _wait_notes(
         )
     elif (
         level == "inconclusive"
-        and verdict["rounds"] >= _MIN_ROUNDS  # fewer: the budget note says why
+        and verdict["rounds"] >= protocol.MIN_ROUNDS  # fewer: the budget note says why
         and all(x.kind != "input_wait_unexplained" for x in findings)
     ):
         notes.append(

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu import _devices
+from tfgpu import _measure as protocol
 from tfgpu._checks import (
     check_bool,
     check_dir,
@@ -28,7 +29,7 @@ from tfgpu._warnings import one_line
 from tfgpu.diagnosis import _measure
 from tfgpu.diagnosis._classify import _classify, _monitor_facts, _unseen, _wait_notes
 from tfgpu.diagnosis._facts import (
-    _MIN_ROUNDS,
+    _MEASURE_SHARE,
     DEFAULT_TIME_BUDGET_S,
     HOST_OVERHEAD_MIN_GAIN,
     HOST_OVERHEAD_PROBE_BELOW_S,
@@ -51,7 +52,7 @@ from tfgpu.diagnosis._lint import (
     _precision_layers,
 )
 from tfgpu.diagnosis._result import Diagnosis
-from tfgpu.diagnosis._rounds import _medians, _share_verdict
+from tfgpu.diagnosis._rounds import _share_verdict
 
 
 def _gpu_facts(notes: list[str]) -> tuple[str | None, list[tuple[int, int]], int | None]:
@@ -313,7 +314,7 @@ def diagnose(
     time_budget_s = _check_args(
         model, steps, warmup, batch_size, log_dir, profile, flags, time_budget_s
     )
-    budget = _measure._Budget(time_budget_s)
+    budget = protocol.Budget(time_budget_s, _MEASURE_SHARE)
     ds, numpy_input = _as_dataset(data, batch_size)
     batch, size = _first_batch(model, ds)
     log_path = check_dir("log_dir", log_dir, allow_none=True)
@@ -351,7 +352,7 @@ def diagnose(
             measurements=measurements,
             notes=notes,
         )
-    compute, real = _medians(m.rounds)
+    compute, real = protocol.medians(m.rounds)
 
     # 4. Classify.
     f = _Facts(
@@ -402,7 +403,7 @@ def diagnose(
     notes += _wait_notes(f, verdict, level, share, findings)
     measurements["noise"] = None
     noise = None
-    if verdict["rounds"] >= _MIN_ROUNDS:  # fewer rounds cannot tell the noise
+    if verdict["rounds"] >= protocol.MIN_ROUNDS:  # fewer rounds cannot tell the noise
         noise = verdict["high"] - verdict["low"]
         measurements["noise"] = {k: verdict[k] for k in ("low", "high", "confidence", "rounds")}
     findings += _lint_mixed_precision(model, ccs)
@@ -463,7 +464,7 @@ def _measure_model(
     on_gpu: bool,
     steps: int,
     warmup: int,
-    budget: _measure._Budget,
+    budget: protocol.Budget,
     check_xla: bool,
     check_steps_per_execution: bool,
     monitor: bool,
@@ -487,9 +488,9 @@ def _measure_model(
             notes.append(f"train-step op placement not checked: {one_line(e)}")
     with _measure._monitoring(monitor and on_gpu, notes) as aggregate:
         rounds = _measure._measure_rounds(model, ds, device_ds, first, steps, warmup, budget)
-    if len(rounds) < _MIN_ROUNDS:
+    if len(rounds) < protocol.MIN_ROUNDS:
         notes.append(
-            f"only {len(rounds)} of {_MIN_ROUNDS} rounds ran within the time budget of "
+            f"only {len(rounds)} of {protocol.MIN_ROUNDS} rounds ran within the time budget of "
             f"{budget.seconds:g} s: pass a larger `time_budget_s`"
         )
     measurements["rounds"] = [{"device_resident_s": c, "real_s": r} for c, r in rounds]
@@ -497,7 +498,7 @@ def _measure_model(
         notes.append("no GPU visible to TensorFlow: measured on the CPU, no GPU monitor")
     scale_after = _loss_scale(model)
 
-    compute, _ = _medians(rounds)
+    compute, _ = protocol.medians(rounds)
     skipped: list[str] = []
     spe_rounds: list[tuple[float, float]] = []
     spe = int(model.steps_per_execution)

@@ -39,20 +39,15 @@ MEMORY_HEADROOM_BELOW = 0.5
 # A dynamic loss scale that halves this many times in a short run is collapsing.
 LOSS_SCALE_MAX_HALVINGS = 4
 
-# Each comparison alternates its two variants in rounds: at least `_MIN_ROUNDS`, then more
-# (up to `_MAX_ROUNDS`, `_PROBE_MAX_ROUNDS` for a probe) until a distribution-free confidence
-# interval of the median (order statistics, binomial coverage >= `CONFIDENCE`) lies on one side
-# of every threshold, or the time budget is spent.
-_MIN_ROUNDS = 3
+# Each comparison alternates its two variants in rounds (the shared protocol, `tfgpu._measure`:
+# at least `MIN_ROUNDS`) up to `_MAX_ROUNDS` (`_PROBE_MAX_ROUNDS` for a probe) until the
+# confidence interval of the median lies on one side of every threshold, or the time budget
+# is spent.
 
 _MAX_ROUNDS = 12
 
 _PROBE_MAX_ROUNDS = 7
 
-CONFIDENCE = 0.90
-
-# A probe stops after its first round when the variant is this much slower than the baseline.
-PROBE_CLEARLY_SLOWER = 1.5
 
 # An input wait longer than this many times the pipeline's own time per batch (plus
 # `INPUT_WAIT_MIN_S`) is not the pipeline's doing: not called input-bound.
@@ -61,17 +56,13 @@ WAIT_UNEXPLAINED_FACTOR = 2.0
 # The default time budget of a diagnosis, in seconds.
 DEFAULT_TIME_BUDGET_S = 60.0
 
-# Rounds beyond `_MIN_ROUNDS` stop once this share of the budget is spent (the probes need
+# Rounds beyond `MIN_ROUNDS` stop once this share of the budget is spent (the probes need
 # the rest).
 _ROUNDS_BUDGET_SHARE = 0.6
 
 # Measuring stops at this share of the budget; the rest is for counting FLOPs (a traced
 # gradient) and putting the model back, so the whole call ends within its budget.
 _MEASURE_SHARE = 0.8
-
-# Each timed fit of a probe's variant runs at most this many times as long as the baseline's
-# timed steps took (its warm-up, tracing and compiling, is bounded by the budget only).
-_PROBE_FIT_LIMIT_FACTOR = 3.0
 
 
 @dataclass

@@ -2,119 +2,28 @@
 
 `_measure_rounds` alternates a device-resident batch and the real data until the input
 wait is clear of the thresholds; `_run_probe` alternates a compile setting's two values
-(`steps_per_execution`, `jit_compile`). Every clock read goes through `_now`, and every
-timed fit through `_fit_step_time`, both module attributes here (the tests' scripted clock
-replaces them).
+(`steps_per_execution`, `jit_compile`). Both time through the shared protocol
+(`tfgpu._measure`: its clock `now` and its timed fit `fit_step_time`, which the tests'
+scripted clock replaces).
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import os
-import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import keras
 import tensorflow as tf
 
-from tfgpu import _stats
+from tfgpu import _measure as protocol
 from tfgpu._datasets import cardinality
 from tfgpu._warnings import one_line
-from tfgpu.diagnosis._facts import (
-    _MAX_ROUNDS,
-    _MEASURE_SHARE,
-    _MIN_ROUNDS,
-    _PROBE_FIT_LIMIT_FACTOR,
-    _PROBE_MAX_ROUNDS,
-    _ROUNDS_BUDGET_SHARE,
-    PROBE_CLEARLY_SLOWER,
-)
-from tfgpu.diagnosis._rounds import _medians, _probe_gain, _probe_settled, _share_verdict
-
-# The clock of the time budget (tests replace it with a scripted one).
-_now = time.perf_counter
-
-
-class _Timer(keras.callbacks.Callback):
-    """Times each call of the train function; stops `fit` at a deadline.
-
-    `deadline` (on `_now`'s clock) bounds the whole fit; `timed_limit_s` bounds the timed
-    part, counted from the end of the warm-up calls (so tracing and compiling are bounded by
-    the deadline only). The median then uses the steps that ran.
-    """
-
-    def __init__(self, calls_warm: int = 0, deadline=None, timed_limit_s=None):
-        super().__init__()
-        self.times: list[float] = []
-        self.calls_warm = calls_warm
-        self.deadline = deadline
-        self.timed_limit_s = timed_limit_s
-        self.warm_at: float | None = None
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.times.append(time.perf_counter())
-        if self.deadline is None and self.timed_limit_s is None:
-            return
-        now = _now()
-        if len(self.times) == self.calls_warm:
-            self.warm_at = now
-        late = self.deadline is not None and now >= self.deadline
-        if self.timed_limit_s is not None and self.warm_at is not None:
-            late = late or now - self.warm_at >= self.timed_limit_s
-        if late:
-            self.model.stop_training = True
-
-
-def _fit_step_time(
-    model, dataset, steps: int, warmup: int, deadline=None, timed_limit_s=None
-) -> float | None:
-    """Seconds per training step from `fit`, the median over calls after warm-up.
-
-    Stopped at `deadline` (or `timed_limit_s` after the warm-up): the median uses the timed
-    calls that ran. None when the deadline came before one timed call: a time from warm-up
-    calls (tracing, compiling) is not a step time.
-    """
-    spe = max(1, int(model.steps_per_execution))
-    calls_warm = max(2, math.ceil(warmup / spe))
-    calls_timed = max(6, math.ceil(steps / spe))
-    timer = _Timer(calls_warm, deadline, timed_limit_s)
-    model.fit(
-        dataset,
-        epochs=1,
-        steps_per_epoch=(calls_warm + calls_timed) * spe,
-        verbose=0,
-        shuffle=False,
-        callbacks=[timer],
-    )
-    model.stop_training = False
-    gaps = [b - a for a, b in itertools.pairwise(timer.times[calls_warm - 1 :])]
-    return _stats.median(gaps) / spe if gaps else None
-
-
-@dataclass
-class _Budget:
-    """The time budget of one diagnosis, on `_now`'s clock (None: no limit)."""
-
-    seconds: float | None
-    start: float = field(default_factory=lambda: _now())
-
-    @property
-    def deadline(self) -> float | None:
-        """When measuring stops: the rest of the budget counts FLOPs and restores the model."""
-        return None if self.seconds is None else self.start + _MEASURE_SHARE * self.seconds
-
-    def elapsed(self) -> float:
-        """Seconds since the diagnosis started."""
-        return _now() - self.start
-
-    def left(self) -> float:
-        deadline = self.deadline
-        return math.inf if deadline is None else deadline - _now()
+from tfgpu.diagnosis._facts import _MAX_ROUNDS, _PROBE_MAX_ROUNDS, _ROUNDS_BUDGET_SHARE
+from tfgpu.diagnosis._rounds import _share_verdict
 
 
 def _compare(
@@ -125,60 +34,20 @@ def _compare(
     attrs: dict[str, Any],
     *,
     threshold: float = 1.0,
-    budget: _Budget | None = None,
+    budget: protocol.Budget | None = None,
     max_rounds: int = _PROBE_MAX_ROUNDS,
 ) -> tuple[list[tuple[float, float]], str | None]:
-    """Per-round step times (baseline, variant) with `attrs` set on the model, interleaved.
-
-    Alternates the two (variant first) for at least `_MIN_ROUNDS` rounds, more (up to
-    `max_rounds`) while the interval of the per-round ratios straddles `threshold`. Stops
-    early, saying why: after the first round when the variant is `PROBE_CLEARLY_SLOWER`
-    than the baseline, or when the budget is spent. Each variant fit's timed part is limited
-    to `_PROBE_FIT_LIMIT_FACTOR` times the baseline's. Each variant's compiled train function
-    is kept and swapped in, so nothing is traced twice.
-
-    Returns:
-        (rounds, why it stopped early or None).
-    """
-    budget = budget or _Budget(None)
-    saved = {k: getattr(model, k) for k in attrs}
-    functions: dict[str, Any] = {"base": model.train_function, "variant": None}
-    rounds: list[tuple[float, float]] = []
-    stopped = None
-    base_timed_s: float | None = None
-    try:
-        for i in range(max_rounds):
-            if i >= _MIN_ROUNDS and _probe_settled(rounds, threshold):
-                break
-            if i > 0 and budget.left() <= 0:
-                stopped = "budget"
-                break
-            times = {}
-            for name, values in (("variant", attrs), ("base", saved)):
-                for k, v in values.items():
-                    setattr(model, k, v)
-                model.train_function = functions[name]
-                limit = None
-                if name == "variant" and base_timed_s is not None:
-                    limit = _PROBE_FIT_LIMIT_FACTOR * base_timed_s
-                times[name] = _fit_step_time(
-                    model, dataset, steps, warmup, deadline=budget.deadline, timed_limit_s=limit
-                )
-                functions[name] = model.train_function
-            if times["base"] is None or times["variant"] is None:  # cut before a timed step
-                stopped = "budget"
-                break
-            rounds.append((times["base"], times["variant"]))
-            if base_timed_s is None:
-                base_timed_s = times["base"] * max(6, steps) + 1.0
-            if i == 0 and times["variant"] > PROBE_CLEARLY_SLOWER * times["base"]:
-                stopped = "slower"
-                break
-    finally:
-        for k, v in saved.items():
-            setattr(model, k, v)
-        model.train_function = functions["base"]
-    return rounds, stopped
+    """Per-round step times (baseline, variant) with `attrs` set on the model, interleaved
+    by the shared protocol (`tfgpu._measure.interleave`): the model's settings and train
+    function are put back whatever happens."""
+    return protocol.interleave(
+        protocol.with_attrs(model, dataset, steps, warmup, {}),
+        protocol.with_attrs(model, dataset, steps, warmup, attrs),
+        threshold=threshold,
+        budget=budget,
+        max_rounds=max_rounds,
+        timed_units=max(6, steps),
+    )
 
 
 def _device_dataset(batch, on_gpu: bool):
@@ -196,7 +65,7 @@ def _host_load() -> float | None:
         return None
 
 
-def _warm_real(model, ds, repeated, budget: _Budget) -> None:
+def _warm_real(model, ds, repeated, budget: protocol.Budget) -> None:
     """One untimed pass over the real data's first epoch (every batch shape it has, the
     partial last batch included), so retracing and recompiling fall outside the timed runs.
 
@@ -218,7 +87,7 @@ def _warm_real(model, ds, repeated, budget: _Budget) -> None:
         steps_per_epoch=calls * spe,
         verbose=0,
         shuffle=False,
-        callbacks=[_Timer(0, budget.deadline, None)],
+        callbacks=[protocol.Timer(0, budget.deadline, None)],
     )
     model.stop_training = False
 
@@ -227,8 +96,8 @@ def _probe_record(
     base_name: str, variant_name: str, rounds: list[tuple[float, float]], stopped: str | None
 ) -> dict[str, Any]:
     """A probe's measurements: median step times, the gain and its interval, the rounds."""
-    gain, low, high = _probe_gain(rounds, None, None)
-    base, variant = _medians(rounds) if rounds else (None, None)
+    gain, low, high = protocol.gain(rounds)
+    base, variant = protocol.medians(rounds) if rounds else (None, None)
     record: dict[str, Any] = {
         base_name: base,
         variant_name: variant,
@@ -246,7 +115,7 @@ def _probe_notes(
     name: str, rounds: list[tuple[float, float]], stopped: str | None, budget_s: float | None
 ) -> list[str]:
     """One line on a probe that stopped early or could not tell its gain from noise."""
-    gain, low, high = _probe_gain(rounds, None, None)
+    gain, low, high = protocol.gain(rounds)
     if gain is None:
         return []
     if stopped == "slower":
@@ -270,7 +139,7 @@ def _first_device_run(
         tf.config.experimental.reset_memory_stats(mem_device)
     except Exception:
         pass
-    compute = _fit_step_time(model, device_ds, steps, warmup)
+    compute = protocol.fit_step_time(model, device_ds, steps, warmup)
     try:
         peak: int | None = int(tf.config.experimental.get_memory_info(mem_device)["peak"])
     except Exception:
@@ -285,10 +154,10 @@ def _measure_rounds(
     first_compute: float | None,
     steps: int,
     warmup: int,
-    budget: _Budget,
+    budget: protocol.Budget,
 ) -> list[tuple[float, float]]:
     """(device-resident, real) seconds per step, round after round, until the input-wait
-    share is clear of the thresholds (at least `_MIN_ROUNDS`, at most `_MAX_ROUNDS`) or
+    share is clear of the thresholds (at least `MIN_ROUNDS`, at most `_MAX_ROUNDS`) or
     `_ROUNDS_BUDGET_SHARE` of the budget is spent. The first real run, like the first
     device-resident one (`first_compute`), runs in full."""
     # Warm the real data once through every batch shape it has (a partial last batch
@@ -306,13 +175,15 @@ def _measure_rounds(
         if i > 0:
             if budget.left() <= 0:
                 break
-            if i >= _MIN_ROUNDS:
+            if i >= protocol.MIN_ROUNDS:
                 if _share_verdict(rounds)["level"] != "inconclusive":
                     break
-                if rounds_until is not None and _now() >= rounds_until:
+                if rounds_until is not None and protocol.now() >= rounds_until:
                     break
-            compute = _fit_step_time(model, device_ds, steps, warmup, budget.deadline)
-        real = _fit_step_time(model, repeated, steps, warmup, budget.deadline if i > 0 else None)
+            compute = protocol.fit_step_time(model, device_ds, steps, warmup, budget.deadline)
+        real = protocol.fit_step_time(
+            model, repeated, steps, warmup, budget.deadline if i > 0 else None
+        )
         if compute is None or real is None:  # the budget ran out before a timed step
             break
         rounds.append((compute, real))
@@ -334,7 +205,7 @@ def _run_probe(
     device_ds: Any,
     steps: int,
     warmup: int,
-    budget: _Budget,
+    budget: protocol.Budget,
     *,
     setting: str,
     current: Any,

@@ -1,0 +1,269 @@
+"""The noise-aware timing protocol shared by `diagnose` and `tune`.
+
+A measurement is a timed `fit` (`fit_step_time`: warm-up calls excluded, the median of the
+timed calls), bounded by a `Budget`. Two or more variants are compared in interleaved rounds
+(`interleave`), so that a noisy host favours none of them, until a distribution-free
+confidence interval of the median per-round ratio lies on one side of the threshold that
+matters (`settled`), or the budget is spent. Every clock read of the budget goes through
+`now` and every timed fit through `fit_step_time`, both module attributes (the tests replace
+them with scripted ones, so no test depends on the machine's speed or load).
+
+The statistics (`medians`, `median_interval`, `gain`) are pure.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import keras
+
+from tfgpu import _stats
+
+# Each comparison alternates its variants in rounds: at least `MIN_ROUNDS`, then more (up to a
+# caller's maximum) until a distribution-free confidence interval of the median (order
+# statistics, binomial coverage >= `CONFIDENCE`) lies on one side of the threshold.
+MIN_ROUNDS = 3
+
+CONFIDENCE = 0.90
+
+# A comparison stops after its first round when the variant is this much slower.
+CLEARLY_SLOWER = 1.5
+
+# Each timed fit of a variant runs at most this many times as long as the baseline's timed
+# steps took (its warm-up, tracing and compiling, is bounded by the budget only).
+FIT_LIMIT_FACTOR = 3.0
+
+# The clock of the time budget (tests replace it with a scripted one).
+now = time.perf_counter
+
+
+class Timer(keras.callbacks.Callback):
+    """Times each call of the train function; stops `fit` at a deadline.
+
+    `deadline` (on `now`'s clock) bounds the whole fit; `timed_limit_s` bounds the timed
+    part, counted from the end of the warm-up calls (so tracing and compiling are bounded by
+    the deadline only). The median then uses the steps that ran.
+    """
+
+    def __init__(self, calls_warm: int = 0, deadline=None, timed_limit_s=None):
+        super().__init__()
+        self.times: list[float] = []
+        self.calls_warm = calls_warm
+        self.deadline = deadline
+        self.timed_limit_s = timed_limit_s
+        self.warm_at: float | None = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.times.append(time.perf_counter())
+        if self.deadline is None and self.timed_limit_s is None:
+            return
+        t = now()
+        if len(self.times) == self.calls_warm:
+            self.warm_at = t
+        late = self.deadline is not None and t >= self.deadline
+        if self.timed_limit_s is not None and self.warm_at is not None:
+            late = late or t - self.warm_at >= self.timed_limit_s
+        if late:
+            self.model.stop_training = True
+
+
+def fit_step_time(
+    model, dataset, steps: int, warmup: int, deadline=None, timed_limit_s=None
+) -> float | None:
+    """Seconds per training step from `fit`, the median over calls after warm-up.
+
+    Stopped at `deadline` (or `timed_limit_s` after the warm-up): the median uses the timed
+    calls that ran. None when the deadline came before one timed call: a time from warm-up
+    calls (tracing, compiling) is not a step time.
+    """
+    spe = max(1, int(model.steps_per_execution))
+    calls_warm = max(2, math.ceil(warmup / spe))
+    calls_timed = max(6, math.ceil(steps / spe))
+    timer = Timer(calls_warm, deadline, timed_limit_s)
+    model.fit(
+        dataset,
+        epochs=1,
+        steps_per_epoch=(calls_warm + calls_timed) * spe,
+        verbose=0,
+        shuffle=False,
+        callbacks=[timer],
+    )
+    model.stop_training = False
+    gaps = [b - a for a, b in itertools.pairwise(timer.times[calls_warm - 1 :])]
+    return _stats.median(gaps) / spe if gaps else None
+
+
+@dataclass
+class Budget:
+    """A time budget on `now`'s clock (`seconds` None: no limit).
+
+    Measuring stops at `measure_share` of it (`deadline`): the rest is for the caller's
+    work after measuring (counting FLOPs, restoring the model).
+    """
+
+    seconds: float | None
+    measure_share: float = 1.0
+    start: float = field(default_factory=lambda: now())
+
+    @property
+    def deadline(self) -> float | None:
+        """When measuring stops, on `now`'s clock (None: never)."""
+        if self.seconds is None:
+            return None
+        return self.start + self.measure_share * self.seconds
+
+    def elapsed(self) -> float:
+        """Seconds since the budget started."""
+        return now() - self.start
+
+    def left(self) -> float:
+        """Seconds of measuring left (inf without a limit; <= 0 when spent)."""
+        deadline = self.deadline
+        return math.inf if deadline is None else deadline - now()
+
+
+# One variant's timed run: (deadline, timed_limit_s) -> seconds per unit, or None when the
+# deadline came before a timed step.
+Run = Callable[[float | None, float | None], float | None]
+
+
+def interleave(
+    base: Run,
+    variant: Run,
+    *,
+    threshold: float = 1.0,
+    budget: Budget | None = None,
+    max_rounds: int = 7,
+    timed_units: int = 6,
+) -> tuple[list[tuple[float, float]], str | None]:
+    """Per-round times (baseline, variant), alternating the two runs (variant first).
+
+    At least `MIN_ROUNDS` rounds, more (up to `max_rounds`) while the interval of the
+    per-round ratios baseline / variant straddles `threshold`. Stops early, saying why:
+    `"slower"` after the first round when the variant is `CLEARLY_SLOWER` than the baseline,
+    `"budget"` when the budget is spent (or a run was cut before one timed step). Each
+    variant run's timed part is limited to `FIT_LIMIT_FACTOR` times the baseline's
+    (`timed_units` of its time per unit, plus a second).
+
+    Returns:
+        (rounds, why it stopped early or None).
+    """
+    budget = budget or Budget(None)
+    rounds: list[tuple[float, float]] = []
+    limit: float | None = None
+    for i in range(max_rounds):
+        if i >= MIN_ROUNDS and settled(rounds, threshold):
+            return rounds, None
+        if i > 0 and budget.left() <= 0:
+            return rounds, "budget"
+        v = variant(budget.deadline, limit)
+        b = base(budget.deadline, None)
+        if b is None or v is None:
+            return rounds, "budget"
+        rounds.append((b, v))
+        if limit is None:
+            limit = FIT_LIMIT_FACTOR * (b * timed_units + 1.0)
+        if i == 0 and v > CLEARLY_SLOWER * b:
+            return rounds, "slower"
+    return rounds, None
+
+
+def medians(rounds: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(median of the first values, median of the second) of paired rounds. Pure.
+
+    Example:
+
+    >>> medians([(1.0, 4.0), (3.0, 2.0), (2.0, 3.0)])
+    (2.0, 3.0)
+    """
+    return _stats.median(a for a, _ in rounds), _stats.median(b for _, b in rounds)
+
+
+def median_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """(low, high, confidence) of a distribution-free confidence interval of the median. Pure.
+
+    The interval is the k-th smallest to the k-th largest value, k the largest with binomial
+    coverage `1 - 2 P(Bin(n, 1/2) < k)` >= `CONFIDENCE`; with fewer than 5 values no k
+    reaches it and the interval is the full range (coverage 75% for 3 values, 87.5% for 4).
+
+    Example:
+
+    >>> median_interval([3.0, 1.0, 2.0])
+    (1.0, 3.0, 0.75)
+    """
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        return math.nan, math.nan, 0.0
+
+    def coverage(k: int) -> float:
+        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2**n
+
+    k = 1
+    while k + 1 <= n // 2 and coverage(k + 1) >= CONFIDENCE:
+        k += 1
+    return xs[k - 1], xs[n - k], coverage(k)
+
+
+def gain(
+    rounds: Sequence[tuple[float, float]],
+    base_s: float | None = None,
+    variant_s: float | None = None,
+) -> tuple[float | None, float, float]:
+    """(gain, low, high): baseline / variant time, with the interval of the per-round
+    ratios; without rounds, the point `base_s / variant_s`. Pure.
+
+    Example:
+
+    >>> gain([(2.0, 1.0), (2.0, 1.0), (2.0, 1.0)])
+    (2.0, 2.0, 2.0)
+    """
+    if rounds:
+        ratios = [b / v for b, v in rounds if v > 0]
+        if not ratios:
+            return None, math.nan, math.nan
+        base, variant = medians(rounds)
+        g = base / variant
+        low, high, _ = median_interval(ratios)
+        return g, min(low, g), max(high, g)
+    if base_s and variant_s and variant_s > 0:
+        g = base_s / variant_s
+        return g, g, g
+    return None, math.nan, math.nan
+
+
+def settled(rounds: Sequence[tuple[float, float]], threshold: float) -> bool:
+    """Whether the rounds' ratio interval lies on one side of `threshold`. Pure."""
+    _, low, high = gain(rounds)
+    return low >= threshold or high < threshold
+
+
+def with_attrs(model: Any, dataset: Any, steps: int, warmup: int, attrs: dict[str, Any]) -> Run:
+    """A `Run` timing `model`'s step on `dataset` with `attrs` set on the model for the run.
+
+    Each setting keeps its own compiled train function, swapped in for its runs, so nothing
+    is traced twice; the model's own values and train function are put back after each run.
+    """
+    functions: dict[str, Any] = {"fn": None if attrs else model.train_function}
+
+    def run(deadline: float | None, limit: float | None) -> float | None:
+        saved = {k: getattr(model, k) for k in attrs}
+        saved_fn = model.train_function
+        try:
+            for k, v in attrs.items():
+                setattr(model, k, v)
+            model.train_function = functions["fn"]
+            seconds = fit_step_time(model, dataset, steps, warmup, deadline, limit)
+            functions["fn"] = model.train_function
+            return seconds
+        finally:
+            for k, v in saved.items():
+                setattr(model, k, v)
+            model.train_function = saved_fn
+
+    return run
