@@ -155,12 +155,15 @@ def load_tfds_dataset(
     root = os.fspath(data_dir) if data_dir is not None else _tfds_default_dir()
     if not builder.is_prepared():
         if not download:
+            # TFDS's own `tfds build` command imports apache-beam, which tfgpu does not
+            # install: the command given first works with what tfgpu installs.
             raise FileNotFoundError(
                 f"TensorFlow Datasets dataset {name!r} is not prepared in {root} (looked for "
                 f"{builder.data_dir}). To get it: on a machine with internet run "
-                f"`tfds build {name.split(':')[0]} --data_dir {root}` (or call "
-                f"`tfgpu.data.load_tfds({name!r}, download=True, data_dir=...)`), then copy that "
-                "data_dir to this machine and pass it as `data_dir`."
+                f'`python -c "import tfgpu; tfgpu.data.load_tfds({name!r}, download=True, '
+                f'data_dir={root!r})"`, then copy that data_dir to this machine and pass it as '
+                f"`data_dir` (TFDS's own `tfds build {name.split(':')[0]} --data_dir {root}` "
+                "needs `pip install apache-beam` first)."
             )
         builder.download_and_prepare()
     info = builder.info
