@@ -1,0 +1,247 @@
+"""Progress lines for long calls (`diagnose`, `find_batch_size`, `tune`), in the Keras way.
+
+`verbose` means what it means for `model.fit`: 0 is silent; 1 is one line rewritten in place
+(a carriage return, then the line padded with spaces over the previous one: a terminal and a
+Jupyter or Colab output cell both redraw it, as they do Keras's progress bar); 2 is one line
+per phase, for log files. `"auto"` is 1 when the stream is a terminal or the code runs in an
+IPython kernel (a notebook), 2 otherwise (output redirected to a file or a pipe). The lines go
+to `sys.stdout`, like Keras's progress bar, and hold plain text (no ANSI colours), so a log
+file reads as it was printed.
+
+Each line names the call, the phase and the time left in the budget (or the time so far
+without one), for example ``diagnose: timing the real data (round 3) · 41 s left``. Writing
+is a side feature: a closed or broken stream is ignored, never raised.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from tfgpu._checks import invalid_type, invalid_value, is_int
+
+_VALID = "one of 'auto', 0 (silent), 1 (one line rewritten in place) or 2 (one line per phase)"
+
+_DOT = "\u00b7"  # the separator between the phase and the time: "·"
+
+
+def check_verbose(verbose: Any) -> int | str:
+    """Checks a `verbose` argument as Keras takes it: `"auto"`, 0, 1 or 2.
+
+    Args:
+        verbose: str or int, what the caller passed (NumPy integers count as ints).
+
+    Returns:
+        `"auto"`, or the int 0, 1 or 2.
+
+    Raises:
+        TypeError: if `verbose` is neither a str nor an int (a bool included).
+        ValueError: if it is another string or another int.
+
+    Example:
+
+    >>> check_verbose("auto"), check_verbose(2)
+    ('auto', 2)
+    """
+    if isinstance(verbose, str):
+        if verbose == "auto":
+            return verbose
+        raise invalid_value("verbose", verbose, _VALID)
+    if not is_int(verbose):
+        raise invalid_type("verbose", verbose, _VALID)
+    if int(verbose) not in (0, 1, 2):
+        raise invalid_value("verbose", verbose, _VALID)
+    return int(verbose)
+
+
+def _in_ipython_kernel() -> bool:
+    """Whether this code runs in an IPython kernel (Jupyter, Colab), whose stream is no TTY."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return False
+    try:
+        shell = ipython.get_ipython()
+    except Exception:
+        return False
+    return getattr(shell, "kernel", None) is not None
+
+
+def _is_tty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except Exception:  # closed, or no isatty
+        return False
+
+
+def resolve_verbose(verbose: int | str, stream: Any = None) -> int:
+    """The mode `verbose` means for `stream` (`sys.stdout` when None): `"auto"` is 1 on a
+    terminal or in an IPython kernel, else 2. `verbose` must be checked already.
+
+    Args:
+        verbose: str or int, a value `check_verbose` accepted.
+        stream: file-like or None, where the lines go. Defaults to None (`sys.stdout`).
+
+    Returns:
+        int, 0, 1 or 2.
+
+    Example:
+
+    >>> import io
+    >>> resolve_verbose("auto", io.StringIO())
+    2
+    """
+    if verbose != "auto":
+        return int(verbose)
+    stream = sys.stdout if stream is None else stream
+    return 1 if _is_tty(stream) or _in_ipython_kernel() else 2
+
+
+def format_seconds(seconds: float) -> str:
+    """A duration as a person reads it: "0.4 s", "41 s", "2 min 05 s", "1 h 02 min". Pure.
+
+    Example:
+
+    >>> format_seconds(41.2), format_seconds(125), format_seconds(0.42)
+    ('41 s', '2 min 05 s', '0.4 s')
+    """
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = max(0.0, seconds)
+    if seconds < 0.95:
+        return f"{seconds:.1f} s"
+    total = round(seconds)
+    if total < 60:
+        return f"{total} s"
+    if total < 3600:
+        return f"{total // 60} min {total % 60:02d} s"
+    return f"{total // 3600} h {total % 3600 // 60:02d} min"
+
+
+class Progress:
+    """Progress lines of one long call: a line per phase, a summary line at the end.
+
+    Args:
+        verbose: str or int, `"auto"`, 0, 1 or 2, as `model.fit` takes it (checked here:
+            callers that must refuse a bad value before any work call `check_verbose`
+            first).
+        title: str, the call's name that starts every line, e.g. `"diagnose"`.
+        budget_s: float or None, the call's time budget in seconds: each line then says the
+            time left. Defaults to None (each line says the time so far).
+        stream: file-like or None, where the lines go. Defaults to None (`sys.stdout` at the
+            time of each write, as Keras's progress bar).
+        clock: callable returning seconds, the clock of the budget. Defaults to
+            `time.monotonic` (the tests pass a scripted one).
+
+    Raises:
+        TypeError, ValueError: on an invalid `verbose` (see `check_verbose`).
+
+    Example:
+
+    ```python
+    progress = Progress(verbose, title="diagnose", budget_s=60.0)
+    progress.phase("timing the real data (round 3)")  # diagnose: ... · 41 s left
+    progress.done("bottleneck: input")               # diagnose: done in 19 s · bottleneck: input
+    ```
+    """
+
+    def __init__(
+        self,
+        verbose: int | str,
+        *,
+        title: str,
+        budget_s: float | None = None,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.verbose = resolve_verbose(check_verbose(verbose), stream)
+        self.title = title
+        self.budget_s = budget_s
+        self._stream = stream
+        self._clock = clock
+        self._width = 0  # the length of the line now shown in place (verbose=1)
+        self._done = False
+        self._start = self._now()
+
+    def _now(self) -> float:
+        try:
+            return float(self._clock())
+        except Exception:  # a broken clock never breaks the call
+            return math.nan
+
+    def elapsed(self) -> float:
+        """Seconds since the progress started (on its clock)."""
+        return self._now() - self._start
+
+    def _timing(self) -> str:
+        elapsed = self.elapsed()
+        if self.budget_s is None:
+            return f"{format_seconds(elapsed)} so far"
+        left = self.budget_s - elapsed
+        return "budget spent" if left <= 0 else f"{format_seconds(left)} left"
+
+    def phase(self, text: str) -> None:
+        """Shows a new phase: "timing the real data, round 3 of at most 12".
+
+        Args:
+            text: str, what runs now.
+        """
+        if self.verbose and not self._done:
+            self._show(f"{self.title}: {text} {_DOT} {self._timing()}", final=False)
+
+    def done(self, text: str = "") -> None:
+        """Ends the progress with one summary line ("done in 41 s"); later calls do nothing.
+
+        Args:
+            text: str, a summary after the time, e.g. `"bottleneck: input"`. Defaults to "".
+        """
+        if self._done:
+            return
+        if self.verbose:
+            line = f"{self.title}: done in {format_seconds(self.elapsed())}"
+            self._show(f"{line} {_DOT} {text}" if text else line, final=True)
+        self._done = True
+
+    def _show(self, line: str, *, final: bool) -> None:
+        stream = sys.stdout if self._stream is None else self._stream
+        if self.verbose == 1:
+            columns = _columns(stream)
+            if columns and len(line) >= columns:  # a wrapped line cannot be rewritten
+                line = line[: columns - 2] + "\u2026"
+            padding = " " * max(0, self._width - len(line))
+            self._width = len(line)
+            text = "\r" + line + padding + ("\n" if final else "")
+        else:
+            text = line + "\n"
+        _write(stream, text)
+
+
+def _columns(stream: Any) -> int | None:
+    """The terminal's width when `stream` is a terminal, else None (a notebook wraps lines
+    itself and redraws them whole)."""
+    if not _is_tty(stream):
+        return None
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or None
+    except Exception:
+        return None
+
+
+def _write(stream: Any, text: str) -> None:
+    """Writes and flushes; a stream that cannot take the text is ignored (never raises)."""
+    try:
+        try:
+            stream.write(text)
+        except UnicodeEncodeError:  # a stream that takes ASCII only
+            stream.write(
+                text.replace(_DOT, "-")
+                .replace("\u2026", "...")
+                .encode("ascii", "replace")
+                .decode("ascii")
+            )
+        stream.flush()
+    except Exception:  # closed, detached, broken pipe: progress is a side feature
+        pass
