@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import datetime
 import itertools
 import json
@@ -15,7 +16,7 @@ import pytest
 
 from tfgpu import monitor
 from tfgpu.cli import main
-from tfgpu.report import write_report
+from tfgpu.report import ReportPath, write_report
 
 _HOST = monitor.timeline_columns(0)
 _GPU = [c.removeprefix("gpu0_") for c in monitor.timeline_columns(1)[len(_HOST) :]]
@@ -861,3 +862,161 @@ def test_the_report_and_diagnose_share_one_threshold(tmp_path, no_plots, monkeyp
     assert "Tensor cores nearly idle" in _findings(write_report(run).read_text())
     monkeypatch.setattr(_gpu_counters, "TENSOR_ACTIVE_LOW_PCT", 2.0)
     assert "No finding on GPU 0." in _findings(write_report(run).read_text())
+
+
+# ---- step_time.png never starts before time 0 (issue 16) ------------------------------------
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """What each plot would draw, by file name: `(series, epochs, keywords)`, no PNG made."""
+    from tfgpu.report import _plots
+
+    plots = {}
+
+    def record(plt, out, title, ylabel, series, epochs, **kw):
+        plots[out.name] = (series, epochs, kw)
+        return None
+
+    monkeypatch.setattr(_plots, "_plot_lines", record)
+    return plots
+
+
+def _xs_of_step_plot(plot):
+    series, epochs, kw = plot
+    xs = [x for _, line, _, _ in series for x in line if math.isfinite(x)]
+    return xs, [t for t, _ in epochs], list(kw["sessions"])
+
+
+def test_a_row_never_begins_before_the_previous_one_ended():
+    from tfgpu.report._series import _step_begins
+
+    # Row 2 claims 16 steps of 100 ms between ends 1.0 and 1.2: it begins when row 1 ended.
+    begins = _step_begins([1.0, 1.2, 1.3], [100.0, 100.0, 50.0], [1, 16, 1])
+    assert begins == pytest.approx([0.9, 1.0, 1.25])
+    # A new session (row 1) is not bounded by the previous session's end; NaN stays NaN.
+    begins = _step_begins([5.0, 1.0, math.nan], [10.0, 10.0, 10.0], [1, 1, 1], starts=[0, 1])
+    assert begins[:2] == pytest.approx([4.99, 0.99]) and math.isnan(begins[2])
+
+
+@pytest.mark.parametrize("timeline", [True, False], ids=["with-timeline", "steps-only"])
+def test_step_time_plot_starts_at_0_when_rows_claim_more_steps_than_ran(timeline, tmp_path, drawn):
+    # What StepTimer wrote with steps_per_execution=16 over 4 batches: each execution counts
+    # 16 steps (step 15), so epoch 1's first row claims 16 x 85 ms = 1.35 s of steps, ending
+    # 0.36 s after the first sample: taken as written, epoch 1 began at -1.0 s.
+    run = _hand_timeline(
+        tmp_path / "run",
+        ["time", "elapsed_s", "epoch", "step", "host_cpu_pct"],
+        [[_T0 + 0.2 * k, 0.2 * k, 0.0, 0.0, 50.0] for k in range(3)],
+    )
+    if not timeline:
+        (run / "timeline.csv").unlink()
+    _steps(
+        run,
+        [
+            (_T0 + 0.356, 0, 15, 0.0846, 189.1),
+            (_T0 + 0.383, 1, 15, 0.000776, 20625),
+            (_T0 + 0.410, 2, 15, 0.000902, 17730),
+        ],
+    )
+    write_report(run)
+    xs, epochs, sessions = _xs_of_step_plot(drawn["step_time.png"])
+    assert min(xs + epochs + sessions) >= 0.0
+    assert epochs[0] == 0.0 and sessions == [0.0]  # epoch 1 begins at time 0, not -1.0 s
+    assert drawn["step_time.png"][2]["xmin"] == 0.0  # no margin drawn before time 0
+    if timeline:  # the timeline's clock: the points end where the rows say
+        assert xs == pytest.approx([0.356, 0.383, 0.410])
+    else:
+        assert drawn["step_time.png"][2]["xlabel"] == "seconds since the first step began"
+
+
+# ---- the report shown in a notebook or printed (issue 16) ----------------------------------
+
+_PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+
+
+def _report_dir(path):
+    """A report.md as write_report writes it, with two plots (one of them missing)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "utilization.png").write_bytes(_PNG)
+    (path / "step_time.png").write_bytes(_PNG)
+    text = [
+        "# tfgpu run report: `run`",
+        "",
+        "| gpu | util |",
+        "| --- | --- |",
+        "| 0 | 60.0 |",
+        "",
+        "## Plots",
+        "",
+        "![utilization](utilization.png)",
+        "![memory](memory.png)",
+        "![step_time](step_time.png)",
+        "",
+    ]
+    (path / "report.md").write_text("\n".join(text))
+    return ReportPath(path / "report.md")
+
+
+def test_write_report_returns_a_path_that_shows_itself(tmp_path, no_plots):
+    run = _write_run(tmp_path / "run", gpus=0, steps=False)
+    report = write_report(run)
+    assert isinstance(report, ReportPath) and isinstance(report, pathlib.Path)
+    assert report == run / "report.md" and str(report) == str(run / "report.md")
+    assert "# tfgpu run report" in report.read_text()
+
+
+def test_show_prints_the_text_and_where_the_plots_are(tmp_path, capsys):
+    report = _report_dir(tmp_path / "run")
+    report.show()
+    out = capsys.readouterr().out
+    assert "| 0 | 60.0 |" in out
+    assert f"[plot: {tmp_path / 'run' / 'utilization.png'}]" in out
+    assert f"[plot: {tmp_path / 'run' / 'step_time.png'}]" in out
+    assert "![memory](memory.png)" in out  # a plot whose file is gone stays a link
+    assert "![utilization]" not in out
+
+
+@pytest.fixture
+def kernel_shell(tmp_path, monkeypatch):
+    """An IPython shell that passes for a notebook kernel; its rich outputs are captured."""
+    pytest.importorskip("IPython")
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))  # not the user's profile
+    config = Config()
+    config.HistoryManager.enabled = False
+    shell = InteractiveShell.instance(config=config)
+    shell.kernel = object()  # what tells a kernel (ipykernel's shell) from a terminal
+    yield shell
+    InteractiveShell.clear_instance()
+
+
+def test_show_in_a_notebook_displays_the_markdown_and_each_plot(tmp_path, kernel_shell):
+    from IPython.utils.capture import capture_output
+
+    report = _report_dir(tmp_path / "run")
+    with capture_output() as captured:
+        report.show()
+    kinds = ["image/png" if "image/png" in o.data else "text/markdown" for o in captured.outputs]
+    assert kinds == ["text/markdown", "image/png", "text/markdown", "image/png"]
+    first, _, missing, _ = (o.data for o in captured.outputs)
+    assert "| 0 | 60.0 |" in first["text/markdown"]
+    assert missing["text/markdown"] == "![memory](memory.png)"
+    assert captured.stdout == ""
+
+
+def test_a_cell_ending_with_the_report_renders_it_with_the_plots_inlined(tmp_path):
+    report = _report_dir(tmp_path / "run")
+    markdown = report._repr_markdown_()
+    assert "| 0 | 60.0 |" in markdown
+    assert markdown.count("](data:image/png;base64,") == 2
+    assert "![memory](memory.png)" in markdown
+    assert report.parent._repr_markdown_() is None  # a path derived from it is a path
+    (tmp_path / "run" / "report.md").unlink()
+    assert report._repr_markdown_() is None  # gone: the plain repr
+    with pytest.raises(FileNotFoundError):
+        report.show()

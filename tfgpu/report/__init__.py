@@ -21,6 +21,10 @@ A run directory is what `GPUMonitor`, `StepTimer`, `tfgpu.monitor.record(log_dir
   `tfgpu.diagnose` uses, `tfgpu._gpu_counters`, and what a GPU without GPM cannot show),
   and the saved diagnosis.
 
+`write_report` returns the path of `report.md` as a `ReportPath`: in a notebook its `show()`
+displays the summary rendered and the plots as images (and a cell ending with
+`write_report(log_dir)` renders it); in a script it prints the text and where the plots are.
+
 Epoch boundaries are drawn as vertical lines. Epochs are numbered from 1 in the plots and the
 summary, as Keras prints them (`Epoch 1/8`); the CSV files' `epoch` column counts from 0, as
 Keras's callbacks do. A run from a machine without a GPU has host metrics only, and the
@@ -63,14 +67,16 @@ The rooms, in reading order:
 - `_series`: a table's columns as series: NaN-aware reductions, sessions, the time axis;
 - `_sections`: the Markdown sections (sessions, files, timelines, steps per epoch, diagnoses);
 - `_energy`, `_findings`: the energy section and the findings from the GPU counters;
-- `_plots`: the PNG plots (matplotlib).
+- `_plots`: the PNG plots (matplotlib);
+- `_show`: `ReportPath`, the report shown in a notebook (IPython display) or printed.
 """
 
 from __future__ import annotations
 
 # The public names; `write_report_and_problems` is for front ends (the CLI).
 from tfgpu.report._sections import IDLE_UTIL_PCT as IDLE_UTIL_PCT
+from tfgpu.report._show import ReportPath as ReportPath
 from tfgpu.report._write import write_report as write_report
 from tfgpu.report._write import write_report_and_problems as write_report_and_problems
 
-__all__ = ["write_report"]
+__all__ = ["ReportPath", "write_report"]

@@ -17,6 +17,7 @@ from tfgpu.report._series import (
     _broken,
     _epoch_starts,
     _gpu_indices,
+    _step_begins,
     _steps_per_row,
     _steps_sessions,
     _time_axis,
@@ -63,18 +64,21 @@ def _plot_lines(
     log=False,
     legend=True,
     sessions=(),
+    xmin=None,
+    xlabel=None,
 ) -> Path | None:
     with warnings.catch_warnings():  # matplotlib's own, on extreme values: the plot says it
         warnings.simplefilter("ignore")
         return _plot_lines_quietly(
             plt, out, title, ylabel, series, epochs, ylim=ylim, log=log, legend=legend,
-            sessions=sessions,
+            sessions=sessions, xmin=xmin, xlabel=xlabel,
         )  # fmt: skip
 
 
 def _plot_lines_quietly(
-    plt, out: Path, title: str, ylabel: str, series, epochs, *, ylim, log, legend, sessions
-) -> Path | None:
+    plt, out: Path, title: str, ylabel: str, series, epochs, *, ylim, log, legend, sessions,
+    xmin, xlabel,
+) -> Path | None:  # fmt: skip
     drawn = []
     for label, xs, ys, style in series:
         xs, ys = _plottable(xs), _plottable(ys, log)
@@ -89,6 +93,8 @@ def _plot_lines_quietly(
         ax.set_yscale("log")
     if ylim is not None:
         ax.set_ylim(*ylim)
+    if xmin is not None:  # no margin before time 0: the axis starts where the data does
+        ax.set_xlim(left=xmin)
     for t, e in epochs:
         if not math.isfinite(t):
             continue
@@ -106,7 +112,7 @@ def _plot_lines_quietly(
                 va="bottom",
             )  # fmt: skip
     ax.set_title(title)
-    ax.set_xlabel("seconds since the first sample")
+    ax.set_xlabel(xlabel or "seconds since the first sample")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     if legend:
@@ -212,10 +218,13 @@ def _steps_plot(plt, out: Path, table: _Table, t0: float | None) -> Path | None:
     # An epoch starts when its first step began: its end minus the time its steps took.
     counts = _steps_per_row(table.col("step"), starts)
     ends = [v - (t0 if t0 is not None else 0.0) for v in times]
-    begin_times = [e - t * n / 1e3 if math.isfinite(t) else e for e, t, n in zip(ends, ms, counts)]
+    begin_times = _step_begins(ends, ms, counts, starts)
     base = 0.0 if t0 is not None else (_stats.finite(begin_times) or finite)[0]
-    xs = [v - base for v in ends]  # when each row's step(s) ended
-    begins = [v - base for v in begin_times]
+    # Time 0 is the timeline's first sample (taken before the first step) or the first
+    # step's begin: nothing is drawn before it, whatever the rows claim (a step count
+    # larger than the steps that ran made the first epoch begin at -1.6 s).
+    xs = [_not_before_0(v - base) for v in ends]  # when each row's step(s) ended
+    begins = [_not_before_0(v - base) for v in begin_times]
     epochs = _epoch_starts(begins, table.col("epoch"), starts)
     sessions = [begins[k] for k in starts]
     series = [("step time", _broken(xs, starts), _broken(ms, starts), ".")]
@@ -229,7 +238,14 @@ def _steps_plot(plt, out: Path, table: _Table, t0: float | None) -> Path | None:
         log=True,
         legend=False,
         sessions=sessions,
+        xmin=0.0,
+        xlabel=None if t0 is not None else "seconds since the first step began",
     )
+
+
+def _not_before_0(t: float) -> float:
+    """`t`, or 0 for a negative time (NaN stays NaN: no point)."""
+    return 0.0 if t < 0 else t
 
 
 def _t0_for(table: _Table, worker: str, starts: dict[str, list[float]]) -> float | None:

@@ -93,6 +93,30 @@ def _steps_per_row(last_steps: list[float], starts: Sequence[int] = ()) -> list[
     return counts
 
 
+def _step_begins(
+    ends: list[float], ms: list[float], counts: list[int], starts: Sequence[int] = ()
+) -> list[float]:
+    """When each `steps.csv` row's step(s) began: its end minus the time its steps took.
+
+    Steps run one after the other, so a row never begins before the previous row of its
+    session ended: a row whose steps claim more time than there was (a step count Keras
+    overstated, a clock that jumped) begins where the previous one ended. The first row
+    of a session is left as computed (its caller bounds it).
+    """
+    begins, previous_end = [], math.nan
+    firsts = set(starts)
+    for k, (end, t, n) in enumerate(zip(ends, ms, counts)):
+        if k in firsts:
+            previous_end = math.nan
+        begin = end - t * n / 1e3 if math.isfinite(t) else end
+        if begin < previous_end:  # False when either is NaN
+            begin = previous_end
+        begins.append(begin)
+        if math.isfinite(end):
+            previous_end = end
+    return begins
+
+
 def _time_axis(table: _Table, starts: list[int], t0: float | None = None) -> list[float]:
     """Seconds since `t0` (default: the first sample) from `time`, for every row.
 

@@ -37,6 +37,7 @@ from tfgpu.report._sections import (
     _timeline_section,
     _workers_heading,
 )
+from tfgpu.report._show import ReportPath
 
 
 def _section(problems: _Problems, path: Path, make, *args) -> list[str]:
@@ -136,7 +137,9 @@ def write_report_and_problems(
     return summary, problems
 
 
-def write_report(log_dir: str | os.PathLike, *, out_dir: str | os.PathLike | None = None) -> Path:
+def write_report(
+    log_dir: str | os.PathLike, *, out_dir: str | os.PathLike | None = None
+) -> ReportPath:
     """Writes PNG plots and a Markdown summary of a run directory; returns the summary's path.
 
     Every session in the directory is covered: timeline and steps files moved aside by a
@@ -146,6 +149,10 @@ def write_report(log_dir: str | os.PathLike, *, out_dir: str | os.PathLike | Non
     file does not stop the report: it is skipped (or read up to the damage), named in a
     "Problems" section at the top of `report.md`, and warned about.
 
+    In a notebook, `write_report(log_dir).show()` displays the summary rendered and the
+    plots as images (ending a cell with `write_report(log_dir)` renders it too); in a
+    script or a terminal, `show()` prints the Markdown and the paths of the plots.
+
     Args:
         log_dir: str or os.PathLike, a directory written by `GPUMonitor`, `StepTimer`,
             `tfgpu.monitor.record(log_dir)` or `tfgpu.diagnose(..., log_dir=...)`.
@@ -153,7 +160,7 @@ def write_report(log_dir: str | os.PathLike, *, out_dir: str | os.PathLike | Non
             if missing). Defaults to `None`: `log_dir` itself.
 
     Returns:
-        `pathlib.Path` of `report.md`.
+        `tfgpu.report.ReportPath`, the `pathlib.Path` of `report.md` with a `show()` method.
 
     Raises:
         TypeError: if `log_dir` or `out_dir` is not a path.
@@ -170,10 +177,12 @@ def write_report(log_dir: str | os.PathLike, *, out_dir: str | os.PathLike | Non
     Example:
 
     >>> from tfgpu.report import write_report
-    >>> write_report("runs/exp1")  # doctest: +SKIP
-    PosixPath('runs/exp1/report.md')
+    >>> report = write_report("runs/exp1")  # doctest: +SKIP
+    >>> report  # doctest: +SKIP
+    ReportPath('runs/exp1/report.md')
+    >>> report.show()  # doctest: +SKIP
     """
     summary, problems = write_report_and_problems(log_dir, out_dir=out_dir)
     for error in problems.errors:
         warnings.warn(f"tfgpu report: {error} The rest is in {summary}.", stacklevel=2)
-    return summary
+    return ReportPath(summary)

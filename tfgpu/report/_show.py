@@ -1,0 +1,135 @@
+"""`ReportPath`: what `write_report` returns, the path of `report.md` that shows itself.
+
+In a notebook, `write_report(log_dir).show()` displays the summary rendered and each plot as
+an image, in the order of `report.md`; ending a cell with `write_report(log_dir)` renders it
+too (`_repr_markdown_`, the plots inlined). Elsewhere `show()` prints the Markdown text and
+where the plots are. Reading the report is pure (`_parts`); only `show` has effects.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import sys
+from pathlib import Path, PosixPath, WindowsPath
+
+# report.md names each plot on a line of its own: `![utilization](utilization.png)`.
+_IMAGE_LINE = re.compile(r"^!\[([^\]]*)\]\(([^)\s]+\.png)\)\s*$")
+
+
+def _parts(text: str, folder: Path) -> list[tuple[str, str]]:
+    """`report.md`'s text cut at its image lines: `("markdown", text)` and `("image", path)`.
+
+    An image line whose file is missing stays in the text (a link that says what is gone).
+    """
+    parts: list[tuple[str, str]] = []
+    lines: list[str] = []
+    for line in text.splitlines():
+        m = _IMAGE_LINE.match(line)
+        image = folder / m.group(2) if m else None
+        if image is None or not image.is_file():
+            lines.append(line)
+            continue
+        if "".join(lines).strip():
+            parts.append(("markdown", "\n".join(lines).strip("\n")))
+        lines = []
+        parts.append(("image", str(image)))
+    if "".join(lines).strip():
+        parts.append(("markdown", "\n".join(lines).strip("\n")))
+    return parts
+
+
+def _inlined(text: str, folder: Path) -> str:
+    """`report.md`'s text with each plot as a `data:` URI: Markdown that needs no files."""
+    out = []
+    for kind, value in _parts(text, folder):
+        if kind == "image":
+            data = base64.b64encode(Path(value).read_bytes()).decode("ascii")
+            out.append(f"![{Path(value).stem}](data:image/png;base64,{data})")
+        else:
+            out.append(value)
+    return "\n\n".join(out) + "\n"
+
+
+def _plain(text: str, folder: Path) -> str:
+    """`report.md`'s text for a terminal: each plot line says where the PNG file is."""
+    out = []
+    for kind, value in _parts(text, folder):
+        out.append(f"[plot: {value}]" if kind == "image" else value)
+    return "\n".join(out) + "\n"
+
+
+def _notebook_display():
+    """IPython's `display` when this runs in a kernel that shows rich output, else None."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:  # never imported: no notebook kernel runs this process
+        return None
+    try:
+        shell = ipython.get_ipython()
+        if getattr(shell, "kernel", None) is None:  # plain Python or a terminal IPython
+            return None
+        from IPython import display
+
+        return display
+    except Exception:  # an IPython we cannot use: fall back to plain text
+        return None
+
+
+if sys.platform == "win32":  # pathlib's concrete class for this system (3.10, 3.11)
+    _ConcretePath = WindowsPath
+else:
+    _ConcretePath = PosixPath
+
+
+class ReportPath(_ConcretePath):
+    """The path of `report.md`, as `write_report` returns it, with a way to look at it.
+
+    A `pathlib.Path` in every other respect (`read_text()`, `parent`, `str()`).
+
+    Example:
+
+    >>> report = tfgpu.report.write_report("runs/exp1")  # doctest: +SKIP
+    >>> report.show()  # in a notebook: the summary rendered, then the plots  # doctest: +SKIP
+    """
+
+    def with_segments(self, *pathsegments):  # Python >= 3.12: derived paths are plain
+        return Path(*pathsegments)
+
+    def show(self) -> None:
+        """Shows the report: rendered with its plots in a notebook, as text elsewhere.
+
+        In an IPython kernel (Jupyter, VS Code, Colab) the Markdown summary is displayed
+        rendered and each plot as a PNG image, in the order of `report.md`. Elsewhere (a
+        script, a terminal) the Markdown text is printed, each plot as the path of its file.
+
+        Returns:
+            None.
+
+        Raises:
+            FileNotFoundError: if `report.md` is no longer there.
+            OSError: if it cannot be read.
+
+        Example:
+
+        >>> from tfgpu.report import write_report
+        >>> write_report("runs/exp1").show()  # doctest: +SKIP
+        """
+        text = self.read_text()
+        display = _notebook_display()
+        if display is None:
+            print(_plain(text, self.parent), end="")
+            return
+        for kind, value in _parts(text, self.parent):
+            if kind == "image":
+                display.display(display.Image(filename=value))
+            else:
+                display.display(display.Markdown(value))
+
+    def _repr_markdown_(self) -> str | None:
+        """The report rendered where a notebook shows a cell's value (plots inlined)."""
+        if self.suffix != ".md":  # a path derived from this one (Python < 3.12)
+            return None
+        try:
+            return _inlined(self.read_text(), self.parent)
+        except (OSError, UnicodeDecodeError):  # gone or unreadable: the plain repr
+            return None
