@@ -155,6 +155,9 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
     pytest.importorskip("ipykernel")
     for key, value in _env().items():
         monkeypatch.setenv(key, value)  # the kernel inherits this environment
+    # ...but keeps its own matplotlib backend: ipykernel picks the inline one (figures become
+    # image outputs) only when MPLBACKEND is unset, as in a user's Jupyter.
+    monkeypatch.delenv("MPLBACKEND", raising=False)
     nb = nbformat.read(EXAMPLES / name, as_version=4)
     client = nbclient.NotebookClient(
         nb,
@@ -163,7 +166,7 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
         resources={"metadata": {"path": str(tmp_path)}},
     )
     client.execute()  # raises CellExecutionError, with the cell and traceback, on failure
-    text = []
+    text, markdown, images = [], [], 0
     for cell in nb.cells:
         for output in cell.get("outputs", []):
             assert output.output_type != "error", output
@@ -172,7 +175,17 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
             data = output.get("data", {})
             if "text/plain" in data:
                 text.append(data["text/plain"])
+            if "text/markdown" in data:
+                markdown.append(data["text/markdown"])
+            if output.output_type in ("display_data", "execute_result") and "image/png" in data:
+                images += 1
     CHECKS[name]("\n".join(text), tmp_path)
+    # Pictures where people would rather look than read: the report's plots (quick start),
+    # the before/after chart (input pipeline).
+    assert images >= 1, f"{name} showed no image"
+    if name == "quickstart.ipynb":  # the report rendered, not printed as raw Markdown
+        assert any(m.startswith("# tfgpu run report") for m in markdown), markdown
+        assert not any("![" in t for t in text), "the report was printed, not shown"
 
 
 def test_quick_mode_is_read_from_the_environment():
