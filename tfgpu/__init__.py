@@ -34,6 +34,8 @@ _EXPORTS: dict[str, str] = {
     "scale_learning_rate": "tfgpu.distribute",
     "diagnose": "tfgpu.diagnosis",
     "Diagnosis": "tfgpu.diagnosis",
+    "tune": "tfgpu.tuning",
+    "TuneResult": "tfgpu.tuning",
     "find_batch_size": "tfgpu.batch_size",
     "BatchSizeResult": "tfgpu.batch_size",
     "callbacks": "tfgpu.callbacks",
@@ -49,6 +51,7 @@ __all__ = [
     "Configuration",
     "Diagnosis",
     "EnvironmentReport",
+    "TuneResult",
     "__version__",
     "callbacks",
     "configure",
@@ -63,6 +66,7 @@ __all__ = [
     "report",
     "scale_learning_rate",
     "strategy",
+    "tune",
 ]
 
 
@@ -87,3 +91,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from tfgpu.diagnosis import Diagnosis, diagnose
     from tfgpu.distribute import global_batch_size, scale_learning_rate, strategy
     from tfgpu.env import EnvironmentReport, environment
+    from tfgpu.tuning import TuneResult, tune

@@ -148,14 +148,47 @@ def source_batches(ds: tf.data.Dataset) -> tuple[Batches | None, bool]:
 # arguments, not "use tfgpu.data.pipeline"). Weak: a marked dataset is never kept alive.
 _PIPELINES: weakref.WeakSet = weakref.WeakSet()
 
+# The arguments of the `pipeline` call that returned a training dataset, so that `tune` can
+# build it again with other settings. Weak keys: the record lives as long as the dataset.
+_ARGUMENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-def mark_pipeline(ds: Any) -> Any:
-    """Records `ds` as built by `tfgpu.data.pipeline`; returns it."""
+
+def mark_pipeline(ds: Any, arguments: dict[str, Any] | None = None) -> Any:
+    """Records `ds` as built by `tfgpu.data.pipeline` (with the call's `arguments`, when
+    given: `data` and every keyword); returns it."""
     try:
         _PIPELINES.add(ds)
+        if arguments is not None:
+            _ARGUMENTS[ds] = dict(arguments)
     except TypeError:  # not weak-referenceable: simply unknown later
         pass
     return ds
+
+
+def pipeline_arguments(ds: Any) -> dict[str, Any] | None:
+    """The arguments of the `tfgpu.data.pipeline` call that returned `ds` itself (a copy), or
+    None for any other dataset (also one made from it, such as `ds.repeat()`)."""
+    try:
+        arguments = _ARGUMENTS.get(ds)
+    except TypeError:
+        return None
+    return None if arguments is None else dict(arguments)
+
+
+def has_step(ds: Any, step: str) -> bool:
+    """Whether a step whose class name contains `step` (lowercase, no underscores, e.g.
+    `"cache"`, `"prefetch"`) is in `ds`'s single-input chain."""
+    for _ in range(10_000):
+        if step in type(ds).__name__.lower().replace("_", ""):
+            return True
+        try:
+            inputs = list(ds._inputs())
+        except Exception:
+            return False
+        if len(inputs) != 1:
+            return False
+        ds = inputs[0]
+    return False
 
 
 def made_by_pipeline(ds: Any) -> bool:

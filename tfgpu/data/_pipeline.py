@@ -329,6 +329,33 @@ def pipeline(
         if note.startswith("cache after") or note.startswith("not cached: map_fn"):
             warnings.warn(f"tfgpu.data.pipeline: {note}.", stacklevel=2)
     train, validation = _assemble(args, batching, source, decoded, facts, plan)
+    mark_pipeline(
+        train,
+        arguments=dict(
+            data=data,
+            batch_size=batch_size,
+            per_replica_batch_size=per_replica_batch_size,
+            strategy=strategy,
+            map_fn=map_fn,
+            augment_fn=augment_fn,
+            batch_map_fn=batch_map_fn,
+            batch_augment_fn=batch_augment_fn,
+            validation_split=validation_split,
+            cache=cache,
+            shuffle=shuffle,
+            shuffle_buffer=shuffle_buffer,
+            drop_remainder=drop_remainder,
+            deterministic=deterministic,
+            repeat=repeat,
+            distribute=distribute,
+            seed=seed,
+            ram_budget_mib=ram_budget_mib,
+            private_threadpool_size=private_threadpool_size,
+            split=split,
+            data_dir=data_dir,
+            compression_type=compression_type,
+        ),
+    )  # its arguments, so that `tune` can build it again with other settings
     if args.distribute:
         strategy = args.strategy  # not None: checked with distribute=True
         train_out = strategy.experimental_distribute_dataset(train)  # type: ignore[union-attr]

@@ -1,0 +1,379 @@
+"""Which candidates `tune` tries, in which order, and how it judges one: pure functions.
+
+`candidates(facts)` turns what is known about the model, the data and the machine
+(`Facts`) into the ordered list of `Candidate`s: cheap and big wins first
+(`steps_per_execution`, `jit_compile`, a static batch shape), then the pipeline's settings,
+the precision policy, and last the settings that need a fresh process (always untried
+here). `verdict(...)` says whether measured rounds keep a candidate. `combined_lines(...)`
+writes the lines to change in the user's code. No TensorFlow, no Keras, no clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from tfgpu import _measure
+from tfgpu.precision import choose_policy
+
+# A candidate is kept only when the low end of its gain interval (baseline time / candidate
+# time, per example) clears this margin; the kept candidates together must clear it too.
+MARGIN = 1.05
+
+# The numerics guard: a candidate whose mean loss over the guard's steps is above the
+# baseline's by more than this share (plus `LOSS_ABS_TOLERANCE`) is unsafe.
+LOSS_TOLERANCE = 0.10
+LOSS_ABS_TOLERANCE = 1e-6
+
+# `steps_per_execution` values tried, in order (each against the best so far); the ladder
+# stops at the first that is not kept.
+SPE_LADDER = (4, 16, 64)
+
+# One execution of `steps_per_execution` steps should take at most this long: longer steps
+# leave no host overhead worth saving, and a fit would run for minutes.
+SPE_MAX_EXECUTION_S = 1.0
+
+# The statuses of a trial.
+KEPT = "kept"
+SLOWER = "slower"
+NO_GAIN = "no measurable gain"
+UNSAFE = "unsafe numerics"
+UNTRIED = "untried"
+FAILED = "failed"
+STATUSES = (KEPT, SLOWER, NO_GAIN, UNSAFE, UNTRIED, FAILED)
+
+# Change keys by where they apply.
+COMPILE_KEYS = ("steps_per_execution", "jit_compile")
+PIPELINE_KEYS = (
+    "drop_remainder",
+    "cache",
+    "private_threadpool_size",
+    "batch_augment",
+    "prefetch",
+    "batch_size",
+)
+MODEL_KEYS = ("precision",)
+
+NEEDS_FACTORY = "needs a model factory: pass a function that builds and compiles the model"
+FRESH_PROCESS = "needs a fresh process (`tfgpu tune SCRIPT.py`)"
+BUDGET_SPENT = "time budget spent"
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What `candidates` decides from. Pure data."""
+
+    steps_per_execution: int = 1
+    jit_compile: bool = False
+    xla_supported: bool = True
+    batches_per_epoch: int | None = None  # None: unknown or infinite
+    global_batch: int | None = None
+    partial_last_batch: bool | None = None  # None: cannot tell
+    static_shape: bool = False  # every batch dimension of the element spec is known
+    pipeline: dict[str, Any] | None = None  # the tfgpu pipeline's arguments, when rebuildable
+    cached: bool = False  # a cache step is in the data's chain
+    prefetched: bool = False  # the data ends in a prefetch (a user's dataset)
+    has_factory: bool = False
+    policy: str = "float32"  # the model's dtype policy
+    gpu_ccs: tuple[tuple[int, int], ...] = ()  # compute capabilities; empty on the CPU
+    cpu_native_bf16: bool = False
+    cpu_count: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One setting to try: what changes, the code line, and how to judge it. Pure data.
+
+    `untried` set: reported as untried for that reason, never run. `group`: candidates of a
+    ladder (`"steps_per_execution"`) are tried until one is not kept. `numerics`: the
+    setting can change the loss, so the numerics guard runs before it is timed.
+    """
+
+    name: str
+    change: dict[str, Any]
+    line: str
+    numerics: bool = False
+    group: str = ""
+    untried: str = ""
+
+
+def _compile_line(change: dict[str, Any]) -> str:
+    args = ", ".join(f"{k}={v!r}" for k, v in change.items())
+    return f"model.compile(..., {args})"
+
+
+def _pipeline_line(change: dict[str, Any], arguments: dict[str, Any]) -> str:
+    args = []
+    for k, v in change.items():
+        if k == "batch_augment":
+            name = getattr(arguments.get("augment_fn"), "__name__", "augment_fn")
+            args.append(f"augment_fn=None, batch_augment_fn={name}")
+        elif k == "batch_size" and arguments.get("per_replica_batch_size") is not None:
+            args.append(f"per_replica_batch_size={v // max(1, _replicas(arguments))}")
+        else:
+            args.append(f"{k}={v!r}")
+    return f"tfgpu.data.pipeline(..., {', '.join(args)})"
+
+
+def _replicas(arguments: dict[str, Any]) -> int:
+    strategy = arguments.get("strategy")
+    return int(getattr(strategy, "num_replicas_in_sync", 1) or 1)
+
+
+def _dataset_line(key: str, value: Any, global_batch: int | None) -> str:
+    if key == "prefetch":
+        return "dataset = dataset.prefetch(tf.data.AUTOTUNE)"
+    if key == "drop_remainder":
+        return f"dataset = dataset.batch({global_batch}, drop_remainder=True)  # where you batch"
+    if key == "batch_size":
+        return f"dataset = dataset.batch({value})  # where you batch"
+    raise ValueError(f"no line for {key}")  # pragma: no cover
+
+
+def line_for(change: dict[str, Any], facts: Facts) -> str:
+    """The code line that makes `change` (keys of one kind) in the user's code. Pure."""
+    keys = set(change)
+    if keys <= set(COMPILE_KEYS):
+        return _compile_line(change)
+    if keys <= set(MODEL_KEYS):
+        return (
+            f"tfgpu.configure(precision={change['precision']!r})  # first, before building "
+            "the model"
+        )
+    if facts.pipeline is not None:
+        return _pipeline_line(change, facts.pipeline)
+    (key, value), *_ = change.items()
+    return _dataset_line(key, value, facts.global_batch)
+
+
+def _candidate(name: str, change: dict[str, Any], facts: Facts, **kwargs: Any) -> Candidate:
+    return Candidate(name, change, line_for(change, facts), **kwargs)
+
+
+def precision_choice(facts: Facts) -> tuple[str | None, str]:
+    """(the mixed policy to try or None, why not). Pure.
+
+    GPUs: bfloat16 where every GPU has compute capability >= 8.0, float16 with loss scaling
+    on 7.x (`tfgpu.precision.choose_policy`); the CPU: bfloat16 only where it has native
+    bfloat16 units (AMX or AVX-512 BF16).
+    """
+    if facts.gpu_ccs:
+        choice = choose_policy(list(facts.gpu_ccs))
+        if choice.policy == "float32":
+            return None, choice.reason
+        return choice.policy, ""
+    if facts.cpu_native_bf16:
+        return "mixed_bfloat16", ""
+    return None, "this CPU has no native bfloat16 (no AMX or AVX-512 BF16): it would only add casts"
+
+
+def candidates(facts: Facts) -> list[Candidate]:
+    """The ordered candidates for `facts` (untried ones with their reason). Pure."""
+    out: list[Candidate] = []
+    # 1. steps_per_execution: a ladder, each value at most the batches of an epoch.
+    for v in SPE_LADDER:
+        if v <= facts.steps_per_execution:
+            continue
+        spe_change: dict[str, Any] = {"steps_per_execution": v}
+        if facts.batches_per_epoch is not None and v > facts.batches_per_epoch:
+            out.append(
+                _candidate(
+                    f"steps_per_execution={v}",
+                    spe_change,
+                    facts,
+                    group="steps_per_execution",
+                    untried=f"more than the {facts.batches_per_epoch} batches of an epoch",
+                )
+            )
+            continue
+        out.append(
+            _candidate(f"steps_per_execution={v}", spe_change, facts, group="steps_per_execution")
+        )
+    # 2. XLA.
+    if not facts.jit_compile:
+        out.append(
+            _candidate(
+                "jit_compile=True",
+                {"jit_compile": True},
+                facts,
+                numerics=True,
+                untried="" if facts.xla_supported else "Keras refuses jit_compile for this model",
+            )
+        )
+    # 3. A static batch shape (the step is traced for one batch size).
+    if not facts.static_shape:
+        untried = ""
+        if facts.global_batch is None:
+            untried = "the batch size of the data is unknown"
+        elif facts.pipeline is not None and facts.pipeline.get("drop_remainder") is False:
+            untried = "the pipeline was asked for drop_remainder=False"
+        out.append(
+            _candidate(
+                "static batch shape",
+                {"drop_remainder": True},
+                facts,
+                untried=untried,
+            )
+        )
+    # 4. The pipeline's settings (a tfgpu pipeline is built again with them).
+    if facts.pipeline is not None:
+        p = facts.pipeline
+        if (
+            p.get("map_fn") is not None
+            and p.get("cache") == "auto"
+            and not facts.cached
+            and not p.get("repeat")
+        ):
+            out.append(_candidate("cache in memory", {"cache": "memory"}, facts))
+        if p.get("augment_fn") is not None and p.get("batch_augment_fn") is None:
+            out.append(_candidate("batch-level augmentation", {"batch_augment": True}, facts))
+        if not facts.gpu_ccs and not p.get("private_threadpool_size") and facts.cpu_count > 1:
+            out.append(
+                _candidate(
+                    "private thread pool",
+                    {"private_threadpool_size": facts.cpu_count},
+                    facts,
+                )
+            )
+    elif not facts.prefetched:
+        out.append(_candidate("prefetch", {"prefetch": True}, facts))
+    # 5. The precision policy.
+    if facts.policy.startswith("mixed_"):
+        pass  # already mixed
+    else:
+        policy, why = precision_choice(facts)
+        name = f"precision {policy}" if policy else "mixed precision"
+        change: dict[str, Any] = {"precision": policy or "mixed_bfloat16"}
+        untried = why if policy is None else ("" if facts.has_factory else NEEDS_FACTORY)
+        out.append(_candidate(name, change, facts, numerics=True, untried=untried))
+    return out
+
+
+def process_settings(has_gpu: bool) -> list[tuple[str, dict[str, str], str]]:
+    """Settings that need a fresh process: (name, environment variables, line). Pure.
+
+    `tfgpu tune SCRIPT.py` tries them in child processes; in-process `tune` lists them as
+    untried.
+    """
+    out: list[tuple[str, dict[str, str], str]] = [
+        (
+            "XLA auto-clustering",
+            {"TF_XLA_FLAGS": "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit"},
+            "export TF_XLA_FLAGS='--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit'",
+        ),
+        (
+            "thread counts",
+            {"TF_NUM_INTEROP_THREADS": "1"},
+            "export TF_NUM_INTEROP_THREADS=1",
+        ),
+    ]
+    if has_gpu:
+        out += [
+            (
+                "GPU private threads",
+                {"TF_GPU_THREAD_MODE": "gpu_private"},
+                "export TF_GPU_THREAD_MODE=gpu_private",
+            ),
+            (
+                "async allocator",
+                {"TF_GPU_ALLOCATOR": "cuda_malloc_async"},
+                "export TF_GPU_ALLOCATOR=cuda_malloc_async",
+            ),
+        ]
+    return out
+
+
+def spe_fits(value: int, step_s: float | None) -> str:
+    """Why `steps_per_execution=value` is not tried for steps of `step_s` seconds ("" when
+    it is). Pure."""
+    if step_s is not None and math.isfinite(step_s) and value * step_s > SPE_MAX_EXECUTION_S:
+        return (
+            f"steps of {step_s * 1e3:.0f} ms leave little host overhead to save "
+            f"({value} steps would run {value * step_s:.1f} s per call)"
+        )
+    return ""
+
+
+def _fmt_gain(g: float | None, low: float, high: float) -> str:
+    if g is None:
+        return "n/a"
+    if math.isfinite(low) and math.isfinite(high) and (low, high) != (g, g):
+        return f"x{g:.2f} ({low:.2f}-{high:.2f})"
+    return f"x{g:.2f}"
+
+
+def verdict(
+    rounds: Sequence[tuple[float, float]], why: str | None, margin: float = MARGIN
+) -> tuple[str, str]:
+    """(status, reason) for a candidate measured in `rounds` (baseline, candidate seconds
+    per example) that `interleave` stopped for `why`. Pure.
+
+    Kept when the low end of the gain interval clears `margin`; "slower" when its high end is
+    under 1 (or the first round was clearly slower); "no measurable gain" when the interval
+    reaches below the margin; untried when the budget cut it before `MIN_ROUNDS` rounds.
+
+    Example:
+
+    >>> verdict([(2.0, 1.0)] * 3, None)
+    ('kept', 'over 3 rounds')
+    """
+    g, low, high = _measure.gain(rounds)
+    text = _fmt_gain(g, low, high)
+    n = len(rounds)
+    if why == "slower" and n >= 1:
+        return SLOWER, "the first round was clearly slower"
+    if g is None:
+        return UNTRIED, BUDGET_SPENT
+    if n < _measure.MIN_ROUNDS:
+        if high < 1.0 and n >= 2:
+            return SLOWER, f"over {n} rounds"
+        return UNTRIED, f"{BUDGET_SPENT} after {n} round(s) ({text})"
+    if low >= margin:
+        return KEPT, f"over {n} rounds"
+    if high < 1.0:
+        return SLOWER, f"over {n} rounds"
+    return NO_GAIN, f"over {n} rounds, the interval reaches below the x{margin:.2f} margin"
+
+
+def numerics_verdict(base_loss: float, loss: float) -> str:
+    """Why a candidate's mean loss over the guard's steps is unsafe next to the baseline's
+    from the same weights ("" when it is safe). Pure.
+
+    Example:
+
+    >>> numerics_verdict(0.5, float("nan"))
+    'the loss is not finite (nan; baseline 0.5)'
+    """
+    if not math.isfinite(loss):
+        return f"the loss is not finite ({loss}; baseline {base_loss:.4g})"
+    if not math.isfinite(base_loss):
+        return ""
+    if loss > base_loss * (1.0 + LOSS_TOLERANCE) + LOSS_ABS_TOLERANCE and loss > base_loss:
+        return (
+            f"mean loss {loss:.4g} vs {base_loss:.4g} for the baseline from the same weights "
+            f"(more than {LOSS_TOLERANCE:.0%} worse)"
+        )
+    return ""
+
+
+def combined_lines(kept: Sequence[tuple[dict[str, Any], str]], facts: Facts) -> list[str]:
+    """The lines to change for the kept candidates (their `change`, their own line): one
+    `model.compile(...)` line, one pipeline line, the others as they are. Pure."""
+    compile_change: dict[str, Any] = {}
+    pipeline_change: dict[str, Any] = {}
+    lines: list[str] = []
+    for change, line in kept:
+        if set(change) <= set(COMPILE_KEYS):
+            compile_change.update(change)
+        elif facts.pipeline is not None and set(change) <= set(PIPELINE_KEYS):
+            pipeline_change.update(change)
+        elif line not in lines:
+            lines.append(line)
+    head = []
+    if compile_change:
+        head.append(_compile_line(compile_change))
+    if pipeline_change and facts.pipeline is not None:
+        head.append(_pipeline_line(pipeline_change, facts.pipeline))
+    return head + lines

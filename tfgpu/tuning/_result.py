@@ -1,0 +1,276 @@
+"""What `tune` found: `Trial`, `TuneResult`, its table, `apply`, JSON and the waterfall plot."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tfgpu._files import rotate, write_text_atomic
+from tfgpu._json import json_safe
+from tfgpu._warnings import one_line, warn_at_user_code
+from tfgpu.tuning._candidates import COMPILE_KEYS, KEPT, MARGIN
+
+TUNE_JSON = "tune.json"
+TUNE_PNG = "tune.png"
+
+
+@dataclasses.dataclass
+class Trial:
+    """One candidate setting and what its measurement said.
+
+    Args:
+        name: str, the candidate, e.g. `"steps_per_execution=16"`.
+        change: dict, the setting it changes, e.g. `{"steps_per_execution": 16}`.
+            Defaults to `{}`.
+        gain: float or None, the measured gain: the current best configuration's time per
+            example over the candidate's (2.0: twice as fast). None when not measured.
+            Defaults to None.
+        gain_low: float, the low end of the gain's confidence interval (NaN: not measured).
+            Defaults to NaN.
+        gain_high: float, its high end. Defaults to NaN.
+        status: str, `"kept"`, `"slower"`, `"no measurable gain"`, `"unsafe numerics"`,
+            `"untried"` or `"failed"`. Defaults to `"untried"`.
+        reason: str, why, with the numbers. Defaults to `""`.
+        line: str, the code line that makes the change. Defaults to `""`.
+
+    Example:
+
+    >>> Trial("jit_compile=True", {"jit_compile": True}, status="untried",
+    ...       reason="Keras refuses jit_compile for this model")
+    """
+
+    name: str
+    change: dict[str, Any] = dataclasses.field(default_factory=dict)
+    gain: float | None = None
+    gain_low: float = math.nan
+    gain_high: float = math.nan
+    status: str = "untried"
+    reason: str = ""
+    line: str = ""
+
+    @property
+    def gain_text(self) -> str:
+        """The gain with its interval, e.g. `"x1.32 (1.25-1.40)"`, or `"-"`."""
+        if self.gain is None or not math.isfinite(self.gain):
+            return "-"
+        low, high = self.gain_low, self.gain_high
+        if math.isfinite(low) and math.isfinite(high) and (low, high) != (self.gain, self.gain):
+            return f"x{self.gain:.2f} ({low:.2f}-{high:.2f})"
+        return f"x{self.gain:.2f}"
+
+
+@dataclasses.dataclass
+class TuneResult:
+    """What `tfgpu.tune` measured and kept.
+
+    Printing it shows a table (candidate, gain with its interval, kept or why not), the
+    verified combined speedup and the lines to change in your code.
+
+    Args:
+        trials: list of `Trial`, in the order they ran (untried ones too).
+        baseline_examples_per_s: float, the training throughput as it was (NaN: not
+            measured).
+        tuned_examples_per_s: float, with every kept setting (the baseline's when none).
+        speedup: float, the verified gain of all kept settings together over the baseline
+            (1.0 when nothing was kept).
+        speedup_low: float, the low end of its confidence interval.
+        speedup_high: float, its high end.
+        settings: dict, the kept settings, e.g. `{"steps_per_execution": 16}`.
+        lines: list of str, the lines to change in your code.
+        dataset: the tuned dataset when pipeline settings were kept, else the data passed in.
+        notes: list of str, remarks (e.g. a setting dropped at the verification).
+        time_s: float, seconds `tune` took.
+
+    Example:
+
+    >>> result = tfgpu.tune(model, train, time_budget_s=60)
+    >>> print(result)
+    >>> result.apply(model).fit(result.dataset, epochs=10)
+    """
+
+    trials: list[Trial]
+    baseline_examples_per_s: float = math.nan
+    tuned_examples_per_s: float = math.nan
+    speedup: float = 1.0
+    speedup_low: float = 1.0
+    speedup_high: float = 1.0
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    lines: list[str] = dataclasses.field(default_factory=list)
+    dataset: Any = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+    time_s: float = math.nan
+
+    def trial(self, name: str) -> Trial | None:
+        """The trial named `name`, or None.
+
+        Args:
+            name: str, a trial's name, e.g. `"jit_compile=True"`.
+
+        Returns:
+            `Trial` or None.
+        """
+        return next((t for t in self.trials if t.name == name), None)
+
+    def apply(self, model: Any) -> Any:
+        """Applies the kept compile settings (`steps_per_execution`, `jit_compile`) to `model`.
+
+        Settings it cannot apply to a model are named in a warning: the pipeline's (use
+        `result.dataset`, or pass the line's arguments to `tfgpu.data.pipeline`), the
+        precision policy (build the model again after `tfgpu.configure(precision=...)`) and
+        the batch size.
+
+        Args:
+            model: keras.Model, compiled: the model to train (the one tuned, or one built
+                the same way).
+
+        Returns:
+            The same model, so that `result.apply(model).fit(...)` reads well.
+
+        Raises:
+            TypeError: if `model` is not a compiled Keras model.
+
+        Example:
+
+        >>> result.apply(model).fit(result.dataset, epochs=10)
+        """
+        import keras
+
+        from tfgpu._checks import invalid_type
+
+        if not isinstance(model, keras.Model):
+            raise invalid_type("model", model, "a compiled `keras.Model`")
+        applied = False
+        for key in COMPILE_KEYS:
+            if key in self.settings:
+                setattr(model, key, self.settings[key])
+                applied = True
+        if applied:
+            model.train_function = None  # the next fit compiles with the new settings
+        rest = [f"{k}={v!r}" for k, v in self.settings.items() if k not in COMPILE_KEYS]
+        if rest:
+            precision = self.settings.get("precision")
+            how = []
+            if precision:
+                how.append(f"build the model again after tfgpu.configure(precision={precision!r})")
+            if any(k not in COMPILE_KEYS and k != "precision" for k in self.settings):
+                how.append("train on result.dataset (or change the pipeline as the lines say)")
+            warn_at_user_code(
+                f"TuneResult.apply: {', '.join(rest)} cannot be applied to a model: "
+                f"{'; '.join(how)}."
+            )
+        return model
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the result as JSON-ready data (without the dataset)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "dataset"}
+        d["trials"] = [dataclasses.asdict(t) for t in self.trials]
+        return json_safe(d)
+
+    def __str__(self) -> str:
+        rows = [
+            (t.name, t.gain_text, t.status + (f": {t.reason}" if t.reason else ""))
+            for t in self.trials
+        ]
+        w0 = max([len("candidate")] + [len(r[0]) for r in rows])
+        w1 = max([len("gain")] + [len(r[1]) for r in rows])
+        out = [f"tune: each setting against the best so far (kept above x{MARGIN:.2f})"]
+        out.append(f"  {'candidate':<{w0}}  {'gain':<{w1}}  verdict")
+        out += [f"  {a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows]
+        base, tuned = self.baseline_examples_per_s, self.tuned_examples_per_s
+        if math.isfinite(base):
+            interval = (
+                f" ({self.speedup_low:.2f}-{self.speedup_high:.2f})"
+                if (self.speedup_low, self.speedup_high) != (self.speedup, self.speedup)
+                else ""
+            )
+            out.append(
+                f"baseline {base:,.1f} examples/s -> tuned {tuned:,.1f} examples/s: "
+                f"x{self.speedup:.2f}{interval}, verified together"
+            )
+        else:
+            out.append("baseline not measured (time budget spent)")
+        if self.lines:
+            out.append("change in your code:")
+            out += [f"  {line}" for line in self.lines]
+        else:
+            out.append("nothing to change: no setting helped beyond the noise")
+        out += [f"note: {n}" for n in self.notes]
+        return "\n".join(out)
+
+    def contributions(self) -> list[tuple[str, float]]:
+        """(name, gain) of each kept trial, in order: each against the best before it."""
+        return [(t.name, t.gain) for t in self.trials if t.status == KEPT and t.gain]
+
+
+def write(result: TuneResult, log_dir: Path) -> None:
+    """Writes `tune.json` and `tune.png` into `log_dir` (an older file rotated aside).
+
+    Failures are warnings: the result is still returned.
+    """
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        path = log_dir / TUNE_JSON
+        rotate(path)
+        write_text_atomic(path, json.dumps(result.to_dict(), indent=2))
+    except OSError as e:
+        warn_at_user_code(f"tune: {TUNE_JSON} not written to {log_dir}: {one_line(e)}")
+        return
+    try:
+        plot_waterfall(result, log_dir / TUNE_PNG)
+    except Exception as e:  # the plot is a side feature
+        warn_at_user_code(f"tune: {TUNE_PNG} not written to {log_dir}: {one_line(e)}")
+
+
+def waterfall_steps(result: TuneResult) -> list[tuple[str, float, float]]:
+    """(label, bottom, top) bars in examples/s: the baseline, each kept setting's step
+    (its measured gain over the best before it, scaled so the steps end at the verified
+    total), and the tuned total. Pure."""
+    base = result.baseline_examples_per_s
+    if not math.isfinite(base):
+        return []
+    parts = result.contributions()
+    bars = [("baseline", 0.0, base)]
+    product = math.prod(g for _, g in parts) if parts else 1.0
+    # Scale each step's log-gain so that together they reach the verified speedup.
+    scale = (
+        math.log(result.speedup) / math.log(product) if product > 1 and result.speedup > 1 else 0.0
+    )
+    level = base
+    for name, g in parts:
+        top = level * math.exp(math.log(g) * scale)
+        bars.append((name, level, top))
+        level = top
+    bars.append(("tuned", 0.0, result.tuned_examples_per_s))
+    return bars
+
+
+def plot_waterfall(result: TuneResult, path: Path) -> None:
+    """Draws the waterfall of `waterfall_steps` into `path` (PNG, atomically)."""
+    from matplotlib.figure import Figure  # no pyplot: the user's backend is left alone
+
+    bars = waterfall_steps(result)
+    fig = Figure(figsize=(max(4.0, 1.3 * len(bars) + 1), 3.6))
+    ax = fig.subplots()
+    for i, (label, bottom, top) in enumerate(bars):
+        color = {"baseline": "tab:gray", "tuned": "tab:blue"}.get(label, "tab:green")
+        ax.bar(i, top - bottom, bottom=bottom, color=color)
+        ax.text(i, top, f"{top:,.0f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(bars)))
+    ax.set_xticklabels([b[0] for b in bars], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("examples/s")
+    ax.set_title(f"tune: x{result.speedup:.2f} verified against the baseline", fontsize=10)
+    fig.tight_layout()
+    rotate(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=100, format="png")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

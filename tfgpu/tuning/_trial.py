@@ -1,0 +1,221 @@
+"""The workload `tune` measures: the model, the data and a setting's timed run and loss.
+
+`Workload.run_for(changes)` gives a `tfgpu._measure.Run` that times the user's training step
+with `changes` applied (compile settings set on the model for the run, a pipeline built
+again with other arguments, a model built by the factory under another precision policy),
+in seconds per example, so candidates that change the batch compare fairly. Each setting's
+run is made once and reused (its train function is traced once). `mean_loss` runs a few
+steps from the same weights for the numerics guard. The caller restores the model's state
+(`tfgpu._model_state.preserved`) around every trial.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tfgpu import _measure
+from tfgpu._model_state import build, preserved
+from tfgpu.tuning._candidates import COMPILE_KEYS, MODEL_KEYS, PIPELINE_KEYS
+
+# Batches the numerics guard trains on (with `steps_per_execution=1`), from the same weights.
+GUARD_STEPS = 5
+
+_Key = tuple[tuple[str, str], ...]
+
+
+def _key(changes: dict[str, Any]) -> _Key:
+    return tuple(sorted((k, repr(v)) for k, v in changes.items()))
+
+
+def supports_xla(model: Any) -> bool:
+    """Whether Keras accepts `jit_compile` flipped for this model (it refuses some models,
+    warning and keeping the old value)."""
+    current = model.jit_compile
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.jit_compile = not bool(current)
+        return bool(model.jit_compile) != bool(current)
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.jit_compile = current
+
+
+class Workload:
+    """The model, the data and every setting's run, built on demand and kept.
+
+    Args:
+        model: keras.Model, compiled and built: the baseline.
+        factory: callable or None, builds and compiles the model (for the precision policy).
+        dataset: tf.data.Dataset of batches: the user's data.
+        pipeline: dict or None, the `tfgpu.data.pipeline` arguments that built `dataset`.
+        global_batch: int or None, examples per batch.
+        steps, warmup: int, the timed and warm-up steps of each run.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        factory: Callable[[], Any] | None,
+        dataset: tf.data.Dataset,
+        pipeline: dict[str, Any] | None,
+        global_batch: int | None,
+        steps: int,
+        warmup: int,
+    ):
+        self.model = model
+        self.factory = factory
+        self.dataset = dataset
+        self.pipeline = pipeline
+        self.global_batch = global_batch
+        self.steps, self.warmup = steps, warmup
+        self._datasets: dict[_Key, tuple[tf.data.Dataset, int | None]] = {}
+        self._models: dict[str, Any] = {}
+        self._runs: dict[_Key, _measure.Run] = {}
+        self._guard_batches: list[Any] | None = None
+        self.base_times: list[float] = []  # seconds per example of every baseline run
+
+    # Data.
+    def dataset_for(self, changes: dict[str, Any]) -> tuple[tf.data.Dataset, int | None]:
+        """The data with the pipeline changes in `changes`, and its global batch."""
+        data_change = {k: changes[k] for k in PIPELINE_KEYS if k in changes}
+        key = _key(data_change)
+        if key not in self._datasets:
+            self._datasets[key] = self._build_dataset(data_change)
+        return self._datasets[key]
+
+    def _build_dataset(self, change: dict[str, Any]) -> tuple[tf.data.Dataset, int | None]:
+        batch = change.get("batch_size", self.global_batch)
+        if not change:
+            return self.dataset, batch
+        if self.pipeline is not None:
+            from tfgpu.data import pipeline
+
+            kwargs = dict(self.pipeline)
+            for k, v in change.items():
+                if k == "batch_augment":
+                    kwargs["batch_augment_fn"], kwargs["augment_fn"] = kwargs["augment_fn"], None
+                elif k == "batch_size":
+                    replicas = getattr(kwargs.get("strategy"), "num_replicas_in_sync", 1) or 1
+                    if kwargs.get("per_replica_batch_size") is not None:
+                        kwargs["per_replica_batch_size"] = max(1, v // replicas)
+                    else:
+                        kwargs["batch_size"] = v
+                elif k != "prefetch":
+                    kwargs[k] = v
+            kwargs["distribute"] = False
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = pipeline(**kwargs)
+            ds = out[0] if isinstance(out, tuple) else out
+            return ds, batch
+        ds = self.dataset
+        if "batch_size" in change or "drop_remainder" in change:
+            ds = ds.rebatch(int(batch or 1), drop_remainder=bool(change.get("drop_remainder")))
+        if change.get("prefetch"):
+            ds = ds.prefetch(tf.data.AUTOTUNE)
+        return ds, batch
+
+    # Models.
+    def model_for(self, changes: dict[str, Any]) -> Any:
+        """The user's model, or the factory's under the precision policy in `changes`."""
+        policy = changes.get("precision")
+        if policy is None:
+            return self.model
+        if policy not in self._models:
+            if self.factory is None:
+                raise ValueError("the precision policy needs a model factory")
+            saved = keras.mixed_precision.global_policy()
+            try:
+                keras.mixed_precision.set_global_policy(policy)
+                model = self.factory()
+            finally:
+                keras.mixed_precision.set_global_policy(saved)
+            build(model, self._first_inputs())
+            self._models[policy] = model
+        model = self._models[policy]
+        try:
+            model.set_weights(self.model.get_weights())  # the same start as the baseline
+        except Exception:
+            pass  # another structure: its own weights (the guard still checks finiteness)
+        return model
+
+    def _first_inputs(self) -> Any:
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(self.guard_batches()[0])
+        return x
+
+    def guard_batches(self) -> list[Any]:
+        """The first `GUARD_STEPS` batches of the user's data (read once)."""
+        if self._guard_batches is None:
+            self._guard_batches = list(self.dataset.take(GUARD_STEPS))
+        return self._guard_batches
+
+    # Runs.
+    def run_for(self, changes: dict[str, Any]) -> _measure.Run:
+        """A `Run` timing the step with `changes`, in seconds per example."""
+        key = _key(changes)
+        if key not in self._runs:
+            self._runs[key] = self._make_run(changes)
+        return self._runs[key]
+
+    def _make_run(self, changes: dict[str, Any]) -> _measure.Run:
+        model = self.model_for(changes)
+        ds, batch = self.dataset_for(changes)
+        attrs = {k: changes.get(k, getattr(self.model, k)) for k in COMPILE_KEYS}
+        timed = _measure.with_attrs(model, ds.repeat(), self.steps, self.warmup, attrs)
+        fill = "cache" in changes
+        is_base = not changes
+        state = {"filled": not fill}
+
+        def run(deadline: float | None, limit: float | None) -> float | None:
+            if not state["filled"]:
+                state["filled"] = _fill(ds, deadline)
+                if not state["filled"]:
+                    return None
+            seconds = timed(deadline, limit)
+            if seconds is None:
+                return None
+            per_example = seconds / float(batch or 1)
+            if is_base:
+                self.base_times.append(per_example)
+            return per_example
+
+        return run
+
+    # Numerics.
+    def mean_loss(self, changes: dict[str, Any]) -> float:
+        """Mean training loss over the guard's batches, one step each, from the current
+        weights of the user's model (put back afterwards)."""
+        model = self.model_for(changes)
+        jit = changes.get("jit_compile", self.model.jit_compile)
+        losses = []
+        with preserved(model), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.steps_per_execution = 1
+            model.jit_compile = jit
+            model.train_function = None
+            for batch in self.guard_batches():
+                x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
+                logs = model.train_on_batch(x, y, sample_weight=sw, return_dict=True)
+                losses.append(float(logs["loss"]))
+        if not losses:
+            return math.nan
+        if not all(math.isfinite(v) for v in losses):
+            return next(v for v in losses if not math.isfinite(v))
+        return sum(losses) / len(losses)
+
+    def models_changed(self, changes: dict[str, Any]) -> bool:
+        """Whether `changes` need another model than the user's."""
+        return any(k in changes for k in MODEL_KEYS)
+
+
+def _fill(ds: tf.data.Dataset, deadline: float | None) -> bool:
+    """Reads one pass of `ds` (filling its cache) unless the deadline comes first."""
+    return all(deadline is None or _measure.now() < deadline for _ in ds)

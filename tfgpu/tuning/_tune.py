@@ -1,0 +1,553 @@
+"""`tune()`: check the arguments, read the facts, try each candidate, verify, report."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tfgpu import _measure, _stats
+from tfgpu._checks import check_dir, check_int, check_number, invalid_type, invalid_value
+from tfgpu._datasets import cardinality, has_step, pipeline_arguments, source_batches
+from tfgpu._model_state import preserved
+from tfgpu._progress import Progress, check_verbose
+from tfgpu._warnings import one_line
+from tfgpu.tuning import _candidates as cands
+from tfgpu.tuning._candidates import Candidate, Facts
+from tfgpu.tuning._result import Trial, TuneResult, write
+from tfgpu.tuning._trial import Workload, supports_xla
+
+# Candidates are measured until this share of the time budget; the verification of the
+# kept ones together may run until `VERIFY_SHARE`; the rest is for restoring and writing.
+MEASURE_SHARE = 0.75
+VERIFY_SHARE = 0.95
+
+# Interleaved rounds per comparison, at most (the interval of the median drops the extreme
+# ratios from 9 rounds on).
+MAX_ROUNDS = 9
+
+# find_batch_size tries per-replica batches up to this multiple of the current one.
+BATCH_GROWTH = 8
+
+
+def _gpu_ccs() -> tuple[tuple[int, int], ...]:
+    """Compute capabilities of the GPUs TensorFlow trains on (empty on the CPU)."""
+    from tfgpu import _devices
+
+    try:
+        gpus = _devices.tf_gpus()
+    except Exception:
+        return ()
+    return tuple(g.compute_capability for g in gpus if g.compute_capability is not None)
+
+
+def _cpu_native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 faster than float32 (AMX, AVX-512 BF16)."""
+    from tfgpu import _cpu
+
+    bf16, fp32 = _cpu.peak_flops("bfloat16"), _cpu.peak_flops("float32")
+    return bf16 is not None and fp32 is not None and bf16 > fp32
+
+
+def _check_args(
+    model: Any,
+    data: Any,
+    steps: Any,
+    warmup: Any,
+    time_budget_s: Any,
+    change_batch_size: Any,
+    log_dir: Any,
+    verbose: Any,
+) -> float | None:
+    check_verbose(verbose)
+    check_int("steps", steps, minimum=3)
+    check_int("warmup", warmup, minimum=1)
+    if not isinstance(change_batch_size, bool):
+        raise invalid_type("change_batch_size", change_batch_size, "True or False")
+    check_dir("log_dir", log_dir, allow_none=True)
+    if not isinstance(model, keras.Model) and not callable(model):
+        raise invalid_type(
+            "model",
+            model,
+            "a compiled `keras.Model`, or a function without arguments that builds and "
+            "compiles one",
+        )
+    if isinstance(data, tf.distribute.DistributedDataset):
+        raise invalid_type(
+            "data",
+            data,
+            "a `tf.data.Dataset` of batches (pass the dataset before "
+            "`strategy.experimental_distribute_dataset`, or build the pipeline without "
+            "`distribute=True`)",
+        )
+    if not isinstance(data, tf.data.Dataset):
+        raise invalid_type(
+            "data",
+            data,
+            "a batched `tf.data.Dataset`; for arrays, build one: "
+            "`tfgpu.data.pipeline((x, y), batch_size=...)`",
+        )
+    return check_number(
+        "time_budget_s",
+        time_budget_s,
+        minimum=0,
+        exclusive_minimum=True,
+        allow_none=True,
+        expected="a finite number of seconds > 0, or None (no limit)",
+    )
+
+
+def _check_model(model: Any, built_by_factory: bool) -> None:
+    where = "the model the factory returned" if built_by_factory else "a model"
+    if not isinstance(model, keras.Model):
+        raise invalid_type("model", model, "a function that returns a compiled `keras.Model`")
+    if not getattr(model, "compiled", False) or model.optimizer is None:
+        raise ValueError(
+            f"Invalid value for argument `model`. Received: {where} that is not compiled. "
+            "Expected a model after `model.compile(optimizer, loss)`."
+        )
+
+
+def _batches(data: tf.data.Dataset) -> tuple[int | None, bool, int | None, bool | None]:
+    """(global batch, whether the batch shape is static, batches per epoch, whether the last
+    batch is partial (None: cannot tell)).
+
+    Raises:
+        ValueError: if the dataset yields examples, not batches.
+    """
+    batches, _ = source_batches(data)
+    if batches is None:
+        raise invalid_value(
+            "data",
+            data,
+            "a dataset of batches (e.g. `.batch(n)` at its end, or "
+            "`tfgpu.data.pipeline(..., batch_size=n)`); its elements look like single "
+            f"examples: {data.element_spec}",
+        )
+    static = all(
+        leaf.shape.rank and leaf.shape[0] is not None
+        for leaf in tf.nest.flatten(data.element_spec)
+        if hasattr(leaf, "shape")
+    )
+    n = cardinality(data)
+    per_epoch = n if n is not None and n > 0 else None
+    partial: bool | None = None
+    if batches.drop_remainder or static:
+        partial = False
+    elif batches.num_examples is not None and batches.batch_size:
+        partial = batches.num_examples % batches.batch_size != 0
+    return batches.batch_size, static, per_epoch, partial
+
+
+def tune(
+    model: keras.Model | Callable[[], keras.Model],
+    data: tf.data.Dataset,
+    *,
+    steps: int = 30,
+    warmup: int = 5,
+    time_budget_s: float | None = 300.0,
+    change_batch_size: bool = False,
+    log_dir: str | os.PathLike[str] | None = None,
+    verbose: int | str = "auto",
+) -> TuneResult:
+    """Tries each speed setting on your model and data, keeps what measurably helps.
+
+    Each candidate is timed against the best configuration so far (the baseline plus the
+    settings kept before it), in interleaved rounds of timed `fit` calls (warm-up excluded),
+    in seconds per example, until the confidence interval of the gain lies on one side of
+    the x1.05 margin or the budget is spent. A candidate is kept when the whole interval
+    clears the margin; "slower" when it lies under 1; "no measurable gain" otherwise. The
+    candidates, in order: `steps_per_execution` 4, 16, 64 (while each helps, at most the
+    batches of an epoch), `jit_compile`, a static batch shape (`drop_remainder=True`) where
+    the batch dimension is unknown, then for a `tfgpu.data.pipeline` dataset the pipeline's
+    settings (cache in memory after `map_fn`, batch-level augmentation, a private thread
+    pool; for another dataset a final `prefetch`), the mixed precision policy the hardware
+    supports (needs a model factory; on a CPU only with native bfloat16), and the per-replica
+    batch size from `tfgpu.find_batch_size` (with its scaled learning rate; kept only with
+    `change_batch_size=True`). Settings that need a fresh process (environment variables:
+    XLA auto-clustering, thread counts, on GPUs the private GPU threads and the async
+    allocator) are listed as untried: `tfgpu tune SCRIPT.py` tries them.
+
+    A setting that can change the loss (`jit_compile`, the precision) first trains a few
+    steps from the same weights as the baseline: a non-finite or clearly worse mean loss is
+    "unsafe numerics". At the end all kept settings are verified together against the
+    baseline (gains do not multiply); if together they do not clear the margin, the weakest
+    are dropped, so the result is never slower than the baseline. The model's weights,
+    optimizer state and compile settings are put back after every trial, and the global
+    precision policy is left as it was: nothing is applied until you apply it
+    (`result.apply(model)`, `result.dataset`, the printed lines).
+
+    Args:
+        model: a compiled `keras.Model`, or a function without arguments that builds and
+            compiles one (needed to try a precision policy: the model is built again under
+            it). With a function, the baseline is the model it builds.
+        data: `tf.data.Dataset`, the training batches. A dataset returned by
+            `tfgpu.data.pipeline` is built again with other settings for the pipeline's
+            candidates; another dataset is used as is.
+        steps: int, timed steps of each timed `fit` (>= 3). Defaults to 30.
+        warmup: int, steps of each `fit` left out of the timing (>= 1). Defaults to 5.
+        time_budget_s: float or None, seconds for the whole call (None: no limit). The
+            default suits a training run of hours; `time_budget_s=60` is the quick mode.
+            Candidates the budget leaves out are "untried: time budget spent".
+            Defaults to 300.0.
+        change_batch_size: bool, whether a faster batch size may be kept (it changes the
+            optimization: scale the learning rate as the result says). Defaults to False.
+        log_dir: str, os.PathLike or None, a run directory: `tune.json` and the waterfall
+            plot `tune.png` are written there (older ones rotated aside). Defaults to None.
+        verbose: `"auto"`, 0, 1 or 2, progress lines as `model.fit` shows them.
+            Defaults to `"auto"`.
+
+    Returns:
+        A `TuneResult`: print it for the table, the verified speedup and the lines to
+        change; `result.apply(model)` applies the compile settings.
+
+    Raises:
+        TypeError: if `model` is neither a Keras model nor a callable, or `data` is not a
+            `tf.data.Dataset` (arrays: build one with `tfgpu.data.pipeline`), or an argument
+            has the wrong type.
+        ValueError: if the model is not compiled, `data` yields single examples, or a
+            number is out of range. All raised before any training.
+
+    Example:
+
+    >>> train = tfgpu.data.pipeline((x, y), batch_size=256)
+    >>> result = tfgpu.tune(build_model, train, time_budget_s=60)
+    >>> print(result)
+    >>> model = result.apply(build_model())
+    >>> model.fit(result.dataset, epochs=10)
+    """
+    budget_s = _check_args(
+        model, data, steps, warmup, time_budget_s, change_batch_size, log_dir, verbose
+    )
+    log_path = check_dir("log_dir", log_dir, allow_none=True)
+    factory: Callable[[], Any] | None = None
+    if not isinstance(model, keras.Model):
+        factory = model
+        model = factory()
+    _check_model(model, factory is not None)
+    global_batch, static, per_epoch, partial = _batches(data)
+
+    progress = Progress(verbose, title="tune", budget_s=budget_s, clock=lambda: _measure.now())
+    budget = _measure.Budget(budget_s, MEASURE_SHARE)
+    verify_budget = _measure.Budget(budget_s, VERIFY_SHARE, start=budget.start)
+    tuner = _Tuner(
+        model, factory, data, steps, warmup, budget, verify_budget, progress, change_batch_size
+    )
+    progress.phase("reading the model and the data")
+    arguments = pipeline_arguments(data)
+    facts = Facts(
+        steps_per_execution=max(1, int(model.steps_per_execution or 1)),
+        jit_compile=bool(model.jit_compile),
+        xla_supported=supports_xla(model),
+        batches_per_epoch=per_epoch,
+        global_batch=global_batch,
+        partial_last_batch=partial,
+        static_shape=static,
+        pipeline=arguments,
+        cached=has_step(data, "cache"),
+        prefetched=has_step(data, "prefetch"),
+        has_factory=factory is not None,
+        policy=str(getattr(getattr(model, "dtype_policy", None), "name", "float32")),
+        gpu_ccs=_gpu_ccs(),
+        cpu_native_bf16=_cpu_native_bf16(),
+        cpu_count=os.cpu_count() or 1,
+    )
+    result = tuner.run(facts, global_batch)
+    result.time_s = budget.elapsed()
+    if log_path is not None:
+        progress.phase("writing tune.json and tune.png")
+        write(result, log_path)
+    progress.done(f"x{result.speedup:.2f} verified, {len(result.settings)} setting(s) kept")
+    return result
+
+
+class _Tuner:
+    """The greedy search and the verification, on one `Workload`."""
+
+    def __init__(
+        self,
+        model: Any,
+        factory: Callable[[], Any] | None,
+        data: tf.data.Dataset,
+        steps: int,
+        warmup: int,
+        budget: _measure.Budget,
+        verify_budget: _measure.Budget,
+        progress: Progress,
+        change_batch_size: bool,
+    ):
+        self.model, self.factory, self.data = model, factory, data
+        self.steps, self.warmup = steps, warmup
+        self.budget, self.verify_budget = budget, verify_budget
+        self.progress = progress
+        self.change_batch_size = change_batch_size
+        self.trials: list[Trial] = []
+        # (candidate, trial, rounds, the settings it was measured against)
+        self.kept: list[tuple[Candidate, Trial, list[tuple[float, float]], dict[str, Any]]] = []
+        self.best: dict[str, Any] = {}
+        self.notes: list[str] = []
+
+    # The search.
+    def run(self, facts: Facts, global_batch: int | None) -> TuneResult:
+        work = Workload(
+            self.model,
+            self.factory,
+            self.data,
+            facts.pipeline,
+            global_batch,
+            self.steps,
+            self.warmup,
+        )
+        self.work, self.facts = work, facts
+        with preserved(self.model, work._first_inputs()):
+            self.progress.phase("timing the baseline")
+            first = work.run_for({})(self.budget.deadline, None)
+            if first is None:
+                return self._finish(facts, untried_all=True)
+            step_s = first * float(global_batch or 1)
+            stopped: dict[str, str] = {}
+            plan = cands.candidates(facts)
+            for i, cand in enumerate(plan, 1):
+                reason = cand.untried
+                if not reason and cand.group in stopped:
+                    reason = f"{stopped[cand.group]} was not kept"
+                if not reason and cand.group == "steps_per_execution":
+                    reason = cands.spe_fits(cand.change["steps_per_execution"], step_s)
+                if not reason and self.budget.left() <= 0:
+                    reason = cands.BUDGET_SPENT
+                if reason:
+                    self.trials.append(Trial(cand.name, cand.change, reason=reason, line=cand.line))
+                    continue
+                self.progress.phase(f"trying {cand.name} ({i} of {len(plan)})")
+                trial = self._try(cand)
+                if cand.group and trial.status != cands.KEPT:
+                    stopped[cand.group] = cand.name
+            self._batch_size(facts, global_batch, first)
+            for name, _env, line in cands.process_settings(bool(facts.gpu_ccs)):
+                self.trials.append(Trial(name, {}, reason=cands.FRESH_PROCESS, line=line))
+            self.progress.phase("verifying the kept settings together")
+            return self._finish(facts)
+
+    def _try(self, cand: Candidate) -> Trial:
+        changes = {**self.best, **cand.change}
+        work = self.work
+        rounds: list[tuple[float, float]] = []
+        try:
+            with preserved(self.model):
+                run = work.run_for(changes)
+                if cand.numerics:
+                    self.progress.phase(f"checking the loss with {cand.name}")
+                    base_loss = work.mean_loss(self.best)
+                    loss = work.mean_loss(changes)
+                    unsafe = cands.numerics_verdict(base_loss, loss)
+                    if unsafe:
+                        return self._add(
+                            Trial(
+                                cand.name,
+                                cand.change,
+                                status=cands.UNSAFE,
+                                reason=unsafe,
+                                line=cand.line,
+                            )
+                        )
+                rounds, why = _measure.interleave(
+                    work.run_for(self.best),
+                    run,
+                    threshold=cands.MARGIN,
+                    budget=self.budget,
+                    max_rounds=MAX_ROUNDS,
+                    timed_units=self.steps * int(work.global_batch or 1),
+                )
+        except Exception as e:  # a setting that breaks the model or the pipeline
+            return self._add(
+                Trial(
+                    cand.name, cand.change, status=cands.FAILED, reason=one_line(e), line=cand.line
+                )
+            )
+        status, reason = cands.verdict(rounds, why)
+        g, low, high = _measure.gain(rounds)
+        trial = Trial(cand.name, cand.change, g, low, high, status, reason, cand.line)
+        if status == cands.KEPT:
+            self.kept.append((cand, trial, rounds, self.best))
+            self.best = changes
+        return self._add(trial)
+
+    def _add(self, trial: Trial) -> Trial:
+        self.trials.append(trial)
+        return trial
+
+    # The batch size.
+    def _batch_size(self, facts: Facts, global_batch: int | None, first: float) -> None:
+        name = "batch size"
+        replicas = int(getattr(self.model.distribute_strategy, "num_replicas_in_sync", 1) or 1)
+        if not global_batch:
+            self.trials.append(Trial(name, reason="the batch size of the data is unknown"))
+            return
+        per_replica = max(1, global_batch // replicas)
+        sizes = [per_replica * 2**i for i in range(int(math.log2(BATCH_GROWTH)) + 1)]
+        estimate = first * replicas * 4 * sum(sizes)
+        if self.budget.left() <= estimate:
+            self.trials.append(Trial(name, reason=cands.BUDGET_SPENT))
+            return
+        self.progress.phase("finding the batch size")
+        from tfgpu import batch_size as batch_size_module
+
+        find = batch_size_module.find_batch_size
+        kwargs: dict[str, Any] = dict(
+            start=per_replica,
+            max_batch_size=per_replica * BATCH_GROWTH,
+            max_trials=5,
+            steps=3,
+        )
+        if "verbose" in inspect.signature(find).parameters:
+            kwargs["verbose"] = 0
+        try:
+            with preserved(self.model):
+                found = find(self.work.model_for(self.best), self.data, **kwargs)
+        except Exception as e:
+            self.trials.append(Trial(name, status=cands.FAILED, reason=one_line(e)))
+            return
+        speeds = {t.global_batch_size: t.examples_per_second for t in found.trials if t.fits}
+        fastest = found.fastest_global
+        if not fastest or fastest == global_batch or fastest not in speeds:
+            self.trials.append(
+                Trial(
+                    name,
+                    status=cands.NO_GAIN,
+                    reason=f"find_batch_size found no faster batch than {global_batch}",
+                )
+            )
+            return
+        lr_note = self._learning_rate_note(global_batch, fastest)
+        here = speeds.get(global_batch)
+        figures = f"{speeds[fastest]:,.0f} examples/s at {fastest}" + (
+            f" vs {here:,.0f} at {global_batch}" if here else ""
+        )
+        change = {"batch_size": fastest}
+        line = cands.line_for(change, facts) + (f"  # {lr_note}" if lr_note else "")
+        if not self.change_batch_size:
+            self.trials.append(
+                Trial(
+                    f"{name} {fastest}",
+                    change,
+                    reason=(
+                        f"changes the optimization; find_batch_size: {figures}"
+                        + (f", {lr_note}" if lr_note else "")
+                        + "; pass change_batch_size=True to try it"
+                    ),
+                    line=line,
+                )
+            )
+            return
+        if self.budget.left() <= 0:
+            self.trials.append(
+                Trial(f"{name} {fastest}", change, reason=cands.BUDGET_SPENT, line=line)
+            )
+            return
+        self._try(Candidate(f"{name} {fastest}", change, line))
+
+    def _learning_rate_note(self, old: int, new: int) -> str:
+        from tfgpu.distribute import scale_learning_rate
+
+        opt = self.model.optimizer
+        try:
+            lr = float(keras.ops.convert_to_numpy(opt.learning_rate))
+        except Exception:
+            return "scale the learning rate with the batch"
+        rule = "linear" if "sgd" in type(opt).__name__.lower() else "sqrt"
+        try:
+            scaled = scale_learning_rate(lr, new, rule=rule, base_replicas=old)
+        except Exception:
+            return ""
+        return f"learning rate {lr:.3g} -> {scaled:.3g} ({rule} rule)"
+
+    # The verification and the result.
+    def _finish(self, facts: Facts, untried_all: bool = False) -> TuneResult:
+        if untried_all:
+            self.trials = [
+                Trial(c.name, c.change, reason=c.untried or cands.BUDGET_SPENT, line=c.line)
+                for c in cands.candidates(facts)
+            ]
+            self.notes.append("the baseline could not be timed within the time budget")
+            return TuneResult(trials=self.trials, notes=self.notes, dataset=self.data)
+        speedup = (1.0, 1.0, 1.0)
+        while self.kept:
+            verified = self._verify()
+            if verified is not None:
+                speedup = verified
+                break
+            self._drop_weakest()
+        settings: dict[str, Any] = {}
+        for cand, *_ in self.kept:
+            settings.update(cand.change)
+        lines = cands.combined_lines([(c.change, t.line) for c, t, *_ in self.kept], facts)
+        base = _stats.median(self.work.base_times)
+        base_eps = 1.0 / base if base and math.isfinite(base) and base > 0 else math.nan
+        dataset = self.data
+        if any(k in settings for k in cands.PIPELINE_KEYS):
+            dataset = self.work.dataset_for(settings)[0]
+        return TuneResult(
+            trials=self.trials,
+            baseline_examples_per_s=base_eps,
+            tuned_examples_per_s=base_eps * speedup[0],
+            speedup=speedup[0],
+            speedup_low=speedup[1],
+            speedup_high=speedup[2],
+            settings=settings,
+            lines=lines,
+            dataset=dataset,
+            notes=self.notes,
+        )
+
+    def _verify(self) -> tuple[float, float, float] | None:
+        """(gain, low, high) of all kept settings together over the baseline, or None when
+        they do not clear the margin."""
+        if len(self.kept) == 1 and not self.kept[0][3]:  # measured against the baseline
+            g, low, high = _measure.gain(self.kept[0][2])
+            return (g or 1.0), low, high
+        changes: dict[str, Any] = {}
+        for cand, *_ in self.kept:
+            changes.update(cand.change)
+        try:
+            with preserved(self.model):
+                rounds, why = _measure.interleave(
+                    self.work.run_for({}),
+                    self.work.run_for(changes),
+                    threshold=cands.MARGIN,
+                    budget=self.verify_budget,
+                    max_rounds=MAX_ROUNDS,
+                    timed_units=self.steps * int(self.work.global_batch or 1),
+                )
+        except Exception as e:
+            self.notes.append(f"the verification failed: {one_line(e)}")
+            return None
+        status, reason = cands.verdict(rounds, why)
+        g, low, high = _measure.gain(rounds)
+        if status == cands.KEPT:
+            return g or 1.0, low, high
+        ratios = [b / v for b, v in rounds if v > 0]
+        if why == "budget" and ratios and min(ratios) >= cands.MARGIN and g:
+            self.notes.append(
+                f"verified over {len(rounds)} round(s) only (time budget spent): every round "
+                f"cleared x{cands.MARGIN:.2f}"
+            )
+            return g, low, high
+        self._last_verification = reason
+        return None
+
+    def _drop_weakest(self) -> None:
+        weakest = min(self.kept, key=lambda k: k[1].gain or 0.0)
+        self.kept.remove(weakest)
+        trial = weakest[1]
+        trial.status = cands.NO_GAIN
+        trial.reason = (
+            f"{trial.gain_text} alone, but the kept settings together did not clear the "
+            f"margin against the baseline ({getattr(self, '_last_verification', '')}); "
+            "this one gave the least"
+        )
+        self.notes.append(f"{trial.name} dropped at the verification")
