@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import keras
@@ -23,8 +24,8 @@ import pytest
 
 from tests import fake_pynvml
 from tfgpu import _devices, _warnings, flops, monitor
-from tfgpu.callbacks import GPUMonitor, StepTimer, _gpus
-from tfgpu.callbacks.gpu_monitor import _epoch_logs
+from tfgpu.callbacks import GPUMonitor, StepTimer, _gpus, _steps
+from tfgpu.callbacks.gpu_monitor import _SUMMARY_KEYS, _epoch_logs
 from tfgpu.callbacks.step_timer import _epoch_summary
 
 REPO = Path(__file__).resolve().parent.parent
@@ -135,7 +136,7 @@ def test_fit_with_both_callbacks_logs_every_key_and_writes_the_run_dir(fake, tmp
         def on_epoch_end(self, epoch, logs=None):
             window["end"] = len(fake.calls)
 
-    gpu_monitor = GPUMonitor(tmp_path, interval=0.02)
+    gpu_monitor = GPUMonitor(tmp_path, interval=0.02, per_gpu_logs=True)
     timer = StepTimer(log_dir=tmp_path)
     csv_logger = keras.callbacks.CSVLogger(str(tmp_path / "epochs.csv"))
     history = _model().fit(
@@ -161,12 +162,18 @@ def test_fit_with_both_callbacks_logs_every_key_and_writes_the_run_dir(fake, tmp
     assert logged["gpu0_util_pct_mean"] == [50.0, 50.0]
     assert logged["gpu1_util_pct_max"] == [10.0, 10.0]
     assert all(math.isnan(v) for v in logged["gpu1_power_w_mean"])  # V100: NotSupported
+    # the summary comes with the per-GPU keys: A100 at 50%, V100 at 10%
+    assert logged["gpu_util_pct_mean"] == [30.0, 30.0]
+    assert logged["gpu_util_pct_min"] == [10.0, 10.0]
+    assert logged["gpu_mem_used_mib_max"] == [1024.0, 1024.0]
+    assert all(math.isnan(v) for v in logged["gpu_power_w_total"])  # the V100 has no reading
     assert all(v > 0 for v in logged["host_rss_mib_max"])
     assert all(v > 0 for v in logged["epoch_time_s"])
     assert all(v > 0 for v in logged["step_time_median_s"])
     assert all(v > 0 for v in logged["examples_per_s"])
     with open(tmp_path / "epochs.csv") as f:
-        assert "gpu0_util_pct_mean" in f.readline()  # CSVLogger, listed after, saw them
+        header = f.readline()  # CSVLogger, listed after, saw them
+        assert "gpu0_util_pct_mean" in header and "gpu_util_pct_mean" in header
 
     # on_train_begin wrote run.json; the timeline has rows labelled by the epoch/step hooks
     assert json.loads((tmp_path / "run.json").read_text())["interval"] == 0.02
@@ -416,7 +423,8 @@ def test_step_timer_under_steps_per_execution(fake, tmp_path):
         x, y, batch_size=32, epochs=2, verbose=0, callbacks=[timer]
     )
     _, steps = _csv(tmp_path / "steps.csv")
-    assert [(r["epoch"], r["step"]) for r in steps] == [(e, s) for e in (0, 1) for s in (2, 5, 8)]
+    # Keras passes 8 for the last execution (6 + 3 - 1); the step that ran last is 7.
+    assert [(r["epoch"], r["step"]) for r in steps] == [(e, s) for e in (0, 1) for s in (2, 5, 7)]
     last = steps[-1]  # 2 steps in the last execution: per-step time and rate agree on it
     assert last["examples_per_s"] * last["step_time_s"] == pytest.approx(32, rel=1e-3)
     assert 0 < history.history["mfu"][-1] < 1
@@ -566,8 +574,10 @@ def test_gpu_monitor_samples_the_gpus_tensorflow_was_given(fake, tf_sees, tmp_pa
     history = model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[everything, first])
     assert [g.name for g in everything.sampler.gpus] == ["Tesla V100-SXM2-16GB"]
     assert [g.name for g in first.sampler.gpus] == ["Tesla V100-SXM2-16GB"]
-    assert history.history["gpu0_util_pct_mean"] == [10.0]  # the V100's scripted value
-    assert "gpu1_util_pct_mean" not in history.history
+    assert history.history["gpu_util_pct_mean"] == [10.0]  # the V100's scripted value
+    assert math.isnan(history.history["gpu_power_w_total"][0])  # no power sensor
+    assert "gpu_util_pct_min" not in history.history  # one GPU: the mean says it all
+    assert not [k for k in history.history if k.startswith(("gpu0_", "gpu1_"))]
     meta = json.loads((tmp_path / "all" / "run.json").read_text())
     assert [g["index"] for g in meta["gpus"]] == [1]  # NVML index of the V100
     with pytest.raises(ValueError, match=r"gpus=\[1\].*below 1: TensorFlow uses 1 GPU"):
@@ -770,7 +780,7 @@ def test_a_disk_that_fills_up_mid_fit_never_stops_training(fake, tmp_path, caplo
         verbose=0,
         callbacks=[gpu_monitor, timer, _FillDisk(), _SampleAt(gpu_monitor)],
     )
-    assert history.history["gpu0_util_pct_mean"] == [50.0, 50.0]  # from memory
+    assert history.history["gpu_util_pct_mean"] == [30.0, 30.0]  # from memory
     assert len(history.history["examples_per_s"]) == 2
     _, rows = _csv(tmp_path / "timeline.csv")
     assert len(rows) == 1  # the sample taken at start, intact
@@ -787,7 +797,7 @@ def test_nvml_raising_anything_mid_fit_never_stops_training(fake):
             fake.gpus[0].util = broken
             fake.nvmlDeviceGetCount = broken
 
-    gpu_monitor = GPUMonitor(interval=60)
+    gpu_monitor = GPUMonitor(interval=60, per_gpu_logs=True)
     history = _model().fit(
         *_data(64),
         batch_size=32,
@@ -797,6 +807,7 @@ def test_nvml_raising_anything_mid_fit_never_stops_training(fake):
     )
     assert all(math.isnan(v) for v in history.history["gpu0_util_pct_mean"])
     assert history.history["gpu1_util_pct_mean"] == [10.0, 10.0]
+    assert history.history["gpu_util_pct_mean"] == [10.0, 10.0]  # the GPU still read
 
 
 @pytest.mark.slow
@@ -807,7 +818,7 @@ def test_one_callback_in_two_models_and_two_fits_keeps_every_session(fake, tmp_p
         history = model.fit(
             x, y, batch_size=32, epochs=1, verbose=0, callbacks=[gpu_monitor, timer]
         )
-        assert history.history["gpu0_util_pct_mean"] == [50.0]
+        assert history.history["gpu_util_pct_mean"] == [30.0]
         assert history.history["examples_per_s"][0] > 0
     assert not _monitor_threads()
     info = json.loads((tmp_path / "run.json").read_text())
@@ -822,7 +833,14 @@ def test_gpu_monitor_hooks_outside_fit_never_raise(fake):
     gpu_monitor = GPUMonitor(interval=60)
     logs = {}
     gpu_monitor.on_epoch_end(0, logs)  # no on_train_begin: nothing sampled yet
-    assert set(logs) == {k for k in monitor.aggregate_keys(2) if k.endswith(_CLASSIC)}
+    assert set(logs) == {
+        "gpu_util_pct_mean",
+        "gpu_util_pct_min",
+        "gpu_mem_used_mib_max",
+        "gpu_power_w_total",
+        "host_cpu_pct_mean",
+        "host_rss_mib_max",
+    }
     gpu_monitor.on_train_batch_begin("not a step")  # a wrong label is logged, not raised
     gpu_monitor.on_train_end()
     gpu_monitor.on_train_end()
@@ -845,7 +863,7 @@ def test_epoch_logs_add_gpm_pcie_and_energy_only_where_known():
         gpu0_energy_j=600.0,
         gpu1_energy_j=200.0,
     )
-    logs = _epoch_logs(agg, 2, seconds=10.0, steps=100, batch_size=32)
+    logs = _epoch_logs(agg, 2, seconds=10.0, steps=100, batch_size=32, per_gpu=True)
     assert logs["gpu0_sm_active_pct_mean"] == 60.0 and math.isnan(logs["gpu1_sm_active_pct_mean"])
     assert logs["gpu0_tensor_active_pct_mean"] == 40.0
     assert logs["gpu0_pcie_mib_per_step"] == pytest.approx(150.0 * 10.0 / 100)
@@ -855,11 +873,30 @@ def test_epoch_logs_add_gpm_pcie_and_energy_only_where_known():
 
     no_gpm = dict(agg, gpu0_sm_active_pct_mean=nan, gpu0_tensor_active_pct_mean=nan)
     no_gpm.update(gpu0_pcie_tx_mib_s_mean=nan, gpu1_energy_j=nan)
-    logs = _epoch_logs(no_gpm, 2, seconds=10.0, steps=100, batch_size=32)
+    logs = _epoch_logs(no_gpm, 2, seconds=10.0, steps=100, batch_size=32, per_gpu=True)
     assert not [k for k in logs if "active" in k or "pcie" in k]
     assert "joules_per_example" not in logs  # one GPU without energy: no partial sum
     assert "joules_per_example" not in _epoch_logs(agg, 2, 10.0, 100, batch_size=None)
-    assert "gpu0_pcie_mib_per_step" not in _epoch_logs(agg, 2, 10.0, 0, batch_size=32)
+    assert "gpu0_pcie_mib_per_step" not in _epoch_logs(agg, 2, 10.0, 0, 32, per_gpu=True)
+    assert "gpu_pcie_mib_per_step" not in _epoch_logs(agg, 2, 10.0, 0, batch_size=32)
+
+    # The default summary: the same facts across GPUs, no gpu{i}_ key.
+    agg.update(gpu0_util_pct_mean=90.0, gpu1_util_pct_mean=30.0, gpu1_mem_used_mib_max=7.0)
+    agg.update(gpu0_power_w_mean=300.0, gpu1_power_w_mean=100.0)
+    logs = _epoch_logs(agg, 2, seconds=10.0, steps=100, batch_size=32)
+    assert not [k for k in logs if k.startswith(("gpu0", "gpu1"))]
+    assert logs["gpu_util_pct_mean"] == 60.0 and logs["gpu_util_pct_min"] == 30.0
+    assert logs["gpu_mem_used_mib_max"] == 7.0 and logs["gpu_power_w_total"] == 400.0
+    assert logs["gpu_sm_active_pct_mean"] == 60.0  # over the GPUs that report it
+    assert logs["gpu_tensor_active_pct_mean"] == 40.0
+    assert logs["gpu_pcie_mib_per_step"] == pytest.approx(15.0)  # all GPUs' traffic
+    assert logs["joules_per_example"] == pytest.approx(800.0 / 3200)
+    assert set(logs) <= set(_SUMMARY_KEYS) and len(logs) == len(_SUMMARY_KEYS) == 10
+    # One GPU: no min beside a mean it equals; no GPU: host keys only.
+    one = _epoch_logs(agg, 1, seconds=10.0, steps=100, batch_size=32)
+    assert "gpu_util_pct_min" not in one and one["gpu_util_pct_mean"] == 90.0
+    assert one["gpu_power_w_total"] == 300.0
+    assert set(_epoch_logs(agg, 0, 10.0, 100, 32)) == {"host_cpu_pct_mean", "host_rss_mib_max"}
 
 
 def test_step_timer_reads_the_batch_size_of_a_pipeline_with_a_partial_last_batch(caplog):
@@ -874,3 +911,183 @@ def test_step_timer_reads_the_batch_size_of_a_pipeline_with_a_partial_last_batch
         history = _model().fit(train, epochs=1, verbose=0, callbacks=[StepTimer()])
     assert "batch size is unknown" not in caplog.text
     assert np.isfinite(history.history["examples_per_s"][0])
+
+
+# ---------------------------------------------------------------- issue 16: short logs, true steps
+def _eight_gpus(monkeypatch):
+    gpus = [
+        fake_pynvml.FakeGpu(
+            uuid=f"GPU-{i:08d}-1111-2222-3333-444444444444",
+            pci_bus_id=f"00000000:{0x10 + i:02X}:00.0",
+            util=10.0 * (i + 1),
+            memory_used_mib=1000.0 + i,
+        )
+        for i in range(8)
+    ]
+    fake = fake_pynvml.make(gpus)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    for name in ("CUDA_VISIBLE_DEVICES", "TF_CONFIG", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    return fake
+
+
+def test_eight_gpus_keep_the_progress_line_short_and_the_timeline_whole(monkeypatch, tmp_path):
+    _eight_gpus(monkeypatch)
+    x, y = _data(64)  # 2 batches of 32
+    short = GPUMonitor(tmp_path / "short", interval=60)
+    history = _model().fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=1,
+        verbose=0,
+        callbacks=[short, _SampleAt(short, batch=1), StepTimer()],
+    )
+    added = set(history.history) - {"loss"}
+    from_monitor = added - STEP_KEYS
+    assert len(from_monitor) <= 10 and len(added) <= 16, sorted(added)
+    assert not [k for k in added if k[3:4].isdigit()]  # no gpu{i}_ key by default
+    assert history.history["gpu_util_pct_mean"] == [45.0]  # 10, 20, ..., 80
+    assert history.history["gpu_util_pct_min"] == [10.0]
+    assert history.history["gpu_mem_used_mib_max"] == [1007.0]
+    assert history.history["gpu_power_w_total"] == [8 * 250.0]
+    # The run files keep every GPU, whatever goes into the logs.
+    header, rows = _csv(tmp_path / "short" / "timeline.csv")
+    assert header == monitor.timeline_columns(8)
+    assert [rows[-1][f"gpu{i}_util_pct"] for i in range(8)] == [10.0 * (i + 1) for i in range(8)]
+    assert len(json.loads((tmp_path / "short" / "run.json").read_text())["gpus"]) == 8
+
+    full = GPUMonitor(interval=60, per_gpu_logs=True)
+    history = _model().fit(
+        x, y, batch_size=32, epochs=1, verbose=0, callbacks=[full, _SampleAt(full, batch=1)]
+    )
+    per_gpu = {f"gpu{i}_{key}" for i in range(8) for key in _CLASSIC[:6]}
+    assert per_gpu <= set(history.history)
+    assert {f"gpu{i}_pcie_mib_per_step" for i in range(8)} <= set(history.history)
+    assert history.history["gpu7_util_pct_mean"] == [80.0]
+    assert from_monitor <= set(history.history)  # the summary stays, same keys
+
+
+def test_per_gpu_logs_must_be_a_bool(fake):
+    with pytest.raises(TypeError, match=r"per_gpu_logs.*Received: per_gpu_logs='yes'"):
+        GPUMonitor(per_gpu_logs="yes")
+
+
+class _Energy:
+    """A GPU energy counter that goes up 100 J at each reading: deltas count samples."""
+
+    def __init__(self):
+        self.joules = 1000.0
+
+    def __call__(self) -> float:
+        self.joules += 100.0
+        return self.joules
+
+
+@pytest.mark.parametrize("cardinality", ["known", "unknown"])
+def test_fewer_batches_than_steps_per_execution_report_the_true_steps(fake, tmp_path, cardinality):
+    import tensorflow as tf
+
+    # 4 batches of 32 under steps_per_execution=16: Keras's hooks say steps 0 to 15 ("16/4").
+    x, y = _data(128)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+    if cardinality == "unknown":
+        data = data.filter(lambda *_: True)  # tf.data cannot tell its length
+        assert int(data.cardinality()) == tf.data.UNKNOWN_CARDINALITY
+    for gpu in fake.gpus:
+        gpu.energy_j = _Energy()
+    gpu_monitor = GPUMonitor(interval=60)
+    timer = StepTimer(log_dir=tmp_path)
+    callbacks = [gpu_monitor, _SampleAt(gpu_monitor, 0), _SampleAt(gpu_monitor, 0), timer]
+    history = _model(steps_per_execution=16).fit(data, epochs=2, verbose=0, callbacks=callbacks)
+
+    _, rows = _csv(tmp_path / "steps.csv")
+    assert [(r["epoch"], r["step"]) for r in rows] == [(0, 3), (1, 3)]  # the 4th step, 0-based
+    for r, epoch_time in zip(rows, history.history["epoch_time_s"]):
+        seconds = r["step_time_s"] * (r["step"] + 1)  # what the report adds up
+        assert 0 < seconds <= epoch_time  # never more time in steps than the epoch took
+        assert r["examples_per_s"] * seconds == pytest.approx(128, rel=1e-3)  # 4 x 32
+    # Keras-logged rates agree: 4 steps of 32 over the execution, not 16.
+    for median, rate in zip(
+        history.history["step_time_median_s"], history.history["examples_per_s"]
+    ):
+        assert rate * median == pytest.approx(32, rel=1e-3)
+    # GPUMonitor divides by the same 4 steps: two samples, 100 J each on each of 2 GPUs.
+    assert history.history["joules_per_example"] == [pytest.approx(200.0 / 128)] * 2
+
+
+def test_the_last_execution_of_an_epoch_of_unknown_length_is_held_until_its_count_is_known(
+    tmp_path,
+):
+    # Pure bookkeeping with a fake clock: a row written before the epoch ends may be the
+    # one the data cut short, so it waits; at epoch end the optimizer's count fixes it.
+    timer = StepTimer(batch_size=10, log_dir=tmp_path)
+    timer.set_params({"steps": None, "epochs": 1})
+    clock = _fake_clocks(timer)
+    counts = iter([100, 120])  # the optimizer's iterations at epoch begin and end
+    timer.set_model(types.SimpleNamespace(optimizer=_FakeOptimizer(counts)))
+    timer.on_train_begin()
+    timer.on_epoch_begin(0)
+    for begin in (0, 16):
+        timer.on_train_batch_begin(begin)
+        clock.now += 1.6 if begin == 0 else 0.4  # 16 steps, then 4
+        timer.on_train_batch_end(begin + 15)
+    timer._sync(final=False)  # mid-epoch: the first row is written, the last waits
+    _, rows = _csv(tmp_path / "steps.csv")
+    assert [r["step"] for r in rows] == [15]
+    logs = {}
+    timer.on_epoch_end(0, logs)
+    timer.on_train_end()
+    _, rows = _csv(tmp_path / "steps.csv")
+    assert [r["step"] for r in rows] == [15, 19]  # 16 + 4 steps, not 32
+    assert rows[1]["step_time_s"] == pytest.approx(0.1)
+    assert logs["step_time_median_s"] == pytest.approx(0.1)
+    assert logs["examples_per_s"] == pytest.approx(10 * 4 / 0.4)
+
+
+class _FakeOptimizer:
+    def __init__(self, counts):
+        self._counts = counts
+        self.gradient_accumulation_steps = None
+
+    @property
+    def iterations(self):
+        return np.int64(next(self._counts))
+
+
+def test_optimizer_steps_and_the_last_execution_s_count():
+    assert _steps.true_last_steps([16], 4) == 4
+    assert _steps.true_last_steps([16, 16], 20) == 4
+    assert _steps.true_last_steps([16], 16) is None  # nothing to correct
+    assert _steps.true_last_steps([16], 40) is None  # a count that does not fit
+    assert _steps.true_last_steps([16, 16], 10) is None
+    assert _steps.true_last_steps([], 4) is None and _steps.true_last_steps([3], None) is None
+    assert _steps.steps_between(5, 9) == 4 and _steps.steps_between(None, 9) is None
+    assert _steps.known_epoch_steps({"steps": 4}) == 4
+    assert _steps.known_epoch_steps({"steps": None}) is None
+    assert _steps.known_epoch_steps(None) is None
+    model = _model()
+    model.fit(*_data(64), batch_size=32, epochs=1, verbose=0)
+    assert _steps.optimizer_steps(model) == 2
+    assert _steps.optimizer_steps(types.SimpleNamespace(optimizer=None)) is None
+    accumulating = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    accumulating.compile(keras.optimizers.SGD(gradient_accumulation_steps=2), "mse")
+    assert _steps.optimizer_steps(accumulating) is None  # counts updates, not steps
+
+
+def test_docs_and_docstrings_list_every_logged_key_and_every_argument():
+    import inspect
+
+    text = (REPO / "docs" / "metrics.md").read_text()
+    for key in _SUMMARY_KEYS:
+        assert f"| `{key}` |" in text, key  # a row of the summary table
+        assert f"`{key}`" in GPUMonitor.__doc__, key
+    for key in ("pcie_mib_per_step", "sm_active_pct_mean", "tensor_active_pct_mean"):
+        assert f"`gpu{{i}}_{key}`" in text and f"`gpu{{i}}_{key}`" in GPUMonitor.__doc__
+    for key in [*STEP_KEYS, "mfu"]:
+        assert f"| `{key}` |" in text and f"`{key}`" in StepTimer.__doc__, key
+    for callback in (GPUMonitor, StepTimer):
+        for name in inspect.signature(callback.__init__).parameters:
+            if name != "self":
+                assert f"| `{name}` |" in text, (callback.__name__, name)  # the arguments table
+                assert f"        {name}: " in callback.__doc__, (callback.__name__, name)

@@ -16,8 +16,9 @@ from typing import Any, TypedDict
 
 import keras
 
-from tfgpu import _devices, _keras_internals
-from tfgpu._checks import check_dir, invalid_type
+from tfgpu import _devices, _keras_internals, _stats
+from tfgpu._checks import check_bool, check_dir, invalid_type
+from tfgpu.callbacks._steps import known_epoch_steps, optimizer_steps, steps_between
 from tfgpu.monitor.sampler import Sampler, check_gpus, check_interval, check_log_dir
 
 _log = logging.getLogger(__name__)
@@ -41,17 +42,33 @@ class GPUMonitor(keras.callbacks.Callback):
     then skips `on_train_end`) within one interval of `fit` returning, so failing retries
     in a notebook never pile up threads.
 
-    Logs at `on_epoch_end` (NaN-ignoring, over the samples taken during the epoch), per
-    sampled GPU `i`: `gpu{i}_util_pct_mean`, `gpu{i}_util_pct_max`,
-    `gpu{i}_mem_used_mib_mean`, `gpu{i}_mem_used_mib_max`, `gpu{i}_power_w_mean`,
-    `gpu{i}_power_w_max`; and for the host: `host_cpu_pct_mean`, `host_rss_mib_max`. Where
-    known (left out when NaN for every GPU, so GPUs without GPM get no clutter):
-    `gpu{i}_sm_active_pct_mean` and `gpu{i}_tensor_active_pct_mean` (GPM, Hopper and
-    newer), `gpu{i}_pcie_mib_per_step` (PCIe TX+RX MiB per training step) and
+    Logs at `on_epoch_end` a short summary across the sampled GPUs (NaN-ignoring, over the
+    samples taken during the epoch), the same keys whatever the number of GPUs:
+    `gpu_util_pct_mean` (mean over GPUs of each one's mean utilization),
+    `gpu_util_pct_min` (the least busy GPU's mean utilization; two GPUs or more),
+    `gpu_mem_used_mib_max` (the highest device-memory peak of any GPU),
+    `gpu_power_w_total` (the GPUs' mean board power, summed; NaN if a GPU has no reading),
+    and for the host `host_cpu_pct_mean`, `host_rss_mib_max`. Where known (left out
+    otherwise, so GPUs without GPM get no clutter): `gpu_sm_active_pct_mean` and
+    `gpu_tensor_active_pct_mean` (GPM, Hopper and newer; mean over the GPUs that report
+    them), `gpu_pcie_mib_per_step` (PCIe TX+RX MiB per training step, all GPUs) and
     `joules_per_example` (all sampled GPUs' energy over the epoch / examples trained; needs
-    the batch size, read from `fit` as `StepTimer` does).
-    `History`, `CSVLogger` and Keras's `TensorBoard` see them (list `GPUMonitor` before the
-    latter two). Sources and units: `docs/metrics.md`.
+    the batch size, read from `fit` as `StepTimer` does). At most ten keys, so the Keras
+    progress line stays readable on 8 GPUs; no `gpu_*` key without a GPU.
+
+    With `per_gpu_logs=True`, also per sampled GPU `i`: `gpu{i}_util_pct_mean`,
+    `gpu{i}_util_pct_max`, `gpu{i}_mem_used_mib_mean`, `gpu{i}_mem_used_mib_max`,
+    `gpu{i}_power_w_mean`, `gpu{i}_power_w_max`, and where any GPU knows them
+    `gpu{i}_sm_active_pct_mean`, `gpu{i}_tensor_active_pct_mean`,
+    `gpu{i}_pcie_mib_per_step`. The timeline, TensorBoard and `tfgpu report` always keep
+    every GPU, whichever the setting.
+
+    The steps of an epoch are Keras's epoch length (`params["steps"]`); for data of unknown
+    length, the optimizer's step count over the epoch (`optimizer.iterations`, read at the
+    epoch's begin and end), since under `steps_per_execution` Keras's step numbers run past
+    the end of the data.
+    `History`, `CSVLogger` and Keras's `TensorBoard` see the keys (list `GPUMonitor` before
+    the latter two). Sources and units: `docs/metrics.md`.
 
     With `log_dir`, writes there `run.json` and `timeline.csv`, one row per sample with its
     epoch and step, flushed as written (a SIGKILL loses at most the last interval). In a
@@ -78,20 +95,25 @@ class GPUMonitor(keras.callbacks.Callback):
             `monitor/<column>`, step = milliseconds since the first `fit` began), at each
             epoch end: `True` writes to `<log_dir>/tensorboard`, a path writes there.
             Needs TensorFlow. Defaults to `False`.
-        host: bool, whether to record host CPU and memory. Defaults to `True`.
+        host: bool, whether to record host CPU and memory (when False, the host keys are
+            NaN). Defaults to `True`.
+        per_gpu_logs: bool, whether to put every GPU's keys (`gpu{i}_*`) into the Keras
+            `logs` besides the summary. Defaults to `False`: the summary only (the run
+            files and TensorBoard keep every GPU anyway).
 
     Raises:
         ValueError: for an `interval` below 0.01, a negative or repeated GPU index or
             (when NVML is available) one this process does not see, a `log_dir` that is or
             lies under a file or cannot be written, or `tensorboard=True` without `log_dir`; at
             construction, before any training.
-        TypeError: for arguments of the wrong type.
+        TypeError: for arguments of the wrong type (e.g. `per_gpu_logs="yes"`).
 
     Example:
 
     ```python
     history = model.fit(x, y, epochs=3, callbacks=[tfgpu.callbacks.GPUMonitor("runs/exp1")])
-    history.history["gpu0_util_pct_mean"]   # one value per epoch
+    history.history["host_cpu_pct_mean"]    # one value per epoch
+    history.history.get("gpu_util_pct_mean")  # on a machine with a GPU
     ```
     """
 
@@ -103,8 +125,10 @@ class GPUMonitor(keras.callbacks.Callback):
         gpus: list[int] | None = None,
         tensorboard: bool | str | os.PathLike = False,
         host: bool = True,
+        per_gpu_logs: bool = False,
     ) -> None:
         super().__init__()
+        check_bool("per_gpu_logs", per_gpu_logs)
         if isinstance(tensorboard, bytes) or not isinstance(tensorboard, (bool, str, os.PathLike)):
             raise invalid_type("tensorboard", tensorboard, "a bool or a directory path")
         if tensorboard is True and log_dir is None:
@@ -128,10 +152,12 @@ class GPUMonitor(keras.callbacks.Callback):
         self._sampled = _devices.cuda_indices(self._gpus)  # TensorFlow's numbering
         self.sampler = Sampler(**self._config, gpus=self._sampled)  # validates the rest now
         self.log_dir = path
+        self.per_gpu_logs = per_gpu_logs
         self.async_safe = True  # no batch-end hook; never forces Keras to sync per batch
         self._used = False
         self._epoch_start: float | None = None
         self._epoch_batches = 0
+        self._optimizer_at_begin: int | None = None
         self._batch_size: int | None = None
         self._tb_writer: Any = None
         self._tb_t0: float | None = None
@@ -168,6 +194,9 @@ class GPUMonitor(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = time.time()
         self._epoch_batches = 0
+        # An epoch of unknown length: the optimizer counts the steps that really ran.
+        unknown = known_epoch_steps(self.params) is None
+        self._optimizer_at_begin = optimizer_steps(self.model) if unknown else None
         try:
             self.sampler.mark(epoch=epoch)
         except Exception as e:
@@ -183,12 +212,14 @@ class GPUMonitor(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         try:
             aggregates = self.sampler.aggregate(since=self._epoch_start)
-            steps = self.params.get("steps") if isinstance(self.params, dict) else None
-            if not (isinstance(steps, int) and steps > 0):
-                steps = self._epoch_batches  # an unknown epoch length: the batches begun
             seconds = time.time() - self._epoch_start if self._epoch_start else _NAN
             aggregates = _epoch_logs(
-                aggregates, len(self.sampler.gpus), seconds, steps, self._batch_size
+                aggregates,
+                len(self.sampler.gpus),
+                seconds,
+                self._epoch_steps(),
+                self._batch_size,
+                per_gpu=self.per_gpu_logs,
             )
         except Exception as e:
             self._report("could not aggregate the samples", e)
@@ -208,6 +239,21 @@ class GPUMonitor(keras.callbacks.Callback):
                 self._tb_writer.flush()
             except Exception as e:
                 self._report("could not flush TensorBoard", e)
+
+    def _epoch_steps(self) -> int:
+        """The steps the epoch ran: Keras's epoch length, else the optimizer's count.
+
+        Without either, the batches begun (under `steps_per_execution`, Keras numbers them
+        by step, so the last begun one may be an execution the data cut short).
+        """
+        steps = known_epoch_steps(self.params)
+        if steps is not None:
+            return steps
+        if self._optimizer_at_begin is not None:
+            counted = steps_between(self._optimizer_at_begin, optimizer_steps(self.model))
+            if counted:
+                return counted
+        return self._epoch_batches
 
     def _report(self, what: str, error: Exception) -> None:
         """Logs a failure of this side feature once per kind; training goes on."""
@@ -243,7 +289,8 @@ class GPUMonitor(keras.callbacks.Callback):
             self._tb_dir = None
 
 
-_LOGGED = (
+# Per-GPU keys, with `per_gpu_logs=True`: always these ...
+_PER_GPU = (
     "util_pct_mean",
     "util_pct_max",
     "mem_used_mib_mean",
@@ -251,7 +298,22 @@ _LOGGED = (
     "power_w_mean",
     "power_w_max",
 )
-_LOGGED_WHERE_KNOWN = ("sm_active_pct_mean", "tensor_active_pct_mean")
+# ... and these where at least one GPU has a value (GPM: Hopper or newer).
+_PER_GPU_WHERE_KNOWN = ("sm_active_pct_mean", "tensor_active_pct_mean")
+_HOST = ("host_cpu_pct_mean", "host_rss_mib_max")
+
+_SUMMARY_KEYS = (
+    "gpu_util_pct_mean",
+    "gpu_util_pct_min",
+    "gpu_mem_used_mib_max",
+    "gpu_power_w_total",
+    "gpu_sm_active_pct_mean",
+    "gpu_tensor_active_pct_mean",
+    "gpu_pcie_mib_per_step",
+    "joules_per_example",
+    *_HOST,
+)
+"""Every key `GPUMonitor` may log by default, in order (some only where known)."""
 
 
 def _epoch_logs(
@@ -260,33 +322,54 @@ def _epoch_logs(
     seconds: float,
     steps: int,
     batch_size: int | None,
+    per_gpu: bool = False,
 ) -> dict[str, float]:
     """Pure: the keys `GPUMonitor` logs, from `Sampler.aggregate()` of the epoch.
 
-    The six classic per-GPU keys and the host ones always; `gpu{i}_sm_active_pct_mean`,
-    `gpu{i}_tensor_active_pct_mean`, `gpu{i}_pcie_mib_per_step` and `joules_per_example`
-    only where at least one GPU has a value (NaN for the others).
+    The summary across the sampled GPUs always (`_SUMMARY_KEYS`; `gpu_util_pct_min` only
+    with two GPUs or more, where it can differ from the mean; the GPM, PCIe and energy keys
+    only where known; no `gpu_*` key without GPUs), and the host keys. With `per_gpu`,
+    also the six classic `gpu{i}_*` keys of every GPU, and `gpu{i}_sm_active_pct_mean`,
+    `gpu{i}_tensor_active_pct_mean` and `gpu{i}_pcie_mib_per_step` where at least one GPU
+    has a value (NaN for the others).
     """
     gpus = range(num_gpus)
-    logs = {f"gpu{i}_{key}": aggregates.get(f"gpu{i}_{key}", _NAN) for i in gpus for key in _LOGGED}
-    for key in _LOGGED_WHERE_KNOWN:
-        values = {f"gpu{i}_{key}": aggregates.get(f"gpu{i}_{key}", _NAN) for i in gpus}
-        if any(v == v for v in values.values()):
-            logs.update(values)
-    if steps > 0 and seconds == seconds and seconds > 0:
-        per_step = {
-            f"gpu{i}_pcie_mib_per_step": (
-                aggregates.get(f"gpu{i}_pcie_tx_mib_s_mean", _NAN)
-                + aggregates.get(f"gpu{i}_pcie_rx_mib_s_mean", _NAN)
-            )
-            * seconds
-            / steps
-            for i in gpus
-        }
-        if any(v == v for v in per_step.values()):
-            logs.update(per_step)
-    energy = [aggregates.get(f"gpu{i}_energy_j", _NAN) for i in gpus]
+
+    def column(key: str) -> list[float]:
+        return [aggregates.get(f"gpu{i}_{key}", _NAN) for i in gpus]
+
+    pcie = [
+        (tx + rx) * seconds / steps if steps > 0 and seconds == seconds and seconds > 0 else _NAN
+        for tx, rx in zip(column("pcie_tx_mib_s_mean"), column("pcie_rx_mib_s_mean"))
+    ]
+    logs: dict[str, float] = {}
+    if num_gpus:
+        util, power = column("util_pct_mean"), column("power_w_mean")
+        logs["gpu_util_pct_mean"] = _stats.mean(util)
+        if num_gpus > 1:
+            finite_util = _stats.finite(util)
+            logs["gpu_util_pct_min"] = min(finite_util) if finite_util else _NAN
+        peaks = _stats.finite(column("mem_used_mib_max"))
+        logs["gpu_mem_used_mib_max"] = max(peaks) if peaks else _NAN
+        # A total is only a total over every GPU: one without a power reading makes it NaN.
+        known_power = _stats.finite(power)
+        logs["gpu_power_w_total"] = math.fsum(known_power) if len(known_power) == num_gpus else _NAN
+        for key in _PER_GPU_WHERE_KNOWN:
+            if _stats.finite(column(key)):
+                logs[f"gpu_{key}"] = _stats.mean(column(key))
+        known_pcie = _stats.finite(pcie)
+        if known_pcie:
+            logs["gpu_pcie_mib_per_step"] = math.fsum(known_pcie)  # all GPUs' traffic
+    energy = column("energy_j")
     if batch_size and steps > 0 and energy and all(e == e for e in energy):
         logs["joules_per_example"] = math.fsum(energy) / (batch_size * steps)
-    logs.update({k: v for k, v in aggregates.items() if k.startswith("host_")})
+    if per_gpu:
+        logs.update({f"gpu{i}_{key}": column(key)[i] for i in gpus for key in _PER_GPU})
+        for key in _PER_GPU_WHERE_KNOWN:
+            values = column(key)
+            if any(v == v for v in values):
+                logs.update({f"gpu{i}_{key}": values[i] for i in gpus})
+        if any(v == v for v in pcie):
+            logs.update({f"gpu{i}_pcie_mib_per_step": pcie[i] for i in gpus})
+    logs.update({key: aggregates.get(key, _NAN) for key in _HOST})
     return logs

@@ -19,6 +19,12 @@ import keras
 from tfgpu import _keras_internals, _stats
 from tfgpu._checks import check_int, check_number
 from tfgpu.callbacks._gpus import auto_peak_flops
+from tfgpu.callbacks._steps import (
+    known_epoch_steps,
+    optimizer_steps,
+    steps_between,
+    true_last_steps,
+)
 from tfgpu.monitor.sampler import artifact_name, check_log_dir, open_csv
 
 _log = logging.getLogger(__name__)
@@ -65,8 +71,12 @@ class StepTimer(keras.callbacks.Callback):
     a thread pool once a step's results are ready, which this callback allows) a step is
     timed from the later of its begin and the previous step's end, so queued steps are not
     double counted. Under `steps_per_execution=k`, Keras calls the batch hooks once per
-    execution of `k` steps: each is timed as a whole and divided by its number of steps
-    (the epoch's last execution may hold fewer).
+    execution of `k` steps: each is timed as a whole and divided by its number of steps.
+    The epoch's last execution may hold fewer, though Keras numbers it as `k` (4 batches
+    under `steps_per_execution=16` show as "16/4"): its true count is the epoch length
+    (`params["steps"]`) or, for data of unknown length, the optimizer's step count over the
+    epoch (`optimizer.iterations`, read at the epoch's begin and end only; not under
+    gradient accumulation). So the step times add up to no more than the epoch took.
 
     The batch hooks only note the time: the rows and figures are made in bulk, at most once
     a second and at epoch end, so the callback adds almost nothing to even a tiny step
@@ -90,7 +100,8 @@ class StepTimer(keras.callbacks.Callback):
       GPU (or a GPU missing from the peak table): no `mfu` key.
 
     With `log_dir`, writes `steps.csv` (`steps-worker{k}.csv` in a multi-worker cluster):
-    `time,epoch,step,step_time_s,examples_per_s`, one row per batch hook (per execution).
+    `time,epoch,step,step_time_s,examples_per_s`, one row per batch hook (per execution);
+    `step` is the last step that really ran in it, 0-based.
     Rows are written and flushed at the first batch end a second or more after the last
     write (a SIGKILL loses at most the last second), at each epoch end, at train end, and
     as soon as `fit` is over even when it raises (Keras then skips `on_train_end`), so a
@@ -169,6 +180,7 @@ class StepTimer(keras.callbacks.Callback):
         self._epoch_start = self._perf()
         self._clock = (self._wall() - self._epoch_start, self._epoch_start)  # perf -> unix
         self._synced_at = self._epoch_start
+        self._optimizer_at_begin: int | None = None  # only when the epoch length is unknown
 
     # Keras hooks ---------------------------------------------------------------
     def on_train_begin(self, logs=None):
@@ -197,9 +209,13 @@ class StepTimer(keras.callbacks.Callback):
             self._fit_over = weakref.finalize(callback_list, _sync_after_fit, weakref.ref(self))
 
     def on_epoch_begin(self, epoch, logs=None):
+        # An epoch of unknown length may end inside an execution: the optimizer will tell.
+        unknown = known_epoch_steps(self.params) is None
+        at_begin = optimizer_steps(self.model) if unknown else None
         with self._lock:
             self._epoch = epoch
             self._reset_epoch()
+            self._optimizer_at_begin = at_begin
 
     # The batch hooks only note the time (one append each, no lock, no I/O). Work and writes
     # in the batch-end hook at every step cost a tiny step several percent more than they
@@ -219,7 +235,8 @@ class StepTimer(keras.callbacks.Callback):
         try:
             with self._lock:
                 self._drain(final=True)
-                self._flush()
+                self._correct_last_execution()
+                self._flush(final=True)
                 summary = _epoch_summary(
                     self._executions,
                     self._batch_size,
@@ -294,7 +311,7 @@ class StepTimer(keras.callbacks.Callback):
         try:
             self._synced_at = self._perf()
             self._drain(final=final)
-            self._flush()
+            self._flush(final=final)
         except Exception as e:  # may run in Keras's thread pool: never let it fail `fit`
             self._report(e)
         finally:
@@ -305,8 +322,8 @@ class StepTimer(keras.callbacks.Callback):
         arrivals = self._arrivals
         while arrivals:  # ends in any order (several pool threads): a heap sorts them
             heapq.heappush(self._ends, arrivals.popleft())
-        total = (self.params or {}).get("steps")
-        last_step = total - 1 if isinstance(total, int) and total > 0 else None
+        total = known_epoch_steps(self.params)
+        last_step = None if total is None else total - 1
         offset = self._clock[0]
         while self._ends and self._begins:
             end_step, t_end = self._ends[0]
@@ -327,23 +344,57 @@ class StepTimer(keras.callbacks.Callback):
             seconds = max(t_end - start, 0.0)
             self._prev_end = t_end
             self._executions.append((steps, seconds))
-            per_step = seconds / steps
-            rate = self._batch_size * steps / seconds if self._batch_size and seconds else _NAN
-            self._rows.append((offset + t_end, self._epoch, end_step, per_step, rate))
+            # The step that really ran last: Keras passes begin + steps_per_execution - 1
+            # even when the epoch ends sooner (the report counts a row's steps from it).
+            self._rows.append(self._row(offset + t_end, begin_step, steps, seconds))
 
-    def _flush(self) -> None:
-        if self._file is None or not self._rows:
-            self._rows = []
+    def _row(
+        self, wall: float, begin_step: int, steps: int, seconds: float
+    ) -> tuple[float, int, int, float, float]:
+        rate = self._batch_size * steps / seconds if self._batch_size and seconds else _NAN
+        return (wall, self._epoch, begin_step + steps - 1, seconds / steps, rate)
+
+    def _correct_last_execution(self) -> None:
+        """An epoch of unknown length: its last execution's true steps, from the optimizer.
+
+        Keras counts a full `steps_per_execution` for an execution the data cut short; the
+        optimizer's counter tells how many steps really ran. Its row was held back by
+        `_flush` until now, so steps.csv never holds the wrong count.
+        """
+        if self._optimizer_at_begin is None or not self._executions:
+            return
+        true_total = steps_between(self._optimizer_at_begin, optimizer_steps(self.model))
+        last = true_last_steps([steps for steps, _ in self._executions], true_total)
+        if last is None:
+            return
+        steps, seconds = self._executions[-1]
+        self._executions[-1] = (last, seconds)
+        if self._rows:
+            wall, _, end_step, _, _ = self._rows[-1]
+            self._rows[-1] = self._row(wall, end_step - steps + 1, last, seconds)
+
+    def _flush(self, final: bool = True) -> None:
+        """Writes the rows made so far; mid-epoch of unknown length, all but the last.
+
+        Args:
+            final: bool, whether the epoch's steps are over. When False and the epoch's
+                length is unknown, the newest row waits for `_correct_last_execution` (it
+                may be the epoch's last execution, cut short by the end of the data).
+                Defaults to `True`.
+        """
+        held = self._rows[-1:] if not final and known_epoch_steps(self.params) is None else []
+        rows = self._rows[: len(self._rows) - len(held)]
+        self._rows = held
+        if self._file is None or not rows:
             return
         try:
             self._file.write(
-                "".join(f"{w:.3f},{e},{s},{t:.6g},{r:.6g}\n" for w, e, s, t, r in self._rows)
+                "".join(f"{w:.3f},{e},{s},{t:.6g},{r:.6g}\n" for w, e, s, t, r in rows)
             )
             self._file.flush()
         except (OSError, ValueError) as e:
             _log.warning("StepTimer: writing steps.csv failed (%s); training goes on.", e)
             self._file = None
-        self._rows = []
 
     def _close_file(self) -> None:
         if self._closer is not None:

@@ -1,7 +1,8 @@
 """Epoch aggregates: the pure statistics over timeline columns that `Sampler.aggregate()` returns.
 
-`GPUMonitor` puts them into Keras `logs` at each epoch's end; `aggregate_keys(n)` names them
-for `n` GPUs (`docs/metrics.md` lists them all).
+`GPUMonitor` summarizes them across GPUs into Keras `logs` at each epoch's end (all of them
+per GPU with `per_gpu_logs=True`); `aggregate_keys(n)` names them for `n` GPUs
+(`docs/metrics.md` lists them all).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ _HOST_AGGREGATES = (
 def aggregate_keys(num_gpus: int) -> list[str]:
     """Returns the keys of `Sampler.aggregate()`, in order.
 
-    `GPUMonitor` puts the first six per GPU and the host ones into Keras `logs`, plus the
-    GPM and energy figures where known (see `docs/metrics.md`).
+    `GPUMonitor` logs a summary of them across GPUs; with `per_gpu_logs=True` also the
+    first six per GPU, plus the GPM and PCIe figures where known (see `docs/metrics.md`).
 
     Args:
         num_gpus: int, how many GPUs are sampled.
