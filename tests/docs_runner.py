@@ -12,6 +12,7 @@ the process exits 1. Imports nothing heavy itself: a page without Python pays no
 from __future__ import annotations
 
 import json
+import linecache
 import os
 import subprocess
 import sys
@@ -22,6 +23,23 @@ from pathlib import Path
 def _compiled(code: str, page: str, line: int):
     # Leading newlines make a traceback's line numbers those of the page itself.
     return compile("\n" * line + code, page, "exec")
+
+
+def _register_sources(blocks: list[dict]) -> None:
+    """Puts the code that runs into `linecache`, at the page's own line numbers.
+
+    `inspect.getsource` (tracebacks, and AutoGraph, which re-reads a function's source when
+    tf.data traces it) then finds the blocks' code instead of this file's lines.
+    """
+    pages: dict[str, dict[int, str]] = {}
+    for block in blocks:
+        lines = pages.setdefault(block["page"], {})
+        for line, code in [*block["setup"], (block["line"], block["code"])]:
+            for k, text in enumerate(code.splitlines(), start=line + 1):
+                lines[k] = text
+    for page, lines in pages.items():
+        text = [lines.get(k, "") + "\n" for k in range(1, max(lines, default=0) + 1)]
+        linecache.cache[page] = (sum(map(len, text)), None, text, page)
 
 
 def _shell(code: str, lang: str) -> int:
@@ -35,6 +53,7 @@ def _shell(code: str, lang: str) -> int:
 
 def main(path: str) -> int:
     blocks = json.loads(Path(path).read_text())
+    _register_sources(blocks)
     namespace: dict = {"__name__": "__main__", "REPO": Path(os.environ["TFGPU_DOCS_REPO"])}
     for k, block in enumerate(blocks):
         print(f"@@docs-block {k}", file=sys.stderr, flush=True)
