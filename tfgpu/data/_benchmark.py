@@ -29,8 +29,10 @@ class PipelineBenchmark:
             else None.
         warmup_batches: int, batches consumed before timing.
         warmup_seconds: float, wall time of the warm-up (pipeline start, buffers filling).
-        epochs: int, how many times the dataset was restarted to provide the batches (a
-            finite dataset shorter than warm-up plus timed batches is iterated again).
+        epochs: int, how many passes over the dataset provided the batches (a finite
+            dataset shorter than warm-up plus timed batches is read again, as
+            `data.repeat()` reads it: from one iterator, so the figures are not those of a
+            pipeline started anew every few batches).
     """
 
     examples_per_second: float
@@ -78,33 +80,47 @@ def _batch_examples(batch: Any) -> tf.Tensor:
     return _leaf_rows(first)
 
 
-def _consume(iterator: Any, n: tf.Tensor) -> tuple[tf.Tensor, ...]:
+def _consume(iterator: Any, n: tf.Tensor, indexed: bool = False) -> tuple[tf.Tensor, ...]:
     """Takes up to `n` batches from `iterator` inside TensorFlow (run as a `tf.function`).
 
-    Returns (batches taken, examples, smallest batch, largest batch); fewer than `n` batches
-    means the iterator is exhausted. Looping in the graph costs a few microseconds per batch
-    where a Python `next()` costs tens to hundreds (more for distributed iterators), which
-    would otherwise be measured instead of the pipeline.
+    Returns (batches taken, examples, smallest batch, largest batch, epochs started); fewer
+    than `n` batches means the iterator is exhausted. With `indexed`, the elements are
+    `(index within its epoch, batch)` (`data.enumerate().repeat()`): a batch of index 0
+    starts an epoch. Looping in the graph costs a few microseconds per batch where a Python
+    `next()` costs tens to hundreds (more for distributed iterators), which would otherwise be
+    measured instead of the pipeline.
     """
 
-    def body(i, count, examples, low, high):
+    def body(i, count, examples, low, high, starts):
         optional = iterator.get_next_as_optional()
 
         def took():
-            k = _batch_examples(optional.get_value())
-            return i + 1, count + 1, examples + k, tf.minimum(low, k), tf.maximum(high, k)
+            value = optional.get_value()
+            start = tf.constant(0, tf.int64)
+            if indexed:
+                index, value = value
+                start = tf.cast(tf.equal(index, 0), tf.int64)
+            k = _batch_examples(value)
+            return (
+                i + 1,
+                count + 1,
+                examples + k,
+                tf.minimum(low, k),
+                tf.maximum(high, k),
+                starts + start,
+            )
 
         def exhausted():
-            return n, count, examples, low, high
+            return n, count, examples, low, high, starts
 
         return tf.cond(optional.has_value(), took, exhausted)
 
     zero = tf.constant(0, tf.int64)
-    init = (zero, zero, zero, tf.constant(np.iinfo(np.int64).max, tf.int64), zero)
-    _, count, examples, low, high = tf.while_loop(
+    init = (zero, zero, zero, tf.constant(np.iinfo(np.int64).max, tf.int64), zero, zero)
+    _, count, examples, low, high, starts = tf.while_loop(
         lambda i, *_: i < n, body, init, parallel_iterations=1
     )
-    return count, examples, low, high
+    return count, examples, low, high, starts
 
 
 _CONSUMER: list[Callable] = []  # `_consume` as one tf.function, traced once per iterator type
@@ -125,10 +141,13 @@ def benchmark(
     """Measures an input pipeline alone: examples/s and batches/s after warm-up.
 
     Consumes `warmup` batches untimed (pipeline start-up, buffers and autotuning), then times
-    `steps` batches. A finite dataset shorter than that is started again (like the next
-    epoch) until enough batches are seen. The figure is the pipeline's own speed, not the
-    cost of a Python loop over it. This is what `tfgpu.diagnose()` uses to tell whether the
-    input pipeline can feed the model.
+    `steps` batches. A finite dataset shorter than that is read again, as `data.repeat()`
+    reads it (the way `tfgpu.diagnose()` times `fit` on it): one iterator for every pass,
+    so a dataset of a few batches is not measured starting anew (its buffers filling from
+    empty) every few batches; `epochs` says how many passes it took. A distributed dataset
+    cannot be repeated: it is started again after each pass. The figure is the pipeline's
+    own speed, not the cost of a Python loop over it. This is what `tfgpu.diagnose()` uses
+    to tell whether the input pipeline can feed the model.
 
     Args:
         data: `tf.data.Dataset` of batches (e.g. from `pipeline()`), or a distributed
@@ -166,20 +185,30 @@ def benchmark(
             "Expected at least one batch (is drop_remainder dropping everything?)."
         )
 
+    # A finite dataset is read as `data.enumerate().repeat()`: one iterator whatever the
+    # number of passes (as the timed `fit` of `diagnose` reads `data.repeat()`), so a dataset
+    # of a few batches is not timed restarting (a new iterator, its buffers filling from
+    # empty) every few batches; the index within each pass counts the passes.
+    indexed = isinstance(data, tf.data.Dataset) and cardinality(data) != -1
+    source = data.enumerate().repeat() if indexed else data
     consume = _consumer()
     epochs = 1
-    iterator = iter(data)
+    iterator = iter(source)
     fresh = True  # no batch taken from `iterator` yet
 
-    def take(n: int) -> tuple[int, int, int]:
-        """Takes `n` batches, restarting a finite dataset; returns (examples, smallest, largest)."""
+    def take(n: int) -> tuple[int, int, int, int]:
+        """Takes `n` batches, restarting a finite distributed dataset; returns (examples,
+        smallest, largest, passes started)."""
         nonlocal iterator, fresh, epochs
-        examples, low, high = 0, np.iinfo(np.int64).max, 0
+        examples, low, high, starts = 0, np.iinfo(np.int64).max, 0, 0
         while n:
-            count, k, lo, hi = (int(t) for t in consume(iterator, tf.constant(n, tf.int64)))
+            count, k, lo, hi, st = (
+                int(t) for t in consume(iterator, tf.constant(n, tf.int64), indexed)
+            )
             if count:
                 fresh = False
                 examples, low, high = examples + k, min(low, lo), max(high, hi)
+                starts += st
             n -= count
             if n:
                 if fresh:
@@ -188,18 +217,20 @@ def benchmark(
                         "no batches. Expected at least one batch."
                     )
                 epochs += 1
-                iterator = iter(data)
+                iterator = iter(source)
                 fresh = True
-        return examples, low, high
+        return examples, low, high, starts
 
-    consume(iterator, tf.constant(0, tf.int64))  # trace now: neither warm-up nor timing
+    consume(iterator, tf.constant(0, tf.int64), indexed)  # trace now: not warm-up nor timing
     start = time.perf_counter()
-    take(int(warmup))
+    *_, starts_warm = take(int(warmup))
     warmup_seconds = time.perf_counter() - start
 
     start = time.perf_counter()
-    examples, low, high = take(steps)
+    examples, low, high, starts_timed = take(steps)
     seconds = max(time.perf_counter() - start, 1e-9)
+    if indexed:
+        epochs = max(1, starts_warm + starts_timed)
     return PipelineBenchmark(
         examples_per_second=examples / seconds,
         batches_per_second=steps / seconds,
