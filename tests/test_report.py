@@ -1009,6 +1009,12 @@ def test_show_in_a_notebook_displays_the_markdown_and_each_plot(tmp_path, kernel
     assert captured.stdout == ""
 
 
+def test_show_in_a_terminal_ipython_prints_the_text(tmp_path, kernel_shell, capsys):
+    del kernel_shell.kernel  # a terminal IPython: a shell, but no kernel to show pictures
+    _report_dir(tmp_path / "run").show()
+    assert "[plot: " in capsys.readouterr().out
+
+
 def test_a_cell_ending_with_the_report_renders_it_with_the_plots_inlined(tmp_path):
     report = _report_dir(tmp_path / "run")
     markdown = report._repr_markdown_()
