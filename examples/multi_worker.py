@@ -18,7 +18,7 @@ On your own machines, set `TF_CONFIG` on each (same cluster, own index), then ru
 Under Slurm, no TF_CONFIG is needed: `tfgpu.strategy()` reads the job step (through
 TensorFlow's `SlurmClusterResolver`: one task per GPU or per node, ports from 8888):
 
-    #SBATCH --nodes=2 --ntasks-per-node=1 --gpus-per-task=4
+    #SBATCH --nodes=2 --ntasks-per-node=1 --gpus-per-node=4
     srun python examples/multi_worker.py --worker
 
 A worker that dies stops the others at the next all-reduce (TensorFlow's coordination

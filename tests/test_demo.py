@@ -125,7 +125,7 @@ def test_table_on_cpu_says_no_gpu_and_gives_the_speedup():
 
 def test_table_on_gpu_shows_utilization_and_mfu():
     history = _history([1.0, 1000.0], [1.0, 0.01], [0.5, 0.9])
-    history["gpu0_util_pct_mean"] = [10.0, 92.0]
+    history["gpu_util_pct_mean"] = [10.0, 92.0]
     history["mfu"] = [0.01, 0.314]
     side = _results.side_figures(
         history, wall_time_s=5.0, test_accuracy=0.9, input_wait_share=0.01, on_gpu=True

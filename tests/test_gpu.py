@@ -63,8 +63,8 @@ def test_gpu_monitor_records_real_utilization_and_memory(tmp_path):
         verbose=0,
         callbacks=[tfgpu.callbacks.GPUMonitor(log_dir=tmp_path, interval=0.1)],
     )
-    assert history.history["gpu0_mem_used_mib_max"][-1] > 0
-    assert not math.isnan(history.history["gpu0_util_pct_mean"][-1])
+    assert history.history["gpu_mem_used_mib_max"][-1] > 0
+    assert not math.isnan(history.history["gpu_util_pct_mean"][-1])
     rows = (tmp_path / "timeline.csv").read_text().splitlines()
     assert len(rows) > 2
 

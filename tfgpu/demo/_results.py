@@ -75,7 +75,7 @@ def side_figures(
         examples_per_s=steady("examples_per_s"),
         step_time_s=steady("step_time_median_s"),
         input_wait_share=input_wait_share,
-        gpu_util_pct=steady("gpu0_util_pct_mean", mean) if on_gpu else None,
+        gpu_util_pct=steady("gpu_util_pct_mean", mean) if on_gpu else None,
         mfu=steady("mfu") if on_gpu else None,
         host_cpu_pct=steady("host_cpu_pct_mean", mean),
         train_time_s=wall_time_s,
