@@ -87,14 +87,32 @@ def _state(model):
 
 
 @pytest.mark.slow
-def test_oom_path_runs_exact_trials_and_leaves_model_as_found():
+def test_oom_path_runs_exact_trials_and_leaves_model_as_found(capsys):
     model = _model(_OOMAbove(40))
     model.compile(keras.optimizers.Adam(1e-2), "mse", run_eagerly=True)
     x, y = _data()
     model.fit(x, y, batch_size=16, epochs=1, verbose=0)  # non-trivial optimizer state
     before = _state(model)
+    capsys.readouterr()
 
-    result = find_batch_size(model, (x, y), start=8, max_batch_size=1024, steps=1)
+    result = find_batch_size(model, (x, y), start=8, max_batch_size=1024, steps=1, verbose=2)
+
+    # Progress: each trial with its size, then its outcome; one plain line each.
+    lines = capsys.readouterr().out.splitlines()
+    assert all(line.startswith("find_batch_size: ") for line in lines)
+    assert not any("\x1b" in line or "\r" in line for line in lines)
+    phases = [line.removeprefix("find_batch_size: ").split(" \u00b7 ")[0] for line in lines]
+    assert phases[1:5] == [
+        "trial 1 of at most 16: batch size 8",
+        phases[2],
+        "trial 2 of at most 16: batch size 16",
+        phases[4],
+    ]
+    assert phases[2].startswith("trial 1: batch size 8 fits, ") and "examples/s" in phases[2]
+    assert "trial 4: batch size 64 does not fit (out of memory)" in phases
+    assert phases[-1].startswith("done in ") and lines[-1].endswith(
+        f"\u00b7 6 trials, largest 40, fastest {result.fastest}"
+    )
 
     assert isinstance(result, BatchSizeResult)
     assert [t.batch_size for t in result.trials] == [8, 16, 32, 64, 48, 40]
@@ -300,15 +318,22 @@ def test_dataset_input_and_accumulation_steps():
 
 
 @pytest.mark.slow
-def test_in_subprocess_leaves_this_process_alone_and_says_so():
+def test_in_subprocess_leaves_this_process_alone_and_says_so(capsys):
     model = _model(_OOMAbove(16))
     model.compile("sgd", "mse", run_eagerly=True)
     x, y = _data()
     before = [w.numpy().copy() for w in model.weights]
     opt_built = model.optimizer.built
-    result = find_batch_size(model, (x, y), start=8, max_batch_size=64, steps=1, in_subprocess=True)
+    capsys.readouterr()
+    result = find_batch_size(
+        model, (x, y), start=8, max_batch_size=64, steps=1, in_subprocess=True, verbose=2
+    )
     assert result.in_subprocess
     assert any("subprocess" in n for n in result.notes)
+    out = capsys.readouterr().out  # the child's trials, shown as they come
+    assert "find_batch_size: trial 4 of at most 16: batch size 24 \u00b7 " in out
+    assert "batch size 32 does not fit (out of memory)" in out
+    assert out.count("done in") == 1
     assert [t.batch_size for t in result.trials] == [8, 16, 32, 24]
     assert result.largest == 16
     assert model.optimizer.built == opt_built
@@ -316,7 +341,7 @@ def test_in_subprocess_leaves_this_process_alone_and_says_so():
         np.testing.assert_array_equal(a, w.numpy())
 
 
-def test_invalid_arguments_are_rejected_before_work():
+def test_invalid_arguments_are_rejected_before_work(capsys):
     model = _model()
     x, y = _data()
     with pytest.raises(ValueError, match="not compiled"):
@@ -334,8 +359,16 @@ def test_invalid_arguments_are_rejected_before_work():
         find_batch_size(model, (x, y), memory_fraction=float("nan"))
     with pytest.raises(TypeError, match=r"in_subprocess='yes'"):
         find_batch_size(model, (x, y), in_subprocess="yes")
-    result = find_batch_size(model, (x, y), start=np.int64(8), max_batch_size=np.int32(8), steps=1)
+    for bad, error in (("loud", ValueError), (3, ValueError), (True, TypeError)):
+        with pytest.raises(error, match=r"argument `verbose`. Received: verbose="):
+            find_batch_size(model, (x, y), verbose=bad)
+    assert not model.optimizer.built
+    capsys.readouterr()
+    result = find_batch_size(
+        model, (x, y), start=np.int64(8), max_batch_size=np.int32(8), steps=1, verbose=0
+    )
     assert [t.batch_size for t in result.trials] == [8]
+    assert capsys.readouterr().out == ""  # verbose=0: quiet
 
 
 def test_start_above_max_batch_size_is_rejected_before_any_trial():
@@ -398,3 +431,15 @@ def test_the_memory_budget_is_read_from_the_gpu_tensorflow_trains_on(monkeypatch
     assert expected is not None and expected.nvml_index == 0  # the A100
     assert trial_module._device_capacity_bytes("GPU:0") == expected.memory_total_bytes
     assert trial_module._device_capacity_bytes("CPU:0") is None
+
+
+def test_the_childs_progress_lines_are_relayed_by_their_phase():
+    from tfgpu.batch_size._subprocess import _relayed_phase
+
+    line = "find_batch_size: trial 2 of at most 16: batch size 16 \u00b7 3 s so far\n"
+    assert _relayed_phase(line) == "trial 2 of at most 16: batch size 16"
+    assert _relayed_phase("find_batch_size: done in 3 s \u00b7 2 trials\n") is None
+    assert _relayed_phase("some other output\n") is None
+    assert (
+        _relayed_phase("find_batch_size: reading up to 1024 examples \u00b7 0.1 s so far") is None
+    )

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfgpu._checks import check_int, check_number, invalid_type
 from tfgpu._model_state import preserved
+from tfgpu._progress import Progress, check_verbose
 from tfgpu.batch_size._result import BatchSizeResult, BatchSizeTrial, _build_result
 from tfgpu.batch_size._search import _next_candidate, _stopped_by
 from tfgpu.batch_size._subprocess import _find_in_subprocess
@@ -40,6 +41,7 @@ def find_batch_size(
     target_global_batch_size: int | None = None,
     in_subprocess: bool = False,
     pool_size: int = 1024,
+    verbose: int | str = "auto",
 ) -> BatchSizeResult:
     """Finds the largest per-replica batch that fits in device memory, and the fastest.
 
@@ -81,6 +83,12 @@ def find_batch_size(
             per-replica batch (based on the fastest size). Defaults to None.
         in_subprocess: bool, run the trials in a fresh process. Defaults to False.
         pool_size: int, how many examples to read from `data`. Defaults to 1024.
+        verbose: str or int, "auto", 0, 1 or 2: progress on stdout, as `model.fit` shows
+            it: each trial with its batch size, then its outcome (fits, with its step time
+            and examples/s, or what stopped it), and the time so far. 0 = silent, 1 = one
+            line rewritten in place (a terminal, a notebook), 2 = one line per phase (a log
+            file). "auto" is 1 in a terminal or a notebook, 2 otherwise. Defaults to
+            "auto".
 
     Returns:
         A `BatchSizeResult`.
@@ -88,7 +96,8 @@ def find_batch_size(
     Raises:
         ValueError: on invalid arguments (e.g. `start` above `max_batch_size`), or a model
             that is not compiled; before any trial.
-        TypeError: if `data` is neither a dataset nor arrays.
+        TypeError: if `data` is neither a dataset nor arrays, or `verbose` is neither a
+            str nor an int.
 
     Example:
 
@@ -123,14 +132,17 @@ def find_batch_size(
     )
     if not isinstance(in_subprocess, bool):
         raise invalid_type("in_subprocess", in_subprocess, "True or False")
+    check_verbose(verbose)
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
         raise ValueError(
             "Invalid value for argument `model`. Received: a model that is not compiled. "
             "Expected a model after `model.compile(optimizer, loss)`."
         )
+    progress = Progress(verbose, title="find_batch_size")
+    progress.phase(f"reading up to {pool_size} examples from `data`")
     pool = _example_pool(data, pool_size)
     if in_subprocess:
-        return _find_in_subprocess(
+        result = _find_in_subprocess(
             model,
             pool,
             dict(
@@ -143,7 +155,10 @@ def find_batch_size(
                 max_trials=max_trials,
                 target_global_batch_size=target_global_batch_size,
             ),
+            progress=progress,
         )
+        progress.done(_summary(result))
+        return result
 
     strategy = model.distribute_strategy
     replicas = int(strategy.num_replicas_in_sync)
@@ -188,23 +203,20 @@ def find_batch_size(
             if len(trials) >= max_trials:
                 ran_out = True
                 break
-            trials.append(
-                _run_trial(
-                    model,
-                    pool,
-                    nxt,
-                    steps=steps,
-                    device=device,
-                    budget=budget,
-                    replicas=replicas,
-                )
+            k = len(trials) + 1
+            progress.phase(f"trial {k} of at most {max_trials}: batch size {nxt}")
+            trial = _run_trial(
+                model, pool, nxt, steps=steps, device=device, budget=budget, replicas=replicas
             )
+            trials.append(trial)
+            progress.phase(f"trial {k}: {_outcome(trial)}")
+        progress.phase("restoring the model's weights, optimizer and metrics")
     stopped_by = _stopped_by(
         [(t.batch_size, t.fits) for t in trials],
         max_batch_size=max_batch_size,
         ran_out=ran_out,
     )
-    return _build_result(
+    result = _build_result(
         trials,
         replicas,
         budget,
@@ -214,3 +226,33 @@ def find_batch_size(
         memory_source=memory_source,
         stopped_by=stopped_by,
     )
+    progress.done(_summary(result))
+    return result
+
+
+_REASONS = {
+    "oom": "out of memory",
+    "host_oom": "out of host memory building the batch",
+    "over_budget": "over the memory budget",
+    "oom_on_another_worker": "out of memory on another worker",
+}
+
+
+def _outcome(trial: BatchSizeTrial) -> str:
+    """One trial's outcome in a few words: "batch size 64 fits, 3.1 ms per step, 20,480
+    examples/s" or "batch size 4096 does not fit (out of memory)". Pure."""
+    if not trial.fits:
+        reason = _REASONS.get(trial.reason, trial.reason)
+        return f"batch size {trial.batch_size} does not fit ({reason})"
+    return (
+        f"batch size {trial.batch_size} fits, {trial.step_time_s * 1e3:,.1f} ms per step, "
+        f"{trial.examples_per_second:,.0f} examples/s"
+    )
+
+
+def _summary(result: BatchSizeResult) -> str:
+    """The progress's last words: the largest and the fastest size. Pure."""
+    trials = f"{len(result.trials)} trial{'s' if len(result.trials) != 1 else ''}"
+    if result.largest is None:
+        return f"{trials}, no batch size fitted"
+    return f"{trials}, largest {result.largest}, fastest {result.fastest}"

@@ -9,12 +9,67 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
+from tfgpu._progress import Progress
 from tfgpu.batch_size._result import BatchSizeResult, BatchSizeTrial, _build_result
 
+# The child's progress lines (verbose=2 on its stdout) start with this; the parent shows their
+# phase as its own.
+_PREFIX = "find_batch_size: "
+_SEPARATOR = " \u00b7 "
 
-def _find_in_subprocess(model, pool, kwargs) -> BatchSizeResult:
+# The child is ended after this long (its exit status then says it was killed).
+_TIMEOUT_S = 3600.0
+
+
+def _relayed_phase(line: str) -> str | None:
+    """The phase of one of the child's progress lines, without the title and the time; None
+    for any other line, for the child's reading of the examples (this process read them
+    already) and for its summary (this process writes its own). Pure.
+
+    Example:
+
+    >>> _relayed_phase("find_batch_size: trial 2 of at most 16: batch size 16 \u00b7 3 s so far")
+    'trial 2 of at most 16: batch size 16'
+    """
+    line = line.rstrip("\n")
+    if not line.startswith(_PREFIX):
+        return None
+    phase = line[len(_PREFIX) :].rsplit(_SEPARATOR, 1)[0]
+    return None if phase.startswith(("done in ", "reading ")) else phase
+
+
+def _run_child(code: str, env: dict[str, str], progress: Progress) -> tuple[int, str]:
+    """Runs the child, showing its progress lines as they come; returns (exit status, the
+    tail of its stderr). Its stderr goes to a temporary file (no pipe to fill up); a child
+    still running after `_TIMEOUT_S` is killed."""
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err:
+        with subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            env=env,
+        ) as proc:
+            watchdog = threading.Timer(_TIMEOUT_S, proc.kill)  # a hung child is ended
+            watchdog.start()
+            try:
+                for line in proc.stdout or ():
+                    phase = _relayed_phase(line)
+                    if phase is not None:
+                        progress.phase(phase)
+                status = proc.wait()
+            finally:
+                watchdog.cancel()
+        err.seek(0)
+        return status, err.read()[-2000:]
+
+
+def _find_in_subprocess(model, pool, kwargs, progress: Progress | None = None) -> BatchSizeResult:
     if int(model.distribute_strategy.num_replicas_in_sync) > 1:
         raise ValueError(
             "Invalid value for argument `in_subprocess`. Received: in_subprocess=True for a "
@@ -25,7 +80,8 @@ def _find_in_subprocess(model, pool, kwargs) -> BatchSizeResult:
         model.save(tmpdir / "model.keras")
         with open(tmpdir / "pool.pkl", "wb") as f:
             pickle.dump(pool, f)
-        (tmpdir / "kwargs.json").write_text(json.dumps(kwargs))
+        # The child shows its progress one line per phase; this process relays the phases.
+        (tmpdir / "kwargs.json").write_text(json.dumps({**kwargs, "verbose": 2}))
         (tmpdir / "modules.json").write_text(json.dumps(_custom_modules(model)))
         code = (
             "from tfgpu.batch_size._subprocess import _subprocess_main; "
@@ -36,14 +92,14 @@ def _find_in_subprocess(model, pool, kwargs) -> BatchSizeResult:
         env.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
         root = str(Path(__file__).resolve().parents[2])  # the directory holding `tfgpu/`
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        proc = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=3600
-        )
+        progress = progress or Progress(0, title="find_batch_size")
+        progress.phase("starting the trials in a subprocess")
+        status, stderr = _run_child(code, env, progress)
         out = tmpdir / "result.json"
-        if proc.returncode != 0 or not out.exists():
+        if status != 0 or not out.exists():
             raise RuntimeError(
                 "The batch-size search in a subprocess failed (exit status "
-                f"{proc.returncode}). Its last output:\n{proc.stderr[-2000:]}"
+                f"{status}). Its last output:\n{stderr}"
             )
         d = json.loads(out.read_text())
     nan = float("nan")
