@@ -275,3 +275,38 @@ def test_a_failure_names_the_page_the_block_and_the_stderr(tmp_path):
     page.write_text("```bash\necho to stderr >&2\nfalse\n```\n")
     with pytest.raises(AssertionError, match=r"(?s)bash block at line 1 .*to stderr"):
         run_page(parse(page), tmp_path, timeout=60)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+    return {_slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", text, re.M)}
+
+
+@pytest.mark.parametrize(
+    "page", [*PAGES, REPO / "docs" / "from_keras.md"], ids=lambda p: _page_id(p)
+)
+def test_links_between_pages_resolve(page):
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue  # https:, mailto:
+        path, _, anchor = target.partition("#")
+        resolved = (page.parent / path).resolve() if path else page
+        if not resolved.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
+            broken.append(f"{target}: no heading with that anchor")
+    assert not broken, f"{_page_id(page)}: " + "; ".join(broken)
+
+
+def test_every_docs_page_links_to_another():
+    for page in (REPO / "docs").glob("*.md"):
+        links = re.findall(r"\]\(([\w./-]+\.md)[#)]", page.read_text())
+        assert links, f"{_page_id(page)} links to no other page"
