@@ -113,6 +113,37 @@ def test_env_json_as_a_program_reports_the_users_log_level():
     assert report["facts"]["tensorflow"]["runtime_initialized"] is False
 
 
+@pytest.mark.slow
+def test_a_log_level_set_to_quiet_tensorflow_still_hides_its_startup_noise():
+    # TensorFlow writes these lines before it reads TF_CPP_MIN_LOG_LEVEL: level 2 alone
+    # would not hide them (issue 16).
+    result = _run_env(log_level="2")
+    assert result.returncode == 0, result.stderr[-2000:]
+    for noise in _NOISE:
+        assert noise not in result.stdout + result.stderr, result.stderr[:2000]
+    assert result.stdout.startswith(f"tfgpu {tfgpu.__version__} environment report")
+
+
+@pytest.mark.parametrize(
+    "verbose, level, hold_back",
+    [
+        (False, None, True),
+        (False, "1", True),
+        (False, "2", True),
+        (False, "3", True),
+        (False, "0", False),  # all of TensorFlow's log, asked for
+        (False, " 0 ", False),
+        (True, None, False),
+        (True, "2", False),
+    ],
+)
+def test_startup_log_is_held_back_unless_asked_for(verbose, level, hold_back):
+    from tfgpu.cli import _hold_back_startup_log
+
+    environ = {} if level is None else {"TF_CPP_MIN_LOG_LEVEL": level}
+    assert _hold_back_startup_log(verbose, environ) is hold_back
+
+
 def test_startup_noise_is_held_back_and_everything_else_goes_through(capfd):
     from tfgpu import cli
 

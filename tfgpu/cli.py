@@ -2,9 +2,11 @@
 
 TensorFlow's C++ start-up log (absl's "All log messages before absl::InitializeLog()",
 "Could not find cuda drivers", "failed call to cuInit", oneDNN and CPU-feature notes) is
-written straight to file descriptor 2 while TensorFlow loads and finds its devices. Unless
-the user set `TF_CPP_MIN_LOG_LEVEL` or passed `--verbose`, the commands hold those lines
-back: the report then starts the output, and what `tfgpu env` says about the machine (no
+written straight to file descriptor 2 while TensorFlow loads and finds its devices. Most of
+it comes before TensorFlow reads `TF_CPP_MIN_LOG_LEVEL` (absl's preamble says so), so the
+variable cannot quiet it: unless the user passed `--verbose` or set `TF_CPP_MIN_LOG_LEVEL=0`
+(all of TensorFlow's log), the commands hold those lines back, whatever else the variable
+says: the report then starts the output, and what `tfgpu env` says about the machine (no
 driver, no GPU seen) replaces them. Every other line written meanwhile (Python warnings,
 TensorFlow errors that are not start-up noise) still goes to stderr. The variable itself is
 left as the user set it (or unset), so `tfgpu env` reports the user's value.
@@ -26,7 +28,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 # C++ log lines TensorFlow writes at every start, GPU or not: absl's preamble, INFO lines
 # (oneDNN, CPU features, "Could not find cuda drivers") and the cuInit / factory-registration
@@ -49,7 +51,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tfgpu {__version__}")
     verbose_help = (
-        "also show TensorFlow's C++ start-up log (held back unless TF_CPP_MIN_LOG_LEVEL is set)"
+        "also show TensorFlow's C++ start-up log (held back unless TF_CPP_MIN_LOG_LEVEL=0)"
     )
     parser.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -109,6 +111,14 @@ def _check_arguments(args: argparse.Namespace) -> None:
     elif args.command == "report":
         check_dir("log_dir", args.log_dir)
         check_dir("out_dir", args.out, allow_none=True)
+
+
+def _hold_back_startup_log(verbose: bool, environ: Mapping[str, str]) -> bool:
+    """Whether to hold back TensorFlow's start-up log: not with `--verbose`, nor when the
+    user asked TensorFlow for all of its log (`TF_CPP_MIN_LOG_LEVEL=0`). Any other value
+    (or none) holds it back: TensorFlow writes these lines before it reads the variable, so
+    `TF_CPP_MIN_LOG_LEVEL=2` alone would not quiet them. Pure."""
+    return not verbose and environ.get("TF_CPP_MIN_LOG_LEVEL", "").strip() != "0"
 
 
 def _is_startup_noise(line: str) -> bool:
@@ -187,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_arguments(args)
     except (TypeError, ValueError) as e:
         args.command_parser.error(str(e))  # usage, then the error; exit status 2
-    hold_back = not args.verbose and "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+    hold_back = _hold_back_startup_log(args.verbose, os.environ)
     try:
         if args.command == "env":
             from tfgpu.env import environment
