@@ -28,6 +28,8 @@ EXPECTED = {
     "flops",
     "precision",
     "report",
+    "tune",
+    "TuneResult",
 }
 
 
@@ -51,6 +53,9 @@ def test_a_function_is_still_itself_after_its_module_is_imported():
 
     assert tfgpu.configure is tfgpu.config.configure
     assert tfgpu.diagnose is tfgpu.diagnosis.diagnose
+    import tfgpu.tuning
+
+    assert tfgpu.tune is tfgpu.tuning.tune
 
 
 def test_the_modules_the_docs_present_are_reachable_after_import_tfgpu():

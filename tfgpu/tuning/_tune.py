@@ -86,11 +86,10 @@ def _check_args(
             "`distribute=True`)",
         )
     if not isinstance(data, tf.data.Dataset):
-        raise invalid_type(
-            "data",
-            data,
-            "a batched `tf.data.Dataset`; for arrays, build one: "
-            "`tfgpu.data.pipeline((x, y), batch_size=...)`",
+        raise TypeError(  # not invalid_type: the repr of arrays would fill the screen
+            f"Invalid type for argument `data`. Received: data of type {type(data).__name__}. "
+            "Expected a batched `tf.data.Dataset`; for arrays, build one: "
+            "`tfgpu.data.pipeline((x, y), batch_size=...)`."
         )
     return check_number(
         "time_budget_s",
@@ -306,7 +305,8 @@ class _Tuner:
         self.work, self.facts = work, facts
         with preserved(self.model, work._first_inputs()):
             self.progress.phase("timing the baseline")
-            first = work.run_for({})(self.budget.deadline, None)
+            with preserved(self.model):
+                first = work.run_for({})(self.budget.deadline, None)
             if first is None:
                 return self._finish(facts, untried_all=True)
             step_s = first * float(global_batch or 1)

@@ -1,0 +1,476 @@
+"""tfgpu.tune: the search keeps what clearly helps and nothing else, on scripted step times.
+
+The step clock (`tfgpu._measure.fit_step_time`) and the budget's clock (`tfgpu._measure.now`)
+are replaced by `_Script`, which returns seconds per step from the setting of each timed run
+(steps_per_execution, jit_compile, a static batch shape, the private thread pool, the
+precision policy) and advances the clock by the scripted duration of the fit, cut at its
+deadline: no test depends on the machine's speed or load. The numerics guard, the state
+restore, the pipeline rebuild and the files run for real.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfgpu
+import tfgpu.batch_size
+from tfgpu import _measure
+from tfgpu.tuning import Trial, TuneResult
+from tfgpu.tuning import _candidates as cands
+from tfgpu.tuning import _trial, _tune
+from tfgpu.tuning._candidates import Facts
+
+X = np.random.default_rng(0).random((1000, 8)).astype("float32")
+Y = (X.sum(axis=1) > 4).astype("float32")
+
+
+def _build(scale: float = 1.0):
+    def build():
+        model = keras.Sequential(
+            [
+                keras.Input((8,)),
+                keras.layers.Rescaling(scale),
+                keras.layers.Dense(8, activation="relu"),
+                keras.layers.Dense(1),
+            ]
+        )
+        model.compile(keras.optimizers.Adam(1e-3), keras.losses.MeanSquaredError())
+        return model
+
+    return build
+
+
+def _train():
+    return tfgpu.data.pipeline((X, Y), batch_size=64, seed=1)  # 16 batches, the last partial
+
+
+def _setting(model, dataset) -> dict:
+    leaves = tf.nest.flatten(dataset.element_spec)
+    return {
+        "spe": int(model.steps_per_execution),
+        "jit": bool(model.jit_compile),
+        "static": all(leaf.shape[0] is not None for leaf in leaves),
+        "threads": int(dataset.options().threading.private_threadpool_size or 0),
+        "policy": model.dtype_policy.name,
+    }
+
+
+class _Script:
+    """Scripted seconds per step from the run's setting (`step(setting, n)`, n the runs of
+    that setting before), and a scripted clock advanced by each fit's warm-up and timed
+    steps, cut at its deadline."""
+
+    def __init__(self, monkeypatch, step, *, real_fit=False):
+        self.clock = 1000.0
+        self.calls = 0
+        self.settings: list[dict] = []
+        self.counts: dict[tuple, int] = {}
+        original = _measure.fit_step_time
+
+        def fit_step_time(model, dataset, steps, warmup, deadline=None, timed_limit_s=None):
+            setting = _setting(model, dataset)
+            self.settings.append(setting)
+            key = tuple(sorted(setting.items()))
+            if real_fit and key not in self.counts:  # a real, short fit once per setting
+                original(model, dataset, 1, 1)
+            seconds = float(step(setting, self.counts.get(key, 0)))
+            self.counts[key] = self.counts.get(key, 0) + 1
+            self.calls += 1
+            warm = seconds * warmup
+            if deadline is not None and self.clock + warm >= deadline:
+                self.clock = max(self.clock, deadline)
+                return None
+            total = seconds * (warmup + steps)
+            if deadline is not None:
+                total = min(total, deadline - self.clock)
+            self.clock += total
+            return seconds
+
+        monkeypatch.setattr(_measure, "fit_step_time", fit_step_time)
+        monkeypatch.setattr(_measure, "now", lambda: self.clock)
+
+
+class _FakeFound:
+    def __init__(self, current):
+        trial = type("T", (), {"global_batch_size": current, "fits": True})()
+        trial.examples_per_second = 1000.0
+        self.trials, self.fastest_global = [trial], current
+
+
+@pytest.fixture(autouse=True)
+def _facts(monkeypatch):
+    """A CPU without native bfloat16 and without GPUs, 4 cores, and a batch-size search that
+    finds nothing faster, unless a test says otherwise; the global policy put back."""
+    monkeypatch.setattr(_tune, "_gpu_ccs", lambda: ())
+    monkeypatch.setattr(_tune, "_cpu_native_bf16", lambda: False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(_tune, "supports_xla", lambda model: False)  # no XLA compile: fast
+    monkeypatch.setattr(
+        tfgpu.batch_size, "find_batch_size", lambda model, data, **k: _FakeFound(64)
+    )
+    policy = keras.mixed_precision.global_policy()
+    yield
+    keras.mixed_precision.set_global_policy(policy)
+
+
+def _names(result: TuneResult, status: str) -> list[str]:
+    return [t.name for t in result.trials if t.status == status]
+
+
+# The pure decisions.
+
+
+def test_candidates_follow_the_facts():
+    names = [c.name for c in cands.candidates(Facts(batches_per_epoch=10, global_batch=32))]
+    assert names[:4] == [
+        "steps_per_execution=4",
+        "steps_per_execution=16",
+        "steps_per_execution=64",
+        "jit_compile=True",
+    ]
+    by_name = {c.name: c for c in cands.candidates(Facts(batches_per_epoch=10, global_batch=32))}
+    assert by_name["steps_per_execution=16"].untried == "more than the 10 batches of an epoch"
+    assert by_name["static batch shape"].line == (
+        "dataset = dataset.batch(32, drop_remainder=True)  # where you batch"
+    )
+    assert "prefetch" in by_name  # a user's dataset without a prefetch at its end
+    assert by_name["mixed precision"].untried.startswith("this CPU has no native bfloat16")
+    static = [c.name for c in cands.candidates(Facts(static_shape=True, jit_compile=True))]
+    assert "static batch shape" not in static and "jit_compile=True" not in static
+
+
+def test_pipeline_candidates_come_from_its_arguments():
+    def decode(x, y):
+        return x, y
+
+    arguments = {"map_fn": decode, "augment_fn": decode, "cache": "auto", "batch_size": 64}
+    facts = Facts(pipeline=arguments, global_batch=64, cpu_count=2)
+    by_name = {c.name: c for c in cands.candidates(facts)}
+    assert by_name["cache in memory"].line == "tfgpu.data.pipeline(..., cache='memory')"
+    assert by_name["batch-level augmentation"].line == (
+        "tfgpu.data.pipeline(..., augment_fn=None, batch_augment_fn=decode)"
+    )
+    assert by_name["private thread pool"].change == {"private_threadpool_size": 2}
+    assert by_name["static batch shape"].line == "tfgpu.data.pipeline(..., drop_remainder=True)"
+    assert "prefetch" not in by_name
+    cached = {c.name for c in cands.candidates(Facts(pipeline=arguments, cached=True))}
+    assert "cache in memory" not in cached
+
+
+@pytest.mark.parametrize(
+    "facts, policy, untried",
+    [
+        (Facts(gpu_ccs=((8, 0),), has_factory=True), "mixed_bfloat16", ""),
+        (Facts(gpu_ccs=((7, 5),), has_factory=True), "mixed_float16", ""),
+        (Facts(cpu_native_bf16=True, has_factory=True), "mixed_bfloat16", ""),
+        (Facts(cpu_native_bf16=True), "mixed_bfloat16", cands.NEEDS_FACTORY),
+        (Facts(gpu_ccs=((6, 1),), has_factory=True), "mixed_bfloat16", "not every GPU"),
+    ],
+)
+def test_the_precision_candidate_fits_the_hardware(facts, policy, untried):
+    (cand,) = [c for c in cands.candidates(facts) if "precision" in c.change]
+    assert cand.change == {"precision": policy} and cand.numerics
+    assert cand.untried.startswith(untried)
+
+
+def test_verdicts():
+    assert cands.verdict([(2.0, 1.0)] * 3, None)[0] == cands.KEPT
+    assert cands.verdict([(1.0, 2.0)] * 3, None)[0] == cands.SLOWER
+    assert cands.verdict([(1.0, 2.0)], "slower")[0] == cands.SLOWER
+    assert cands.verdict([(1.0, 1.0), (1.1, 1.0), (1.0, 1.1)], None)[0] == cands.NO_GAIN
+    assert cands.verdict([(2.0, 1.0)], "budget") == (
+        cands.UNTRIED,
+        "time budget spent after 1 round(s) (x2.00)",
+    )
+    assert cands.verdict([], "budget") == (cands.UNTRIED, cands.BUDGET_SPENT)
+    assert cands.numerics_verdict(0.5, math.nan).startswith("the loss is not finite")
+    assert cands.numerics_verdict(0.5, 0.6).startswith("mean loss 0.6 vs 0.5")
+    assert cands.numerics_verdict(0.5, 0.52) == ""
+    assert cands.spe_fits(64, 0.1).startswith("steps of 100 ms")
+    assert cands.spe_fits(64, 0.001) == ""
+
+
+def test_combined_lines_merge_the_compile_and_pipeline_changes():
+    facts = Facts(pipeline={"batch_size": 64})
+    kept = [
+        ({"steps_per_execution": 16}, "x"),
+        ({"jit_compile": True}, "y"),
+        ({"drop_remainder": True}, "z"),
+        ({"precision": "mixed_bfloat16"}, "tfgpu.configure(precision='mixed_bfloat16')"),
+    ]
+    assert cands.combined_lines(kept, facts) == [
+        "model.compile(..., steps_per_execution=16, jit_compile=True)",
+        "tfgpu.data.pipeline(..., drop_remainder=True)",
+        "tfgpu.configure(precision='mixed_bfloat16')",
+    ]
+
+
+# The search, on scripted times.
+
+
+def test_a_clear_gain_is_kept_a_clear_loss_rejected_and_noise_is_no_gain(monkeypatch):
+    noise = [1.0, 1.08, 0.93, 1.05, 0.97, 1.1, 0.9, 1.02, 0.96]
+
+    def step(s, n):
+        seconds = 0.01 / s["spe"]  # host overhead: each execution costs the same
+        if s["static"]:
+            seconds *= 2.0  # clearly slower
+        if s["threads"]:
+            seconds *= noise[n % len(noise)]  # within the noise
+        return seconds
+
+    script = _Script(monkeypatch, step)
+    model = _build()()
+    result = tfgpu.tune(model, _train(), time_budget_s=600, verbose=0)
+    assert _names(result, "kept") == ["steps_per_execution=4", "steps_per_execution=16"]
+    assert result.trial("steps_per_execution=64").reason == "more than the 16 batches of an epoch"
+    assert result.trial("static batch shape").status == "slower"
+    assert result.trial("private thread pool").status == "no measurable gain"
+    assert result.trial("jit_compile=True").reason == "Keras refuses jit_compile for this model"
+    assert result.settings == {"steps_per_execution": 16}
+    assert result.lines == ["model.compile(..., steps_per_execution=16)"]
+    assert result.speedup == pytest.approx(16.0)  # verified together against the baseline
+    assert result.tuned_examples_per_s == pytest.approx(16 * result.baseline_examples_per_s)
+    assert result.baseline_examples_per_s == pytest.approx(64 / 0.01)
+    assert result.dataset is not None
+    assert {"spe": 16, "jit": False} in [{k: s[k] for k in ("spe", "jit")} for s in script.settings]
+    text = str(result)
+    assert "steps_per_execution=16" in text and "x16.00" in text
+    assert "untried: needs a fresh process" in text
+
+
+def test_the_verification_drops_a_setting_that_does_not_hold_up(monkeypatch):
+    static_runs = []
+
+    def step(s, n):
+        if s["static"]:  # helps in its own trial (3 rounds), slower than the baseline later
+            static_runs.append(n)
+            return 0.01 / 4 * 0.8 if len(static_runs) <= 3 else 0.011
+        return 0.01 / s["spe"]
+
+    _Script(monkeypatch, step)
+    model = _build()()
+    train = tfgpu.data.pipeline((X, Y), batch_size=64, seed=1)
+    monkeypatch.setattr(cands, "SPE_LADDER", (4,))
+    result = tfgpu.tune(model, train, time_budget_s=600, verbose=0)
+    static = result.trial("static batch shape")
+    assert static.status == "no measurable gain" and "did not clear the margin" in static.reason
+    assert result.settings == {"steps_per_execution": 4}
+    assert result.speedup == pytest.approx(4.0)
+    assert "static batch shape dropped at the verification" in result.notes
+
+
+def test_the_budget_is_respected(monkeypatch):
+    script = _Script(monkeypatch, lambda s, n: 0.05)
+    result = tfgpu.tune(_build()(), _train(), time_budget_s=20, verbose=0)
+    assert script.clock - 1000.0 <= 20
+    untried = [t for t in result.trials if t.reason.startswith("time budget spent")]
+    assert untried, str(result)
+    assert result.speedup == 1.0 and result.settings == {} and result.lines == []
+
+
+def test_a_baseline_the_budget_cannot_time_gives_every_candidate_untried(monkeypatch):
+    _Script(monkeypatch, lambda s, n: 10.0)
+    result = tfgpu.tune(_build()(), _train(), time_budget_s=5, verbose=0)
+    assert all(t.status == "untried" for t in result.trials)
+    assert math.isnan(result.baseline_examples_per_s)
+    assert "the baseline could not be timed" in result.notes[0]
+
+
+@pytest.mark.slow
+def test_state_is_restored_after_every_trial(monkeypatch):
+    monkeypatch.setattr(_tune, "supports_xla", _trial.supports_xla)
+    monkeypatch.setattr(cands, "SPE_LADDER", (4,))
+    _Script(monkeypatch, lambda s, n: 0.01 / s["spe"], real_fit=True)
+    model = _build()()
+    train = _train()
+    model.fit(train, epochs=1, verbose=0, shuffle=False)  # optimizer state that must survive
+    model.steps_per_execution = 2
+
+    def state():
+        values = [v.numpy().copy() for v in model.weights + model.optimizer.variables]
+        return values, model.steps_per_execution, model.jit_compile
+
+    before = state()
+    checks = []
+    original = _tune._Tuner._try
+
+    def checked(self, cand):
+        trial = original(self, cand)
+        checks.append(cand.name)
+        after = state()
+        assert after[1:] == before[1:], cand.name
+        for a, b in zip(after[0], before[0], strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=cand.name)
+        return trial
+
+    monkeypatch.setattr(_tune._Tuner, "_try", checked)
+    result = tfgpu.tune(model, train, time_budget_s=600, verbose=0)
+    assert "steps_per_execution=4" in checks and "jit_compile=True" in checks
+    after = state()
+    assert after[1:] == before[1:]
+    for a, b in zip(after[0], before[0], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert keras.mixed_precision.global_policy().name == "float32"
+    assert result.settings.get("steps_per_execution") == 4
+
+
+@pytest.mark.slow
+def test_a_precision_policy_that_overflows_is_unsafe(monkeypatch):
+    # float16 on a simulated 7.5 GPU: x * 1e5 overflows (max 65504), the loss is not finite.
+    monkeypatch.setattr(_tune, "_gpu_ccs", lambda: ((7, 5),))
+    _Script(monkeypatch, lambda s, n: 0.001 if s["policy"] == "mixed_float16" else 0.01)
+    result = tfgpu.tune(_build(1e5), _train(), time_budget_s=600, verbose=0)
+    trial = result.trial("precision mixed_float16")
+    assert trial.status == "unsafe numerics", str(result)
+    assert "not finite" in trial.reason
+    assert "precision" not in result.settings
+    assert keras.mixed_precision.global_policy().name == "float32"
+    assert result.trial("GPU private threads").reason == cands.FRESH_PROCESS
+
+
+@pytest.mark.slow
+def test_the_precision_candidate_on_a_cpu_both_ways(monkeypatch):
+    _Script(monkeypatch, lambda s, n: 0.004 if s["policy"] == "mixed_bfloat16" else 0.01)
+    result = tfgpu.tune(_build(), _train(), time_budget_s=600, verbose=0)
+    assert result.trial("mixed precision").reason.startswith("this CPU has no native bfloat16")
+
+    monkeypatch.setattr(_tune, "_cpu_native_bf16", lambda: True)
+    result = tfgpu.tune(_build(), _train(), time_budget_s=600, verbose=0)
+    assert result.trial("precision mixed_bfloat16").status == "kept", str(result)
+    assert result.settings["precision"] == "mixed_bfloat16"
+    assert "tfgpu.configure(precision='mixed_bfloat16')  # first, before building the model" in (
+        result.lines
+    )
+    assert keras.mixed_precision.global_policy().name == "float32"
+    # Without a factory the precision cannot be tried.
+    result = tfgpu.tune(_build()(), _train(), time_budget_s=600, verbose=0)
+    assert result.trial("precision mixed_bfloat16").reason == cands.NEEDS_FACTORY
+
+
+def test_the_batch_size_is_reported_and_kept_only_when_allowed(monkeypatch):
+    _Script(monkeypatch, lambda s, n: 0.01)
+
+    class Found:
+        fastest_global = 256
+        trials = [
+            type("T", (), {"global_batch_size": 64, "fits": True, "examples_per_second": 6400.0}),
+            type("T", (), {"global_batch_size": 256, "fits": True, "examples_per_second": 25600.0}),
+        ]
+
+    monkeypatch.setattr(tfgpu.batch_size, "find_batch_size", lambda model, data, **k: Found())
+    result = tfgpu.tune(_build()(), _train(), time_budget_s=600, verbose=0)
+    trial = result.trial("batch size 256")
+    assert trial.status == "untried"
+    assert "25,600 examples/s at 256 vs 6,400 at 64" in trial.reason
+    assert "learning rate 0.001 -> 0.002 (sqrt rule)" in trial.reason
+    assert "change_batch_size=True" in trial.reason
+    assert trial.line.startswith("tfgpu.data.pipeline(..., batch_size=256)")
+
+    result = tfgpu.tune(_build()(), _train(), time_budget_s=600, verbose=0, change_batch_size=True)
+    trial = result.trial("batch size 256")
+    # Per example, the scripted step of 0.01 s is 4x faster at 256 than at 64.
+    assert trial.status == "kept" and result.settings["batch_size"] == 256
+    assert result.speedup == pytest.approx(4.0)
+    first = next(iter(result.dataset))
+    assert first[0].shape[0] == 256
+
+
+def test_apply_sets_the_compile_settings_and_names_what_it_cannot():
+    model = _build()()
+    result = TuneResult(
+        trials=[],
+        settings={"steps_per_execution": 16, "jit_compile": True, "precision": "mixed_bfloat16"},
+    )
+    with pytest.warns(UserWarning, match=r"precision='mixed_bfloat16' cannot be applied"):
+        assert result.apply(model) is model
+    assert model.steps_per_execution == 16 and model.jit_compile is True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TuneResult(trials=[], settings={"steps_per_execution": 4}).apply(model)
+    with pytest.raises(TypeError, match="Invalid type for argument `model`"):
+        result.apply("model")
+
+
+@pytest.mark.slow
+def test_tune_json_and_the_waterfall_are_written_and_rotated(monkeypatch, tmp_path):
+    _Script(monkeypatch, lambda s, n: 0.01 / s["spe"])
+    for _ in range(2):
+        result = tfgpu.tune(_build()(), _train(), time_budget_s=600, verbose=0, log_dir=tmp_path)
+    record = json.loads((tmp_path / "tune.json").read_text())
+    assert record["speedup"] == pytest.approx(result.speedup)
+    assert record["settings"] == {"steps_per_execution": 16}
+    assert {t["status"] for t in record["trials"]} <= set(cands.STATUSES)
+    assert (tmp_path / "tune.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "tune.1.json").exists() and (tmp_path / "tune.1.png").exists()
+
+
+def test_progress_lines_are_shown_with_verbose_2(monkeypatch, capsys):
+    _Script(monkeypatch, lambda s, n: 0.01)
+    tfgpu.tune(_build()(), _train(), time_budget_s=600, verbose=2)
+    out = capsys.readouterr().out
+    assert "tune: timing the baseline" in out and "tune: trying steps_per_execution=4" in out
+    tfgpu.tune(_build()(), _train(), time_budget_s=600, verbose=0)
+    assert capsys.readouterr().out == ""
+
+
+def test_a_trial_is_constructible_and_prints_its_gain():
+    trial = Trial("x", {"a": 1}, 1.5, 1.2, 1.8, "kept", "over 5 rounds", "line")
+    assert trial.gain_text == "x1.50 (1.20-1.80)"
+    assert Trial("y").gain_text == "-" and Trial("y").status == "untried"
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"data": (X, Y)}, TypeError, r"`data`.*tfgpu\.data\.pipeline\(\(x, y\), batch_size="),
+        ({"model": 3}, TypeError, "Invalid type for argument `model`"),
+        ({"steps": 2}, ValueError, "Invalid value for argument `steps`"),
+        ({"warmup": 0}, ValueError, "Invalid value for argument `warmup`"),
+        ({"time_budget_s": -1.0}, ValueError, "Invalid value for argument `time_budget_s`"),
+        ({"time_budget_s": "60"}, TypeError, "Invalid type for argument `time_budget_s`"),
+        ({"change_batch_size": 1}, TypeError, "Invalid type for argument `change_batch_size`"),
+        ({"verbose": 5}, ValueError, "Invalid value for argument `verbose`"),
+        (
+            {"data": tf.data.Dataset.from_tensor_slices((X, Y))},
+            ValueError,
+            "Expected a dataset of batches",
+        ),
+    ],
+)
+def test_argument_errors_are_raised_before_any_work(monkeypatch, kwargs, error, match):
+    script = _Script(monkeypatch, lambda s, n: 0.01)
+    args = {"model": _build()(), "data": _train(), **kwargs}
+    model, data = args.pop("model"), args.pop("data")
+    with pytest.raises(error, match=match):
+        tfgpu.tune(model, data, **{"verbose": 0, **args})
+    assert script.calls == 0
+
+
+def test_an_uncompiled_model_is_refused():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    with pytest.raises(ValueError, match="not compiled"):
+        tfgpu.tune(model, _train(), verbose=0)
+    with pytest.raises(ValueError, match="the model the factory returned that is not compiled"):
+        tfgpu.tune(lambda: model, _train(), verbose=0)
+
+
+@pytest.mark.slow
+def test_a_real_run_on_a_tiny_model_has_the_promised_structure(tmp_path):
+    # Unscripted: only the structure is checked, never the speed.
+    result = tfgpu.tune(
+        _build(), _train(), steps=5, warmup=2, time_budget_s=20, verbose=0, log_dir=tmp_path
+    )
+    assert result.trials and all(t.status in cands.STATUSES for t in result.trials)
+    assert result.speedup >= 1.0 or result.settings == {}
+    assert (tmp_path / "tune.json").exists()
+    assert keras.mixed_precision.global_policy().name == "float32"
+    assert "candidate" in str(result)
