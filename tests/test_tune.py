@@ -23,9 +23,8 @@ import tensorflow as tf
 import tfgpu
 import tfgpu.batch_size
 from tfgpu import _measure
-from tfgpu.tuning import Trial, TuneResult
+from tfgpu.tuning import Trial, TuneResult, _trial, _tune
 from tfgpu.tuning import _candidates as cands
-from tfgpu.tuning import _trial, _tune
 from tfgpu.tuning._candidates import Facts
 
 X = np.random.default_rng(0).random((1000, 8)).astype("float32")
