@@ -58,7 +58,8 @@ class Block:
 
     @property
     def first_line(self) -> str:
-        return next((ln.strip() for ln in self.code.splitlines() if ln.strip()), "")
+        lines = [ln.strip() for ln in self.code.splitlines() if ln.strip()]
+        return next((ln for ln in lines if not ln.startswith("#!")), "")
 
     def to_run(self) -> dict:
         code = self.code
