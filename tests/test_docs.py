@@ -1,13 +1,23 @@
 """Every code block of README.md, docs/*.md and examples/README.md runs (issue 16).
 
-The convention (directives, order, environment) is the module's `CONVENTION` text below and
-/work/notes/docs_convention.md: blocks tagged python/bash/sh/shell/console run, in document
-order, one page per test, all of a page's blocks in one fresh Python process (shell blocks
-with bash from it) in a temporary directory, with `TFGPU_QUICK=1`. A block that needs what a
-test machine lacks carries `<!-- test: skip REASON -->` and is reported as a pytest skip with
-that reason; hidden `<!-- test: setup ... -->` Python makes the small stand-ins a block uses;
-`<!-- test: replace OLD => NEW -->` shrinks a number (epochs, steps). docs/from_keras.md has
-its own test (tests/test_docs_from_keras.py).
+Blocks tagged python, bash, sh, shell or console run; `text`, `yaml`, ... and untagged ones are
+output samples or configuration. A page's runnable blocks run in document order in ONE fresh
+Python process (`tests/docs_runner.py`; later blocks see earlier names), in a temporary
+directory, with `TFGPU_QUICK=1`, `TF_CPP_MIN_LOG_LEVEL=2`, `MPLBACKEND=Agg`, the venv's `bin/`
+first on PATH and `TFGPU_DOCS_REPO` the repository root; shell blocks run from that process
+with `bash -e -o pipefail` in the same directory (in `console` blocks only the `$ ` lines).
+HTML comments right above a fence steer it:
+
+- `<!-- test: skip REASON -->`: not run; reported as a pytest skip with the reason (needs a
+  GPU, several machines, Slurm, a download; runs the whole suite; installs the package).
+- `<!-- test: setup` ... `-->`: hidden Python run just before the block, in the same process
+  (small stand-ins: data, a tiny model, files for a shell block); `REPO` is defined for it.
+- `<!-- test: replace OLD => NEW -->`: a text replacement in the block (`epochs=10 =>
+  epochs=1`); OLD must be there.
+
+A failure names the page, the block's line and first line, and the stderr tail. Relative
+links between the pages are checked too. docs/from_keras.md has its own test
+(tests/test_docs_from_keras.py).
 """
 
 from __future__ import annotations
