@@ -473,3 +473,25 @@ def test_a_real_run_on_a_tiny_model_has_the_promised_structure(tmp_path):
     assert (tmp_path / "tune.json").exists()
     assert keras.mixed_precision.global_policy().name == "float32"
     assert "candidate" in str(result)
+
+
+def test_batch_level_augmentation_is_tried_only_where_augment_fn_runs_on_a_batch(monkeypatch):
+    _Script(monkeypatch, lambda s, n: 0.01)
+    images = np.zeros((64, 6, 6, 3), "float32"), np.zeros(64, "int32")
+
+    def crop(image, label):  # written for one image: fails on a batch
+        return tf.image.random_crop(image, (4, 4, 3)), label
+
+    def flip(image, label):  # runs on a batch too
+        return tf.image.random_flip_left_right(image), label
+
+    model = keras.Sequential([keras.Input((None, None, 3)), keras.layers.GlobalAveragePooling2D()])
+    model.compile("sgd", "mse")
+    train = tfgpu.data.pipeline(images, batch_size=16, augment_fn=crop)
+    trial = tfgpu.tune(model, train, verbose=0).trial("batch-level augmentation")
+    assert trial.status == "untried" and "does not run on a whole batch" in trial.reason
+    assert "Dimensions must be equal" in trial.reason
+    train = tfgpu.data.pipeline(images, batch_size=16, augment_fn=flip)
+    trial = tfgpu.tune(model, train, verbose=0).trial("batch-level augmentation")
+    assert trial.status == "no measurable gain"  # scripted: the same time
+    assert trial.line == "tfgpu.data.pipeline(..., augment_fn=None, batch_augment_fn=flip)"

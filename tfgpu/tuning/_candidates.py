@@ -80,6 +80,7 @@ class Facts:
     gpu_ccs: tuple[tuple[int, int], ...] = ()  # compute capabilities; empty on the CPU
     cpu_native_bf16: bool = False
     cpu_count: int = 1
+    augment_on_batches: str = ""  # why the pipeline's augment_fn fails on a batch ("": it runs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +98,7 @@ class Candidate:
     numerics: bool = False
     group: str = ""
     untried: str = ""
+    note: str = ""  # added to the reason when it is kept
 
 
 def _compile_line(change: dict[str, Any]) -> str:
@@ -228,7 +230,22 @@ def candidates(facts: Facts) -> list[Candidate]:
         ):
             out.append(_candidate("cache in memory", {"cache": "memory"}, facts))
         if p.get("augment_fn") is not None and p.get("batch_augment_fn") is None:
-            out.append(_candidate("batch-level augmentation", {"batch_augment": True}, facts))
+            untried = (
+                f"augment_fn does not run on a whole batch ({facts.augment_on_batches}): a "
+                "version written for batches, passed as batch_augment_fn, may be faster"
+                if facts.augment_on_batches
+                else ""
+            )
+            out.append(
+                _candidate(
+                    "batch-level augmentation",
+                    {"batch_augment": True},
+                    facts,
+                    untried=untried,
+                    note="augment_fn now sees whole batches: a random value it draws once is "
+                    "shared by every example of a batch",
+                )
+            )
         if not facts.gpu_ccs and not p.get("private_threadpool_size") and facts.cpu_count > 1:
             out.append(
                 _candidate(
