@@ -993,6 +993,49 @@ def test_median_interval_is_the_order_statistics_interval():
     assert (low, high) == (1, 6) and confidence == pytest.approx(1 - 2 * 9 / 256)
 
 
+def test_verbose_is_checked_before_work():
+    model = _tiny_model()
+    for bad, error in (("loud", ValueError), (3, ValueError), (True, TypeError), (None, TypeError)):
+        with pytest.raises(error, match=r"argument `verbose`. Received: verbose=.*'auto'"):
+            tfgpu.diagnose(model, (X, Y), verbose=bad)
+    assert not model.optimizer.built
+
+
+@pytest.mark.slow
+def test_progress_shows_each_phase_with_the_time_left_on_the_budgets_clock(monkeypatch, capsys):
+    clock = _ScriptedSteps(monkeypatch, device_s=0.04, real_s=0.04)
+    start = clock.clock
+    capsys.readouterr()
+    diagnosis = tfgpu.diagnose(
+        _tiny_model(), (X, Y), batch_size=16, steps=5, warmup=2, check_xla=False,
+        time_budget_s=5.0, verbose=2,
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\r" not in out  # plain lines for a log file
+    lines = out.splitlines()
+    assert all(line.startswith("diagnose: ") for line in lines), out
+    phases = [line.removeprefix("diagnose: ").split(" \u00b7 ")[0] for line in lines]
+    assert phases[:4] == [
+        "timing the input pipeline alone",
+        "warming up and timing the step on one batch held in memory",
+        "warming up on the real data",
+        "timing the real data against a batch in memory, round 1 of at most 12",
+    ]
+    rounds = len(diagnosis.measurements["rounds"])
+    assert f"timing the real data against a batch in memory, round {rounds} of at most 12" in phases
+    probe = [p for p in phases if p.startswith("trying steps_per_execution=16 against 1, round")]
+    assert len(probe) == len(diagnosis.measurements["steps_per_execution_probe"]["rounds"])
+    assert phases[-3:-1] == [
+        "restoring the model's weights, optimizer and settings",
+        "counting the FLOPs of a training step",
+    ]
+    # The times are the scripted clock's: 5 s at the start, less as the scripted fits run.
+    assert lines[0].endswith("\u00b7 5 s left")
+    spent = clock.clock - start
+    assert lines[-2].endswith(f"\u00b7 {5 - spent:.0f} s left"), (spent, lines[-2])
+    assert lines[-1] == f"diagnose: done in {spent:.0f} s \u00b7 bottleneck: {diagnosis.bottleneck}"
+
+
 def test_time_budget_is_checked_before_work():
     model = _tiny_model()
     for bad in ("60", True, [60]):
@@ -1005,11 +1048,13 @@ def test_time_budget_is_checked_before_work():
 
 
 @pytest.mark.slow
-def test_the_budget_is_respected_and_what_it_left_out_is_noted(monkeypatch):
+def test_the_budget_is_respected_and_what_it_left_out_is_noted(monkeypatch, capsys):
     clock = _ScriptedSteps(monkeypatch, device_s=0.04, real_s=0.04)
+    capsys.readouterr()
     diagnosis = tfgpu.diagnose(
-        _tiny_model(), (X, Y), batch_size=16, steps=5, warmup=2, time_budget_s=1.0
+        _tiny_model(), (X, Y), batch_size=16, steps=5, warmup=2, time_budget_s=1.0, verbose=0
     )
+    assert capsys.readouterr().out == ""  # verbose=0: quiet
     m = diagnosis.measurements
     assert m["time_budget_s"] == 1.0 and m["wall_s"] <= 1.0 + 0.04  # one step past, at most
     assert "steps_per_execution_probe" not in m and "xla" not in m

@@ -25,6 +25,7 @@ from tfgpu._checks import (
 from tfgpu._datasets import chain_state, made_by_pipeline
 from tfgpu._files import rotate, write_text_atomic
 from tfgpu._model_state import preserved
+from tfgpu._progress import Progress, check_verbose
 from tfgpu._warnings import one_line
 from tfgpu.diagnosis import _measure
 from tfgpu.diagnosis._classify import _classify, _monitor_facts, _unseen, _wait_notes
@@ -103,8 +104,10 @@ def _check_args(
     profile: Any,
     flags: dict[str, Any],
     time_budget_s: Any,
+    verbose: Any = "auto",
 ) -> float | None:
     """Checks every argument but the data, before any work; returns the time budget."""
+    check_verbose(verbose)
     check_int("steps", steps, minimum=3)
     check_int("warmup", warmup, minimum=1)
     check_int("batch_size", batch_size, allow_none=True, expected="a positive int or None")
@@ -253,6 +256,7 @@ def diagnose(
     monitor: bool = True,
     profile: bool = False,
     time_budget_s: float | None = DEFAULT_TIME_BUDGET_S,
+    verbose: int | str = "auto",
 ) -> Diagnosis:
     """Measures a short training run and says what holds the GPU back, and what to change.
 
@@ -288,6 +292,13 @@ def diagnose(
         time_budget_s: float or None, seconds the measurements may take (each `fit` stops
             at the deadline; probes that do not fit are skipped with a note). None: no
             limit. Defaults to 60.0.
+        verbose: str or int, "auto", 0, 1 or 2: progress on stdout, as `model.fit` shows it:
+            each phase
+            (timing the pipeline, warming up, each round, each probe, counting FLOPs,
+            restoring the model) with the time left in the budget. 0 = silent, 1 = one line
+            rewritten in place (a terminal, a notebook), 2 = one line per phase (a log
+            file). "auto" is 1 in a terminal or a notebook, 2 otherwise. Defaults to
+            "auto".
 
     Returns:
         A `Diagnosis`.
@@ -295,7 +306,7 @@ def diagnose(
     Raises:
         ValueError: on invalid arguments, an uncompiled model, or an empty dataset.
         TypeError: if `model` is not a Keras model, `data` is neither a dataset nor
-            arrays, or a flag is not a bool.
+            arrays, a flag is not a bool, or `verbose` is neither a str nor an int.
 
     Example:
 
@@ -312,9 +323,13 @@ def diagnose(
         "profile": profile,
     }
     time_budget_s = _check_args(
-        model, steps, warmup, batch_size, log_dir, profile, flags, time_budget_s
+        model, steps, warmup, batch_size, log_dir, profile, flags, time_budget_s, verbose
     )
     budget = protocol.Budget(time_budget_s, _MEASURE_SHARE)
+    # The progress reads the budget's clock at call time (the tests script `protocol.now`).
+    progress = Progress(
+        verbose, title="diagnose", budget_s=time_budget_s, clock=lambda: protocol.now()
+    )
     ds, numpy_input = _as_dataset(data, batch_size)
     batch, size = _first_batch(model, ds)
     log_path = check_dir("log_dir", log_dir, allow_none=True)
@@ -330,6 +345,7 @@ def diagnose(
 
     from tfgpu.data import benchmark
 
+    progress.phase("timing the input pipeline alone")
     pipeline = benchmark(ds, steps=steps, warmup=warmup)
     measurements: dict[str, Any] = {"pipeline": pipeline.to_dict()}
     spe, jit_compile = int(model.steps_per_execution), bool(model.jit_compile)
@@ -351,7 +367,9 @@ def diagnose(
             profile_dir=str(log_path / "profile") if profile and log_path is not None else None,
             measurements=measurements,
             notes=notes,
+            progress=progress,
         )
+        progress.phase("restoring the model's weights, optimizer and settings")
     compute, real = protocol.medians(m.rounds)
 
     # 4. Classify.
@@ -407,6 +425,7 @@ def diagnose(
         noise = verdict["high"] - verdict["low"]
         measurements["noise"] = {k: verdict[k] for k in ("low", "high", "confidence", "rounds")}
     findings += _lint_mixed_precision(model, ccs)
+    progress.phase("counting the FLOPs of a training step")
     flops, achieved, mfu_value, flop_notes = _flops(
         model, x, size, real, f.policy, gpu_name, ccs, on_gpu, f.replicas
     )
@@ -439,6 +458,7 @@ def diagnose(
         path = log_path / "diagnosis.json"
         rotate(path)
         write_text_atomic(path, json.dumps(diagnosis.to_dict(), indent=2))
+    progress.done(f"bottleneck: {bottleneck}")
     return diagnosis
 
 
@@ -471,23 +491,29 @@ def _measure_model(
     profile_dir: str | None,
     measurements: dict[str, Any],
     notes: list[str],
+    progress: Progress | None = None,
 ) -> _Measured:
     """The measuring phase (the model's state is the caller's to put back): the rounds,
     the train step's ops, the probes and the profiler trace."""
+    progress = progress or Progress(0, title="diagnose")
     scale_before = _loss_scale(model)
     device_ds = _measure._device_dataset(batch, on_gpu)
+    progress.phase("warming up and timing the step on one batch held in memory")
     first, peak = _measure._first_device_run(
         model, device_ds, steps, warmup, "GPU:0" if on_gpu else "CPU:0"
     )
     measurements["peak_memory_bytes"] = peak
     train_step_ops: list[_OpFact] = []
     if on_gpu and not model.jit_compile:  # where ops run matters only beside a GPU
+        progress.phase("reading where the train step's ops run")
         try:
             train_step_ops = _train_step_ops(model, batch)
         except Exception as e:  # a side check: a note, not a crash
             notes.append(f"train-step op placement not checked: {one_line(e)}")
     with _measure._monitoring(monitor and on_gpu, notes) as aggregate:
-        rounds = _measure._measure_rounds(model, ds, device_ds, first, steps, warmup, budget)
+        rounds = _measure._measure_rounds(
+            model, ds, device_ds, first, steps, warmup, budget, progress=progress
+        )
     if len(rounds) < protocol.MIN_ROUNDS:
         notes.append(
             f"only {len(rounds)} of {protocol.MIN_ROUNDS} rounds ran within the time budget of "
@@ -514,6 +540,7 @@ def _measure_model(
             value=PROBE_STEPS_PER_EXECUTION,
             threshold=HOST_OVERHEAD_MIN_GAIN,
             failed="{name} not measured: {error}",
+            progress=progress,
         )
         spe_rounds = _record_probe(probe, "steps_per_execution_probe", measurements, notes, skipped)
     xla_rounds: list[tuple[float, float]] = []
@@ -533,6 +560,7 @@ def _measure_model(
                 value=not current,
                 threshold=XLA_MIN_GAIN,
                 failed="XLA not measured: {name} failed ({error})",
+                progress=progress,
             )
             xla_rounds = _record_probe(probe, "xla", measurements, notes, skipped)
     if skipped:
@@ -541,6 +569,7 @@ def _measure_model(
             "(pass a larger `time_budget_s`, or None for no limit)"
         )
     if profile_dir is not None:
+        progress.phase("capturing a profiler trace")
         profile_dir = _profile(model, ds, profile_dir, max(3, spe), notes)
     return _Measured(
         rounds=rounds,

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from tfgpu import _measure as protocol
 from tfgpu._datasets import cardinality
+from tfgpu._progress import Progress
 from tfgpu._warnings import one_line
 from tfgpu.diagnosis._facts import _MAX_ROUNDS, _PROBE_MAX_ROUNDS, _ROUNDS_BUDGET_SHARE
 from tfgpu.diagnosis._rounds import _share_verdict
@@ -36,18 +37,37 @@ def _compare(
     threshold: float = 1.0,
     budget: protocol.Budget | None = None,
     max_rounds: int = _PROBE_MAX_ROUNDS,
+    progress: Progress | None = None,
+    label: str = "",
 ) -> tuple[list[tuple[float, float]], str | None]:
     """Per-round step times (baseline, variant) with `attrs` set on the model, interleaved
     by the shared protocol (`tfgpu._measure.interleave`): the model's settings and train
-    function are put back whatever happens."""
+    function are put back whatever happens. Each round starts with a `progress` phase,
+    `label` and the round's number."""
+    variant = protocol.with_attrs(model, dataset, steps, warmup, attrs)
+    if progress is not None:
+        variant = _announced(variant, progress, label, max_rounds)
     return protocol.interleave(
         protocol.with_attrs(model, dataset, steps, warmup, {}),
-        protocol.with_attrs(model, dataset, steps, warmup, attrs),
+        variant,
         threshold=threshold,
         budget=budget,
         max_rounds=max_rounds,
         timed_units=max(6, steps),
     )
+
+
+def _announced(run: protocol.Run, progress: Progress, label: str, most: int) -> protocol.Run:
+    """`run`, showing "`label`, round k of at most `most`" before each call (the protocol
+    runs the variant first in each round)."""
+    calls = [0]
+
+    def announced(deadline: float | None, limit: float | None) -> float | None:
+        calls[0] += 1
+        progress.phase(f"{label}, round {calls[0]} of at most {most}")
+        return run(deadline, limit)
+
+    return announced
 
 
 def _device_dataset(batch, on_gpu: bool):
@@ -155,14 +175,18 @@ def _measure_rounds(
     steps: int,
     warmup: int,
     budget: protocol.Budget,
+    *,
+    progress: Progress | None = None,
 ) -> list[tuple[float, float]]:
     """(device-resident, real) seconds per step, round after round, until the input-wait
     share is clear of the thresholds (at least `MIN_ROUNDS`, at most `_MAX_ROUNDS`) or
     `_ROUNDS_BUDGET_SHARE` of the budget is spent. The first real run, like the first
-    device-resident one (`first_compute`), runs in full."""
+    device-resident one (`first_compute`), runs in full. Each step is a `progress` phase."""
+    progress = progress or Progress(0, title="diagnose")
     # Warm the real data once through every batch shape it has (a partial last batch
     # retraces the step, and recompiles it under XLA): not inside a timed window.
     repeated = ds.repeat()
+    progress.phase("warming up on the real data")
     _warm_real(model, ds, repeated, budget)
     # Alternate the device-resident and the real runs, so that a noisy host favours
     # neither, until the input-wait share is clear of the thresholds.
@@ -180,6 +204,11 @@ def _measure_rounds(
                     break
                 if rounds_until is not None and protocol.now() >= rounds_until:
                     break
+        progress.phase(
+            f"timing the real data against a batch in memory, round {i + 1} of at most "
+            f"{_MAX_ROUNDS}"
+        )
+        if i > 0:
             compute = protocol.fit_step_time(model, device_ds, steps, warmup, budget.deadline)
         real = protocol.fit_step_time(
             model, repeated, steps, warmup, budget.deadline if i > 0 else None
@@ -212,6 +241,7 @@ def _run_probe(
     value: Any,
     threshold: float,
     failed: str,
+    progress: Progress | None = None,
 ) -> _Probe:
     """Times the device-resident step with `setting` = `value` against `current`, in rounds.
 
@@ -223,7 +253,15 @@ def _run_probe(
         return _Probe(skipped=f"the {name} probe")
     try:
         rounds, stopped = _compare(
-            model, device_ds, steps, warmup, {setting: value}, threshold=threshold, budget=budget
+            model,
+            device_ds,
+            steps,
+            warmup,
+            {setting: value},
+            threshold=threshold,
+            budget=budget,
+            progress=progress,
+            label=f"trying {name} against {current}",
         )
     except Exception as e:  # a probe never kills the diagnosis
         return _Probe(notes=[failed.format(name=name, error=one_line(e))])
