@@ -8,7 +8,9 @@ by type) or when the peak device memory it used
 (`tf.config.experimental.get_memory_info(device)["peak"]`) passes the memory budget. Each
 trial runs real training steps (`Model.train_on_batch` on a batch already in memory) and
 measures throughput, and the model's weights, optimizer state and metrics are put back
-afterwards.
+afterwards. While it runs, `verbose=` shows each trial, its size and its outcome
+(`tfgpu._progress`), as `fit` shows its epochs; under `in_subprocess=True` the child's trial
+lines are relayed as they come.
 
 Where the memory figure comes from: TensorFlow's allocator statistics. GPUs always keep
 them. On the CPU, TensorFlow keeps them only with its BFC CPU allocator, which is on by

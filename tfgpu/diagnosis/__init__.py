@@ -19,7 +19,8 @@ against the GPU's tensor cores, and a lint of the model under mixed precision co
 picture. Where the GPU monitor ran, its counters show what utilization hides: tensor cores
 idle, SMs idle under a busy GPU (small kernels), PCIe traffic far above the batch's size,
 clocks throttled (the reason named); on a GPU without GPM a note says what could not be
-seen. The model's training state is put back afterwards.
+seen. The model's training state is put back afterwards. While it runs, `verbose=` shows
+each phase and the time left in the budget (`tfgpu._progress`), as `fit` shows its epochs.
 
 The rooms, in reading order:
 
