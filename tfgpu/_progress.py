@@ -58,7 +58,7 @@ def check_verbose(verbose: Any) -> int | str:
     return int(verbose)
 
 
-def _in_ipython_kernel() -> bool:
+def in_ipython_kernel() -> bool:
     """Whether this code runs in an IPython kernel (Jupyter, Colab), whose stream is no TTY."""
     ipython = sys.modules.get("IPython")
     if ipython is None:
@@ -97,7 +97,7 @@ def resolve_verbose(verbose: int | str, stream: Any = None) -> int:
     if verbose != "auto":
         return int(verbose)
     stream = sys.stdout if stream is None else stream
-    return 1 if _is_tty(stream) or _in_ipython_kernel() else 2
+    return 1 if _is_tty(stream) or in_ipython_kernel() else 2
 
 
 def format_seconds(seconds: float) -> str:

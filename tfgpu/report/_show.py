@@ -13,6 +13,8 @@ import re
 import sys
 from pathlib import Path, PosixPath, WindowsPath
 
+from tfgpu._progress import in_ipython_kernel
+
 # report.md names each plot on a line of its own: `![utilization](utilization.png)`.
 _IMAGE_LINE = re.compile(r"^!\[([^\]]*)\]\(([^)\s]+\.png)\)\s*$")
 
@@ -61,13 +63,9 @@ def _plain(text: str, folder: Path) -> str:
 
 def _notebook_display():
     """IPython's `display` when this runs in a kernel that shows rich output, else None."""
-    ipython = sys.modules.get("IPython")
-    if ipython is None:  # never imported: no notebook kernel runs this process
+    if not in_ipython_kernel():  # plain Python or a terminal IPython
         return None
     try:
-        shell = ipython.get_ipython()
-        if getattr(shell, "kernel", None) is None:  # plain Python or a terminal IPython
-            return None
         from IPython import display
 
         return display
