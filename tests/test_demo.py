@@ -1,4 +1,4 @@
-"""`tfgpu demo`: the pure decisions (sizes, settings from a diagnosis, the table), argument
+"""`tfgpu demo`: the pure decisions (sizes, the table, tune's waterfall), argument
 checks before any work, the TFDS loader on a dataset built here, and the whole demo for real
 in its quick mode (a subprocess: `configure()` needs a fresh TensorFlow runtime)."""
 
@@ -16,12 +16,7 @@ import pytest
 from tests.conftest import REPO
 from tfgpu import demo
 from tfgpu.demo import _args, _plan, _results, _run, _workload
-from tfgpu.diagnosis import PROBE_STEPS_PER_EXECUTION, Finding
-
-
-def _finding(kind: str) -> Finding:
-    return Finding(kind, "high", f"{kind} title", "detail", "recommendation", 1.5, True)
-
+from tfgpu.tuning import Trial, TuneResult
 
 # ---- sizes ---------------------------------------------------------------------------------
 
@@ -46,28 +41,65 @@ def test_epochs_override():
     assert _plan.choose_sizes(quick=False, num_gpus=2, epochs=1).epochs == 1
 
 
-# ---- settings from the diagnosis -----------------------------------------------------------
+# ---- tune's waterfall and the augmentation it can move after the batching -----------------
 
 
-def test_settings_apply_what_the_diagnosis_recommends():
-    settings = _plan.settings_from(
-        [_finding("input_bound"), _finding("host_overhead"), _finding("xla")],
-        jit_compile_now=False,
+def test_sizes_give_tune_a_budget_and_a_quick_one():
+    quick = _plan.choose_sizes(quick=True, num_gpus=0)
+    cpu = _plan.choose_sizes(quick=False, num_gpus=0)
+    assert 0 < quick.tune_budget_s < cpu.tune_budget_s
+    assert quick.tune_steps >= 3 and quick.tune_warmup >= 1
+
+
+def test_waterfall_shows_each_kept_setting_then_the_verified_total():
+    result = TuneResult(
+        trials=[
+            Trial("steps_per_execution=4", {"steps_per_execution": 4}, 1.25, 1.2, 1.3, "kept"),
+            Trial("jit_compile=True", {"jit_compile": True}, 0.5, 0.4, 0.6, "slower"),
+            Trial(
+                "precision mixed_bfloat16", {"precision": "mixed_bfloat16"}, 1.2, 1.1, 1.3, "kept"
+            ),
+        ],
+        baseline_examples_per_s=1000.0,
+        tuned_examples_per_s=1450.0,
+        speedup=1.45,
+        speedup_low=1.4,
+        speedup_high=1.5,
     )
-    assert settings.steps_per_execution == PROBE_STEPS_PER_EXECUTION
-    assert settings.jit_compile is True
-    assert len(settings.applied) == 2
-    assert settings.applied[0].startswith(f"steps_per_execution={PROBE_STEPS_PER_EXECUTION}")
+    lines = _results.waterfall_lines(result, width=20)
+    assert [line.split("  ")[0] for line in lines] == [
+        "baseline",
+        "+ steps_per_execution=4",
+        "+ precision mixed_bfloat16",
+        "tuned (verified together)",
+    ]
+    assert "1,250 ex/s" in lines[1] and "x1.25 on the bar above" in lines[1]
+    assert "1,500 ex/s" in lines[2] and "#" * 20 in lines[2]  # the longest bar
+    assert "1,450 ex/s" in lines[3] and "x1.45 (1.40-1.50)" in lines[3]
+    assert "jit_compile" not in "\n".join(lines)
 
 
-def test_settings_leave_defaults_without_a_knob_finding():
-    settings = _plan.settings_from(
-        [_finding("input_bound"), _finding("host_device_traffic"), _finding("precision")],
-        jit_compile_now=False,
-    )
-    assert settings == _plan.Settings()  # spe 1, jit "auto", nothing applied
-    flipped = _plan.settings_from([_finding("xla")], jit_compile_now=True)
-    assert flipped.jit_compile is False
+def test_waterfall_without_a_measured_baseline_says_so():
+    lines = _results.waterfall_lines(TuneResult(trials=[]))
+    assert len(lines) == 1 and "could not time the baseline" in lines[0]
+
+
+def test_augment_takes_one_image_or_a_batch_each_image_its_own_crop():
+    import tensorflow as tf
+
+    augment = _workload.augment_fn(4)
+    image = tf.reshape(tf.range(6 * 6 * 3, dtype=tf.float32), (6, 6, 3))
+    one, label = augment(image, 3)
+    assert one.shape == (4, 4, 3) and label == 3
+    batch = tf.stack([image] * 64)
+    out, labels = augment(batch, tf.range(64))
+    assert out.shape == (64, 4, 4, 3) and labels.shape == (64,)
+    # Each image a crop of the original (plus one brightness delta in [-0.1, 0.1)) ...
+    top_left = out[:, 0, 0, 0].numpy()
+    corner = top_left - np.round(top_left / 3) * 3  # offsets are multiples of 3 (channels)
+    assert np.all(np.abs(corner) <= 0.1 + 1e-6)
+    # ... and not the same crop for the whole batch.
+    assert len(set(np.round(top_left).tolist())) > 1
 
 
 # ---- figures and the table -----------------------------------------------------------------
@@ -411,9 +443,11 @@ def test_quick_demo_trains_both_sides_and_writes_the_run(tmp_path):
     assert result.returncode == 0, f"{out[-3000:]}\n{result.stderr[-3000:]}"
     # Progress while training: Keras prints one line per epoch, per side.
     assert out.count("Epoch 2/2") == 2
-    for step in ("[1/4]", "[2/4]", "[3/4]", "[4/4]"):
+    for step in ("[1/5]", "[2/5]", "[3/5]", "[4/5]", "[5/5]"):
         assert step in out
     assert "bottleneck =" in out  # the diagnosis is printed
+    assert "tune: each setting against the best so far" in out  # tune's table
+    assert "tuned (verified together)" in out  # and its waterfall
 
     summary = json.loads((log_dir / "demo.json").read_text())
     assert summary["table"] in out  # the printed table is the stored one
@@ -429,6 +463,10 @@ def test_quick_demo_trains_both_sides_and_writes_the_run(tmp_path):
             assert (directory / name).exists(), (side, name)
         steps = (directory / "steps.csv").read_text().splitlines()
         assert steps[0] == "time,epoch,step,step_time_s,examples_per_s" and len(steps) > 2
+    # The tfgpu side's settings come from tfgpu.tune: its table, tune.json and its result.
+    assert (log_dir / "tfgpu" / "tune.json").exists()
+    tune = summary["tune"]
+    assert tune["speedup"] >= 1.0 and {t["name"] for t in tune["trials"]} >= {"jit_compile=True"}
     # Both sides train the same model the same way: same initial weights, global batch,
     # number of steps (none dropped, none skipped by the diagnosis) and learning rate.
     naive_recipe, tfgpu_recipe = summary["naive"]["recipe"], summary["tfgpu"]["recipe"]

@@ -14,9 +14,11 @@ happened to stop in a noisy descent). Only how the work is done differs:
    `tfgpu.diagnose()` measures this setup first and says what holds it back.
 2. **tfgpu**: `tfgpu.configure()` (memory growth, the precision policy for the GPU),
    `tfgpu.strategy()` (all GPUs), `tfgpu.data.pipeline(...)` (parallel decode, cache of the
-   decoded images, shuffle, parallel augmentation, prefetch), plus the settings the
-   diagnosis recommends (e.g. `steps_per_execution`, `jit_compile`). `tfgpu.diagnose()` runs
-   again after training to measure what is left.
+   decoded images, shuffle, parallel augmentation, prefetch), then `tfgpu.tune()` tries the
+   speed settings on this machine (`steps_per_execution`, `jit_compile`, the pipeline's
+   settings, the precision policy, ...) and the side trains with what it kept; its table
+   and a waterfall (what each kept setting gave) are printed. `tfgpu.diagnose()` runs again
+   after training to measure what is left.
 
 Both sides run with `GPUMonitor` and `StepTimer`. `demo.json` records each side's recipe
 (global batch, steps trained, learning rate, a digest of the initial weights), so that the
@@ -30,6 +32,7 @@ LOG_DIR/naive/, LOG_DIR/tfgpu/
     run.json, timeline.csv   GPUMonitor (GPU and host samples)
     steps.csv                StepTimer (per-step times)
     diagnosis.json           tfgpu.diagnose()
+    tune.json, tune.png      tfgpu.tune() (tfgpu/ only): the table and the waterfall
     report.md, *.png         tfgpu.report.write_report()
 ```
 

@@ -1,10 +1,8 @@
-"""The demo's pure decisions: how big it runs, and what a diagnosis changes on the tfgpu side."""
+"""The demo's pure decisions: how big it runs, and how long `tfgpu.tune` may take."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
 
 SEED = 0
 NUM_CLASSES = 10
@@ -25,6 +23,9 @@ class Sizes:
     diagnose_steps: int
     diagnose_warmup: int
     check_xla: bool
+    tune_budget_s: float  # tfgpu.tune's time budget on the tfgpu side
+    tune_steps: int  # timed steps of each of tune's timed fits
+    tune_warmup: int
 
     @property
     def resize_to(self) -> int:
@@ -55,6 +56,9 @@ def choose_sizes(*, quick: bool, num_gpus: int, epochs: int | None = None) -> Si
             diagnose_steps=3,
             diagnose_warmup=1,
             check_xla=False,
+            tune_budget_s=20.0,
+            tune_steps=3,
+            tune_warmup=1,
         )
     elif num_gpus == 0:
         # Under a minute per side on 2 cores (8 epochs of 128 steps). The images are stored
@@ -71,6 +75,9 @@ def choose_sizes(*, quick: bool, num_gpus: int, epochs: int | None = None) -> Si
             diagnose_steps=20,
             diagnose_warmup=3,
             check_xla=True,
+            tune_budget_s=90.0,
+            tune_steps=20,
+            tune_warmup=3,
         )
     else:
         replicas = min(num_gpus, 8)
@@ -87,46 +94,10 @@ def choose_sizes(*, quick: bool, num_gpus: int, epochs: int | None = None) -> Si
             diagnose_steps=20,
             diagnose_warmup=3,
             check_xla=True,
+            tune_budget_s=90.0,
+            tune_steps=20,
+            tune_warmup=3,
         )
     if epochs is not None:
         sizes = dataclasses.replace(sizes, epochs=epochs)
     return sizes
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """What the tfgpu side changes because the diagnosis recommends it."""
-
-    steps_per_execution: int = 1
-    jit_compile: bool | str = "auto"
-    applied: tuple[str, ...] = ()  # each change and why, as printed and stored
-
-
-def settings_from(findings: Sequence[Any], *, jit_compile_now: bool) -> Settings:
-    """Turns diagnosis findings into compile settings for the tfgpu side. Pure.
-
-    `host_overhead` -> `steps_per_execution` (the probed value); `xla` -> `jit_compile`
-    flipped from what the naive model used. Other findings are about the input pipeline
-    (which the tfgpu side replaces anyway), precision (which `configure()` sets) or the
-    batch size (kept equal on both sides, so they train on the same examples).
-
-    Args:
-        findings: sequence of `tfgpu.diagnosis.Finding` (anything with `kind` and `title`).
-        jit_compile_now: bool, whether the diagnosed model ran with XLA.
-
-    Returns:
-        `Settings`, with `applied` naming each change and why.
-    """
-    from tfgpu.diagnosis import PROBE_STEPS_PER_EXECUTION
-
-    spe = 1
-    jit: bool | str = "auto"
-    applied: list[str] = []
-    for finding in findings:
-        if finding.kind == "host_overhead" and spe == 1:
-            spe = PROBE_STEPS_PER_EXECUTION
-            applied.append(f"steps_per_execution={spe} ({finding.title})")
-        elif finding.kind == "xla" and jit == "auto":
-            jit = not jit_compile_now
-            applied.append(f"jit_compile={jit} ({finding.title})")
-    return Settings(steps_per_execution=spe, jit_compile=jit, applied=tuple(applied))

@@ -146,3 +146,43 @@ def format_table(naive: Figures, tuned: Figures, *, on_gpu: bool, epochs: int) -
         f"   (wall time; {_fmt(speed.examples_per_s, 'x')} by examples/s)"
     )
     return "\n".join(lines)
+
+
+def waterfall_lines(result: Any, *, width: int = 30) -> list[str]:
+    """`tfgpu.tune`'s waterfall as text: the baseline, each kept setting's step (its
+    measured gain over the best configuration before it) and the verified total. Pure.
+
+    Args:
+        result: a `tfgpu.tuning.TuneResult` (anything with `baseline_examples_per_s`,
+            `tuned_examples_per_s`, `speedup`, `speedup_low`, `speedup_high` and `trials`
+            of `name`, `status`, `gain`).
+        width: int, characters of the longest bar. Defaults to 30.
+
+    Returns:
+        list of str, one line per bar.
+    """
+    base = result.baseline_examples_per_s
+    if base is None or not math.isfinite(base) or base <= 0:
+        return ["(tune could not time the baseline within its budget: nothing measured)"]
+    rows: list[tuple[str, float, str]] = [("baseline", base, "")]
+    level = base
+    for trial in result.trials:
+        if trial.status == "kept" and trial.gain and math.isfinite(trial.gain):
+            level *= trial.gain
+            rows.append((f"+ {trial.name}", level, f"x{trial.gain:.2f} on the bar above"))
+    tuned = result.tuned_examples_per_s
+    if tuned is None or not math.isfinite(tuned):
+        tuned = base
+    interval = ""
+    if (result.speedup_low, result.speedup_high) != (result.speedup, result.speedup):
+        interval = f" ({result.speedup_low:.2f}-{result.speedup_high:.2f})"
+    rows.append(("tuned (verified together)", tuned, f"x{result.speedup:.2f}{interval}"))
+    top = max(value for _, value, _ in rows)
+    label_width = max(len(label) for label, _, _ in rows)
+    lines = []
+    for label, value, note in rows:
+        bar = "#" * max(1, round(width * value / top))
+        lines.append(
+            f"{label:<{label_width}}  {value:>10,.0f} ex/s  {bar:<{width}}  {note}".rstrip()
+        )
+    return lines

@@ -1,5 +1,6 @@
 """`run_demo`: the demo's phases, in order (check arguments, set up, build the data, the naive
-side with its diagnosis, the tfgpu side and its diagnosis, write and print the comparison)."""
+side with its diagnosis, the tfgpu side: `tfgpu.tune`, training and a diagnosis, write and
+print the comparison)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from tfgpu._json import json_safe
 from tfgpu.demo._args import check_arguments, claim_log_dir
-from tfgpu.demo._plan import SEED, Settings, Sizes, choose_sizes, settings_from
-from tfgpu.demo._results import Figures, Recipe, format_table, side_figures, speedups
+from tfgpu.demo._plan import SEED, Sizes, choose_sizes
+from tfgpu.demo._results import (
+    Figures,
+    Recipe,
+    format_table,
+    side_figures,
+    speedups,
+    waterfall_lines,
+)
 from tfgpu.demo._workload import (
     Data,
     augment_fn,
@@ -30,6 +38,10 @@ from tfgpu.demo._workload import (
 if TYPE_CHECKING:
     from tfgpu.config import Configuration
     from tfgpu.diagnosis import Diagnosis
+    from tfgpu.tuning import TuneResult
+
+# The compile settings `tfgpu.tune` may keep (the others: precision, pipeline settings).
+_COMPILE_SETTINGS = ("steps_per_execution", "jit_compile")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +73,7 @@ class _Side:
     figures: Figures
     recipe: Recipe
     diagnosis: Diagnosis
+    tuning: TuneResult | None = None  # the tfgpu side's tfgpu.tune result
 
     def to_dict(self) -> dict[str, Any]:
         """The side as stored in `demo.json`: the figures, then `"recipe"`."""
@@ -80,9 +93,11 @@ def run_demo(
     the input pipeline), with the same seed, epochs and examples. The naive side is what a
     typical Keras user writes (float32, a sequential `tf.data` map without prefetch,
     `steps_per_execution=1`, no strategy); `tfgpu.diagnose()` measures it. The tfgpu side
-    uses `tfgpu.configure()`, `tfgpu.strategy()`, `tfgpu.data.pipeline(...)` and the
-    settings the diagnosis recommends. Prints progress, then a side-by-side table, and
-    writes the run directory (see `tfgpu.demo`). Sizes follow the hardware.
+    uses `tfgpu.configure()`, `tfgpu.strategy()`, `tfgpu.data.pipeline(...)`, then
+    `tfgpu.tune()` tries the speed settings on this machine and keeps what measurably helps
+    (printed as a waterfall: what each kept setting gave); the global batch, the steps and
+    the learning rate stay the naive side's. Prints progress, then a side-by-side table,
+    and writes the run directory (see `tfgpu.demo`). Sizes follow the hardware.
 
     Args:
         quick: bool, a tiny run (seconds) to check that everything works. Defaults to False.
@@ -118,10 +133,9 @@ def run_demo(
     run = _set_up(quick=quick, epochs=None if epochs is None else int(epochs))  # NumPy ints
     data = _build_data(run, dataset)
     claim_log_dir(path)
-    naive, settings = _naive_side(run, data, path / "naive")
+    naive = _naive_side(run, data, path / "naive")
     gc.collect()  # the naive model and pipeline are gone: free their memory first
-    changes = _tfgpu_changes(run, settings)
-    tuned = _tfgpu_side(run, data, settings, changes, path / "tfgpu")
+    tuned, changes = _tfgpu_side(run, data, path / "tfgpu")
     _compare(run, data, naive, tuned, changes, path)
     return 0
 
@@ -168,15 +182,14 @@ def _build_data(run: _Run, dataset: str | None) -> Data:
     return data
 
 
-def _naive_side(run: _Run, data: Data, log_dir: Path) -> tuple[_Side, Settings]:
-    """Diagnoses, then trains, what a typical Keras user writes; returns the side and the
-    settings its diagnosis recommends for the tfgpu side."""
+def _naive_side(run: _Run, data: Data, log_dir: Path) -> _Side:
+    """Diagnoses, then trains, what a typical Keras user writes."""
     import keras
     import tensorflow as tf
 
     sizes = run.sizes
     _say(
-        f"\n[1/4] naive: float32, .map(decode+augment) without num_parallel_calls or prefetch, "
+        f"\n[1/5] naive: float32, .map(decode+augment) without num_parallel_calls or prefetch, "
         f"batch {run.global_batch}, steps_per_execution=1, no strategy"
     )
     keras.mixed_precision.set_global_policy("float32")
@@ -199,9 +212,8 @@ def _naive_side(run: _Run, data: Data, log_dir: Path) -> tuple[_Side, Settings]:
         .map(decode_and_augment)
         .batch(run.global_batch)
     )
-    _say("[2/4] tfgpu.diagnose(naive model, naive pipeline): what holds it back")
+    _say("[2/5] tfgpu.diagnose(naive model, naive pipeline): what holds it back")
     before = _diagnose(model, train, sizes, log_dir, check_xla=sizes.check_xla)
-    settings = settings_from(before.findings, jit_compile_now=bool(model.jit_compile))
     _say(f"  training the naive side ({sizes.epochs} epochs):")
     history, seconds, accuracy = _train(model, train, data.test, run=run, log_dir=log_dir)
     figures = side_figures(
@@ -212,31 +224,42 @@ def _naive_side(run: _Run, data: Data, log_dir: Path) -> tuple[_Side, Settings]:
         on_gpu=run.on_gpu,
     )
     recipe = read_recipe(model, global_batch=run.global_batch, initial_digest=digest)
-    return _Side(figures, recipe, before), settings
+    return _Side(figures, recipe, before)
 
 
-def _tfgpu_changes(run: _Run, settings: Settings) -> list[str]:
+def _tfgpu_changes(run: _Run, result: TuneResult) -> list[str]:
     """What the tfgpu side does differently, as printed and stored (`tfgpu_settings`)."""
+    precision = result.settings.get("precision")
+    kept = [f"{k}={v!r}" for k, v in result.settings.items() if k != "precision"]
     return [
-        f"precision {run.config.precision} (tfgpu.configure)",
+        f"precision {precision} (tfgpu.tune)"
+        if precision
+        else f"precision {run.config.precision} (tfgpu.configure)",
         f"{_strategy_name(run.strategy)}, global batch {run.global_batch} (tfgpu.strategy)",
-        "tfgpu.data.pipeline: parallel decode -> cache -> shuffle -> parallel augment -> "
-        "batch -> prefetch",
-        *settings.applied,
+        "tfgpu.data.pipeline: parallel decode -> cache -> shuffle -> "
+        + (
+            "batch -> batch augment -> prefetch"
+            if result.settings.get("batch_augment")
+            else "parallel augment -> batch -> prefetch"
+        ),
+        (f"tfgpu.tune kept: {', '.join(kept)}" if kept else "tfgpu.tune kept no other setting")
+        + f" (x{result.speedup:.2f} verified in {result.time_s:.0f} s)",
     ]
 
 
-def _tfgpu_side(
-    run: _Run, data: Data, settings: Settings, changes: list[str], log_dir: Path
-) -> _Side:
-    """Trains with tfgpu and the diagnosis's settings, then diagnoses what is left."""
+def _tfgpu_side(run: _Run, data: Data, log_dir: Path) -> tuple[_Side, list[str]]:
+    """Tunes, trains with what `tfgpu.tune` kept, then diagnoses what is left."""
     import keras
 
     import tfgpu.data
 
     sizes = run.sizes
     keras.mixed_precision.set_global_policy(run.config.precision)
-    _say("\n[3/4] tfgpu: " + "; ".join(changes))
+    _say(
+        f"\n[3/5] tfgpu: configure (precision {run.config.precision}), "
+        f"{_strategy_name(run.strategy)}, tfgpu.data.pipeline; tfgpu.tune tries the rest "
+        f"(budget {sizes.tune_budget_s:.0f} s)"
+    )
     train = tfgpu.data.pipeline(
         (data.train_x, data.train_y),
         batch_size=run.global_batch,
@@ -245,21 +268,31 @@ def _tfgpu_side(
         augment_fn=augment_fn(sizes.image_size),
         seed=SEED,
     )
-    with run.strategy.scope():
-        keras.utils.set_random_seed(SEED)  # the naive side's initial weights
-        model = build_model(sizes, data.num_classes)
-        digest = weights_digest(model)
-        model.compile(
-            # The naive side's global batch, hence its learning rate (no replica scaling).
-            keras.optimizers.Adam(learning_rate(run.total_steps)),
-            "sparse_categorical_crossentropy",
-            metrics=["accuracy"],
-            steps_per_execution=settings.steps_per_execution,
-            jit_compile=settings.jit_compile,
-        )
+
+    def build_compiled(**compile_settings: Any) -> Any:
+        """The naive side's model (same seed, optimizer, schedule), under the strategy."""
+        with run.strategy.scope():
+            keras.utils.set_random_seed(SEED)  # the naive side's initial weights
+            model = build_model(sizes, data.num_classes)
+            model.compile(
+                # The naive side's global batch, hence its learning rate (no replica scaling).
+                keras.optimizers.Adam(learning_rate(run.total_steps)),
+                "sparse_categorical_crossentropy",
+                metrics=["accuracy"],
+                **compile_settings,
+            )
+        return model
+
+    result = _tune(build_compiled, train, sizes, log_dir)
+    changes = _tfgpu_changes(run, result)
+    _say("[4/5] tfgpu: " + "; ".join(changes))
+    keras.mixed_precision.set_global_policy(result.settings.get("precision", run.config.precision))
+    model = build_compiled(**{k: v for k, v in result.settings.items() if k in _COMPILE_SETTINGS})
+    digest = weights_digest(model)
+    train = result.dataset  # the pipeline rebuilt with the kept settings, or as it was
     history, seconds, accuracy = _train(model, train, data.test, run=run, log_dir=log_dir)
     recipe = read_recipe(model, global_batch=run.global_batch, initial_digest=digest)
-    _say("[4/4] tfgpu.diagnose(tfgpu model, tfgpu pipeline) again, after training")
+    _say("[5/5] tfgpu.diagnose(tfgpu model, tfgpu pipeline) again, after training")
     after = _diagnose(
         model, train, sizes, log_dir, check_xla=False, check_steps_per_execution=False
     )
@@ -270,7 +303,26 @@ def _tfgpu_side(
         input_wait_share=after.input_wait_share,
         on_gpu=run.on_gpu,
     )
-    return _Side(figures, recipe, after)
+    return _Side(figures, recipe, after, result), changes
+
+
+def _tune(factory: Any, train: Any, sizes: Sizes, log_dir: Path) -> TuneResult:
+    """`tfgpu.tune()` with the demo's budget; prints its table and the waterfall."""
+    import tfgpu
+
+    result = tfgpu.tune(
+        factory,
+        train,
+        steps=sizes.tune_steps,
+        warmup=sizes.tune_warmup,
+        time_budget_s=sizes.tune_budget_s,
+        log_dir=log_dir,
+        verbose=0,
+    )
+    _say("  " + str(result).replace("\n", "\n  "))
+    _say("  what each kept setting gave on this machine:")
+    _say("  " + "\n  ".join(waterfall_lines(result)))
+    return result
 
 
 def _compare(
@@ -289,6 +341,7 @@ def _compare(
         "configuration": run.config.to_dict(),
         "tfgpu_settings": changes,
         "diagnosis_before": [f.kind for f in naive.diagnosis.findings],
+        "tune": tuned.tuning.to_dict() if tuned.tuning is not None else None,
         "naive": naive.to_dict(),
         "tfgpu": tuned.to_dict(),
         "speedup": dataclasses.asdict(speedups(naive.figures, tuned.figures)),
@@ -303,7 +356,10 @@ def _compare(
             "a GPU the naive input pipeline starves the device far more."
         )
     _say(f"\nRun directory: {path.resolve()}")
-    _say("  demo.json, naive/ and tfgpu/ (timeline.csv, steps.csv, diagnosis.json, report.md)")
+    _say(
+        "  demo.json, naive/ and tfgpu/ (timeline.csv, steps.csv, diagnosis.json, report.md; "
+        "tfgpu/ also tune.json, tune.png)"
+    )
     for side, report in reports.items():
         if report:
             _say(f"  {side} report: {report}")

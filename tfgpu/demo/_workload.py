@@ -109,14 +109,26 @@ def decode_fn(resize_to: int) -> MapFn:
 
 
 def augment_fn(image_size: int) -> MapFn:
-    """A random `image_size` square crop and a random brightness change."""
+    """A random `image_size` square crop and a random brightness change, per image.
+
+    Written with batch-agnostic ops, so the same function augments one example `(H, W, 3)`
+    or a whole batch `(N, H, W, 3)` (each image its own crop and brightness): `tfgpu.tune`
+    can then try it after the batching (`batch_augment_fn`), one vectorized call per batch.
+    """
     import tensorflow as tf
 
     # No flips: a mirrored stripe pattern is another class's orientation.
     def augment(image, label):
-        image = tf.image.random_crop(image, (image_size, image_size, 3))
-        image = tf.image.random_brightness(image, 0.1)
-        return image, label
+        batched = image.shape.rank == 4
+        images = image if batched else image[tf.newaxis]
+        n = tf.shape(images)[0]
+        span = tf.shape(images)[1] - image_size + 1
+        offsets = tf.random.uniform((2, n), 0, span, dtype=tf.int32)
+        window = tf.range(image_size)[tf.newaxis, :]
+        images = tf.gather(images, offsets[0][:, tf.newaxis] + window, axis=1, batch_dims=1)
+        images = tf.gather(images, offsets[1][:, tf.newaxis] + window, axis=2, batch_dims=1)
+        images = images + tf.random.uniform((n, 1, 1, 1), -0.1, 0.1)
+        return (images if batched else images[0]), label
 
     return augment
 

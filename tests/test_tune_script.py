@@ -1,0 +1,267 @@
+"""`tfgpu tune SCRIPT.py` (tfgpu/tuning/_script.py): the settings that need a fresh process.
+
+The search runs on scripted child runs and a scripted clock (no test depends on this
+machine's speed); one real run of a tiny script in child processes checks the structure only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import REPO
+from tfgpu import _measure
+from tfgpu.tuning import TuneResult, _script
+from tfgpu.tuning._script import ChildRun
+
+XLA = "XLA auto-clustering"
+THREADS = "thread counts"
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("print('never run by the scripted tests')\n")
+    return path
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """A scripted clock: each child run takes 10 s."""
+    state = {"t": 0.0}
+    monkeypatch.setattr(_measure, "now", lambda: state["t"])
+    return state
+
+
+def _scripted(monkeypatch, clock, times, *, batch=32, gpus=0, calls=None):
+    """Child runs whose step time comes from `times(change, n)` (n: the nth run of that
+    setting); None -> the child failed."""
+    counts: dict[str, int] = {}
+
+    def run(script, script_args, change, steps, warmup, timeout_s):
+        clock["t"] += 10.0
+        key = json.dumps(change, sort_keys=True)
+        n = counts.get(key, 0)
+        counts[key] = n + 1
+        if calls is not None:
+            calls.append(dict(change))
+        value = times(change, n)
+        if value is None:
+            return ChildRun(error="the script failed (exit status 1): boom", gpus=gpus)
+        return ChildRun(value, batch, gpus)
+
+    monkeypatch.setattr(_script, "_run_child", run)
+
+
+def _which(change):
+    if "TF_XLA_FLAGS" in change and "TF_NUM_INTEROP_THREADS" in change:
+        return "both"
+    if "TF_XLA_FLAGS" in change:
+        return "xla"
+    if "TF_NUM_INTEROP_THREADS" in change:
+        return "threads"
+    return "base"
+
+
+def test_a_setting_that_clearly_helps_is_kept_one_within_noise_is_not(monkeypatch, clock, script):
+    wobble = itertools.cycle([0.97, 1.04, 0.99, 1.06, 1.0, 0.95, 1.03])
+
+    def times(change, n):
+        which = _which(change)
+        return {"base": 0.010, "xla": 0.006, "threads": 0.010 * next(wobble)}[which]
+
+    _scripted(monkeypatch, clock, times)
+    result = _script.tune_script(script, time_budget_s=None, verbose=0)
+    assert isinstance(result, TuneResult)
+    xla, threads = result.trial(XLA), result.trial(THREADS)
+    assert xla.status == "kept" and xla.gain == pytest.approx(0.010 / 0.006)
+    assert threads.status == "no measurable gain"
+    assert result.settings == {"TF_XLA_FLAGS": xla.change["TF_XLA_FLAGS"]}
+    assert result.lines == [xla.line] and result.lines[0].startswith("export TF_XLA_FLAGS=")
+    assert result.speedup == pytest.approx(0.010 / 0.006)
+    assert result.baseline_examples_per_s == pytest.approx(32 / 0.010)
+    # Without a GPU, the GPU settings are listed as untried, with the reason.
+    gpu_only = [t for t in result.trials if "TF_GPU" in json.dumps(t.change)]
+    assert len(gpu_only) == 2
+    assert all(t.status == "untried" and "needs a GPU" in t.reason for t in gpu_only)
+    assert "kept" in str(result) and "export TF_XLA_FLAGS=" in str(result)
+
+
+def test_a_setting_that_clearly_hurts_is_rejected_after_one_round(monkeypatch, clock, script):
+    calls: list[dict] = []
+
+    def times(change, n):
+        return {"base": 0.010, "xla": 0.030, "threads": 0.010}[_which(change)]
+
+    _scripted(monkeypatch, clock, times, calls=calls)
+    result = _script.tune_script(script, time_budget_s=None, verbose=0)
+    assert result.trial(XLA).status == "slower"
+    assert sum(1 for c in calls if _which(c) == "xla") == 1  # not run again
+    assert result.settings == {} and result.lines == [] and result.speedup == 1.0
+
+
+def test_gpu_settings_are_tried_where_the_script_sees_a_gpu(monkeypatch, clock, script):
+    calls: list[dict] = []
+    _scripted(monkeypatch, clock, lambda change, n: 0.010, gpus=1, calls=calls)
+    result = _script.tune_script(script, time_budget_s=None, verbose=0)
+    assert {"TF_GPU_THREAD_MODE": "gpu_private"} in calls
+    assert {"TF_GPU_ALLOCATOR": "cuda_malloc_async"} in calls
+    assert all(t.status == "no measurable gain" for t in result.trials)
+
+
+def test_kept_settings_are_verified_together_and_the_weakest_dropped(monkeypatch, clock, script):
+    def times(change, n):
+        # Each helps alone, but together they are no faster than XLA alone... and the
+        # verification against the baseline still clears the margin with XLA only.
+        return {"base": 0.010, "xla": 0.006, "threads": 0.008, "both": 0.0099}[_which(change)]
+
+    _scripted(monkeypatch, clock, times)
+    result = _script.tune_script(script, time_budget_s=None, verbose=0)
+    assert result.trial(XLA).status == "kept"
+    threads = result.trial(THREADS)
+    assert threads.status == "no measurable gain" and "together" in threads.reason
+    assert set(result.settings) == {"TF_XLA_FLAGS"}
+    assert result.speedup == pytest.approx(0.010 / 0.006)
+    assert any("dropped at the verification" in n for n in result.notes)
+
+
+def test_kept_settings_verified_together_give_the_combined_speedup(monkeypatch, clock, script):
+    def times(change, n):
+        return {"base": 0.010, "xla": 0.006, "threads": 0.008, "both": 0.005}[_which(change)]
+
+    _scripted(monkeypatch, clock, times)
+    result = _script.tune_script(script, time_budget_s=None, verbose=0)
+    assert set(result.settings) == {"TF_XLA_FLAGS", "TF_NUM_INTEROP_THREADS"}
+    assert result.speedup == pytest.approx(2.0)
+    assert len(result.lines) == 2
+
+
+def test_a_setting_whose_run_fails_is_reported_failed(monkeypatch, clock, script):
+    def times(change, n):
+        return None if _which(change) == "threads" else 0.010
+
+    _scripted(monkeypatch, clock, times)
+    result = _script.tune_script(script, time_budget_s=None, verbose=0)
+    threads = result.trial(THREADS)
+    assert threads.status == "failed" and "boom" in threads.reason
+
+
+def test_a_baseline_that_fails_raises_with_the_scripts_error(monkeypatch, clock, script):
+    _scripted(monkeypatch, clock, lambda change, n: None)
+    with pytest.raises(RuntimeError, match=r"did not reach a timed fit: .*boom"):
+        _script.tune_script(script, time_budget_s=None, verbose=0)
+
+
+def test_the_budget_is_respected(monkeypatch, clock, script):
+    calls: list[dict] = []
+    _scripted(monkeypatch, clock, lambda change, n: 0.010, calls=calls)
+    # 10 s per child: the baseline and one round of both settings fit in 25 s.
+    result = _script.tune_script(script, time_budget_s=25.0, verbose=0)
+    assert len(calls) <= 4
+    for name in (XLA, THREADS):
+        trial = result.trial(name)
+        assert trial.status == "untried" and "time budget spent" in trial.reason
+    assert result.settings == {}
+
+
+def test_tune_json_and_the_waterfall_are_written(monkeypatch, clock, script, tmp_path):
+    def times(change, n):
+        return {"base": 0.010, "xla": 0.005, "threads": 0.010}[_which(change)]
+
+    _scripted(monkeypatch, clock, times)
+    _script.tune_script(script, time_budget_s=None, verbose=0, log_dir=tmp_path / "run")
+    saved = json.loads((tmp_path / "run" / "tune.json").read_text())
+    assert saved["settings"] == {"TF_XLA_FLAGS": _script.settings(0)[0][1]["TF_XLA_FLAGS"]}
+    assert (tmp_path / "run" / "tune.png").stat().st_size > 0
+
+
+def test_environment_changes_append_to_xla_flags():
+    env = _script._merged({"TF_XLA_FLAGS": "--a", "X": "1"}, {"TF_XLA_FLAGS": "--b", "Y": "2"})
+    assert env == {"TF_XLA_FLAGS": "--a --b", "X": "1", "Y": "2"}
+    assert _script._merged({}, {"TF_XLA_FLAGS": "--b"}) == {"TF_XLA_FLAGS": "--b"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"script": 3}, TypeError, "Invalid type for argument `script`"),
+        ({"script": "missing.py"}, ValueError, "Invalid value for argument `script`"),
+        ({"script_args": "--epochs 1"}, TypeError, "argument `script_args`"),
+        ({"steps": 2}, ValueError, "argument `steps`"),
+        ({"warmup": 1.5}, TypeError, "argument `warmup`"),
+        ({"time_budget_s": 0}, ValueError, "argument `time_budget_s`"),
+        ({"verbose": "loud"}, ValueError, "argument `verbose`"),
+    ],
+)
+def test_bad_arguments_raise_before_any_run(monkeypatch, script, kwargs, error, match):
+    monkeypatch.setattr(_script, "_run_child", lambda *a: pytest.fail("a child ran"))
+    kwargs = {"script": script, **kwargs}
+    with pytest.raises(error, match=match):
+        _script.tune_script(**kwargs)
+
+
+def test_the_command_prints_the_table_and_the_lines_to_set(monkeypatch, clock, script, capsys):
+    def times(change, n):
+        return {"base": 0.010, "xla": 0.005, "threads": 0.010}[_which(change)]
+
+    _scripted(monkeypatch, clock, times)
+    parser = argparse.ArgumentParser()
+    _script.add_arguments(parser)
+    # tfgpu's options come before SCRIPT.py; everything after it is the script's.
+    args = parser.parse_args(["--time-budget-s", "1000", str(script), "--epochs", "3"])
+    assert args.script_args == ["--epochs", "3"] and args.time_budget_s == 1000.0
+    assert _script.run_command(args) == 0
+    out = capsys.readouterr().out
+    assert "Set before Python starts" in out and "export TF_XLA_FLAGS=" in out
+
+    bad = parser.parse_args(["--steps", "1", str(script)])
+    assert _script.run_command(bad) == 2
+    assert "tfgpu tune: error:" in capsys.readouterr().err
+
+
+_TINY_SCRIPT = """
+import sys
+import numpy as np
+import keras
+
+marker = sys.argv[1]
+x = np.random.default_rng(0).random((256, 8), dtype=np.float32)
+y = (x.sum(axis=1) > 4).astype("float32")
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="relu"),
+                          keras.layers.Dense(1)])
+model.compile("adam", "mse")
+model.fit(x, y, batch_size=16, epochs=50, verbose=0)
+open(marker, "w").write("the script went on after the first fit")
+"""
+
+
+@pytest.mark.slow
+def test_a_real_script_runs_in_child_processes_and_stops_after_its_first_fit(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(_TINY_SCRIPT))
+    marker = tmp_path / "after_fit.txt"
+    run = _script._run_child(script, [str(marker)], {}, 3, 1, 120.0)
+    assert run.error == "" and run.step_s is not None and run.step_s > 0
+    assert run.batch == 16 and run.gpus >= 0
+    assert not marker.exists()  # nothing after the first fit ran
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    code = (
+        "from tfgpu.tuning._script import tune_script; import sys; "
+        f"r = tune_script({str(script)!r}, [{str(marker)!r}], steps=3, warmup=1, "
+        "time_budget_s=25, verbose=0); print(r); "
+        "print('SETTINGS', sorted(r.settings)); print('TRIALS', [t.name for t in r.trials])"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "TRIALS" in proc.stdout and XLA in proc.stdout and THREADS in proc.stdout
+    assert not marker.exists()  # structure only: no speed is asserted

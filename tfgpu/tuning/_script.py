@@ -1,0 +1,512 @@
+"""`tfgpu tune SCRIPT.py`: the settings that need a fresh process, tried in child processes.
+
+Some settings are read once, when TensorFlow starts: XLA auto-clustering (`TF_XLA_FLAGS`),
+the thread counts (`TF_NUM_INTEROP_THREADS`, `TF_NUM_INTRAOP_THREADS`), and on GPUs the
+private GPU threads (`TF_GPU_THREAD_MODE=gpu_private`) and the async allocator
+(`TF_GPU_ALLOCATOR=cuda_malloc_async`). In-process `tfgpu.tune` can only list them; here each
+one runs the user's script in a new Python process with the variable set.
+
+In the child (`_child_main`), `keras.Model.fit` is replaced before the script runs (with
+`runpy`): the script's first `fit` trains a bounded number of steps (warm-up, then timed
+steps, one epoch, no validation, no callbacks of the user's), writes its median step time to
+a JSON file, and the child exits: nothing after the first `fit` runs. The parent
+(`tune_script`) runs the baseline (the environment as it is) and each setting in rounds, in a
+rotating order, so a noisy host favours none of them, until the interval of the per-round
+ratios settles (`tfgpu._measure`) or the budget is spent; then the same verdicts as
+`tfgpu.tune` (kept above the margin, "no measurable gain", "slower"), the kept settings
+verified together against the baseline, and the lines to set before Python starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+# Settings the parent tries: (name, environment variables, line to set them, needs a GPU).
+_GPU_ONLY = ("TF_GPU_THREAD_MODE", "TF_GPU_ALLOCATOR")
+
+# Rounds per comparison, at most.
+MAX_ROUNDS = 7
+
+# A child that runs longer than this (and the budget allows) is stopped: its script is
+# doing something other than reaching `fit`.
+CHILD_TIMEOUT_S = 600.0
+
+_CHILD_FLAG = "--child"
+
+
+@dataclasses.dataclass
+class ChildRun:
+    """What one child reported: seconds per training step, examples per step (None:
+    unknown), the GPUs TensorFlow saw; or `error` (with the stderr tail) when it failed."""
+
+    step_s: float | None = None
+    batch: int | None = None
+    gpus: int = 0
+    error: str = ""
+
+
+# ---- the parent ------------------------------------------------------------------------------
+
+
+def _check(
+    script: Any, script_args: Any, steps: Any, warmup: Any, time_budget_s: Any, log_dir: Any
+) -> tuple[Path, list[str], float | None, Path | None]:
+    from tfgpu._checks import check_dir, check_int, check_number, invalid_type, invalid_value
+
+    if not isinstance(script, (str, os.PathLike)):
+        raise invalid_type("script", script, "the path of a Python script (str or os.PathLike)")
+    path = Path(script)
+    if not path.is_file():
+        raise invalid_value("script", script, "an existing Python script that calls `fit`")
+    if isinstance(script_args, (str, bytes)) or not all(isinstance(a, str) for a in script_args):
+        raise invalid_type("script_args", script_args, "a sequence of str (the script's argv)")
+    check_int("steps", steps, minimum=3)
+    check_int("warmup", warmup, minimum=1)
+    budget = check_number(
+        "time_budget_s",
+        time_budget_s,
+        minimum=0,
+        exclusive_minimum=True,
+        allow_none=True,
+        expected="a finite number of seconds > 0, or None (no limit)",
+    )
+    return path, list(script_args), budget, check_dir("log_dir", log_dir, allow_none=True)
+
+
+def settings(gpus: int) -> list[tuple[str, dict[str, str], str, str]]:
+    """The settings to try: (name, environment variables, line, why untried or ""). Pure.
+
+    The variables come from `tfgpu.tune`'s list of settings that need a fresh process; the
+    GPU ones are untried without a GPU.
+    """
+    from tfgpu.tuning._candidates import process_settings
+
+    out = []
+    for name, env, line in process_settings(True):
+        untried = ""
+        if gpus == 0 and any(k in _GPU_ONLY for k in env):
+            untried = "needs a GPU (TensorFlow saw none in the script's process)"
+        out.append((name, dict(env), line, untried))
+    return out
+
+
+def _merged(base: Mapping[str, str], change: Mapping[str, str]) -> dict[str, str]:
+    """`base` with `change` set; `TF_XLA_FLAGS` is appended to, not replaced. Pure."""
+    env = dict(base)
+    for key, value in change.items():
+        if key == "TF_XLA_FLAGS" and env.get(key):
+            env[key] = f"{env[key]} {value}"
+        else:
+            env[key] = value
+    return env
+
+
+def _run_child(
+    script: Path,
+    script_args: Sequence[str],
+    change: Mapping[str, str],
+    steps: int,
+    warmup: int,
+    timeout_s: float | None,
+) -> ChildRun:
+    """Runs the script in a new process with `change` in its environment; its first `fit`
+    is timed. (Tests replace this function with a scripted one.)"""
+    root = str(Path(__file__).resolve().parents[2])  # the directory holding `tfgpu/`
+    env = _merged(os.environ, change)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    fd, out_name = tempfile.mkstemp(prefix="tfgpu-tune-", suffix=".json")
+    os.close(fd)
+    out = Path(out_name)
+    spec = json.dumps({"out": str(out), "steps": steps, "warmup": warmup})
+    cmd = [sys.executable, "-m", "tfgpu.tuning._script", _CHILD_FLAG, spec, str(script)]
+    try:
+        proc = subprocess.run(
+            [*cmd, *script_args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=min(timeout_s, CHILD_TIMEOUT_S) if timeout_s is not None else None,
+        )
+        text = out.read_text() if out.stat().st_size else ""
+        if proc.returncode != 0 or not text:
+            tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-6:]
+            why = "; ".join(tail) or f"exit status {proc.returncode}"
+            return ChildRun(error=f"the script failed (exit status {proc.returncode}): {why}")
+        data = json.loads(text)
+        if data.get("error"):
+            return ChildRun(error=data["error"], gpus=int(data.get("gpus", 0)))
+        return ChildRun(data.get("step_s"), data.get("batch"), int(data.get("gpus", 0)))
+    except subprocess.TimeoutExpired:
+        return ChildRun(error="timed out (time budget spent)")
+    finally:
+        out.unlink(missing_ok=True)
+
+
+class _Rounds:
+    """Times of the baseline and the settings, round after round, in a rotating order."""
+
+    def __init__(
+        self,
+        script: Path,
+        script_args: list[str],
+        steps: int,
+        warmup: int,
+        budget: Any,
+        progress: Any,
+    ):
+        self.script, self.script_args = script, script_args
+        self.steps, self.warmup = steps, warmup
+        self.budget, self.progress = budget, progress
+        self.batch: int | None = None
+        self.base_times: list[float] = []
+
+    def child(self, change: Mapping[str, str]) -> ChildRun:
+        left = self.budget.left()
+        if left <= 0:
+            return ChildRun(error="time budget spent")
+        run = _run_child(
+            self.script,
+            self.script_args,
+            change,
+            self.steps,
+            self.warmup,
+            None if math.isinf(left) else max(1.0, left),
+        )
+        if run.step_s is not None and run.batch:
+            self.batch = run.batch
+        return run
+
+    def compare(
+        self, variants: dict[str, dict[str, str]], first_base: float | None = None
+    ) -> dict[str, tuple[list[tuple[float, float]], str | None, str]]:
+        """Per variant: (rounds of (baseline s, variant s), why it stopped early, error)."""
+        from tfgpu import _measure
+        from tfgpu.tuning._candidates import MARGIN
+
+        rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+        why: dict[str, str | None] = dict.fromkeys(variants)
+        error: dict[str, str] = dict.fromkeys(variants, "")
+        for i in range(MAX_ROUNDS):
+            active = [
+                n
+                for n in variants
+                if why[n] is None
+                and not error[n]
+                and not (i >= _measure.MIN_ROUNDS and _measure.settled(rounds[n], MARGIN))
+            ]
+            if not active:
+                break
+            if i > 0 and self.budget.left() <= 0:
+                for n in active:
+                    why[n] = "budget"
+                break
+            order = ["__base__", *active]
+            shift = i % len(order)
+            order = order[shift:] + order[:shift]
+            times: dict[str, float | None] = {}
+            for n in order:
+                if n == "__base__" and i == 0 and first_base is not None:
+                    times[n] = first_base
+                    continue
+                self.progress.phase(f"round {i + 1}: {'the baseline' if n == '__base__' else n}")
+                run = self.child({} if n == "__base__" else variants[n])
+                if run.error and n != "__base__" and "budget" not in run.error:
+                    error[n] = run.error
+                times[n] = run.step_s
+            base = times.get("__base__")
+            if base is not None:
+                self.base_times.append(base)
+            for n in active:
+                if error[n]:
+                    continue
+                v = times.get(n)
+                if base is None or v is None:
+                    why[n] = "budget"
+                    continue
+                rounds[n].append((base, v))
+                if i == 0 and v > _measure.CLEARLY_SLOWER * base:
+                    why[n] = "slower"
+        return {n: (rounds[n], why[n], error[n]) for n in variants}
+
+
+def tune_script(
+    script: str | os.PathLike[str],
+    script_args: Sequence[str] = (),
+    *,
+    steps: int = 30,
+    warmup: int = 5,
+    time_budget_s: float | None = 900.0,
+    log_dir: str | os.PathLike[str] | None = None,
+    verbose: int | str = "auto",
+) -> Any:
+    """Tries the settings that need a fresh process on your script, in child processes.
+
+    Each child runs `script` (as `python script.py ARGS`) with one setting in its
+    environment; its first `model.fit` trains `warmup` + `steps` steps, is timed (warm-up
+    excluded) and the child stops there. The baseline (your environment as it is) and each
+    setting alternate in rounds until the interval of the per-round ratios settles or the
+    budget is spent. A setting is kept when its whole interval clears the x1.05 margin, as in
+    `tfgpu.tune`; the kept ones are verified together against the baseline.
+
+    Settings: XLA auto-clustering (`TF_XLA_FLAGS`), the inter-op thread count, and on a GPU
+    `TF_GPU_THREAD_MODE=gpu_private` and `TF_GPU_ALLOCATOR=cuda_malloc_async` (untried when
+    TensorFlow sees no GPU).
+
+    Args:
+        script: str or os.PathLike, a Python script that builds, compiles and fits a model.
+        script_args: sequence of str, the script's arguments. Defaults to `()`.
+        steps: int, timed steps of the first `fit` in each child (>= 3). Defaults to 30.
+        warmup: int, steps before the timing (>= 1). Defaults to 5.
+        time_budget_s: float or None, seconds for the whole call (each child starts Python
+            and TensorFlow again: allow 10-30 s per child). Defaults to 900.0.
+        log_dir: str, os.PathLike or None, where to write `tune.json` and `tune.png`.
+            Defaults to None.
+        verbose: `"auto"`, 0, 1 or 2, progress lines. Defaults to `"auto"`.
+
+    Returns:
+        A `tfgpu.tuning.TuneResult`; its `lines` are the `export ...` lines to set.
+
+    Raises:
+        TypeError: if an argument has the wrong type.
+        ValueError: if `script` is not a file, or a number is out of range.
+        RuntimeError: if the script fails (or never calls `fit`) with the environment as it
+            is, with the end of its error output.
+
+    Example:
+
+    ```python
+    from tfgpu.tuning._script import tune_script
+    print(tune_script("train.py", ["--epochs", "1"], time_budget_s=300))
+    ```
+    """
+    from tfgpu import _measure
+    from tfgpu._progress import Progress, check_verbose
+    from tfgpu.tuning import _candidates as cands
+    from tfgpu.tuning._result import Trial, TuneResult, write
+
+    check_verbose(verbose)
+    path, args, budget_s, log_path = _check(
+        script, script_args, steps, warmup, time_budget_s, log_dir
+    )
+    progress = Progress(
+        verbose, title="tune SCRIPT", budget_s=budget_s, clock=lambda: _measure.now()
+    )
+    budget = _measure.Budget(budget_s)
+    rounds = _Rounds(path, args, int(steps), int(warmup), budget, progress)
+    progress.phase("the baseline (your environment as it is)")
+    first = rounds.child({})
+    if first.step_s is None:
+        if "budget" in first.error:
+            raise RuntimeError(
+                f"tfgpu tune: the baseline run of {path} did not finish within the time "
+                "budget: give a larger time_budget_s"
+            )
+        raise RuntimeError(f"tfgpu tune: {path} did not reach a timed fit: {first.error}")
+    plan = settings(first.gpus)
+    trials: list[Trial] = []
+    variants = {name: env for name, env, _, untried in plan if not untried}
+    measured = rounds.compare(variants, first_base=first.step_s)
+    kept: list[tuple[Trial, dict[str, str], list[tuple[float, float]]]] = []
+    for name, env, line, untried in plan:
+        if untried:
+            trials.append(Trial(name, dict(env), reason=untried, line=line))
+            continue
+        got, why, error = measured[name]
+        if error:
+            trials.append(Trial(name, dict(env), status=cands.FAILED, reason=error, line=line))
+            continue
+        status, reason = cands.verdict(got, why)
+        g, low, high = _measure.gain(got)
+        trial = Trial(name, dict(env), g, low, high, status, reason, line)
+        trials.append(trial)
+        if status == cands.KEPT:
+            kept.append((trial, env, got))
+    notes = [
+        "each setting against the baseline (your environment), in fresh processes; set the "
+        "kept ones in the shell before Python starts"
+    ]
+    speedup: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    while kept:
+        if len(kept) == 1:
+            g, low, high = _measure.gain(kept[0][2])
+            speedup = (g or 1.0, low, high)
+            break
+        combined: dict[str, str] = {}
+        for _, env, _ in kept:
+            combined = _merged(combined, env)
+        progress.phase("verifying the kept settings together")
+        got, why, error = rounds.compare({"together": combined})["together"]
+        status, reason = cands.verdict(got, why)
+        if status == cands.KEPT and not error:
+            g, low, high = _measure.gain(got)
+            speedup = (g or 1.0, low, high)
+            break
+        weakest = min(kept, key=lambda k: k[0].gain or 0.0)
+        kept.remove(weakest)
+        weakest[0].status = cands.NO_GAIN
+        weakest[0].reason = (
+            f"{weakest[0].gain_text} alone, but the kept settings together did not clear the "
+            f"margin ({error or reason}); this one gave the least"
+        )
+        notes.append(f"{weakest[0].name} dropped at the verification")
+    from tfgpu import _stats
+
+    base = _stats.median(rounds.base_times)
+    batch = rounds.batch
+    base_eps = batch / base if batch and base and math.isfinite(base) else math.nan
+    result = TuneResult(
+        trials=trials,
+        baseline_examples_per_s=base_eps,
+        tuned_examples_per_s=base_eps * speedup[0],
+        speedup=speedup[0],
+        speedup_low=speedup[1],
+        speedup_high=speedup[2],
+        settings={k: v for t, env, _ in kept for k, v in env.items()},
+        lines=[t.line for t, _, _ in kept],
+        notes=notes,
+    )
+    result.time_s = budget.elapsed()
+    if log_path is not None:
+        progress.phase("writing tune.json and tune.png")
+        write(result, log_path)
+    progress.done(f"x{result.speedup:.2f} verified, {len(kept)} setting(s) kept")
+    return result
+
+
+# ---- the command line ------------------------------------------------------------------------
+
+
+def add_arguments(parser: Any) -> None:
+    """Adds `tfgpu tune`'s arguments to an `argparse` (sub)parser."""
+    parser.add_argument("script", metavar="SCRIPT.py", help="a script that builds and fits")
+    parser.add_argument(
+        "script_args",
+        nargs="...",
+        metavar="ARGS",
+        help="the script's own arguments (everything after SCRIPT.py: give tfgpu's options "
+        "before it)",
+    )
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per run (>= 3)")
+    parser.add_argument("--warmup", type=int, default=5, help="warm-up steps per run (>= 1)")
+    parser.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=900.0,
+        help="seconds for the whole search (each run restarts Python; default 900)",
+    )
+    parser.add_argument(
+        "--log-dir", default=None, metavar="LOG_DIR", help="write tune.json and tune.png here"
+    )
+
+
+def run_command(args: Any) -> int:
+    """Runs `tfgpu tune` from parsed arguments; prints the table. Returns the exit status."""
+    try:
+        result = tune_script(
+            args.script,
+            args.script_args,
+            steps=args.steps,
+            warmup=args.warmup,
+            time_budget_s=args.time_budget_s,
+            log_dir=args.log_dir,
+        )
+    except (TypeError, ValueError, RuntimeError, OSError) as e:
+        print(f"tfgpu tune: error: {e}", file=sys.stderr)
+        return 2
+    print(result)
+    if result.lines:
+        print("\nSet before Python starts (the shell that runs your script):")
+        for line in result.lines:
+            print(f"  {line}")
+    return 0
+
+
+# ---- the child -------------------------------------------------------------------------------
+
+
+def _child_main(argv: Sequence[str]) -> int:
+    """The child: `--child SPEC_JSON SCRIPT [ARGS...]`. Times the script's first `fit`,
+    writes `{"step_s", "batch", "gpus"}` (or `{"error"}`) to the spec's `out` and exits."""
+    import runpy
+
+    spec = json.loads(argv[1])
+    script, script_args = argv[2], list(argv[3:])
+    out = Path(spec["out"])
+
+    import keras
+    import tensorflow as tf
+
+    from tfgpu import _measure, _stats
+
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    original_fit = keras.Model.fit
+
+    def report(data: dict[str, Any]) -> None:
+        out.write_text(json.dumps({**data, "gpus": gpus}))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # nothing after the first fit runs (the script may train for hours)
+
+    def timed_fit(self: Any, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
+        spe = max(1, int(self.steps_per_execution or 1))
+        calls_warm = max(2, math.ceil(spec["warmup"] / spe))
+        calls_timed = max(6, math.ceil(spec["steps"] / spe))
+        batch = _batch_of(x, kwargs.get("batch_size"))
+        if isinstance(x, tf.data.Dataset):
+            x = x.repeat()
+        timer = _measure.Timer(calls_warm)
+        for name in ("validation_data", "validation_split", "validation_freq", "callbacks"):
+            kwargs.pop(name, None)
+        kwargs.update(
+            epochs=1,
+            initial_epoch=0,
+            steps_per_epoch=(calls_warm + calls_timed) * spe,
+            verbose=0,
+            callbacks=[timer],
+        )
+        try:
+            original_fit(self, x, y, **kwargs)
+        except Exception as e:
+            report({"error": f"fit failed: {type(e).__name__}: {e}"})
+        gaps = [b - a for a, b in zip(timer.times[calls_warm - 1 :], timer.times[calls_warm:])]
+        if not gaps:
+            report({"error": "fit ran too few steps to time (a dataset shorter than warm-up)"})
+        report({"step_s": _stats.median(gaps) / spe, "batch": batch})
+
+    keras.Model.fit = timed_fit  # type: ignore[method-assign]
+    sys.argv = [script, *script_args]
+    sys.path.insert(0, str(Path(script).resolve().parent))
+    runpy.run_path(script, run_name="__main__")
+    report({"error": "the script ended without calling model.fit"})
+    return 0  # pragma: no cover (report exits)
+
+
+def _batch_of(x: Any, batch_size: Any) -> int | None:
+    """Examples per step of `fit`'s data: a dataset's batch, or `batch_size` (32) for arrays."""
+    import tensorflow as tf
+
+    from tfgpu._datasets import source_batches
+
+    if isinstance(x, tf.data.Dataset):
+        try:
+            batches, _ = source_batches(x)
+        except Exception:
+            return None
+        return int(batches.batch_size) if batches is not None and batches.batch_size else None
+    if hasattr(x, "shape") or isinstance(x, (list, tuple, dict)):
+        return int(batch_size) if batch_size else 32
+    return None  # a generator or PyDataset: its batch is its own
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == _CHILD_FLAG:
+    sys.exit(_child_main(sys.argv[1:]))
