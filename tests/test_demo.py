@@ -54,15 +54,15 @@ def test_sizes_give_tune_a_budget_and_a_quick_one():
 def test_waterfall_shows_each_kept_setting_then_the_verified_total():
     result = TuneResult(
         trials=[
-            Trial("steps_per_execution=4", {"steps_per_execution": 4}, 1.25, 1.2, 1.3, "kept"),
+            Trial("steps_per_execution=4", {"steps_per_execution": 4}, 1.5, 1.4, 1.6, "kept"),
             Trial("jit_compile=True", {"jit_compile": True}, 0.5, 0.4, 0.6, "slower"),
             Trial(
-                "precision mixed_bfloat16", {"precision": "mixed_bfloat16"}, 1.2, 1.1, 1.3, "kept"
+                "precision mixed_bfloat16", {"precision": "mixed_bfloat16"}, 1.5, 1.3, 1.6, "kept"
             ),
         ],
         baseline_examples_per_s=1000.0,
-        tuned_examples_per_s=1450.0,
-        speedup=1.45,
+        tuned_examples_per_s=1440.0,
+        speedup=1.44,  # verified together: less than 1.5 x 1.5
         speedup_low=1.4,
         speedup_high=1.5,
     )
@@ -73,10 +73,21 @@ def test_waterfall_shows_each_kept_setting_then_the_verified_total():
         "+ precision mixed_bfloat16",
         "tuned (verified together)",
     ]
-    assert "1,250 ex/s" in lines[1] and "x1.25 on the bar above" in lines[1]
-    assert "1,500 ex/s" in lines[2] and "#" * 20 in lines[2]  # the longest bar
-    assert "1,450 ex/s" in lines[3] and "x1.45 (1.40-1.50)" in lines[3]
+    # Equal measured gains: equal steps, scaled to end at the verified total (1.2 x 1.2).
+    assert "1,200 ex/s" in lines[1] and "measured x1.50 against the best before it" in lines[1]
+    assert "1,440 ex/s" in lines[2] and "#" * 20 in lines[2]  # the longest bar
+    assert "1,440 ex/s" in lines[3] and "x1.44 (1.40-1.50)" in lines[3]
     assert "jit_compile" not in "\n".join(lines)
+
+
+def test_waterfall_with_nothing_verified_keeps_the_steps_flat():
+    result = TuneResult(
+        trials=[Trial("steps_per_execution=4", {}, 1.3, 1.2, 1.4, "kept")],
+        baseline_examples_per_s=500.0,
+        tuned_examples_per_s=500.0,
+    )
+    lines = _results.waterfall_lines(result)
+    assert all("500 ex/s" in line for line in lines)
 
 
 def test_waterfall_without_a_measured_baseline_says_so():

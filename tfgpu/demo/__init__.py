@@ -48,7 +48,7 @@ from tfgpu.demo._args import check_arguments as check_arguments
 from tfgpu.demo._run import run_demo
 
 # The rooms: _args (argument checks, the run directory; no TensorFlow), _plan (pure: sizes,
-# settings from a diagnosis), _workload (data, model, learning rate, the recipe read back),
-# _results (pure: figures, speedups, the table), _run (run_demo and its phases).
+# tune's budget), _workload (data, model, learning rate, the recipe read back), _results
+# (pure: figures, speedups, the table, tune's waterfall), _run (run_demo and its phases).
 
 __all__ = ["run_demo"]

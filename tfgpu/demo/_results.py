@@ -149,8 +149,12 @@ def format_table(naive: Figures, tuned: Figures, *, on_gpu: bool, epochs: int) -
 
 
 def waterfall_lines(result: Any, *, width: int = 30) -> list[str]:
-    """`tfgpu.tune`'s waterfall as text: the baseline, each kept setting's step (its
-    measured gain over the best configuration before it) and the verified total. Pure.
+    """`tfgpu.tune`'s waterfall as text: the baseline, each kept setting's step and the
+    verified total. Pure.
+
+    Each kept setting was measured against the best configuration before it; those gains do
+    not multiply, so the steps are scaled (in proportion to their log-gains) to end at the
+    verified total, as in `tune.png`, and each line also gives the gain as measured.
 
     Args:
         result: a `tfgpu.tuning.TuneResult` (anything with `baseline_examples_per_s`,
@@ -164,19 +168,26 @@ def waterfall_lines(result: Any, *, width: int = 30) -> list[str]:
     base = result.baseline_examples_per_s
     if base is None or not math.isfinite(base) or base <= 0:
         return ["(tune could not time the baseline within its budget: nothing measured)"]
+    kept = [
+        (t.name, float(t.gain))
+        for t in result.trials
+        if t.status == "kept" and t.gain and math.isfinite(t.gain) and t.gain > 0
+    ]
+    total = math.fsum(math.log(g) for _, g in kept)
+    speedup = result.speedup if result.speedup and math.isfinite(result.speedup) else 1.0
+    scale = math.log(speedup) / total if total > 0 and speedup > 1 else 0.0
     rows: list[tuple[str, float, str]] = [("baseline", base, "")]
     level = base
-    for trial in result.trials:
-        if trial.status == "kept" and trial.gain and math.isfinite(trial.gain):
-            level *= trial.gain
-            rows.append((f"+ {trial.name}", level, f"x{trial.gain:.2f} on the bar above"))
+    for name, gain in kept:
+        level *= math.exp(math.log(gain) * scale)
+        rows.append((f"+ {name}", level, f"measured x{gain:.2f} against the best before it"))
     tuned = result.tuned_examples_per_s
     if tuned is None or not math.isfinite(tuned):
         tuned = base
     interval = ""
     if (result.speedup_low, result.speedup_high) != (result.speedup, result.speedup):
         interval = f" ({result.speedup_low:.2f}-{result.speedup_high:.2f})"
-    rows.append(("tuned (verified together)", tuned, f"x{result.speedup:.2f}{interval}"))
+    rows.append(("tuned (verified together)", tuned, f"x{speedup:.2f}{interval}"))
     top = max(value for _, value, _ in rows)
     label_width = max(len(label) for label, _, _ in rows)
     lines = []
