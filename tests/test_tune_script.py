@@ -219,7 +219,7 @@ def test_the_command_prints_the_table_and_the_lines_to_set(monkeypatch, clock, s
     assert args.script_args == ["--epochs", "3"] and args.time_budget_s == 1000.0
     assert _script.run_command(args) == 0
     out = capsys.readouterr().out
-    assert "Set before Python starts" in out and "export TF_XLA_FLAGS=" in out
+    assert "export TF_XLA_FLAGS=" in out and "in the shell before Python starts" in out
 
     bad = parser.parse_args(["--steps", "1", str(script)])
     assert _script.run_command(bad) == 2

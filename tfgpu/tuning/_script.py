@@ -423,11 +423,7 @@ def run_command(args: Any) -> int:
     except (TypeError, ValueError, RuntimeError, OSError) as e:
         print(f"tfgpu tune: error: {e}", file=sys.stderr)
         return 2
-    print(result)
-    if result.lines:
-        print("\nSet before Python starts (the shell that runs your script):")
-        for line in result.lines:
-            print(f"  {line}")
+    print(result)  # its lines are the `export ...` lines; its note says where to set them
     return 0
 
 
