@@ -6,7 +6,6 @@ machine's speed); one real run of a tiny script in child processes checks the st
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -212,16 +211,17 @@ def test_the_command_prints_the_table_and_the_lines_to_set(monkeypatch, clock, s
         return {"base": 0.010, "xla": 0.005, "threads": 0.010}[_which(change)]
 
     _scripted(monkeypatch, clock, times)
-    parser = argparse.ArgumentParser()
-    _script.add_arguments(parser)
+    from tfgpu.cli import _build_parser
+
+    parser = _build_parser()
     # tfgpu's options come before SCRIPT.py; everything after it is the script's.
-    args = parser.parse_args(["--time-budget-s", "1000", str(script), "--epochs", "3"])
+    args = parser.parse_args(["tune", "--time-budget-s", "1000", str(script), "--epochs", "3"])
     assert args.script_args == ["--epochs", "3"] and args.time_budget_s == 1000.0
     assert _script.run_command(args) == 0
     out = capsys.readouterr().out
     assert "export TF_XLA_FLAGS=" in out and "in the shell before Python starts" in out
 
-    bad = parser.parse_args(["--steps", "1", str(script)])
+    bad = parser.parse_args(["tune", "--steps", "1", str(script)])
     assert _script.run_command(bad) == 2
     assert "tfgpu tune: error:" in capsys.readouterr().err
 

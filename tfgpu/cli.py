@@ -1,4 +1,4 @@
-"""The `tfgpu` command: `tfgpu env`, `tfgpu demo`, `tfgpu report LOG_DIR`.
+"""The `tfgpu` command: `tfgpu env`, `tfgpu demo`, `tfgpu report LOG_DIR`, `tfgpu tune SCRIPT.py`.
 
 TensorFlow's C++ start-up log (absl's "All log messages before absl::InitializeLog()",
 "Could not find cuda drivers", "failed call to cuInit", oneDNN and CPU-feature notes) is
@@ -94,6 +94,33 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default=None, help="where to write (default: LOG_DIR)")
     p.set_defaults(command_parser=p)
+
+    p = sub.add_parser(
+        "tune",
+        parents=[common],
+        help="try the settings that need a fresh process (XLA auto-clustering, threads, GPU "
+        "thread mode and allocator) on a training script",
+    )
+    p.add_argument("script", metavar="SCRIPT.py", help="a script that builds a model and fits")
+    p.add_argument(
+        "script_args",
+        nargs="...",
+        metavar="ARGS",
+        help="the script's own arguments (everything after SCRIPT.py: give tfgpu's options "
+        "before it)",
+    )
+    p.add_argument("--steps", type=int, default=30, help="timed steps per run (>= 3)")
+    p.add_argument("--warmup", type=int, default=5, help="warm-up steps per run (>= 1)")
+    p.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=900.0,
+        help="seconds for the whole search (each run restarts Python; default 900)",
+    )
+    p.add_argument(
+        "--log-dir", default=None, metavar="LOG_DIR", help="write tune.json and tune.png here"
+    )
+    p.set_defaults(command_parser=p)
     return parser
 
 
@@ -111,6 +138,17 @@ def _check_arguments(args: argparse.Namespace) -> None:
     elif args.command == "report":
         check_dir("log_dir", args.log_dir)
         check_dir("out_dir", args.out, allow_none=True)
+    elif args.command == "tune":
+        from tfgpu.tuning._script import check_arguments
+
+        check_arguments(
+            args.script,
+            args.script_args,
+            args.steps,
+            args.warmup,
+            args.time_budget_s,
+            args.log_dir,
+        )
 
 
 def _hold_back_startup_log(verbose: bool, environ: Mapping[str, str]) -> bool:
@@ -230,6 +268,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_demo(
                 quick=args.quick, dataset=args.dataset, log_dir=args.log_dir, epochs=args.epochs
             )
+        if args.command == "tune":
+            from tfgpu.tuning._script import run_command
+
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if args.verbose else "2")
+            with _startup_log_held_back(hold_back):
+                _load_tensorflow()
+            return run_command(args)
     except (ValueError, TypeError, OSError, ImportError) as e:
         print(f"tfgpu {args.command}: error: {e}", file=sys.stderr)
         return 2

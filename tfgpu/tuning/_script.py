@@ -57,9 +57,15 @@ class ChildRun:
 # ---- the parent ------------------------------------------------------------------------------
 
 
-def _check(
+def check_arguments(
     script: Any, script_args: Any, steps: Any, warmup: Any, time_budget_s: Any, log_dir: Any
 ) -> tuple[Path, list[str], float | None, Path | None]:
+    """Checks `tune_script`'s arguments (no TensorFlow: `tfgpu tune` calls it before
+    TensorFlow loads). Returns (script, its arguments, the budget, the log directory).
+
+    Raises:
+        TypeError, ValueError: for an argument of the wrong type or value.
+    """
     from tfgpu._checks import check_dir, check_int, check_number, invalid_type, invalid_value
 
     if not isinstance(script, (str, os.PathLike)):
@@ -295,7 +301,7 @@ def tune_script(
     from tfgpu.tuning._result import Trial, TuneResult, write
 
     check_verbose(verbose)
-    path, args, budget_s, log_path = _check(
+    path, args, budget_s, log_path = check_arguments(
         script, script_args, steps, warmup, time_budget_s, log_dir
     )
     progress = Progress(
@@ -384,29 +390,6 @@ def tune_script(
 
 
 # ---- the command line ------------------------------------------------------------------------
-
-
-def add_arguments(parser: Any) -> None:
-    """Adds `tfgpu tune`'s arguments to an `argparse` (sub)parser."""
-    parser.add_argument("script", metavar="SCRIPT.py", help="a script that builds and fits")
-    parser.add_argument(
-        "script_args",
-        nargs="...",
-        metavar="ARGS",
-        help="the script's own arguments (everything after SCRIPT.py: give tfgpu's options "
-        "before it)",
-    )
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per run (>= 3)")
-    parser.add_argument("--warmup", type=int, default=5, help="warm-up steps per run (>= 1)")
-    parser.add_argument(
-        "--time-budget-s",
-        type=float,
-        default=900.0,
-        help="seconds for the whole search (each run restarts Python; default 900)",
-    )
-    parser.add_argument(
-        "--log-dir", default=None, metavar="LOG_DIR", help="write tune.json and tune.png here"
-    )
 
 
 def run_command(args: Any) -> int:
