@@ -193,17 +193,15 @@ def candidates(facts: Facts) -> list[Candidate]:
         out.append(
             _candidate(f"steps_per_execution={v}", spe_change, facts, group="steps_per_execution")
         )
-    # 2. XLA.
-    if not facts.jit_compile:
-        out.append(
-            _candidate(
-                "jit_compile=True",
-                {"jit_compile": True},
-                facts,
-                numerics=True,
-                untried="" if facts.xla_supported else "Keras refuses jit_compile for this model",
-            )
-        )
+    # 2. The precision policy (a model factory builds the model again under it).
+    if facts.policy.startswith("mixed_"):
+        pass  # already mixed
+    else:
+        policy, why = precision_choice(facts)
+        name = f"precision {policy}" if policy else "mixed precision"
+        change: dict[str, Any] = {"precision": policy or "mixed_bfloat16"}
+        untried = why if policy is None else ("" if facts.has_factory else NEEDS_FACTORY)
+        out.append(_candidate(name, change, facts, numerics=True, untried=untried))
     # 3. A static batch shape (the step is traced for one batch size).
     if not facts.static_shape:
         untried = ""
@@ -247,24 +245,30 @@ def candidates(facts: Facts) -> list[Candidate]:
                 )
             )
         if not facts.gpu_ccs and not p.get("private_threadpool_size") and facts.cpu_count > 1:
-            out.append(
-                _candidate(
-                    "private thread pool",
-                    {"private_threadpool_size": facts.cpu_count},
-                    facts,
+            # A pool of its own for tf.data: one thread leaves the cores to the model's ops,
+            # one per core keeps the input side from waiting behind them.
+            for size in sorted({1, facts.cpu_count}):
+                out.append(
+                    _candidate(
+                        f"private thread pool {size}",
+                        {"private_threadpool_size": size},
+                        facts,
+                    )
                 )
-            )
     elif not facts.prefetched:
         out.append(_candidate("prefetch", {"prefetch": True}, facts))
-    # 5. The precision policy.
-    if facts.policy.startswith("mixed_"):
-        pass  # already mixed
-    else:
-        policy, why = precision_choice(facts)
-        name = f"precision {policy}" if policy else "mixed precision"
-        change: dict[str, Any] = {"precision": policy or "mixed_bfloat16"}
-        untried = why if policy is None else ("" if facts.has_factory else NEEDS_FACTORY)
-        out.append(_candidate(name, change, facts, numerics=True, untried=untried))
+    # 5. XLA last: on a CPU it is often much slower (its compile costs budget), and it gains
+    # most from the static shape and the settings before it. Keras turns it on by itself
+    # where it expects a gain (`jit_compile="auto"` on GPUs): there the candidate is off.
+    out.append(
+        _candidate(
+            f"jit_compile={not facts.jit_compile}",
+            {"jit_compile": not facts.jit_compile},
+            facts,
+            numerics=True,
+            untried="" if facts.xla_supported else "Keras refuses jit_compile for this model",
+        )
+    )
     return out
 
 

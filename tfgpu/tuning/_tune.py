@@ -369,37 +369,29 @@ class _Tuner:
         rounds: list[tuple[float, float]] = []
         try:
             with preserved(self.model):
-                run = work.run_for(changes)
-                if cand.numerics:
-                    self.progress.phase(f"checking the loss with {cand.name}")
-                    base_loss = work.mean_loss(self.best)
-                    loss = work.mean_loss(changes)
-                    unsafe = cands.numerics_verdict(base_loss, loss)
-                    if unsafe:
-                        return self._add(
-                            Trial(
-                                cand.name,
-                                cand.change,
-                                status=cands.UNSAFE,
-                                reason=unsafe,
-                                line=cand.line,
-                            )
-                        )
                 rounds, why = _measure.interleave(
                     work.run_for(self.best),
-                    run,
+                    work.run_for(changes),
                     threshold=cands.MARGIN,
                     budget=self.budget,
                     max_rounds=MAX_ROUNDS,
                     timed_units=self.steps * int(work.global_batch or 1),
                 )
+            status, reason = cands.verdict(rounds, why)
+            if status == cands.KEPT and cand.numerics:  # faster: is the loss still right?
+                self.progress.phase(f"checking the loss with {cand.name}")
+                with preserved(self.model):
+                    base_loss = work.mean_loss(self.best)
+                    loss = work.mean_loss(changes)
+                unsafe = cands.numerics_verdict(base_loss, loss)
+                if unsafe:
+                    status, reason = cands.UNSAFE, unsafe
         except Exception as e:  # a setting that breaks the model or the pipeline
             return self._add(
                 Trial(
                     cand.name, cand.change, status=cands.FAILED, reason=one_line(e), line=cand.line
                 )
             )
-        status, reason = cands.verdict(rounds, why)
         if status == cands.KEPT and cand.note:
             reason = f"{reason}; {cand.note}"
         g, low, high = _measure.gain(rounds)
