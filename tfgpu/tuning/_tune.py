@@ -191,19 +191,21 @@ def tune(
     the x1.05 margin or the budget is spent. A candidate is kept when the whole interval
     clears the margin; "slower" when it lies under 1; "no measurable gain" otherwise. The
     candidates, in order: `steps_per_execution` 4, 16, 64 (while each helps, at most the
-    batches of an epoch), `jit_compile`, a static batch shape (`drop_remainder=True`) where
-    the batch dimension is unknown, then for a `tfgpu.data.pipeline` dataset the pipeline's
-    settings (cache in memory after `map_fn`, batch-level augmentation, a private thread
-    pool; for another dataset a final `prefetch`), the mixed precision policy the hardware
-    supports (needs a model factory; on a CPU only with native bfloat16), and the per-replica
-    batch size from `tfgpu.find_batch_size` (with its scaled learning rate; kept only with
+    batches of an epoch), the mixed precision policy the hardware supports (needs a model
+    factory; GPUs with tensor cores; on a CPU only with native bfloat16), a static batch
+    shape (`drop_remainder=True`) where the batch dimension is unknown, then for a
+    `tfgpu.data.pipeline` dataset the pipeline's settings (cache in memory after `map_fn`,
+    batch-level augmentation where `augment_fn` runs on a batch, a private thread pool of 1
+    and of one thread per core; for another dataset a final `prefetch`), `jit_compile`
+    flipped (last: XLA is often much slower on a CPU), and the per-replica batch size from
+    `tfgpu.find_batch_size` (with its scaled learning rate; kept only with
     `change_batch_size=True`). Settings that need a fresh process (environment variables:
     XLA auto-clustering, thread counts, on GPUs the private GPU threads and the async
     allocator) are listed as untried: `tfgpu tune SCRIPT.py` tries them.
 
-    A setting that can change the loss (`jit_compile`, the precision) first trains a few
-    steps from the same weights as the baseline: a non-finite or clearly worse mean loss is
-    "unsafe numerics". At the end all kept settings are verified together against the
+    A faster setting that can change the loss (`jit_compile`, the precision) then trains a
+    few steps from the same weights as the baseline: a non-finite mean loss, or one more
+    than 10% worse, is "unsafe numerics". At the end all kept settings are verified together against the
     baseline (gains do not multiply); if together they do not clear the margin, the weakest
     are dropped, so the result is never slower than the baseline. The model's weights,
     optimizer state and compile settings are put back after every trial, and the global
