@@ -482,20 +482,26 @@ def test_a_real_run_on_a_tiny_model_has_the_promised_structure(tmp_path):
 
 def test_batch_level_augmentation_is_tried_only_where_augment_fn_runs_on_a_batch(monkeypatch):
     _Script(monkeypatch, lambda s, n: 0.01)
-    images = np.zeros((64, 6, 6, 3), "float32"), np.zeros(64, "int32")
+    images = np.random.default_rng(0).random((64, 6, 6, 3), "float32"), np.zeros(64, "int32")
 
     def crop(image, label):  # written for one image: fails on a batch
         return tf.image.random_crop(image, (4, 4, 3)), label
 
-    def flip(image, label):  # runs on a batch too
+    def flip(image, label):  # runs on a batch too, a draw per image
         return tf.image.random_flip_left_right(image), label
+
+    def brighten(image, label):  # runs on a batch, but one draw for the whole batch
+        return tf.image.random_brightness(image, 0.5), label
 
     model = keras.Sequential([keras.Input((None, None, 3)), keras.layers.GlobalAveragePooling2D()])
     model.compile("sgd", "mse")
     train = tfgpu.data.pipeline(images, batch_size=16, augment_fn=crop)
     trial = tfgpu.tune(model, train, verbose=0).trial("batch-level augmentation")
     assert trial.status == "untried" and "does not run on a whole batch" in trial.reason
-    assert "Dimensions must be equal" in trial.reason
+    assert "Incompatible shapes" in trial.reason
+    train = tfgpu.data.pipeline(images, batch_size=16, augment_fn=brighten)
+    trial = tfgpu.tune(model, train, verbose=0).trial("batch-level augmentation")
+    assert trial.status == "untried" and "once for the whole batch" in trial.reason
     train = tfgpu.data.pipeline(images, batch_size=16, augment_fn=flip)
     trial = tfgpu.tune(model, train, verbose=0).trial("batch-level augmentation")
     assert trial.status == "no measurable gain"  # scripted: the same time

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -112,20 +113,43 @@ def _check_model(model: Any, built_by_factory: bool) -> None:
         )
 
 
-def _augment_on_batches(arguments: dict[str, Any] | None, data: tf.data.Dataset) -> str:
-    """Why the pipeline's `augment_fn` fails when traced on one of its batches ("" when it
-    runs, or there is none)."""
+def _augment_on_batches(arguments: dict[str, Any] | None) -> str:
+    """Why the pipeline's `augment_fn` cannot simply run on whole batches ("" when it can,
+    or there is none): it fails on a batch, or it then draws its random values once per
+    batch (a batch of copies of one example comes out all alike, while two calls on that
+    example differ).
+
+    Reads one batch of the pipeline built without `augment_fn` (and without shuffling).
+    """
     fn = (arguments or {}).get("augment_fn")
     if fn is None:
         return ""
-    spec = data.element_spec
+    from tfgpu.data import pipeline
 
-    def call(*batch: Any) -> Any:
-        return fn(*batch) if isinstance(spec, tuple) else fn(batch[0])
-
-    args = spec if isinstance(spec, tuple) else (spec,)
     try:
-        out = tf.function(call).get_concrete_function(*args).structured_outputs
+        kwargs = {**arguments, "augment_fn": None, "shuffle": False, "distribute": False}  # type: ignore[dict-item]
+        kwargs["validation_split"] = None
+        kwargs["repeat"] = False
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plain = pipeline(**kwargs)
+        batch = next(iter(plain))
+    except Exception as e:
+        return f"its input batches could not be read: {one_line(e, limit=120)}"
+    single = not isinstance(batch, tuple)
+    parts = (batch,) if single else batch
+
+    def call(*xs: Any) -> Any:
+        return fn(xs[0]) if single else fn(*xs)
+
+    try:
+        out = call(*parts)
+        copies = tuple(
+            tf.nest.map_structure(lambda t: tf.repeat(t[:1], 4, axis=0), p) for p in parts
+        )
+        alike = call(*copies)
+        first = tuple(tf.nest.map_structure(lambda t: t[0], p) for p in parts)
+        one, two = call(*first), call(*first)
     except Exception as e:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         if "in user code:" in str(e) and lines:  # autograph: what failed is said last
@@ -133,11 +157,24 @@ def _augment_on_batches(arguments: dict[str, Any] | None, data: tf.data.Dataset)
             name = type(e).__name__
             return (last if last.startswith(name) else f"{name}: {last}")[:160]
         return one_line(e, limit=160)
-    if tf.nest.flatten(out) and any(
-        getattr(leaf, "shape", None) is None or leaf.shape.rank != s.shape.rank
-        for leaf, s in zip(tf.nest.flatten(out), tf.nest.flatten(spec), strict=False)
+    leaves_in, leaves_out = tf.nest.flatten(parts), tf.nest.flatten(out)
+    if len(leaves_in) != len(leaves_out) or any(
+        getattr(o, "shape", None) is None
+        or o.shape.rank != i.shape.rank
+        or o.shape[0] != i.shape[0]
+        for i, o in zip(leaves_in, leaves_out, strict=False)
     ):
-        return "it changes the rank of a batch"
+        return "on a batch it changes the batch's shape"
+
+    def same(a: Any, b: Any) -> bool:
+        return all(
+            bool(tf.reduce_all(tf.equal(x, y)))
+            for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b), strict=True)
+        )
+
+    rows = [tf.nest.map_structure(lambda t, k=k: t[k], alike) for k in range(4)]
+    if all(same(rows[0], r) for r in rows[1:]) and not same(one, two):
+        return "on a batch it draws its random values once for the whole batch"
     return ""
 
 
@@ -286,7 +323,7 @@ def tune(
         gpu_ccs=_gpu_ccs(),
         cpu_native_bf16=_cpu_native_bf16(),
         cpu_count=os.cpu_count() or 1,
-        augment_on_batches=_augment_on_batches(arguments, data),
+        augment_on_batches=_augment_on_batches(arguments),
     )
     result = tuner.run(facts, global_batch)
     result.time_s = budget.elapsed()
