@@ -23,6 +23,7 @@ from tfgpu._checks import (
     invalid_type,
     invalid_value,
 )
+from tfgpu._data_service import Address, check_job_name, parse_address
 from tfgpu.data._cache import check_cache
 from tfgpu.data._limits import MAX_COUNT, MAX_RAM_BUDGET_MIB, MAX_SEED, POSITIVE, SEED
 from tfgpu.data._sources import Source, check_compression, classify
@@ -57,6 +58,8 @@ class Arguments:
     split: str | None
     data_dir: Path | None
     compression_type: str | None
+    service: Address | None = None  # the tf.data service dispatcher, when one runs the work
+    service_job_name: str | None = None
 
 
 def check_arguments(
@@ -83,6 +86,8 @@ def check_arguments(
     split: Any,
     data_dir: Any,
     compression_type: Any,
+    service: Any = None,
+    service_job_name: Any = None,
 ) -> Arguments:
     """Checks every argument of `pipeline()`; raises the errors its docstring lists."""
     if batch_size is not None and per_replica_batch_size is not None:
@@ -164,6 +169,17 @@ def check_arguments(
     data_dir = check_dir("data_dir", data_dir, allow_none=True)
     validation_split = check_validation_split(validation_split)
 
+    address = parse_address(service) if service is not None else None
+    service_job_name = check_job_name(service_job_name)
+    if address is None and service_job_name is not None:
+        raise conflicting(
+            f"service_job_name={service_job_name!r}",
+            "service=None",
+            "Pass the dispatcher's `service` address with a job name.",
+        )
+    if address is not None:
+        check_service_conflicts(service, cache, deterministic)
+
     src = classify(data)
     if src.kind != "tfds" and (split is not None or data_dir is not None):
         raise ValueError(
@@ -231,4 +247,29 @@ def check_arguments(
         split=split,
         data_dir=data_dir,
         compression_type=compression_type,
+        service=address,
+        service_job_name=service_job_name,
     )
+
+
+def check_service_conflicts(service: str, cache: Any, deterministic: Any) -> None:
+    """What a dynamically sharded service pipeline cannot promise: a cache (every epoch
+    hands each worker other examples, and workers would race on one cache file) or a fixed
+    order (the workers' batches arrive first come, first served)."""
+    if cache not in ("auto", False, None):
+        raise conflicting(
+            f"cache={cache!r}",
+            f"service={service!r}",
+            "With the tf.data service each worker gets other examples every epoch, so a cache "
+            "on the workers never holds the data (and a file cache would be written by every "
+            "worker at once): pass cache='auto' or False, or cache the decoded examples "
+            "yourself in TFRecord files the workers read.",
+        )
+    if deterministic is True:
+        raise conflicting(
+            "deterministic=True",
+            f"service={service!r}",
+            "The service's workers deliver batches first come, first served, so the order is "
+            "never reproducible (every example still comes once per epoch): leave "
+            "deterministic=None, or train without `service` for a fixed order.",
+        )

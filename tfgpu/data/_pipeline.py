@@ -23,6 +23,7 @@ from typing import Any, TypeAlias, overload
 
 import tensorflow as tf
 
+from tfgpu._data_service import Address
 from tfgpu._datasets import Batches, cardinality, mark_pipeline, source_batches
 from tfgpu.data._arguments import Arguments, check_arguments
 from tfgpu.data._cache import cached
@@ -31,6 +32,7 @@ from tfgpu.data._functions import check_arity, check_map_output, parallel_map, r
 from tfgpu.data._plan import Facts, Plan, decide, validation_plan
 from tfgpu.data._read import Read, read
 from tfgpu.data._sources import batched_source_plan
+from tfgpu.data._service import check_reachable, choose_job, distributed, memory_source
 from tfgpu.data._split import check_split_counts, refuse_dataset_split
 
 # What `pipeline()` returns for each side: a dataset of batches, or its distributed form.
@@ -62,6 +64,8 @@ def pipeline(
     split: str | None = None,
     data_dir: str | os.PathLike | None = None,
     compression_type: str | None = None,
+    service: str | None = None,
+    service_job_name: str | None = None,
 ) -> _Pipeline: ...
 
 
@@ -90,6 +94,8 @@ def pipeline(
     split: str | None = None,
     data_dir: str | os.PathLike | None = None,
     compression_type: str | None = None,
+    service: str | None = None,
+    service_job_name: str | None = None,
 ) -> tuple[_Pipeline, _Pipeline]: ...
 
 
@@ -117,6 +123,8 @@ def pipeline(
     split: str | None = None,
     data_dir: str | os.PathLike | None = None,
     compression_type: str | None = None,
+    service: str | None = None,
+    service_job_name: str | None = None,
 ) -> Any:
     """Builds an input pipeline that keeps the GPU fed, with the steps in the right order.
 
@@ -231,6 +239,21 @@ def pipeline(
             default, `~/tensorflow_datasets` or `$TFDS_DATA_DIR`).
         compression_type: str, `"GZIP"` or `"ZLIB"` for compressed TFRecord files (file
             sources only). Defaults to None.
+        service: str, the address of a tf.data service dispatcher, `"grpc://host:port"` or
+            `"host:port"` (start one with `tfgpu data-service dispatcher`, workers with
+            `tfgpu data-service worker`): the training side's work up to the batches (read,
+            `map_fn`, shuffle, `augment_fn`, batch, `batch_map_fn`, `batch_augment_fn`) then
+            runs on the service's workers, with dynamic sharding (every example at most once
+            per epoch: exactly once unless a worker fails mid-epoch), and this process reads
+            whole batches, splits them per replica and prefetches them. The order is not
+            reproducible, nothing is cached (each epoch gives every worker other examples),
+            each worker keeps its own partial last batch, and the validation side stays on
+            this host. The dispatcher must accept a connection within 3 s. See
+            docs/data_service.md. Defaults to None: everything runs on this host.
+        service_job_name: str, the service job this run's trainers share (letters, digits,
+            `.`, `_`, `-`). Needed for several trainers outside Slurm (the same name on every
+            trainer, a new one every run, e.g. the launcher's run id). Defaults to None: a
+            fresh name for a lone process, the Slurm job and step ids under Slurm.
 
     Returns:
         A `tf.data.Dataset` of batches, or a `tf.distribute.DistributedDataset` when
@@ -255,6 +278,8 @@ def pipeline(
             one for a dataset of unknown size or reshuffled every pass, or with a sliced TFDS
             `split`; a `map_fn` that returns a batch of one (a function written for batches:
             pass it as `batch_map_fn`). All raised before any data is read.
+        ConnectionError: with `service`, for a dispatcher that does not accept a connection
+            within 3 s (the message names the address).
         FileNotFoundError: for a file pattern that matches no files, or a TFDS dataset that is
             not prepared in `data_dir`.
 
@@ -299,7 +324,11 @@ def pipeline(
         split=split,
         data_dir=data_dir,
         compression_type=compression_type,
+        service=service,
+        service_job_name=service_job_name,
     )
+    if args.service is not None:
+        check_reachable(args.service)  # seconds, naming the address, instead of a hang
     batching = _batching(args)
     source = read(
         args,
@@ -309,6 +338,10 @@ def pipeline(
         global_batch=batching.global_batch,
         drop=batching.drop,
     )
+    if args.service is not None and args.src.kind == "memory":
+        # Chunks the dispatcher hands out one at a time, not one split per example.
+        n_train = source.split_counts[0] if source.split_counts else args.src.num_examples
+        source = dataclasses.replace(source, ds=memory_source(args.src.value, n_train))
     decoded = _decode(args, source)
     facts = _gather_facts(args, batching, source, decoded)
     plan = decide(
@@ -354,6 +387,8 @@ def pipeline(
             split=split,
             data_dir=data_dir,
             compression_type=compression_type,
+            service=service,
+            service_job_name=service_job_name,
         ),
     )  # its arguments, so that `tune` can build it again with other settings
     if args.distribute:
@@ -363,6 +398,16 @@ def pipeline(
             return train_out
         return train_out, strategy.experimental_distribute_dataset(validation)  # type: ignore[union-attr]
     return train if validation is None else (train, validation)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Service:
+    """Where the service part of the training side goes, and the job it joins."""
+
+    address: Address
+    job_name: str
+    consumer_index: int | None
+    num_consumers: int | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -495,7 +540,9 @@ def _gather_facts(args: Arguments, batching: _Batching, source: Read, decoded: _
     """What the plan is made from: the decoded examples, the machine, the strategy."""
     return Facts(
         kind=args.src.kind,
-        num_examples=cardinality(decoded.ds),
+        num_examples=(source.split_counts[0] if source.split_counts else args.src.num_examples)
+        if args.service is not None and args.src.kind == "memory"
+        else cardinality(decoded.ds),
         element_bytes=bytes_per_example(decoded.ds.element_spec),
         num_files=source.num_files,
         has_map_fn=args.map_fn is not None,
@@ -508,6 +555,7 @@ def _gather_facts(args: Arguments, batching: _Batching, source: Read, decoded: _
         free_disk_bytes=shutil.disk_usage(args.cache_dir).free if args.cache_dir else None,
         batched=batching.keep_batches,
         split_by_position=args.src.kind == "dataset" and args.validation_split is not None,
+        service=args.service is not None,
     )
 
 
@@ -531,7 +579,9 @@ def _assemble(
         check_arity("augment_fn", args.augment_fn, ds.element_spec, "an example after `map_fn`")
         ds = parallel_map(ds, "augment_fn", args.augment_fn, plan.deterministic)
 
-    def finish(ds: tf.data.Dataset, plan: Plan, batch: bool, augment: Any) -> tf.data.Dataset:
+    def finish(
+        ds: tf.data.Dataset, plan: Plan, batch: bool, augment: Any, service: Any = None
+    ) -> tf.data.Dataset:
         return _batched(
             ds,
             plan,
@@ -542,9 +592,14 @@ def _assemble(
             ram_budget_bytes=facts.ram_budget_bytes,
             # A dataset passed in keeps its own sharding, unless it is split by position.
             keep_shard=args.src.kind == "dataset" and args.validation_split is None,
+            service=service,
         )
 
-    ds = finish(ds, plan, not batching.keep_batches, args.batch_augment_fn)
+    service = None
+    if args.service is not None:
+        name, index, count = choose_job(args.service_job_name, repeat=args.repeat)
+        service = _Service(args.service, name, index, count)
+    ds = finish(ds, plan, not batching.keep_batches, args.batch_augment_fn, service)
     val_ds = decoded.val_ds
     if val_ds is not None:
         split_counts = source.split_counts
@@ -571,6 +626,7 @@ def _batched(
     batch_augment_fn: Callable | None,
     ram_budget_bytes: int,
     keep_shard: bool,
+    service: _Service | None = None,
 ) -> tf.data.Dataset:
     """batch (`ragged`: a ragged batch) -> `batch_map_fn` -> `batch_augment_fn` -> prefetch ->
     options; the result is marked as built by `pipeline`."""
@@ -591,6 +647,18 @@ def _batched(
     if batch_augment_fn is not None:
         check_arity("batch_augment_fn", batch_augment_fn, ds.element_spec, "a batch")
         ds = parallel_map(ds, "batch_augment_fn", batch_augment_fn, plan.deterministic)
+    if service is not None:
+        # Everything so far runs on the service's workers, with options for their machine
+        # (autotune within their own memory, TensorFlow's shared pool); the trainer reads
+        # whole batches (one RPC each), splits them per replica and prefetches them.
+        ds = ds.with_options(_options(plan, 0, keep_shard=True))
+        ds = distributed(
+            ds,
+            service.address,
+            name=service.job_name,
+            consumer_index=service.consumer_index,
+            num_consumers=service.num_consumers,
+        )
     ds = ds.prefetch(tf.data.AUTOTUNE)
     ds = ds.with_options(_options(plan, ram_budget_bytes, keep_shard=keep_shard))
     return mark_pipeline(ds)
@@ -599,7 +667,8 @@ def _batched(
 def _options(plan: Plan, ram_budget_bytes: int, *, keep_shard: bool) -> tf.data.Options:
     options = tf.data.Options()
     options.autotune.enabled = True
-    options.autotune.ram_budget = int(ram_budget_bytes)
+    if ram_budget_bytes:  # 0: tf.data's own budget (a service worker's memory)
+        options.autotune.ram_budget = int(ram_budget_bytes)
     options.deterministic = plan.deterministic
     opt = options.experimental_optimization
     opt.map_parallelization = True

@@ -42,6 +42,8 @@ class Facts:
     batched: bool = False  # the source's batches are kept: num_examples counts batches
     # A dataset passed in, split by position (take/skip): every worker must read all of it.
     split_by_position: bool = False
+    # tf.data service workers run the work up to the batches (dynamic sharding).
+    service: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,13 +148,18 @@ def decide(
         shard_policy = "DATA"
     else:
         shard_policy = "AUTO"
+    if facts.service:
+        # The service's job shares the data among trainers: no auto-sharding on top of it
+        # (tf.distribute turns it off for a named job too).
+        shard_policy = "OFF"
     data_sharded = facts.num_workers > 1 and shard_policy in ("DATA", "AUTO")
 
     # Determinism: DATA sharding keeps every k-th element, so all workers must see the same
     # order: a deterministic pipeline and the same shuffle seed. Unshuffled data keeps its
     # order (predictions must line up with labels), and a seed asks for a reproducible run.
     if deterministic is None:
-        deterministic = data_sharded or not shuffle or seed is not None
+        # Under the service, batches arrive first come, first served: no order to keep.
+        deterministic = not facts.service and (data_sharded or not shuffle or seed is not None)
     if data_sharded and seed is None and shuffle:
         seed = _SHARED_SEED
         notes.append(f"shuffle seeded with {_SHARED_SEED} so every worker shards the same order")
@@ -164,6 +171,9 @@ def decide(
         cache_bytes = facts.element_bytes * facts.num_examples
     if cache is None or cache is False:
         cache_plan = None
+    elif facts.service:
+        # Each epoch hands every worker other examples: a cache there never holds the data.
+        notes.append("not cached: the tf.data service's workers get other examples every epoch")
     elif cache == "auto":
         if facts.map_fn_random_ops:
             notes.append(
@@ -235,7 +245,7 @@ def decide(
     # tf.data's own thread pool on GPU hosts, so input threads do not queue behind the
     # runtime's inter-op work that launches GPU kernels.
     if private_threadpool_size is None:
-        private_threadpool_size = facts.cpu_count if facts.has_gpu else 0
+        private_threadpool_size = facts.cpu_count if facts.has_gpu and not facts.service else 0
 
     return Plan(
         global_batch_size=global_batch,
