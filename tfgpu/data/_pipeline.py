@@ -31,8 +31,8 @@ from tfgpu.data._facts import bytes_per_example, cpu_count, ram_budget, worker_c
 from tfgpu.data._functions import check_arity, check_map_output, parallel_map, random_op_types
 from tfgpu.data._plan import Facts, Plan, decide, validation_plan
 from tfgpu.data._read import Read, read
-from tfgpu.data._sources import batched_source_plan
 from tfgpu.data._service import check_reachable, choose_job, distributed, memory_source
+from tfgpu.data._sources import batched_source_plan
 from tfgpu.data._split import check_split_counts, refuse_dataset_split
 
 # What `pipeline()` returns for each side: a dataset of batches, or its distributed form.
@@ -341,7 +341,7 @@ def pipeline(
     if args.service is not None and args.src.kind == "memory":
         # Chunks the dispatcher hands out one at a time, not one split per example.
         n_train = source.split_counts[0] if source.split_counts else args.src.num_examples
-        source = dataclasses.replace(source, ds=memory_source(args.src.value, n_train))
+        source = dataclasses.replace(source, ds=memory_source(args.src.value, n_train or 0))
     decoded = _decode(args, source)
     facts = _gather_facts(args, batching, source, decoded)
     plan = decide(
