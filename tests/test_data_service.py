@@ -1,0 +1,390 @@
+"""tfgpu.data.pipeline(service=...), the data-service servers, and the pure rules behind them.
+
+The servers run in this process (`DispatchServer`/`WorkerServer` on 127.0.0.1), except the
+console command's test, which runs the dispatcher as `tfgpu data-service` would (a
+subprocess, SIGTERM, a restart from its work directory).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfgpu
+from tfgpu._cluster import Cluster
+from tfgpu._data_service import (
+    check_job_name,
+    consumers,
+    job_name,
+    parse_address,
+    service_advice,
+)
+from tfgpu.data._plan import Facts, decide
+from tfgpu.data._service import chunk_size, main, wait_for_port
+
+SERVICE = tf.data.experimental.service
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------ pure rules (fast)
+
+
+@pytest.mark.parametrize(
+    "value, target",
+    [
+        ("grpc://localhost:5050", "grpc://localhost:5050"),
+        ("10.0.0.7:5050", "grpc://10.0.0.7:5050"),
+        ("[::1]:5050", "grpc://[::1]:5050"),
+        ("dispatcher.svc.cluster.local:1", "grpc://dispatcher.svc.cluster.local:1"),
+    ],
+)
+def test_address_forms(value, target):
+    assert parse_address(value).target == target
+
+
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        ("http://host:5050", "speaks 'grpc', not 'http'"),
+        ("host", "with a port from 1 to 65535"),
+        ("host:0", "with a port from 1 to 65535"),
+        ("host:70000", "with a port from 1 to 65535"),
+        (":5050", "with a host name"),
+        ("ho st:5050", "with a host name"),
+    ],
+)
+def test_address_errors(value, match):
+    with pytest.raises(ValueError, match=r"argument `service`.*" + match):
+        parse_address(value)
+    with pytest.raises(TypeError, match="Invalid type for argument `service`"):
+        parse_address(5050)
+
+
+def test_job_name_choice():
+    lone = Cluster("none", 1)
+    assert job_name(None, cluster=lone, environ={}, serial=0, token="t") == "tfgpu-t-0"
+    assert job_name(None, cluster=lone, environ={}, serial=1, token="t") == "tfgpu-t-1"
+    two = Cluster("TF_CONFIG", 2, "worker", 1, {"worker": ["a:1", "b:1"]})
+    # Explicit: the same on every trainer; a second pipeline of the run gets a suffix.
+    for cluster in (lone, two):
+        assert job_name("run7", cluster=cluster, environ={}, serial=0, token="x") == "run7"
+        assert job_name("run7", cluster=cluster, environ={}, serial=2, token="y") == "run7-2"
+    # Slurm: job and step ids, the same on every task, new for every run.
+    slurm = Cluster("slurm", 4, "worker", 3)
+    env = {"SLURM_JOB_ID": "991", "SLURM_STEP_ID": "2"}
+    names = {job_name(None, cluster=slurm, environ=env, serial=0, token=t) for t in "abcd"}
+    assert names == {"tfgpu-slurm-991.2-0"}
+    # Several trainers with nothing unique they share: the user must name the run.
+    with pytest.raises(ValueError, match=r"service_job_name=None in a 2-trainer cluster"):
+        job_name(None, cluster=two, environ={}, serial=0, token="t")
+
+
+def test_job_name_checks():
+    assert check_job_name(None) is None
+    with pytest.raises(TypeError, match="service_job_name"):
+        check_job_name(7)
+    for bad in ("", "a b", "-x", "x" * 129, "a/b"):
+        with pytest.raises(ValueError, match="service_job_name"):
+            check_job_name(bad)
+
+
+def test_coordinated_reads_only_for_repeated_multi_worker_data():
+    spec = {"chief": ["c:1"], "worker": ["a:1", "b:1"]}
+    assert consumers(Cluster("TF_CONFIG", 3, "chief", 0, spec), repeat=True) == (0, 3)
+    assert consumers(Cluster("TF_CONFIG", 3, "worker", 1, spec), repeat=True) == (2, 3)
+    assert consumers(Cluster("TF_CONFIG", 3, "worker", 1, spec), repeat=False) == (None, None)
+    assert consumers(Cluster("TF_CONFIG", 3, "evaluator", 0, spec), repeat=True) == (None, None)
+    assert consumers(Cluster("slurm", 2, "worker", 1), repeat=True) == (1, 2)
+    assert consumers(Cluster("none", 1), repeat=True) == (None, None)
+
+
+def test_service_advice_rule():
+    base = dict(
+        input_bound=True,
+        host_cpu_busy=0.97,
+        cpu_count=8,
+        parallel=True,
+        cached=True,
+        pipeline_batches_per_s=30.0,
+        step_batches_per_s=100.0,
+    )
+    advice = service_advice(**base)
+    assert advice is not None and (advice.workers, advice.cores) == (4, 31)
+    assert "4 with 8 cores each" in advice.text and "service='grpc://HOST:5050'" in advice.text
+    # Any setting left on this host, or no shortage: no advice.
+    for change in (
+        {"input_bound": False},
+        {"host_cpu_busy": 0.5},
+        {"parallel": False},
+        {"cached": False},
+        {"pipeline_batches_per_s": 120.0},
+        {"step_batches_per_s": float("nan")},
+    ):
+        assert service_advice(**{**base, **change}) is None
+
+
+def _facts(**kw):
+    base = dict(
+        kind="memory",
+        num_examples=1000,
+        element_bytes=16,
+        num_files=None,
+        has_map_fn=True,
+        map_fn_random_ops=(),
+        num_replicas=2,
+        num_workers=2,
+        has_gpu=True,
+        cpu_count=8,
+        ram_budget_bytes=2**30,
+        free_disk_bytes=None,
+    )
+    return Facts(**{**base, **kw})
+
+
+def test_plan_under_the_service():
+    wishes = dict(
+        batch_size=8,
+        per_replica_batch_size=None,
+        cache="auto",
+        shuffle=True,
+        shuffle_buffer=None,
+        drop_remainder=None,
+        deterministic=None,
+        seed=None,
+        has_strategy=True,
+        private_threadpool_size=None,
+    )
+    local = decide(_facts(), **wishes)
+    assert (local.shard_policy, local.deterministic, local.cache) == ("DATA", True, "memory")
+    plan = decide(_facts(service=True), **wishes)
+    assert plan.shard_policy == "OFF"  # the service's job shares the data, not auto-sharding
+    assert plan.deterministic is False and plan.shuffle_seed is None
+    assert plan.cache is None and any("tf.data service" in n for n in plan.notes)
+    assert plan.private_threadpool_size == 0  # the workers' machines are not this one
+    assert plan.drop_remainder is True and plan.global_batch_size == 8
+
+
+def test_chunks_are_splits_not_examples():
+    assert chunk_size(10) == 1
+    assert chunk_size(3_200) == 100
+    assert chunk_size(10**7) == 256
+
+
+XY = (np.arange(96, dtype=np.float32).reshape(96, 1), np.arange(96))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(service="ftp://h:1"), ValueError, "speaks 'grpc'"),
+        (dict(service=1), TypeError, "argument `service`"),
+        (dict(service="h:1", cache=True), ValueError, "Conflicting arguments: cache=True"),
+        (dict(service="h:1", cache="/tmp/c"), ValueError, "a file cache would be written"),
+        (dict(service="h:1", deterministic=True), ValueError, "never reproducible"),
+        (dict(service_job_name="r1"), ValueError, "service_job_name='r1' and service=None"),
+        (dict(service="h:1", service_job_name="a b"), ValueError, "service_job_name"),
+    ],
+)
+def test_pipeline_arguments_checked_before_any_work(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        tfgpu.data.pipeline(XY, batch_size=8, **kwargs)
+
+
+def test_dispatcher_unreachable_fails_fast_naming_the_address():
+    port = _free_port()  # bound then closed: nothing listens there
+    with pytest.raises(ConnectionError, match=rf"dispatcher at grpc://127\.0\.0\.1:{port} is not"):
+        tfgpu.data.pipeline(XY, batch_size=8, service=f"127.0.0.1:{port}")
+
+
+def test_main_rejects_bad_arguments(capsys):
+    assert main(["worker"]) == 2  # --dispatcher is required
+    assert main(["worker", "--dispatcher", "nohost"]) == 2
+    assert main(["dispatcher", "--port", "0"]) == 2
+    assert main(["dispatcher", "--worker-timeout-s", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--dispatcher" in err and "expected 1 to 65535" in err
+
+
+# ------------------------------------------------------------------ with servers (slow)
+
+
+class _Cluster:
+    def __init__(self, workers: int = 2, **dispatcher):
+        self.dispatcher = SERVICE.DispatchServer(SERVICE.DispatcherConfig(port=0, **dispatcher))
+        self.address = self.dispatcher.target.split("://")[1]
+        self.workers = [self.add_worker() for _ in range(workers)]
+
+    def add_worker(self):
+        return SERVICE.WorkerServer(
+            SERVICE.WorkerConfig(
+                dispatcher_address=self.address,
+                worker_address="127.0.0.1:%port%",
+                heartbeat_interval_ms=200,
+            )
+        )
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return _Cluster(workers=2)
+
+
+def _labels(ds) -> list[int]:
+    return sorted(int(v) for _, y in ds for v in np.asarray(y))
+
+
+@pytest.mark.slow
+def test_same_examples_as_the_local_pipeline(cluster):
+    x = np.arange(200, dtype=np.float32).reshape(200, 1)
+    y = np.arange(200)
+
+    def build(**kw):
+        return tfgpu.data.pipeline(
+            (x, y),
+            batch_size=16,
+            map_fn=lambda a, b: (a * 2.0, b),
+            augment_fn=lambda a, b: (a + tf.random.uniform(()), b),
+            validation_split=0.1,
+            **kw,
+        )
+
+    local_train, local_val = build()
+    train, val = build(service=cluster.dispatcher.target)
+    expected = _labels(local_train)
+    assert expected == list(range(180))
+    for _ in range(2):  # every epoch: each training example once, as the local pipeline
+        seen = []
+        for a, b in train:
+            assert a.shape[0] <= 16  # whole batches come from the workers
+            np.testing.assert_array_less(np.asarray(b) * 2.0 - 1e-6, a.numpy()[:, 0])
+            seen += np.asarray(b).tolist()
+        assert sorted(seen) == expected
+    # The validation side stays on the trainer, in order.
+    assert [int(v) for _, b in val for v in b] == [int(v) for _, b in local_val for v in b]
+
+
+@pytest.mark.slow
+def test_two_replicas_share_each_batch(cluster):
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    x = np.arange(96, dtype=np.float32).reshape(96, 1)
+    ds = tfgpu.data.pipeline(
+        (x, np.arange(96)),
+        per_replica_batch_size=4,
+        strategy=strategy,
+        distribute=True,
+        service=cluster.dispatcher.target,
+    )
+    seen = []
+    for _, y in ds:
+        parts = strategy.experimental_local_results(y)
+        assert [p.shape[0] for p in parts] == [4, 4]  # drop_remainder=True under a strategy
+        seen += [int(v) for p in parts for v in p]
+    counts = collections.Counter(seen)
+    assert max(counts.values()) == 1  # no example twice
+    # Each worker drops its own partial last batch: at most 2 x 7 examples left out.
+    assert len(seen) >= 96 - 2 * 7 and len(seen) % 8 == 0
+
+
+@pytest.mark.slow
+def test_fit_under_a_strategy(cluster):
+    import keras
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    train = tfgpu.data.pipeline(
+        (x, y), per_replica_batch_size=8, strategy=strategy, service=cluster.dispatcher.target
+    )
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    history = model.fit(train, epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2
+    assert all(np.isfinite(history.history["loss"]))
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_epoch_does_not_stop_training():
+    own = _Cluster(workers=2, worker_timeout_ms=500)
+    # A slow source (a sleep, no CPU) so the epoch is still running when a worker dies.
+    data = tf.data.Dataset.range(300).apply(tf.data.experimental.sleep(2000))
+    ds = tfgpu.data.pipeline(data, batch_size=5, shuffle=False, service=own.dispatcher.target)
+    seen: list[int] = []
+    for i, b in enumerate(ds):
+        seen += np.asarray(b).tolist()
+        if i == 5:
+            own.workers[1]._stop()  # its task and the examples it held are gone
+    counts = collections.Counter(seen)
+    assert max(counts.values()) == 1  # at most once: nothing twice...
+    assert len(counts) > 30 + 50  # ...and the epoch went on after the kill
+    # The next epoch runs on the worker left, every example once again.
+    assert sorted(int(v) for b in ds for v in np.asarray(b)) == list(range(300))
+
+
+@pytest.mark.slow
+def test_console_dispatcher_sigterm_and_restart_keep_the_job(tmp_path):
+    port = _free_port()
+    work_dir = tmp_path / "dispatcher"
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from tfgpu.data._service import main; sys.exit(main(sys.argv[1:]))",
+        "dispatcher",
+        "--port",
+        str(port),
+        "--work-dir",
+        str(work_dir),
+    ]
+    env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+    def start():
+        proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+        assert wait_for_port("127.0.0.1", port, 120), "the dispatcher did not start"
+        return proc
+
+    def stop(proc):
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err[-2000:]
+        return err
+
+    proc = start()
+    try:
+        worker = SERVICE.WorkerServer(
+            SERVICE.WorkerConfig(
+                dispatcher_address=f"127.0.0.1:{port}",
+                worker_address="127.0.0.1:%port%",
+                heartbeat_interval_ms=200,
+            )
+        )
+        data = tf.data.Dataset.range(120).apply(tf.data.experimental.sleep(2000))
+        ds = tfgpu.data.pipeline(
+            data, batch_size=4, shuffle=False, service=f"grpc://127.0.0.1:{port}"
+        )
+        iterator = iter(ds)
+        seen = [int(v) for _ in range(3) for v in next(iterator)]
+        err = stop(proc)
+        assert f"dispatcher serving grpc://{socket.gethostname()}:{port}" in err
+        assert f"fault tolerant, journal in {work_dir}" in err and "dispatcher stopped" in err
+        proc = start()  # the same work dir: the job and its splits handed out so far
+        seen += [int(v) for b in iterator for v in b]
+        counts = collections.Counter(seen)
+        assert max(counts.values()) == 1 and len(counts) >= 100
+        worker._stop()
+    finally:
+        if proc.poll() is None:
+            stop(proc)
