@@ -30,6 +30,9 @@ from tfgpu._data_service import (
 from tfgpu.data._plan import Facts, decide
 from tfgpu.data._service import chunk_size, main, wait_for_port
 
+# A dataset step that waits per element without using the CPU (TensorFlow's test helper).
+from tensorflow.python.data.experimental.ops.testing import sleep as _sleep  # noqa: E402
+
 SERVICE = tf.data.experimental.service
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -321,7 +324,7 @@ def test_fit_under_a_strategy(cluster):
 def test_a_worker_killed_mid_epoch_does_not_stop_training():
     own = _Cluster(workers=2, worker_timeout_ms=500)
     # A slow source (a sleep, no CPU) so the epoch is still running when a worker dies.
-    data = tf.data.Dataset.range(300).apply(tf.data.experimental.sleep(2000))
+    data = tf.data.Dataset.range(300).apply(_sleep(2000))
     ds = tfgpu.data.pipeline(data, batch_size=5, shuffle=False, service=own.dispatcher.target)
     seen: list[int] = []
     for i, b in enumerate(ds):
@@ -371,7 +374,7 @@ def test_console_dispatcher_sigterm_and_restart_keep_the_job(tmp_path):
                 heartbeat_interval_ms=200,
             )
         )
-        data = tf.data.Dataset.range(120).apply(tf.data.experimental.sleep(2000))
+        data = tf.data.Dataset.range(120).apply(_sleep(2000))
         ds = tfgpu.data.pipeline(
             data, batch_size=4, shuffle=False, service=f"grpc://127.0.0.1:{port}"
         )
