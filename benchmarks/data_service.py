@@ -25,11 +25,10 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
+from tensorflow.python.data.experimental.ops.testing import sleep as _sleep
 
-from tensorflow.python.data.experimental.ops.testing import sleep as _sleep  # noqa: E402
-
-import tfgpu  # noqa: E402
+import tfgpu
 
 SERVICE = tf.data.experimental.service
 

@@ -18,6 +18,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+# A dataset step that waits per element without using the CPU (TensorFlow's test helper).
+from tensorflow.python.data.experimental.ops.testing import sleep as _sleep
+
 import tfgpu
 from tfgpu._cluster import Cluster
 from tfgpu._data_service import (
@@ -29,9 +32,6 @@ from tfgpu._data_service import (
 )
 from tfgpu.data._plan import Facts, decide
 from tfgpu.data._service import chunk_size, main, wait_for_port
-
-# A dataset step that waits per element without using the CPU (TensorFlow's test helper).
-from tensorflow.python.data.experimental.ops.testing import sleep as _sleep  # noqa: E402
 
 SERVICE = tf.data.experimental.service
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
