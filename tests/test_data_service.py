@@ -323,6 +323,7 @@ def test_fit_under_a_strategy(cluster):
 @pytest.mark.slow
 def test_a_worker_killed_mid_epoch_does_not_stop_training():
     own = _Cluster(workers=2, worker_timeout_ms=500)
+    port = int(own.workers[1]._address.rpartition(":")[2])
     # A slow source (a sleep, no CPU) so the epoch is still running when a worker dies.
     data = tf.data.Dataset.range(300).apply(_sleep(2000))
     ds = tfgpu.data.pipeline(data, batch_size=5, shuffle=False, service=own.dispatcher.target)
@@ -331,10 +332,20 @@ def test_a_worker_killed_mid_epoch_does_not_stop_training():
         seen += np.asarray(b).tolist()
         if i == 5:
             own.workers[1]._stop()  # its task and the examples it held are gone
+            # ...and its supervisor starts it again at the same address (as Kubernetes
+            # restarts a pod): without that, tf.data 2.21 waits for its task at epoch end.
+            own.workers[1] = SERVICE.WorkerServer(
+                SERVICE.WorkerConfig(
+                    dispatcher_address=own.address,
+                    worker_address="127.0.0.1:%port%",
+                    port=port,
+                    heartbeat_interval_ms=200,
+                )
+            )
     counts = collections.Counter(seen)
     assert max(counts.values()) == 1  # at most once: nothing twice...
-    assert len(counts) > 30 + 50  # ...and the epoch went on after the kill
-    # The next epoch runs on the worker left, every example once again.
+    assert 30 + 200 < len(counts) <= 300  # ...and the epoch went on after the kill
+    # The next epoch is whole again: every example once.
     assert sorted(int(v) for b in ds for v in np.asarray(b)) == list(range(300))
 
 
