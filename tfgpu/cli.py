@@ -121,6 +121,13 @@ def _build_parser() -> argparse.ArgumentParser:
         "--log-dir", default=None, metavar="LOG_DIR", help="write tune.json and tune.png here"
     )
     p.set_defaults(command_parser=p)
+
+    p = sub.add_parser(
+        "data-service",
+        help="run a tf.data service dispatcher or worker (`tfgpu data-service --help`)",
+        add_help=False,
+    )
+    p.set_defaults(command_parser=p)  # `main` hands its arguments to the servers' parser
     return parser
 
 
@@ -139,9 +146,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
         check_dir("log_dir", args.log_dir)
         check_dir("out_dir", args.out, allow_none=True)
     elif args.command == "tune":
-        from tfgpu.tuning._script import check_arguments
+        from tfgpu.tuning._script import check_arguments as check_tune_arguments
 
-        check_arguments(
+        check_tune_arguments(
             args.script,
             args.script_args,
             args.steps,
@@ -230,6 +237,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     >>> main(["env", "--json"])  # doctest: +SKIP
     0
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["data-service"]:  # its own parser (its --help included); servers log to stderr
+        from tfgpu.data._service import main as data_service
+
+        return data_service(argv[1:])
     args = _build_parser().parse_args(argv)
     try:
         _check_arguments(args)
