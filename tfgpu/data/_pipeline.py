@@ -301,8 +301,10 @@ def pipeline(
     model.fit(train, epochs=10)
     ```
     """
-    args = check_arguments(
-        data,
+    # The call's arguments: checked here, and recorded with the result so that `tune` can
+    # build the pipeline again with other settings.
+    arguments: dict[str, Any] = dict(
+        data=data,
         batch_size=batch_size,
         per_replica_batch_size=per_replica_batch_size,
         strategy=strategy,
@@ -327,6 +329,7 @@ def pipeline(
         service=service,
         service_job_name=service_job_name,
     )
+    args = check_arguments(**arguments)
     if args.service is not None:
         check_reachable(args.service)  # seconds, naming the address, instead of a hang
     batching = _batching(args)
@@ -362,35 +365,7 @@ def pipeline(
         if note.startswith("cache after") or note.startswith("not cached: map_fn"):
             warnings.warn(f"tfgpu.data.pipeline: {note}.", stacklevel=2)
     train, validation = _assemble(args, batching, source, decoded, facts, plan)
-    mark_pipeline(
-        train,
-        arguments=dict(
-            data=data,
-            batch_size=batch_size,
-            per_replica_batch_size=per_replica_batch_size,
-            strategy=strategy,
-            map_fn=map_fn,
-            augment_fn=augment_fn,
-            batch_map_fn=batch_map_fn,
-            batch_augment_fn=batch_augment_fn,
-            validation_split=validation_split,
-            cache=cache,
-            shuffle=shuffle,
-            shuffle_buffer=shuffle_buffer,
-            drop_remainder=drop_remainder,
-            deterministic=deterministic,
-            repeat=repeat,
-            distribute=distribute,
-            seed=seed,
-            ram_budget_mib=ram_budget_mib,
-            private_threadpool_size=private_threadpool_size,
-            split=split,
-            data_dir=data_dir,
-            compression_type=compression_type,
-            service=service,
-            service_job_name=service_job_name,
-        ),
-    )  # its arguments, so that `tune` can build it again with other settings
+    mark_pipeline(train, arguments=arguments)
     if args.distribute:
         strategy = args.strategy  # not None: checked with distribute=True
         train_out = strategy.experimental_distribute_dataset(train)  # type: ignore[union-attr]
