@@ -363,3 +363,20 @@ def is_finite_number(value: Any) -> bool:
     (True, False, False)
     """
     return is_number(value) and math.isfinite(float(value))
+
+
+def check_time_budget(value: Any) -> float | None:
+    """Checks a `time_budget_s` argument: seconds > 0, or None (no limit); returns it.
+
+    Raises:
+        TypeError: for a value that is not a number (a bool included).
+        ValueError: for a value <= 0 or not finite.
+    """
+    return check_number(
+        "time_budget_s",
+        value,
+        minimum=0,
+        exclusive_minimum=True,
+        allow_none=True,
+        expected="a finite number of seconds > 0, or None (no limit)",
+    )

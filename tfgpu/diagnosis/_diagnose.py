@@ -19,7 +19,7 @@ from tfgpu._checks import (
     check_bool,
     check_dir,
     check_int,
-    check_number,
+    check_time_budget,
     invalid_type,
 )
 from tfgpu._datasets import chain_state, made_by_pipeline
@@ -126,14 +126,7 @@ def _check_args(
         )
     for name, value in flags.items():
         check_bool(name, value)
-    return check_number(
-        "time_budget_s",
-        time_budget_s,
-        minimum=0,
-        exclusive_minimum=True,
-        allow_none=True,
-        expected="a finite number of seconds > 0, or None (no limit)",
-    )
+    return check_time_budget(time_budget_s)
 
 
 def _batch_of(ds) -> tuple[Any, int | None]:

@@ -66,7 +66,7 @@ def check_arguments(
     Raises:
         TypeError, ValueError: for an argument of the wrong type or value.
     """
-    from tfgpu._checks import check_dir, check_int, check_number, invalid_type, invalid_value
+    from tfgpu._checks import check_dir, check_int, check_time_budget, invalid_type, invalid_value
 
     if not isinstance(script, (str, os.PathLike)):
         raise invalid_type("script", script, "the path of a Python script (str or os.PathLike)")
@@ -77,14 +77,7 @@ def check_arguments(
         raise invalid_type("script_args", script_args, "a sequence of str (the script's argv)")
     check_int("steps", steps, minimum=3)
     check_int("warmup", warmup, minimum=1)
-    budget = check_number(
-        "time_budget_s",
-        time_budget_s,
-        minimum=0,
-        exclusive_minimum=True,
-        allow_none=True,
-        expected="a finite number of seconds > 0, or None (no limit)",
-    )
+    budget = check_time_budget(time_budget_s)
     return path, list(script_args), budget, check_dir("log_dir", log_dir, allow_none=True)
 
 

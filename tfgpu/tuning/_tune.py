@@ -13,7 +13,13 @@ import keras
 import tensorflow as tf
 
 from tfgpu import _measure, _stats
-from tfgpu._checks import check_dir, check_int, check_number, invalid_type, invalid_value
+from tfgpu._checks import (
+    check_dir,
+    check_int,
+    check_time_budget,
+    invalid_type,
+    invalid_value,
+)
 from tfgpu._datasets import cardinality, has_step, pipeline_arguments, source_batches
 from tfgpu._model_state import preserved
 from tfgpu._progress import Progress, check_verbose
@@ -92,14 +98,7 @@ def _check_args(
             "Expected a batched `tf.data.Dataset`; for arrays, build one: "
             "`tfgpu.data.pipeline((x, y), batch_size=...)`."
         )
-    return check_number(
-        "time_budget_s",
-        time_budget_s,
-        minimum=0,
-        exclusive_minimum=True,
-        allow_none=True,
-        expected="a finite number of seconds > 0, or None (no limit)",
-    )
+    return check_time_budget(time_budget_s)
 
 
 def _check_model(model: Any, built_by_factory: bool) -> None:
