@@ -1026,3 +1026,25 @@ def test_a_cell_ending_with_the_report_renders_it_with_the_plots_inlined(tmp_pat
     assert report._repr_markdown_() is None  # gone: the plain repr
     with pytest.raises(FileNotFoundError):
         report.show()
+
+
+def test_the_report_shows_tune_json_and_its_waterfall(tmp_path):
+    # `tfgpu.tune(..., log_dir=)` writes tune.json (with its printed table) and tune.png.
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "diagnosis.json").write_text(json.dumps({"bottleneck": "compute", "findings": []}))
+    table = "tune: each setting against the best so far\n  steps_per_execution=16  x1.80  kept"
+    (run / "tune.json").write_text(json.dumps({"speedup": 1.8, "text": table}))
+    (run / "tune.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    out = tmp_path / "elsewhere"
+    text = write_report(run, out_dir=out).read_text()
+    assert "## Tuning" in text and "steps_per_execution=16  x1.80  kept" in text
+    assert "![tune](../run/tune.png)" in text  # relative to report.md, wherever it is written
+
+
+def test_a_damaged_tune_json_is_a_problem_not_a_crash(tmp_path):
+    (tmp_path / "diagnosis.json").write_text(json.dumps({"bottleneck": "compute"}))
+    (tmp_path / "tune.json").write_text("{not json")
+    with pytest.warns(UserWarning):
+        text = write_report(tmp_path).read_text()
+    assert "## Tuning" in text and "could not be read" in text

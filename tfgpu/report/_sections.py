@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -205,6 +206,23 @@ def _diagnosis_section(path: Path, problems: _Problems) -> list[str]:
             name = f.get("title", f.get("kind"))
             lines.append(f"- **{_text(name)}**: {_text(f.get('recommendation', ''))}")
     return [*lines, ""]
+
+
+def _tune_section(path: Path, out: Path, problems: _Problems) -> list[str]:
+    """`tune.json` (written by `tfgpu.tune`): its table and lines, and its waterfall plot."""
+    lines = ["## Tuning", ""]
+    d = _read_record(path, problems)
+    if d is None:
+        return [*lines, f"`{path.name}` could not be read (see Problems above).", ""]
+    text = d.get("text")
+    if isinstance(text, str) and text.strip():
+        lines += ["```", text.rstrip().replace("```", "'''"), "```", ""]
+    else:
+        lines += [f"Verified speedup: x{_fmt(d.get('speedup'), '.2f')}", ""]
+    plot = path.with_name("tune.png")
+    if plot.is_file():
+        lines += [f"![tune]({Path(os.path.relpath(plot, out)).as_posix()})", ""]
+    return lines
 
 
 def _gpu_line(g: Any) -> str:

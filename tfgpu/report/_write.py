@@ -35,6 +35,7 @@ from tfgpu.report._sections import (
     _sessions_section,
     _steps_section,
     _timeline_section,
+    _tune_section,
     _workers_heading,
 )
 from tfgpu.report._show import ReportPath
@@ -125,6 +126,10 @@ def write_report_and_problems(
         body += _section(problems, run, _counter_section, read_timelines, read_steps)
     for diagnosis in _diagnoses(names):  # earlier ones (diagnosis.1.json, ...) first
         body += _section(problems, diagnosis, _diagnosis_section, diagnosis, problems)
+    if (run / "tune.json").is_file():
+        body += _section(
+            problems, run / "tune.json", _tune_section, run / "tune.json", out, problems
+        )
     if images:
         body += ["## Plots", ""]
         body += [f"![{p.stem}]({p.name})" for p in images]

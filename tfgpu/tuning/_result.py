@@ -216,7 +216,8 @@ def write(result: TuneResult, log_dir: Path) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         path = log_dir / TUNE_JSON
         rotate(path)
-        write_text_atomic(path, json.dumps(result.to_dict(), indent=2))
+        record = {**result.to_dict(), "text": str(result)}  # `tfgpu report` shows the text
+        write_text_atomic(path, json.dumps(record, indent=2))
     except OSError as e:
         warn_at_user_code(f"tune: {TUNE_JSON} not written to {log_dir}: {one_line(e)}")
         return
