@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -175,33 +176,33 @@ def pipeline_arguments(ds: Any) -> dict[str, Any] | None:
     return None if arguments is None else dict(arguments)
 
 
-def has_step(ds: Any, step: str) -> bool:
-    """Whether a step whose class name contains `step` (lowercase, no underscores, e.g.
-    `"cache"`, `"prefetch"`) is in `ds`'s single-input chain."""
+def _single_input_chain(ds: Any) -> Iterator[Any]:
+    """`ds`, then its input, its input's input, ... while each step has exactly one input
+    (stops at a zip, a source, or a dataset class without the private accessor)."""
     for _ in range(10_000):
-        if step in type(ds).__name__.lower().replace("_", ""):
-            return True
+        yield ds
         try:
             inputs = list(ds._inputs())
         except Exception:
-            return False
+            return
         if len(inputs) != 1:
-            return False
+            return
         ds = inputs[0]
-    return False
+
+
+def has_step(ds: Any, step: str) -> bool:
+    """Whether a step whose class name contains `step` (lowercase, no underscores, e.g.
+    `"cache"`, `"prefetch"`) is in `ds`'s single-input chain."""
+    return any(step in type(d).__name__.lower().replace("_", "") for d in _single_input_chain(ds))
 
 
 def made_by_pipeline(ds: Any) -> bool:
     """Whether `ds`, or a dataset in its single-input chain (`.repeat()`, `.take(n)` after
     it), was built by `tfgpu.data.pipeline`."""
-    for _ in range(10_000):
+    for d in _single_input_chain(ds):
         try:
-            if ds in _PIPELINES:
+            if d in _PIPELINES:
                 return True
-            inputs = list(ds._inputs())
-        except Exception:
+        except Exception:  # not weak-referenceable: not one of ours
             return False
-        if len(inputs) != 1:
-            return False
-        ds = inputs[0]
     return False
