@@ -15,6 +15,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "tests" / "workers" / "train.py"
+SERVICE_TRAIN = REPO / "tests" / "workers" / "service_train.py"
 
 
 def free_ports(n: int) -> list[int]:
@@ -31,13 +32,17 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def tf_config(ports: list[int], index: int) -> str:
-    return json.dumps(
-        {
-            "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
-            "task": {"type": "worker", "index": index},
-        }
-    )
+def tf_config(ports: list[int], index: int, chief: bool = False) -> str:
+    """Process `index`'s TF_CONFIG: all workers, or (`chief`) process 0 the chief."""
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+    if not chief:
+        spec, task = {"worker": addresses}, {"type": "worker", "index": index}
+    else:
+        spec = {"chief": addresses[:1], "worker": addresses[1:]}
+        task = (
+            {"type": "chief", "index": 0} if index == 0 else {"type": "worker", "index": index - 1}
+        )
+    return json.dumps({"cluster": spec, "task": task})
 
 
 @dataclass
@@ -51,22 +56,31 @@ class Worker:
         return self.log.read_text(errors="replace")
 
 
-def start(n: int, args: list[str], workdir: Path, tag: str = "run") -> list[Worker]:
-    """Starts `n` workers running `tests/workers/train.py args` (each `--out` gets its index)."""
+def start(
+    n: int,
+    args: list[str],
+    workdir: Path,
+    tag: str = "run",
+    *,
+    script: Path = TRAIN,
+    chief: bool = False,
+) -> list[Worker]:
+    """Starts `n` processes running `script args` (default `tests/workers/train.py`; `{i}` in
+    an argument becomes the process's index), all workers or (`chief`) process 0 the chief."""
     ports = free_ports(n)
     workers = []
     for i in range(n):
         log = workdir / f"{tag}-worker{i}.log"
         env = {
             **os.environ,
-            "TF_CONFIG": tf_config(ports, i),
+            "TF_CONFIG": tf_config(ports, i, chief),
             "PYTHONPATH": str(REPO),
             "TF_CPP_MIN_LOG_LEVEL": "2",
         }
         out = [a.replace("{i}", str(i)) for a in args]
         with open(log, "w") as f:
             proc = subprocess.Popen(
-                [sys.executable, str(TRAIN), *out],
+                [sys.executable, str(script), *out],
                 stdout=f,
                 stderr=subprocess.STDOUT,
                 env=env,
