@@ -625,6 +625,23 @@ def test_benchmark_counts_examples_and_restarts_short_datasets():
     assert ragged.batch_size is None and ragged.num_examples == 40  # 8, 8, 4, 8, 8, 4
 
 
+def test_benchmark_says_how_busy_the_cpu_cores_were(monkeypatch):
+    """CPU time over wall time x usable cores, over the timed batches only (scripted clocks:
+    each wall-clock read advances 1 s, each CPU-time read 1.5 s; 2 cores)."""
+    import types
+
+    from tfgpu.data import _benchmark
+
+    wall, cpu = iter(range(0, 1000)), iter(x * 1.5 for x in range(1000))
+    clock = types.SimpleNamespace(perf_counter=lambda: next(wall), process_time=lambda: next(cpu))
+    monkeypatch.setattr(_benchmark, "time", clock)
+    monkeypatch.setattr(_benchmark, "usable_cores", lambda: 2)
+    result = tfdata.benchmark(tfdata.pipeline(_xy(), batch_size=16), steps=3, warmup=1)
+    assert (result.cpu_busy, result.cpu_cores) == (0.75, 2)  # 1.5 CPU-s in 1 s on 2 cores
+    assert str(result).endswith("; 75% of 2 CPU cores busy)")
+    assert result.to_dict()["cpu_busy"] == 0.75
+
+
 def test_benchmark_reads_a_short_dataset_through_one_iterator(monkeypatch):
     """A 4-batch dataset is not timed restarting every 4 batches (a new iterator, its
     buffers filling from empty: issue 16 saw it 4x slower than it is): the passes come from

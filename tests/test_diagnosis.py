@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import replace
 
@@ -596,6 +597,80 @@ def test_input_bound_advice_for_a_tfgpu_pipeline_is_what_is_left():
     assert "Build the input with `tfgpu.data.pipeline(ds, batch_size=...)`" in text
     assert "num_parallel_calls=tf.data.AUTOTUNE" in text
     assert "a map runs one element at a time" in text and "not prefetched" in text
+
+
+# ---- when no setting is left on this host: the tf.data service -------------------------------
+
+# Input-bound (60% of the step waits): the pipeline makes 40 batches/s, the step takes 100.
+_SATURATED = dict(
+    step_time_s=0.025, compute_step_time_s=0.01, input_batch_time_s=0.025,
+    parallel_map=True, cache="memory", prefetch=True, made_by_pipeline=True,
+    pipeline_cpu_busy=0.97, cpu_cores=16,
+)  # fmt: skip
+
+
+def _input_finding(**kw):
+    return next(f for f in _classify(_facts(**{**_SATURATED, **kw}))[3] if f.kind == "input_bound")
+
+
+def test_a_saturated_host_with_a_tuned_pipeline_is_told_to_use_service_workers():
+    finding = _input_finding()
+    assert "keeps 97% of 16 CPU cores busy" in finding.detail
+    text = finding.recommendation
+    # ceil(1.15 x 100 / 40) = 3 workers like this host, 46 cores in all.
+    assert "about 3 with 16 cores each (46 cores in all)" in text
+    assert "tfgpu data-service worker --dispatcher" in text and "service='grpc://" in text
+
+
+@pytest.mark.parametrize(
+    ("change", "instead"),
+    [
+        (dict(pipeline_cpu_busy=0.6), "private_threadpool_size="),  # cores left on this host
+        (dict(pipeline_cpu_busy=math.nan, cpu_cores=0), "private_threadpool_size="),  # unmeasured
+        (dict(cache=None), "`cache=True` (memory)"),  # caching is cheaper than machines
+        (dict(sequential_map=True), "one element at a time"),  # a setting is left
+        (dict(python_input=True), "holds the GIL"),  # Python: more workers of it, no
+        (dict(input_batch_time_s=0.008, step_time_s=0.025), None),  # not the pipeline's wait
+    ],
+)
+def test_the_service_is_advised_only_when_nothing_is_left_on_this_host(change, instead):
+    findings = _classify(_facts(**{**_SATURATED, **change}))[3]
+    texts = [f.recommendation for f in findings]
+    assert not any("data-service" in t for t in texts), texts
+    if instead is not None:
+        text = next(f for f in findings if f.kind == "input_bound").recommendation
+        assert instead in text, text
+
+
+def test_augmentation_after_the_cache_is_moved_to_batches_before_adding_machines():
+    text = _input_finding(map_after_cache=True).recommendation
+    assert text.startswith("First move the per-example augmentation after the cache into ")
+    assert "If the host still cannot keep up: the host cannot feed the training step" in text
+
+
+def test_a_pipeline_already_on_the_service_is_told_to_scale_its_workers():
+    text = _input_finding(service=True).recommendation
+    assert "tf.data service workers" in text and "about 2.9x the workers" in text
+    assert "cache" not in text  # the service takes the cache away
+
+
+@pytest.mark.slow
+def test_diagnose_recommends_service_workers_from_what_it_measured(monkeypatch):
+    # The step clock is scripted (input-bound), and so is the pipeline's own benchmark: a
+    # saturated 16-core host making 40 batches/s, whatever this machine is.
+    _ScriptedSteps(monkeypatch, device_s=0.01, real_s=0.025)
+    measured = tfgpu.data.PipelineBenchmark(
+        examples_per_second=40 * 32, batches_per_second=40.0, num_batches=5,
+        num_examples=160, seconds=0.125, batch_size=32, cpu_busy=0.97, cpu_cores=16,
+    )  # fmt: skip
+    monkeypatch.setattr(tfgpu.data, "benchmark", lambda ds, steps, warmup: measured)
+    train = tfgpu.data.pipeline(
+        (X[:256], Y[:256]), batch_size=32, map_fn=lambda x, y: (x * 2, y), cache=True
+    )
+    diagnosis = tfgpu.diagnose(_heavy_model(), train, steps=5, warmup=2, check_xla=False)
+    assert diagnosis.measurements["data_service"] == {"workers": 3, "cores": 46}
+    assert diagnosis.measurements["pipeline"]["cpu_busy"] == 0.97
+    assert "tfgpu data-service worker" in diagnosis.finding("input_bound").recommendation
 
 
 def test_in_memory_pipeline_without_a_map_gets_in_memory_advice():

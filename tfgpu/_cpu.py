@@ -201,9 +201,21 @@ def peak_flops(dtype: str = "float32") -> float | None:
     rate = _rate(dtype)
     if not sys.platform.startswith("linux"):
         return None
+    return _peak_from_texts(_read(_CPUINFO), usable_cores(), _read(_MAX_FREQ), rate)
+
+
+def usable_cores() -> int:
+    """The CPU cores this process can use: its affinity set (else `os.cpu_count()`), capped
+    by a cgroup CPU quota (a container given 2 of a host's 64 cores has 2). At least 1.
+
+    Example:
+
+    >>> usable_cores() >= 1
+    True
+    """
     try:
         affinity: int | None = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
+    except (AttributeError, OSError):  # macOS, Windows
         affinity = None
     cores = _usable_cores(
         affinity,
@@ -212,4 +224,4 @@ def peak_flops(dtype: str = "float32") -> float | None:
         _read(_CGROUP_V1_QUOTA),
         _read(_CGROUP_V1_PERIOD),
     )
-    return _peak_from_texts(_read(_CPUINFO), cores, _read(_MAX_FREQ), rate)
+    return cores or 1

@@ -213,7 +213,7 @@ def service_advice(
     and caches what it can (or has nothing to cache): no setting is left on this host, so
     the work must move to other CPUs. One worker on a machine like this host produces what
     the pipeline produced here (`pipeline_batches_per_s`, measured alone with every core);
-    the GPU takes `step_batches_per_s` (its step with data already in memory); workers =
+    the device takes `step_batches_per_s` (its step on a batch already in its memory); workers =
     ceil(`HEADROOM` x GPU rate / pipeline rate).
 
     Args:
@@ -223,7 +223,8 @@ def service_advice(
         parallel: bool, whether the pipeline's maps run in parallel (AUTOTUNE).
         cached: bool, whether the deterministic work is cached, or nothing can be.
         pipeline_batches_per_s: float, the pipeline alone, batches per second.
-        step_batches_per_s: float, the training step with data in memory, batches per second.
+        step_batches_per_s: float, the training step on a batch already in device memory,
+            batches per second.
 
     Returns:
         A `ServiceAdvice`, or None when the rule does not apply (or a rate is not a
@@ -247,10 +248,11 @@ def service_advice(
     workers = max(1, math.ceil(need))
     cores = max(1, math.ceil(need * cpu_count))
     text = (
-        f"The host cannot feed the GPU: its {cpu_count} CPU cores are {host_cpu_busy:.0%} busy "
-        f"and the pipeline, already parallel and cached, makes {pipeline_batches_per_s:.3g} "
-        f"batches/s while the GPU could train {step_batches_per_s:.3g}. No setting is left on "
-        f"this host: run the input work on tf.data service workers, about {workers} with "
+        f"The host cannot feed the training step: its {cpu_count} CPU cores are "
+        f"{host_cpu_busy:.0%} busy and the pipeline, already parallel and cached, makes "
+        f"{pipeline_batches_per_s:.3g} batches/s while the step could take "
+        f"{step_batches_per_s:.3g} (on a batch already in device memory). No setting is left "
+        f"on this host: run the input work on tf.data service workers, about {workers} with "
         f"{cpu_count} cores each ({cores} cores in all): `tfgpu data-service dispatcher "
         "--port 5050` on one machine, `tfgpu data-service worker --dispatcher HOST:5050` on "
         "each worker machine, then `tfgpu.data.pipeline(..., service='grpc://HOST:5050')` "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu._checks import check_int
+from tfgpu._cpu import usable_cores
 from tfgpu._datasets import cardinality
 from tfgpu.data._limits import MAX_COUNT, POSITIVE
 
@@ -33,6 +35,12 @@ class PipelineBenchmark:
             dataset shorter than warm-up plus timed batches is read again, as
             `data.repeat()` reads it: from one iterator, so the figures are not those of a
             pipeline started anew every few batches).
+        cpu_busy: float, the share of this process's usable CPU cores kept busy during the
+            timed batches (its CPU time over wall time x `cpu_cores`; about 1.0: the
+            pipeline uses every core, more of the same host cannot make it faster). NaN
+            when not measured.
+        cpu_cores: int, the CPU cores this process can use (its affinity, capped by a
+            container's CPU quota). 0 when not measured.
     """
 
     examples_per_second: float
@@ -44,16 +52,23 @@ class PipelineBenchmark:
     warmup_batches: int = 0
     warmup_seconds: float = 0.0
     epochs: int = 1
+    cpu_busy: float = math.nan
+    cpu_cores: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the fields as a JSON-ready dict."""
         return dataclasses.asdict(self)
 
     def __str__(self) -> str:
+        cpu = (
+            f"; {self.cpu_busy:.0%} of {self.cpu_cores} CPU cores busy"
+            if math.isfinite(self.cpu_busy) and self.cpu_cores
+            else ""
+        )
         return (
             f"{self.examples_per_second:,.0f} examples/s, {self.batches_per_second:,.1f} "
             f"batches/s ({self.num_batches} batches of {self.batch_size or 'varying size'} in "
-            f"{self.seconds:.2f} s after {self.warmup_batches} warm-up batches)"
+            f"{self.seconds:.2f} s after {self.warmup_batches} warm-up batches{cpu})"
         )
 
 
@@ -226,9 +241,11 @@ def benchmark(
     *_, starts_warm = take(int(warmup))
     warmup_seconds = time.perf_counter() - start
 
-    start = time.perf_counter()
+    cores = usable_cores()
+    start, cpu_start = time.perf_counter(), time.process_time()
     examples, low, high, starts_timed = take(steps)
     seconds = max(time.perf_counter() - start, 1e-9)
+    cpu_seconds = time.process_time() - cpu_start  # every thread of this process: tf.data's
     if indexed:
         epochs = max(1, starts_warm + starts_timed)
     return PipelineBenchmark(
@@ -241,4 +258,6 @@ def benchmark(
         warmup_batches=int(warmup),
         warmup_seconds=warmup_seconds,
         epochs=epochs,
+        cpu_busy=cpu_seconds / (seconds * cores),
+        cpu_cores=cores,
     )

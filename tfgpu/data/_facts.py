@@ -39,13 +39,6 @@ def ram_budget(ram_budget_mib: float | None) -> int:
     return int(available * _DEFAULT_RAM_FRACTION)
 
 
-def cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - macOS
-        return os.cpu_count() or 1
-
-
 def worker_count(strategy: Any) -> int:
     if strategy is None:
         return 1

@@ -23,11 +23,12 @@ from typing import Any, TypeAlias, overload
 
 import tensorflow as tf
 
+from tfgpu._cpu import usable_cores
 from tfgpu._data_service import Address
 from tfgpu._datasets import Batches, cardinality, mark_pipeline, source_batches
 from tfgpu.data._arguments import Arguments, check_arguments
 from tfgpu.data._cache import cached
-from tfgpu.data._facts import bytes_per_example, cpu_count, ram_budget, worker_count
+from tfgpu.data._facts import bytes_per_example, ram_budget, worker_count
 from tfgpu.data._functions import check_arity, check_map_output, parallel_map, random_op_types
 from tfgpu.data._plan import Facts, Plan, decide, validation_plan
 from tfgpu.data._read import Read, read
@@ -525,7 +526,7 @@ def _gather_facts(args: Arguments, batching: _Batching, source: Read, decoded: _
         num_replicas=batching.num_replicas,
         num_workers=worker_count(args.strategy),
         has_gpu=bool(tf.config.list_physical_devices("GPU")),
-        cpu_count=cpu_count(),
+        cpu_count=usable_cores(),
         ram_budget_bytes=ram_budget(args.ram_budget_mib),
         free_disk_bytes=shutil.disk_usage(args.cache_dir).free if args.cache_dir else None,
         batched=batching.keep_batches,

@@ -11,9 +11,9 @@ from typing import Any
 import tensorflow as tf
 
 from tfgpu._checks import is_int
+from tfgpu._cpu import usable_cores
 from tfgpu._datasets import Batches
 from tfgpu.data._arguments import Arguments
-from tfgpu.data._facts import cpu_count
 from tfgpu.data._split import SPLIT_BUCKETS, check_split_counts, tfds_slices, validation_filter
 from tfgpu.data._tfds import load_tfds_dataset, tfds_split_info
 
@@ -106,7 +106,7 @@ def read_files(
         names = names.shuffle(count, seed=seed, reshuffle_each_iteration=True)
     return names.interleave(
         lambda f: tf.data.TFRecordDataset(f, compression_type=compression_type),
-        cycle_length=min(count, max(cpu_count(), 2)),
+        cycle_length=min(count, max(usable_cores(), 2)),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=ordered,
     )

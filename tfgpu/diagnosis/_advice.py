@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tfgpu import _gpu_counters as counters
+from tfgpu._data_service import HEADROOM, ServiceAdvice, service_advice
 from tfgpu.diagnosis._facts import PROBE_STEPS_PER_EXECUTION, _Facts, _OpFact
 from tfgpu.diagnosis._result import Finding
 
@@ -110,9 +111,42 @@ def _unexplained_wait_finding(f: _Facts, wait: float) -> Finding:
     )
 
 
+def _service_advice(f: _Facts) -> ServiceAdvice | None:
+    """The tf.data service rule (`tfgpu._data_service`) on these facts, for an input-bound
+    run: the pipeline alone keeps every core busy, maps in parallel and caches. Pure."""
+    if f.service or f.input_batch_time_s <= 0 or f.compute_step_time_s <= 0:
+        return None
+    return service_advice(
+        input_bound=True,
+        host_cpu_busy=f.pipeline_cpu_busy,
+        cpu_count=f.cpu_cores,
+        parallel=f.parallel_map and not (f.sequential_map or f.python_input),
+        cached=f.cache is not None,
+        pipeline_batches_per_s=1.0 / f.input_batch_time_s,
+        step_batches_per_s=1.0 / f.compute_step_time_s,
+    )
+
+
 def _input_advice(f: _Facts, spe_no_gain: bool = False) -> str:
     """What to change in an input-bound pipeline, given what it already does and who built
     it (a `tfgpu.data.pipeline`, a Keras loader or hand-made chain, a generator). Pure."""
+    if f.service:
+        need = HEADROOM * f.input_batch_time_s / f.compute_step_time_s
+        return (
+            "The batches come from tf.data service workers, and they make fewer than the "
+            f"step takes: about {need:.1f}x the workers you have (or cores per worker) would "
+            "keep up; check that each worker's CPUs are busy and that the trainer reaches "
+            "every worker's port (docs/data_service.md)."
+        )
+    service = _service_advice(f)
+    if service is not None and f.map_after_cache:  # one setting is left, and it is cheaper
+        return (
+            "First move the per-example augmentation after the cache into "
+            "`batch_augment_fn=` (vectorized: one op per batch instead of one per example). "
+            "If the host still cannot keep up: " + service.text[0].lower() + service.text[1:]
+        )
+    if service is not None:
+        return service.text
     if not (f.parallel_map or f.sequential_map or f.python_input):
         return _in_memory_advice(f, spe_no_gain)
     if f.python_input:

@@ -97,7 +97,12 @@ def _classify(
                 f"Input-bound ({level}): {share:.0%} of each step waits for input",
                 f"{f.step_time_s * 1e3:.2f} ms per step with the pipeline vs "
                 f"{f.compute_step_time_s * 1e3:.2f} ms on a device-resident batch; the "
-                f"pipeline alone takes {f.input_batch_time_s * 1e3:.2f} ms per batch.",
+                f"pipeline alone takes {f.input_batch_time_s * 1e3:.2f} ms per batch"
+                + (
+                    f" and keeps {f.pipeline_cpu_busy:.0%} of {f.cpu_cores} CPU cores busy."
+                    if math.isfinite(f.pipeline_cpu_busy) and f.cpu_cores
+                    else "."
+                ),
                 _input_advice(f, spe_no_gain),
                 gain,
                 True,

@@ -22,12 +22,13 @@ from tfgpu._checks import (
     check_time_budget,
     invalid_type,
 )
-from tfgpu._datasets import chain_state, made_by_pipeline
+from tfgpu._datasets import chain_state, has_step, made_by_pipeline
 from tfgpu._files import rotate, write_text_atomic
 from tfgpu._model_state import preserved
 from tfgpu._progress import Progress, check_verbose
 from tfgpu._warnings import one_line
 from tfgpu.diagnosis import _measure
+from tfgpu.diagnosis._advice import _service_advice
 from tfgpu.diagnosis._classify import _classify, _monitor_facts, _unseen, _wait_notes
 from tfgpu.diagnosis._facts import (
     _MEASURE_SHARE,
@@ -381,6 +382,9 @@ def diagnose(
         partial_batches=partial,
         replicas=int(model.distribute_strategy.num_replicas_in_sync),
         host_load=_measure._host_load(),
+        pipeline_cpu_busy=pipeline.cpu_busy,
+        cpu_cores=pipeline.cpu_cores,
+        service=has_step(ds, "dataservice"),
         on_gpu=on_gpu,
         gpu_name=gpu_name,
         compute_capabilities=ccs,
@@ -410,6 +414,9 @@ def diagnose(
             notes.append(f"tensor-core facts not read: {one_line(e)}")
     verdict = _share_verdict(m.rounds)
     bottleneck, level, share, findings = _classify(f, verdict)
+    service = _service_advice(f) if level in ("high", "moderate") else None
+    if service is not None:  # the finding says it in words; this is for programs
+        measurements["data_service"] = {"workers": service.workers, "cores": service.cores}
     notes += _unseen(f)
     notes += _wait_notes(f, verdict, level, share, findings)
     measurements["noise"] = None

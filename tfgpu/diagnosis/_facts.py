@@ -121,6 +121,11 @@ class _Facts:
     partial_batches: bool = False  # batches of different sizes (no drop_remainder)
     replicas: int = 1  # the strategy's replicas (> 1: a distributed iterator)
     host_load: float | None = None  # 1-minute load average per core
+    # The pipeline alone: the share of this process's usable cores it kept busy (NaN: not
+    # measured), and those cores; whether it reads from tf.data service workers.
+    pipeline_cpu_busy: float = math.nan
+    cpu_cores: int = 0
+    service: bool = False
 
 
 @dataclass(frozen=True)

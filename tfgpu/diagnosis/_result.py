@@ -66,8 +66,10 @@ class Diagnosis:
         monitor: dict, GPU/host aggregates sampled during step 3 (empty without a GPU).
         measurements: dict, the raw results: per-round step times (`"rounds"`), the probes
             (`"steps_per_execution_probe"`, `"xla"`, each with its rounds and gain interval),
-            memory, `"noise"` (the input-wait share's confidence interval), `"wall_s"` and
-            `"time_budget_s"`.
+            memory, the pipeline alone (`"pipeline"`, a `PipelineBenchmark` as a dict, with
+            `cpu_busy`), `"data_service"` (`{"workers": N, "cores": C}`, only when tf.data
+            service workers are advised), `"noise"` (the input-wait share's confidence
+            interval), `"wall_s"` and `"time_budget_s"`.
         notes: list of str, what was skipped and why (one line each).
         profile_dir: str or None, where a profiler trace was written.
         noise: float or None, the width of the confidence interval of `input_wait_share`
