@@ -91,6 +91,7 @@ def test_a_setting_that_clearly_helps_is_kept_one_within_noise_is_not(monkeypatc
     assert len(gpu_only) == 2
     assert all(t.status == "untried" and "needs a GPU" in t.reason for t in gpu_only)
     assert "kept" in str(result) and "export TF_XLA_FLAGS=" in str(result)
+    assert str(result).startswith("tune: each setting against the baseline")  # each alone
 
 
 def test_a_setting_that_clearly_hurts_is_rejected_after_one_round(monkeypatch, clock, script):

@@ -85,6 +85,9 @@ class TuneResult:
         dataset: the tuned dataset when pipeline settings were kept, else the data passed in.
         notes: list of str, remarks (e.g. a setting dropped at the verification).
         time_s: float, seconds `tune` took.
+        compared_with: str, what each trial's gain is relative to: `"the best so far"`
+            (`tune`: each setting on top of those kept before it) or `"the baseline"`
+            (`tfgpu tune SCRIPT.py`: each setting alone).
 
     Example:
 
@@ -104,6 +107,7 @@ class TuneResult:
     dataset: Any = None
     notes: list[str] = dataclasses.field(default_factory=list)
     time_s: float = math.nan
+    compared_with: str = "the best so far"
 
     def trial(self, name: str) -> Trial | None:
         """The trial named `name`, or None.
@@ -178,7 +182,7 @@ class TuneResult:
         ]
         w0 = max([len("candidate")] + [len(r[0]) for r in rows])
         w1 = max([len("gain")] + [len(r[1]) for r in rows])
-        out = [f"tune: each setting against the best so far (kept above x{MARGIN:.2f})"]
+        out = [f"tune: each setting against {self.compared_with} (kept above x{MARGIN:.2f})"]
         out.append(f"  {'candidate':<{w0}}  {'gain':<{w1}}  verdict")
         out += [f"  {a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows]
         base, tuned = self.baseline_examples_per_s, self.tuned_examples_per_s

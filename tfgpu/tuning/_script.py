@@ -373,6 +373,7 @@ def tune_script(
         settings={k: v for t, env, _ in kept for k, v in env.items()},
         lines=[t.line for t, _, _ in kept],
         notes=notes,
+        compared_with="the baseline",
     )
     result.time_s = budget.elapsed()
     if log_path is not None:
