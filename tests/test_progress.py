@@ -103,6 +103,18 @@ def test_auto_is_1_in_an_ipython_kernel(monkeypatch):
     assert resolve_verbose("auto", io.StringIO()) == 1
 
 
+def test_auto_is_2_when_keras_interactive_logging_is_off():
+    import keras
+
+    keras.config.disable_interactive_logging()
+    try:
+        assert resolve_verbose("auto", _TTY()) == 2  # one line per phase, as Keras logs
+        assert resolve_verbose(1, _TTY()) == 1  # an explicit mode is kept
+    finally:
+        keras.config.enable_interactive_logging()
+    assert resolve_verbose("auto", _TTY()) == 1
+
+
 def test_the_default_stream_is_stdout(capsys):
     progress = Progress(2, title="diagnose", clock=_Clock())
     progress.phase("warming")

@@ -4,7 +4,8 @@
 (a carriage return, then the line padded with spaces over the previous one: a terminal and a
 Jupyter or Colab output cell both redraw it, as they do Keras's progress bar); 2 is one line
 per phase, for log files. `"auto"` is 1 when the stream is a terminal or the code runs in an
-IPython kernel (a notebook), 2 otherwise (output redirected to a file or a pipe). The lines go
+IPython kernel (a notebook), 2 otherwise (output redirected to a file or a pipe, or Keras's
+interactive logging turned off with `keras.config.disable_interactive_logging()`). The lines go
 to `sys.stdout`, like Keras's progress bar, and hold plain text (no ANSI colours), so a log
 file reads as it was printed.
 
@@ -79,7 +80,8 @@ def _is_tty(stream: Any) -> bool:
 
 def resolve_verbose(verbose: int | str, stream: Any = None) -> int:
     """The mode `verbose` means for `stream` (`sys.stdout` when None): `"auto"` is 1 on a
-    terminal or in an IPython kernel, else 2. `verbose` must be checked already.
+    terminal or in an IPython kernel, else 2 (also when Keras's interactive logging is off).
+    `verbose` must be checked already.
 
     Args:
         verbose: str or int, a value `check_verbose` accepted.
@@ -97,7 +99,18 @@ def resolve_verbose(verbose: int | str, stream: Any = None) -> int:
     if verbose != "auto":
         return int(verbose)
     stream = sys.stdout if stream is None else stream
+    if not _keras_interactive():
+        return 2
     return 1 if _is_tty(stream) or in_ipython_kernel() else 2
+
+
+def _keras_interactive() -> bool:
+    """Keras's `is_interactive_logging_enabled()` where Keras is loaded (True otherwise)."""
+    keras = sys.modules.get("keras")
+    try:
+        return keras is None or bool(keras.config.is_interactive_logging_enabled())
+    except Exception:  # an odd Keras: keep the default
+        return True
 
 
 def format_seconds(seconds: float) -> str:
