@@ -258,6 +258,6 @@ def benchmark(
         warmup_batches=int(warmup),
         warmup_seconds=warmup_seconds,
         epochs=epochs,
-        cpu_busy=cpu_seconds / (seconds * cores),
+        cpu_busy=min(1.0, max(0.0, cpu_seconds / (seconds * cores))),  # clock granularity
         cpu_cores=cores,
     )
