@@ -1,8 +1,9 @@
 """tfgpu.data.pipeline(service=...), the data-service servers, and the pure rules behind them.
 
 The servers run in this process (`DispatchServer`/`WorkerServer` on 127.0.0.1), except the
-console command's test, which runs the dispatcher as `tfgpu data-service` would (a
-subprocess, SIGTERM, a restart from its work directory).
+console command's tests, which run them as `tfgpu data-service` would: a dispatcher in a
+subprocess (SIGTERM, a restart from its work directory), a supervised worker whose server
+process is SIGKILLed mid-epoch, and the supervisor itself on tiny stand-in servers.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -23,6 +25,14 @@ from tensorflow.python.data.experimental.ops.testing import sleep as _sleep
 
 import tfgpu
 from tfgpu._cluster import Cluster
+from tfgpu._data_servers import (
+    EXIT_CANNOT_START,
+    MAX_RESTARTS,
+    main,
+    restart_delay,
+    supervise,
+    wait_for_port,
+)
 from tfgpu._data_service import (
     check_job_name,
     consumers,
@@ -31,7 +41,7 @@ from tfgpu._data_service import (
     service_advice,
 )
 from tfgpu.data._plan import Facts, decide
-from tfgpu.data._service import chunk_size, main, wait_for_port
+from tfgpu.data._service import chunk_size
 
 SERVICE = tf.data.experimental.service
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -218,8 +228,98 @@ def test_main_rejects_bad_arguments(capsys):
     assert main(["worker", "--dispatcher", "nohost"]) == 2
     assert main(["dispatcher", "--port", "0"]) == 2
     assert main(["dispatcher", "--worker-timeout-s", "0"]) == 2
+    assert main(["worker", "--dispatcher", "h:5050", "--port", "70000"]) == 2
     err = capsys.readouterr().err
-    assert "--dispatcher" in err and "expected 1 to 65535" in err
+    assert "--dispatcher" in err and "expected 1 to 65535" in err and "expected 0 to 65535" in err
+    assert "usage: tfgpu data-service worker" in err  # the role's own usage line
+    assert "started" not in err  # refused before any server process started
+
+
+def test_restart_policy():
+    assert [restart_delay([0.0] * n, 0.0) for n in range(1, MAX_RESTARTS + 2)] == [
+        1.0,
+        2.0,
+        4.0,
+        8.0,
+        16.0,
+        None,  # the 6th death within the window: given up
+    ]
+    # Deaths older than the window do not count: a server that dies once a day restarts.
+    assert restart_delay([0.0, 1000.0, 2000.0, 3000.0, 4000.0, 5000.0, 6000.0], 6000.0) == 1.0
+
+
+# A stand-in server for the supervisor: each start appends a line to a file, then does what
+# the n-th line of its script says: "kill" (SIGKILL itself), "exit N", or "serve" (run until
+# SIGTERM, then exit 0).
+_STAND_IN = """
+import os, signal, sys, time
+starts, script = sys.argv[1], sys.argv[2].split(",")
+with open(starts, "a") as f:
+    f.write("start\\n")
+n = len(open(starts).read().splitlines())
+action = script[min(n, len(script)) - 1]
+if action == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if action.startswith("exit"):
+    sys.exit(int(action.split()[1]))
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+with open(starts + ".serving", "w") as f:
+    f.write(str(n))
+while True:
+    time.sleep(0.05)
+"""
+
+
+def _supervised(tmp_path, script, stop=None):
+    starts = tmp_path / "starts"
+    command = [sys.executable, "-c", _STAND_IN, str(starts), script]
+    return supervise(
+        command,
+        what="worker",
+        port=1234,
+        stop=stop or threading.Event(),
+        delays=lambda deaths, now: None if restart_delay(deaths, now) is None else 0.0,
+    ), starts
+
+
+@pytest.mark.slow
+def test_supervisor_restarts_a_killed_server_until_stopped(tmp_path, capfd):
+    stop = threading.Event()
+    result: list[int] = []
+    thread = threading.Thread(
+        target=lambda: result.append(_supervised(tmp_path, "kill,exit 1,serve", stop)[0]),
+        daemon=True,
+    )
+    thread.start()
+    serving = tmp_path / "starts.serving"
+    for _ in range(600):  # the third start serves
+        if serving.exists():
+            break
+        threading.Event().wait(0.1)
+    assert serving.read_text() == "3"
+    stop.set()
+    thread.join(60)
+    assert result == [0]
+    assert (tmp_path / "starts").read_text().splitlines() == ["start"] * 3
+    err = capfd.readouterr().err
+    assert "was killed by SIGKILL" in err and "exited with status 1" in err
+    assert err.count("starting it again at port 1234") == 2
+
+
+@pytest.mark.slow
+def test_supervisor_gives_up_on_a_server_that_keeps_dying(tmp_path, capfd):
+    status, starts = _supervised(tmp_path, "kill")
+    assert status == 1
+    assert len(starts.read_text().splitlines()) == MAX_RESTARTS + 1
+    assert "giving up" in capfd.readouterr().err
+
+
+@pytest.mark.slow
+def test_supervisor_does_not_restart_a_server_that_cannot_start(tmp_path, capfd):
+    status, starts = _supervised(tmp_path, f"exit {EXIT_CANNOT_START}")
+    assert status == EXIT_CANNOT_START
+    assert starts.read_text().splitlines() == ["start"]  # once: it would fail the same way
+    assert "could not start" in capfd.readouterr().err
 
 
 # ------------------------------------------------------------------ with servers (slow)
@@ -350,13 +450,71 @@ def test_a_worker_killed_mid_epoch_does_not_stop_training():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_console_worker_killed_mid_epoch_is_restarted_and_training_goes_on():
+    own = _Cluster(workers=0)  # the only worker is `tfgpu data-service worker`
+    env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    command = [sys.executable, "-m", "tfgpu", "data-service", "worker", "--dispatcher"]
+    proc = subprocess.Popen(
+        [*command, own.address, "--host", "127.0.0.1"], env=env, stderr=subprocess.PIPE, text=True
+    )
+    log: list[str] = []
+    threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
+
+    def logged(text: str, count: int = 1) -> str:
+        for _ in range(1200):
+            lines = [line for line in list(log) if text in line]
+            if len(lines) >= count:
+                return lines[-1]
+            threading.Event().wait(0.1)
+        raise AssertionError(f"{text!r} not logged {count} time(s): {''.join(log)[-3000:]}")
+
+    def read(ds, out: list[int], after=None) -> None:
+        def run() -> None:
+            for i, b in enumerate(ds):
+                out.extend(np.asarray(b).tolist())
+                if after is not None and i == 5:
+                    after()
+            out.append(-1)  # the end of the epoch was reached
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        thread.join(240)
+        assert out[-1:] == [-1], f"the epoch never ended: {''.join(log)[-3000:]}"
+        out.pop()
+
+    try:
+        logged("worker serving 127.0.0.1:")
+        first = int(logged("started (port").split("process ")[1].split()[0])
+        data = tf.data.Dataset.range(200).apply(_sleep(5000))  # still running at the kill
+        ds = tfgpu.data.pipeline(data, batch_size=4, shuffle=False, service=own.dispatcher.target)
+        seen: list[int] = []
+        read(ds, seen, after=lambda: os.kill(first, signal.SIGKILL))  # the OOM killer, say
+        assert "was killed by SIGKILL" in logged("starting it again at port")
+        logged("worker serving 127.0.0.1:", 2)
+        serving = [line for line in log if "worker serving" in line]
+        assert len(serving) == 2 and serving[0] == serving[1]  # the same address again
+        counts = collections.Counter(seen)
+        assert max(counts.values()) == 1  # at most once: nothing twice...
+        assert len(counts) > 6 * 4  # ...and the epoch went on after the kill, to its end
+        again: list[int] = []
+        read(ds, again)
+        assert sorted(again) == list(range(200))  # the next epoch is whole
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    assert proc.returncode == 0
+    logged("worker stopped")
+
+
+@pytest.mark.slow
 def test_console_dispatcher_sigterm_and_restart_keep_the_job(tmp_path):
     port = _free_port()
     work_dir = tmp_path / "dispatcher"
     command = [
         sys.executable,
         "-c",
-        "import sys; from tfgpu.data._service import main; sys.exit(main(sys.argv[1:]))",
+        "import sys; from tfgpu._data_servers import main; sys.exit(main(sys.argv[1:]))",
         "dispatcher",
         "--port",
         str(port),

@@ -239,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["data-service"]:  # its own parser (its --help included); servers log to stderr
-        from tfgpu.data._service import main as data_service
+        from tfgpu._data_servers import main as data_service
 
         return data_service(argv[1:])
     args = _build_parser().parse_args(argv)

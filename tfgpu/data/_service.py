@@ -5,31 +5,21 @@ address fails in seconds, naming it, instead of hanging in tf.data), in-memory a
 in chunks the dispatcher can hand out (one split per chunk, not per example: a split is an
 RPC to the dispatcher), the job name and coordinated reads (`tfgpu._data_service`), and the
 `distribute` step itself (dynamic sharding: every example at most once per epoch, exactly
-once while no worker fails).
-
-The servers: `main(["dispatcher", ...])` and `main(["worker", ...])` run a
-`tf.data.experimental.service` server until SIGTERM or SIGINT, log what they serve, and stop
-cleanly. `tfgpu/cli.py` wires them as `tfgpu data-service dispatcher|worker`.
+once while no worker fails). The servers themselves are `tfgpu/_data_servers.py`.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
-import signal
 import socket
-import sys
-import threading
-import time
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
 
 from tfgpu._cluster import resolve_cluster
-from tfgpu._data_service import Address, consumers, job_name, parse_address
+from tfgpu._data_service import Address, consumers, job_name
 
 # How long the reachability check waits for the dispatcher's port.
 CONNECT_TIMEOUT_S = 3.0
@@ -118,160 +108,3 @@ def distributed(
             num_consumers=num_consumers,
         )
     )
-
-
-# ---------------------------------------------------------------- servers (the console command)
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tfgpu data-service",
-        description="Run a tf.data service dispatcher or worker until stopped (SIGTERM, Ctrl-C).",
-    )
-    sub = parser.add_subparsers(dest="role", metavar="ROLE", required=True)
-    d = sub.add_parser("dispatcher", help="the dispatcher: hands out the work, one per cluster")
-    d.add_argument("--port", type=int, default=5050, help="port to serve on (default 5050)")
-    d.add_argument(
-        "--work-dir",
-        default=None,
-        help="directory for the dispatcher's journal: restarted with the same one, it keeps "
-        "its jobs (fault tolerant). Default: none, state lost on restart",
-    )
-    d.add_argument(
-        "--worker-timeout-s",
-        type=float,
-        default=30.0,
-        help="seconds without a heartbeat before a worker's work goes to others (default 30)",
-    )
-    w = sub.add_parser("worker", help="a worker: runs the pipelines, streams their batches")
-    w.add_argument("--dispatcher", required=True, help="the dispatcher's host:port")
-    w.add_argument("--port", type=int, default=0, help="port to serve on (default: any free)")
-    w.add_argument(
-        "--host",
-        default=None,
-        help="the name trainers reach this worker by (default: this machine's host name)",
-    )
-    return parser
-
-
-def _check_port(parser: argparse.ArgumentParser, port: int, allow_zero: bool) -> None:
-    if not (0 if allow_zero else 1) <= port <= 65535:
-        parser.error(f"argument --port: {port} is not a port (expected 1 to 65535)")
-
-
-def _log(message: str) -> None:
-    print(f"tfgpu data-service: {message}", file=sys.stderr, flush=True)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Runs a tf.data service dispatcher or worker until SIGTERM or SIGINT.
-
-    `tfgpu data-service dispatcher --port 5050 [--work-dir DIR]` serves the dispatcher
-    (fault tolerant with a work directory: restarted with the same one, it keeps its jobs);
-    `tfgpu data-service worker --dispatcher HOST:5050 [--port P] [--host NAME]` serves a
-    worker. Each logs to stderr what it serves and when its count of workers (dispatcher) or
-    tasks (worker) changes, and stops cleanly on SIGTERM or Ctrl-C.
-
-    Args:
-        argv: sequence of str, the arguments after `tfgpu data-service`. Defaults to None
-            (`sys.argv[1:]`).
-
-    Returns:
-        int, the exit status: 0 after a clean stop; 2 for bad arguments (argparse's usage
-        line) or a server that could not start (the message says why).
-
-    Example:
-
-    ```python
-    main(["dispatcher", "--port", "5050", "--work-dir", "/shared/dispatcher"])
-    ```
-    """
-    parser = _parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse: usage printed
-        return int(e.code or 0)
-    service = tf.data.experimental.service
-    stop = threading.Event()
-    previous = {
-        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)
-    }
-    try:
-        if args.role == "dispatcher":
-            _check_port(parser, args.port, allow_zero=False)
-            if args.worker_timeout_s <= 0:
-                parser.error("argument --worker-timeout-s: expected a number of seconds > 0")
-            work_dir = os.path.abspath(os.path.expanduser(args.work_dir)) if args.work_dir else None
-            if work_dir:
-                os.makedirs(work_dir, exist_ok=True)
-            server = service.DispatchServer(
-                service.DispatcherConfig(
-                    port=args.port,
-                    work_dir=work_dir,
-                    fault_tolerant_mode=work_dir is not None,
-                    worker_timeout_ms=int(args.worker_timeout_s * 1000),
-                )
-            )
-            mode = f"fault tolerant, journal in {work_dir}" if work_dir else "no work dir"
-            _log(f"dispatcher serving grpc://{socket.gethostname()}:{args.port} ({mode})")
-            count = getattr(server, "_num_workers", None)
-            what = "worker(s) registered"
-        else:
-            _check_port(parser, args.port, allow_zero=True)
-            try:
-                dispatcher = parse_address(args.dispatcher, "--dispatcher")
-            except (TypeError, ValueError) as e:
-                parser.error(str(e))
-            host = args.host or socket.gethostname()
-            server = service.WorkerServer(
-                service.WorkerConfig(
-                    dispatcher_address=f"{dispatcher.host}:{dispatcher.port}",
-                    worker_address=f"{host}:%port%",
-                    port=args.port,
-                )
-            )
-            port = getattr(server, "_address", f"?:{args.port}").rpartition(":")[2]
-            _log(f"worker serving {host}:{port} for dispatcher {dispatcher.target}")
-            count = getattr(server, "_num_tasks", None)
-            what = "task(s) running"
-    except SystemExit as e:
-        _restore(previous)
-        return int(e.code or 0)
-    except Exception as e:  # a port in use, a dispatcher's journal it cannot read
-        _restore(previous)
-        _log(f"error: {args.role} could not start: {type(e).__name__}: {e}")
-        return 2
-    last = None
-    while not stop.wait(1.0):
-        try:
-            now = count() if count is not None else None
-        except Exception:  # private counters: the log is a side feature
-            now, count = None, None
-        if now is not None and now != last:
-            _log(f"{now} {what}")
-            last = now
-    _log(f"{args.role} stopping")
-    try:
-        server._stop()  # the servers' own shutdown (the public API has only `join`)
-    except Exception as e:  # pragma: no cover - stopping is best effort
-        _log(f"{args.role} stop: {type(e).__name__}: {e}")
-    _restore(previous)
-    _log(f"{args.role} stopped")
-    return 0
-
-
-def _restore(previous: dict[Any, Any]) -> None:
-    for sig, handler in previous.items():
-        signal.signal(sig, handler)
-
-
-def wait_for_port(host: str, port: int, timeout_s: float) -> bool:
-    """Whether `host:port` accepts a connection within `timeout_s` (for scripts and tests)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host, port), timeout=1.0):
-                return True
-        except OSError:
-            time.sleep(0.2)
-    return False

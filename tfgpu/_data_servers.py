@@ -1,0 +1,336 @@
+"""`tfgpu data-service dispatcher|worker`: the tf.data service's servers, kept running.
+
+`main(["worker", "--dispatcher", "host:5050"])` runs a supervisor (this module, no
+TensorFlow) that starts the server in a child process (`--no-restart`, at a fixed port) and
+starts it again at the same port when it dies: an out-of-memory kill, a crash in a decode
+op. That is what keeps training going when a worker dies mid-epoch: tf.data (2.21) never
+gives a dead worker's task to another worker, and a trainer waits for that task at the end
+of the epoch, until a worker serves again at the dead one's address. The dispatcher is
+supervised the same way; with `--work-dir` a restarted dispatcher keeps its jobs.
+
+With `--no-restart` the command is the server itself (for systemd, Kubernetes or Slurm,
+which restart it themselves). Either way it runs until SIGTERM or SIGINT, logs what it
+serves, and stops cleanly. `tfgpu/cli.py` wires it as `tfgpu data-service`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from tfgpu._data_service import parse_address
+
+# A server that died this many times within the window is given up on (exit status 1).
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 300.0
+# The wait before the n-th restart within the window: 1, 2, 4, 8, 16 s.
+_FIRST_DELAY_S = 1.0
+# A server stopped with SIGTERM that has not exited after this long is killed.
+_STOP_TIMEOUT_S = 60.0
+# The exit status of a server that could not start (bad arguments, a port in use): starting
+# it again would fail the same way.
+EXIT_CANNOT_START = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfgpu data-service",
+        description="Run a tf.data service dispatcher or worker until stopped (SIGTERM, "
+        "Ctrl-C). The server runs in a child process that is started again at the same "
+        "port when it dies (--no-restart: no child, no restarts).",
+    )
+    restart = argparse.ArgumentParser(add_help=False)
+    restart.add_argument(
+        "--restart",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="start the server again at the same port when it dies: up to "
+        f"{MAX_RESTARTS} times in {RESTART_WINDOW_S:g} s (default: --restart; "
+        "--no-restart when systemd, Kubernetes or Slurm restarts it)",
+    )
+    sub = parser.add_subparsers(dest="role", metavar="ROLE", required=True)
+    d = sub.add_parser(
+        "dispatcher", parents=[restart], help="the dispatcher: hands out the work, one per run"
+    )
+    d.add_argument("--port", type=int, default=5050, help="port to serve on (default 5050)")
+    d.add_argument(
+        "--work-dir",
+        default=None,
+        help="directory for the dispatcher's journal: restarted with the same one, it keeps "
+        "its jobs (fault tolerant). Default: none, state lost on restart",
+    )
+    d.add_argument(
+        "--worker-timeout-s",
+        type=float,
+        default=30.0,
+        help="seconds without a heartbeat before a worker counts as lost (default 30)",
+    )
+    d.set_defaults(role_parser=d)
+    w = sub.add_parser(
+        "worker", parents=[restart], help="a worker: runs the pipelines, streams their batches"
+    )
+    w.add_argument("--dispatcher", required=True, help="the dispatcher's host:port")
+    w.add_argument("--port", type=int, default=0, help="port to serve on (default: any free)")
+    w.add_argument(
+        "--host",
+        default=None,
+        help="the name trainers reach this worker by (default: this machine's host name)",
+    )
+    w.set_defaults(role_parser=w)
+    return parser
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Every argument checked before any work (the role's usage line and exit status 2)."""
+    parser = args.role_parser
+    low = 0 if args.role == "worker" else 1
+    if not low <= args.port <= 65535:
+        parser.error(f"argument --port: {args.port} is not a port (expected {low} to 65535)")
+    if args.role == "dispatcher" and not args.worker_timeout_s > 0:
+        parser.error("argument --worker-timeout-s: expected a number of seconds > 0")
+    if args.role == "worker":
+        try:
+            parse_address(args.dispatcher, "--dispatcher")
+        except (TypeError, ValueError) as e:
+            parser.error(str(e))
+
+
+def _log(message: str) -> None:
+    print(f"tfgpu data-service: {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs a tf.data service dispatcher or worker until SIGTERM or SIGINT.
+
+    `tfgpu data-service dispatcher --port 5050 [--work-dir DIR]` serves the dispatcher
+    (fault tolerant with a work directory: restarted with the same one, it keeps its jobs);
+    `tfgpu data-service worker --dispatcher HOST:5050 [--port P] [--host NAME]` serves a
+    worker. By default the server runs in a child process, started again at the same port
+    when it dies (`--no-restart`: this process is the server). Each logs to stderr what it
+    serves, when its count of workers (dispatcher) or tasks (worker) changes, and every
+    restart; SIGTERM or Ctrl-C stops it cleanly.
+
+    Args:
+        argv: sequence of str, the arguments after `tfgpu data-service`. Defaults to None
+            (`sys.argv[1:]`).
+
+    Returns:
+        int, the exit status: 0 after a clean stop; 1 when the server kept dying (more than
+        `MAX_RESTARTS` times in `RESTART_WINDOW_S`); 2 for bad arguments (argparse's usage
+        line) or a server that could not start (the message says why).
+
+    Example:
+
+    ```python
+    main(["dispatcher", "--port", "5050", "--work-dir", "/shared/dispatcher"])
+    ```
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+        _check(args)
+    except SystemExit as e:  # argparse: usage printed
+        return int(e.code or 0)
+    stop = threading.Event()
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        if not args.restart:
+            return _serve(args, stop)
+        port = args.port or _free_port()  # a worker's restarts keep the port it first had
+        what = args.role
+        if args.role == "dispatcher" and not args.work_dir:
+            what += " (no --work-dir: a restarted dispatcher has lost its jobs)"
+        command = [sys.executable, "-m", "tfgpu", "data-service", *argv]
+        return supervise(
+            [*command, "--port", str(port), "--no-restart"], what=what, port=port, stop=stop
+        )
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+# ---------------------------------------------------------------- the supervisor (no TensorFlow)
+
+
+def restart_delay(deaths: Sequence[float], now: float) -> float | None:
+    """Seconds to wait before starting a dead server again, or None to give up. Pure.
+
+    Args:
+        deaths: sequence of float, when the server died (monotonic seconds), this death
+            included.
+        now: float, the monotonic time now.
+
+    Returns:
+        1, 2, 4, 8, 16 s for the 1st to 5th death within `RESTART_WINDOW_S`; None for more.
+
+    Example:
+
+    >>> restart_delay([100.0], 100.0), restart_delay([10.0, 100.0], 100.0)
+    (1.0, 2.0)
+    >>> restart_delay([96.0, 97.0, 98.0, 99.0, 99.5, 100.0], 100.0) is None
+    True
+    """
+    recent = sum(1 for t in deaths if now - t <= RESTART_WINDOW_S)
+    if recent > MAX_RESTARTS:
+        return None
+    return _FIRST_DELAY_S * 2.0 ** max(0, recent - 1)
+
+
+def _death(status: int) -> str:
+    if status < 0:
+        try:
+            return f"was killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"was killed by signal {-status}"
+    return f"exited with status {status}"
+
+
+def supervise(
+    command: Sequence[str],
+    *,
+    what: str,
+    port: int,
+    stop: threading.Event,
+    delays: Callable[[Sequence[float], float], float | None] = restart_delay,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Runs `command` (a server) until `stop` is set, starting it again when it dies.
+
+    Args:
+        command: sequence of str, the server's command line (it serves at `port`).
+        what: str, the server's name in the log ("worker").
+        port: int, the port it serves at, for the log.
+        stop: `threading.Event`, set to stop the server (SIGTERM) and return.
+        delays: the restart policy, `restart_delay` by default.
+        clock: monotonic seconds, `time.monotonic` by default.
+
+    Returns:
+        int: 0 after a stop; `EXIT_CANNOT_START` when the server said it could not start
+        (starting it again would fail the same way); 1 when `delays` gave up.
+    """
+    deaths: list[float] = []
+    while True:
+        proc = subprocess.Popen(list(command), stdin=subprocess.DEVNULL)
+        _log(f"{what}: process {proc.pid} started (port {port}, restarted when it dies)")
+        started = clock()
+        while proc.poll() is None and not stop.wait(0.2):
+            pass
+        if proc.poll() is None:  # stop asked: the server stops itself cleanly, or is killed
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            return 0
+        status = proc.returncode
+        if stop.is_set():
+            return 0
+        ran = clock() - started
+        if status == EXIT_CANNOT_START:
+            _log(f"{what}: process {proc.pid} could not start (its message above); giving up")
+            return EXIT_CANNOT_START
+        deaths.append(clock())
+        delay = delays(deaths, deaths[-1])
+        if delay is None:
+            _log(
+                f"{what}: process {proc.pid} {_death(status)} after {ran:.1f} s, the "
+                f"{len(deaths)}th time; more than {MAX_RESTARTS} deaths in "
+                f"{RESTART_WINDOW_S:g} s: giving up"
+            )
+            return 1
+        _log(
+            f"{what}: process {proc.pid} {_death(status)} after {ran:.1f} s; starting it "
+            f"again at port {port} in {delay:g} s"
+        )
+        if stop.wait(delay):
+            return 0
+
+
+def _free_port() -> int:
+    """A port free now on every interface (a worker's restarts must keep one port)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+# ---------------------------------------------------------------- the server (TensorFlow)
+
+
+def _serve(args: argparse.Namespace, stop: threading.Event) -> int:
+    """Runs the server in this process until `stop` is set."""
+    import tensorflow as tf
+
+    service = tf.data.experimental.service
+    try:
+        if args.role == "dispatcher":
+            work_dir = os.path.abspath(os.path.expanduser(args.work_dir)) if args.work_dir else None
+            if work_dir:
+                os.makedirs(work_dir, exist_ok=True)
+            server = service.DispatchServer(
+                service.DispatcherConfig(
+                    port=args.port,
+                    work_dir=work_dir,
+                    fault_tolerant_mode=work_dir is not None,
+                    worker_timeout_ms=int(args.worker_timeout_s * 1000),
+                )
+            )
+            mode = f"fault tolerant, journal in {work_dir}" if work_dir else "no work dir"
+            _log(f"dispatcher serving grpc://{socket.gethostname()}:{args.port} ({mode})")
+            count = getattr(server, "_num_workers", None)
+            what = "worker(s) registered"
+        else:
+            dispatcher = parse_address(args.dispatcher, "--dispatcher")
+            host = args.host or socket.gethostname()
+            server = service.WorkerServer(
+                service.WorkerConfig(
+                    dispatcher_address=f"{dispatcher.host}:{dispatcher.port}",
+                    worker_address=f"{host}:%port%",
+                    port=args.port,
+                )
+            )
+            port = getattr(server, "_address", f"?:{args.port}").rpartition(":")[2]
+            _log(f"worker serving {host}:{port} for dispatcher {dispatcher.target}")
+            count = getattr(server, "_num_tasks", None)
+            what = "task(s) running"
+    except Exception as e:  # a port in use, a dispatcher's journal it cannot read
+        _log(f"error: {args.role} could not start: {type(e).__name__}: {e}")
+        return EXIT_CANNOT_START
+    last = None
+    while not stop.wait(1.0):
+        try:
+            now = count() if count is not None else None
+        except Exception:  # private counters: the log is a side feature
+            now, count = None, None
+        if now is not None and now != last:
+            _log(f"{now} {what}")
+            last = now
+    _log(f"{args.role} stopping")
+    try:
+        server._stop()  # the servers' own shutdown (the public API has only `join`)
+    except Exception as e:  # pragma: no cover - stopping is best effort
+        _log(f"{args.role} stop: {type(e).__name__}: {e}")
+    _log(f"{args.role} stopped")
+    return 0
+
+
+def wait_for_port(host: str, port: int, timeout_s: float) -> bool:
+    """Whether `host:port` accepts a connection within `timeout_s` (for scripts and tests)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return True
+        except OSError:
+            time.sleep(0.2)
+    return False
