@@ -225,9 +225,14 @@ def test_in_subprocess_measures_real_peak_memory_on_any_cpu():
         in_subprocess=True,
     )
     assert limited.memory_budget_bytes == budget
-    assert 128 <= limited.largest < 256
+    # A fresh process's peaks differ a little from the first search's (the allocator's
+    # pooling), so the verdicts are checked against this search's own figures.
     over = [t for t in limited.trials if t.reason == "over_budget"]
+    fits = [t for t in limited.trials if t.fits]
     assert over and all(t.peak_memory_bytes > budget for t in over)
+    assert fits and all(0 < t.peak_memory_bytes <= budget for t in fits)
+    assert limited.largest == max(t.batch_size for t in fits)
+    assert 64 <= limited.largest < min(t.batch_size for t in over) <= 512  # the budget bit
 
 
 @pytest.mark.slow

@@ -235,6 +235,19 @@ def test_main_rejects_bad_arguments(capsys):
     assert "started" not in err  # refused before any server process started
 
 
+def test_a_port_already_served_is_refused_not_shared(capsys):
+    # gRPC's SO_REUSEPORT would let a second server share the port with the first.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["dispatcher", "--no-restart", "--port", str(port)]) == EXIT_CANNOT_START
+        worker = ["worker", "--no-restart", "--dispatcher", "127.0.0.1:1", "--port", str(port)]
+        assert main(worker) == EXIT_CANNOT_START
+    err = capsys.readouterr().err
+    assert err.count(f"could not start: port {port} is in use") == 2
+
+
 def test_restart_policy():
     assert [restart_delay([0.0] * n, 0.0) for n in range(1, MAX_RESTARTS + 2)] == [
         1.0,

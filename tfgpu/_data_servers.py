@@ -16,6 +16,7 @@ serves, and stops cleanly. `tfgpu/cli.py` wires it as `tfgpu data-service`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
@@ -23,7 +24,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from tfgpu._data_service import parse_address
 
@@ -139,24 +141,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check(args)
     except SystemExit as e:  # argparse: usage printed
         return int(e.code or 0)
+    if not args.restart:
+        return _serve(args)
+    port = args.port or _free_port()  # a worker's restarts keep the port it first had
+    what = args.role
+    if args.role == "dispatcher" and not args.work_dir:
+        what += " (no --work-dir: a restarted dispatcher has lost its jobs)"
+    command = [sys.executable, "-m", "tfgpu", "data-service", *argv, "--port", str(port)]
+    with _stop_on_signals() as stop:
+        return supervise([*command, "--no-restart"], what=what, port=port, stop=stop)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(catch: bool = True) -> Iterator[threading.Event]:
+    """An event that SIGTERM and SIGINT set while the block runs (`catch=False`: they end
+    the process, as by default); their handlers are restored after it."""
     stop = threading.Event()
-    previous = {
-        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)
-    }
+    handler = (lambda *_: stop.set()) if catch else signal.SIG_DFL
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        if not args.restart:
-            return _serve(args, stop)
-        port = args.port or _free_port()  # a worker's restarts keep the port it first had
-        what = args.role
-        if args.role == "dispatcher" and not args.work_dir:
-            what += " (no --work-dir: a restarted dispatcher has lost its jobs)"
-        command = [sys.executable, "-m", "tfgpu", "data-service", *argv]
-        return supervise(
-            [*command, "--port", str(port), "--no-restart"], what=what, port=port, stop=stop
-        )
+        yield stop
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 # ---------------------------------------------------------------- the supervisor (no TensorFlow)
@@ -267,11 +274,62 @@ def _free_port() -> int:
 # ---------------------------------------------------------------- the server (TensorFlow)
 
 
-def _serve(args: argparse.Namespace, stop: threading.Event) -> int:
-    """Runs the server in this process until `stop` is set."""
+def _port_in_use(port: int) -> OSError | None:
+    """Why `port` cannot be served, or None.
+
+    gRPC binds its port with SO_REUSEPORT, so a second server on a port already served
+    starts without a word and the kernel shares the connections between the two. A plain
+    bind (SO_REUSEADDR only: a dead server's lingering connections do not count) fails
+    where any server listens.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError as e:
+            return e
+    return None
+
+
+def _reachable(host: str, port: int, timeout_s: float = 3.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """Runs the server in this process until SIGTERM or SIGINT."""
+    in_use = _port_in_use(args.port) if args.port else None
+    if in_use is not None:
+        _log(
+            f"error: {args.role} could not start: port {args.port} is in use "
+            f"({in_use.strerror or in_use}): another server there? Pick another --port."
+        )
+        return EXIT_CANNOT_START
     import tensorflow as tf
 
     service = tf.data.experimental.service
+    # Starting blocks in TensorFlow (a worker waits there for its dispatcher), where no
+    # Python handler runs: until the server is up, SIGTERM and Ctrl-C end the process.
+    with _stop_on_signals(catch=False):
+        server, count, what = _start(args, service)
+    if server is None:
+        return EXIT_CANNOT_START
+    with _stop_on_signals() as stop:
+        _log_until(stop, count, what)
+    _log(f"{args.role} stopping")
+    try:
+        server._stop()  # the servers' own shutdown (the public API has only `join`)
+    except Exception as e:  # pragma: no cover - stopping is best effort
+        _log(f"{args.role} stop: {type(e).__name__}: {e}")
+    _log(f"{args.role} stopped")
+    return 0
+
+
+def _start(args: argparse.Namespace, service: Any) -> tuple[Any, Any, str]:
+    """The started server, its count of workers or tasks (a callable or None), its unit."""
     try:
         if args.role == "dispatcher":
             work_dir = os.path.abspath(os.path.expanduser(args.work_dir)) if args.work_dir else None
@@ -292,6 +350,11 @@ def _serve(args: argparse.Namespace, stop: threading.Event) -> int:
         else:
             dispatcher = parse_address(args.dispatcher, "--dispatcher")
             host = args.host or socket.gethostname()
+            if not _reachable(dispatcher.connect_host, dispatcher.port):  # the worker waits
+                _log(
+                    f"the dispatcher {dispatcher.target} is not reachable yet: the worker "
+                    "starts serving once it is (start it, or check --dispatcher)"
+                )
             server = service.WorkerServer(
                 service.WorkerConfig(
                     dispatcher_address=f"{dispatcher.host}:{dispatcher.port}",
@@ -305,7 +368,12 @@ def _serve(args: argparse.Namespace, stop: threading.Event) -> int:
             what = "task(s) running"
     except Exception as e:  # a port in use, a dispatcher's journal it cannot read
         _log(f"error: {args.role} could not start: {type(e).__name__}: {e}")
-        return EXIT_CANNOT_START
+        return None, None, ""
+    return server, count, what
+
+
+def _log_until(stop: threading.Event, count: Any, what: str) -> None:
+    """Logs the server's count of workers or tasks when it changes, until `stop` is set."""
     last = None
     while not stop.wait(1.0):
         try:
@@ -315,22 +383,13 @@ def _serve(args: argparse.Namespace, stop: threading.Event) -> int:
         if now is not None and now != last:
             _log(f"{now} {what}")
             last = now
-    _log(f"{args.role} stopping")
-    try:
-        server._stop()  # the servers' own shutdown (the public API has only `join`)
-    except Exception as e:  # pragma: no cover - stopping is best effort
-        _log(f"{args.role} stop: {type(e).__name__}: {e}")
-    _log(f"{args.role} stopped")
-    return 0
 
 
 def wait_for_port(host: str, port: int, timeout_s: float) -> bool:
     """Whether `host:port` accepts a connection within `timeout_s` (for scripts and tests)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host, port), timeout=1.0):
-                return True
-        except OSError:
-            time.sleep(0.2)
+        if _reachable(host, port, timeout_s=1.0):
+            return True
+        time.sleep(0.2)
     return False
