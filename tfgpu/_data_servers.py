@@ -144,12 +144,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.restart:
         return _serve(args)
     port = args.port or _free_port()  # a worker's restarts keep the port it first had
-    what = args.role
     if args.role == "dispatcher" and not args.work_dir:
-        what += " (no --work-dir: a restarted dispatcher has lost its jobs)"
+        _log("no --work-dir: a restarted dispatcher has lost its jobs, and trainers fail")
     command = [sys.executable, "-m", "tfgpu", "data-service", *argv, "--port", str(port)]
     with _stop_on_signals() as stop:
-        return supervise([*command, "--no-restart"], what=what, port=port, stop=stop)
+        return supervise([*command, "--no-restart"], what=args.role, port=port, stop=stop)
 
 
 @contextlib.contextmanager
