@@ -208,7 +208,6 @@ def supervise(
     port: int,
     stop: threading.Event,
     delays: Callable[[Sequence[float], float], float | None] = restart_delay,
-    clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Runs `command` (a server) until `stop` is set, starting it again when it dies.
 
@@ -218,7 +217,6 @@ def supervise(
         port: int, the port it serves at, for the log.
         stop: `threading.Event`, set to stop the server (SIGTERM) and return.
         delays: the restart policy, `restart_delay` by default.
-        clock: monotonic seconds, `time.monotonic` by default.
 
     Returns:
         int: 0 after a stop; `EXIT_CANNOT_START` when the server said it could not start
@@ -228,7 +226,7 @@ def supervise(
     while True:
         proc = subprocess.Popen(list(command), stdin=subprocess.DEVNULL)
         _log(f"{what}: process {proc.pid} started (port {port}, restarted when it dies)")
-        started = clock()
+        started = time.monotonic()
         while proc.poll() is None and not stop.wait(0.2):
             pass
         if proc.poll() is None:  # stop asked: the server stops itself cleanly, or is killed
@@ -242,11 +240,11 @@ def supervise(
         status = proc.returncode
         if stop.is_set():
             return 0
-        ran = clock() - started
         if status == EXIT_CANNOT_START:
             _log(f"{what}: process {proc.pid} could not start (its message above); giving up")
             return EXIT_CANNOT_START
-        deaths.append(clock())
+        deaths.append(time.monotonic())
+        ran = deaths[-1] - started
         delay = delays(deaths, deaths[-1])
         if delay is None:
             _log(
