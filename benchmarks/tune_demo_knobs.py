@@ -6,7 +6,7 @@ batch 64. Every variant trains its own copy of the model (same seed) on its own 
 round fits one epoch of every variant, in rotating order, and takes its steady-state examples/s
 (the epoch's steps after the first execution, as `StepTimer` counts them). The table gives each
 variant's median examples/s and its ratio to the naive side, with the interval of the per-round
-ratios (`tfgpu._measure.gain`).
+ratios (`tfgpu._internal.adapters.timing.gain`).
 
 Command: `.venv/bin/python benchmarks/tune_demo_knobs.py [--rounds 5] [--only NAME,...]`
 """
@@ -26,7 +26,7 @@ import keras
 import tensorflow as tf
 
 import tfgpu.data
-from tfgpu import _measure
+from tfgpu._internal.adapters import timing
 from tfgpu.demo._plan import SEED, choose_sizes
 from tfgpu.demo._workload import (
     augment_fn,
@@ -174,7 +174,7 @@ def main() -> None:
     for name, values in rates.items():
         # gain() takes (base seconds, variant seconds): seconds per example here.
         rounds = [(1 / a, 1 / b) for a, b in zip(naive, values, strict=True)]
-        g, low, high = _measure.gain(rounds)
+        g, low, high = timing.gain(rounds)
         med = sorted(values)[len(values) // 2]
         print(f"{name:30s} {med:11.0f} {g:8.2f}x  [{low:.2f}-{high:.2f}]")
 

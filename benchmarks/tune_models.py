@@ -32,7 +32,7 @@ import tensorflow as tf
 
 import tfgpu
 import tfgpu.data
-from tfgpu._synthetic import make_jpegs
+from tfgpu.demo._synthetic import make_jpegs
 
 
 def dense_case():

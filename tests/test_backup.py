@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tests.workers.cluster import REPO, TRAIN
 from tests.workers.train import make_dataset, make_model, train
-from tfgpu import _keras_internals
+from tfgpu._internal.adapters import keras_internals
 from tfgpu.callbacks import BackupAndRestore
 
 
@@ -192,7 +192,7 @@ def test_reshuffled_resume_under_mirrored_strategy(tmp_path):
 
 
 def test_iterators_made_to_advance_the_shuffle_read_nothing():
-    from tfgpu._backup import _CountingDataset
+    from tfgpu.callbacks._backup import _CountingDataset
 
     reads = []
 
@@ -229,7 +229,7 @@ def test_resume_warns_once_when_the_dataset_cannot_be_found(tmp_path, monkeypatc
     reference, _ = train(reshuffle=True)
     with pytest.raises(Interrupt):
         train(backup=str(tmp_path), save_freq=3, reshuffle=True, callbacks=[StopAt(1, 4)])
-    monkeypatch.setattr(_keras_internals, "distributed_dataset", lambda epoch_iterator: None)
+    monkeypatch.setattr(keras_internals, "distributed_dataset", lambda epoch_iterator: None)
     with pytest.warns(
         UserWarning, match="reshuffled each epoch resumes with the shuffle order"
     ) as w:
@@ -360,7 +360,7 @@ def test_fits_in_a_row_train_like_one_longer_fit(tmp_path, same_instance):
     fit(model, backup if same_instance else BackupAndRestore(tmp_path, save_freq=2))
     assert int(model.optimizer.iterations.numpy()) == 48
     assert max_diff(model.get_weights(), reference.get_weights()) < 1e-6
-    assert _keras_internals.wrapper_owner(model.train_function) is None  # nothing left wrapped
+    assert keras_internals.wrapper_owner(model.train_function) is None  # nothing left wrapped
 
 
 def test_two_backup_callbacks_in_one_fit_are_refused(tmp_path):
@@ -512,7 +512,7 @@ def test_end_of_fit_cleanup_tolerates_a_peer_removing_the_directory(tmp_path, mo
     killed save left; a worker that finishes at that moment removes the now empty directory.
     Listing it used to raise FileNotFoundError and fail the chief's `fit` at its very end.
     """
-    from tfgpu import _backup
+    from tfgpu.callbacks import _backup
 
     canonical = tmp_path / "backup"
     canonical.mkdir()
@@ -534,7 +534,7 @@ def test_end_of_fit_cleanup_tolerates_a_peer_removing_the_directory(tmp_path, mo
 
 
 def test_cleanup_leaves_a_peer_s_directory_and_removes_leftovers(tmp_path):
-    from tfgpu import _backup
+    from tfgpu.callbacks import _backup
 
     canonical = tmp_path / "backup"
     (canonical / ".worker-1").mkdir(parents=True)
@@ -552,7 +552,7 @@ def test_save_recreates_a_directory_a_peer_removed_meanwhile(tmp_path, monkeypat
     empty) `backup_dir` between that worker's `mkdir` and its `open`."""
     import builtins
 
-    from tfgpu import _backup
+    from tfgpu.callbacks import _backup
 
     own = tmp_path / "backup" / ".worker-1"
     calls = []

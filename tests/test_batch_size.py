@@ -420,8 +420,8 @@ def test_the_memory_budget_is_read_from_the_gpu_tensorflow_trains_on(monkeypatch
     import sys
 
     from tests import fake_pynvml
-    from tfgpu import _devices
-    from tfgpu._devices import PhysicalGpu
+    from tfgpu._internal.adapters import devices
+    from tfgpu._internal.adapters.devices import PhysicalGpu
 
     a100, v100 = fake_pynvml.two_gpus()
     h100 = fake_pynvml.hopper(pci_bus_id="00000000:0F:00.0", memory_total_mib=81559.0)
@@ -431,8 +431,8 @@ def test_the_memory_budget_is_read_from_the_gpu_tensorflow_trains_on(monkeypatch
         PhysicalGpu(i, f"/physical_device:GPU:{i}", None, None, i == 1, int(i == 1))
         for i in range(2)
     ]
-    monkeypatch.setattr(_devices, "physical_gpus", lambda: gpus)
-    expected = _devices.gpu_record(0)
+    monkeypatch.setattr(devices, "physical_gpus", lambda: gpus)
+    expected = devices.gpu_record(0)
     assert expected is not None and expected.nvml_index == 0  # the A100
     assert trial_module._device_capacity_bytes("GPU:0") == expected.memory_total_bytes
     assert trial_module._device_capacity_bytes("CPU:0") is None

@@ -23,7 +23,9 @@ import numpy as np
 import pytest
 
 from tests import fake_pynvml
-from tfgpu import _devices, _warnings, flops, monitor
+from tfgpu import flops, monitor
+from tfgpu._internal.adapters import devices
+from tfgpu._internal.helpers import warn
 from tfgpu.callbacks import GPUMonitor, StepTimer, _gpus, _steps
 from tfgpu.callbacks.gpu_monitor import _SUMMARY_KEYS, _epoch_logs
 from tfgpu.callbacks.step_timer import _epoch_summary
@@ -50,9 +52,9 @@ def fake(monkeypatch):
 @pytest.fixture(autouse=True)
 def _fresh_once_warnings():
     """Each test sees the once-per-process warnings (no NVML) as a new process would."""
-    _warnings.forget()
+    warn.forget()
     yield
-    _warnings.forget()
+    warn.forget()
 
 
 def _model(steps_per_execution: int = 1) -> keras.Model:
@@ -334,7 +336,7 @@ def test_epoch_summary_from_timed_executions():
     ],
 )
 def test_peak_precision_follows_the_dtype_policy(policy, cc, tf32, expected):
-    assert _devices.peak_precision(policy, cc, tf32) == expected
+    assert devices.peak_precision(policy, cc, tf32) == expected
     if expected is not None:  # a name peak_flops accepts
         assert flops.peak_flops("NVIDIA A100-SXM4-80GB", expected) > 0
 

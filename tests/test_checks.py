@@ -1,4 +1,4 @@
-"""tfgpu._checks: the Keras-style argument errors every module raises."""
+"""tfgpu._internal.helpers.checks: the Keras-style argument errors every module raises."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tfgpu._checks import (
+from tfgpu._internal.helpers.checks import (
     check_bool,
     check_dir,
     check_finite_result,
@@ -141,7 +141,7 @@ def test_is_finite_number(value, ok):
 
 def test_importing_it_loads_neither_tensorflow_nor_keras():
     code = (
-        "import sys, tfgpu._checks, tfgpu._cluster; print(sorted(m for m in sys.modules "
+        "import sys, tfgpu._internal.helpers.checks, tfgpu._internal.adapters.cluster; print(sorted(m for m in sys.modules "
         "if m.split('.')[0] in ('tensorflow', 'keras')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

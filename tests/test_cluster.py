@@ -1,4 +1,4 @@
-"""tfgpu._cluster: one TF_CONFIG / Slurm parser for strategy(), `tfgpu env` and the monitor.
+"""tfgpu._internal.adapters.cluster: one TF_CONFIG / Slurm parser for strategy(), `tfgpu env` and the monitor.
 
 The callers' own behaviour is tested with them (test_distribute, test_env, test_monitor);
 here: what strict and lenient parsing accept, and the corners they share.
@@ -10,7 +10,12 @@ import json
 
 import pytest
 
-from tfgpu._cluster import Cluster, TFConfigError, parse_tf_config, resolve_cluster
+from tfgpu._internal.adapters.cluster import (
+    Cluster,
+    TFConfigError,
+    parse_tf_config,
+    resolve_cluster,
+)
 
 
 def _raw(cluster, task=None) -> str:

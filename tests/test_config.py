@@ -283,13 +283,13 @@ print(json.dumps({"n": n, "same": same, "late": late, "env": os.environ.get("TF_
 
 
 def test_facts_are_the_gpus_tensorflow_lists_hidden_ones_too(monkeypatch):
-    from tfgpu import _devices
-    from tfgpu._devices import PhysicalGpu
+    from tfgpu._internal.adapters import devices
+    from tfgpu._internal.adapters.devices import PhysicalGpu
 
     listed = [
         PhysicalGpu(0, A100.name, A100.device_name, A100.compute_capability, False, 0),
         PhysicalGpu(1, H100.name, H100.device_name, H100.compute_capability, True, 1),
     ]
-    monkeypatch.setattr(_devices, "physical_gpus", lambda: listed)
+    monkeypatch.setattr(devices, "physical_gpus", lambda: listed)
     # configure(gpus=...) indexes every GPU TensorFlow lists, not only the ones it uses now.
     assert config._read_facts().gpus == (A100, H100)

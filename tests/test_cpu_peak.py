@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from tfgpu import _cpu
-from tfgpu._cpu import _peak_from_texts, _usable_cores, peak_flops
+from tfgpu._internal.adapters import cpu
+from tfgpu._internal.adapters.cpu import _peak_from_texts, _usable_cores, peak_flops
 
 INTEL_AVX512 = """\
 processor\t: 0
@@ -99,15 +99,15 @@ def test_usable_cores_from_affinity_and_cgroup_quota():
 def test_peak_flops_reads_this_machine(monkeypatch, tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(AMD_AVX2)
-    monkeypatch.setattr(_cpu, "_CPUINFO", cpuinfo)
-    monkeypatch.setattr(_cpu, "_MAX_FREQ", tmp_path / "missing")
+    monkeypatch.setattr(cpu, "_CPUINFO", cpuinfo)
+    monkeypatch.setattr(cpu, "_MAX_FREQ", tmp_path / "missing")
     for name in ("_CGROUP_V2_MAX", "_CGROUP_V1_QUOTA", "_CGROUP_V1_PERIOD"):
-        monkeypatch.setattr(_cpu, name, tmp_path / "missing")
-    monkeypatch.setattr(_cpu.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+        monkeypatch.setattr(cpu, name, tmp_path / "missing")
+    monkeypatch.setattr(cpu.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     monkeypatch.setattr(sys, "platform", "linux")
     assert peak_flops() == pytest.approx(3 * 2445.432e6 * 32)
     assert peak_flops("mixed_bfloat16") == peak_flops("float32")
-    monkeypatch.setattr(_cpu, "_CPUINFO", tmp_path / "unreadable")
+    monkeypatch.setattr(cpu, "_CPUINFO", tmp_path / "unreadable")
     assert peak_flops() is None
     monkeypatch.setattr(sys, "platform", "darwin")
     assert peak_flops() is None

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from tfgpu import data as tfdata
-from tfgpu._datasets import made_by_pipeline, source_batches
+from tfgpu._internal.adapters.datasets import made_by_pipeline, source_batches
 from tfgpu.data import _pipeline
 from tfgpu.data._plan import Facts, decide, validation_plan
 

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from tfgpu import data as tfdata
-from tfgpu._datasets import made_by_pipeline
+from tfgpu._internal.adapters.datasets import made_by_pipeline
 
 NUM_IMAGES = 24  # 12 per class
 SIZE = 32

@@ -24,24 +24,22 @@ import tensorflow as tf
 from tensorflow.python.data.experimental.ops.testing import sleep as _sleep
 
 import tfgpu
-from tfgpu._cluster import Cluster
-from tfgpu._data_servers import (
+from tfgpu._internal.adapters.cluster import Cluster
+from tfgpu._internal.adapters.data_service import (
     EXIT_CANNOT_START,
     MAX_RESTARTS,
+    check_job_name,
+    consumers,
+    job_name,
     main,
+    parse_address,
     restart_delay,
     supervise,
     wait_for_port,
 )
-from tfgpu._data_service import (
-    check_job_name,
-    consumers,
-    job_name,
-    parse_address,
-    service_advice,
-)
 from tfgpu.data._plan import Facts, decide
 from tfgpu.data._service import chunk_size
+from tfgpu.diagnosis._advice import service_advice
 
 SERVICE = tf.data.experimental.service
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -527,7 +525,7 @@ def test_console_dispatcher_sigterm_and_restart_keep_the_job(tmp_path):
     command = [
         sys.executable,
         "-c",
-        "import sys; from tfgpu._data_servers import main; sys.exit(main(sys.argv[1:]))",
+        "import sys; from tfgpu._internal.adapters.data_service import main; sys.exit(main(sys.argv[1:]))",
         "dispatcher",
         "--port",
         str(port),

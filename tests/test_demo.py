@@ -498,7 +498,7 @@ def test_quick_demo_trains_both_sides_and_writes_the_run(tmp_path):
 
 def _orientation_by_fft(images: np.ndarray, num_classes: int) -> np.ndarray:
     """Each image's class read from the peak of its 2-D power spectrum (no learning)."""
-    from tfgpu._synthetic import class_angles
+    from tfgpu.demo._synthetic import class_angles
 
     gray = images.astype(np.float32).mean(axis=-1)
     gray -= gray.mean(axis=(1, 2), keepdims=True)
@@ -515,7 +515,7 @@ def _orientation_by_fft(images: np.ndarray, num_classes: int) -> np.ndarray:
 
 @pytest.mark.slow
 def test_synthetic_classes_differ_only_by_a_noisy_orientation():
-    from tfgpu._synthetic import make_images
+    from tfgpu.demo._synthetic import make_images
 
     images, labels = make_images(2000, num_classes=10, size=64, seed=3)
     assert images.shape == (2000, 64, 64, 3) and images.dtype == np.uint8
@@ -537,7 +537,7 @@ def test_synthetic_classes_differ_only_by_a_noisy_orientation():
 
 
 def test_synthetic_data_is_reproducible_and_jpeg_encoded():
-    from tfgpu._synthetic import make_images, make_jpegs
+    from tfgpu.demo._synthetic import make_images, make_jpegs
 
     a, la = make_images(8, size=32, seed=1)
     b, lb = make_images(8, size=32, seed=1)

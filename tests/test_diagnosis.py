@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 import tfgpu
-from tfgpu import _measure as protocol
-from tfgpu.diagnosis import Diagnosis, _measure
+from tfgpu._internal.adapters import timing as protocol
+from tfgpu.diagnosis import Diagnosis, _probes
 from tfgpu.diagnosis._classify import _classify
 from tfgpu.diagnosis._facts import _Facts
 from tfgpu.diagnosis._graph import _shape_facts
@@ -90,7 +90,7 @@ class _ScriptedSteps:
 
     Real `fit` calls still run (the probes, the state restore and the files are exercised);
     only the clocks are replaced, so the verdict does not depend on the machine's load: the
-    step clock (`tfgpu._measure.fit_step_time`) and the budget's clock (`now`), which advances by the
+    step clock (`tfgpu._internal.adapters.timing.fit_step_time`) and the budget's clock (`now`), which advances by the
     scripted duration of each fit (`warmup` + `steps` steps, cut at the deadline the way the
     real deadline callback cuts a fit). `device_s` is the step on a batch already in memory,
     `real_s` the step on the user's data (a number, or a list used round after round, to
@@ -101,8 +101,8 @@ class _ScriptedSteps:
     def __init__(
         self, monkeypatch, *, device_s, real_s, spe_gain=1.0, xla_factor=1.0, xla_error=None
     ):
-        from tfgpu import _measure as protocol
-        from tfgpu.diagnosis import _measure as module
+        from tfgpu._internal.adapters import timing as protocol
+        from tfgpu.diagnosis import _probes as module
 
         self.device_s, self.real_s = device_s, real_s
         self.spe_gain, self.xla_factor = spe_gain, xla_factor
@@ -1015,13 +1015,13 @@ def test_a_hand_built_diagnosis_prints_the_activity_counters():
 
 
 def test_diagnose_decides_with_the_rules_it_shares_with_the_report(monkeypatch):
-    from tfgpu import _gpu_counters
+    from tfgpu._internal.adapters import gpu_counters
     from tfgpu.diagnosis import _classify as _classify_module
     from tfgpu.diagnosis import _facts
 
     facts = _gpu(tensor_active_pct_mean=3.0)
     assert "tensor_cores_idle" in _counter_kinds(facts)
-    monkeypatch.setattr(_gpu_counters, "TENSOR_ACTIVE_LOW_PCT", 2.0)  # one threshold, moved
+    monkeypatch.setattr(gpu_counters, "TENSOR_ACTIVE_LOW_PCT", 2.0)  # one threshold, moved
     assert "tensor_cores_idle" not in _counter_kinds(facts)
     # No second copy of the thresholds or the throttle table in the diagnosis package.
     for name in ("TENSOR_ACTIVE_LOW_PCT", "SMALL_KERNELS_UTIL_PCT", "PCIE_BATCH_FACTOR",
@@ -1031,7 +1031,7 @@ def test_diagnose_decides_with_the_rules_it_shares_with_the_report(monkeypatch):
     # The same clocks-throttled text in both.
     throttled = _gpu(power_w_mean=150.0, throttle_reasons_any=float(0x40))
     (finding,) = [f for f in _classify(throttled)[3] if f.kind == "clocks_throttled"]
-    shared = _gpu_counters.clocks_throttled(_classify_module._counters(throttled))
+    shared = gpu_counters.clocks_throttled(_classify_module._counters(throttled))
     assert shared is not None
     assert (finding.title, finding.detail, finding.recommendation) == (
         shared.title,
@@ -1059,7 +1059,7 @@ def _piped_slowly(ms: float = 20.0, n: int = 512):
 
 
 def test_median_interval_is_the_order_statistics_interval():
-    from tfgpu._measure import median_interval as _median_interval
+    from tfgpu._internal.adapters.timing import median_interval as _median_interval
 
     assert _median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0, 0.75)  # too few: the full range
     low, high, confidence = _median_interval(list(range(12)))
@@ -1287,7 +1287,7 @@ def test_a_probe_error_is_one_line(monkeypatch):
     assert "InvalidArgumentError: Detected unsupported operations" in note
     assert note.endswith("...)")
     assert "\n" not in "".join(diagnosis.notes)
-    from tfgpu._warnings import one_line as _one_line
+    from tfgpu._internal.helpers.warn import one_line as _one_line
 
     assert _one_line(ValueError("")) == "ValueError"
     assert _one_line(RuntimeError("plain message")) == "RuntimeError: plain message"
@@ -1316,13 +1316,13 @@ class _AnyShape(keras.layers.Layer):
 
 @pytest.mark.slow
 def test_flops_use_the_batch_shapes_and_a_count_above_the_peak_is_not_achieved(monkeypatch):
-    from tfgpu import _cpu
+    from tfgpu._internal.adapters import cpu
 
     # Inputs with a None dimension (a sequence of any length): counted from the batch seen.
     model = keras.Sequential([keras.Input((None, 8)), _AnyShape(), keras.layers.Dense(1)])
     model.compile("adam", "mse")
     x = RNG.normal(size=(64, 10, 8)).astype("float32")
-    monkeypatch.setattr(_cpu, "peak_flops", lambda dtype="float32": 1e15)
+    monkeypatch.setattr(cpu, "peak_flops", lambda dtype="float32": 1e15)
     _ScriptedSteps(monkeypatch, device_s=0.01, real_s=0.01)
     ok = tfgpu.diagnose(model, (x, Y[:64]), batch_size=16, **FAST)
     # Forward and weight gradients of the first layer at the length seen (10): 2 x 2 x 16x10x8x4.
@@ -1330,7 +1330,7 @@ def test_flops_use_the_batch_shapes_and_a_count_above_the_peak_is_not_achieved(m
     assert ok.achieved_flops_per_second == pytest.approx(ok.flops_per_step / 0.01)
     assert not any("input_signature" in n or "FLOP" in n for n in ok.notes), ok.notes
 
-    monkeypatch.setattr(_cpu, "peak_flops", lambda dtype="float32": 1e6)  # 1 MFLOP/s
+    monkeypatch.setattr(cpu, "peak_flops", lambda dtype="float32": 1e6)  # 1 MFLOP/s
     _ScriptedSteps(monkeypatch, device_s=0.01, real_s=0.01)
     wrong = tfgpu.diagnose(model, (x, Y[:64]), batch_size=16, **FAST)
     assert wrong.achieved_flops_per_second is None and wrong.mfu is None
@@ -1344,12 +1344,12 @@ def test_nvml_warning_once_in_a_script_with_diagnose_and_gpumonitor_fits(monkeyp
     import sys
     import warnings
 
-    from tfgpu import _warnings
+    from tfgpu._internal.helpers import warn
 
     if tf.config.list_physical_devices("GPU"):
         pytest.skip("checks a machine without a GPU")
     monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML at all
-    _warnings.forget()
+    warn.forget()
     model = _tiny_model()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
@@ -1358,7 +1358,7 @@ def test_nvml_warning_once_in_a_script_with_diagnose_and_gpumonitor_fits(monkeyp
             model.fit(X[:32], Y[:32], batch_size=16, epochs=1, verbose=0,
                       callbacks=[tfgpu.callbacks.GPUMonitor(log_dir=tmp_path / str(i))])  # fmt: skip
         tfgpu.diagnose(model, (X[:64], Y[:64]), batch_size=16, **{**FAST, "steps": 3})
-    _warnings.forget()
+    warn.forget()
     nvml = [w for w in caught if "records no GPU metrics" in str(w.message)]
     assert len(nvml) == 1, [str(w.message) for w in caught]
 
@@ -1384,7 +1384,7 @@ def test_a_fit_cut_before_a_timed_step_is_no_measurement():
     assert protocol.fit_step_time(model, data, 5, 2, deadline=0.0) is None
     assert protocol.fit_step_time(model, data, 5, 2) > 0
     spent = protocol.Budget(0.0)
-    rounds, stopped = _measure._compare(model, data, 5, 2, {"steps_per_execution": 4}, budget=spent)
+    rounds, stopped = _probes._compare(model, data, 5, 2, {"steps_per_execution": 4}, budget=spent)
     assert (rounds, stopped) == ([], "budget")
     assert int(model.steps_per_execution) == 1  # put back
 

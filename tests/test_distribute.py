@@ -17,7 +17,7 @@ import tensorflow as tf
 import tfgpu
 from tests.workers.train import train
 from tfgpu import distribute
-from tfgpu._cluster import resolve_cluster as _resolve_cluster
+from tfgpu._internal.adapters.cluster import resolve_cluster as _resolve_cluster
 from tfgpu.distribute import _choose_all_reduce, _choose_kind
 
 WORKERS2 = {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}
@@ -342,12 +342,12 @@ def test_mixed_bfloat16_under_mirrored_needs_no_loss_scaling():
 
 
 def test_keras_correction_is_only_for_multi_worker():
-    from tfgpu import _keras_internals
+    from tfgpu._internal.adapters import keras_internals
 
-    assert not _keras_internals.needs_multi_worker_correction(
+    assert not keras_internals.needs_multi_worker_correction(
         tf.distribute.MirroredStrategy(cpus(2))
     )
-    assert not _keras_internals.needs_multi_worker_correction(tf.distribute.get_strategy())
+    assert not keras_internals.needs_multi_worker_correction(tf.distribute.get_strategy())
 
 
 # --------------------------------------------------------------------------- several strategies

@@ -503,14 +503,14 @@ def test_environment_with_the_nvml_library_missing(monkeypatch):
 
 
 def test_tensorflow_facts_list_the_gpus_tensorflow_lists(monkeypatch):
-    from tfgpu import _devices
-    from tfgpu._devices import PhysicalGpu
+    from tfgpu._internal.adapters import devices
+    from tfgpu._internal.adapters.devices import PhysicalGpu
 
     listed = [
         PhysicalGpu(0, "/physical_device:GPU:0", "NVIDIA L4", (8, 9), True, 1),
         PhysicalGpu(1, "/physical_device:GPU:1", None, None, False, 0, "ValueError: no details"),
     ]
-    monkeypatch.setattr(_devices, "physical_gpus", lambda: listed)
+    monkeypatch.setattr(devices, "physical_gpus", lambda: listed)
     assert _gather._tensorflow_facts()["gpus"] == [
         {
             "name": "/physical_device:GPU:0",

@@ -1,4 +1,4 @@
-"""tfgpu._files: run-directory files are appended to or rotated, never truncated."""
+"""tfgpu._internal.helpers.files: run-directory files are appended to or rotated, never truncated."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ import sys
 
 import pytest
 
-from tfgpu._files import add_session, free_name, read_json_object, rotate, write_text_atomic
+from tfgpu._internal.helpers.files import (
+    add_session,
+    free_name,
+    read_json_object,
+    rotate,
+    write_text_atomic,
+)
 
 
 def test_rotate_moves_aside_to_the_first_free_number(tmp_path):
@@ -59,6 +65,6 @@ def test_write_text_atomic_leaves_no_temporary_file(tmp_path):
 
 
 def test_importing_it_loads_no_tensorflow():
-    code = "import sys, tfgpu._files; print([m for m in sys.modules if m.startswith('tensorflow')])"
+    code = "import sys, tfgpu._internal.helpers.files; print([m for m in sys.modules if m.startswith('tensorflow')])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -1,4 +1,4 @@
-"""tfgpu._gpu_counters: the rules `diagnose` and `tfgpu report` share (pure, TF-free)."""
+"""tfgpu._internal.adapters.gpu_counters: the rules `diagnose` and `tfgpu report` share (pure, TF-free)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from tfgpu import _gpu_counters as gc
+from tfgpu._internal.adapters import gpu_counters as gc
 
 NAN = math.nan
 
@@ -26,7 +26,7 @@ def _c(**kw) -> gc.Counters:
 
 def test_importing_it_loads_neither_tensorflow_nor_keras():
     code = (
-        "import sys, tfgpu._gpu_counters; print(sorted(m for m in sys.modules "
+        "import sys, tfgpu._internal.adapters.gpu_counters; print(sorted(m for m in sys.modules "
         "if m.split('.')[0] in ('tensorflow', 'keras')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

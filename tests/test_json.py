@@ -1,11 +1,11 @@
-"""`tfgpu._json.json_safe`: records become strict JSON."""
+"""`tfgpu._internal.helpers.jsonable.json_safe`: records become strict JSON."""
 
 import json
 import math
 
 import numpy as np
 
-from tfgpu._json import json_safe
+from tfgpu._internal.helpers.jsonable import json_safe
 
 
 def test_json_safe_gives_strict_json():

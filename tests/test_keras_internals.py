@@ -1,4 +1,4 @@
-"""tfgpu._keras_internals: every reach into Keras's internals still finds its target.
+"""tfgpu._internal.adapters.keras_internals: every reach into Keras's internals still finds its target.
 
 `test_every_reach_finds_its_target_in_a_real_fit` is the alarm: it fails, naming the Keras
 version and what moved, the day Keras keeps `fit`'s epoch iterator, its data adapter,
@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import pytest
 
-from tfgpu import _keras_internals
+from tfgpu._internal.adapters import keras_internals
 
 
 def _model() -> keras.Model:
@@ -34,15 +34,15 @@ class _Probe(keras.callbacks.Callback):
         self.frame_name: str | None = None
 
     def on_train_begin(self, logs=None):
-        self.problems["on_train_begin"] = _keras_internals.problems_in_fit(self.model)
-        self.batch_size = _keras_internals.fit_batch_size(self.model)
-        iterator = _keras_internals.fit_epoch_iterator(self.model)
-        self.source = _keras_internals.source_dataset(iterator)
-        frame = _keras_internals.training_frame(__name__)
+        self.problems["on_train_begin"] = keras_internals.problems_in_fit(self.model)
+        self.batch_size = keras_internals.fit_batch_size(self.model)
+        iterator = keras_internals.fit_epoch_iterator(self.model)
+        self.source = keras_internals.source_dataset(iterator)
+        frame = keras_internals.training_frame(__name__)
         self.frame_name = None if frame is None else frame.f_code.co_name
 
     def on_train_batch_end(self, batch, logs=None):
-        self.problems.setdefault("on_train_batch_end", _keras_internals.problems_in_fit(self.model))
+        self.problems.setdefault("on_train_batch_end", keras_internals.problems_in_fit(self.model))
 
 
 def _data(kind: str) -> dict:
@@ -63,22 +63,22 @@ def test_every_reach_finds_its_target_in_a_real_fit(kind):
     _model().fit(**data, epochs=1, verbose=0, shuffle=False, callbacks=[probe])
     found = [f"{hook}: {p}" for hook, ps in probe.problems.items() for p in ps]
     if probe.batch_size != 8:
-        found.append(_keras_internals.moved("the data adapter's `batch_size`"))
+        found.append(keras_internals.moved("the data adapter's `batch_size`"))
     if kind == "dataset" and probe.source is not data["x"]:
-        found.append(_keras_internals.moved("the data adapter's `_dataset` (the user's dataset)"))
+        found.append(keras_internals.moved("the data adapter's `_dataset` (the user's dataset)"))
     if found or len(probe.problems) != 2:
         pytest.fail(
             f"Keras {keras.__version__} moved what tfgpu reaches for (checked against Keras "
-            f"{'.'.join(map(str, _keras_internals.CHECKED_KERAS))}); update "
-            "tfgpu/_keras_internals.py and CHECKED_KERAS. What moved:\n  "
+            f"{'.'.join(map(str, keras_internals.CHECKED_KERAS))}); update "
+            "tfgpu/_internal/adapters/keras_internals.py and CHECKED_KERAS. What moved:\n  "
             + "\n  ".join(found or ["the callback hooks did not run"])
         )
     assert probe.frame_name == "fit"
-    checked = _keras_internals.CHECKED_KERAS
+    checked = keras_internals.CHECKED_KERAS
     installed = tuple(int(p) for p in keras.__version__.split(".")[:2])
     if installed > checked:
         warnings.warn(
-            f"Keras {keras.__version__} is newer than the one tfgpu/_keras_internals.py was "
+            f"Keras {keras.__version__} is newer than the one tfgpu/_internal/adapters/keras_internals.py was "
             f"checked against ({checked[0]}.{checked[1]}); every reach still works: raise "
             "CHECKED_KERAS.",
             stacklevel=1,
@@ -87,15 +87,15 @@ def test_every_reach_finds_its_target_in_a_real_fit(kind):
 
 def test_outside_fit_nothing_is_found():
     model = _model()
-    assert _keras_internals.fit_epoch_iterator(model) is None
-    assert _keras_internals.fit_batch_size(model) is None
-    assert _keras_internals.calling_callback_list() is None
-    assert _keras_internals.problems_in_fit(model) == [
-        _keras_internals.moved("`fit`'s frame with a local `epoch_iterator`")
+    assert keras_internals.fit_epoch_iterator(model) is None
+    assert keras_internals.fit_batch_size(model) is None
+    assert keras_internals.calling_callback_list() is None
+    assert keras_internals.problems_in_fit(model) == [
+        keras_internals.moved("`fit`'s frame with a local `epoch_iterator`")
     ]
-    assert "Keras " in _keras_internals.moved("x") and "tfgpu/_keras_internals.py" in (
-        _keras_internals.moved("x")
-    )
+    assert "Keras " in keras_internals.moved(
+        "x"
+    ) and "tfgpu/_internal/adapters/keras_internals.py" in (keras_internals.moved("x"))
 
 
 def test_a_wrapped_train_function_is_found_under_and_taken_off():
@@ -107,25 +107,25 @@ def test_a_wrapped_train_function_is_found_under_and_taken_off():
     def outer(iterator):
         return keras_fn(iterator)
 
-    _keras_internals.install_train_function(model, outer, owner=owner, original=keras_fn)
+    keras_internals.install_train_function(model, outer, owner=owner, original=keras_fn)
     assert model.train_function is outer
-    assert _keras_internals.wrapper_owner(outer) is owner
-    assert _keras_internals.keras_train_function(outer) is keras_fn
-    _keras_internals.restore_train_function(model, other, keras_fn)  # not other's: stays
+    assert keras_internals.wrapper_owner(outer) is owner
+    assert keras_internals.keras_train_function(outer) is keras_fn
+    keras_internals.restore_train_function(model, other, keras_fn)  # not other's: stays
     assert model.train_function is outer
-    _keras_internals.restore_train_function(model, owner, keras_fn)
+    keras_internals.restore_train_function(model, owner, keras_fn)
     assert model.train_function is keras_fn
-    assert _keras_internals.wrapper_owner(keras_fn) is None
+    assert keras_internals.wrapper_owner(keras_fn) is None
 
 
 def test_initial_epoch_is_cleared_only_when_it_is_tfgpu_s():
     model = _model()
-    _keras_internals.set_initial_epoch(model, 3)
+    keras_internals.set_initial_epoch(model, 3)
     assert model._initial_epoch == 3
-    _keras_internals.clear_initial_epoch(model)
+    keras_internals.clear_initial_epoch(model)
     assert model._initial_epoch is None
     model._initial_epoch = 5  # set by someone else: left alone
-    _keras_internals.clear_initial_epoch(model)
+    keras_internals.clear_initial_epoch(model)
     assert model._initial_epoch == 5
 
 
@@ -135,11 +135,11 @@ def test_a_fit_that_restarts_from_the_initial_epoch_skips_the_done_epochs():
 
     class _Start(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
-            _keras_internals.set_initial_epoch(self.model, 2)
+            keras_internals.set_initial_epoch(self.model, 2)
 
         def on_epoch_begin(self, epoch, logs=None):
             seen.append(epoch)
-            _keras_internals.clear_initial_epoch(self.model)
+            keras_internals.clear_initial_epoch(self.model)
 
     model.fit(**_data("arrays"), epochs=3, verbose=0, callbacks=[_Start()])
     assert seen == [2]
@@ -149,16 +149,16 @@ def test_a_fit_that_restarts_from_the_initial_epoch_skips_the_done_epochs():
 def test_the_trainer_check_names_what_the_multi_worker_correction_lost(monkeypatch):
     from keras.src.backend.tensorflow import trainer
 
-    assert _keras_internals.problems_in_trainer() == []
+    assert keras_internals.problems_in_trainer() == []
 
     def build_without_iterator(self, data_batch=None):  # a Keras that changed the signature
         return None
 
     monkeypatch.delattr(trainer, "reduce_per_replica")
     monkeypatch.setattr(trainer.TensorFlowTrainer, "_maybe_symbolic_build", build_without_iterator)
-    assert _keras_internals.problems_in_trainer() == [
-        _keras_internals.moved("`trainer.reduce_per_replica(values, strategy, reduction)`"),
-        _keras_internals.moved("`TensorFlowTrainer._maybe_symbolic_build(iterator, data_batch)`"),
+    assert keras_internals.problems_in_trainer() == [
+        keras_internals.moved("`trainer.reduce_per_replica(values, strategy, reduction)`"),
+        keras_internals.moved("`TensorFlowTrainer._maybe_symbolic_build(iterator, data_batch)`"),
     ]
 
 
@@ -167,11 +167,11 @@ def test_the_multi_worker_correction_is_not_installed_where_keras_lacks_the_func
 ):
     from keras.src.backend.tensorflow import trainer
 
-    monkeypatch.setattr(_keras_internals, "_correction_installed", False)
+    monkeypatch.setattr(keras_internals, "_correction_installed", False)
     monkeypatch.delattr(trainer, "reduce_per_replica")
     build = trainer.TensorFlowTrainer._maybe_symbolic_build
     with caplog.at_level("WARNING", logger="tfgpu"):
-        assert _keras_internals.install_multi_worker_correction() is False
+        assert keras_internals.install_multi_worker_correction() is False
     assert "multi-worker fit correction is not applied" in caplog.text
     assert trainer.TensorFlowTrainer._maybe_symbolic_build is build  # nothing changed
 
@@ -180,7 +180,7 @@ def test_the_multi_worker_correction_wraps_keras_and_defers_to_it_off_multi_work
     import tensorflow as tf
     from keras.src.backend.tensorflow import trainer
 
-    monkeypatch.setattr(_keras_internals, "_correction_installed", False)
+    monkeypatch.setattr(keras_internals, "_correction_installed", False)
     monkeypatch.setattr(trainer, "reduce_per_replica", trainer.reduce_per_replica)
     monkeypatch.setattr(
         trainer.TensorFlowTrainer,
@@ -188,10 +188,10 @@ def test_the_multi_worker_correction_wraps_keras_and_defers_to_it_off_multi_work
         trainer.TensorFlowTrainer._maybe_symbolic_build,
     )
     original = trainer.reduce_per_replica
-    assert _keras_internals.install_multi_worker_correction() is True
-    assert _keras_internals.install_multi_worker_correction() is True  # idempotent
+    assert keras_internals.install_multi_worker_correction() is True
+    assert keras_internals.install_multi_worker_correction() is True  # idempotent
     assert trainer.reduce_per_replica.__wrapped__ is original
-    assert _keras_internals.problems_in_trainer() == []  # the check sees through the wrapper
+    assert keras_internals.problems_in_trainer() == []  # the check sees through the wrapper
     value = tf.constant([1.0, 3.0])
     reduced = trainer.reduce_per_replica(value, tf.distribute.get_strategy(), "auto")
     assert reduced.numpy().tolist() == [1.0, 3.0]  # Keras's own answer off multi-worker

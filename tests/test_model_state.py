@@ -1,4 +1,4 @@
-"""`tfgpu._model_state.preserved`: the model comes back exactly as it went in."""
+"""`tfgpu._internal.adapters.model_state.preserved`: the model comes back exactly as it went in."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from tfgpu._model_state import preserved
+from tfgpu._internal.adapters.model_state import preserved
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(64, 8)).astype("float32")

@@ -21,7 +21,8 @@ import pytest
 
 from tests import fake_pynvml
 from tests.conftest import run_python
-from tfgpu import _warnings, monitor
+from tfgpu import monitor
+from tfgpu._internal.helpers import warn
 from tfgpu.monitor import _aggregates, host, nvml, sampler
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,9 +42,9 @@ def fake(monkeypatch):
 @pytest.fixture(autouse=True)
 def _fresh_once_warnings():
     """Each test sees the once-per-process warnings (no NVML) as a new process would."""
-    _warnings.forget()
+    warn.forget()
     yield
-    _warnings.forget()
+    warn.forget()
 
 
 class _FakeEvent:

@@ -57,7 +57,7 @@ def test_two_workers_match_single_process(tmp_path, reference):
 @pytest.mark.timeout(200)
 def test_upstream_keras_still_needs_the_correction(tmp_path):
     """Plain Keras `fit` under two-worker MWMS. When this fails, upstream fixed the bug:
-    delete the multi-worker fit section of tfgpu/_keras_internals.py (with
+    delete the multi-worker fit section of tfgpu/_internal/adapters/keras_internals.py (with
     `problems_in_trainer`) and its call in tfgpu/distribute.py."""
     out = str(tmp_path / "w{i}.npz")
     workers = run(tmp_path, ["--out", out, "--strategy", "multi_worker", "--no-compat"], "plain")
@@ -66,7 +66,7 @@ def test_upstream_keras_still_needs_the_correction(tmp_path):
         pytest.fail(
             f"Keras {keras.__version__} now trains under MultiWorkerMirroredStrategy without "
             "tfgpu's correction: remove the multi-worker fit section of "
-            "tfgpu/_keras_internals.py (see its comments)."
+            "tfgpu/_internal/adapters/keras_internals.py (see its comments)."
         )
     known = ("Attempt to convert a value (PerReplica", "Invalid reduction dimension 0")
     assert all(any(k in o for k in known) for o in outputs), outputs[0][-3000:]

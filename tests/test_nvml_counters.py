@@ -16,7 +16,8 @@ import sys
 import pytest
 
 from tests import fake_pynvml
-from tfgpu import _warnings, monitor
+from tfgpu import monitor
+from tfgpu._internal.helpers import warn
 from tfgpu.monitor import _aggregates, _gpu_reader, nvml
 
 NAN = float("nan")
@@ -41,9 +42,9 @@ def _clean_env(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("TF_CONFIG", raising=False)
     monkeypatch.delenv("SLURM_NTASKS", raising=False)
-    _warnings.forget()
+    warn.forget()
     yield
-    _warnings.forget()
+    warn.forget()
 
 
 def _install(monkeypatch, gpus, **kwargs):

@@ -1,4 +1,4 @@
-"""tfgpu._progress: the `verbose=` lines of long calls, on a scripted clock and a StringIO."""
+"""tfgpu._internal.helpers.progress: the `verbose=` lines of long calls, on a scripted clock and a StringIO."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ import sys
 import numpy as np
 import pytest
 
-from tfgpu._progress import Progress, check_verbose, format_seconds, resolve_verbose
+from tfgpu._internal.helpers.progress import (
+    Progress,
+    check_verbose,
+    format_seconds,
+    resolve_verbose,
+)
 
 _ANSI = re.compile(r"\x1b\[|[\x00-\x08\x0b-\x1f]")  # escape sequences, \r, \b, ... (not \n)
 

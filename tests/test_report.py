@@ -726,7 +726,7 @@ def test_energy_without_steps_or_batch_size_or_with_a_counter_reset(tmp_path, no
     assert "1 session(s) skipped where the energy counter went backwards" in text
 
 
-# ---- findings from the GPU counters, with the rules diagnose uses (tfgpu._gpu_counters) ----
+# ---- findings from the GPU counters, with the rules diagnose uses (tfgpu._internal.adapters.gpu_counters) ----
 
 _COUNTERS = ["time", "elapsed_s", "epoch", "gpu0_util_pct", "gpu0_power_w", "gpu0_power_limit_w",
              "gpu0_sm_clock_mhz", "gpu0_throttle_reasons", "gpu0_sm_active_pct",
@@ -856,11 +856,11 @@ def test_counter_findings_are_per_session_and_odd_values_do_not_crash(tmp_path, 
 
 
 def test_the_report_and_diagnose_share_one_threshold(tmp_path, no_plots, monkeypatch):
-    from tfgpu import _gpu_counters
+    from tfgpu._internal.adapters import gpu_counters
 
     run = _hand_timeline(tmp_path / "run", _COUNTERS, _counter_rows(tensor=3.0))
     assert "Tensor cores nearly idle" in _findings(write_report(run).read_text())
-    monkeypatch.setattr(_gpu_counters, "TENSOR_ACTIVE_LOW_PCT", 2.0)
+    monkeypatch.setattr(gpu_counters, "TENSOR_ACTIVE_LOW_PCT", 2.0)
     assert "No finding on GPU 0." in _findings(write_report(run).read_text())
 
 

@@ -1,4 +1,4 @@
-"""tfgpu._stats: one percentile, one mean, one byte format; History and report.md agree."""
+"""tfgpu._internal.helpers.stats: one percentile, one mean, one byte format; History and report.md agree."""
 
 from __future__ import annotations
 
@@ -8,42 +8,42 @@ import re
 import numpy as np
 import pytest
 
-from tfgpu import _stats
+from tfgpu._internal.helpers import stats
 
 
 def test_percentile_is_numpy_s_linear_interpolation_over_finite_values():
     values = list(np.random.default_rng(1).random(37))
     for q in (0, 10, 50, 90, 99, 100):
-        assert _stats.percentile(values, q) == pytest.approx(np.percentile(values, q))
+        assert stats.percentile(values, q) == pytest.approx(np.percentile(values, q))
     holes = [*values, math.nan, None, math.inf, -math.inf]
-    assert _stats.percentile(holes, 90) == pytest.approx(np.nanpercentile(values, 90))
-    assert _stats.median([3.0, 1.0, 2.0, 10.0]) == 2.5  # between the two middle values
-    assert _stats.median([np.float32(2.0), 4]) == 3.0  # NumPy scalars and ints count
+    assert stats.percentile(holes, 90) == pytest.approx(np.nanpercentile(values, 90))
+    assert stats.median([3.0, 1.0, 2.0, 10.0]) == 2.5  # between the two middle values
+    assert stats.median([np.float32(2.0), 4]) == 3.0  # NumPy scalars and ints count
 
 
 def test_no_finite_value_gives_nan():
-    assert math.isnan(_stats.percentile([], 50))
-    assert math.isnan(_stats.median([math.nan, None]))
-    assert math.isnan(_stats.mean([math.inf]))
+    assert math.isnan(stats.percentile([], 50))
+    assert math.isnan(stats.median([math.nan, None]))
+    assert math.isnan(stats.mean([math.inf]))
 
 
 def test_percentile_out_of_range_is_a_value_error():
     with pytest.raises(ValueError, match=r"argument `q`. Received: q=101"):
-        _stats.percentile([1.0], 101)
+        stats.percentile([1.0], 101)
 
 
 def test_mean_skips_holes_and_survives_the_float_maximum():
-    assert _stats.mean([1.0, None, 2.0, math.nan]) == 1.5
+    assert stats.mean([1.0, None, 2.0, math.nan]) == 1.5
     big = np.finfo(np.float64).max
-    assert _stats.mean([big, big]) == big
+    assert stats.mean([big, big]) == big
 
 
 def test_format_bytes_uses_binary_units():
-    assert _stats.format_bytes(0) == "0 B"
-    assert _stats.format_bytes(1023) == "1023 B"
-    assert _stats.format_bytes(1536) == "1.5 KiB"
-    assert _stats.format_bytes(5 * 2**20) == "5.0 MiB"
-    assert _stats.format_bytes(3.25 * 2**30) == "3.2 GiB"
+    assert stats.format_bytes(0) == "0 B"
+    assert stats.format_bytes(1023) == "1023 B"
+    assert stats.format_bytes(1536) == "1.5 KiB"
+    assert stats.format_bytes(5 * 2**20) == "5.0 MiB"
+    assert stats.format_bytes(3.25 * 2**30) == "3.2 GiB"
 
 
 class _Clock:

@@ -1,6 +1,6 @@
 """tfgpu.tune: the search keeps what clearly helps and nothing else, on scripted step times.
 
-The step clock (`tfgpu._measure.fit_step_time`) and the budget's clock (`tfgpu._measure.now`)
+The step clock (`tfgpu._internal.adapters.timing.fit_step_time`) and the budget's clock (`tfgpu._internal.adapters.timing.now`)
 are replaced by `_Script`, which returns seconds per step from the setting of each timed run
 (steps_per_execution, jit_compile, a static batch shape, the private thread pool, the
 precision policy) and advances the clock by the scripted duration of the fit, cut at its
@@ -22,7 +22,7 @@ import tensorflow as tf
 
 import tfgpu
 import tfgpu.batch_size
-from tfgpu import _measure
+from tfgpu._internal.adapters import timing
 from tfgpu.tuning import Trial, TuneResult, _trial, _tune
 from tfgpu.tuning import _candidates as cands
 from tfgpu.tuning._candidates import Facts
@@ -72,7 +72,7 @@ class _Script:
         self.calls = 0
         self.settings: list[dict] = []
         self.counts: dict[tuple, int] = {}
-        original = _measure.fit_step_time
+        original = timing.fit_step_time
 
         def fit_step_time(model, dataset, steps, warmup, deadline=None, timed_limit_s=None):
             setting = _setting(model, dataset)
@@ -93,8 +93,8 @@ class _Script:
             self.clock += total
             return seconds
 
-        monkeypatch.setattr(_measure, "fit_step_time", fit_step_time)
-        monkeypatch.setattr(_measure, "now", lambda: self.clock)
+        monkeypatch.setattr(timing, "fit_step_time", fit_step_time)
+        monkeypatch.setattr(timing, "now", lambda: self.clock)
 
 
 class _FakeFound:

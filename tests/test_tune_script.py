@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 from tests.conftest import REPO
-from tfgpu import _measure
+from tfgpu._internal.adapters import timing
 from tfgpu.tuning import TuneResult, _script
 from tfgpu.tuning._script import ChildRun
 
@@ -35,7 +35,7 @@ def script(tmp_path):
 def clock(monkeypatch):
     """A scripted clock: each child run takes 10 s."""
     state = {"t": 0.0}
-    monkeypatch.setattr(_measure, "now", lambda: state["t"])
+    monkeypatch.setattr(timing, "now", lambda: state["t"])
     return state
 
 

@@ -1,4 +1,4 @@
-"""tfgpu._warnings: warnings reach the user however Python runs their code.
+"""tfgpu._internal.helpers.warn: warnings reach the user however Python runs their code.
 
 In-process: the kinds of `__main__` (a file, `-c`, stdin, a cell without a file) built with
 `exec`. In subprocesses: a real `GPUMonitor` without NVML, run as a script file, with `-c`,
@@ -18,24 +18,24 @@ from pathlib import Path
 
 import pytest
 
-from tfgpu import _warnings
+from tfgpu._internal.helpers import warn
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
 def _fresh_once_warnings():
-    _warnings.forget()
+    warn.forget()
     yield
-    _warnings.forget()
+    warn.forget()
 
 
 def _run_as_main(filename: str, loader=None, **extra) -> list[warnings.WarningMessage]:
     """Runs a call to `warn_at_user_code` as `__main__` code compiled from `filename`."""
     source = (
-        "from tfgpu import _warnings\n"
+        "from tfgpu._internal.helpers import warn\n"
         "for _ in range(3):\n"
-        "    _warnings.warn_at_user_code('about your fit', RuntimeWarning, once='test-key')\n"
+        "    warn.warn_at_user_code('about your fit', RuntimeWarning, once='test-key')\n"
     )
     namespace = {"__name__": "__main__", "__builtins__": builtins, **extra}
     if loader is not None:
@@ -60,7 +60,7 @@ def test_a_warning_reaches_every_kind_of_main_once(filename, loader):
     assert [(str(w.message), w.filename, w.lineno) for w in caught] == [
         ("about your fit", filename, 3)
     ]
-    _warnings.forget("test-key")
+    warn.forget("test-key")
     assert len(_run_as_main(filename, loader)) == 1  # forgotten: shown again
 
 
@@ -75,19 +75,19 @@ def test_without_a_key_python_s_rule_applies_once_per_call_site():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         for _ in range(3):
-            _warnings.warn_at_user_code("same line", UserWarning)
-        _warnings.warn_at_user_code("same line", UserWarning)  # another line
+            warn.warn_at_user_code("same line", UserWarning)
+        warn.warn_at_user_code("same line", UserWarning)  # another line
     assert [w.filename for w in caught] == [__file__, __file__]
 
 
 def test_the_user_s_filters_apply():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("ignore")
-        _warnings.warn_at_user_code("hidden", RuntimeWarning)
+        warn.warn_at_user_code("hidden", RuntimeWarning)
     assert caught == []
     with warnings.catch_warnings(), pytest.raises(RuntimeWarning, match="an error"):
         warnings.simplefilter("error")
-        _warnings.warn_at_user_code("an error", RuntimeWarning)
+        warn.warn_at_user_code("an error", RuntimeWarning)
 
 
 def test_a_broken_showwarning_never_raises(caplog, monkeypatch):
@@ -98,7 +98,7 @@ def test_a_broken_showwarning_never_raises(caplog, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = broken
-        _warnings.warn_at_user_code("still said", RuntimeWarning)
+        warn.warn_at_user_code("still said", RuntimeWarning)
     assert any("still said" in r.getMessage() for r in caplog.records)
 
 

@@ -136,7 +136,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
     Fills in what the checks resolve (the demo's default run directory).
     """
-    from tfgpu._checks import check_dir
+    from tfgpu._internal.helpers.checks import check_dir
 
     if args.command == "demo":
         from tfgpu.demo import check_arguments
@@ -239,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["data-service"]:  # its own parser (its --help included); servers log to stderr
-        from tfgpu._data_servers import main as data_service
+        from tfgpu._internal.adapters.data_service import main as data_service
 
         return data_service(argv[1:])
     args = _build_parser().parse_args(argv)

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tfgpu._checks import conflicting, invalid_type, invalid_value, is_int
+from tfgpu._internal.helpers.checks import conflicting, invalid_type, invalid_value, is_int
 from tfgpu.precision import choose_policy, has_tensor_cores, supports_bfloat16
 
 __all__ = ["Configuration", "configure"]
@@ -327,13 +327,13 @@ def _plan(facts: _Facts, wishes: _Wishes) -> _Plan:
 
 
 def _read_facts() -> _Facts:
-    import tensorflow as tf  # noqa: F401  (loaded, so that _devices reads its devices)
+    import tensorflow as tf  # noqa: F401  (loaded, so that devices reads its devices)
 
-    from tfgpu import _devices
+    from tfgpu._internal.adapters import devices
 
-    gpus = [_Gpu(g.tf_name, g.device_name, g.compute_capability) for g in _devices.physical_gpus()]
+    gpus = [_Gpu(g.tf_name, g.device_name, g.compute_capability) for g in devices.physical_gpus()]
     env = {k: os.environ.get(k) for k in ("TF_GPU_ALLOCATOR", "TF_FORCE_GPU_ALLOW_GROWTH")}
-    return _Facts(gpus=tuple(gpus), runtime_initialized=_devices.tf_runtime_initialized(), env=env)
+    return _Facts(gpus=tuple(gpus), runtime_initialized=devices.tf_runtime_initialized(), env=env)
 
 
 def _apply(plan: _Plan) -> Configuration:

@@ -1,6 +1,6 @@
 """Data parallelism: pick a `tf.distribute.Strategy`, resolve the cluster, scale batch and LR.
 
-`strategy()` decides in pure functions (`tfgpu._cluster.resolve_cluster`, `_choose_kind`,
+`strategy()` decides in pure functions (`tfgpu._internal.adapters.cluster.resolve_cluster`, `_choose_kind`,
 `_choose_all_reduce`) from facts (the environment, the visible GPUs) and then builds the
 strategy. The arithmetic users get wrong lives in `global_batch_size()` and
 `scale_learning_rate()`.
@@ -19,7 +19,8 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tfgpu._checks import (
+from tfgpu._internal.adapters.cluster import resolve_cluster, slurm_num_tasks
+from tfgpu._internal.helpers.checks import (
     check_finite_result,
     check_int,
     check_number,
@@ -27,7 +28,6 @@ from tfgpu._checks import (
     invalid_value,
     is_int,
 )
-from tfgpu._cluster import resolve_cluster, slurm_num_tasks
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -519,10 +519,10 @@ def strategy(
             cluster_resolver=resolver,
             communication_options=options,
         )
-    from tfgpu import _keras_internals
+    from tfgpu._internal.adapters import keras_internals
 
-    if _keras_internals.needs_multi_worker_correction(result):
-        _keras_internals.install_multi_worker_correction()
+    if keras_internals.needs_multi_worker_correction(result):
+        keras_internals.install_multi_worker_correction()
     _LOG.info(
         "tfgpu.strategy: MultiWorkerMirroredStrategy (%s), %d replicas, all-reduce %s",
         cluster.source,

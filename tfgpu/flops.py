@@ -47,8 +47,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tfgpu._checks import check_int, invalid_type, invalid_value
-from tfgpu._warnings import one_line
+from tfgpu._internal.helpers.checks import check_int, invalid_type, invalid_value
+from tfgpu._internal.helpers.warn import one_line
 
 __all__ = ["mfu", "peak_flops", "train_step_flops"]
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tfgpu._checks import invalid_type, invalid_value
+from tfgpu._internal.helpers.checks import invalid_type, invalid_value
 
 __all__ = ["PolicyChoice", "choose_policy", "has_tensor_cores", "supports_bfloat16"]
 

@@ -97,7 +97,7 @@ class KillAt(keras.callbacks.Callback):
 
 def kill_during_save(n):
     """SIGKILLs this process inside the n-th backup save, after the temporary file is written."""
-    from tfgpu import _backup
+    from tfgpu.callbacks import _backup
 
     calls = {"n": 0}
     original = _backup._replace

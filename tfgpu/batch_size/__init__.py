@@ -9,7 +9,7 @@ by type) or when the peak device memory it used
 trial runs real training steps (`Model.train_on_batch` on a batch already in memory) and
 measures throughput, and the model's weights, optimizer state and metrics are put back
 afterwards. While it runs, `verbose=` shows each trial, its size and its outcome
-(`tfgpu._progress`), as `fit` shows its epochs; under `in_subprocess=True` the child's trial
+(`tfgpu._internal.helpers.progress`), as `fit` shows its epochs; under `in_subprocess=True` the child's trial
 lines are relayed as they come.
 
 Where the memory figure comes from: TensorFlow's allocator statistics. GPUs always keep
@@ -22,7 +22,7 @@ enforced is refused; `in_subprocess=True` turns the statistics on for the trials
 The rooms, in reading order:
 
 - `_find`: `find_batch_size()` itself: check the arguments, work out the memory budget, run
-  the trials under `tfgpu._model_state.preserved`, build the result;
+  the trials under `tfgpu._internal.adapters.model_state.preserved`, build the result;
 - `_search`: the pure decisions (the next size to try, why the search ended, the fastest
   size, the gradient-accumulation plan), tested without hardware;
 - `_trial`: one trial: the pool of examples batches are cut from, the device and its memory

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tfgpu._checks import check_int, check_number, invalid_type
-from tfgpu._model_state import preserved
-from tfgpu._progress import Progress, check_verbose
+from tfgpu._internal.adapters.model_state import preserved
+from tfgpu._internal.helpers.checks import check_int, check_number, invalid_type
+from tfgpu._internal.helpers.progress import Progress, check_verbose
 from tfgpu.batch_size._result import BatchSizeResult, BatchSizeTrial, _build_result
 from tfgpu.batch_size._search import _next_candidate, _stopped_by
 from tfgpu.batch_size._subprocess import _find_in_subprocess

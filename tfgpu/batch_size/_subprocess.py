@@ -12,7 +12,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from tfgpu._progress import Progress
+from tfgpu._internal.helpers.progress import Progress
 from tfgpu.batch_size._result import BatchSizeResult, BatchSizeTrial, _build_result
 
 # The child's progress lines (verbose=2 on its stdout) start with this; the parent shows their

@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 
-from tfgpu._checks import invalid_type
-from tfgpu._datasets import source_batches
+from tfgpu._internal.adapters.datasets import source_batches
+from tfgpu._internal.helpers.checks import invalid_type
 from tfgpu.batch_size._result import BatchSizeTrial
 
 # ----------------------------------------------------------------------------------------
@@ -106,9 +106,9 @@ def _device_capacity_bytes(device: str) -> int | None:
     if not device.startswith("GPU"):
         return None
     try:
-        from tfgpu import _devices
+        from tfgpu._internal.adapters import devices
 
-        gpu = _devices.gpu_record(int(device.split(":")[1]))
+        gpu = devices.gpu_record(int(device.split(":")[1]))
     except Exception:  # side feature: fall back to OOM detection only
         return None
     return None if gpu is None else gpu.memory_total_bytes

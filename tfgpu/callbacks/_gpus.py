@@ -1,7 +1,7 @@
 """The peak FLOP/s of the GPUs a model trains on, for `StepTimer`'s `mfu`.
 
 Which GPU TensorFlow's `/GPU:0` is, and what NVML says about it, comes from
-`tfgpu._devices` (the one place that maps TensorFlow's GPUs to physical ones).
+`tfgpu._internal.adapters.devices` (the one place that maps TensorFlow's GPUs to physical ones).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import keras
 
-from tfgpu import _devices
+from tfgpu._internal.adapters import devices
 
 
 def _trains_on_gpu() -> bool:
@@ -28,18 +28,18 @@ def auto_peak_flops(model: Any) -> float | None:
 
     Reads TensorFlow's first GPU (`/GPU:0`, after `CUDA_VISIBLE_DEVICES` and
     `tf.config.set_visible_devices`): its name and compute capability, the model's dtype
-    policy (`tfgpu._devices.peak_precision`), and multiplies by the strategy's replicas (one
+    policy (`tfgpu._internal.adapters.devices.peak_precision`), and multiplies by the strategy's replicas (one
     GPU each, assumed alike).
     """
     if not _trains_on_gpu():
         return None
     from tfgpu.flops import peak_flops
 
-    gpu = _devices.gpu_record(0)
+    gpu = devices.gpu_record(0)
     if gpu is None or gpu.name is None:
         return None
     policy = getattr(getattr(model, "dtype_policy", None), "name", None)
-    precision = _devices.peak_precision(
+    precision = devices.peak_precision(
         str(policy or keras.config.dtype_policy().name), gpu.compute_capability
     )
     peak = None if precision is None else peak_flops(gpu.name, precision)

@@ -14,8 +14,8 @@ What it fixes in `keras.callbacks.BackupAndRestore` (Keras 3.15):
   `<backup_dir>/.worker-<k>/`, used only where the chief's copy is not visible.
 
 """
-# The backup file and the state in it: tfgpu/_backup.py. The Keras internals this relies on
-# (fit's epoch iterator, model.train_function, model._initial_epoch): tfgpu/_keras_internals.py.
+# The backup file and the state in it: tfgpu/callbacks/_backup.py. The Keras internals this relies on
+# (fit's epoch iterator, model.train_function, model._initial_epoch): tfgpu/keras_internals.py.
 
 from __future__ import annotations
 
@@ -31,8 +31,10 @@ from typing import Any, cast
 import keras
 import numpy as np
 
-from tfgpu import _keras_internals
-from tfgpu._backup import (
+from tfgpu._internal.adapters import keras_internals
+from tfgpu._internal.helpers.checks import check_bool, check_dir, check_int, invalid_value
+from tfgpu._internal.helpers.files import rotate
+from tfgpu.callbacks._backup import (
     _FILE,
     _META,
     _PREV,
@@ -51,8 +53,6 @@ from tfgpu._backup import (
     _worker_role,
     _write_atomic,
 )
-from tfgpu._checks import check_bool, check_dir, check_int, invalid_value
-from tfgpu._files import rotate
 
 _LOG = logging.getLogger(__name__)
 
@@ -273,7 +273,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                 "`keras.Input` or call it on a batch first."
             )
         check_dir("backup_dir", self.backup_dir)  # it may have become a file since
-        _keras_internals.clear_initial_epoch(model)
+        keras_internals.clear_initial_epoch(model)
         self._count_iterators()
         self._wrap_train_function()
         loaded = self._load()
@@ -293,7 +293,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         if meta["epoch"] > 0:
             # Keras's `fit` reads this once, right after `on_train_begin`; it is cleared at
             # the first `on_epoch_begin`, so a `fit` that raises later leaves nothing behind.
-            _keras_internals.set_initial_epoch(model, meta["epoch"])
+            keras_internals.set_initial_epoch(model, meta["epoch"])
             self._set_initial_epoch = True
         self._pending = {
             "skip_first": meta["position"] - meta["step"] if self._shared_iterator else 0,
@@ -312,17 +312,17 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def _count_iterators(self) -> None:
         """Puts a `_CountingDataset` between this `fit` and its training dataset."""
-        epoch_iterator = _keras_internals.fit_epoch_iterator(self.model)
-        dataset = _keras_internals.distributed_dataset(epoch_iterator)
+        epoch_iterator = keras_internals.fit_epoch_iterator(self.model)
+        dataset = keras_internals.distributed_dataset(epoch_iterator)
         if dataset is None:
             return
         if not isinstance(dataset, _CountingDataset):
             dataset = _CountingDataset(dataset)
-            _keras_internals.set_distributed_dataset(epoch_iterator, dataset)
+            keras_internals.set_distributed_dataset(epoch_iterator, dataset)
         self._epoch_iterator, self._dataset = epoch_iterator, dataset
         # The user's tf.data dataset: one that an earlier `fit` in this process iterated
         # has already given out its first shuffle orders (see _restore_shuffle_state).
-        source: Any = _keras_internals.source_dataset(epoch_iterator)
+        source: Any = keras_internals.source_dataset(epoch_iterator)
         if hasattr(source, "_as_serialized_graph"):
             self._source_reused = bool(getattr(source, "_tfgpu_fitted", False))
             with contextlib.suppress(AttributeError):
@@ -368,9 +368,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         epoch starts with a new one.
         """
         epoch_iterator = self._epoch_iterator
-        if epoch_iterator is None or not _keras_internals.steps_per_epoch(epoch_iterator):
+        if epoch_iterator is None or not keras_internals.steps_per_epoch(epoch_iterator):
             return None
-        return _keras_internals.current_iterator(epoch_iterator)
+        return keras_internals.current_iterator(epoch_iterator)
 
     def _check_workers_agree(self, strategy, position: list[int]) -> None:
         """Multi-worker: every worker must resume at the same (epoch, batch), else stop."""
@@ -393,7 +393,7 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         if self._set_initial_epoch:
-            _keras_internals.clear_initial_epoch(self.model)
+            keras_internals.clear_initial_epoch(self.model)
             self._set_initial_epoch = False
         self._epoch = epoch
         self._steps_in_epoch = 0
@@ -413,10 +413,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         again, and it steps aside by itself in a later `fit` that is not its own.
         """
         model = self.model
-        current = _keras_internals.train_function(model)
+        current = keras_internals.train_function(model)
         if current is None:
             return
-        owner = _keras_internals.wrapper_owner(current)
+        owner = keras_internals.wrapper_owner(current)
         if (
             owner is not None
             and owner is not self
@@ -428,14 +428,14 @@ class BackupAndRestore(keras.callbacks.Callback):
                 f"backup_dir={owner.backup_dir!r} and backup_dir={self.backup_dir!r}. "
                 "Expected at most one."
             )
-        original = _keras_internals.keras_train_function(current)
+        original = keras_internals.keras_train_function(current)
         spe = int(getattr(model, "steps_per_execution", 1) or 1)
 
         def train_function(iterator):
             if iterator is not self._iterator:
                 if (
                     self._epoch_iterator is not None
-                    and _keras_internals.fit_epoch_iterator(model) is not self._epoch_iterator
+                    and keras_internals.fit_epoch_iterator(model) is not self._epoch_iterator
                 ):
                     # Left on the model by a `fit` that raised; this `fit` is not ours.
                     if model.train_function is train_function:
@@ -469,9 +469,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             return result
 
         self._original_train_function = original
-        _keras_internals.install_train_function(
-            model, train_function, owner=self, original=original
-        )
+        keras_internals.install_train_function(model, train_function, owner=self, original=original)
 
     # ---------------------------------------------------------------- save
 
@@ -519,13 +517,13 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         if self._original_train_function is not None:
-            _keras_internals.restore_train_function(self.model, self, self._original_train_function)
+            keras_internals.restore_train_function(self.model, self, self._original_train_function)
             self._original_train_function = None
         if self._set_initial_epoch:
-            _keras_internals.clear_initial_epoch(self.model)
+            keras_internals.clear_initial_epoch(self.model)
             self._set_initial_epoch = False
         if self._epoch_iterator is not None and self._dataset is not None:
-            _keras_internals.set_distributed_dataset(self._epoch_iterator, self._dataset._dataset)
+            keras_internals.set_distributed_dataset(self._epoch_iterator, self._dataset._dataset)
         self._epoch_iterator = self._dataset = None
         if not self.delete_checkpoint:
             return

@@ -16,8 +16,9 @@ from typing import Any, TypedDict
 
 import keras
 
-from tfgpu import _devices, _keras_internals, _stats
-from tfgpu._checks import check_bool, check_dir, invalid_type
+from tfgpu._internal.adapters import devices, keras_internals
+from tfgpu._internal.helpers import stats
+from tfgpu._internal.helpers.checks import check_bool, check_dir, invalid_type
 from tfgpu.callbacks._steps import known_epoch_steps, optimizer_steps, steps_between
 from tfgpu.monitor.sampler import Sampler, check_gpus, check_interval, check_log_dir
 
@@ -149,7 +150,7 @@ class GPUMonitor(keras.callbacks.Callback):
         else:
             self._tb_dir = check_log_dir(tensorboard, "tensorboard")
         self._config: _SamplerConfig = {"interval": interval, "log_dir": path, "host": host}
-        self._sampled = _devices.cuda_indices(self._gpus)  # TensorFlow's numbering
+        self._sampled = devices.cuda_indices(self._gpus)  # TensorFlow's numbering
         self.sampler = Sampler(**self._config, gpus=self._sampled)  # validates the rest now
         self.log_dir = path
         self.per_gpu_logs = per_gpu_logs
@@ -171,17 +172,17 @@ class GPUMonitor(keras.callbacks.Callback):
                 self.sampler.stop()
             self._write_tensorboard()
             # TensorFlow's visible GPUs may have changed since construction (configure()).
-            sampled = _devices.cuda_indices(self._gpus)
+            sampled = devices.cuda_indices(self._gpus)
             if self._used or sampled != self._sampled:
                 self._sampled = sampled
                 self.sampler = Sampler(**self._config, gpus=sampled)
                 self._tb_written = 0
             self._used = True
-            self._batch_size = _keras_internals.fit_batch_size(self.model)
+            self._batch_size = keras_internals.fit_batch_size(self.model)
             self.sampler.start()  # warns (once, at the user's fit line) when NVML is missing
             # The sampler stops by itself once the frame driving the hooks (Keras `fit`, or a
             # custom loop) has left the stack: `fit` that raises never calls on_train_end.
-            frame = _keras_internals.training_frame(__name__)
+            frame = keras_internals.training_frame(__name__)
             if frame is not None:
                 self.sampler.bind_to_frame(frame)
         except Warning:
@@ -345,19 +346,19 @@ def _epoch_logs(
     logs: dict[str, float] = {}
     if num_gpus:
         util, power = column("util_pct_mean"), column("power_w_mean")
-        logs["gpu_util_pct_mean"] = _stats.mean(util)
+        logs["gpu_util_pct_mean"] = stats.mean(util)
         if num_gpus > 1:
-            finite_util = _stats.finite(util)
+            finite_util = stats.finite(util)
             logs["gpu_util_pct_min"] = min(finite_util) if finite_util else _NAN
-        peaks = _stats.finite(column("mem_used_mib_max"))
+        peaks = stats.finite(column("mem_used_mib_max"))
         logs["gpu_mem_used_mib_max"] = max(peaks) if peaks else _NAN
         # A total is only a total over every GPU: one without a power reading makes it NaN.
-        known_power = _stats.finite(power)
+        known_power = stats.finite(power)
         logs["gpu_power_w_total"] = math.fsum(known_power) if len(known_power) == num_gpus else _NAN
         for key in _PER_GPU_WHERE_KNOWN:
-            if _stats.finite(column(key)):
-                logs[f"gpu_{key}"] = _stats.mean(column(key))
-        known_pcie = _stats.finite(pcie)
+            if stats.finite(column(key)):
+                logs[f"gpu_{key}"] = stats.mean(column(key))
+        known_pcie = stats.finite(pcie)
         if known_pcie:
             logs["gpu_pcie_mib_per_step"] = math.fsum(known_pcie)  # all GPUs' traffic
     energy = column("energy_j")

@@ -16,8 +16,9 @@ from typing import Any
 
 import keras
 
-from tfgpu import _keras_internals, _stats
-from tfgpu._checks import check_int, check_number
+from tfgpu._internal.adapters import keras_internals
+from tfgpu._internal.helpers import stats
+from tfgpu._internal.helpers.checks import check_int, check_number
 from tfgpu.callbacks._gpus import auto_peak_flops
 from tfgpu.callbacks._steps import (
     known_epoch_steps,
@@ -48,10 +49,10 @@ def _epoch_summary(
     per_step = [seconds / steps for steps, seconds in steady]
     total_steps = sum(steps for steps, _ in steady)
     total_seconds = sum(seconds for _, seconds in steady)
-    median = _stats.median(per_step)
+    median = stats.median(per_step)
     logs = {
         "step_time_median_s": median,
-        "step_time_p90_s": _stats.percentile(per_step, 90),
+        "step_time_p90_s": stats.percentile(per_step, 90),
         "first_step_time_s": first,
         "examples_per_s": batch_size * total_steps / total_seconds
         if batch_size and total_seconds > 0
@@ -187,7 +188,7 @@ class StepTimer(keras.callbacks.Callback):
         self._forget_fit()
         self._sync(final=True)  # rows of a previous fit that raised
         self._close_file()
-        self._batch_size = self.batch_size or _keras_internals.fit_batch_size(self.model)
+        self._batch_size = self.batch_size or keras_internals.fit_batch_size(self.model)
         if self._batch_size is None:
             _log.warning(
                 "StepTimer: the batch size is unknown (a dataset without a static batch "
@@ -204,7 +205,7 @@ class StepTimer(keras.callbacks.Callback):
             except Exception as e:  # side features never kill training
                 _log.warning("StepTimer cannot write steps.csv (%s); training goes on.", e)
         # ... and write the rows when fit is over: its CallbackList goes with fit's frame.
-        callback_list = _keras_internals.calling_callback_list()
+        callback_list = keras_internals.calling_callback_list()
         if callback_list is not None:
             self._fit_over = weakref.finalize(callback_list, _sync_after_fit, weakref.ref(self))
 

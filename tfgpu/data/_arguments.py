@@ -14,7 +14,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfgpu._checks import (
+from tfgpu._internal.adapters.data_service import Address, check_job_name, parse_address
+from tfgpu._internal.helpers.checks import (
     check_bool,
     check_dir,
     check_int,
@@ -23,7 +24,6 @@ from tfgpu._checks import (
     invalid_type,
     invalid_value,
 )
-from tfgpu._data_service import Address, check_job_name, parse_address
 from tfgpu.data._cache import check_cache
 from tfgpu.data._limits import MAX_COUNT, MAX_RAM_BUDGET_MIB, MAX_SEED, POSITIVE, SEED
 from tfgpu.data._sources import Source, check_compression, classify

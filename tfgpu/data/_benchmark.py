@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfgpu._checks import check_int
-from tfgpu._cpu import usable_cores
-from tfgpu._datasets import cardinality
+from tfgpu._internal.adapters.cpu import usable_cores
+from tfgpu._internal.adapters.datasets import cardinality
+from tfgpu._internal.helpers.checks import check_int
 from tfgpu.data._limits import MAX_COUNT, POSITIVE
 
 

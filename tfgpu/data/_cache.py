@@ -11,7 +11,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfgpu._checks import invalid_type, invalid_value
+from tfgpu._internal.helpers.checks import invalid_type, invalid_value
 
 
 def check_cache(cache: Any) -> tuple[Any, str | None]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfgpu._checks import is_int
+from tfgpu._internal.helpers.checks import is_int
 from tfgpu.data._limits import MIB
 
 # Fraction of the available host memory used as the default RAM budget.

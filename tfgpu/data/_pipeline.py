@@ -23,9 +23,9 @@ from typing import Any, TypeAlias, overload
 
 import tensorflow as tf
 
-from tfgpu._cpu import usable_cores
-from tfgpu._data_service import Address
-from tfgpu._datasets import Batches, cardinality, mark_pipeline, source_batches
+from tfgpu._internal.adapters.cpu import usable_cores
+from tfgpu._internal.adapters.data_service import Address
+from tfgpu._internal.adapters.datasets import Batches, cardinality, mark_pipeline, source_batches
 from tfgpu.data._arguments import Arguments, check_arguments
 from tfgpu.data._cache import cached
 from tfgpu.data._facts import bytes_per_example, ram_budget, worker_count

@@ -13,7 +13,7 @@ import dataclasses
 import os
 from typing import Any
 
-from tfgpu._stats import format_bytes
+from tfgpu._internal.helpers.stats import format_bytes
 
 # Shuffle buffer when nothing else limits it: large enough to mix well, small enough to fill fast.
 _MAX_SHUFFLE_BUFFER = 10_000

@@ -10,9 +10,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfgpu._checks import is_int
-from tfgpu._cpu import usable_cores
-from tfgpu._datasets import Batches
+from tfgpu._internal.adapters.cpu import usable_cores
+from tfgpu._internal.adapters.datasets import Batches
+from tfgpu._internal.helpers.checks import is_int
 from tfgpu.data._arguments import Arguments
 from tfgpu.data._split import SPLIT_BUCKETS, check_split_counts, tfds_slices, validation_filter
 from tfgpu.data._tfds import load_tfds_dataset, tfds_split_info

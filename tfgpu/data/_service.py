@@ -3,9 +3,9 @@
 The pipeline's part: the dispatcher checked reachable (a short socket connect, so a wrong
 address fails in seconds, naming it, instead of hanging in tf.data), in-memory arrays read
 in chunks the dispatcher can hand out (one split per chunk, not per example: a split is an
-RPC to the dispatcher), the job name and coordinated reads (`tfgpu._data_service`), and the
+RPC to the dispatcher), the job name and coordinated reads (`tfgpu._internal.adapters.data_service`), and the
 `distribute` step itself (dynamic sharding: every example at most once per epoch, exactly
-once while no worker fails). The servers themselves are `tfgpu/_data_servers.py`.
+once while no worker fails). The servers themselves are in `tfgpu/_internal/adapters/data_service.py`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfgpu._cluster import resolve_cluster
-from tfgpu._data_service import Address, consumers, job_name
+from tfgpu._internal.adapters.cluster import resolve_cluster
+from tfgpu._internal.adapters.data_service import Address, consumers, job_name
 
 # How long the reachability check waits for the dispatcher's port.
 CONNECT_TIMEOUT_S = 3.0

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfgpu._checks import invalid_value
-from tfgpu._datasets import Batches, cardinality
+from tfgpu._internal.adapters.datasets import Batches, cardinality
+from tfgpu._internal.helpers.checks import invalid_value
 
 _LOG = logging.getLogger(__name__)
 _TFDS_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*(/[A-Za-z0-9_.+\-]+)?(:[0-9.*]+)?$")

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfgpu._checks import invalid_type, invalid_value, is_number
+from tfgpu._internal.helpers.checks import invalid_type, invalid_value, is_number
 
 # Hash buckets for the split of TFRecord files: a record is validation when its bucket is below
 # `validation_split * SPLIT_BUCKETS`; Fingerprint64 of the serialized bytes, so the split is the

@@ -10,8 +10,14 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfgpu._checks import check_bool, check_dir, check_int, invalid_type, invalid_value
-from tfgpu._lazy import import_optional
+from tfgpu._internal.helpers.checks import (
+    check_bool,
+    check_dir,
+    check_int,
+    invalid_type,
+    invalid_value,
+)
+from tfgpu._internal.helpers.lazy import import_optional
 from tfgpu.data._limits import MAX_SEED, SEED
 
 

@@ -36,7 +36,7 @@ LOG_DIR/naive/, LOG_DIR/tfgpu/
     report.md, *.png         tfgpu.report.write_report()
 ```
 
-The data is generated offline (`tfgpu._synthetic`: ten learnable stripe patterns, stored as
+The data is generated offline (`tfgpu.demo._synthetic`: ten learnable stripe patterns, stored as
 JPEG bytes so the input pipeline does real decode work), or read from TensorFlow Datasets
 with `dataset=` (e.g. `"cifar10"`, when prepared on disk). Sizes scale with the hardware:
 small on the CPU, larger data and model on GPUs, tiny with `quick=True`. How long a full run

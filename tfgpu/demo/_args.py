@@ -6,7 +6,13 @@ import datetime
 from pathlib import Path
 from typing import Any
 
-from tfgpu._checks import check_bool, check_dir, check_int, invalid_type, invalid_value
+from tfgpu._internal.helpers.checks import (
+    check_bool,
+    check_dir,
+    check_int,
+    invalid_type,
+    invalid_value,
+)
 
 
 def check_arguments(quick: Any, dataset: Any, log_dir: Any, epochs: Any) -> Path:

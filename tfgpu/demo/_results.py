@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from tfgpu._stats import mean, median
+from tfgpu._internal.helpers.stats import mean, median
 
 NA_GPU = "n/a (no GPU)"
 

@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfgpu._json import json_safe
+from tfgpu._internal.helpers.jsonable import json_safe
 from tfgpu.demo._args import check_arguments, claim_log_dir
 from tfgpu.demo._plan import SEED, Sizes, choose_sizes
 from tfgpu.demo._results import (

@@ -29,14 +29,14 @@ class Data:
 
 def build_data(dataset: str | None, sizes: Sizes) -> Data:
     """Makes the synthetic data (or reads `dataset` from TFDS) and splits it."""
-    from tfgpu._synthetic import make_jpegs
+    from tfgpu.demo._synthetic import make_jpegs
 
     total = sizes.num_train + sizes.num_test
     if dataset is None:
         jpegs, labels = make_jpegs(
             total, num_classes=NUM_CLASSES, size=sizes.stored_size, seed=SEED
         )
-        num_classes, source = NUM_CLASSES, "synthetic stripes (tfgpu._synthetic)"
+        num_classes, source = NUM_CLASSES, "synthetic stripes (tfgpu.demo._synthetic)"
     else:
         jpegs, labels, num_classes = tfds_jpegs(dataset, total, sizes.stored_size)
         source = f"TensorFlow Datasets {dataset!r}"

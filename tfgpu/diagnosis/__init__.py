@@ -20,12 +20,12 @@ picture. Where the GPU monitor ran, its counters show what utilization hides: te
 idle, SMs idle under a busy GPU (small kernels), PCIe traffic far above the batch's size,
 clocks throttled (the reason named); on a GPU without GPM a note says what could not be
 seen. The model's training state is put back afterwards. While it runs, `verbose=` shows
-each phase and the time left in the budget (`tfgpu._progress`), as `fit` shows its epochs.
+each phase and the time left in the budget (`tfgpu._internal.helpers.progress`), as `fit` shows its epochs.
 
 The rooms, in reading order:
 
 - `_diagnose`: `diagnose()` itself: check the arguments, read what needs no training,
-  measure under `tfgpu._model_state.preserved`, classify, write `diagnosis.json`;
+  measure under `tfgpu._internal.adapters.model_state.preserved`, classify, write `diagnosis.json`;
 - `_result`: what it returns (`Diagnosis`, `Finding`) and the printed report;
 - `_facts`: the facts the decision reads (`_Facts`) and every threshold;
 - `_classify`: the decision, pure (tested without hardware); `_advice`: its texts;

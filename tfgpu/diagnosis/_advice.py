@@ -2,10 +2,98 @@
 
 from __future__ import annotations
 
-from tfgpu import _gpu_counters as counters
-from tfgpu._data_service import HEADROOM, ServiceAdvice, service_advice
+import dataclasses
+import math
+
+from tfgpu._internal.adapters import gpu_counters as counters
 from tfgpu.diagnosis._facts import PROBE_STEPS_PER_EXECUTION, _Facts, _OpFact
 from tfgpu.diagnosis._result import Finding
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceAdvice:
+    """What `diagnose` says when the host cannot feed the GPU however the pipeline is set.
+
+    Attributes:
+        workers: int, service workers with as many cores as this host.
+        cores: int, the CPU cores they add up to (for smaller worker machines).
+        text: str, the advice in one paragraph.
+    """
+
+    workers: int
+    cores: int
+    text: str
+
+
+# Below this host CPU use, the pipeline is short of settings (or of I/O), not of CPU.
+CPU_SATURATED = 0.85
+# Workers are sized for this much more than the GPU consumes, so they keep ahead.
+HEADROOM = 1.15
+
+
+def service_advice(
+    *,
+    input_bound: bool,
+    host_cpu_busy: float,
+    cpu_count: int,
+    parallel: bool,
+    cached: bool,
+    pipeline_batches_per_s: float,
+    step_batches_per_s: float,
+) -> ServiceAdvice | None:
+    """Whether to move the input work to tf.data service workers, and how many. Pure.
+
+    The rule: the run is input-bound, the host's CPUs are saturated (at least
+    `CPU_SATURATED` of all cores busy), and the pipeline already runs its maps in parallel
+    and caches what it can (or has nothing to cache): no setting is left on this host, so
+    the work must move to other CPUs. One worker on a machine like this host produces what
+    the pipeline produced here (`pipeline_batches_per_s`, measured alone with every core);
+    the device takes `step_batches_per_s` (its step on a batch already in its memory); workers =
+    ceil(`HEADROOM` x GPU rate / pipeline rate).
+
+    Args:
+        input_bound: bool, whether the diagnosis found the run input-bound.
+        host_cpu_busy: float, the host's CPU use while training, 0 to 1 (all cores).
+        cpu_count: int, this host's cores.
+        parallel: bool, whether the pipeline's maps run in parallel (AUTOTUNE).
+        cached: bool, whether the deterministic work is cached, or nothing can be.
+        pipeline_batches_per_s: float, the pipeline alone, batches per second.
+        step_batches_per_s: float, the training step on a batch already in device memory,
+            batches per second.
+
+    Returns:
+        A `ServiceAdvice`, or None when the rule does not apply (or a rate is not a
+        positive finite number).
+
+    Example:
+
+    >>> a = service_advice(input_bound=True, host_cpu_busy=0.97, cpu_count=16, parallel=True,
+    ...                    cached=True, pipeline_batches_per_s=40.0, step_batches_per_s=100.0)
+    >>> a.workers, a.cores
+    (3, 46)
+    """
+    rates = (pipeline_batches_per_s, step_batches_per_s)
+    if not all(math.isfinite(r) and r > 0 for r in rates):
+        return None
+    if not (input_bound and parallel and cached and host_cpu_busy >= CPU_SATURATED):
+        return None
+    if pipeline_batches_per_s >= step_batches_per_s:
+        return None
+    need = HEADROOM * step_batches_per_s / pipeline_batches_per_s
+    workers = max(1, math.ceil(need))
+    cores = max(1, math.ceil(need * cpu_count))
+    text = (
+        f"The host cannot feed the training step: its {cpu_count} CPU cores are "
+        f"{host_cpu_busy:.0%} busy and the pipeline, already parallel and cached, makes "
+        f"{pipeline_batches_per_s:.3g} batches/s while the step could take "
+        f"{step_batches_per_s:.3g} (on a batch already in device memory). No setting is left "
+        f"on this host: run the input work on tf.data service workers, about {workers} with "
+        f"{cpu_count} cores each ({cores} cores in all): `tfgpu data-service dispatcher "
+        "--port 5050` on one machine, `tfgpu data-service worker --dispatcher HOST:5050` on "
+        "each worker machine, then `tfgpu.data.pipeline(..., service='grpc://HOST:5050')` "
+        "(docs/data_service.md)."
+    )
+    return ServiceAdvice(workers=workers, cores=cores, text=text)
 
 
 def _finding(found: counters.CounterFinding, detail: str | None = None, fix: str | None = None):
@@ -112,7 +200,7 @@ def _unexplained_wait_finding(f: _Facts, wait: float) -> Finding:
 
 
 def _service_advice(f: _Facts) -> ServiceAdvice | None:
-    """The tf.data service rule (`tfgpu._data_service`) on these facts, for an input-bound
+    """The tf.data service rule (`tfgpu._internal.adapters.data_service`) on these facts, for an input-bound
     run: the pipeline alone keeps every core busy, maps in parallel and caches. Pure."""
     if f.service or f.input_batch_time_s <= 0 or f.compute_step_time_s <= 0:
         return None

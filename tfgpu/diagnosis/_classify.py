@@ -2,7 +2,7 @@
 
 `_classify` reads a `_Facts` (measured by `diagnose`, or built by hand in tests) and needs
 no hardware; the texts it gives are in `_advice`, the GPU-counter rules in
-`tfgpu._gpu_counters` (shared with `tfgpu report`).
+`tfgpu._internal.adapters.gpu_counters` (shared with `tfgpu report`).
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tfgpu import _gpu_counters as counters
-from tfgpu import _measure as protocol
-from tfgpu._checks import is_finite_number
-from tfgpu._devices import peak_precision
+from tfgpu._internal.adapters import gpu_counters as counters
+from tfgpu._internal.adapters import timing as protocol
+from tfgpu._internal.adapters.devices import peak_precision
+from tfgpu._internal.helpers.checks import is_finite_number
 from tfgpu.diagnosis._advice import (
     _cpu_ops_traffic,
     _finding,
@@ -296,7 +296,7 @@ def _counter_findings(
 ) -> list[Finding]:
     """What GPU utilization hides, from the GPU counters of the monitored run. Pure.
 
-    The rules (thresholds, decisions, throttle reasons) are `tfgpu._gpu_counters`'s, shared
+    The rules (thresholds, decisions, throttle reasons) are `tfgpu._internal.adapters.gpu_counters`'s, shared
     with `tfgpu report`; this adds what only a diagnosis knows: the model's layers, the
     policy, TF32, the train step's CPU ops, the batch's bytes. A counter that is NaN (no
     GPM, no NVML support, no monitor) decides nothing: `_unseen` says what could not be seen.

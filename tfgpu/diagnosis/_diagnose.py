@@ -13,21 +13,21 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgpu import _devices
-from tfgpu import _measure as protocol
-from tfgpu._checks import (
+from tfgpu._internal.adapters import devices
+from tfgpu._internal.adapters import timing as protocol
+from tfgpu._internal.adapters.datasets import chain_state, has_step, made_by_pipeline
+from tfgpu._internal.adapters.model_state import preserved
+from tfgpu._internal.helpers.checks import (
     check_bool,
     check_dir,
     check_int,
     check_time_budget,
     invalid_type,
 )
-from tfgpu._datasets import chain_state, has_step, made_by_pipeline
-from tfgpu._files import rotate, write_text_atomic
-from tfgpu._model_state import preserved
-from tfgpu._progress import Progress, check_verbose
-from tfgpu._warnings import one_line
-from tfgpu.diagnosis import _measure
+from tfgpu._internal.helpers.files import rotate, write_text_atomic
+from tfgpu._internal.helpers.progress import Progress, check_verbose
+from tfgpu._internal.helpers.warn import one_line
+from tfgpu.diagnosis import _probes
 from tfgpu.diagnosis._advice import _service_advice
 from tfgpu.diagnosis._classify import _classify, _monitor_facts, _unseen, _wait_notes
 from tfgpu.diagnosis._facts import (
@@ -61,7 +61,7 @@ def _gpu_facts(notes: list[str]) -> tuple[str | None, list[tuple[int, int]], int
     """(name, compute capabilities, memory bytes) of the GPUs TensorFlow uses, /GPU:0 first."""
     if not tf.config.get_visible_devices("GPU"):
         return None, [], None
-    gpus = _devices.tf_gpus()
+    gpus = devices.tf_gpus()
     ccs: list[tuple[int, int]] = []
     seen: set[int] = set()
     for g in gpus:  # one capability per physical GPU (a split GPU counts once)
@@ -201,13 +201,13 @@ def _flops(model, x, size, real, policy, gpu_name, ccs, on_gpu, replicas=1):
     peak = None
     try:
         if on_gpu:
-            precision = _devices.peak_precision(policy, ccs)
+            precision = devices.peak_precision(policy, ccs)
             one = peak_flops(gpu_name, precision) if gpu_name and precision else None
             peak = None if one is None else one * max(1, replicas)
         else:
-            from tfgpu import _cpu
+            from tfgpu._internal.adapters import cpu
 
-            peak = _cpu.peak_flops(policy)
+            peak = cpu.peak_flops(policy)
     except Exception:
         peak = None
     if peak and achieved > peak:
@@ -381,7 +381,7 @@ def diagnose(
         dynamic_shape=dynamic_shape,
         partial_batches=partial,
         replicas=int(model.distribute_strategy.num_replicas_in_sync),
-        host_load=_measure._host_load(),
+        host_load=_probes._host_load(),
         pipeline_cpu_busy=pipeline.cpu_busy,
         cpu_cores=pipeline.cpu_cores,
         service=has_step(ds, "dataservice"),
@@ -408,7 +408,7 @@ def diagnose(
         setattr(f, name, value)
     if on_gpu:
         try:
-            f.tf32_enabled = _devices.tf32_execution_enabled()
+            f.tf32_enabled = devices.tf32_execution_enabled()
             f.float32_layers, f.odd_dim_layers = _precision_layers(model)
         except Exception as e:  # side facts: a note, not a crash
             notes.append(f"tensor-core facts not read: {one_line(e)}")
@@ -497,9 +497,9 @@ def _measure_model(
     the train step's ops, the probes and the profiler trace."""
     progress = progress or Progress(0, title="diagnose")
     scale_before = _loss_scale(model)
-    device_ds = _measure._device_dataset(batch, on_gpu)
+    device_ds = _probes._device_dataset(batch, on_gpu)
     progress.phase("warming up and timing the step on one batch held in memory")
-    first, peak = _measure._first_device_run(
+    first, peak = _probes._first_device_run(
         model, device_ds, steps, warmup, "GPU:0" if on_gpu else "CPU:0"
     )
     measurements["peak_memory_bytes"] = peak
@@ -510,8 +510,8 @@ def _measure_model(
             train_step_ops = _train_step_ops(model, batch)
         except Exception as e:  # a side check: a note, not a crash
             notes.append(f"train-step op placement not checked: {one_line(e)}")
-    with _measure._monitoring(monitor and on_gpu, notes) as aggregate:
-        rounds = _measure._measure_rounds(
+    with _probes._monitoring(monitor and on_gpu, notes) as aggregate:
+        rounds = _probes._measure_rounds(
             model, ds, device_ds, first, steps, warmup, budget, progress=progress
         )
     if len(rounds) < protocol.MIN_ROUNDS:
@@ -529,7 +529,7 @@ def _measure_model(
     spe_rounds: list[tuple[float, float]] = []
     spe = int(model.steps_per_execution)
     if check_steps_per_execution and spe == 1 and compute < HOST_OVERHEAD_PROBE_BELOW_S:
-        probe = _measure._run_probe(
+        probe = _probes._run_probe(
             model,
             device_ds,
             steps,
@@ -546,10 +546,10 @@ def _measure_model(
     xla_rounds: list[tuple[float, float]] = []
     if check_xla:
         current = bool(model.jit_compile)
-        if not _measure._supports_xla(model):
+        if not _probes._supports_xla(model):
             notes.append("XLA not measured: the model does not support jit_compile")
         else:
-            probe = _measure._run_probe(
+            probe = _probes._run_probe(
                 model,
                 device_ds,
                 steps,
@@ -584,7 +584,7 @@ def _measure_model(
 
 
 def _record_probe(
-    probe: _measure._Probe,
+    probe: _probes._Probe,
     key: str,
     measurements: dict[str, Any],
     notes: list[str],

@@ -39,7 +39,7 @@ MEMORY_HEADROOM_BELOW = 0.5
 # A dynamic loss scale that halves this many times in a short run is collapsing.
 LOSS_SCALE_MAX_HALVINGS = 4
 
-# Each comparison alternates its two variants in rounds (the shared protocol, `tfgpu._measure`:
+# Each comparison alternates its two variants in rounds (the shared protocol, `tfgpu._internal.adapters.timing`:
 # at least `MIN_ROUNDS`) up to `_MAX_ROUNDS` (`_PROBE_MAX_ROUNDS` for a probe) until the
 # confidence interval of the median lies on one side of every threshold, or the time budget
 # is spent.

@@ -9,7 +9,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfgpu._datasets import source_batches
+from tfgpu._internal.adapters.datasets import source_batches
 from tfgpu.diagnosis._facts import _OpFact
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tfgpu._checks import is_finite_number
-from tfgpu._json import json_safe
+from tfgpu._internal.helpers.checks import is_finite_number
+from tfgpu._internal.helpers.jsonable import json_safe
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,13 @@
 """The input-wait verdict of the interleaved rounds (pure; the statistics are the shared
-protocol's, `tfgpu._measure`)."""
+protocol's, `tfgpu._internal.adapters.timing`)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from tfgpu import _stats
-from tfgpu._measure import MIN_ROUNDS, median_interval
+from tfgpu._internal.adapters.timing import MIN_ROUNDS, median_interval
+from tfgpu._internal.helpers import stats
 from tfgpu.diagnosis._facts import (
     INPUT_BOUND_HIGH,
     INPUT_BOUND_MODERATE,
@@ -39,8 +39,8 @@ def _share_verdict(rounds: list[tuple[float, float]]) -> dict[str, Any]:
     at_low, at_high = _input_level(low, wait_low), _input_level(high, wait_high)
     return {
         "level": at_low if at_low == at_high and len(rounds) >= MIN_ROUNDS else "inconclusive",
-        "share": _stats.median(shares),
-        "wait_s": _stats.median(waits),
+        "share": stats.median(shares),
+        "wait_s": stats.median(waits),
         "wait_low_s": wait_low,
         "low": low,
         "high": high,

@@ -2,7 +2,7 @@
 
 Each section (`tfgpu`, `python`, `os`, `host`, `tensorflow`, `keras`, `nvml`, `env`) is read
 by its own function; one that raises becomes `{"error": ...}` in its section, so the report
-always comes out. TensorFlow's GPUs are listed through `tfgpu._devices`, which does not
+always comes out. TensorFlow's GPUs are listed through `tfgpu._internal.adapters.devices`, which does not
 create the runtime's context, and NVML is read through `tfgpu.monitor.nvml.inventory`.
 """
 
@@ -14,7 +14,7 @@ import platform
 import sys
 from typing import Any
 
-from tfgpu import _devices
+from tfgpu._internal.adapters import devices
 from tfgpu.env._facts import ENV_VARS
 
 
@@ -92,12 +92,12 @@ def _tensorflow_facts() -> dict[str, Any]:
         "cuda_version": build.get("cuda_version"),
         "cudnn_version": build.get("cudnn_version"),
         "cuda_compute_capabilities": list(build.get("cuda_compute_capabilities") or []),
-        "runtime_initialized": _devices.tf_runtime_initialized(),
+        "runtime_initialized": devices.tf_runtime_initialized(),
     }
-    # _devices lists the devices without creating the runtime's context: logical devices
+    # devices lists the devices without creating the runtime's context: logical devices
     # and memory settings can still be changed after.
     gpus = []
-    for device in _devices.physical_gpus():
+    for device in devices.physical_gpus():
         cc = device.compute_capability
         gpu: dict[str, Any] = {
             "name": device.tf_name,

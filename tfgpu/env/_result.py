@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from tfgpu._json import json_safe
+from tfgpu._internal.helpers.jsonable import json_safe
 from tfgpu.env._text import render
 
 # The install line several fixes give.

@@ -1,7 +1,7 @@
 """The checks of the monitor's arguments: the sampling interval, the GPU indices, the run directory.
 
 Shared by `Sampler`, `record` and `GPUMonitor`; raised before any sampling starts, in the
-Keras-style phrasing of `tfgpu._checks`.
+Keras-style phrasing of `tfgpu._internal.helpers.checks`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tfgpu._checks import check_dir, check_number, invalid_type, invalid_value, is_int
+from tfgpu._internal.helpers.checks import (
+    check_dir,
+    check_number,
+    invalid_type,
+    invalid_value,
+    is_int,
+)
 
 MIN_INTERVAL = 0.01
 """The shortest sampling interval, in seconds. NVML refreshes its readings every 1/6 s to 1 s,
@@ -60,7 +66,7 @@ def check_log_dir(log_dir: Any, argument: str = "log_dir") -> Path:
 
     Raises:
         TypeError: if it is not a path.
-        ValueError: if it or a parent is a file (`tfgpu._checks.check_dir`), or it cannot be
+        ValueError: if it or a parent is a file (`tfgpu._internal.helpers.checks.check_dir`), or it cannot be
             created or written.
     """
     path = check_dir(argument, log_dir)

@@ -1,8 +1,8 @@
 """What the sampler writes into a run directory: file names, `run.json` sessions, the timeline CSV.
 
 Never loses what an earlier run wrote: a timeline with the same columns is appended to,
-another one is moved aside (`tfgpu._files.rotate`) and `run.json` is told where it went;
-`run.json` keeps earlier sessions (`tfgpu._files.add_session`). In a multi-worker cluster
+another one is moved aside (`tfgpu._internal.helpers.files.rotate`) and `run.json` is told where it went;
+`run.json` keeps earlier sessions (`tfgpu._internal.helpers.files.add_session`). In a multi-worker cluster
 each worker writes its own files (`artifact_name`).
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tfgpu import _files
-from tfgpu._cluster import Cluster, resolve_cluster
+from tfgpu._internal.adapters.cluster import Cluster, resolve_cluster
+from tfgpu._internal.helpers import files
 from tfgpu.monitor.nvml import GpuInfo, NvmlInventory
 
 
@@ -85,7 +85,7 @@ def open_csv(path: Path, header: str) -> tuple[Any, Path | None]:
 
     Same header and a complete last row: appended to. Otherwise (other columns, a row cut
     by a crash, a damaged file) the old file is moved aside to `NAME.N.csv`
-    (`tfgpu._files.rotate`) and a new one starts under the plain name.
+    (`tfgpu._internal.helpers.files.rotate`) and a new one starts under the plain name.
 
     Args:
         path: Path, the file.
@@ -100,7 +100,7 @@ def open_csv(path: Path, header: str) -> tuple[Any, Path | None]:
     """
     rotated = None
     if path.exists() and not _can_continue(path, header.encode()):
-        rotated = _files.rotate(path)
+        rotated = files.rotate(path)
     f = open(path, "a", encoding="utf-8")  # noqa: SIM115 (the caller closes it)
     try:
         if f.tell() == 0:
@@ -170,7 +170,7 @@ def add_session(
     for name in names:
         if rotated is not None:
             _rename_timeline(directory / name, timeline, rotated.name)
-        _files.add_session(directory / name, info)
+        files.add_session(directory / name, info)
 
 
 def _format(column: str, value: float) -> str:
@@ -193,20 +193,20 @@ def _rename_timeline(record: Path, old: str, new: str) -> None:
     """Points the sessions of `record` (a run.json) that name timeline `old` to `new`.
 
     Called when the timeline was rotated, before the new session is added. A record that
-    is missing or damaged is left to `_files.add_session` (which moves a damaged one aside).
+    is missing or damaged is left to `files.add_session` (which moves a damaged one aside).
     """
     try:
-        data = _files.read_json_object(record)
+        data = files.read_json_object(record)
     except (OSError, ValueError):
         return
     changed = False
-    sessions = [data, *(data.get(_files.EARLIER_SESSIONS) or [])]
+    sessions = [data, *(data.get(files.EARLIER_SESSIONS) or [])]
     for session in sessions:
         if isinstance(session, dict) and session.get("timeline") == old:
             session["timeline"] = new
             changed = True
     if changed:
-        _files.write_text_atomic(record, json.dumps(data, indent=2, default=str) + "\n")
+        files.write_text_atomic(record, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def _version() -> str:

@@ -24,8 +24,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from tfgpu import _warnings
-from tfgpu._checks import check_bool, invalid_type, is_number
+from tfgpu._internal.helpers import warn
+from tfgpu._internal.helpers.checks import check_bool, invalid_type, is_number
 from tfgpu.monitor._aggregates import aggregate_columns
 from tfgpu.monitor._aggregates import aggregate_keys as aggregate_keys
 from tfgpu.monitor._arguments import MIN_INTERVAL as MIN_INTERVAL
@@ -226,7 +226,7 @@ class Sampler:
                 if self._unchecked
                 else ""
             )
-            _warnings.warn_at_user_code(
+            warn.warn_at_user_code(
                 f"tfgpu.monitor records no GPU metrics: {self._inventory.error} "
                 f"Host metrics are still recorded.{unchecked}",
                 RuntimeWarning,

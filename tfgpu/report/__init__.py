@@ -18,7 +18,7 @@ A run directory is what `GPUMonitor`, `StepTimer`, `tfgpu.monitor.record(log_dir
   example (from `gpu{i}_energy_j` and the examples of `steps.csv` over the same span),
   findings from the GPU counters (tensor cores idle, small kernels, throttled clocks with
   the reason named, PCIe MiB per step; per timeline, session and GPU, with the rules
-  `tfgpu.diagnose` uses, `tfgpu._gpu_counters`, and what a GPU without GPM cannot show),
+  `tfgpu.diagnose` uses, `tfgpu._internal.adapters.gpu_counters`, and what a GPU without GPM cannot show),
   and the saved diagnosis.
 
 `write_report` returns the path of `report.md` as a `ReportPath`: in a notebook its `show()`

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tfgpu import _stats
+from tfgpu._internal.helpers import stats
 from tfgpu.report._read import _Artifact, _Table
 from tfgpu.report._sections import _fmt
 from tfgpu.report._series import _gpu_indices, _steps_per_row, _steps_sessions, _timeline_sessions
@@ -38,7 +38,7 @@ def _energy(table: _Table) -> list[_Energy]:
     out = []
     for i in _gpu_indices(table):
         values = table.col(f"gpu{i}_energy_j")
-        if not _stats.finite(values):
+        if not stats.finite(values):
             continue
         e = _Energy(i)
         for a, b in zip(starts, ends):

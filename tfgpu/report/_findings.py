@@ -1,7 +1,7 @@
 """The "Findings from the GPU counters" section: what utilization hides, per session and GPU.
 
 Aggregates each timeline session's per-GPU counters as the sampler does for `diagnose`, then
-applies the same rules, `tfgpu._gpu_counters` (tensor cores idle, small kernels, throttled
+applies the same rules, `tfgpu._internal.adapters.gpu_counters` (tensor cores idle, small kernels, throttled
 clocks, PCIe traffic per step), and says what a GPU without GPM cannot show.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from tfgpu import _gpu_counters as counters
-from tfgpu import _stats
+from tfgpu._internal.adapters import gpu_counters as counters
+from tfgpu._internal.helpers import stats
 from tfgpu.report._read import _Artifact, _Table
 from tfgpu.report._series import _gpu_indices, _max, _timeline_sessions
 
@@ -32,7 +32,7 @@ _NO_BITMASK = 2.0**64  # NVML's throttle reasons are an unsigned 64-bit mask
 
 def _bits_or(values: list[float]) -> float:
     """The bitwise OR of the bitmasks among `values` (as a float), NaN when there is none."""
-    masks = [int(v) for v in _stats.finite(values) if 0 <= v < _NO_BITMASK]
+    masks = [int(v) for v in stats.finite(values) if 0 <= v < _NO_BITMASK]
     out = 0
     for m in masks:
         out |= m
@@ -47,17 +47,17 @@ def _window_counters(table: _Table, gpu: int, a: int, b: int) -> counters.Counte
         return table.col(f"gpu{gpu}_{name}")[a:b]
 
     pcie = [
-        m for m in (_stats.mean(col("pcie_tx_mib_s")), _stats.mean(col("pcie_rx_mib_s"))) if m == m
+        m for m in (stats.mean(col("pcie_tx_mib_s")), stats.mean(col("pcie_rx_mib_s"))) if m == m
     ]
     return counters.Counters(
-        util_pct_mean=_stats.mean(col("util_pct")),
-        sm_active_pct_mean=_stats.mean(col("sm_active_pct")),
-        tensor_active_pct_mean=_stats.mean(col("tensor_active_pct")),
+        util_pct_mean=stats.mean(col("util_pct")),
+        sm_active_pct_mean=stats.mean(col("sm_active_pct")),
+        tensor_active_pct_mean=stats.mean(col("tensor_active_pct")),
         pcie_mib_s_mean=sum(pcie) if pcie else math.nan,  # inf past the float maximum
-        power_w_mean=_stats.mean(col("power_w")),
+        power_w_mean=stats.mean(col("power_w")),
         power_limit_w_max=_max(col("power_limit_w")),
         throttle_reasons_any=_bits_or(col("throttle_reasons")),
-        sm_clock_mhz_mean=_stats.mean(col("sm_clock_mhz")),
+        sm_clock_mhz_mean=stats.mean(col("sm_clock_mhz")),
     )
 
 
@@ -69,7 +69,7 @@ def _step_time_in(steps: list[_Table], first: float, last: float) -> float:
         for r in table.rows
         if first <= r.get("time", math.nan) <= last
     ]
-    return _stats.median([t for t in _stats.finite(times) if t > 0])
+    return stats.median([t for t in stats.finite(times) if t > 0])
 
 
 def _gpu_list(gpus: list[int]) -> str:
@@ -90,7 +90,7 @@ def _counter_lines(table: _Table, name: str, steps: list[_Table]) -> list[str]:
     unseen: dict[str, list[int]] = {}
     fixes: set[str] = set()  # each fix written out once per file
     for number, (a, b) in enumerate(zip(starts, ends), 1):
-        span = _stats.finite(times[a:b])
+        span = stats.finite(times[a:b])
         step_time = _step_time_in(steps, span[0], span[-1]) if span else math.nan
         where = f" (session {number})" if len(starts) > 1 else ""
         for i in gpus:
@@ -130,7 +130,7 @@ def _counter_section(
     timelines: list[tuple[_Artifact, _Table]], steps: dict[str, list[_Table]]
 ) -> list[str]:
     """ "Findings from the GPU counters": what utilization hides, with the rules `diagnose`
-    uses (`tfgpu._gpu_counters`), from each timeline's per-GPU means."""
+    uses (`tfgpu._internal.adapters.gpu_counters`), from each timeline's per-GPU means."""
     body: list[str] = []
     for artifact, table in timelines:
         body += _counter_lines(table, artifact.path.name, steps.get(artifact.worker, []))

@@ -11,7 +11,7 @@ import math
 import warnings
 from pathlib import Path
 
-from tfgpu import _stats
+from tfgpu._internal.helpers import stats
 from tfgpu.report._read import _Problems, _Table
 from tfgpu.report._series import (
     _broken,
@@ -29,7 +29,7 @@ class _Plt:
     """The pyplot subset used, on Agg-backed Figures: no global state, no GUI."""
 
     def __init__(self) -> None:
-        from tfgpu._lazy import import_optional
+        from tfgpu._internal.helpers.lazy import import_optional
 
         import_optional("matplotlib")
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -204,13 +204,13 @@ def _activity_gpus(table: _Table) -> list[int]:
     return [
         i
         for i in _gpu_indices(table)
-        if any(_stats.finite(table.col(f"gpu{i}_{name}")) for name in _ACTIVITY)
+        if any(stats.finite(table.col(f"gpu{i}_{name}")) for name in _ACTIVITY)
     ]
 
 
 def _steps_plot(plt, out: Path, table: _Table, t0: float | None) -> Path | None:
     times = table.col("time")
-    finite = _stats.finite(times)
+    finite = stats.finite(times)
     if not finite:
         return None
     starts = _steps_sessions(table)
@@ -219,7 +219,7 @@ def _steps_plot(plt, out: Path, table: _Table, t0: float | None) -> Path | None:
     counts = _steps_per_row(table.col("step"), starts)
     ends = [v - (t0 if t0 is not None else 0.0) for v in times]
     begin_times = _step_begins(ends, ms, counts, starts)
-    base = 0.0 if t0 is not None else (_stats.finite(begin_times) or finite)[0]
+    base = 0.0 if t0 is not None else (stats.finite(begin_times) or finite)[0]
     # Time 0 is the timeline's first sample (taken before the first step) or the first
     # step's begin: nothing is drawn before it, whatever the rows claim (a step count
     # larger than the steps that ran made the first epoch begin at -1.6 s).
@@ -250,7 +250,7 @@ def _not_before_0(t: float) -> float:
 
 def _t0_for(table: _Table, worker: str, starts: dict[str, list[float]]) -> float | None:
     """Time 0 for a steps file's plot: the first sample of the timeline it falls in."""
-    times = _stats.finite(table.col("time"))
+    times = stats.finite(table.col("time"))
     if not times:
         return None
     before = [t for t in starts.get(worker, []) if t <= times[0]]

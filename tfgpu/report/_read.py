@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tfgpu._checks import check_dir
-from tfgpu._files import read_json_object
+from tfgpu._internal.helpers.checks import check_dir
+from tfgpu._internal.helpers.files import read_json_object
 
 
 @dataclass

@@ -14,8 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tfgpu import _stats
-from tfgpu._files import EARLIER_SESSIONS
+from tfgpu._internal.helpers import stats
+from tfgpu._internal.helpers.files import EARLIER_SESSIONS
 from tfgpu.report._read import _Artifact, _diagnoses, _Problems, _read_record, _Table
 from tfgpu.report._series import (
     _gpu_indices,
@@ -62,7 +62,7 @@ def _timeline_section(table: _Table, name: str) -> list[str]:
     text = f"{len(table.rows)} samples over {_fmt(_span(x), '.2f')} s"
     if len(starts) > 1:
         ends = [*starts[1:], len(x)]
-        sampled = sum(_span(x[a:b]) for a, b in zip(starts, ends) if _stats.finite(x[a:b]))
+        sampled = sum(_span(x[a:b]) for a, b in zip(starts, ends) if stats.finite(x[a:b]))
         text += (
             f" in {len(starts)} sessions (one per `fit` or `record`, appended to this file), "
             f"{_fmt(sampled, '.2f')} s of them sampled; the plots mark where each began"
@@ -81,14 +81,14 @@ def _timeline_section(table: _Table, name: str) -> list[str]:
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for i in gpus:
-            util = _stats.finite(table.col(f"gpu{i}_util_pct"))
+            util = stats.finite(table.col(f"gpu{i}_util_pct"))
             idle = sum(v < IDLE_UTIL_PCT for v in util) / len(util) if util else math.nan
             lines.append(
-                f"| {i} | {_fmt(_stats.mean(util))} | {_fmt(_max(util))} | {_fmt(idle, '.0%')} | "
-                f"{_fmt(_stats.mean(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
+                f"| {i} | {_fmt(stats.mean(util))} | {_fmt(_max(util))} | {_fmt(idle, '.0%')} | "
+                f"{_fmt(stats.mean(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
                 f"{_fmt(_max(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
                 f"{_fmt(_max(table.col(f'gpu{i}_mem_total_mib')), '.0f')} | "
-                f"{_fmt(_stats.mean(table.col(f'gpu{i}_power_w')))} | "
+                f"{_fmt(stats.mean(table.col(f'gpu{i}_power_w')))} | "
                 f"{_fmt(_max(table.col(f'gpu{i}_power_w')))} |"
             )
         lines += [
@@ -98,7 +98,7 @@ def _timeline_section(table: _Table, name: str) -> list[str]:
         ]
         lines += _activity_lines(table, gpus)
     lines += [
-        f"Host: CPU mean {_fmt(_stats.mean(table.col('host_cpu_pct')))}%, process RSS max "
+        f"Host: CPU mean {_fmt(stats.mean(table.col('host_cpu_pct')))}%, process RSS max "
         f"{_fmt(_max(table.col('host_rss_mib')), '.0f')} MiB, system memory max "
         f"{_fmt(_max(table.col('host_mem_used_pct')))}%.",
         "",
@@ -117,9 +117,9 @@ def _steps_section(table: _Table, name: str) -> list[str]:
         "",
         f"{len(table.rows)} rows (one per step, or per execution of `steps_per_execution` "
         + (f"steps) from {len(starts)} `fit` calls appended to this file" if fits else "steps)")
-        + f"; step time median {_fmt(_stats.median(st), '.2f')} ms, p90 "
-        f"{_fmt(_stats.percentile(st, 90), '.2f')} ms; examples/s median "
-        f"{_fmt(_stats.median(table.col('examples_per_s')), ',.0f')}. Epochs count from 1, "
+        + f"; step time median {_fmt(stats.median(st), '.2f')} ms, p90 "
+        f"{_fmt(stats.percentile(st, 90), '.2f')} ms; examples/s median "
+        f"{_fmt(stats.median(table.col('examples_per_s')), ',.0f')}. Epochs count from 1, "
         "as Keras prints them; the first step of epoch 1 includes tracing and compilation. "
         "An epoch's median and p90 leave out its first row (as `StepTimer`'s "
         "`step_time_median_s` and `step_time_p90_s` do), unless it has only one.",
@@ -135,12 +135,12 @@ def _steps_section(table: _Table, name: str) -> list[str]:
     for (session, e), rows in sorted(by_epoch.items()):
         times = [r.get("step_time_s", math.nan) * 1e3 for r in rows]
         counts = _steps_per_row([r.get("step", math.nan) for r in rows])
-        spent = sum(_stats.finite([t * n / 1e3 for t, n in zip(times, counts)]))
+        spent = sum(stats.finite([t * n / 1e3 for t, n in zip(times, counts)]))
         steady = times[1:] or times  # StepTimer's rule: the first execution is not steady
         lines.append(
             (f"| {session + 1} " if fits else "")
             + f"| {e + 1 if e >= 0 else '?'} | {sum(counts)} | "
-            f"{_fmt(_stats.median(steady), '.2f')} | {_fmt(_stats.percentile(steady, 90), '.2f')} | "
+            f"{_fmt(stats.median(steady), '.2f')} | {_fmt(stats.percentile(steady, 90), '.2f')} | "
             f"{_fmt(times[0], '.2f')} | {_fmt(spent, '.2f')} |"
         )
     lines.append("")
@@ -163,7 +163,7 @@ def _activity_lines(table: _Table, gpus: list[int]) -> list[str]:
     shown = [
         (name, header)
         for name, header in _ACTIVITY_TABLE
-        if any(_stats.finite(table.col(f"gpu{i}_{name}")) for i in gpus)
+        if any(stats.finite(table.col(f"gpu{i}_{name}")) for i in gpus)
     ]
     if not shown:
         return []  # an older timeline, or a GPU without GPM and PCIe counters
@@ -172,9 +172,9 @@ def _activity_lines(table: _Table, gpus: list[int]) -> list[str]:
         "| --- | --- | " + " | ".join("---" for _ in shown) + " |",
     ]
     for i in gpus:
-        cells = [_fmt(_stats.mean(table.col(f"gpu{i}_{name}"))) for name, _ in shown]
+        cells = [_fmt(stats.mean(table.col(f"gpu{i}_{name}"))) for name, _ in shown]
         lines.append(
-            f"| {i} | {_fmt(_stats.mean(table.col(f'gpu{i}_util_pct')))} | "
+            f"| {i} | {_fmt(stats.mean(table.col(f'gpu{i}_util_pct')))} | "
             + " | ".join(cells)
             + " |"
         )

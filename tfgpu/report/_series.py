@@ -11,12 +11,12 @@ import math
 import re
 from collections.abc import Sequence
 
-from tfgpu import _stats
+from tfgpu._internal.helpers import stats
 from tfgpu.report._read import _Table
 
 
 def _max(values) -> float:
-    v = _stats.finite(values)
+    v = stats.finite(values)
     return max(v) if v else math.nan
 
 
@@ -123,12 +123,12 @@ def _time_axis(table: _Table, starts: list[int], t0: float | None = None) -> lis
     Without a `time` column, the sessions' `elapsed_s` are laid end to end.
     """
     times = table.col("time")
-    finite = _stats.finite(times)
+    finite = stats.finite(times)
     if finite:
         base = finite[0] if t0 is None else t0
         return [t - base for t in times]
     elapsed = table.col("elapsed_s")
-    if not _stats.finite(elapsed):
+    if not stats.finite(elapsed):
         return [float(k) for k in range(len(table.rows))]
     out, offset, last = [], 0.0, 0.0
     firsts = set(starts)
@@ -143,7 +143,7 @@ def _time_axis(table: _Table, starts: list[int], t0: float | None = None) -> lis
 
 
 def _span(xs: list[float]) -> float:
-    finite = _stats.finite(xs)
+    finite = stats.finite(xs)
     return finite[-1] - finite[0] if finite else math.nan
 
 

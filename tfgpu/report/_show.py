@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path, PosixPath, WindowsPath
 
-from tfgpu._progress import in_ipython_kernel
+from tfgpu._internal.helpers.progress import in_ipython_kernel
 
 # report.md names each plot on a line of its own: `![utilization](utilization.png)`.
 _IMAGE_LINE = re.compile(r"^!\[([^\]]*)\]\(([^)\s]+\.png)\)\s*$")

@@ -11,9 +11,9 @@ import os
 import warnings
 from pathlib import Path
 
-from tfgpu import _stats
-from tfgpu._checks import check_dir
-from tfgpu._files import write_text_atomic
+from tfgpu._internal.helpers import stats
+from tfgpu._internal.helpers.checks import check_dir
+from tfgpu._internal.helpers.files import write_text_atomic
 from tfgpu.report._energy import _energy_section
 from tfgpu.report._findings import _counter_section
 from tfgpu.report._plots import _drawn, _Plt, _steps_plot, _t0_for, _timeline_plots
@@ -103,7 +103,7 @@ def write_report_and_problems(
             body += [f"## Timeline `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
             continue
         read_timelines.append((artifact, table))
-        times = _stats.finite(table.col("time"))
+        times = stats.finite(table.col("time"))
         if times:
             first_samples.setdefault(artifact.worker, []).append(times[0])
         body += _section(problems, artifact.path, _timeline_section, table, artifact.path.name)

@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from tfgpu import _measure
+from tfgpu._internal.adapters import timing
 from tfgpu.precision import choose_policy
 
 # A candidate is kept only when the low end of its gain interval (baseline time / candidate
@@ -340,14 +340,14 @@ def verdict(
     >>> verdict([(2.0, 1.0)] * 3, None)
     ('kept', 'over 3 rounds')
     """
-    g, low, high = _measure.gain(rounds)
+    g, low, high = timing.gain(rounds)
     text = _fmt_gain(g, low, high)
     n = len(rounds)
     if why == "slower" and n >= 1:
         return SLOWER, "the first round was clearly slower"
     if g is None:
         return UNTRIED, BUDGET_SPENT
-    if n < _measure.MIN_ROUNDS:
+    if n < timing.MIN_ROUNDS:
         if high < 1.0 and n >= 2:
             return SLOWER, f"over {n} rounds"
         return UNTRIED, f"{BUDGET_SPENT} after {n} round(s) ({text})"

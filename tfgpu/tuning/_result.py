@@ -10,9 +10,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tfgpu._files import rotate, write_text_atomic
-from tfgpu._json import json_safe
-from tfgpu._warnings import one_line, warn_at_user_code
+from tfgpu._internal.helpers.files import rotate, write_text_atomic
+from tfgpu._internal.helpers.jsonable import json_safe
+from tfgpu._internal.helpers.warn import one_line, warn_at_user_code
 from tfgpu.tuning._candidates import COMPILE_KEYS, KEPT, MARGIN
 
 TUNE_JSON = "tune.json"
@@ -144,7 +144,7 @@ class TuneResult:
         """
         import keras
 
-        from tfgpu._checks import invalid_type
+        from tfgpu._internal.helpers.checks import invalid_type
 
         if not isinstance(model, keras.Model):
             raise invalid_type("model", model, "a compiled `keras.Model`")

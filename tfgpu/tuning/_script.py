@@ -12,7 +12,7 @@ steps, one epoch, no validation, no callbacks of the user's), writes its median 
 a JSON file, and the child exits: nothing after the first `fit` runs. The parent
 (`tune_script`) runs the baseline (the environment as it is) and each setting in rounds, in a
 rotating order, so a noisy host favours none of them, until the interval of the per-round
-ratios settles (`tfgpu._measure`) or the budget is spent; then the same verdicts as
+ratios settles (`tfgpu._internal.adapters.timing`) or the budget is spent; then the same verdicts as
 `tfgpu.tune` (kept above the margin, "no measurable gain", "slower"), the kept settings
 verified together against the baseline, and the lines to set before Python starts.
 """
@@ -66,7 +66,13 @@ def check_arguments(
     Raises:
         TypeError, ValueError: for an argument of the wrong type or value.
     """
-    from tfgpu._checks import check_dir, check_int, check_time_budget, invalid_type, invalid_value
+    from tfgpu._internal.helpers.checks import (
+        check_dir,
+        check_int,
+        check_time_budget,
+        invalid_type,
+        invalid_value,
+    )
 
     if not isinstance(script, (str, os.PathLike)):
         raise invalid_type("script", script, "the path of a Python script (str or os.PathLike)")
@@ -189,7 +195,7 @@ class _Rounds:
         self, variants: dict[str, dict[str, str]], first_base: float | None = None
     ) -> dict[str, tuple[list[tuple[float, float]], str | None, str]]:
         """Per variant: (rounds of (baseline s, variant s), why it stopped early, error)."""
-        from tfgpu import _measure
+        from tfgpu._internal.adapters import timing
         from tfgpu.tuning._candidates import MARGIN
 
         rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
@@ -201,7 +207,7 @@ class _Rounds:
                 for n in variants
                 if why[n] is None
                 and not error[n]
-                and not (i >= _measure.MIN_ROUNDS and _measure.settled(rounds[n], MARGIN))
+                and not (i >= timing.MIN_ROUNDS and timing.settled(rounds[n], MARGIN))
             ]
             if not active:
                 break
@@ -233,7 +239,7 @@ class _Rounds:
                     why[n] = "budget"
                     continue
                 rounds[n].append((base, v))
-                if i == 0 and v > _measure.CLEARLY_SLOWER * base:
+                if i == 0 and v > timing.CLEARLY_SLOWER * base:
                     why[n] = "slower"
         return {n: (rounds[n], why[n], error[n]) for n in variants}
 
@@ -288,8 +294,8 @@ def tune_script(
     print(tune_script("train.py", ["--epochs", "1"], time_budget_s=300))
     ```
     """
-    from tfgpu import _measure
-    from tfgpu._progress import Progress, check_verbose
+    from tfgpu._internal.adapters import timing
+    from tfgpu._internal.helpers.progress import Progress, check_verbose
     from tfgpu.tuning import _candidates as cands
     from tfgpu.tuning._result import Trial, TuneResult, write
 
@@ -297,10 +303,8 @@ def tune_script(
     path, args, budget_s, log_path = check_arguments(
         script, script_args, steps, warmup, time_budget_s, log_dir
     )
-    progress = Progress(
-        verbose, title="tune SCRIPT", budget_s=budget_s, clock=lambda: _measure.now()
-    )
-    budget = _measure.Budget(budget_s)
+    progress = Progress(verbose, title="tune SCRIPT", budget_s=budget_s, clock=lambda: timing.now())
+    budget = timing.Budget(budget_s)
     rounds = _Rounds(path, args, int(steps), int(warmup), budget, progress)
     progress.phase("the baseline (your environment as it is)")
     first = rounds.child({})
@@ -325,7 +329,7 @@ def tune_script(
             trials.append(Trial(name, dict(env), status=cands.FAILED, reason=error, line=line))
             continue
         status, reason = cands.verdict(got, why)
-        g, low, high = _measure.gain(got)
+        g, low, high = timing.gain(got)
         trial = Trial(name, dict(env), g, low, high, status, reason, line)
         trials.append(trial)
         if status == cands.KEPT:
@@ -337,7 +341,7 @@ def tune_script(
     speedup: tuple[float, float, float] = (1.0, 1.0, 1.0)
     while kept:
         if len(kept) == 1:
-            g, low, high = _measure.gain(kept[0][2])
+            g, low, high = timing.gain(kept[0][2])
             speedup = (g or 1.0, low, high)
             break
         combined: dict[str, str] = {}
@@ -347,7 +351,7 @@ def tune_script(
         got, why, error = rounds.compare({"together": combined})["together"]
         status, reason = cands.verdict(got, why)
         if status == cands.KEPT and not error:
-            g, low, high = _measure.gain(got)
+            g, low, high = timing.gain(got)
             speedup = (g or 1.0, low, high)
             break
         weakest = min(kept, key=lambda k: k[0].gain or 0.0)
@@ -358,9 +362,9 @@ def tune_script(
             f"margin ({error or reason}); this one gave the least"
         )
         notes.append(f"{weakest[0].name} dropped at the verification")
-    from tfgpu import _stats
+    from tfgpu._internal.helpers import stats
 
-    base = _stats.median(rounds.base_times)
+    base = stats.median(rounds.base_times)
     batch = rounds.batch
     base_eps = batch / base if batch and base and math.isfinite(base) else math.nan
     result = TuneResult(
@@ -419,7 +423,8 @@ def _child_main(argv: Sequence[str]) -> int:
     import keras
     import tensorflow as tf
 
-    from tfgpu import _measure, _stats
+    from tfgpu._internal.adapters import timing
+    from tfgpu._internal.helpers import stats
 
     gpus = len(tf.config.list_physical_devices("GPU"))
     original_fit = keras.Model.fit
@@ -437,7 +442,7 @@ def _child_main(argv: Sequence[str]) -> int:
         batch = _batch_of(x, kwargs.get("batch_size"))
         if isinstance(x, tf.data.Dataset):
             x = x.repeat()
-        timer = _measure.Timer(calls_warm)
+        timer = timing.Timer(calls_warm)
         for name in ("validation_data", "validation_split", "validation_freq", "callbacks"):
             kwargs.pop(name, None)
         kwargs.update(
@@ -454,7 +459,7 @@ def _child_main(argv: Sequence[str]) -> int:
         gaps = [b - a for a, b in zip(timer.times[calls_warm - 1 :], timer.times[calls_warm:])]
         if not gaps:
             report({"error": "fit ran too few steps to time (a dataset shorter than warm-up)"})
-        report({"step_s": _stats.median(gaps) / spe, "batch": batch})
+        report({"step_s": stats.median(gaps) / spe, "batch": batch})
 
     keras.Model.fit = timed_fit  # type: ignore[method-assign]
     sys.argv = [script, *script_args]
@@ -468,7 +473,7 @@ def _batch_of(x: Any, batch_size: Any) -> int | None:
     """Examples per step of `fit`'s data: a dataset's batch, or `batch_size` (32) for arrays."""
     import tensorflow as tf
 
-    from tfgpu._datasets import source_batches
+    from tfgpu._internal.adapters.datasets import source_batches
 
     if isinstance(x, tf.data.Dataset):
         try:

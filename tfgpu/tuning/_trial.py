@@ -1,12 +1,12 @@
 """The workload `tune` measures: the model, the data and a setting's timed run and loss.
 
-`Workload.run_for(changes)` gives a `tfgpu._measure.Run` that times the user's training step
+`Workload.run_for(changes)` gives a `tfgpu._internal.adapters.timing.Run` that times the user's training step
 with `changes` applied (compile settings set on the model for the run, a pipeline built
 again with other arguments, a model built by the factory under another precision policy),
 in seconds per example, so candidates that change the batch compare fairly. Each setting's
 run is made once and reused (its train function is traced once). `mean_loss` runs a few
 steps from the same weights for the numerics guard. The caller restores the model's state
-(`tfgpu._model_state.preserved`) around every trial.
+(`tfgpu._internal.adapters.model_state.preserved`) around every trial.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfgpu import _measure
-from tfgpu._model_state import build, preserved
+from tfgpu._internal.adapters import timing
+from tfgpu._internal.adapters.model_state import build, preserved
 from tfgpu.tuning._candidates import COMPILE_KEYS, MODEL_KEYS, PIPELINE_KEYS
 
 # Batches the numerics guard trains on (with `steps_per_execution=1`), from the same weights.
@@ -78,7 +78,7 @@ class Workload:
         self.steps, self.warmup = steps, warmup
         self._datasets: dict[_Key, tuple[tf.data.Dataset, int | None]] = {}
         self._models: dict[str, Any] = {}
-        self._runs: dict[_Key, _measure.Run] = {}
+        self._runs: dict[_Key, timing.Run] = {}
         self._guard_batches: list[Any] | None = None
         self.base_times: list[float] = []  # seconds per example of every baseline run
 
@@ -158,18 +158,18 @@ class Workload:
         return self._guard_batches
 
     # Runs.
-    def run_for(self, changes: dict[str, Any]) -> _measure.Run:
+    def run_for(self, changes: dict[str, Any]) -> timing.Run:
         """A `Run` timing the step with `changes`, in seconds per example."""
         key = _key(changes)
         if key not in self._runs:
             self._runs[key] = self._make_run(changes)
         return self._runs[key]
 
-    def _make_run(self, changes: dict[str, Any]) -> _measure.Run:
+    def _make_run(self, changes: dict[str, Any]) -> timing.Run:
         model = self.model_for(changes)
         ds, batch = self.dataset_for(changes)
         attrs = {k: changes.get(k, getattr(self.model, k)) for k in COMPILE_KEYS}
-        timed = _measure.with_attrs(model, ds.repeat(), self.steps, self.warmup, attrs)
+        timed = timing.with_attrs(model, ds.repeat(), self.steps, self.warmup, attrs)
         fill = "cache" in changes
         is_base = not changes
         state = {"filled": not fill}
@@ -218,4 +218,4 @@ class Workload:
 
 def _fill(ds: tf.data.Dataset, deadline: float | None) -> bool:
     """Reads one pass of `ds` (filling its cache) unless the deadline comes first."""
-    return all(deadline is None or _measure.now() < deadline for _ in ds)
+    return all(deadline is None or timing.now() < deadline for _ in ds)

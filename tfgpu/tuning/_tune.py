@@ -12,18 +12,24 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfgpu import _measure, _stats
-from tfgpu._checks import (
+from tfgpu._internal.adapters import timing
+from tfgpu._internal.adapters.datasets import (
+    cardinality,
+    has_step,
+    pipeline_arguments,
+    source_batches,
+)
+from tfgpu._internal.adapters.model_state import preserved
+from tfgpu._internal.helpers import stats
+from tfgpu._internal.helpers.checks import (
     check_dir,
     check_int,
     check_time_budget,
     invalid_type,
     invalid_value,
 )
-from tfgpu._datasets import cardinality, has_step, pipeline_arguments, source_batches
-from tfgpu._model_state import preserved
-from tfgpu._progress import Progress, check_verbose
-from tfgpu._warnings import one_line
+from tfgpu._internal.helpers.progress import Progress, check_verbose
+from tfgpu._internal.helpers.warn import one_line
 from tfgpu.tuning import _candidates as cands
 from tfgpu.tuning._candidates import Candidate, Facts
 from tfgpu.tuning._result import Trial, TuneResult, write
@@ -44,10 +50,10 @@ BATCH_GROWTH = 8
 
 def _gpu_ccs() -> tuple[tuple[int, int], ...]:
     """Compute capabilities of the GPUs TensorFlow trains on (empty on the CPU)."""
-    from tfgpu import _devices
+    from tfgpu._internal.adapters import devices
 
     try:
-        gpus = _devices.tf_gpus()
+        gpus = devices.tf_gpus()
     except Exception:
         return ()
     return tuple(g.compute_capability for g in gpus if g.compute_capability is not None)
@@ -55,9 +61,9 @@ def _gpu_ccs() -> tuple[tuple[int, int], ...]:
 
 def _cpu_native_bf16() -> bool:
     """Whether this CPU computes bfloat16 faster than float32 (AMX, AVX-512 BF16)."""
-    from tfgpu import _cpu
+    from tfgpu._internal.adapters import cpu
 
-    bf16, fp32 = _cpu.peak_flops("bfloat16"), _cpu.peak_flops("float32")
+    bf16, fp32 = cpu.peak_flops("bfloat16"), cpu.peak_flops("float32")
     return bf16 is not None and fp32 is not None and bf16 > fp32
 
 
@@ -298,9 +304,9 @@ def tune(
     _check_model(model, factory is not None)
     global_batch, static, per_epoch, partial = _batches(data)
 
-    progress = Progress(verbose, title="tune", budget_s=budget_s, clock=lambda: _measure.now())
-    budget = _measure.Budget(budget_s, MEASURE_SHARE)
-    verify_budget = _measure.Budget(budget_s, VERIFY_SHARE, start=budget.start)
+    progress = Progress(verbose, title="tune", budget_s=budget_s, clock=lambda: timing.now())
+    budget = timing.Budget(budget_s, MEASURE_SHARE)
+    verify_budget = timing.Budget(budget_s, VERIFY_SHARE, start=budget.start)
     tuner = _Tuner(
         model, factory, data, steps, warmup, budget, verify_budget, progress, change_batch_size
     )
@@ -343,8 +349,8 @@ class _Tuner:
         data: tf.data.Dataset,
         steps: int,
         warmup: int,
-        budget: _measure.Budget,
-        verify_budget: _measure.Budget,
+        budget: timing.Budget,
+        verify_budget: timing.Budget,
         progress: Progress,
         change_batch_size: bool,
     ):
@@ -407,7 +413,7 @@ class _Tuner:
         rounds: list[tuple[float, float]] = []
         try:
             with preserved(self.model):
-                rounds, why = _measure.interleave(
+                rounds, why = timing.interleave(
                     work.run_for(self.best),
                     work.run_for(changes),
                     threshold=cands.MARGIN,
@@ -432,7 +438,7 @@ class _Tuner:
             )
         if status == cands.KEPT and cand.note:
             reason = f"{reason}; {cand.note}"
-        g, low, high = _measure.gain(rounds)
+        g, low, high = timing.gain(rounds)
         trial = Trial(cand.name, cand.change, g, low, high, status, reason, cand.line)
         if status == cands.KEPT:
             self.kept.append((cand, trial, rounds, self.best))
@@ -548,7 +554,7 @@ class _Tuner:
         for cand, *_ in self.kept:
             settings.update(cand.change)
         lines = cands.combined_lines([(c.change, t.line) for c, t, *_ in self.kept], facts)
-        base = _stats.median(self.work.base_times)
+        base = stats.median(self.work.base_times)
         base_eps = 1.0 / base if base and math.isfinite(base) and base > 0 else math.nan
         dataset = self.data
         if any(k in settings for k in cands.PIPELINE_KEYS):
@@ -570,14 +576,14 @@ class _Tuner:
         """(gain, low, high) of all kept settings together over the baseline, or None when
         they do not clear the margin."""
         if len(self.kept) == 1 and not self.kept[0][3]:  # measured against the baseline
-            g, low, high = _measure.gain(self.kept[0][2])
+            g, low, high = timing.gain(self.kept[0][2])
             return (g or 1.0), low, high
         changes: dict[str, Any] = {}
         for cand, *_ in self.kept:
             changes.update(cand.change)
         try:
             with preserved(self.model):
-                rounds, why = _measure.interleave(
+                rounds, why = timing.interleave(
                     self.work.run_for({}),
                     self.work.run_for(changes),
                     threshold=cands.MARGIN,
@@ -589,7 +595,7 @@ class _Tuner:
             self.notes.append(f"the verification failed: {one_line(e)}")
             return None
         status, reason = cands.verdict(rounds, why)
-        g, low, high = _measure.gain(rounds)
+        g, low, high = timing.gain(rounds)
         if status == cands.KEPT:
             return g or 1.0, low, high
         ratios = [b / v for b, v in rounds if v > 0]

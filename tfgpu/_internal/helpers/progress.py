@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from tfgpu._checks import invalid_type, invalid_value, is_int
+from tfgpu._internal.helpers.checks import invalid_type, invalid_value, is_int
 
 _VALID = "one of 'auto', 0 (silent), 1 (one line rewritten in place) or 2 (one line per phase)"
 

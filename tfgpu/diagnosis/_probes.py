@@ -3,7 +3,7 @@
 `_measure_rounds` alternates a device-resident batch and the real data until the input
 wait is clear of the thresholds; `_run_probe` alternates a compile setting's two values
 (`steps_per_execution`, `jit_compile`). Both time through the shared protocol
-(`tfgpu._measure`: its clock `now` and its timed fit `fit_step_time`, which the tests'
+(`tfgpu._internal.adapters.timing`: its clock `now` and its timed fit `fit_step_time`, which the tests'
 scripted clock replaces).
 """
 
@@ -19,10 +19,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfgpu import _measure as protocol
-from tfgpu._datasets import cardinality
-from tfgpu._progress import Progress
-from tfgpu._warnings import one_line
+from tfgpu._internal.adapters import timing as protocol
+from tfgpu._internal.adapters.datasets import cardinality
+from tfgpu._internal.helpers.progress import Progress
+from tfgpu._internal.helpers.warn import one_line
 from tfgpu.diagnosis._facts import _MAX_ROUNDS, _PROBE_MAX_ROUNDS, _ROUNDS_BUDGET_SHARE
 from tfgpu.diagnosis._rounds import _share_verdict
 
@@ -41,7 +41,7 @@ def _compare(
     label: str = "",
 ) -> tuple[list[tuple[float, float]], str | None]:
     """Per-round step times (baseline, variant) with `attrs` set on the model, interleaved
-    by the shared protocol (`tfgpu._measure.interleave`): the model's settings and train
+    by the shared protocol (`tfgpu._internal.adapters.timing.interleave`): the model's settings and train
     function are put back whatever happens. Each round starts with a `progress` phase,
     `label` and the round's number."""
     variant = protocol.with_attrs(model, dataset, steps, warmup, attrs)
@@ -292,10 +292,10 @@ def _monitoring(enabled: bool, notes: list[str]) -> Iterator[dict[str, float]]:
     sampler = None
     if enabled:
         try:
-            from tfgpu import _devices
+            from tfgpu._internal.adapters import devices
             from tfgpu.monitor import Sampler
 
-            sampler = Sampler(interval=0.1, gpus=_devices.cuda_indices(None))
+            sampler = Sampler(interval=0.1, gpus=devices.cuda_indices(None))
             sampler.start()
         except Exception as e:  # side feature: never kill the diagnosis
             notes.append(f"GPU monitor not started: {one_line(e)}")

@@ -1,33 +1,198 @@
-"""`tfgpu data-service dispatcher|worker`: the tf.data service's servers, kept running.
+"""The tf.data service's TensorFlow-free part: its rules and its servers, kept running.
 
-`main(["worker", "--dispatcher", "host:5050"])` runs a supervisor (this module, no
-TensorFlow) that starts the server in a child process (`--no-restart`, at a fixed port) and
-starts it again at the same port when it dies: an out-of-memory kill, a crash in a decode
-op. That is what keeps training going when a worker dies mid-epoch: tf.data (2.21) never
-gives a dead worker's task to another worker, and a trainer waits for that task at the end
-of the epoch, until a worker serves again at the dead one's address. The dispatcher is
-supervised the same way; with `--work-dir` a restarted dispatcher keeps its jobs.
+Rules shared with `tfgpu.data` (its training side is `tfgpu/data/_service.py`):
+- `parse_address`: what a `service=` address may look like, and its normal form.
+- `job_name`: the one job every trainer of a run reads from, chosen without talking to the
+  others (explicit, else derived from the Slurm job, else fresh for a lone process).
+- `consumers`: coordinated reads (`consumer_index`, `num_consumers`) for multi-worker runs
+  over a repeated dataset.
 
-With `--no-restart` the command is the server itself (for systemd, Kubernetes or Slurm,
-which restart it themselves). Either way it runs until SIGTERM or SIGINT, logs what it
-serves, and stops cleanly. `tfgpu/cli.py` wires it as `tfgpu data-service`.
+Servers (`tfgpu data-service dispatcher|worker`, wired by `tfgpu/cli.py`):
+`main(["worker", "--dispatcher", "host:5050"])` runs a supervisor (no TensorFlow) that starts
+the server in a child process (`--no-restart`, at a fixed port) and starts it again at the
+same port when it dies: an out-of-memory kill, a crash in a decode op. That is what keeps
+training going when a worker dies mid-epoch: tf.data (2.21) never gives a dead worker's task
+to another worker, and a trainer waits for that task at the end of the epoch, until a worker
+serves again at the dead one's address. The dispatcher is supervised the same way; with
+`--work-dir` a restarted dispatcher keeps its jobs. With `--no-restart` the command is the
+server itself (for systemd, Kubernetes or Slurm, which restart it themselves). Either way it
+runs until SIGTERM or SIGINT, logs what it serves, and stops cleanly.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from tfgpu._data_service import parse_address
+from tfgpu._internal.adapters.cluster import Cluster
+from tfgpu._internal.helpers.checks import invalid_type, invalid_value
+
+_ADDRESS = "a str 'grpc://host:port' or 'host:port' (the dispatcher's address), or None"
+_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)$")
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Address:
+    """A dispatcher's address: `target` ("grpc://host:port") for tf.data, `host`, `port`."""
+
+    host: str
+    port: int
+
+    @property
+    def target(self) -> str:
+        return f"grpc://{self.host}:{self.port}"
+
+    @property
+    def connect_host(self) -> str:
+        """The host as a socket takes it (IPv6 without its brackets)."""
+        return self.host[1:-1] if self.host.startswith("[") else self.host
+
+
+def parse_address(value: Any, name: str = "service") -> Address:
+    """Checks a dispatcher address and returns it parsed.
+
+    Args:
+        value: str, `"grpc://host:port"` or `"host:port"` (`"[::1]:5050"` for IPv6).
+        name: str, the argument's name for the message. Defaults to `"service"`.
+
+    Returns:
+        An `Address`.
+
+    Raises:
+        TypeError: if `value` is not a str.
+        ValueError: for another protocol, a missing or out-of-range port, or a malformed host.
+
+    Example:
+
+    >>> parse_address("grpc://localhost:5050").target
+    'grpc://localhost:5050'
+    >>> parse_address("10.0.0.7:5050").port
+    5050
+    """
+    if not isinstance(value, str):
+        raise invalid_type(name, value, _ADDRESS)
+    rest = value.strip()
+    if "://" in rest:
+        protocol, _, rest = rest.partition("://")
+        if protocol != "grpc":
+            raise invalid_value(
+                name, value, f"{_ADDRESS}; the tf.data service speaks 'grpc', not {protocol!r}"
+            )
+    host, sep, port = rest.rpartition(":")
+    if not sep or not re.fullmatch(r"[0-9]{1,5}", port) or not 0 < int(port) < 65536:
+        raise invalid_value(name, value, f"{_ADDRESS}, with a port from 1 to 65535")
+    if not _HOST.match(host):
+        raise invalid_value(name, value, f"{_ADDRESS}, with a host name or IP address")
+    return Address(host=host, port=int(port))
+
+
+def check_job_name(value: Any) -> str | None:
+    """Checks `service_job_name`: None, or 1-128 letters, digits, `.`, `_`, `-`.
+
+    Example:
+
+    >>> check_job_name("run-2024-06-01")
+    'run-2024-06-01'
+    """
+    expected = "a str of 1 to 128 letters, digits, '.', '_' or '-' (a run id), or None"
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise invalid_type("service_job_name", value, expected)
+    if not _JOB_NAME.match(value):
+        raise invalid_value("service_job_name", value, expected)
+    return value
+
+
+def job_name(
+    explicit: str | None,
+    *,
+    cluster: Cluster,
+    environ: Mapping[str, str],
+    serial: int,
+    token: str,
+) -> str:
+    """The job name every trainer of one run agrees on, without talking to the others. Pure.
+
+    All trainers of a run must read one job (the service then splits its data between
+    them), and no other run may use that name while the dispatcher lives (a finished job's
+    name yields end of input at once). So: the name the user gave; else, for a lone process,
+    a fresh name (`token`, random per process); else, for several trainers under Slurm, the
+    Slurm job and step ids (the same on every task, new for every run). Several trainers
+    without Slurm (a `TF_CONFIG` cluster) have nothing unique that they share, so the user
+    must name the run. `serial` counts the service pipelines this process built (every
+    trainer runs the same script, so the n-th pipeline of each gets the same name).
+
+    Args:
+        explicit: str or None, `service_job_name` as checked by `check_job_name`.
+        cluster: `Cluster`, where this process sits (`tfgpu._internal.adapters.cluster.resolve_cluster`).
+        environ: mapping, the environment (`SLURM_JOB_ID`, `SLURM_STEP_ID`).
+        serial: int, 0 for the first service pipeline this process builds, then 1, ...
+        token: str, random per process (e.g. `uuid.uuid4().hex[:12]`).
+
+    Returns:
+        The job name.
+
+    Raises:
+        ValueError: for several trainers outside Slurm without `service_job_name`.
+
+    Example:
+
+    >>> from tfgpu._internal.adapters.cluster import Cluster
+    >>> job_name(None, cluster=Cluster("none", 1), environ={}, serial=0, token="ab12")
+    'tfgpu-ab12-0'
+    """
+    if explicit is not None:
+        return explicit if serial == 0 else f"{explicit}-{serial}"
+    if cluster.num_tasks <= 1:
+        return f"tfgpu-{token}-{serial}"
+    slurm_job = environ.get("SLURM_JOB_ID")
+    if slurm_job:
+        step = environ.get("SLURM_STEP_ID", "0")
+        return f"tfgpu-slurm-{slurm_job}.{step}-{serial}"
+    raise ValueError(
+        "Invalid value for argument `service_job_name`. Received: service_job_name=None in "
+        f"a {cluster.num_tasks}-trainer cluster ({cluster.source}). Expected a name for this "
+        "run that every trainer passes alike and no earlier run used on this dispatcher "
+        "(e.g. your launcher's run id: service_job_name=os.environ['RUN_ID']): the trainers "
+        "must all read one job, and a finished job's name gives end of input at once."
+    )
+
+
+def consumers(cluster: Cluster, *, repeat: bool) -> tuple[int | None, int | None]:
+    """`(consumer_index, num_consumers)` for coordinated reads, or `(None, None)`. Pure.
+
+    Several trainers of a repeated (infinite) dataset read the job in strict round-robin, so
+    every trainer gets its next batch from the same service worker at each step and none
+    runs ahead; tf.data needs an infinite dataset for that. A finite dataset (Keras `fit`
+    without `repeat`) is read first come, first served: the service balances the epoch's
+    data so the trainers reach its end at about the same time.
+
+    Example:
+
+    >>> from tfgpu._internal.adapters.cluster import Cluster
+    >>> consumers(Cluster("TF_CONFIG", 2, "worker", 1, {"worker": ["a:1", "b:1"]}), repeat=True)
+    (1, 2)
+    """
+    if cluster.num_tasks <= 1 or not repeat or cluster.task_type not in ("chief", "worker"):
+        return None, None
+    index = cluster.task_index or 0
+    if cluster.task_type == "worker" and "chief" in cluster.spec:
+        index += 1  # the chief trains as task 0
+    return index, cluster.num_tasks
+
 
 # A server that died this many times within the window is given up on (exit status 1).
 MAX_RESTARTS = 5

@@ -22,7 +22,7 @@ from typing import Any
 
 import keras
 
-from tfgpu import _stats
+from tfgpu._internal.helpers import stats
 
 # Each comparison alternates its variants in rounds: at least `MIN_ROUNDS`, then more (up to a
 # caller's maximum) until a distribution-free confidence interval of the median (order
@@ -95,7 +95,7 @@ def fit_step_time(
     )
     model.stop_training = False
     gaps = [b - a for a, b in itertools.pairwise(timer.times[calls_warm - 1 :])]
-    return _stats.median(gaps) / spe if gaps else None
+    return stats.median(gaps) / spe if gaps else None
 
 
 @dataclass
@@ -181,7 +181,7 @@ def medians(rounds: Sequence[tuple[float, float]]) -> tuple[float, float]:
     >>> medians([(1.0, 4.0), (3.0, 2.0), (2.0, 3.0)])
     (2.0, 3.0)
     """
-    return _stats.median(a for a, _ in rounds), _stats.median(b for _, b in rounds)
+    return stats.median(a for a, _ in rounds), stats.median(b for _, b in rounds)
 
 
 def median_interval(values: Sequence[float]) -> tuple[float, float, float]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tfgpu._checks import is_finite_number
+from tfgpu._internal.helpers.checks import is_finite_number
 
 # Tensor cores idle: tensor-pipe activity below this while the GPU is busy at least...
 TENSOR_ACTIVE_LOW_PCT = 5.0

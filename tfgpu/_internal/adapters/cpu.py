@@ -28,7 +28,7 @@ import os
 import sys
 from pathlib import Path
 
-from tfgpu._checks import invalid_type, invalid_value
+from tfgpu._internal.helpers.checks import invalid_type, invalid_value
 
 __all__ = ["peak_flops"]
 

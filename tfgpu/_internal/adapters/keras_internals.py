@@ -67,11 +67,11 @@ def moved(what: str) -> str:
     Example:
 
     >>> moved("fit's epoch iterator")  # doctest: +ELLIPSIS
-    "Keras ... keeps fit's epoch iterator elsewhere than Keras 3.15 (tfgpu/_keras_internals.py)"
+    "Keras ... keeps fit's epoch iterator elsewhere than Keras 3.15 (tfgpu/_internal/adapters/keras_internals.py)"
     """
     return (
         f"Keras {keras_version()} keeps {what} elsewhere than Keras "
-        f"{CHECKED_KERAS[0]}.{CHECKED_KERAS[1]} (tfgpu/_keras_internals.py)"
+        f"{CHECKED_KERAS[0]}.{CHECKED_KERAS[1]} (tfgpu/_internal/adapters/keras_internals.py)"
     )
 
 
@@ -119,7 +119,7 @@ def fit_batch_size(model: Any = None) -> int | None:
     except Exception:  # an adapter that cannot tell
         size = None
     if size is None and iterator is not None:
-        from tfgpu._datasets import source_batches
+        from tfgpu._internal.adapters.datasets import source_batches
 
         try:
             batches, _ = source_batches(source_dataset(iterator))
@@ -409,7 +409,7 @@ def install_multi_worker_correction() -> bool:
         tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
         _correction_installed = True
         _LOG.info(
-            "tfgpu: installed the Keras multi-worker fit correction (tfgpu/_keras_internals.py)."
+            "tfgpu: installed the Keras multi-worker fit correction (tfgpu/_internal/adapters/keras_internals.py)."
         )
         return True
 
@@ -462,7 +462,7 @@ def problems_in_trainer() -> list[str]:
     if not callable(getattr(extended, "_in_multi_worker_mode", None)):
         found.append(
             f"TensorFlow {tf.__version__} has no `MultiWorkerMirroredStrategy.extended."
-            "_in_multi_worker_mode()` (tfgpu/_keras_internals.py)"
+            "_in_multi_worker_mode()` (tfgpu/_internal/adapters/keras_internals.py)"
         )
     return found
 

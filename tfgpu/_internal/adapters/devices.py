@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tfgpu._checks import invalid_type, is_int
+from tfgpu._internal.helpers.checks import invalid_type, is_int
 
 if TYPE_CHECKING:
     from tfgpu.monitor.nvml import GpuInfo

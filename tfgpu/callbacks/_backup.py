@@ -28,8 +28,8 @@ from typing import Any, cast
 import keras
 import numpy as np
 
-from tfgpu import _keras_internals
-from tfgpu._checks import is_int, is_number
+from tfgpu._internal.adapters import keras_internals
+from tfgpu._internal.helpers.checks import is_int, is_number
 
 _FORMAT = 1
 _FILE = "backup.npz"
@@ -255,7 +255,7 @@ def _collect_state(model) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         for i, v in enumerate(variables):
             arrays[f"{group}/{i:05d}"] = _to_numpy(v)
             paths[group].append([v.path, list(v.shape)])
-    seed = _keras_internals.global_seed_generator()
+    seed = keras_internals.global_seed_generator()
     if seed is not None:
         arrays["rng/keras_global"] = _to_numpy(seed.state)
     # The global RandomState is always MT19937, whose legacy state is this tuple (numpy's
@@ -309,7 +309,7 @@ def _assign_metrics(variables: list, saved: list, arrays: dict[str, np.ndarray])
 
 def _restore_rng(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     if "rng/keras_global" in arrays:
-        _keras_internals.global_seed_generator(create=True).state.assign(arrays["rng/keras_global"])
+        keras_internals.global_seed_generator(create=True).state.assign(arrays["rng/keras_global"])
     name, pos, has_gauss, cached = meta["numpy_rng"]
     np.random.set_state((name, arrays["rng/numpy_keys"], pos, has_gauss, cached))
     version, internal, gauss = meta["python_rng"]

@@ -1,0 +1,1 @@
+"""Adapters to TensorFlow, Keras, NVML and the host, shared by several features."""
