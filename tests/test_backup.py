@@ -192,7 +192,7 @@ def test_reshuffled_resume_under_mirrored_strategy(tmp_path):
 
 
 def test_iterators_made_to_advance_the_shuffle_read_nothing():
-    from tfgpu.callbacks._backup import _CountingDataset
+    from tfgpu.callbacks._backup import CountingDataset
 
     reads = []
 
@@ -215,7 +215,7 @@ def test_iterators_made_to_advance_the_shuffle_read_nothing():
     reads.clear()
 
     fresh = shuffled()
-    counting = _CountingDataset(fresh)
+    counting = CountingDataset(fresh)
     counting.skip_to(2)
     iterator = iter(counting)
     assert reads == []  # two iterators made and dropped, the new one not read yet
@@ -528,9 +528,9 @@ def test_end_of_fit_cleanup_tolerates_a_peer_removing_the_directory(tmp_path, mo
         return real_scandir(path)
 
     monkeypatch.setattr(os, "scandir", scandir_as_the_peer_finishes)
-    _backup._delete_backups(canonical, None, is_chief=True)
+    _backup.delete_backups(canonical, None, is_chief=True)
     assert not canonical.exists()
-    _backup._delete_backups(canonical, canonical / ".worker-1", is_chief=False)  # gone: fine
+    _backup.delete_backups(canonical, canonical / ".worker-1", is_chief=False)  # gone: fine
 
 
 def test_cleanup_leaves_a_peer_s_directory_and_removes_leftovers(tmp_path):
@@ -541,9 +541,9 @@ def test_cleanup_leaves_a_peer_s_directory_and_removes_leftovers(tmp_path):
     (canonical / ".worker-1" / "backup.npz").write_bytes(b"x")
     for name in ("backup.npz", "backup.prev.npz", ".backup.npz.tmp-123", "notes.txt"):
         (canonical / name).write_bytes(b"x")
-    _backup._delete_backups(canonical, None, is_chief=True)
+    _backup.delete_backups(canonical, None, is_chief=True)
     assert sorted(p.name for p in canonical.iterdir()) == [".worker-1", "notes.txt"]
-    _backup._delete_backups(canonical, canonical / ".worker-1", is_chief=False)
+    _backup.delete_backups(canonical, canonical / ".worker-1", is_chief=False)
     assert sorted(p.name for p in canonical.iterdir()) == ["notes.txt"]  # not ours: kept
 
 
@@ -565,7 +565,7 @@ def test_save_recreates_a_directory_a_peer_removed_meanwhile(tmp_path, monkeypat
         return builtins.open(path, mode, *args, **kwargs)
 
     monkeypatch.setattr(_backup, "open", open_after_the_peer_removed_it, raising=False)
-    target = _backup._write_atomic(own, {"a": np.arange(3)}, keep_previous=False)
+    target = _backup.write_atomic(own, {"a": np.arange(3)}, keep_previous=False)
     assert len(calls) == 2
     np.testing.assert_array_equal(np.load(target)["a"], np.arange(3))
 

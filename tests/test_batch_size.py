@@ -9,14 +9,14 @@ import tensorflow as tf
 
 from tfgpu.batch_size import BatchSizeResult, find_batch_size
 from tfgpu.batch_size import _trial as trial_module
-from tfgpu.batch_size._search import _accumulation_plan, _next_candidate, _stopped_by
-from tfgpu.batch_size._trial import _example_pool
+from tfgpu.batch_size._search import _stopped_by, accumulation_plan, next_candidate
+from tfgpu.batch_size._trial import example_pool
 
 
 def _search(fails_above: int, **kw) -> list[int]:
     """Runs the pure search against a fake: sizes above `fails_above` fail."""
     trials: list[tuple[int, bool]] = []
-    while (b := _next_candidate(trials, **kw)) is not None:
+    while (b := next_candidate(trials, **kw)) is not None:
         trials.append((b, b <= fails_above))
     return [b for b, _ in trials]
 
@@ -40,10 +40,10 @@ def test_search_stops_at_max_and_halves_when_start_fails():
 
 
 def test_accumulation_plan():
-    assert _accumulation_plan(1024, 96, 1) == (16, 64)  # 11 steps of ~93 don't divide; 16x64
-    assert _accumulation_plan(256, 64, 2) == (2, 64)
-    assert _accumulation_plan(100, 128, 1) == (1, 100)
-    steps, per = _accumulation_plan(1000, 48, 3)
+    assert accumulation_plan(1024, 96, 1) == (16, 64)  # 11 steps of ~93 don't divide; 16x64
+    assert accumulation_plan(256, 64, 2) == (2, 64)
+    assert accumulation_plan(100, 128, 1) == (1, 100)
+    steps, per = accumulation_plan(1000, 48, 3)
     assert steps * per * 3 >= 1000 and per <= 48
 
 
@@ -140,13 +140,13 @@ class _FakeAllocator:
         self.batch = 0
         monkeypatch.setattr(tf.config.experimental, "get_memory_info", self.get_memory_info)
         monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", self.reset)
-        original = trial_module._make_batch
+        original = trial_module.make_batch
 
         def make_batch(pool, size, device):
             self.batch = size
             return original(pool, size, device)
 
-        monkeypatch.setattr(trial_module, "_make_batch", make_batch)
+        monkeypatch.setattr(trial_module, "make_batch", make_batch)
 
     def _check(self, device):
         if not self.available:
@@ -407,9 +407,9 @@ def test_examples_with_an_unknown_first_dimension_are_not_taken_for_batches():
         )
     )
     assert examples.element_spec[0].shape.as_list() == [None, 4]
-    pool_x, pool_y, _ = _example_pool(examples, 16)
+    pool_x, pool_y, _ = example_pool(examples, 16)
     assert pool_x.shape == (16, 2, 4) and pool_y.shape == (16, 1)
-    batched_x, _, _ = _example_pool(examples.batch(4).prefetch(1), 16)
+    batched_x, _, _ = example_pool(examples.batch(4).prefetch(1), 16)
     assert batched_x.shape == (16, 2, 4)
 
 
@@ -434,8 +434,8 @@ def test_the_memory_budget_is_read_from_the_gpu_tensorflow_trains_on(monkeypatch
     monkeypatch.setattr(devices, "physical_gpus", lambda: gpus)
     expected = devices.gpu_record(0)
     assert expected is not None and expected.nvml_index == 0  # the A100
-    assert trial_module._device_capacity_bytes("GPU:0") == expected.memory_total_bytes
-    assert trial_module._device_capacity_bytes("CPU:0") is None
+    assert trial_module.device_capacity_bytes("GPU:0") == expected.memory_total_bytes
+    assert trial_module.device_capacity_bytes("CPU:0") is None
 
 
 def test_the_childs_progress_lines_are_relayed_by_their_phase():

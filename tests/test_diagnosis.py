@@ -16,10 +16,10 @@ import tfgpu
 from tfgpu._internal.adapters import timing as protocol
 from tfgpu.diagnosis import Diagnosis, _probes
 from tfgpu.diagnosis._classify import _classify
-from tfgpu.diagnosis._facts import _Facts
-from tfgpu.diagnosis._graph import _shape_facts
-from tfgpu.diagnosis._lint import _lint_mixed_precision
-from tfgpu.diagnosis._rounds import _share_verdict
+from tfgpu.diagnosis._facts import Facts
+from tfgpu.diagnosis._graph import shape_facts
+from tfgpu.diagnosis._lint import lint_mixed_precision
+from tfgpu.diagnosis._rounds import share_verdict
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(1024, 256)).astype("float32")
@@ -227,7 +227,7 @@ def test_a_real_diagnosis_probes_restores_the_model_and_its_files_agree(tmp_path
 
 def _facts(**kw):
     base = dict(step_time_s=0.1, compute_step_time_s=0.1, input_batch_time_s=0.01, batch_size=64)
-    return _Facts(**{**base, **kw})
+    return Facts(**{**base, **kw})
 
 
 @pytest.mark.parametrize(
@@ -295,12 +295,12 @@ def test_mixed_precision_lint():
     model = keras.Sequential(
         [keras.Input((30,)), keras.layers.Dense(64), keras.layers.Dense(10, activation="softmax")]
     )
-    kinds = {f.kind: f for f in _lint_mixed_precision(model, [(8, 0)])}
+    kinds = {f.kind: f for f in lint_mixed_precision(model, [(8, 0)])}
     assert 'dtype="float32"' in kinds["mixed_precision_output"].recommendation
     assert "(30, 64)" in kinds["mixed_precision_dims"].detail
     assert "(64, 10)" in kinds["mixed_precision_dims"].detail
     # No tensor cores known (CPU): the output layer still matters, the dims do not.
-    assert {f.kind for f in _lint_mixed_precision(model, [])} == {"mixed_precision_output"}
+    assert {f.kind for f in lint_mixed_precision(model, [])} == {"mixed_precision_output"}
 
     fixed = keras.Sequential(
         [
@@ -310,9 +310,9 @@ def test_mixed_precision_lint():
             keras.layers.Activation("softmax", dtype="float32"),
         ]
     )
-    assert _lint_mixed_precision(fixed, [(8, 0)]) == []
+    assert lint_mixed_precision(fixed, [(8, 0)]) == []
     keras.mixed_precision.set_global_policy("float32")
-    assert _lint_mixed_precision(_tiny_model(), [(8, 0)]) == []
+    assert lint_mixed_precision(_tiny_model(), [(8, 0)]) == []
 
 
 @pytest.mark.slow
@@ -422,9 +422,9 @@ def test_training_after_diagnose_is_the_training_without_it():
 
 
 def _inspect_dataset(ds) -> dict[str, bool]:
-    from tfgpu.diagnosis._graph import _PipelineFacts, _read_pipeline
+    from tfgpu.diagnosis._graph import PipelineFacts, read_pipeline
 
-    facts = _read_pipeline(ds) or _PipelineFacts()
+    facts = read_pipeline(ds) or PipelineFacts()
     return {"python_input": facts.python_input, "prefetch": facts.prefetch}
 
 
@@ -519,14 +519,14 @@ def test_train_step_graph_names_its_ops_their_devices_and_gpu_kernels():
 
 
 def test_cpu_placed_train_step_ops_are_a_host_device_traffic_finding_on_gpus():
-    from tfgpu.diagnosis._facts import _OpFact
+    from tfgpu.diagnosis._facts import OpFact
 
     ops = [
-        _OpFact("model/dense/MatMul", "MatMul"),
-        _OpFact("model/py/EagerPyFunc", "EagerPyFunc", "/job:localhost/replica:0/task:0"),
-        _OpFact("model/pinned/Square", "Square", "/device:CPU:0"),
-        _OpFact("model/strings/StringToNumber", "StringToNumber", gpu_kernel=False),
-        _OpFact("model/Const", "Const", gpu_kernel=False),  # string constants: no cost
+        OpFact("model/dense/MatMul", "MatMul"),
+        OpFact("model/py/EagerPyFunc", "EagerPyFunc", "/job:localhost/replica:0/task:0"),
+        OpFact("model/pinned/Square", "Square", "/device:CPU:0"),
+        OpFact("model/strings/StringToNumber", "StringToNumber", gpu_kernel=False),
+        OpFact("model/Const", "Const", gpu_kernel=False),  # string constants: no cost
     ]
     _, _, _, findings = _classify(_facts(on_gpu=True, train_step_ops=ops))
     (traffic,) = [f for f in findings if f.kind == "host_device_traffic"]
@@ -548,12 +548,12 @@ def test_cpu_placed_train_step_ops_are_a_host_device_traffic_finding_on_gpus():
 
 
 def test_input_bound_advice_for_a_tfgpu_pipeline_is_what_is_left():
-    from tfgpu.diagnosis._graph import _PipelineFacts, _read_pipeline
+    from tfgpu.diagnosis._graph import PipelineFacts, read_pipeline
 
     def augment(x, y):
         return x + tf.random.uniform(tf.shape(x), 0, 0.1), y
 
-    def timings(facts: _PipelineFacts) -> _Facts:  # highly input-bound, with these facts
+    def timings(facts: PipelineFacts) -> Facts:  # highly input-bound, with these facts
         return _facts(
             compute_step_time_s=0.05,
             input_batch_time_s=0.05,  # the pipeline explains the 50 ms wait
@@ -568,7 +568,7 @@ def test_input_bound_advice_for_a_tfgpu_pipeline_is_what_is_left():
     piped = tfgpu.data.pipeline(
         (X[:256], Y[:256]), batch_size=32, map_fn=lambda x, y: (x * 2, y), augment_fn=augment
     )
-    facts = _read_pipeline(piped)
+    facts = read_pipeline(piped)
     assert (facts.parallel_map, facts.sequential_map, facts.cache) == (True, False, "memory")
     assert facts.map_after_cache and facts.prefetch
     advice = next(f for f in _classify(timings(facts))[3] if f.kind == "input_bound")
@@ -584,14 +584,14 @@ def test_input_bound_advice_for_a_tfgpu_pipeline_is_what_is_left():
     uncached = tfgpu.data.pipeline(
         (X[:256], Y[:256]), batch_size=32, map_fn=lambda x, y: (x * 2, y), cache=False
     )
-    facts = _read_pipeline(uncached)
+    facts = read_pipeline(uncached)
     assert facts.cache is None and not facts.map_after_cache
     text = next(f for f in _classify(timings(facts))[3] if f.kind == "input_bound").recommendation
     assert "`cache=True` (memory)" in text and "batch_augment_fn" not in text
 
     # A hand-written pipeline with a sequential map still gets the pipeline builder.
     naive = tf.data.Dataset.from_tensor_slices((X[:256], Y[:256])).map(augment).batch(32)
-    facts = _read_pipeline(naive)
+    facts = read_pipeline(naive)
     assert facts.sequential_map and not facts.parallel_map and facts.cache is None
     text = next(f for f in _classify(timings(facts))[3] if f.kind == "input_bound").recommendation
     assert "Build the input with `tfgpu.data.pipeline(ds, batch_size=...)`" in text
@@ -674,9 +674,9 @@ def test_diagnose_recommends_service_workers_from_what_it_measured(monkeypatch):
 
 
 def test_in_memory_pipeline_without_a_map_gets_in_memory_advice():
-    from tfgpu.diagnosis._graph import _read_pipeline
+    from tfgpu.diagnosis._graph import read_pipeline
 
-    facts = _read_pipeline(tfgpu.data.pipeline((X[:256], Y[:256]), batch_size=32))
+    facts = read_pipeline(tfgpu.data.pipeline((X[:256], Y[:256]), batch_size=32))
     assert not (facts.parallel_map or facts.sequential_map or facts.python_input)
     slow = _facts(  # a wait of 50 ms per step, as long as the pipeline's batch: input-bound
         compute_step_time_s=0.05,
@@ -788,10 +788,10 @@ def _counter_kinds(facts) -> set[str]:
 
 
 def test_a_healthy_gpu_run_has_no_counter_findings_and_no_unseen_notes():
-    from tfgpu.diagnosis._classify import _unseen
+    from tfgpu.diagnosis._classify import unseen
 
     assert _counter_kinds(_gpu()) == set()
-    assert _unseen(_gpu()) == []
+    assert unseen(_gpu()) == []
 
 
 def test_tensor_cores_idle_under_mixed_precision_names_layers_dims_and_tf32():
@@ -867,10 +867,10 @@ def test_small_kernels_high_utilization_low_sm_activity():
 
 
 def test_pcie_traffic_far_above_the_batch_bytes_names_the_causes():
-    from tfgpu.diagnosis._facts import _OpFact
+    from tfgpu.diagnosis._facts import OpFact
 
     # 100 MiB/s x 0.1 s = 10 MiB per step, 10x a 1 MiB batch.
-    ops = [_OpFact("model/pinned/Square", "Square", "/device:CPU:0")]
+    ops = [OpFact("model/pinned/Square", "Square", "/device:CPU:0")]
     facts = _gpu(pcie_mib_s_mean=100.0, train_step_ops=ops, numpy_input=True)
     (finding,) = [f for f in _classify(facts)[3] if f.kind == "pcie_traffic"]
     assert "10.0 MiB crossed PCIe per step" in finding.detail
@@ -920,7 +920,7 @@ def test_throttle_finding_needs_low_power_and_a_real_reason(kw):
 
 
 def test_a_gpu_without_gpm_uses_what_exists_and_says_what_it_cannot_see():
-    from tfgpu.diagnosis._classify import _unseen
+    from tfgpu.diagnosis._classify import unseen
 
     nan = float("nan")
     # An A10 without GPM: utilization, power and throttle reasons exist; GPM counters do not.
@@ -930,7 +930,7 @@ def test_a_gpu_without_gpm_uses_what_exists_and_says_what_it_cannot_see():
         throttle_reasons_any=float(0x20),
     )  # fmt: skip
     assert _counter_kinds(facts) == {"clocks_throttled"}  # what exists still decides
-    notes = _unseen(facts)
+    notes = unseen(facts)
     assert any(
         "tensor/SM activity not measured: GPM needs a Hopper or newer GPU" in n
         and "cannot tell idle SMs from busy ones" in n
@@ -939,19 +939,19 @@ def test_a_gpu_without_gpm_uses_what_exists_and_says_what_it_cannot_see():
     )
     assert any("PCIe traffic not measured" in n for n in notes)
     no_power = _gpu(power_limit_w_max=nan, throttle_reasons_any=nan)
-    assert _unseen(no_power) == [
+    assert unseen(no_power) == [
         "power limit or clock throttle reasons not reported by NVML: throttling not checked"
     ]
-    assert "not compared" in _unseen(_gpu(batch_bytes=None))[0]
+    assert "not compared" in unseen(_gpu(batch_bytes=None))[0]
     # No monitor at all (monitor=False, no NVML) or no GPU: the monitor's own note says so.
-    assert _unseen(_gpu(util_pct_mean=nan, sm_active_pct_mean=nan)) == []
-    assert _unseen(_gpu(on_gpu=False, sm_active_pct_mean=nan)) == []
+    assert unseen(_gpu(util_pct_mean=nan, sm_active_pct_mean=nan)) == []
+    assert unseen(_gpu(on_gpu=False, sm_active_pct_mean=nan)) == []
 
 
 def test_monitor_facts_read_gpu0_and_absent_or_odd_values_as_nan():
     import math
 
-    from tfgpu.diagnosis._classify import _monitor_facts
+    from tfgpu.diagnosis._classify import monitor_facts
 
     agg = {
         "gpu0_util_pct_mean": np.float32(75.0),
@@ -963,20 +963,20 @@ def test_monitor_facts_read_gpu0_and_absent_or_odd_values_as_nan():
         "gpu0_energy_j": float("inf"),
         "gpu1_tensor_active_pct_mean": 12.0,  # another GPU: not /GPU:0
     }
-    facts = _monitor_facts(agg)
+    facts = monitor_facts(agg)
     assert facts["util_pct_mean"] == 75.0 and facts["sm_active_pct_mean"] == 40.0
     assert facts["pcie_mib_s_mean"] == 30.0 and facts["throttle_reasons_any"] == 68.0
     for key in ("tensor_active_pct_mean", "power_w_mean", "energy_j", "sm_clock_mhz_mean"):
         assert math.isnan(facts[key])
-    assert all(math.isnan(v) for v in _monitor_facts({}).values())  # an older monitor
-    both = _monitor_facts({"gpu0_pcie_tx_mib_s_mean": 1.5, "gpu0_pcie_rx_mib_s_mean": 2.5})
+    assert all(math.isnan(v) for v in monitor_facts({}).values())  # an older monitor
+    both = monitor_facts({"gpu0_pcie_tx_mib_s_mean": 1.5, "gpu0_pcie_rx_mib_s_mean": 2.5})
     assert both["pcie_mib_s_mean"] == 4.0
-    assert all(math.isnan(v) for v in _monitor_facts(None).values())  # type: ignore[arg-type]
+    assert all(math.isnan(v) for v in monitor_facts(None).values())  # type: ignore[arg-type]
 
 
 def test_batch_bytes_and_the_layers_the_tensor_core_advice_names():
     from tfgpu.diagnosis._graph import _batch_bytes
-    from tfgpu.diagnosis._lint import _precision_layers
+    from tfgpu.diagnosis._lint import precision_layers
 
     batch = (tf.zeros((4, 3), tf.float32), tf.zeros((4,), tf.int64))
     assert _batch_bytes(batch) == 4 * 3 * 4 + 4 * 8
@@ -990,12 +990,12 @@ def test_batch_bytes_and_the_layers_the_tensor_core_advice_names():
             keras.layers.Dense(10, dtype="float32", name="head"),  # a float32 head is right
         ]
     )
-    float32, odd = _precision_layers(model)
+    float32, odd = precision_layers(model)
     assert float32 == ["`kept_f32`"]
     assert len(odd) == 1 and odd[0].endswith("(30, 64)")  # 64 -> 10 is the float32 head
     keras.mixed_precision.set_global_policy("float32")
     plain = keras.Sequential([keras.Input((30,)), keras.layers.Dense(64), keras.layers.Dense(8)])
-    float32, odd = _precision_layers(plain)
+    float32, odd = precision_layers(plain)
     assert float32 == [] and len(odd) == 1 and odd[0].endswith("(30, 64)")
 
 
@@ -1194,14 +1194,14 @@ def test_a_noisy_wait_the_pipeline_cannot_cause_is_not_input_bound():
         "inconclusive",
     )
     # The note says why (the pipeline's speed), never that a 3 ms wait is "below 1 ms".
-    from tfgpu.diagnosis._classify import _wait_notes
-    from tfgpu.diagnosis._rounds import _share_verdict
+    from tfgpu.diagnosis._classify import wait_notes
+    from tfgpu.diagnosis._rounds import share_verdict
 
     fast = replace(noisy, input_batch_time_s=0.0006)
-    notes = _wait_notes(fast, _share_verdict(rounds), "no", 0.066, [])
+    notes = wait_notes(fast, share_verdict(rounds), "no", 0.066, [])
     assert len(notes) == 1 and "the pipeline alone makes a batch in 0.60 ms" in notes[0]
-    steady = _share_verdict([(0.043, 0.046)] * 3)  # 6.5%, every round: "moderate"
-    notes = _wait_notes(replace(fast, rounds=[(0.043, 0.046)] * 3), steady, "no", 0.07, [])
+    steady = share_verdict([(0.043, 0.046)] * 3)  # 6.5%, every round: "moderate"
+    notes = wait_notes(replace(fast, rounds=[(0.043, 0.046)] * 3), steady, "no", 0.07, [])
     assert "3.00 ms per step (7%)" in notes[0] and "below 1 ms" not in notes[0]
 
 
@@ -1390,20 +1390,20 @@ def test_a_fit_cut_before_a_timed_step_is_no_measurement():
 
 
 def test_fewer_rounds_than_the_minimum_cannot_tell_the_noise():
-    one = _share_verdict([(0.1, 0.2)])
+    one = share_verdict([(0.1, 0.2)])
     assert one["level"] == "inconclusive" and one["rounds"] == 1
-    three = _share_verdict([(0.1, 0.2)] * 3)
+    three = share_verdict([(0.1, 0.2)] * 3)
     assert three["level"] == "high"
 
 
 def test_full_batches_with_an_unknown_batch_dimension_do_not_change_shape():
     full = tf.data.Dataset.from_tensor_slices(X[:64]).batch(16)  # 4 full batches, spec (None, 256)
-    assert _shape_facts(full) == (None, False)
+    assert shape_facts(full) == (None, False)
     partial = tf.data.Dataset.from_tensor_slices(X[:60]).batch(16)
-    assert _shape_facts(partial) == ("(None, 256)", True)
+    assert shape_facts(partial) == ("(None, 256)", True)
     ragged_text = tf.data.Dataset.from_tensor_slices(np.zeros((64, 7), "int64")).batch(16)
     padded = ragged_text.map(lambda t: tf.pad(t, [[0, 0], [0, tf.shape(t)[0] % 3]]))
-    assert _shape_facts(padded)[0] == "(None, None)"
+    assert shape_facts(padded)[0] == "(None, None)"
 
 
 def test_mfu_under_several_gpus_divides_by_all_their_peaks():

@@ -198,8 +198,8 @@ def _appended_run(path):
 
 
 def test_a_run_appended_by_several_fits_is_split_into_sessions(tmp_path):
-    from tfgpu.report._read import _Problems, _read_table
-    from tfgpu.report._series import _time_axis, _timeline_sessions
+    from tfgpu.report._read import _Problems, read_table
+    from tfgpu.report._series import time_axis, timeline_sessions
 
     run = _appended_run(tmp_path / "run")
     text = write_report(run).read_text()
@@ -212,10 +212,10 @@ def test_a_run_appended_by_several_fits_is_split_into_sessions(tmp_path):
     assert "| 2 | 1 | 4 | 10.00 |" in text and "| 3 | 1 | 4 | 10.00 |" in text
     assert "| 1 | 12 |" not in text
     # The plots' time axis: seconds since the first sample, across sessions, never backwards.
-    table = _read_table(run / "timeline.csv", ["time"], "timeline", _Problems())
-    starts = _timeline_sessions(table)
+    table = read_table(run / "timeline.csv", ["time"], "timeline", _Problems())
+    starts = timeline_sessions(table)
     assert starts == [0, 5, 10]
-    axis = _time_axis(table, starts)
+    axis = time_axis(table, starts)
     assert axis[0] == 0.0 and axis[-1] == pytest.approx(0.47)
     assert all(b > a for a, b in itertools.pairwise(axis))
     for png in ("utilization.png", "memory.png", "step_time.png"):
@@ -223,14 +223,14 @@ def test_a_run_appended_by_several_fits_is_split_into_sessions(tmp_path):
 
 
 def test_without_a_time_column_sessions_are_laid_end_to_end(tmp_path):
-    from tfgpu.report._read import _Table
-    from tfgpu.report._series import _time_axis, _timeline_sessions
+    from tfgpu.report._read import Table
+    from tfgpu.report._series import time_axis, timeline_sessions
 
     rows = [{"elapsed_s": e} for e in (0.0, 0.1, 0.2, 0.0, 0.1)]
-    table = _Table(tmp_path, ["elapsed_s"], rows)
-    starts = _timeline_sessions(table)
+    table = Table(tmp_path, ["elapsed_s"], rows)
+    starts = timeline_sessions(table)
     assert starts == [0, 3]
-    assert _time_axis(table, starts) == pytest.approx([0.0, 0.1, 0.2, 0.2, 0.3])
+    assert time_axis(table, starts) == pytest.approx([0.0, 0.1, 0.2, 0.2, 0.3])
 
 
 # ---- damaged run directories: the rest of the report, `error:` naming the file, exit 2 -----
@@ -889,13 +889,13 @@ def _xs_of_step_plot(plot):
 
 
 def test_a_row_never_begins_before_the_previous_one_ended():
-    from tfgpu.report._series import _step_begins
+    from tfgpu.report._series import step_begins
 
     # Row 2 claims 16 steps of 100 ms between ends 1.0 and 1.2: it begins when row 1 ended.
-    begins = _step_begins([1.0, 1.2, 1.3], [100.0, 100.0, 50.0], [1, 16, 1])
+    begins = step_begins([1.0, 1.2, 1.3], [100.0, 100.0, 50.0], [1, 16, 1])
     assert begins == pytest.approx([0.9, 1.0, 1.25])
     # A new session (row 1) is not bounded by the previous session's end; NaN stays NaN.
-    begins = _step_begins([5.0, 1.0, math.nan], [10.0, 10.0, 10.0], [1, 1, 1], starts=[0, 1])
+    begins = step_begins([5.0, 1.0, math.nan], [10.0, 10.0, 10.0], [1, 1, 1], starts=[0, 1])
     assert begins[:2] == pytest.approx([4.99, 0.99]) and math.isnan(begins[2])
 
 

@@ -8,16 +8,16 @@ from typing import TYPE_CHECKING, Any
 from tfgpu._internal.adapters.model_state import preserved
 from tfgpu._internal.helpers.checks import check_int, check_number, invalid_type
 from tfgpu._internal.helpers.progress import Progress, check_verbose
-from tfgpu.batch_size._result import BatchSizeResult, BatchSizeTrial, _build_result
-from tfgpu.batch_size._search import _next_candidate, _stopped_by
-from tfgpu.batch_size._subprocess import _find_in_subprocess
+from tfgpu.batch_size._result import BatchSizeResult, BatchSizeTrial, build_result
+from tfgpu.batch_size._search import _stopped_by, next_candidate
+from tfgpu.batch_size._subprocess import find_in_subprocess
 from tfgpu.batch_size._trial import (
-    _device_capacity_bytes,
-    _example_pool,
-    _has_allocator_stats,
-    _make_batch,
-    _memory_device,
-    _run_trial,
+    device_capacity_bytes,
+    example_pool,
+    has_allocator_stats,
+    make_batch,
+    memory_device,
+    run_trial,
 )
 
 if TYPE_CHECKING:
@@ -140,9 +140,9 @@ def find_batch_size(
         )
     progress = Progress(verbose, title="find_batch_size")
     progress.phase(f"reading up to {pool_size} examples from `data`")
-    pool = _example_pool(data, pool_size)
+    pool = example_pool(data, pool_size)
     if in_subprocess:
-        result = _find_in_subprocess(
+        result = find_in_subprocess(
             model,
             pool,
             dict(
@@ -162,10 +162,10 @@ def find_batch_size(
 
     strategy = model.distribute_strategy
     replicas = int(strategy.num_replicas_in_sync)
-    device = _memory_device(strategy)
+    device = memory_device(strategy)
     notes: list[str] = []
     memory_source: str | None = "allocator"
-    if not _has_allocator_stats(device):
+    if not has_allocator_stats(device):
         memory_source = None
         if memory_limit_bytes is not None:
             raise ValueError(
@@ -182,7 +182,7 @@ def find_batch_size(
             "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts, or pass "
             "in_subprocess=True, to measure it)"
         )
-    capacity = _device_capacity_bytes(device)
+    capacity = device_capacity_bytes(device)
     budgets = [b for b in (memory_limit_bytes,) if b is not None]
     if capacity is not None:
         budgets.append(int(capacity * memory_fraction))
@@ -190,9 +190,9 @@ def find_batch_size(
 
     trials: list[BatchSizeTrial] = []
     ran_out = False
-    with preserved(model, _make_batch(pool, 1, None)[0]):
+    with preserved(model, make_batch(pool, 1, None)[0]):
         while True:
-            nxt = _next_candidate(
+            nxt = next_candidate(
                 [(t.batch_size, t.fits) for t in trials],
                 start=start,
                 max_batch_size=max_batch_size,
@@ -205,7 +205,7 @@ def find_batch_size(
                 break
             k = len(trials) + 1
             progress.phase(f"trial {k} of at most {max_trials}: batch size {nxt}")
-            trial = _run_trial(
+            trial = run_trial(
                 model, pool, nxt, steps=steps, device=device, budget=budget, replicas=replicas
             )
             trials.append(trial)
@@ -216,7 +216,7 @@ def find_batch_size(
         max_batch_size=max_batch_size,
         ran_out=ran_out,
     )
-    result = _build_result(
+    result = build_result(
         trials,
         replicas,
         budget,

@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tfgpu.batch_size._search import _accumulation_plan, _pick_fastest
+from tfgpu.batch_size._search import accumulation_plan, pick_fastest
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class BatchSizeResult:
         return "\n".join(lines)
 
 
-def _build_result(
+def build_result(
     trials,
     replicas,
     budget,
@@ -132,7 +132,7 @@ def _build_result(
 ):
     fitting = [t.batch_size for t in trials if t.fits]
     largest = max(fitting) if fitting else None
-    fastest = _pick_fastest(trials)
+    fastest = pick_fastest(trials)
     notes = list(notes)
     if largest is None:
         notes.append("no batch size fitted, not even the smallest tried")
@@ -151,7 +151,7 @@ def _build_result(
         )
     steps = per_replica = None
     if target is not None and fastest is not None:
-        steps, per_replica = _accumulation_plan(target, fastest, replicas)
+        steps, per_replica = accumulation_plan(target, fastest, replicas)
     return BatchSizeResult(
         largest=largest,
         fastest=fastest,

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from tfgpu.batch_size._result import BatchSizeTrial
 
 
-def _next_candidate(
+def next_candidate(
     trials: list[tuple[int, bool]], *, start: int, max_batch_size: int, multiple_of: int
 ) -> int | None:
     """The next per-replica batch size to try, or None when the search is over."""
@@ -47,7 +47,7 @@ def _stopped_by(trials: list[tuple[int, bool]], *, max_batch_size: int, ran_out:
     return "limit"
 
 
-def _accumulation_plan(target: int, max_per_replica: int, replicas: int) -> tuple[int, int]:
+def accumulation_plan(target: int, max_per_replica: int, replicas: int) -> tuple[int, int]:
     """(steps, per-replica batch) reaching `target` global examples per optimizer update.
 
     Prefers an exact split (target divisible by replicas * steps); otherwise rounds the
@@ -61,6 +61,6 @@ def _accumulation_plan(target: int, max_per_replica: int, replicas: int) -> tupl
     return steps, math.ceil(target / (replicas * steps))
 
 
-def _pick_fastest(trials: list[BatchSizeTrial]) -> int | None:
+def pick_fastest(trials: list[BatchSizeTrial]) -> int | None:
     ok = [t for t in trials if t.fits and not math.isnan(t.examples_per_second)]
     return max(ok, key=lambda t: t.examples_per_second).batch_size if ok else None

@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 from tfgpu._internal.helpers.progress import Progress
-from tfgpu.batch_size._result import BatchSizeResult, BatchSizeTrial, _build_result
+from tfgpu.batch_size._result import BatchSizeResult, BatchSizeTrial, build_result
 
 # The child's progress lines (verbose=2 on its stdout) start with this; the parent shows their
 # phase as its own.
@@ -69,7 +69,7 @@ def _run_child(code: str, env: dict[str, str], progress: Progress) -> tuple[int,
         return status, err.read()[-2000:]
 
 
-def _find_in_subprocess(model, pool, kwargs, progress: Progress | None = None) -> BatchSizeResult:
+def find_in_subprocess(model, pool, kwargs, progress: Progress | None = None) -> BatchSizeResult:
     if int(model.distribute_strategy.num_replicas_in_sync) > 1:
         raise ValueError(
             "Invalid value for argument `in_subprocess`. Received: in_subprocess=True for a "
@@ -119,7 +119,7 @@ def _find_in_subprocess(model, pool, kwargs, progress: Progress | None = None) -
         "trials ran in a subprocess (in_subprocess=True): this process's device memory was "
         "not used by the search"
     )
-    return _build_result(
+    return build_result(
         trials,
         d["num_replicas"],
         d["memory_budget_bytes"],

@@ -21,7 +21,7 @@ def _is_array_like(x) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
-def _example_pool(data, pool_size: int):
+def example_pool(data, pool_size: int):
     """Returns (x, y, sample_weight) as NumPy structures with a leading example axis."""
     import keras
     import tensorflow as tf
@@ -68,7 +68,7 @@ def _example_pool(data, pool_size: int):
     )
 
 
-def _make_batch(pool, batch_size: int, device: str | None):
+def make_batch(pool, batch_size: int, device: str | None):
     import tensorflow as tf
 
     n = len(tf.nest.flatten(pool[0])[0])
@@ -87,7 +87,7 @@ def _make_batch(pool, batch_size: int, device: str | None):
 # Effects: run one trial
 
 
-def _memory_device(strategy) -> str:
+def memory_device(strategy) -> str:
     import tensorflow as tf
 
     try:
@@ -100,7 +100,7 @@ def _memory_device(strategy) -> str:
     return "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
 
 
-def _device_capacity_bytes(device: str) -> int | None:
+def device_capacity_bytes(device: str) -> int | None:
     """Total memory of the measured GPU, TensorFlow's `/GPU:k` (from NVML), or None (CPU,
     or NVML missing). `/GPU:k` follows `CUDA_VISIBLE_DEVICES` and `configure(gpus=...)`."""
     if not device.startswith("GPU"):
@@ -124,7 +124,7 @@ def _reset_peak(device: str) -> bool:
         return False
 
 
-def _has_allocator_stats(device: str) -> bool:
+def has_allocator_stats(device: str) -> bool:
     """Whether TensorFlow keeps allocator statistics (current, peak) for `device` here."""
     import tensorflow as tf
 
@@ -159,7 +159,7 @@ def _agree(strategy, fits: bool, seconds: float) -> tuple[bool, float]:
     return bool(total[0] == 0), float(total[1] / n)
 
 
-def _run_trial(model, pool, batch_size, *, steps, device, budget, replicas) -> BatchSizeTrial:
+def run_trial(model, pool, batch_size, *, steps, device, budget, replicas) -> BatchSizeTrial:
     import tensorflow as tf
 
     measured = _reset_peak(device)
@@ -167,7 +167,7 @@ def _run_trial(model, pool, batch_size, *, steps, device, budget, replicas) -> B
     fits, reason, seconds = True, "ok", nan
     batch = None
     try:
-        batch = _make_batch(pool, batch_size, None)
+        batch = make_batch(pool, batch_size, None)
         x, y, sw = batch
         model.train_on_batch(x, y, sample_weight=sw)  # trace and warm up
         t0 = time.perf_counter()

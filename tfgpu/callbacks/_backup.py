@@ -9,7 +9,7 @@ iterators of the training dataset `fit` had made before the one to resume from (
 reshuffled each epoch gives the k-th iterator the k-th order), and the last batch logs.
 
 This module: writing and reading that file (atomic, checked, multi-worker paths), reading
-and assigning the state, and `_CountingDataset`, which counts the iterators `fit` makes.
+and assigning the state, and `CountingDataset`, which counts the iterators `fit` makes.
 The callback itself is in `tfgpu/callbacks/backup_and_restore.py`.
 """
 
@@ -32,9 +32,9 @@ from tfgpu._internal.adapters import keras_internals
 from tfgpu._internal.helpers.checks import is_int, is_number
 
 _FORMAT = 1
-_FILE = "backup.npz"
-_PREV = "backup.prev.npz"
-_META = "__meta__"
+FILE = "backup.npz"
+PREV = "backup.prev.npz"
+META = "__meta__"
 
 
 # --------------------------------------------------------------------------- file helpers
@@ -80,7 +80,7 @@ def _names(directory: Path) -> list[str]:
         return []
 
 
-def _delete_backups(canonical: Path, own: Path | None, is_chief: bool) -> None:
+def delete_backups(canonical: Path, own: Path | None, is_chief: bool) -> None:
     """Removes this worker's backups at the end of `fit`, then `canonical` if it is empty.
 
     Workers finish at different moments and clean up concurrently: a worker removes its own
@@ -92,14 +92,14 @@ def _delete_backups(canonical: Path, own: Path | None, is_chief: bool) -> None:
         shutil.rmtree(own, ignore_errors=True)
     if is_chief:
         for name in _names(canonical):
-            if name in (_FILE, _PREV) or name.startswith((f".{_FILE}.tmp-", f".{_PREV}.tmp-")):
+            if name in (FILE, PREV) or name.startswith((f".{FILE}.tmp-", f".{PREV}.tmp-")):
                 with contextlib.suppress(FileNotFoundError):
                     (canonical / name).unlink()
     with contextlib.suppress(OSError):
         canonical.rmdir()  # only if empty: other workers may still be cleaning up
 
 
-def _write_atomic(directory: Path, arrays: dict[str, np.ndarray], keep_previous: bool) -> Path:
+def write_atomic(directory: Path, arrays: dict[str, np.ndarray], keep_previous: bool) -> Path:
     """Writes `arrays` to `directory/backup.npz` so that a reader never sees a partial file.
 
     The data goes to a temporary file in the same directory, is flushed to disk, and is then
@@ -107,22 +107,22 @@ def _write_atomic(directory: Path, arrays: dict[str, np.ndarray], keep_previous:
     the old backup is first hard-linked (or copied) to `backup.prev.npz`, so at every instant
     at least one complete backup exists.
     """
-    target = directory / _FILE
-    tmp = directory / f".{_FILE}.tmp-{os.getpid()}"
+    target = directory / FILE
+    tmp = directory / f".{FILE}.tmp-{os.getpid()}"
     f = _create(tmp)
     with f:
         np.savez(f, allow_pickle=True, **arrays)  # numpy's default, named for the stubs
         f.flush()
         os.fsync(f.fileno())
     if keep_previous and target.exists():
-        prev_tmp = directory / f".{_PREV}.tmp-{os.getpid()}"
+        prev_tmp = directory / f".{PREV}.tmp-{os.getpid()}"
         with contextlib.suppress(FileNotFoundError):
             prev_tmp.unlink()
         try:
             os.link(target, prev_tmp)
         except OSError:
             shutil.copyfile(target, prev_tmp)
-        _replace(prev_tmp, directory / _PREV)
+        _replace(prev_tmp, directory / PREV)
     _replace(tmp, target)
     _fsync_dir(directory)
     return target
@@ -150,12 +150,12 @@ def _read(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         raise _Unusable(
             f"it cannot be read as a backup archive ({type(e).__name__}: {e})"
         ) from None
-    if _META not in arrays:
-        raise _Unusable(f"it has no {_META!r} record (not a tfgpu backup, or a torn one)")
+    if META not in arrays:
+        raise _Unusable(f"it has no {META!r} record (not a tfgpu backup, or a torn one)")
     try:
-        meta = json.loads(str(arrays.pop(_META)))
+        meta = json.loads(str(arrays.pop(META)))
     except (TypeError, ValueError) as e:
-        raise _Unusable(f"its {_META!r} record is not valid JSON ({e})") from None
+        raise _Unusable(f"its {META!r} record is not valid JSON ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else meta
         raise _Unusable(f"unknown backup format {found!r} (expected {_FORMAT})")
@@ -246,7 +246,7 @@ def _to_numpy(variable) -> np.ndarray:
     return np.asarray(keras.ops.convert_to_numpy(variable))
 
 
-def _collect_state(model) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def collect_state(model) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Reads every piece of training state into NumPy arrays plus a JSON-able description."""
     arrays: dict[str, np.ndarray] = {}
     paths: dict[str, list] = {}
@@ -271,7 +271,7 @@ def _collect_state(model) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     return meta, arrays
 
 
-def _mismatch(group: str, saved: list, variables: list) -> str | None:
+def mismatch(group: str, saved: list, variables: list) -> str | None:
     if len(saved) != len(variables):
         return f"{len(saved)} {group} variables in the backup, {len(variables)} in this model"
     for i, ((path, shape), v) in enumerate(zip(saved, variables)):
@@ -283,20 +283,20 @@ def _mismatch(group: str, saved: list, variables: list) -> str | None:
     return None
 
 
-def _assign(variables: list, arrays: dict[str, np.ndarray], group: str) -> None:
+def assign(variables: list, arrays: dict[str, np.ndarray], group: str) -> None:
     for i, v in enumerate(variables):
         v.assign(arrays[f"{group}/{i:05d}"])
 
 
-def _assign_metrics(variables: list, saved: list, arrays: dict[str, np.ndarray]) -> None:
+def assign_metrics(variables: list, saved: list, arrays: dict[str, np.ndarray]) -> None:
     """Restores metric accumulators by position, or by path for those built so far.
 
     Compiled metrics other than the loss are built on the first traced step when there is
     no strategy, so at the start of a resumed epoch some may not exist yet; those restart
     from zero and only the epoch's metric logs (never the weights) differ.
     """
-    if _mismatch("metrics", saved, variables) is None:
-        _assign(variables, arrays, "metrics")
+    if mismatch("metrics", saved, variables) is None:
+        assign(variables, arrays, "metrics")
         return
     by_path: dict[str, int] = {}
     for i, (path, _) in enumerate(saved):
@@ -307,7 +307,7 @@ def _assign_metrics(variables: list, saved: list, arrays: dict[str, np.ndarray])
             v.assign(arrays[f"metrics/{i:05d}"])
 
 
-def _restore_rng(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+def restore_rng(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     if "rng/keras_global" in arrays:
         keras_internals.global_seed_generator(create=True).state.assign(arrays["rng/keras_global"])
     name, pos, has_gauss, cached = meta["numpy_rng"]
@@ -316,7 +316,7 @@ def _restore_rng(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
-def _pythonify(logs: dict | None) -> dict[str, float]:
+def pythonify(logs: dict | None) -> dict[str, float]:
     out = {}
     for k, v in (logs or {}).items():
         try:
@@ -326,7 +326,7 @@ def _pythonify(logs: dict | None) -> dict[str, float]:
     return out
 
 
-def _worker_role(strategy) -> tuple[bool, str | None]:
+def worker_role(strategy) -> tuple[bool, str | None]:
     """(is_chief, name of this worker's private directory or None) for `strategy`."""
     import tensorflow as tf
 
@@ -342,7 +342,7 @@ def _worker_role(strategy) -> tuple[bool, str | None]:
 # --------------------------------------------------------------------------- shuffle orders
 
 
-class _CountingDataset:
+class CountingDataset:
     """Stands in for the dataset Keras's `fit` iterates: counts the iterators made from it.
 
     A `tf.data` shuffle with `reshuffle_each_iteration=True` draws the seeds of each new
@@ -388,7 +388,7 @@ class _CountingDataset:
         return getattr(self._dataset, name)
 
 
-def _reshuffles(dataset) -> bool:
+def reshuffles(dataset) -> bool:
     """Whether a tf.data `dataset` has a shuffle with `reshuffle_each_iteration=True`."""
     from tensorflow.core.framework import graph_pb2
 

@@ -35,23 +35,23 @@ from tfgpu._internal.adapters import keras_internals
 from tfgpu._internal.helpers.checks import check_bool, check_dir, check_int, invalid_value
 from tfgpu._internal.helpers.files import rotate
 from tfgpu.callbacks._backup import (
-    _FILE,
-    _META,
-    _PREV,
-    _assign,
-    _assign_metrics,
-    _collect_state,
-    _CountingDataset,
-    _delete_backups,
+    FILE,
+    META,
+    PREV,
+    CountingDataset,
     _groups,
-    _mismatch,
-    _pythonify,
     _read,
-    _reshuffles,
-    _restore_rng,
     _Unusable,
-    _worker_role,
-    _write_atomic,
+    assign,
+    assign_metrics,
+    collect_state,
+    delete_backups,
+    mismatch,
+    pythonify,
+    reshuffles,
+    restore_rng,
+    worker_role,
+    write_atomic,
 )
 
 _LOG = logging.getLogger(__name__)
@@ -165,12 +165,12 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._set_initial_epoch = False
         self._last_call_skipped = False
         self._epoch_iterator = None  # Keras's EpochIterator of this fit, when found
-        self._dataset: _CountingDataset | None = None
+        self._dataset: CountingDataset | None = None
         self._source = None  # the user's tf.data dataset, when found
         self._source_reused = False  # did an earlier fit with this callback iterate it?
 
     def _paths(self) -> tuple[Path, Path | None, bool]:
-        is_chief, private = _worker_role(self.model.distribute_strategy)
+        is_chief, private = worker_role(self.model.distribute_strategy)
         canonical = Path(self.backup_dir)
         own = canonical / private if private else None
         return canonical, own, is_chief
@@ -179,11 +179,11 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def _candidates(self) -> list[Path]:
         canonical, own, _ = self._paths()
-        out = [canonical / _FILE]
+        out = [canonical / FILE]
         if self.double_checkpoint:
-            out.append(canonical / _PREV)
+            out.append(canonical / PREV)
         if own is not None:
-            out += [own / _FILE] + ([own / _PREV] if self.double_checkpoint else [])
+            out += [own / FILE] + ([own / PREV] if self.double_checkpoint else [])
         return out
 
     def _load(self) -> tuple[dict[str, Any], dict[str, np.ndarray], Path] | None:
@@ -208,7 +208,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             try:
                 meta, arrays = _read(path)
                 for group in ("model", "optimizer"):
-                    problem = _mismatch(group, meta["paths"][group], groups[group])
+                    problem = mismatch(group, meta["paths"][group], groups[group])
                     if problem:
                         raise _Unusable(
                             f"it was written by a different model or optimizer: {problem}"
@@ -245,7 +245,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         canonical = Path(self.backup_dir)
         listed = "; ".join(f"{path}: {problem}" for path, problem in problems)
         hint = ""
-        prev = canonical / _PREV
+        prev = canonical / PREV
         if not self.double_checkpoint and prev.exists():
             hint = (
                 f" An older backup {prev} exists: pass `double_checkpoint=True` to resume from it."
@@ -284,9 +284,9 @@ class BackupAndRestore(keras.callbacks.Callback):
             return
         meta, arrays, path = loaded
         groups = _groups(model)
-        _assign(groups["model"], arrays, "model")
-        _assign(groups["optimizer"], arrays, "optimizer")
-        _restore_rng(meta, arrays)
+        assign(groups["model"], arrays, "model")
+        assign(groups["optimizer"], arrays, "optimizer")
+        restore_rng(meta, arrays)
         self._restore_shuffle_state(int(meta.get("iterators", 0)))
         self._epoch = meta["epoch"]
         self._shared_iterator = meta.get("shared_iterator")
@@ -311,13 +311,13 @@ class BackupAndRestore(keras.callbacks.Callback):
         )
 
     def _count_iterators(self) -> None:
-        """Puts a `_CountingDataset` between this `fit` and its training dataset."""
+        """Puts a `CountingDataset` between this `fit` and its training dataset."""
         epoch_iterator = keras_internals.fit_epoch_iterator(self.model)
         dataset = keras_internals.distributed_dataset(epoch_iterator)
         if dataset is None:
             return
-        if not isinstance(dataset, _CountingDataset):
-            dataset = _CountingDataset(dataset)
+        if not isinstance(dataset, CountingDataset):
+            dataset = CountingDataset(dataset)
             keras_internals.set_distributed_dataset(epoch_iterator, dataset)
         self._epoch_iterator, self._dataset = epoch_iterator, dataset
         # The user's tf.data dataset: one that an earlier `fit` in this process iterated
@@ -330,7 +330,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._source = source
 
     def _restore_shuffle_state(self, iterators: int) -> None:
-        if self._source_reused and _reshuffles(self._source):
+        if self._source_reused and reshuffles(self._source):
             warnings.warn(
                 "tfgpu BackupAndRestore: this `fit` resumes on a dataset object that an "
                 "earlier `fit` in this process already iterated, and it is reshuffled each "
@@ -400,7 +400,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         pending = self._pending
         if pending and pending["metrics"] is not None:
             saved_paths, arrays = pending["metrics"]
-            _assign_metrics(_groups(self.model)["metrics"], saved_paths, arrays)
+            assign_metrics(_groups(self.model)["metrics"], saved_paths, arrays)
             pending["metrics"] = None
 
     # ---------------------------------------------------------------- the skip
@@ -480,7 +480,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             return
         self._since_save += done - self._steps_in_epoch
         self._steps_in_epoch = done
-        self._last_logs = _pythonify(logs)
+        self._last_logs = pythonify(logs)
         every = self.save_freq
         if isinstance(every, int) and not isinstance(every, bool) and self._since_save >= every:
             self._save(self._epoch, done, self._position, self._iterators_before(self._iterator))
@@ -499,7 +499,7 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def _save(self, epoch: int, step: int, position: int, iterators: int) -> None:
         self._since_save = 0
-        meta, arrays = _collect_state(self.model)
+        meta, arrays = collect_state(self.model)
         meta.update(
             epoch=epoch,
             step=step,
@@ -508,12 +508,12 @@ class BackupAndRestore(keras.callbacks.Callback):
             iterators=iterators,
             logs=self._last_logs,
         )
-        arrays[_META] = np.asarray(json.dumps(meta))
+        arrays[META] = np.asarray(json.dumps(meta))
         canonical, own, is_chief = self._paths()
         directory = canonical if is_chief else own
-        if directory is None:  # _worker_role names a private directory for every non-chief
+        if directory is None:  # worker_role names a private directory for every non-chief
             raise AssertionError("tfgpu BackupAndRestore: a non-chief worker has no directory")
-        _write_atomic(directory, arrays, self.double_checkpoint)
+        write_atomic(directory, arrays, self.double_checkpoint)
 
     def on_train_end(self, logs=None):
         if self._original_train_function is not None:
@@ -527,4 +527,4 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._epoch_iterator = self._dataset = None
         if not self.delete_checkpoint:
             return
-        _delete_backups(*self._paths())
+        delete_backups(*self._paths())

@@ -6,7 +6,7 @@ import dataclasses
 import math
 
 from tfgpu._internal.adapters import gpu_counters as counters
-from tfgpu.diagnosis._facts import PROBE_STEPS_PER_EXECUTION, _Facts, _OpFact
+from tfgpu.diagnosis._facts import PROBE_STEPS_PER_EXECUTION, Facts, OpFact
 from tfgpu.diagnosis._result import Finding
 
 
@@ -107,8 +107,8 @@ def _finding(found: counters.CounterFinding, detail: str | None = None, fix: str
     )
 
 
-def _tensor_idle_finding(
-    f: _Facts, found: counters.CounterFinding, xla_no_gain: bool = False
+def tensor_idle_finding(
+    f: Facts, found: counters.CounterFinding, xla_no_gain: bool = False
 ) -> Finding:
     mixed = f.policy in ("mixed_float16", "mixed_bfloat16")
     tf32_capable = all(tuple(cc) >= (8, 0) for cc in f.compute_capabilities)
@@ -147,12 +147,12 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:] + "."
 
 
-def _pcie_finding(
-    f: _Facts, found: counters.CounterFinding, cpu_ops: list[tuple[_OpFact, str]]
+def pcie_finding(
+    f: Facts, found: counters.CounterFinding, cpu_ops: list[tuple[OpFact, str]]
 ) -> Finding:
     seen = []
     if cpu_ops:
-        seen.append(_cpu_ops_traffic(cpu_ops)[0])
+        seen.append(cpu_ops_traffic(cpu_ops)[0])
     if f.numpy_input:
         seen.append("the data is fed as NumPy arrays")
     if f.python_input:
@@ -160,7 +160,7 @@ def _pcie_finding(
     return _finding(found, found.measured + (f"; seen: {'; '.join(seen)}" if seen else "") + ".")
 
 
-def _unexplained_wait_finding(f: _Facts, wait: float) -> Finding:
+def unexplained_wait_finding(f: Facts, wait: float) -> Finding:
     """The input wait is far longer than the pipeline's own time per batch: what to check. Pure."""
     causes = []
     if f.dynamic_shape:
@@ -199,7 +199,7 @@ def _unexplained_wait_finding(f: _Facts, wait: float) -> Finding:
     )
 
 
-def _service_advice(f: _Facts) -> ServiceAdvice | None:
+def _service_advice(f: Facts) -> ServiceAdvice | None:
     """The tf.data service rule (`tfgpu._internal.adapters.data_service`) on these facts, for an input-bound
     run: the pipeline alone keeps every core busy, maps in parallel and caches. Pure."""
     if f.service or f.input_batch_time_s <= 0 or f.compute_step_time_s <= 0:
@@ -215,7 +215,7 @@ def _service_advice(f: _Facts) -> ServiceAdvice | None:
     )
 
 
-def _input_advice(f: _Facts, spe_no_gain: bool = False) -> str:
+def input_advice(f: Facts, spe_no_gain: bool = False) -> str:
     """What to change in an input-bound pipeline, given what it already does and who built
     it (a `tfgpu.data.pipeline`, a Keras loader or hand-made chain, a generator). Pure."""
     if f.service:
@@ -302,7 +302,7 @@ def _input_advice(f: _Facts, spe_no_gain: bool = False) -> str:
     return f"The pipeline already {done}: what is left is to " + "; ".join(left) + "."
 
 
-def _in_memory_advice(f: _Facts, spe_no_gain: bool = False) -> str:
+def _in_memory_advice(f: Facts, spe_no_gain: bool = False) -> str:
     """What helps a pipeline without a map (in-memory arrays): fewer, larger hand-overs. Pure.
 
     Nothing is decoded or transformed, so cheaper maps, caches and TFRecords cannot help: the
@@ -343,7 +343,7 @@ _CPU_OP_FIXES = {
 }
 
 
-def _cpu_ops_traffic(cpu_ops: list[tuple[_OpFact, str]]) -> tuple[str, str]:
+def cpu_ops_traffic(cpu_ops: list[tuple[OpFact, str]]) -> tuple[str, str]:
     """(what was seen, the fix) for train-step ops on the CPU. Pure."""
     shown = [f"`{op.name}` ({op.op}{', ' + op.device if why == 'pinned' else ''})"
              for op, why in cpu_ops[:6]]  # fmt: skip
@@ -359,7 +359,7 @@ def _cpu_ops_traffic(cpu_ops: list[tuple[_OpFact, str]]) -> tuple[str, str]:
     return seen, "; ".join(_CPU_OP_FIXES[why] for why in reasons)
 
 
-def _loss_scale_finding(before: float, after: float) -> Finding:
+def loss_scale_finding(before: float, after: float) -> Finding:
     return Finding(
         "loss_scale",
         "high",

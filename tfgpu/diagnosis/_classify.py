@@ -1,6 +1,6 @@
 """The decision: bottleneck, input-bound level and findings from the facts. Pure.
 
-`_classify` reads a `_Facts` (measured by `diagnose`, or built by hand in tests) and needs
+`_classify` reads a `Facts` (measured by `diagnose`, or built by hand in tests) and needs
 no hardware; the texts it gives are in `_advice`, the GPU-counter rules in
 `tfgpu._internal.adapters.gpu_counters` (shared with `tfgpu report`).
 """
@@ -15,13 +15,13 @@ from tfgpu._internal.adapters import timing as protocol
 from tfgpu._internal.adapters.devices import peak_precision
 from tfgpu._internal.helpers.checks import is_finite_number
 from tfgpu.diagnosis._advice import (
-    _cpu_ops_traffic,
     _finding,
-    _input_advice,
-    _loss_scale_finding,
-    _pcie_finding,
-    _tensor_idle_finding,
-    _unexplained_wait_finding,
+    cpu_ops_traffic,
+    input_advice,
+    loss_scale_finding,
+    pcie_finding,
+    tensor_idle_finding,
+    unexplained_wait_finding,
 )
 from tfgpu.diagnosis._facts import (
     HOST_OVERHEAD_MIN_GAIN,
@@ -33,36 +33,36 @@ from tfgpu.diagnosis._facts import (
     PROBE_STEPS_PER_EXECUTION,
     WAIT_UNEXPLAINED_FACTOR,
     XLA_MIN_GAIN,
-    _Facts,
-    _OpFact,
+    Facts,
+    OpFact,
 )
 from tfgpu.diagnosis._result import Finding
 from tfgpu.diagnosis._rounds import (
-    _input_level,
-    _share_verdict,
-    _wait_and_share,
+    input_level,
+    share_verdict,
+    wait_and_share,
 )
 
 
 def _classify(
-    f: _Facts, verdict: dict[str, Any] | None = None
+    f: Facts, verdict: dict[str, Any] | None = None
 ) -> tuple[str, str, float, list[Finding]]:
     """Returns (bottleneck, input level, input wait share, findings) from the facts.
 
-    `verdict` is `_share_verdict(f.rounds)` where the caller has it already.
+    `verdict` is `share_verdict(f.rounds)` where the caller has it already.
     """
     from tfgpu.flops import peak_flops
     from tfgpu.precision import choose_policy
 
     findings: list[Finding] = []
     if f.rounds:
-        verdict = verdict or _share_verdict(f.rounds)
+        verdict = verdict or share_verdict(f.rounds)
         level, share, wait = verdict["level"], verdict["share"], verdict["wait_s"]
         wait_low = verdict["wait_low_s"]
     else:
-        wait, share = _wait_and_share(f.compute_step_time_s, f.step_time_s)
+        wait, share = wait_and_share(f.compute_step_time_s, f.step_time_s)
         wait_low = wait
-        level = _input_level(share, wait)
+        level = input_level(share, wait)
     spe_gain, spe_low, _ = protocol.gain(
         f.spe_rounds, f.spe_baseline_step_time_s or f.compute_step_time_s, f.spe_probe_step_time_s
     )
@@ -82,12 +82,12 @@ def _classify(
         level != "no"
         and not unexplained
         and f.step_time_s > 0
-        and _input_level(most_input_can_cost / f.step_time_s) == "no"
+        and input_level(most_input_can_cost / f.step_time_s) == "no"
     ):
         level = "no"
     if unexplained:
         level = "inconclusive"
-        findings.append(_unexplained_wait_finding(f, wait))
+        findings.append(unexplained_wait_finding(f, wait))
     elif level in ("high", "moderate"):
         gain = f.step_time_s / f.compute_step_time_s if f.compute_step_time_s > 0 else None
         findings.append(
@@ -103,7 +103,7 @@ def _classify(
                     if math.isfinite(f.pipeline_cpu_busy) and f.cpu_cores
                     else "."
                 ),
-                _input_advice(f, spe_no_gain),
+                input_advice(f, spe_no_gain),
                 gain,
                 True,
             )
@@ -165,7 +165,7 @@ def _classify(
         )
     cpu_ops = _cpu_placed_ops(f.train_step_ops) if f.on_gpu and not f.jit_compile else []
     if cpu_ops:
-        traffic.append(_cpu_ops_traffic(cpu_ops))
+        traffic.append(cpu_ops_traffic(cpu_ops))
     if traffic:
         findings.append(
             Finding(
@@ -250,7 +250,7 @@ def _classify(
     if f.loss_scale_before and f.loss_scale_after is not None:
         halvings = math.log2(f.loss_scale_before / max(f.loss_scale_after, 1e-30))
         if halvings >= LOSS_SCALE_MAX_HALVINGS or f.loss_scale_after < 1:
-            findings.append(_loss_scale_finding(f.loss_scale_before, f.loss_scale_after))
+            findings.append(loss_scale_finding(f.loss_scale_before, f.loss_scale_after))
 
     findings += _counter_findings(f, cpu_ops, spe_no_gain, xla_no_gain)
 
@@ -275,7 +275,7 @@ def _classify(
     return bottleneck, level, share, findings
 
 
-def _counters(f: _Facts) -> counters.Counters:
+def _counters(f: Facts) -> counters.Counters:
     return counters.Counters(
         util_pct_mean=f.util_pct_mean,
         sm_active_pct_mean=f.sm_active_pct_mean,
@@ -289,8 +289,8 @@ def _counters(f: _Facts) -> counters.Counters:
 
 
 def _counter_findings(
-    f: _Facts,
-    cpu_ops: list[tuple[_OpFact, str]],
+    f: Facts,
+    cpu_ops: list[tuple[OpFact, str]],
     spe_no_gain: bool = False,
     xla_no_gain: bool = False,
 ) -> list[Finding]:
@@ -299,7 +299,7 @@ def _counter_findings(
     The rules (thresholds, decisions, throttle reasons) are `tfgpu._internal.adapters.gpu_counters`'s, shared
     with `tfgpu report`; this adds what only a diagnosis knows: the model's layers, the
     policy, TF32, the train step's CPU ops, the batch's bytes. A counter that is NaN (no
-    GPM, no NVML support, no monitor) decides nothing: `_unseen` says what could not be seen.
+    GPM, no NVML support, no monitor) decides nothing: `unseen` says what could not be seen.
     """
     if not f.on_gpu:
         return []
@@ -310,7 +310,7 @@ def _counter_findings(
     )
     idle = counters.tensor_cores_idle(c) if tensor_gpu else None
     if idle is not None:
-        findings.append(_tensor_idle_finding(f, idle, xla_no_gain))
+        findings.append(tensor_idle_finding(f, idle, xla_no_gain))
     fix = counters.small_kernels_fix(
         f.batch_size,
         f.steps_per_execution,
@@ -326,14 +326,14 @@ def _counter_findings(
         findings.append(_finding(small))
     pcie = counters.pcie_traffic(c, f.step_time_s, f.batch_bytes)
     if pcie is not None:
-        findings.append(_pcie_finding(f, pcie, cpu_ops))
+        findings.append(pcie_finding(f, pcie, cpu_ops))
     throttled = counters.clocks_throttled(c)
     if throttled is not None:
         findings.append(_finding(throttled))
     return findings
 
 
-def _unseen(f: _Facts) -> list[str]:
+def unseen(f: Facts) -> list[str]:
     """Notes on what the GPU counters could not show (NaN where the monitor ran). Pure."""
     if not f.on_gpu:
         return []  # no GPU: its own note says so
@@ -348,8 +348,8 @@ def _unseen(f: _Facts) -> list[str]:
     return notes
 
 
-def _monitor_facts(aggregate: dict[str, Any], gpu: int = 0) -> dict[str, float]:
-    """The `_Facts` GPU counters from `Sampler.aggregate()` keys `gpu{gpu}_*`. Pure.
+def monitor_facts(aggregate: dict[str, Any], gpu: int = 0) -> dict[str, float]:
+    """The `Facts` GPU counters from `Sampler.aggregate()` keys `gpu{gpu}_*`. Pure.
 
     A key that is absent (an older monitor) or not a finite number reads as NaN. PCIe is
     transmitted + received (what was measured, when only one direction was).
@@ -380,7 +380,7 @@ _PY_FUNC_OPS = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless"})
 _PLUMBING_OPS = frozenset({"Const", "Placeholder", "_Arg", "_Retval", "NoOp", "HostConst"})
 
 
-def _cpu_placed_ops(ops: list[_OpFact]) -> list[tuple[_OpFact, str]]:
+def _cpu_placed_ops(ops: list[OpFact]) -> list[tuple[OpFact, str]]:
     """The train-step ops that run on the CPU of a GPU host, each with why. Pure.
 
     An op runs on the CPU when the model pins it there (`with tf.device("/cpu:0")`), when
@@ -401,8 +401,8 @@ def _cpu_placed_ops(ops: list[_OpFact]) -> list[tuple[_OpFact, str]]:
     return placed
 
 
-def _wait_notes(
-    f: _Facts, verdict: dict[str, Any], level: str, share: float, findings: list[Finding]
+def wait_notes(
+    f: Facts, verdict: dict[str, Any], level: str, share: float, findings: list[Finding]
 ) -> list[str]:
     """The notes on an input wait that was noisy, or too short to be the pipeline's. Pure."""
     notes = []

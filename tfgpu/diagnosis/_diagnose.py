@@ -29,32 +29,32 @@ from tfgpu._internal.helpers.progress import Progress, check_verbose
 from tfgpu._internal.helpers.warn import one_line
 from tfgpu.diagnosis import _probes
 from tfgpu.diagnosis._advice import _service_advice
-from tfgpu.diagnosis._classify import _classify, _monitor_facts, _unseen, _wait_notes
+from tfgpu.diagnosis._classify import _classify, monitor_facts, unseen, wait_notes
 from tfgpu.diagnosis._facts import (
-    _MEASURE_SHARE,
     DEFAULT_TIME_BUDGET_S,
     HOST_OVERHEAD_MIN_GAIN,
     HOST_OVERHEAD_PROBE_BELOW_S,
+    MEASURE_SHARE,
     PROBE_STEPS_PER_EXECUTION,
     XLA_MIN_GAIN,
-    _Facts,
-    _OpFact,
+    Facts,
+    OpFact,
 )
 from tfgpu.diagnosis._graph import (
+    PipelineFacts,
     _batch_bytes,
-    _PipelineFacts,
-    _read_pipeline,
-    _shape_facts,
     _train_step_ops,
+    read_pipeline,
+    shape_facts,
 )
 from tfgpu.diagnosis._lint import (
-    _lint_mixed_precision,
-    _loss_scale,
-    _policy_name,
-    _precision_layers,
+    lint_mixed_precision,
+    loss_scale,
+    policy_name,
+    precision_layers,
 )
 from tfgpu.diagnosis._result import Diagnosis
-from tfgpu.diagnosis._rounds import _share_verdict
+from tfgpu.diagnosis._rounds import share_verdict
 
 
 def _gpu_facts(notes: list[str]) -> tuple[str | None, list[tuple[int, int]], int | None]:
@@ -319,7 +319,7 @@ def diagnose(
     time_budget_s = _check_args(
         model, steps, warmup, batch_size, log_dir, profile, flags, time_budget_s, verbose
     )
-    budget = protocol.Budget(time_budget_s, _MEASURE_SHARE)
+    budget = protocol.Budget(time_budget_s, MEASURE_SHARE)
     # The progress reads the budget's clock at call time (the tests script `protocol.now`).
     progress = Progress(
         verbose, title="diagnose", budget_s=time_budget_s, clock=lambda: protocol.now()
@@ -334,8 +334,8 @@ def diagnose(
     notes: list[str] = []
     gpu_name, ccs, capacity = _gpu_facts(notes)
     on_gpu = bool(tf.config.list_logical_devices("GPU"))
-    pipeline_facts = _read_pipeline(ds) or _PipelineFacts()
-    dynamic_shape, partial = _shape_facts(ds)
+    pipeline_facts = read_pipeline(ds) or PipelineFacts()
+    dynamic_shape, partial = shape_facts(ds)
 
     from tfgpu.data import benchmark
 
@@ -367,7 +367,7 @@ def diagnose(
     compute, real = protocol.medians(m.rounds)
 
     # 4. Classify.
-    f = _Facts(
+    f = Facts(
         step_time_s=real,
         compute_step_time_s=compute,
         input_batch_time_s=1.0 / pipeline.batches_per_second,
@@ -388,7 +388,7 @@ def diagnose(
         on_gpu=on_gpu,
         gpu_name=gpu_name,
         compute_capabilities=ccs,
-        policy=_policy_name(model),
+        policy=policy_name(model),
         peak_memory_bytes=measurements.get("peak_memory_bytes"),
         memory_capacity_bytes=capacity,
         numpy_input=numpy_input,
@@ -404,27 +404,27 @@ def diagnose(
         loss_scale_after=m.loss_scale_after,
         batch_bytes=_batch_bytes(batch),
     )
-    for name, value in _monitor_facts(m.monitor).items():
+    for name, value in monitor_facts(m.monitor).items():
         setattr(f, name, value)
     if on_gpu:
         try:
             f.tf32_enabled = devices.tf32_execution_enabled()
-            f.float32_layers, f.odd_dim_layers = _precision_layers(model)
+            f.float32_layers, f.odd_dim_layers = precision_layers(model)
         except Exception as e:  # side facts: a note, not a crash
             notes.append(f"tensor-core facts not read: {one_line(e)}")
-    verdict = _share_verdict(m.rounds)
+    verdict = share_verdict(m.rounds)
     bottleneck, level, share, findings = _classify(f, verdict)
     service = _service_advice(f) if level in ("high", "moderate") else None
     if service is not None:  # the finding says it in words; this is for programs
         measurements["data_service"] = {"workers": service.workers, "cores": service.cores}
-    notes += _unseen(f)
-    notes += _wait_notes(f, verdict, level, share, findings)
+    notes += unseen(f)
+    notes += wait_notes(f, verdict, level, share, findings)
     measurements["noise"] = None
     noise = None
     if verdict["rounds"] >= protocol.MIN_ROUNDS:  # fewer rounds cannot tell the noise
         noise = verdict["high"] - verdict["low"]
         measurements["noise"] = {k: verdict[k] for k in ("low", "high", "confidence", "rounds")}
-    findings += _lint_mixed_precision(model, ccs)
+    findings += lint_mixed_precision(model, ccs)
     progress.phase("counting the FLOPs of a training step")
     flops, achieved, mfu_value, flop_notes = _flops(
         model, x, size, real, f.policy, gpu_name, ccs, on_gpu, f.replicas
@@ -469,7 +469,7 @@ class _Measured:
     rounds: list[tuple[float, float]]
     spe_rounds: list[tuple[float, float]]
     xla_rounds: list[tuple[float, float]]
-    train_step_ops: list[_OpFact]
+    train_step_ops: list[OpFact]
     monitor: dict[str, float]
     loss_scale_before: float | None
     loss_scale_after: float | None
@@ -496,14 +496,14 @@ def _measure_model(
     """The measuring phase (the model's state is the caller's to put back): the rounds,
     the train step's ops, the probes and the profiler trace."""
     progress = progress or Progress(0, title="diagnose")
-    scale_before = _loss_scale(model)
+    scale_before = loss_scale(model)
     device_ds = _probes._device_dataset(batch, on_gpu)
     progress.phase("warming up and timing the step on one batch held in memory")
     first, peak = _probes._first_device_run(
         model, device_ds, steps, warmup, "GPU:0" if on_gpu else "CPU:0"
     )
     measurements["peak_memory_bytes"] = peak
-    train_step_ops: list[_OpFact] = []
+    train_step_ops: list[OpFact] = []
     if on_gpu and not model.jit_compile:  # where ops run matters only beside a GPU
         progress.phase("reading where the train step's ops run")
         try:
@@ -522,7 +522,7 @@ def _measure_model(
     measurements["rounds"] = [{"device_resident_s": c, "real_s": r} for c, r in rounds]
     if not on_gpu:
         notes.append("no GPU visible to TensorFlow: measured on the CPU, no GPU monitor")
-    scale_after = _loss_scale(model)
+    scale_after = loss_scale(model)
 
     compute, _ = protocol.medians(rounds)
     skipped: list[str] = []

@@ -1,6 +1,6 @@
-"""What a diagnosis decides from: the facts (`_Facts`, `_OpFact`) and the thresholds.
+"""What a diagnosis decides from: the facts (`Facts`, `OpFact`) and the thresholds.
 
-`_Facts` is filled by the measurements (`_diagnose`) or by hand in tests, and read by the
+`Facts` is filled by the measurements (`_diagnose`) or by hand in tests, and read by the
 pure decision (`_classify`). Every number the decision or the measuring protocol uses is
 named here, with where it comes from.
 """
@@ -40,13 +40,13 @@ MEMORY_HEADROOM_BELOW = 0.5
 LOSS_SCALE_MAX_HALVINGS = 4
 
 # Each comparison alternates its two variants in rounds (the shared protocol, `tfgpu._internal.adapters.timing`:
-# at least `MIN_ROUNDS`) up to `_MAX_ROUNDS` (`_PROBE_MAX_ROUNDS` for a probe) until the
+# at least `MIN_ROUNDS`) up to `MAX_ROUNDS` (`PROBE_MAX_ROUNDS` for a probe) until the
 # confidence interval of the median lies on one side of every threshold, or the time budget
 # is spent.
 
-_MAX_ROUNDS = 12
+MAX_ROUNDS = 12
 
-_PROBE_MAX_ROUNDS = 7
+PROBE_MAX_ROUNDS = 7
 
 
 # An input wait longer than this many times the pipeline's own time per batch (plus
@@ -58,15 +58,15 @@ DEFAULT_TIME_BUDGET_S = 60.0
 
 # Rounds beyond `MIN_ROUNDS` stop once this share of the budget is spent (the probes need
 # the rest).
-_ROUNDS_BUDGET_SHARE = 0.6
+ROUNDS_BUDGET_SHARE = 0.6
 
 # Measuring stops at this share of the budget; the rest is for counting FLOPs (a traced
 # gradient) and putting the model back, so the whole call ends within its budget.
-_MEASURE_SHARE = 0.8
+MEASURE_SHARE = 0.8
 
 
 @dataclass
-class _Facts:
+class Facts:
     """Everything `_classify` decides from (filled by measurement or by tests)."""
 
     step_time_s: float  # fit with the real input pipeline
@@ -95,7 +95,7 @@ class _Facts:
     private_threadpool_size: int | None = None
     loss_scale_before: float | None = None
     loss_scale_after: float | None = None
-    train_step_ops: list[_OpFact] = field(default_factory=list)  # None read: empty
+    train_step_ops: list[OpFact] = field(default_factory=list)  # None read: empty
     # GPU counters from the monitored real run, gpu0 = TensorFlow's /GPU:0 (see
     # `_monitor_facts`); NaN when not measured (no monitor, no GPM, no NVML counter).
     util_pct_mean: float = math.nan
@@ -129,7 +129,7 @@ class _Facts:
 
 
 @dataclass(frozen=True)
-class _OpFact:
+class OpFact:
     """One op of the traced train step, as the graph has it (see `_train_step_ops`)."""
 
     name: str  # e.g. "sequential/my_layer/EagerPyFunc"

@@ -10,7 +10,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfgpu._internal.adapters.datasets import source_batches
-from tfgpu.diagnosis._facts import _OpFact
+from tfgpu.diagnosis._facts import OpFact
 
 
 def _batch_bytes(batch) -> int | None:
@@ -60,7 +60,7 @@ def _fits(attr, allowed) -> bool:
     return True
 
 
-def _train_step_ops(model, batch) -> list[_OpFact]:
+def _train_step_ops(model, batch) -> list[OpFact]:
     """Traces the model's train step on `batch` and lists its ops (no step runs).
 
     Reads every node of the traced graph and of the functions it calls (layers, control
@@ -84,7 +84,7 @@ def _train_step_ops(model, batch) -> list[_OpFact]:
     for fn in graph.library.function:
         nodes += list(fn.node_def)
     return [
-        _OpFact(
+        OpFact(
             node.name, node.op, node.device if keep_devices else "", _has_gpu_kernel(node, registry)
         )
         for node in nodes
@@ -135,8 +135,8 @@ _PYTHON_OPS = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless", "GeneratorD
 
 
 @dataclass(frozen=True)
-class _PipelineFacts:
-    """What the dataset's graph says about its input pipeline (see `_read_pipeline`)."""
+class PipelineFacts:
+    """What the dataset's graph says about its input pipeline (see `read_pipeline`)."""
 
     python_input: bool = False  # py_function / generator somewhere in the pipeline
     prefetch: bool = True  # the last stage that does work is a prefetch
@@ -147,7 +147,7 @@ class _PipelineFacts:
     private_threadpool_size: int | None = None  # tf.data.Options().threading
 
 
-def _read_pipeline(ds) -> _PipelineFacts | None:
+def read_pipeline(ds) -> PipelineFacts | None:
     """Reads the dataset's graph: Python ops, maps, cache, the final prefetch, thread pool.
 
     Follows the chain of stages from the output back to the source (each stage's first
@@ -200,7 +200,7 @@ def _read_pipeline(ds) -> _PipelineFacts | None:
         pool = ds.options().threading.private_threadpool_size
     except Exception:
         pool = None
-    return _PipelineFacts(
+    return PipelineFacts(
         python_input=any(o in _PYTHON_OPS for o in ops),
         prefetch=prefetch,
         parallel_map=any(n.op in _PARALLEL_MAP_OPS for n in chain),
@@ -211,7 +211,7 @@ def _read_pipeline(ds) -> _PipelineFacts | None:
     )
 
 
-def _shape_facts(ds) -> tuple[str | None, bool]:
+def shape_facts(ds) -> tuple[str | None, bool]:
     """(a batch component's shape that changes from batch to batch, as text, or None; whether
     batches differ in size: a partial last batch, no `drop_remainder`).
 

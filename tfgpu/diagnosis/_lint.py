@@ -11,7 +11,7 @@ import numpy as np
 from tfgpu.diagnosis._result import Finding
 
 
-def _lint_mixed_precision(model, compute_capabilities) -> list[Finding]:
+def lint_mixed_precision(model, compute_capabilities) -> list[Finding]:
     """Checks a model for mixed-precision pitfalls (pure: reads the model, changes nothing)."""
     from tfgpu.precision import has_tensor_cores
 
@@ -72,7 +72,7 @@ def _odd_dims(layers) -> list[str]:
     return odd
 
 
-def _precision_layers(model) -> tuple[list[str], list[str]]:
+def precision_layers(model) -> tuple[list[str], list[str]]:
     """(layers keeping float32 math under a 16-bit policy, kernels with dims not multiples
     of 8) for the tensor-core advice. Reads the model, changes nothing.
 
@@ -94,14 +94,14 @@ def _precision_layers(model) -> tuple[list[str], list[str]]:
     return float32, _odd_dims(mixed or with_kernel)
 
 
-def _policy_name(model) -> str:
+def policy_name(model) -> str:
     for layer in model._flatten_layers(include_self=False):
         if layer.weights:
             return layer.dtype_policy.name
     return keras.mixed_precision.global_policy().name
 
 
-def _loss_scale(model) -> float | None:
+def loss_scale(model) -> float | None:
     opt = getattr(model, "optimizer", None)
     scale = getattr(opt, "dynamic_scale", None)
     if scale is None:

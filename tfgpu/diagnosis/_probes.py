@@ -23,8 +23,8 @@ from tfgpu._internal.adapters import timing as protocol
 from tfgpu._internal.adapters.datasets import cardinality
 from tfgpu._internal.helpers.progress import Progress
 from tfgpu._internal.helpers.warn import one_line
-from tfgpu.diagnosis._facts import _MAX_ROUNDS, _PROBE_MAX_ROUNDS, _ROUNDS_BUDGET_SHARE
-from tfgpu.diagnosis._rounds import _share_verdict
+from tfgpu.diagnosis._facts import MAX_ROUNDS, PROBE_MAX_ROUNDS, ROUNDS_BUDGET_SHARE
+from tfgpu.diagnosis._rounds import share_verdict
 
 
 def _compare(
@@ -36,7 +36,7 @@ def _compare(
     *,
     threshold: float = 1.0,
     budget: protocol.Budget | None = None,
-    max_rounds: int = _PROBE_MAX_ROUNDS,
+    max_rounds: int = PROBE_MAX_ROUNDS,
     progress: Progress | None = None,
     label: str = "",
 ) -> tuple[list[tuple[float, float]], str | None]:
@@ -179,8 +179,8 @@ def _measure_rounds(
     progress: Progress | None = None,
 ) -> list[tuple[float, float]]:
     """(device-resident, real) seconds per step, round after round, until the input-wait
-    share is clear of the thresholds (at least `MIN_ROUNDS`, at most `_MAX_ROUNDS`) or
-    `_ROUNDS_BUDGET_SHARE` of the budget is spent. The first real run, like the first
+    share is clear of the thresholds (at least `MIN_ROUNDS`, at most `MAX_ROUNDS`) or
+    `ROUNDS_BUDGET_SHARE` of the budget is spent. The first real run, like the first
     device-resident one (`first_compute`), runs in full. Each step is a `progress` phase."""
     progress = progress or Progress(0, title="diagnose")
     # Warm the real data once through every batch shape it has (a partial last batch
@@ -191,22 +191,21 @@ def _measure_rounds(
     # Alternate the device-resident and the real runs, so that a noisy host favours
     # neither, until the input-wait share is clear of the thresholds.
     rounds_until = (
-        None if budget.seconds is None else budget.start + _ROUNDS_BUDGET_SHARE * budget.seconds
+        None if budget.seconds is None else budget.start + ROUNDS_BUDGET_SHARE * budget.seconds
     )
     compute = first_compute
     rounds: list[tuple[float, float]] = []
-    for i in range(_MAX_ROUNDS):
+    for i in range(MAX_ROUNDS):
         if i > 0:
             if budget.left() <= 0:
                 break
             if i >= protocol.MIN_ROUNDS:
-                if _share_verdict(rounds)["level"] != "inconclusive":
+                if share_verdict(rounds)["level"] != "inconclusive":
                     break
                 if rounds_until is not None and protocol.now() >= rounds_until:
                     break
         progress.phase(
-            f"timing the real data against a batch in memory, round {i + 1} of at most "
-            f"{_MAX_ROUNDS}"
+            f"timing the real data against a batch in memory, round {i + 1} of at most {MAX_ROUNDS}"
         )
         if i > 0:
             compute = protocol.fit_step_time(model, device_ds, steps, warmup, budget.deadline)

@@ -15,12 +15,12 @@ from tfgpu.diagnosis._facts import (
 )
 
 
-def _wait_and_share(compute_s: float, real_s: float) -> tuple[float, float]:
+def wait_and_share(compute_s: float, real_s: float) -> tuple[float, float]:
     wait = max(0.0, real_s - compute_s)
     return wait, (wait / real_s if real_s > 0 else 0.0)
 
 
-def _share_verdict(rounds: list[tuple[float, float]]) -> dict[str, Any]:
+def share_verdict(rounds: list[tuple[float, float]]) -> dict[str, Any]:
     """The input-bound level the interleaved rounds support, with their noise. Pure.
 
     Each round (device-resident step, real step) gives a wait and its share of the step. The
@@ -32,11 +32,11 @@ def _share_verdict(rounds: list[tuple[float, float]]) -> dict[str, Any]:
         dict with `level`, `share` (median), `wait_s` (median), `low`, `high` (the share's
         interval), `confidence`, `rounds`.
     """
-    waits = [_wait_and_share(c, r)[0] for c, r in rounds]
-    shares = [_wait_and_share(c, r)[1] for c, r in rounds]
+    waits = [wait_and_share(c, r)[0] for c, r in rounds]
+    shares = [wait_and_share(c, r)[1] for c, r in rounds]
     low, high, confidence = median_interval(shares)
     wait_low, wait_high, _ = median_interval(waits)
-    at_low, at_high = _input_level(low, wait_low), _input_level(high, wait_high)
+    at_low, at_high = input_level(low, wait_low), input_level(high, wait_high)
     return {
         "level": at_low if at_low == at_high and len(rounds) >= MIN_ROUNDS else "inconclusive",
         "share": stats.median(shares),
@@ -49,7 +49,7 @@ def _share_verdict(rounds: list[tuple[float, float]]) -> dict[str, Any]:
     }
 
 
-def _input_level(share: float, wait_s: float = math.inf) -> str:
+def input_level(share: float, wait_s: float = math.inf) -> str:
     """`"high"`, `"moderate"` or `"no"` from the wait's share of the step and its length."""
     if wait_s < INPUT_WAIT_MIN_S:
         return "no"

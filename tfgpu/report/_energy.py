@@ -10,9 +10,9 @@ import math
 from dataclasses import dataclass, field
 
 from tfgpu._internal.helpers import stats
-from tfgpu.report._read import _Artifact, _Table
-from tfgpu.report._sections import _fmt
-from tfgpu.report._series import _gpu_indices, _steps_per_row, _steps_sessions, _timeline_sessions
+from tfgpu.report._read import Artifact, Table
+from tfgpu.report._sections import fmt
+from tfgpu.report._series import gpu_indices, steps_per_row, steps_sessions, timeline_sessions
 
 
 @dataclass
@@ -26,17 +26,17 @@ class _Energy:
     resets: int = 0  # sessions whose counter went backwards (driver reloaded): skipped
 
 
-def _energy(table: _Table) -> list[_Energy]:
+def _energy(table: Table) -> list[_Energy]:
     """Energy used per GPU: per session, last minus first finite `energy_j`, summed.
 
     The counter is cumulative since the driver loaded, so only differences within a
     session count (between sessions the GPU may have run other work).
     """
-    starts = _timeline_sessions(table)
+    starts = timeline_sessions(table)
     ends = [*starts[1:], len(table.rows)]
     times = table.col("time")
     out = []
-    for i in _gpu_indices(table):
+    for i in gpu_indices(table):
         values = table.col(f"gpu{i}_energy_j")
         if not stats.finite(values):
             continue
@@ -58,7 +58,7 @@ def _energy(table: _Table) -> list[_Energy]:
     return out
 
 
-def _examples_in(steps: list[_Table], spans: list[tuple[float, float]]) -> float:
+def _examples_in(steps: list[Table], spans: list[tuple[float, float]]) -> float:
     """Examples trained in steps rows that ended within `spans` (NaN when unknown).
 
     A row covers `step_time_s x steps` seconds at `examples_per_s`: its examples are the
@@ -66,8 +66,8 @@ def _examples_in(steps: list[_Table], spans: list[tuple[float, float]]) -> float
     """
     total, known = 0.0, False
     for table in steps:
-        starts = _steps_sessions(table)
-        counts = _steps_per_row(table.col("step"), starts)
+        starts = steps_sessions(table)
+        counts = steps_per_row(table.col("step"), starts)
         for r, n in zip(table.rows, counts):
             t = r.get("time", math.nan)
             if not any(a <= t <= b for a, b in spans):
@@ -79,8 +79,8 @@ def _examples_in(steps: list[_Table], spans: list[tuple[float, float]]) -> float
     return total if known else math.nan
 
 
-def _energy_section(
-    timelines: list[tuple[_Artifact, _Table]], steps: dict[str, list[_Table]]
+def energy_section(
+    timelines: list[tuple[Artifact, Table]], steps: dict[str, list[Table]]
 ) -> list[str]:
     """Energy used per GPU and per example, for timelines with `gpu{i}_energy_j` values."""
     rows = []
@@ -108,8 +108,8 @@ def _energy_section(
         power = joules / seconds if seconds > 0 else math.nan
         per_example = joules / examples if examples > 0 else math.nan
         lines.append(
-            f"| `{name}` | {gpu} | {_fmt(joules / 1e3, '.3f')} | {_fmt(seconds, '.1f')} | "
-            f"{_fmt(power)} | {_fmt(examples, ',.0f')} | {_fmt(per_example, '.4g')} |"
+            f"| `{name}` | {gpu} | {fmt(joules / 1e3, '.3f')} | {fmt(seconds, '.1f')} | "
+            f"{fmt(power)} | {fmt(examples, ',.0f')} | {fmt(per_example, '.4g')} |"
         )
         resets += reset
     lines += [

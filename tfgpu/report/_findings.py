@@ -11,8 +11,8 @@ import math
 
 from tfgpu._internal.adapters import gpu_counters as counters
 from tfgpu._internal.helpers import stats
-from tfgpu.report._read import _Artifact, _Table
-from tfgpu.report._series import _gpu_indices, _max, _timeline_sessions
+from tfgpu.report._read import Artifact, Table
+from tfgpu.report._series import _max, gpu_indices, timeline_sessions
 
 # Timeline columns (per GPU) that only a monitor which reads the GPU counters writes: a
 # timeline without any of them is from an older tfgpu, and what it lacks is not "unseen".
@@ -39,7 +39,7 @@ def _bits_or(values: list[float]) -> float:
     return float(out) if masks else math.nan
 
 
-def _window_counters(table: _Table, gpu: int, a: int, b: int) -> counters.Counters:
+def _window_counters(table: Table, gpu: int, a: int, b: int) -> counters.Counters:
     """GPU `gpu`'s counters over rows `a:b` of a timeline: means, the power limit's maximum
     and the throttle reasons' OR, as the sampler aggregates them for `diagnose`."""
 
@@ -61,7 +61,7 @@ def _window_counters(table: _Table, gpu: int, a: int, b: int) -> counters.Counte
     )
 
 
-def _step_time_in(steps: list[_Table], first: float, last: float) -> float:
+def _step_time_in(steps: list[Table], first: float, last: float) -> float:
     """Median seconds per step of the steps rows that ended within [first, last] (NaN)."""
     times = [
         r.get("step_time_s", math.nan)
@@ -77,13 +77,13 @@ def _gpu_list(gpus: list[int]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def _counter_lines(table: _Table, name: str, steps: list[_Table]) -> list[str]:
+def _counter_lines(table: Table, name: str, steps: list[Table]) -> list[str]:
     """One timeline's findings from its GPU counters, per session and GPU ([] if none)."""
-    gpus = _gpu_indices(table)
+    gpus = gpu_indices(table)
     if not (gpus and table.rows):
         return []
     recorded = any(f"gpu{i}_{c}" in table.columns for i in gpus for c in _COUNTER_COLUMNS)
-    starts = _timeline_sessions(table)
+    starts = timeline_sessions(table)
     ends = [*starts[1:], len(table.rows)]
     times = table.col("time")
     items: list[str] = []
@@ -126,8 +126,8 @@ def _counter_lines(table: _Table, name: str, steps: list[_Table]) -> list[str]:
     return [*lines, ""]
 
 
-def _counter_section(
-    timelines: list[tuple[_Artifact, _Table]], steps: dict[str, list[_Table]]
+def counter_section(
+    timelines: list[tuple[Artifact, Table]], steps: dict[str, list[Table]]
 ) -> list[str]:
     """ "Findings from the GPU counters": what utilization hides, with the rules `diagnose`
     uses (`tfgpu._internal.adapters.gpu_counters`), from each timeline's per-GPU means."""

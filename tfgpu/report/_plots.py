@@ -12,20 +12,20 @@ import warnings
 from pathlib import Path
 
 from tfgpu._internal.helpers import stats
-from tfgpu.report._read import _Problems, _Table
+from tfgpu.report._read import Table, _Problems
 from tfgpu.report._series import (
-    _broken,
-    _epoch_starts,
-    _gpu_indices,
-    _step_begins,
-    _steps_per_row,
-    _steps_sessions,
-    _time_axis,
-    _timeline_sessions,
+    broken,
+    epoch_starts,
+    gpu_indices,
+    step_begins,
+    steps_per_row,
+    steps_sessions,
+    time_axis,
+    timeline_sessions,
 )
 
 
-class _Plt:
+class Plt:
     """The pyplot subset used, on Agg-backed Figures: no global state, no GUI."""
 
     def __init__(self) -> None:
@@ -132,19 +132,19 @@ def _drawn(problems: _Problems, draw, plt, out: Path, *args, **kw) -> Path | Non
         return None
 
 
-def _timeline_plots(
-    plt, table: _Table, out_dir: Path, suffix: str, problems: _Problems
+def timeline_plots(
+    plt, table: Table, out_dir: Path, suffix: str, problems: _Problems
 ) -> list[Path]:
-    starts = _timeline_sessions(table)
-    x = _time_axis(table, starts)
+    starts = timeline_sessions(table)
+    x = time_axis(table, starts)
     marks = {
-        "epochs": _epoch_starts(x, table.col("epoch"), starts),
+        "epochs": epoch_starts(x, table.col("epoch"), starts),
         "sessions": [x[k] for k in starts],
     }
-    t = _broken(x, starts)
+    t = broken(x, starts)
 
     def col(name: str) -> list[float]:  # with the same breaks as the time axis
-        return _broken(table.col(name), starts)
+        return broken(table.col(name), starts)
 
     def plot(name: str, title: str, ylabel: str, series, **kw) -> Path | None:
         return _drawn(
@@ -160,7 +160,7 @@ def _timeline_plots(
             **kw,
         )
 
-    gpus = _gpu_indices(table)
+    gpus = gpu_indices(table)
     host_only = "" if gpus else " (no GPU sampled: host only)"
     util = [(f"GPU {i} utilization", t, col(f"gpu{i}_util_pct"), "-") for i in gpus]
     util.append(("host CPU, all cores", t, col("host_cpu_pct"), "--"))
@@ -199,35 +199,35 @@ def _timeline_plots(
 _ACTIVITY = ("sm_active_pct", "tensor_active_pct")
 
 
-def _activity_gpus(table: _Table) -> list[int]:
+def _activity_gpus(table: Table) -> list[int]:
     """The GPUs with SM or tensor activity values (GPM) in the timeline."""
     return [
         i
-        for i in _gpu_indices(table)
+        for i in gpu_indices(table)
         if any(stats.finite(table.col(f"gpu{i}_{name}")) for name in _ACTIVITY)
     ]
 
 
-def _steps_plot(plt, out: Path, table: _Table, t0: float | None) -> Path | None:
+def steps_plot(plt, out: Path, table: Table, t0: float | None) -> Path | None:
     times = table.col("time")
     finite = stats.finite(times)
     if not finite:
         return None
-    starts = _steps_sessions(table)
+    starts = steps_sessions(table)
     ms = [v * 1e3 for v in table.col("step_time_s")]
     # An epoch starts when its first step began: its end minus the time its steps took.
-    counts = _steps_per_row(table.col("step"), starts)
+    counts = steps_per_row(table.col("step"), starts)
     ends = [v - (t0 if t0 is not None else 0.0) for v in times]
-    begin_times = _step_begins(ends, ms, counts, starts)
+    begin_times = step_begins(ends, ms, counts, starts)
     base = 0.0 if t0 is not None else (stats.finite(begin_times) or finite)[0]
     # Time 0 is the timeline's first sample (taken before the first step) or the first
     # step's begin: nothing is drawn before it, whatever the rows claim (a step count
     # larger than the steps that ran made the first epoch begin at -1.6 s).
     xs = [_not_before_0(v - base) for v in ends]  # when each row's step(s) ended
     begins = [_not_before_0(v - base) for v in begin_times]
-    epochs = _epoch_starts(begins, table.col("epoch"), starts)
+    epochs = epoch_starts(begins, table.col("epoch"), starts)
     sessions = [begins[k] for k in starts]
-    series = [("step time", _broken(xs, starts), _broken(ms, starts), ".")]
+    series = [("step time", broken(xs, starts), broken(ms, starts), ".")]
     return _plot_lines(
         plt,
         out,
@@ -248,7 +248,7 @@ def _not_before_0(t: float) -> float:
     return 0.0 if t < 0 else t
 
 
-def _t0_for(table: _Table, worker: str, starts: dict[str, list[float]]) -> float | None:
+def t0_for(table: Table, worker: str, starts: dict[str, list[float]]) -> float | None:
     """Time 0 for a steps file's plot: the first sample of the timeline it falls in."""
     times = stats.finite(table.col("time"))
     if not times:

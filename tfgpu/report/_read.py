@@ -22,7 +22,7 @@ from tfgpu._internal.helpers.files import read_json_object
 
 
 @dataclass
-class _Table:
+class Table:
     path: Path
     columns: list[str]
     rows: list[dict[str, float]] = field(default_factory=list)
@@ -54,15 +54,15 @@ class _Problems:
         return [*lines, ""]
 
 
-def _reason(error: OSError) -> str:
+def reason(error: OSError) -> str:
     return error.strerror or str(error)
 
 
 _MISSING = {"", "nan", "-nan", "+nan", "none", "null"}  # cells that mean "no value", not damage
 
 
-def _read_table(path: Path, required: Sequence[str], what: str, problems: _Problems):
-    """Reads a tfgpu CSV file into a `_Table`, or None when nothing of it can be used.
+def read_table(path: Path, required: Sequence[str], what: str, problems: _Problems):
+    """Reads a tfgpu CSV file into a `Table`, or None when nothing of it can be used.
 
     Never raises for a damaged file: what cannot be read goes to `problems.errors` (with the
     rows before the damage kept), what is worked around to `problems.notes`.
@@ -76,7 +76,7 @@ def _read_table(path: Path, required: Sequence[str], what: str, problems: _Probl
     try:
         data = path.read_bytes()
     except OSError as e:
-        problems.errors.append(f"`{path}` cannot be read ({_reason(e)}).")
+        problems.errors.append(f"`{path}` cannot be read ({reason(e)}).")
         return None
     try:
         text = data.decode("utf-8-sig")  # a BOM (a file saved by a spreadsheet) is not data
@@ -127,15 +127,15 @@ def _read_table(path: Path, required: Sequence[str], what: str, problems: _Probl
         problems.notes.append(
             f"`{path}`: {not_numbers} cell(s) that are not numbers read as missing."
         )
-    return _Table(path, columns, rows)
+    return Table(path, columns, rows)
 
 
-def _read_record(path: Path, problems: _Problems) -> dict[str, Any] | None:
+def read_record(path: Path, problems: _Problems) -> dict[str, Any] | None:
     """A JSON object file (`run.json`, `diagnosis.json`), or None (told to `problems`)."""
     try:
         return read_json_object(path)
     except OSError as e:
-        problems.errors.append(f"`{path}` cannot be read ({_reason(e)}).")
+        problems.errors.append(f"`{path}` cannot be read ({reason(e)}).")
     except ValueError as e:
         problems.errors.append(f"{e}.".replace(str(path), f"`{path}`", 1))
     return None
@@ -150,7 +150,7 @@ _RECORD = re.compile(r"^(run|diagnosis)(-[A-Za-z_]+\d+)?(\.\d+)?\.json$")
 
 
 @dataclass(frozen=True)
-class _Artifact:
+class Artifact:
     """A timeline or steps file: `timeline.csv`, `timeline.2.csv`, `steps-worker1.csv`, ..."""
 
     path: Path
@@ -164,20 +164,20 @@ class _Artifact:
         return self.path.stem[len(stem["stem"]) :] if stem else ""
 
 
-def _artifacts(names: list[Path], stem: str) -> list[_Artifact]:
+def artifacts(names: list[Path], stem: str) -> list[Artifact]:
     """The `stem` CSV files among `names`, per worker oldest first (`.1`, `.2`, ..., plain)."""
     found = []
     for path in names:
         m = _ARTIFACT.match(path.name)
         if m and m["stem"] == stem:
-            found.append(_Artifact(path, m["worker"] or "", int(m["n"]) if m["n"] else None))
+            found.append(Artifact(path, m["worker"] or "", int(m["n"]) if m["n"] else None))
     return sorted(found, key=lambda f: (f.worker, math.inf if f.rotation is None else f.rotation))
 
 
 _WORKER_RECORD = re.compile(r"^run-(?P<task>[A-Za-z_]+)(?P<index>\d+)\.json$")
 
 
-def _worker_records(names: list[Path]) -> list[Path]:
+def worker_records(names: list[Path]) -> list[Path]:
     """The records of a multi-worker run's tasks (`run-worker0.json`, `run-worker1.json`,
     `run-chief0.json`, ...), by task type then number (`run-worker2` before `run-worker10`)."""
     found = [(m["task"], int(m["index"]), p) for p in names if (m := _WORKER_RECORD.match(p.name))]
@@ -195,7 +195,7 @@ def _diagnoses(names: list[Path]) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
-def _check_log_dir(log_dir) -> tuple[Path, list[Path]]:
+def check_log_dir(log_dir) -> tuple[Path, list[Path]]:
     """The run directory and its entries; raises when it is not one."""
     path = check_dir("log_dir", log_dir)
     assert path is not None  # check_dir returns None only with allow_none

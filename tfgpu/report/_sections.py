@@ -16,16 +16,16 @@ from typing import Any
 
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.files import EARLIER_SESSIONS
-from tfgpu.report._read import _Artifact, _diagnoses, _Problems, _read_record, _Table
+from tfgpu.report._read import Artifact, Table, _diagnoses, _Problems, read_record
 from tfgpu.report._series import (
-    _gpu_indices,
     _max,
-    _session_of,
-    _span,
-    _steps_per_row,
-    _steps_sessions,
-    _time_axis,
-    _timeline_sessions,
+    gpu_indices,
+    session_of,
+    span,
+    steps_per_row,
+    steps_sessions,
+    time_axis,
+    timeline_sessions,
 )
 
 IDLE_UTIL_PCT = 5.0
@@ -41,7 +41,7 @@ def _when(timestamp) -> str:
     return moment.isoformat(sep=" ", timespec="seconds")
 
 
-def _fmt(value: Any, spec: str = ".1f") -> str:
+def fmt(value: Any, spec: str = ".1f") -> str:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
         return "n/a"
     return format(value, spec)
@@ -52,20 +52,20 @@ def _text(value: Any) -> str:
     return "?" if value is None else str(value)
 
 
-def _timeline_section(table: _Table, name: str) -> list[str]:
-    gpus = _gpu_indices(table)
-    starts = _timeline_sessions(table)
-    x = _time_axis(table, starts)
+def timeline_section(table: Table, name: str) -> list[str]:
+    gpus = gpu_indices(table)
+    starts = timeline_sessions(table)
+    x = time_axis(table, starts)
     lines = [f"## Timeline `{name}`", ""]
     if not table.rows:
         return [*lines, "No samples: the file has a header only (a run stopped at once).", ""]
-    text = f"{len(table.rows)} samples over {_fmt(_span(x), '.2f')} s"
+    text = f"{len(table.rows)} samples over {fmt(span(x), '.2f')} s"
     if len(starts) > 1:
         ends = [*starts[1:], len(x)]
-        sampled = sum(_span(x[a:b]) for a, b in zip(starts, ends) if stats.finite(x[a:b]))
+        sampled = sum(span(x[a:b]) for a, b in zip(starts, ends) if stats.finite(x[a:b]))
         text += (
             f" in {len(starts)} sessions (one per `fit` or `record`, appended to this file), "
-            f"{_fmt(sampled, '.2f')} s of them sampled; the plots mark where each began"
+            f"{fmt(sampled, '.2f')} s of them sampled; the plots mark where each began"
         )
     lines += [text + ".", ""]
     if not gpus:
@@ -84,12 +84,12 @@ def _timeline_section(table: _Table, name: str) -> list[str]:
             util = stats.finite(table.col(f"gpu{i}_util_pct"))
             idle = sum(v < IDLE_UTIL_PCT for v in util) / len(util) if util else math.nan
             lines.append(
-                f"| {i} | {_fmt(stats.mean(util))} | {_fmt(_max(util))} | {_fmt(idle, '.0%')} | "
-                f"{_fmt(stats.mean(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
-                f"{_fmt(_max(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
-                f"{_fmt(_max(table.col(f'gpu{i}_mem_total_mib')), '.0f')} | "
-                f"{_fmt(stats.mean(table.col(f'gpu{i}_power_w')))} | "
-                f"{_fmt(_max(table.col(f'gpu{i}_power_w')))} |"
+                f"| {i} | {fmt(stats.mean(util))} | {fmt(_max(util))} | {fmt(idle, '.0%')} | "
+                f"{fmt(stats.mean(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
+                f"{fmt(_max(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
+                f"{fmt(_max(table.col(f'gpu{i}_mem_total_mib')), '.0f')} | "
+                f"{fmt(stats.mean(table.col(f'gpu{i}_power_w')))} | "
+                f"{fmt(_max(table.col(f'gpu{i}_power_w')))} |"
             )
         lines += [
             "",
@@ -98,28 +98,28 @@ def _timeline_section(table: _Table, name: str) -> list[str]:
         ]
         lines += _activity_lines(table, gpus)
     lines += [
-        f"Host: CPU mean {_fmt(stats.mean(table.col('host_cpu_pct')))}%, process RSS max "
-        f"{_fmt(_max(table.col('host_rss_mib')), '.0f')} MiB, system memory max "
-        f"{_fmt(_max(table.col('host_mem_used_pct')))}%.",
+        f"Host: CPU mean {fmt(stats.mean(table.col('host_cpu_pct')))}%, process RSS max "
+        f"{fmt(_max(table.col('host_rss_mib')), '.0f')} MiB, system memory max "
+        f"{fmt(_max(table.col('host_mem_used_pct')))}%.",
         "",
     ]
     return lines
 
 
-def _steps_section(table: _Table, name: str) -> list[str]:
+def steps_section(table: Table, name: str) -> list[str]:
     if not table.rows:
         return [f"## Steps `{name}`", "", "No steps: the file has a header only.", ""]
     st = [v * 1e3 for v in table.col("step_time_s")]
-    starts = _steps_sessions(table)
+    starts = steps_sessions(table)
     fits = len(starts) > 1
     lines = [
         f"## Steps `{name}`",
         "",
         f"{len(table.rows)} rows (one per step, or per execution of `steps_per_execution` "
         + (f"steps) from {len(starts)} `fit` calls appended to this file" if fits else "steps)")
-        + f"; step time median {_fmt(stats.median(st), '.2f')} ms, p90 "
-        f"{_fmt(stats.percentile(st, 90), '.2f')} ms; examples/s median "
-        f"{_fmt(stats.median(table.col('examples_per_s')), ',.0f')}. Epochs count from 1, "
+        + f"; step time median {fmt(stats.median(st), '.2f')} ms, p90 "
+        f"{fmt(stats.percentile(st, 90), '.2f')} ms; examples/s median "
+        f"{fmt(stats.median(table.col('examples_per_s')), ',.0f')}. Epochs count from 1, "
         "as Keras prints them; the first step of epoch 1 includes tracing and compilation. "
         "An epoch's median and p90 leave out its first row (as `StepTimer`'s "
         "`step_time_median_s` and `step_time_p90_s` do), unless it has only one.",
@@ -129,19 +129,19 @@ def _steps_section(table: _Table, name: str) -> list[str]:
         ("| --- " if fits else "") + "| --- | --- | --- | --- | --- | --- |",
     ]
     by_epoch: dict[tuple[int, int], list[dict[str, float]]] = {}
-    for session, r in zip(_session_of(starts, len(table.rows)), table.rows):
+    for session, r in zip(session_of(starts, len(table.rows)), table.rows):
         e = r.get("epoch", math.nan)
         by_epoch.setdefault((session, int(e) if math.isfinite(e) else -1), []).append(r)
     for (session, e), rows in sorted(by_epoch.items()):
         times = [r.get("step_time_s", math.nan) * 1e3 for r in rows]
-        counts = _steps_per_row([r.get("step", math.nan) for r in rows])
+        counts = steps_per_row([r.get("step", math.nan) for r in rows])
         spent = sum(stats.finite([t * n / 1e3 for t, n in zip(times, counts)]))
         steady = times[1:] or times  # StepTimer's rule: the first execution is not steady
         lines.append(
             (f"| {session + 1} " if fits else "")
             + f"| {e + 1 if e >= 0 else '?'} | {sum(counts)} | "
-            f"{_fmt(stats.median(steady), '.2f')} | {_fmt(stats.percentile(steady, 90), '.2f')} | "
-            f"{_fmt(times[0], '.2f')} | {_fmt(spent, '.2f')} |"
+            f"{fmt(stats.median(steady), '.2f')} | {fmt(stats.percentile(steady, 90), '.2f')} | "
+            f"{fmt(times[0], '.2f')} | {fmt(spent, '.2f')} |"
         )
     lines.append("")
     return lines
@@ -158,7 +158,7 @@ _ACTIVITY_TABLE = (
 )
 
 
-def _activity_lines(table: _Table, gpus: list[int]) -> list[str]:
+def _activity_lines(table: Table, gpus: list[int]) -> list[str]:
     """The activity table (what utilization hides), when the timeline has such values."""
     shown = [
         (name, header)
@@ -172,9 +172,9 @@ def _activity_lines(table: _Table, gpus: list[int]) -> list[str]:
         "| --- | --- | " + " | ".join("---" for _ in shown) + " |",
     ]
     for i in gpus:
-        cells = [_fmt(stats.mean(table.col(f"gpu{i}_{name}"))) for name, _ in shown]
+        cells = [fmt(stats.mean(table.col(f"gpu{i}_{name}"))) for name, _ in shown]
         lines.append(
-            f"| {i} | {_fmt(stats.mean(table.col(f'gpu{i}_util_pct')))} | "
+            f"| {i} | {fmt(stats.mean(table.col(f'gpu{i}_util_pct')))} | "
             + " | ".join(cells)
             + " |"
         )
@@ -188,11 +188,11 @@ def _activity_lines(table: _Table, gpus: list[int]) -> list[str]:
     return lines
 
 
-def _diagnosis_section(path: Path, problems: _Problems) -> list[str]:
+def diagnosis_section(path: Path, problems: _Problems) -> list[str]:
     title = (
         "## Diagnosis" if path.name == "diagnosis.json" else f"## Earlier diagnosis `{path.name}`"
     )
-    d = _read_record(path, problems)
+    d = read_record(path, problems)
     if d is None:
         return [title, "", f"`{path.name}` could not be read (see Problems above).", ""]
     lines = [title, ""]
@@ -208,17 +208,17 @@ def _diagnosis_section(path: Path, problems: _Problems) -> list[str]:
     return [*lines, ""]
 
 
-def _tune_section(path: Path, out: Path, problems: _Problems) -> list[str]:
+def tune_section(path: Path, out: Path, problems: _Problems) -> list[str]:
     """`tune.json` (written by `tfgpu.tune`): its table and lines, and its waterfall plot."""
     lines = ["## Tuning", ""]
-    d = _read_record(path, problems)
+    d = read_record(path, problems)
     if d is None:
         return [*lines, f"`{path.name}` could not be read (see Problems above).", ""]
     text = d.get("text")
     if isinstance(text, str) and text.strip():
         lines += ["```", text.rstrip().replace("```", "'''"), "```", ""]
     else:
-        lines += [f"Verified speedup: x{_fmt(d.get('speedup'), '.2f')}", ""]
+        lines += [f"Verified speedup: x{fmt(d.get('speedup'), '.2f')}", ""]
     plot = path.with_name("tune.png")
     if plot.is_file():
         lines += [f"![tune]({Path(os.path.relpath(plot, out)).as_posix()})", ""]
@@ -232,7 +232,7 @@ def _gpu_line(g: Any) -> str:
     cc_text = ".".join(str(c) for c in cc) if isinstance(cc, list) else _text(cc)
     return (
         f"- GPU {_text(g.get('index'))}: {_text(g.get('name'))} "
-        f"({_fmt(g.get('memory_total_mib'), '.0f')} MiB, compute capability {cc_text})"
+        f"({fmt(g.get('memory_total_mib'), '.0f')} MiB, compute capability {cc_text})"
     )
 
 
@@ -251,8 +251,8 @@ def _session_line(meta: dict[str, Any]) -> str:
     )
 
 
-def _sessions_section(
-    meta: dict[str, Any], run_json: Path, timelines: list[_Artifact], problems: _Problems
+def sessions_section(
+    meta: dict[str, Any], run_json: Path, timelines: list[Artifact], problems: _Problems
 ) -> list[str]:
     """The sessions recorded in `run.json` (the newest, and `earlier_sessions`)."""
     newest = {k: v for k, v in meta.items() if k != EARLIER_SESSIONS}
@@ -303,7 +303,7 @@ def _sessions_section(
     return lines
 
 
-def _workers_heading(records: list[Path]) -> list[str]:
+def workers_heading(records: list[Path]) -> list[str]:
     """The heading of the workers' sessions: one subsection per `run-{task}{k}.json` follows."""
     names = ", ".join(f"`{p.name}`" for p in records)
     return [
@@ -315,9 +315,7 @@ def _workers_heading(records: list[Path]) -> list[str]:
     ]
 
 
-def _files_section(
-    timelines: list[_Artifact], steps: list[_Artifact], names: list[Path]
-) -> list[str]:
+def files_section(timelines: list[Artifact], steps: list[Artifact], names: list[Path]) -> list[str]:
     """Says which files were moved aside by later sessions (and where their plots are)."""
     rotated = [a.path.name for a in [*timelines, *steps] if a.rotation is not None]
     diagnoses = [p.name for p in _diagnoses(names) if p.name != "diagnosis.json"]

@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 
 from tfgpu._internal.helpers import stats
-from tfgpu.report._read import _Table
+from tfgpu.report._read import Table
 
 
 def _max(values) -> float:
@@ -23,11 +23,11 @@ def _max(values) -> float:
 _GPU_UTIL = re.compile(r"^gpu(\d+)_util_pct$")
 
 
-def _gpu_indices(table: _Table) -> list[int]:
+def gpu_indices(table: Table) -> list[int]:
     return sorted(int(m.group(1)) for c in table.columns if (m := _GPU_UTIL.match(c)))
 
 
-def _epoch_starts(
+def epoch_starts(
     times: list[float], epochs: list[float], sessions: list[int] | None = None
 ) -> list[tuple[float, int]]:
     """(time, epoch) where each epoch begins; a new session starts its epochs afresh."""
@@ -42,7 +42,7 @@ def _epoch_starts(
     return starts
 
 
-def _timeline_sessions(table: _Table) -> list[int]:
+def timeline_sessions(table: Table) -> list[int]:
     """Row indices where a sampling session begins: 0, then wherever `elapsed_s` restarts."""
     starts, previous = [0] if table.rows else [], None
     for k, elapsed in enumerate(table.col("elapsed_s")):
@@ -54,7 +54,7 @@ def _timeline_sessions(table: _Table) -> list[int]:
     return starts
 
 
-def _steps_sessions(table: _Table) -> list[int]:
+def steps_sessions(table: Table) -> list[int]:
     """Row indices where a `fit` begins: 0, then wherever the (epoch, step) order restarts."""
     starts, previous = [0] if table.rows else [], None
     for k, r in enumerate(table.rows):
@@ -67,7 +67,7 @@ def _steps_sessions(table: _Table) -> list[int]:
     return starts
 
 
-def _session_of(starts: list[int], n: int) -> list[int]:
+def session_of(starts: list[int], n: int) -> list[int]:
     """The session number (0-based) of each of `n` rows."""
     out, session = [], -1
     firsts = set(starts)
@@ -78,7 +78,7 @@ def _session_of(starts: list[int], n: int) -> list[int]:
     return out
 
 
-def _steps_per_row(last_steps: list[float], starts: Sequence[int] = ()) -> list[int]:
+def steps_per_row(last_steps: list[float], starts: Sequence[int] = ()) -> list[int]:
     """Steps each `steps.csv` row covers, from the last step of each row within an epoch."""
     counts, previous = [], -1
     firsts = set(starts)
@@ -93,7 +93,7 @@ def _steps_per_row(last_steps: list[float], starts: Sequence[int] = ()) -> list[
     return counts
 
 
-def _step_begins(
+def step_begins(
     ends: list[float], ms: list[float], counts: list[int], starts: Sequence[int] = ()
 ) -> list[float]:
     """When each `steps.csv` row's step(s) began: its end minus the time its steps took.
@@ -117,7 +117,7 @@ def _step_begins(
     return begins
 
 
-def _time_axis(table: _Table, starts: list[int], t0: float | None = None) -> list[float]:
+def time_axis(table: Table, starts: list[int], t0: float | None = None) -> list[float]:
     """Seconds since `t0` (default: the first sample) from `time`, for every row.
 
     Without a `time` column, the sessions' `elapsed_s` are laid end to end.
@@ -142,12 +142,12 @@ def _time_axis(table: _Table, starts: list[int], t0: float | None = None) -> lis
     return out
 
 
-def _span(xs: list[float]) -> float:
+def span(xs: list[float]) -> float:
     finite = stats.finite(xs)
     return finite[-1] - finite[0] if finite else math.nan
 
 
-def _broken(values: list[float], starts: list[int]) -> list[float]:
+def broken(values: list[float], starts: list[int]) -> list[float]:
     """`values` with a NaN before each session after the first: plotted lines break there."""
     out, firsts = [], set(starts)
     for k, v in enumerate(values):

@@ -14,29 +14,29 @@ from pathlib import Path
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_dir
 from tfgpu._internal.helpers.files import write_text_atomic
-from tfgpu.report._energy import _energy_section
-from tfgpu.report._findings import _counter_section
-from tfgpu.report._plots import _drawn, _Plt, _steps_plot, _t0_for, _timeline_plots
+from tfgpu.report._energy import energy_section
+from tfgpu.report._findings import counter_section
+from tfgpu.report._plots import Plt, _drawn, steps_plot, t0_for, timeline_plots
 from tfgpu.report._read import (
-    _Artifact,
-    _artifacts,
-    _check_log_dir,
+    Artifact,
+    Table,
     _diagnoses,
     _Problems,
-    _read_record,
-    _read_table,
-    _reason,
-    _Table,
-    _worker_records,
+    artifacts,
+    check_log_dir,
+    read_record,
+    read_table,
+    reason,
+    worker_records,
 )
 from tfgpu.report._sections import (
-    _diagnosis_section,
-    _files_section,
-    _sessions_section,
-    _steps_section,
-    _timeline_section,
-    _tune_section,
-    _workers_heading,
+    diagnosis_section,
+    files_section,
+    sessions_section,
+    steps_section,
+    timeline_section,
+    tune_section,
+    workers_heading,
 )
 from tfgpu.report._show import ReportPath
 
@@ -62,43 +62,43 @@ def write_report_and_problems(
     """
     check_dir("log_dir", log_dir)  # both arguments, before any work
     out_arg = check_dir("out_dir", out_dir, allow_none=True)
-    run, names = _check_log_dir(log_dir)
+    run, names = check_log_dir(log_dir)
     out = run if out_arg is None else out_arg
-    plt = _Plt()  # ImportError (with the pip line) before anything is written
+    plt = Plt()  # ImportError (with the pip line) before anything is written
     out.mkdir(parents=True, exist_ok=True)
     problems = _Problems()
 
-    timelines = _artifacts(names, "timeline")
-    steps = _artifacts(names, "steps")
+    timelines = artifacts(names, "timeline")
+    steps = artifacts(names, "steps")
     lines = [f"# tfgpu run report: `{run}`", ""]
     if (run / "run.json") in names:
-        meta = _read_record(run / "run.json", problems)
+        meta = read_record(run / "run.json", problems)
         if meta is not None:
             lines += _section(
-                problems, run / "run.json", _sessions_section, meta, run / "run.json", timelines,
+                problems, run / "run.json", sessions_section, meta, run / "run.json", timelines,
                 problems,
             )  # fmt: skip
-    lines += _files_section(timelines, steps, names)
+    lines += files_section(timelines, steps, names)
 
     body: list[str] = []
     images: list[Path] = []
     first_samples: dict[str, list[float]] = {}  # per worker: each timeline's time 0
-    read_timelines: list[tuple[_Artifact, _Table]] = []
-    read_steps: dict[str, list[_Table]] = {}  # per worker
-    workers = _worker_records(names)
+    read_timelines: list[tuple[Artifact, Table]] = []
+    read_steps: dict[str, list[Table]] = {}  # per worker
+    workers = worker_records(names)
     if workers:  # a multi-worker run: each task's run-{task}{k}.json, like run.json
-        body += _workers_heading(workers)
+        body += workers_heading(workers)
     for record in workers:
         body += [f"### `{record.name}`", ""]
-        worker_meta = _read_record(record, problems)
+        worker_meta = read_record(record, problems)
         if worker_meta is None:
             body += ["Skipped (see Problems).", ""]
             continue
         body += _section(
-            problems, record, _sessions_section, worker_meta, record, timelines, problems
+            problems, record, sessions_section, worker_meta, record, timelines, problems
         )
     for artifact in timelines:
-        table = _read_table(artifact.path, ("time", "elapsed_s"), "timeline", problems)
+        table = read_table(artifact.path, ("time", "elapsed_s"), "timeline", problems)
         if table is None:
             body += [f"## Timeline `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
             continue
@@ -106,29 +106,29 @@ def write_report_and_problems(
         times = stats.finite(table.col("time"))
         if times:
             first_samples.setdefault(artifact.worker, []).append(times[0])
-        body += _section(problems, artifact.path, _timeline_section, table, artifact.path.name)
-        images += _timeline_plots(plt, table, out, artifact.suffix, problems)
+        body += _section(problems, artifact.path, timeline_section, table, artifact.path.name)
+        images += timeline_plots(plt, table, out, artifact.suffix, problems)
     if not timelines:
         body += ["No timeline in this run directory (no GPUMonitor / monitor.record).", ""]
     for artifact in steps:
-        table = _read_table(artifact.path, ("step_time_s",), "steps file", problems)
+        table = read_table(artifact.path, ("step_time_s",), "steps file", problems)
         if table is None:
             body += [f"## Steps `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
             continue
         read_steps.setdefault(artifact.worker, []).append(table)
-        body += _section(problems, artifact.path, _steps_section, table, artifact.path.name)
-        t0 = _t0_for(table, artifact.worker, first_samples)
-        img = _drawn(problems, _steps_plot, plt, out / f"step_time{artifact.suffix}.png", table, t0)
+        body += _section(problems, artifact.path, steps_section, table, artifact.path.name)
+        t0 = t0_for(table, artifact.worker, first_samples)
+        img = _drawn(problems, steps_plot, plt, out / f"step_time{artifact.suffix}.png", table, t0)
         if img is not None:
             images.append(img)
     if read_timelines:
-        body += _section(problems, run, _energy_section, read_timelines, read_steps)
-        body += _section(problems, run, _counter_section, read_timelines, read_steps)
+        body += _section(problems, run, energy_section, read_timelines, read_steps)
+        body += _section(problems, run, counter_section, read_timelines, read_steps)
     for diagnosis in _diagnoses(names):  # earlier ones (diagnosis.1.json, ...) first
-        body += _section(problems, diagnosis, _diagnosis_section, diagnosis, problems)
+        body += _section(problems, diagnosis, diagnosis_section, diagnosis, problems)
     if (run / "tune.json").is_file():
         body += _section(
-            problems, run / "tune.json", _tune_section, run / "tune.json", out, problems
+            problems, run / "tune.json", tune_section, run / "tune.json", out, problems
         )
     if images:
         body += ["## Plots", ""]
@@ -138,7 +138,7 @@ def write_report_and_problems(
     try:
         write_text_atomic(summary, "\n".join(lines + problems.section() + body))
     except OSError as e:
-        raise OSError(e.errno, f"cannot write {str(summary)!r} ({_reason(e)})") from e
+        raise OSError(e.errno, f"cannot write {str(summary)!r} ({reason(e)})") from e
     return summary, problems
 
 
