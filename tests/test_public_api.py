@@ -38,6 +38,25 @@ def test_all_is_exactly_the_promised_surface():
     assert len(tfgpu.__all__) == len(EXPECTED)
 
 
+def test_the_type_checking_imports_name_exactly_the_declared_exports():
+    # The names are declared once (`_EXPORTS`); the imports for type checkers repeat them
+    # and must not drift: the same names, each from the module that defines it.
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(tfgpu))
+    block = next(
+        n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)
+    )
+    imported = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom)
+        for alias in node.names:
+            module = node.module if node.module != "tfgpu" else f"tfgpu.{alias.name}"
+            imported[alias.asname or alias.name] = module
+    assert imported == tfgpu._EXPORTS
+
+
 def test_every_public_name_resolves_and_has_a_docstring():
     for name in tfgpu.__all__:
         value = getattr(tfgpu, name)

@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# Public name -> module that defines it. Submodules map to themselves.
+# The public names, declared here once: name -> module that defines it (submodules map to
+# themselves). `__all__` is derived from it; the TYPE_CHECKING imports below repeat it for type
+# checkers and IDEs, and tests/test_public_api.py checks that both say the same.
 _EXPORTS: dict[str, str] = {
     "configure": "tfgpu.config",
     "Configuration": "tfgpu.config",
@@ -46,28 +48,7 @@ _EXPORTS: dict[str, str] = {
     "report": "tfgpu.report",
 }
 
-__all__ = [
-    "BatchSizeResult",
-    "Configuration",
-    "Diagnosis",
-    "EnvironmentReport",
-    "TuneResult",
-    "__version__",
-    "callbacks",
-    "configure",
-    "data",
-    "diagnose",
-    "environment",
-    "find_batch_size",
-    "flops",
-    "global_batch_size",
-    "monitor",
-    "precision",
-    "report",
-    "scale_learning_rate",
-    "strategy",
-    "tune",
-]
+__all__ = ["__version__", *_EXPORTS]
 
 
 def __getattr__(name: str) -> Any:
