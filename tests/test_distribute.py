@@ -242,10 +242,10 @@ def test_invalid_device_and_reduction_arguments_fail_before_building():
         tfgpu.strategy("one_device", devices=cpus(2))
     with pytest.raises(ValueError, match="replicas on the CPU"):
         tfgpu.strategy("mirrored", devices=cpus(2), all_reduce="nccl")
-    with pytest.raises(ValueError, match="timeout_seconds=0"):
-        tfgpu.strategy("multi_worker", timeout_seconds=0)
-    with pytest.raises(TypeError, match="timeout_seconds='10'"):
-        tfgpu.strategy("multi_worker", timeout_seconds="10")
+    with pytest.raises(ValueError, match="timeout_s=0"):
+        tfgpu.strategy("multi_worker", timeout_s=0)
+    with pytest.raises(TypeError, match="timeout_s='10'"):
+        tfgpu.strategy("multi_worker", timeout_s="10")
     with pytest.raises(TypeError, match=r"`devices`.*\(of type int\)"):
         tfgpu.strategy("mirrored", devices=3)
     with pytest.raises(ValueError, match="slurm_port_base=70000"):

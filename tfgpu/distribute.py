@@ -357,7 +357,7 @@ def strategy(
     *,
     devices: Sequence[str] | None = None,
     all_reduce: str = "auto",
-    timeout_seconds: float | None = None,
+    timeout_s: float | None = None,
     slurm_port_base: int = _SLURM_PORT_BASE,
 ) -> tf.distribute.Strategy:
     """Returns a `tf.distribute.Strategy` for this machine or cluster.
@@ -388,7 +388,7 @@ def strategy(
             otherwise a reduction that works on the CPU), `"nccl"`, `"hierarchical_copy"` or
             `"reduction_to_one_device"` for `"mirrored"`; `"nccl"` or `"ring"` for
             `"multi_worker"`. Defaults to `"auto"`.
-        timeout_seconds: float, multi-worker only: abort a collective (all-reduce) that takes
+        timeout_s: float, multi-worker only: abort a collective (all-reduce) that takes
             longer than this, e.g. a worker that hangs while still alive. A worker that dies
             is detected by TensorFlow's coordination service heartbeat (about 10 s) either
             way. None waits forever. Defaults to None.
@@ -423,8 +423,8 @@ def strategy(
         elif not devices:
             raise invalid_value("devices", devices, expected)
     check_number(
-        "timeout_seconds",
-        timeout_seconds,
+        "timeout_s",
+        timeout_s,
         minimum=0,
         exclusive_minimum=True,
         allow_none=True,
@@ -500,7 +500,7 @@ def strategy(
         implementation=getattr(
             tf.distribute.experimental.CommunicationImplementation, name.upper()
         ),
-        timeout_seconds=timeout_seconds,
+        timeout_seconds=timeout_s,
     )
     resolver = None
     if cluster.source == "slurm":
