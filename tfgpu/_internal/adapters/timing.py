@@ -1,8 +1,8 @@
-"""The noise-aware timing protocol shared by `diagnose` and `tune`.
+"""The one timing engine of `diagnose`, `tune`, `tfgpu tune SCRIPT` and `find_batch_size`.
 
 A measurement is a timed `fit` (`fit_step_time`: warm-up calls excluded, the median of the
 timed calls), bounded by a `Budget`. Two or more variants are compared in interleaved rounds
-(`interleave`), so that a noisy host favours none of them, until a distribution-free
+(`compare`), so that a noisy host favours none of them, until a distribution-free
 confidence interval of the median per-round ratio lies on one side of the threshold that
 matters (`settled`), or the budget is spent. Every clock read of the budget goes through
 `now` and every timed fit through `fit_step_time`, both module attributes (the tests replace
@@ -23,6 +23,7 @@ from typing import Any
 import keras
 
 from tfgpu._internal.helpers import stats
+from tfgpu._internal.helpers.warn import one_line
 
 # Each comparison alternates its variants in rounds: at least `MIN_ROUNDS`, then more (up to a
 # caller's maximum) until a distribution-free confidence interval of the median (order
@@ -132,6 +133,100 @@ class Budget:
 Run = Callable[[float | None, float | None], float | None]
 
 
+@dataclass
+class Comparison:
+    """One variant against the baseline: its rounds, and why it stopped early.
+
+    Attributes:
+        rounds: list of (baseline s, variant s), one pair per round, measured side by side.
+        stopped: `"slower"` (clearly slower after the first round), `"budget"` (the budget
+            was spent, or a run was cut before one timed step), or None (settled, or out of
+            rounds).
+        error: str, the variant's run failed with one of `compare`'s `failures`; "" if not.
+    """
+
+    rounds: list[tuple[float, float]] = field(default_factory=list)
+    stopped: str | None = None
+    error: str = ""
+
+
+def compare(
+    base: Run,
+    variants: dict[str, Run],
+    *,
+    threshold: float = 1.0,
+    budget: Budget | None = None,
+    max_rounds: int = 7,
+    timed_units: int = 6,
+    first_base: float | None = None,
+    done: Callable[[list[tuple[float, float]]], bool] | None = None,
+    clearly_slower: float | None = CLEARLY_SLOWER,
+    failures: tuple[type[BaseException], ...] = (),
+) -> dict[str, Comparison]:
+    """The one timing engine: the baseline and each variant run in interleaved rounds.
+
+    Every round runs the baseline and each variant still open, in an order that rotates
+    from round to round (so that a noisy host favours none of them). A variant closes after
+    `MIN_ROUNDS` rounds once it is `done` (default: its ratio interval lies on one side of
+    `threshold`, see `settled`), after its first round when it is `clearly_slower` than the
+    baseline (None: never), when the budget is spent, or when its run raises one of
+    `failures` (recorded as `error`; other exceptions propagate). Each variant's timed part
+    is limited to `FIT_LIMIT_FACTOR` times the baseline's (`timed_units` of its time per
+    unit, plus a second). `first_base`, when given, is the baseline's time of round one
+    (already measured by the caller).
+
+    Returns:
+        A `Comparison` per variant name.
+    """
+    budget = budget or Budget(None)
+    out = {name: Comparison() for name in variants}
+    limit: float | None = None
+    for i in range(max_rounds):
+        active = [
+            name
+            for name, c in out.items()
+            if c.stopped is None
+            and not c.error
+            and not (
+                i >= MIN_ROUNDS
+                and (done(c.rounds) if done is not None else settled(c.rounds, threshold))
+            )
+        ]
+        if not active:
+            break
+        if i > 0 and budget.left() <= 0:
+            for name in active:
+                out[name].stopped = "budget"
+            break
+        order: list[str | None] = [*active, None]  # None: the baseline
+        order = order[i % len(order) :] + order[: i % len(order)]
+        times: dict[str | None, float | None] = {}
+        for name in order:
+            if name is None:
+                times[None] = first_base if i == 0 and first_base is not None else None
+                if times[None] is None:
+                    times[None] = base(budget.deadline, None)
+                continue
+            try:
+                times[name] = variants[name](budget.deadline, limit)
+            except failures as e:
+                out[name].error = one_line(e)
+        b = times.get(None)
+        for name in active:
+            v = times.get(name)
+            if out[name].error:
+                continue
+            if b is None or v is None:
+                out[name].stopped = "budget"
+                continue
+            out[name].rounds.append((b, v))
+            if i == 0 and clearly_slower is not None and v > clearly_slower * b:
+                out[name].stopped = "slower"
+        if limit is None and b is not None:
+            limit = FIT_LIMIT_FACTOR * (b * timed_units + 1.0)
+    return out
+
+
 def interleave(
     base: Run,
     variant: Run,
@@ -141,36 +236,16 @@ def interleave(
     max_rounds: int = 7,
     timed_units: int = 6,
 ) -> tuple[list[tuple[float, float]], str | None]:
-    """Per-round times (baseline, variant), alternating the two runs (variant first).
-
-    At least `MIN_ROUNDS` rounds, more (up to `max_rounds`) while the interval of the
-    per-round ratios baseline / variant straddles `threshold`. Stops early, saying why:
-    `"slower"` after the first round when the variant is `CLEARLY_SLOWER` than the baseline,
-    `"budget"` when the budget is spent (or a run was cut before one timed step). Each
-    variant run's timed part is limited to `FIT_LIMIT_FACTOR` times the baseline's
-    (`timed_units` of its time per unit, plus a second).
-
-    Returns:
-        (rounds, why it stopped early or None).
-    """
-    budget = budget or Budget(None)
-    rounds: list[tuple[float, float]] = []
-    limit: float | None = None
-    for i in range(max_rounds):
-        if i >= MIN_ROUNDS and settled(rounds, threshold):
-            return rounds, None
-        if i > 0 and budget.left() <= 0:
-            return rounds, "budget"
-        v = variant(budget.deadline, limit)
-        b = base(budget.deadline, None)
-        if b is None or v is None:
-            return rounds, "budget"
-        rounds.append((b, v))
-        if limit is None:
-            limit = FIT_LIMIT_FACTOR * (b * timed_units + 1.0)
-        if i == 0 and v > CLEARLY_SLOWER * b:
-            return rounds, "slower"
-    return rounds, None
+    """`compare` with one variant: (rounds, why it stopped early or None)."""
+    c = compare(
+        base,
+        {"variant": variant},
+        threshold=threshold,
+        budget=budget,
+        max_rounds=max_rounds,
+        timed_units=timed_units,
+    )["variant"]
+    return c.rounds, c.stopped
 
 
 def medians(rounds: Sequence[tuple[float, float]]) -> tuple[float, float]:

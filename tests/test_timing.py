@@ -1,0 +1,142 @@
+"""tfgpu._internal.adapters.timing: the one timing engine, on scripted runs and a scripted clock.
+
+No test here times anything real: each run returns a scripted number of seconds and
+advances a scripted clock, so the rounds, their order and every stop are deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tfgpu._internal.adapters import timing
+
+
+class _Runs:
+    """Runs that return scripted seconds and log the order they ran in."""
+
+    def __init__(self, monkeypatch, seconds_per_run: float = 10.0):
+        self.clock = 0.0
+        self.log: list[str] = []
+        self.limits: list[tuple[str, float | None]] = []
+        self.seconds_per_run = seconds_per_run
+        monkeypatch.setattr(timing, "now", lambda: self.clock)
+
+    def run(self, name: str, times):
+        calls = [0]
+
+        def run(deadline, limit):
+            self.log.append(name)
+            self.limits.append((name, limit))
+            self.clock += self.seconds_per_run
+            value = times(calls[0]) if callable(times) else times
+            calls[0] += 1
+            if isinstance(value, BaseException):
+                raise value
+            return value
+
+        return run
+
+
+def test_the_order_rotates_from_round_to_round(monkeypatch):
+    runs = _Runs(monkeypatch)
+    out = timing.compare(
+        runs.run("base", 1.0),
+        {"a": runs.run("a", 0.5), "b": runs.run("b", 0.5)},
+        threshold=1.05,
+        max_rounds=3,
+    )
+    assert runs.log == ["a", "b", "base", "b", "base", "a", "base", "a", "b"]
+    assert out["a"].rounds == [(1.0, 0.5)] * 3 and out["a"].stopped is None
+
+
+def test_a_variant_closes_once_settled_and_the_others_go_on(monkeypatch):
+    runs = _Runs(monkeypatch)
+    noisy = [0.5, 1.5, 0.5, 1.5, 0.5, 1.5, 0.5]
+    out = timing.compare(
+        runs.run("base", 1.0),
+        {"fast": runs.run("fast", 0.5), "noisy": runs.run("noisy", lambda n: noisy[n])},
+        threshold=1.05,
+        max_rounds=7,
+        clearly_slower=None,
+    )
+    assert len(out["fast"].rounds) == timing.MIN_ROUNDS  # settled: x2 in every round
+    assert len(out["noisy"].rounds) == 7 and out["noisy"].stopped is None
+    assert runs.log.count("fast") == timing.MIN_ROUNDS
+
+
+def test_clearly_slower_stops_after_one_round_unless_disabled(monkeypatch):
+    runs = _Runs(monkeypatch)
+    out = timing.compare(runs.run("base", 1.0), {"slow": runs.run("slow", 2.0)}, max_rounds=5)
+    assert out["slow"].stopped == "slower" and len(out["slow"].rounds) == 1
+    runs = _Runs(monkeypatch)
+    out = timing.compare(
+        runs.run("base", 1.0), {"slow": runs.run("slow", 2.0)}, max_rounds=5, clearly_slower=None
+    )
+    assert out["slow"].stopped is None and len(out["slow"].rounds) == timing.MIN_ROUNDS
+
+
+def test_a_failure_of_the_listed_kinds_closes_that_variant_only(monkeypatch):
+    runs = _Runs(monkeypatch)
+    out = timing.compare(
+        runs.run("base", 1.0),
+        {"broken": runs.run("broken", ValueError("bad setting")), "ok": runs.run("ok", 0.5)},
+        threshold=1.05,
+        failures=(ValueError,),
+    )
+    assert out["broken"].error == "ValueError: bad setting" and out["broken"].rounds == []
+    assert len(out["ok"].rounds) == timing.MIN_ROUNDS
+    assert runs.log.count("broken") == 1
+    with pytest.raises(KeyError):  # not listed: the caller's boundary decides
+        timing.compare(runs.run("base", 1.0), {"x": runs.run("x", KeyError("k"))})
+
+
+def test_the_budget_stops_every_open_variant(monkeypatch):
+    runs = _Runs(monkeypatch, seconds_per_run=10.0)
+    budget = timing.Budget(45.0, start=0.0)
+    out = timing.compare(
+        runs.run("base", 1.0),
+        {"a": runs.run("a", lambda n: [0.5, 1.5][n % 2])},
+        threshold=1.05,
+        budget=budget,
+        max_rounds=7,
+        clearly_slower=None,
+    )
+    assert out["a"].stopped == "budget"
+    assert len(out["a"].rounds) == 3 and runs.clock == 60.0  # rounds start before 45 s only
+
+
+def test_a_run_cut_before_one_timed_step_is_the_budget(monkeypatch):
+    runs = _Runs(monkeypatch)
+    out = timing.compare(runs.run("base", lambda n: [1.0, None][n]), {"a": runs.run("a", 0.9)})
+    assert out["a"].stopped == "budget" and len(out["a"].rounds) == 1
+
+
+def test_first_base_is_round_one_s_baseline_and_done_replaces_the_interval(monkeypatch):
+    runs = _Runs(monkeypatch)
+    out = timing.compare(
+        runs.run("base", 1.0),
+        {"real": runs.run("real", 3.0)},
+        first_base=2.0,
+        clearly_slower=None,
+        done=lambda rounds: len(rounds) >= 4,
+        max_rounds=9,
+    )
+    assert out["real"].rounds == [(2.0, 3.0), (1.0, 3.0), (1.0, 3.0), (1.0, 3.0)]
+    assert runs.log.count("base") == 3
+
+
+def test_variants_are_limited_to_a_multiple_of_the_baseline_s_timed_part(monkeypatch):
+    runs = _Runs(monkeypatch)
+    timing.compare(runs.run("base", 2.0), {"a": runs.run("a", 1.0)}, timed_units=10, threshold=1.05)
+    limits = [limit for name, limit in runs.limits if name == "a"]
+    assert limits[0] is None  # round one: the baseline's time is not known yet
+    assert all(math.isclose(x, timing.FIT_LIMIT_FACTOR * (2.0 * 10 + 1.0)) for x in limits[1:])
+    assert all(limit is None for name, limit in runs.limits if name == "base")
+
+
+def test_interleave_is_compare_with_one_variant(monkeypatch):
+    runs = _Runs(monkeypatch)
+    rounds, stopped = timing.interleave(runs.run("base", 1.0), runs.run("v", 2.0))
+    assert (rounds, stopped) == ([(1.0, 2.0)], "slower")
