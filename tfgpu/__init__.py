@@ -65,11 +65,11 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from tfgpu import callbacks, data, flops, monitor, precision, report
-    from tfgpu.batch_size import BatchSizeResult, find_batch_size
-    from tfgpu.config import Configuration, configure
-    from tfgpu.diagnosis import Diagnosis, diagnose
-    from tfgpu.distribute import global_batch_size, scale_learning_rate, strategy
-    from tfgpu.env import EnvironmentReport, environment
-    from tfgpu.tuning import TuneResult, tune
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs (names used via _EXPORTS)
+    from tfgpu import callbacks, data, flops, monitor, precision, report  # noqa: F401
+    from tfgpu.batch_size import BatchSizeResult, find_batch_size  # noqa: F401
+    from tfgpu.config import Configuration, configure  # noqa: F401
+    from tfgpu.diagnosis import Diagnosis, diagnose  # noqa: F401
+    from tfgpu.distribute import global_batch_size, scale_learning_rate, strategy  # noqa: F401
+    from tfgpu.env import EnvironmentReport, environment  # noqa: F401
+    from tfgpu.tuning import TuneResult, tune  # noqa: F401
