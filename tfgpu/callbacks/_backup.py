@@ -146,7 +146,7 @@ def _read(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
             arrays = {k: data[k] for k in data.files}
     except _Unusable:
         raise
-    except Exception as e:  # see the docstring: all damage looks alike
+    except Exception as e:  # the boundary of reading a file: all damage looks alike (docstring)
         raise _Unusable(
             f"it cannot be read as a backup archive ({type(e).__name__}: {e})"
         ) from None
@@ -390,12 +390,14 @@ class CountingDataset:
 
 def reshuffles(dataset) -> bool:
     """Whether a tf.data `dataset` has a shuffle with `reshuffle_each_iteration=True`."""
+    import tensorflow as tf
+    from google.protobuf.message import DecodeError
     from tensorflow.core.framework import graph_pb2
 
     try:
         graph = graph_pb2.GraphDef()
         graph.ParseFromString(dataset._as_serialized_graph().numpy())
-    except Exception:  # not a plain tf.data graph (e.g. a stateful source): cannot tell
+    except (tf.errors.OpError, DecodeError):  # a graph TF cannot serialize or read: cannot tell
         return False
     nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]
     return any("Shuffle" in n.op and n.attr["reshuffle_each_iteration"].b for n in nodes)

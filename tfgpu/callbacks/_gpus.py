@@ -17,9 +17,11 @@ def _trains_on_gpu() -> bool:
     """Whether TensorFlow places this process's ops on a GPU (after `fit` started it)."""
     try:
         import tensorflow as tf
-
+    except ImportError:  # another Keras backend, without TensorFlow
+        return False
+    try:
         return bool(tf.config.list_logical_devices("GPU"))
-    except Exception:
+    except (RuntimeError, tf.errors.OpError):  # a runtime that failed to start its devices
         return False
 
 

@@ -200,14 +200,14 @@ class GPUMonitor(keras.callbacks.Callback):
         self._optimizer_at_begin = optimizer_steps(self.model) if unknown else None
         try:
             self.sampler.mark(epoch=epoch)
-        except Exception as e:
+        except TypeError as e:  # a custom loop passing a label that is not a number
             self._report("could not label the samples", e)
 
     def on_train_batch_begin(self, batch, logs=None):
         self._epoch_batches = batch + 1 if isinstance(batch, int) else self._epoch_batches
         try:
             self.sampler.mark(step=batch)
-        except Exception as e:
+        except TypeError as e:  # a custom loop passing a label that is not a number
             self._report("could not label the samples", e)
 
     def on_epoch_end(self, epoch, logs=None):
@@ -222,7 +222,7 @@ class GPUMonitor(keras.callbacks.Callback):
                 self._batch_size,
                 per_gpu=self.per_gpu_logs,
             )
-        except Exception as e:
+        except Exception as e:  # the hook's boundary: side features never kill training
             self._report("could not aggregate the samples", e)
             aggregates = {}
         if logs is not None:
@@ -232,13 +232,15 @@ class GPUMonitor(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         try:
             self.sampler.stop()
-        except Exception as e:
+        except RuntimeError as e:  # a sampler thread that never started cannot be joined
             self._report("could not stop sampling", e)
         self._write_tensorboard()
         if self._tb_writer is not None:
+            import tensorflow as tf  # loaded already: it made the writer
+
             try:
                 self._tb_writer.flush()
-            except Exception as e:
+            except tf.errors.OpError as e:  # e.g. a log directory gone or full
                 self._report("could not flush TensorBoard", e)
 
     def _epoch_steps(self) -> int:
@@ -285,7 +287,7 @@ class GPUMonitor(keras.callbacks.Callback):
                             tensor = tf.constant(value, tf.float32)
                             tf.summary.write(f"monitor/{key}", tensor, step=step, metadata=scalar)
             self._tb_written += len(rows)
-        except Exception as e:  # side features never kill training
+        except Exception as e:  # the TensorBoard side feature's boundary: never kills training
             _log.warning("GPUMonitor: TensorBoard scalars disabled (%s).", e)
             self._tb_dir = None
 

@@ -202,7 +202,7 @@ class StepTimer(keras.callbacks.Callback):
                 self._file, _ = open_csv(path, _STEPS_HEADER)
                 # Keras skips on_train_end when fit raises: close it when this callback goes.
                 self._closer = weakref.finalize(self, _close_quietly, self._file)
-            except Exception as e:  # side features never kill training
+            except (OSError, ValueError) as e:  # a full disk, a lost mount, a path it refuses
                 _log.warning("StepTimer cannot write steps.csv (%s); training goes on.", e)
         # ... and write the rows when fit is over: its CallbackList goes with fit's frame.
         callback_list = keras_internals.calling_callback_list()
@@ -233,22 +233,8 @@ class StepTimer(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         # Keras has waited for every asynchronous batch-end hook before calling this.
-        try:
-            with self._lock:
-                self._drain(final=True)
-                self._correct_last_execution()
-                self._flush(final=True)
-                summary = _epoch_summary(
-                    self._executions,
-                    self._batch_size,
-                    self._perf() - self._epoch_start,
-                    self._flops,
-                    self._peak,
-                )
-        except Exception as e:  # side features never kill training
-            self._report(e)
-            return
-        if logs is not None:
+        summary = self._sync(final=True, epoch_end=True)
+        if logs is not None and summary is not None:
             logs.update(summary)
 
     def on_train_end(self, logs=None):
@@ -272,7 +258,7 @@ class StepTimer(keras.callbacks.Callback):
                 from tfgpu.flops import train_step_flops
 
                 flops = train_step_flops(self.model, int(self._batch_size))
-        except Exception as e:  # side features never kill training
+        except Exception as e:  # counting a model's FLOPs may fail anyway: never kills training
             self._note_mfu(f"{type(e).__name__}: {e}")
             return self.flops_per_step, self.peak_flops
         return flops, peak
@@ -293,7 +279,9 @@ class StepTimer(keras.callbacks.Callback):
             self._fit_over.detach()
             self._fit_over = None
 
-    def _sync(self, final: bool, timeout: float | None = None) -> None:
+    def _sync(
+        self, final: bool, timeout: float | None = None, epoch_end: bool = False
+    ) -> dict[str, float] | None:
         """Turns the noted times into rows and writes them; never raises.
 
         Args:
@@ -301,6 +289,11 @@ class StepTimer(keras.callbacks.Callback):
                 dropped instead of waited for).
             timeout: float or None, how long to wait for another thread doing the same
                 before leaving the work to it (0: not at all). Defaults to `None`: wait.
+            epoch_end: bool, whether the epoch is over: its last execution's steps are
+                corrected first (`_correct_last_execution`). Defaults to `False`.
+
+        Returns:
+            At `epoch_end`, the epoch's logs; otherwise, or if anything failed, None.
         """
         acquired = (
             self._lock.acquire()
@@ -308,15 +301,28 @@ class StepTimer(keras.callbacks.Callback):
             else self._lock.acquire(blocking=timeout > 0, timeout=timeout if timeout > 0 else -1)
         )
         if not acquired:
-            return
+            return None
         try:
             self._synced_at = self._perf()
             self._drain(final=final)
+            if epoch_end:
+                self._correct_last_execution()
             self._flush(final=final)
-        except Exception as e:  # may run in Keras's thread pool: never let it fail `fit`
+            if epoch_end:
+                return _epoch_summary(
+                    self._executions,
+                    self._batch_size,
+                    self._perf() - self._epoch_start,
+                    self._flops,
+                    self._peak,
+                )
+        # The boundary of every hook's work on the steps (on_epoch_end, on_train_end, the
+        # batch-end hook in Keras's thread pool): never let it fail `fit`.
+        except Exception as e:
             self._report(e)
         finally:
             self._lock.release()
+        return None
 
     def _drain(self, final: bool) -> None:
         """Matches batch ends to begins in step order; records executions and rows."""

@@ -97,6 +97,9 @@ class GpuReader:
         self._function_not_found = error_code(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
         self._not_found = error_code(nv, "NVML_ERROR_NOT_FOUND", 6)
         self._in_use = error_code(nv, "NVML_ERROR_IN_USE", 19)
+        # Not an NVMLError: an unversioned call the driver lacks (nvidia-ml-py 12 and newer).
+        mismatch = getattr(nv, "NVMLLibraryMismatchError", None)
+        self._mismatch: tuple[type, ...] = (mismatch,) if isinstance(mismatch, type) else ()
         # Driver generations: the newest call first, the older one once the driver says so.
         self._reasons_names = [
             n
@@ -161,14 +164,12 @@ class GpuReader:
 
     def _newest(self, names: list[str], h: Any) -> Any:
         """Calls the first of `names` the driver exports, dropping those it does not."""
-        mismatch = getattr(self._nv, "NVMLLibraryMismatchError", None)
         while names:
             try:
                 return getattr(self._nv, names[0])(h)
-            except Exception as e:
+            except (self._nv.NVMLError, *self._mismatch) as e:
                 older = len(names) > 1 and (
-                    self._code(e) == self._function_not_found
-                    or (isinstance(mismatch, type) and isinstance(e, mismatch))
+                    self._code(e) == self._function_not_found or isinstance(e, self._mismatch)
                 )
                 if not older:
                     raise
@@ -186,7 +187,7 @@ class GpuReader:
             try:
                 info = memory_v2(self._nv, h)
                 return info.used / _MIB, info.total / _MIB
-            except Exception as e:
+            except (self._nv.NVMLError, TypeError, AttributeError) as e:
                 if not (
                     isinstance(e, (TypeError, AttributeError))
                     or self._code(e)
@@ -239,7 +240,7 @@ class GpuReader:
         now = self._clock()
         try:
             samples = self._nv.nvmlDeviceGetProcessUtilization(h, self._proc_last_ts)
-        except Exception as e:
+        except self._nv.NVMLError as e:
             if self._code(e) != self._not_found:
                 raise
             # No sample newer than the last one: carry it for a second, then idle.
@@ -265,7 +266,7 @@ class GpuReader:
             return False
         try:
             support = nv.nvmlGpmQueryDeviceSupport(h)
-        except Exception as e:
+        except nv.NVMLError as e:
             if self._code(e) in (self._not_supported, self._function_not_found):
                 self._gpm_off(f"the driver does not offer GPM ({decode(e)})")
                 return False
@@ -307,12 +308,15 @@ class GpuReader:
         if self._gpm is None and not self._gpm_start(h):
             return tuple(self._gpm_values[:6])
         current = 0 if self._gpm_prev != 0 else 1
+        previous = self._gpm_prev
+        # What a failed call leaves, whatever it raises (the next metrics then need two fresh
+        # samples); a call that succeeds sets them anew.
+        self._gpm_prev = None
+        self._gpm_values = [_NAN] * len(GPM_METRICS)
+        self._gpm_pcie_ok = False
         try:
             self._nv.nvmlGpmSampleGet(h, self._gpm_samples[current])
-        except Exception as e:
-            self._gpm_prev = None  # the next metrics need two fresh samples
-            self._gpm_values = [_NAN] * len(GPM_METRICS)
-            self._gpm_pcie_ok = False
+        except self._nv.NVMLError as e:
             if self._code(e) == self._not_supported:
                 self._gpm_off(f"GPM sampling is not supported here ({decode(e)})")
             elif self._code(e) == self._in_use:
@@ -326,18 +330,13 @@ class GpuReader:
             else:
                 raise
             return tuple(self._gpm_values[:6])
-        previous, self._gpm_prev = self._gpm_prev, current
+        self._gpm_prev = current
         if previous is None:
             return tuple(self._gpm_values[:6])  # the first sample: values come at the next
         request = self._gpm_request
         request.sample1 = self._gpm_samples[previous]
         request.sample2 = self._gpm_samples[current]
-        try:
-            self._nv.nvmlGpmMetricsGet(request)
-        except Exception:
-            self._gpm_values = [_NAN] * len(GPM_METRICS)
-            self._gpm_pcie_ok = False
-            raise
+        self._nv.nvmlGpmMetricsGet(request)
         values = []
         success = getattr(self._nv, "NVML_SUCCESS", 0)
         for k, (name, constant) in enumerate(GPM_METRICS):
@@ -357,7 +356,7 @@ class GpuReader:
         for sample in samples:
             try:
                 self._nv.nvmlGpmSampleFree(sample)
-            except Exception:  # nothing useful to do about a failed free at shutdown
+            except self._nv.NVMLError:  # nothing useful to do about a failed free at shutdown
                 pass
 
     # ------------------------------------------------------------- PCIe
@@ -380,9 +379,10 @@ class GpuReader:
         if not callable(getattr(nv, "nvmlDeviceGetFieldValues", None)) or None in ids:
             self._fields_ok = False
             return None
+        previous, self._fields_prev = self._fields_prev, None  # what a failed call leaves
         try:
             values = nv.nvmlDeviceGetFieldValues(h, list(ids))
-        except Exception as e:
+        except nv.NVMLError as e:
             if self._code(e) in (self._not_supported, self._function_not_found):
                 self._fields_ok = False
                 self._note(
@@ -391,7 +391,6 @@ class GpuReader:
                     decode(e),
                 )
                 return None
-            self._fields_prev = None
             raise
         success = getattr(nv, "NVML_SUCCESS", 0)
         returns = [values[k].nvmlReturn for k in range(2)]
@@ -404,12 +403,11 @@ class GpuReader:
             )
             return None
         if any(r != success for r in returns):
-            self._fields_prev = None
             return _NAN, _NAN
         self._fields_ok = True
         stamp = values[0].timestamp / 1e6 if values[0].timestamp > 0 else self._clock()
         current = (stamp, float(values[0].value.ullVal), float(values[1].value.ullVal))
-        previous, self._fields_prev = self._fields_prev, current
+        self._fields_prev = current
         if previous is None or current[0] <= previous[0]:
             return _NAN, _NAN
         seconds = current[0] - previous[0]
@@ -439,10 +437,10 @@ class GpuReader:
             if k == 0
             else getattr(self._nv, "NVML_PCIE_UTIL_RX_BYTES", 1)
         )
+        self._throughput[k] = _NAN  # what a failed call leaves, whatever it raises
         try:
             kb_s = self._nv.nvmlDeviceGetPcieThroughput(h, counter)
-        except Exception as e:
-            self._throughput[k] = _NAN
+        except self._nv.NVMLError as e:
             if self._is_not_supported(e):
                 for key in mine:  # never asked again: leave the turns to the others
                     shared.served.pop(key, None)
@@ -474,7 +472,7 @@ class GpuReader:
         if self._handle is None:
             try:
                 self._handle = self._nv.nvmlDeviceGetHandleByIndex(self._gpu.index)
-            except Exception as e:
+            except self._nv.NVMLError as e:
                 self._report(type(e).__name__, list(GPU_METRICS), e)
                 return [_NAN] * len(GPU_METRICS)
         values: list[float] = []
@@ -484,7 +482,7 @@ class GpuReader:
                 continue
             try:
                 values.extend(fn(self._handle))
-            except Exception as e:
+            except Exception as e:  # the one catch-all: any failure of one query reads NaN
                 values.extend([_NAN] * len(metrics))
                 if self._is_not_supported(e):
                     self._unsupported.add(query)

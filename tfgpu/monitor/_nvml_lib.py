@@ -19,17 +19,24 @@ def decode(value: Any) -> str:
     """Text of a value or an exception; never raises (a binding's `__str__` may)."""
     try:
         return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-    except Exception:
+    except Exception:  # any `__str__` may raise anything: the boundary of "never raises"
         return type(value).__name__
 
 
 def import_pynvml() -> tuple[ModuleType | None, str | None]:
-    """Returns the `pynvml` module, or None and why not (with `NVML_HINT`)."""
+    """Returns the `pynvml` module, or None and why not (with `NVML_HINT`).
+
+    The module returned has the binding's error class, `NVMLError`: every NVML call here
+    catches it (with `NVMLLibraryMismatchError` where a call may raise that).
+    """
     try:
         import pynvml
+
+        if not issubclass(pynvml.NVMLError, Exception):
+            raise TypeError("pynvml.NVMLError is not an exception class")
     except ImportError:
         return None, f"The `pynvml` module is not installed. {NVML_HINT}"
-    except Exception as e:  # a broken install raising anything at import
+    except Exception as e:  # a broken install raising anything at import (or lacking NVMLError)
         return None, f"The `pynvml` module failed to import ({type(e).__name__}: {e}). {NVML_HINT}"
     return pynvml, None
 
@@ -38,16 +45,16 @@ def start(nv: ModuleType) -> str | None:
     """Initializes NVML (reference counted by NVML itself); returns an error text or None."""
     try:
         nv.nvmlInit()
-    except Exception as e:  # NVMLError, or OSError from a broken library
+    except (nv.NVMLError, OSError) as e:  # OSError: a library that fails to load
         return f"NVML could not be initialized ({decode(e) or type(e).__name__}). {NVML_HINT}"
     return None
 
 
 def stop(nv: ModuleType) -> None:
-    """Shuts NVML down (one `start` less); never raises."""
+    """Shuts NVML down (one `start` less); never raises an NVML error."""
     try:
         nv.nvmlShutdown()
-    except Exception:  # nothing useful to do about a failed shutdown
+    except nv.NVMLError:  # nothing useful to do about a failed shutdown
         pass
 
 

@@ -8,6 +8,7 @@ each worker writes its own files (`artifact_name`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -101,14 +102,12 @@ def open_csv(path: Path, header: str) -> tuple[Any, Path | None]:
     rotated = None
     if path.exists() and not _can_continue(path, header.encode()):
         rotated = files.rotate(path)
-    f = open(path, "a", encoding="utf-8")  # noqa: SIM115 (the caller closes it)
-    try:
+    with contextlib.ExitStack() as on_error:
+        f = on_error.enter_context(open(path, "a", encoding="utf-8"))
         if f.tell() == 0:
             f.write(header)
             f.flush()
-    except BaseException:
-        f.close()
-        raise
+        on_error.pop_all()  # written: the caller closes it
     return f, rotated
 
 

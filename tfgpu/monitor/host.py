@@ -45,14 +45,19 @@ class _HostReader:
 
     def __init__(self) -> None:
         self._psutil: Any = None
+        self._process: Any = None  # None: psutil could not open this process
+        self._last_times: Any = None  # None: no CPU baseline, CPU percent stays NaN
         self._reported = False
         try:
             import psutil
-
-            self._psutil = psutil
+        except (ImportError, NotImplementedError) as e:  # not installed; an unknown platform
+            self._warn(e)
+            return
+        self._psutil = psutil
+        try:
             self._process = psutil.Process()
             self._last_times = psutil.cpu_times()
-        except Exception as e:
+        except (psutil.Error, OSError) as e:
             self._warn(e)
 
     def _warn(self, error: Exception) -> None:
@@ -66,24 +71,27 @@ class _HostReader:
 
     def read(self) -> list[float]:
         """Returns the values of `HOST_METRICS`, in that order."""
-        if self._psutil is None:
+        psutil = self._psutil
+        if psutil is None:
             return [_NAN] * len(HOST_METRICS)
-        values = []
+        # What psutil raises: its own errors (no such process, access denied) and OSError
+        # (a /proc it cannot read).
+        errors = (psutil.Error, OSError)
+        values = [_NAN, _NAN, _NAN]
+        if self._last_times is not None:
+            try:
+                times = psutil.cpu_times()
+                values[0] = _cpu_pct(self._last_times, times)
+                self._last_times = times
+            except errors as e:
+                self._warn(e)
+        if self._process is not None:
+            try:
+                values[1] = self._process.memory_info().rss / _MIB
+            except errors as e:
+                self._warn(e)
         try:
-            times = self._psutil.cpu_times()
-            values.append(_cpu_pct(self._last_times, times))
-            self._last_times = times
-        except Exception as e:
-            values.append(_NAN)
-            self._warn(e)
-        try:
-            values.append(self._process.memory_info().rss / _MIB)
-        except Exception as e:
-            values.append(_NAN)
-            self._warn(e)
-        try:
-            values.append(float(self._psutil.virtual_memory().percent))
-        except Exception as e:
-            values.append(_NAN)
+            values[2] = float(psutil.virtual_memory().percent)
+        except errors as e:
             self._warn(e)
         return values

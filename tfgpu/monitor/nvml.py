@@ -78,10 +78,11 @@ class NvmlInventory:
         return dataclasses.asdict(self)
 
 
-def _call(fn: Callable[..., Any], *args: Any, default: Any = None) -> Any:
+def _call(nv: ModuleType, fn: Callable[..., Any], *args: Any, default: Any = None) -> Any:
+    """`fn(*args)`, or `default` where NVML fails (or the binding gets a name not in UTF-8)."""
     try:
         return fn(*args)
-    except Exception:
+    except (nv.NVMLError, UnicodeDecodeError):
         return default
 
 
@@ -95,22 +96,22 @@ def _memory_info(nv: ModuleType, handle: Any) -> Any:
     """The memory struct as `nvidia-smi` reports it where the driver allows, else v1."""
     try:
         return _nvml_lib.memory_v2(nv, handle)
-    except Exception:
-        return _call(nv.nvmlDeviceGetMemoryInfo, handle)
+    except (nv.NVMLError, TypeError, AttributeError):  # the last two: a binding without v2
+        return _call(nv, nv.nvmlDeviceGetMemoryInfo, handle)
 
 
 def _gpu_info(nv: ModuleType, index: int, handle: Any) -> GpuInfo:
     memory = _memory_info(nv, handle)
-    util = _call(nv.nvmlDeviceGetUtilizationRates, handle)
-    pci = _call(nv.nvmlDeviceGetPciInfo, handle)
-    cc = _call(nv.nvmlDeviceGetCudaComputeCapability, handle)
+    util = _call(nv, nv.nvmlDeviceGetUtilizationRates, handle)
+    pci = _call(nv, nv.nvmlDeviceGetPciInfo, handle)
+    cc = _call(nv, nv.nvmlDeviceGetCudaComputeCapability, handle)
     bus_id = ""
     if pci is not None:
         bus_id = _nvml_lib.decode(getattr(pci, "busId", b"") or getattr(pci, "busIdLegacy", b""))
     return GpuInfo(
         index=index,
-        name=_nvml_lib.decode(_call(nv.nvmlDeviceGetName, handle, default="unknown")),
-        uuid=_nvml_lib.decode(_call(nv.nvmlDeviceGetUUID, handle, default="")),
+        name=_nvml_lib.decode(_call(nv, nv.nvmlDeviceGetName, handle, default="unknown")),
+        uuid=_nvml_lib.decode(_call(nv, nv.nvmlDeviceGetUUID, handle, default="")),
         pci_bus_id=bus_id,
         memory_total_mib=memory.total / _MIB if memory is not None else _NAN,
         memory_used_mib=memory.used / _MIB if memory is not None else _NAN,
@@ -143,13 +144,13 @@ def inventory() -> NvmlInventory:
     if error is not None:
         return NvmlInventory(False, error, None, None, [])
     try:
-        driver = _call(nv.nvmlSystemGetDriverVersion)
-        cuda = _call(nv.nvmlSystemGetCudaDriverVersion)
+        driver = _call(nv, nv.nvmlSystemGetDriverVersion)
+        cuda = _call(nv, nv.nvmlSystemGetCudaDriverVersion)
         gpus = []
         for index in range(nv.nvmlDeviceGetCount()):
             try:
                 handle = nv.nvmlDeviceGetHandleByIndex(index)
-            except Exception as e:  # a lost or inaccessible GPU: list the others
+            except nv.NVMLError as e:  # a lost or inaccessible GPU: list the others
                 _log.warning(
                     "NVML cannot open GPU %d (%s); it is left out.", index, _nvml_lib.decode(e)
                 )
@@ -162,7 +163,7 @@ def inventory() -> NvmlInventory:
             _format_cuda_version(cuda),
             gpus,
         )
-    except Exception as e:
+    except Exception as e:  # never raises: a binding failing in any way means no NVML
         return NvmlInventory(
             False, f"NVML query failed ({_nvml_lib.decode(e)}). {NVML_HINT}", None, None
         )

@@ -307,7 +307,9 @@ class Sampler:
             return
         try:
             self._open_files_or_raise(self._dir)
-        except Exception as e:  # OSError mostly (a full disk, a lost mount): never fatal
+        # OSError: a full disk, a lost mount; ValueError, TypeError: a damaged run.json (e.g.
+        # "earlier_sessions": 5) or Slurm variables that are not numbers. Never fatal.
+        except (OSError, ValueError, TypeError) as e:
             self._file_failed = True
             _log.warning("tfgpu.monitor: cannot write to %s (%s); sampling goes on.", self._dir, e)
 
@@ -354,7 +356,7 @@ class Sampler:
                             "memory.",
                             e,
                         )
-        except Exception:
+        except Exception:  # the tick's boundary: a failed sample never stops sampling or training
             if not self._sample_failed:
                 self._sample_failed = True
                 _log.exception("tfgpu.monitor: a sample failed; sampling goes on. (Logged once.)")
@@ -372,7 +374,7 @@ class Sampler:
 
     def _run(self, stop: threading.Event | None = None) -> None:
         stop = self._stop_event if stop is None else stop
-        try:
+        try:  # _sample never raises: it is the boundary of each tick
             deadline = self._monotonic() + self._interval
             while not stop.wait(max(0.0, deadline - self._monotonic())):
                 self._sample()
@@ -381,8 +383,6 @@ class Sampler:
                     _log.debug("tfgpu.monitor: the watched function ended; stopping.")
                     break
             self._sample()
-        except Exception:  # pragma: no cover (_sample never raises; a last line of defence)
-            _log.exception("tfgpu.monitor: the sampler thread failed; sampling stops.")
         finally:
             self._close()
 
