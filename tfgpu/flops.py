@@ -581,7 +581,9 @@ def _step_flops(model, batch_size: int, input_signature) -> float:
         return _train_counts(model, specs)["total"]
     except _UnknownSizes:
         raise
-    except Exception as e:  # any failure to trace the gradient falls back to the estimate
+    except Exception as e:  # the one catch-all: tracing the gradient of any model can fail
+        # in any way (an op without a gradient: LookupError, a layer's NotImplementedError,
+        # ...); the count then falls back to the estimate below
         reason = e
     forward = _counted(lambda x: model(x, training=False), specs, stacklevel=4)["total"]
     factor = 3.0 if model.trainable_variables else 1.0

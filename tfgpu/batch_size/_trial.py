@@ -105,12 +105,13 @@ def device_capacity_bytes(device: str) -> int | None:
     or NVML missing). `/GPU:k` follows `CUDA_VISIBLE_DEVICES` and `configure(gpus=...)`."""
     if not device.startswith("GPU"):
         return None
-    try:
-        from tfgpu._internal.adapters import devices
+    from tfgpu._internal.adapters import devices
 
-        gpu = devices.gpu_record(int(device.split(":")[1]))
-    except Exception:  # side feature: fall back to OOM detection only
+    try:
+        index = int(device.split(":")[1])
+    except (IndexError, ValueError):  # not "GPU:k": fall back to OOM detection only
         return None
+    gpu = devices.gpu_record(index)  # never raises: None without such a GPU
     return None if gpu is None else gpu.memory_total_bytes
 
 

@@ -26,7 +26,6 @@ from tfgpu._internal.helpers.checks import (
 )
 from tfgpu._internal.helpers.files import rotate, write_text_atomic
 from tfgpu._internal.helpers.progress import Progress, check_verbose
-from tfgpu._internal.helpers.warn import one_line
 from tfgpu.diagnosis import _probes
 from tfgpu.diagnosis._advice import _service_advice
 from tfgpu.diagnosis._classify import _classify, monitor_facts, unseen, wait_notes
@@ -78,7 +77,7 @@ def _gpu_facts(notes: list[str]) -> tuple[str | None, list[tuple[int, int]], int
             inv = inventory()
             if inv.error:
                 notes.append(f"NVML unavailable ({inv.error}): no memory capacity, no monitor")
-        except Exception as e:  # side feature
+        except ImportError as e:  # `inventory` never raises; tfgpu.monitor may not import
             notes.append(f"NVML query failed: {e}")
     return name, ccs, capacity
 
@@ -184,15 +183,15 @@ def _flops(model, x, size, real, policy, gpu_name, ccs, on_gpu, replicas=1):
     notes: list[str] = []
     if not size:
         return None, None, None, notes
-    try:
+    failure: list[str] = []
+    with _probes.noted(failure, "{error}"):  # FLOP counting is a side feature
         signature = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), x)
         if isinstance(signature, (list, tuple)) and len(signature) == 1:
             signature = signature[0]
         flops = train_step_flops(model, size, input_signature=signature)
-    except Exception as e:  # FLOP counting is a side feature
+    if failure:
         # Its message may advise arguments of `train_step_flops`; diagnose takes none of them.
-        text = one_line(e)
-        text = ". ".join(p for p in text.split(". ") if "input_signature" not in p)
+        text = ". ".join(p for p in failure[0].split(". ") if "input_signature" not in p)
         notes.append(f"FLOPs not counted: {text.rstrip('.')}")
         return None, None, None, notes
     if not flops or not real or real <= 0:
@@ -208,7 +207,7 @@ def _flops(model, x, size, real, policy, gpu_name, ccs, on_gpu, replicas=1):
             from tfgpu._internal.adapters import cpu
 
             peak = cpu.peak_flops(policy)
-    except Exception:
+    except (TypeError, ValueError):  # a policy with no peak rate (e.g. "float64")
         peak = None
     if peak and achieved > peak:
         notes.append(
@@ -407,11 +406,9 @@ def diagnose(
     for name, value in monitor_facts(m.monitor).items():
         setattr(f, name, value)
     if on_gpu:
-        try:
+        with _probes.noted(notes, "tensor-core facts not read: {error}"):
             f.tf32_enabled = devices.tf32_execution_enabled()
             f.float32_layers, f.odd_dim_layers = precision_layers(model)
-        except Exception as e:  # side facts: a note, not a crash
-            notes.append(f"tensor-core facts not read: {one_line(e)}")
     verdict = share_verdict(m.rounds)
     bottleneck, level, share, findings = _classify(f, verdict)
     service = _service_advice(f) if level in ("high", "moderate") else None
@@ -506,10 +503,8 @@ def _measure_model(
     train_step_ops: list[OpFact] = []
     if on_gpu and not model.jit_compile:  # where ops run matters only beside a GPU
         progress.phase("reading where the train step's ops run")
-        try:
+        with _probes.noted(notes, "train-step op placement not checked: {error}"):
             train_step_ops = _train_step_ops(model, batch)
-        except Exception as e:  # a side check: a note, not a crash
-            notes.append(f"train-step op placement not checked: {one_line(e)}")
     with _probes._monitoring(monitor and on_gpu, notes) as aggregate:
         rounds = _probes._measure_rounds(
             model, ds, device_ds, first, steps, warmup, budget, progress=progress
@@ -601,13 +596,11 @@ def _record_probe(
 
 def _profile(model: keras.Model, ds: tf.data.Dataset, path: str, steps: int, notes: list[str]):
     """A TensorBoard profiler trace of `steps` steps into `path`; None (and a note) if it fails."""
-    try:
+    with _probes.noted(notes, "profiler trace failed: {error}"):
         tf.profiler.experimental.start(path)
         try:
             model.fit(ds.repeat(), epochs=1, steps_per_epoch=steps, verbose=0, shuffle=False)
         finally:
             tf.profiler.experimental.stop()
-    except Exception as e:  # profiler errors should not be fatal
-        notes.append(f"profiler trace failed: {one_line(e)}")
-        return None
-    return path
+        return path
+    return None

@@ -22,7 +22,7 @@ def _batch_bytes(batch) -> int | None:
             if n is None:
                 return None
             total += int(n) * int(t.dtype.size)
-    except Exception:  # an odd element (a string tensor has no fixed size): unknown
+    except AttributeError:  # an element that is not a tensor (None in the batch): unknown
         return None
     return total or None
 
@@ -34,7 +34,7 @@ def _has_gpu_kernel(node, registry: dict[str, list | None]) -> bool:
     if node.op not in registry:
         try:
             found = kernels.get_registered_kernels_for_op(node.op).kernel
-        except Exception:  # a function call op, or an op this build does not know
+        except tf.errors.OpError:  # the registry could not be read for it: unknown
             found = None
         registry[node.op] = (
             None if found is None else [k for k in found if k.device_type in ("GPU", "DEFAULT")]
@@ -159,7 +159,7 @@ def read_pipeline(ds) -> PipelineFacts | None:
         )
         graph = tf.compat.v1.GraphDef()
         graph.ParseFromString(serialized.numpy())
-    except Exception:  # a dataset TF cannot serialize
+    except tf.errors.OpError:  # a dataset TF cannot serialize
         return None
     ops = [n.op for n in graph.node]
     for fn in graph.library.function:
@@ -198,7 +198,7 @@ def read_pipeline(ds) -> PipelineFacts | None:
         map_after_cache = False
     try:
         pool = ds.options().threading.private_threadpool_size
-    except Exception:
+    except tf.errors.OpError:
         pool = None
     return PipelineFacts(
         python_input=any(o in _PYTHON_OPS for o in ops),
@@ -219,7 +219,7 @@ def shape_facts(ds) -> tuple[str | None, bool]:
     """
     try:
         batches, _ = source_batches(ds)
-    except Exception:
+    except tf.errors.OpError:
         batches = None
     partial = bool(
         batches is not None

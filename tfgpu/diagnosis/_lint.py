@@ -108,5 +108,5 @@ def loss_scale(model) -> float | None:
         return None
     try:
         return float(np.asarray(scale.numpy() if hasattr(scale, "numpy") else scale))
-    except Exception:
+    except (TypeError, ValueError):  # not one number
         return None

@@ -95,7 +95,7 @@ def _warm_real(model, ds, repeated, budget: protocol.Budget) -> None:
 
     try:
         n = cardinality(ds)
-    except Exception:
+    except tf.errors.OpError:
         n = None
     if not n or n < 0:
         return
@@ -157,12 +157,12 @@ def _first_device_run(
     """
     try:
         tf.config.experimental.reset_memory_stats(mem_device)
-    except Exception:
+    except (ValueError, tf.errors.OpError):  # a device without allocator statistics
         pass
     compute = protocol.fit_step_time(model, device_ds, steps, warmup)
     try:
         peak: int | None = int(tf.config.experimental.get_memory_info(mem_device)["peak"])
-    except Exception:
+    except (ValueError, tf.errors.OpError):
         peak = None
     return compute, peak
 
@@ -250,7 +250,8 @@ def _run_probe(
     base_name, name = f"{setting}={current}", f"{setting}={value}"
     if budget.left() <= 0:
         return _Probe(skipped=f"the {name} probe")
-    try:
+    failure: list[str] = []
+    with noted(failure, failed.format(name=name, error="{error}")):
         rounds, stopped = _compare(
             model,
             device_ds,
@@ -262,8 +263,8 @@ def _run_probe(
             progress=progress,
             label=f"trying {name} against {current}",
         )
-    except Exception as e:  # a probe never kills the diagnosis
-        return _Probe(notes=[failed.format(name=name, error=one_line(e))])
+    if failure:
+        return _Probe(notes=failure)
     return _Probe(
         rounds=rounds,
         record=_probe_record(base_name, name, rounds, stopped),
@@ -290,21 +291,28 @@ def _monitoring(enabled: bool, notes: list[str]) -> Iterator[dict[str, float]]:
     aggregate: dict[str, float] = {}
     sampler = None
     if enabled:
-        try:
+        with noted(notes, "GPU monitor not started: {error}"):
             from tfgpu._internal.adapters import devices
             from tfgpu.monitor import Sampler
 
-            sampler = Sampler(interval=0.1, gpus=devices.cuda_indices(None))
-            sampler.start()
-        except Exception as e:  # side feature: never kill the diagnosis
-            notes.append(f"GPU monitor not started: {one_line(e)}")
-            sampler = None
+            started = Sampler(interval=0.1, gpus=devices.cuda_indices(None))
+            started.start()
+            sampler = started
     try:
         yield aggregate
     finally:
         if sampler is not None:
-            try:
+            with noted(notes, "GPU monitor failed: {error}"):
                 sampler.stop()
                 aggregate.update(sampler.aggregate())
-            except Exception as e:
-                notes.append(f"GPU monitor failed: {one_line(e)}")
+
+
+@contextlib.contextmanager
+def noted(notes: list[str], note: str) -> Iterator[None]:
+    """Runs the body; if it raises, `note` with its `{error}` replaced by the error in one
+    line goes to `notes` instead, and the diagnosis goes on."""
+    try:
+        yield
+    except Exception as e:  # the diagnosis's one catch-all: a failed probe or side check
+        # (the user's model, TensorFlow, NVML: any error) is a note, never a crash
+        notes.append(note.format(error=one_line(e)))

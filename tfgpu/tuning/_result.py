@@ -227,7 +227,7 @@ def write(result: TuneResult, log_dir: Path) -> None:
         return
     try:
         plot_waterfall(result, log_dir / TUNE_PNG)
-    except Exception as e:  # the plot is a side feature
+    except Exception as e:  # the plot is a side feature: tune.json is written, the result returned
         warn_at_user_code(f"tune: {TUNE_PNG} not written to {log_dir}: {one_line(e)}")
 
 
@@ -276,6 +276,5 @@ def plot_waterfall(result: TuneResult, path: Path) -> None:
     try:
         fig.savefig(tmp, dpi=100, format="png")
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    finally:
+        Path(tmp).unlink(missing_ok=True)  # gone once replaced: only a failed write leaves it

@@ -454,7 +454,8 @@ def _child_main(argv: Sequence[str]) -> int:
         )
         try:
             original_fit(self, x, y, **kwargs)
-        except Exception as e:
+        except Exception as e:  # the child's one catch-all: the script's fit failed (any
+            # error of theirs or TensorFlow's); the parent reports the setting as failed
             report({"error": f"fit failed: {type(e).__name__}: {e}"})
         gaps = [b - a for a, b in zip(timer.times[calls_warm - 1 :], timer.times[calls_warm:])]
         if not gaps:
@@ -478,7 +479,7 @@ def _batch_of(x: Any, batch_size: Any) -> int | None:
     if isinstance(x, tf.data.Dataset):
         try:
             batches, _ = source_batches(x)
-        except Exception:
+        except tf.errors.OpError:
             return None
         return int(batches.batch_size) if batches is not None and batches.batch_size else None
     if hasattr(x, "shape") or isinstance(x, (list, tuple, dict)):

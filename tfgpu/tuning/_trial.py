@@ -143,7 +143,7 @@ class Workload:
         model = self._models[policy]
         try:
             model.set_weights(self.model.get_weights())  # the same start as the baseline
-        except Exception:
+        except ValueError:
             pass  # another structure: its own weights (the guard still checks finiteness)
         return model
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import inspect
 import math
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -48,14 +50,31 @@ MAX_ROUNDS = 15
 BATCH_GROWTH = 8
 
 
+@dataclasses.dataclass
+class Failure:
+    """What the body of a `recorded` block raised, in words (None while nothing failed)."""
+
+    text: str | None = None
+
+
+@contextlib.contextmanager
+def recorded(describe: Callable[[Exception], str] = one_line) -> Iterator[Failure]:
+    """Runs the body; an error in it does not propagate: `describe(error)` is kept in the
+    `Failure` given, for the caller to record (a failed trial, a note, a reason)."""
+    failure = Failure()
+    try:
+        yield failure
+    except Exception as e:  # tune's one catch-all: a setting that breaks the user's model
+        # or pipeline (any error, from their code or TensorFlow) is recorded, never a crash
+        # of the search
+        failure.text = describe(e)
+
+
 def _gpu_ccs() -> tuple[tuple[int, int], ...]:
     """Compute capabilities of the GPUs TensorFlow trains on (empty on the CPU)."""
     from tfgpu._internal.adapters import devices
 
-    try:
-        gpus = devices.tf_gpus()
-    except Exception:
-        return ()
+    gpus = devices.tf_gpus()  # never raises
     return tuple(g.compute_capability for g in gpus if g.compute_capability is not None)
 
 
@@ -131,7 +150,7 @@ def _augment_on_batches(arguments: dict[str, Any] | None) -> str:
         return ""
     from tfgpu.data import pipeline
 
-    try:
+    with recorded(lambda e: one_line(e, limit=120)) as failure:
         kwargs = {**arguments, "augment_fn": None, "shuffle": False, "distribute": False}  # type: ignore[dict-item]
         kwargs["validation_split"] = None
         kwargs["repeat"] = False
@@ -139,15 +158,15 @@ def _augment_on_batches(arguments: dict[str, Any] | None) -> str:
             warnings.simplefilter("ignore")
             plain = pipeline(**kwargs)
         batch = next(iter(plain))
-    except Exception as e:
-        return f"its input batches could not be read: {one_line(e, limit=120)}"
+    if failure.text is not None:
+        return f"its input batches could not be read: {failure.text}"
     single = not isinstance(batch, tuple)
     parts = (batch,) if single else batch
 
     def call(*xs: Any) -> Any:
         return fn(xs[0]) if single else fn(*xs)
 
-    try:
+    with recorded(_augment_error) as failure:
         out = call(*parts)
         copies = tuple(
             tf.nest.map_structure(lambda t: tf.repeat(t[:1], 4, axis=0), p) for p in parts
@@ -155,13 +174,8 @@ def _augment_on_batches(arguments: dict[str, Any] | None) -> str:
         alike = call(*copies)
         first = tuple(tf.nest.map_structure(lambda t: t[0], p) for p in parts)
         one, two = call(*first), call(*first)
-    except Exception as e:
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        if "in user code:" in str(e) and lines:  # autograph: what failed is said last
-            last = lines[-1].split(" for '{{node")[0]
-            name = type(e).__name__
-            return (last if last.startswith(name) else f"{name}: {last}")[:160]
-        return one_line(e, limit=160)
+    if failure.text is not None:
+        return failure.text
     leaves_in, leaves_out = tf.nest.flatten(parts), tf.nest.flatten(out)
     if len(leaves_in) != len(leaves_out) or any(
         getattr(o, "shape", None) is None
@@ -181,6 +195,16 @@ def _augment_on_batches(arguments: dict[str, Any] | None) -> str:
     if all(same(rows[0], r) for r in rows[1:]) and not same(one, two):
         return "on a batch it draws its random values once for the whole batch"
     return ""
+
+
+def _augment_error(e: Exception) -> str:
+    """The error `augment_fn` raised on a batch, in one line."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if "in user code:" in str(e) and lines:  # autograph: what failed is said last
+        last = lines[-1].split(" for '{{node")[0]
+        name = type(e).__name__
+        return (last if last.startswith(name) else f"{name}: {last}")[:160]
+    return one_line(e, limit=160)
 
 
 def _batches(data: tf.data.Dataset) -> tuple[int | None, bool, int | None, bool | None]:
@@ -411,7 +435,7 @@ class _Tuner:
         changes = {**self.best, **cand.change}
         work = self.work
         rounds: list[tuple[float, float]] = []
-        try:
+        with recorded() as failure:
             with preserved(self.model):
                 rounds, why = timing.interleave(
                     work.run_for(self.best),
@@ -430,10 +454,10 @@ class _Tuner:
                 unsafe = cands.numerics_verdict(base_loss, loss)
                 if unsafe:
                     status, reason = cands.UNSAFE, unsafe
-        except Exception as e:  # a setting that breaks the model or the pipeline
+        if failure.text is not None:  # a setting that breaks the model or the pipeline
             return self._add(
                 Trial(
-                    cand.name, cand.change, status=cands.FAILED, reason=one_line(e), line=cand.line
+                    cand.name, cand.change, status=cands.FAILED, reason=failure.text, line=cand.line
                 )
             )
         if status == cands.KEPT and cand.note:
@@ -474,11 +498,10 @@ class _Tuner:
         )
         if "verbose" in inspect.signature(find).parameters:
             kwargs["verbose"] = 0
-        try:
-            with preserved(self.model):
-                found = find(self.work.model_for(self.best), self.data, **kwargs)
-        except Exception as e:
-            self.trials.append(Trial(name, status=cands.FAILED, reason=one_line(e)))
+        with recorded() as failure, preserved(self.model):
+            found = find(self.work.model_for(self.best), self.data, **kwargs)
+        if failure.text is not None:
+            self.trials.append(Trial(name, status=cands.FAILED, reason=failure.text))
             return
         speeds = {t.global_batch_size: t.examples_per_second for t in found.trials if t.fits}
         fastest = found.fastest_global
@@ -525,12 +548,12 @@ class _Tuner:
         opt = self.model.optimizer
         try:
             lr = float(keras.ops.convert_to_numpy(opt.learning_rate))
-        except Exception:
+        except (AttributeError, TypeError, ValueError):  # no learning rate, or not one number
             return "scale the learning rate with the batch"
         rule = "linear" if "sgd" in type(opt).__name__.lower() else "sqrt"
         try:
             scaled = scale_learning_rate(lr, new, rule=rule, base_replicas=old)
-        except Exception:
+        except (TypeError, ValueError):  # e.g. a learning rate of 0
             return ""
         return f"learning rate {lr:.3g} -> {scaled:.3g} ({rule} rule)"
 
@@ -581,18 +604,17 @@ class _Tuner:
         changes: dict[str, Any] = {}
         for cand, *_ in self.kept:
             changes.update(cand.change)
-        try:
-            with preserved(self.model):
-                rounds, why = timing.interleave(
-                    self.work.run_for({}),
-                    self.work.run_for(changes),
-                    threshold=cands.MARGIN,
-                    budget=self.verify_budget,
-                    max_rounds=MAX_ROUNDS,
-                    timed_units=self.steps * int(self.work.global_batch or 1),
-                )
-        except Exception as e:
-            self.notes.append(f"the verification failed: {one_line(e)}")
+        with recorded() as failure, preserved(self.model):
+            rounds, why = timing.interleave(
+                self.work.run_for({}),
+                self.work.run_for(changes),
+                threshold=cands.MARGIN,
+                budget=self.verify_budget,
+                max_rounds=MAX_ROUNDS,
+                timed_units=self.steps * int(self.work.global_batch or 1),
+            )
+        if failure.text is not None:
+            self.notes.append(f"the verification failed: {failure.text}")
             return None
         status, reason = cands.verdict(rounds, why)
         g, low, high = timing.gain(rounds)
