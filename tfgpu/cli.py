@@ -213,8 +213,8 @@ def _load_tensorflow() -> None:
         import tensorflow as tf
 
         tf.config.list_physical_devices("GPU")
-    except Exception:  # the command itself says what is wrong with TensorFlow
-        pass
+    except Exception:  # a broken install raises anything here: the command itself (`tfgpu
+        pass  # env`) says what is wrong with TensorFlow, so the command line never crashes
 
 
 def main(argv: Sequence[str] | None = None) -> int:

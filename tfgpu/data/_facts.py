@@ -52,6 +52,8 @@ def worker_count(strategy: Any) -> int:
             return max(
                 1, sum(spec.num_tasks(job) for job in ("worker", "chief") if job in spec.jobs)
             )
-        except Exception:
+        # TF_CONFIG that is not JSON or not a cluster (ValueError, KeyError, TypeError), a
+        # resolver that cannot ask the scheduler (OSError, RuntimeError): one worker.
+        except (KeyError, OSError, RuntimeError, TypeError, ValueError):
             return 1
     return 1

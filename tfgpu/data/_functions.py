@@ -65,7 +65,7 @@ def parallel_map(ds: tf.data.Dataset, name: str, fn: Callable, deterministic: bo
 
     try:
         mapped = ds.map(checked, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-    except Exception as e:
+    except Exception as e:  # the user's code raises anything: re-raised, with a note added
         e.add_note(f"tfgpu.data.pipeline: raised while tracing `{name}` on {ds.element_spec}.")
         raise
     if empty:
@@ -79,6 +79,17 @@ def parallel_map(ds: tf.data.Dataset, name: str, fn: Callable, deterministic: bo
 
 def _label(fn: Callable) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _traced(fn: Callable, args: tuple, **options: Any) -> Any:
+    """`fn` traced on `args` (its concrete function), or None where it cannot be traced alone.
+
+    A probe only: tf.data reports the real error when it traces `fn` on the dataset.
+    """
+    try:
+        return tf.function(lambda *a: fn(*a), **options).get_concrete_function(*args)
+    except Exception:  # the user's code may raise anything, and this is a probe only
+        return None
 
 
 def _on_a_batch(fn: Callable, spec: Any) -> dict[str, Any] | None:
@@ -96,11 +107,10 @@ def _on_a_batch(fn: Callable, spec: Any) -> dict[str, Any] | None:
 
     args = tf.nest.map_structure(batched, spec)
     args = args if type(args) is tuple else (args,)
-    try:
-        function = tf.function(lambda *a: fn(*a), autograph=False)
-        outputs = function.get_concrete_function(*args).structured_outputs
-    except Exception:
+    traced = _traced(fn, args, autograph=False)
+    if traced is None:
         return None
+    outputs = traced.structured_outputs
     specs = tf.nest.map_structure(
         lambda t: tf.TensorSpec(t.shape, t.dtype) if isinstance(t, tf.Tensor) else t, outputs
     )
@@ -180,10 +190,10 @@ def check_map_output(map_fn: Callable, spec_in: Any, spec_out: Any) -> bool:
 def random_op_types(fn: Callable, spec: Any) -> tuple[str, ...]:
     """Op types with "Random" in their name that `fn` would run on one example (traced only)."""
     args = spec if isinstance(spec, tuple) else (spec,)
-    try:
-        graph_def = tf.function(lambda *a: fn(*a)).get_concrete_function(*args).graph.as_graph_def()
-    except Exception:  # a function we cannot trace alone; tf.data will report real errors
+    traced = _traced(fn, args)
+    if traced is None:
         return ()
+    graph_def = traced.graph.as_graph_def()
     ops = {node.op for node in graph_def.node}
     for function in graph_def.library.function:
         ops.update(node.op for node in function.node_def)

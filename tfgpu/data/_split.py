@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tfgpu._internal.adapters.datasets import dataset_inputs
 from tfgpu._internal.helpers.checks import invalid_type, invalid_value, is_number
 
 # Hash buckets for the split of TFRecord files: a record is validation when its bucket is below
@@ -95,10 +96,7 @@ def reshuffles(ds: tf.data.Dataset) -> bool:
             getattr(step, "_reshuffle_each_iteration", False)
         ):
             return True
-        try:
-            stack.extend(step._inputs())
-        except Exception:  # a dataset class without the private accessor: nothing more known
-            continue
+        stack.extend(dataset_inputs(step) or [])  # none without the accessor: nothing more known
     return False
 
 

@@ -44,7 +44,7 @@ def _tfds_default_dir() -> str:
     tfds = import_optional("tensorflow_datasets")
     try:
         return os.fspath(tfds.core.constants.data_dir())
-    except Exception:  # older/newer layouts
+    except AttributeError:  # older/newer layouts
         return os.path.expanduser(os.environ.get("TFDS_DATA_DIR", "~/tensorflow_datasets"))
 
 
@@ -52,7 +52,7 @@ def tfds_split_info(info: Any, split: str) -> Any:
     base = re.match(r"\s*([\w\-]+)", split)
     try:
         return info.splits[base.group(1)] if base else None
-    except Exception:
+    except (AttributeError, KeyError, TypeError, ValueError):  # no such split, or no splits
         return None
 
 
@@ -153,7 +153,10 @@ def load_tfds_dataset(
     kwargs = {"data_dir": os.fspath(data_dir)} if data_dir is not None else {}
     try:
         builder = tfds.builder(name, **kwargs)
-    except Exception as e:
+    # ValueError: TFDS's DatasetNotFoundError, an unknown config or version; TypeError: bad
+    # builder arguments in the name; the others: a builder that cannot import its code or
+    # read its files (a damaged dataset_info.json: KeyError).
+    except (ValueError, TypeError, KeyError, ImportError, OSError, tf.errors.OpError) as e:
         raise ValueError(
             f"Invalid value for argument `name`. Received: name={name!r}; TensorFlow Datasets "
             f"cannot build it: {e}"

@@ -9,9 +9,12 @@ create the runtime's context, and NVML is read through `tfgpu.monitor.nvml.inven
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import platform
 import sys
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from tfgpu._internal.adapters import devices
@@ -31,11 +34,22 @@ def gather_facts() -> dict[str, Any]:
         ("nvml", _nvml_facts),
         ("env", _env_facts),
     ):
-        try:
-            facts[name] = read()
-        except Exception as e:  # a fact we cannot read must not stop the report
-            facts[name] = {"error": f"{type(e).__name__}: {e}"}
+        value, error = _attempt(read)
+        facts[name] = value if error is None else {"error": error}
     return facts
+
+
+def _attempt(read: Callable[[], Any]) -> tuple[Any, str | None]:
+    """`(read(), None)`, or `(None, "Type: message")` when it raises.
+
+    The one catch-all of `tfgpu env`: a diagnostic command never crashes on what it
+    diagnoses, and a broken install (TensorFlow, Keras, a driver) raises anything, not only
+    ImportError.
+    """
+    try:
+        return read(), None
+    except Exception as e:  # see above: the boundary of a diagnostic command
+        return None, f"{type(e).__name__}: {e}"
 
 
 def _tfgpu_facts() -> dict[str, Any]:
@@ -79,10 +93,9 @@ def _host_facts() -> dict[str, Any]:
 
 
 def _tensorflow_facts() -> dict[str, Any]:
-    try:
-        import tensorflow as tf
-    except Exception as e:  # ImportError, or a broken install raising anything
-        return {"importable": False, "error": f"{type(e).__name__}: {e}"}
+    tf, error = _attempt(lambda: importlib.import_module("tensorflow"))
+    if error is not None:  # ImportError, or a broken install raising anything
+        return {"importable": False, "error": error}
     build = dict(tf.sysconfig.get_build_info())
     facts: dict[str, Any] = {
         "importable": True,
@@ -114,18 +127,19 @@ def _tensorflow_facts() -> dict[str, Any]:
 def _keras_facts() -> dict[str, Any]:
     facts: dict[str, Any] = {"version": None, "backend": None}
     try:
-        from importlib.metadata import version
-
         facts["version"] = version("keras")
-    except Exception:
+    except PackageNotFoundError:
         pass
-    try:
+
+    def read() -> None:
         import keras
 
         facts["version"] = keras.__version__
         facts["backend"] = keras.backend.backend()
-    except Exception as e:
-        facts["error"] = f"{type(e).__name__}: {e}"
+
+    _, error = _attempt(read)
+    if error is not None:
+        facts["error"] = error
         facts["backend"] = os.environ.get("KERAS_BACKEND")
     return facts
 

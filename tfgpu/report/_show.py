@@ -69,7 +69,7 @@ def _notebook_display():
         from IPython import display
 
         return display
-    except Exception:  # an IPython we cannot use: fall back to plain text
+    except ImportError:  # an IPython without `display`: fall back to plain text
         return None
 
 

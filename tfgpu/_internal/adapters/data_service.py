@@ -484,7 +484,7 @@ def _serve(args: argparse.Namespace) -> int:
     _log(f"{args.role} stopping")
     try:
         server._stop()  # the servers' own shutdown (the public API has only `join`)
-    except Exception as e:  # pragma: no cover - stopping is best effort
+    except (AttributeError, RuntimeError, tf.errors.OpError) as e:  # pragma: no cover - best effort
         _log(f"{args.role} stop: {type(e).__name__}: {e}")
     _log(f"{args.role} stopped")
     return 0
@@ -492,6 +492,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _start(args: argparse.Namespace, service: Any) -> tuple[Any, Any, str]:
     """The started server, its count of workers or tasks (a callable or None), its unit."""
+    import tensorflow as tf
+
     try:
         if args.role == "dispatcher":
             work_dir = os.path.abspath(os.path.expanduser(args.work_dir)) if args.work_dir else None
@@ -528,7 +530,9 @@ def _start(args: argparse.Namespace, service: Any) -> tuple[Any, Any, str]:
             _log(f"worker serving {host}:{port} for dispatcher {dispatcher.target}")
             count = getattr(server, "_num_tasks", None)
             what = "task(s) running"
-    except Exception as e:  # a port in use, a dispatcher's journal it cannot read
+    # A bad --dispatcher (TypeError, ValueError), a work dir it cannot make (OSError), a port
+    # taken since the check or a dispatcher's journal it cannot read (TensorFlow's errors).
+    except (OSError, TypeError, ValueError, RuntimeError, tf.errors.OpError) as e:
         _log(f"error: {args.role} could not start: {type(e).__name__}: {e}")
         return None, None, ""
     return server, count, what
@@ -536,11 +540,13 @@ def _start(args: argparse.Namespace, service: Any) -> tuple[Any, Any, str]:
 
 def _log_until(stop: threading.Event, count: Any, what: str) -> None:
     """Logs the server's count of workers or tasks when it changes, until `stop` is set."""
+    import tensorflow as tf
+
     last = None
     while not stop.wait(1.0):
         try:
             now = count() if count is not None else None
-        except Exception:  # private counters: the log is a side feature
+        except (TypeError, RuntimeError, tf.errors.OpError):  # private counters: a side feature
             now, count = None, None
         if now is not None and now != last:
             _log(f"{now} {what}")

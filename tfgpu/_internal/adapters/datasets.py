@@ -60,6 +60,15 @@ def spec_looks_batched(spec: Any) -> bool:
     return bool(leaves) and len(known) <= 1
 
 
+def dataset_inputs(ds: Any) -> list[Any] | None:
+    """The datasets `ds` reads from (tf.data's private `_inputs()`), or None where it has no
+    such accessor (not a dataset, or a dataset class without it)."""
+    try:
+        return list(ds._inputs())
+    except (AttributeError, NotImplementedError):
+        return None
+
+
 def chain_state(ds: tf.data.Dataset, depth: int = 0) -> tuple[str, tf.data.Dataset | None]:
     """Walks a dataset's input chain back to the step that decides its elements.
 
@@ -75,9 +84,8 @@ def chain_state(ds: tf.data.Dataset, depth: int = 0) -> tuple[str, tf.data.Datas
             return "batched", ds
         if any(step in name for step in _NEW_ELEMENT_STEPS):
             return "unknown", None
-        try:
-            inputs = list(ds._inputs())
-        except Exception:  # a dataset class without the private accessor
+        inputs = dataset_inputs(ds)
+        if inputs is None:
             return "unknown", None
         if not inputs:
             known = any(source in name for source in _EXAMPLE_SOURCES)
@@ -94,7 +102,7 @@ def chain_state(ds: tf.data.Dataset, depth: int = 0) -> tuple[str, tf.data.Datas
 def _static_int(value: Any) -> int | None:
     try:
         number = int(value.numpy() if hasattr(value, "numpy") else value)
-    except Exception:
+    except (TypeError, ValueError):  # None, or not a scalar
         return None
     return number if number > 0 else None
 
@@ -136,10 +144,8 @@ def source_batches(ds: tf.data.Dataset) -> tuple[Batches | None, bool]:
         if drop_remainder:
             num_examples = batches * batch_size
         else:
-            try:
-                before = cardinality(step._inputs()[0])
-            except Exception:
-                before = None
+            inputs = dataset_inputs(step)
+            before = cardinality(inputs[0]) if inputs else None
             if before is not None and before >= 0 and -(-before // batch_size) == batches:
                 num_examples = before
     return Batches(batch_size, drop_remainder, num_examples), False
@@ -181,11 +187,8 @@ def _single_input_chain(ds: Any) -> Iterator[Any]:
     (stops at a zip, a source, or a dataset class without the private accessor)."""
     for _ in range(10_000):
         yield ds
-        try:
-            inputs = list(ds._inputs())
-        except Exception:
-            return
-        if len(inputs) != 1:
+        inputs = dataset_inputs(ds)
+        if inputs is None or len(inputs) != 1:
             return
         ds = inputs[0]
 
@@ -203,6 +206,6 @@ def made_by_pipeline(ds: Any) -> bool:
         try:
             if d in _PIPELINES:
                 return True
-        except Exception:  # not weak-referenceable: not one of ours
+        except TypeError:  # not hashable: not one of ours
             return False
     return False

@@ -117,8 +117,16 @@ def tf_runtime_initialized() -> bool | None:
         from tensorflow.python.eager import context
 
         return context.context()._context_handle is not None
-    except Exception:
+    except (ImportError, AttributeError):  # a TensorFlow that failed to import, a stub
         return None
+
+
+def _tf_errors(tf: Any) -> tuple[type[Exception], ...]:
+    """What TensorFlow's device queries raise where they cannot answer: its own `OpError`s and
+    RuntimeError (a broken runtime), ValueError (a device it does not know, such as a test's
+    stand-in), AttributeError (a stub without `tf.config`, or without `tf.errors`)."""
+    op_error = getattr(getattr(tf, "errors", None), "OpError", RuntimeError)
+    return (AttributeError, RuntimeError, ValueError, op_error)
 
 
 def tf32_execution_enabled() -> bool:
@@ -128,7 +136,7 @@ def tf32_execution_enabled() -> bool:
         return True
     try:
         return bool(tf.config.experimental.tensor_float_32_execution_enabled())
-    except Exception:  # a stub, a broken runtime
+    except _tf_errors(tf):  # a stub, a broken runtime
         return True
 
 
@@ -145,7 +153,7 @@ def physical_gpus() -> list[PhysicalGpu]:
     try:
         physical = list(tf.config.list_physical_devices("GPU"))
         visible = {d.name for d in tf.config.get_visible_devices("GPU")} if physical else set()
-    except Exception:  # a TensorFlow without tf.config (a stub), a broken runtime
+    except _tf_errors(tf):  # a TensorFlow without tf.config (a stub), a broken runtime
         return []
     gpus = []
     # TensorFlow lists physical GPUs by CUDA ordinal: "/physical_device:GPU:k" is CUDA's k.
@@ -154,7 +162,7 @@ def physical_gpus() -> list[PhysicalGpu]:
         error = None
         try:
             details = dict(tf.config.experimental.get_device_details(device))
-        except Exception as e:
+        except _tf_errors(tf) as e:
             error = f"{type(e).__name__}: {e}"
         cc = details.get("compute_capability")
         used = device.name in visible
@@ -162,7 +170,7 @@ def physical_gpus() -> list[PhysicalGpu]:
         if used:
             try:
                 split = tf.config.get_logical_device_configuration(device)
-            except Exception:  # a device TensorFlow does not know (a test's stand-in)
+            except _tf_errors(tf):  # a device TensorFlow does not know (a test's stand-in)
                 split = None
             logical = len(split) if split else 1
         gpus.append(
@@ -183,13 +191,12 @@ def _cuda_gpus() -> list[GpuInfo]:
     """NVML's records of the GPUs CUDA shows this process, in CUDA order ([] without NVML)."""
     try:
         from tfgpu.monitor.nvml import inventory, visible_gpus
-
-        inv = inventory()
-        if not inv.available:
-            return []
-        return visible_gpus(inv.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    except Exception:  # side feature: no NVML record, never a failure
+    except ImportError:  # side feature: no NVML record, never a failure
         return []
+    inv = inventory()  # never raises: NVML's failures come back as `available=False`
+    if not inv.available:
+        return []
+    return visible_gpus(inv.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def tf_gpus() -> list[TfGpu]:

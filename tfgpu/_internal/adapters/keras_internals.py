@@ -116,7 +116,9 @@ def fit_batch_size(model: Any = None) -> int | None:
     adapter = getattr(iterator, "data_adapter", None)
     try:
         size = adapter.batch_size if adapter is not None else None
-    except Exception:  # an adapter that cannot tell
+    # DataAdapter's own NotImplementedError; TFDatasetAdapter's IndexError (an element with no
+    # component, or a scalar one) or AttributeError (a dataset without an element spec)
+    except (AttributeError, IndexError, NotImplementedError):  # an adapter that cannot tell
         size = None
     if size is None and iterator is not None:
         from tfgpu._internal.adapters.datasets import source_batches
@@ -124,7 +126,7 @@ def fit_batch_size(model: Any = None) -> int | None:
         try:
             batches, _ = source_batches(source_dataset(iterator))
             size = None if batches is None else batches.batch_size
-        except Exception:  # not a tf.data.Dataset, or a chain that cannot be read
+        except (AttributeError, TypeError, ValueError):  # not a tf.data.Dataset
             size = None
     if isinstance(size, numbers.Integral) and not isinstance(size, bool) and int(size) > 0:
         return int(size)

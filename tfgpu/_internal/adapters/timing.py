@@ -162,6 +162,7 @@ def compare(
     done: Callable[[list[tuple[float, float]]], bool] | None = None,
     clearly_slower: float | None = CLEARLY_SLOWER,
     failures: tuple[type[BaseException], ...] = (),
+    describe: Callable[[BaseException], str] = one_line,
 ) -> dict[str, Comparison]:
     """The one timing engine: the baseline and each variant run in interleaved rounds.
 
@@ -170,7 +171,7 @@ def compare(
     `MIN_ROUNDS` rounds once it is `done` (default: its ratio interval lies on one side of
     `threshold`, see `settled`), after its first round when it is `clearly_slower` than the
     baseline (None: never), when the budget is spent, or when its run raises one of
-    `failures` (recorded as `error`; other exceptions propagate). Each variant's timed part
+    `failures` (recorded as `error`, `describe(exception)`; other exceptions propagate). Each variant's timed part
     is limited to `FIT_LIMIT_FACTOR` times the baseline's (`timed_units` of its time per
     unit, plus a second). `first_base`, when given, is the baseline's time of round one
     (already measured by the caller).
@@ -195,8 +196,8 @@ def compare(
         if not active:
             break
         if i > 0 and budget.left() <= 0:
-            for name in active:
-                out[name].stopped = "budget"
+            for stopped in active:
+                out[stopped].stopped = "budget"
             break
         order: list[str | None] = [*active, None]  # None: the baseline
         order = order[i % len(order) :] + order[: i % len(order)]
@@ -210,7 +211,7 @@ def compare(
             try:
                 times[name] = variants[name](budget.deadline, limit)
             except failures as e:
-                out[name].error = one_line(e)
+                out[name].error = describe(e)
         b = times.get(None)
         for name in active:
             v = times.get(name)

@@ -50,16 +50,18 @@ def rotate(path: Path) -> Path | None:
 def write_text_atomic(path: Path, text: str) -> None:
     """Writes `text` to `path` through a temporary file and a rename (atomic on POSIX)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    replaced = False
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        replaced = True
+    finally:
+        if not replaced:  # whatever stopped it, Ctrl-C included: no temporary file is left
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 def read_json_object(path: Path) -> dict[str, Any]:

@@ -29,6 +29,10 @@ _VALID = "one of 'auto', 0 (silent), 1 (one line rewritten in place) or 2 (one l
 
 _DOT = "\u00b7"  # the separator between the phase and the time: "·"
 
+# What asking a stream about itself raises: no such method (AttributeError), a closed or
+# detached stream (ValueError), no file descriptor or no terminal (OSError).
+_STREAM_ERRORS = (AttributeError, OSError, ValueError)
+
 
 def check_verbose(verbose: Any) -> int | str:
     """Checks a `verbose` argument as Keras takes it: `"auto"`, 0, 1 or 2.
@@ -66,7 +70,7 @@ def in_ipython_kernel() -> bool:
         return False
     try:
         shell = ipython.get_ipython()
-    except Exception:
+    except AttributeError:  # a module by that name without `get_ipython`
         return False
     return getattr(shell, "kernel", None) is not None
 
@@ -74,7 +78,7 @@ def in_ipython_kernel() -> bool:
 def _is_tty(stream: Any) -> bool:
     try:
         return bool(stream.isatty())
-    except Exception:  # closed, or no isatty
+    except _STREAM_ERRORS:  # closed, or no isatty
         return False
 
 
@@ -109,7 +113,7 @@ def _keras_interactive() -> bool:
     keras = sys.modules.get("keras")
     try:
         return keras is None or bool(keras.config.is_interactive_logging_enabled())
-    except Exception:  # an odd Keras: keep the default
+    except AttributeError:  # an odd Keras: keep the default
         return True
 
 
@@ -182,7 +186,7 @@ class Progress:
     def _now(self) -> float:
         try:
             return float(self._clock())
-        except Exception:  # a broken clock never breaks the call
+        except (OSError, RuntimeError, TypeError, ValueError):  # a broken clock: no time
             return math.nan
 
     def elapsed(self) -> float:
@@ -239,7 +243,7 @@ def _columns(stream: Any) -> int | None:
         return None
     try:
         return os.get_terminal_size(stream.fileno()).columns or None
-    except Exception:
+    except _STREAM_ERRORS:
         return None
 
 
@@ -256,5 +260,5 @@ def _write(stream: Any, text: str) -> None:
                 .decode("ascii")
             )
         stream.flush()
-    except Exception:  # closed, detached, broken pipe: progress is a side feature
-        pass
+    except Exception:  # the module's one catch-all: a closed, detached or broken stream, or
+        pass  # any error of the user's own stream; progress is a side feature, never fatal
