@@ -193,55 +193,45 @@ class _Rounds:
 
     def compare(
         self, variants: dict[str, dict[str, str]], first_base: float | None = None
-    ) -> dict[str, tuple[list[tuple[float, float]], str | None, str]]:
-        """Per variant: (rounds of (baseline s, variant s), why it stopped early, error)."""
+    ) -> dict[str, Any]:
+        """Each variant against the baseline in the timing engine's rounds: a
+        `timing.Comparison` per variant (a child that failed is its `error`)."""
         from tfgpu._internal.adapters import timing
         from tfgpu.tuning._candidates import MARGIN
 
-        rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
-        why: dict[str, str | None] = dict.fromkeys(variants)
-        error: dict[str, str] = dict.fromkeys(variants, "")
-        for i in range(MAX_ROUNDS):
-            active = [
-                n
-                for n in variants
-                if why[n] is None
-                and not error[n]
-                and not (i >= timing.MIN_ROUNDS and timing.settled(rounds[n], MARGIN))
-            ]
-            if not active:
-                break
-            if i > 0 and self.budget.left() <= 0:
-                for n in active:
-                    why[n] = "budget"
-                break
-            order = ["__base__", *active]
-            shift = i % len(order)
-            order = order[shift:] + order[:shift]
-            times: dict[str, float | None] = {}
-            for n in order:
-                if n == "__base__" and i == 0 and first_base is not None:
-                    times[n] = first_base
-                    continue
-                self.progress.phase(f"round {i + 1}: {'the baseline' if n == '__base__' else n}")
-                run = self.child({} if n == "__base__" else variants[n])
-                if run.error and n != "__base__" and "budget" not in run.error:
-                    error[n] = run.error
-                times[n] = run.step_s
-            base = times.get("__base__")
-            if base is not None:
-                self.base_times.append(base)
-            for n in active:
-                if error[n]:
-                    continue
-                v = times.get(n)
-                if base is None or v is None:
-                    why[n] = "budget"
-                    continue
-                rounds[n].append((base, v))
-                if i == 0 and v > timing.CLEARLY_SLOWER * base:
-                    why[n] = "slower"
-        return {n: (rounds[n], why[n], error[n]) for n in variants}
+        if first_base is not None:
+            self.base_times.append(first_base)
+
+        def run_of(name: str | None, change: dict[str, str]) -> timing.Run:
+            calls = [1 if name is None and first_base is not None else 0]
+
+            def run(deadline: float | None, limit: float | None) -> float | None:
+                calls[0] += 1
+                self.progress.phase(f"round {calls[0]}: {name or 'the baseline'}")
+                child = self.child(change)
+                if name is None:
+                    if child.step_s is not None:
+                        self.base_times.append(child.step_s)
+                elif child.error and "budget" not in child.error:
+                    raise ChildFailed(child.error)
+                return child.step_s
+
+            return run
+
+        return timing.compare(
+            run_of(None, {}),
+            {name: run_of(name, env) for name, env in variants.items()},
+            threshold=MARGIN,
+            budget=self.budget,
+            max_rounds=MAX_ROUNDS,
+            first_base=first_base,
+            failures=(ChildFailed,),
+            describe=str,
+        )
+
+
+class ChildFailed(Exception):
+    """A child run of a setting failed (its script, or its `fit`); the text says how."""
 
 
 def tune_script(
@@ -324,7 +314,8 @@ def tune_script(
         if untried:
             trials.append(Trial(name, dict(env), reason=untried, line=line))
             continue
-        got, why, error = measured[name]
+        c = measured[name]
+        got, why, error = c.rounds, c.stopped, c.error
         if error:
             trials.append(Trial(name, dict(env), status=cands.FAILED, reason=error, line=line))
             continue
@@ -348,7 +339,8 @@ def tune_script(
         for _, env, _ in kept:
             combined = _merged(combined, env)
         progress.phase("verifying the kept settings together")
-        got, why, error = rounds.compare({"together": combined})["together"]
+        c = rounds.compare({"together": combined})["together"]
+        got, why, error = c.rounds, c.stopped, c.error
         status, reason = cands.verdict(got, why)
         if status == cands.KEPT and not error:
             g, low, high = timing.gain(got)
