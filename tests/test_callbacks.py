@@ -24,7 +24,7 @@ import pytest
 
 from tests import fake_pynvml
 from tfgpu import flops, monitor
-from tfgpu._internal.adapters import devices
+from tfgpu._internal.adapters import devices, keras_internals
 from tfgpu._internal.helpers import warn
 from tfgpu.callbacks import GPUMonitor, StepTimer, _gpus, _steps
 from tfgpu.callbacks.gpu_monitor import _SUMMARY_KEYS, _epoch_logs
@@ -632,17 +632,20 @@ def test_steps_csv_keeps_every_step_of_a_fit_that_raises_and_leaks_no_handle(fak
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
         model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[timer])
-        # The second fit reopens steps.csv to append, then raises.
-        with pytest.raises(RuntimeError, match="boom inside fit"):
+        # The second fit reopens steps.csv to append, then raises; the traceback is kept
+        # alive, as a notebook keeps `sys.last_traceback` (it holds fit's frame).
+        with pytest.raises(RuntimeError, match="boom inside fit") as raised:
             model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[timer, _Boom()])
-        # Every step that ran is on disk at once, no on_train_end needed.
+        # Every step that ran is on disk once fit has left the stack, no on_train_end needed:
+        # the watcher's pass (every 0.25 s in its thread) run here, without waiting.
+        keras_internals.check_fit_watches()
         _, steps = _csv(tmp_path / "steps.csv")
         assert [(r["epoch"], r["step"]) for r in steps] == [(0, s) for s in range(8)] + [
             (0, 0),
             (0, 1),
             (0, 2),
         ]
-        del timer
+        del timer, raised
         gc.collect()
         assert alive() is None  # collected: its file must have been closed, not leaked
     leaks = [w for w in caught if issubclass(w.category, ResourceWarning)]

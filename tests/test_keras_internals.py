@@ -85,11 +85,52 @@ def test_every_reach_finds_its_target_in_a_real_fit(kind):
         )
 
 
+# A training function of the user's own module, driving a "hook" of this test module.
+_TRAIN = """
+def train(name, hook, calls, check, fail=False):
+    watch = hook(name)
+    check()  # still running: nothing called
+    assert calls == [] or name not in calls
+    if fail:
+        raise RuntimeError("boom")
+    return watch
+"""
+
+
+def test_when_fit_ends_calls_back_once_the_driving_function_left_the_stack(caplog):
+    calls: list[str] = []
+    namespace: dict = {"__name__": "users_training_loop"}
+    exec(compile(_TRAIN, "users_training_loop.py", "exec"), namespace)
+
+    def hook(name, callback=None):
+        callback = callback or (lambda: calls.append(name))
+        return keras_internals.when_fit_ends(callback, __name__)
+
+    def train(name, **kw):
+        return namespace["train"](name, hook, calls, keras_internals.check_fit_watches, **kw)
+
+    assert train("returned") is not None
+    try:
+        train("raised", fail=True)
+    except RuntimeError as e:
+        kept = e  # the traceback (and the frame) kept alive, as in a notebook
+    keras_internals.check_fit_watches()
+    assert sorted(calls) == ["raised", "returned"]
+    keras_internals.check_fit_watches()
+    assert len(calls) == 2  # once each
+    train("cancelled").cancel()
+    keras_internals.check_fit_watches()
+    assert len(calls) == 2 and kept.__traceback__ is not None
+
+    namespace["train"]("broken", lambda name: hook(name, lambda: 1 / 0), [], lambda: None)
+    keras_internals.check_fit_watches()  # a failed callback is logged, never raised
+    assert "end of fit failed" in caplog.text
+
+
 def test_outside_fit_nothing_is_found():
     model = _model()
     assert keras_internals.fit_epoch_iterator(model) is None
     assert keras_internals.fit_batch_size(model) is None
-    assert keras_internals.calling_callback_list() is None
     assert keras_internals.problems_in_fit(model) == [
         keras_internals.moved("`fit`'s frame with a local `epoch_iterator`")
     ]

@@ -479,23 +479,6 @@ def test_record_stops_the_thread_when_the_block_raises(fake):
     assert not run.running and not _monitor_threads()
 
 
-def test_bind_to_frame_stops_sampling_when_the_function_returns(fake):
-    s = monitor.Sampler(interval=60)
-
-    def train():
-        s.bind_to_frame(sys._getframe())
-        return s._watched_frame_gone()
-
-    assert train() is False  # while the function runs, its frame is on the stack
-    assert s._watched_frame_gone() is True  # after it returned
-    # ...and the thread's loop stops at its next wake-up, without stop() (fake clock).
-    clock = [0.0]
-    s._monotonic = lambda: clock[0]
-    event = _FakeEvent(clock, waits=100)
-    s._run(event)
-    assert len(event.timeouts) == 1 and len(s.samples) == 2 and s._watch is None
-
-
 # ---------------------------------------------------------------- failures
 def test_without_nvml_one_warning_then_host_metrics(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml.make(library_missing=True))

@@ -180,11 +180,9 @@ class GPUMonitor(keras.callbacks.Callback):
             self._used = True
             self._batch_size = keras_internals.fit_batch_size(self.model)
             self.sampler.start()  # warns (once, at the user's fit line) when NVML is missing
-            # The sampler stops by itself once the frame driving the hooks (Keras `fit`, or a
-            # custom loop) has left the stack: `fit` that raises never calls on_train_end.
-            frame = keras_internals.training_frame(__name__)
-            if frame is not None:
-                self.sampler.bind_to_frame(frame)
+            # `fit` that raises never calls on_train_end: the sampler stops once the function
+            # driving the hooks (Keras `fit`, or a custom loop) has left the stack.
+            keras_internals.when_fit_ends(self.sampler.stop, __name__)
         except Warning:
             raise  # the user's warning filters made the NVML warning an error
         except Exception as e:  # side features never kill training

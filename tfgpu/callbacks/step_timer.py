@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 import heapq
 import logging
 import os
@@ -160,7 +161,7 @@ class StepTimer(keras.callbacks.Callback):
         self._lock = threading.Lock()  # guards everything but the two append-only deques
         self._file: Any = None
         self._closer: weakref.finalize | None = None
-        self._fit_over: weakref.finalize | None = None
+        self._fit_over: keras_internals.FitWatch | None = None
         self._batch_size: int | None = self.batch_size
         self._epoch = 0
         self._reported = False
@@ -204,10 +205,10 @@ class StepTimer(keras.callbacks.Callback):
                 self._closer = weakref.finalize(self, _close_quietly, self._file)
             except (OSError, ValueError) as e:  # a full disk, a lost mount, a path it refuses
                 _log.warning("StepTimer cannot write steps.csv (%s); training goes on.", e)
-        # ... and write the rows when fit is over: its CallbackList goes with fit's frame.
-        callback_list = keras_internals.calling_callback_list()
-        if callback_list is not None:
-            self._fit_over = weakref.finalize(callback_list, _sync_after_fit, weakref.ref(self))
+        # ... and write the rows as soon as fit is over, also when it raised.
+        self._fit_over = keras_internals.when_fit_ends(
+            functools.partial(_sync_after_fit, weakref.ref(self)), __name__
+        )
 
     def on_epoch_begin(self, epoch, logs=None):
         # An epoch of unknown length may end inside an execution: the optimizer will tell.
@@ -274,9 +275,9 @@ class StepTimer(keras.callbacks.Callback):
             _log.warning("StepTimer failed (%r); training goes on. (Logged once.)", error)
 
     def _forget_fit(self) -> None:
-        """Drops the watch on the previous `fit`'s callback list (this fit has its own)."""
+        """Drops the watch on the previous `fit` (this fit has its own)."""
         if self._fit_over is not None:
-            self._fit_over.detach()
+            self._fit_over.cancel()
             self._fit_over = None
 
     def _sync(
@@ -426,9 +427,9 @@ def _check_positive_number(name: str, value: Any, example: str) -> float | None:
 
 
 def _sync_after_fit(timer: weakref.ref[StepTimer]) -> None:
-    """Writes the rows of a `fit` that is over: its callback list was just released."""
+    """Writes the rows of a `fit` that is over (called from the watcher thread)."""
     alive = timer()
-    if alive is not None:  # may run inside a GC in any thread, even one holding the lock
+    if alive is not None:
         alive._sync(final=True, timeout=1.0)
 
 

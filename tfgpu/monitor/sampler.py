@@ -15,13 +15,11 @@ import bisect
 import contextlib
 import logging
 import os
-import sys
 import threading
 import time
 from array import array
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from tfgpu._internal.helpers import warn
@@ -152,7 +150,6 @@ class Sampler:
         self._nv: Any = None
         self._readers: list[GpuReader] = []
         self._host_reader: _HostReader | None = None
-        self._watch: tuple[int, FrameType] | None = None
         # Seams for tests: the clock that schedules samples, the clock stamped on rows.
         self._monotonic = time.monotonic
         self._time = time.time
@@ -259,20 +256,6 @@ class Sampler:
                     max(10.0, 5 * self._interval),
                 )
 
-    def bind_to_frame(self, frame: FrameType, thread_id: int | None = None) -> None:
-        """Stops sampling on its own when a running function returns or raises.
-
-        Ties the sampler to a running function (Keras `fit`, a training loop): when that
-        function returns or raises, the sampler stops within one interval, even if nobody
-        calls `stop()`. `GPUMonitor` uses it because Keras does not call `on_train_end` when
-        `fit` raises.
-
-        Args:
-            frame: the frame object of the running function (e.g. from `sys._getframe()`).
-            thread_id: int or None, the thread running it. Defaults to the calling thread.
-        """
-        self._watch = (threading.get_ident() if thread_id is None else thread_id, frame)
-
     def __enter__(self) -> Sampler:
         return self.start()
 
@@ -361,17 +344,6 @@ class Sampler:
                 self._sample_failed = True
                 _log.exception("tfgpu.monitor: a sample failed; sampling goes on. (Logged once.)")
 
-    def _watched_frame_gone(self) -> bool:
-        if self._watch is None:
-            return False
-        thread_id, target = self._watch
-        frame = sys._current_frames().get(thread_id)
-        while frame is not None:
-            if frame is target:
-                return False
-            frame = frame.f_back
-        return True
-
     def _run(self, stop: threading.Event | None = None) -> None:
         stop = self._stop_event if stop is None else stop
         try:  # _sample never raises: it is the boundary of each tick
@@ -379,15 +351,11 @@ class Sampler:
             while not stop.wait(max(0.0, deadline - self._monotonic())):
                 self._sample()
                 deadline = _next_deadline(deadline, self._monotonic(), self._interval)
-                if self._watched_frame_gone():
-                    _log.debug("tfgpu.monitor: the watched function ended; stopping.")
-                    break
             self._sample()
         finally:
             self._close()
 
     def _close(self) -> None:
-        self._watch = None  # drop the frame reference (it holds the caller's locals)
         if self._file is not None:
             with contextlib.suppress(OSError, ValueError):
                 self._file.close()

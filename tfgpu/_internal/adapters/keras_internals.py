@@ -14,7 +14,8 @@ here, so the day Keras moves something, one module changes:
   `on_train_begin`);
 - Keras's global seed generator (`keras/src/backend/common/global_state.py`,
   `keras/src/random/seed_generator.py`);
-- the `CallbackList` that `fit` made (released with `fit`'s frame);
+- the frame driving the hooks, watched until it leaves the stack (`when_fit_ends`: Keras
+  skips `on_train_end` when `fit` raises);
 - Keras's TensorFlow trainer (`trainer.reduce_per_replica`,
   `TensorFlowTrainer._maybe_symbolic_build` and `_symbolic_build`) and TensorFlow's
   `strategy.extended._in_multi_worker_mode()`, for the multi-worker `fit` correction at the
@@ -34,6 +35,7 @@ import logging
 import numbers
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -149,23 +151,88 @@ def training_frame(caller_module: str) -> FrameType | None:
     return None
 
 
-def calling_callback_list(depth: int = 8) -> Any:
-    """The `keras.callbacks.CallbackList` calling the hook that called this, or None.
+class FitWatch:
+    """A wish to be told when a training function has left its thread's stack.
 
-    `fit` makes one and drops it with its frame, so a `weakref.finalize` on it runs when
-    `fit` is over, even when it raised (Keras then skips `on_train_end`).
+    Made by `when_fit_ends`; `cancel()` withdraws it (a later `fit` has its own).
     """
-    import keras
 
-    frame: FrameType | None = sys._getframe(1)
-    for _ in range(depth):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, keras.callbacks.CallbackList):
-            return owner
+    def __init__(self, thread_id: int, frame: FrameType, callback: Callable[[], None]):
+        self.thread_id, self.frame, self.callback = thread_id, frame, callback
+
+    def cancel(self) -> None:
+        with _WATCH_LOCK:
+            if self in _WATCHES:
+                _WATCHES.remove(self)
+        self.frame = None  # type: ignore[assignment]  # drops the caller's locals
+
+
+# The watches, and the one daemon thread that checks them every `WATCH_INTERVAL_S`.
+WATCH_INTERVAL_S = 0.25
+_WATCHES: list[FitWatch] = []
+_WATCH_LOCK = threading.Lock()
+_watcher: threading.Thread | None = None
+
+
+def when_fit_ends(callback: Callable[[], None], caller_module: str) -> FitWatch | None:
+    """Calls `callback()` once the function driving the hooks has returned or raised.
+
+    Keras skips `on_train_end` when `fit` raises; this is the one way around that gap. From a
+    callback hook, the frame of the function driving the hooks (`training_frame`: Keras
+    `fit`, or a custom loop) is watched; once it is no longer on its thread's stack, a daemon
+    thread calls `callback` (at most `WATCH_INTERVAL_S` later), also when the exception's
+    traceback is kept alive (a notebook's `sys.last_traceback`). `callback` must be safe to
+    call after `on_train_end` already did its work, and from another thread.
+
+    Returns:
+        The `FitWatch` (to cancel it), or None when no such frame was found.
+    """
+    global _watcher
+    frame = training_frame(caller_module)
+    if frame is None:
+        return None
+    watch = FitWatch(threading.get_ident(), frame, callback)
+    with _WATCH_LOCK:
+        _WATCHES.append(watch)
+        if _watcher is None or not _watcher.is_alive():
+            _watcher = threading.Thread(target=_watch_loop, name="tfgpu-fit-watch", daemon=True)
+            _watcher.start()
+    return watch
+
+
+def check_fit_watches() -> None:
+    """One pass of the watcher: calls the callbacks of the watched frames that are gone."""
+    stacks = sys._current_frames()
+    with _WATCH_LOCK:
+        ended = [w for w in _WATCHES if not _on_stack(w.frame, stacks.get(w.thread_id))]
+        for watch in ended:
+            _WATCHES.remove(watch)
+    del stacks
+    for watch in ended:
+        callback, watch.frame = watch.callback, None  # type: ignore[assignment]
+        try:
+            callback()
+        except Exception:  # the watcher's boundary: one failed callback never stops the others
+            _LOG.exception("tfgpu: a callback for the end of fit failed")
+
+
+def _on_stack(target: FrameType | None, frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame is target:
+            return True
         frame = frame.f_back
-    return None
+    return False
+
+
+def _watch_loop() -> None:
+    global _watcher
+    while True:
+        time.sleep(WATCH_INTERVAL_S)
+        check_fit_watches()
+        with _WATCH_LOCK:
+            if not _WATCHES:
+                _watcher = None
+                return
 
 
 # --------------------------------------------------------------------------- the epoch iterator
@@ -492,7 +559,7 @@ def problems_in_fit(model: Any) -> list[str]:
         ("`EpochIterator.steps_per_epoch`", hasattr(iterator, "steps_per_epoch")),
         ("`model.train_function`", callable(train_function(model))),
         ("`model._initial_epoch`", hasattr(model, "_initial_epoch")),
-        ("the `CallbackList` calling the hooks", calling_callback_list() is not None),
+        ("the frame of `fit`, driving the hooks", training_frame(__name__) is not None),
     ]
     found.extend(moved(what) for what, ok in checks if not ok)
     try:
