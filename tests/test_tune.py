@@ -22,8 +22,8 @@ import tensorflow as tf
 
 import tfgpu
 import tfgpu.batch_size
-from tfgpu._internal.adapters import timing
-from tfgpu.tuning import Trial, TuneResult, _trial, _tune
+from tfgpu._internal.adapters import model_state, timing
+from tfgpu.tuning import Trial, TuneResult, _tune
 from tfgpu.tuning import _candidates as cands
 from tfgpu.tuning._candidates import Facts
 
@@ -291,7 +291,7 @@ def test_a_baseline_the_budget_cannot_time_gives_every_candidate_untried(monkeyp
 
 @pytest.mark.slow
 def test_state_is_restored_after_every_trial(monkeypatch):
-    monkeypatch.setattr(_tune, "supports_xla", _trial.supports_xla)
+    monkeypatch.setattr(_tune, "supports_xla", model_state.supports_xla)
     monkeypatch.setattr(cands, "SPE_LADDER", (4,))
     _Script(monkeypatch, lambda s, n: 0.01 / s["spe"], real_fit=True)
     model = _build()()

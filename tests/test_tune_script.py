@@ -183,9 +183,11 @@ def test_tune_json_and_the_waterfall_are_written(monkeypatch, clock, script, tmp
 
 
 def test_environment_changes_append_to_xla_flags():
-    env = _script._merged({"TF_XLA_FLAGS": "--a", "X": "1"}, {"TF_XLA_FLAGS": "--b", "Y": "2"})
+    from tfgpu.tuning._candidates import merged
+
+    env = merged({"TF_XLA_FLAGS": "--a", "X": "1"}, {"TF_XLA_FLAGS": "--b", "Y": "2"})
     assert env == {"TF_XLA_FLAGS": "--a --b", "X": "1", "Y": "2"}
-    assert _script._merged({}, {"TF_XLA_FLAGS": "--b"}) == {"TF_XLA_FLAGS": "--b"}
+    assert merged({}, {"TF_XLA_FLAGS": "--b"}) == {"TF_XLA_FLAGS": "--b"}
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tfgpu._internal.adapters import timing
@@ -398,3 +398,74 @@ def combined_lines(kept: Sequence[tuple[dict[str, Any], str]], facts: Facts) -> 
     if pipeline_change and facts.pipeline is not None:
         head.append(_pipeline_line(pipeline_change, facts.pipeline))
     return head + lines
+
+
+@dataclasses.dataclass
+class Kept:
+    """A setting kept by the search: its trial (in the table), what it changes (compile and
+    pipeline settings, or environment variables), its rounds, and whether they were measured
+    against the baseline itself (not against settings kept before it)."""
+
+    trial: Any  # tfgpu.tuning.Trial
+    change: dict[str, Any]
+    rounds: list[tuple[float, float]]
+    against_baseline: bool
+
+
+def verify(
+    kept: list[Kept],
+    together: Callable[[dict[str, Any]], timing.Comparison],
+    notes: list[str],
+) -> tuple[float, float, float]:
+    """(speedup, low, high) of the kept settings together over the baseline.
+
+    `together(changes)` times all of them at once against the baseline. While they do not
+    clear `MARGIN` together, the one that gave the least alone is dropped (its trial says
+    why, `notes` too) and the rest are timed again; one setting measured against the
+    baseline needs no second measurement. `kept` is left with the verified settings.
+    """
+    while kept:
+        if len(kept) == 1 and kept[0].against_baseline:
+            g, low, high = timing.gain(kept[0].rounds)
+            return g or 1.0, low, high
+        changes: dict[str, Any] = {}
+        for k in kept:
+            changes = merged(changes, k.change)
+        c = together(changes)
+        status, reason = verdict(c.rounds, c.stopped)
+        g, low, high = timing.gain(c.rounds)
+        if c.error:
+            notes.append(f"the verification failed: {c.error}")
+            reason = c.error
+        elif status == KEPT:
+            return g or 1.0, low, high
+        elif c.stopped == "budget" and g and min(_ratios(c.rounds), default=0.0) >= MARGIN:
+            notes.append(
+                f"verified over {len(c.rounds)} round(s) only (time budget spent): every round "
+                f"cleared x{MARGIN:.2f}"
+            )
+            return g, low, high
+        weakest = min(kept, key=lambda k: k.trial.gain or 0.0)
+        kept.remove(weakest)
+        weakest.trial.status = NO_GAIN
+        weakest.trial.reason = (
+            f"{weakest.trial.gain_text} alone, but the kept settings together did not clear "
+            f"the margin against the baseline ({reason}); this one gave the least"
+        )
+        notes.append(f"{weakest.trial.name} dropped at the verification")
+    return 1.0, 1.0, 1.0
+
+
+def _ratios(rounds: Sequence[tuple[float, float]]) -> list[float]:
+    return [b / v for b, v in rounds if v > 0]
+
+
+def merged(settings: Mapping[str, Any], change: Mapping[str, Any]) -> dict[str, Any]:
+    """`settings` with `change` on top; environment flags (`TF_XLA_FLAGS`) are joined."""
+    out = dict(settings)
+    for key, value in change.items():
+        if key == "TF_XLA_FLAGS" and out.get(key):
+            out[key] = f"{out[key]} {value}"
+        else:
+            out[key] = value
+    return out

@@ -104,17 +104,6 @@ def settings(gpus: int) -> list[tuple[str, dict[str, str], str, str]]:
     return out
 
 
-def _merged(base: Mapping[str, str], change: Mapping[str, str]) -> dict[str, str]:
-    """`base` with `change` set; `TF_XLA_FLAGS` is appended to, not replaced. Pure."""
-    env = dict(base)
-    for key, value in change.items():
-        if key == "TF_XLA_FLAGS" and env.get(key):
-            env[key] = f"{env[key]} {value}"
-        else:
-            env[key] = value
-    return env
-
-
 def _run_child(
     script: Path,
     script_args: Sequence[str],
@@ -125,8 +114,10 @@ def _run_child(
 ) -> ChildRun:
     """Runs the script in a new process with `change` in its environment; its first `fit`
     is timed. (Tests replace this function with a scripted one.)"""
+    from tfgpu.tuning._candidates import merged
+
     root = str(Path(__file__).resolve().parents[2])  # the directory holding `tfgpu/`
-    env = _merged(os.environ, change)
+    env = merged(os.environ, change)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     fd, out_name = tempfile.mkstemp(prefix="tfgpu-tune-", suffix=".json")
@@ -309,51 +300,31 @@ def tune_script(
     trials: list[Trial] = []
     variants = {name: env for name, env, _, untried in plan if not untried}
     measured = rounds.compare(variants, first_base=first.step_s)
-    kept: list[tuple[Trial, dict[str, str], list[tuple[float, float]]]] = []
+    kept: list[cands.Kept] = []
     for name, env, line, untried in plan:
         if untried:
             trials.append(Trial(name, dict(env), reason=untried, line=line))
             continue
         c = measured[name]
-        got, why, error = c.rounds, c.stopped, c.error
-        if error:
-            trials.append(Trial(name, dict(env), status=cands.FAILED, reason=error, line=line))
+        if c.error:
+            trials.append(Trial(name, dict(env), status=cands.FAILED, reason=c.error, line=line))
             continue
-        status, reason = cands.verdict(got, why)
-        g, low, high = timing.gain(got)
+        status, reason = cands.verdict(c.rounds, c.stopped)
+        g, low, high = timing.gain(c.rounds)
         trial = Trial(name, dict(env), g, low, high, status, reason, line)
         trials.append(trial)
         if status == cands.KEPT:
-            kept.append((trial, env, got))
+            kept.append(cands.Kept(trial, dict(env), c.rounds, against_baseline=True))
     notes = [
         "each setting against the baseline (your environment), in fresh processes; set the "
         "kept ones in the shell before Python starts"
     ]
-    speedup: tuple[float, float, float] = (1.0, 1.0, 1.0)
-    while kept:
-        if len(kept) == 1:
-            g, low, high = timing.gain(kept[0][2])
-            speedup = (g or 1.0, low, high)
-            break
-        combined: dict[str, str] = {}
-        for _, env, _ in kept:
-            combined = _merged(combined, env)
+
+    def together(changes: dict[str, Any]) -> timing.Comparison:
         progress.phase("verifying the kept settings together")
-        c = rounds.compare({"together": combined})["together"]
-        got, why, error = c.rounds, c.stopped, c.error
-        status, reason = cands.verdict(got, why)
-        if status == cands.KEPT and not error:
-            g, low, high = timing.gain(got)
-            speedup = (g or 1.0, low, high)
-            break
-        weakest = min(kept, key=lambda k: k[0].gain or 0.0)
-        kept.remove(weakest)
-        weakest[0].status = cands.NO_GAIN
-        weakest[0].reason = (
-            f"{weakest[0].gain_text} alone, but the kept settings together did not clear the "
-            f"margin ({error or reason}); this one gave the least"
-        )
-        notes.append(f"{weakest[0].name} dropped at the verification")
+        return rounds.compare({"together": changes})["together"]
+
+    speedup = cands.verify(kept, together, notes)
     from tfgpu._internal.helpers import stats
 
     base = stats.median(rounds.base_times)
@@ -366,8 +337,8 @@ def tune_script(
         speedup=speedup[0],
         speedup_low=speedup[1],
         speedup_high=speedup[2],
-        settings={k: v for t, env, _ in kept for k, v in env.items()},
-        lines=[t.line for t, _, _ in kept],
+        settings={k: v for kept_one in kept for k, v in kept_one.change.items()},
+        lines=[kept_one.trial.line for kept_one in kept],
         notes=notes,
         compared_with="the baseline",
     )

@@ -33,21 +33,6 @@ def _key(changes: dict[str, Any]) -> _Key:
     return tuple(sorted((k, repr(v)) for k, v in changes.items()))
 
 
-def supports_xla(model: Any) -> bool:
-    """Whether Keras accepts `jit_compile` flipped for this model (it refuses some models,
-    warning and keeping the old value)."""
-    current = model.jit_compile
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model.jit_compile = not bool(current)
-        return bool(model.jit_compile) != bool(current)
-    finally:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model.jit_compile = current
-
-
 class Workload:
     """The model, the data and every setting's run, built on demand and kept.
 
@@ -138,7 +123,7 @@ class Workload:
                 model = self.factory()
             finally:
                 keras.mixed_precision.set_global_policy(saved)
-            build(model, self._first_inputs())
+            build(model, self.first_inputs())
             self._models[policy] = model
         model = self._models[policy]
         try:
@@ -147,7 +132,7 @@ class Workload:
             pass  # another structure: its own weights (the guard still checks finiteness)
         return model
 
-    def _first_inputs(self) -> Any:
+    def first_inputs(self) -> Any:
         x, _, _ = keras.utils.unpack_x_y_sample_weight(self.guard_batches()[0])
         return x
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import math
 import os
 import warnings
@@ -21,7 +20,7 @@ from tfgpu._internal.adapters.datasets import (
     pipeline_arguments,
     source_batches,
 )
-from tfgpu._internal.adapters.model_state import preserved
+from tfgpu._internal.adapters.model_state import preserved, supports_xla
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import (
     check_dir,
@@ -35,7 +34,7 @@ from tfgpu._internal.helpers.warn import one_line
 from tfgpu.tuning import _candidates as cands
 from tfgpu.tuning._candidates import Candidate, Facts
 from tfgpu.tuning._result import Trial, TuneResult, write
-from tfgpu.tuning._trial import Workload, supports_xla
+from tfgpu.tuning._trial import Workload
 
 # Candidates are measured until this share of the time budget; the verification of the
 # kept ones together may run until `VERIFY_SHARE`; the rest is for restoring and writing.
@@ -166,7 +165,7 @@ def _augment_on_batches(arguments: dict[str, Any] | None) -> str:
     def call(*xs: Any) -> Any:
         return fn(xs[0]) if single else fn(*xs)
 
-    with recorded(_augment_error) as failure:
+    with recorded(lambda e: one_line(e, limit=160)) as failure:
         out = call(*parts)
         copies = tuple(
             tf.nest.map_structure(lambda t: tf.repeat(t[:1], 4, axis=0), p) for p in parts
@@ -195,16 +194,6 @@ def _augment_on_batches(arguments: dict[str, Any] | None) -> str:
     if all(same(rows[0], r) for r in rows[1:]) and not same(one, two):
         return "on a batch it draws its random values once for the whole batch"
     return ""
-
-
-def _augment_error(e: Exception) -> str:
-    """The error `augment_fn` raised on a batch, in one line."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    if "in user code:" in str(e) and lines:  # autograph: what failed is said last
-        last = lines[-1].split(" for '{{node")[0]
-        name = type(e).__name__
-        return (last if last.startswith(name) else f"{name}: {last}")[:160]
-    return one_line(e, limit=160)
 
 
 def _batches(data: tf.data.Dataset) -> tuple[int | None, bool, int | None, bool | None]:
@@ -331,9 +320,6 @@ def tune(
     progress = Progress(verbose, title="tune", budget_s=budget_s, clock=lambda: timing.now())
     budget = timing.Budget(budget_s, MEASURE_SHARE)
     verify_budget = timing.Budget(budget_s, VERIFY_SHARE, start=budget.start)
-    tuner = _Tuner(
-        model, factory, data, steps, warmup, budget, verify_budget, progress, change_batch_size
-    )
     progress.phase("reading the model and the data")
     arguments = pipeline_arguments(data)
     facts = Facts(
@@ -354,7 +340,9 @@ def tune(
         cpu_count=os.cpu_count() or 1,
         augment_on_batches=_augment_on_batches(arguments),
     )
-    result = tuner.run(facts, global_batch)
+    work = Workload(model, factory, data, arguments, global_batch, steps, warmup)
+    tuner = _Tuner(work, facts, budget, verify_budget, progress, change_batch_size)
+    result = tuner.run()
     result.time_s = budget.elapsed()
     if log_path is not None:
         progress.phase("writing tune.json and tune.png")
@@ -368,40 +356,27 @@ class _Tuner:
 
     def __init__(
         self,
-        model: Any,
-        factory: Callable[[], Any] | None,
-        data: tf.data.Dataset,
-        steps: int,
-        warmup: int,
+        work: Workload,
+        facts: Facts,
         budget: timing.Budget,
         verify_budget: timing.Budget,
         progress: Progress,
         change_batch_size: bool,
     ):
-        self.model, self.factory, self.data = model, factory, data
-        self.steps, self.warmup = steps, warmup
+        self.work, self.facts = work, facts
+        self.model, self.data, self.steps = work.model, work.dataset, work.steps
         self.budget, self.verify_budget = budget, verify_budget
         self.progress = progress
         self.change_batch_size = change_batch_size
         self.trials: list[Trial] = []
-        # (candidate, trial, rounds, the settings it was measured against)
-        self.kept: list[tuple[Candidate, Trial, list[tuple[float, float]], dict[str, Any]]] = []
+        self.kept: list[cands.Kept] = []
         self.best: dict[str, Any] = {}
         self.notes: list[str] = []
 
     # The search.
-    def run(self, facts: Facts, global_batch: int | None) -> TuneResult:
-        work = Workload(
-            self.model,
-            self.factory,
-            self.data,
-            facts.pipeline,
-            global_batch,
-            self.steps,
-            self.warmup,
-        )
-        self.work, self.facts = work, facts
-        with preserved(self.model, work._first_inputs()):
+    def run(self) -> TuneResult:
+        work, facts, global_batch = self.work, self.facts, self.work.global_batch
+        with preserved(self.model, work.first_inputs()):
             self.progress.phase("timing the baseline")
             with preserved(self.model):
                 first = work.run_for({})(self.budget.deadline, None)
@@ -465,7 +440,7 @@ class _Tuner:
         g, low, high = timing.gain(rounds)
         trial = Trial(cand.name, cand.change, g, low, high, status, reason, cand.line)
         if status == cands.KEPT:
-            self.kept.append((cand, trial, rounds, self.best))
+            self.kept.append(cands.Kept(trial, cand.change, rounds, against_baseline=not self.best))
             self.best = changes
         return self._add(trial)
 
@@ -495,9 +470,8 @@ class _Tuner:
             max_batch_size=per_replica * BATCH_GROWTH,
             max_trials=5,
             steps=3,
+            verbose=0,
         )
-        if "verbose" in inspect.signature(find).parameters:
-            kwargs["verbose"] = 0
         with recorded() as failure, preserved(self.model):
             found = find(self.work.model_for(self.best), self.data, **kwargs)
         if failure.text is not None:
@@ -566,17 +540,11 @@ class _Tuner:
             ]
             self.notes.append("the baseline could not be timed within the time budget")
             return TuneResult(trials=self.trials, notes=self.notes, dataset=self.data)
-        speedup = (1.0, 1.0, 1.0)
-        while self.kept:
-            verified = self._verify()
-            if verified is not None:
-                speedup = verified
-                break
-            self._drop_weakest()
+        speedup = cands.verify(self.kept, self._together, self.notes)
         settings: dict[str, Any] = {}
-        for cand, *_ in self.kept:
-            settings.update(cand.change)
-        lines = cands.combined_lines([(c.change, t.line) for c, t, *_ in self.kept], facts)
+        for k in self.kept:
+            settings.update(k.change)
+        lines = cands.combined_lines([(k.change, k.trial.line) for k in self.kept], facts)
         base = stats.median(self.work.base_times)
         base_eps = 1.0 / base if base and math.isfinite(base) and base > 0 else math.nan
         dataset = self.data
@@ -595,17 +563,11 @@ class _Tuner:
             notes=self.notes,
         )
 
-    def _verify(self) -> tuple[float, float, float] | None:
-        """(gain, low, high) of all kept settings together over the baseline, or None when
-        they do not clear the margin."""
-        if len(self.kept) == 1 and not self.kept[0][3]:  # measured against the baseline
-            g, low, high = timing.gain(self.kept[0][2])
-            return (g or 1.0), low, high
-        changes: dict[str, Any] = {}
-        for cand, *_ in self.kept:
-            changes.update(cand.change)
+    def _together(self, changes: dict[str, Any]) -> timing.Comparison:
+        """All kept settings together against the baseline (`cands.verify` asks)."""
+        c = timing.Comparison()
         with recorded() as failure, preserved(self.model):
-            rounds, why = timing.interleave(
+            c.rounds, c.stopped = timing.interleave(
                 self.work.run_for({}),
                 self.work.run_for(changes),
                 threshold=cands.MARGIN,
@@ -613,31 +575,5 @@ class _Tuner:
                 max_rounds=MAX_ROUNDS,
                 timed_units=self.steps * int(self.work.global_batch or 1),
             )
-        if failure.text is not None:
-            self.notes.append(f"the verification failed: {failure.text}")
-            return None
-        status, reason = cands.verdict(rounds, why)
-        g, low, high = timing.gain(rounds)
-        if status == cands.KEPT:
-            return g or 1.0, low, high
-        ratios = [b / v for b, v in rounds if v > 0]
-        if why == "budget" and ratios and min(ratios) >= cands.MARGIN and g:
-            self.notes.append(
-                f"verified over {len(rounds)} round(s) only (time budget spent): every round "
-                f"cleared x{cands.MARGIN:.2f}"
-            )
-            return g, low, high
-        self._last_verification = reason
-        return None
-
-    def _drop_weakest(self) -> None:
-        weakest = min(self.kept, key=lambda k: k[1].gain or 0.0)
-        self.kept.remove(weakest)
-        trial = weakest[1]
-        trial.status = cands.NO_GAIN
-        trial.reason = (
-            f"{trial.gain_text} alone, but the kept settings together did not clear the "
-            f"margin against the baseline ({getattr(self, '_last_verification', '')}); "
-            "this one gave the least"
-        )
-        self.notes.append(f"{trial.name} dropped at the verification")
+        c.error = failure.text or ""
+        return c

@@ -15,6 +15,7 @@ freshly compiled model) then exist, are recorded, and are put back too.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -100,3 +101,18 @@ def preserved(model: Any, x: Any = None) -> Iterator[None]:
         if saved["history"] is not None:
             model.history = saved["history"]
         model.stop_training = False
+
+
+def supports_xla(model: Any) -> bool:
+    """Whether Keras accepts `jit_compile` flipped for this model (it refuses some models,
+    warning and keeping the old value)."""
+    current = model.jit_compile
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.jit_compile = not bool(current)
+        return bool(model.jit_compile) != bool(current)
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.jit_compile = current
