@@ -188,34 +188,45 @@ def _measure_rounds(
     repeated = ds.repeat()
     progress.phase("warming up on the real data")
     _warm_real(model, ds, repeated, budget)
-    # Alternate the device-resident and the real runs, so that a noisy host favours
-    # neither, until the input-wait share is clear of the thresholds.
+    # Alternate the device-resident and the real runs (the timing engine's rounds), so that
+    # a noisy host favours neither, until the input-wait share is clear of the thresholds.
     rounds_until = (
         None if budget.seconds is None else budget.start + ROUNDS_BUDGET_SHARE * budget.seconds
     )
-    compute = first_compute
-    rounds: list[tuple[float, float]] = []
-    for i in range(MAX_ROUNDS):
-        if i > 0:
-            if budget.left() <= 0:
-                break
-            if i >= protocol.MIN_ROUNDS:
-                if share_verdict(rounds)["level"] != "inconclusive":
-                    break
-                if rounds_until is not None and protocol.now() >= rounds_until:
-                    break
-        progress.phase(
-            f"timing the real data against a batch in memory, round {i + 1} of at most {MAX_ROUNDS}"
-        )
-        if i > 0:
-            compute = protocol.fit_step_time(model, device_ds, steps, warmup, budget.deadline)
-        real = protocol.fit_step_time(
-            model, repeated, steps, warmup, budget.deadline if i > 0 else None
-        )
-        if compute is None or real is None:  # the budget ran out before a timed step
-            break
-        rounds.append((compute, real))
-    return rounds
+    shown: set[int] = set()
+    calls = {"compute": 1 if first_compute is not None else 0, "real": 0}
+
+    def timed(kind: str, dataset: Any) -> protocol.Run:
+        def run(deadline: float | None, limit: float | None) -> float | None:
+            calls[kind] += 1
+            if calls[kind] not in shown:  # the round's first run says which round it is
+                shown.add(calls[kind])
+                progress.phase(
+                    "timing the real data against a batch in memory, "
+                    f"round {calls[kind]} of at most {MAX_ROUNDS}"
+                )
+            # The first real run, like the first device-resident one, runs in full.
+            first_real = kind == "real" and calls[kind] == 1
+            return protocol.fit_step_time(
+                model, dataset, steps, warmup, None if first_real else deadline
+            )
+
+        return run
+
+    def done(rounds: list[tuple[float, float]]) -> bool:
+        if share_verdict(rounds)["level"] != "inconclusive":
+            return True
+        return rounds_until is not None and protocol.now() >= rounds_until
+
+    return protocol.compare(
+        timed("compute", device_ds),
+        {"real": timed("real", repeated)},
+        budget=budget,
+        max_rounds=MAX_ROUNDS,
+        first_base=first_compute,
+        done=done,
+        clearly_slower=None,
+    )["real"].rounds
 
 
 @dataclass
