@@ -140,3 +140,59 @@ def test_interleave_is_compare_with_one_variant(monkeypatch):
     runs = _Runs(monkeypatch)
     rounds, stopped = timing.interleave(runs.run("base", 1.0), runs.run("v", 2.0))
     assert (rounds, stopped) == ([(1.0, 2.0)], "slower")
+
+
+@pytest.mark.slow
+def test_a_timed_fit_runs_free_of_garbage_collection_and_restores_the_setting():
+    import gc
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    ds = tf.data.Dataset.from_tensors((np.zeros((8, 4), "f4"), np.zeros((8, 1), "f4"))).repeat()
+    seen: list[tuple[str, int]] = []
+
+    def plant_cycles_in_every_step(batch, logs=None):
+        for _ in range(3000):  # enough to pass every generation's threshold many times
+            a: list = []
+            a.append(a)
+
+    def record(phase, info):
+        seen.append((phase, info["generation"]))
+
+    planter = keras.callbacks.LambdaCallback(on_train_batch_end=plant_cycles_in_every_step)
+    original = timing.Timer
+
+    during: list[int] = []  # collections seen so far, at each step's end
+
+    class Planting(original):  # the timed fit's own callback, planting garbage as it runs
+        def on_train_batch_end(self, batch, logs=None):
+            planter.on_train_batch_end(batch, logs)
+            during.append(len(seen))
+            super().on_train_batch_end(batch, logs)
+
+    gc.callbacks.append(record)
+    try:
+        timing.Timer = Planting
+        for _ in range(1000):  # garbage planted beforehand too
+            b: list = []
+            b.append(b)
+        seen.clear()
+        assert gc.isenabled()
+        assert timing.fit_step_time(model, ds, steps=6, warmup=2) is not None
+    finally:
+        timing.Timer = original
+        gc.callbacks.remove(record)
+    # One full collection, the one before the window; none while the steps ran.
+    assert seen[:2] == [("start", 2), ("stop", 2)]
+    assert len(during) >= 8 and set(during) == {2}
+    assert gc.isenabled()  # the setting put back
+    gc.disable()
+    try:
+        timing.fit_step_time(model, ds, steps=6, warmup=2)
+        assert not gc.isenabled()  # a user's disabled gc stays disabled
+    finally:
+        gc.enable()

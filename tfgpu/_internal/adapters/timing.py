@@ -13,10 +13,12 @@ The statistics (`medians`, `median_interval`, `gain`) are pure.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,10 +75,31 @@ class Timer(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+@contextlib.contextmanager
+def collected_before() -> Iterator[None]:
+    """A full garbage collection now and none inside the body; the user's setting put back.
+
+    Earlier `fit` calls leave reference cycles (TensorFlow's distributed iterators and their
+    threads: tens of thousands of objects after a few fits under a strategy); a full
+    collection of them takes seconds and lands wherever Python decides, which inside a
+    timed window is noise that can flip a decision. So it happens before the window.
+    """
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def fit_step_time(
     model, dataset, steps: int, warmup: int, deadline=None, timed_limit_s=None
 ) -> float | None:
     """Seconds per training step from `fit`, the median over calls after warm-up.
+
+    Garbage is collected before the `fit`, not during it (`collected_before`).
 
     Stopped at `deadline` (or `timed_limit_s` after the warm-up): the median uses the timed
     calls that ran. None when the deadline came before one timed call: a time from warm-up
@@ -86,14 +109,15 @@ def fit_step_time(
     calls_warm = max(2, math.ceil(warmup / spe))
     calls_timed = max(6, math.ceil(steps / spe))
     timer = Timer(calls_warm, deadline, timed_limit_s)
-    model.fit(
-        dataset,
-        epochs=1,
-        steps_per_epoch=(calls_warm + calls_timed) * spe,
-        verbose=0,
-        shuffle=False,
-        callbacks=[timer],
-    )
+    with collected_before():
+        model.fit(
+            dataset,
+            epochs=1,
+            steps_per_epoch=(calls_warm + calls_timed) * spe,
+            verbose=0,
+            shuffle=False,
+            callbacks=[timer],
+        )
     model.stop_training = False
     gaps = [b - a for a, b in itertools.pairwise(timer.times[calls_warm - 1 :])]
     return stats.median(gaps) / spe if gaps else None
