@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tfgpu._internal.adapters.workload import DatasetData
 from tfgpu.batch_size import BatchSizeResult, find_batch_size
 from tfgpu.batch_size import _trial as trial_module
-from tfgpu.batch_size._search import _stopped_by, accumulation_plan, next_candidate
-from tfgpu.batch_size._trial import example_pool
+from tfgpu.batch_size._search import accumulation_plan, next_candidate, stopped_by
 
 
 def _search(fails_above: int, **kw) -> list[int]:
@@ -169,8 +169,8 @@ def test_memory_budget_stops_the_search_where_allocator_statistics_exist(monkeyp
     x, y = _data(256)
     budget = 10_000 + 200 * 1000  # sizes up to 200 fit the budget
     result = find_batch_size(
-        model, (x, y), start=64, max_batch_size=512, steps=1, memory_limit_bytes=budget
-    )
+        model, (x, y), start=64, max_batch_size=512, steps=1, memory_limit_mib=budget / 2**20
+    )  # MiB, as configure(memory_limit_mib=): a fraction of a MiB is exact in bytes
     assert result.memory_source == "allocator" and result.memory_budget_bytes == budget
     assert [t.batch_size for t in result.trials] == [64, 128, 256, 192, 224, 208, 200]
     assert result.largest == 200 and result.stopped_by == "limit"
@@ -196,10 +196,10 @@ def test_without_allocator_statistics_the_search_says_so_and_stops_at_oom(monkey
     model.compile("sgd", "mse")
     with pytest.raises(
         ValueError,
-        match=r"memory_limit_bytes=1000000 while TensorFlow keeps no "
+        match=r"memory_limit_mib=1 while TensorFlow keeps no "
         r"allocator statistics for CPU:0.*in_subprocess=True.*TF_CPU_ALLOCATOR_USE_BFC",
     ):
-        find_batch_size(model, (x, y), memory_limit_bytes=10**6)
+        find_batch_size(model, (x, y), memory_limit_mib=1)
     assert not model.optimizer.built  # no step was trained
 
 
@@ -221,7 +221,7 @@ def test_in_subprocess_measures_real_peak_memory_on_any_cpu():
         start=64,
         max_batch_size=512,
         steps=1,
-        memory_limit_bytes=budget,
+        memory_limit_mib=budget / 2**20,
         in_subprocess=True,
     )
     assert limited.memory_budget_bytes == budget
@@ -253,19 +253,17 @@ def test_a_search_that_never_reached_a_limit_does_not_report_one():
 
 def test_stopped_by_is_pure():
     assert (
-        _stopped_by([(8, True), (16, False), (12, True)], max_batch_size=64, ran_out=False)
+        stopped_by([(8, True), (16, False), (12, True)], max_batch_size=64, ran_out=False)
         == "limit"
     )
     assert (
-        _stopped_by(
+        stopped_by(
             [(8, False), (4, False), (2, False), (1, False)], max_batch_size=64, ran_out=False
         )
         == "nothing_fits"
     )
-    assert (
-        _stopped_by([(8, True), (16, True)], max_batch_size=16, ran_out=False) == "max_batch_size"
-    )
-    assert _stopped_by([(8, True), (16, True)], max_batch_size=64, ran_out=True) == "max_trials"
+    assert stopped_by([(8, True), (16, True)], max_batch_size=16, ran_out=False) == "max_batch_size"
+    assert stopped_by([(8, True), (16, True)], max_batch_size=64, ran_out=True) == "max_trials"
 
 
 @pytest.mark.slow
@@ -364,6 +362,10 @@ def test_invalid_arguments_are_rejected_before_work(capsys):
         find_batch_size(model, (x, y), memory_fraction=float("nan"))
     with pytest.raises(TypeError, match=r"in_subprocess='yes'"):
         find_batch_size(model, (x, y), in_subprocess="yes")
+    # The memory limit is in MiB, as configure(memory_limit_mib=): a positive finite number.
+    for bad, error in ((0, ValueError), (float("inf"), ValueError), ("512", TypeError)):
+        with pytest.raises(error, match=r"`memory_limit_mib`.*Expected a finite number of MiB"):
+            find_batch_size(model, (x, y), memory_limit_mib=bad)
     for bad, error in (("loud", ValueError), (3, ValueError), (True, TypeError)):
         with pytest.raises(error, match=r"argument `verbose`. Received: verbose="):
             find_batch_size(model, (x, y), verbose=bad)
@@ -407,9 +409,9 @@ def test_examples_with_an_unknown_first_dimension_are_not_taken_for_batches():
         )
     )
     assert examples.element_spec[0].shape.as_list() == [None, 4]
-    pool_x, pool_y, _ = example_pool(examples, 16)
+    pool_x, pool_y, _ = DatasetData(examples).examples(16)
     assert pool_x.shape == (16, 2, 4) and pool_y.shape == (16, 1)
-    batched_x, _, _ = example_pool(examples.batch(4).prefetch(1), 16)
+    batched_x, _, _ = DatasetData(examples.batch(4).prefetch(1)).examples(16)
     assert batched_x.shape == (16, 2, 4)
 
 
@@ -439,12 +441,10 @@ def test_the_memory_budget_is_read_from_the_gpu_tensorflow_trains_on(monkeypatch
 
 
 def test_the_childs_progress_lines_are_relayed_by_their_phase():
-    from tfgpu.batch_size._subprocess import _relayed_phase
+    from tfgpu.batch_size._subprocess import relayed_phase
 
     line = "find_batch_size: trial 2 of at most 16: batch size 16 \u00b7 3 s so far\n"
-    assert _relayed_phase(line) == "trial 2 of at most 16: batch size 16"
-    assert _relayed_phase("find_batch_size: done in 3 s \u00b7 2 trials\n") is None
-    assert _relayed_phase("some other output\n") is None
-    assert (
-        _relayed_phase("find_batch_size: reading up to 1024 examples \u00b7 0.1 s so far") is None
-    )
+    assert relayed_phase(line) == "trial 2 of at most 16: batch size 16"
+    assert relayed_phase("find_batch_size: done in 3 s \u00b7 2 trials\n") is None
+    assert relayed_phase("some other output\n") is None
+    assert relayed_phase("find_batch_size: reading up to 1024 examples \u00b7 0.1 s so far") is None

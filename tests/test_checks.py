@@ -14,6 +14,7 @@ from tfgpu._internal.helpers.checks import (
     check_dir,
     check_finite_result,
     check_int,
+    check_log_dir,
     check_number,
     conflicting,
     invalid_type,
@@ -109,6 +110,17 @@ def test_check_dir_rejects_files_and_paths_under_files(tmp_path):
             check_dir("log_dir", bad)
     with pytest.raises(ValueError, match="Invalid value for argument `log_dir`"):
         check_dir("log_dir", "")
+
+
+def test_check_log_dir_is_check_dir_for_the_run_directory(tmp_path):
+    assert check_log_dir(None) is None
+    assert check_log_dir(tmp_path / "run") == tmp_path / "run"
+    a_file = tmp_path / "f.txt"
+    a_file.write_text("x")
+    with pytest.raises(ValueError, match=r"argument `log_dir`.*is under the file .*f\.txt"):
+        check_log_dir(a_file / "run")
+    with pytest.raises(TypeError, match=r"log_dir=123 \(of type int\)\. Expected a directory"):
+        check_log_dir(123)
 
 
 def test_check_bool():

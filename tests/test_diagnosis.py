@@ -737,7 +737,7 @@ def test_gpu_facts_describe_the_gpu_tensorflow_was_given(monkeypatch):
     import sys
 
     from tests import fake_pynvml
-    from tfgpu.diagnosis._diagnose import _gpu_facts
+    from tfgpu.diagnosis._diagnose import gpu_facts
 
     # NVML sees an A100 and a V100; TensorFlow was given only the V100 (set_visible_devices).
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml.make())
@@ -751,7 +751,7 @@ def test_gpu_facts_describe_the_gpu_tensorflow_was_given(monkeypatch):
         tf.config, "get_visible_devices", lambda k=None: devices[1:] if k == "GPU" else visible(k)
     )
     notes = []
-    name, _, capacity = _gpu_facts(notes)
+    name, _, capacity = gpu_facts(notes)
     assert (name, capacity) == ("Tesla V100-SXM2-16GB", 16384 * 2**20), notes
 
 
@@ -1409,13 +1409,15 @@ def test_full_batches_with_an_unknown_batch_dimension_do_not_change_shape():
 def test_mfu_under_several_gpus_divides_by_all_their_peaks():
     # The step's FLOPs are the global batch's: two A100s (one replica each) have twice the
     # peak of one, as StepTimer counts it.
-    from tfgpu.diagnosis._diagnose import _flops
+    from tfgpu.diagnosis._diagnose import flop_facts
     from tfgpu.flops import peak_flops
 
     model = _tiny_model()
     x = X[:16]
-    one = _flops(model, x, 16, 0.01, "mixed_bfloat16", "NVIDIA A100-SXM4-80GB", [(8, 0)], True)
-    two = _flops(model, x, 16, 0.01, "mixed_bfloat16", "NVIDIA A100-SXM4-80GB", [(8, 0)], True, 2)
+    one = flop_facts(model, x, 16, 0.01, "mixed_bfloat16", "NVIDIA A100-SXM4-80GB", [(8, 0)], True)
+    two = flop_facts(
+        model, x, 16, 0.01, "mixed_bfloat16", "NVIDIA A100-SXM4-80GB", [(8, 0)], True, 2
+    )
     peak = peak_flops("NVIDIA A100-SXM4-80GB", "bfloat16")
     assert one[2] == pytest.approx(one[0] / 0.01 / peak)
     assert two[2] == pytest.approx(one[2] / 2)

@@ -16,16 +16,18 @@ Where the memory figure comes from: TensorFlow's allocator statistics. GPUs alwa
 them. On the CPU, TensorFlow keeps them only with its BFC CPU allocator, which is on by
 default on some CPUs and off on others (`TF_CPU_ALLOCATOR_USE_BFC=true` turns it on, read
 when TensorFlow starts). Without statistics the search stops at out-of-memory errors alone,
-the result says so (`memory_source=None`), and a `memory_limit_bytes` that cannot be
+the result says so (`memory_source=None`), and a `memory_limit_mib` that cannot be
 enforced is refused; `in_subprocess=True` turns the statistics on for the trials.
 
 The rooms, in reading order:
 
-- `_find`: `find_batch_size()` itself: check the arguments, work out the memory budget, run
-  the trials under `tfgpu._internal.adapters.model_state.preserved`, build the result;
+- `_find`: `find_batch_size()` itself: check the arguments (the model and the data through
+  `tfgpu._internal.adapters.workload.check_model_and_data`, as `diagnose` and `tune`), read
+  the pool of examples, work out the memory budget, run the trials under
+  `tfgpu._internal.adapters.model_state.preserved`, build the result;
 - `_search`: the pure decisions (the next size to try, why the search ended, the fastest
   size, the gradient-accumulation plan), tested without hardware;
-- `_trial`: one trial: the pool of examples batches are cut from, the device and its memory
+- `_trial`: one trial: a batch cut from the pool of examples, the device and its memory
   statistics, the timed steps, the agreement between workers;
 - `_subprocess`: `in_subprocess=True`: the trials in a fresh Python process, and that
   process's entry point;

@@ -6,14 +6,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tfgpu._internal.adapters.model_state import preserved
-from tfgpu._internal.helpers.checks import check_int, check_number, invalid_type
+from tfgpu._internal.adapters.workload import check_model_and_data
+from tfgpu._internal.helpers.checks import check_bool, check_int, check_number
 from tfgpu._internal.helpers.progress import Progress, check_verbose
 from tfgpu.batch_size._result import BatchSizeResult, BatchSizeTrial, build_result
-from tfgpu.batch_size._search import _stopped_by, next_candidate
+from tfgpu.batch_size._search import next_candidate, stopped_by
 from tfgpu.batch_size._subprocess import find_in_subprocess
 from tfgpu.batch_size._trial import (
     device_capacity_bytes,
-    example_pool,
     has_allocator_stats,
     make_batch,
     memory_device,
@@ -35,7 +35,7 @@ def find_batch_size(
     max_batch_size: int = 4096,
     steps: int = 3,
     memory_fraction: float = 0.9,
-    memory_limit_bytes: int | None = None,
+    memory_limit_mib: float | None = None,
     multiple_of: int = 8,
     max_trials: int = 16,
     target_global_batch_size: int | None = None,
@@ -54,8 +54,8 @@ def find_batch_size(
 
     The memory budget is `memory_fraction` of the device's capacity (on GPUs, from NVML;
     1 - `memory_fraction` is the safety margin for what fit adds: prefetch buffers,
-    fragmentation), capped by `memory_limit_bytes`. Without a known capacity (the CPU) only
-    `memory_limit_bytes` and OOM errors stop the growth. Under a distribution strategy
+    fragmentation), capped by `memory_limit_mib`. Without a known capacity (the CPU) only
+    `memory_limit_mib` and OOM errors stop the growth. Under a distribution strategy
     (`model` built in `strategy.scope()`) sizes are per replica, each replica runs the full
     per-replica batch, and the global sizes are reported too; under multi-worker training
     every worker takes the same decision per trial.
@@ -68,13 +68,15 @@ def find_batch_size(
 
     Args:
         model: keras.Model, compiled (`model.compile(optimizer, loss)`).
-        data: `tf.data.Dataset` (batched or not) or a tuple of arrays `(x, y)` /
-            `(x, y, sample_weight)`: examples to train on; the first `pool_size` are used.
+        data: `tf.data.Dataset` (batched or not) or arrays `(x, y)` /
+            `(x, y, sample_weight)` (NumPy arrays or tensors, or dicts of them): examples
+            to train on; the first `pool_size` are used.
         start: int, the first per-replica batch size. Defaults to 8.
         max_batch_size: int, the largest per-replica size to try. Defaults to 4096.
         steps: int, timed training steps per trial (after one warm-up step). Defaults to 3.
         memory_fraction: float in (0, 1], share of device capacity allowed. Defaults to 0.9.
-        memory_limit_bytes: int or None, an absolute peak-memory limit. Defaults to None.
+        memory_limit_mib: float or None, an absolute peak-memory limit in MiB (2**20
+            bytes; `configure(memory_limit_mib=)` counts in the same unit). Defaults to None.
         multiple_of: int, binary-search midpoints are rounded down to a multiple of this.
             Defaults to 8.
         max_trials: int, the most trials to run. Defaults to 16.
@@ -94,10 +96,11 @@ def find_batch_size(
         A `BatchSizeResult`.
 
     Raises:
-        ValueError: on invalid arguments (e.g. `start` above `max_batch_size`), or a model
-            that is not compiled; before any trial.
-        TypeError: if `data` is neither a dataset nor arrays, or `verbose` is neither a
-            str nor an int.
+        ValueError: on invalid arguments (e.g. `start` above `max_batch_size`), a model
+            that is not compiled, arrays of different lengths, or data without labels for
+            the model's loss; before any trial.
+        TypeError: if `model` is not a Keras model, `data` is neither a dataset nor
+            arrays, or `verbose` is neither a str nor an int.
 
     Example:
 
@@ -120,9 +123,17 @@ def find_batch_size(
             f"max_batch_size={max_batch_size}. Expected start <= max_batch_size (both are "
             "per-replica batch sizes)."
         )
-    check_int("memory_limit_bytes", memory_limit_bytes, allow_none=True)
-    check_int("target_global_batch_size", target_global_batch_size, allow_none=True)
-    check_number(
+    limit_mib = check_number(
+        "memory_limit_mib",
+        memory_limit_mib,
+        minimum=0,
+        exclusive_minimum=True,
+        allow_none=True,
+        expected="a finite number of MiB > 0, or None",
+    )
+    limit_bytes = None if limit_mib is None else int(limit_mib * 2**20)
+    target = check_int("target_global_batch_size", target_global_batch_size, allow_none=True)
+    fraction = check_number(
         "memory_fraction",
         memory_fraction,
         minimum=0,
@@ -130,30 +141,26 @@ def find_batch_size(
         maximum=1,
         expected="a float in (0, 1]",
     )
-    if not isinstance(in_subprocess, bool):
-        raise invalid_type("in_subprocess", in_subprocess, "True or False")
+    check_bool("in_subprocess", in_subprocess)
     check_verbose(verbose)
-    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
-        raise ValueError(
-            "Invalid value for argument `model`. Received: a model that is not compiled. "
-            "Expected a model after `model.compile(optimizer, loss)`."
-        )
+    # A dataset of examples is welcome: the trials cut their own batches from them.
+    work = check_model_and_data(model, data, examples_ok=True)
     progress = Progress(verbose, title="find_batch_size")
     progress.phase(f"reading up to {pool_size} examples from `data`")
-    pool = example_pool(data, pool_size)
+    pool = work.examples(pool_size)
     if in_subprocess:
         result = find_in_subprocess(
             model,
             pool,
-            dict(
-                start=start,
-                max_batch_size=max_batch_size,
-                steps=steps,
-                memory_fraction=memory_fraction,
-                memory_limit_bytes=memory_limit_bytes,
-                multiple_of=multiple_of,
-                max_trials=max_trials,
-                target_global_batch_size=target_global_batch_size,
+            dict(  # checked values: Python numbers (NumPy scalars do not go into JSON)
+                start=int(start),
+                max_batch_size=int(max_batch_size),
+                steps=int(steps),
+                memory_fraction=fraction,
+                memory_limit_mib=limit_mib,
+                multiple_of=int(multiple_of),
+                max_trials=int(max_trials),
+                target_global_batch_size=target,
             ),
             progress=progress,
         )
@@ -167,10 +174,10 @@ def find_batch_size(
     memory_source: str | None = "allocator"
     if not has_allocator_stats(device):
         memory_source = None
-        if memory_limit_bytes is not None:
+        if memory_limit_mib is not None:
             raise ValueError(
-                "Invalid value for argument `memory_limit_bytes`. Received: "
-                f"memory_limit_bytes={memory_limit_bytes} while TensorFlow keeps no allocator "
+                "Invalid value for argument `memory_limit_mib`. Received: "
+                f"memory_limit_mib={memory_limit_mib!r} while TensorFlow keeps no allocator "
                 f"statistics for {device} in this process, so a peak-memory limit cannot be "
                 "enforced. Expected None here; or pass in_subprocess=True (the trials then run "
                 "with TensorFlow's BFC CPU allocator, which keeps them), or set "
@@ -183,7 +190,7 @@ def find_batch_size(
             "in_subprocess=True, to measure it)"
         )
     capacity = device_capacity_bytes(device)
-    budgets = [b for b in (memory_limit_bytes,) if b is not None]
+    budgets = [b for b in (limit_bytes,) if b is not None]
     if capacity is not None:
         budgets.append(int(capacity * memory_fraction))
     budget = min(budgets) if budgets else None
@@ -211,7 +218,7 @@ def find_batch_size(
             trials.append(trial)
             progress.phase(f"trial {k}: {_outcome(trial)}")
         progress.phase("restoring the model's weights, optimizer and metrics")
-    stopped_by = _stopped_by(
+    ended_by = stopped_by(
         [(t.batch_size, t.fits) for t in trials],
         max_batch_size=max_batch_size,
         ran_out=ran_out,
@@ -224,7 +231,7 @@ def find_batch_size(
         target_global_batch_size,
         notes,
         memory_source=memory_source,
-        stopped_by=stopped_by,
+        stopped_by=ended_by,
     )
     progress.done(_summary(result))
     return result

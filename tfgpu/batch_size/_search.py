@@ -35,7 +35,7 @@ def next_candidate(
     return mid
 
 
-def _stopped_by(trials: list[tuple[int, bool]], *, max_batch_size: int, ran_out: bool) -> str:
+def stopped_by(trials: list[tuple[int, bool]], *, max_batch_size: int, ran_out: bool) -> str:
     """Why a search over `trials` ended (see `BatchSizeResult.stopped_by`); pure."""
     fits = [b for b, ok in trials if ok]
     if not fits and trials and min(b for b, _ in trials) == 1:

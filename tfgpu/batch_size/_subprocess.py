@@ -1,5 +1,5 @@
 """`find_batch_size(..., in_subprocess=True)`: the trials in a fresh Python process (this
-process's device memory stays untouched), and that process's entry point, `_subprocess_main`."""
+process's device memory stays untouched), and that process's entry point, `subprocess_main`."""
 
 from __future__ import annotations
 
@@ -24,14 +24,14 @@ _SEPARATOR = " \u00b7 "
 _TIMEOUT_S = 3600.0
 
 
-def _relayed_phase(line: str) -> str | None:
+def relayed_phase(line: str) -> str | None:
     """The phase of one of the child's progress lines, without the title and the time; None
     for any other line, for the child's reading of the examples (this process read them
     already) and for its summary (this process writes its own). Pure.
 
     Example:
 
-    >>> _relayed_phase("find_batch_size: trial 2 of at most 16: batch size 16 \u00b7 3 s so far")
+    >>> relayed_phase("find_batch_size: trial 2 of at most 16: batch size 16 \u00b7 3 s so far")
     'trial 2 of at most 16: batch size 16'
     """
     line = line.rstrip("\n")
@@ -59,7 +59,7 @@ def _run_child(code: str, env: dict[str, str], progress: Progress) -> tuple[int,
             watchdog.start()
             try:
                 for line in proc.stdout or ():
-                    phase = _relayed_phase(line)
+                    phase = relayed_phase(line)
                     if phase is not None:
                         progress.phase(phase)
                 status = proc.wait()
@@ -84,8 +84,8 @@ def find_in_subprocess(model, pool, kwargs, progress: Progress | None = None) ->
         (tmpdir / "kwargs.json").write_text(json.dumps({**kwargs, "verbose": 2}))
         (tmpdir / "modules.json").write_text(json.dumps(_custom_modules(model)))
         code = (
-            "from tfgpu.batch_size._subprocess import _subprocess_main; "
-            f"_subprocess_main({str(tmpdir)!r})"
+            "from tfgpu.batch_size._subprocess import subprocess_main; "
+            f"subprocess_main({str(tmpdir)!r})"
         )
         env = {**os.environ}
         # A fresh TensorFlow: turn on the CPU allocator statistics the memory budget needs.
@@ -139,7 +139,7 @@ def _custom_modules(model) -> list[str]:
     return sorted(n for n in names if n.split(".")[0] not in ("keras", "tf_keras", "__main__"))
 
 
-def _subprocess_main(tmpdir: str) -> None:
+def subprocess_main(tmpdir: str) -> None:
     """The child process: loads the model and examples from `tmpdir`, runs the search in
     this process, and writes `result.json` there."""
     import importlib

@@ -1,6 +1,6 @@
-"""One trial of the batch-size search: the pool of examples batches are cut from, the device
-whose memory is measured and its allocator statistics, the timed training steps, and the
-decision every worker agrees on."""
+"""One trial of the batch-size search: a batch of any size cut from the pool of examples
+(read by `tfgpu._internal.adapters.workload`), the device whose memory is measured and its
+allocator statistics, the timed training steps, and the decision every worker agrees on."""
 
 from __future__ import annotations
 
@@ -9,63 +9,10 @@ import time
 
 import numpy as np
 
-from tfgpu._internal.adapters.datasets import source_batches
-from tfgpu._internal.helpers.checks import invalid_type
 from tfgpu.batch_size._result import BatchSizeTrial
 
 # ----------------------------------------------------------------------------------------
-# Data: a pool of examples from which batches of any size are cut
-
-
-def _is_array_like(x) -> bool:
-    return hasattr(x, "shape") and hasattr(x, "dtype")
-
-
-def example_pool(data, pool_size: int):
-    """Returns (x, y, sample_weight) as NumPy structures with a leading example axis."""
-    import keras
-    import tensorflow as tf
-
-    if isinstance(data, tf.data.Dataset):
-        batched, ambiguous = source_batches(data)
-        ds = data.unbatch() if batched is not None or ambiguous else data
-        element = next(iter(ds.take(pool_size).batch(pool_size)))
-        element = tf.nest.map_structure(lambda t: t.numpy(), element)
-    elif _is_array_like(data):
-        element = data
-    elif isinstance(data, (tuple, list)) and all(
-        _is_array_like(a) or isinstance(a, (dict, list, tuple)) or a is None for a in data
-    ):
-        element = tuple(data)
-    else:
-        raise invalid_type(
-            "data",
-            data,
-            "a `tf.data.Dataset` or a tuple of arrays `(x, y)` / `(x, y, sample_weight)`",
-        )
-    x, y, sw = keras.utils.unpack_x_y_sample_weight(element)
-    lengths = {
-        len(a) if np.ndim(a) else 0
-        for part in (x, y, sw)
-        if part is not None
-        for a in tf.nest.flatten(part)
-    }
-    if len(lengths) > 1:
-        raise ValueError(
-            "Invalid value for argument `data`. Received: arrays of different lengths "
-            f"({', '.join(map(str, sorted(lengths)))} examples). Expected x, y (and "
-            "sample_weight) with one entry per example each."
-        )
-    n = lengths.pop() if lengths else 0
-    if n == 0:
-        raise ValueError("Invalid value for argument `data`. Received: no examples.")
-    take = min(n, pool_size)
-    cut = lambda a: None if a is None else np.asarray(a)[:take]  # noqa: E731
-    return (
-        tf.nest.map_structure(cut, x),
-        None if y is None else tf.nest.map_structure(cut, y),
-        None if sw is None else tf.nest.map_structure(cut, sw),
-    )
+# Data: batches of any size cut from a pool of examples `(x, y, sample_weight)`
 
 
 def make_batch(pool, batch_size: int, device: str | None):

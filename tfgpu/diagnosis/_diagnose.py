@@ -7,6 +7,7 @@ import json
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -15,14 +16,14 @@ import tensorflow as tf
 
 from tfgpu._internal.adapters import devices
 from tfgpu._internal.adapters import timing as protocol
-from tfgpu._internal.adapters.datasets import chain_state, has_step, made_by_pipeline
+from tfgpu._internal.adapters.datasets import has_step, made_by_pipeline
 from tfgpu._internal.adapters.model_state import preserved
+from tfgpu._internal.adapters.workload import check_model_and_data
 from tfgpu._internal.helpers.checks import (
     check_bool,
-    check_dir,
     check_int,
+    check_log_dir,
     check_time_budget,
-    invalid_type,
 )
 from tfgpu._internal.helpers.files import rotate, write_text_atomic
 from tfgpu._internal.helpers.progress import Progress, check_verbose
@@ -56,7 +57,7 @@ from tfgpu.diagnosis._result import Diagnosis
 from tfgpu.diagnosis._rounds import share_verdict
 
 
-def _gpu_facts(notes: list[str]) -> tuple[str | None, list[tuple[int, int]], int | None]:
+def gpu_facts(notes: list[str]) -> tuple[str | None, list[tuple[int, int]], int | None]:
     """(name, compute capabilities, memory bytes) of the GPUs TensorFlow uses, /GPU:0 first."""
     if not tf.config.get_visible_devices("GPU"):
         return None, [], None
@@ -82,95 +83,32 @@ def _gpu_facts(notes: list[str]) -> tuple[str | None, list[tuple[int, int]], int
     return name, ccs, capacity
 
 
-def _first_batch(model: keras.Model, ds: tf.data.Dataset) -> tuple[Any, int | None]:
-    """(the first batch, its size), refusing an empty dataset or data `fit` cannot take."""
-    try:
-        batch, size = _batch_of(ds)
-    except StopIteration:
-        raise ValueError(
-            "Invalid value for argument `data`. Received: an empty dataset. Expected at "
-            "least one batch."
-        ) from None
-    _check_batch(model, batch, ds)
-    return batch, size
-
-
 def _check_args(
-    model: Any,
     steps: Any,
     warmup: Any,
-    batch_size: Any,
     log_dir: Any,
     profile: Any,
     flags: dict[str, Any],
     time_budget_s: Any,
     verbose: Any = "auto",
-) -> float | None:
-    """Checks every argument but the data, before any work; returns the time budget."""
+) -> tuple[float | None, Path | None]:
+    """Checks every argument but the model and the data (`check_model_and_data` checks
+    those), before any work; returns the time budget and the run directory."""
     check_verbose(verbose)
     check_int("steps", steps, minimum=3)
     check_int("warmup", warmup, minimum=1)
-    check_int("batch_size", batch_size, allow_none=True, expected="a positive int or None")
-    if not isinstance(model, keras.Model):
-        raise invalid_type("model", model, "a compiled `keras.Model`")
-    if not getattr(model, "compiled", False) or model.optimizer is None:
-        raise ValueError(
-            "Invalid value for argument `model`. Received: a model that is not compiled. "
-            "Expected a model after `model.compile(optimizer, loss)`."
-        )
-    check_dir("log_dir", log_dir, allow_none=True)
-    if profile and log_dir is None:
+    log_path = check_log_dir(log_dir)
+    if profile and log_path is None:
         raise ValueError(
             "Invalid value for argument `profile`. Received: profile=True with log_dir=None. "
             "Expected a `log_dir` to write the trace into."
         )
     for name, value in flags.items():
         check_bool(name, value)
-    return check_time_budget(time_budget_s)
+    return check_time_budget(time_budget_s), log_path
 
 
-def _batch_of(ds) -> tuple[Any, int | None]:
-    batch = next(iter(ds))
-    first = tf.nest.flatten(batch)[0]
-    size = int(first.shape[0]) if first.shape.rank else None
-    return batch, size
-
-
-def _check_batch(model, batch, dataset: tf.data.Dataset) -> None:
-    """Refuses data `fit` cannot train on, naming the problem, before any measurement.
-
-    Single examples are told from batches by the dataset's input chain (an unbatched source
-    with no batch step after it) or, where the chain cannot tell, by the model's input rank.
-    """
-    x, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
-    ranks = [t.shape.rank for t in tf.nest.flatten(x)]
-    expected = [len(t.shape) for t in tf.nest.flatten(getattr(model, "inputs", None) or [])]
-    if (
-        0 in ranks
-        or chain_state(dataset)[0] == "examples"
-        or (
-            expected
-            and len(expected) == len(ranks)
-            and all(r == e - 1 for r, e in zip(ranks, expected))
-        )
-    ):
-        shapes = [tuple(t.shape) for t in tf.nest.flatten(x)]
-        raise ValueError(
-            "Invalid value for argument `data`. Received: a dataset of single examples "
-            f"(inputs of shape {shapes[0] if len(shapes) == 1 else shapes}). Expected batches, "
-            "as `fit` takes them: `dataset.batch(32)`, or `tfgpu.data.pipeline(..., "
-            "batch_size=32)`."
-        )
-    custom_step = type(model).train_step is not keras.Model.train_step
-    if y is None and getattr(model, "loss", None) is not None and not custom_step:
-        raise ValueError(
-            "Invalid value for argument `data`. Received: batches of inputs without labels "
-            f"while the model was compiled with loss={model.loss!r}. Expected `(x, y)` or "
-            "`(x, y, sample_weight)` batches (diagnose trains the model as `fit` would)."
-        )
-
-
-def _flops(model, x, size, real, policy, gpu_name, ccs, on_gpu, replicas=1):
+def flop_facts(model, x, size, real, policy, gpu_name, ccs, on_gpu, replicas=1):
     """(FLOPs per step, achieved FLOP/s, MFU, notes), counted with the batch's own shapes and
     checked against the devices' peak: a count above the peak is not reported as achieved.
 
@@ -219,23 +157,6 @@ def _flops(model, x, size, real, policy, gpu_name, ccs, on_gpu, replicas=1):
     return flops, achieved, mfu_value, notes
 
 
-def _as_dataset(data: Any, batch_size: int | None) -> tuple[tf.data.Dataset, bool]:
-    """Returns (batched dataset, fed-as-NumPy flag)."""
-    if isinstance(data, tf.data.Dataset):
-        return data, False
-    arrays = data
-    if isinstance(arrays, (tuple, list, dict)) or hasattr(arrays, "shape"):
-        flat = tf.nest.flatten(arrays)
-        if flat and all(hasattr(a, "shape") for a in flat):
-            ds = tf.data.Dataset.from_tensor_slices(
-                tuple(arrays) if isinstance(arrays, list) else arrays
-            )
-            return ds.batch(batch_size or 32), True
-    raise invalid_type(
-        "data", data, "a `tf.data.Dataset` of batches, or arrays `(x, y)` with `batch_size=`"
-    )
-
-
 def diagnose(
     model: keras.Model,
     data: tf.data.Dataset | tuple[Any, ...] | list[Any] | dict[str, Any] | np.ndarray,
@@ -269,8 +190,9 @@ def diagnose(
 
     Args:
         model: keras.Model, compiled.
-        data: `tf.data.Dataset` of batches (what you pass to `fit`), or NumPy arrays
-            `(x, y)` with `batch_size`.
+        data: `tf.data.Dataset` of batches (what you pass to `fit`), or arrays `(x, y)` /
+            `(x, y, sample_weight)` (NumPy arrays or tensors, or dicts of them) batched by
+            `batch_size`.
         steps: int, timed steps per measurement (>= 3). Defaults to 20.
         warmup: int, untimed steps first (tracing, buffers). Defaults to 3.
         batch_size: int or None, the batch for array input. Defaults to None (32).
@@ -297,7 +219,9 @@ def diagnose(
         A `Diagnosis`.
 
     Raises:
-        ValueError: on invalid arguments, an uncompiled model, or an empty dataset.
+        ValueError: on invalid arguments, an uncompiled model, arrays of different
+            lengths, data without labels for the model's loss, a dataset of single examples,
+            or an empty dataset; before any measurement.
         TypeError: if `model` is not a Keras model, `data` is neither a dataset nor
             arrays, a flag is not a bool, or `verbose` is neither a str nor an int.
 
@@ -315,23 +239,23 @@ def diagnose(
         "monitor": monitor,
         "profile": profile,
     }
-    time_budget_s = _check_args(
-        model, steps, warmup, batch_size, log_dir, profile, flags, time_budget_s, verbose
+    time_budget_s, log_path = _check_args(
+        steps, warmup, log_dir, profile, flags, time_budget_s, verbose
     )
+    work = check_model_and_data(model, data, batch_size=batch_size)
     budget = protocol.Budget(time_budget_s, MEASURE_SHARE)
     # The progress reads the budget's clock at call time (the tests script `protocol.now`).
     progress = Progress(
         verbose, title="diagnose", budget_s=time_budget_s, clock=lambda: protocol.now()
     )
-    ds, numpy_input = _as_dataset(data, batch_size)
-    batch, size = _first_batch(model, ds)
-    log_path = check_dir("log_dir", log_dir, allow_none=True)
+    ds = work.dataset
+    batch, size = work.first_batch()
     if log_path is not None:
         log_path.mkdir(parents=True, exist_ok=True)
 
     # 2. Read what needs no training: the GPU, the pipeline's graph, the pipeline alone.
     notes: list[str] = []
-    gpu_name, ccs, capacity = _gpu_facts(notes)
+    gpu_name, ccs, capacity = gpu_facts(notes)
     on_gpu = bool(tf.config.list_logical_devices("GPU"))
     pipeline_facts = read_pipeline(ds) or PipelineFacts()
     dynamic_shape, partial = shape_facts(ds)
@@ -390,7 +314,7 @@ def diagnose(
         policy=policy_name(model),
         peak_memory_bytes=measurements.get("peak_memory_bytes"),
         memory_capacity_bytes=capacity,
-        numpy_input=numpy_input,
+        numpy_input=work.from_arrays,
         python_input=pipeline_facts.python_input,
         prefetch=pipeline_facts.prefetch,
         parallel_map=pipeline_facts.parallel_map,
@@ -423,7 +347,7 @@ def diagnose(
         measurements["noise"] = {k: verdict[k] for k in ("low", "high", "confidence", "rounds")}
     findings += lint_mixed_precision(model, ccs)
     progress.phase("counting the FLOPs of a training step")
-    flops, achieved, mfu_value, flop_notes = _flops(
+    flops, achieved, mfu_value, flop_notes = flop_facts(
         model, x, size, real, f.policy, gpu_name, ccs, on_gpu, f.replicas
     )
     notes += flop_notes

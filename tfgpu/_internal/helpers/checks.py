@@ -334,6 +334,30 @@ def check_dir(name: str, value: Any, *, allow_none: bool = False) -> Path | None
     return path
 
 
+def check_log_dir(value: Any) -> Path | None:
+    """Checks a `log_dir` argument (a run directory, or None for none); returns it as a Path.
+
+    Call it once per call, with the other arguments, and use the path it returns: the check
+    and the path then cannot disagree. The rules are `check_dir`'s.
+
+    Args:
+        value: any, what the caller passed as `log_dir`.
+
+    Returns:
+        The run directory as a `Path` (user-expanded), or None.
+
+    Raises:
+        TypeError: if `value` is neither None, a str nor path-like.
+        ValueError: if it is empty, or it or one of its parents is a file.
+
+    Example:
+
+    >>> check_log_dir("runs/exp1"), check_log_dir(None)
+    (PosixPath('runs/exp1'), None)
+    """
+    return check_dir("log_dir", value, allow_none=True)
+
+
 def check_bool(name: str, value: Any, *, allow_none: bool = False) -> None:
     """Checks a flag argument; raises TypeError unless it is a bool (or None if allowed).
 
