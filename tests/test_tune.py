@@ -435,7 +435,8 @@ def test_a_trial_is_constructible_and_prints_its_gain():
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        ({"data": (X, Y)}, TypeError, r"`data`.*tfgpu\.data\.pipeline\(\(x, y\), batch_size="),
+        ({"data": "data"}, TypeError, r"Received: data='data' \(of type str\)"),
+        ({"data": (X, Y[:3])}, ValueError, "arrays of different lengths"),
         ({"model": 3}, TypeError, "Invalid type for argument `model`"),
         ({"steps": 2}, ValueError, "Invalid value for argument `steps`"),
         ({"warmup": 0}, ValueError, "Invalid value for argument `warmup`"),
@@ -446,7 +447,7 @@ def test_a_trial_is_constructible_and_prints_its_gain():
         (
             {"data": tf.data.Dataset.from_tensor_slices((X, Y))},
             ValueError,
-            "Expected a dataset of batches",
+            "single examples",
         ),
     ],
 )
@@ -457,6 +458,13 @@ def test_argument_errors_are_raised_before_any_work(monkeypatch, kwargs, error, 
     with pytest.raises(error, match=match):
         tfgpu.tune(model, data, **{"verbose": 0, **args})
     assert script.calls == 0
+
+
+def test_arrays_are_tuned_as_fit_batches_them(monkeypatch):
+    _Script(monkeypatch, lambda s, n: 0.01)
+    result = tfgpu.tune(_build()(), (X, Y), verbose=0, time_budget_s=None)
+    assert result.dataset.element_spec[0].shape[0] in (None, 32)
+    assert next(iter(result.dataset))[0].shape[0] == 32
 
 
 def test_an_uncompiled_model_is_refused():

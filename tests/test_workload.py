@@ -36,11 +36,15 @@ def _message(call) -> tuple[type[BaseException], str]:
 
 
 def _both(model, data) -> list[tuple[type[BaseException], str]]:
-    """What `diagnose` and `find_batch_size` raise for the same model and data."""
-    return [
+    """What `diagnose`, `find_batch_size` and `tune` raise for the same model and data
+    (tune also takes a model factory: a model that is not callable is its own message)."""
+    raised = [
         _message(lambda: tfgpu.diagnose(model, data, batch_size=8, verbose=0)),
         _message(lambda: tfgpu.find_batch_size(model, data, verbose=0)),
     ]
+    if isinstance(model, keras.Model):
+        raised.append(_message(lambda: tfgpu.tune(model, data, verbose=0)))
+    return raised
 
 
 @pytest.mark.parametrize(
@@ -90,7 +94,7 @@ def test_diagnose_and_the_finder_give_the_same_message_for_the_same_mistake(case
         "no labels": (_model(), X),
     }[case]
     raised = _both(model, data)
-    assert raised[0] == raised[1]  # the same exception, word for word
+    assert all(r == raised[0] for r in raised)  # the same exception, word for word
     assert raised[0][0] is error
     with pytest.raises(error, match=match) as info:
         check_model_and_data(model, data)

@@ -17,7 +17,7 @@ import tensorflow as tf
 from tfgpu._internal.adapters import devices
 from tfgpu._internal.adapters import timing as protocol
 from tfgpu._internal.adapters.datasets import has_step, made_by_pipeline
-from tfgpu._internal.adapters.model_state import preserved
+from tfgpu._internal.adapters.model_state import preserved, supports_xla
 from tfgpu._internal.adapters.workload import check_model_and_data
 from tfgpu._internal.helpers.checks import (
     check_bool,
@@ -465,7 +465,7 @@ def _measure_model(
     xla_rounds: list[tuple[float, float]] = []
     if check_xla:
         current = bool(model.jit_compile)
-        if not _probes._supports_xla(model):
+        if not supports_xla(model):
             notes.append("XLA not measured: the model does not support jit_compile")
         else:
             probe = _probes._run_probe(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -281,18 +280,6 @@ def _run_probe(
         record=_probe_record(base_name, name, rounds, stopped),
         notes=_probe_notes(name, rounds, stopped, budget.seconds),
     )
-
-
-def _supports_xla(model: Any) -> bool:
-    """Whether Keras accepts `jit_compile` flipped for this model (it refuses some models)."""
-    current = bool(model.jit_compile)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model.jit_compile = not current
-        return bool(model.jit_compile) != current
-    finally:
-        model.jit_compile = current
 
 
 @contextlib.contextmanager

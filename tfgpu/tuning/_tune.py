@@ -8,6 +8,7 @@ import math
 import os
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -21,10 +22,12 @@ from tfgpu._internal.adapters.datasets import (
     source_batches,
 )
 from tfgpu._internal.adapters.model_state import preserved, supports_xla
+from tfgpu._internal.adapters.workload import check_data, check_model_and_data
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import (
-    check_dir,
+    check_bool,
     check_int,
+    check_log_dir,
     check_time_budget,
     invalid_type,
     invalid_value,
@@ -94,13 +97,13 @@ def _check_args(
     change_batch_size: Any,
     log_dir: Any,
     verbose: Any,
-) -> float | None:
+) -> tuple[float | None, Path | None]:
+    """(time budget, log_dir path), every argument checked before the factory runs."""
     check_verbose(verbose)
     check_int("steps", steps, minimum=3)
     check_int("warmup", warmup, minimum=1)
-    if not isinstance(change_batch_size, bool):
-        raise invalid_type("change_batch_size", change_batch_size, "True or False")
-    check_dir("log_dir", log_dir, allow_none=True)
+    check_bool("change_batch_size", change_batch_size)
+    log_path = check_log_dir(log_dir)
     if not isinstance(model, keras.Model) and not callable(model):
         raise invalid_type(
             "model",
@@ -108,32 +111,8 @@ def _check_args(
             "a compiled `keras.Model`, or a function without arguments that builds and "
             "compiles one",
         )
-    if isinstance(data, tf.distribute.DistributedDataset):
-        raise invalid_type(
-            "data",
-            data,
-            "a `tf.data.Dataset` of batches (pass the dataset before "
-            "`strategy.experimental_distribute_dataset`, or build the pipeline without "
-            "`distribute=True`)",
-        )
-    if not isinstance(data, tf.data.Dataset):
-        raise TypeError(  # not invalid_type: the repr of arrays would fill the screen
-            f"Invalid type for argument `data`. Received: data of type {type(data).__name__}. "
-            "Expected a batched `tf.data.Dataset`; for arrays, build one: "
-            "`tfgpu.data.pipeline((x, y), batch_size=...)`."
-        )
-    return check_time_budget(time_budget_s)
-
-
-def _check_model(model: Any, built_by_factory: bool) -> None:
-    where = "the model the factory returned" if built_by_factory else "a model"
-    if not isinstance(model, keras.Model):
-        raise invalid_type("model", model, "a function that returns a compiled `keras.Model`")
-    if not getattr(model, "compiled", False) or model.optimizer is None:
-        raise ValueError(
-            f"Invalid value for argument `model`. Received: {where} that is not compiled. "
-            "Expected a model after `model.compile(optimizer, loss)`."
-        )
+    check_data(data)  # its kind and lengths
+    return check_time_budget(time_budget_s), log_path
 
 
 def _augment_on_batches(arguments: dict[str, Any] | None) -> str:
@@ -271,7 +250,8 @@ def tune(
         model: a compiled `keras.Model`, or a function without arguments that builds and
             compiles one (needed to try a precision policy: the model is built again under
             it). With a function, the baseline is the model it builds.
-        data: `tf.data.Dataset`, the training batches. A dataset returned by
+        data: `tf.data.Dataset`, the training batches, or arrays `x`, `(x, y)` or
+            `(x, y, sample_weight)` (batched by 32, as `fit` does). A dataset returned by
             `tfgpu.data.pipeline` is built again with other settings for the pipeline's
             candidates; another dataset is used as is.
         steps: int, timed steps of each timed `fit` (>= 3). Defaults to 30.
@@ -292,11 +272,11 @@ def tune(
         change; `result.apply(model)` applies the compile settings.
 
     Raises:
-        TypeError: if `model` is neither a Keras model nor a callable, or `data` is not a
-            `tf.data.Dataset` (arrays: build one with `tfgpu.data.pipeline`), or an argument
-            has the wrong type.
-        ValueError: if the model is not compiled, `data` yields single examples, or a
-            number is out of range. All raised before any training.
+        TypeError: if `model` is neither a Keras model nor a callable, `data` is neither a
+            `tf.data.Dataset` nor arrays, or an argument has the wrong type.
+        ValueError: if the model is not compiled, `data` yields single examples or holds
+            arrays of different lengths, or a number is out of range. All raised before
+            any training.
 
     Example:
 
@@ -306,15 +286,14 @@ def tune(
     >>> model = result.apply(build_model())
     >>> model.fit(result.dataset, epochs=10)
     """
-    budget_s = _check_args(
+    budget_s, log_path = _check_args(
         model, data, steps, warmup, time_budget_s, change_batch_size, log_dir, verbose
     )
-    log_path = check_dir("log_dir", log_dir, allow_none=True)
     factory: Callable[[], Any] | None = None
     if not isinstance(model, keras.Model):
         factory = model
         model = factory()
-    _check_model(model, factory is not None)
+    data = check_model_and_data(model, data, from_factory=factory is not None).dataset
     global_batch, static, per_epoch, partial = _batches(data)
 
     progress = Progress(verbose, title="tune", budget_s=budget_s, clock=lambda: timing.now())
