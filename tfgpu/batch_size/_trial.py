@@ -5,7 +5,6 @@ allocator statistics, the timed training steps, and the decision every worker ag
 from __future__ import annotations
 
 import gc
-import time
 
 import numpy as np
 
@@ -110,6 +109,8 @@ def _agree(strategy, fits: bool, seconds: float) -> tuple[bool, float]:
 def run_trial(model, pool, batch_size, *, steps, device, budget, replicas) -> BatchSizeTrial:
     import tensorflow as tf
 
+    from tfgpu._internal.adapters import timing
+
     measured = _reset_peak(device)
     nan = float("nan")
     fits, reason, seconds = True, "ok", nan
@@ -117,11 +118,8 @@ def run_trial(model, pool, batch_size, *, steps, device, budget, replicas) -> Ba
     try:
         batch = make_batch(pool, batch_size, None)
         x, y, sw = batch
-        model.train_on_batch(x, y, sample_weight=sw)  # trace and warm up
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            model.train_on_batch(x, y, sample_weight=sw)  # returns host values: synced
-        seconds = (time.perf_counter() - t0) / steps
+        # train_on_batch returns host values: each call ends when its step has run.
+        seconds = timing.call_time(lambda: model.train_on_batch(x, y, sample_weight=sw), steps)
     except tf.errors.ResourceExhaustedError:
         fits, reason = False, "oom"
     except MemoryError:  # the host could not even hold the batch (an absurd size)

@@ -123,6 +123,21 @@ def fit_step_time(
     return stats.median(gaps) / spe if gaps else None
 
 
+def call_time(fn: Callable[[], Any], calls: int) -> float:
+    """Seconds per call of `fn` (which must return only once its work is done, as
+    `train_on_batch` does), the median over `calls` calls after one untimed call; garbage
+    collected before, not during (`collected_before`); timed with `time.perf_counter`, as
+    `fit_step_time`."""
+    fn()  # trace and warm up
+    times = []
+    with collected_before():
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return stats.median(times)
+
+
 @dataclass
 class Budget:
     """A time budget on `now`'s clock (`seconds` None: no limit).
