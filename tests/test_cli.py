@@ -37,7 +37,7 @@ def test_env_json_is_one_strict_json_object(capsys):
     assert set(report) == {"facts", "findings"}
     assert report["facts"]["tfgpu"]["version"] == tfgpu.__version__
     for finding in report["findings"]:
-        assert set(finding) == {"severity", "code", "message", "fix"}
+        assert set(finding) == {"severity", "kind", "detail", "recommendation"}
 
 
 def test_env_works_without_tensorflow(capsys, monkeypatch):
@@ -45,7 +45,7 @@ def test_env_works_without_tensorflow(capsys, monkeypatch):
     assert main(["env", "--json"]) == 0
     report = _strict_json(capsys.readouterr().out)
     assert report["facts"]["tensorflow"]["importable"] is False
-    assert report["findings"][0]["code"] == "tensorflow-not-importable"
+    assert report["findings"][0]["kind"] == "tensorflow-not-importable"
 
 
 def test_version(capsys):

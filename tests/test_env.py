@@ -77,13 +77,13 @@ def _with(facts, **sections):
     return out
 
 
-def _codes(facts):
-    return [f.code for f in _findings.findings(facts)]
+def _kinds(facts):
+    return [f.kind for f in _findings.findings(facts)]
 
 
-def _one(facts, code):
-    found = [f for f in _findings.findings(facts) if f.code == code]
-    assert len(found) == 1, _codes(facts)
+def _one(facts, kind):
+    found = [f for f in _findings.findings(facts) if f.kind == kind]
+    assert len(found) == 1, _kinds(facts)
     return found[0]
 
 
@@ -185,16 +185,16 @@ def test_tensorflow_not_importable():
     facts = _healthy()
     facts["tensorflow"] = {"importable": False, "error": "ImportError: No module named x"}
     f = _one(facts, "tensorflow-not-importable")
-    assert f.severity == "error" and "No module named x" in f.message
-    assert "pip install" in f.fix
+    assert f.severity == "error" and "No module named x" in f.detail
+    assert "pip install" in f.recommendation
 
 
 def test_nvml_sees_gpus_but_tensorflow_none_says_and_cuda():
     facts = _with(_healthy(2), tensorflow={"gpus": []})
     f = _one(facts, "tf-sees-no-gpu")
     assert f.severity == "error"
-    assert "sees 2 GPU(s) but TensorFlow sees none" in f.message
-    assert 'pip install "tfgpu[and-cuda]"' in f.fix
+    assert "sees 2 GPU(s) but TensorFlow sees none" in f.detail
+    assert 'pip install "tfgpu[and-cuda]"' in f.recommendation
 
 
 def test_tensorflow_sees_fewer_gpus_than_visible():
@@ -205,8 +205,8 @@ def test_tensorflow_sees_fewer_gpus_than_visible():
 def test_cpu_only_tensorflow_build_with_gpus_is_an_error():
     facts = _with(_healthy(), tensorflow={"is_cuda_build": False, "gpus": []})
     f = _one(facts, "tf-not-cuda-build")
-    assert f.severity == "error" and 'tfgpu[and-cuda]"' in f.fix
-    assert "tf-sees-no-gpu" not in _codes(facts)  # one cause, one finding
+    assert f.severity == "error" and 'tfgpu[and-cuda]"' in f.recommendation
+    assert "tf-sees-no-gpu" not in _kinds(facts)  # one cause, one finding
 
 
 def test_cpu_only_build_without_gpu_is_only_info():
@@ -219,24 +219,24 @@ def test_no_nvidia_driver():
     facts = _with(_healthy(), tensorflow={"gpus": []})
     facts["nvml"] = {"available": False, "error": "NVML Shared Library Not Found", "gpus": []}
     f = _one(facts, "no-nvidia-driver")
-    assert "NVML Shared Library Not Found" in f.message and "nvidia-smi" in f.fix
-    assert "tf-sees-no-gpu" not in _codes(facts)
+    assert "NVML Shared Library Not Found" in f.detail and "nvidia-smi" in f.recommendation
+    assert "tf-sees-no-gpu" not in _kinds(facts)
 
 
 def test_nvml_missing_while_tensorflow_has_gpus_is_info_about_monitoring():
     facts = _healthy()
     facts["nvml"] = {"available": False, "error": "libnvidia-ml.so not found", "gpus": []}
     f = _one(facts, "nvml-unavailable")
-    assert f.severity == "info" and "ships with the NVIDIA driver" in f.fix
+    assert f.severity == "info" and "ships with the NVIDIA driver" in f.recommendation
 
 
 def test_compute_capability_not_compiled_and_no_ptx():
     old = _a100(name="Tesla M60", compute_capability=[5, 2])
     facts = _with(_healthy(), nvml={"gpus": [old]}, tensorflow={"gpus": []})
     f = _one(facts, "compute-capability-unsupported")
-    assert f.severity == "error" and "Tesla M60 (compute capability 5.2)" in f.message
-    assert "sm_60 sm_70 sm_80 sm_89 compute_90" in f.message
-    assert "tf-sees-no-gpu" not in _codes(facts)  # explained by the capability
+    assert f.severity == "error" and "Tesla M60 (compute capability 5.2)" in f.detail
+    assert "sm_60 sm_70 sm_80 sm_89 compute_90" in f.detail
+    assert "tf-sees-no-gpu" not in _kinds(facts)  # explained by the capability
 
 
 def test_newer_gpu_runs_through_ptx_jit_with_startup_caveat():
@@ -245,15 +245,15 @@ def test_newer_gpu_runs_through_ptx_jit_with_startup_caveat():
     facts["tensorflow"]["gpus"][0].update(device_name="NVIDIA H200", compute_capability=[9, 0])
     f = _one(facts, "compute-capability-ptx")
     assert f.severity == "info"
-    assert "compute_90 PTX" in f.message and "minutes" in f.fix
-    assert _codes(facts) == ["compute-capability-ptx"]
+    assert "compute_90 PTX" in f.detail and "minutes" in f.recommendation
+    assert _kinds(facts) == ["compute-capability-ptx"]
 
 
 def test_cuda_visible_devices_hiding_every_gpu():
     facts = _with(_healthy(2), tensorflow={"gpus": []}, env={"CUDA_VISIBLE_DEVICES": "-1"})
     f = _one(facts, "cuda-visible-devices-hides-all")
-    assert f.severity == "error" and "driver sees 2" in f.message
-    assert _codes(facts) == ["cuda-visible-devices-hides-all"]
+    assert f.severity == "error" and "driver sees 2" in f.detail
+    assert _kinds(facts) == ["cuda-visible-devices-hides-all"]
 
 
 def test_cuda_visible_devices_empty_without_driver_is_info():
@@ -265,19 +265,19 @@ def test_cuda_visible_devices_empty_without_driver_is_info():
 def test_driver_major_cuda_older_than_build():
     facts = _with(_healthy(), nvml={"cuda_driver_version": "11.8", "driver_version": "520.61"})
     f = _one(facts, "driver-too-old")
-    assert f.severity == "error" and "CUDA 11.8" in f.message and "12.5.1" in f.message
+    assert f.severity == "error" and "CUDA 11.8" in f.detail and "12.5.1" in f.detail
 
 
 def test_driver_minor_cuda_older_than_build():
     facts = _with(_healthy(), nvml={"cuda_driver_version": "12.2"})
     f = _one(facts, "driver-older-than-build")
-    assert f.severity == "warning" and "minor-version compatibility" in f.message
+    assert f.severity == "warning" and "minor-version compatibility" in f.detail
 
 
 def test_malformed_tf_config_names_the_problem():
     facts = _with(_healthy(), env={"TF_CONFIG": '{"cluster": {"worker": ["a:1", "b:1"]}}'})
     f = _one(facts, "tf-config-malformed")
-    assert f.severity == "error" and 'no "task" key' in f.message
+    assert f.severity == "error" and 'no "task" key' in f.detail
 
 
 @pytest.mark.parametrize("value", ["1", "True", "yes"])
@@ -285,7 +285,7 @@ def test_allow_growth_values_tensorflow_ignores(value):
     facts = _with(_healthy(), env={"TF_FORCE_GPU_ALLOW_GROWTH": value})
     assert (
         f"TF_FORCE_GPU_ALLOW_GROWTH={value!r} is ignored"
-        in _one(facts, "allow-growth-invalid").message
+        in _one(facts, "allow-growth-invalid").detail
     )
 
 
@@ -294,25 +294,25 @@ def test_allow_growth_contradicted_by_async_allocator():
         _healthy(),
         env={"TF_FORCE_GPU_ALLOW_GROWTH": "true", "TF_GPU_ALLOCATOR": "cuda_malloc_async"},
     )
-    assert "no effect" in _one(facts, "allow-growth-with-async-allocator").message
+    assert "no effect" in _one(facts, "allow-growth-with-async-allocator").detail
 
 
 @pytest.mark.parametrize(
-    "value, code", [("cuda_malloc", "allocator-debug"), ("bfc", "allocator-unknown")]
+    "value, kind", [("cuda_malloc", "allocator-debug"), ("bfc", "allocator-unknown")]
 )
-def test_gpu_allocator_values(value, code):
-    assert _one(_with(_healthy(), env={"TF_GPU_ALLOCATOR": value}), code).severity == "warning"
+def test_gpu_allocator_values(value, kind):
+    assert _one(_with(_healthy(), env={"TF_GPU_ALLOCATOR": value}), kind).severity == "warning"
     assert not _findings.findings(_with(_healthy(), env={"TF_GPU_ALLOCATOR": "cuda_malloc_async"}))
 
 
 def test_gpu_thread_mode_invalid():
     facts = _with(_healthy(), env={"TF_GPU_THREAD_MODE": "private"})
-    assert "gpu_private" in _one(facts, "thread-mode-invalid").fix
+    assert "gpu_private" in _one(facts, "thread-mode-invalid").recommendation
     assert not _findings.findings(_with(_healthy(), env={"TF_GPU_THREAD_MODE": "gpu_private"}))
 
 
 @pytest.mark.parametrize(
-    "keras_facts, env_vars, code, severity",
+    "keras_facts, env_vars, kind, severity",
     [
         ({"backend": "jax"}, {}, "keras-backend", "error"),
         ({"version": "2.15.0"}, {}, "keras-2", "error"),
@@ -320,25 +320,25 @@ def test_gpu_thread_mode_invalid():
         ({}, {"TF_USE_LEGACY_KERAS": "1"}, "legacy-keras", "warning"),
     ],
 )
-def test_keras_findings(keras_facts, env_vars, code, severity):
+def test_keras_findings(keras_facts, env_vars, kind, severity):
     facts = _with(_healthy(), keras=keras_facts, env=env_vars)
-    assert _one(facts, code).severity == severity
+    assert _one(facts, kind).severity == severity
 
 
 def test_native_windows_has_no_gpu_support():
     facts = _with(_healthy(), os={"system": "Windows"})
-    assert "WSL2" in _one(facts, "windows-native").fix
+    assert "WSL2" in _one(facts, "windows-native").recommendation
     old_tf = _with(facts, tensorflow={"version": "2.10.1"})
-    assert "windows-native" not in _codes(old_tf)
+    assert "windows-native" not in _kinds(old_tf)
 
 
 def test_gpu_used_by_another_process():
     busy = _a100(memory_used_mib=60000.0, utilization_pct=97.0)
     facts = _with(_healthy(), nvml={"gpus": [busy]})
     f = _one(facts, "gpu-busy")
-    assert "60000 of 81920 MiB" in f.message and "97%" in f.message
+    assert "60000 of 81920 MiB" in f.detail and "97%" in f.detail
     mine = _with(facts, tensorflow={"runtime_initialized": True})
-    assert "gpu-busy" not in _codes(mine)  # after init the memory may be ours
+    assert "gpu-busy" not in _kinds(mine)  # after init the memory may be ours
 
 
 def test_unsupported_utilization_nan_does_not_trip_busy():
@@ -349,7 +349,7 @@ def test_unsupported_utilization_nan_does_not_trip_busy():
 def test_mixed_gpu_models():
     t4 = _a100(1, name="Tesla T4", compute_capability=[7, 5], memory_total_mib=15360.0)
     facts = _with(_healthy(2), nvml={"gpus": [_a100(0), t4]})
-    assert "Tesla T4" in _one(facts, "mixed-gpus").message
+    assert "Tesla T4" in _one(facts, "mixed-gpus").detail
 
 
 def test_determinism_variables():
@@ -371,7 +371,7 @@ def test_a_failing_check_becomes_a_finding(monkeypatch):
 
     monkeypatch.setattr(_findings, "CHECKS", (broken, *_findings.CHECKS))
     f = _one(_healthy(), "check-failed")
-    assert "broken failed: KeyError" in f.message
+    assert "broken failed: KeyError" in f.detail
 
 
 def test_garbage_facts_never_raise():
@@ -394,7 +394,7 @@ def test_report_text_and_json_are_readable_and_strict():
     assert "[error] TF_CONFIG is malformed" in text and "fix: Set TF_CONFIG" in text
     d = json.loads(json.dumps(report.to_dict(), allow_nan=False))
     assert d["facts"]["nvml"]["gpus"][0]["utilization_pct"] is None
-    assert d["findings"][0]["code"] == "tf-config-malformed"
+    assert d["findings"][0]["kind"] == "tf-config-malformed"
     assert not report.ok
 
 
@@ -442,17 +442,17 @@ def test_environment_reads_nvml_through_the_monitor_inventory(monkeypatch):
     assert nvml["driver_version"] == "550.54"
     assert nvml["gpus"][0]["compute_capability"] == [8, 9]
     assert re.search(r"GPU 0 +NVIDIA L4, cc 8.9, 1 MiB / 22.5 GiB used, util n/a", str(report))
-    codes = [f.code for f in report.findings]
+    kinds = [f.kind for f in report.findings]
     if not report.facts["tensorflow"]["gpus"]:  # this machine: the driver "sees" a GPU, TF not
-        assert "tf-sees-no-gpu" in codes
-    assert "driver-older-than-build" in codes  # 12.4 driver, 12.5 build
+        assert "tf-sees-no-gpu" in kinds
+    assert "driver-older-than-build" in kinds  # 12.4 driver, 12.5 build
 
 
 def test_environment_without_tensorflow_still_reports(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorflow", None)  # makes `import tensorflow` fail
     report = tfgpu.environment()
     assert report.facts["tensorflow"]["importable"] is False
-    assert report.findings[0].code == "tensorflow-not-importable"
+    assert report.findings[0].kind == "tensorflow-not-importable"
     assert "TensorFlow  not importable" in str(report)
 
 
@@ -484,10 +484,10 @@ def test_environment_with_the_fake_pynvml_two_gpus(monkeypatch):
     assert nvml["available"] and nvml["driver_version"] == "550.54.15"
     assert nvml["cuda_driver_version"] == "12.4"
     assert [g["compute_capability"] for g in nvml["gpus"]] == [[8, 0], [7, 0]]
-    codes = [f.code for f in report.findings]
-    assert "mixed-gpus" in codes and "no-nvidia-driver" not in codes
+    kinds = [f.kind for f in report.findings]
+    assert "mixed-gpus" in kinds and "no-nvidia-driver" not in kinds
     if not report.facts["tensorflow"]["gpus"]:
-        assert "tf-sees-no-gpu" in codes
+        assert "tf-sees-no-gpu" in kinds
     json.dumps(report.to_dict(), allow_nan=False)
 
 
@@ -498,8 +498,8 @@ def test_environment_with_the_nvml_library_missing(monkeypatch):
     report = tfgpu.environment()
     assert report.facts["nvml"]["available"] is False
     if not report.facts["tensorflow"]["gpus"]:
-        f = next(f for f in report.findings if f.code == "no-nvidia-driver")
-        assert "NVML could not be initialized" in f.message
+        f = next(f for f in report.findings if f.kind == "no-nvidia-driver")
+        assert "NVML could not be initialized" in f.detail
 
 
 def test_tensorflow_facts_list_the_gpus_tensorflow_lists(monkeypatch):

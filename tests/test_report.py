@@ -198,7 +198,7 @@ def _appended_run(path):
 
 
 def test_a_run_appended_by_several_fits_is_split_into_sessions(tmp_path):
-    from tfgpu.report._read import _Problems, read_table
+    from tfgpu.report._read import Problems, read_table
     from tfgpu.report._series import time_axis, timeline_sessions
 
     run = _appended_run(tmp_path / "run")
@@ -212,7 +212,7 @@ def test_a_run_appended_by_several_fits_is_split_into_sessions(tmp_path):
     assert "| 2 | 1 | 4 | 10.00 |" in text and "| 3 | 1 | 4 | 10.00 |" in text
     assert "| 1 | 12 |" not in text
     # The plots' time axis: seconds since the first sample, across sessions, never backwards.
-    table = read_table(run / "timeline.csv", ["time"], "timeline", _Problems())
+    table = read_table(run / "timeline.csv", ["time"], "timeline", Problems())
     starts = timeline_sessions(table)
     assert starts == [0, 5, 10]
     axis = time_axis(table, starts)

@@ -1,22 +1,11 @@
 """The `tfgpu` command: `tfgpu env`, `tfgpu demo`, `tfgpu report LOG_DIR`, `tfgpu tune SCRIPT.py`.
 
-TensorFlow's C++ start-up log (absl's "All log messages before absl::InitializeLog()",
-"Could not find cuda drivers", "failed call to cuInit", oneDNN and CPU-feature notes) is
-written straight to file descriptor 2 while TensorFlow loads and finds its devices. Most of
-it comes before TensorFlow reads `TF_CPP_MIN_LOG_LEVEL` (absl's preamble says so), so the
-variable cannot quiet it: unless the user passed `--verbose` or set `TF_CPP_MIN_LOG_LEVEL=0`
-(all of TensorFlow's log), the commands hold those lines back, whatever else the variable
-says: the report then starts the output, and what `tfgpu env` says about the machine (no
-driver, no GPU seen) replaces them. Every other line written meanwhile (Python warnings,
-TensorFlow errors that are not start-up noise) still goes to stderr. The variable itself is
-left as the user set it (or unset), so `tfgpu env` reports the user's value.
-
-Arguments are checked before any work, and before TensorFlow is imported: a malformed one
-(`demo --epochs -1`, a `--log-dir` that holds an earlier run, a `report --out` that is a
-file) gets argparse's `usage: ...` and `error: ...` lines and exit status 2. Failures once
-the command runs (a run directory not found, a file it cannot read) print
-`tfgpu COMMAND: error: ...` and exit with status 2, never a traceback. `--verbose` is
-accepted before or after the command.
+Arguments are checked before any work and before TensorFlow is imported: a malformed one
+gets argparse's `usage:` and `error:` lines and exit status 2; a failure once the command
+runs prints `tfgpu COMMAND: error: ...` and exits 2, never with a traceback. TensorFlow's
+C++ start-up log, written to fd 2 before TensorFlow reads `TF_CPP_MIN_LOG_LEVEL`, is held
+back (`_startup_log_held_back`) unless `--verbose` (before or after the command) or
+`TF_CPP_MIN_LOG_LEVEL=0` asks for it; the variable itself is left as the user set it.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """`tfgpu.configure()`: memory, visible GPUs, precision and determinism, set once before training.
 
-TensorFlow fixes its devices (which GPUs, how their memory is allocated, how the CPU is
-split) when its runtime first initializes, i.e. at the first tensor or model. So
-`configure()` must run before that. It works in two steps:
-
-1. `_plan(facts, wishes)`: a pure function of the device facts (the GPUs TensorFlow sees,
-   their compute capabilities, whether the runtime already started, a few environment
-   variables) and the validated arguments; every decision and every message is made here.
-2. `_apply(plan)`: the thin layer that calls `tf.config` and Keras.
-
-Called again with the same arguments it does nothing. Called after the runtime started with
-device settings it can no longer change, it raises `RuntimeError` naming them.
+Two steps: `_plan(facts, wishes)`, a pure function of the device facts (the GPUs TensorFlow
+sees, their compute capabilities, whether the runtime already started, a few environment
+variables) and the checked arguments, makes every decision and every message; `_apply(plan)`
+is the thin layer that calls `tf.config` and Keras.
 """
 
 from __future__ import annotations
@@ -433,34 +426,28 @@ def configure(
 
     Run it before any tensor or model exists (right after the imports): TensorFlow fixes its
     devices when its runtime starts. Calling it again with the same arguments does nothing.
-    Every argument is checked before anything changes.
+    Every argument is checked before anything changes. The guide: `docs/setup.md`.
 
     Args:
         memory_growth: bool or None, allocate GPU memory as needed instead of reserving
-            (almost) all of it at start, on every GPU. `None` means True unless
-            `memory_limit_mib` is given. Defaults to `None`.
-        memory_limit_mib: int or None, a fixed memory limit per GPU in MiB (a logical device
-            of that size), e.g. to share a GPU. Excludes `memory_growth=True`. Defaults to
-            `None`.
+            (almost) all of it at start, on every GPU. Defaults to `None`: True unless
+            `memory_limit_mib` is given.
+        memory_limit_mib: int or None, a fixed memory limit per GPU in MiB, e.g. to share a
+            GPU; excludes `memory_growth=True`. Defaults to `None`.
         gpus: list of int or None, indices of the GPUs TensorFlow should use among those it
-            sees (after `CUDA_VISIBLE_DEVICES`); `[]` runs on the CPU. `None` uses all.
-            Defaults to `None`.
-        precision: str, the Keras global precision policy: `"auto"` (bfloat16 mixed
-            precision if every used GPU has compute capability >= 8.0, float16 mixed
-            precision with loss scaling if every one has tensor cores, >= 7.0, else
-            float32, and float32 on the CPU), `"float32"`, `"mixed_float16"` or
+            sees; `[]` runs on the CPU. Defaults to `None`: all.
+        precision: str, the Keras global policy: `"auto"` (chosen from the GPUs' compute
+            capabilities, see `tfgpu.precision`), `"float32"`, `"mixed_float16"` or
             `"mixed_bfloat16"`. Defaults to `"auto"`.
-        deterministic: bool, enable TensorFlow's op determinism (same results run to run,
-            slower); also seeds everything (`seed`, or 0). False leaves TensorFlow's
-            setting as it is. Defaults to `False`.
+        deterministic: bool, enable TensorFlow's op determinism (reproducible, slower) and
+            seed everything (`seed`, or 0). Defaults to `False`: left as it is.
         seed: int or None, seed for Python, NumPy, TensorFlow and Keras
-            (`keras.utils.set_random_seed`). Defaults to `None` (no seeding).
+            (`keras.utils.set_random_seed`). Defaults to `None`: no seeding.
         async_allocator: bool, use CUDA's asynchronous allocator
-            (`TF_GPU_ALLOCATOR=cuda_malloc_async`), which cuts memory fragmentation. Takes
-            effect only before the GPUs initialize; the record's notes say if it was too
-            late. Defaults to `False` (TensorFlow's BFC allocator).
+            (`TF_GPU_ALLOCATOR=cuda_malloc_async`); only before the GPUs initialize, else a
+            note says it was too late. Defaults to `False`.
         cpu_devices: int or None, split the CPU into this many logical devices, e.g. to try
-            `MirroredStrategy` without GPUs. Defaults to `None` (leave as is).
+            `MirroredStrategy` without GPUs. Defaults to `None`: left as it is.
 
     Returns:
         `Configuration`, the record of what was decided and applied; print it to read it.
@@ -470,17 +457,14 @@ def configure(
         ValueError: if a value is out of range, a GPU index does not exist, or both
             `memory_growth=True` and `memory_limit_mib` are given.
         RuntimeError: if TensorFlow already initialized its devices and a device setting
-            (gpus, memory growth or limit, cpu_devices) differs from what is in effect; the
-            message names those settings.
+            (gpus, memory growth or limit, cpu_devices) differs from what is in effect.
 
     Example:
 
-    >>> import tfgpu
-    >>> cfg = tfgpu.configure(precision="auto", seed=42)  # doctest: +SKIP
+    >>> cfg = tfgpu.configure(seed=42)  # doctest: +SKIP
     >>> print(cfg)  # doctest: +SKIP
     tfgpu configuration
       GPUs         GPU:0 NVIDIA A100-SXM4-80GB (cc 8.0)
-      memory       growth on every GPU
       precision    mixed_bfloat16 (every GPU has compute capability >= 8.0 (8.0): ...)
       ...
     """

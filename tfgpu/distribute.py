@@ -1,11 +1,8 @@
 """Data parallelism: pick a `tf.distribute.Strategy`, resolve the cluster, scale batch and LR.
 
-`strategy()` decides in pure functions (`tfgpu._internal.adapters.cluster.resolve_cluster`, `_choose_kind`,
-`_choose_all_reduce`) from facts (the environment, the visible GPUs) and then builds the
-strategy. The arithmetic users get wrong lives in `global_batch_size()` and
-`scale_learning_rate()`.
-
-The guide is `docs/distributed.md`.
+`strategy()` decides in pure functions (`resolve_cluster`, `_choose_kind`,
+`_choose_all_reduce`) from facts (the environment, the visible GPUs), then builds the
+strategy. The guide is `docs/distributed.md`.
 """
 
 from __future__ import annotations
@@ -174,10 +171,9 @@ def scale_learning_rate(
 ) -> float:
     """Scales a learning rate tuned on `base_replicas` replicas to the replicas of `strategy`.
 
-    With a per-replica batch held fixed, the global batch grows with the replicas. The
-    `"linear"` rule (Goyal et al., 2017) multiplies the learning rate by the growth factor
-    and suits SGD with momentum (add a few epochs of warm-up for large factors); `"sqrt"`
-    multiplies by its square root and is the usual choice for Adam-style optimizers.
+    With a per-replica batch held fixed, the global batch grows with the replicas: `"linear"`
+    (Goyal et al., 2017) multiplies the rate by the growth factor (SGD with momentum),
+    `"sqrt"` by its square root (Adam and friends). See `docs/distributed.md`.
 
     Args:
         learning_rate: float, the rate that works with `base_replicas` replicas.
@@ -362,36 +358,26 @@ def strategy(
 ) -> tf.distribute.Strategy:
     """Returns a `tf.distribute.Strategy` for this machine or cluster.
 
-    `kind="auto"` picks, in order: `MultiWorkerMirroredStrategy` when the cluster has more than
-    one task (from `TF_CONFIG`, or a Slurm job step through TensorFlow's
-    `SlurmClusterResolver`); `MirroredStrategy` over all visible GPUs when there are several;
-    `OneDeviceStrategy` on a single GPU; the default strategy on the CPU.
-
-    `"mirrored"` with no GPU runs on the logical CPU devices (all of them unless `devices`
-    says otherwise) and warns, which is how the equality of data-parallel and single-device
-    training is tested without GPUs. `"multi_worker"` also installs a narrow correction
-    that lets Keras 3 `model.fit` run under it (see `docs/distributed.md`). Create the
-    strategy before any model, and build the model and optimizer inside `strategy.scope()`.
-
-    Call it again for each new model: every strategy it returns has collective keys of its
-    own, so one experiment after another in a notebook works. (Two
-    `tf.distribute.MirroredStrategy()` built directly share their keys, and the second model's
-    all-reduce aborts with "Shape mismatch in the collective instance 100".)
+    `kind="auto"` picks `MultiWorkerMirroredStrategy` when the cluster has more than one task
+    (`TF_CONFIG`, or a Slurm job step), else `MirroredStrategy` over several GPUs,
+    `OneDeviceStrategy` on one GPU, the default strategy on the CPU. Create it before any
+    model, build the model and optimizer inside `strategy.scope()`, and call it again for
+    each new model: every strategy it returns has collective keys of its own. The guide,
+    with what `"multi_worker"` corrects in Keras 3: `docs/distributed.md`.
 
     Args:
         kind: str, one of `"auto"`, `"default"`, `"one_device"`, `"mirrored"`,
-            `"multi_worker"` (case-insensitive). Defaults to `"auto"`.
-        devices: list of str, devices to replicate on, e.g. `["/gpu:0", "/gpu:1"]`; for
-            `"one_device"` a single device. None uses all GPUs (or the CPU). Not accepted
-            for `"multi_worker"` (each worker uses its visible GPUs). Defaults to None.
-        all_reduce: str, how gradients are summed across replicas: `"auto"` (NCCL on GPUs,
-            otherwise a reduction that works on the CPU), `"nccl"`, `"hierarchical_copy"` or
+            `"multi_worker"` (case-insensitive). `"mirrored"` without a GPU replicates on
+            the logical CPU devices and warns. Defaults to `"auto"`.
+        devices: list of str, the devices to replicate on, e.g. `["/gpu:0", "/gpu:1"]`;
+            for `"one_device"` a single device; not for `"multi_worker"`. Defaults to
+            `None`: all GPUs (or the CPU).
+        all_reduce: str, how gradients are summed: `"auto"` (NCCL on GPUs, else a reduction
+            that works on the CPU), `"nccl"`, `"hierarchical_copy"` or
             `"reduction_to_one_device"` for `"mirrored"`; `"nccl"` or `"ring"` for
             `"multi_worker"`. Defaults to `"auto"`.
-        timeout_s: float, multi-worker only: abort a collective (all-reduce) that takes
-            longer than this, e.g. a worker that hangs while still alive. A worker that dies
-            is detected by TensorFlow's coordination service heartbeat (about 10 s) either
-            way. None waits forever. Defaults to None.
+        timeout_s: float or None, multi-worker only: abort a collective that takes longer,
+            e.g. a worker that hangs while alive. Defaults to `None`: wait forever.
         slurm_port_base: int, first port a Slurm task listens on (tasks on one node take
             consecutive ports). Defaults to 8888.
 

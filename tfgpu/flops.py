@@ -1,40 +1,13 @@
 """FLOPs per training step, peak FLOP/s per GPU model, and model FLOPs utilization (MFU).
 
-MFU is the share of the GPU's peak arithmetic rate a training run achieves:
-`mfu = train_step_flops / step_time_s / peak_flops`. The FLOP count follows the usual
-convention (Kaplan et al. 2020, "Scaling Laws for Neural Language Models"; Chowdhery et al.
-2022, PaLM, appendix B): only matrix multiplications and convolutions are counted and a
-multiply-add is 2 FLOPs. Element-wise ops, bias adds, normalization and softmax are left
-out (they are a few percent for real models).
-
-What a training step computes is read from its traced graph, not assumed. `train_step_flops`
-traces the step as `fit` runs it (the model in training mode under a `tf.GradientTape`, the
-gradient taken with respect to `model.trainable_variables`) and counts the ops that run:
-those the gradients and outputs need, as TensorFlow prunes the rest. Per forward matmul or
-convolution of `F` FLOPs, the backward pass adds
-
-- `F` for the weight gradient, only when the layer's weights are trainable;
-- `F` for the input gradient, only when some trainable layer lies below it. The first
-  trainable layer needs none: nothing under it takes a gradient, and a model's inputs are
-  data, not variables.
-
-So a fully trainable stack costs 3x its forward pass minus one forward of its first layer
-(the "3x forward" rule of thumb overcounts by that much); a frozen backbone
-(`trainable=False`) under a trainable head costs the backbone's forward pass only, plus 3x
-the head (less the head's first input gradient); a model with nothing trainable costs its
-forward pass. BatchNormalization, in training or inference mode, changes none of this
-(it has no matmuls). If the gradient cannot be traced, the step falls back to 3x the forward
-pass, with a warning.
-
-Counted op types: forward `MatMul`, `BatchMatMul*`, `Einsum`, `Conv2D`, `Conv3D`,
-`DepthwiseConv2dNative`, `Conv2DBackpropInput`/`Conv3DBackpropInputV2` (transposed
-convolutions); backward (besides matmuls and einsums) `Conv2DBackpropInput`,
-`Conv2DBackpropFilter`, `Conv3DBackpropInputV2`, `Conv3DBackpropFilterV2`,
-`DepthwiseConv2dNativeBackpropInput` and `DepthwiseConv2dNativeBackpropFilter`. Ops inside
-loops (recurrent layers) are counted once, not per time step; such models get a warning.
-
-The peak table lists dense (not structured-sparse) rates from NVIDIA datasheets and
-architecture whitepapers; `docs/diagnosis.md` has the table with its sources.
+`mfu = train_step_flops / step_time_s / peak_flops`. Only matrix multiplications and
+convolutions count (`_FORWARD_OPS`, `_BACKWARD_OPS`), a multiply-add as 2 FLOPs (Kaplan et
+al. 2020; PaLM, Chowdhery et al. 2022, appendix B). What a step computes is read from its
+traced gradient graph, not assumed: per forward op of `F` FLOPs the backward pass adds `F`
+for the weight gradient where the layer is trainable, and `F` for the input gradient where
+a trainable layer lies below it. Ops inside loops (recurrent layers) count once, with a
+warning. The counting rules and the peak table with its sources: `docs/diagnosis.md`,
+"FLOPs and MFU".
 """
 
 from __future__ import annotations
@@ -161,15 +134,14 @@ def _lookup_peak(gpu_name: str) -> _Peak | None:
 def peak_flops(gpu_name: str, precision: str) -> float | None:
     """Returns the GPU's dense peak FLOP/s for a precision, from the datasheet table.
 
-    Matches names as NVML reports them (`"NVIDIA H100 80GB HBM3"`, `"NVIDIA A100-SXM4-40GB"`,
-    `"Tesla T4"`, `"NVIDIA GeForce RTX 4090"`). Rates are dense (no 2:4 sparsity); FP16 and
-    BF16 are tensor-core rates with FP32 accumulation, which is what Keras mixed precision
-    uses. Note that TensorFlow runs float32 matmuls in TF32 on Ampere and newer GPUs by
-    default (`tf.config.experimental.enable_tensor_float_32_execution`), so pass `"tf32"`
-    there for a float32 model.
+    Rates are dense (no 2:4 sparsity); FP16 and BF16 are tensor-core rates with FP32
+    accumulation, as Keras mixed precision uses them. TensorFlow runs float32 matmuls as
+    TF32 on Ampere and newer by default: pass `"tf32"` there for a float32 model. The table
+    and its sources: `docs/diagnosis.md`.
 
     Args:
-        gpu_name: str, the GPU model name as NVML or `nvidia-smi --query-gpu=name` gives it.
+        gpu_name: str, the GPU model name as NVML or `nvidia-smi --query-gpu=name` gives it,
+            e.g. `"NVIDIA H100 80GB HBM3"`, `"Tesla T4"`.
         precision: str, one of `"float32"`/`"fp32"`, `"tf32"`, `"float16"`/`"fp16"`/
             `"mixed_float16"`, `"bfloat16"`/`"bf16"`/`"mixed_bfloat16"`.
 
@@ -536,13 +508,11 @@ def _train_counts(model, specs) -> dict[str, float]:
 def train_step_flops(model: Any, batch_size: int, *, input_signature: Any = None) -> float:
     """Returns the matmul/conv FLOPs of one training step, as the step really computes them.
 
-    Counted from the traced gradient graph (see the module docstring): the forward pass of
-    every layer, the weight gradients of trainable layers, and the input gradients from the
-    output down to the first trainable layer. A fully trainable stack costs 3x its forward
-    pass minus the first layer's input gradient; a frozen backbone costs its forward pass
-    only; a model with nothing trainable costs its forward pass. If the gradient cannot be
-    traced, the step is counted as 3x the forward pass (1x with nothing trainable) and a
-    warning says so.
+    Counted from the traced gradient graph: the forward pass of every layer, the weight
+    gradients of trainable layers, and the input gradients from the output down to the
+    first trainable layer (a frozen backbone costs its forward pass only). If the gradient
+    cannot be traced, the step counts as 3x the forward pass (1x with nothing trainable),
+    with a warning. See `docs/diagnosis.md`, "FLOPs and MFU".
 
     Args:
         model: keras.Model, a built model (Functional/Sequential, or any model when

@@ -1,35 +1,10 @@
 """Which Keras precision policy fits the GPUs: the decision behind `configure(precision="auto")`.
 
-Mixed precision computes in a 16-bit type and keeps variables in float32. It pays off only
-on hardware with units that compute 16-bit matrix products faster than float32 ones, i.e.
-NVIDIA tensor cores. The choice, for a set of GPUs that train together:
-
-- **`"mixed_bfloat16"`** when every GPU has compute capability >= 8.0 (Ampere: A100,
-  RTX 30xx; Ada; Hopper; Blackwell). bfloat16 has float32's exponent, hence float32's
-  range: gradients do not underflow, so no loss scaling is needed, and the numerics are
-  the least surprising of the two 16-bit types.
-- **`"mixed_float16"`** when every GPU has tensor cores (compute capability >= 7.0: Volta
-  V100, Turing T4 / RTX 20xx) but not all have bfloat16. float16's range is narrow (the
-  smallest normal number is about 6e-5), so small gradients underflow to zero unless the
-  loss is scaled up before the backward pass. Keras 3 does this for you: `Model.compile`
-  under a `"mixed_float16"` global policy wraps the optimizer in
-  `keras.optimizers.LossScaleOptimizer` (dynamic loss scaling).
-- **`"float32"`** on the CPU and on GPUs without tensor cores (Pascal and older). There
-  mixed precision only adds casts: on a CPU, `"mixed_float16"` trains several times slower
-  than `"float32"`.
-
-Mixed sets of GPUs get the policy that every one of them supports: under a distribution
-strategy all replicas run the same program, and the slowest sets the pace.
-
-Example:
-
->>> from tfgpu.precision import choose_policy
->>> choose_policy([(8, 0), (8, 6)]).policy
-'mixed_bfloat16'
->>> choose_policy([(8, 0), (7, 0)]).policy
-'mixed_float16'
->>> choose_policy([]).policy
-'float32'
+Mixed precision pays off only on NVIDIA tensor cores: `"mixed_bfloat16"` when every GPU has
+compute capability >= 8.0 (float32's range, no loss scaling), `"mixed_float16"` when every
+GPU has tensor cores (>= 7.0; Keras 3 adds loss scaling at `compile`), `"float32"` otherwise
+and on the CPU. GPUs that train together get the policy every one of them supports. The
+reasons, GPU by GPU: `docs/setup.md`, "How `precision="auto"` chooses".
 """
 
 from __future__ import annotations
@@ -128,8 +103,8 @@ def _fmt(ccs: Sequence[tuple[int, int]]) -> str:
 def choose_policy(compute_capabilities: Sequence[tuple[int, int]]) -> PolicyChoice:
     """Chooses the Keras precision policy for GPUs that train together.
 
-    See the module docstring for the reasoning: bfloat16 where every GPU has it, float16
-    with loss scaling where every GPU has tensor cores, float32 otherwise (and with no GPU).
+    bfloat16 where every GPU has it, float16 with loss scaling where every GPU has tensor
+    cores, float32 otherwise (and with no GPU); see `docs/setup.md`.
 
     Args:
         compute_capabilities: sequence of `(major, minor)` tuples, one per GPU that will

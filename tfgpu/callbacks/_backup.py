@@ -128,40 +128,38 @@ def write_atomic(directory: Path, arrays: dict[str, np.ndarray], keep_previous: 
     return target
 
 
-class _Unusable(Exception):
+class Unusable(Exception):
     """A backup file that cannot be resumed from; `str()` says why (no path)."""
 
 
-def _read(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Reads one backup file; raises `_Unusable` saying why if it is unreadable or torn.
+def read_backup(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Reads one backup file; raises `Unusable` saying why if it is unreadable or torn.
 
     A damaged file fails in many ways (an empty file is an `EOFError`, a torn zip a
     `BadZipFile`, a flipped byte a `zlib.error`, garbage a pickle `ValueError`...): every
-    one of them means the same thing here, so every one becomes `_Unusable`.
+    one of them means the same thing here, so every one becomes `Unusable`.
     """
     try:
         with np.load(path, allow_pickle=False) as data:
             if not isinstance(data, np.lib.npyio.NpzFile):
-                raise _Unusable("it is a single NumPy array, not a backup archive")
+                raise Unusable("it is a single NumPy array, not a backup archive")
             arrays = {k: data[k] for k in data.files}
-    except _Unusable:
+    except Unusable:
         raise
     except Exception as e:  # the boundary of reading a file: all damage looks alike (docstring)
-        raise _Unusable(
-            f"it cannot be read as a backup archive ({type(e).__name__}: {e})"
-        ) from None
+        raise Unusable(f"it cannot be read as a backup archive ({type(e).__name__}: {e})") from None
     if META not in arrays:
-        raise _Unusable(f"it has no {META!r} record (not a tfgpu backup, or a torn one)")
+        raise Unusable(f"it has no {META!r} record (not a tfgpu backup, or a torn one)")
     try:
         meta = json.loads(str(arrays.pop(META)))
     except (TypeError, ValueError) as e:
-        raise _Unusable(f"its {META!r} record is not valid JSON ({e})") from None
+        raise Unusable(f"its {META!r} record is not valid JSON ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else meta
-        raise _Unusable(f"unknown backup format {found!r} (expected {_FORMAT})")
+        raise Unusable(f"unknown backup format {found!r} (expected {_FORMAT})")
     problem = _malformed(meta, arrays)
     if problem:
-        raise _Unusable(problem)
+        raise Unusable(problem)
     return meta, arrays
 
 
@@ -228,7 +226,7 @@ def _malformed(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> str | Non
 # --------------------------------------------------------------------------- state
 
 
-def _groups(model) -> dict[str, list]:
+def variable_groups(model) -> dict[str, list]:
     optimizer = getattr(model, "optimizer", None)
     return {
         "model": list(model.variables),
@@ -250,7 +248,7 @@ def collect_state(model) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Reads every piece of training state into NumPy arrays plus a JSON-able description."""
     arrays: dict[str, np.ndarray] = {}
     paths: dict[str, list] = {}
-    for group, variables in _groups(model).items():
+    for group, variables in variable_groups(model).items():
         paths[group] = []
         for i, v in enumerate(variables):
             arrays[f"{group}/{i:05d}"] = _to_numpy(v)

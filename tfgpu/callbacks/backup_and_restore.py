@@ -1,21 +1,11 @@
 """`BackupAndRestore`: exact resume after a kill, at epoch or step granularity, multi-worker safe.
 
-What it fixes in `keras.callbacks.BackupAndRestore` (Keras 3.15):
-
-- With `save_freq=<int>` Keras restores mid-epoch weights and then re-runs the whole epoch, so
-  batches are trained on twice. Here the resumed epoch skips the batches already consumed
-  (they are drawn from the input and dropped, not trained on), so a run killed at any point
-  ends with the weights of an uninterrupted run.
-- Keras writes the weights file and the metadata file in place; a kill mid-save leaves them
-  torn or out of step. Here one file holds everything and appears by atomic rename.
-- Under `MultiWorkerMirroredStrategy` all workers write the same path (`FileExistsError`,
-  HDF5 lock errors). Here every worker reads the state (reads may be collectives), the
-  chief writes the canonical copy, and each other worker writes its own copy under
-  `<backup_dir>/.worker-<k>/`, used only where the chief's copy is not visible.
-
+What it does that `keras.callbacks.BackupAndRestore` does not: `docs/distributed.md`,
+"Resuming exactly".
 """
-# The backup file and the state in it: tfgpu/callbacks/_backup.py. The Keras internals this relies on
-# (fit's epoch iterator, model.train_function, model._initial_epoch): tfgpu/keras_internals.py.
+# The backup file and the state in it: tfgpu/callbacks/_backup.py. The Keras internals this
+# relies on (fit's epoch iterator, model.train_function, model._initial_epoch):
+# tfgpu/_internal/adapters/keras_internals.py.
 
 from __future__ import annotations
 
@@ -39,17 +29,17 @@ from tfgpu.callbacks._backup import (
     META,
     PREV,
     CountingDataset,
-    _groups,
-    _read,
-    _Unusable,
+    Unusable,
     assign,
     assign_metrics,
     collect_state,
     delete_backups,
     mismatch,
     pythonify,
+    read_backup,
     reshuffles,
     restore_rng,
+    variable_groups,
     worker_role,
     write_atomic,
 )
@@ -74,48 +64,24 @@ def _check_save_freq(save_freq: Any) -> str | int | bool:
 class BackupAndRestore(keras.callbacks.Callback):
     """Backs up the training state and resumes exactly where a killed run stopped.
 
-    A drop-in replacement for `keras.callbacks.BackupAndRestore` with the same arguments.
-    Add it to `model.fit(callbacks=[...])`; when a run dies (SIGKILL, preemption, a lost
-    worker) start the same script again and `fit` continues from the last backup: the
-    model, optimizer, metric and RNG state are restored, the epoch resumes where it was,
-    and the batches that epoch had already trained on are drawn from the input and skipped.
-    The result equals an uninterrupted run up to float rounding, provided the input
-    yields the same batches in the same order for a given epoch.
-
-    Datasets reshuffled every epoch (`tfgpu.data.pipeline(..., seed=S)`,
-    `ds.shuffle(n, seed=S, reshuffle_each_iteration=True)`) resume exactly too, including
-    `steps_per_epoch` over a `.repeat()`ed dataset: such a dataset gives the k-th iterator
-    made from it the k-th order, so on resume the callback first makes (and drops, reading
-    nothing) as many iterators of the training dataset as the killed run had made.
-    **A seed is required for this**: an unseeded shuffle draws new orders in every process
-    (unless a global seed was set with `keras.utils.set_random_seed` before the dataset was
-    built), and a parallel map with `deterministic=False` (`tfgpu.data.pipeline`'s default
-    on one worker) may swap neighbouring examples; the resumed run then trains on other
-    orders than the uninterrupted one would have: correct training, not the same weights.
-    See `docs/distributed.md`. Where this Keras
-    keeps the training data where tfgpu cannot find it, the callback warns once on resume
-    and resumes with the new process's orders.
-
-    Writes are atomic (temporary file, then rename), so a kill during a save leaves the
-    previous backup intact. A backup that cannot be resumed from (empty, torn, not a tfgpu
-    backup, written by another model) is never deleted: with `double_checkpoint=True` the
-    callback warns, moves it to `backup.N.npz` and resumes from the previous backup;
-    otherwise `fit` stops before training with an error naming the file and what to do.
-    A `fit` that raised can simply be called again, in the same process, with this or a new
-    BackupAndRestore: it resumes from the last backup exactly as after a kill (a dataset
-    reshuffled each epoch must be built again for that, as a restarted script does; the
-    callback warns when it is not). Under `MultiWorkerMirroredStrategy` the chief writes
-    `backup_dir`, other workers write `backup_dir/.worker-<k>/`; all workers must see the
-    chief's copy (a shared filesystem) or each resumes from its own copy, and they check
-    that they resume at the same step. Needs the TensorFlow backend. Logs nothing.
+    A drop-in replacement for `keras.callbacks.BackupAndRestore`, with the same arguments.
+    When a run dies (SIGKILL, preemption, a lost worker) or `fit` raises, run the same
+    `fit` again: the model, optimizer, metric and RNG state are restored, and the batches
+    the epoch had already trained on are drawn from the input and skipped, so the weights
+    equal an uninterrupted run's up to float rounding. That needs an input that yields the
+    same batches for a given epoch: a dataset reshuffled every epoch needs a seed. A backup
+    appears by atomic rename; a damaged one is never deleted. Under
+    `MultiWorkerMirroredStrategy` the chief writes `backup_dir`, the other workers
+    `backup_dir/.worker-<k>/`. Needs the TensorFlow backend; logs nothing. The whole story
+    (shuffled data, workers, damaged backups): `docs/distributed.md` and
+    `docs/guarantees.md`.
 
     Args:
         backup_dir: str or path-like, a directory used only by this callback (`~` is
             expanded; created on the first save).
-        save_freq: `"epoch"`, int or False. `"epoch"` saves at the end of every epoch; an
-            int >= 1 (NumPy ints too) saves every `save_freq` batches (a multiple of
-            `steps_per_execution` is best: saves happen between executions); False never
-            saves (restore only). Defaults to `"epoch"`.
+        save_freq: `"epoch"`, int or False: save at the end of every epoch, every
+            `save_freq` batches (best a multiple of `steps_per_execution`), or never
+            (restore only). Defaults to `"epoch"`.
         double_checkpoint: bool, also keep the previous backup (`backup.prev.npz`) and fall
             back to it if the newest cannot be used. Defaults to False.
         delete_checkpoint: bool, delete the backups when `fit` completes. Defaults to True.
@@ -202,18 +168,18 @@ class BackupAndRestore(keras.callbacks.Callback):
         if model.optimizer is not None and not model.optimizer.built:
             with model.distribute_strategy.scope():
                 model.optimizer.build(model.trainable_variables)
-        groups = _groups(model)
+        groups = variable_groups(model)
         problems: list[tuple[Path, str]] = []
         for path in present:
             try:
-                meta, arrays = _read(path)
+                meta, arrays = read_backup(path)
                 for group in ("model", "optimizer"):
                     problem = mismatch(group, meta["paths"][group], groups[group])
                     if problem:
-                        raise _Unusable(
+                        raise Unusable(
                             f"it was written by a different model or optimizer: {problem}"
                         )
-            except _Unusable as e:
+            except Unusable as e:
                 problems.append((path, str(e)))
                 continue
             if problems:
@@ -283,7 +249,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         if loaded is None:
             return
         meta, arrays, path = loaded
-        groups = _groups(model)
+        groups = variable_groups(model)
         assign(groups["model"], arrays, "model")
         assign(groups["optimizer"], arrays, "optimizer")
         restore_rng(meta, arrays)
@@ -400,7 +366,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         pending = self._pending
         if pending and pending["metrics"] is not None:
             saved_paths, arrays = pending["metrics"]
-            assign_metrics(_groups(self.model)["metrics"], saved_paths, arrays)
+            assign_metrics(variable_groups(self.model)["metrics"], saved_paths, arrays)
             pending["metrics"] = None
 
     # ---------------------------------------------------------------- the skip

@@ -1,9 +1,4 @@
-"""`GPUMonitor`: GPU and host metrics during `fit`, epoch aggregates into the Keras `logs`.
-
-Place it before callbacks that read `logs` (`CSVLogger`, `TensorBoard`, `EarlyStopping`):
-Keras hands the same `logs` dict to the callbacks in list order (`History` always comes
-last). `docs/metrics.md` is the one table of all keys.
-"""
+"""`GPUMonitor`: GPU and host metrics during `fit`, epoch aggregates into the Keras `logs`."""
 
 from __future__ import annotations
 
@@ -37,84 +32,48 @@ class _SamplerConfig(TypedDict):
 class GPUMonitor(keras.callbacks.Callback):
     """Records GPU and host metrics during `fit`; epoch aggregates go into `logs`.
 
-    A `tfgpu.monitor.Sampler` thread starts at `on_train_begin` and samples every
-    `interval` seconds, without any NVML call on the training thread (batch hooks only set
-    the epoch/step labels). It stops at `on_train_end`, and also when `fit` raises (Keras
-    then skips `on_train_end`) within one interval of `fit` returning, so failing retries
-    in a notebook never pile up threads.
+    A `tfgpu.monitor.Sampler` thread samples every `interval` seconds from the start of
+    `fit` to its end (also when `fit` raises); the training thread makes no NVML call.
+    Monitoring never stops training: a failure is logged once and recorded as NaN. List it
+    before the callbacks that read `logs` (`CSVLogger`, `TensorBoard`, `EarlyStopping`).
 
-    Logs at `on_epoch_end` a short summary across the sampled GPUs (NaN-ignoring, over the
-    samples taken during the epoch), the same keys whatever the number of GPUs:
-    `gpu_util_pct_mean` (mean over GPUs of each one's mean utilization),
-    `gpu_util_pct_min` (the least busy GPU's mean utilization; two GPUs or more),
-    `gpu_mem_used_mib_max` (the highest device-memory peak of any GPU),
-    `gpu_power_w_total` (the GPUs' mean board power, summed; NaN if a GPU has no reading),
-    and for the host `host_cpu_pct_mean`, `host_rss_mib_max`. Where known (left out
-    otherwise, so GPUs without GPM get no clutter): `gpu_sm_active_pct_mean` and
-    `gpu_tensor_active_pct_mean` (GPM, Hopper and newer; mean over the GPUs that report
-    them), `gpu_pcie_mib_per_step` (PCIe TX+RX MiB per training step, all GPUs) and
-    `joules_per_example` (all sampled GPUs' energy over the epoch / examples trained; needs
-    the batch size, read from `fit` as `StepTimer` does). At most ten keys, so the Keras
-    progress line stays readable on 8 GPUs; no `gpu_*` key without a GPU.
-
-    With `per_gpu_logs=True`, also per sampled GPU `i`: `gpu{i}_util_pct_mean`,
-    `gpu{i}_util_pct_max`, `gpu{i}_mem_used_mib_mean`, `gpu{i}_mem_used_mib_max`,
-    `gpu{i}_power_w_mean`, `gpu{i}_power_w_max`, and where any GPU knows them
-    `gpu{i}_sm_active_pct_mean`, `gpu{i}_tensor_active_pct_mean`,
-    `gpu{i}_pcie_mib_per_step`. The timeline, TensorBoard and `tfgpu report` always keep
-    every GPU, whichever the setting.
-
-    The steps of an epoch are Keras's epoch length (`params["steps"]`); for data of unknown
-    length, the optimizer's step count over the epoch (`optimizer.iterations`, read at the
-    epoch's begin and end), since under `steps_per_execution` Keras's step numbers run past
-    the end of the data.
-    `History`, `CSVLogger` and Keras's `TensorBoard` see the keys (list `GPUMonitor` before
-    the latter two). Sources and units: `docs/metrics.md`.
-
-    With `log_dir`, writes there `run.json` and `timeline.csv`, one row per sample with its
-    epoch and step, flushed as written (a SIGKILL loses at most the last interval). In a
-    multi-worker cluster (`TF_CONFIG`) each worker records its own GPUs to
-    `timeline-worker{k}.csv` (`run-worker{k}.json`). A later `fit` (or run) appends to the
-    timeline; a timeline with other columns (another GPU count) is moved aside to
-    `timeline.1.csv` (`.2`, ...), never truncated, and `run.json` keeps earlier sessions
-    under `"earlier_sessions"`.
-
-    Monitoring never stops training: a failure to sample, to write (a full disk) or to
-    reach NVML is logged once, recorded as NaN or kept in memory, and `fit` goes on. Without
-    NVML, one `RuntimeWarning` per process, at the user's `fit` line (scripts, `python -c`,
-    standard input, IPython and Jupyter alike).
+    Logs at each epoch end, across the sampled GPUs: `gpu_util_pct_mean`,
+    `gpu_util_pct_min` (two GPUs or more), `gpu_mem_used_mib_max`, `gpu_power_w_total`,
+    `host_cpu_pct_mean`, `host_rss_mib_max`, and where known `gpu_sm_active_pct_mean`,
+    `gpu_tensor_active_pct_mean`, `gpu_pcie_mib_per_step`, `joules_per_example`. With
+    `per_gpu_logs=True`, also every GPU's own keys (`gpu{i}_util_pct_mean`, ..., and where
+    known `gpu{i}_sm_active_pct_mean`, `gpu{i}_tensor_active_pct_mean`,
+    `gpu{i}_pcie_mib_per_step`). With `log_dir`, writes `run.json` and `timeline.csv`
+    there, appended to and never truncated. Every key with its unit and source, the files and
+    their multi-worker names: `docs/metrics.md`; what survives a kill or a full disk:
+    `docs/guarantees.md`.
 
     Args:
         log_dir: str, os.PathLike or None, the run directory (created if missing).
-            Defaults to `None`: aggregates into `logs` only, no files.
+            Defaults to `None`: `logs` only, no files.
         interval: float, seconds between samples, at least 0.01. Defaults to `0.2`.
-        gpus: list of int or None, GPUs to sample as TensorFlow numbers them (`/GPU:i`,
-            after `CUDA_VISIBLE_DEVICES` and `tf.config.set_visible_devices` /
-            `tfgpu.configure(gpus=...)`). Defaults to `None`: all GPUs TensorFlow uses (all
-            CUDA-visible GPUs when TensorFlow is not loaded or lists none).
-        tensorboard: bool or path, also write every sample as TensorBoard scalars (tags
-            `monitor/<column>`, step = milliseconds since the first `fit` began), at each
-            epoch end: `True` writes to `<log_dir>/tensorboard`, a path writes there.
-            Needs TensorFlow. Defaults to `False`.
-        host: bool, whether to record host CPU and memory (when False, the host keys are
+        gpus: list of int or None, the GPUs to sample as TensorFlow numbers them
+            (`/GPU:i`). Defaults to `None`: every GPU TensorFlow uses.
+        tensorboard: bool or path, also write every sample as TensorBoard scalars
+            (`monitor/<column>`): `True` into `<log_dir>/tensorboard`, a path there.
+            Defaults to `False`.
+        host: bool, whether to read the host's CPU and memory (else the host keys are
             NaN). Defaults to `True`.
-        per_gpu_logs: bool, whether to put every GPU's keys (`gpu{i}_*`) into the Keras
-            `logs` besides the summary. Defaults to `False`: the summary only (the run
-            files and TensorBoard keep every GPU anyway).
+        per_gpu_logs: bool, whether to put every GPU's keys into `logs` too. Defaults to
+            `False`: the summary only (the files and TensorBoard keep every GPU anyway).
 
     Raises:
-        ValueError: for an `interval` below 0.01, a negative or repeated GPU index or
-            (when NVML is available) one this process does not see, a `log_dir` that is or
-            lies under a file or cannot be written, or `tensorboard=True` without `log_dir`; at
-            construction, before any training.
-        TypeError: for arguments of the wrong type (e.g. `per_gpu_logs="yes"`).
+        ValueError: at construction, for an `interval` below 0.01, a GPU index that is
+            negative, repeated or not seen by this process, a `log_dir` under a file or
+            not writable, or `tensorboard=True` without `log_dir`.
+        TypeError: for an argument of the wrong type (`per_gpu_logs="yes"`).
 
     Example:
 
     ```python
-    history = model.fit(x, y, epochs=3, callbacks=[tfgpu.callbacks.GPUMonitor("runs/exp1")])
-    history.history["host_cpu_pct_mean"]    # one value per epoch
-    history.history.get("gpu_util_pct_mean")  # on a machine with a GPU
+    monitor = tfgpu.callbacks.GPUMonitor("runs/exp1")
+    history = model.fit(x, y, epochs=3, callbacks=[monitor])
+    history.history["host_cpu_pct_mean"]  # one value per epoch
     ```
     """
 
@@ -327,12 +286,8 @@ def _epoch_logs(
 ) -> dict[str, float]:
     """Pure: the keys `GPUMonitor` logs, from `Sampler.aggregate()` of the epoch.
 
-    The summary across the sampled GPUs always (`_SUMMARY_KEYS`; `gpu_util_pct_min` only
-    with two GPUs or more, where it can differ from the mean; the GPM, PCIe and energy keys
-    only where known; no `gpu_*` key without GPUs), and the host keys. With `per_gpu`,
-    also the six classic `gpu{i}_*` keys of every GPU, and `gpu{i}_sm_active_pct_mean`,
-    `gpu{i}_tensor_active_pct_mean` and `gpu{i}_pcie_mib_per_step` where at least one GPU
-    has a value (NaN for the others).
+    The summary (`_SUMMARY_KEYS`, each only where `docs/metrics.md` says), then with
+    `per_gpu` every GPU's keys (a GPM or PCIe key where at least one GPU has a value).
     """
     gpus = range(num_gpus)
 

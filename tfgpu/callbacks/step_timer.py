@@ -1,7 +1,4 @@
-"""`StepTimer`: train step time, throughput and MFU per epoch, into the Keras `logs`.
-
-`docs/metrics.md` is the one table of all keys.
-"""
+"""`StepTimer`: train step time, throughput and MFU per epoch, into the Keras `logs`."""
 
 from __future__ import annotations
 
@@ -68,61 +65,27 @@ def _epoch_summary(
 class StepTimer(keras.callbacks.Callback):
     """Measures train step time and throughput; per-epoch figures go into `logs`.
 
-    Times each step with `time.perf_counter` from `on_train_batch_begin` to
-    `on_train_batch_end`; when Keras dispatches asynchronously (it calls batch-end hooks in
-    a thread pool once a step's results are ready, which this callback allows) a step is
-    timed from the later of its begin and the previous step's end, so queued steps are not
-    double counted. Under `steps_per_execution=k`, Keras calls the batch hooks once per
-    execution of `k` steps: each is timed as a whole and divided by its number of steps.
-    The epoch's last execution may hold fewer, though Keras numbers it as `k` (4 batches
-    under `steps_per_execution=16` show as "16/4"): its true count is the epoch length
-    (`params["steps"]`) or, for data of unknown length, the optimizer's step count over the
-    epoch (`optimizer.iterations`, read at the epoch's begin and end only; not under
-    gradient accumulation). So the step times add up to no more than the epoch took.
+    The batch hooks only note `time.perf_counter()`; rows and figures are made in bulk, so
+    the callback adds almost nothing to even a sub-millisecond step. Under
+    `steps_per_execution=k` each execution is timed as a whole and divided by the steps
+    that really ran in it (an execution the data cut short counts its true steps).
 
-    The batch hooks only note the time: the rows and figures are made in bulk, at most once
-    a second and at epoch end, so the callback adds almost nothing to even a tiny step
-    (`benchmarks/RESULTS.md`, from `benchmarks/monitor_overhead.py`).
-
-    Logs at `on_epoch_end`:
-    - `step_time_median_s`, `step_time_p90_s`: seconds per step over the epoch's steps
-      except its first execution (all of them if there is only one);
-    - `first_step_time_s`: the epoch's first step (first execution / its steps): in epoch 0
-      it includes tracing and compilation, in later epochs iterator start-up;
-    - `examples_per_s`: batch size x steps / time over the same steps as the median (NaN
-      when the batch size is neither given nor inferable; partial last batches count full);
-    - `epoch_time_s`: wall time from `on_epoch_begin` to `on_epoch_end` (includes
-      validation);
-    - `mfu`: `flops_per_step / step_time_median_s / peak_flops` (see `tfgpu.flops`), when
-      both numbers are known: given, or worked out at `on_train_begin`. A missing
-      `peak_flops` comes from this process's first GPU (its name, the model's dtype policy:
-      float32 counts as TF32 on compute capability >= 8.0 while TF32 is enabled) times the strategy's replicas,
-      only while TensorFlow trains on a GPU; a missing `flops_per_step` is
-      `tfgpu.flops.train_step_flops(model, batch_size)` when the batch size is known. No
-      GPU (or a GPU missing from the peak table): no `mfu` key.
-
-    With `log_dir`, writes `steps.csv` (`steps-worker{k}.csv` in a multi-worker cluster):
-    `time,epoch,step,step_time_s,examples_per_s`, one row per batch hook (per execution);
-    `step` is the last step that really ran in it, 0-based.
-    Rows are written and flushed at the first batch end a second or more after the last
-    write (a SIGKILL loses at most the last second), at each epoch end, at train end, and
-    as soon as `fit` is over even when it raises (Keras then skips `on_train_end`), so a
-    `fit` that raises leaves every step that ran on disk. The file is closed at train end, at the
-    next `fit`, or when the callback is garbage-collected. A later `fit` appends to it; a
-    file with another header, or whose last row a crash cut short, is moved aside to
-    `steps.1.csv` (`.2`, ...), never truncated.
+    Logs at each epoch end: `step_time_median_s` and `step_time_p90_s` (over the epoch's
+    steps but its first execution), `first_step_time_s` (epoch 0's includes tracing and
+    compilation), `examples_per_s`, `epoch_time_s`, and `mfu` where the FLOPs per step and
+    the GPU's peak are known (given, or worked out when `fit` starts). With `log_dir`,
+    writes `steps.csv`: one row per execution, flushed at least once a second and when
+    `fit` ends or raises; appended to, never truncated. Every key and column:
+    `docs/metrics.md`.
 
     Args:
         batch_size: int or None, the global batch size. Defaults to `None`: read from the
-            data `fit` was given (arrays, or a `tf.data` dataset with a batching step or a
-            static batch size).
+            data `fit` was given (arrays, or a batched `tf.data` dataset).
         log_dir: str, os.PathLike or None, the run directory. Defaults to `None`: no file.
-        flops_per_step: float or None, FLOPs of one train step (e.g.
-            `tfgpu.flops.train_step_flops(model, batch_size)`). Defaults to `None`: counted
-            from the model when `fit` starts, if the peak is known.
-        peak_flops: float or None, the hardware's peak FLOP/s for the precision used (e.g.
-            `tfgpu.flops.peak_flops(gpu_name, "mixed_bfloat16")`), summed over replicas.
-            Defaults to `None`: looked up for this process's GPU when `fit` starts.
+        flops_per_step: float or None, FLOPs of one train step. Defaults to `None`:
+            `tfgpu.flops.train_step_flops(model, batch_size)` when `fit` starts.
+        peak_flops: float or None, the hardware's peak FLOP/s for the precision used,
+            summed over replicas. Defaults to `None`: looked up for this process's GPU.
 
     Raises:
         ValueError: for numbers <= 0 or not finite, or a `log_dir` that is or lies under a

@@ -89,25 +89,19 @@ def run_demo(
 ) -> int:
     """Trains a reference image classifier naively, then with tfgpu, and compares them.
 
-    Both sides train the same CNN on the same JPEG-encoded images (decoded and augmented by
-    the input pipeline), with the same seed, epochs and examples. The naive side is what a
-    typical Keras user writes (float32, a sequential `tf.data` map without prefetch,
-    `steps_per_execution=1`, no strategy); `tfgpu.diagnose()` measures it. The tfgpu side
-    uses `tfgpu.configure()`, `tfgpu.strategy()`, `tfgpu.data.pipeline(...)`, then
-    `tfgpu.tune()` tries the speed settings on this machine and keeps what measurably helps
-    (printed as a waterfall: what each kept setting gave); the global batch, the steps and
-    the learning rate stay the naive side's. Prints progress, then a side-by-side table,
-    and writes the run directory (see `tfgpu.demo`). Sizes follow the hardware.
+    The naive side is what a typical Keras user writes; the tfgpu side uses
+    `tfgpu.configure()`, `tfgpu.strategy()`, `tfgpu.data.pipeline(...)` and keeps what
+    `tfgpu.tune()` measured to help, with the naive side's batch, steps and learning rate.
+    Prints progress, then a side-by-side table, and writes the run directory. Sizes follow
+    the hardware. The whole story: `docs/demo.md`.
 
     Args:
         quick: bool, a tiny run (seconds) to check that everything works. Defaults to False.
         dataset: str or None, a TensorFlow Datasets image classification dataset (e.g.
             `"cifar10"`), which must be prepared in `$TFDS_DATA_DIR` or
             `~/tensorflow_datasets`. Defaults to None: synthetic data made offline.
-        log_dir: str, os.PathLike or None, a new or empty directory for the run (one
-            that holds anything is refused, so an earlier run is never mixed with or
-            overwritten). Defaults to None: a new `runs/demo-YYYYmmdd-HHMMSS` in the current
-            directory.
+        log_dir: str, os.PathLike or None, a new or empty directory for the run.
+            Defaults to None: a new `runs/demo-YYYYmmdd-HHMMSS` in the current directory.
         epochs: int or None, epochs per side. Defaults to None (8 on the CPU, 5 on GPUs,
             2 with `quick`).
 

@@ -1,13 +1,8 @@
 """Environment facts and findings: what `tfgpu env` prints and `tfgpu.environment()` returns.
 
-The facts come from TensorFlow's build info and physical device list, NVML (through
-`tfgpu.monitor.nvml`), the host and the environment variables that change TensorFlow's
-behaviour. Reading them does not initialize TensorFlow's devices, so `tfgpu.configure()`
-still works afterwards in the same process.
-
-Each finding is decided by a pure function of the facts, so every branch is testable
-without a GPU. A check that fails is reported, never raised: this is the command people run
-when something is already broken.
+Facts are read without initializing TensorFlow's devices; each finding is a pure function
+of the facts, and a check that fails is reported, never raised. The findings and what they
+mean: `docs/setup.md`.
 """
 
 from __future__ import annotations

@@ -17,18 +17,21 @@ AND_CUDA = 'pip install "tfgpu[and-cuda]"'
 class Finding:
     """One problem (or notable fact) about the environment, and how to fix it.
 
+    The fields are named as in `tfgpu.diagnosis.Finding`; the severity scale differs on
+    purpose (broken or not here, speed left on the table there).
+
     Args:
         severity: str, `"error"` (GPU training will not work as intended), `"warning"`
             (it works, but slower or surprisingly) or `"info"`.
-        code: str, a stable short identifier, e.g. `"tf-sees-no-gpu"`.
-        message: str, what is wrong, with the facts that show it.
-        fix: str, what to do about it.
+        kind: str, a stable short identifier, e.g. `"tf-sees-no-gpu"`.
+        detail: str, what is wrong, with the facts that show it.
+        recommendation: str, what to do about it.
     """
 
     severity: str
-    code: str
-    message: str
-    fix: str
+    kind: str
+    detail: str
+    recommendation: str
 
 
 @dataclass
@@ -46,7 +49,7 @@ class EnvironmentReport:
     Example:
 
     >>> report = tfgpu.environment()  # doctest: +SKIP
-    >>> [f.code for f in report.findings if f.severity == "error"]  # doctest: +SKIP
+    >>> [f.kind for f in report.findings if f.severity == "error"]  # doctest: +SKIP
     []
     """
 
@@ -63,7 +66,7 @@ class EnvironmentReport:
 
         Returns:
             dict with keys `"facts"` and `"findings"` (a list of dicts with `severity`,
-            `code`, `message`, `fix`).
+            `kind`, `detail`, `recommendation`).
         """
         return json_safe(
             {"facts": self.facts, "findings": [dataclasses.asdict(f) for f in self.findings]}

@@ -119,6 +119,6 @@ def render(report: EnvironmentReport) -> str:
     if not report.findings:
         lines.append("  No problems found.")
     for finding in report.findings:
-        lines.append(f"  [{finding.severity}] {finding.message}")
-        lines.append(f"  {' ' * (len(finding.severity) + 2)} fix: {finding.fix}")
+        lines.append(f"  [{finding.severity}] {finding.detail}")
+        lines.append(f"  {' ' * (len(finding.severity) + 2)} fix: {finding.recommendation}")
     return "\n".join(lines)

@@ -50,12 +50,13 @@ def aggregate_keys(num_gpus: int) -> list[str]:
         num_gpus: int, how many GPUs are sampled.
 
     Returns:
-        `gpu{i}_util_pct_mean`, `..._max`, `gpu{i}_mem_used_mib_mean/max`,
-        `gpu{i}_power_w_mean/max`, `gpu{i}_sm_active_pct_mean`, `..._sm_occupancy_pct_mean`,
-        `..._tensor_active_pct_mean`, `..._dram_active_pct_mean`, `..._pcie_tx_mib_s_mean`,
-        `..._pcie_rx_mib_s_mean`, `gpu{i}_energy_j`, `gpu{i}_power_limit_w_max`,
-        `gpu{i}_sm_clock_mhz_mean`, `gpu{i}_throttle_reasons_any` per GPU, then
-        `host_cpu_pct_mean`, `host_rss_mib_max`.
+        list of str, each GPU's keys (`gpu0_util_pct_mean`, ..., `gpu0_throttle_reasons_any`),
+        then `host_cpu_pct_mean`, `host_rss_mib_max`.
+
+    Example:
+
+    >>> aggregate_keys(0)
+    ['host_cpu_pct_mean', 'host_rss_mib_max']
     """
     keys = [f"gpu{i}_{suffix}" for i in range(num_gpus) for suffix, _, _ in _GPU_AGGREGATES]
     return keys + [key for key, _, _ in _HOST_AGGREGATES]

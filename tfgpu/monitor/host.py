@@ -36,7 +36,7 @@ def _cpu_pct(previous: Any, current: Any) -> float:
     return max(0.0, min(100.0, 100.0 * (busy1 - busy0) / elapsed))
 
 
-class _HostReader:
+class HostReader:
     """Reads `HOST_METRICS` in the sampler thread; NaN (one warning) if psutil fails.
 
     CPU percent is computed from this reader's own `cpu_times()` deltas, so other users of

@@ -1,12 +1,7 @@
 """The sampler: a background thread that records GPU and host metrics at an interval.
 
-Each sample becomes one row: kept in memory and, when a run directory is given, appended and
-flushed to its timeline CSV at once, so a crash or SIGKILL loses at most the row being taken.
-Never imports TensorFlow or Keras.
-
-Public here: `Sampler` and `record`. The checks of their arguments, the files they write, the
-epoch aggregates and the per-GPU readers live in the monitor's private modules (see
-`tfgpu/monitor/__init__.py`); the names other modules import from here stay importable.
+Public here: `Sampler` and `record`; the rest of the monitor is in its private modules (see
+`tfgpu/monitor/__init__.py`). Never imports TensorFlow or Keras.
 """
 
 from __future__ import annotations
@@ -38,7 +33,7 @@ from tfgpu.monitor._run_files import (
     open_csv,
     session_record,
 )
-from tfgpu.monitor.host import _HostReader
+from tfgpu.monitor.host import HostReader
 from tfgpu.monitor.nvml import GpuInfo, inventory, visible_gpus
 
 _log = logging.getLogger(__name__)
@@ -48,39 +43,23 @@ _NAN = float("nan")
 class Sampler:
     """Samples this process's GPUs and the host in a background thread.
 
-    Every `interval` seconds (and once at `start()` and once at `stop()`, so even a very
-    short run has data) it reads, per GPU, the metrics of `tfgpu.monitor.METRICS`:
-    utilization (`nvidia-smi --query-gpu=utilization.gpu`), memory-controller utilization,
-    memory used and total, this process's own GPU memory, power draw and limit, temperature,
-    SM clock and throttle reasons, and the counters utilization hides: SM activity and
-    occupancy, tensor/FP16/FP32 pipe activity and DRAM bandwidth (GPM, Hopper and newer),
-    PCIe TX/RX rates, cumulative energy and this process's SM share; and for the host, CPU %,
-    this process's RSS and system memory %. A metric the GPU does not support is NaN. Without NVML (no driver), one warning
-    is given per process and the host metrics are still recorded. NVML errors during the
-    run (a lost GPU, any exception a binding raises) are logged once; sampling goes on.
-
-    With `log_dir`, the sampler writes into that run directory: `run.json` (what was sampled)
-    and `timeline.csv` (one row per sample, flushed at once; `timeline-worker{k}.csv` in a
-    multi-worker cluster). Nothing an earlier run wrote is lost: a timeline with the same
-    columns is appended to; one with other columns (another GPU count), or whose last row a
-    crash cut short, is moved aside to `timeline.1.csv` (`.2`, ...) and the earlier
-    session's `"timeline"` in `run.json` names where it went; `run.json` keeps earlier
-    sessions under `"earlier_sessions"`. A failure to write (a full disk) is logged once and
-    the samples stay in memory.
+    Every `interval` seconds, and once at `start()` and at `stop()`, it reads the metrics of
+    `tfgpu.monitor.METRICS` (per GPU through NVML, the host through psutil) into one row. A
+    metric a GPU does not offer is NaN; without NVML one warning is given and the host is
+    still recorded; errors are logged once and sampling goes on. With `log_dir`, writes
+    `run.json` and `timeline.csv` there, one row per sample flushed at once, appended to and
+    never truncated. Every column, its source and its `nvidia-smi` equivalent:
+    `docs/metrics.md`.
 
     Args:
-        interval: float, seconds between samples, at least `MIN_INTERVAL` (0.01). NVML
-            refreshes utilization every 1/6 s to 1 s depending on the GPU, so going much
-            lower adds nothing. Defaults to `0.2`.
-        gpus: list of int or None, which GPUs to sample, numbered as CUDA lists them to
-            this process (after `CUDA_VISIBLE_DEVICES`; TensorFlow's `/GPU:i` unless
-            `tf.config.set_visible_devices` hid some, which this TF-free module cannot see:
-            `GPUMonitor` maps TensorFlow's numbering onto these positions). Defaults to
-            `None`: all GPUs this process can use.
-        log_dir: str, os.PathLike or None, the run directory to write to (created if missing).
-            Defaults to `None`: keep samples in memory only.
-        host: bool, whether to read host metrics (when False their columns are NaN).
-            Defaults to `True`.
+        interval: float, seconds between samples, at least `MIN_INTERVAL` (0.01); NVML
+            refreshes utilization every 1/6 s to 1 s. Defaults to `0.2`.
+        gpus: list of int or None, the GPUs to sample, numbered as CUDA lists them to this
+            process (after `CUDA_VISIBLE_DEVICES`). Defaults to `None`: all it can use.
+        log_dir: str, os.PathLike or None, the run directory (created if missing).
+            Defaults to `None`: samples in memory only.
+        host: bool, whether to read host metrics (else their columns are NaN). Defaults to
+            `True`.
 
     Raises:
         ValueError: if `interval` is below 0.01 or not finite, a GPU index is negative or
@@ -149,7 +128,7 @@ class Sampler:
         self._t0 = 0.0
         self._nv: Any = None
         self._readers: list[GpuReader] = []
-        self._host_reader: _HostReader | None = None
+        self._host_reader: HostReader | None = None
         # Seams for tests: the clock that schedules samples, the clock stamped on rows.
         self._monotonic = time.monotonic
         self._time = time.time
@@ -233,7 +212,7 @@ class Sampler:
         self._t0 = self._time()
         if self._gpus:
             self._nv, self._readers = open_readers(self._gpus, lambda: self._monotonic())
-        self._host_reader = _HostReader() if self._host else None
+        self._host_reader = HostReader() if self._host else None
         if self._dir is not None:
             self._open_files()
         self._sample()

@@ -12,7 +12,7 @@ import math
 from tfgpu._internal.adapters import gpu_counters as counters
 from tfgpu._internal.helpers import stats
 from tfgpu.report._read import Artifact, Table
-from tfgpu.report._series import _max, gpu_indices, timeline_sessions
+from tfgpu.report._series import finite_max, gpu_indices, timeline_sessions
 
 # Timeline columns (per GPU) that only a monitor which reads the GPU counters writes: a
 # timeline without any of them is from an older tfgpu, and what it lacks is not "unseen".
@@ -55,7 +55,7 @@ def _window_counters(table: Table, gpu: int, a: int, b: int) -> counters.Counter
         tensor_active_pct_mean=stats.mean(col("tensor_active_pct")),
         pcie_mib_s_mean=sum(pcie) if pcie else math.nan,  # inf past the float maximum
         power_w_mean=stats.mean(col("power_w")),
-        power_limit_w_max=_max(col("power_limit_w")),
+        power_limit_w_max=finite_max(col("power_limit_w")),
         throttle_reasons_any=_bits_or(col("throttle_reasons")),
         sm_clock_mhz_mean=stats.mean(col("sm_clock_mhz")),
     )

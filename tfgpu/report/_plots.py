@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 
 from tfgpu._internal.helpers import stats
-from tfgpu.report._read import Table, _Problems
+from tfgpu.report._read import Problems, Table
 from tfgpu.report._series import (
     broken,
     epoch_starts,
@@ -123,7 +123,7 @@ def _plot_lines_quietly(
     return out
 
 
-def _drawn(problems: _Problems, draw, plt, out: Path, *args, **kw) -> Path | None:
+def try_draw(problems: Problems, draw, plt, out: Path, *args, **kw) -> Path | None:
     """Calls `draw(plt, out, ...)`; a plot that fails is named in `problems`, not raised."""
     try:
         return draw(plt, out, *args, **kw)
@@ -132,9 +132,7 @@ def _drawn(problems: _Problems, draw, plt, out: Path, *args, **kw) -> Path | Non
         return None
 
 
-def timeline_plots(
-    plt, table: Table, out_dir: Path, suffix: str, problems: _Problems
-) -> list[Path]:
+def timeline_plots(plt, table: Table, out_dir: Path, suffix: str, problems: Problems) -> list[Path]:
     starts = timeline_sessions(table)
     x = time_axis(table, starts)
     marks = {
@@ -147,7 +145,7 @@ def timeline_plots(
         return broken(table.col(name), starts)
 
     def plot(name: str, title: str, ylabel: str, series, **kw) -> Path | None:
-        return _drawn(
+        return try_draw(
             problems,
             _plot_lines,
             plt,

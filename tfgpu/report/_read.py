@@ -3,7 +3,7 @@
 Finds the timeline and steps files (`timeline.csv`, `timeline.1.csv`,
 `steps-worker1.csv`, ...) and the records (`run.json`, `diagnosis.json`, ...), reads them
 without ever raising for a damaged file, and collects what could not be read or was worked
-around in `_Problems`.
+around in `Problems`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _float(value: str) -> float:
 
 
 @dataclass
-class _Problems:
+class Problems:
     """What the report could not read (`errors`: the CLI exits 2) or worked around (`notes`)."""
 
     errors: list[str] = field(default_factory=list)
@@ -61,7 +61,7 @@ def reason(error: OSError) -> str:
 _MISSING = {"", "nan", "-nan", "+nan", "none", "null"}  # cells that mean "no value", not damage
 
 
-def read_table(path: Path, required: Sequence[str], what: str, problems: _Problems):
+def read_table(path: Path, required: Sequence[str], what: str, problems: Problems):
     """Reads a tfgpu CSV file into a `Table`, or None when nothing of it can be used.
 
     Never raises for a damaged file: what cannot be read goes to `problems.errors` (with the
@@ -71,7 +71,7 @@ def read_table(path: Path, required: Sequence[str], what: str, problems: _Proble
         path: Path, the file.
         required: the columns of which at least one must be in the header.
         what: str, what the file is, for messages ("timeline", "steps file").
-        problems: `_Problems`, told what went wrong.
+        problems: `Problems`, told what went wrong.
     """
     try:
         data = path.read_bytes()
@@ -130,7 +130,7 @@ def read_table(path: Path, required: Sequence[str], what: str, problems: _Proble
     return Table(path, columns, rows)
 
 
-def read_record(path: Path, problems: _Problems) -> dict[str, Any] | None:
+def read_record(path: Path, problems: Problems) -> dict[str, Any] | None:
     """A JSON object file (`run.json`, `diagnosis.json`), or None (told to `problems`)."""
     try:
         return read_json_object(path)
@@ -184,7 +184,7 @@ def worker_records(names: list[Path]) -> list[Path]:
     return [path for _, _, path in sorted(found)]
 
 
-def _diagnoses(names: list[Path]) -> list[Path]:
+def diagnosis_files(names: list[Path]) -> list[Path]:
     """`diagnosis.N.json` (earlier diagnoses, moved aside by later ones), oldest first, then
     `diagnosis.json`."""
     found = []

@@ -16,9 +16,9 @@ from typing import Any
 
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.files import EARLIER_SESSIONS
-from tfgpu.report._read import Artifact, Table, _diagnoses, _Problems, read_record
+from tfgpu.report._read import Artifact, Problems, Table, diagnosis_files, read_record
 from tfgpu.report._series import (
-    _max,
+    finite_max,
     gpu_indices,
     session_of,
     span,
@@ -84,12 +84,12 @@ def timeline_section(table: Table, name: str) -> list[str]:
             util = stats.finite(table.col(f"gpu{i}_util_pct"))
             idle = sum(v < IDLE_UTIL_PCT for v in util) / len(util) if util else math.nan
             lines.append(
-                f"| {i} | {fmt(stats.mean(util))} | {fmt(_max(util))} | {fmt(idle, '.0%')} | "
+                f"| {i} | {fmt(stats.mean(util))} | {fmt(finite_max(util))} | {fmt(idle, '.0%')} | "
                 f"{fmt(stats.mean(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
-                f"{fmt(_max(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
-                f"{fmt(_max(table.col(f'gpu{i}_mem_total_mib')), '.0f')} | "
+                f"{fmt(finite_max(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
+                f"{fmt(finite_max(table.col(f'gpu{i}_mem_total_mib')), '.0f')} | "
                 f"{fmt(stats.mean(table.col(f'gpu{i}_power_w')))} | "
-                f"{fmt(_max(table.col(f'gpu{i}_power_w')))} |"
+                f"{fmt(finite_max(table.col(f'gpu{i}_power_w')))} |"
             )
         lines += [
             "",
@@ -99,8 +99,8 @@ def timeline_section(table: Table, name: str) -> list[str]:
         lines += _activity_lines(table, gpus)
     lines += [
         f"Host: CPU mean {fmt(stats.mean(table.col('host_cpu_pct')))}%, process RSS max "
-        f"{fmt(_max(table.col('host_rss_mib')), '.0f')} MiB, system memory max "
-        f"{fmt(_max(table.col('host_mem_used_pct')))}%.",
+        f"{fmt(finite_max(table.col('host_rss_mib')), '.0f')} MiB, system memory max "
+        f"{fmt(finite_max(table.col('host_mem_used_pct')))}%.",
         "",
     ]
     return lines
@@ -188,7 +188,7 @@ def _activity_lines(table: Table, gpus: list[int]) -> list[str]:
     return lines
 
 
-def diagnosis_section(path: Path, problems: _Problems) -> list[str]:
+def diagnosis_section(path: Path, problems: Problems) -> list[str]:
     title = (
         "## Diagnosis" if path.name == "diagnosis.json" else f"## Earlier diagnosis `{path.name}`"
     )
@@ -208,7 +208,7 @@ def diagnosis_section(path: Path, problems: _Problems) -> list[str]:
     return [*lines, ""]
 
 
-def tune_section(path: Path, out: Path, problems: _Problems) -> list[str]:
+def tune_section(path: Path, out: Path, problems: Problems) -> list[str]:
     """`tune.json` (written by `tfgpu.tune`): its table and lines, and its waterfall plot."""
     lines = ["## Tuning", ""]
     d = read_record(path, problems)
@@ -252,7 +252,7 @@ def _session_line(meta: dict[str, Any]) -> str:
 
 
 def sessions_section(
-    meta: dict[str, Any], run_json: Path, timelines: list[Artifact], problems: _Problems
+    meta: dict[str, Any], run_json: Path, timelines: list[Artifact], problems: Problems
 ) -> list[str]:
     """The sessions recorded in `run.json` (the newest, and `earlier_sessions`)."""
     newest = {k: v for k, v in meta.items() if k != EARLIER_SESSIONS}
@@ -318,7 +318,7 @@ def workers_heading(records: list[Path]) -> list[str]:
 def files_section(timelines: list[Artifact], steps: list[Artifact], names: list[Path]) -> list[str]:
     """Says which files were moved aside by later sessions (and where their plots are)."""
     rotated = [a.path.name for a in [*timelines, *steps] if a.rotation is not None]
-    diagnoses = [p.name for p in _diagnoses(names) if p.name != "diagnosis.json"]
+    diagnoses = [p.name for p in diagnosis_files(names) if p.name != "diagnosis.json"]
     damaged = [p.name for p in names if re.match(r"^run(-[A-Za-z_]+\d+)?\.\d+\.json$", p.name)]
     lines: list[str] = []
     if rotated:

@@ -15,7 +15,7 @@ from tfgpu._internal.helpers import stats
 from tfgpu.report._read import Table
 
 
-def _max(values) -> float:
+def finite_max(values) -> float:
     v = stats.finite(values)
     return max(v) if v else math.nan
 

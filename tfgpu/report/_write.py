@@ -16,14 +16,14 @@ from tfgpu._internal.helpers.checks import check_dir
 from tfgpu._internal.helpers.files import write_text_atomic
 from tfgpu.report._energy import energy_section
 from tfgpu.report._findings import counter_section
-from tfgpu.report._plots import Plt, _drawn, steps_plot, t0_for, timeline_plots
+from tfgpu.report._plots import Plt, steps_plot, t0_for, timeline_plots, try_draw
 from tfgpu.report._read import (
     Artifact,
+    Problems,
     Table,
-    _diagnoses,
-    _Problems,
     artifacts,
     check_log_dir,
+    diagnosis_files,
     read_record,
     read_table,
     reason,
@@ -41,7 +41,7 @@ from tfgpu.report._sections import (
 from tfgpu.report._show import ReportPath
 
 
-def _section(problems: _Problems, path: Path, make, *args) -> list[str]:
+def _section(problems: Problems, path: Path, make, *args) -> list[str]:
     """`make(*args)`, the lines of one section; values it cannot handle skip that section
     (named in `problems`) instead of the whole report."""
     try:
@@ -55,7 +55,7 @@ def _section(problems: _Problems, path: Path, make, *args) -> list[str]:
 
 def write_report_and_problems(
     log_dir: str | os.PathLike, *, out_dir: str | os.PathLike | None = None
-) -> tuple[Path, _Problems]:
+) -> tuple[Path, Problems]:
     """`write_report` for front ends: returns `report.md`'s path and what could not be read.
 
     The CLI prints the problems as `error:` lines (exit status 2) instead of warnings.
@@ -66,7 +66,7 @@ def write_report_and_problems(
     out = run if out_arg is None else out_arg
     plt = Plt()  # ImportError (with the pip line) before anything is written
     out.mkdir(parents=True, exist_ok=True)
-    problems = _Problems()
+    problems = Problems()
 
     timelines = artifacts(names, "timeline")
     steps = artifacts(names, "steps")
@@ -118,13 +118,15 @@ def write_report_and_problems(
         read_steps.setdefault(artifact.worker, []).append(table)
         body += _section(problems, artifact.path, steps_section, table, artifact.path.name)
         t0 = t0_for(table, artifact.worker, first_samples)
-        img = _drawn(problems, steps_plot, plt, out / f"step_time{artifact.suffix}.png", table, t0)
+        img = try_draw(
+            problems, steps_plot, plt, out / f"step_time{artifact.suffix}.png", table, t0
+        )
         if img is not None:
             images.append(img)
     if read_timelines:
         body += _section(problems, run, energy_section, read_timelines, read_steps)
         body += _section(problems, run, counter_section, read_timelines, read_steps)
-    for diagnosis in _diagnoses(names):  # earlier ones (diagnosis.1.json, ...) first
+    for diagnosis in diagnosis_files(names):  # earlier ones (diagnosis.1.json, ...) first
         body += _section(problems, diagnosis, diagnosis_section, diagnosis, problems)
     if (run / "tune.json").is_file():
         body += _section(
@@ -147,16 +149,10 @@ def write_report(
 ) -> ReportPath:
     """Writes PNG plots and a Markdown summary of a run directory; returns the summary's path.
 
-    Every session in the directory is covered: timeline and steps files moved aside by a
-    later session (`timeline.1.csv`, ...) get their own sections and plots; the sessions of
-    `run.json` (with its `"earlier_sessions"`) are listed, and under "Workers" those of each
-    task of a multi-worker run (`run-worker0.json`, `run-worker1.json`, ...). A damaged
-    file does not stop the report: it is skipped (or read up to the damage), named in a
-    "Problems" section at the top of `report.md`, and warned about.
-
-    In a notebook, `write_report(log_dir).show()` displays the summary rendered and the
-    plots as images (ending a cell with `write_report(log_dir)` renders it too); in a
-    script or a terminal, `show()` prints the Markdown and the paths of the plots.
+    Covers every session, moved-aside file and worker of the directory. A damaged file does
+    not stop the report: it is skipped (or read up to the damage), named in a "Problems"
+    section at the top of `report.md`, and warned about. What the report shows:
+    `docs/diagnosis.md`, "tfgpu report LOG_DIR".
 
     Args:
         log_dir: str or os.PathLike, a directory written by `GPUMonitor`, `StepTimer`,
@@ -165,7 +161,8 @@ def write_report(
             if missing). Defaults to `None`: `log_dir` itself.
 
     Returns:
-        `tfgpu.report.ReportPath`, the `pathlib.Path` of `report.md` with a `show()` method.
+        `tfgpu.report.ReportPath`, the `pathlib.Path` of `report.md`, whose `show()`
+        displays it in a notebook (plots included) and prints it elsewhere.
 
     Raises:
         TypeError: if `log_dir` or `out_dir` is not a path.
