@@ -1036,7 +1036,7 @@ def test_diagnose_decides_with_the_rules_it_shares_with_the_report(monkeypatch):
     assert (finding.title, finding.detail, finding.recommendation) == (
         shared.title,
         shared.detail(),
-        shared.fix,
+        shared.recommendation,
     )
 
 

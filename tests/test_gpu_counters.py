@@ -47,8 +47,8 @@ def test_tensor_cores_idle_at_the_thresholds():
         "Tensor-core activity 1.5% (GPM) at 90% utilization: the matmuls and convolutions do "
         "not run on the tensor cores."
     )
-    assert "mixed_bfloat16" in found.fix and "multiples of 8" in found.fix
-    assert "tfgpu.diagnose(model, data)" in found.fix
+    assert "mixed_bfloat16" in found.recommendation and "multiples of 8" in found.recommendation
+    assert "tfgpu.diagnose(model, data)" in found.recommendation
     assert gc.tensor_cores_idle(_c(tensor_active_pct_mean=gc.TENSOR_ACTIVE_LOW_PCT)) is None
     assert gc.tensor_cores_idle(_c(tensor_active_pct_mean=1.0, util_pct_mean=49.9)) is None
     assert gc.tensor_cores_idle(_c(tensor_active_pct_mean=NAN)) is None
@@ -58,7 +58,7 @@ def test_tensor_cores_idle_at_the_thresholds():
 def test_small_kernels_and_its_fix_with_and_without_the_model():
     found = gc.small_kernels(_c(util_pct_mean=95.0, sm_active_pct_mean=30.0))
     assert found is not None and "95%" in found.measured and "30%" in found.measured
-    assert "a larger `steps_per_execution`" in found.fix and "per replica" in found.fix
+    assert "a larger `steps_per_execution`" in found.recommendation and "per replica" in found.recommendation
     fix = gc.small_kernels_fix(32, 2, 16, True)
     assert "now 32" in fix and "steps_per_execution=16)` (now 2)" in fix
     assert "XLA is already on" in fix
@@ -91,7 +91,7 @@ def test_pcie_judged_only_against_known_batch_bytes():
     info = gc.pcie_unjudged(c, 0.1)
     assert info is not None and info.severity == "info" and "not judged" in info.title
     assert "10.0 MiB crossed PCIe per step" in info.measured
-    assert "tfgpu.diagnose(model, data)" in info.fix and "keep the step on the GPU" in info.fix
+    assert "tfgpu.diagnose(model, data)" in info.recommendation and "keep the step on the GPU" in info.recommendation
     assert gc.pcie_unjudged(_c(pcie_mib_s_mean=NAN), 0.1) is None
 
 
@@ -108,7 +108,7 @@ def test_clocks_throttled_names_each_reason_with_its_fix(reasons, severity, name
     found = gc.clocks_throttled(_c(power_w_mean=150.0, throttle_reasons_any=float(reasons)))
     assert found is not None and found.severity == severity
     for name in names:
-        assert name in found.title and f"{name}:" in found.fix
+        assert name in found.title and f"{name}:" in found.recommendation
     assert "38% of the 400 W limit at 1410 MHz" in found.measured
 
 

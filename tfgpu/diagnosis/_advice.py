@@ -103,7 +103,7 @@ def _finding(found: counters.CounterFinding, detail: str | None = None, fix: str
         found.severity,
         found.title,
         found.detail() if detail is None else detail,
-        found.fix if fix is None else fix,
+        found.recommendation if fix is None else fix,
     )
 
 

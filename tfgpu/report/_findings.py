@@ -103,8 +103,8 @@ def _counter_lines(table: Table, name: str, steps: list[Table]) -> list[str]:
             ]
             for f in found:
                 if f is not None:
-                    fix = "the same as above" if f.fix in fixes else f.fix
-                    fixes.add(f.fix)
+                    fix = "the same as above" if f.recommendation in fixes else f.recommendation
+                    fixes.add(f.recommendation)
                     items += [
                         f"- **GPU {i}**{where}, {f.severity}: **{f.title}**. {f.detail()}",
                         f"  Fix: {fix}",

@@ -9,7 +9,7 @@ them and their sources).
 
 Each rule returns a `CounterFinding` (or None): its kind, severity, title, what was
 measured (`measured`, a clause), what it means (`meaning`, a clause) and the generic fix
-(`fix`, a sentence). A value that is NaN decides nothing.
+(`recommendation`, a sentence). A value that is NaN decides nothing.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ class CounterFinding:
         title: str, one line.
         measured: str, what was measured (a clause, no final period).
         meaning: str, what that means (a clause, no final period; may be empty).
-        fix: str, the generic fix (a sentence).
+        recommendation: str, the generic fix (a sentence).
     """
 
     kind: str
@@ -164,7 +164,7 @@ class CounterFinding:
     title: str
     measured: str
     meaning: str
-    fix: str
+    recommendation: str
 
     def detail(self) -> str:
         """`measured: meaning.` as one sentence."""
