@@ -333,6 +333,7 @@ def test_retry_with_a_reshuffled_dataset_is_exact_when_the_dataset_is_rebuilt(tm
     with pytest.warns(UserWarning, match="build the dataset again before retrying"):
         fit_reshuffled(model, ds)
     assert int(model.optimizer.iterations.numpy()) == 24
+    assert not [k for k in vars(ds) if "tfgpu" in k]  # the user's dataset is left alone
 
 
 @pytest.mark.slow

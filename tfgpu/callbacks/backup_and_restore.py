@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import warnings
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -59,6 +60,12 @@ def _check_save_freq(save_freq: Any) -> str | int | bool:
             return False
         raise invalid_value("save_freq", save_freq, expected)
     return check_int("save_freq", save_freq, minimum=1, expected=expected)
+
+
+# The users' datasets that a `fit` with a BackupAndRestore has iterated in this process: their
+# first shuffle orders are spent. A fact about the user's own object that no tfgpu object
+# carries; kept here, weakly, rather than written onto the user's dataset.
+_ITERATED: weakref.WeakSet = weakref.WeakSet()
 
 
 class BackupAndRestore(keras.callbacks.Callback):
@@ -133,7 +140,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._epoch_iterator = None  # Keras's EpochIterator of this fit, when found
         self._dataset: CountingDataset | None = None
         self._source = None  # the user's tf.data dataset, when found
-        self._source_reused = False  # did an earlier fit with this callback iterate it?
+        self._source_reused = False  # did an earlier fit (with any callback) iterate it?
 
     def _paths(self) -> tuple[Path, Path | None, bool]:
         is_chief, private = worker_role(self.model.distribute_strategy)
@@ -290,9 +297,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         # has already given out its first shuffle orders (see _restore_shuffle_state).
         source: Any = keras_internals.source_dataset(epoch_iterator)
         if hasattr(source, "_as_serialized_graph"):
-            self._source_reused = bool(getattr(source, "_tfgpu_fitted", False))
-            with contextlib.suppress(AttributeError):
-                source._tfgpu_fitted = True
+            self._source_reused = source in _ITERATED
+            with contextlib.suppress(TypeError):  # not weak-referenceable: never reused
+                _ITERATED.add(source)
             self._source = source
 
     def _restore_shuffle_state(self, iterators: int) -> None:
