@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import re
 import sys
@@ -14,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from tfgpu import data as tfdata
-from tfgpu._internal.adapters.datasets import made_by_pipeline, source_batches
+from tfgpu._internal.adapters.datasets import made_by_pipeline, pipeline_arguments, source_batches
 from tfgpu.data import _pipeline
 from tfgpu.data._plan import Facts, decide, validation_plan
 
@@ -581,7 +582,9 @@ def test_decide_cache():
     assert _plan(_facts(kind="files", has_map_fn=False)).cache == "memory"
     assert _plan(_facts(element_bytes=None)).cache is None
     assert _plan(_facts(num_examples=-1)).cache is None
-    assert _plan(_facts(map_fn_random_ops=("RandomUniform",))).cache is None
+    random = _plan(_facts(map_fn_random_ops=("RandomUniform",)))
+    assert random.cache is None and "random ops" in random.warnings[0]  # warned: user's fix
+    assert not _plan(_facts(num_examples=-1)).warnings  # only noted: nothing to fix
     too_big = _facts(ram_budget_bytes=1000)
     assert _plan(too_big).cache is None
     with pytest.raises(ValueError, match="RAM budget"):
@@ -1082,6 +1085,23 @@ def test_validation_split_of_arrays_is_the_last_fraction_taken_before_shuffling(
     assert made_by_pipeline(train) and made_by_pipeline(val)
     train_only = tfdata.pipeline(_xy(20), batch_size=4)
     assert isinstance(train_only, tf.data.Dataset)  # without the split: one dataset, as before
+
+
+def test_the_returned_dataset_carries_the_call_arguments():
+    """A plain attribute, as Keras's `class_names`: on what pipeline returns, nowhere else."""
+    source = tf.data.Dataset.from_tensor_slices(_xy(20))
+    train, val = tfdata.pipeline(source, batch_size=4, validation_split=0.25, shuffle=False)
+    arguments = train.pipeline_arguments
+    assert arguments["data"] is source and arguments["batch_size"] == 4
+    assert set(arguments) == set(inspect.signature(tfdata.pipeline).parameters)
+    assert val.pipeline_arguments is None  # no call returns the validation side alone
+    assert not hasattr(source, "pipeline_arguments")  # the user's dataset is left alone
+    assert pipeline_arguments(train) == arguments and pipeline_arguments(train) is not arguments
+    assert pipeline_arguments(train.repeat()) is None and made_by_pipeline(train.repeat())
+    assert pipeline_arguments(val) is None and made_by_pipeline(val)
+    assert not made_by_pipeline(source) and pipeline_arguments(source) is None
+    again, _ = tfdata.pipeline(**{**arguments, "batch_size": 5})  # what `tune` does
+    assert [int(x.shape[0]) for x, _ in again] == [5, 5, 5]
 
 
 @pytest.mark.parametrize(

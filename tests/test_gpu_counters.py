@@ -58,7 +58,10 @@ def test_tensor_cores_idle_at_the_thresholds():
 def test_small_kernels_and_its_fix_with_and_without_the_model():
     found = gc.small_kernels(_c(util_pct_mean=95.0, sm_active_pct_mean=30.0))
     assert found is not None and "95%" in found.measured and "30%" in found.measured
-    assert "a larger `steps_per_execution`" in found.recommendation and "per replica" in found.recommendation
+    assert (
+        "a larger `steps_per_execution`" in found.recommendation
+        and "per replica" in found.recommendation
+    )
     fix = gc.small_kernels_fix(32, 2, 16, True)
     assert "now 32" in fix and "steps_per_execution=16)` (now 2)" in fix
     assert "XLA is already on" in fix
@@ -91,7 +94,10 @@ def test_pcie_judged_only_against_known_batch_bytes():
     info = gc.pcie_unjudged(c, 0.1)
     assert info is not None and info.severity == "info" and "not judged" in info.title
     assert "10.0 MiB crossed PCIe per step" in info.measured
-    assert "tfgpu.diagnose(model, data)" in info.recommendation and "keep the step on the GPU" in info.recommendation
+    assert (
+        "tfgpu.diagnose(model, data)" in info.recommendation
+        and "keep the step on the GPU" in info.recommendation
+    )
     assert gc.pcie_unjudged(_c(pcie_mib_s_mean=NAN), 0.1) is None
 
 

@@ -31,14 +31,11 @@ class PipelineBenchmark:
             else None.
         warmup_batches: int, batches consumed before timing.
         warmup_seconds: float, wall time of the warm-up (pipeline start, buffers filling).
-        epochs: int, how many passes over the dataset provided the batches (a finite
-            dataset shorter than warm-up plus timed batches is read again, as
-            `data.repeat()` reads it: from one iterator, so the figures are not those of a
-            pipeline started anew every few batches).
+        epochs: int, passes over the dataset that provided the batches (one iterator reads
+            a short finite dataset again, as `data.repeat()` does).
         cpu_busy: float, the share of this process's usable CPU cores kept busy during the
-            timed batches (its CPU time over wall time x `cpu_cores`; about 1.0: the
-            pipeline uses every core, more of the same host cannot make it faster). NaN
-            when not measured.
+            timed batches (CPU time over wall time x `cpu_cores`; about 1.0: every core is
+            used). NaN when not measured.
         cpu_cores: int, the CPU cores this process can use (its affinity, capped by a
             container's CPU quota). 0 when not measured.
     """
@@ -155,14 +152,10 @@ def benchmark(
 ) -> PipelineBenchmark:
     """Measures an input pipeline alone: examples/s and batches/s after warm-up.
 
-    Consumes `warmup` batches untimed (pipeline start-up, buffers and autotuning), then times
-    `steps` batches. A finite dataset shorter than that is read again, as `data.repeat()`
-    reads it (the way `tfgpu.diagnose()` times `fit` on it): one iterator for every pass,
-    so a dataset of a few batches is not measured starting anew (its buffers filling from
-    empty) every few batches; `epochs` says how many passes it took. A distributed dataset
-    cannot be repeated: it is started again after each pass. The figure is the pipeline's
-    own speed, not the cost of a Python loop over it. This is what `tfgpu.diagnose()` uses
-    to tell whether the input pipeline can feed the model.
+    Consumes `warmup` batches untimed, then times `steps` batches, inside TensorFlow (not a
+    Python loop); a finite dataset shorter than that is read as `data.repeat()` reads it.
+    `tfgpu.diagnose()` uses it to tell whether the input can feed the model. See
+    docs/data.md, "benchmark".
 
     Args:
         data: `tf.data.Dataset` of batches (e.g. from `pipeline()`), or a distributed

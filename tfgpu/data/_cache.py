@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import re
-import warnings
 from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
 
 from tfgpu._internal.helpers.checks import invalid_type, invalid_value
+from tfgpu._internal.helpers.warn import warn_at_user_code
 
 
 def check_cache(cache: Any) -> tuple[Any, str | None]:
@@ -115,4 +115,4 @@ def _remove_interrupted_cache(prefix: str) -> None:
     )
     if failed:
         message += f" Could not remove: {', '.join(failed)}."
-    warnings.warn(message, stacklevel=5)  # the caller of `pipeline`
+    warn_at_user_code(message)

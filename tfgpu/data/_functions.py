@@ -5,12 +5,12 @@ that names the argument when one fails."""
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import tensorflow as tf
 
+from tfgpu._internal.helpers.warn import warn_at_user_code
 from tfgpu.data._sources import flatten_with_paths
 
 
@@ -176,13 +176,12 @@ def check_map_output(map_fn: Callable, spec_in: Any, spec_out: Any) -> bool:
         if _unknown_size(b) and p not in ragged
     ]
     if variable:
-        warnings.warn(
+        warn_at_user_code(
             f"tfgpu.data.pipeline: `map_fn` ({_label(map_fn)}) returns examples of unknown size "
             f"at {', '.join(variable)}; a batch fails at run time when examples differ in "
             "size. Give them a fixed size in map_fn (`TextVectorization(..., "
             "output_sequence_length=N)`, `tf.image.resize`), return a `tf.RaggedTensor`, or "
-            "vectorize whole batches with `batch_map_fn=`.",
-            stacklevel=4,  # the caller of `pipeline`
+            "vectorize whole batches with `batch_map_fn=`."
         )
     return bool(ragged)
 

@@ -1,9 +1,10 @@
-"""The pipeline's decisions, made from facts: a pure function, no TensorFlow.
+"""The pipeline's decisions, made from facts: pure functions, no TensorFlow work.
 
 `decide()` turns what is known about the data and the machine (`Facts`) plus the user's
 wishes into a `Plan`: the global batch, drop_remainder, the shuffle buffer, whether and where
-to cache, determinism, the auto-shard policy and the thread pool. `validation_plan()` derives
-the validation side's plan from the training side's. `pipeline()` gathers the facts and
+to cache, determinism, the auto-shard policy and the thread pool; what differs by the kind
+of source comes from its adapter's pure attributes (`_sources.SOURCES`). `validation_plan()`
+derives the validation side's plan from the training side's. `pipeline()` gathers the facts and
 applies the plan; the tests exercise the decisions here without building any dataset.
 """
 
@@ -14,6 +15,7 @@ import os
 from typing import Any
 
 from tfgpu._internal.helpers.stats import format_bytes
+from tfgpu.data._sources import SOURCES
 
 # Shuffle buffer when nothing else limits it: large enough to mix well, small enough to fill fast.
 _MAX_SHUFFLE_BUFFER = 10_000
@@ -27,7 +29,7 @@ _SHARED_SEED = 0
 class Facts:
     """What is known about the data and the machine when the plan is made."""
 
-    kind: str
+    kind: str  # the source's kind, a key of `_sources.SOURCES`
     num_examples: int | None  # None: unknown; -1: infinite
     element_bytes: int | None  # bytes of one example after map_fn, None when not static
     num_files: int | None
@@ -40,7 +42,7 @@ class Facts:
     ram_budget_bytes: int
     free_disk_bytes: int | None  # at the cache path, when caching to a file
     batched: bool = False  # the source's batches are kept: num_examples counts batches
-    # A dataset passed in, split by position (take/skip): every worker must read all of it.
+    # Validation examples split off by position (take/skip): every worker must read it all.
     split_by_position: bool = False
     # tf.data service workers run the work up to the batches (dynamic sharding).
     service: bool = False
@@ -60,6 +62,8 @@ class Plan:
     shard_policy: str  # name of tf.data.experimental.AutoShardPolicy member
     private_threadpool_size: int
     notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # notes that call for the user's action, issued as warnings
+    keep_shard: bool = False  # the source keeps its own auto-shard policy (a dataset passed in)
 
 
 def decide(
@@ -84,6 +88,7 @@ def decide(
             (infinite source), or the global batch does not split evenly over the replicas.
     """
     notes: list[str] = []
+    warned: list[str] = []  # notes `pipeline` issues as warnings: the user should act
     # Batch: global = per replica x replicas.
     if per_replica_batch_size is not None:
         global_batch = per_replica_batch_size * facts.num_replicas
@@ -128,29 +133,18 @@ def decide(
             "drop_remainder=False, or more data."
         )
 
-    # Sharding: DATA for in-memory data (every worker reads all, keeps its share), FILE for
-    # file sources with at least one file per worker. Unknown (user's dataset): AUTO.
-    if facts.kind == "memory":
-        shard_policy = "DATA"
-    elif facts.kind in ("files", "tfds"):
-        if facts.num_files is not None and facts.num_files >= facts.num_workers:
-            shard_policy = "FILE"
-        else:
-            shard_policy = "DATA"
-            if facts.num_workers > 1:
-                notes.append(
-                    f"{facts.num_files} file(s) for {facts.num_workers} workers: sharding by "
-                    "example (DATA), each worker reads every file"
-                )
-    elif facts.split_by_position:
-        # take/skip count examples of the whole dataset: under FILE sharding (what AUTO
-        # becomes for a file-reading dataset) each worker would apply them to its own files.
-        shard_policy = "DATA"
-    else:
-        shard_policy = "AUTO"
+    # Sharding: the source's policy (`_sources`); under the tf.data service, the service's
+    # job shares the data among trainers: no auto-sharding on top of it (tf.distribute turns
+    # it off for a named job too). AUTO leaves a dataset passed in as the user set it.
+    source = SOURCES[facts.kind]
+    shard_policy = source.shard_policy(facts)
+    keep_shard = shard_policy == "AUTO"
+    if shard_policy == "DATA" and facts.num_files is not None and facts.num_workers > 1:
+        notes.append(
+            f"{facts.num_files} file(s) for {facts.num_workers} workers: sharding by "
+            "example (DATA), each worker reads every file"
+        )
     if facts.service:
-        # The service's job shares the data among trainers: no auto-sharding on top of it
-        # (tf.distribute turns it off for a named job too).
         shard_policy = "OFF"
     data_sharded = facts.num_workers > 1 and shard_policy in ("DATA", "AUTO")
 
@@ -176,13 +170,13 @@ def decide(
         notes.append("not cached: the tf.data service's workers get other examples every epoch")
     elif cache == "auto":
         if facts.map_fn_random_ops:
-            notes.append(
+            warned.append(
                 "not cached: map_fn contains random ops "
                 f"({', '.join(facts.map_fn_random_ops)}); move them to augment_fn"
             )
         elif not finite:
             notes.append("not cached: the source is infinite")
-        elif facts.kind in ("memory", "dataset") and not facts.has_map_fn:
+        elif not source.cache_unmapped and not facts.has_map_fn:
             pass  # already in memory / may hold the user's own randomness: nothing to gain
         elif cache_bytes is None:
             notes.append("not cached: the cache size cannot be estimated (dynamic shapes)")
@@ -223,7 +217,7 @@ def decide(
                 "with enough free space."
             )
         if facts.map_fn_random_ops:
-            notes.append(
+            warned.append(
                 "cache after a map_fn with random ops "
                 f"({', '.join(facts.map_fn_random_ops)}) repeats them every epoch"
             )
@@ -258,6 +252,8 @@ def decide(
         shard_policy=shard_policy,
         private_threadpool_size=private_threadpool_size,
         notes=tuple(notes),
+        warnings=tuple(warned),
+        keep_shard=keep_shard,
     )
 
 
@@ -277,22 +273,17 @@ def validation_plan(
 ) -> Plan:
     """The validation side's plan from the training side's. Pure.
 
-    No shuffle, deterministic; partial batches kept unless the user passed
-    `drop_remainder=True` (Keras evaluates a partial batch correctly under a strategy, and
-    dropping it would leave validation examples out). The same cache (a file cache at
-    `<prefix>-validation`); where the training side has none and `cache="auto"`, the
-    validation examples are cached in memory when their estimated size fits the RAM budget
-    (or, size unknown, they are at most `_SMALL_VALIDATION`), so later passes do not read the
-    source again (for a dataset passed in, `skip` would run its steps on every training
-    example). Not when `map_fn` has random ops, nor for arrays without `map_fn` (already in
-    memory).
+    No shuffle, deterministic, partial batches kept unless `drop_remainder=True` was passed;
+    the same cache (a file cache at `<prefix>-validation`), else in memory with
+    `cache="auto"` when it fits, so later passes do not read the source again (docs/data.md,
+    "Validation data").
     """
     val_cache = plan.cache if plan.cache in (None, "memory") else f"{plan.cache}-validation"
     if (
         val_cache is None
         and cache == "auto"
         and not facts.map_fn_random_ops
-        and not (facts.kind == "memory" and not facts.has_map_fn)
+        and not (SOURCES[facts.kind].in_memory and not facts.has_map_fn)
         and num_examples is not None
     ):
         size = element_bytes * num_examples if element_bytes is not None else None

@@ -1,11 +1,10 @@
-"""What `pipeline()` was given: classifying the `data` argument and reading it.
+"""What `pipeline()` was given: one adapter per kind of `data`, decided once by `classify()`.
 
-`classify()` tells arrays (checked leaf by leaf, with equal lengths), a `tf.data.Dataset`,
-TFRecord files (a pattern or a list of them) and TensorFlow Datasets names apart, before any
-TensorFlow work; `check_compression()` reads the first bytes of the files against
-`compression_type`; `batched_source_plan()` decides whether a dataset that is already batched
-keeps its batches or is unbatched and batched again; `read_files()` interleaves TFRecord
-files in parallel.
+As Keras's data adapters (`keras/src/trainers/data_adapters/`), each class carries what
+`pipeline()` does differently for its kind: the arguments only it takes (`check`), a batched
+source's own batches (`batching`), the examples known before reading (`count`), reading with
+the validation examples split off before any shuffle (`read`), and the pure facts the plan
+needs (`shard_policy`, what a cache gains). `classify()` does no TensorFlow work.
 """
 
 from __future__ import annotations
@@ -15,14 +14,31 @@ import glob
 import logging
 import os
 import re
+import zlib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import tensorflow as tf
 
-from tfgpu._internal.adapters.datasets import Batches, cardinality
-from tfgpu._internal.helpers.checks import invalid_value
+from tfgpu._internal.adapters.cpu import usable_cores
+from tfgpu._internal.adapters.datasets import Batches, cardinality, source_batches
+from tfgpu._internal.helpers.checks import conflicting, invalid_value, is_int
+from tfgpu._internal.helpers.warn import warn_at_user_code
+from tfgpu.data._service import memory_source
+from tfgpu.data._split import (
+    SPLIT_BUCKETS,
+    check_split_counts,
+    refuse_dataset_split,
+    reshuffles,
+    tfds_slices,
+    validation_filter,
+)
+from tfgpu.data._tfds import check_tfds_name, load_tfds_dataset, tfds_split_info
+
+if TYPE_CHECKING:
+    from tfgpu.data._arguments import Arguments
+    from tfgpu.data._plan import Facts
 
 _LOG = logging.getLogger(__name__)
 _TFDS_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*(/[A-Za-z0-9_.+\-]+)?(:[0-9.*]+)?$")
@@ -34,13 +50,420 @@ _SOURCE_TYPES = (
 
 
 @dataclasses.dataclass(frozen=True)
-class Source:
-    """What `pipeline()` was given, classified. Pure data."""
+class Batching:
+    """How the source is batched, and the validation split's counts known before reading."""
 
-    kind: str  # "memory" | "dataset" | "files" | "tfds"
-    value: Any  # memory: the nested structure (leaves np/tf); dataset: the Dataset;
-    # files: list of file paths; tfds: the name
-    num_examples: int | None = None  # memory only
+    num_replicas: int
+    batched_source: Batches | None  # what is known of a dataset passed in already batched
+    keep_batches: bool  # its batches are kept as they are
+    batch_size: int | None  # the global batch size `decide` gets (a kept source's own)
+    global_batch: int | None  # the global batch asked for (or the kept source's)
+    drop: bool  # whether the training side drops its last partial batch
+    split_counts: tuple[int, int] | None  # (train, validation) when known before reading
+
+
+@dataclasses.dataclass(frozen=True)
+class Read:
+    """The source read (then decoded by `map_fn`): the training examples, the validation
+    ones, and what was learned."""
+
+    ds: tf.data.Dataset
+    val_ds: tf.data.Dataset | None = None
+    num_files: int | None = None  # files (TFRecord) or shards (TFDS) read
+    split_counts: tuple[int, int] | None = None  # (train, validation) examples, when known
+    num_examples: int | None = None  # training examples, where tf.data cannot count them
+    random_ops: tuple[str, ...] = ()  # random op types in map_fn (they defeat the cache)
+    ragged: bool = False  # map_fn got rows of a ragged feature: batch them ragged again
+
+
+class Source:
+    """One kind of `data`; subclasses override what differs for their kind."""
+
+    kind: ClassVar[str]
+    takes: ClassVar[tuple[str, ...]] = ()  # the source-only arguments this kind accepts
+    in_memory: ClassVar[bool] = False  # a cache gains nothing without `map_fn` (arrays)
+    # cache="auto" caches what is read even without `map_fn` (not arrays, nor a dataset
+    # passed in, which may hold the user's own randomness).
+    cache_unmapped: ClassVar[bool] = True
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def check(self, args: Arguments) -> None:
+        """The checks that depend on the kind; may normalize `args` (run before any work)."""
+        if "split" not in self.takes and (args.split is not None or args.data_dir is not None):
+            raise ValueError(
+                f"Invalid arguments `split`/`data_dir`. Received: split={args.split!r}, "
+                f"data_dir={args.data_dir!r} for a {self.kind} source. Expected them only "
+                "with a TensorFlow Datasets name as `data`."
+            )
+        if "compression_type" not in self.takes and args.compression_type:
+            raise ValueError(
+                f"Invalid argument `compression_type`. Received: compression_type="
+                f"{args.compression_type!r} for a {self.kind} source. Expected it only for "
+                "TFRecord files."
+            )
+
+    def batching(
+        self, args: Arguments, requested: int | None, num_replicas: int
+    ) -> tuple[Batches | None, bool, int | None]:
+        """(the source's own batches, whether they are kept, the batch size for `decide`)."""
+        return None, False, args.batch_size
+
+    def count(self, batches: Batches | None, validation_split: float) -> int | None:
+        """Examples known before reading, for `validation_split`; None: counted when read."""
+        return None
+
+    def read(self, args: Arguments, batching: Batching) -> Read:
+        raise NotImplementedError
+
+    @staticmethod
+    def shard_policy(facts: Facts) -> str:
+        """The auto-shard policy: every worker reads everything and keeps its share."""
+        return "DATA"
+
+
+class ArraySource(Source):
+    """Arrays, tensors, and tuples or dicts of them; `value` is the checked structure."""
+
+    kind = "memory"
+    in_memory = True
+    cache_unmapped = False
+
+    def __init__(self, value: Any) -> None:
+        super().__init__(_checked_structure("data", value))
+        lengths = {
+            path: _leaf_length(leaf) for path, leaf in flatten_with_paths("data", self.value)
+        }
+        scalars = [p for p, n in lengths.items() if n is None]
+        if scalars:
+            raise ValueError(
+                f"Invalid value for argument `data`. Received: a scalar (no first dimension) "
+                f"at {', '.join(scalars)}. Expected arrays whose first dimension indexes the "
+                "examples."
+            )
+        if len(set(lengths.values())) > 1:
+            shown = ", ".join(f"{p}: {n}" for p, n in lengths.items())
+            raise ValueError(
+                "Invalid value for argument `data`. The arrays have different lengths "
+                f"(first dimensions): {shown}. Expected every array to hold the same number "
+                "of examples."
+            )
+        self.num_examples: int = next(iter(lengths.values())) or 0
+        if self.num_examples == 0:
+            raise ValueError(
+                "Invalid value for argument `data`. Received: arrays with 0 examples. "
+                "Expected at least one example."
+            )
+
+    def count(self, batches: Batches | None, validation_split: float) -> int | None:
+        return self.num_examples
+
+    def read(self, args: Arguments, batching: Batching) -> Read:
+        ds = tf.data.Dataset.from_tensor_slices(self.value)
+        counts = batching.split_counts
+        n = counts[0] if counts else self.num_examples
+        if args.service is not None:
+            # Chunks the dispatcher hands out one at a time, not one split per example.
+            train = memory_source(self.value, n)
+        else:
+            train = ds.take(n) if counts else ds
+        return Read(train, ds.skip(n) if counts else None, split_counts=counts, num_examples=n)
+
+
+class DatasetSource(Source):
+    """A `tf.data.Dataset` of examples, or of batches (a Keras loader's)."""
+
+    kind = "dataset"
+    cache_unmapped = False
+
+    def __init__(self, value: tf.data.Dataset) -> None:
+        if cardinality(value) == 0:
+            raise ValueError(
+                "Invalid value for argument `data`. Received: a `tf.data.Dataset` with 0 "
+                "elements (cardinality 0). Expected at least one example."
+            )
+        super().__init__(value)
+
+    def check(self, args: Arguments) -> None:
+        super().check(args)
+        if args.validation_split is None:
+            return
+        if reshuffles(self.value):
+            raise refuse_dataset_split(
+                "that reshuffles its examples every pass (a `shuffle` step with "
+                "reshuffle_each_iteration=True, as Keras loaders do by default), so training "
+                "and validation examples would swap every epoch",
+                args.validation_split,
+            )
+        # The split takes the dataset's last examples, so the steps before it (the loader's
+        # own parallel maps) must keep their order: tf.data options reach the whole chain.
+        if args.deterministic is False:
+            raise conflicting(
+                "deterministic=False",
+                f"validation_split={args.validation_split} for a `tf.data.Dataset`",
+                "The split takes the dataset's last examples, which must come in the same "
+                "order every pass: leave deterministic=None (the pipeline is then "
+                "deterministic).",
+            )
+        args.deterministic = True
+
+    def batching(
+        self, args: Arguments, requested: int | None, num_replicas: int
+    ) -> tuple[Batches | None, bool, int | None]:
+        """Batches are kept when they already are what was asked for: no batch size given or
+        the same one, no per-example work, and no `drop_remainder=True` that partial batches
+        would break. Else the source is unbatched and batched again; never batched twice."""
+        batches, ambiguous = source_batches(self.value)
+        if ambiguous:
+            warn_at_user_code(
+                "tfgpu.data.pipeline: cannot tell whether the dataset passed in yields examples "
+                f"or batches (its chain ends in a step that makes new elements, and every "
+                f"component has an unknown first dimension: {self.value.element_spec}). It is "
+                "treated as examples and batched; if its elements are batches, unbatch them "
+                "first (`.unbatch()`), or build it without batching."
+            )
+        if batches is None:
+            return None, False, args.batch_size
+        size = batches.batch_size
+        per_example = [f"{n}=..." for n in ("map_fn", "augment_fn") if getattr(args, n)] + [
+            f"{n}={getattr(args, n)}"
+            for n in ("shuffle_buffer", "validation_split")
+            if getattr(args, n) is not None
+        ]
+        shown = "of unknown size" if size is None else f"of {size}"
+        if (
+            (requested is None or requested == size)
+            and not per_example
+            and not (args.drop_remainder and batches.drop_remainder is not True)
+        ):
+            if size is not None and size % num_replicas:
+                raise ValueError(
+                    f"Invalid value for argument `data`. Received: a dataset already batched in "
+                    f"batches of {size}, which do not split evenly over the strategy's "
+                    f"{num_replicas} replicas. Expected batches that are a multiple of "
+                    f"{num_replicas}: pass batch_size="
+                    f"{max(1, size // num_replicas) * num_replicas} to rebatch it."
+                )
+            _LOG.info(
+                "tfgpu.data.pipeline: the dataset passed in is already batched (batches %s); "
+                "its batches are kept as they are (order, shuffling and the last partial batch "
+                "are its own). Pass batch_size to rebatch it.",
+                shown,
+            )
+            return batches, True, size
+        batch_size = args.batch_size
+        if requested is None:
+            if size is None:
+                raise ValueError(
+                    "Invalid arguments `batch_size` and `per_replica_batch_size`. Received: "
+                    f"batch_size=None, per_replica_batch_size=None with {', '.join(per_example)} "
+                    "for a dataset that is already batched in batches of unknown size. Expected "
+                    "a `batch_size`: the source is unbatched and batched again at that size."
+                )
+            batch_size = size
+        reason = (
+            f"batch_size {requested} asked for"
+            if requested is not None and requested != size
+            else f"per-example work ({', '.join(per_example)})"
+            if per_example
+            else "drop_remainder=True"
+        )
+        known = batches.num_examples is not None
+        examples = f"{batches.num_examples} examples" if known else "its examples"
+        _LOG.info(
+            "tfgpu.data.pipeline: the dataset passed in is already batched (batches %s); it is "
+            "unbatched and %s are batched again (%s).",
+            shown,
+            examples,
+            reason,
+        )
+        return batches, False, batch_size if args.per_replica_batch_size is None else None
+
+    def count(self, batches: Batches | None, validation_split: float) -> int | None:
+        total = batches.num_examples if batches is not None else cardinality(self.value)
+        if total is None:
+            raise refuse_dataset_split(
+                "whose number of examples is unknown (e.g. after a `filter` or from a "
+                "generator), so its last fraction cannot be taken",
+                validation_split,
+            )
+        if total < 0:
+            raise refuse_dataset_split("that is infinite (repeated)", validation_split)
+        return total
+
+    def read(self, args: Arguments, batching: Batching) -> Read:
+        ds, batches = self.value, batching.batched_source
+        if batches is not None and not batching.keep_batches:
+            ds = ds.unbatch()
+            if batches.num_examples is not None:  # unbatch forgets the count
+                ds = ds.apply(tf.data.experimental.assert_cardinality(batches.num_examples))
+            else:
+                warn_at_user_code(
+                    "tfgpu.data.pipeline: the number of examples in the batched dataset passed "
+                    "in is unknown, so the rebatched pipeline's cardinality is unknown too "
+                    "(Keras shows no step count in the first epoch). Pass the loader's examples "
+                    "unbatched (e.g. `image_dataset_from_directory(..., batch_size=None)`) to "
+                    "keep it."
+                )
+        counts = batching.split_counts
+        if counts is None:
+            return Read(ds)
+        return Read(ds.take(counts[0]), ds.skip(counts[0]), split_counts=counts)
+
+    @staticmethod
+    def shard_policy(facts: Facts) -> str:
+        # Left as the user set it (AUTO), unless split by position: take/skip count examples
+        # of the whole dataset, and under FILE sharding (what AUTO becomes for a dataset that
+        # reads files) each worker would apply them to its own files.
+        return "DATA" if facts.split_by_position else "AUTO"
+
+
+def shard_by_file(facts: Facts) -> str:
+    """FILE with at least one file per worker (each reads whole files of its own), else DATA."""
+    enough = facts.num_files is not None and facts.num_files >= facts.num_workers
+    return "FILE" if enough else "DATA"
+
+
+class RecordSource(Source):
+    """TFRecord files (a pattern or a list of them); `value` is the list of files."""
+
+    kind = "files"
+    takes = ("compression_type",)
+    shard_policy = staticmethod(shard_by_file)
+
+    def check(self, args: Arguments) -> None:
+        super().check(args)
+        check_compression(self.value, args.compression_type or "")
+
+    def read(self, args: Arguments, batching: Batching) -> Read:
+        compression = args.compression_type or ""
+        ds = read_files(self.value, args.shuffle, args.deterministic, args.seed, compression)
+        if args.validation_split is None:
+            return Read(ds, num_files=len(self.value))
+        threshold = min(max(round(args.validation_split * SPLIT_BUCKETS), 1), SPLIT_BUCKETS - 1)
+        in_validation = validation_filter(threshold)
+        return Read(
+            ds.filter(lambda record: tf.logical_not(in_validation(record))),
+            read_files(self.value, False, True, None, compression).filter(in_validation),
+            num_files=len(self.value),
+        )
+
+
+class TfdsSource(Source):
+    """A TensorFlow Datasets name; read with `load_tfds`, sharded by file like TFRecords."""
+
+    kind = "tfds"
+    takes = ("split", "data_dir")
+    shard_policy = staticmethod(shard_by_file)
+
+    def check(self, args: Arguments) -> None:
+        super().check(args)
+        check_tfds_name(self.value, args.data_dir, arg="data")
+        if args.validation_split is not None and args.split and re.search(r"[\[+]", args.split):
+            raise conflicting(
+                f"split={args.split!r}",
+                f"validation_split={args.validation_split}",
+                "Pass an unsliced split (e.g. split='train') with validation_split, or build "
+                "two pipelines from sliced splits (split='train[:90%]' and "
+                "split='train[90%:]', the second with shuffle=False).",
+            )
+
+    def read(self, args: Arguments, batching: Batching) -> Read:
+        """The split read without prefetch; with `validation_split`, sliced in two by counts
+        (checked here, where its size is first known)."""
+        name, validation_split, split = self.value, args.validation_split, args.split or "train"
+
+        def load(part: str, shuffled: bool) -> tuple[tf.data.Dataset, Any]:
+            return load_tfds_dataset(
+                name,
+                part,
+                data_dir=args.data_dir,
+                download=False,
+                shuffle_files=shuffled,
+                as_supervised=None,
+                seed=args.seed if shuffled else None,
+                prefetch=False,
+            )
+
+        ds, info = load(split, args.shuffle)
+        split_info = tfds_split_info(info, split)
+        num_files = getattr(split_info, "num_shards", None)
+        if validation_split is None:
+            return Read(ds, num_files=num_files)
+        examples: Any = getattr(split_info, "num_examples", None)
+        if not is_int(examples) or examples < 1:
+            raise ValueError(
+                f"Invalid value for argument `validation_split`. Received: validation_split="
+                f"{validation_split}, but the number of examples in {name!r} split {split!r} "
+                "is unknown. Expected a prepared split with a known size, or sliced splits in "
+                f"two pipelines (split='{split}[:90%]' and split='{split}[90%:]')."
+            )
+        counts = check_split_counts(
+            int(examples),
+            validation_split,
+            batching.global_batch,
+            batching.drop,
+            args.drop_remainder is True,
+        )
+        train, val = tfds_slices(split, int(examples), validation_split)
+        return Read(load(train, args.shuffle)[0], load(val, False)[0], num_files, counts)
+
+
+SOURCES: dict[str, type[Source]] = {
+    s.kind: s for s in (ArraySource, DatasetSource, RecordSource, TfdsSource)
+}
+
+
+def classify(data: Any) -> Source:
+    """The adapter for `data`, or raises `TypeError`/`ValueError`. No TensorFlow work."""
+    if isinstance(data, tf.data.Dataset):
+        return DatasetSource(data)
+    if isinstance(data, (str, bytes, os.PathLike)):
+        text = os.fspath(data)
+        if isinstance(text, bytes):
+            text = os.fsdecode(text)
+        if not text.strip():
+            raise invalid_value(
+                "data", data, "a TFRecord file pattern or a TensorFlow Datasets name"
+            )
+        if os.path.isdir(os.path.expanduser(text)):
+            raise ValueError(
+                f"Invalid value for argument `data`. Received: data={text!r}, which is a "
+                "directory. Expected TFRecord files or a glob pattern, e.g. "
+                f"{os.path.join(text, '*.tfrecord')!r}; for a folder of images, use "
+                "`keras.utils.image_dataset_from_directory(..., batch_size=None)` and pass "
+                "its dataset."
+            )
+        files = _expand_patterns([text])
+        if files:
+            return RecordSource(files)
+        if _TFDS_NAME.match(text) and not os.path.splitext(text)[1]:
+            return TfdsSource(text)
+        raise FileNotFoundError(
+            f"Invalid value for argument `data`. Received: data={text!r}, a file pattern that "
+            f"matches no files (looked in {os.path.abspath(os.path.dirname(text) or '.')}). "
+            "Expected an existing TFRecord file or glob pattern such as 'data/train-*.tfrecord'."
+        )
+    if isinstance(data, list) and data and all(isinstance(s, (str, os.PathLike)) for s in data):
+        patterns = [os.fspath(s) for s in data]
+        missing = [p for p in patterns if not _expand_patterns([p])]
+        if missing:
+            raise FileNotFoundError(
+                "Invalid value for argument `data`. These file patterns match no files: "
+                f"{missing}. Expected existing TFRecord files or glob patterns."
+            )
+        return RecordSource(_expand_patterns(patterns))
+    if isinstance(
+        data,
+        (np.ndarray, np.generic, tf.Tensor, tf.RaggedTensor, tf.SparseTensor, tuple, Mapping, list),
+    ):
+        return ArraySource(data)
+    raise TypeError(
+        f"Invalid type for argument `data`. Received: data of type "
+        f"{type(data).__module__}.{type(data).__qualname__}. Expected {_SOURCE_TYPES}. "
+        "For a Python generator, wrap it first with `tf.data.Dataset.from_generator`."
+    )
 
 
 def _leaf_length(leaf: Any) -> int | None:
@@ -52,102 +475,70 @@ def _leaf_length(leaf: Any) -> int | None:
     return int(shape[0])
 
 
-def _classify_memory(source: Any) -> Source:
-    """Checks a nested structure of arrays: supported leaves, a dimension to slice, equal lengths."""
-
-    def to_leaf(path: str, value: Any) -> Any:
-        if isinstance(value, (tf.Tensor, tf.RaggedTensor, tf.SparseTensor)):
-            return value
-        if isinstance(value, list) and any(
-            isinstance(v, (np.ndarray, tf.Tensor, tf.RaggedTensor)) for v in value
-        ):
-            raise TypeError(
-                f"Invalid type for argument `data`. Received: a list of arrays at {path}. "
-                "Expected a tuple of arrays (e.g. `(x, y)`, one array per feature), or one "
-                "array (np.stack the list first)."
+def _checked_structure(path: str, value: Any) -> Any:
+    """A nested structure of arrays with supported leaves (lists made arrays or ragged)."""
+    if isinstance(value, Mapping):
+        if not value:
+            raise ValueError(
+                f"Invalid value for argument `data`. Received: an empty dict at {path}. "
+                "Expected at least one array."
             )
-        if isinstance(value, (list, np.generic)):
-            try:
-                value = np.asarray(value)
-            except ValueError:  # ragged Python lists: a RaggedTensor, one row per example
-                try:
-                    return tf.ragged.constant(value)
-                except (ValueError, TypeError) as e:
-                    raise ValueError(
-                        f"Invalid value for argument `data`. The list at {path} can be made "
-                        f"neither into one array nor into a ragged tensor ({e}). Expected "
-                        "examples of one type and nesting depth; pad them or pass a "
-                        "`tf.data.Dataset`."
-                    ) from None
-        if isinstance(value, np.ndarray):
-            if value.dtype.kind == "O":
-                odd = next((v for v in value.reshape(-1) if not isinstance(v, (str, bytes))), None)
-                if odd is not None or value.size == 0:
-                    raise TypeError(
-                        f"Invalid type for argument `data`. Received: a NumPy array of Python "
-                        f"objects at {path} (holding a {type(odd).__name__}). Expected arrays "
-                        "of numbers, bools or strings; convert it with `.astype(...)` first."
-                    )
-            elif value.dtype.kind not in "biufcSU":
-                raise TypeError(
-                    f"Invalid type for argument `data`. Received: a NumPy array of dtype "
-                    f"{value.dtype} at {path}. Expected arrays of numbers, bools or strings."
-                )
-            return value
+        if not all(isinstance(k, str) for k in value):
+            raise TypeError(
+                f"Invalid type for argument `data`. Received: a dict at {path} with keys "
+                f"{list(value)!r}. Expected str keys (feature names)."
+            )
+        return {k: _checked_structure(f"{path}[{k!r}]", v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        if not value:
+            raise ValueError(
+                f"Invalid value for argument `data`. Received: an empty tuple at {path}. "
+                "Expected at least one array."
+            )
+        items = tuple(_checked_structure(f"{path}[{i}]", v) for i, v in enumerate(value))
+        return type(value)(*items) if hasattr(value, "_fields") else items
+    if isinstance(value, (tf.Tensor, tf.RaggedTensor, tf.SparseTensor)):
+        return value
+    if isinstance(value, list) and any(
+        isinstance(v, (np.ndarray, tf.Tensor, tf.RaggedTensor)) for v in value
+    ):
         raise TypeError(
-            f"Invalid type for argument `data`. Received: a {type(value).__name__} at {path}. "
-            f"Expected {_SOURCE_TYPES}."
+            f"Invalid type for argument `data`. Received: a list of arrays at {path}. "
+            "Expected a tuple of arrays (e.g. `(x, y)`, one array per feature), or one "
+            "array (np.stack the list first)."
         )
-
-    def walk(path: str, value: Any) -> Any:
-        if isinstance(value, Mapping):
-            if not value:
+    if isinstance(value, (list, np.generic)):
+        try:
+            value = np.asarray(value)
+        except ValueError:  # ragged Python lists: a RaggedTensor, one row per example
+            try:
+                return tf.ragged.constant(value)
+            except (ValueError, TypeError) as e:
                 raise ValueError(
-                    f"Invalid value for argument `data`. Received: an empty dict at {path}. "
-                    "Expected at least one array."
-                )
-            keys = list(value)
-            if not all(isinstance(k, str) for k in keys):
+                    f"Invalid value for argument `data`. The list at {path} can be made "
+                    f"neither into one array nor into a ragged tensor ({e}). Expected "
+                    "examples of one type and nesting depth; pad them or pass a "
+                    "`tf.data.Dataset`."
+                ) from None
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind == "O":
+            odd = next((v for v in value.reshape(-1) if not isinstance(v, (str, bytes))), None)
+            if odd is not None or value.size == 0:
                 raise TypeError(
-                    f"Invalid type for argument `data`. Received: a dict at {path} with keys "
-                    f"{keys!r}. Expected str keys (feature names)."
+                    f"Invalid type for argument `data`. Received: a NumPy array of Python "
+                    f"objects at {path} (holding a {type(odd).__name__}). Expected arrays "
+                    "of numbers, bools or strings; convert it with `.astype(...)` first."
                 )
-            return {k: walk(f"{path}[{k!r}]", v) for k, v in value.items()}
-        if isinstance(value, tuple):
-            if not value:
-                raise ValueError(
-                    f"Invalid value for argument `data`. Received: an empty tuple at {path}. "
-                    "Expected at least one array."
-                )
-            items = tuple(walk(f"{path}[{i}]", v) for i, v in enumerate(value))
-            return type(value)(*items) if hasattr(value, "_fields") else items
-        return to_leaf(path, value)
-
-    structure = walk("data", source)
-    lengths: dict[str, int | None] = {}
-    for path, leaf in flatten_with_paths("data", structure):
-        lengths[path] = _leaf_length(leaf)
-    scalars = [p for p, n in lengths.items() if n is None]
-    if scalars:
-        raise ValueError(
-            f"Invalid value for argument `data`. Received: a scalar (no first dimension) at "
-            f"{', '.join(scalars)}. Expected arrays whose first dimension indexes the examples."
-        )
-    distinct = set(lengths.values())
-    if len(distinct) > 1:
-        shown = ", ".join(f"{p}: {n}" for p, n in lengths.items())
-        raise ValueError(
-            "Invalid value for argument `data`. The arrays have different lengths "
-            f"(first dimensions): {shown}. Expected every array to hold the same number of "
-            "examples."
-        )
-    (n,) = distinct
-    if n == 0:
-        raise ValueError(
-            "Invalid value for argument `data`. Received: arrays with 0 examples. "
-            "Expected at least one example."
-        )
-    return Source("memory", structure, num_examples=n)
+        elif value.dtype.kind not in "biufcSU":
+            raise TypeError(
+                f"Invalid type for argument `data`. Received: a NumPy array of dtype "
+                f"{value.dtype} at {path}. Expected arrays of numbers, bools or strings."
+            )
+        return value
+    raise TypeError(
+        f"Invalid type for argument `data`. Received: a {type(value).__name__} at {path}. "
+        f"Expected {_SOURCE_TYPES}."
+    )
 
 
 def flatten_with_paths(path: str, value: Any) -> list[tuple[str, Any]]:
@@ -163,80 +554,6 @@ def _expand_patterns(patterns: list[str]) -> list[str]:
     for pattern in patterns:
         files.extend(sorted(glob.glob(os.path.expanduser(pattern))))
     return [f for f in dict.fromkeys(files) if os.path.isfile(f)]
-
-
-def classify(source: Any) -> Source:
-    """Tells what kind of source this is, or raises `TypeError`/`ValueError`. No TF work."""
-    if isinstance(source, tf.data.Dataset):
-        if cardinality(source) == 0:
-            raise ValueError(
-                "Invalid value for argument `data`. Received: a `tf.data.Dataset` with 0 "
-                "elements (cardinality 0). Expected at least one example."
-            )
-        return Source("dataset", source)
-    if isinstance(source, (str, bytes, os.PathLike)):
-        text = os.fspath(source)
-        if isinstance(text, bytes):
-            text = os.fsdecode(text)
-        if not text.strip():
-            raise invalid_value(
-                "data", source, "a TFRecord file pattern or a TensorFlow Datasets name"
-            )
-        if os.path.isdir(os.path.expanduser(text)):
-            raise ValueError(
-                f"Invalid value for argument `data`. Received: data={text!r}, which is a "
-                "directory. Expected TFRecord files or a glob pattern, e.g. "
-                f"{os.path.join(text, '*.tfrecord')!r}; for a folder of images, use "
-                "`keras.utils.image_dataset_from_directory(..., batch_size=None)` and pass "
-                "its dataset."
-            )
-        files = _expand_patterns([text])
-        if files:
-            return Source("files", files)
-        if _TFDS_NAME.match(text) and not os.path.splitext(text)[1]:
-            return Source("tfds", text)
-        raise FileNotFoundError(
-            f"Invalid value for argument `data`. Received: data={text!r}, a file pattern "
-            f"that matches no files (looked in {os.path.abspath(os.path.dirname(text) or '.')}). "
-            "Expected an existing TFRecord file or glob pattern such as 'data/train-*.tfrecord'."
-        )
-    if (
-        isinstance(source, list)
-        and source
-        and all(isinstance(s, (str, os.PathLike)) for s in source)
-    ):
-        patterns = [os.fspath(s) for s in source]
-        files = _expand_patterns(patterns)
-        missing = [p for p in patterns if not _expand_patterns([p])]
-        if missing:
-            raise FileNotFoundError(
-                "Invalid value for argument `data`. These file patterns match no files: "
-                f"{missing}. Expected existing TFRecord files or glob patterns."
-            )
-        return Source("files", files)
-    if isinstance(
-        source,
-        (np.ndarray, np.generic, tf.Tensor, tf.RaggedTensor, tf.SparseTensor, tuple, Mapping, list),
-    ):
-        return _classify_memory(source)
-    raise TypeError(
-        f"Invalid type for argument `data`. Received: data of type "
-        f"{type(source).__module__}.{type(source).__qualname__}. Expected {_SOURCE_TYPES}. "
-        "For a Python generator, wrap it first with `tf.data.Dataset.from_generator`."
-    )
-
-
-def _compression_of(head: bytes) -> str:
-    """ "GZIP", "ZLIB" or "" (none): what the first bytes of a file decompress as."""
-    import zlib
-
-    for kind, wbits in (("GZIP", 16 + zlib.MAX_WBITS), ("ZLIB", zlib.MAX_WBITS)):
-        try:
-            zlib.decompressobj(wbits).decompress(head, 1)
-        except zlib.error:
-            continue
-        return kind
-    return ""
 
 
 def check_compression(files: list[str], compression_type: str) -> None:
@@ -256,7 +573,14 @@ def check_compression(files: list[str], compression_type: str) -> None:
         ) from None
     if not head:
         return  # an empty file holds no records, in any compression
-    found = _compression_of(head)
+    found = ""  # what the first bytes decompress as
+    for kind, wbits in (("GZIP", 16 + zlib.MAX_WBITS), ("ZLIB", zlib.MAX_WBITS)):
+        try:
+            zlib.decompressobj(wbits).decompress(head, 1)
+        except zlib.error:
+            continue
+        found = kind
+        break
     if found == compression_type or (found == "ZLIB" and compression_type == ""):
         return  # a plain TFRecord that happens to parse as zlib is left to TensorFlow
     shown = {"GZIP": "GZIP-compressed", "ZLIB": "ZLIB-compressed", "": "not compressed"}
@@ -267,70 +591,16 @@ def check_compression(files: list[str], compression_type: str) -> None:
     )
 
 
-def batched_source_plan(
-    batches: Batches,
-    *,
-    requested: int | None,
-    batch_size: int | None,
-    per_replica_batch_size: int | None,
-    per_example: list[str],
-    drop_remainder: bool | None,
-    num_replicas: int,
-) -> tuple[bool, int | None]:
-    """Whether to keep a batched source's batches; returns (keep, batch_size for `decide`).
-
-    Kept when they already are what was asked for: no batch size given or the same one, no
-    per-example work (`map_fn`, `augment_fn`, `shuffle_buffer`), and no `drop_remainder=True`
-    that partial batches would break. Else the source is unbatched and batched again.
-    """
-    size = batches.batch_size
-    full = batches.drop_remainder is True
-    keep = (
-        (requested is None or requested == size)
-        and not per_example
-        and not (drop_remainder and not full)
+def read_files(
+    files: list[str], shuffled: bool, ordered: bool | None, seed: int | None, compression: str
+) -> tf.data.Dataset:
+    """TFRecord files interleaved in parallel; their order shuffled every pass if `shuffled`."""
+    names = tf.data.Dataset.from_tensor_slices(files)
+    if shuffled:
+        names = names.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    return names.interleave(
+        lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
+        cycle_length=min(len(files), max(usable_cores(), 2)),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=ordered,
     )
-    shown = "of unknown size" if size is None else f"of {size}"
-    if keep:
-        if size is not None and size % num_replicas:
-            raise ValueError(
-                f"Invalid value for argument `data`. Received: a dataset already batched in "
-                f"batches of {size}, which do not split evenly over the strategy's "
-                f"{num_replicas} replicas. Expected batches that are a multiple of "
-                f"{num_replicas}: pass batch_size={max(1, size // num_replicas) * num_replicas} "
-                "to rebatch it."
-            )
-        _LOG.info(
-            "tfgpu.data.pipeline: the dataset passed in is already batched (batches %s); its "
-            "batches are kept as they are (order, shuffling and the last partial batch are "
-            "its own). Pass batch_size to rebatch it.",
-            shown,
-        )
-        return True, size
-    if requested is None:
-        if size is None:
-            raise ValueError(
-                "Invalid arguments `batch_size` and `per_replica_batch_size`. Received: "
-                f"batch_size=None, per_replica_batch_size=None with {', '.join(per_example)} "
-                "for a dataset that is already batched in batches of unknown size. Expected a "
-                "`batch_size`: the source is unbatched and batched again at that size."
-            )
-        batch_size = size
-    reason = (
-        f"batch_size {requested} asked for"
-        if requested is not None and requested != size
-        else f"per-example work ({', '.join(per_example)})"
-        if per_example
-        else "drop_remainder=True"
-    )
-    examples = (
-        f"{batches.num_examples} examples" if batches.num_examples is not None else "its examples"
-    )
-    _LOG.info(
-        "tfgpu.data.pipeline: the dataset passed in is already batched (batches %s); it is "
-        "unbatched and %s are batched again (%s).",
-        shown,
-        examples,
-        reason,
-    )
-    return False, batch_size if per_replica_batch_size is None else None

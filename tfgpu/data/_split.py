@@ -1,8 +1,6 @@
-"""`validation_split`: checking it, counting each side, and splitting each kind of source.
-
-Arrays and datasets passed in: the last fraction by position (as Keras `fit` takes it), refused
-for a dataset whose order changes every pass or whose size is unknown. TFRecord files: the
-records whose hash falls in the fraction. TFDS: the split sliced by counts.
+"""`validation_split`: checking it, counting each side, and the helpers of the sources'
+splits (`_sources`): arrays and datasets by position (as Keras `fit` takes it), refused for a
+dataset whose order changes every pass; TFRecord files by record hash; TFDS by counts.
 """
 
 from __future__ import annotations

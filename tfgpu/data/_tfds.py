@@ -69,12 +69,10 @@ def load_tfds(
 ) -> tf.data.Dataset | tuple[tf.data.Dataset, Any]:
     """Loads a TensorFlow Datasets dataset for training, with fast reading options.
 
-    Reads files in parallel (interleave with AUTOTUNE parallel calls), shuffles the file order
-    every epoch, decodes in parallel, and returns `(input, label)` pairs when the dataset
-    defines them. It first checks that the data is prepared in `data_dir`; without
-    `download=True` a dataset that is not there fails at once with a message naming the
-    dataset, the directory, and how to get the data, instead of TFDS's minutes of network
-    retries on an offline machine.
+    Reads and decodes in parallel, shuffles the file order every epoch, and returns
+    `(input, label)` pairs when the dataset defines them. Without `download=True`, a dataset
+    not prepared in `data_dir` fails at once, saying how to get it, instead of TFDS's minutes
+    of network retries. See docs/data.md, "load_tfds".
 
     Args:
         name: str, the TFDS name, optionally with config and version: `"mnist"`,

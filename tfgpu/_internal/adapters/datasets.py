@@ -3,13 +3,13 @@
 Shared by `tfgpu.data` (which must never batch a batched source again), the batch-size
 finder (which cuts its own batches from examples) and `diagnose` (which needs batches).
 The decision reads the dataset's input chain and its element spec, never only the type of
-its last step.
+its last step. Also the attribute `tfgpu.data.pipeline` sets on what it returns, read by
+`tune` (to build it again) and `diagnose` (to fit its advice).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -151,35 +151,23 @@ def source_batches(ds: tf.data.Dataset) -> tuple[Batches | None, bool]:
     return Batches(batch_size, drop_remainder, num_examples), False
 
 
-# Datasets `tfgpu.data.pipeline` returned, so that advice can fit what the user wrote (its
-# arguments, not "use tfgpu.data.pipeline"). Weak: a marked dataset is never kept alive.
-_PIPELINES: weakref.WeakSet = weakref.WeakSet()
-
-# The arguments of the `pipeline` call that returned a training dataset, so that `tune` can
-# build it again with other settings. Weak keys: the record lives as long as the dataset.
-_ARGUMENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# The plain attribute `tfgpu.data.pipeline` sets on the datasets it returns (as Keras sets
+# `class_names`): the call's arguments on the training side, None on the validation side.
+ATTRIBUTE = "pipeline_arguments"
 
 
-def mark_pipeline(ds: Any, arguments: dict[str, Any] | None = None) -> Any:
-    """Records `ds` as built by `tfgpu.data.pipeline` (with the call's `arguments`, when
-    given: `data` and every keyword); returns it."""
-    try:
-        _PIPELINES.add(ds)
-        if arguments is not None:
-            _ARGUMENTS[ds] = dict(arguments)
-    except TypeError:  # not weak-referenceable: simply unknown later
-        pass
+def mark_pipeline(ds: tf.data.Dataset, arguments: dict[str, Any] | None) -> tf.data.Dataset:
+    """Sets `ds.pipeline_arguments` to the arguments of the `tfgpu.data.pipeline` call that
+    returned it (`data` and every keyword), or None (a validation side); returns `ds`."""
+    setattr(ds, ATTRIBUTE, arguments)
     return ds
 
 
 def pipeline_arguments(ds: Any) -> dict[str, Any] | None:
     """The arguments of the `tfgpu.data.pipeline` call that returned `ds` itself (a copy), or
     None for any other dataset (also one made from it, such as `ds.repeat()`)."""
-    try:
-        arguments = _ARGUMENTS.get(ds)
-    except TypeError:
-        return None
-    return None if arguments is None else dict(arguments)
+    arguments = getattr(ds, ATTRIBUTE, None) if isinstance(ds, tf.data.Dataset) else None
+    return dict(arguments) if isinstance(arguments, dict) else None
 
 
 def _single_input_chain(ds: Any) -> Iterator[Any]:
@@ -202,10 +190,6 @@ def has_step(ds: Any, step: str) -> bool:
 def made_by_pipeline(ds: Any) -> bool:
     """Whether `ds`, or a dataset in its single-input chain (`.repeat()`, `.take(n)` after
     it), was built by `tfgpu.data.pipeline`."""
-    for d in _single_input_chain(ds):
-        try:
-            if d in _PIPELINES:
-                return True
-        except TypeError:  # not hashable: not one of ours
-            return False
-    return False
+    return any(
+        isinstance(d, tf.data.Dataset) and hasattr(d, ATTRIBUTE) for d in _single_input_chain(ds)
+    )
