@@ -1096,3 +1096,38 @@ def test_docs_and_docstrings_list_every_logged_key_and_every_argument():
             if name != "self":
                 assert f"| `{name}` |" in text, (callback.__name__, name)  # the arguments table
                 assert f"        {name}: " in callback.__doc__, (callback.__name__, name)
+
+
+@pytest.mark.slow
+def test_one_gpu_monitor_in_two_concurrent_fits_is_refused_at_the_second(fake, tmp_path):
+    x, y = _data(64)
+    monitor_cb = GPUMonitor(log_dir=tmp_path, interval=0.05)
+    started, release = threading.Event(), threading.Event()
+
+    class Hold(keras.callbacks.Callback):  # keeps the first fit inside its first batch
+        def on_train_batch_end(self, batch, logs=None):
+            started.set()
+            release.wait(30)
+
+    errors: list[BaseException] = []
+
+    def first_fit():
+        try:
+            _model().fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[monitor_cb, Hold()])
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=first_fit)
+    thread.start()
+    try:
+        assert started.wait(60)
+        with pytest.raises(RuntimeError, match="already monitoring a `fit` running in another"):
+            _model().fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[monitor_cb])
+        assert monitor_cb.sampler.running  # the first fit's sampling goes on
+    finally:
+        release.set()
+        thread.join(60)
+    assert not errors
+    # Once the first fit is over, the same callback serves a fit in this thread again.
+    _model().fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[monitor_cb])
+    assert not monitor_cb.sampler.running

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, TypedDict
@@ -123,9 +124,17 @@ class GPUMonitor(keras.callbacks.Callback):
         self._tb_t0: float | None = None
         self._tb_written = 0
         self._reported: set[str] = set()
+        self._watch: keras_internals.FitWatch | None = None  # the fit being monitored
 
     # Keras hooks ---------------------------------------------------------------
     def on_train_begin(self, logs=None):
+        watch = self._watch
+        if watch is not None and watch.thread_id != threading.get_ident() and watch.running():
+            raise RuntimeError(
+                "GPUMonitor: this callback is already monitoring a `fit` running in another "
+                "thread; its samples would stop when the first one ends. Give each `fit` that "
+                "runs at the same time its own GPUMonitor(...)."
+            )
         try:
             if self.sampler.running:  # a previous fit that raised, or another model's fit
                 self.sampler.stop()
@@ -141,7 +150,7 @@ class GPUMonitor(keras.callbacks.Callback):
             self.sampler.start()  # warns (once, at the user's fit line) when NVML is missing
             # `fit` that raises never calls on_train_end: the sampler stops once the function
             # driving the hooks (Keras `fit`, or a custom loop) has left the stack.
-            keras_internals.when_fit_ends(self.sampler.stop, __name__)
+            self._watch = keras_internals.when_fit_ends(self.sampler.stop, __name__)
         except Warning:
             raise  # the user's warning filters made the NVML warning an error
         except Exception as e:  # side features never kill training

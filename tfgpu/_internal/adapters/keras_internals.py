@@ -1,31 +1,8 @@
-"""Every reach into Keras's private internals, in one place, checked against one Keras version.
-
-Keras gives callbacks no handle on the data `fit` iterates, on the function it calls per
-step, or on the frame running it; tfgpu's callbacks need all three (the batch size for
-throughput, exact resume, flushing when `fit` raises). Each such reach is one function
-here, so the day Keras moves something, one module changes:
-
-- `fit`'s frame and its local `epoch_iterator` (`keras/src/backend/tensorflow/trainer.py`,
-  `TensorFlowTrainer.fit`), found by walking up the call stack from a callback hook;
-- the epoch iterator's private fields: `data_adapter` (its `batch_size` and `_dataset`),
-  `_distributed_dataset` (what each epoch's iterator is made from), `_current_iterator`;
-- `model.train_function` (set by `make_train_function` before `on_train_begin`, called by
-  `fit` once per execution) and `model._initial_epoch` (read by `fit` right after
-  `on_train_begin`);
-- Keras's global seed generator (`keras/src/backend/common/global_state.py`,
-  `keras/src/random/seed_generator.py`);
-- the frame driving the hooks, watched until it leaves the stack (`when_fit_ends`: Keras
-  skips `on_train_end` when `fit` raises);
-- Keras's TensorFlow trainer (`trainer.reduce_per_replica`,
-  `TensorFlowTrainer._maybe_symbolic_build` and `_symbolic_build`) and TensorFlow's
-  `strategy.extended._in_multi_worker_mode()`, for the multi-worker `fit` correction at the
-  end of this module.
-
-Every function here returns None (or does nothing) where this Keras keeps things elsewhere;
-callers then fall back and say so. `CHECKED_KERAS` is the version this was last checked
-against (the one version guard); `tests/test_keras_internals.py` runs a real `fit` and
-fails, naming the Keras version and what moved, as soon as one of these reaches finds
-nothing. No TensorFlow import at module level.
+"""Every reach into Keras's private internals (`fit`'s frame and epoch iterator, the train
+function, the initial epoch, the global seed generator, the multi-worker trainer fix), one
+function each, so the day Keras moves something one module changes. Each returns None (or
+does nothing) where this Keras keeps things elsewhere; `tests/test_keras_internals.py` fails
+loudly, naming what moved, against `CHECKED_KERAS`. No TensorFlow import at module level.
 """
 
 from __future__ import annotations
@@ -96,23 +73,15 @@ def _fit_frame(model: Any, start: FrameType | None) -> FrameType | None:
 
 
 def fit_epoch_iterator(model: Any = None) -> Any:
-    """The epoch iterator of the `fit` running now (of `model` when given), or None.
-
-    Call it from a callback hook: Keras's TensorFlow trainer keeps the iterator in the local
-    `epoch_iterator` of `fit`, found by walking up the call stack. None outside `fit`, or
-    when this Keras names it otherwise.
-    """
+    """The epoch iterator of the `fit` running now (of `model` when given), or None: the local
+    `epoch_iterator` of `fit`, found up the call stack from a callback hook."""
     frame = _fit_frame(model, sys._getframe(1))
     return None if frame is None else frame.f_locals.get("epoch_iterator")
 
 
 def fit_batch_size(model: Any = None) -> int | None:
-    """The batch size of the running `fit`, or None where nothing can tell.
-
-    From the epoch iterator's data adapter; for a `tf.data.Dataset` whose batch dimension is
-    not static (a last partial batch: `None`), from the batching step in the dataset's chain
-    (the size of every batch but the last).
-    """
+    """The batch size of the running `fit` (its data adapter's, else the batching step in the
+    dataset's chain), or None where nothing can tell."""
     frame = _fit_frame(model, sys._getframe(1))
     iterator = None if frame is None else frame.f_locals.get("epoch_iterator")
     adapter = getattr(iterator, "data_adapter", None)
@@ -136,12 +105,8 @@ def fit_batch_size(model: Any = None) -> int | None:
 
 
 def training_frame(caller_module: str) -> FrameType | None:
-    """The frame of the function driving the callbacks: Keras `fit`, or a custom loop.
-
-    The first frame, going outwards from the caller, that belongs neither to
-    `caller_module` (the callback's module), nor to this module, nor to
-    `keras.src.callbacks` (the `CallbackList` dispatching the hook).
-    """
+    """The frame of the function driving the callbacks (Keras `fit`, or a custom loop): the
+    first outwards that is not `caller_module`'s, this module's or `keras.src.callbacks`'."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
@@ -160,6 +125,10 @@ class FitWatch:
     def __init__(self, thread_id: int, frame: FrameType, callback: Callable[[], None]):
         self.thread_id, self.frame, self.callback = thread_id, frame, callback
 
+    def running(self) -> bool:
+        """Whether the watched function is still on its thread's stack."""
+        return _on_stack(self.frame, sys._current_frames().get(self.thread_id))
+
     def cancel(self) -> None:
         with _WATCH_LOCK:
             if self in _WATCHES:
@@ -175,17 +144,9 @@ _watcher: threading.Thread | None = None
 
 
 def when_fit_ends(callback: Callable[[], None], caller_module: str) -> FitWatch | None:
-    """Calls `callback()` once the function driving the hooks has returned or raised.
-
-    Keras skips `on_train_end` when `fit` raises; this is the one way around that gap. From a
-    callback hook, the frame of the function driving the hooks (`training_frame`: Keras
-    `fit`, or a custom loop) is watched; once it is no longer on its thread's stack, a daemon
-    thread calls `callback` (at most `WATCH_INTERVAL_S` later), also when the exception's
-    traceback is kept alive (a notebook's `sys.last_traceback`). `callback` must be safe to
-    call after `on_train_end` already did its work, and from another thread.
-
-    Returns:
-        The `FitWatch` (to cancel it), or None when no such frame was found.
+    """Calls `callback()` (from a daemon thread) once the function driving the hooks has
+    returned or raised: Keras skips `on_train_end` when `fit` raises. `callback` must be safe
+    after `on_train_end` and from another thread. Returns the `FitWatch`, or None.
     """
     global _watcher
     frame = training_frame(caller_module)
@@ -291,11 +252,8 @@ def wrapper_owner(function: Any) -> Any:
 
 
 def install_train_function(model: Any, wrapper: Callable, owner: Any, original: Any) -> None:
-    """Makes `fit` call `wrapper` instead of `original` (Keras's function) from now on.
-
-    `wrapper` is marked with its `owner` and `original`, so `keras_train_function` finds
-    Keras's function under it and `restore_train_function` takes it off.
-    """
+    """Makes `fit` call `wrapper` instead of `original` (Keras's function), marked with both
+    so that `keras_train_function` and `restore_train_function` find them."""
     setattr(wrapper, _OWNER, owner)
     setattr(wrapper, _ORIGINAL, original)
     model.train_function = wrapper
@@ -308,19 +266,15 @@ def restore_train_function(model: Any, owner: Any, original: Any) -> None:
 
 
 def set_initial_epoch(model: Any, epoch: int) -> None:
-    """Makes the running `fit` start at `epoch` (it reads it right after `on_train_begin`).
-
-    Marked as tfgpu's, so `clear_initial_epoch` undoes it and nothing else.
-    """
+    """Makes the running `fit` start at `epoch` (read right after `on_train_begin`), marked as
+    tfgpu's for `clear_initial_epoch`."""
     model._initial_epoch = epoch
     model._tfgpu_initial_epoch = epoch
 
 
 def clear_initial_epoch(model: Any) -> None:
-    """Undoes a `set_initial_epoch` that is still there (a `fit` that raised leaves it).
-
-    Left in place, every later `fit` of the model would skip those epochs too.
-    """
+    """Undoes a `set_initial_epoch` that a raising `fit` left (every later `fit` would skip
+    those epochs too)."""
     ours = getattr(model, "_tfgpu_initial_epoch", None)
     if ours is not None:
         if getattr(model, "_initial_epoch", None) == ours:
@@ -332,12 +286,8 @@ def clear_initial_epoch(model: Any) -> None:
 
 
 def global_seed_generator(create: bool = False) -> Any:
-    """Keras's global `SeedGenerator` (used by layers without a seed), or None if not made.
-
-    Args:
-        create: bool, make it when it does not exist yet (as Keras does on first use).
-            Defaults to `False`: read only.
-    """
+    """Keras's global `SeedGenerator` (used by layers without a seed), or None if not made;
+    `create=True` makes it, as Keras does on first use."""
     if create:
         from keras.src.random.seed_generator import global_seed_generator as make
 
@@ -349,28 +299,12 @@ def global_seed_generator(create: bool = False) -> Any:
 
 # --------------------------------------------------------------------------- multi-worker fit
 #
-# Keras 3 (checked up to CHECKED_KERAS) with TensorFlow 2.21 fails in `model.fit` as soon as
-# a `MultiWorkerMirroredStrategy` really spans several workers, in two places of
-# `keras/src/backend/tensorflow/trainer.py`:
-#
-# 1. `TensorFlowTrainer._maybe_symbolic_build` reduces the first (per-replica) data batch
-#    with `strategy.reduce("MEAN", batch, axis=None)` to get something to build the model
-#    from. Under multi-worker that becomes a collective on a `PerReplica` value and fails
-#    with `ValueError: Attempt to convert a value (PerReplica:{...}) ... to a Tensor`. The
-#    build only needs shapes and dtypes, so the correction builds from this worker's first
-#    local replica value, with no communication at all.
-# 2. `reduce_per_replica(..., reduction="auto")` reduces every log with
-#    `strategy.reduce("MEAN", v, axis=0)` in multi-worker mode; logs are scalars, so
-#    TensorFlow raises `ValueError: Invalid reduction dimension 0 for input with 0
-#    dimensions` (tensorflow/tensorflow#72388, closed without a fix). The correction reduces
-#    rank-0 values with `axis=None` (a mean across replicas) and leaves the rest to Keras.
-#
-# Both corrections wrap the Keras functions and change nothing unless the model's strategy
-# is a `MultiWorkerMirroredStrategy` in multi-worker mode. `tfgpu.strategy()` installs them
-# only when it returns such a strategy, and only for a Keras 3 whose trainer still has the
-# two functions (a Keras newer than CHECKED_KERAS is corrected too, with a log line).
-# `tests/test_multi_worker.py` runs plain Keras without the correction and fails loudly
-# once upstream no longer breaks: the signal to delete this section.
+# Keras 3 with TensorFlow 2.21 fails in `fit` under a real multi-worker strategy (why, and the
+# fix: docs/distributed.md, "The Keras 3 correction"): `_maybe_symbolic_build` reduces a
+# `PerReplica` batch (the build only needs shapes: build from a local replica's value), and
+# `reduce_per_replica` reduces scalar logs with `axis=0` (tensorflow/tensorflow#72388: reduce
+# rank-0 values with `axis=None`). Both wrappers defer to Keras for every other strategy.
+# `tests/test_multi_worker.py` fails once upstream no longer breaks: delete this section then.
 
 _correction_lock = threading.Lock()
 _correction_installed = False
@@ -386,14 +320,7 @@ def _trainer_module() -> Any:
 
 
 def needs_multi_worker_correction(strategy: Any) -> bool:
-    """Returns True if `strategy` is a multi-worker `MultiWorkerMirroredStrategy`.
-
-    Args:
-        strategy: tf.distribute.Strategy, the strategy a model is trained under.
-
-    Returns:
-        True when Keras's TensorFlow trainer would hit the multi-worker bugs above.
-    """
+    """Whether `strategy` is a `MultiWorkerMirroredStrategy` in multi-worker mode (the bugs above)."""
     import tensorflow as tf
 
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
@@ -411,12 +338,8 @@ def _local_value(value: Any) -> Any:
 
 
 def install_multi_worker_correction() -> bool:
-    """Installs the multi-worker `fit` correction into Keras's TensorFlow trainer (idempotent).
-
-    Returns:
-        True if the correction is installed (now or before), False if this Keras does not
-        have the functions it corrects (then nothing is changed and a warning is logged).
-    """
+    """Installs the multi-worker `fit` correction into Keras's TensorFlow trainer (idempotent);
+    False, with a logged warning, where this Keras lacks the functions it corrects."""
     global _correction_installed
     with _correction_lock:
         if _correction_installed:
@@ -496,11 +419,8 @@ def _has_parameters(function: Any, *names: str) -> bool:
 
 
 def problems_in_trainer() -> list[str]:
-    """What the multi-worker `fit` correction reaches for and this Keras (or TensorFlow) lacks.
-
-    Run by `tests/test_keras_internals.py` (through `problems_in_fit`); an empty list means
-    the correction still finds every function it wraps or calls, with the same parameters.
-    """
+    """What the multi-worker `fit` correction reaches for and this Keras (or TensorFlow) lacks
+    ([] when it finds every function, with the same parameters)."""
     tf_trainer = _trainer_module()
     if tf_trainer is None:
         return [moved("the TensorFlow trainer (`keras.src.backend.tensorflow.trainer`)")]
@@ -540,13 +460,8 @@ def problems_in_trainer() -> list[str]:
 
 
 def problems_in_fit(model: Any) -> list[str]:
-    """What this Keras no longer has where tfgpu reaches for it. Call it from a hook of `fit`.
-
-    Run by `tests/test_keras_internals.py` inside a real `fit` (arrays and a batched
-    `tf.data` dataset); an empty list means every reach above still finds its target,
-    the multi-worker correction's included (`problems_in_trainer`). What depends on the
-    data (the batch size, the user's dataset) the test checks itself.
-    """
+    """What this Keras no longer has where tfgpu reaches for it ([]: every reach finds its
+    target); call it from a hook of `fit`, as `tests/test_keras_internals.py` does."""
     found: list[str] = []
     frame = _fit_frame(model, sys._getframe(1))
     if frame is None:
