@@ -45,26 +45,12 @@ def find_batch_size(
 ) -> BatchSizeResult:
     """Finds the largest per-replica batch that fits in device memory, and the fastest.
 
-    Grows the batch by powers of two from `start` until a trial runs out of memory
-    (`tf.errors.ResourceExhaustedError`) or its peak device memory passes the budget, then
-    binary-searches between the last size that fitted and the first that failed. Every trial
-    runs `steps` real training steps on a batch cut from `data` (repeating examples when the
-    batch is larger than the data) and measures throughput. The model's weights, optimizer
-    state and metric state are restored afterwards.
-
-    The memory budget is `memory_fraction` of the device's capacity (on GPUs, from NVML;
-    1 - `memory_fraction` is the safety margin for what fit adds: prefetch buffers,
-    fragmentation), capped by `memory_limit_mib`. Without a known capacity (the CPU) only
-    `memory_limit_mib` and OOM errors stop the growth. Under a distribution strategy
-    (`model` built in `strategy.scope()`) sizes are per replica, each replica runs the full
-    per-replica batch, and the global sizes are reported too; under multi-worker training
-    every worker takes the same decision per trial.
-
-    TensorFlow does not give GPU memory back after an OOM. With `in_subprocess=True` the
-    trials run in a fresh Python process (the model is saved to a temporary `.keras` file),
-    so this process's GPU memory stays untouched; the result says so in `notes`. Custom
-    layers must then be registered with `keras.saving.register_keras_serializable` in an
-    importable module (the subprocess imports the modules that define them).
+    Grows the batch by powers of two from `start` until a trial runs out of memory or its
+    peak device memory passes the budget (`memory_fraction` of the capacity, capped by
+    `memory_limit_mib`), then binary-searches the boundary. Every trial runs `steps` real
+    training steps on a batch cut from `data` and measures throughput. Under a strategy the
+    sizes are per replica. The model's weights, optimizer state and metrics are restored
+    afterwards. The long story (the CPU, multi-worker, `in_subprocess`): docs/diagnosis.md.
 
     Args:
         model: keras.Model, compiled (`model.compile(optimizer, loss)`).
@@ -83,14 +69,11 @@ def find_batch_size(
         target_global_batch_size: int or None, a global batch to reach with gradient
             accumulation; the result gives `gradient_accumulation_steps` and the
             per-replica batch (based on the fastest size). Defaults to None.
-        in_subprocess: bool, run the trials in a fresh process. Defaults to False.
+        in_subprocess: bool, run the trials in a fresh process (TensorFlow keeps GPU memory
+            after an OOM; custom layers must be registered serializable). Defaults to False.
         pool_size: int, how many examples to read from `data`. Defaults to 1024.
-        verbose: str or int, "auto", 0, 1 or 2: progress on stdout, as `model.fit` shows
-            it: each trial with its batch size, then its outcome (fits, with its step time
-            and examples/s, or what stopped it), and the time so far. 0 = silent, 1 = one
-            line rewritten in place (a terminal, a notebook), 2 = one line per phase (a log
-            file). "auto" is 1 in a terminal or a notebook, 2 otherwise. Defaults to
-            "auto".
+        verbose: str or int, "auto", 0, 1 or 2: each trial and its outcome, as `model.fit`
+            shows progress. Defaults to "auto".
 
     Returns:
         A `BatchSizeResult`.
@@ -143,7 +126,6 @@ def find_batch_size(
     )
     check_bool("in_subprocess", in_subprocess)
     check_verbose(verbose)
-    # A dataset of examples is welcome: the trials cut their own batches from them.
     work = check_model_and_data(model, data, examples_ok=True)
     progress = Progress(verbose, title="find_batch_size")
     progress.phase(f"reading up to {pool_size} examples from `data`")
@@ -246,8 +228,7 @@ _REASONS = {
 
 
 def _outcome(trial: BatchSizeTrial) -> str:
-    """One trial's outcome in a few words: "batch size 64 fits, 3.1 ms per step, 20,480
-    examples/s" or "batch size 4096 does not fit (out of memory)". Pure."""
+    """One trial's outcome in a few words, e.g. "batch size 4096 does not fit (out of memory)"."""
     if not trial.fits:
         reason = _REASONS.get(trial.reason, trial.reason)
         return f"batch size {trial.batch_size} does not fit ({reason})"
@@ -258,7 +239,7 @@ def _outcome(trial: BatchSizeTrial) -> str:
 
 
 def _summary(result: BatchSizeResult) -> str:
-    """The progress's last words: the largest and the fastest size. Pure."""
+    """The progress's last words: the largest and the fastest size."""
     trials = f"{len(result.trials)} trial{'s' if len(result.trials) != 1 else ''}"
     if result.largest is None:
         return f"{trials}, no batch size fitted"

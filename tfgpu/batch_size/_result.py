@@ -1,5 +1,5 @@
 """What `find_batch_size` returns: `BatchSizeTrial`, `BatchSizeResult` (text, JSON), and
-the one function that assembles a result from the trials (the notes it carries included)."""
+`build_result`, which assembles one from the trials."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class BatchSizeTrial:
             `"oom_on_another_worker"`.
         peak_memory_bytes: int or None, peak device memory during the trial (None where
             TensorFlow keeps no allocator statistics for the device).
-        step_time_s: float, mean seconds per step (NaN when it did not fit).
+        step_time_s: float, median seconds per step (NaN when it did not fit).
         examples_per_second: float, global examples per second (NaN when it did not fit).
     """
 
@@ -55,13 +55,11 @@ class BatchSizeResult:
         accumulation_batch_size: int or None, the per-replica batch to use with it.
         in_subprocess: bool, whether the trials ran in a separate Python process.
         notes: list of str, remarks (e.g. that a subprocess was used, and why).
-        memory_source: str or None, where peak memory came from: `"allocator"`
-            (TensorFlow's allocator statistics, `tf.config.experimental.get_memory_info`)
-            or None (not measured: the search stopped at out-of-memory errors only).
-        stopped_by: str, why the search ended: `"limit"` (it narrowed down to the boundary
-            between a size that fits and one that does not), `"max_batch_size"` (every size
-            up to it fitted: the limit lies above), `"max_trials"` (out of trials before
-            narrowing down) or `"nothing_fits"` (even batch size 1 failed).
+        memory_source: str or None, `"allocator"` (TensorFlow's allocator statistics) or
+            None (not measured: the search stopped at out-of-memory errors only).
+        stopped_by: str, why the search ended: `"limit"` (it found the boundary),
+            `"max_batch_size"` (every size fitted: the limit lies above), `"max_trials"`
+            or `"nothing_fits"` (even batch size 1 failed).
     """
 
     largest: int | None

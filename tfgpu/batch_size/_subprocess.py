@@ -15,8 +15,7 @@ from pathlib import Path
 from tfgpu._internal.helpers.progress import Progress
 from tfgpu.batch_size._result import BatchSizeResult, BatchSizeTrial, build_result
 
-# The child's progress lines (verbose=2 on its stdout) start with this; the parent shows their
-# phase as its own.
+# The child's progress lines (verbose=2) start with this; the parent shows their phase.
 _PREFIX = "find_batch_size: "
 _SEPARATOR = " \u00b7 "
 
@@ -26,8 +25,7 @@ _TIMEOUT_S = 3600.0
 
 def relayed_phase(line: str) -> str | None:
     """The phase of one of the child's progress lines, without the title and the time; None
-    for any other line, for the child's reading of the examples (this process read them
-    already) and for its summary (this process writes its own). Pure.
+    for other lines, and for the child's reading and summary (this process shows its own).
 
     Example:
 
@@ -42,9 +40,8 @@ def relayed_phase(line: str) -> str | None:
 
 
 def _run_child(code: str, env: dict[str, str], progress: Progress) -> tuple[int, str]:
-    """Runs the child, showing its progress lines as they come; returns (exit status, the
-    tail of its stderr). Its stderr goes to a temporary file (no pipe to fill up); a child
-    still running after `_TIMEOUT_S` is killed."""
+    """Runs the child, relaying its progress lines; returns (exit status, its stderr's tail).
+    Its stderr goes to a temporary file (no pipe to fill up)."""
     with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err:
         with subprocess.Popen(
             [sys.executable, "-c", code],

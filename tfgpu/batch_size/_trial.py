@@ -1,6 +1,5 @@
-"""One trial of the batch-size search: a batch of any size cut from the pool of examples
-(read by `tfgpu._internal.adapters.workload`), the device whose memory is measured and its
-allocator statistics, the timed training steps, and the decision every worker agrees on."""
+"""One trial of the batch-size search: a batch cut from the pool of examples, the device's
+allocator statistics, the timed steps, and the decision every worker agrees on."""
 
 from __future__ import annotations
 
@@ -9,9 +8,6 @@ import gc
 import numpy as np
 
 from tfgpu.batch_size._result import BatchSizeTrial
-
-# ----------------------------------------------------------------------------------------
-# Data: batches of any size cut from a pool of examples `(x, y, sample_weight)`
 
 
 def make_batch(pool, batch_size: int, device: str | None):
@@ -29,10 +25,6 @@ def make_batch(pool, batch_size: int, device: str | None):
         return tuple(None if p is None else tf.nest.map_structure(cut, p) for p in pool)
 
 
-# ----------------------------------------------------------------------------------------
-# Effects: run one trial
-
-
 def memory_device(strategy) -> str:
     import tensorflow as tf
 
@@ -47,8 +39,7 @@ def memory_device(strategy) -> str:
 
 
 def device_capacity_bytes(device: str) -> int | None:
-    """Total memory of the measured GPU, TensorFlow's `/GPU:k` (from NVML), or None (CPU,
-    or NVML missing). `/GPU:k` follows `CUDA_VISIBLE_DEVICES` and `configure(gpus=...)`."""
+    """Total memory of TensorFlow's `/GPU:k` (from NVML), or None (CPU, or NVML missing)."""
     if not device.startswith("GPU"):
         return None
     from tfgpu._internal.adapters import devices

@@ -41,29 +41,12 @@ def service_advice(
     pipeline_batches_per_s: float,
     step_batches_per_s: float,
 ) -> ServiceAdvice | None:
-    """Whether to move the input work to tf.data service workers, and how many. Pure.
+    """Whether to move the input work to tf.data service workers, and how many; None when
+    the rule does not apply. Pure.
 
-    The rule: the run is input-bound, the host's CPUs are saturated (at least
-    `CPU_SATURATED` of all cores busy), and the pipeline already runs its maps in parallel
-    and caches what it can (or has nothing to cache): no setting is left on this host, so
-    the work must move to other CPUs. One worker on a machine like this host produces what
-    the pipeline produced here (`pipeline_batches_per_s`, measured alone with every core);
-    the device takes `step_batches_per_s` (its step on a batch already in its memory); workers =
-    ceil(`HEADROOM` x GPU rate / pipeline rate).
-
-    Args:
-        input_bound: bool, whether the diagnosis found the run input-bound.
-        host_cpu_busy: float, the host's CPU use while training, 0 to 1 (all cores).
-        cpu_count: int, this host's cores.
-        parallel: bool, whether the pipeline's maps run in parallel (AUTOTUNE).
-        cached: bool, whether the deterministic work is cached, or nothing can be.
-        pipeline_batches_per_s: float, the pipeline alone, batches per second.
-        step_batches_per_s: float, the training step on a batch already in device memory,
-            batches per second.
-
-    Returns:
-        A `ServiceAdvice`, or None when the rule does not apply (or a rate is not a
-        positive finite number).
+    The rule: input-bound, at least `CPU_SATURATED` of the host's cores busy (`host_cpu_busy`,
+    0 to 1), maps already parallel and cached: no setting is left on this host. One worker like
+    this host makes `pipeline_batches_per_s`; workers = ceil(`HEADROOM` x step rate / that).
 
     Example:
 
@@ -200,8 +183,7 @@ def unexplained_wait_finding(f: Facts, wait: float) -> Finding:
 
 
 def _service_advice(f: Facts) -> ServiceAdvice | None:
-    """The tf.data service rule (`tfgpu._internal.adapters.data_service`) on these facts, for an input-bound
-    run: the pipeline alone keeps every core busy, maps in parallel and caches. Pure."""
+    """`service_advice` on these facts, for an input-bound run. Pure."""
     if f.service or f.input_batch_time_s <= 0 or f.compute_step_time_s <= 0:
         return None
     return service_advice(
@@ -303,11 +285,8 @@ def input_advice(f: Facts, spe_no_gain: bool = False) -> str:
 
 
 def _in_memory_advice(f: Facts, spe_no_gain: bool = False) -> str:
-    """What helps a pipeline without a map (in-memory arrays): fewer, larger hand-overs. Pure.
-
-    Nothing is decoded or transformed, so cheaper maps, caches and TFRecords cannot help: the
-    cost is per batch (slicing, the iterator, the copy into the step) and per host round trip.
-    """
+    """What helps a pipeline without a map (in-memory arrays): fewer, larger hand-overs (the
+    cost is per batch and per host round trip, not in maps or caches). Pure."""
     left = []
     if not f.prefetch:
         left.append("end the pipeline with `.prefetch(tf.data.AUTOTUNE)`")

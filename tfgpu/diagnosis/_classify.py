@@ -1,8 +1,6 @@
-"""The decision: bottleneck, input-bound level and findings from the facts. Pure.
+"""The decision: bottleneck, input-bound level and findings from a `Facts`. Pure: no hardware.
 
-`_classify` reads a `Facts` (measured by `diagnose`, or built by hand in tests) and needs
-no hardware; the texts it gives are in `_advice`, the GPU-counter rules in
-`tfgpu._internal.adapters.gpu_counters` (shared with `tfgpu report`).
+Its texts are in `_advice`; the GPU-counter rules in `_internal.adapters.gpu_counters`.
 """
 
 from __future__ import annotations
@@ -294,13 +292,8 @@ def _counter_findings(
     spe_no_gain: bool = False,
     xla_no_gain: bool = False,
 ) -> list[Finding]:
-    """What GPU utilization hides, from the GPU counters of the monitored run. Pure.
-
-    The rules (thresholds, decisions, throttle reasons) are `tfgpu._internal.adapters.gpu_counters`'s, shared
-    with `tfgpu report`; this adds what only a diagnosis knows: the model's layers, the
-    policy, TF32, the train step's CPU ops, the batch's bytes. A counter that is NaN (no
-    GPM, no NVML support, no monitor) decides nothing: `unseen` says what could not be seen.
-    """
+    """What GPU utilization hides: the shared `gpu_counters` rules, with what only a diagnosis
+    knows (the layers, the policy, TF32, the CPU ops, the batch's bytes). Pure."""
     if not f.on_gpu:
         return []
     c = _counters(f)
@@ -349,11 +342,8 @@ def unseen(f: Facts) -> list[str]:
 
 
 def monitor_facts(aggregate: dict[str, Any], gpu: int = 0) -> dict[str, float]:
-    """The `Facts` GPU counters from `Sampler.aggregate()` keys `gpu{gpu}_*`. Pure.
-
-    A key that is absent (an older monitor) or not a finite number reads as NaN. PCIe is
-    transmitted + received (what was measured, when only one direction was).
-    """
+    """The `Facts` GPU counters from `Sampler.aggregate()` keys `gpu{gpu}_*`; absent or
+    non-finite: NaN. PCIe is transmitted + received (either alone where only one was). Pure."""
 
     def get(key: str) -> float:
         value = aggregate.get(f"gpu{gpu}_{key}") if isinstance(aggregate, dict) else None
@@ -381,13 +371,8 @@ _PLUMBING_OPS = frozenset({"Const", "Placeholder", "_Arg", "_Retval", "NoOp", "H
 
 
 def _cpu_placed_ops(ops: list[OpFact]) -> list[tuple[OpFact, str]]:
-    """The train-step ops that run on the CPU of a GPU host, each with why. Pure.
-
-    An op runs on the CPU when the model pins it there (`with tf.device("/cpu:0")`), when
-    it is a `tf.py_function` (Python runs on the host, its tensors are copied over), or when
-    no GPU kernel exists for it (string ops, some integer ops): soft placement then moves it
-    to the CPU, and its inputs and outputs cross PCIe every step.
-    """
+    """The train-step ops that run on the CPU of a GPU host, each with why: pinned there, a
+    `tf.py_function`, or no GPU kernel for its dtypes (soft placement). Pure."""
     placed = []
     for op in ops:
         if op.op in _PLUMBING_OPS:

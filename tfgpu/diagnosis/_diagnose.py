@@ -92,8 +92,7 @@ def _check_args(
     time_budget_s: Any,
     verbose: Any = "auto",
 ) -> tuple[float | None, Path | None]:
-    """Checks every argument but the model and the data (`check_model_and_data` checks
-    those), before any work; returns the time budget and the run directory."""
+    """Checks every argument but the model and the data; returns (time budget, log_dir)."""
     check_verbose(verbose)
     check_int("steps", steps, minimum=3)
     check_int("warmup", warmup, minimum=1)
@@ -109,12 +108,11 @@ def _check_args(
 
 
 def flop_facts(model, x, size, real, policy, gpu_name, ccs, on_gpu, replicas=1):
-    """(FLOPs per step, achieved FLOP/s, MFU, notes), counted with the batch's own shapes and
-    checked against the devices' peak: a count above the peak is not reported as achieved.
+    """(FLOPs per step, achieved FLOP/s, MFU, notes), counted with the batch's own shapes; a
+    count above the devices' peak is not reported as achieved.
 
-    The step's FLOPs are the whole global batch's, so on GPUs the peak is one GPU's times the
-    replicas (one GPU each, as `StepTimer`'s MFU counts them). Logical CPU devices share the
-    same cores: the CPU's peak is the machine's, whatever the replicas.
+    The FLOPs are the global batch's: on GPUs the peak is one GPU's times the replicas; logical
+    CPU devices share the machine's cores, so the CPU's peak is the machine's.
     """
     from tfgpu.flops import mfu, peak_flops, train_step_flops
 
@@ -174,46 +172,31 @@ def diagnose(
 ) -> Diagnosis:
     """Measures a short training run and says what holds the GPU back, and what to change.
 
-    Measures, in this order of priority, each for `warmup` + `steps` steps: the input
-    pipeline alone (`tfgpu.data.benchmark`); `fit` on one batch already in device memory and
-    `fit` on the real `data` (sampled by `tfgpu.monitor` where a GPU exists), alternated in
-    rounds until the input-wait share is clear of the 5% and 20% thresholds (at least 3
-    rounds, at most 12) or says "inconclusive"; with `check_steps_per_execution`, steps
-    shorter than 50 ms timed with `steps_per_execution=16`; with `check_xla`, the
-    device-resident run with `jit_compile` flipped. Everything stays within `time_budget_s`:
-    a probe that does not fit is skipped (a note says so), a variant clearly slower than its
-    baseline after one round is not measured further. On a GPU, the train step is also
-    traced (not run) to find ops that would run on the CPU. The findings (see
-    `docs/diagnosis.md`) name the argument to change and the gain, measured where it could
-    be. The model's weights, optimizer state, metrics, compile settings and `history` are
-    restored afterwards: training afterwards starts exactly where it would have.
+    Times the input pipeline alone, `fit` on one batch held in device memory and `fit` on
+    the real `data` (sampled by `tfgpu.monitor` on a GPU), alternated in rounds until the
+    input-wait share is clear of noise; then probes `steps_per_execution=16` and
+    `jit_compile`, all within `time_budget_s`. The model's weights, optimizer state,
+    metrics, compile settings and `history` are restored afterwards. The protocol, the
+    findings and their thresholds: docs/diagnosis.md.
 
     Args:
         model: keras.Model, compiled.
         data: `tf.data.Dataset` of batches (what you pass to `fit`), or arrays `(x, y)` /
-            `(x, y, sample_weight)` (NumPy arrays or tensors, or dicts of them) batched by
-            `batch_size`.
+            `(x, y, sample_weight)` (NumPy arrays or tensors, or dicts of them).
         steps: int, timed steps per measurement (>= 3). Defaults to 20.
         warmup: int, untimed steps first (tracing, buffers). Defaults to 3.
         batch_size: int or None, the batch for array input. Defaults to None (32).
-        log_dir: str, os.PathLike or None, a run directory: `diagnosis.json` is written
-            there (an earlier one is kept as `diagnosis.1.json`, ...), and a profiler trace
-            with `profile=True`. Defaults to None.
+        log_dir: str, os.PathLike or None, a run directory for `diagnosis.json` (an
+            earlier one kept as `diagnosis.1.json`) and the trace. Defaults to None.
         check_xla: bool, measure `jit_compile` both ways. Defaults to True.
         check_steps_per_execution: bool, probe `steps_per_execution=16`. Defaults to True.
         monitor: bool, sample GPU utilization/memory during the real run. Defaults to True.
-        profile: bool, capture a TensorBoard profiler trace of a few steps into
-            `log_dir/profile` (open with TensorBoard's Profile tab). Defaults to False.
-        time_budget_s: float or None, seconds the measurements may take (each `fit` stops
-            at the deadline; probes that do not fit are skipped with a note). None: no
-            limit. Defaults to 60.0.
-        verbose: str or int, "auto", 0, 1 or 2: progress on stdout, as `model.fit` shows it:
-            each phase
-            (timing the pipeline, warming up, each round, each probe, counting FLOPs,
-            restoring the model) with the time left in the budget. 0 = silent, 1 = one line
-            rewritten in place (a terminal, a notebook), 2 = one line per phase (a log
-            file). "auto" is 1 in a terminal or a notebook, 2 otherwise. Defaults to
-            "auto".
+        profile: bool, capture a TensorBoard profiler trace into `log_dir/profile`.
+            Defaults to False.
+        time_budget_s: float or None, seconds the measurements may take; probes that do
+            not fit are skipped with a note; None: no limit. Defaults to 60.0.
+        verbose: str or int, "auto", 0, 1 or 2: progress lines, as `model.fit` shows them.
+            Defaults to "auto".
 
     Returns:
         A `Diagnosis`.
@@ -244,7 +227,7 @@ def diagnose(
     )
     work = check_model_and_data(model, data, batch_size=batch_size)
     budget = protocol.Budget(time_budget_s, MEASURE_SHARE)
-    # The progress reads the budget's clock at call time (the tests script `protocol.now`).
+    # Read `protocol.now` at call time: the tests script it.
     progress = Progress(
         verbose, title="diagnose", budget_s=time_budget_s, clock=lambda: protocol.now()
     )

@@ -1,9 +1,5 @@
-"""What a diagnosis decides from: the facts (`Facts`, `OpFact`) and the thresholds.
-
-`Facts` is filled by the measurements (`_diagnose`) or by hand in tests, and read by the
-pure decision (`_classify`). Every number the decision or the measuring protocol uses is
-named here, with where it comes from.
-"""
+"""What a diagnosis decides from: the facts (`Facts`, `OpFact`), filled by `_diagnose` or by
+hand in tests, and every threshold (their sources: docs/diagnosis.md, "Thresholds")."""
 
 from __future__ import annotations
 
@@ -14,18 +10,14 @@ from dataclasses import dataclass, field
 # (tensorflow/profiler: input_pipeline_analysis, kHighlyInputBoundThresholdInPercent = 20,
 # kModeratelyInputBoundThresholdInPercent = 5).
 INPUT_BOUND_HIGH = 0.20
-
 INPUT_BOUND_MODERATE = 0.05
 
-# ...and only when the wait is at least this long per step. Below it the wait is tf.data's
-# fixed per-batch hand-over (the iterator's GetNext, the copy into the step), ~0.1-0.5 ms on
-# in-memory data however light the pipeline is: not the pipeline's work, so no pipeline knob
-# removes it (`steps_per_execution` amortizes it; see the host-overhead probe).
+# ...and only when the wait is at least this long per step: below it the wait is tf.data's
+# fixed per-batch hand-over, not the pipeline's work.
 INPUT_WAIT_MIN_S = 1e-3
 
 # A faster variant counts only when it wins by at least this factor (noise margin).
 HOST_OVERHEAD_MIN_GAIN = 1.3
-
 XLA_MIN_GAIN = 1.1
 
 # Probe steps_per_execution only for steps shorter than this (dispatch is ~0.1-1 ms/step).
@@ -39,29 +31,21 @@ MEMORY_HEADROOM_BELOW = 0.5
 # A dynamic loss scale that halves this many times in a short run is collapsing.
 LOSS_SCALE_MAX_HALVINGS = 4
 
-# Each comparison alternates its two variants in rounds (the shared protocol, `tfgpu._internal.adapters.timing`:
-# at least `MIN_ROUNDS`) up to `MAX_ROUNDS` (`PROBE_MAX_ROUNDS` for a probe) until the
-# confidence interval of the median lies on one side of every threshold, or the time budget
-# is spent.
-
+# Interleaved rounds at most (at least `timing.MIN_ROUNDS`): the input wait's, a probe's.
 MAX_ROUNDS = 12
-
 PROBE_MAX_ROUNDS = 7
-
 
 # An input wait longer than this many times the pipeline's own time per batch (plus
 # `INPUT_WAIT_MIN_S`) is not the pipeline's doing: not called input-bound.
 WAIT_UNEXPLAINED_FACTOR = 2.0
 
-# The default time budget of a diagnosis, in seconds.
 DEFAULT_TIME_BUDGET_S = 60.0
 
 # Rounds beyond `MIN_ROUNDS` stop once this share of the budget is spent (the probes need
 # the rest).
 ROUNDS_BUDGET_SHARE = 0.6
 
-# Measuring stops at this share of the budget; the rest is for counting FLOPs (a traced
-# gradient) and putting the model back, so the whole call ends within its budget.
+# Measuring stops at this share of the budget; the rest counts FLOPs and restores the model.
 MEASURE_SHARE = 0.8
 
 

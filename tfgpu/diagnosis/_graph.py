@@ -61,15 +61,9 @@ def _fits(attr, allowed) -> bool:
 
 
 def _train_step_ops(model, batch) -> list[OpFact]:
-    """Traces the model's train step on `batch` and lists its ops (no step runs).
-
-    Reads every node of the traced graph and of the functions it calls (layers, control
-    flow): its type, the device it asks for, and whether TensorFlow has a GPU kernel for it
-    (from the kernel registry; soft placement puts an op without one on the CPU). Under a
-    strategy with several replicas the strategy places ops itself (reductions, copies), so
-    the devices asked for are not kept there: only Python ops and ops without a GPU kernel
-    count.
-    """
+    """Traces the model's train step on `batch` (no step runs) and lists the ops of its graph
+    and its functions. Under several replicas the strategy places ops itself: the devices
+    asked for are not kept there."""
     strategy = model.distribute_strategy
     keep_devices = int(strategy.num_replicas_in_sync) == 1
 
@@ -148,11 +142,8 @@ class PipelineFacts:
 
 
 def read_pipeline(ds) -> PipelineFacts | None:
-    """Reads the dataset's graph: Python ops, maps, cache, the final prefetch, thread pool.
-
-    Follows the chain of stages from the output back to the source (each stage's first
-    input). None when TensorFlow cannot serialize the dataset (no facts, no finding).
-    """
+    """Reads the dataset's graph, from the output back along each stage's first input: Python
+    ops, maps, cache, the final prefetch, thread pool. None when TF cannot serialize it."""
     try:
         serialized = tf.raw_ops.DatasetToGraphV2(
             input_dataset=ds._variant_tensor, external_state_policy=1
@@ -213,10 +204,7 @@ def read_pipeline(ds) -> PipelineFacts | None:
 
 def shape_facts(ds) -> tuple[str | None, bool]:
     """(a batch component's shape that changes from batch to batch, as text, or None; whether
-    batches differ in size: a partial last batch, no `drop_remainder`).
-
-    A `None` batch dimension alone does not change shapes when every batch is full.
-    """
+    the last batch is partial). A `None` batch dim alone changes nothing when batches are full."""
     try:
         batches, _ = source_batches(ds)
     except tf.errors.OpError:

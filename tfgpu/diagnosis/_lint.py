@@ -15,9 +15,8 @@ def lint_mixed_precision(model, compute_capabilities) -> list[Finding]:
     """Checks a model for mixed-precision pitfalls (pure: reads the model, changes nothing)."""
     from tfgpu.precision import has_tensor_cores
 
-    layers = [la for la in model._flatten_layers(include_self=False) if not la._layers]
     half = ("float16", "bfloat16")
-    mixed = [la for la in layers if getattr(la, "compute_dtype", None) in half]
+    mixed = [la for la in _leaf_layers(model) if getattr(la, "compute_dtype", None) in half]
     if not mixed:
         return []
     findings = []
@@ -60,8 +59,7 @@ def _leaf_layers(model) -> list[Any]:
 
 
 def _odd_dims(layers) -> list[str]:
-    """Each layer whose kernel has a dimension (of its last two) not a multiple of 8, as
-    "`name` (shape)"."""
+    """ "`name` (shape)" of each layer whose kernel's last two dims are not multiples of 8."""
     odd = []
     for la in layers:
         kernel = getattr(la, "kernel", None)
@@ -73,12 +71,8 @@ def _odd_dims(layers) -> list[str]:
 
 
 def precision_layers(model) -> tuple[list[str], list[str]]:
-    """(layers keeping float32 math under a 16-bit policy, kernels with dims not multiples
-    of 8) for the tensor-core advice. Reads the model, changes nothing.
-
-    The first list is empty unless some layer computes in float16/bfloat16; the last layer
-    is left out of it (a float32 output is what the mixed-precision guide asks for).
-    """
+    """(layers keeping float32 math under a 16-bit policy, the last one left out; kernels with
+    dims not multiples of 8) for the tensor-core advice. Reads the model, changes nothing."""
     layers = _leaf_layers(model)
     half = ("float16", "bfloat16")
     mixed = [la for la in layers if getattr(la, "compute_dtype", None) in half]

@@ -1,10 +1,6 @@
-"""The measuring protocol: timed `fit` calls under a time budget, interleaved in rounds.
-
-`_measure_rounds` alternates a device-resident batch and the real data until the input
-wait is clear of the thresholds; `_run_probe` alternates a compile setting's two values
-(`steps_per_execution`, `jit_compile`). Both time through the shared protocol
-(`tfgpu._internal.adapters.timing`: its clock `now` and its timed fit `fit_step_time`, which the tests'
-scripted clock replaces).
+"""The measuring protocol on the timing engine (`_internal.adapters.timing`): `_measure_rounds`
+alternates a device-resident batch and the real data, `_run_probe` a compile setting's two
+values; the failures of side checks become notes (`noted`).
 """
 
 from __future__ import annotations
@@ -39,10 +35,8 @@ def _compare(
     progress: Progress | None = None,
     label: str = "",
 ) -> tuple[list[tuple[float, float]], str | None]:
-    """Per-round step times (baseline, variant) with `attrs` set on the model, interleaved
-    by the shared protocol (`tfgpu._internal.adapters.timing.interleave`): the model's settings and train
-    function are put back whatever happens. Each round starts with a `progress` phase,
-    `label` and the round's number."""
+    """Per-round step times (baseline, variant) with `attrs` set on the model, by
+    `timing.interleave`; each round is announced as a `progress` phase."""
     variant = protocol.with_attrs(model, dataset, steps, warmup, attrs)
     if progress is not None:
         variant = _announced(variant, progress, label, max_rounds)
@@ -85,13 +79,8 @@ def _host_load() -> float | None:
 
 
 def _warm_real(model, ds, repeated, budget: protocol.Budget) -> None:
-    """One untimed pass over the real data's first epoch (every batch shape it has, the
-    partial last batch included), so retracing and recompiling fall outside the timed runs.
-
-    Capped at 64 batches and by the budget; an infinite or unknown-length dataset is warmed
-    by the timed runs' own warm-up only.
-    """
-
+    """One untimed pass over the real data's first epoch (at most 64 batches), so that every
+    batch shape is traced outside the timed runs; an infinite dataset is not warmed here."""
     try:
         n = cardinality(ds)
     except tf.errors.OpError:
@@ -150,10 +139,8 @@ def _probe_notes(
 def _first_device_run(
     model: Any, device_ds: Any, steps: int, warmup: int, mem_device: str
 ) -> tuple[float | None, int | None]:
-    """(seconds per step, peak device memory) of the first device-resident run.
-
-    It always runs in full, whatever the budget: a diagnosis needs one step time.
-    """
+    """(seconds per step, peak device memory) of the first device-resident run, always in
+    full: a diagnosis needs one step time."""
     try:
         tf.config.experimental.reset_memory_stats(mem_device)
     except (ValueError, tf.errors.OpError):  # a device without allocator statistics
@@ -178,17 +165,11 @@ def _measure_rounds(
     progress: Progress | None = None,
 ) -> list[tuple[float, float]]:
     """(device-resident, real) seconds per step, round after round, until the input-wait
-    share is clear of the thresholds (at least `MIN_ROUNDS`, at most `MAX_ROUNDS`) or
-    `ROUNDS_BUDGET_SHARE` of the budget is spent. The first real run, like the first
-    device-resident one (`first_compute`), runs in full. Each step is a `progress` phase."""
+    share is clear of the thresholds or `ROUNDS_BUDGET_SHARE` of the budget is spent."""
     progress = progress or Progress(0, title="diagnose")
-    # Warm the real data once through every batch shape it has (a partial last batch
-    # retraces the step, and recompiles it under XLA): not inside a timed window.
     repeated = ds.repeat()
     progress.phase("warming up on the real data")
     _warm_real(model, ds, repeated, budget)
-    # Alternate the device-resident and the real runs (the timing engine's rounds), so that
-    # a noisy host favours neither, until the input-wait share is clear of the thresholds.
     rounds_until = (
         None if budget.seconds is None else budget.start + ROUNDS_BUDGET_SHARE * budget.seconds
     )
@@ -252,11 +233,8 @@ def _run_probe(
     failed: str,
     progress: Progress | None = None,
 ) -> _Probe:
-    """Times the device-resident step with `setting` = `value` against `current`, in rounds.
-
-    Skipped when the budget is spent; an error is one note (`failed`, formatted with the
-    variant's `name` and the `error`), never a crash.
-    """
+    """Times the device-resident step with `setting` = `value` against `current`, in rounds;
+    skipped when the budget is spent; an error is the note `failed`, never a crash."""
     base_name, name = f"{setting}={current}", f"{setting}={value}"
     if budget.left() <= 0:
         return _Probe(skipped=f"the {name} probe")
@@ -284,8 +262,8 @@ def _run_probe(
 
 @contextlib.contextmanager
 def _monitoring(enabled: bool, notes: list[str]) -> Iterator[dict[str, float]]:
-    """Samples the GPUs TensorFlow trains on during the body; the dict it gives is filled
-    with `Sampler.aggregate()` on exit (`gpu0_*` is `/GPU:0`). Failures are notes."""
+    """Samples TensorFlow's GPUs during the body; the dict given is filled with
+    `Sampler.aggregate()` on exit (`gpu0_*` is `/GPU:0`). Failures are notes."""
     aggregate: dict[str, float] = {}
     sampler = None
     if enabled:
@@ -307,8 +285,7 @@ def _monitoring(enabled: bool, notes: list[str]) -> Iterator[dict[str, float]]:
 
 @contextlib.contextmanager
 def noted(notes: list[str], note: str) -> Iterator[None]:
-    """Runs the body; if it raises, `note` with its `{error}` replaced by the error in one
-    line goes to `notes` instead, and the diagnosis goes on."""
+    """Runs the body; if it raises, `note` (its `{error}` filled in) goes to `notes` instead."""
     try:
         yield
     except Exception as e:  # the diagnosis's one catch-all: a failed probe or side check

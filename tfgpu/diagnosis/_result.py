@@ -11,21 +11,18 @@ from tfgpu._internal.helpers.jsonable import json_safe
 
 @dataclass(frozen=True)
 class Finding:
-    """One finding of a diagnosis.
+    """One finding of a diagnosis (every kind, its rule and its fix: docs/diagnosis.md).
 
     Args:
-        kind: str, a stable key: `"input_bound"`, `"host_overhead"`, `"host_device_traffic"`,
-            `"memory_headroom"`, `"precision"`, `"xla"`, `"mixed_precision_output"`,
-            `"mixed_precision_dims"`, `"loss_scale"`, and from the GPU counters of the
-            monitored run: `"tensor_cores_idle"`, `"small_kernels"`, `"pcie_traffic"`,
-            `"clocks_throttled"`.
+        kind: str, a stable key, e.g. `"input_bound"`, `"host_overhead"`, `"xla"`,
+            `"tensor_cores_idle"`.
         severity: str, `"high"`, `"moderate"` or `"info"`.
         title: str, one line.
         detail: str, what was measured or seen.
         recommendation: str, the exact argument to change.
         expected_gain: float or None, the speed-up factor (measured or expected).
-        gain_measured: bool, whether `expected_gain` was measured here (else it is expected
-            from datasheets or rules of thumb).
+        gain_measured: bool, whether `expected_gain` was measured here (else from a
+            datasheet or a rule of thumb).
     """
 
     kind: str
@@ -41,18 +38,15 @@ class Finding:
 class Diagnosis:
     """The result of `tfgpu.diagnose()`: measurements, a bottleneck, and findings.
 
-    `print(diagnosis)` gives a short report; the fields are data; `to_dict()` is JSON-ready.
+    `print(diagnosis)` gives a short report; `to_dict()` is JSON-ready. How each field is
+    decided: docs/diagnosis.md.
 
     Args:
-        bottleneck: str, `"input"`, `"host_overhead"`, `"compute"` (the device itself is
-            the limit: the good case) or `"inconclusive"` (the input wait could not be told
-            from noise within the time budget, or the pipeline alone is far faster than the
-            wait, so something else holds the steps back: see the findings).
+        bottleneck: str, `"input"`, `"host_overhead"`, `"compute"` (the device is the limit:
+            the good case) or `"inconclusive"` (noise, or a wait the pipeline cannot explain).
         input_bound: str, `"high"` (>= 20% of step time waits for input), `"moderate"`
-            (>= 5%), `"no"` or `"inconclusive"` (the confidence interval of the wait's share
-            straddles a threshold, or the wait is not explained by the pipeline).
-        input_wait_share: float, share of the step spent waiting for input (the median over
-            the interleaved rounds).
+            (>= 5%), `"no"` or `"inconclusive"`.
+        input_wait_share: float, share of the step spent waiting for input (median of rounds).
         step_time_s: float, seconds per step with the real input, as `fit` runs it.
         compute_step_time_s: float, seconds per step on a device-resident batch.
         input_batch_time_s: float, seconds per batch of the input pipeline alone.
@@ -64,16 +58,13 @@ class Diagnosis:
         achieved_flops_per_second: float or None.
         mfu: float or None, model FLOPs utilization (needs a GPU in the peak table).
         monitor: dict, GPU/host aggregates sampled during step 3 (empty without a GPU).
-        measurements: dict, the raw results: per-round step times (`"rounds"`), the probes
-            (`"steps_per_execution_probe"`, `"xla"`, each with its rounds and gain interval),
-            memory, the pipeline alone (`"pipeline"`, a `PipelineBenchmark` as a dict, with
-            `cpu_busy`), `"data_service"` (`{"workers": N, "cores": C}`, only when tf.data
-            service workers are advised), `"noise"` (the input-wait share's confidence
-            interval), `"wall_s"` and `"time_budget_s"`.
+        measurements: dict, the raw results: `"rounds"`, the probes
+            (`"steps_per_execution_probe"`, `"xla"`), `"pipeline"`, `"data_service"`,
+            `"noise"`, `"wall_s"`, `"time_budget_s"` (see docs/diagnosis.md).
         notes: list of str, what was skipped and why (one line each).
         profile_dir: str or None, where a profiler trace was written.
         noise: float or None, the width of the confidence interval of `input_wait_share`
-            (0.12: 12 percentage points between its low and high ends).
+            (0.12: 12 percentage points).
     """
 
     bottleneck: str

@@ -1,5 +1,4 @@
-"""The input-wait verdict of the interleaved rounds (pure; the statistics are the shared
-protocol's, `tfgpu._internal.adapters.timing`)."""
+"""The input-wait verdict of the interleaved rounds (pure; statistics from `timing`)."""
 
 from __future__ import annotations
 
@@ -21,12 +20,10 @@ def wait_and_share(compute_s: float, real_s: float) -> tuple[float, float]:
 
 
 def share_verdict(rounds: list[tuple[float, float]]) -> dict[str, Any]:
-    """The input-bound level the interleaved rounds support, with their noise. Pure.
+    """The input-bound level the rounds (device-resident, real) support, with their noise. Pure.
 
-    Each round (device-resident step, real step) gives a wait and its share of the step. The
-    level is decided at both ends of the median's confidence interval (of the share and of
-    the wait); when they differ, the rounds cannot tell the level: `"inconclusive"`. Fewer
-    than `MIN_ROUNDS` rounds (the budget ran out) cannot tell the noise: `"inconclusive"` too.
+    The level is decided at both ends of the median's confidence interval (of the share and
+    of the wait): `"inconclusive"` when they differ, or with fewer than `MIN_ROUNDS` rounds.
 
     Returns:
         dict with `level`, `share` (median), `wait_s` (median), `low`, `high` (the share's

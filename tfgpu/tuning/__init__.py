@@ -1,13 +1,7 @@
 """`tfgpu.tune()`: try each speed setting on your model and data, keep what measurably helps.
 
-The pieces, one job each: `_tune` (the entry point, its argument checks and the search),
-`_candidates` (pure: which candidates from which facts, the verdicts, the lines to change),
-`_trial` (one setting's timed run and the numerics guard), `_result` (`TuneResult`, `Trial`,
-the table, `apply`, `tune.json` and the waterfall plot `tune.png`), `_script` (`tfgpu tune
-SCRIPT.py`: the settings that need a fresh process, in child processes).
-
-The names load on first use (PEP 562), so `tfgpu tune` checks its arguments
-(`_script.check_arguments`) without loading TensorFlow.
+The guide is docs/tuning.md; the rooms of this package are in docs/architecture.md. The
+names load on first use (PEP 562), so `tfgpu tune` checks its arguments without TensorFlow.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Which candidates `tune` tries, in which order, and how it judges one: pure functions.
-
-`candidates(facts)` turns what is known about the model, the data and the machine
-(`Facts`) into the ordered list of `Candidate`s: cheap and big wins first
-(`steps_per_execution`, `jit_compile`, a static batch shape), then the pipeline's settings,
-the precision policy, and last the settings that need a fresh process (always untried
-here). `verdict(...)` says whether measured rounds keep a candidate. `combined_lines(...)`
-writes the lines to change in the user's code. No TensorFlow, no Keras, no clock.
+"""Which candidates `tune` tries, in which order (`candidates`), how it judges one
+(`verdict`, `numerics_verdict`), the lines to change (`combined_lines`) and the verification
+of the kept ones together (`verify`). Pure: no TensorFlow, no Keras, no clock.
 """
 
 from __future__ import annotations
@@ -18,24 +13,20 @@ from typing import Any
 from tfgpu._internal.adapters import timing
 from tfgpu.precision import choose_policy
 
-# A candidate is kept only when the low end of its gain interval (baseline time / candidate
-# time, per example) clears this margin; the kept candidates together must clear it too.
+# A candidate is kept only when the low end of its gain interval clears this margin.
 MARGIN = 1.05
 
-# The numerics guard: a candidate whose mean loss over the guard's steps is above the
-# baseline's by more than this share (plus `LOSS_ABS_TOLERANCE`) is unsafe.
+# The numerics guard: a mean loss above the baseline's by more than this share is unsafe.
 LOSS_TOLERANCE = 0.10
 LOSS_ABS_TOLERANCE = 1e-6
 
-# `steps_per_execution` values tried, in order (each against the best so far); the ladder
-# stops at the first that is not kept.
+# The `steps_per_execution` ladder; it stops at the first value not kept.
 SPE_LADDER = (4, 16, 64)
 
 # One execution of `steps_per_execution` steps should take at most this long: longer steps
 # leave no host overhead worth saving, and a fit would run for minutes.
 SPE_MAX_EXECUTION_S = 1.0
 
-# The statuses of a trial.
 KEPT = "kept"
 SLOWER = "slower"
 NO_GAIN = "no measurable gain"
@@ -87,9 +78,8 @@ class Facts:
 class Candidate:
     """One setting to try: what changes, the code line, and how to judge it. Pure data.
 
-    `untried` set: reported as untried for that reason, never run. `group`: candidates of a
-    ladder (`"steps_per_execution"`) are tried until one is not kept. `numerics`: the
-    setting can change the loss, so the numerics guard runs before it is timed.
+    `untried`: never run, for that reason. `group`: a ladder, tried until one is not kept.
+    `numerics`: the setting can change the loss, so the numerics guard checks it.
     """
 
     name: str
@@ -155,12 +145,8 @@ def _candidate(name: str, change: dict[str, Any], facts: Facts, **kwargs: Any) -
 
 
 def precision_choice(facts: Facts) -> tuple[str | None, str]:
-    """(the mixed policy to try or None, why not). Pure.
-
-    GPUs: bfloat16 where every GPU has compute capability >= 8.0, float16 with loss scaling
-    on 7.x (`tfgpu.precision.choose_policy`); the CPU: bfloat16 only where it has native
-    bfloat16 units (AMX or AVX-512 BF16).
-    """
+    """(the mixed policy to try or None, why not): `choose_policy` on GPUs; on the CPU,
+    bfloat16 only with native bfloat16 units. Pure."""
     if facts.gpu_ccs:
         choice = choose_policy(list(facts.gpu_ccs))
         if choice.policy == "float32":
@@ -245,8 +231,7 @@ def candidates(facts: Facts) -> list[Candidate]:
                 )
             )
         if not facts.gpu_ccs and not p.get("private_threadpool_size") and facts.cpu_count > 1:
-            # A pool of its own for tf.data: one thread leaves the cores to the model's ops,
-            # one per core keeps the input side from waiting behind them.
+            # One thread leaves the cores to the model's ops; one per core keeps input apace.
             for size in sorted({1, facts.cpu_count}):
                 out.append(
                     _candidate(
@@ -257,9 +242,8 @@ def candidates(facts: Facts) -> list[Candidate]:
                 )
     elif not facts.prefetched:
         out.append(_candidate("prefetch", {"prefetch": True}, facts))
-    # 5. XLA last: on a CPU it is often much slower (its compile costs budget), and it gains
-    # most from the static shape and the settings before it. Keras turns it on by itself
-    # where it expects a gain (`jit_compile="auto"` on GPUs): there the candidate is off.
+    # 5. XLA last: often much slower on a CPU, and it gains most from the settings before it.
+    # Where Keras turned it on by itself (`jit_compile="auto"` on GPUs) the candidate is off.
     out.append(
         _candidate(
             f"jit_compile={not facts.jit_compile}",
@@ -273,11 +257,8 @@ def candidates(facts: Facts) -> list[Candidate]:
 
 
 def process_settings(has_gpu: bool) -> list[tuple[str, dict[str, str], str]]:
-    """Settings that need a fresh process: (name, environment variables, line). Pure.
-
-    `tfgpu tune SCRIPT.py` tries them in child processes; in-process `tune` lists them as
-    untried.
-    """
+    """Settings that need a fresh process, tried by `tfgpu tune SCRIPT.py`: (name, environment
+    variables, line). Pure."""
     out: list[tuple[str, dict[str, str], str]] = [
         (
             "XLA auto-clustering",
@@ -329,11 +310,7 @@ def verdict(
     rounds: Sequence[tuple[float, float]], why: str | None, margin: float = MARGIN
 ) -> tuple[str, str]:
     """(status, reason) for a candidate measured in `rounds` (baseline, candidate seconds
-    per example) that `interleave` stopped for `why`. Pure.
-
-    Kept when the low end of the gain interval clears `margin`; "slower" when its high end is
-    under 1 (or the first round was clearly slower); "no measurable gain" when the interval
-    reaches below the margin; untried when the budget cut it before `MIN_ROUNDS` rounds.
+    per example) that `interleave` stopped for `why` (the verdicts: docs/tuning.md). Pure.
 
     Example:
 
@@ -402,9 +379,8 @@ def combined_lines(kept: Sequence[tuple[dict[str, Any], str]], facts: Facts) -> 
 
 @dataclasses.dataclass
 class Kept:
-    """A setting kept by the search: its trial (in the table), what it changes (compile and
-    pipeline settings, or environment variables), its rounds, and whether they were measured
-    against the baseline itself (not against settings kept before it)."""
+    """A setting kept by the search: its trial, what it changes, its rounds, and whether they
+    were measured against the baseline itself."""
 
     trial: Any  # tfgpu.tuning.Trial
     change: dict[str, Any]
@@ -417,13 +393,9 @@ def verify(
     together: Callable[[dict[str, Any]], timing.Comparison],
     notes: list[str],
 ) -> tuple[float, float, float]:
-    """(speedup, low, high) of the kept settings together over the baseline.
-
-    `together(changes)` times all of them at once against the baseline. While they do not
-    clear `MARGIN` together, the one that gave the least alone is dropped (its trial says
-    why, `notes` too) and the rest are timed again; one setting measured against the
-    baseline needs no second measurement. `kept` is left with the verified settings.
-    """
+    """(speedup, low, high) of the kept settings together over the baseline, timed by
+    `together(changes)`; while they do not clear `MARGIN`, the one that gave the least is
+    dropped (its trial and `notes` say so). `kept` is left with the verified settings."""
     while kept:
         if len(kept) == 1 and kept[0].against_baseline:
             g, low, high = timing.gain(kept[0].rounds)

@@ -68,8 +68,8 @@ class Trial:
 class TuneResult:
     """What `tfgpu.tune` measured and kept.
 
-    Printing it shows a table (candidate, gain with its interval, kept or why not), the
-    verified combined speedup and the lines to change in your code.
+    Printing it shows the table, the verified speedup and the lines to change (how to read
+    them: docs/tuning.md).
 
     Args:
         trials: list of `Trial`, in the order they ran (untried ones too).
@@ -212,10 +212,8 @@ class TuneResult:
 
 
 def write(result: TuneResult, log_dir: Path) -> None:
-    """Writes `tune.json` and `tune.png` into `log_dir` (an older file rotated aside).
-
-    Failures are warnings: the result is still returned.
-    """
+    """Writes `tune.json` and `tune.png` into `log_dir` (older ones rotated aside); failures
+    are warnings."""
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
         path = log_dir / TUNE_JSON
@@ -232,9 +230,8 @@ def write(result: TuneResult, log_dir: Path) -> None:
 
 
 def waterfall_steps(result: TuneResult) -> list[tuple[str, float, float]]:
-    """(label, bottom, top) bars in examples/s: the baseline, each kept setting's step
-    (its measured gain over the best before it, scaled so the steps end at the verified
-    total), and the tuned total. Pure."""
+    """(label, bottom, top) bars in examples/s: the baseline, each kept setting's step (scaled
+    so the steps end at the verified total), and the tuned total. Pure."""
     base = result.baseline_examples_per_s
     if not math.isfinite(base):
         return []

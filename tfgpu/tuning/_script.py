@@ -1,20 +1,8 @@
-"""`tfgpu tune SCRIPT.py`: the settings that need a fresh process, tried in child processes.
+"""`tfgpu tune SCRIPT.py`: the settings read once when TensorFlow starts, tried in child processes.
 
-Some settings are read once, when TensorFlow starts: XLA auto-clustering (`TF_XLA_FLAGS`),
-the thread counts (`TF_NUM_INTEROP_THREADS`, `TF_NUM_INTRAOP_THREADS`), and on GPUs the
-private GPU threads (`TF_GPU_THREAD_MODE=gpu_private`) and the async allocator
-(`TF_GPU_ALLOCATOR=cuda_malloc_async`). In-process `tfgpu.tune` can only list them; here each
-one runs the user's script in a new Python process with the variable set.
-
-In the child (`_child_main`), `keras.Model.fit` is replaced before the script runs (with
-`runpy`): the script's first `fit` trains a bounded number of steps (warm-up, then timed
-steps, one epoch, no validation, no callbacks of the user's), writes its median step time to
-a JSON file, and the child exits: nothing after the first `fit` runs. The parent
-(`tune_script`) runs the baseline (the environment as it is) and each setting in rounds, in a
-rotating order, so a noisy host favours none of them, until the interval of the per-round
-ratios settles (`tfgpu._internal.adapters.timing`) or the budget is spent; then the same verdicts as
-`tfgpu.tune` (kept above the margin, "no measurable gain", "slower"), the kept settings
-verified together against the baseline, and the lines to set before Python starts.
+The parent (`tune_script`) runs the script with each setting in its environment, in the timing
+engine's rounds, and judges them as `tfgpu.tune` does; in the child (`_child_main`) the
+replaced `keras.Model.fit` times the first `fit` and exits. The guide: docs/tuning.md.
 """
 
 from __future__ import annotations
@@ -30,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-# Settings the parent tries: (name, environment variables, line to set them, needs a GPU).
+# Environment variables of the settings that need a GPU.
 _GPU_ONLY = ("TF_GPU_THREAD_MODE", "TF_GPU_ALLOCATOR")
 
 # Rounds per comparison, at most.
@@ -60,12 +48,8 @@ class ChildRun:
 def check_arguments(
     script: Any, script_args: Any, steps: Any, warmup: Any, time_budget_s: Any, log_dir: Any
 ) -> tuple[Path, list[str], float | None, Path | None]:
-    """Checks `tune_script`'s arguments (no TensorFlow: `tfgpu tune` calls it before
-    TensorFlow loads). Returns (script, its arguments, the budget, the log directory).
-
-    Raises:
-        TypeError, ValueError: for an argument of the wrong type or value.
-    """
+    """Checks `tune_script`'s arguments without TensorFlow; returns (script, its arguments, the
+    budget, the log directory)."""
     from tfgpu._internal.helpers.checks import (
         check_dir,
         check_int,
@@ -88,11 +72,7 @@ def check_arguments(
 
 
 def settings(gpus: int) -> list[tuple[str, dict[str, str], str, str]]:
-    """The settings to try: (name, environment variables, line, why untried or ""). Pure.
-
-    The variables come from `tfgpu.tune`'s list of settings that need a fresh process; the
-    GPU ones are untried without a GPU.
-    """
+    """The settings to try: (name, environment variables, line, why untried or ""). Pure."""
     from tfgpu.tuning._candidates import process_settings
 
     out = []
@@ -112,8 +92,8 @@ def _run_child(
     warmup: int,
     timeout_s: float | None,
 ) -> ChildRun:
-    """Runs the script in a new process with `change` in its environment; its first `fit`
-    is timed. (Tests replace this function with a scripted one.)"""
+    """Runs the script in a new process with `change` in its environment and times its first
+    `fit` (tests replace this function)."""
     from tfgpu.tuning._candidates import merged
 
     root = str(Path(__file__).resolve().parents[2])  # the directory holding `tfgpu/`
@@ -237,16 +217,8 @@ def tune_script(
 ) -> Any:
     """Tries the settings that need a fresh process on your script, in child processes.
 
-    Each child runs `script` (as `python script.py ARGS`) with one setting in its
-    environment; its first `model.fit` trains `warmup` + `steps` steps, is timed (warm-up
-    excluded) and the child stops there. The baseline (your environment as it is) and each
-    setting alternate in rounds until the interval of the per-round ratios settles or the
-    budget is spent. A setting is kept when its whole interval clears the x1.05 margin, as in
-    `tfgpu.tune`; the kept ones are verified together against the baseline.
-
-    Settings: XLA auto-clustering (`TF_XLA_FLAGS`), the inter-op thread count, and on a GPU
-    `TF_GPU_THREAD_MODE=gpu_private` and `TF_GPU_ALLOCATOR=cuda_malloc_async` (untried when
-    TensorFlow sees no GPU).
+    Each child runs `script` with one setting in its environment; its first `model.fit` is
+    timed and the child stops there. The settings and verdicts: docs/tuning.md.
 
     Args:
         script: str or os.PathLike, a Python script that builds, compiles and fits a model.

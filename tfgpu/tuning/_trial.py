@@ -1,12 +1,6 @@
-"""The workload `tune` measures: the model, the data and a setting's timed run and loss.
-
-`Workload.run_for(changes)` gives a `tfgpu._internal.adapters.timing.Run` that times the user's training step
-with `changes` applied (compile settings set on the model for the run, a pipeline built
-again with other arguments, a model built by the factory under another precision policy),
-in seconds per example, so candidates that change the batch compare fairly. Each setting's
-run is made once and reused (its train function is traced once). `mean_loss` runs a few
-steps from the same weights for the numerics guard. The caller restores the model's state
-(`tfgpu._internal.adapters.model_state.preserved`) around every trial.
+"""The workload `tune` measures: `Workload.run_for(changes)` times the training step with a
+setting applied, in seconds per example (each setting's run made once and reused);
+`mean_loss` feeds the numerics guard. The caller restores the model around every trial.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ import tensorflow as tf
 
 from tfgpu._internal.adapters import timing
 from tfgpu._internal.adapters.model_state import build, preserved
-from tfgpu.tuning._candidates import COMPILE_KEYS, MODEL_KEYS, PIPELINE_KEYS
+from tfgpu.tuning._candidates import COMPILE_KEYS, PIPELINE_KEYS
 
 # Batches the numerics guard trains on (with `steps_per_execution=1`), from the same weights.
 GUARD_STEPS = 5
@@ -195,10 +189,6 @@ class Workload:
         if not all(math.isfinite(v) for v in losses):
             return next(v for v in losses if not math.isfinite(v))
         return sum(losses) / len(losses)
-
-    def models_changed(self, changes: dict[str, Any]) -> bool:
-        """Whether `changes` need another model than the user's."""
-        return any(k in changes for k in MODEL_KEYS)
 
 
 def _fill(ds: tf.data.Dataset, deadline: float | None) -> bool:

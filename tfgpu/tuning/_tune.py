@@ -39,13 +39,11 @@ from tfgpu.tuning._candidates import Candidate, Facts
 from tfgpu.tuning._result import Trial, TuneResult, write
 from tfgpu.tuning._trial import Workload
 
-# Candidates are measured until this share of the time budget; the verification of the
-# kept ones together may run until `VERIFY_SHARE`; the rest is for restoring and writing.
+# Shares of the time budget: candidates until the first, the verification until the second.
 MEASURE_SHARE = 0.75
 VERIFY_SHARE = 0.95
 
-# Interleaved rounds per comparison, at most (the 90% interval of the median drops the most
-# extreme ratio on each side from 9 rounds on, the 3 most extreme from 15).
+# Rounds per comparison at most (from 9 rounds on, the 90% interval drops the extreme ratios).
 MAX_ROUNDS = 15
 
 # find_batch_size tries per-replica batches up to this multiple of the current one.
@@ -61,8 +59,8 @@ class Failure:
 
 @contextlib.contextmanager
 def recorded(describe: Callable[[Exception], str] = one_line) -> Iterator[Failure]:
-    """Runs the body; an error in it does not propagate: `describe(error)` is kept in the
-    `Failure` given, for the caller to record (a failed trial, a note, a reason)."""
+    """Runs the body; an error in it does not propagate: `describe(error)` goes into the
+    `Failure` given, for the caller to record."""
     failure = Failure()
     try:
         yield failure
@@ -116,13 +114,9 @@ def _check_args(
 
 
 def _augment_on_batches(arguments: dict[str, Any] | None) -> str:
-    """Why the pipeline's `augment_fn` cannot simply run on whole batches ("" when it can,
-    or there is none): it fails on a batch, or it then draws its random values once per
-    batch (a batch of copies of one example comes out all alike, while two calls on that
-    example differ).
-
-    Reads one batch of the pipeline built without `augment_fn` (and without shuffling).
-    """
+    """Why the pipeline's `augment_fn` cannot simply run on whole batches ("" when it can, or
+    there is none): it fails on a batch, or draws its random values once per batch (copies of
+    one example come out alike while two calls differ). Reads one unaugmented batch."""
     fn = (arguments or {}).get("augment_fn")
     if fn is None:
         return ""
@@ -177,11 +171,7 @@ def _augment_on_batches(arguments: dict[str, Any] | None) -> str:
 
 def _batches(data: tf.data.Dataset) -> tuple[int | None, bool, int | None, bool | None]:
     """(global batch, whether the batch shape is static, batches per epoch, whether the last
-    batch is partial (None: cannot tell)).
-
-    Raises:
-        ValueError: if the dataset yields examples, not batches.
-    """
+    batch is partial (None: cannot tell)); ValueError for a dataset of examples."""
     batches, _ = source_batches(data)
     if batches is None:
         raise invalid_value(
@@ -219,49 +209,26 @@ def tune(
 ) -> TuneResult:
     """Tries each speed setting on your model and data, keeps what measurably helps.
 
-    Each candidate is timed against the best configuration so far (the baseline plus the
-    settings kept before it), in interleaved rounds of timed `fit` calls (warm-up excluded),
-    in seconds per example, until the confidence interval of the gain lies on one side of
-    the x1.05 margin or the budget is spent. A candidate is kept when the whole interval
-    clears the margin; "slower" when it lies under 1; "no measurable gain" otherwise. The
-    candidates, in order: `steps_per_execution` 4, 16, 64 (while each helps, at most the
-    batches of an epoch), the mixed precision policy the hardware supports (needs a model
-    factory; GPUs with tensor cores; on a CPU only with native bfloat16), a static batch
-    shape (`drop_remainder=True`) where the batch dimension is unknown, then for a
-    `tfgpu.data.pipeline` dataset the pipeline's settings (cache in memory after `map_fn`,
-    batch-level augmentation where `augment_fn` runs on a batch, a private thread pool of 1
-    and of one thread per core; for another dataset a final `prefetch`), `jit_compile`
-    flipped (last: XLA is often much slower on a CPU), and the per-replica batch size from
-    `tfgpu.find_batch_size` (with its scaled learning rate; kept only with
-    `change_batch_size=True`). Settings that need a fresh process (environment variables:
-    XLA auto-clustering, thread counts, on GPUs the private GPU threads and the async
-    allocator) are listed as untried: `tfgpu tune SCRIPT.py` tries them.
-
-    A faster setting that can change the loss (`jit_compile`, the precision) then trains a
-    few steps from the same weights as the baseline: a non-finite mean loss, or one more
-    than 10% worse, is "unsafe numerics". At the end all kept settings are verified together against the
-    baseline (gains do not multiply); if together they do not clear the margin, the weakest
-    are dropped, so the result is never slower than the baseline. The model's weights,
-    optimizer state and compile settings are put back after every trial, and the global
-    precision policy is left as it was: nothing is applied until you apply it
-    (`result.apply(model)`, `result.dataset`, the printed lines).
+    Each candidate (`steps_per_execution`, the mixed precision policy, a static batch shape,
+    the pipeline's settings, `jit_compile`, the batch size) is timed against the best
+    configuration so far in interleaved rounds, and kept when the whole confidence interval
+    of its gain clears x1.05; settings that can change the loss must also pass a numerics
+    guard, and the kept ones are verified together against the baseline. The model's state
+    and the global precision policy are put back: nothing is applied until you apply it.
+    The candidates, the verdicts and the table: docs/tuning.md.
 
     Args:
         model: a compiled `keras.Model`, or a function without arguments that builds and
-            compiles one (needed to try a precision policy: the model is built again under
-            it). With a function, the baseline is the model it builds.
-        data: `tf.data.Dataset`, the training batches, or arrays `x`, `(x, y)` or
-            `(x, y, sample_weight)` (batched by 32, as `fit` does). A dataset returned by
-            `tfgpu.data.pipeline` is built again with other settings for the pipeline's
-            candidates; another dataset is used as is.
+            compiles one (needed to try a precision policy).
+        data: `tf.data.Dataset` of batches (a `tfgpu.data.pipeline` one is rebuilt for the
+            pipeline's candidates), or arrays `x`, `(x, y)` or `(x, y, sample_weight)`
+            (batched by 32, as `fit` does).
         steps: int, timed steps of each timed `fit` (>= 3). Defaults to 30.
         warmup: int, steps of each `fit` left out of the timing (>= 1). Defaults to 5.
-        time_budget_s: float or None, seconds for the whole call (None: no limit). The
-            default suits a training run of hours; `time_budget_s=60` is the quick mode.
-            Candidates the budget leaves out are "untried: time budget spent".
-            Defaults to 300.0.
+        time_budget_s: float or None, seconds for the whole call (None: no limit; 60 is the
+            quick mode). Defaults to 300.0.
         change_batch_size: bool, whether a faster batch size may be kept (it changes the
-            optimization: scale the learning rate as the result says). Defaults to False.
+            optimization). Defaults to False.
         log_dir: str, os.PathLike or None, a run directory: `tune.json` and the waterfall
             plot `tune.png` are written there (older ones rotated aside). Defaults to None.
         verbose: `"auto"`, 0, 1 or 2, progress lines as `model.fit` shows them.

@@ -82,23 +82,10 @@ def _addresses(job: str, addresses: Any, raw: str) -> tuple[list[str], list[int]
 
 
 def parse_tf_config(raw: str | None, *, strict: bool = True) -> Cluster | None:
-    """Parses and validates a `TF_CONFIG` value.
+    """Parses and validates a `TF_CONFIG` value; None when unset or blank. Raises `TFConfigError`.
 
-    Args:
-        raw: str or None, the variable's value.
-        strict: bool, whether to require what `tfgpu.strategy()` needs: a `"task"`, only
-            the jobs chief/worker/evaluator (no parameter servers), at most one chief.
-            `False` accepts what TensorFlow itself accepts: `"{}"`, no `"task"` in a
-            one-task cluster, an evaluator outside `"cluster"`, any job name. Defaults to
-            `True`.
-
-    Returns:
-        A `Cluster` with `source="TF_CONFIG"`, or None when `raw` is unset or blank (and,
-        with `strict=False`, for `"{}"`).
-
-    Raises:
-        TFConfigError: a `ValueError` naming the problem (its `.problem` attribute holds
-            just the problem).
+    `strict` requires what `tfgpu.strategy()` needs (a `"task"`, only chief/worker/evaluator,
+    at most one chief); `strict=False` accepts what TensorFlow accepts (`"{}"` too).
 
     Example:
 
@@ -181,11 +168,8 @@ def parse_tf_config(raw: str | None, *, strict: bool = True) -> Cluster | None:
 
 
 def slurm_num_tasks(environ: Mapping[str, str]) -> int:
-    """Tasks in the current Slurm job step (`srun`), 0 outside a step.
-
-    Raises:
-        ValueError: if the task count Slurm set is not an integer.
-    """
+    """Tasks in the current Slurm job step (`srun`), 0 outside a step; ValueError if Slurm's
+    count is not an integer."""
     if "SLURM_PROCID" not in environ:
         return 0
     raw = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or "1"
@@ -199,22 +183,8 @@ def slurm_num_tasks(environ: Mapping[str, str]) -> int:
 
 
 def resolve_cluster(environ: Mapping[str, str], *, strict: bool = True) -> Cluster:
-    """Reads the cluster from `TF_CONFIG`, else from a Slurm job step, else a single task.
-
-    Slurm is only *detected* here (task count and rank); the full spec with host names and
-    ports comes from TensorFlow's `SlurmClusterResolver` when the strategy is built.
-
-    Args:
-        environ: mapping, the environment (`os.environ`).
-        strict: bool, passed to `parse_tf_config`. Defaults to `True`.
-
-    Returns:
-        A `Cluster`; `Cluster("none", 1)` for a lone process.
-
-    Raises:
-        ValueError: if `TF_CONFIG` is malformed (`TFConfigError`) or Slurm's task count is
-            not an integer.
-    """
+    """Reads the cluster from `TF_CONFIG`, else a Slurm job step (only detected: the hosts come
+    from `SlurmClusterResolver` later), else `Cluster("none", 1)`. ValueError if malformed."""
     parsed = parse_tf_config(environ.get("TF_CONFIG"), strict=strict)
     if parsed is not None:
         return parsed

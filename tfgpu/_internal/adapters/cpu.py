@@ -1,24 +1,6 @@
-"""An upper bound of this CPU's FLOP/s, from what the machine says (no TensorFlow, no Keras).
-
-`peak_flops(dtype)` = usable cores x max clock x FLOPs per cycle per core, where
-
-- usable cores: the CPUs this process may run on (`os.sched_getaffinity`), capped by a
-  cgroup CPU quota (`cpu.max` in cgroup v2, `cpu.cfs_quota_us / cpu.cfs_period_us` in v1),
-  else `os.cpu_count()`. Hyper-threads count as cores (they share the vector units, so the
-  bound stays an upper bound);
-- max clock: `/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq`, else the highest
-  `cpu MHz` in `/proc/cpuinfo` (in a virtual machine that is the clock the hypervisor
-  reports, which turbo can exceed);
-- FLOPs per cycle per core from the vector flags in `/proc/cpuinfo`, assuming two vector
-  FMA units (a multiply-add is 2 FLOPs): AVX-512 (`avx512f`) 2 x 16 float32 lanes x 2 = 64;
-  AVX2 with FMA 2 x 8 x 2 = 32; AVX without FMA (one add and one multiply unit, 8 lanes) 16;
-  SSE 2 x 4 x 2 = 16; Arm `asimd` (up to four 128-bit pipes) 4 x 4 x 2 = 32. For 16-bit
-  dtypes: AMX (`amx_bf16`, `amx_fp16`) 1024 per cycle; `avx512_bf16` / `avx512_fp16`
-  twice the float32 rate; otherwise the float32 rate (the CPU computes in float32).
-
-The result is `None` when the machine does not say (not Linux, unreadable files, no clock,
-no known vector flags). This module is what `tfgpu.diagnosis` compares achieved FLOP/s
-with on a CPU, to catch a FLOP count that claims more than the machine can do.
+"""An upper bound of this CPU's FLOP/s (usable cores x max clock x FLOPs per cycle from the
+vector flags), which `diagnose` compares a FLOP count with; None where the machine does not
+say. The sources and the per-cycle table: docs/diagnosis.md, "FLOPs and MFU". No TensorFlow.
 """
 
 from __future__ import annotations
@@ -176,23 +158,8 @@ def _rate(dtype: object) -> str:
 
 
 def peak_flops(dtype: str = "float32") -> float | None:
-    """Returns an upper bound of this CPU's FLOP/s for a dtype, from what the machine says.
-
-    Usable cores x max clock x FLOPs per cycle per core (from the vector flags); see the
-    module docstring for the sources and the per-cycle table.
-
-    Args:
-        dtype: str, the compute dtype or Keras policy name: `"float32"`, `"float16"`,
-            `"bfloat16"`, `"mixed_float16"`, `"mixed_bfloat16"` (or `"fp32"`, `"tf32"`,
-            `"fp16"`, `"bf16"`). Defaults to `"float32"`.
-
-    Returns:
-        float, FLOP/s, or `None` when the machine does not say (not Linux, `/proc/cpuinfo`
-        unreadable, no clock, no known vector flags).
-
-    Raises:
-        TypeError: if `dtype` is not a str.
-        ValueError: if `dtype` is not one of the names above.
+    """An upper bound of this CPU's FLOP/s for a dtype or Keras policy name (`"float32"`,
+    `"mixed_bfloat16"`, `"bf16"`, ...), or None where the machine does not say.
 
     Example:
 
@@ -206,13 +173,7 @@ def peak_flops(dtype: str = "float32") -> float | None:
 
 def usable_cores() -> int:
     """The CPU cores this process can use: its affinity set (else `os.cpu_count()`), capped
-    by a cgroup CPU quota (a container given 2 of a host's 64 cores has 2). At least 1.
-
-    Example:
-
-    >>> usable_cores() >= 1
-    True
-    """
+    by a cgroup CPU quota (a container given 2 of a host's 64 cores has 2). At least 1."""
     try:
         affinity: int | None = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # macOS, Windows

@@ -1,22 +1,8 @@
-"""The tf.data service's TensorFlow-free part: its rules and its servers, kept running.
-
-Rules shared with `tfgpu.data` (its training side is `tfgpu/data/_service.py`):
-- `parse_address`: what a `service=` address may look like, and its normal form.
-- `job_name`: the one job every trainer of a run reads from, chosen without talking to the
-  others (explicit, else derived from the Slurm job, else fresh for a lone process).
-- `consumers`: coordinated reads (`consumer_index`, `num_consumers`) for multi-worker runs
-  over a repeated dataset.
-
-Servers (`tfgpu data-service dispatcher|worker`, wired by `tfgpu/cli.py`):
-`main(["worker", "--dispatcher", "host:5050"])` runs a supervisor (no TensorFlow) that starts
-the server in a child process (`--no-restart`, at a fixed port) and starts it again at the
-same port when it dies: an out-of-memory kill, a crash in a decode op. That is what keeps
-training going when a worker dies mid-epoch: tf.data (2.21) never gives a dead worker's task
-to another worker, and a trainer waits for that task at the end of the epoch, until a worker
-serves again at the dead one's address. The dispatcher is supervised the same way; with
-`--work-dir` a restarted dispatcher keeps its jobs. With `--no-restart` the command is the
-server itself (for systemd, Kubernetes or Slurm, which restart it themselves). Either way it
-runs until SIGTERM or SIGINT, logs what it serves, and stops cleanly.
+"""The tf.data service's TensorFlow-free part: the rules shared with `tfgpu.data`
+(`parse_address`, `job_name`, `consumers`) and `tfgpu data-service dispatcher|worker`: a
+supervisor without TensorFlow that starts the server in a child process again at the same
+port when it dies, since tf.data never gives a dead worker's task to another (the behaviour
+and the faults: docs/data_service.md).
 """
 
 from __future__ import annotations
@@ -61,18 +47,8 @@ class Address:
 
 
 def parse_address(value: Any, name: str = "service") -> Address:
-    """Checks a dispatcher address and returns it parsed.
-
-    Args:
-        value: str, `"grpc://host:port"` or `"host:port"` (`"[::1]:5050"` for IPv6).
-        name: str, the argument's name for the message. Defaults to `"service"`.
-
-    Returns:
-        An `Address`.
-
-    Raises:
-        TypeError: if `value` is not a str.
-        ValueError: for another protocol, a missing or out-of-range port, or a malformed host.
+    """Checks a dispatcher address, `"grpc://host:port"` or `"host:port"` (`"[::1]:5050"` for
+    IPv6), and returns it parsed; `name` is the argument's name for the message.
 
     Example:
 
@@ -124,29 +100,10 @@ def job_name(
     serial: int,
     token: str,
 ) -> str:
-    """The job name every trainer of one run agrees on, without talking to the others. Pure.
-
-    All trainers of a run must read one job (the service then splits its data between
-    them), and no other run may use that name while the dispatcher lives (a finished job's
-    name yields end of input at once). So: the name the user gave; else, for a lone process,
-    a fresh name (`token`, random per process); else, for several trainers under Slurm, the
-    Slurm job and step ids (the same on every task, new for every run). Several trainers
-    without Slurm (a `TF_CONFIG` cluster) have nothing unique that they share, so the user
-    must name the run. `serial` counts the service pipelines this process built (every
-    trainer runs the same script, so the n-th pipeline of each gets the same name).
-
-    Args:
-        explicit: str or None, `service_job_name` as checked by `check_job_name`.
-        cluster: `Cluster`, where this process sits (`tfgpu._internal.adapters.cluster.resolve_cluster`).
-        environ: mapping, the environment (`SLURM_JOB_ID`, `SLURM_STEP_ID`).
-        serial: int, 0 for the first service pipeline this process builds, then 1, ...
-        token: str, random per process (e.g. `uuid.uuid4().hex[:12]`).
-
-    Returns:
-        The job name.
-
-    Raises:
-        ValueError: for several trainers outside Slurm without `service_job_name`.
+    """The job name every trainer of one run agrees on, without talking to the others (the
+    rule: docs/data_service.md, "Several trainers"); ValueError for several trainers outside
+    Slurm without `service_job_name`. `token` is random per process; `serial` counts this
+    process's service pipelines (the n-th pipeline of every trainer gets the same name). Pure.
 
     Example:
 
@@ -172,13 +129,8 @@ def job_name(
 
 
 def consumers(cluster: Cluster, *, repeat: bool) -> tuple[int | None, int | None]:
-    """`(consumer_index, num_consumers)` for coordinated reads, or `(None, None)`. Pure.
-
-    Several trainers of a repeated (infinite) dataset read the job in strict round-robin, so
-    every trainer gets its next batch from the same service worker at each step and none
-    runs ahead; tf.data needs an infinite dataset for that. A finite dataset (Keras `fit`
-    without `repeat`) is read first come, first served: the service balances the epoch's
-    data so the trainers reach its end at about the same time.
+    """`(consumer_index, num_consumers)` for the round-robin reads of several trainers of a
+    repeated dataset, or `(None, None)` (a finite one is read first come, first served). Pure.
 
     Example:
 
@@ -274,24 +226,9 @@ def _log(message: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs a tf.data service dispatcher or worker until SIGTERM or SIGINT.
-
-    `tfgpu data-service dispatcher --port 5050 [--work-dir DIR]` serves the dispatcher
-    (fault tolerant with a work directory: restarted with the same one, it keeps its jobs);
-    `tfgpu data-service worker --dispatcher HOST:5050 [--port P] [--host NAME]` serves a
-    worker. By default the server runs in a child process, started again at the same port
-    when it dies (`--no-restart`: this process is the server). Each logs to stderr what it
-    serves, when its count of workers (dispatcher) or tasks (worker) changes, and every
-    restart; SIGTERM or Ctrl-C stops it cleanly.
-
-    Args:
-        argv: sequence of str, the arguments after `tfgpu data-service`. Defaults to None
-            (`sys.argv[1:]`).
-
-    Returns:
-        int, the exit status: 0 after a clean stop; 1 when the server kept dying (more than
-        `MAX_RESTARTS` times in `RESTART_WINDOW_S`); 2 for bad arguments (argparse's usage
-        line) or a server that could not start (the message says why).
+    """Runs a tf.data service dispatcher or worker (`argv` after `tfgpu data-service`) until
+    SIGTERM or SIGINT, logging to stderr. Returns the exit status: 0 after a clean stop; 1
+    when the server kept dying; 2 for bad arguments or a server that could not start.
 
     Example:
 
@@ -334,15 +271,8 @@ def _stop_on_signals(catch: bool = True) -> Iterator[threading.Event]:
 
 
 def restart_delay(deaths: Sequence[float], now: float) -> float | None:
-    """Seconds to wait before starting a dead server again, or None to give up. Pure.
-
-    Args:
-        deaths: sequence of float, when the server died (monotonic seconds), this death
-            included.
-        now: float, the monotonic time now.
-
-    Returns:
-        1, 2, 4, 8, 16 s for the 1st to 5th death within `RESTART_WINDOW_S`; None for more.
+    """Seconds to wait before starting a dead server again (1, 2, 4, 8, 16 s for the 1st to 5th
+    of the `deaths` within `RESTART_WINDOW_S`), or None to give up. Pure.
 
     Example:
 
@@ -374,18 +304,8 @@ def supervise(
     stop: threading.Event,
     delays: Callable[[Sequence[float], float], float | None] = restart_delay,
 ) -> int:
-    """Runs `command` (a server) until `stop` is set, starting it again when it dies.
-
-    Args:
-        command: sequence of str, the server's command line (it serves at `port`).
-        what: str, the server's name in the log ("worker").
-        port: int, the port it serves at, for the log.
-        stop: `threading.Event`, set to stop the server (SIGTERM) and return.
-        delays: the restart policy, `restart_delay` by default.
-
-    Returns:
-        int: 0 after a stop; `EXIT_CANNOT_START` when the server said it could not start
-        (starting it again would fail the same way); 1 when `delays` gave up.
+    """Runs `command` (a server at `port`) until `stop` is set, starting it again when it dies.
+    Returns 0 after a stop, `EXIT_CANNOT_START` when it could not start, 1 when `delays` gave up.
     """
     deaths: list[float] = []
     while True:
@@ -437,13 +357,8 @@ def _free_port() -> int:
 
 
 def _port_in_use(port: int) -> OSError | None:
-    """Why `port` cannot be served, or None.
-
-    gRPC binds its port with SO_REUSEPORT, so a second server on a port already served
-    starts without a word and the kernel shares the connections between the two. A plain
-    bind (SO_REUSEADDR only: a dead server's lingering connections do not count) fails
-    where any server listens.
-    """
+    """Why `port` cannot be served, or None. gRPC binds with SO_REUSEPORT, so a second server
+    would start without a word; a plain bind (SO_REUSEADDR only) fails where one listens."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

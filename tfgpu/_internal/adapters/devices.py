@@ -1,24 +1,8 @@
-"""The one place that answers "which GPU does TensorFlow train on, and what does NVML say".
-
-TensorFlow numbers the GPUs it uses `/GPU:0`, `/GPU:1`, ...; CUDA numbers the GPUs this
-process may see after `CUDA_VISIBLE_DEVICES` (indices, UUIDs or `GPU-...` prefixes, PCI bus
-ids); NVML numbers every GPU of the machine in PCI-bus order. They differ as soon as
-`CUDA_VISIBLE_DEVICES` reorders or hides GPUs, or `tfgpu.configure(gpus=...)` /
-`tf.config.set_visible_devices` hides some from TensorFlow. Every feature that needs "the GPU
-`/GPU:k` is", its name, compute capability, memory or NVML index, asks here:
-
-- `tf_gpus()`: TensorFlow's GPUs in `/GPU:k` order, each with its CUDA index, NVML index
-  and NVML record;
-- `gpu_record(k)`: one of them; `nvml_indices()` and `cuda_indices()`: what a sampler reads;
-- `physical_gpus()`: every GPU TensorFlow lists (used or hidden), with its device details;
-- `peak_precision(...)`: the `tfgpu.flops.peak_flops` precision a dtype policy runs at;
-- `tf_runtime_initialized()`, `tf32_execution_enabled()`.
-
-None of them initializes TensorFlow's runtime (listing physical devices and reading their
-details leaves `configure()` possible afterwards), and none imports TensorFlow: where it is
-not imported yet, nothing has hidden a GPU from it, so the GPUs CUDA shows this process stand
-in for `/GPU:0`, `/GPU:1`, ... (`tfgpu.monitor` relies on this to stay TensorFlow-free).
-NVML is reached through `tfgpu.monitor.nvml`; where it is missing the NVML fields are None.
+"""The one place that answers "which GPU does TensorFlow train on, and what does NVML say":
+TensorFlow's `/GPU:k`, CUDA's ordinals after `CUDA_VISIBLE_DEVICES` and NVML's PCI-bus order
+differ as soon as GPUs are reordered or hidden. Nothing here imports TensorFlow or starts its
+runtime (`configure()` stays possible); where TensorFlow is not imported, nothing has hidden a
+GPU from it, so the GPUs CUDA shows stand in for `/GPU:k` (`tfgpu.monitor` relies on it).
 """
 
 from __future__ import annotations
@@ -122,9 +106,8 @@ def tf_runtime_initialized() -> bool | None:
 
 
 def _tf_errors(tf: Any) -> tuple[type[Exception], ...]:
-    """What TensorFlow's device queries raise where they cannot answer: its own `OpError`s and
-    RuntimeError (a broken runtime), ValueError (a device it does not know, such as a test's
-    stand-in), AttributeError (a stub without `tf.config`, or without `tf.errors`)."""
+    """What TensorFlow's device queries raise where they cannot answer: its `OpError`s, a
+    broken runtime, a device it does not know, a stub without `tf.config`."""
     op_error = getattr(getattr(tf, "errors", None), "OpError", RuntimeError)
     return (AttributeError, RuntimeError, ValueError, op_error)
 
@@ -141,12 +124,8 @@ def tf32_execution_enabled() -> bool:
 
 
 def physical_gpus() -> list[PhysicalGpu]:
-    """Every GPU TensorFlow lists, used or hidden, in CUDA order; [] where it is not imported.
-
-    Reads `tf.config.list_physical_devices`, `get_visible_devices`, `get_device_details` and
-    `get_logical_device_configuration`, none of which starts TensorFlow's runtime. Never
-    raises: a TensorFlow that cannot list its devices lists none.
-    """
+    """Every GPU TensorFlow lists, used or hidden, in CUDA order; [] where it is not imported
+    or cannot list them. Starts no runtime, never raises."""
     tf = sys.modules.get("tensorflow")
     if tf is None:
         return []
@@ -200,17 +179,9 @@ def _cuda_gpus() -> list[GpuInfo]:
 
 
 def tf_gpus() -> list[TfGpu]:
-    """TensorFlow's GPUs in `/GPU:k` order, each with its physical identity and NVML record.
-
-    `/GPU:k` follows `CUDA_VISIBLE_DEVICES` (its order, by index, UUID or `GPU-...` prefix)
-    and `tfgpu.configure(gpus=...)` / `tf.config.set_visible_devices`. A GPU split into
-    several logical devices gives one entry per logical device. Where TensorFlow is not
-    imported, or lists no GPU at all (a CPU-only build), the GPUs CUDA shows this process
-    stand in, as TensorFlow would number them (`tf_name` None). Never starts TensorFlow's
-    runtime, never raises.
-
-    Returns:
-        A list of `TfGpu`; [] where TensorFlow hides every GPU, or without GPUs.
+    """TensorFlow's GPUs in `/GPU:k` order (one per logical device), each with its physical
+    identity and NVML record; where TensorFlow lists none, the CUDA-visible GPUs stand in
+    (`tf_name` None). Starts no runtime, never raises.
 
     Example:
 
@@ -250,27 +221,14 @@ def _unique(values: Sequence[int]) -> list[int]:
 
 
 def nvml_indices() -> list[int]:
-    """NVML indices of the GPUs TensorFlow uses, `/GPU:0`'s first, each once.
-
-    GPUs without an NVML record are left out ([] without NVML).
-    """
+    """NVML indices of the GPUs TensorFlow uses, `/GPU:0`'s first, each once ([] without NVML)."""
     return _unique([g.nvml_index for g in tf_gpus() if g.nvml_index is not None])
 
 
 def cuda_indices(gpus: Sequence[int] | None = None) -> list[int] | None:
-    """The CUDA ordinals (the `tfgpu.monitor.Sampler` `gpus=` numbering) of TensorFlow's GPUs.
-
-    Args:
-        gpus: sequence of int or None, `/GPU:k` indices to keep (in that order); None for all
-            of TensorFlow's GPUs. Defaults to `None`.
-
-    Returns:
-        The CUDA ordinals, each once; or `gpus` itself (a list, or None) where TensorFlow is
-        not imported or lists no GPU: then TensorFlow's numbering is CUDA's.
-
-    Raises:
-        ValueError: if an index in `gpus` names no GPU TensorFlow uses.
-    """
+    """The CUDA ordinals (`Sampler`'s `gpus=` numbering) of TensorFlow's `/GPU:k` in `gpus`
+    (None: all), each once; `gpus` itself where TensorFlow lists no GPU. ValueError for an
+    index that names no GPU TensorFlow uses."""
     physical = physical_gpus()
     if not physical:
         return None if gpus is None else list(gpus)
@@ -297,23 +255,9 @@ def peak_precision(
     compute_capabilities: Sequence[tuple[int, int] | None] | tuple[int, int] | None,
     tf32_enabled: bool | None = None,
 ) -> str | None:
-    """The `tfgpu.flops.peak_flops` precision a Keras dtype policy runs at. Pure but for the
-    default of `tf32_enabled`.
-
-    `mixed_bfloat16` (and `bfloat16`) run at the bfloat16 tensor-core rate, `mixed_float16`
-    (and `float16`) at the float16 one; `float32` runs its matmuls in TF32 when TF32 is
-    enabled and every GPU has compute capability >= 8.0, else at the float32 rate.
-
-    Args:
-        policy: str, the dtype policy's name, e.g. `"mixed_float16"`.
-        compute_capabilities: the GPUs' capabilities (a sequence of `(major, minor)`, None
-            for an unknown one), or one `(major, minor)`, or None.
-        tf32_enabled: bool or None, whether TensorFlow runs float32 matmuls in TF32; None
-            reads it from TensorFlow (`tf32_execution_enabled()`). Defaults to `None`.
-
-    Returns:
-        `"bfloat16"`, `"float16"`, `"tf32"` or `"float32"`; None for other policies (e.g.
-        `"float64"`), which have no tensor-core rate in `peak_flops`.
+    """The `tfgpu.flops.peak_flops` precision a Keras dtype policy runs at: float32 is `"tf32"`
+    when TF32 is on (None: ask TensorFlow) and every GPU has cc >= 8.0; None for policies
+    without a rate (e.g. `"float64"`). `compute_capabilities`: a list, one pair, or None.
 
     Example:
 

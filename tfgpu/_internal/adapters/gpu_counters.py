@@ -1,15 +1,6 @@
-"""What GPU utilization hides: the rules shared by `tfgpu.diagnose` and `tfgpu report`.
-
-Pure functions of plain numbers (means over a monitored window of one GPU), no TensorFlow,
-no Keras: `tfgpu report` uses them on a timeline, `tfgpu.diagnose` on the sampler's
-aggregates of its monitored run, and adds what only it knows (the model's layers, the
-policy, the batch's bytes). The thresholds, the NVML throttle-reason table and the notes on
-what a GPU without GPM cannot show live here and nowhere else (docs/diagnosis.md explains
-them and their sources).
-
-Each rule returns a `CounterFinding` (or None): its kind, severity, title, what was
-measured (`measured`, a clause), what it means (`meaning`, a clause) and the generic fix
-(`recommendation`, a sentence). A value that is NaN decides nothing.
+"""What GPU utilization hides: the rules shared by `tfgpu.diagnose` and `tfgpu report`, pure
+functions of one GPU's means over a window (a NaN decides nothing), each returning a
+`CounterFinding` or None. The thresholds and their sources: docs/diagnosis.md.
 """
 
 from __future__ import annotations
@@ -197,11 +188,8 @@ def small_kernels_fix(
     *,
     measured_no_gain: frozenset[str] = frozenset(),
 ) -> str:
-    """The small-kernels fix, with what the caller knows of the model (None: unknown).
-
-    `measured_no_gain` names the knobs (`"steps_per_execution"`, `"jit_compile"`) that a probe
-    on this model measured as no faster: they are left out, never advised.
-    """
+    """The small-kernels fix, with what the caller knows of the model (None: unknown); the
+    knobs in `measured_no_gain` (measured as no faster here) are never advised."""
     batch = f"now {batch_size}" if batch_size else "per replica"
     parts = [
         f"A larger `batch_size` ({batch}; `tfgpu.find_batch_size(model, data)` finds the "
@@ -279,8 +267,7 @@ def pcie_traffic(c: Counters, step_time_s: float, batch_bytes: int | None) -> Co
 
 
 def pcie_unjudged(c: Counters, step_time_s: float) -> CounterFinding | None:
-    """PCIe traffic per step where the batch's bytes are unknown (a timeline alone): the
-    figure, not judged, with where to get it judged."""
+    """PCIe traffic per step, not judged: the batch's bytes are unknown (a timeline alone)."""
     if not math.isfinite(pcie_per_step_bytes(c, step_time_s)):
         return None
     return CounterFinding(
@@ -341,14 +328,8 @@ def clocks_throttled(c: Counters) -> CounterFinding | None:
 
 
 def unseen(c: Counters, *, with_util: bool = True) -> list[str]:
-    """Notes on what the counters could not show (NaN); none when utilization was not
-    measured (no monitor: its own note says so).
-
-    Args:
-        c: `Counters`.
-        with_util: bool, whether the GPM note quotes a high utilization (a figure of this
-            GPU; the report leaves it out to say the note once for several GPUs).
-    """
+    """Notes on what the counters could not show (NaN); none without utilization. `with_util`:
+    the GPM note quotes a high utilization (the report leaves it out for several GPUs)."""
     if not is_finite_number(c.util_pct_mean):
         return []
     notes = []

@@ -1,15 +1,7 @@
-"""Snapshot and restore of a Keras model's training state: `with preserved(model, x): ...`.
-
-Shared by `tfgpu.diagnose` and `tfgpu.find_batch_size` (and anything else that trains a
-user's model to measure it): the model comes back exactly as it went in, so training
-afterwards starts where it would have without the measurement. Kept: the values of every
-variable of the model, its optimizer (nested ones too, e.g. a `LossScaleOptimizer`'s inner
-optimizer) and its metrics; `steps_per_execution`, `jit_compile`, `train_function` and
-`history`. Metrics created during the body are reset.
-
-The model and its optimizer are built before the snapshot (`build`): variables that the
-first training step would otherwise create (the optimizer's slots and step count on a
-freshly compiled model) then exist, are recorded, and are put back too.
+"""`with preserved(model, x): ...`: a Keras model comes back exactly as it went in (every
+variable of the model, its optimizers and metrics; its compile settings, train function and
+history), for whatever trains a user's model to measure it. The model and its optimizer are
+built first, so the slots a first step would create are recorded and put back too.
 """
 
 from __future__ import annotations
@@ -28,13 +20,8 @@ _ATTRIBUTES = ("steps_per_execution", "jit_compile", "train_function", "history"
 
 
 def build(model: Any, x: Any = None) -> None:
-    """Builds `model` (on inputs `x`, if not built yet) and its optimizer, under its strategy.
-
-    Args:
-        model: keras.Model, compiled.
-        x: the model's inputs for one batch (any batch size), used only when the model is
-            not built yet. Defaults to None (the model must then be built).
-    """
+    """Builds `model` (on one batch's inputs `x`, if not built yet) and its optimizer, under
+    its strategy."""
     strategy = model.distribute_strategy
     with strategy.scope():
         if not model.built and x is not None:
@@ -76,11 +63,8 @@ def restore(model: Any, values: list[tuple[Any, np.ndarray]]) -> None:
 
 @contextlib.contextmanager
 def preserved(model: Any, x: Any = None) -> Iterator[None]:
-    """Runs the body, then puts the model's training state back (also on an exception).
-
-    Args:
-        model: keras.Model, compiled.
-        x: the model's inputs for one batch, to build an unbuilt model. Defaults to None.
+    """Runs the body, then puts the model's training state back (also on an exception); `x`,
+    one batch's inputs, builds an unbuilt model.
 
     Example:
 

@@ -1,14 +1,7 @@
-"""The one timing engine of `diagnose`, `tune`, `tfgpu tune SCRIPT` and `find_batch_size`.
-
-A measurement is a timed `fit` (`fit_step_time`: warm-up calls excluded, the median of the
-timed calls), bounded by a `Budget`. Two or more variants are compared in interleaved rounds
-(`compare`), so that a noisy host favours none of them, until a distribution-free
-confidence interval of the median per-round ratio lies on one side of the threshold that
-matters (`settled`), or the budget is spent. Every clock read of the budget goes through
-`now` and every timed fit through `fit_step_time`, both module attributes (the tests replace
-them with scripted ones, so no test depends on the machine's speed or load).
-
-The statistics (`medians`, `median_interval`, `gain`) are pure.
+"""The one timing engine of `diagnose`, `tune`, `tfgpu tune SCRIPT` and `find_batch_size`: a
+timed `fit` (`fit_step_time`) under a `Budget`, variants compared in interleaved rounds
+(`compare`) until the confidence interval of the median ratio settles; pure statistics.
+`now` and `fit_step_time` are module attributes: the tests replace them with scripted ones.
 """
 
 from __future__ import annotations
@@ -27,31 +20,22 @@ import keras
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.warn import one_line
 
-# Each comparison alternates its variants in rounds: at least `MIN_ROUNDS`, then more (up to a
-# caller's maximum) until a distribution-free confidence interval of the median (order
-# statistics, binomial coverage >= `CONFIDENCE`) lies on one side of the threshold.
+# Rounds per comparison at least; the coverage of the median's confidence interval.
 MIN_ROUNDS = 3
-
 CONFIDENCE = 0.90
 
 # A comparison stops after its first round when the variant is this much slower.
 CLEARLY_SLOWER = 1.5
 
-# Each timed fit of a variant runs at most this many times as long as the baseline's timed
-# steps took (its warm-up, tracing and compiling, is bounded by the budget only).
+# A variant's timed steps run at most this many times as long as the baseline's.
 FIT_LIMIT_FACTOR = 3.0
 
-# The clock of the time budget (tests replace it with a scripted one).
 now = time.perf_counter
 
 
 class Timer(keras.callbacks.Callback):
-    """Times each call of the train function; stops `fit` at a deadline.
-
-    `deadline` (on `now`'s clock) bounds the whole fit; `timed_limit_s` bounds the timed
-    part, counted from the end of the warm-up calls (so tracing and compiling are bounded by
-    the deadline only). The median then uses the steps that ran.
-    """
+    """Times each call of the train function; stops `fit` at `deadline` (on `now`'s clock), or
+    `timed_limit_s` after the warm-up calls."""
 
     def __init__(self, calls_warm: int = 0, deadline=None, timed_limit_s=None):
         super().__init__()
@@ -79,10 +63,8 @@ class Timer(keras.callbacks.Callback):
 def collected_before() -> Iterator[None]:
     """A full garbage collection now and none inside the body; the user's setting put back.
 
-    Earlier `fit` calls leave reference cycles (TensorFlow's distributed iterators and their
-    threads: tens of thousands of objects after a few fits under a strategy); a full
-    collection of them takes seconds and lands wherever Python decides, which inside a
-    timed window is noise that can flip a decision. So it happens before the window.
+    Earlier fits leave cycles (distributed iterators: tens of thousands of objects) whose
+    collection takes seconds: inside a timed window that noise can flip a decision.
     """
     gc.collect()
     enabled = gc.isenabled()
@@ -97,14 +79,8 @@ def collected_before() -> Iterator[None]:
 def fit_step_time(
     model, dataset, steps: int, warmup: int, deadline=None, timed_limit_s=None
 ) -> float | None:
-    """Seconds per training step from `fit`, the median over calls after warm-up.
-
-    Garbage is collected before the `fit`, not during it (`collected_before`).
-
-    Stopped at `deadline` (or `timed_limit_s` after the warm-up): the median uses the timed
-    calls that ran. None when the deadline came before one timed call: a time from warm-up
-    calls (tracing, compiling) is not a step time.
-    """
+    """Seconds per training step from `fit`, the median over the timed calls that ran after
+    warm-up (garbage collected before); None when the deadline came before one."""
     spe = max(1, int(model.steps_per_execution))
     calls_warm = max(2, math.ceil(warmup / spe))
     calls_timed = max(6, math.ceil(steps / spe))
@@ -124,10 +100,8 @@ def fit_step_time(
 
 
 def call_time(fn: Callable[[], Any], calls: int) -> float:
-    """Seconds per call of `fn` (which must return only once its work is done, as
-    `train_on_batch` does), the median over `calls` calls after one untimed call; garbage
-    collected before, not during (`collected_before`); timed with `time.perf_counter`, as
-    `fit_step_time`."""
+    """Seconds per call of `fn` (which must return once its work is done, as `train_on_batch`
+    does), the median over `calls` calls after one untimed call; garbage collected before."""
     fn()  # trace and warm up
     times = []
     with collected_before():
@@ -140,11 +114,8 @@ def call_time(fn: Callable[[], Any], calls: int) -> float:
 
 @dataclass
 class Budget:
-    """A time budget on `now`'s clock (`seconds` None: no limit).
-
-    Measuring stops at `measure_share` of it (`deadline`): the rest is for the caller's
-    work after measuring (counting FLOPs, restoring the model).
-    """
+    """A time budget on `now`'s clock (`seconds` None: no limit); measuring stops at
+    `measure_share` of it (`deadline`), the rest is the caller's."""
 
     seconds: float | None
     measure_share: float = 1.0
@@ -203,20 +174,14 @@ def compare(
     failures: tuple[type[BaseException], ...] = (),
     describe: Callable[[BaseException], str] = one_line,
 ) -> dict[str, Comparison]:
-    """The one timing engine: the baseline and each variant run in interleaved rounds.
+    """The baseline and each open variant in interleaved rounds, in a rotating order; returns a
+    `Comparison` per variant.
 
-    Every round runs the baseline and each variant still open, in an order that rotates
-    from round to round (so that a noisy host favours none of them). A variant closes after
-    `MIN_ROUNDS` rounds once it is `done` (default: its ratio interval lies on one side of
-    `threshold`, see `settled`), after its first round when it is `clearly_slower` than the
-    baseline (None: never), when the budget is spent, or when its run raises one of
-    `failures` (recorded as `error`, `describe(exception)`; other exceptions propagate). Each variant's timed part
-    is limited to `FIT_LIMIT_FACTOR` times the baseline's (`timed_units` of its time per
-    unit, plus a second). `first_base`, when given, is the baseline's time of round one
-    (already measured by the caller).
-
-    Returns:
-        A `Comparison` per variant name.
+    A variant closes after `MIN_ROUNDS` once `done` (default: `settled` on `threshold`), after
+    round one when `clearly_slower` (None: never), when the budget is spent, or when its run
+    raises one of `failures` (its `error`). Its timed part is limited to `FIT_LIMIT_FACTOR`
+    times the baseline's (`timed_units` of it, plus a second). `first_base`: the baseline's
+    time of round one, already measured.
     """
     budget = budget or Budget(None)
     out = {name: Comparison() for name in variants}
@@ -300,11 +265,9 @@ def medians(rounds: Sequence[tuple[float, float]]) -> tuple[float, float]:
 
 
 def median_interval(values: Sequence[float]) -> tuple[float, float, float]:
-    """(low, high, confidence) of a distribution-free confidence interval of the median. Pure.
-
-    The interval is the k-th smallest to the k-th largest value, k the largest with binomial
-    coverage `1 - 2 P(Bin(n, 1/2) < k)` >= `CONFIDENCE`; with fewer than 5 values no k
-    reaches it and the interval is the full range (coverage 75% for 3 values, 87.5% for 4).
+    """(low, high, confidence) of a distribution-free confidence interval of the median: the
+    k-th smallest to the k-th largest value, k the largest with binomial coverage >=
+    `CONFIDENCE` (the full range below 5 values). Pure.
 
     Example:
 
@@ -359,11 +322,8 @@ def settled(rounds: Sequence[tuple[float, float]], threshold: float) -> bool:
 
 
 def with_attrs(model: Any, dataset: Any, steps: int, warmup: int, attrs: dict[str, Any]) -> Run:
-    """A `Run` timing `model`'s step on `dataset` with `attrs` set on the model for the run.
-
-    Each setting keeps its own compiled train function, swapped in for its runs, so nothing
-    is traced twice; the model's own values and train function are put back after each run.
-    """
+    """A `Run` timing `model`'s step on `dataset` with `attrs` set for the run; each setting
+    keeps its own compiled train function (nothing traced twice), the model's put back."""
     functions: dict[str, Any] = {"fn": None if attrs else model.train_function}
 
     def run(deadline: float | None, limit: float | None) -> float | None:

@@ -1,27 +1,7 @@
-"""A compiled model and its data, checked once: the front door of `diagnose`,
-`find_batch_size` and `tune`.
-
-`check_model_and_data(model, data, batch_size=...)` refuses, before any work and in the same
-words whichever function was called, a model that is not a compiled `keras.Model` and data
-none of them can train on; it returns a `ModelAndData`. The data is one of two kinds, a class
-each (as Keras's data adapters): `DatasetData`, the user's `tf.data.Dataset` as it is, and
-`ArrayData`, arrays `x`, `(x, y)` or `(x, y, sample_weight)` (NumPy arrays, tensors, or
-dicts, lists and tuples of them) batched as `fit` batches them (32 by default). The kind is
-decided once; what the callers need rides on what is returned: the batched dataset, the batch
-size where it is known, whether the data came as arrays, the first batch, and the examples
-the batch-size finder cuts batches of any size from.
-
-What is refused, and how:
-
-- `model` not a `keras.Model`: `TypeError`; not compiled: `ValueError` with the fix
-  (`model.compile(...)`).
-- `data` of another kind (a string, a generator, a `DistributedDataset`): `TypeError`.
-- arrays of different lengths: `ValueError` naming each array and its length (not
-  TensorFlow's "Dimensions 64 and 16 are not compatible"); no examples; more than three
-  parts.
-- inputs without labels for a model compiled with a loss (and Keras's own `train_step`).
-- where batches are needed (`diagnose`, `tune`), a dataset of single examples; an empty
-  dataset when its first batch (or the finder's examples) is read.
+"""A compiled model and its data, checked once, in the same words: the front door of
+`diagnose`, `find_batch_size` and `tune` (what is refused: docs/diagnosis.md, "The model and
+the data: one check"). The data's kind is a class, decided once, as Keras's data adapters:
+`DatasetData` (the user's dataset as it is) or `ArrayData` (arrays batched as `fit` does).
 """
 
 from __future__ import annotations
@@ -86,24 +66,8 @@ def _type_error(name: str, value: Any, expected: str) -> TypeError:
 
 
 def check_model(model: Any, *, from_factory: bool = False) -> keras.Model:
-    """Checks that `model` is a compiled Keras model; returns it.
-
-    Args:
-        model: any, what the caller passed (or what the caller's model factory returned).
-        from_factory: bool, whether `model` was returned by the user's function (`tune`
-            takes one): the messages then say so. Defaults to False.
-
-    Returns:
-        `model`.
-
-    Raises:
-        TypeError: if `model` is not a `keras.Model`.
-        ValueError: if it is not compiled (`model.compile(...)` was not called).
-
-    Example:
-
-    >>> check_model(model)  # compiled: returned as is
-    """
+    """Returns `model` if it is a compiled Keras model: else TypeError, or ValueError with the
+    fix; `from_factory`: the messages say it came from the user's function."""
     if not isinstance(model, keras.Model):
         expected = (
             "a function that returns a compiled `keras.Model`"
@@ -128,11 +92,7 @@ def check_model(model: Any, *, from_factory: bool = False) -> keras.Model:
 
 
 class DatasetData:
-    """A `tf.data.Dataset` the user passed, used as it is.
-
-    Args:
-        dataset: tf.data.Dataset, the user's data (batches; the finder takes examples too).
-    """
+    """A `tf.data.Dataset` the user passed, used as it is (batches; the finder takes examples)."""
 
     from_arrays = False
 
@@ -151,11 +111,7 @@ class DatasetData:
 
     def examples(self, limit: int) -> tuple[Any, Any, Any]:
         """The first `limit` examples as NumPy `(x, y, sample_weight)` (None where absent),
-        unbatched from a batched dataset; reads the dataset.
-
-        Raises:
-            ValueError: if the dataset is empty.
-        """
+        unbatched from a batched dataset; ValueError if it is empty."""
         batched, ambiguous = source_batches(self.dataset)
         ds = self.dataset.unbatch() if batched is not None or ambiguous else self.dataset
         try:
@@ -166,13 +122,8 @@ class DatasetData:
         return keras.utils.unpack_x_y_sample_weight(element)
 
     def check_batches(self, model: keras.Model) -> None:
-        """Refuses a dataset of single examples where batches are needed, from its input
-        chain (an unbatched source with no batch step after it) or, where the chain cannot
-        tell, from the model's input rank; reads nothing.
-
-        Raises:
-            ValueError: naming the examples' shapes and the fix (`.batch(n)`).
-        """
+        """Refuses a dataset of single examples (from its input chain, else from the model's
+        input rank) with a ValueError naming the fix; reads nothing."""
         x, _, _ = keras.utils.unpack_x_y_sample_weight(self.spec())
         shapes = [getattr(t, "shape", None) for t in tf.nest.flatten(x)]
         ranks = [None if s is None else s.rank for s in shapes]
@@ -197,15 +148,8 @@ class DatasetData:
 
 
 class ArrayData:
-    """Arrays `x`, `(x, y)` or `(x, y, sample_weight)`, one entry per example, batched as `fit`
-    batches them. Built by `check_data`, which has checked the lengths.
-
-    Args:
-        x, y, sample_weight: the parts (each an array, a tensor, or a dict, list or tuple of
-            them; `y` and `sample_weight` may be None).
-        num_examples: int, the common length.
-        batch_size: int, examples per batch of `dataset`.
-    """
+    """Arrays `x`, `(x, y)` or `(x, y, sample_weight)` (each an array, a tensor, or a dict, list
+    or tuple of them), batched as `fit` batches them; built by `check_data`."""
 
     from_arrays = True
 
@@ -222,13 +166,11 @@ class ArrayData:
 
     @functools.cached_property
     def dataset(self) -> tf.data.Dataset:
-        """The batches, `tf.data.Dataset.from_tensor_slices(arrays).batch(batch_size)`; built
-        on first use (it copies the arrays into a tensor)."""
+        """The batches, built on first use (it copies the arrays into a tensor)."""
         return tf.data.Dataset.from_tensor_slices(self._element()).batch(self.batch_size)
 
     def spec(self) -> Any:
-        """The structure of one batch, as `tf.TensorSpec`s of its shapes (the batch dimension
-        unknown; the dtypes are not read)."""
+        """The structure of one batch, as `tf.TensorSpec`s of its shapes (dtypes not read)."""
 
         def leaf_spec(a: Any) -> Any:
             return None if a is None else tf.TensorSpec((None, *tuple(a.shape)[1:]))
@@ -320,20 +262,7 @@ def _check_arrays(data: Any) -> tuple[Any, Any, Any, int]:
 
 def check_data(data: Any, *, batch_size: Any = None) -> DatasetData | ArrayData:
     """Decides the kind of `data` once and checks it, before any work; reads nothing.
-
-    Args:
-        data: any, what the caller passed: a `tf.data.Dataset`, or arrays `x`, `(x, y)` or
-            `(x, y, sample_weight)`.
-        batch_size: int or None, examples per batch for arrays (ignored for a dataset, as
-            `fit` does). Defaults to None: 32.
-
-    Returns:
-        A `DatasetData` or an `ArrayData`.
-
-    Raises:
-        TypeError: if `data` is neither a dataset nor arrays (a `DistributedDataset`
-            included), or `batch_size` is not an int.
-        ValueError: if arrays have different lengths or no examples, or `batch_size` < 1.
+    `batch_size` (None: 32) batches arrays and is ignored for a dataset, as `fit` does.
 
     Example:
 
@@ -373,12 +302,7 @@ def _check_labels(model: keras.Model, data: DatasetData | ArrayData) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ModelAndData:
-    """A compiled model and its data, checked: what `check_model_and_data` returns.
-
-    Args:
-        model: keras.Model, compiled.
-        data: `DatasetData` or `ArrayData`, the data's kind and its behaviour.
-    """
+    """A compiled model and its data (`DatasetData` or `ArrayData`), checked."""
 
     model: keras.Model
     data: DatasetData | ArrayData
@@ -399,11 +323,7 @@ class ModelAndData:
         return self.data.from_arrays
 
     def first_batch(self) -> tuple[Any, int | None]:
-        """(the first batch, its size); reads one batch.
-
-        Raises:
-            ValueError: if the dataset is empty.
-        """
+        """(the first batch, its size); reads one batch; ValueError if the dataset is empty."""
         try:
             batch = next(iter(self.dataset))
         except StopIteration:
@@ -413,12 +333,7 @@ class ModelAndData:
         return batch, size
 
     def examples(self, limit: int) -> tuple[Any, Any, Any]:
-        """The first `limit` examples as NumPy `(x, y, sample_weight)`, unbatched where the
-        data is batched; reads them.
-
-        Raises:
-            ValueError: if the dataset is empty.
-        """
+        """The first `limit` examples as NumPy `(x, y, sample_weight)`; reads them."""
         return self.data.examples(limit)
 
 
@@ -430,30 +345,8 @@ def check_model_and_data(
     examples_ok: bool = False,
     from_factory: bool = False,
 ) -> ModelAndData:
-    """Checks a model and its data together, before any work; reads no data.
-
-    The one check of `diagnose`, `find_batch_size` and `tune`: the same mistake gives the
-    same message whichever was called.
-
-    Args:
-        model: any, the caller's `model` argument (or what its factory returned).
-        data: any, the caller's `data` argument: a `tf.data.Dataset`, or arrays `x`,
-            `(x, y)` or `(x, y, sample_weight)`.
-        batch_size: int or None, examples per batch for arrays. Defaults to None: 32.
-        examples_ok: bool, whether a dataset of single examples is valid (the batch-size
-            finder cuts its own batches). Defaults to False: batches are needed.
-        from_factory: bool, whether `model` was returned by the user's function. Defaults
-            to False.
-
-    Returns:
-        A `ModelAndData`.
-
-    Raises:
-        TypeError: if `model` is not a `keras.Model`, or `data` is neither a dataset nor
-            arrays.
-        ValueError: if the model is not compiled, arrays have different lengths or no
-            examples, the data has no labels while the loss needs them, or (without
-            `examples_ok`) the dataset yields single examples.
+    """Checks a model and its data together, before any work; reads no data. `examples_ok`:
+    a dataset of single examples is valid (the batch-size finder cuts its own batches).
 
     Example:
 

@@ -1,13 +1,6 @@
-"""Keras-style argument errors, shared by every module (no TensorFlow, no Keras).
-
-Each message names the argument, shows what was received and says what is expected:
-``Invalid value for argument `steps`. Received: steps=0. Expected an int >= 1.``
-`tfgpu.monitor` uses this module too, so it must never import TensorFlow or Keras.
-
-One rule everywhere: a value of the wrong type (a float where an int is expected, a str
-where a number is, a bool where either is) raises `TypeError`; a value of the right type
-that is out of range, unknown or not finite raises `ValueError`. NumPy scalars count as the
-Python numbers they hold (`np.float32(1e-3)` is a float, `np.int64(8)` an int).
+"""Keras-style argument errors, shared by every module: the wrong type is a `TypeError`, the
+right type out of range a `ValueError`; NumPy scalars count as Python numbers, bools as
+neither. `tfgpu.monitor` uses it: no TensorFlow, no Keras.
 """
 
 from __future__ import annotations
@@ -22,15 +15,6 @@ from typing import Any, Literal, overload
 def invalid_value(name: str, value: Any, expected: str) -> ValueError:
     """Returns the ValueError for argument `name` (the caller raises it).
 
-    Args:
-        name: str, the argument's name.
-        value: any, what the caller passed.
-        expected: str, what would have been valid, after "Expected ", e.g. `"a positive int"`.
-
-    Returns:
-        A `ValueError` reading ``Invalid value for argument `name`. Received: name=...
-        Expected ....``
-
     Example:
 
     >>> str(invalid_value("steps", 0, "an int >= 1"))
@@ -43,15 +27,6 @@ def invalid_value(name: str, value: Any, expected: str) -> ValueError:
 
 def invalid_type(name: str, value: Any, expected: str) -> TypeError:
     """Returns the TypeError for argument `name`, naming the type received.
-
-    Args:
-        name: str, the argument's name.
-        value: any, what the caller passed.
-        expected: str, what would have been valid, after "Expected ", e.g. `"a bool"`.
-
-    Returns:
-        A `TypeError` reading ``Invalid type for argument `name`. Received: name=... (of
-        type T). Expected ....``
 
     Example:
 
@@ -121,27 +96,8 @@ def check_int(
     allow_none: bool = False,
     expected: str | None = None,
 ) -> int | None:
-    """Checks an integer argument (NumPy integers too) against its bounds.
-
-    The rule every tfgpu function follows: a value of the wrong type (a float, a str, a bool)
-    is a `TypeError`; an int out of range is a `ValueError`.
-
-    Args:
-        name: str, the argument's name.
-        value: any, what the caller passed.
-        minimum: int, the smallest valid value. Defaults to `1`.
-        maximum: int or None, the largest valid value. Defaults to `None`: no upper bound.
-        allow_none: bool, whether `None` is valid (and returned as is). Defaults to `False`.
-        expected: str or None, the text after "Expected " in the message. Defaults to
-            `None`: "an int >= {minimum}" (plus the maximum, and " or None" with
-            `allow_none`).
-
-    Returns:
-        `value` as a Python int, or None.
-
-    Raises:
-        TypeError: if `value` is not an integer (bools are not).
-        ValueError: if it is below `minimum` or above `maximum`.
+    """Checks an integer argument (NumPy integers too, bools not) against its bounds; returns
+    it as an int. `expected`: the text after "Expected " (default built from the bounds).
 
     Example:
 
@@ -199,24 +155,8 @@ def check_number(
     allow_none: bool = False,
     expected: str | None = None,
 ) -> float | None:
-    """Checks a finite real argument (ints and NumPy scalars too) against its bounds.
-
-    Args:
-        name: str, the argument's name.
-        value: any, what the caller passed.
-        minimum: float or None, the lower bound. Defaults to `None`: none.
-        maximum: float or None, the (inclusive) upper bound. Defaults to `None`: none.
-        exclusive_minimum: bool, whether `minimum` itself is invalid. Defaults to `False`.
-        allow_none: bool, whether `None` is valid (and returned as is). Defaults to `False`.
-        expected: str or None, the text after "Expected " in the message. Defaults to
-            `None`: built from the bounds.
-
-    Returns:
-        `value` as a Python float, or None.
-
-    Raises:
-        TypeError: if `value` is not a real number (bools and strings are not).
-        ValueError: if it is NaN, infinite, or out of bounds.
+    """Checks a finite real argument (ints and NumPy scalars too, bools not) against its
+    bounds (`maximum` inclusive); returns it as a float.
 
     Example:
 
@@ -244,18 +184,7 @@ def check_number(
 
 
 def check_finite_result(what: str, value: float, inputs: str) -> float:
-    """Raises ValueError when a computed result is not finite (an overflow, say).
-
-    Args:
-        what: str, what was computed, e.g. "the scaled learning rate".
-        value: float, the result.
-        inputs: str, the arguments it came from, as the user wrote them.
-
-    Returns:
-        `value`, when finite.
-
-    Raises:
-        ValueError: naming the result and the inputs, when `value` is NaN or infinite.
+    """Returns `value`; a ValueError naming `what` and its `inputs` when it is not finite.
 
     Example:
 
@@ -273,14 +202,6 @@ def check_finite_result(what: str, value: float, inputs: str) -> float:
 def conflicting(first: str, second: str, hint: str = "") -> ValueError:
     """Returns the one ValueError for two arguments that cannot be given together.
 
-    Args:
-        first: str, the first argument as the user wrote it, e.g. "batch_size=64".
-        second: str, the second one, e.g. "per_replica_batch_size=32".
-        hint: str, what to do instead. Defaults to "": "Pass only one of them."
-
-    Returns:
-        A `ValueError` reading ``Conflicting arguments: first and second. hint``.
-
     Example:
 
     >>> str(conflicting("batch_size=64", "per_replica_batch_size=32"))
@@ -292,22 +213,8 @@ def conflicting(first: str, second: str, hint: str = "") -> ValueError:
 
 
 def check_dir(name: str, value: Any, *, allow_none: bool = False) -> Path | None:
-    """Checks a directory argument (a run directory, a backup directory) before any work.
-
-    The directory need not exist yet (it is created when written to), but neither it nor
-    any of its parents may be an existing file. `~` is expanded.
-
-    Args:
-        name: str, the argument's name, e.g. `"log_dir"`.
-        value: any, what the caller passed.
-        allow_none: bool, whether `None` is valid (and returned as is). Defaults to `False`.
-
-    Returns:
-        The directory as a `Path` (user-expanded), or None.
-
-    Raises:
-        TypeError: if `value` is neither a str nor path-like.
-        ValueError: if it is empty, or it or one of its parents is a file.
+    """Checks a directory argument; returns it as a `Path` (`~` expanded). It need not exist,
+    but neither it nor a parent may be a file.
 
     Example:
 
@@ -335,20 +242,7 @@ def check_dir(name: str, value: Any, *, allow_none: bool = False) -> Path | None
 
 
 def check_log_dir(value: Any) -> Path | None:
-    """Checks a `log_dir` argument (a run directory, or None for none); returns it as a Path.
-
-    Call it once per call, with the other arguments, and use the path it returns: the check
-    and the path then cannot disagree. The rules are `check_dir`'s.
-
-    Args:
-        value: any, what the caller passed as `log_dir`.
-
-    Returns:
-        The run directory as a `Path` (user-expanded), or None.
-
-    Raises:
-        TypeError: if `value` is neither None, a str nor path-like.
-        ValueError: if it is empty, or it or one of its parents is a file.
+    """Checks a `log_dir` argument (None: none) by `check_dir`'s rules; use the path it returns.
 
     Example:
 
@@ -360,14 +254,6 @@ def check_log_dir(value: Any) -> Path | None:
 
 def check_bool(name: str, value: Any, *, allow_none: bool = False) -> None:
     """Checks a flag argument; raises TypeError unless it is a bool (or None if allowed).
-
-    Args:
-        name: str, the argument's name.
-        value: any, what the caller passed.
-        allow_none: bool, whether `None` is valid too. Defaults to `False`.
-
-    Raises:
-        TypeError: if `value` is not `True`/`False` (nor `None` with `allow_none`).
 
     Example:
 
@@ -390,12 +276,7 @@ def is_finite_number(value: Any) -> bool:
 
 
 def check_time_budget(value: Any) -> float | None:
-    """Checks a `time_budget_s` argument: seconds > 0, or None (no limit); returns it.
-
-    Raises:
-        TypeError: for a value that is not a number (a bool included).
-        ValueError: for a value <= 0 or not finite.
-    """
+    """Checks a `time_budget_s` argument: seconds > 0, or None (no limit); returns it."""
     return check_number(
         "time_budget_s",
         value,

@@ -1,14 +1,6 @@
-"""Run-directory files that never lose what an earlier run wrote (no TensorFlow, no Keras).
-
-The promise, shared by every writer of a `log_dir`: files are appended to, rotated or
-refused, never truncated. A file that cannot be continued (another header, a damaged JSON
-record) is moved aside to the first free `NAME.N.SUFFIX` (`timeline.1.csv`,
-`timeline.2.csv`, ...) and a new one starts under the plain name, so the plain name always
-holds the newest run. JSON records are replaced atomically (a crash leaves the old or the new
-file, never half of one). `run.json` keeps every session: the newest at the top level, the
-earlier ones under `"earlier_sessions"`, oldest first.
-
-`tfgpu.monitor` uses this module, so it must never import TensorFlow or Keras.
+"""Run-directory files that never lose what an earlier run wrote: appended to, rotated to the
+first free `NAME.N.SUFFIX` or refused, never truncated; JSON replaced atomically (the promise:
+docs/guarantees.md). `tfgpu.monitor` uses it: no TensorFlow, no Keras.
 """
 
 from __future__ import annotations
@@ -65,12 +57,8 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
-    """Reads a JSON object from `path`.
-
-    Raises:
-        OSError: if the file cannot be read.
-        ValueError: naming the file, if it is not UTF-8 JSON or not a JSON object.
-    """
+    """Reads a JSON object from `path`: OSError if unreadable, ValueError naming the file if
+    it is not UTF-8 JSON or not an object."""
     try:
         value = json.loads(path.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -81,14 +69,9 @@ def read_json_object(path: Path) -> dict[str, Any]:
 
 
 def add_session(path: Path, info: dict[str, Any]) -> None:
-    """Writes `info` as the newest session of the record at `path` (e.g. `run.json`).
-
-    The sessions already in the file are kept under `"earlier_sessions"`. A file that is not
-    a JSON object is not overwritten: it is rotated aside first.
-
-    Raises:
-        OSError: if the directory cannot be written.
-    """
+    """Writes `info` as the newest session of the record at `path` (e.g. `run.json`), the
+    earlier ones kept under `"earlier_sessions"`; a file that is not a JSON object is rotated
+    aside first."""
     earlier: list[Any] = []
     if path.exists():
         try:

@@ -17,17 +17,7 @@ _INSTALL_HINTS = {
 
 
 def import_optional(name: str) -> ModuleType:
-    """Imports `name`, or raises `ImportError` that says what to install.
-
-    Args:
-        name: str, the module to import, e.g. `"tensorflow_datasets"`.
-
-    Returns:
-        The imported module.
-
-    Raises:
-        ImportError: if the module is not installed; the message holds the pip command.
-    """
+    """Imports `name`, or raises an `ImportError` that holds the pip command to install it."""
     try:
         return importlib.import_module(name)
     except ImportError as e:

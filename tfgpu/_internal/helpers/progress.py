@@ -1,17 +1,7 @@
-"""Progress lines for long calls (`diagnose`, `find_batch_size`, `tune`), in the Keras way.
-
-`verbose` means what it means for `model.fit`: 0 is silent; 1 is one line rewritten in place
-(a carriage return, then the line padded with spaces over the previous one: a terminal and a
-Jupyter or Colab output cell both redraw it, as they do Keras's progress bar); 2 is one line
-per phase, for log files. `"auto"` is 1 when the stream is a terminal or the code runs in an
-IPython kernel (a notebook), 2 otherwise (output redirected to a file or a pipe, or Keras's
-interactive logging turned off with `keras.config.disable_interactive_logging()`). The lines go
-to `sys.stdout`, like Keras's progress bar, and hold plain text (no ANSI colours), so a log
-file reads as it was printed.
-
-Each line names the call, the phase and the time left in the budget (or the time so far
-without one), for example ``diagnose: timing the real data (round 3) · 41 s left``. Writing
-is a side feature: a closed or broken stream is ignored, never raised.
+"""Progress lines for long calls (`diagnose`, `find_batch_size`, `tune`), on `sys.stdout` in
+plain text: `verbose` as `model.fit` takes it (1: one line rewritten in place with a carriage
+return; 2: one line per phase; "auto": 1 in a terminal or a notebook, else 2). Each line names
+the call, the phase and the time left: ``diagnose: timing the real data · 41 s left``.
 """
 
 from __future__ import annotations
@@ -35,17 +25,7 @@ _STREAM_ERRORS = (AttributeError, OSError, ValueError)
 
 
 def check_verbose(verbose: Any) -> int | str:
-    """Checks a `verbose` argument as Keras takes it: `"auto"`, 0, 1 or 2.
-
-    Args:
-        verbose: str or int, what the caller passed (NumPy integers count as ints).
-
-    Returns:
-        `"auto"`, or the int 0, 1 or 2.
-
-    Raises:
-        TypeError: if `verbose` is neither a str nor an int (a bool included).
-        ValueError: if it is another string or another int.
+    """Checks a `verbose` argument as Keras takes it: `"auto"`, 0, 1 or 2; returns it.
 
     Example:
 
@@ -83,16 +63,8 @@ def _is_tty(stream: Any) -> bool:
 
 
 def resolve_verbose(verbose: int | str, stream: Any = None) -> int:
-    """The mode `verbose` means for `stream` (`sys.stdout` when None): `"auto"` is 1 on a
-    terminal or in an IPython kernel, else 2 (also when Keras's interactive logging is off).
-    `verbose` must be checked already.
-
-    Args:
-        verbose: str or int, a value `check_verbose` accepted.
-        stream: file-like or None, where the lines go. Defaults to None (`sys.stdout`).
-
-    Returns:
-        int, 0, 1 or 2.
+    """The mode a checked `verbose` means for `stream` (`sys.stdout` when None): `"auto"` is 1
+    on a terminal or in an IPython kernel, else 2 (also when Keras's interactive logging is off).
 
     Example:
 
@@ -141,20 +113,8 @@ def format_seconds(seconds: float) -> str:
 class Progress:
     """Progress lines of one long call: a line per phase, a summary line at the end.
 
-    Args:
-        verbose: str or int, `"auto"`, 0, 1 or 2, as `model.fit` takes it (checked here:
-            callers that must refuse a bad value before any work call `check_verbose`
-            first).
-        title: str, the call's name that starts every line, e.g. `"diagnose"`.
-        budget_s: float or None, the call's time budget in seconds: each line then says the
-            time left. Defaults to None (each line says the time so far).
-        stream: file-like or None, where the lines go. Defaults to None (`sys.stdout` at the
-            time of each write, as Keras's progress bar).
-        clock: callable returning seconds, the clock of the budget. Defaults to
-            `time.monotonic` (the tests pass a scripted one).
-
-    Raises:
-        TypeError, ValueError: on an invalid `verbose` (see `check_verbose`).
+    `budget_s` (None: none) makes each line say the time left, else the time so far;
+    `stream` None is `sys.stdout` at each write; `clock` is the budget's (tests script it).
 
     Example:
 
@@ -201,20 +161,13 @@ class Progress:
         return "budget spent" if left <= 0 else f"{format_seconds(left)} left"
 
     def phase(self, text: str) -> None:
-        """Shows a new phase: "timing the real data, round 3 of at most 12".
-
-        Args:
-            text: str, what runs now.
-        """
+        """Shows a new phase: "timing the real data, round 3 of at most 12"."""
         if self.verbose and not self._done:
             self._show(f"{self.title}: {text} {_DOT} {self._timing()}", final=False)
 
     def done(self, text: str = "") -> None:
-        """Ends the progress with one summary line ("done in 41 s"); later calls do nothing.
-
-        Args:
-            text: str, a summary after the time, e.g. `"bottleneck: input"`. Defaults to "".
-        """
+        """Ends the progress with one summary line ("done in 41 s · `text`"); later calls do
+        nothing."""
         if self._done:
             return
         if self.verbose:

@@ -1,10 +1,6 @@
-"""The one definition of each small statistic tfgpu prints (no TensorFlow, no Keras).
-
-A figure shown in two places (`step_time_p90_s` in Keras's `History`, "p90" in
-`report.md`) is computed here, so both agree. Percentiles interpolate linearly between the
-two nearest ranks, as `numpy.percentile`'s default (`method="linear"`) and
-`statistics.median` do; missing values (None, NaN, infinities) are left out, and no value at
-all gives NaN. `tfgpu.monitor` uses this module, so it must never import TensorFlow.
+"""The one definition of each small statistic tfgpu prints, so a figure shown in two places
+agrees. Missing values (None, NaN, infinities) are left out; none at all gives NaN.
+`tfgpu.monitor` uses it: no TensorFlow.
 """
 
 from __future__ import annotations
@@ -38,21 +34,8 @@ def finite(values: Iterable[Any]) -> list[float]:
 
 
 def percentile(values: Iterable[Any], q: float) -> float:
-    """The `q`-th percentile of the finite `values`, linearly interpolated; NaN if none.
-
-    Same as `numpy.nanpercentile(values, q)` (its default `method="linear"`) on the finite
-    values: the value at rank `(n - 1) * q / 100` of the sorted values, interpolating between
-    the two nearest ranks.
-
-    Args:
-        values: iterable of numbers; None, NaN and infinities are left out.
-        q: float, the percentile, 0 to 100 (50 is the median).
-
-    Returns:
-        A float; NaN when no value is finite.
-
-    Raises:
-        ValueError: if `q` is not within 0 to 100.
+    """The `q`-th percentile (0 to 100) of the finite `values`, as `numpy.nanpercentile`'s
+    default (`method="linear"`); NaN if none; ValueError for `q` out of range.
 
     Example:
 

@@ -1,14 +1,6 @@
-"""Warnings that reach the user, however Python runs their code (no TensorFlow, no Keras).
-
-`warn_at_user_code` issues a warning at the innermost frame of the user's code (outside
-tfgpu, Keras, TensorFlow and the standard library's plumbing), so it reads as being about
-the user's line (`model.fit(...)`), not a line inside tfgpu. It works for every kind of
-`__main__`: a script file, `python -c`, a script on standard input (`python - <<EOF`), an
-IPython or Jupyter cell, and `exec` of a string without a file. With `once=`, a warning about
-a fact of the machine (NVML missing) is shown once per process, not once per `fit`.
-
-The user's warning filters apply as usual: `ignore` hides it, `error` raises it (there, as
-Python's own `warnings.warn` would).
+"""Warnings attributed to the user's line (`model.fit(...)`), not a line inside tfgpu, for
+every kind of `__main__` (a file, `-c`, stdin, a notebook cell); with `once=`, once per
+process. The user's warning filters apply as usual. No TensorFlow, no Keras.
 """
 
 from __future__ import annotations
@@ -31,14 +23,8 @@ _lock = threading.Lock()
 
 
 def user_frame(start: FrameType | None = None) -> FrameType | None:
-    """The innermost frame, from `start` outwards, whose module is not a library's.
-
-    Args:
-        start: frame or None, where to begin. Defaults to `None`: the caller's caller.
-
-    Returns:
-        The frame, or None when every frame on the stack belongs to a library.
-    """
+    """The innermost frame, from `start` (default: the caller's caller) outwards, whose module
+    is not a library's; None when every frame is."""
     frame: FrameType | None = sys._getframe(2) if start is None else start
     while frame is not None:
         module = frame.f_globals.get("__name__")
@@ -51,22 +37,10 @@ def user_frame(start: FrameType | None = None) -> FrameType | None:
 def warn_at_user_code(
     message: str, category: type[Warning] = UserWarning, *, once: str | None = None
 ) -> None:
-    """Issues a warning attributed to the user's line; never fails for lack of a source.
+    """Issues a warning attributed to the user's line; `once`, a key, issues it once per process.
 
-    Python's `warnings.warn_explicit(..., module_globals=...)` asks the module's loader for
-    its source, and the loader of a `__main__` read from stdin or `-c` raises (`'__main__' is
-    not a built-in module`). This passes the file name and line only: the line is shown
-    where `linecache` has it (files, IPython cells) and left out elsewhere.
-
-    Args:
-        message: str, the warning text.
-        category: Warning subclass. Defaults to `UserWarning`.
-        once: str or None, a key: a warning with a key already used in this process is not
-            issued again (e.g. `"nvml-missing"`). Defaults to `None`: Python's usual rule
-            (once per call site under the default filter).
-
-    Raises:
-        Warning: the warning itself, when the user's filters turn it into an error.
+    It passes the file name and line only, not `module_globals`: the loader of a `__main__`
+    read from stdin or `-c` raises when `warn_explicit` asks it for the source.
     """
     if once is not None:
         with _lock:
@@ -104,10 +78,7 @@ def warn_at_user_code(
 
 
 def forget(key: str | None = None) -> None:
-    """Lets the warning keyed `key` (every keyed warning, for None) be issued again.
-
-    For tests, which check each warning in isolation.
-    """
+    """Lets the warning keyed `key` (every keyed one, for None) be issued again (for tests)."""
     with _lock:
         if key is None:
             _shown.clear()
@@ -119,13 +90,8 @@ _NOISE_LINES = ("Traceback", "File ", "Detected at node", "Node:", "[[", "{{", "
 
 
 def one_line(error: BaseException, limit: int = 200) -> str:
-    """An exception as one line: its type and the first meaningful line of its message. Pure.
-
-    For notes and warnings that must never carry a traceback (a failed probe, a failed trace).
-
-    TensorFlow's messages start with "Graph execution error:" and a traceback of where the
-    node was defined; those lines are skipped for the first one that says what failed.
-    """
+    """An exception as one line: its type and the first line of its message that says what
+    failed (TensorFlow's "Graph execution error:" and traceback lines skipped). Pure."""
     text = str(error)
     lines = [line for line in text.splitlines() if line.strip()]
     meaningful = [
