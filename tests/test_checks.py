@@ -153,7 +153,7 @@ def test_is_finite_number(value, ok):
 
 def test_importing_it_loads_neither_tensorflow_nor_keras():
     code = (
-        "import sys, tfgpu._internal.helpers.checks, tfgpu._internal.adapters.cluster; print(sorted(m for m in sys.modules "
+        "import sys, tfgpu._internal.helpers.checks, tfgpu._internal.helpers.cluster; print(sorted(m for m in sys.modules "
         "if m.split('.')[0] in ('tensorflow', 'keras')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

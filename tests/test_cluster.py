@@ -1,4 +1,4 @@
-"""tfgpu._internal.adapters.cluster: one TF_CONFIG / Slurm parser for strategy(), `tfgpu env` and the monitor.
+"""tfgpu._internal.helpers.cluster: one TF_CONFIG / Slurm parser for strategy(), `tfgpu env` and the monitor.
 
 The callers' own behaviour is tested with them (test_distribute, test_env, test_monitor);
 here: what strict and lenient parsing accept, and the corners they share.
@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tfgpu._internal.adapters.cluster import (
+from tfgpu._internal.helpers.cluster import (
     Cluster,
     TFConfigError,
     parse_tf_config,

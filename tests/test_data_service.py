@@ -24,7 +24,6 @@ import tensorflow as tf
 from tensorflow.python.data.experimental.ops.testing import sleep as _sleep
 
 import tfgpu
-from tfgpu._internal.adapters.cluster import Cluster
 from tfgpu._internal.adapters.data_service import (
     EXIT_CANNOT_START,
     MAX_RESTARTS,
@@ -37,6 +36,7 @@ from tfgpu._internal.adapters.data_service import (
     supervise,
     wait_for_port,
 )
+from tfgpu._internal.helpers.cluster import Cluster
 from tfgpu.data._plan import Facts, decide
 from tfgpu.data._service import chunk_size
 from tfgpu.diagnosis._advice import service_advice

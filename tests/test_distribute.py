@@ -17,7 +17,7 @@ import tensorflow as tf
 import tfgpu
 from tests.workers.train import train
 from tfgpu import distribute
-from tfgpu._internal.adapters.cluster import resolve_cluster as _resolve_cluster
+from tfgpu._internal.helpers.cluster import resolve_cluster as _resolve_cluster
 from tfgpu.distribute import _choose_all_reduce, _choose_kind
 
 WORKERS2 = {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}

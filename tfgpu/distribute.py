@@ -16,7 +16,6 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tfgpu._internal.adapters.cluster import resolve_cluster, slurm_num_tasks
 from tfgpu._internal.helpers.checks import (
     check_finite_result,
     check_int,
@@ -25,6 +24,7 @@ from tfgpu._internal.helpers.checks import (
     invalid_value,
     is_int,
 )
+from tfgpu._internal.helpers.cluster import resolve_cluster, slurm_num_tasks
 
 if TYPE_CHECKING:
     import tensorflow as tf

@@ -18,8 +18,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfgpu._internal.adapters.cluster import resolve_cluster
 from tfgpu._internal.adapters.data_service import Address, consumers, job_name
+from tfgpu._internal.helpers.cluster import resolve_cluster
 
 # How long the reachability check waits for the dispatcher's port.
 CONNECT_TIMEOUT_S = 3.0

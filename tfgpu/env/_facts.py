@@ -12,7 +12,7 @@ import re
 import types
 from typing import Any
 
-from tfgpu._internal.adapters.cluster import TFConfigError, parse_tf_config
+from tfgpu._internal.helpers.cluster import TFConfigError, parse_tf_config
 from tfgpu.monitor.nvml import visible_gpus
 
 # Variables that change how TensorFlow, CUDA or Keras behave, shown in the report when set.

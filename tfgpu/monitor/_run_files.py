@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tfgpu._internal.adapters.cluster import Cluster, resolve_cluster
 from tfgpu._internal.helpers import files
+from tfgpu._internal.helpers.cluster import Cluster, resolve_cluster
 from tfgpu.monitor.nvml import GpuInfo, NvmlInventory
 
 

@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from tfgpu._internal.adapters.cluster import Cluster
 from tfgpu._internal.helpers.checks import invalid_type, invalid_value
+from tfgpu._internal.helpers.cluster import Cluster
 
 _ADDRESS = "a str 'grpc://host:port' or 'host:port' (the dispatcher's address), or None"
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)$")
@@ -107,7 +107,7 @@ def job_name(
 
     Example:
 
-    >>> from tfgpu._internal.adapters.cluster import Cluster
+    >>> from tfgpu._internal.helpers.cluster import Cluster
     >>> job_name(None, cluster=Cluster("none", 1), environ={}, serial=0, token="ab12")
     'tfgpu-ab12-0'
     """
@@ -134,7 +134,7 @@ def consumers(cluster: Cluster, *, repeat: bool) -> tuple[int | None, int | None
 
     Example:
 
-    >>> from tfgpu._internal.adapters.cluster import Cluster
+    >>> from tfgpu._internal.helpers.cluster import Cluster
     >>> consumers(Cluster("TF_CONFIG", 2, "worker", 1, {"worker": ["a:1", "b:1"]}), repeat=True)
     (1, 2)
     """

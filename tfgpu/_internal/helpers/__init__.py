@@ -1,1 +1,1 @@
-"""Generic helpers, TensorFlow-free: checks, files, warn, stats, jsonable, lazy, progress."""
+"""Generic helpers, TensorFlow-free: checks, files, warn, stats, jsonable, lazy, progress, cluster."""
