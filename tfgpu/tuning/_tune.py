@@ -113,6 +113,11 @@ def _check_args(
     return check_time_budget(time_budget_s), log_path
 
 
+# Copies of one example in the batch that tells a per-example draw from a per-batch one: a
+# random flip leaves 16 copies all alike once in 2**15 (4 copies: once in 8, a flaky verdict).
+_COPIES = 16
+
+
 def _augment_on_batches(arguments: dict[str, Any] | None) -> str:
     """Why the pipeline's `augment_fn` cannot simply run on whole batches ("" when it can, or
     there is none): it fails on a batch, or draws its random values once per batch (copies of
@@ -141,7 +146,7 @@ def _augment_on_batches(arguments: dict[str, Any] | None) -> str:
     with recorded(lambda e: one_line(e, limit=160)) as failure:
         out = call(*parts)
         copies = tuple(
-            tf.nest.map_structure(lambda t: tf.repeat(t[:1], 4, axis=0), p) for p in parts
+            tf.nest.map_structure(lambda t: tf.repeat(t[:1], _COPIES, axis=0), p) for p in parts
         )
         alike = call(*copies)
         first = tuple(tf.nest.map_structure(lambda t: t[0], p) for p in parts)
@@ -163,7 +168,7 @@ def _augment_on_batches(arguments: dict[str, Any] | None) -> str:
             for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b), strict=True)
         )
 
-    rows = [tf.nest.map_structure(lambda t, k=k: t[k], alike) for k in range(4)]
+    rows = [tf.nest.map_structure(lambda t, k=k: t[k], alike) for k in range(_COPIES)]
     if all(same(rows[0], r) for r in rows[1:]) and not same(one, two):
         return "on a batch it draws its random values once for the whole batch"
     return ""
