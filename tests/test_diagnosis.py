@@ -15,7 +15,7 @@ import tensorflow as tf
 import tfgpu
 from tfgpu._internal.adapters import timing as protocol
 from tfgpu.diagnosis import Diagnosis, _probes
-from tfgpu.diagnosis._classify import _classify
+from tfgpu.diagnosis._classify import classify
 from tfgpu.diagnosis._facts import Facts
 from tfgpu.diagnosis._graph import shape_facts
 from tfgpu.diagnosis._lint import lint_mixed_precision
@@ -109,7 +109,7 @@ class _ScriptedSteps:
         self.clock = 1000.0
         self.fits: list[tuple[str, float]] = []  # (what, scripted seconds per step)
         original_fit_step_time = protocol.fit_step_time
-        original_device_dataset = module._device_dataset
+        original_device_dataset = module.device_dataset
         self.device_datasets: list = []
         self.reals = 0
 
@@ -145,7 +145,7 @@ class _ScriptedSteps:
             self.fits.append((what, seconds))
             return seconds
 
-        monkeypatch.setattr(module, "_device_dataset", device_dataset)
+        monkeypatch.setattr(module, "device_dataset", device_dataset)
         monkeypatch.setattr(protocol, "fit_step_time", fit_step_time)
         monkeypatch.setattr(protocol, "now", lambda: self.clock)
         monkeypatch.setattr(module, "_warm_real", lambda *a, **k: None)
@@ -236,26 +236,26 @@ def _facts(**kw):
      (0.0951, "no", "compute")],
 )  # fmt: skip
 def test_input_thresholds_are_the_profilers(compute, level, bottleneck):
-    got, got_level, share, _ = _classify(_facts(compute_step_time_s=compute))
+    got, got_level, share, _ = classify(_facts(compute_step_time_s=compute))
     assert (got, got_level) == (bottleneck, level)
     assert share == pytest.approx((0.1 - compute) / 0.1)
 
 
 def test_precision_finding_names_the_policy_and_the_peak_ratio():
     facts = _facts(on_gpu=True, gpu_name="NVIDIA A100-SXM4-40GB", compute_capabilities=[(8, 0)])
-    _, _, _, findings = _classify(facts)
+    _, _, _, findings = classify(facts)
     precision = next(f for f in findings if f.kind == "precision")
     assert 'precision="mixed_bfloat16"' in precision.recommendation
     assert precision.expected_gain == pytest.approx(312 / 156)  # bf16 vs TF32 peak
     assert not precision.gain_measured
     # Already mixed, or a GPU without tensor cores: nothing to say.
     assert all(
-        f.kind != "precision" for f in _classify(_facts(on_gpu=True, policy="mixed_bfloat16",
+        f.kind != "precision" for f in classify(_facts(on_gpu=True, policy="mixed_bfloat16",
                                                          compute_capabilities=[(8, 0)]))[3]
     )  # fmt: skip
     assert all(
         f.kind != "precision"
-        for f in _classify(_facts(on_gpu=True, compute_capabilities=[(6, 1)]))[3]
+        for f in classify(_facts(on_gpu=True, compute_capabilities=[(6, 1)]))[3]
     )
 
 
@@ -268,7 +268,7 @@ def test_memory_headroom_and_gpu_host_overhead_advice():
         step_time_s=0.002,
         spe_probe_step_time_s=0.0005,
     )
-    bottleneck, _, _, findings = _classify(facts)
+    bottleneck, _, _, findings = classify(facts)
     assert bottleneck == "host_overhead"
     kinds = {f.kind: f for f in findings}
     assert "TF_GPU_THREAD_MODE=gpu_private" in kinds["host_overhead"].recommendation
@@ -276,18 +276,18 @@ def test_memory_headroom_and_gpu_host_overhead_advice():
     assert "find_batch_size" in kinds["memory_headroom"].recommendation
     assert "18.0x" in kinds["memory_headroom"].detail
     full = _facts(on_gpu=True, peak_memory_bytes=70 * 2**30, memory_capacity_bytes=80 * 2**30)
-    assert all(f.kind != "memory_headroom" for f in _classify(full)[3])
+    assert all(f.kind != "memory_headroom" for f in classify(full)[3])
 
 
 def test_xla_and_loss_scale_findings():
-    _, _, _, findings = _classify(_facts(xla_other_step_time_s=0.05))
+    _, _, _, findings = classify(_facts(xla_other_step_time_s=0.05))
     xla = next(f for f in findings if f.kind == "xla")
     assert "jit_compile=True" in xla.recommendation and xla.expected_gain == pytest.approx(2.0)
-    assert all(f.kind != "xla" for f in _classify(_facts(xla_other_step_time_s=0.095))[3])
+    assert all(f.kind != "xla" for f in classify(_facts(xla_other_step_time_s=0.095))[3])
     collapsing = _facts(loss_scale_before=32768.0, loss_scale_after=512.0)
-    assert any(f.kind == "loss_scale" for f in _classify(collapsing)[3])
+    assert any(f.kind == "loss_scale" for f in classify(collapsing)[3])
     stable = _facts(loss_scale_before=32768.0, loss_scale_after=16384.0)
-    assert all(f.kind != "loss_scale" for f in _classify(stable)[3])
+    assert all(f.kind != "loss_scale" for f in classify(stable)[3])
 
 
 def test_mixed_precision_lint():
@@ -471,7 +471,7 @@ class _StringLayer(keras.layers.Layer):
 @pytest.mark.slow
 def test_train_step_graph_names_its_ops_their_devices_and_gpu_kernels():
     from tfgpu.diagnosis._classify import _cpu_placed_ops
-    from tfgpu.diagnosis._graph import _train_step_ops
+    from tfgpu.diagnosis._graph import step_ops
 
     model = keras.Sequential(
         [
@@ -485,7 +485,7 @@ def test_train_step_graph_names_its_ops_their_devices_and_gpu_kernels():
     )
     model.compile("adam", "mse")
     batch = (tf.zeros((2, 8)), tf.zeros((2, 1)))
-    ops = _train_step_ops(model, batch)  # traced, not run
+    ops = step_ops(model, batch)  # traced, not run
     assert int(model.optimizer.iterations.numpy()) == 0
     by_type = {}
     for op in ops:
@@ -514,7 +514,7 @@ def test_train_step_graph_names_its_ops_their_devices_and_gpu_kernels():
         ]
     )
     plain.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
-    plain_ops = _train_step_ops(plain, (tf.zeros((2, 8, 8, 3)), tf.zeros((2,), tf.int32)))
+    plain_ops = step_ops(plain, (tf.zeros((2, 8, 8, 3)), tf.zeros((2,), tf.int32)))
     assert len(plain_ops) > 100 and _cpu_placed_ops(plain_ops) == []
 
 
@@ -528,7 +528,7 @@ def test_cpu_placed_train_step_ops_are_a_host_device_traffic_finding_on_gpus():
         OpFact("model/strings/StringToNumber", "StringToNumber", gpu_kernel=False),
         OpFact("model/Const", "Const", gpu_kernel=False),  # string constants: no cost
     ]
-    _, _, _, findings = _classify(_facts(on_gpu=True, train_step_ops=ops))
+    _, _, _, findings = classify(_facts(on_gpu=True, train_step_ops=ops))
     (traffic,) = [f for f in findings if f.kind == "host_device_traffic"]
     assert traffic.severity == "moderate" and "placed on the CPU" in traffic.title
     assert "3 train-step op(s) run on the CPU" in traffic.detail
@@ -541,7 +541,7 @@ def test_cpu_placed_train_step_ops_are_a_host_device_traffic_finding_on_gpus():
     # Off the GPU every op runs on the CPU anyway; under XLA the whole step is compiled.
     for facts in (_facts(train_step_ops=ops), _facts(on_gpu=True, jit_compile=True,
                                                      train_step_ops=ops)):  # fmt: skip
-        assert all(f.kind != "host_device_traffic" for f in _classify(facts)[3])
+        assert all(f.kind != "host_device_traffic" for f in classify(facts)[3])
 
 
 # ---- input-bound advice for a pipeline that is already tuned ---------------------------------
@@ -571,7 +571,7 @@ def test_input_bound_advice_for_a_tfgpu_pipeline_is_what_is_left():
     facts = read_pipeline(piped)
     assert (facts.parallel_map, facts.sequential_map, facts.cache) == (True, False, "memory")
     assert facts.map_after_cache and facts.prefetch
-    advice = next(f for f in _classify(timings(facts))[3] if f.kind == "input_bound")
+    advice = next(f for f in classify(timings(facts))[3] if f.kind == "input_bound")
     text = advice.recommendation
     assert "tfgpu.data.pipeline(...)` (parallel" not in text  # not "build what you have"
     assert text.startswith("The pipeline already maps in parallel, caches in memory, prefetches")
@@ -586,14 +586,14 @@ def test_input_bound_advice_for_a_tfgpu_pipeline_is_what_is_left():
     )
     facts = read_pipeline(uncached)
     assert facts.cache is None and not facts.map_after_cache
-    text = next(f for f in _classify(timings(facts))[3] if f.kind == "input_bound").recommendation
+    text = next(f for f in classify(timings(facts))[3] if f.kind == "input_bound").recommendation
     assert "`cache=True` (memory)" in text and "batch_augment_fn" not in text
 
     # A hand-written pipeline with a sequential map still gets the pipeline builder.
     naive = tf.data.Dataset.from_tensor_slices((X[:256], Y[:256])).map(augment).batch(32)
     facts = read_pipeline(naive)
     assert facts.sequential_map and not facts.parallel_map and facts.cache is None
-    text = next(f for f in _classify(timings(facts))[3] if f.kind == "input_bound").recommendation
+    text = next(f for f in classify(timings(facts))[3] if f.kind == "input_bound").recommendation
     assert "Build the input with `tfgpu.data.pipeline(ds, batch_size=...)`" in text
     assert "num_parallel_calls=tf.data.AUTOTUNE" in text
     assert "a map runs one element at a time" in text and "not prefetched" in text
@@ -610,7 +610,7 @@ _SATURATED = dict(
 
 
 def _input_finding(**kw):
-    return next(f for f in _classify(_facts(**{**_SATURATED, **kw}))[3] if f.kind == "input_bound")
+    return next(f for f in classify(_facts(**{**_SATURATED, **kw}))[3] if f.kind == "input_bound")
 
 
 def test_a_saturated_host_with_a_tuned_pipeline_is_told_to_use_service_workers():
@@ -634,7 +634,7 @@ def test_a_saturated_host_with_a_tuned_pipeline_is_told_to_use_service_workers()
     ],
 )
 def test_the_service_is_advised_only_when_nothing_is_left_on_this_host(change, instead):
-    findings = _classify(_facts(**{**_SATURATED, **change}))[3]
+    findings = classify(_facts(**{**_SATURATED, **change}))[3]
     texts = [f.recommendation for f in findings]
     assert not any("data-service" in t for t in texts), texts
     if instead is not None:
@@ -688,7 +688,7 @@ def test_in_memory_pipeline_without_a_map_gets_in_memory_advice():
         sequential_map=facts.sequential_map,
         cache=facts.cache,
     )
-    bottleneck, level, _, findings = _classify(slow)
+    bottleneck, level, _, findings = classify(slow)
     assert (bottleneck, level) == ("input", "high")
     text = next(f for f in findings if f.kind == "input_bound").recommendation
     assert text.startswith("The pipeline has no map (in-memory data)")
@@ -707,7 +707,7 @@ def test_input_bound_needs_a_millisecond_of_wait_per_step(step_ms, compute_ms, l
     # The README quick start on a CPU: 0.32 ms per step, 0.16 ms on a resident batch. Half
     # the step "waits", but 0.16 ms is tf.data's per-batch hand-over, not pipeline work.
     facts = _facts(step_time_s=step_ms / 1e3, compute_step_time_s=compute_ms / 1e3)
-    bottleneck, got, share, findings = _classify(facts)
+    bottleneck, got, share, findings = classify(facts)
     assert got == level
     assert share == pytest.approx(1 - compute_ms / step_ms)  # still reported as measured
     assert (bottleneck == "input") == (level != "no")
@@ -784,7 +784,7 @@ _COUNTER_KINDS = {"tensor_cores_idle", "small_kernels", "pcie_traffic", "clocks_
 
 
 def _counter_kinds(facts) -> set[str]:
-    return {f.kind for f in _classify(facts)[3]} & _COUNTER_KINDS
+    return {f.kind for f in classify(facts)[3]} & _COUNTER_KINDS
 
 
 def test_a_healthy_gpu_run_has_no_counter_findings_and_no_unseen_notes():
@@ -801,7 +801,7 @@ def test_tensor_cores_idle_under_mixed_precision_names_layers_dims_and_tf32():
         odd_dim_layers=["`dense` (30, 64)"],
         tf32_enabled=False,
     )
-    (finding,) = [f for f in _classify(facts)[3] if f.kind == "tensor_cores_idle"]
+    (finding,) = [f for f in classify(facts)[3] if f.kind == "tensor_cores_idle"]
     assert "1.5%" in finding.detail and "90% utilization" in finding.detail
     assert "mixed_bfloat16" in finding.detail and "TF32 is off" in finding.detail
     rec = finding.recommendation
@@ -811,7 +811,7 @@ def test_tensor_cores_idle_under_mixed_precision_names_layers_dims_and_tf32():
     # TF32 on (the default): not blamed; mixed already: no mixed-precision advice.
     rec_on = next(
         f.recommendation
-        for f in _classify(_gpu(tensor_active_pct_mean=1.5))[3]
+        for f in classify(_gpu(tensor_active_pct_mean=1.5))[3]
         if f.kind == "tensor_cores_idle"
     )
     assert "TF32" not in rec_on and "tfgpu.configure" not in rec_on and "jit_compile" in rec_on
@@ -820,7 +820,7 @@ def test_tensor_cores_idle_under_mixed_precision_names_layers_dims_and_tf32():
 def test_tensor_cores_idle_under_float32_advises_mixed_precision_for_the_gpu():
     rec = next(
         f.recommendation
-        for f in _classify(_gpu(policy="float32", tensor_active_pct_mean=0.0))[3]
+        for f in classify(_gpu(policy="float32", tensor_active_pct_mean=0.0))[3]
         if f.kind == "tensor_cores_idle"
     )
     assert 'precision="mixed_bfloat16"' in rec
@@ -828,7 +828,7 @@ def test_tensor_cores_idle_under_float32_advises_mixed_precision_for_the_gpu():
         policy="float32", tensor_active_pct_mean=0.0, gpu_name="Tesla T4",
         compute_capabilities=[(7, 5)], tf32_enabled=False,
     )  # fmt: skip
-    rec = next(f.recommendation for f in _classify(t4)[3] if f.kind == "tensor_cores_idle")
+    rec = next(f.recommendation for f in classify(t4)[3] if f.kind == "tensor_cores_idle")
     assert 'precision="mixed_float16"' in rec and "before Ampere" in rec
     assert "TF32" not in rec  # a T4 has no TF32: "off" means nothing there
 
@@ -850,13 +850,13 @@ def test_tensor_cores_idle_needs_a_busy_tensor_core_gpu_and_a_measurement(kw):
 
 def test_small_kernels_high_utilization_low_sm_activity():
     facts = _gpu(util_pct_mean=95.0, sm_active_pct_mean=30.0, batch_size=32)
-    (finding,) = [f for f in _classify(facts)[3] if f.kind == "small_kernels"]
+    (finding,) = [f for f in classify(facts)[3] if f.kind == "small_kernels"]
     assert "95%" in finding.detail and "30%" in finding.detail
     rec = finding.recommendation
     assert "now 32" in rec and "find_batch_size" in rec
     assert "steps_per_execution=16" in rec and "jit_compile=True" in rec
     already = _gpu(util_pct_mean=95.0, sm_active_pct_mean=30.0, jit_compile=True)
-    rec = next(f.recommendation for f in _classify(already)[3] if f.kind == "small_kernels")
+    rec = next(f.recommendation for f in classify(already)[3] if f.kind == "small_kernels")
     assert "XLA is already on" in rec
     for kw in (
         dict(util_pct_mean=79.0, sm_active_pct_mean=30.0),
@@ -872,7 +872,7 @@ def test_pcie_traffic_far_above_the_batch_bytes_names_the_causes():
     # 100 MiB/s x 0.1 s = 10 MiB per step, 10x a 1 MiB batch.
     ops = [OpFact("model/pinned/Square", "Square", "/device:CPU:0")]
     facts = _gpu(pcie_mib_s_mean=100.0, train_step_ops=ops, numpy_input=True)
-    (finding,) = [f for f in _classify(facts)[3] if f.kind == "pcie_traffic"]
+    (finding,) = [f for f in classify(facts)[3] if f.kind == "pcie_traffic"]
     assert "10.0 MiB crossed PCIe per step" in finding.detail
     assert "10x the batch's 1.00 MiB" in finding.detail
     assert "`model/pinned/Square`" in finding.detail and "NumPy arrays" in finding.detail
@@ -897,7 +897,7 @@ def test_pcie_traffic_far_above_the_batch_bytes_names_the_causes():
 )
 def test_low_power_with_throttled_clocks_names_the_reason(reasons, severity, names):
     facts = _gpu(power_w_mean=150.0, throttle_reasons_any=float(reasons))
-    (finding,) = [f for f in _classify(facts)[3] if f.kind == "clocks_throttled"]
+    (finding,) = [f for f in classify(facts)[3] if f.kind == "clocks_throttled"]
     assert finding.severity == severity
     for name in names:
         assert name in finding.title and f"{name}:" in finding.recommendation
@@ -975,12 +975,12 @@ def test_monitor_facts_read_gpu0_and_absent_or_odd_values_as_nan():
 
 
 def test_batch_bytes_and_the_layers_the_tensor_core_advice_names():
-    from tfgpu.diagnosis._graph import _batch_bytes
+    from tfgpu.diagnosis._graph import batch_nbytes
     from tfgpu.diagnosis._lint import precision_layers
 
     batch = (tf.zeros((4, 3), tf.float32), tf.zeros((4,), tf.int64))
-    assert _batch_bytes(batch) == 4 * 3 * 4 + 4 * 8
-    assert _batch_bytes({"a": tf.zeros((2, 2), tf.float16)}) == 8
+    assert batch_nbytes(batch) == 4 * 3 * 4 + 4 * 8
+    assert batch_nbytes({"a": tf.zeros((2, 2), tf.float16)}) == 8
     keras.mixed_precision.set_global_policy("mixed_float16")  # restored by conftest
     model = keras.Sequential(
         [
@@ -1030,7 +1030,7 @@ def test_diagnose_decides_with_the_rules_it_shares_with_the_report(monkeypatch):
             assert not hasattr(module, name), name
     # The same clocks-throttled text in both.
     throttled = _gpu(power_w_mean=150.0, throttle_reasons_any=float(0x40))
-    (finding,) = [f for f in _classify(throttled)[3] if f.kind == "clocks_throttled"]
+    (finding,) = [f for f in classify(throttled)[3] if f.kind == "clocks_throttled"]
     shared = gpu_counters.clocks_throttled(_classify_module._counters(throttled))
     assert shared is not None
     assert (finding.title, finding.detail, finding.recommendation) == (
@@ -1187,9 +1187,9 @@ def test_a_noisy_wait_the_pipeline_cannot_cause_is_not_input_bound():
     # pipeline alone makes a batch in 0.6 ms; even at half speed it cannot cost 5%.
     rounds = [(0.043, 0.043), (0.042, 0.0452), (0.044, 0.0441), (0.043, 0.0465)]
     noisy = _facts(step_time_s=0.045, compute_step_time_s=0.043, rounds=rounds)
-    assert _classify(replace(noisy, input_batch_time_s=0.0006))[:2] == ("compute", "no")
+    assert classify(replace(noisy, input_batch_time_s=0.0006))[:2] == ("compute", "no")
     # A pipeline slow enough to cost that much leaves the noise undecided.
-    assert _classify(replace(noisy, input_batch_time_s=0.004))[:2] == (
+    assert classify(replace(noisy, input_batch_time_s=0.004))[:2] == (
         "inconclusive",
         "inconclusive",
     )
@@ -1216,14 +1216,14 @@ def test_a_probe_measured_at_1_015x_is_recommended_nowhere(monkeypatch):
     # The in-memory advice leaves it out too once the probe measured no gain ...
     facts = dict(compute_step_time_s=0.05, input_batch_time_s=0.05, batch_size=32)
     no_gain = _facts(**facts, spe_rounds=[(0.004, 0.004 / 1.015)] * 3)
-    text = next(f for f in _classify(no_gain)[3] if f.kind == "input_bound").recommendation
+    text = next(f for f in classify(no_gain)[3] if f.kind == "input_bound").recommendation
     assert "steps_per_execution" not in text and "`batch_size=`" in text
     # ... and keeps it when the probe did not run.
-    text = next(f for f in _classify(_facts(**facts))[3] if f.kind == "input_bound").recommendation
+    text = next(f for f in classify(_facts(**facts))[3] if f.kind == "input_bound").recommendation
     assert "steps_per_execution" in text
     # A gain whose interval reaches below the margin does not count either.
     straddling = _facts(spe_rounds=[(0.004, 0.004 / 1.2), (0.004, 0.004 / 2.0), (0.004, 0.002)])
-    assert _classify(straddling)[0] != "host_overhead"
+    assert classify(straddling)[0] != "host_overhead"
 
 
 def test_a_wait_far_above_the_pipelines_batch_time_is_not_input_bound():
@@ -1233,7 +1233,7 @@ def test_a_wait_far_above_the_pipelines_batch_time_is_not_input_bound():
         dynamic_shape="(None, 64, 64, 3)", partial_batches=True, jit_compile=True,
         made_by_pipeline=True, parallel_map=True,
     )  # fmt: skip
-    bottleneck, level, _, findings = _classify(facts)
+    bottleneck, level, _, findings = classify(facts)
     assert (bottleneck, level) == ("inconclusive", "inconclusive")
     assert all(f.kind != "input_bound" for f in findings)
     (why,) = [f for f in findings if f.kind == "input_wait_unexplained"]
@@ -1244,28 +1244,28 @@ def test_a_wait_far_above_the_pipelines_batch_time_is_not_input_bound():
     assert "drop_remainder=True" in why.recommendation
     assert "tfgpu.data.pipeline(...)` (parallel" not in why.recommendation
     loaded = _facts(step_time_s=0.6, compute_step_time_s=0.082, host_load=3.5, replicas=2)
-    rec = next(f for f in _classify(loaded)[3] if f.kind == "input_wait_unexplained")
+    rec = next(f for f in classify(loaded)[3] if f.kind == "input_wait_unexplained")
     assert "2 replicas" in rec.recommendation and "load average 3.5" in rec.recommendation
     # A clear host-overhead finding still decides the bottleneck.
     host = _facts(step_time_s=0.006, compute_step_time_s=0.002, input_batch_time_s=0.0001,
                   spe_rounds=[(0.002, 0.0005)] * 3)  # fmt: skip
-    assert _classify(host)[:2] == ("host_overhead", "inconclusive")
+    assert classify(host)[:2] == ("host_overhead", "inconclusive")
 
 
 def test_advice_fits_what_built_the_input():
     base = dict(compute_step_time_s=0.05, input_batch_time_s=0.05)
     # A tfgpu pipeline around a dataset with a sequential map: its own arguments.
     piped = _facts(**base, made_by_pipeline=True, parallel_map=True, sequential_map=True)
-    text = next(f for f in _classify(piped)[3] if f.kind == "input_bound").recommendation
+    text = next(f for f in classify(piped)[3] if f.kind == "input_bound").recommendation
     assert "Build the input" not in text and "batch_map_fn=" in text and "map_fn=" in text
     # A Keras loader with the user's sequential map: num_parallel_calls or the pipeline.
     loader = _facts(**base, parallel_map=True, sequential_map=True)
-    text = next(f for f in _classify(loader)[3] if f.kind == "input_bound").recommendation
+    text = next(f for f in classify(loader)[3] if f.kind == "input_bound").recommendation
     assert "tfgpu.data.pipeline(ds, batch_size=...)" in text
     assert "num_parallel_calls=tf.data.AUTOTUNE" in text
     # A generator: the Python step.
     python = _facts(**base, python_input=True, sequential_map=True, made_by_pipeline=True)
-    text = next(f for f in _classify(python)[3] if f.kind == "input_bound").recommendation
+    text = next(f for f in classify(python)[3] if f.kind == "input_bound").recommendation
     assert "`tf.py_function` / a generator" in text and "Build the input" not in text
 
 

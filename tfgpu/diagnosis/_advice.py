@@ -182,7 +182,7 @@ def unexplained_wait_finding(f: Facts, wait: float) -> Finding:
     )
 
 
-def _service_advice(f: Facts) -> ServiceAdvice | None:
+def advise_service(f: Facts) -> ServiceAdvice | None:
     """`service_advice` on these facts, for an input-bound run. Pure."""
     if f.service or f.input_batch_time_s <= 0 or f.compute_step_time_s <= 0:
         return None
@@ -208,7 +208,7 @@ def input_advice(f: Facts, spe_no_gain: bool = False) -> str:
             "keep up; check that each worker's CPUs are busy and that the trainer reaches "
             "every worker's port (docs/data_service.md)."
         )
-    service = _service_advice(f)
+    service = advise_service(f)
     if service is not None and f.map_after_cache:  # one setting is left, and it is cheaper
         return (
             "First move the per-example augmentation after the cache into "

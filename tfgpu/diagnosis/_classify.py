@@ -42,7 +42,7 @@ from tfgpu.diagnosis._rounds import (
 )
 
 
-def _classify(
+def classify(
     f: Facts, verdict: dict[str, Any] | None = None
 ) -> tuple[str, str, float, list[Finding]]:
     """Returns (bottleneck, input level, input wait share, findings) from the facts.

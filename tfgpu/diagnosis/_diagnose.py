@@ -28,8 +28,8 @@ from tfgpu._internal.helpers.checks import (
 from tfgpu._internal.helpers.files import rotate, write_text_atomic
 from tfgpu._internal.helpers.progress import Progress, check_verbose
 from tfgpu.diagnosis import _probes
-from tfgpu.diagnosis._advice import _service_advice
-from tfgpu.diagnosis._classify import _classify, monitor_facts, unseen, wait_notes
+from tfgpu.diagnosis._advice import advise_service
+from tfgpu.diagnosis._classify import classify, monitor_facts, unseen, wait_notes
 from tfgpu.diagnosis._facts import (
     DEFAULT_TIME_BUDGET_S,
     HOST_OVERHEAD_MIN_GAIN,
@@ -42,10 +42,10 @@ from tfgpu.diagnosis._facts import (
 )
 from tfgpu.diagnosis._graph import (
     PipelineFacts,
-    _batch_bytes,
-    _train_step_ops,
+    batch_nbytes,
     read_pipeline,
     shape_facts,
+    step_ops,
 )
 from tfgpu.diagnosis._lint import (
     lint_mixed_precision,
@@ -287,7 +287,7 @@ def diagnose(
         dynamic_shape=dynamic_shape,
         partial_batches=partial,
         replicas=int(model.distribute_strategy.num_replicas_in_sync),
-        host_load=_probes._host_load(),
+        host_load=_probes.host_load(),
         pipeline_cpu_busy=pipeline.cpu_busy,
         cpu_cores=pipeline.cpu_cores,
         service=has_step(ds, "dataservice"),
@@ -308,7 +308,7 @@ def diagnose(
         train_step_ops=m.train_step_ops,
         loss_scale_before=m.loss_scale_before,
         loss_scale_after=m.loss_scale_after,
-        batch_bytes=_batch_bytes(batch),
+        batch_bytes=batch_nbytes(batch),
     )
     for name, value in monitor_facts(m.monitor).items():
         setattr(f, name, value)
@@ -317,8 +317,8 @@ def diagnose(
             f.tf32_enabled = devices.tf32_execution_enabled()
             f.float32_layers, f.odd_dim_layers = precision_layers(model)
     verdict = share_verdict(m.rounds)
-    bottleneck, level, share, findings = _classify(f, verdict)
-    service = _service_advice(f) if level in ("high", "moderate") else None
+    bottleneck, level, share, findings = classify(f, verdict)
+    service = advise_service(f) if level in ("high", "moderate") else None
     if service is not None:  # the finding says it in words; this is for programs
         measurements["data_service"] = {"workers": service.workers, "cores": service.cores}
     notes += unseen(f)
@@ -401,9 +401,9 @@ def _measure_model(
     the train step's ops, the probes and the profiler trace."""
     progress = progress or Progress(0, title="diagnose")
     scale_before = loss_scale(model)
-    device_ds = _probes._device_dataset(batch, on_gpu)
+    device_ds = _probes.device_dataset(batch, on_gpu)
     progress.phase("warming up and timing the step on one batch held in memory")
-    first, peak = _probes._first_device_run(
+    first, peak = _probes.first_device_run(
         model, device_ds, steps, warmup, "GPU:0" if on_gpu else "CPU:0"
     )
     measurements["peak_memory_bytes"] = peak
@@ -411,9 +411,9 @@ def _measure_model(
     if on_gpu and not model.jit_compile:  # where ops run matters only beside a GPU
         progress.phase("reading where the train step's ops run")
         with _probes.noted(notes, "train-step op placement not checked: {error}"):
-            train_step_ops = _train_step_ops(model, batch)
-    with _probes._monitoring(monitor and on_gpu, notes) as aggregate:
-        rounds = _probes._measure_rounds(
+            train_step_ops = step_ops(model, batch)
+    with _probes.monitoring(monitor and on_gpu, notes) as aggregate:
+        rounds = _probes.measure_rounds(
             model, ds, device_ds, first, steps, warmup, budget, progress=progress
         )
     if len(rounds) < protocol.MIN_ROUNDS:
@@ -431,7 +431,7 @@ def _measure_model(
     spe_rounds: list[tuple[float, float]] = []
     spe = int(model.steps_per_execution)
     if check_steps_per_execution and spe == 1 and compute < HOST_OVERHEAD_PROBE_BELOW_S:
-        probe = _probes._run_probe(
+        probe = _probes.run_probe(
             model,
             device_ds,
             steps,
@@ -451,7 +451,7 @@ def _measure_model(
         if not supports_xla(model):
             notes.append("XLA not measured: the model does not support jit_compile")
         else:
-            probe = _probes._run_probe(
+            probe = _probes.run_probe(
                 model,
                 device_ds,
                 steps,
@@ -486,7 +486,7 @@ def _measure_model(
 
 
 def _record_probe(
-    probe: _probes._Probe,
+    probe: _probes.Probe,
     key: str,
     measurements: dict[str, Any],
     notes: list[str],

@@ -51,7 +51,7 @@ MEASURE_SHARE = 0.8
 
 @dataclass
 class Facts:
-    """Everything `_classify` decides from (filled by measurement or by tests)."""
+    """Everything `classify` decides from (filled by measurement or by tests)."""
 
     step_time_s: float  # fit with the real input pipeline
     compute_step_time_s: float  # fit with one device-resident batch
@@ -114,7 +114,7 @@ class Facts:
 
 @dataclass(frozen=True)
 class OpFact:
-    """One op of the traced train step, as the graph has it (see `_train_step_ops`)."""
+    """One op of the traced train step, as the graph has it (see `step_ops`)."""
 
     name: str  # e.g. "sequential/my_layer/EagerPyFunc"
     op: str  # the op type, e.g. "EagerPyFunc"

@@ -13,7 +13,7 @@ from tfgpu._internal.adapters.datasets import source_batches
 from tfgpu.diagnosis._facts import OpFact
 
 
-def _batch_bytes(batch) -> int | None:
+def batch_nbytes(batch) -> int | None:
     """Bytes of one batch's tensors (inputs, labels, weights), or None if unknown."""
     total = 0
     try:
@@ -60,7 +60,7 @@ def _fits(attr, allowed) -> bool:
     return True
 
 
-def _train_step_ops(model, batch) -> list[OpFact]:
+def step_ops(model, batch) -> list[OpFact]:
     """Traces the model's train step on `batch` (no step runs) and lists the ops of its graph
     and its functions. Under several replicas the strategy places ops itself: the devices
     asked for are not kept there."""

@@ -1,5 +1,5 @@
-"""The measuring protocol on the timing engine (`_internal.adapters.timing`): `_measure_rounds`
-alternates a device-resident batch and the real data, `_run_probe` a compile setting's two
+"""The measuring protocol on the timing engine (`_internal.adapters.timing`): `measure_rounds`
+alternates a device-resident batch and the real data, `run_probe` a compile setting's two
 values; the failures of side checks become notes (`noted`).
 """
 
@@ -63,14 +63,14 @@ def _announced(run: protocol.Run, progress: Progress, label: str, most: int) -> 
     return announced
 
 
-def _device_dataset(batch, on_gpu: bool):
+def device_dataset(batch, on_gpu: bool):
     ds = tf.data.Dataset.from_tensors(batch).repeat()
     if on_gpu:
         return ds.apply(tf.data.experimental.prefetch_to_device("/gpu:0", buffer_size=2))
     return ds.prefetch(2)
 
 
-def _host_load() -> float | None:
+def host_load() -> float | None:
     """The 1-minute load average per CPU core, or None where the OS does not say."""
     try:
         return os.getloadavg()[0] / (os.cpu_count() or 1)
@@ -136,7 +136,7 @@ def _probe_notes(
     return []
 
 
-def _first_device_run(
+def first_device_run(
     model: Any, device_ds: Any, steps: int, warmup: int, mem_device: str
 ) -> tuple[float | None, int | None]:
     """(seconds per step, peak device memory) of the first device-resident run, always in
@@ -153,7 +153,7 @@ def _first_device_run(
     return compute, peak
 
 
-def _measure_rounds(
+def measure_rounds(
     model: Any,
     ds: Any,
     device_ds: Any,
@@ -210,7 +210,7 @@ def _measure_rounds(
 
 
 @dataclass
-class _Probe:
+class Probe:
     """One probe's outcome: its rounds, its record for `measurements`, its notes."""
 
     rounds: list[tuple[float, float]] = field(default_factory=list)
@@ -219,7 +219,7 @@ class _Probe:
     skipped: str | None = None  # what the budget left out, e.g. "the jit_compile=True probe"
 
 
-def _run_probe(
+def run_probe(
     model: Any,
     device_ds: Any,
     steps: int,
@@ -232,12 +232,12 @@ def _run_probe(
     threshold: float,
     failed: str,
     progress: Progress | None = None,
-) -> _Probe:
+) -> Probe:
     """Times the device-resident step with `setting` = `value` against `current`, in rounds;
     skipped when the budget is spent; an error is the note `failed`, never a crash."""
     base_name, name = f"{setting}={current}", f"{setting}={value}"
     if budget.left() <= 0:
-        return _Probe(skipped=f"the {name} probe")
+        return Probe(skipped=f"the {name} probe")
     failure: list[str] = []
     with noted(failure, failed.format(name=name, error="{error}")):
         rounds, stopped = _compare(
@@ -252,8 +252,8 @@ def _run_probe(
             label=f"trying {name} against {current}",
         )
     if failure:
-        return _Probe(notes=failure)
-    return _Probe(
+        return Probe(notes=failure)
+    return Probe(
         rounds=rounds,
         record=_probe_record(base_name, name, rounds, stopped),
         notes=_probe_notes(name, rounds, stopped, budget.seconds),
@@ -261,7 +261,7 @@ def _run_probe(
 
 
 @contextlib.contextmanager
-def _monitoring(enabled: bool, notes: list[str]) -> Iterator[dict[str, float]]:
+def monitoring(enabled: bool, notes: list[str]) -> Iterator[dict[str, float]]:
     """Samples TensorFlow's GPUs during the body; the dict given is filled with
     `Sampler.aggregate()` on exit (`gpu0_*` is `/GPU:0`). Failures are notes."""
     aggregate: dict[str, float] = {}
