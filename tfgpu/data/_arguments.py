@@ -1,9 +1,5 @@
-"""The checks `pipeline()` runs on its arguments before any work, and what they return.
-
-Every argument is checked (type, range, conflicts with the others); then the source's adapter
-(`_sources.classify`) checks what depends on its kind. The result is one `Arguments`, the
-only thing the later phases read.
-"""
+"""The checks of `pipeline()`'s arguments before any work (type, range, conflicts, then the
+source adapter's own); their result, `Arguments`, is all the later phases read."""
 
 from __future__ import annotations
 
@@ -122,9 +118,6 @@ def check_arguments(given: Mapping[str, Any]) -> Arguments:
             "Pass the dispatcher's `service` address with a job name.",
         )
     if a.service is not None:
-        # What a dynamically sharded service pipeline cannot promise: a cache (every epoch
-        # hands each worker other examples, and workers would race on one cache file) or a
-        # fixed order (the workers' batches arrive first come, first served).
         if a.cache not in ("auto", False, None):
             raise conflicting(
                 f"cache={a.cache!r}",

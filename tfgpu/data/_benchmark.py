@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -27,15 +28,12 @@ class PipelineBenchmark:
         num_batches: int, batches timed (after warm-up).
         num_examples: int, examples in the timed batches.
         seconds: float, wall time of the timed batches.
-        batch_size: int or None, the batch size when every timed batch had the same one,
-            else None.
+        batch_size: int or None, the batch size when every timed batch had the same one.
         warmup_batches: int, batches consumed before timing.
         warmup_seconds: float, wall time of the warm-up (pipeline start, buffers filling).
-        epochs: int, passes over the dataset that provided the batches (one iterator reads
-            a short finite dataset again, as `data.repeat()` does).
-        cpu_busy: float, the share of this process's usable CPU cores kept busy during the
-            timed batches (CPU time over wall time x `cpu_cores`; about 1.0: every core is
-            used). NaN when not measured.
+        epochs: int, passes over the dataset that provided the batches.
+        cpu_busy: float, the share of the `cpu_cores` kept busy during the timed batches
+            (about 1.0: every core is used). NaN when not measured.
         cpu_cores: int, the CPU cores this process can use (its affinity, capped by a
             container's CPU quota). 0 when not measured.
     """
@@ -93,15 +91,9 @@ def _batch_examples(batch: Any) -> tf.Tensor:
 
 
 def _consume(iterator: Any, n: tf.Tensor, indexed: bool = False) -> tuple[tf.Tensor, ...]:
-    """Takes up to `n` batches from `iterator` inside TensorFlow (run as a `tf.function`).
-
-    Returns (batches taken, examples, smallest batch, largest batch, epochs started); fewer
-    than `n` batches means the iterator is exhausted. With `indexed`, the elements are
-    `(index within its epoch, batch)` (`data.enumerate().repeat()`): a batch of index 0
-    starts an epoch. Looping in the graph costs a few microseconds per batch where a Python
-    `next()` costs tens to hundreds (more for distributed iterators), which would otherwise be
-    measured instead of the pipeline.
-    """
+    """Takes up to `n` batches from `iterator` in a graph loop (microseconds a batch, where a
+    Python `next()` costs tens to hundreds): (batches taken, fewer when exhausted; examples;
+    smallest and largest batch; epochs started, from `indexed` `(index in epoch, batch)`)."""
 
     def body(i, count, examples, low, high, starts):
         optional = iterator.get_next_as_optional()
@@ -135,13 +127,10 @@ def _consume(iterator: Any, n: tf.Tensor, indexed: bool = False) -> tuple[tf.Ten
     return count, examples, low, high, starts
 
 
-_CONSUMER: list[Callable] = []  # `_consume` as one tf.function, traced once per iterator type
-
-
+@functools.cache
 def _consumer() -> Callable:
-    if not _CONSUMER:
-        _CONSUMER.append(tf.function(_consume, autograph=False))
-    return _CONSUMER[0]
+    """`_consume` as one tf.function, traced once per iterator type."""
+    return tf.function(_consume, autograph=False)
 
 
 def benchmark(
@@ -152,10 +141,8 @@ def benchmark(
 ) -> PipelineBenchmark:
     """Measures an input pipeline alone: examples/s and batches/s after warm-up.
 
-    Consumes `warmup` batches untimed, then times `steps` batches, inside TensorFlow (not a
-    Python loop); a finite dataset shorter than that is read as `data.repeat()` reads it.
-    `tfgpu.diagnose()` uses it to tell whether the input can feed the model. See
-    docs/data.md, "benchmark".
+    Consumes `warmup` batches untimed, then times `steps` batches inside TensorFlow; a short
+    finite dataset is read as `data.repeat()` reads it. See docs/data.md, "benchmark".
 
     Args:
         data: `tf.data.Dataset` of batches (e.g. from `pipeline()`), or a distributed
@@ -178,8 +165,6 @@ def benchmark(
     print(result.examples_per_second)
     ```
     """
-    # The batches are taken inside TensorFlow (`_consume`, a `tf.function` looping over the
-    # iterator): a Python `next()` per batch costs more than a fast pipeline's own batch.
     if not isinstance(data, (tf.data.Dataset, tf.distribute.DistributedDataset)):
         raise TypeError(
             f"Invalid type for argument `data`. Received: data of type "
@@ -193,10 +178,8 @@ def benchmark(
             "Expected at least one batch (is drop_remainder dropping everything?)."
         )
 
-    # A finite dataset is read as `data.enumerate().repeat()`: one iterator whatever the
-    # number of passes (as the timed `fit` of `diagnose` reads `data.repeat()`), so a dataset
-    # of a few batches is not timed restarting (a new iterator, its buffers filling from
-    # empty) every few batches; the index within each pass counts the passes.
+    # One iterator whatever the passes (as `diagnose`'s timed `fit` reads `data.repeat()`): a
+    # short dataset is not timed restarting; the index within each pass counts the passes.
     indexed = isinstance(data, tf.data.Dataset) and cardinality(data) != -1
     source = data.enumerate().repeat() if indexed else data
     consume = _consumer()
@@ -205,8 +188,8 @@ def benchmark(
     fresh = True  # no batch taken from `iterator` yet
 
     def take(n: int) -> tuple[int, int, int, int]:
-        """Takes `n` batches, restarting a finite distributed dataset; returns (examples,
-        smallest, largest, passes started)."""
+        """Takes `n` batches, restarting a finite distributed dataset: (examples, smallest,
+        largest, passes started)."""
         nonlocal iterator, fresh, epochs
         examples, low, high, starts = 0, np.iinfo(np.int64).max, 0, 0
         while n:

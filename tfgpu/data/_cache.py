@@ -70,13 +70,9 @@ _FILE_CACHES_IN_USE: set[str] = set()
 
 
 def _interrupted_cache_files(prefix: str) -> list[str]:
-    """Leftovers of a file cache whose first pass was killed; [] when the cache is complete.
-
-    tf.data writes shard `<prefix>_<n>` guarded by `<prefix>_<n>.lockfile`, into files named
-    `*.tempstate<random>`, and only at the end of a full pass merges them into
-    `<prefix>.index` and `<prefix>.data-*`. A process killed before that (SIGKILL, OOM, node
-    loss) leaves the lockfile behind, and the next run fails with `AlreadyExistsError`.
-    """
+    """Leftovers of a file cache whose first pass was killed ([] when complete): tf.data writes
+    `*.tempstate*` files under `<prefix>_<n>.lockfile` and makes `<prefix>.index` only at the
+    end of a full pass; a leftover lockfile fails the next run with `AlreadyExistsError`."""
     if os.path.exists(f"{prefix}.index"):
         return []
     directory, base = os.path.split(prefix)

@@ -24,11 +24,8 @@ def _call_text(name: str, spec: Any) -> tuple[int, str]:
 
 
 def check_arity(name: str, fn: Callable, spec: Any, what: str) -> None:
-    """Raises TypeError when `fn` cannot take the arguments tf.data will call it with.
-
-    Callables whose signature Python cannot read (some builtins, C extensions) are let
-    through; Keras layers and `tf.function`s have readable ones.
-    """
+    """Raises TypeError when `fn` cannot take the arguments tf.data will call it with (a
+    signature Python cannot read, of some builtins, is let through)."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -37,9 +34,8 @@ def check_arity(name: str, fn: Callable, spec: Any, what: str) -> None:
     try:
         signature.bind(*range(count))
     except TypeError as e:
-        label = getattr(fn, "__name__", None) or type(fn).__name__
         raise TypeError(
-            f"Invalid type for argument `{name}`. Received: {name}={label}{signature}, which "
+            f"Invalid type for argument `{name}`. Received: {name}={_label(fn)}{signature}, which "
             f"cannot be called with {count} positional argument(s) ({e}). tf.data calls it "
             f"on {what} as {call}; the element is {spec}. Expected a function of {count} "
             "argument(s)" + (" (e.g. `lambda x, y: ...`)" if count == 2 else "") + "."
@@ -47,12 +43,9 @@ def check_arity(name: str, fn: Callable, spec: Any, what: str) -> None:
 
 
 def parallel_map(ds: tf.data.Dataset, name: str, fn: Callable, deterministic: bool | None) -> Any:
-    """`ds.map(fn)` in parallel; an error while tracing `fn` says which argument it was.
-
-    A function that returns nothing (None, or an empty tuple/dict: a missing `return`) is
-    refused with a `TypeError` naming the argument, instead of tf.data's "Length for attr
-    'output_types' of 0".
-    """
+    """`ds.map(fn)` in parallel; an error while tracing `fn` names the argument, and so does
+    the `TypeError` for a function that returns nothing (not tf.data's "Length for attr
+    'output_types' of 0")."""
     what = "batch" if name.startswith("batch_") else "example"
     empty: list[Any] = []  # what `fn` returned when it returned nothing
 
@@ -82,10 +75,8 @@ def _label(fn: Callable) -> str:
 
 
 def _traced(fn: Callable, args: tuple, **options: Any) -> Any:
-    """`fn` traced on `args` (its concrete function), or None where it cannot be traced alone.
-
-    A probe only: tf.data reports the real error when it traces `fn` on the dataset.
-    """
+    """`fn`'s concrete function on `args`, or None where it cannot be traced alone (a probe:
+    tf.data reports the real error when it traces `fn` on the dataset)."""
     try:
         return tf.function(lambda *a: fn(*a), **options).get_concrete_function(*args)
     except Exception:  # the user's code may raise anything, and this is a probe only
@@ -93,12 +84,8 @@ def _traced(fn: Callable, args: tuple, **options: Any) -> Any:
 
 
 def _on_a_batch(fn: Callable, spec: Any) -> dict[str, Any] | None:
-    """What `fn` returns when traced on a batch of 3 examples: {path: spec}, or None.
-
-    Functions written for one example (decode_jpeg, parse_single_example) fail to trace on a
-    vector of records (None); a function written for batches (`TextVectorization` after
-    `expand_dims`) returns leaves whose first dimension follows the batch (3 or unknown).
-    """
+    """What `fn` returns traced on a batch of 3 examples, {path: spec}; None when it fails
+    there (written for one example). A function for batches keeps the 3 (or unknown)."""
 
     def batched(s: Any) -> Any:
         if isinstance(s, tf.TensorSpec):
@@ -125,10 +112,7 @@ def _unknown_size(spec: Any) -> bool:
 
 def check_map_output(map_fn: Callable, spec_in: Any, spec_out: Any) -> bool:
     """Raises for a map_fn that returns batches of one; warns for shapes a batch cannot stack.
-
-    Returns whether the batches must be ragged: `map_fn` gets the rows of a ragged feature as
-    dense tensors, and what it returns for them is batched ragged again, as without it.
-    """
+    Returns whether to batch ragged again (`map_fn` got a ragged feature's rows as dense)."""
     leaves_in = tf.nest.flatten(spec_in)
     out = flatten_with_paths("element", spec_out)
     pairs: list[tuple[Any, str, Any]] = []

@@ -1,17 +1,7 @@
-"""`pipeline()`: check the arguments, read the source, decode, decide, then assemble the steps.
-
-The phases, in the order `pipeline()` runs them:
-
-1. `check_arguments` (`_arguments.py`): every argument, before any work; the source's adapter
-   (`_sources.py`) is chosen once there and carries what differs by kind from then on.
-2. `_batching`: keep a batched source's batches or rebatch it; the validation split's counts
-   where they are known before reading.
-3. `args.source.read`: the source as a dataset of examples, validation split off.
-4. `_decode`: `map_fn` on both sides, with its checks.
-5. `_gather_facts` then `decide` (`_plan.py`, pure): the plan.
-6. `_assemble`: cache -> shuffle -> [repeat] -> augment_fn -> batch -> batch_map_fn ->
-   batch_augment_fn -> prefetch -> options, and the validation side without the random steps.
-"""
+"""`pipeline()` and its phases, in order: `check_arguments` (the source's adapter chosen once),
+`_batching`, `source.read` (the validation split taken off), `_decode` (`map_fn`),
+`_gather_facts` and the pure `decide`, then `_assemble` (the steps; the validation side
+without the random ones)."""
 
 from __future__ import annotations
 
@@ -112,11 +102,9 @@ def pipeline(
 ) -> Any:
     """Builds an input pipeline that keeps the GPU fed, with the steps in the right order.
 
-    read (files interleaved in parallel, shuffled by file) -> `map_fn` (parallel) -> cache ->
-    shuffle (every epoch) -> [repeat] -> `augment_fn` (parallel) -> batch -> `batch_map_fn` ->
-    `batch_augment_fn` -> prefetch, with `tf.data.Options` set. Decoding runs once, before the
-    cache; augmentation is new every epoch. For `fit`, leave `repeat=False`. The order, the
-    defaults and each source are explained in docs/data.md.
+    read -> `map_fn` -> cache -> shuffle -> [repeat] -> `augment_fn` -> batch -> `batch_map_fn`
+    -> `batch_augment_fn` -> prefetch: decoding runs once, augmentation every epoch. For `fit`,
+    leave `repeat=False`. The order, the defaults and each source: docs/data.md.
 
     Args:
         data: arrays or tensors, or a tuple/dict of them (e.g. `(x, y)`); a `tf.data.Dataset`
@@ -169,9 +157,8 @@ def pipeline(
     Returns:
         A `tf.data.Dataset` of batches (a `tf.distribute.DistributedDataset` with
         `distribute=True`), or `(train, validation)` with `validation_split`. The training
-        `tf.data.Dataset` carries `pipeline_arguments`, a dict of this call's arguments
-        (`data` and every keyword), to build it again with other settings; the validation
-        one carries `pipeline_arguments=None`.
+        `tf.data.Dataset` carries `pipeline_arguments`, this call's arguments (a dict), to
+        build it again with other settings; the validation one `pipeline_arguments=None`.
 
     Raises:
         TypeError: an argument of the wrong type, an unsupported source, or a function that
@@ -294,9 +281,8 @@ def _gather_facts(args: Arguments, batching: Batching, read: Read) -> Facts:
 def _assemble(
     args: Arguments, batching: Batching, read: Read, facts: Facts, plan: Plan
 ) -> tuple[tf.data.Dataset, tf.data.Dataset | None]:
-    """cache -> shuffle -> [repeat] -> augment_fn -> batch -> batch_map_fn -> batch_augment_fn
-    -> prefetch on the training side; the validation side gets the same map_fn, batch_map_fn,
-    batch, cache and sharding, but no augmentation, shuffle or repeat, always in one order."""
+    """The training side's steps from the cache on; the validation side's without augmentation,
+    shuffle or repeat, always in one order."""
     ds = cached(read.ds, plan.cache)
     if plan.shuffle_buffer:
         ds = ds.shuffle(plan.shuffle_buffer, seed=plan.shuffle_seed, reshuffle_each_iteration=True)
@@ -347,15 +333,10 @@ def _batched(
     ram_budget_bytes: int,
     serve: Callable | None = None,
 ) -> tf.data.Dataset:
-    """batch (`ragged`: a ragged batch) -> `batch_map_fn` -> `batch_augment_fn` -> prefetch ->
-    options."""
+    """batch (ragged again if `ragged`) -> `batch_map_fn` -> `batch_augment_fn` -> prefetch."""
     if batch:
-        # A plain batch, on purpose: tf.data fuses `map(augment_fn) -> batch` into one
-        # MapAndBatchDataset that writes each augmented example straight into its batch. A
-        # batch with `num_parallel_calls` is a ParallelBatchDataset, which that fusion skips:
-        # one more stage and buffer per example cost 12-18% throughput on the image benchmark.
-        # Where nothing fuses, the `parallel_batch` option (set in `_options`) still
-        # parallelizes the copy.
+        # A plain batch, on purpose: it fuses with `map(augment_fn)` into MapAndBatchDataset
+        # (a parallel one would not: 12-18% slower; docs/data.md, "Why a plain `batch`").
         if ragged:  # rows of a ragged feature after map_fn: ragged again, as they came
             ds = ds.ragged_batch(plan.global_batch_size, drop_remainder=plan.drop_remainder)
         else:
@@ -367,9 +348,8 @@ def _batched(
         check_arity("batch_augment_fn", augment, ds.element_spec, "a batch")
         ds = parallel_map(ds, "batch_augment_fn", augment, plan.deterministic)
     if serve is not None:
-        # Everything so far runs on the service's workers, with options for their machine
-        # (autotune within their own memory, TensorFlow's shared pool); the trainer reads
-        # whole batches (one RPC each), splits them per replica and prefetches them.
+        # All so far runs on the service's workers, with options for their machine (their own
+        # memory, TF's shared pool); the trainer reads whole batches and prefetches them.
         ds = serve(ds.with_options(_options(plan, 0, keep_shard=True)))
     ds = ds.prefetch(tf.data.AUTOTUNE)
     return ds.with_options(_options(plan, ram_budget_bytes, keep_shard=plan.keep_shard))

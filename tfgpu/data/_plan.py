@@ -1,12 +1,6 @@
-"""The pipeline's decisions, made from facts: pure functions, no TensorFlow work.
-
-`decide()` turns what is known about the data and the machine (`Facts`) plus the user's
-wishes into a `Plan`: the global batch, drop_remainder, the shuffle buffer, whether and where
-to cache, determinism, the auto-shard policy and the thread pool; what differs by the kind
-of source comes from its adapter's pure attributes (`_sources.SOURCES`). `validation_plan()`
-derives the validation side's plan from the training side's. `pipeline()` gathers the facts and
-applies the plan; the tests exercise the decisions here without building any dataset.
-"""
+"""The pipeline's decisions, pure (no TensorFlow work): `decide()` makes a `Plan` (batch,
+shuffle buffer, cache, determinism, sharding, thread pool) from `Facts` and the user's wishes,
+`validation_plan()` the validation side's from it."""
 
 from __future__ import annotations
 
@@ -19,10 +13,8 @@ from tfgpu.data._sources import SOURCES
 
 # Shuffle buffer when nothing else limits it: large enough to mix well, small enough to fill fast.
 _MAX_SHUFFLE_BUFFER = 10_000
-# The shuffle buffer may take at most this fraction of the RAM budget.
-_SHUFFLE_RAM_FRACTION = 0.1
-# Seed used for shuffles that must agree across workers (DATA sharding) when none is given.
-_SHARED_SEED = 0
+_SHUFFLE_RAM_FRACTION = 0.1  # of the RAM budget, at most
+_SHARED_SEED = 0  # for shuffles that must agree across workers (DATA sharding)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,14 +74,9 @@ def decide(
     repeat: bool = False,
 ) -> Plan:
     """Turns facts about the data and machine plus the user's wishes into a `Plan`. Pure.
-
-    Raises:
-        ValueError: if the cache cannot fit (RAM budget, free disk), would never complete
-            (infinite source), or the global batch does not split evenly over the replicas.
-    """
+    Raises `ValueError` for a batch or a cache that cannot work."""
     notes: list[str] = []
     warned: list[str] = []  # notes `pipeline` issues as warnings: the user should act
-    # Batch: global = per replica x replicas.
     if per_replica_batch_size is not None:
         global_batch = per_replica_batch_size * facts.num_replicas
         arg, value = "per_replica_batch_size", per_replica_batch_size
@@ -133,9 +120,8 @@ def decide(
             "drop_remainder=False, or more data."
         )
 
-    # Sharding: the source's policy (`_sources`); under the tf.data service, the service's
-    # job shares the data among trainers: no auto-sharding on top of it (tf.distribute turns
-    # it off for a named job too). AUTO leaves a dataset passed in as the user set it.
+    # Under the tf.data service the job shares the data among trainers: no auto-sharding on
+    # top (tf.distribute turns it off for a named job too). AUTO: as the user set it.
     source = SOURCES[facts.kind]
     shard_policy = source.shard_policy(facts)
     keep_shard = shard_policy == "AUTO"
@@ -148,17 +134,15 @@ def decide(
         shard_policy = "OFF"
     data_sharded = facts.num_workers > 1 and shard_policy in ("DATA", "AUTO")
 
-    # Determinism: DATA sharding keeps every k-th element, so all workers must see the same
-    # order: a deterministic pipeline and the same shuffle seed. Unshuffled data keeps its
-    # order (predictions must line up with labels), and a seed asks for a reproducible run.
+    # DATA sharding keeps every k-th element: all workers need one order (deterministic, one
+    # seed). Unshuffled data keeps its order (predictions line up with labels); a seed asks
+    # for a reproducible run; the service's batches come first come, first served.
     if deterministic is None:
-        # Under the service, batches arrive first come, first served: no order to keep.
         deterministic = not facts.service and (data_sharded or not shuffle or seed is not None)
     if data_sharded and seed is None and shuffle:
         seed = _SHARED_SEED
         notes.append(f"shuffle seeded with {_SHARED_SEED} so every worker shards the same order")
 
-    # Cache: after map_fn (deterministic work), before shuffle/augment (random work).
     cache_plan: str | None = None
     cache_bytes = None
     if facts.element_bytes is not None and facts.num_examples is not None and finite:
@@ -223,7 +207,6 @@ def decide(
             )
         cache_plan = target
 
-    # Shuffle buffer: the whole dataset when small, else capped by count and by RAM.
     buffer: int | None = None
     if shuffle and not facts.batched:  # a kept source's order and shuffling are its own
         if shuffle_buffer is not None:
@@ -236,8 +219,7 @@ def decide(
                 by_ram = int(facts.ram_budget_bytes * _SHUFFLE_RAM_FRACTION // facts.element_bytes)
                 buffer = max(min(buffer, by_ram), min(buffer, global_batch), 1)
 
-    # tf.data's own thread pool on GPU hosts, so input threads do not queue behind the
-    # runtime's inter-op work that launches GPU kernels.
+    # Own thread pool on GPU hosts: input threads do not queue behind kernel launches.
     if private_threadpool_size is None:
         private_threadpool_size = facts.cpu_count if facts.has_gpu and not facts.service else 0
 
@@ -271,13 +253,9 @@ def validation_plan(
     num_examples: int | None,
     element_bytes: int | None,
 ) -> Plan:
-    """The validation side's plan from the training side's. Pure.
-
-    No shuffle, deterministic, partial batches kept unless `drop_remainder=True` was passed;
-    the same cache (a file cache at `<prefix>-validation`), else in memory with
-    `cache="auto"` when it fits, so later passes do not read the source again (docs/data.md,
-    "Validation data").
-    """
+    """The validation side's plan from the training side's (pure; docs/data.md, "Validation
+    data"): no shuffle, in order, the same cache at `<prefix>-validation`, else in memory
+    with `cache="auto"` when it fits."""
     val_cache = plan.cache if plan.cache in (None, "memory") else f"{plan.cache}-validation"
     if (
         val_cache is None

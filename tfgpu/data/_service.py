@@ -1,12 +1,6 @@
-"""The tf.data service: `pipeline(..., service=...)`'s part, and `tfgpu data-service` servers.
-
-The pipeline's part: the dispatcher checked reachable (a short socket connect, so a wrong
-address fails in seconds, naming it, instead of hanging in tf.data), in-memory arrays read
-in chunks the dispatcher can hand out (one split per chunk, not per example: a split is an
-RPC to the dispatcher), the job name and coordinated reads (`tfgpu._internal.adapters.data_service`), and the
-`distribute` step itself (dynamic sharding: every example at most once per epoch, exactly
-once while no worker fails). The servers themselves are in `tfgpu/_internal/adapters/data_service.py`.
-"""
+"""The trainer's part of `pipeline(..., service=...)` (docs/data_service.md): the dispatcher
+checked reachable, in-memory arrays in chunks, the job name, the `distribute` step. The
+servers are in `tfgpu/_internal/adapters/data_service.py`."""
 
 from __future__ import annotations
 
@@ -21,10 +15,9 @@ import tensorflow as tf
 from tfgpu._internal.adapters.data_service import Address, consumers, job_name
 from tfgpu._internal.helpers.cluster import resolve_cluster
 
-# How long the reachability check waits for the dispatcher's port.
-CONNECT_TIMEOUT_S = 3.0
-# In-memory examples per split: big enough that the dispatcher's RPCs cost nothing next to
-# the work, small enough that several workers share a small dataset.
+CONNECT_TIMEOUT_S = 3.0  # a wrong address fails in seconds, naming it, instead of a hang
+# In-memory examples per split (one split is one RPC to the dispatcher): big enough that the
+# RPCs cost nothing next to the work, small enough that several workers share a small dataset.
 _MAX_CHUNK = 256
 _MIN_SPLITS = 32
 
@@ -33,12 +26,7 @@ _TOKEN = uuid.uuid4().hex[:12]
 
 
 def check_reachable(address: Address, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-    """Raises `ConnectionError` naming `address` unless its port accepts a connection.
-
-    Example:
-
-    >>> check_reachable(parse_address("localhost:1"))  # doctest: +SKIP
-    """
+    """Raises `ConnectionError` naming `address` unless its port accepts a connection."""
     try:
         with socket.create_connection((address.connect_host, address.port), timeout=timeout_s):
             return
@@ -57,12 +45,8 @@ def chunk_size(num_examples: int) -> int:
 
 
 def memory_source(value: Any, num_examples: int) -> tf.data.Dataset:
-    """The first `num_examples` examples of in-memory data, split by chunks.
-
-    Dynamic sharding hands out the source's elements one split (one RPC) at a time;
-    `from_tensor_slices` would make every example a split (about 1,000 examples/s
-    measured on 2 cores). Here a split is a chunk index; the worker slices the chunk.
-    """
+    """The first `num_examples` examples of in-memory data, one split per chunk index (the
+    worker slices the chunk): `from_tensor_slices` makes each example a split (1,000/s)."""
     tensors = tf.nest.map_structure(
         lambda a: a if isinstance(a, (tf.Tensor, tf.RaggedTensor)) else tf.convert_to_tensor(a),
         value,

@@ -1,11 +1,7 @@
-"""What `pipeline()` was given: one adapter per kind of `data`, decided once by `classify()`.
-
-As Keras's data adapters (`keras/src/trainers/data_adapters/`), each class carries what
-`pipeline()` does differently for its kind: the arguments only it takes (`check`), a batched
-source's own batches (`batching`), the examples known before reading (`count`), reading with
-the validation examples split off before any shuffle (`read`), and the pure facts the plan
-needs (`shard_policy`, what a cache gains). `classify()` does no TensorFlow work.
-"""
+"""What `pipeline()` was given: one adapter per kind of `data`, chosen once by `classify()`
+(no TensorFlow work), as Keras's data adapters. Each carries what differs for its kind: its
+own checks, batches, count, reading (the validation split off before any shuffle), and the
+pure facts the plan needs (`shard_policy`, what a cache gains)."""
 
 from __future__ import annotations
 
@@ -477,12 +473,13 @@ def _leaf_length(leaf: Any) -> int | None:
 
 def _checked_structure(path: str, value: Any) -> Any:
     """A nested structure of arrays with supported leaves (lists made arrays or ragged)."""
+    if isinstance(value, (Mapping, tuple)) and not value:
+        kind = "dict" if isinstance(value, Mapping) else "tuple"
+        raise ValueError(
+            f"Invalid value for argument `data`. Received: an empty {kind} at {path}. "
+            "Expected at least one array."
+        )
     if isinstance(value, Mapping):
-        if not value:
-            raise ValueError(
-                f"Invalid value for argument `data`. Received: an empty dict at {path}. "
-                "Expected at least one array."
-            )
         if not all(isinstance(k, str) for k in value):
             raise TypeError(
                 f"Invalid type for argument `data`. Received: a dict at {path} with keys "
@@ -490,11 +487,6 @@ def _checked_structure(path: str, value: Any) -> Any:
             )
         return {k: _checked_structure(f"{path}[{k!r}]", v) for k, v in value.items()}
     if isinstance(value, tuple):
-        if not value:
-            raise ValueError(
-                f"Invalid value for argument `data`. Received: an empty tuple at {path}. "
-                "Expected at least one array."
-            )
         items = tuple(_checked_structure(f"{path}[{i}]", v) for i, v in enumerate(value))
         return type(value)(*items) if hasattr(value, "_fields") else items
     if isinstance(value, (tf.Tensor, tf.RaggedTensor, tf.SparseTensor)):

@@ -1,7 +1,5 @@
-"""`validation_split`: checking it, counting each side, and the helpers of the sources'
-splits (`_sources`): arrays and datasets by position (as Keras `fit` takes it), refused for a
-dataset whose order changes every pass; TFRecord files by record hash; TFDS by counts.
-"""
+"""`validation_split`: its check, each side's count, and the helpers of the sources' splits
+(by position, by record hash, by TFDS counts; docs/data.md, "Validation data")."""
 
 from __future__ import annotations
 
@@ -15,9 +13,8 @@ import tensorflow as tf
 from tfgpu._internal.adapters.datasets import dataset_inputs
 from tfgpu._internal.helpers.checks import invalid_type, invalid_value, is_number
 
-# Hash buckets for the split of TFRecord files: a record is validation when its bucket is below
-# `validation_split * SPLIT_BUCKETS`; Fingerprint64 of the serialized bytes, so the split is the
-# same every epoch, in every file order and on every worker.
+# Hash buckets of the TFRecord split: a record is validation when its bucket (of its bytes) is
+# below `validation_split * SPLIT_BUCKETS`, the same every epoch, file order and worker.
 SPLIT_BUCKETS = 1 << 20
 _VALIDATION_SPLIT = "a float in (0, 1), e.g. 0.1, or None"
 
@@ -48,11 +45,8 @@ def check_split_counts(
     drop_remainder: bool,
     validation_drop_remainder: bool,
 ) -> tuple[int, int]:
-    """Raises ValueError when a side of the split has no example, or no full batch to keep.
-
-    `drop_remainder` is the training side's, `validation_drop_remainder` the validation
-    side's (True only when the user passed `drop_remainder=True`).
-    """
+    """Raises ValueError when a side of the split has no example, or no full batch to keep
+    (`validation_drop_remainder`: True only when the user passed `drop_remainder=True`)."""
     train, validation = _split_counts(n, validation_split)
     shown = (
         f"validation_split={validation_split} of {n} examples gives {train} for training "

@@ -10,8 +10,4 @@ is done differs. What each side does, what the demo prints and what it writes:
 from tfgpu.demo._args import check_arguments as check_arguments
 from tfgpu.demo._run import run_demo
 
-# The rooms: _args (argument checks, the run directory; no TensorFlow), _plan (pure: sizes,
-# tune's budget), _workload (data, model, learning rate, the recipe read back), _results
-# (pure: figures, speedups, the table, tune's waterfall), _run (run_demo and its phases).
-
 __all__ = ["run_demo"]

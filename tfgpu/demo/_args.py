@@ -16,11 +16,8 @@ from tfgpu._internal.helpers.checks import (
 
 
 def check_arguments(quick: Any, dataset: Any, log_dir: Any, epochs: Any) -> Path:
-    """Raises `TypeError`/`ValueError` for bad arguments, before any work (no TensorFlow).
-
-    Returns:
-        The run directory: `log_dir`, or a new `runs/demo-YYYYmmdd-HHMMSS` when it is None.
-    """
+    """Raises `TypeError`/`ValueError` for bad arguments, before any work (no TensorFlow);
+    returns the run directory (`log_dir`, or a new `runs/demo-YYYYmmdd-HHMMSS`)."""
     check_bool("quick", quick)
     expected = "None (offline synthetic data) or a TensorFlow Datasets name such as 'cifar10'"
     if dataset is not None and not isinstance(dataset, str):
@@ -32,12 +29,7 @@ def check_arguments(quick: Any, dataset: Any, log_dir: Any, epochs: Any) -> Path
 
 
 def check_log_dir(log_dir: Any) -> Path:
-    """The run directory, which must be new or empty: a demo never writes into an earlier run.
-
-    Raises:
-        TypeError: if `log_dir` is not a path.
-        ValueError: if it is (or is under) a file, or a directory that is not empty.
-    """
+    """The run directory, which must be new or empty: a demo never writes into an earlier run."""
     path = check_dir("log_dir", log_dir)
     if path is None:  # check_dir returns None only with allow_none
         raise invalid_type("log_dir", log_dir, "a directory path (str or os.PathLike)")

@@ -34,16 +34,26 @@ class Sizes:
 
 
 def choose_sizes(*, quick: bool, num_gpus: int, epochs: int | None = None) -> Sizes:
-    """Returns the demo's sizes for the hardware. Pure.
-
-    Args:
-        quick: bool, a tiny run for tests (seconds).
-        num_gpus: int, GPUs TensorFlow sees (0 on the CPU).
-        epochs: int or None, epochs per side. Defaults to None (2 quick, 8 on the CPU, 5 on GPUs).
-
-    Returns:
-        `Sizes`; `num_train` is a multiple of the global batch on up to 8 replicas.
-    """
+    """The demo's sizes for the hardware (pure): tiny with `quick`, else by `num_gpus`;
+    `num_train` is a multiple of the global batch on up to 8 replicas."""
+    # On the CPU: under a minute per side on 2 cores (8 epochs of 128 steps). The images are
+    # stored larger than the model input (as in most datasets) and the model is small next to
+    # their decoding, as a GPU's step is short next to a CPU input pipeline.
+    sizes = Sizes(
+        num_train=8192,
+        num_test=1024,
+        stored_size=128,
+        image_size=32,
+        per_replica_batch=64,
+        width=8,
+        epochs=8,
+        diagnose_steps=20,
+        diagnose_warmup=3,
+        check_xla=True,
+        tune_budget_s=90.0,
+        tune_steps=20,
+        tune_warmup=3,
+    )
     if quick:
         sizes = Sizes(
             num_train=512,
@@ -60,43 +70,17 @@ def choose_sizes(*, quick: bool, num_gpus: int, epochs: int | None = None) -> Si
             tune_steps=3,
             tune_warmup=1,
         )
-    elif num_gpus == 0:
-        # Under a minute per side on 2 cores (8 epochs of 128 steps). The images are stored
-        # larger than the model input (as in most datasets) and the model is small next to
-        # their decoding, as a GPU's step is short next to a CPU input pipeline.
-        sizes = Sizes(
-            num_train=8192,
-            num_test=1024,
-            stored_size=128,
-            image_size=32,
-            per_replica_batch=64,
-            width=8,
-            epochs=8,
-            diagnose_steps=20,
-            diagnose_warmup=3,
-            check_xla=True,
-            tune_budget_s=90.0,
-            tune_steps=20,
-            tune_warmup=3,
-        )
-    else:
-        replicas = min(num_gpus, 8)
+    elif num_gpus > 0:
         batch = 256
         steps = 80  # per epoch, on all GPUs together
-        sizes = Sizes(
-            num_train=steps * batch * replicas,
+        sizes = dataclasses.replace(
+            sizes,
+            num_train=steps * batch * min(num_gpus, 8),
             num_test=4096,
-            stored_size=128,
             image_size=96,
             per_replica_batch=batch,
             width=32,
             epochs=5,
-            diagnose_steps=20,
-            diagnose_warmup=3,
-            check_xla=True,
-            tune_budget_s=90.0,
-            tune_steps=20,
-            tune_warmup=3,
         )
     if epochs is not None:
         sizes = dataclasses.replace(sizes, epochs=epochs)

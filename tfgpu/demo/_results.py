@@ -149,21 +149,12 @@ def format_table(naive: Figures, tuned: Figures, *, on_gpu: bool, epochs: int) -
 
 
 def waterfall_lines(result: Any, *, width: int = 30) -> list[str]:
-    """`tfgpu.tune`'s waterfall as text: the baseline, each kept setting's step and the
-    verified total. Pure.
+    """`tfgpu.tune`'s waterfall (a `TuneResult`) as text, one line per bar of `width` at most:
+    the baseline, each kept setting's step and the verified total. Pure.
 
-    Each kept setting was measured against the best configuration before it; those gains do
-    not multiply, so the steps are scaled (in proportion to their log-gains) to end at the
-    verified total, as in `tune.png`, and each line also gives the gain as measured.
-
-    Args:
-        result: a `tfgpu.tuning.TuneResult` (anything with `baseline_examples_per_s`,
-            `tuned_examples_per_s`, `speedup`, `speedup_low`, `speedup_high` and `trials`
-            of `name`, `status`, `gain`).
-        width: int, characters of the longest bar. Defaults to 30.
-
-    Returns:
-        list of str, one line per bar.
+    Each kept gain was measured against the best configuration before it; gains do not
+    multiply, so the steps are scaled (by their log-gains) to end at the verified total, as
+    in `tune.png`, and each line also gives the gain as measured.
     """
     base = result.baseline_examples_per_s
     if base is None or not math.isfinite(base) or base <= 0:

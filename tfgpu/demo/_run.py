@@ -89,11 +89,10 @@ def run_demo(
 ) -> int:
     """Trains a reference image classifier naively, then with tfgpu, and compares them.
 
-    The naive side is what a typical Keras user writes; the tfgpu side uses
-    `tfgpu.configure()`, `tfgpu.strategy()`, `tfgpu.data.pipeline(...)` and keeps what
-    `tfgpu.tune()` measured to help, with the naive side's batch, steps and learning rate.
-    Prints progress, then a side-by-side table, and writes the run directory. Sizes follow
-    the hardware. The whole story: `docs/demo.md`.
+    The naive side is what a typical Keras user writes; the tfgpu side uses `configure()`,
+    `strategy()`, `data.pipeline(...)` and what `tune()` kept, with the naive side's batch,
+    steps and learning rate. Prints a side-by-side table and writes the run directory, sized
+    for the hardware. The whole story: `docs/demo.md`.
 
     Args:
         quick: bool, a tiny run (seconds) to check that everything works. Defaults to False.
@@ -132,9 +131,6 @@ def run_demo(
     tuned, changes = _tfgpu_side(run, data, path / "tfgpu")
     _compare(run, data, naive, tuned, changes, path)
     return 0
-
-
-# ---- the phases -----------------------------------------------------------------------------
 
 
 def _set_up(*, quick: bool, epochs: int | None) -> _Run:
@@ -357,9 +353,6 @@ def _compare(
     for side, report in reports.items():
         if report:
             _say(f"  {side} report: {report}")
-
-
-# ---- helpers of the phases ------------------------------------------------------------------
 
 
 def _diagnose(

@@ -1,28 +1,17 @@
-"""Learnable synthetic image data, stored as encoded JPEGs, for the demo, examples and benchmarks.
-
-Each class is one orientation of a stripe pattern (`num_classes` orientations spread evenly
-over 180 degrees, 18 degrees apart for ten classes). Everything else varies from image to
-image and says nothing about the class: the stripes' frequency, phase and contrast, the
-tint, and strong pixel noise; the orientation itself wobbles a little. So a small CNN has to
-learn oriented filters that see through the noise: its accuracy climbs over several epochs
-instead of jumping to 100% at once, and still ends far above chance (about 0.85 on the test
-images after the demo's 8 CPU epochs). The input pipeline does real work: decoding JPEG bytes,
-resizing, cropping, colour jitter. Nothing is downloaded.
-"""
+"""The demo's learnable synthetic images, made offline and stored as JPEG bytes: each class
+one stripe orientation, everything else noise (why: `docs/demo.md`, "Data and sizes")."""
 
 from __future__ import annotations
 
 import numpy as np
 
-# Standard deviation of an image's orientation around its class's (radians; classes are
-# pi / num_classes apart, 0.31 rad for ten: neighbours rarely overlap).
+# Standard deviations of an image's orientation around its class's (radians; classes are
+# pi / num_classes apart, 0.31 rad for ten: neighbours rarely overlap) and of each pixel's
+# Gaussian noise (images span 0..1).
 ANGLE_NOISE = 0.07
-# Standard deviation of the Gaussian noise added to each pixel (images span 0..1).
 PIXEL_NOISE = 0.42
-# Amplitude of the stripes, drawn per image (0.5 +- amplitude before tint and noise).
-AMPLITUDE = (0.12, 0.4)
-# Spatial frequency of the stripes, cycles per image side, drawn per image.
-FREQUENCY = (2.0, 5.0)
+AMPLITUDE = (0.12, 0.4)  # of the stripes, per image: 0.5 +- amplitude before tint and noise
+FREQUENCY = (2.0, 5.0)  # of the stripes, per image: cycles per image side
 
 
 def class_angles(num_classes: int) -> np.ndarray:

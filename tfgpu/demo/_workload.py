@@ -52,15 +52,9 @@ def build_data(dataset: str | None, sizes: Sizes) -> Data:
 def tfds_jpegs(
     name: str, num_examples: int, stored_size: int, *, data_dir: str | None = None
 ) -> tuple[Any, Any, int]:
-    """Reads `num_examples` labelled images of a TFDS dataset, as JPEG bytes of one size.
-
-    Returns:
-        (object array of JPEG bytes, int32 labels, number of classes).
-
-    Raises:
-        FileNotFoundError: when the dataset is not prepared (from `tfgpu.data.load_tfds`).
-        ValueError: for an unknown name, or a dataset without image and label.
-    """
+    """(JPEG bytes, int32 labels, number of classes) of `num_examples` images of a TFDS
+    dataset, resized to `stored_size`. Raises as `tfgpu.data.load_tfds`, and `ValueError`
+    for a dataset without image and class label, or too few examples."""
     import numpy as np
     import tensorflow as tf
 
@@ -109,12 +103,9 @@ def decode_fn(resize_to: int) -> MapFn:
 
 
 def augment_fn(image_size: int) -> MapFn:
-    """A random `image_size` square crop and a random brightness change, per image.
-
-    Written with batch-agnostic ops, so the same function augments one example `(H, W, 3)`
-    or a whole batch `(N, H, W, 3)` (each image its own crop and brightness): `tfgpu.tune`
-    can then try it after the batching (`batch_augment_fn`), one vectorized call per batch.
-    """
+    """A random `image_size` square crop and a random brightness change, per image; on one
+    example or a whole batch (each image its own), so `tfgpu.tune` can try it after the
+    batching (`batch_augment_fn`)."""
     import tensorflow as tf
 
     # No flips: a mirrored stripe pattern is another class's orientation.
@@ -172,9 +163,7 @@ def learning_rate(total_steps: int) -> Any:
     """The learning-rate schedule of both sides: cosine decay from 2e-3 to 0 over the run."""
     import keras
 
-    # At a constant rate the test accuracy after the last epoch swings by several points
-    # from one epoch to the next, so a comparison of two runs would mostly compare where each
-    # happened to stop; annealed to zero, both end at their converged accuracy.
+    # Annealed to zero, both sides end at their converged accuracy (docs/demo.md).
     return keras.optimizers.schedules.CosineDecay(LEARNING_RATE, decay_steps=total_steps)
 
 

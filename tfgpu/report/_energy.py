@@ -27,11 +27,7 @@ class _Energy:
 
 
 def _energy(table: Table) -> list[_Energy]:
-    """Energy used per GPU: per session, last minus first finite `energy_j`, summed.
-
-    The counter is cumulative since the driver loaded, so only differences within a
-    session count (between sessions the GPU may have run other work).
-    """
+    """Energy used per GPU: per session, last minus first finite `energy_j`, summed."""
     starts = timeline_sessions(table)
     ends = [*starts[1:], len(table.rows)]
     times = table.col("time")
@@ -59,11 +55,8 @@ def _energy(table: Table) -> list[_Energy]:
 
 
 def _examples_in(steps: list[Table], spans: list[tuple[float, float]]) -> float:
-    """Examples trained in steps rows that ended within `spans` (NaN when unknown).
-
-    A row covers `step_time_s x steps` seconds at `examples_per_s`: its examples are the
-    product (the batch size times its steps).
-    """
+    """Examples trained in steps rows that ended within `spans` (NaN when unknown): each
+    row's `examples_per_s x step_time_s x steps`."""
     total, known = 0.0, False
     for table in steps:
         starts = steps_sessions(table)

@@ -1,42 +1,36 @@
 """The "Findings from the GPU counters" section: what utilization hides, per session and GPU.
 
-Aggregates each timeline session's per-GPU counters as the sampler does for `diagnose`, then
-applies the same rules, `tfgpu._internal.adapters.gpu_counters` (tensor cores idle, small kernels, throttled
-clocks, PCIe traffic per step), and says what a GPU without GPM cannot show.
+Each timeline session's per-GPU counters, aggregated as the sampler does for `diagnose`, go
+through the same rules (`tfgpu._internal.adapters.gpu_counters`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 
 from tfgpu._internal.adapters import gpu_counters as counters
 from tfgpu._internal.helpers import stats
 from tfgpu.report._read import Artifact, Table
 from tfgpu.report._series import finite_max, gpu_indices, timeline_sessions
 
-# Timeline columns (per GPU) that only a monitor which reads the GPU counters writes: a
-# timeline without any of them is from an older tfgpu, and what it lacks is not "unseen".
+# Per-GPU columns only a monitor that reads the GPU counters writes: a timeline without any
+# of them is from an older tfgpu, and what it lacks is not "unseen".
 _COUNTER_COLUMNS = ("sm_active_pct", "tensor_active_pct", "pcie_tx_mib_s", "pcie_rx_mib_s")
-
-
-# Which columns each of `_gpu_counters.unseen`'s notes is about.
+# Which columns each of `counters.unseen`'s notes is about.
 _UNSEEN_COLUMNS = {
     counters.GPM_UNSEEN: ("sm_active_pct", "tensor_active_pct"),
     counters.PCIE_UNSEEN: ("pcie_tx_mib_s", "pcie_rx_mib_s"),
     counters.POWER_UNSEEN: ("power_limit_w", "throttle_reasons"),
 }
-
-
 _NO_BITMASK = 2.0**64  # NVML's throttle reasons are an unsigned 64-bit mask
 
 
 def _bits_or(values: list[float]) -> float:
     """The bitwise OR of the bitmasks among `values` (as a float), NaN when there is none."""
     masks = [int(v) for v in stats.finite(values) if 0 <= v < _NO_BITMASK]
-    out = 0
-    for m in masks:
-        out |= m
-    return float(out) if masks else math.nan
+    return float(functools.reduce(operator.or_, masks)) if masks else math.nan
 
 
 def _window_counters(table: Table, gpu: int, a: int, b: int) -> counters.Counters:

@@ -1,9 +1,6 @@
 """The report's PNG plots (matplotlib, Agg figures): utilization, memory, power, activity,
-step time.
-
-Every plot shares one time axis (seconds since the first sample), marks epochs and sessions,
-and is optional: a plot that fails is named in the problems, never raised.
-"""
+step time. One time axis (seconds since the first sample), epochs and sessions marked; a plot
+that fails is named in the problems, never raised."""
 
 from __future__ import annotations
 
@@ -67,18 +64,6 @@ def _plot_lines(
     xmin=None,
     xlabel=None,
 ) -> Path | None:
-    with warnings.catch_warnings():  # matplotlib's own, on extreme values: the plot says it
-        warnings.simplefilter("ignore")
-        return _plot_lines_quietly(
-            plt, out, title, ylabel, series, epochs, ylim=ylim, log=log, legend=legend,
-            sessions=sessions, xmin=xmin, xlabel=xlabel,
-        )  # fmt: skip
-
-
-def _plot_lines_quietly(
-    plt, out: Path, title: str, ylabel: str, series, epochs, *, ylim, log, legend, sessions,
-    xmin, xlabel,
-) -> Path | None:  # fmt: skip
     drawn = []
     for label, xs, ys, style in series:
         xs, ys = _plottable(xs), _plottable(ys, log)
@@ -126,7 +111,9 @@ def _plot_lines_quietly(
 def try_draw(problems: Problems, draw, plt, out: Path, *args, **kw) -> Path | None:
     """Calls `draw(plt, out, ...)`; a plot that fails is named in `problems`, not raised."""
     try:
-        return draw(plt, out, *args, **kw)
+        with warnings.catch_warnings():  # matplotlib's own, on extreme values: the plot says it
+            warnings.simplefilter("ignore")
+            return draw(plt, out, *args, **kw)
     except Exception as e:  # a plot is one part of the report: the others still get written
         problems.errors.append(f"`{out}` not drawn ({type(e).__name__}: {e}).")
         return None
@@ -135,62 +122,48 @@ def try_draw(problems: Problems, draw, plt, out: Path, *args, **kw) -> Path | No
 def timeline_plots(plt, table: Table, out_dir: Path, suffix: str, problems: Problems) -> list[Path]:
     starts = timeline_sessions(table)
     x = time_axis(table, starts)
-    marks = {
-        "epochs": epoch_starts(x, table.col("epoch"), starts),
-        "sessions": [x[k] for k in starts],
-    }
+    epochs = epoch_starts(x, table.col("epoch"), starts)
+    sessions = [x[k] for k in starts]
     t = broken(x, starts)
 
     def col(name: str) -> list[float]:  # with the same breaks as the time axis
         return broken(table.col(name), starts)
 
+    def per_gpu(gpus: list[int], *lines: tuple[str, str, str]) -> list:
+        """Each GPU's series, GPU by GPU, from the (label, column, style) of each line."""
+        return [
+            (f"GPU {i} {label}", t, col(f"gpu{i}_{name}"), style)
+            for i in gpus
+            for label, name, style in lines
+        ]
+
     def plot(name: str, title: str, ylabel: str, series, **kw) -> Path | None:
+        out = out_dir / f"{name}{suffix}.png"
         return try_draw(
-            problems,
-            _plot_lines,
-            plt,
-            out_dir / f"{name}{suffix}.png",
-            title,
-            ylabel,
-            series,
-            marks["epochs"],
-            sessions=marks["sessions"],
-            **kw,
+            problems, _plot_lines, plt, out, title, ylabel, series, epochs, sessions=sessions, **kw
         )
 
     gpus = gpu_indices(table)
     host_only = "" if gpus else " (no GPU sampled: host only)"
-    util = [(f"GPU {i} utilization", t, col(f"gpu{i}_util_pct"), "-") for i in gpus]
+    util = per_gpu(gpus, ("utilization", "util_pct", "-"))
     util.append(("host CPU, all cores", t, col("host_cpu_pct"), "--"))
     made = [plot("utilization", "Utilization" + host_only, "%", util, ylim=(0, 105))]
-    mem = []
-    for i in gpus:
-        mem.append((f"GPU {i} used", t, col(f"gpu{i}_mem_used_mib"), "-"))
-        mem.append((f"GPU {i} total", t, col(f"gpu{i}_mem_total_mib"), ":"))
+    mem = per_gpu(gpus, ("used", "mem_used_mib", "-"), ("total", "mem_total_mib", ":"))
     mem.append(("host: this process's RSS", t, col("host_rss_mib"), "--"))
     made.append(plot("memory", "Memory" + host_only, "MiB", mem))
-    power = []
-    for i in gpus:
-        power.append((f"GPU {i} power draw", t, col(f"gpu{i}_power_w"), "-"))
-        power.append((f"GPU {i} power limit", t, col(f"gpu{i}_power_limit_w"), ":"))
     if gpus:
+        power = per_gpu(gpus, ("power draw", "power_w", "-"), ("power limit", "power_limit_w", ":"))
         made.append(plot("power", "Power", "watts", power))
     active = _activity_gpus(table)
     if active:  # GPM counters recorded: what utilization hides, next to it
-        activity = []
-        for i in active:
-            activity.append((f"GPU {i} utilization", t, col(f"gpu{i}_util_pct"), "-"))
-            activity.append((f"GPU {i} SM active", t, col(f"gpu{i}_sm_active_pct"), "--"))
-            activity.append((f"GPU {i} tensor active", t, col(f"gpu{i}_tensor_active_pct"), ":"))
-        made.append(
-            plot(
-                "activity",
-                "What utilization hides: utilization vs SM and tensor-core activity",
-                "%",
-                activity,
-                ylim=(0, 105),
-            )
+        activity = per_gpu(
+            active,
+            ("utilization", "util_pct", "-"),
+            ("SM active", "sm_active_pct", "--"),
+            ("tensor active", "tensor_active_pct", ":"),
         )
+        title = "What utilization hides: utilization vs SM and tensor-core activity"
+        made.append(plot("activity", title, "%", activity, ylim=(0, 105)))
     return [p for p in made if p is not None]
 
 
@@ -213,14 +186,12 @@ def steps_plot(plt, out: Path, table: Table, t0: float | None) -> Path | None:
         return None
     starts = steps_sessions(table)
     ms = [v * 1e3 for v in table.col("step_time_s")]
-    # An epoch starts when its first step began: its end minus the time its steps took.
     counts = steps_per_row(table.col("step"), starts)
     ends = [v - (t0 if t0 is not None else 0.0) for v in times]
     begin_times = step_begins(ends, ms, counts, starts)
     base = 0.0 if t0 is not None else (stats.finite(begin_times) or finite)[0]
-    # Time 0 is the timeline's first sample (taken before the first step) or the first
-    # step's begin: nothing is drawn before it, whatever the rows claim (a step count
-    # larger than the steps that ran made the first epoch begin at -1.6 s).
+    # Time 0: the timeline's first sample or the first step's begin; nothing is drawn before
+    # it, whatever the rows claim (an overstated step count began epoch 1 at -1.6 s).
     xs = [_not_before_0(v - base) for v in ends]  # when each row's step(s) ended
     begins = [_not_before_0(v - base) for v in begin_times]
     epochs = epoch_starts(begins, table.col("epoch"), starts)

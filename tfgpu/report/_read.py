@@ -1,10 +1,5 @@
-"""Reading a run directory: its files, CSV tables and JSON records, and what went wrong.
-
-Finds the timeline and steps files (`timeline.csv`, `timeline.1.csv`,
-`steps-worker1.csv`, ...) and the records (`run.json`, `diagnosis.json`, ...), reads them
-without ever raising for a damaged file, and collects what could not be read or was worked
-around in `Problems`.
-"""
+"""Reading a run directory: its timeline and steps files, its JSON records, and `Problems`
+(what could not be read or was worked around: a damaged file is never raised)."""
 
 from __future__ import annotations
 
@@ -62,17 +57,10 @@ _MISSING = {"", "nan", "-nan", "+nan", "none", "null"}  # cells that mean "no va
 
 
 def read_table(path: Path, required: Sequence[str], what: str, problems: Problems):
-    """Reads a tfgpu CSV file into a `Table`, or None when nothing of it can be used.
-
-    Never raises for a damaged file: what cannot be read goes to `problems.errors` (with the
-    rows before the damage kept), what is worked around to `problems.notes`.
-
-    Args:
-        path: Path, the file.
-        required: the columns of which at least one must be in the header.
-        what: str, what the file is, for messages ("timeline", "steps file").
-        problems: `Problems`, told what went wrong.
-    """
+    """A tfgpu CSV file (`required`: one of these columns must be in the header; `what` names
+    the file in messages) as a `Table`, or None when nothing of it can be used. What cannot be
+    read goes to `problems.errors` (the rows before the damage kept), what is worked around
+    to `problems.notes`."""
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -144,8 +132,6 @@ def read_record(path: Path, problems: Problems) -> dict[str, Any] | None:
 _ARTIFACT = re.compile(
     r"^(?P<stem>timeline|steps)(?P<worker>-[A-Za-z_]+\d+)?(?:\.(?P<n>\d+))?\.csv$"
 )
-
-
 _RECORD = re.compile(r"^(run|diagnosis)(-[A-Za-z_]+\d+)?(\.\d+)?\.json$")
 
 

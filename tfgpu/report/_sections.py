@@ -1,9 +1,5 @@
-"""The report's sections as Markdown lines: sessions, files, timelines, steps, diagnoses.
-
-Each function takes what was read (a table, a record) and returns the lines of one section
-of `report.md`; the energy and GPU-counter sections have their own modules (`_energy`,
-`_findings`).
-"""
+"""The report's sections as Markdown lines: sessions, files, timelines, steps, diagnoses, tuning
+(energy and GPU counters: `_energy`, `_findings`). Each takes what was read, returns lines."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""A table's columns as series: NaN-aware reductions, sessions, the time axis, epoch starts.
-
-Several `fit` calls (or `record` blocks) append to one file, each restarting `elapsed_s`
-(timeline) or `(epoch, step)` (steps): these helpers find where each session begins, lay
-the rows on one time axis and count the steps each row covers. Pure: no files, no plots.
-"""
+"""A table's columns as series (pure): NaN-aware reductions, the sessions (each `fit` or
+`record` appended to a file restarts `elapsed_s` or `(epoch, step)`), one time axis, epoch
+starts and the steps each row covers."""
 
 from __future__ import annotations
 
@@ -96,13 +93,9 @@ def steps_per_row(last_steps: list[float], starts: Sequence[int] = ()) -> list[i
 def step_begins(
     ends: list[float], ms: list[float], counts: list[int], starts: Sequence[int] = ()
 ) -> list[float]:
-    """When each `steps.csv` row's step(s) began: its end minus the time its steps took.
-
-    Steps run one after the other, so a row never begins before the previous row of its
-    session ended: a row whose steps claim more time than there was (a step count Keras
-    overstated, a clock that jumped) begins where the previous one ended. The first row
-    of a session is left as computed (its caller bounds it).
-    """
+    """When each `steps.csv` row's step(s) began: its end minus the time its steps took, but
+    never before the previous row of its session ended (an overstated step count, a clock
+    that jumped). A session's first row is left as computed (its caller bounds it)."""
     begins, previous_end = [], math.nan
     firsts = set(starts)
     for k, (end, t, n) in enumerate(zip(ends, ms, counts)):
@@ -117,16 +110,13 @@ def step_begins(
     return begins
 
 
-def time_axis(table: Table, starts: list[int], t0: float | None = None) -> list[float]:
-    """Seconds since `t0` (default: the first sample) from `time`, for every row.
-
-    Without a `time` column, the sessions' `elapsed_s` are laid end to end.
-    """
+def time_axis(table: Table, starts: list[int]) -> list[float]:
+    """Seconds since the first sample from `time`, for every row; without a `time` column,
+    the sessions' `elapsed_s` laid end to end."""
     times = table.col("time")
     finite = stats.finite(times)
     if finite:
-        base = finite[0] if t0 is None else t0
-        return [t - base for t in times]
+        return [t - finite[0] for t in times]
     elapsed = table.col("elapsed_s")
     if not stats.finite(elapsed):
         return [float(k) for k in range(len(table.rows))]

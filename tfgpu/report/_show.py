@@ -1,10 +1,6 @@
-"""`ReportPath`: what `write_report` returns, the path of `report.md` that shows itself.
-
-In a notebook, `write_report(log_dir).show()` displays the summary rendered and each plot as
-an image, in the order of `report.md`; ending a cell with `write_report(log_dir)` renders it
-too (`_repr_markdown_`, the plots inlined). Elsewhere `show()` prints the Markdown text and
-where the plots are. Reading the report is pure (`_parts`); only `show` has effects.
-"""
+"""`ReportPath`: what `write_report` returns, the path of `report.md` that shows itself (in a
+notebook rendered with its plots, also as a cell's value; elsewhere printed). Reading the
+report is pure (`_parts`); only `show` has effects."""
 
 from __future__ import annotations
 
@@ -21,9 +17,7 @@ _IMAGE_LINE = re.compile(r"^!\[([^\]]*)\]\(([^)\s]+\.png)\)\s*$")
 
 def _parts(text: str, folder: Path) -> list[tuple[str, str]]:
     """`report.md`'s text cut at its image lines: `("markdown", text)` and `("image", path)`.
-
-    An image line whose file is missing stays in the text (a link that says what is gone).
-    """
+    An image line whose file is missing stays in the text (a link that says what is gone)."""
     parts: list[tuple[str, str]] = []
     lines: list[str] = []
     for line in text.splitlines():
@@ -55,10 +49,10 @@ def _inlined(text: str, folder: Path) -> str:
 
 def _plain(text: str, folder: Path) -> str:
     """`report.md`'s text for a terminal: each plot line says where the PNG file is."""
-    out = []
-    for kind, value in _parts(text, folder):
-        out.append(f"[plot: {value}]" if kind == "image" else value)
-    return "\n".join(out) + "\n"
+    parts = _parts(text, folder)
+    return (
+        "\n".join(f"[plot: {value}]" if kind == "image" else value for kind, value in parts) + "\n"
+    )
 
 
 def _notebook_display():
@@ -96,12 +90,9 @@ class ReportPath(_ConcretePath):
     def show(self) -> None:
         """Shows the report: rendered with its plots in a notebook, as text elsewhere.
 
-        In an IPython kernel (Jupyter, VS Code, Colab) the Markdown summary is displayed
-        rendered and each plot as a PNG image, in the order of `report.md`. Elsewhere (a
-        script, a terminal) the Markdown text is printed, each plot as the path of its file.
-
-        Returns:
-            None.
+        In an IPython kernel (Jupyter, VS Code, Colab) the summary is rendered and each plot
+        shown, in the order of `report.md`; elsewhere the Markdown text is printed, each plot
+        as the path of its file.
 
         Raises:
             FileNotFoundError: if `report.md` is no longer there.

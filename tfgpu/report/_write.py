@@ -1,9 +1,5 @@
-"""`write_report` and `write_report_and_problems`: read a run directory, write `report.md`
-and the plots.
-
-The one place that puts the rooms together: check the arguments, list the files, read each
-one, write its sections and plots, then `report.md` atomically (problems first).
-"""
+"""`write_report`: check the arguments, read each file of a run directory, write its sections
+and plots, then `report.md` atomically (problems first)."""
 
 from __future__ import annotations
 
@@ -56,10 +52,8 @@ def _section(problems: Problems, path: Path, make, *args) -> list[str]:
 def write_report_and_problems(
     log_dir: str | os.PathLike, *, out_dir: str | os.PathLike | None = None
 ) -> tuple[Path, Problems]:
-    """`write_report` for front ends: returns `report.md`'s path and what could not be read.
-
-    The CLI prints the problems as `error:` lines (exit status 2) instead of warnings.
-    """
+    """`write_report` for front ends: returns `report.md`'s path and what could not be read
+    (the CLI prints them as `error:` lines, exit status 2, instead of warnings)."""
     check_dir("log_dir", log_dir)  # both arguments, before any work
     out_arg = check_dir("out_dir", out_dir, allow_none=True)
     run, names = check_log_dir(log_dir)
@@ -71,13 +65,10 @@ def write_report_and_problems(
     timelines = artifacts(names, "timeline")
     steps = artifacts(names, "steps")
     lines = [f"# tfgpu run report: `{run}`", ""]
-    if (run / "run.json") in names:
-        meta = read_record(run / "run.json", problems)
-        if meta is not None:
-            lines += _section(
-                problems, run / "run.json", sessions_section, meta, run / "run.json", timelines,
-                problems,
-            )  # fmt: skip
+    run_json = run / "run.json"
+    meta = read_record(run_json, problems) if run_json in names else None
+    if meta is not None:
+        lines += _section(problems, run_json, sessions_section, meta, run_json, timelines, problems)
     lines += files_section(timelines, steps, names)
 
     body: list[str] = []
@@ -128,10 +119,9 @@ def write_report_and_problems(
         body += _section(problems, run, counter_section, read_timelines, read_steps)
     for diagnosis in diagnosis_files(names):  # earlier ones (diagnosis.1.json, ...) first
         body += _section(problems, diagnosis, diagnosis_section, diagnosis, problems)
-    if (run / "tune.json").is_file():
-        body += _section(
-            problems, run / "tune.json", tune_section, run / "tune.json", out, problems
-        )
+    tune_json = run / "tune.json"
+    if tune_json.is_file():
+        body += _section(problems, tune_json, tune_section, tune_json, out, problems)
     if images:
         body += ["## Plots", ""]
         body += [f"![{p.stem}]({p.name})" for p in images]
@@ -149,10 +139,9 @@ def write_report(
 ) -> ReportPath:
     """Writes PNG plots and a Markdown summary of a run directory; returns the summary's path.
 
-    Covers every session, moved-aside file and worker of the directory. A damaged file does
-    not stop the report: it is skipped (or read up to the damage), named in a "Problems"
-    section at the top of `report.md`, and warned about. What the report shows:
-    `docs/diagnosis.md`, "tfgpu report LOG_DIR".
+    Covers every session, moved-aside file and worker. A damaged file is skipped (or read up
+    to the damage), named in a "Problems" section at the top of `report.md`, and warned
+    about. What the report shows: `docs/diagnosis.md`, "tfgpu report LOG_DIR".
 
     Args:
         log_dir: str or os.PathLike, a directory written by `GPUMonitor`, `StepTimer`,
