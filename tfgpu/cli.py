@@ -1,11 +1,9 @@
 """The `tfgpu` command: `tfgpu env`, `tfgpu demo`, `tfgpu report LOG_DIR`, `tfgpu tune SCRIPT.py`.
 
-Arguments are checked before any work and before TensorFlow is imported: a malformed one
-gets argparse's `usage:` and `error:` lines and exit status 2; a failure once the command
-runs prints `tfgpu COMMAND: error: ...` and exits 2, never with a traceback. TensorFlow's
-C++ start-up log, written to fd 2 before TensorFlow reads `TF_CPP_MIN_LOG_LEVEL`, is held
-back (`_startup_log_held_back`) unless `--verbose` (before or after the command) or
-`TF_CPP_MIN_LOG_LEVEL=0` asks for it; the variable itself is left as the user set it.
+Arguments are checked before TensorFlow is imported (a malformed one: argparse's `usage:` and
+`error:`, exit status 2); a failure once the command runs prints `tfgpu COMMAND: error: ...`
+and exits 2, never a traceback. TensorFlow's C++ start-up log is held back unless `--verbose`
+or `TF_CPP_MIN_LOG_LEVEL=0` asks for it.
 """
 
 from __future__ import annotations
@@ -19,10 +17,8 @@ import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 
-# C++ log lines TensorFlow writes at every start, GPU or not: absl's preamble, INFO lines
-# (oneDNN, CPU features, "Could not find cuda drivers") and the cuInit / factory-registration
-# errors of a machine without a usable driver, which `tfgpu env` explains with a fix. Warnings
-# (e.g. "Cannot dlopen some GPU libraries") and other errors still go through.
+# What TensorFlow's C++ writes at every start: absl's preamble, INFO lines and the errors of a
+# machine without a usable driver (`tfgpu env` explains them); warnings and other errors pass.
 _STARTUP_NOISE = re.compile(
     r"^(WARNING: All log messages before absl::InitializeLog\(\) is called"
     r"|I\d{4} [\d:.]+\s+\d+ \S+:\d+\] "
@@ -56,7 +52,6 @@ def _build_parser() -> argparse.ArgumentParser:
         help="TensorFlow, CUDA, driver and GPU facts, and what is wrong",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(command_parser=p)
 
     p = sub.add_parser(
         "demo",
@@ -73,7 +68,6 @@ def _build_parser() -> argparse.ArgumentParser:
         "holds an earlier run is refused",
     )
     p.add_argument("--epochs", type=int, default=None, help="epochs per side (>= 1)")
-    p.set_defaults(command_parser=p)
 
     p = sub.add_parser(
         "report", parents=[common], help="plots and a Markdown summary of a run directory"
@@ -82,7 +76,6 @@ def _build_parser() -> argparse.ArgumentParser:
         "log_dir", metavar="LOG_DIR", help="a run directory written by GPUMonitor / StepTimer"
     )
     p.add_argument("--out", default=None, help="where to write (default: LOG_DIR)")
-    p.set_defaults(command_parser=p)
 
     p = sub.add_parser(
         "tune",
@@ -109,22 +102,20 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--log-dir", default=None, metavar="LOG_DIR", help="write tune.json and tune.png here"
     )
-    p.set_defaults(command_parser=p)
 
-    p = sub.add_parser(
+    sub.add_parser(
         "data-service",
         help="run a tf.data service dispatcher or worker (`tfgpu data-service --help`)",
         add_help=False,
     )
-    p.set_defaults(command_parser=p)  # `main` hands its arguments to the servers' parser
+    for p in sub.choices.values():  # reports its command's argument errors (see `main`)
+        p.set_defaults(command_parser=p)
     return parser
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
-    """Checks a command's arguments (no TensorFlow); raises TypeError/ValueError.
-
-    Fills in what the checks resolve (the demo's default run directory).
-    """
+    """Checks a command's arguments (no TensorFlow), filling in what the checks resolve (the
+    demo's default run directory); raises TypeError/ValueError."""
     from tfgpu._internal.helpers.checks import check_dir
 
     if args.command == "demo":
@@ -148,10 +139,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 
 def _hold_back_startup_log(verbose: bool, environ: Mapping[str, str]) -> bool:
-    """Whether to hold back TensorFlow's start-up log: not with `--verbose`, nor when the
-    user asked TensorFlow for all of its log (`TF_CPP_MIN_LOG_LEVEL=0`). Any other value
-    (or none) holds it back: TensorFlow writes these lines before it reads the variable, so
-    `TF_CPP_MIN_LOG_LEVEL=2` alone would not quiet them. Pure."""
+    """Whether to hold back TensorFlow's start-up log: yes unless `--verbose` or
+    `TF_CPP_MIN_LOG_LEVEL=0` (TensorFlow writes it before reading the variable, so `=2` alone
+    cannot quiet it). Pure."""
     return not verbose and environ.get("TF_CPP_MIN_LOG_LEVEL", "").strip() != "0"
 
 
@@ -162,12 +152,8 @@ def _is_startup_noise(line: str) -> bool:
 
 @contextlib.contextmanager
 def _startup_log_held_back(enabled: bool = True) -> Iterator[None]:
-    """Holds back TensorFlow's C++ start-up lines written to fd 2 inside the block.
-
-    Everything written to file descriptor 2 meanwhile (by C++ or by Python) goes to a
-    temporary file; when the block ends, the lines that are not start-up noise are written
-    to the real stderr, in order. Does nothing when `enabled` is False.
-    """
+    """Holds back TensorFlow's C++ start-up lines written to fd 2 inside the block: the others
+    go to the real stderr, in order, when it ends. Does nothing when `enabled` is False."""
     saved = None
     if enabled:
         try:

@@ -1,9 +1,7 @@
 """`tfgpu.configure()`: memory, visible GPUs, precision and determinism, set once before training.
 
-Two steps: `_plan(facts, wishes)`, a pure function of the device facts (the GPUs TensorFlow
-sees, their compute capabilities, whether the runtime already started, a few environment
-variables) and the checked arguments, makes every decision and every message; `_apply(plan)`
-is the thin layer that calls `tf.config` and Keras.
+`_plan(facts, wishes)`, pure, makes every decision and every message from the device facts and
+the checked arguments; `_apply(plan)` is the thin layer that calls `tf.config` and Keras.
 """
 
 from __future__ import annotations
@@ -140,10 +138,6 @@ class _Plan:
     notes: tuple[str, ...]
 
 
-# --------------------------------------------------------------------------------------------
-# Validation (pure, before anything changes)
-
-
 def _validate(
     *,
     memory_growth: Any,
@@ -171,13 +165,12 @@ def _validate(
         memory_limit_mib = int(memory_limit_mib)
     gpu_tuple = None
     if gpus is not None:
+        expected = "a list of GPU indices (ints), e.g. [0, 1], or None"
         if isinstance(gpus, str | bytes) or not isinstance(gpus, Sequence):
-            raise invalid_type("gpus", gpus, "a list of GPU indices (ints), e.g. [0, 1], or None")
+            raise invalid_type("gpus", gpus, expected)
         for index in gpus:
             if not is_int(index):
-                raise invalid_type(
-                    "gpus", gpus, "a list of GPU indices (ints), e.g. [0, 1], or None"
-                )
+                raise invalid_type("gpus", gpus, expected)
             if index < 0:
                 raise invalid_value("gpus", list(gpus), "GPU indices >= 0")
         if len(set(gpus)) != len(gpus):
@@ -213,10 +206,6 @@ def _validate(
     )
 
 
-# --------------------------------------------------------------------------------------------
-# The decision (pure)
-
-
 def _plan(facts: _Facts, wishes: _Wishes) -> _Plan:
     """Turns device facts and validated wishes into what to apply (pure; raises ValueError)."""
     n = len(facts.gpus)
@@ -247,7 +236,6 @@ def _plan(facts: _Facts, wishes: _Wishes) -> _Plan:
             "unset the variable to let configure() decide."
         )
 
-    # Precision.
     if wishes.precision == "auto":
         ccs = [g.compute_capability for g in used]
         if any(cc is None for cc in ccs):
@@ -313,10 +301,6 @@ def _plan(facts: _Facts, wishes: _Wishes) -> _Plan:
         async_allocator_effective=effective,
         notes=tuple(notes),
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Effects
 
 
 def _read_facts() -> _Facts:

@@ -1,8 +1,7 @@
 """Data parallelism: pick a `tf.distribute.Strategy`, resolve the cluster, scale batch and LR.
 
-`strategy()` decides in pure functions (`resolve_cluster`, `_choose_kind`,
-`_choose_all_reduce`) from facts (the environment, the visible GPUs), then builds the
-strategy. The guide is `docs/distributed.md`.
+`strategy()` decides in pure functions from facts (the environment, the visible GPUs), then
+builds the strategy. The guide is `docs/distributed.md`.
 """
 
 from __future__ import annotations
@@ -41,17 +40,12 @@ _ALL_REDUCE = {
 _LR_RULES = ("linear", "sqrt")
 _SLURM_PORT_BASE = 8888
 
-# Collective key ranges (see `_build_with_own_collective_keys`): strategies built directly with
-# TensorFlow number their collective groups from 1; each strategy built here starts at
-# `_COLLECTIVE_KEY_FIRST + k * _COLLECTIVE_KEY_STRIDE` for the k-th strategy of the process,
-# far from those, and keys stay int32 for the first half million strategies.
+# The k-th strategy built here numbers its collective keys from FIRST + k * STRIDE: far from
+# TensorFlow's own (from 1), and int32 for the first half million strategies.
 _COLLECTIVE_KEY_FIRST = 1 << 20
 _COLLECTIVE_KEY_STRIDE = 1 << 12
 _collective_ranges = itertools.count()
 _collective_lock = threading.Lock()
-
-
-# --------------------------------------------------------------------------- decisions
 
 
 def _normalize_kind(kind: Any) -> str:
@@ -80,11 +74,8 @@ def _choose_kind(kind: str, *, num_gpus: int, num_tasks: int) -> str:
 
 
 def _choose_all_reduce(kind: str, all_reduce: str, *, on_gpus: bool) -> str | None:
-    """The cross-device reduction: a name from `_ALL_REDUCE[kind]`, or None where none applies.
-
-    `auto` means NCCL when every replica is a GPU, otherwise a reduction that works anywhere
-    (`reduction_to_one_device` in one process, `ring` across processes).
-    """
+    """The cross-device reduction: a name from `_ALL_REDUCE[kind]` (`auto` resolved as
+    docs/distributed.md says), or None where there is nothing to reduce."""
     if not isinstance(all_reduce, str):
         raise invalid_type("all_reduce", all_reduce, "a str")
     all_reduce = all_reduce.strip().lower()
@@ -114,10 +105,12 @@ def _choose_all_reduce(kind: str, all_reduce: str, *, on_gpus: bool) -> str | No
     return all_reduce
 
 
-# --------------------------------------------------------------------------- arithmetic
-
-
 def _num_replicas(strategy: Any) -> int:
+    """The replicas of `strategy` (None: the strategy in scope), or `strategy` as a number."""
+    if strategy is None:
+        import tensorflow as tf
+
+        strategy = tf.distribute.get_strategy()
     if isinstance(strategy, bool):
         raise invalid_type(
             "strategy", strategy, "a tf.distribute.Strategy or a positive int (number of replicas)"
@@ -133,9 +126,8 @@ def _num_replicas(strategy: Any) -> int:
 def global_batch_size(per_replica: int, strategy: Any = None) -> int:
     """Returns the global batch size: `per_replica` examples on each replica of `strategy`.
 
-    Keras and `tf.data` take the *global* batch; the strategy splits it evenly across its
-    replicas. Sizing the batch per replica keeps each GPU's work (and memory) constant
-    when GPUs are added.
+    Keras and `tf.data` take the *global* batch, which the strategy splits evenly across its
+    replicas (see `docs/distributed.md`).
 
     Args:
         per_replica: int (a NumPy integer too), examples each replica processes per step.
@@ -155,10 +147,6 @@ def global_batch_size(per_replica: int, strategy: Any = None) -> int:
     256
     """
     per_replica = check_int("per_replica", per_replica, expected="a positive int")
-    if strategy is None:
-        import tensorflow as tf
-
-        strategy = tf.distribute.get_strategy()
     return per_replica * _num_replicas(strategy)
 
 
@@ -171,9 +159,9 @@ def scale_learning_rate(
 ) -> float:
     """Scales a learning rate tuned on `base_replicas` replicas to the replicas of `strategy`.
 
-    With a per-replica batch held fixed, the global batch grows with the replicas: `"linear"`
-    (Goyal et al., 2017) multiplies the rate by the growth factor (SGD with momentum),
-    `"sqrt"` by its square root (Adam and friends). See `docs/distributed.md`.
+    `"linear"` (Goyal et al., 2017) multiplies the rate by the growth of the global batch
+    (SGD with momentum), `"sqrt"` by its square root (Adam and friends). See
+    `docs/distributed.md`.
 
     Args:
         learning_rate: float, the rate that works with `base_replicas` replicas.
@@ -210,32 +198,20 @@ def scale_learning_rate(
     if rule not in _LR_RULES:
         raise invalid_value("rule", rule, f"one of: {', '.join(map(repr, _LR_RULES))}")
     base_replicas = check_int("base_replicas", base_replicas, expected="a positive int")
-    if strategy is None:
-        import tensorflow as tf
-
-        strategy = tf.distribute.get_strategy()
-    factor = _num_replicas(strategy) / base_replicas
+    replicas = _num_replicas(strategy)
+    factor = replicas / base_replicas
     scaled = learning_rate * (factor if rule == "linear" else math.sqrt(factor))
     check_finite_result(
         "the scaled learning rate",
         scaled,
-        f"learning_rate={learning_rate!r}, {_num_replicas(strategy)} replicas, "
-        f"base_replicas={base_replicas}",
+        f"learning_rate={learning_rate!r}, {replicas} replicas, base_replicas={base_replicas}",
     )
     return float(round(scaled, 15))
 
 
 def _check_devices(devices: list[str], available: Sequence[str]) -> list[str]:
-    """Canonical names (`/device:GPU:1`) of `devices`, each checked against `available`.
-
-    Pure: `available` holds the canonical names of this process's logical devices. Accepts
-    the spellings TensorFlow accepts (`/gpu:1`, `GPU:1`, `/device:GPU:1`,
-    `/job:localhost/replica:0/task:0/device:GPU:1`); an omitted index means 0.
-
-    Raises:
-        ValueError: naming the device that is malformed, repeated or not on this machine,
-            and listing the devices that are.
-    """
+    """Canonical names (`/device:GPU:1`) of `devices`, in any spelling TensorFlow accepts
+    (no index: 0); ValueError for one malformed, repeated or not among `available` (pure)."""
     import tensorflow as tf
 
     have = ", ".join(repr(d) for d in available) or "none"
@@ -269,9 +245,6 @@ def _check_devices(devices: list[str], available: Sequence[str]) -> list[str]:
     return names
 
 
-# --------------------------------------------------------------------------- effects
-
-
 def _local_devices() -> list[str]:
     """Canonical names of this process's logical devices (initializes the runtime)."""
     import tensorflow as tf
@@ -288,19 +261,9 @@ def _collective_key_base(index: int) -> int:
 
 
 def _build_with_own_collective_keys(cls, *args, **kwargs):
-    """Builds `cls(*args, **kwargs)` whose collective ops use keys no other strategy uses.
-
-    Every `MirroredStrategy` and `MultiWorkerMirroredStrategy` numbers its collective groups
-    from 1 and each group's instances from 100. The runtime remembers, per (group, instance)
-    key, the tensor shape first reduced under it, for the life of the process; so a second
-    strategy whose model differs (a second experiment in a notebook, a new model after a
-    first one) reduces a different shape under the same keys and every replica aborts with
-    "Collective ops is aborted by: Shape mismatch in the collective instance 100"
-    (tensorflow/tensorflow#61314, #62790). TensorFlow's own tests avoid it with the
-    `_collective_key_base` attribute both classes read at construction; tfgpu sets it on the
-    instance, before `__init__` runs, so nothing global changes. Where this TensorFlow has no
-    such attribute the strategy is built as usual.
-    """
+    """Builds `cls(*args, **kwargs)` whose collective ops use keys no other strategy uses (why:
+    docs/distributed.md, "Several strategies in one process"). Sets the `_collective_key_base`
+    TensorFlow's own tests use on the instance before `__init__`: nothing global changes."""
     if not isinstance(getattr(cls, "_collective_key_base", None), int):
         return cls(*args, **kwargs)
     with _collective_lock:
@@ -358,12 +321,9 @@ def strategy(
 ) -> tf.distribute.Strategy:
     """Returns a `tf.distribute.Strategy` for this machine or cluster.
 
-    `kind="auto"` picks `MultiWorkerMirroredStrategy` when the cluster has more than one task
-    (`TF_CONFIG`, or a Slurm job step), else `MirroredStrategy` over several GPUs,
-    `OneDeviceStrategy` on one GPU, the default strategy on the CPU. Create it before any
-    model, build the model and optimizer inside `strategy.scope()`, and call it again for
-    each new model: every strategy it returns has collective keys of its own. The guide,
-    with what `"multi_worker"` corrects in Keras 3: `docs/distributed.md`.
+    Create it before any model, build the model and optimizer inside `strategy.scope()`, and
+    call it again for each new model (each has collective keys of its own). What `"auto"`
+    picks and the guide, with what `"multi_worker"` corrects in Keras 3: `docs/distributed.md`.
 
     Args:
         kind: str, one of `"auto"`, `"default"`, `"one_device"`, `"mirrored"`,
@@ -420,8 +380,6 @@ def strategy(
     cluster = resolve_cluster(os.environ)
     gpus = tf.config.list_physical_devices("GPU")
     chosen = _choose_kind(normalized, num_gpus=len(gpus), num_tasks=cluster.num_tasks)
-    if chosen == "auto":  # pragma: no cover - _choose_kind never returns it
-        raise AssertionError(chosen)
 
     if chosen == "default":
         _choose_all_reduce(chosen, all_reduce, on_gpus=False)
@@ -494,8 +452,7 @@ def strategy(
     elif cluster.num_tasks <= 1:
         _LOG.info("tfgpu.strategy: multi_worker with a single task (no TF_CONFIG or Slurm step)")
     if cluster.num_tasks > 1:
-        # Every worker must use the same collective keys: keep TensorFlow's numbering,
-        # which only depends on the (single) strategy each worker process builds.
+        # Every worker must use the same keys: TensorFlow's, from the one strategy each builds.
         result = tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=resolver, communication_options=options
         )

@@ -1,13 +1,8 @@
 """FLOPs per training step, peak FLOP/s per GPU model, and model FLOPs utilization (MFU).
 
 `mfu = train_step_flops / step_time_s / peak_flops`. Only matrix multiplications and
-convolutions count (`_FORWARD_OPS`, `_BACKWARD_OPS`), a multiply-add as 2 FLOPs (Kaplan et
-al. 2020; PaLM, Chowdhery et al. 2022, appendix B). What a step computes is read from its
-traced gradient graph, not assumed: per forward op of `F` FLOPs the backward pass adds `F`
-for the weight gradient where the layer is trainable, and `F` for the input gradient where
-a trainable layer lies below it. Ops inside loops (recurrent layers) count once, with a
-warning. The counting rules and the peak table with its sources: `docs/diagnosis.md`,
-"FLOPs and MFU".
+convolutions count, a multiply-add as 2 FLOPs, read from the step's traced gradient graph.
+The counting rules and the peak table with its sources: `docs/diagnosis.md`, "FLOPs and MFU".
 """
 
 from __future__ import annotations
@@ -27,8 +22,7 @@ __all__ = ["mfu", "peak_flops", "train_step_flops"]
 
 _TERA = 1e12
 
-# The ops counted and their FLOPs, given static input/output shapes. Forward ops (a
-# transposed convolution is a Conv*BackpropInput op) ...
+# The ops counted: forward ops (a transposed convolution is a Conv*BackpropInput op) ...
 _FORWARD_OPS = (
     "MatMul",
     "BatchMatMul",
@@ -41,8 +35,7 @@ _FORWARD_OPS = (
     "Conv2DBackpropInput",
     "Conv3DBackpropInputV2",
 )
-# ... and the ops only a backward pass adds (matmul and einsum gradients are matmuls and
-# einsums): convolution input and weight gradients.
+# ... and those only a backward pass adds (matmul and einsum gradients are matmuls, einsums).
 _CONV_INPUT_GRADS = (
     "Conv2DBackpropInput",
     "Conv2DBackpropInputV2",
@@ -83,14 +76,10 @@ _PEAKS: tuple[_Peak, ...] = (
     _Peak(r"h100", "H100 SXM", 67.0, 494.5, 989.5, 989.5, "NVIDIA H100 datasheet (SXM)"),
     # NVIDIA A100 Tensor Core GPU datasheet; SXM4 and PCIe share the peak rates.
     _Peak(r"a100", "A100", 19.5, 156.0, 312.0, 312.0, "NVIDIA A100 datasheet"),
-    # NVIDIA A30 datasheet.
     _Peak(r"\ba30\b", "A30", 10.3, 82.0, 165.0, 165.0, "NVIDIA A30 datasheet"),
-    # NVIDIA L40S datasheet; NVIDIA L40 datasheet.
     _Peak(r"l40s", "L40S", 91.6, 183.0, 362.05, 362.05, "NVIDIA L40S datasheet"),
     _Peak(r"\bl40\b", "L40", 90.5, 90.5, 181.0, 181.0, "NVIDIA L40 datasheet"),
-    # NVIDIA L4 Tensor Core GPU datasheet.
     _Peak(r"\bl4\b", "L4", 30.3, 60.0, 121.0, 121.0, "NVIDIA L4 datasheet"),
-    # NVIDIA A10 Tensor Core GPU datasheet.
     _Peak(r"\ba10\b", "A10", 31.2, 62.5, 125.0, 125.0, "NVIDIA A10 datasheet"),
     # NVIDIA T4 Tensor Core GPU datasheet (Turing: no TF32, no bfloat16).
     _Peak(r"\bt4\b", "T4", 8.1, None, 65.0, None, "NVIDIA T4 datasheet"),
@@ -98,7 +87,6 @@ _PEAKS: tuple[_Peak, ...] = (
     _Peak(r"v100s", "V100S PCIe", 16.4, None, 130.0, None, "NVIDIA V100 datasheet (V100S)"),
     _Peak(r"v100.*pcie", "V100 PCIe", 14.0, None, 112.0, None, "NVIDIA V100 datasheet (PCIe)"),
     _Peak(r"v100", "V100 SXM2", 15.7, None, 125.0, None, "NVIDIA V100 datasheet (SXM2)"),
-    # NVIDIA RTX A6000 datasheet.
     _Peak(r"rtx a6000", "RTX A6000", 38.7, 77.4, 154.8, 154.8, "NVIDIA RTX A6000 datasheet"),
     # NVIDIA Ada GPU architecture whitepaper (v2.1), appendix table for GeForce RTX 4090/4080;
     # GeForce cards run FP16/BF16 with FP32 accumulate at half the FP16-accumulate rate.
@@ -134,10 +122,8 @@ def _lookup_peak(gpu_name: str) -> _Peak | None:
 def peak_flops(gpu_name: str, precision: str) -> float | None:
     """Returns the GPU's dense peak FLOP/s for a precision, from the datasheet table.
 
-    Rates are dense (no 2:4 sparsity); FP16 and BF16 are tensor-core rates with FP32
-    accumulation, as Keras mixed precision uses them. TensorFlow runs float32 matmuls as
-    TF32 on Ampere and newer by default: pass `"tf32"` there for a float32 model. The table
-    and its sources: `docs/diagnosis.md`.
+    Dense rates, FP16/BF16 with FP32 accumulation; for a float32 model on Ampere or newer
+    pass `"tf32"` (TensorFlow's default). The table and its sources: `docs/diagnosis.md`.
 
     Args:
         gpu_name: str, the GPU model name as NVML or `nvidia-smi --query-gpu=name` gives it,
@@ -239,12 +225,8 @@ def _einsum_flops(equation: str, shapes: Sequence[list[int]]) -> float:
 
 
 def _op_flops(op) -> float | None:
-    """FLOPs of one graph op, or None when its shapes are not static.
-
-    Every convolution formula is 2 x (elements of the smaller activation: the output of a
-    convolution, the incoming gradient of a backprop op) x (kernel elements per output
-    element), which does not depend on the data format (NHWC or NCHW).
-    """
+    """FLOPs of one graph op, or None when its shapes are not static. Convolutions: 2 x (output,
+    or incoming gradient, elements) x (kernel elements per output element), in any layout."""
     t = op.type
     ins = [_shape(x) for x in op.inputs]
     out = _shape(op.outputs[0]) if op.outputs else None
@@ -279,15 +261,13 @@ def _op_flops(op) -> float | None:
                 return None
             return 2.0 * math.prod(out) * kernel[0] * kernel[1]
         if t in _CONV_INPUT_GRADS:
-            # Input gradient (or transposed convolution): every element of the incoming
-            # gradient multiplies the kernel's spatial x other-channel elements.
+            # Input gradient (or transposed convolution): per incoming-gradient element.
             kernel, grad = ins[1], ins[2]
             if kernel is None or grad is None:
                 return None
             return 2.0 * math.prod(grad) * math.prod(kernel[:-1])
         if t in _CONV_FILTER_GRADS:
-            # Weight gradient: same products as the forward convolution; the kernel shape is
-            # the op's output.
+            # Weight gradient: the forward convolution's products; the kernel is the output.
             grad = ins[2]
             if grad is None or out is None:
                 return None
@@ -328,13 +308,8 @@ def _function_graph(graph, name: str):
 
 
 def _count(graph) -> tuple[dict[str, float], list[str], bool]:
-    """FLOPs per op type of the ops that run: those the graph's outputs and side effects need.
-
-    TensorFlow prunes ops whose results nothing uses (an input gradient of the first layer
-    that a gradient function built anyway, a weight gradient of a frozen kernel), so they
-    are not counted. Functions called by counted ops (loop bodies, branches) are counted
-    once per call site.
-    """
+    """FLOPs per op type of the ops the graph's outputs and side effects need (TensorFlow prunes
+    the rest, e.g. a frozen kernel's gradient); called functions count once per call site."""
     counts: dict[str, float] = {}
     unknown: list[str] = []
     loops = False
@@ -458,31 +433,14 @@ def _check_model(model) -> None:
 
 
 def _forward_flops(model, batch_size: int = 1, *, input_signature=None) -> dict:
-    """Counts forward FLOPs per op type from the traced graph (inference mode).
-
-    Args:
-        model: keras.Model, a built model.
-        batch_size: int, the batch the forward pass runs on. Defaults to 1.
-        input_signature: optional nested `tf.TensorSpec`, the input shapes (batch dim
-            ignored). Defaults to the model's `inputs`.
-
-    Returns:
-        dict mapping op type to FLOPs, plus `"total"`.
-    """
+    """Forward FLOPs per op type (inference mode), plus `"total"`."""
     specs = _input_specs(model, batch_size, input_signature)
     return _counted(lambda x: model(x, training=False), specs, stacklevel=3)
 
 
 def _train_flops(model, batch_size: int = 1, *, input_signature=None) -> dict:
-    """Counts the FLOPs of a training step per op type, from the traced gradient graph.
-
-    The step runs the model in training mode under a `tf.GradientTape`, sums its float
-    outputs into a scalar (a loss has no matmuls) and takes the gradient with respect to
-    `model.trainable_variables`, as `fit` does; only ops whose results are used are counted.
-
-    Returns:
-        dict mapping op type (forward and backward ops) to FLOPs, plus `"total"`.
-    """
+    """A training step's FLOPs per op type (forward and backward), plus `"total"`: the float
+    outputs summed as the loss (a loss has no matmuls), the gradient taken as `fit` does."""
     return _train_counts(model, _input_specs(model, batch_size, input_signature))
 
 
@@ -508,11 +466,9 @@ def _train_counts(model, specs) -> dict[str, float]:
 def train_step_flops(model: Any, batch_size: int, *, input_signature: Any = None) -> float:
     """Returns the matmul/conv FLOPs of one training step, as the step really computes them.
 
-    Counted from the traced gradient graph: the forward pass of every layer, the weight
-    gradients of trainable layers, and the input gradients from the output down to the
-    first trainable layer (a frozen backbone costs its forward pass only). If the gradient
-    cannot be traced, the step counts as 3x the forward pass (1x with nothing trainable),
-    with a warning. See `docs/diagnosis.md`, "FLOPs and MFU".
+    The forward pass, the weight gradients of trainable layers and the input gradients down
+    to the first trainable layer, from the traced gradient graph (else 3x the forward pass,
+    1x with nothing trainable, with a warning). See `docs/diagnosis.md`, "FLOPs and MFU".
 
     Args:
         model: keras.Model, a built model (Functional/Sequential, or any model when
@@ -551,9 +507,9 @@ def _step_flops(model, batch_size: int, input_signature) -> float:
         return _train_counts(model, specs)["total"]
     except _UnknownSizes:
         raise
-    except Exception as e:  # the one catch-all: tracing the gradient of any model can fail
-        # in any way (an op without a gradient: LookupError, a layer's NotImplementedError,
-        # ...); the count then falls back to the estimate below
+    # The one catch-all: tracing any model's gradient fails in any way (an op without a
+    # gradient: LookupError, a layer's NotImplementedError...); then the estimate below.
+    except Exception as e:
         reason = e
     forward = _counted(lambda x: model(x, training=False), specs, stacklevel=4)["total"]
     factor = 3.0 if model.trainable_variables else 1.0

@@ -1,10 +1,7 @@
 """Which Keras precision policy fits the GPUs: the decision behind `configure(precision="auto")`.
 
-Mixed precision pays off only on NVIDIA tensor cores: `"mixed_bfloat16"` when every GPU has
-compute capability >= 8.0 (float32's range, no loss scaling), `"mixed_float16"` when every
-GPU has tensor cores (>= 7.0; Keras 3 adds loss scaling at `compile`), `"float32"` otherwise
-and on the CPU. GPUs that train together get the policy every one of them supports. The
-reasons, GPU by GPU: `docs/setup.md`, "How `precision="auto"` chooses".
+Mixed precision pays off only on tensor cores; GPUs that train together get the policy all of
+them support. The rules: `docs/setup.md`, "How `precision="auto"` chooses".
 """
 
 from __future__ import annotations

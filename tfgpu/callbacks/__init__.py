@@ -1,8 +1,5 @@
-"""Keras 3 callbacks: `GPUMonitor`, `StepTimer` and `BackupAndRestore`, one per file.
-
-`_gpus.py` says which GPUs they measure and their peak FLOP/s; `_steps.py` how many steps an
-epoch really ran; `_backup.py` what a backup holds. Every key the callbacks log:
-`docs/metrics.md`.
+"""Keras 3 callbacks: `GPUMonitor`, `StepTimer` and `BackupAndRestore`, one per file. Every key
+the callbacks log: `docs/metrics.md`.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
-"""What `tfgpu.callbacks.BackupAndRestore` writes and reads: the backup file and the state in it.
-
-What a backup holds (`<backup_dir>/backup.npz`, one file that appears by atomic rename):
-every model variable (weights, non-trainable state, and the layers' RNG seed-generator
-states), the optimizer variables (iteration count, slots, loss scale), the metric
-accumulators, Keras's global seed generator, Python's and NumPy's global RNG, and the
-position: epoch, batches done in that epoch, batches drawn from the input iterator, how many
-iterators of the training dataset `fit` had made before the one to resume from (a dataset
-reshuffled each epoch gives the k-th iterator the k-th order), and the last batch logs.
-
-This module: writing and reading that file (atomic, checked, multi-worker paths), reading
-and assigning the state, and `CountingDataset`, which counts the iterators `fit` makes.
-The callback itself is in `tfgpu/callbacks/backup_and_restore.py`.
+"""The backup file of `BackupAndRestore` (what it holds: docs/distributed.md, "Resuming exactly"):
+its atomic write, checked read and worker paths; reading and assigning the state; and
+`CountingDataset`, which counts the iterators `fit` makes.
 """
 
 from __future__ import annotations
@@ -37,9 +27,6 @@ PREV = "backup.prev.npz"
 META = "__meta__"
 
 
-# --------------------------------------------------------------------------- file helpers
-
-
 def _replace(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     """`os.replace`, kept as one function so tests can interrupt a save between its steps."""
     os.replace(src, dst)
@@ -55,12 +42,8 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _create(path: Path, attempts: int = 5):
-    """Opens `path` for writing, creating its directories; tolerates a peer removing them.
-
-    Under multi-worker the shared `backup_dir` is removed by whichever worker cleans up last
-    (`os.rmdir`, only when empty), so between creating it and creating a file in it, a
-    directory may vanish: create it again rather than fail.
-    """
+    """Opens `path` for writing, creating its directories again if a peer worker cleaning up
+    removed the shared, empty `backup_dir` in between."""
     for attempt in range(attempts):
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -81,13 +64,8 @@ def _names(directory: Path) -> list[str]:
 
 
 def delete_backups(canonical: Path, own: Path | None, is_chief: bool) -> None:
-    """Removes this worker's backups at the end of `fit`, then `canonical` if it is empty.
-
-    Workers finish at different moments and clean up concurrently: a worker removes its own
-    directory, the chief removes the canonical files and any temporary file a killed save
-    left, and whoever finds `canonical` empty removes it. Every step tolerates a path that
-    a peer removed in the meantime.
-    """
+    """Removes this worker's directory (the chief: the canonical files and a killed save's
+    temporary ones), then `canonical` if empty; tolerates what peers removed meanwhile."""
     if own is not None:
         shutil.rmtree(own, ignore_errors=True)
     if is_chief:
@@ -100,17 +78,11 @@ def delete_backups(canonical: Path, own: Path | None, is_chief: bool) -> None:
 
 
 def write_atomic(directory: Path, arrays: dict[str, np.ndarray], keep_previous: bool) -> Path:
-    """Writes `arrays` to `directory/backup.npz` so that a reader never sees a partial file.
-
-    The data goes to a temporary file in the same directory, is flushed to disk, and is then
-    renamed over the old backup (an atomic step on POSIX and Windows). With `keep_previous`,
-    the old backup is first hard-linked (or copied) to `backup.prev.npz`, so at every instant
-    at least one complete backup exists.
-    """
+    """Writes `arrays` to a flushed temporary file renamed over `directory/backup.npz`; with
+    `keep_previous` the old one first becomes `backup.prev.npz`: one complete backup always."""
     target = directory / FILE
     tmp = directory / f".{FILE}.tmp-{os.getpid()}"
-    f = _create(tmp)
-    with f:
+    with _create(tmp) as f:
         np.savez(f, allow_pickle=True, **arrays)  # numpy's default, named for the stubs
         f.flush()
         os.fsync(f.fileno())
@@ -133,12 +105,7 @@ class Unusable(Exception):
 
 
 def read_backup(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Reads one backup file; raises `Unusable` saying why if it is unreadable or torn.
-
-    A damaged file fails in many ways (an empty file is an `EOFError`, a torn zip a
-    `BadZipFile`, a flipped byte a `zlib.error`, garbage a pickle `ValueError`...): every
-    one of them means the same thing here, so every one becomes `Unusable`.
-    """
+    """Reads one backup file; raises `Unusable` saying why if it is unreadable or torn."""
     try:
         with np.load(path, allow_pickle=False) as data:
             if not isinstance(data, np.lib.npyio.NpzFile):
@@ -146,7 +113,7 @@ def read_backup(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
             arrays = {k: data[k] for k in data.files}
     except Unusable:
         raise
-    except Exception as e:  # the boundary of reading a file: all damage looks alike (docstring)
+    except Exception as e:  # damage raises anything (EOFError, BadZipFile, zlib.error...): alike
         raise Unusable(f"it cannot be read as a backup archive ({type(e).__name__}: {e})") from None
     if META not in arrays:
         raise Unusable(f"it has no {META!r} record (not a tfgpu backup, or a torn one)")
@@ -223,9 +190,6 @@ def _malformed(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> str | Non
     return None
 
 
-# --------------------------------------------------------------------------- state
-
-
 def variable_groups(model) -> dict[str, list]:
     optimizer = getattr(model, "optimizer", None)
     return {
@@ -287,12 +251,8 @@ def assign(variables: list, arrays: dict[str, np.ndarray], group: str) -> None:
 
 
 def assign_metrics(variables: list, saved: list, arrays: dict[str, np.ndarray]) -> None:
-    """Restores metric accumulators by position, or by path for those built so far.
-
-    Compiled metrics other than the loss are built on the first traced step when there is
-    no strategy, so at the start of a resumed epoch some may not exist yet; those restart
-    from zero and only the epoch's metric logs (never the weights) differ.
-    """
+    """Restores metric accumulators by position, or by path for those built so far (without a
+    strategy, compiled metrics are built at the first step: the others restart from zero)."""
     if mismatch("metrics", saved, variables) is None:
         assign(variables, arrays, "metrics")
         return
@@ -337,20 +297,10 @@ def worker_role(strategy) -> tuple[bool, str | None]:
     return True, None
 
 
-# --------------------------------------------------------------------------- shuffle orders
-
-
 class CountingDataset:
-    """Stands in for the dataset Keras's `fit` iterates: counts the iterators made from it.
-
-    A `tf.data` shuffle with `reshuffle_each_iteration=True` draws the seeds of each new
-    iterator from a seed generator owned by the dataset, so in one process the k-th iterator
-    gets the k-th order. Counting lets a backup record which iterator an epoch read; on
-    resume, `skip_to(n)` makes the next iterator the n-th by first creating (and dropping)
-    the missing ones. Creating an iterator advances the seed generator without reading any
-    element (no shuffle buffer fill, no map call), so this costs milliseconds per epoch.
-    Everything else is forwarded to the wrapped dataset.
-    """
+    """Stands in for the dataset Keras's `fit` iterates and counts the iterators made from it
+    (a reshuffled dataset gives the k-th the k-th order); after `skip_to(n)` the next one is
+    the n-th, the missing ones made and dropped. Everything else goes to the dataset."""
 
     def __init__(self, dataset):
         self._dataset = dataset

@@ -1,8 +1,5 @@
-"""The peak FLOP/s of the GPUs a model trains on, for `StepTimer`'s `mfu`.
-
-Which GPU TensorFlow's `/GPU:0` is, and what NVML says about it, comes from
-`tfgpu._internal.adapters.devices` (the one place that maps TensorFlow's GPUs to physical ones).
-"""
+"""The peak FLOP/s of the GPUs a model trains on, for `StepTimer`'s `mfu` (which GPU `/GPU:0`
+is: `tfgpu._internal.adapters.devices`)."""
 
 from __future__ import annotations
 
@@ -26,13 +23,8 @@ def _trains_on_gpu() -> bool:
 
 
 def auto_peak_flops(model: Any) -> float | None:
-    """Peak FLOP/s of the replicas `model` trains on, or None off the GPU or if unknown.
-
-    Reads TensorFlow's first GPU (`/GPU:0`, after `CUDA_VISIBLE_DEVICES` and
-    `tf.config.set_visible_devices`): its name and compute capability, the model's dtype
-    policy (`tfgpu._internal.adapters.devices.peak_precision`), and multiplies by the strategy's replicas (one
-    GPU each, assumed alike).
-    """
+    """Peak FLOP/s of `/GPU:0` for the model's dtype policy times the strategy's replicas (one
+    GPU each, assumed alike), or None off the GPU or if unknown (docs/metrics.md, `mfu`)."""
     if not _trains_on_gpu():
         return None
     from tfgpu.flops import peak_flops

@@ -1,10 +1,5 @@
-"""How many training steps an epoch really ran, for `GPUMonitor` and `StepTimer`.
-
-Keras tells the batch hooks `begin + steps_per_execution - 1` as the last step of an
-execution even when the data runs out sooner (4 batches under `steps_per_execution=16`:
-"16/4" in the progress bar). With a known epoch length (`params["steps"]`) the true last
-step is the smaller of the two; with an unknown one (a dataset of unknown cardinality) only
-the optimizer's step counter can tell, read once at each epoch's begin and end.
+"""How many training steps an epoch really ran, for `GPUMonitor` and `StepTimer`: Keras's
+epoch length, else the optimizer's step counter (why: docs/metrics.md, "Step timing").
 """
 
 from __future__ import annotations
@@ -22,13 +17,9 @@ def known_epoch_steps(params: Any) -> int | None:
 
 
 def optimizer_steps(model: Any) -> int | None:
-    """The model optimizer's step counter (`optimizer.iterations`), or None if unusable.
-
-    None without an optimizer, under gradient accumulation (Keras then counts one iteration
-    per accumulated update, not per step) or when the value cannot be read. Reading it waits
-    for the steps already queued: call it at epoch boundaries only, never per batch. Steps a
-    `LossScaleOptimizer` skips (non-finite gradients) are not counted.
-    """
+    """`optimizer.iterations`, or None without an optimizer, under gradient accumulation (it
+    counts updates, not steps) or when unreadable. Reading it waits for the queued steps: call
+    it at epoch boundaries only."""
     try:
         optimizer = getattr(model, "optimizer", None)
         if optimizer is None:
@@ -52,22 +43,9 @@ def steps_between(begin: int | None, end: int | None) -> int | None:
 
 
 def true_last_steps(counted: list[int], true_total: int | None) -> int | None:
-    """Pure: the real number of steps of an epoch's last execution, when it ran fewer.
-
-    Args:
-        counted: list of int, the steps of each execution of the epoch, in order, as the
-            batch hooks tell them (every execution full but maybe the last).
-        true_total: int or None, the steps the epoch really ran (the optimizer's count).
-
-    Returns:
-        The last execution's true steps, when `true_total` makes it at least 1 and fewer than
-        counted; otherwise None (nothing to correct, or a count that does not fit).
-
-    Example:
-
-    >>> true_last_steps([16], 4)  # 4 batches under steps_per_execution=16
-    4
-    """
+    """The true steps of an epoch's last execution, from the steps the hooks `counted` for each
+    execution and the steps the epoch really ran (`true_total`); None unless at least 1 and
+    fewer than counted. `([16], 4)` (4 batches under `steps_per_execution=16`) gives 4."""
     if true_total is None or not counted:
         return None
     last = true_total - sum(counted[:-1])

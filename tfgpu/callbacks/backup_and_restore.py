@@ -1,11 +1,5 @@
-"""`BackupAndRestore`: exact resume after a kill, at epoch or step granularity, multi-worker safe.
-
-What it does that `keras.callbacks.BackupAndRestore` does not: `docs/distributed.md`,
-"Resuming exactly".
-"""
-# The backup file and the state in it: tfgpu/callbacks/_backup.py. The Keras internals this
-# relies on (fit's epoch iterator, model.train_function, model._initial_epoch):
-# tfgpu/_internal/adapters/keras_internals.py.
+"""`BackupAndRestore`: exact resume after a kill, at epoch or step granularity, multi-worker safe
+(what Keras's does not: `docs/distributed.md`, "Resuming exactly")."""
 
 from __future__ import annotations
 
@@ -62,25 +56,20 @@ def _check_save_freq(save_freq: Any) -> str | int | bool:
     return check_int("save_freq", save_freq, minimum=1, expected=expected)
 
 
-# The users' datasets that a `fit` with a BackupAndRestore has iterated in this process: their
-# first shuffle orders are spent. A fact about the user's own object that no tfgpu object
-# carries; kept here, weakly, rather than written onto the user's dataset.
+# The users' datasets a `fit` with a BackupAndRestore iterated in this process (their first
+# shuffle orders are spent): kept here, weakly, rather than written onto the user's dataset.
 _ITERATED: weakref.WeakSet = weakref.WeakSet()
 
 
 class BackupAndRestore(keras.callbacks.Callback):
     """Backs up the training state and resumes exactly where a killed run stopped.
 
-    A drop-in replacement for `keras.callbacks.BackupAndRestore`, with the same arguments.
-    When a run dies (SIGKILL, preemption, a lost worker) or `fit` raises, run the same
-    `fit` again: the model, optimizer, metric and RNG state are restored, and the batches
-    the epoch had already trained on are drawn from the input and skipped, so the weights
-    equal an uninterrupted run's up to float rounding. That needs an input that yields the
-    same batches for a given epoch: a dataset reshuffled every epoch needs a seed. A backup
-    appears by atomic rename; a damaged one is never deleted. Under
-    `MultiWorkerMirroredStrategy` the chief writes `backup_dir`, the other workers
-    `backup_dir/.worker-<k>/`. Needs the TensorFlow backend; logs nothing. The whole story
-    (shuffled data, workers, damaged backups): `docs/distributed.md` and
+    A drop-in replacement for `keras.callbacks.BackupAndRestore`, with the same arguments:
+    when a run dies (SIGKILL, preemption, a lost worker) or `fit` raises, run the same `fit`
+    again, and the weights end equal to an uninterrupted run's up to float rounding, given
+    an input that yields the same batches for a given epoch (a dataset reshuffled every
+    epoch needs a seed). Needs the TensorFlow backend; adds no key to `logs`. What is
+    restored, shuffled data, workers, damaged backups: `docs/distributed.md` and
     `docs/guarantees.md`.
 
     Args:
@@ -123,8 +112,6 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.delete_checkpoint = delete_checkpoint
         self._reset_run_state()
 
-    # ---------------------------------------------------------------- bookkeeping
-
     def _reset_run_state(self) -> None:
         self._epoch = 0
         self._steps_in_epoch = 0  # batches trained (or skipped) in the current epoch
@@ -148,8 +135,6 @@ class BackupAndRestore(keras.callbacks.Callback):
         own = canonical / private if private else None
         return canonical, own, is_chief
 
-    # ---------------------------------------------------------------- restore
-
     def _candidates(self) -> list[Path]:
         canonical, own, _ = self._paths()
         out = [canonical / FILE]
@@ -160,14 +145,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         return out
 
     def _load(self) -> tuple[dict[str, Any], dict[str, np.ndarray], Path] | None:
-        """The newest usable backup, after moving aside (never deleting) damaged newer ones.
-
-        A candidate is usable when it reads completely and matches this model and optimizer.
-        Unusable ones before the one resumed from are reported in a warning and, where this
-        worker writes, moved to `backup.N.npz` so that later saves and the end-of-fit cleanup
-        leave them alone. If no candidate is usable, raises with every file and its problem,
-        and touches nothing.
-        """
+        """The newest backup that reads completely and fits this model and optimizer, after
+        moving unusable newer ones (that this worker writes) aside to `backup.N.npz` with a
+        warning; if none is usable, raises naming every file and touches nothing."""
         present = [p for p in self._candidates() if os.path.lexists(p)]
         if not present:
             return None
@@ -293,8 +273,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             dataset = CountingDataset(dataset)
             keras_internals.set_distributed_dataset(epoch_iterator, dataset)
         self._epoch_iterator, self._dataset = epoch_iterator, dataset
-        # The user's tf.data dataset: one that an earlier `fit` in this process iterated
-        # has already given out its first shuffle orders (see _restore_shuffle_state).
+        # The user's tf.data dataset: an earlier `fit` here may have spent its first orders.
         source: Any = keras_internals.source_dataset(epoch_iterator)
         if hasattr(source, "_as_serialized_graph"):
             self._source_reused = source in _ITERATED
@@ -334,12 +313,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         return dataset.created if index is None else index
 
     def _next_epoch_iterator(self):
-        """The iterator Keras will use for the next epoch if it is already made, else None.
-
-        With `steps_per_epoch`, Keras keeps one iterator across epochs (or, over a finite
-        dataset, makes the next one at the end of the epoch and uses it); without, every
-        epoch starts with a new one.
-        """
+        """The iterator Keras will use for the next epoch if already made (with `steps_per_epoch`
+        only: one across epochs, or the next made at the epoch's end), else None."""
         epoch_iterator = self._epoch_iterator
         if epoch_iterator is None or not keras_internals.steps_per_epoch(epoch_iterator):
             return None
@@ -376,15 +351,10 @@ class BackupAndRestore(keras.callbacks.Callback):
             assign_metrics(variable_groups(self.model)["metrics"], saved_paths, arrays)
             pending["metrics"] = None
 
-    # ---------------------------------------------------------------- the skip
-
     def _wrap_train_function(self) -> None:
-        """Puts the skip of already-trained batches in front of Keras's `train_function`.
-
-        A `fit` that raised never reaches `on_train_end`, so its wrapper is still on the
-        model: it is taken off here (whichever BackupAndRestore made it) before wrapping
-        again, and it steps aside by itself in a later `fit` that is not its own.
-        """
+        """Puts the skip of already-trained batches in front of Keras's `train_function`. The
+        wrapper a `fit` that raised left on the model is replaced here, and steps aside by
+        itself in a later `fit` that is not its own."""
         model = self.model
         current = keras_internals.train_function(model)
         if current is None:
@@ -443,8 +413,6 @@ class BackupAndRestore(keras.callbacks.Callback):
 
         self._original_train_function = original
         keras_internals.install_train_function(model, train_function, owner=self, original=original)
-
-    # ---------------------------------------------------------------- save
 
     def on_train_batch_end(self, batch, logs=None):
         done = batch + 1

@@ -33,10 +33,9 @@ class _SamplerConfig(TypedDict):
 class GPUMonitor(keras.callbacks.Callback):
     """Records GPU and host metrics during `fit`; epoch aggregates go into `logs`.
 
-    A `tfgpu.monitor.Sampler` thread samples every `interval` seconds from the start of
-    `fit` to its end (also when `fit` raises); the training thread makes no NVML call.
-    Monitoring never stops training: a failure is logged once and recorded as NaN. List it
-    before the callbacks that read `logs` (`CSVLogger`, `TensorBoard`, `EarlyStopping`).
+    A `tfgpu.monitor.Sampler` thread samples every `interval` seconds during `fit` (the
+    training thread makes no NVML call); a failure is logged once and recorded as NaN. List
+    it before the callbacks that read `logs` (`CSVLogger`, `TensorBoard`, `EarlyStopping`).
 
     Logs at each epoch end, across the sampled GPUs: `gpu_util_pct_mean`,
     `gpu_util_pct_min` (two GPUs or more), `gpu_mem_used_mib_max`, `gpu_power_w_total`,
@@ -45,9 +44,8 @@ class GPUMonitor(keras.callbacks.Callback):
     `per_gpu_logs=True`, also every GPU's own keys (`gpu{i}_util_pct_mean`, ..., and where
     known `gpu{i}_sm_active_pct_mean`, `gpu{i}_tensor_active_pct_mean`,
     `gpu{i}_pcie_mib_per_step`). With `log_dir`, writes `run.json` and `timeline.csv`
-    there, appended to and never truncated. Every key with its unit and source, the files and
-    their multi-worker names: `docs/metrics.md`; what survives a kill or a full disk:
-    `docs/guarantees.md`.
+    there. Every key with its unit and source, the files and their multi-worker names:
+    `docs/metrics.md`; what survives a kill or a full disk: `docs/guarantees.md`.
 
     Args:
         log_dir: str, os.PathLike or None, the run directory (created if missing).
@@ -126,7 +124,6 @@ class GPUMonitor(keras.callbacks.Callback):
         self._reported: set[str] = set()
         self._watch: keras_internals.FitWatch | None = None  # the fit being monitored
 
-    # Keras hooks ---------------------------------------------------------------
     def on_train_begin(self, logs=None):
         watch = self._watch
         if watch is not None and watch.thread_id != threading.get_ident() and watch.running():
@@ -148,8 +145,7 @@ class GPUMonitor(keras.callbacks.Callback):
             self._used = True
             self._batch_size = keras_internals.fit_batch_size(self.model)
             self.sampler.start()  # warns (once, at the user's fit line) when NVML is missing
-            # `fit` that raises never calls on_train_end: the sampler stops once the function
-            # driving the hooks (Keras `fit`, or a custom loop) has left the stack.
+            # A `fit` that raises skips on_train_end: stop when the loop driving the hooks returns.
             self._watch = keras_internals.when_fit_ends(self.sampler.stop, __name__)
         except Warning:
             raise  # the user's warning filters made the NVML warning an error
@@ -210,11 +206,8 @@ class GPUMonitor(keras.callbacks.Callback):
                 self._report("could not flush TensorBoard", e)
 
     def _epoch_steps(self) -> int:
-        """The steps the epoch ran: Keras's epoch length, else the optimizer's count.
-
-        Without either, the batches begun (under `steps_per_execution`, Keras numbers them
-        by step, so the last begun one may be an execution the data cut short).
-        """
+        """The steps the epoch ran: Keras's epoch length, else the optimizer's count, else the
+        batches begun (the last may be an execution the data cut short)."""
         steps = known_epoch_steps(self.params)
         if steps is not None:
             return steps
@@ -230,7 +223,6 @@ class GPUMonitor(keras.callbacks.Callback):
             self._reported.add(what)
             _log.warning("GPUMonitor %s (%r); training goes on. (Logged once.)", what, error)
 
-    # TensorBoard -----------------------------------------------------------------
     def _write_tensorboard(self) -> None:
         if self._tb_dir is None:
             return
@@ -293,11 +285,8 @@ def _epoch_logs(
     batch_size: int | None,
     per_gpu: bool = False,
 ) -> dict[str, float]:
-    """Pure: the keys `GPUMonitor` logs, from `Sampler.aggregate()` of the epoch.
-
-    The summary (`_SUMMARY_KEYS`, each only where `docs/metrics.md` says), then with
-    `per_gpu` every GPU's keys (a GPM or PCIe key where at least one GPU has a value).
-    """
+    """Pure: the keys `GPUMonitor` logs from the epoch's `Sampler.aggregate()`: the summary,
+    then with `per_gpu` every GPU's keys (which, when: docs/metrics.md)."""
     gpus = range(num_gpus)
 
     def column(key: str) -> list[float]:

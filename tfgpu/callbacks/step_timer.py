@@ -65,18 +65,15 @@ def _epoch_summary(
 class StepTimer(keras.callbacks.Callback):
     """Measures train step time and throughput; per-epoch figures go into `logs`.
 
-    The batch hooks only note `time.perf_counter()`; rows and figures are made in bulk, so
-    the callback adds almost nothing to even a sub-millisecond step. Under
-    `steps_per_execution=k` each execution is timed as a whole and divided by the steps
-    that really ran in it (an execution the data cut short counts its true steps).
+    The batch hooks only note the time (almost nothing even on a sub-millisecond step); an
+    execution of `steps_per_execution` steps is divided by the steps that really ran in it.
 
     Logs at each epoch end: `step_time_median_s` and `step_time_p90_s` (over the epoch's
     steps but its first execution), `first_step_time_s` (epoch 0's includes tracing and
     compilation), `examples_per_s`, `epoch_time_s`, and `mfu` where the FLOPs per step and
     the GPU's peak are known (given, or worked out when `fit` starts). With `log_dir`,
-    writes `steps.csv`: one row per execution, flushed at least once a second and when
-    `fit` ends or raises; appended to, never truncated. Every key and column:
-    `docs/metrics.md`.
+    writes `steps.csv`, one row per execution, at least once a second. Every key and column,
+    and when rows are written: `docs/metrics.md`.
 
     Args:
         batch_size: int or None, the global batch size. Defaults to `None`: read from the
@@ -147,7 +144,6 @@ class StepTimer(keras.callbacks.Callback):
         self._synced_at = self._epoch_start
         self._optimizer_at_begin: int | None = None  # only when the epoch length is unknown
 
-    # Keras hooks ---------------------------------------------------------------
     def on_train_begin(self, logs=None):
         self._forget_fit()
         self._sync(final=True)  # rows of a previous fit that raised
@@ -182,10 +178,8 @@ class StepTimer(keras.callbacks.Callback):
             self._reset_epoch()
             self._optimizer_at_begin = at_begin
 
-    # The batch hooks only note the time (one append each, no lock, no I/O). Work and writes
-    # in the batch-end hook at every step cost a tiny step several percent more than they
-    # took themselves: the hook runs in Keras's thread pool and hands the GIL to and from the
-    # training thread.
+    # The batch hooks only note the time (one append, no lock, no I/O): work in the batch-end
+    # hook, run in Keras's thread pool, costs a tiny step several percent in GIL hand-offs.
     def on_train_batch_begin(self, batch, logs=None):
         self._begins.append((batch, self._perf()))
 
@@ -206,7 +200,6 @@ class StepTimer(keras.callbacks.Callback):
         self._sync(final=True)
         self._close_file()
 
-    # internals -----------------------------------------------------------------
     def _mfu_inputs(self) -> tuple[float | None, float | None]:
         """FLOPs per step and peak FLOP/s: as given, else worked out; never raises."""
         flops, peak = self.flops_per_step, self.peak_flops
@@ -246,19 +239,9 @@ class StepTimer(keras.callbacks.Callback):
     def _sync(
         self, final: bool, timeout: float | None = None, epoch_end: bool = False
     ) -> dict[str, float] | None:
-        """Turns the noted times into rows and writes them; never raises.
-
-        Args:
-            final: bool, whether the epoch's batches are over (begins without an end are
-                dropped instead of waited for).
-            timeout: float or None, how long to wait for another thread doing the same
-                before leaving the work to it (0: not at all). Defaults to `None`: wait.
-            epoch_end: bool, whether the epoch is over: its last execution's steps are
-                corrected first (`_correct_last_execution`). Defaults to `False`.
-
-        Returns:
-            At `epoch_end`, the epoch's logs; otherwise, or if anything failed, None.
-        """
+        """Turns the noted times into rows and writes them; never raises. `final`: the batches
+        are over (a begin without an end is dropped); `timeout`: how long to wait for a thread
+        already at it (None: wait). Returns the epoch's logs at `epoch_end`, else None."""
         acquired = (
             self._lock.acquire()
             if timeout is None
@@ -280,8 +263,7 @@ class StepTimer(keras.callbacks.Callback):
                     self._flops,
                     self._peak,
                 )
-        # The boundary of every hook's work on the steps (on_epoch_end, on_train_end, the
-        # batch-end hook in Keras's thread pool): never let it fail `fit`.
+        # The boundary of every hook's work on the steps: never let it fail `fit`.
         except Exception as e:
             self._report(e)
         finally:
@@ -315,8 +297,7 @@ class StepTimer(keras.callbacks.Callback):
             seconds = max(t_end - start, 0.0)
             self._prev_end = t_end
             self._executions.append((steps, seconds))
-            # The step that really ran last: Keras passes begin + steps_per_execution - 1
-            # even when the epoch ends sooner (the report counts a row's steps from it).
+            # The step that really ran last, not Keras's begin + steps_per_execution - 1.
             self._rows.append(self._row(offset + t_end, begin_step, steps, seconds))
 
     def _row(
@@ -326,12 +307,8 @@ class StepTimer(keras.callbacks.Callback):
         return (wall, self._epoch, begin_step + steps - 1, seconds / steps, rate)
 
     def _correct_last_execution(self) -> None:
-        """An epoch of unknown length: its last execution's true steps, from the optimizer.
-
-        Keras counts a full `steps_per_execution` for an execution the data cut short; the
-        optimizer's counter tells how many steps really ran. Its row was held back by
-        `_flush` until now, so steps.csv never holds the wrong count.
-        """
+        """An epoch of unknown length: its last execution's true steps, from the optimizer (its
+        row was held back by `_flush`, so steps.csv never holds the wrong count)."""
         if self._optimizer_at_begin is None or not self._executions:
             return
         true_total = steps_between(self._optimizer_at_begin, optimizer_steps(self.model))
@@ -345,14 +322,8 @@ class StepTimer(keras.callbacks.Callback):
             self._rows[-1] = self._row(wall, end_step - steps + 1, last, seconds)
 
     def _flush(self, final: bool = True) -> None:
-        """Writes the rows made so far; mid-epoch of unknown length, all but the last.
-
-        Args:
-            final: bool, whether the epoch's steps are over. When False and the epoch's
-                length is unknown, the newest row waits for `_correct_last_execution` (it
-                may be the epoch's last execution, cut short by the end of the data).
-                Defaults to `True`.
-        """
+        """Writes the rows made so far; a write that is not `final`, in an epoch of unknown length,
+        holds back the newest, which `_correct_last_execution` may still correct."""
         held = self._rows[-1:] if not final and known_epoch_steps(self.params) is None else []
         rows = self._rows[: len(self._rows) - len(held)]
         self._rows = held

@@ -7,16 +7,7 @@ mean: `docs/setup.md`.
 
 from __future__ import annotations
 
-# Where things live (private modules, one job each), in reading order:
-#
-# - `__init__.py`: `environment()`: gather the facts, run the checks, return the report.
-# - `_gather.py`: reading the facts from this process and machine (the only effects).
-# - `_facts.py`: the facts' shape and pure readings of it (sections, versions, compute
-#   capabilities against TensorFlow's build, CUDA_VISIBLE_DEVICES, TF_CONFIG).
-# - `_findings.py`: the checks table and its runner (findings, errors first).
-# - `_gpu_checks.py`: driver, CUDA build and GPU checks; `_setup_checks.py`: TensorFlow,
-#   Keras, environment-variable and OS checks. Each check: facts in, findings out.
-# - `_result.py`: `EnvironmentReport` and `Finding`; `_text.py`: the `tfgpu env` text.
+# The private modules, one job each: docs/architecture.md, "The rooms".
 from tfgpu.env._findings import findings
 from tfgpu.env._gather import gather_facts
 from tfgpu.env._result import EnvironmentReport, Finding

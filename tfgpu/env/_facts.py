@@ -1,9 +1,5 @@
-"""The facts' shape, and pure readings of it: versions, compute capabilities, visible GPUs.
-
-`tfgpu.env._gather` fills a dict of sections (`tensorflow`, `nvml`, `env`, ...); the checks
-(`_gpu_checks`, `_setup_checks`) and the text (`_text`) read it through the helpers here,
-which tolerate missing or malformed sections (a fact that could not be read is an `error`
-key, not an exception). Everything here is pure: no TensorFlow, no NVML calls.
+"""Pure readings of the facts dict `_gather` fills, for the checks and the text: sections
+(missing or malformed ones read empty), versions, compute capabilities, visible GPUs.
 """
 
 from __future__ import annotations
@@ -40,10 +36,6 @@ ENV_VARS = (
 )
 
 
-# --------------------------------------------------------------------------------------------
-# Sections of the facts dict
-
-
 def section(facts: dict[str, Any], name: str) -> dict[str, Any]:
     """The section `name` of `facts`, or `{}` when it is missing or not a dict."""
     value = facts.get(name)
@@ -64,10 +56,6 @@ def tf_gpu_facts(facts: dict[str, Any]) -> list[dict[str, Any]]:
 def env_value(facts: dict[str, Any], name: str) -> str | None:
     """The value of environment variable `name` when the facts were read, or None."""
     return section(facts, "env").get(name)
-
-
-# --------------------------------------------------------------------------------------------
-# Versions, compute capabilities, CUDA_VISIBLE_DEVICES, TF_CONFIG
 
 
 def version_tuple(text: str | None) -> tuple[int, ...] | None:
@@ -94,13 +82,9 @@ def parse_arch(entry: str) -> tuple[str, tuple[int, int]] | None:
 
 
 def cc_support(cc: tuple[int, int], compiled: list[str]) -> tuple[str, str | None]:
-    """How TensorFlow runs on a GPU of compute capability `cc`.
-
-    Returns ("native", "sm_80") when a compiled binary (SASS) runs on it: binaries for
-    sm_XY run on every X.Z with Z >= Y; ("ptx", "compute_90") when only PTX of an equal or
-    older architecture is present, JIT-compiled by the driver; ("unsupported", None)
-    otherwise.
-    """
+    """How TensorFlow runs on a GPU of compute capability `cc`: ("native", "sm_80") from a
+    binary (sm_XY runs on every X.Z, Z >= Y), ("ptx", "compute_90") from PTX of an equal or
+    older architecture JIT-compiled by the driver, else ("unsupported", None)."""
     archs = [a for a in (parse_arch(e) for e in compiled) if a]
     sass = [c for kind, c in archs if kind == "sm" and c[0] == cc[0] and c[1] <= cc[1]]
     if sass:
@@ -114,12 +98,8 @@ def cc_support(cc: tuple[int, int], compiled: list[str]) -> tuple[str, str | Non
 
 
 def visible_gpu_count(cuda_visible_devices: str | None, gpus: list[dict[str, Any]]) -> int:
-    """How many of the GPUs NVML lists survive `CUDA_VISIBLE_DEVICES` (CUDA's parsing rules).
-
-    The rules live in `tfgpu.monitor.nvml.visible_gpus`: entries in order (indices, `GPU-`
-    UUID prefixes, PCI bus ids), stopping at the first invalid one, so `""`, `"-1"` or
-    `"none"` hide all GPUs.
-    """
+    """How many of the GPUs NVML lists survive `CUDA_VISIBLE_DEVICES`, by CUDA's rules
+    (`tfgpu.monitor.nvml.visible_gpus`: `""`, `"-1"` or `"none"` hide all)."""
     ids = [
         types.SimpleNamespace(
             uuid=str(g.get("uuid") or ""), pci_bus_id=str(g.get("pci_bus_id") or "")

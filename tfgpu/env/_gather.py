@@ -1,9 +1,5 @@
-"""Reading the facts from this process and machine: the only module here with effects.
-
-Each section (`tfgpu`, `python`, `os`, `host`, `tensorflow`, `keras`, `nvml`, `env`) is read
-by its own function; one that raises becomes `{"error": ...}` in its section, so the report
-always comes out. TensorFlow's GPUs are listed through `tfgpu._internal.adapters.devices`, which does not
-create the runtime's context, and NVML is read through `tfgpu.monitor.nvml.inventory`.
+"""Reading the facts from this process and machine, one function per section: the only module
+of `env` with effects. TensorFlow's GPUs are listed without creating its runtime's context.
 """
 
 from __future__ import annotations
@@ -40,15 +36,12 @@ def gather_facts() -> dict[str, Any]:
 
 
 def _attempt(read: Callable[[], Any]) -> tuple[Any, str | None]:
-    """`(read(), None)`, or `(None, "Type: message")` when it raises.
-
-    The one catch-all of `tfgpu env`: a diagnostic command never crashes on what it
-    diagnoses, and a broken install (TensorFlow, Keras, a driver) raises anything, not only
-    ImportError.
-    """
+    """`(read(), None)`, or `(None, "Type: message")` when it raises."""
     try:
         return read(), None
-    except Exception as e:  # see above: the boundary of a diagnostic command
+    # The one catch-all of `tfgpu env`: a diagnostic command never crashes on what it
+    # diagnoses, and a broken install (TensorFlow, Keras, a driver) raises anything.
+    except Exception as e:
         return None, f"{type(e).__name__}: {e}"
 
 
@@ -107,8 +100,7 @@ def _tensorflow_facts() -> dict[str, Any]:
         "cuda_compute_capabilities": list(build.get("cuda_compute_capabilities") or []),
         "runtime_initialized": devices.tf_runtime_initialized(),
     }
-    # devices lists the devices without creating the runtime's context: logical devices
-    # and memory settings can still be changed after.
+    # Listed without creating the runtime's context: configure() still works after.
     gpus = []
     for device in devices.physical_gpus():
         cc = device.compute_capability

@@ -9,16 +9,12 @@ from typing import Any
 from tfgpu._internal.helpers.jsonable import json_safe
 from tfgpu.env._text import render
 
-# The install line several fixes give.
 AND_CUDA = 'pip install "tfgpu[and-cuda]"'
 
 
 @dataclass(frozen=True)
 class Finding:
     """One problem (or notable fact) about the environment, and how to fix it.
-
-    The fields are named as in `tfgpu.diagnosis.Finding`; the severity scale differs on
-    purpose (broken or not here, speed left on the table there).
 
     Args:
         severity: str, `"error"` (GPU training will not work as intended), `"warning"`

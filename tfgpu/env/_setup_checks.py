@@ -1,7 +1,5 @@
-"""Checks about the installation and the settings: TensorFlow, Keras, variables, OS.
-
-Each `check_*` is a pure function of the facts dict returning a list of `Finding`s; the
-order they run in is the table in `tfgpu.env._findings`.
+"""Checks about the installation and the settings (TensorFlow, Keras, variables, OS): each
+`check_*` is a pure function, facts in, findings out, run in the order of `_findings.CHECKS`.
 """
 
 from __future__ import annotations

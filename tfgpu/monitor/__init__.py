@@ -18,16 +18,7 @@ names for `n` GPUs; `artifact_name` the file names in a run directory.
 
 from __future__ import annotations
 
-# The rooms, in reading order:
-# - sampler.py: `Sampler` (the thread, the rows, the timeline) and `record`;
-# - _arguments.py: the checks of their arguments (interval, gpus, log_dir);
-# - _metrics.py: the table of every recorded quantity (`METRICS`, `timeline_columns`);
-# - nvml.py: which GPUs exist and which this process uses (`inventory`, `visible_gpus`);
-# - _gpu_reader.py: one NVML read of each GPU per sample (GPM, PCIe, energy, fallbacks);
-# - host.py: the psutil reader (CPU, RSS, system memory);
-# - _aggregates.py: the epoch aggregates (`aggregate_keys`), pure;
-# - _run_files.py: what goes into the run directory (file names, run.json, the CSV);
-# - _nvml_lib.py: importing, starting and stopping the NVML binding.
+# The rooms and their reading order: docs/architecture.md.
 from tfgpu.monitor._metrics import METRICS, Metric
 from tfgpu.monitor.sampler import (
     Sampler,

@@ -1,9 +1,5 @@
-"""Epoch aggregates: the pure statistics over timeline columns that `Sampler.aggregate()` returns.
-
-`GPUMonitor` summarizes them across GPUs into Keras `logs` at each epoch's end (all of them
-per GPU with `per_gpu_logs=True`); `aggregate_keys(n)` names them for `n` GPUs
-(`docs/metrics.md` lists them all).
-"""
+"""Epoch aggregates: the pure statistics over timeline columns that `Sampler.aggregate()`
+returns and `GPUMonitor` summarizes into `logs` (every key: `docs/metrics.md`)."""
 
 from __future__ import annotations
 
@@ -12,10 +8,9 @@ from collections.abc import Mapping, Sequence
 
 _NAN = float("nan")
 
-# Epoch aggregates: (key suffix, source column, statistic); per GPU first, then host.
-# Statistics: mean/max ignore NaN; "delta" is the last finite value minus the first (a
-# cumulative counter's increase, NaN with fewer than two values or if it went back);
-# "or" is the bitwise OR of the finite bitmasks, as a float.
+# (key suffix, source column, statistic). mean/max ignore NaN; "delta": a cumulative counter's
+# increase (last finite value minus the first, NaN with fewer than two or if it went back);
+# "or": the bitwise OR of the finite bitmasks, as a float.
 _GPU_AGGREGATES = (
     ("util_pct_mean", "util_pct", "mean"),
     ("util_pct_max", "util_pct", "max"),
@@ -41,10 +36,7 @@ _HOST_AGGREGATES = (
 
 
 def aggregate_keys(num_gpus: int) -> list[str]:
-    """Returns the keys of `Sampler.aggregate()`, in order.
-
-    `GPUMonitor` logs a summary of them across GPUs; with `per_gpu_logs=True` also the
-    first six per GPU, plus the GPM and PCIe figures where known (see `docs/metrics.md`).
+    """Returns the keys of `Sampler.aggregate()`, in order (see `docs/metrics.md`).
 
     Args:
         num_gpus: int, how many GPUs are sampled.

@@ -1,8 +1,5 @@
-"""The checks of the monitor's arguments: the sampling interval, the GPU indices, the run directory.
-
-Shared by `Sampler`, `record` and `GPUMonitor`; raised before any sampling starts, in the
-Keras-style phrasing of `tfgpu._internal.helpers.checks`.
-"""
+"""The checks of `Sampler`'s, `record`'s and `GPUMonitor`'s arguments (interval, GPU indices,
+run directory), raised before any sampling starts."""
 
 from __future__ import annotations
 
@@ -62,13 +59,7 @@ def check_gpus(gpus: Any) -> list[int] | None:
 
 
 def check_log_dir(log_dir: Any, argument: str = "log_dir") -> Path:
-    """Checks a run directory, creates it if needed and proves it writable.
-
-    Raises:
-        TypeError: if it is not a path.
-        ValueError: if it or a parent is a file (`tfgpu._internal.helpers.checks.check_dir`), or it cannot be
-            created or written.
-    """
+    """Checks a run directory, creates it if needed and proves it writable (else ValueError)."""
     path = check_dir(argument, log_dir)
     if path is None:  # pragma: no cover (allow_none is False)
         raise invalid_type(argument, log_dir, "a directory path")

@@ -1,10 +1,6 @@
-"""The per-GPU readers of the sampler thread: one NVML read of every GPU metric per sample.
-
-Reads the values of `GPU_METRICS` (`tfgpu.monitor.METRICS`): utilization, memory, power,
-clocks, and the counters utilization hides: GPM (SM, tensor, DRAM activity; Hopper or newer),
-PCIe rates (GPM, else byte counters, else the blocking throughput call), energy and this
-process's SM share. Falls back to older NVML calls where the driver lacks the newer ones;
-never raises. `pynvml` is imported only when a session opens; never TensorFlow.
+"""The per-GPU readers of the sampler thread: one NVML read of every `GPU_METRICS` value per
+sample, with the fallbacks of older drivers; never raises. The sources of each metric, GPM
+and the PCIe fallbacks: docs/metrics.md. `pynvml` is imported when a session opens.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from typing import Any
 
 from tfgpu.monitor import _nvml_lib
 from tfgpu.monitor._metrics import GPU_METRICS
-from tfgpu.monitor._nvml_lib import decode, error_code, memory_v2
+from tfgpu.monitor._nvml_lib import decode, error_code, exported, memory_v2
 from tfgpu.monitor.nvml import GpuInfo
 
 _log = logging.getLogger(__name__)
@@ -41,14 +37,11 @@ GPM_METRICS = (
 """The GPM metrics read, with the NVML constant of each (the last two feed the PCIe columns)."""
 
 GPM_MIN_PERIOD = 0.1
-"""Seconds between two GPM samples at the least (NVML needs 100 ms between them); with a
-shorter sampling interval GPM values are computed every 0.1 s and carried in between."""
+"""Seconds between two GPM samples at the least (NVML's minimum); reads in between carry values."""
 
 PCIE_THROUGHPUT_PERIOD = 1.0
-"""Seconds between two reads of one `nvmlDeviceGetPcieThroughput` counter at the least (each
-blocks about 20 ms), used only where neither GPM nor the PCIe byte-counter field values work.
-All GPUs together make at most one such call per `PCIE_THROUGHPUT_PERIOD / (2 * GPUs)` s, so
-with many GPUs each counter is refreshed less often (8 GPUs at 0.2 s: every 3.2 s)."""
+"""Seconds between two reads of one blocking `nvmlDeviceGetPcieThroughput` counter at the least;
+all GPUs together make at most one such call per `PCIE_THROUGHPUT_PERIOD / (2 * GPUs)` s."""
 
 
 @dataclasses.dataclass
@@ -61,19 +54,9 @@ class BlockingCalls:
 
 
 class GpuReader:
-    """Reads one GPU's `GPU_METRICS` in the sampler thread; never raises.
-
-    A query the GPU does not support is never asked again and reads NaN (noted once at INFO).
-    Other failures (a lost GPU, a driver reload) read NaN, are logged once per (GPU, error
-    kind), and are retried at the next sample. Where a newer NVML call is missing from the
-    driver, the older one is used: `...ClocksThrottleReasons` for `...ClocksEventReasons`,
-    `nvmlDeviceGetComputeRunningProcesses_v2` for the unversioned (v3) call, the v1 memory
-    struct for `nvmlDeviceGetMemoryInfo_v2`.
-
-    GPM (Hopper and newer) takes one `nvmlGpmSampleGet` per read, into one of two samples
-    allocated once (freed by `close()`), and computes the metrics between the previous
-    sample and this one; reads closer than `GPM_MIN_PERIOD` carry the last values.
-    """
+    """Reads one GPU's `GPU_METRICS` in the sampler thread; never raises. An unsupported query
+    reads NaN from then on (noted once at INFO); other failures read NaN, are logged once per
+    (GPU, error kind) and retried each sample."""
 
     def __init__(
         self,
@@ -101,22 +84,14 @@ class GpuReader:
         mismatch = getattr(nv, "NVMLLibraryMismatchError", None)
         self._mismatch: tuple[type, ...] = (mismatch,) if isinstance(mismatch, type) else ()
         # Driver generations: the newest call first, the older one once the driver says so.
-        self._reasons_names = [
-            n
-            for n in (
-                "nvmlDeviceGetCurrentClocksEventReasons",
-                "nvmlDeviceGetCurrentClocksThrottleReasons",
-            )
-            if callable(getattr(nv, n, None))
-        ]
-        self._process_names = [
-            n
-            for n in (
-                "nvmlDeviceGetComputeRunningProcesses",
-                "nvmlDeviceGetComputeRunningProcesses_v2",
-            )
-            if callable(getattr(nv, n, None))
-        ]
+        self._reasons_names = exported(
+            nv,
+            "nvmlDeviceGetCurrentClocksEventReasons",
+            "nvmlDeviceGetCurrentClocksThrottleReasons",
+        )
+        self._process_names = exported(
+            nv, "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"
+        )
         self._memory_v2 = hasattr(nv, "nvmlMemory_v2")
         # GPM state: None undecided, True on, False off for good.
         self._gpm: bool | None = None
@@ -150,7 +125,6 @@ class GpuReader:
             ("process_utilization", ("proc_sm_util_pct",), self._process_utilization),
         ]
 
-    # ------------------------------------------------------------- helpers
     def _code(self, error: Exception) -> Any:
         return getattr(error, "value", None)
 
@@ -177,7 +151,6 @@ class GpuReader:
                 del names[0]
         raise self._nv.NVMLError(self._function_not_found)
 
-    # ------------------------------------------------------------- queries
     def _utilization(self, h: Any) -> tuple[float, ...]:
         rates = self._nv.nvmlDeviceGetUtilizationRates(h)
         return float(rates.gpu), float(rates.memory)
@@ -188,15 +161,9 @@ class GpuReader:
                 info = memory_v2(self._nv, h)
                 return info.used / _MIB, info.total / _MIB
             except (self._nv.NVMLError, TypeError, AttributeError) as e:
-                if not (
-                    isinstance(e, (TypeError, AttributeError))
-                    or self._code(e)
-                    in (
-                        self._function_not_found,
-                        self._not_supported,
-                        error_code(self._nv, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25),
-                    )
-                ):
+                version = error_code(self._nv, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25)
+                no_v2 = (self._function_not_found, self._not_supported, version)
+                if not isinstance(e, (TypeError, AttributeError)) and self._code(e) not in no_v2:
                     raise
                 self._memory_v2 = False
                 self._note(
@@ -254,14 +221,11 @@ class GpuReader:
         self._proc_seen = now
         return (self._proc_value,)
 
-    # ------------------------------------------------------------- GPM
     def _gpm_start(self, h: Any) -> bool:
         """Decides whether GPM works on this GPU; allocates its samples. True when on."""
         nv = self._nv
         needed = ("nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleGet")
-        if not all(callable(getattr(nv, n, None)) for n in needed) or not hasattr(
-            nv, "c_nvmlGpmMetricsGet_t"
-        ):
+        if len(exported(nv, *needed)) < len(needed) or not hasattr(nv, "c_nvmlGpmMetricsGet_t"):
             self._gpm_off("this nvidia-ml-py has no GPM calls (pip install -U nvidia-ml-py)")
             return False
         try:
@@ -309,8 +273,7 @@ class GpuReader:
             return tuple(self._gpm_values[:6])
         current = 0 if self._gpm_prev != 0 else 1
         previous = self._gpm_prev
-        # What a failed call leaves, whatever it raises (the next metrics then need two fresh
-        # samples); a call that succeeds sets them anew.
+        # What a failed call leaves, whatever it raises; a call that succeeds sets them anew.
         self._gpm_prev = None
         self._gpm_values = [_NAN] * len(GPM_METRICS)
         self._gpm_pcie_ok = False
@@ -359,7 +322,6 @@ class GpuReader:
             except self._nv.NVMLError:  # nothing useful to do about a failed free at shutdown
                 pass
 
-    # ------------------------------------------------------------- PCIe
     def _pcie(self, h: Any) -> tuple[float, ...]:
         if self._gpm and self._gpm_pcie_ok:
             return self._gpm_values[6], self._gpm_values[7]
@@ -415,10 +377,8 @@ class GpuReader:
         return tuple(r if r >= 0 else _NAN for r in rates)  # type: ignore[return-value]
 
     def _pcie_throughput(self, h: Any) -> tuple[float, ...]:
-        """`nvmlDeviceGetPcieThroughput` (blocks ~20 ms): at most one call per read, the
-        session's readers taking turns (least recently read counter first), at most one call
-        per `PCIE_THROUGHPUT_PERIOD / (2 * GPUs)` s, each counter at most once per
-        `PCIE_THROUGHPUT_PERIOD`; values are carried in between."""
+        """`nvmlDeviceGetPcieThroughput` (blocks ~20 ms): the session's readers take turns (least
+        recently read counter first) within `PCIE_THROUGHPUT_PERIOD`; values carried between."""
         shared = self._blocking
         mine = ((self._position, 0), (self._position, 1))
         for key in mine:
@@ -432,11 +392,8 @@ class GpuReader:
         shared.next_call = now + shared.spacing
         shared.served[oldest] = now
         k = oldest[1]
-        counter = (
-            getattr(self._nv, "NVML_PCIE_UTIL_TX_BYTES", 0)
-            if k == 0
-            else getattr(self._nv, "NVML_PCIE_UTIL_RX_BYTES", 1)
-        )
+        name, default = ("NVML_PCIE_UTIL_TX_BYTES", 0) if k == 0 else ("NVML_PCIE_UTIL_RX_BYTES", 1)
+        counter = getattr(self._nv, name, default)
         self._throughput[k] = _NAN  # what a failed call leaves, whatever it raises
         try:
             kb_s = self._nv.nvmlDeviceGetPcieThroughput(h, counter)
@@ -448,7 +405,6 @@ class GpuReader:
         self._throughput[k] = kb_s / 1024.0  # KB/s (NVML's KB are 1024 bytes) to MiB/s
         return tuple(self._throughput)
 
-    # ------------------------------------------------------------- reading
     def _is_not_supported(self, error: Exception) -> bool:
         return self._code(error) in (self._not_supported, self._function_not_found)
 

@@ -1,8 +1,5 @@
-"""The table of every quantity the monitor records: its key, unit, source and `nvidia-smi` twin.
-
-`tfgpu.monitor.METRICS` is this table (`docs/metrics.md` is kept in step with it by a test);
-`timeline_columns(n)` gives the timeline's columns for `n` GPUs. Data only: nothing here reads
-a device.
+"""The table of every quantity the monitor records (`tfgpu.monitor.METRICS`): its key, unit,
+source and `nvidia-smi` twin; a test keeps `docs/metrics.md` in step. Data only.
 """
 
 from __future__ import annotations

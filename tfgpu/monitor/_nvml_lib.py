@@ -1,7 +1,5 @@
-"""Reaching the NVML binding: importing `pynvml`, starting and stopping NVML, reading its errors.
-
-Shared by the inventory (`tfgpu.monitor.nvml`) and the per-GPU readers (`_gpu_reader`).
-`pynvml` (from `nvidia-ml-py`) is imported only when a function here runs; never TensorFlow.
+"""Reaching the NVML binding for the inventory (`nvml`) and the readers (`_gpu_reader`):
+importing `pynvml` (only when a function runs), starting and stopping NVML, reading errors.
 """
 
 from __future__ import annotations
@@ -24,11 +22,7 @@ def decode(value: Any) -> str:
 
 
 def import_pynvml() -> tuple[ModuleType | None, str | None]:
-    """Returns the `pynvml` module, or None and why not (with `NVML_HINT`).
-
-    The module returned has the binding's error class, `NVMLError`: every NVML call here
-    catches it (with `NVMLLibraryMismatchError` where a call may raise that).
-    """
+    """Returns the `pynvml` module (with a usable `NVMLError`), or None and why not."""
     try:
         import pynvml
 
@@ -62,6 +56,11 @@ def memory_v2(nv: ModuleType, handle: Any) -> Any:
     """`nvmlDeviceGetMemoryInfo` with the v2 struct (used without reserved memory, as
     `nvidia-smi`); raises `TypeError`/`AttributeError` with a binding that lacks it."""
     return nv.nvmlDeviceGetMemoryInfo(handle, version=nv.nvmlMemory_v2)
+
+
+def exported(nv: ModuleType, *names: str) -> list[str]:
+    """The `names` the binding has as functions, in order."""
+    return [name for name in names if callable(getattr(nv, name, None))]
 
 
 def error_code(nv: ModuleType, name: str, default: int) -> int:

@@ -1,9 +1,5 @@
-"""What the sampler writes into a run directory: file names, `run.json` sessions, the timeline CSV.
-
-Never loses what an earlier run wrote: a timeline with the same columns is appended to,
-another one is moved aside (`tfgpu._internal.helpers.files.rotate`) and `run.json` is told where it went;
-`run.json` keeps earlier sessions (`tfgpu._internal.helpers.files.add_session`). In a multi-worker cluster
-each worker writes its own files (`artifact_name`).
+"""What the sampler writes into a run directory: file names (one set per worker), `run.json`
+sessions, the timeline CSV; appended, rotated or refused, never truncated (docs/guarantees.md).
 """
 
 from __future__ import annotations
@@ -17,17 +13,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tfgpu import __version__
 from tfgpu._internal.helpers import files
 from tfgpu._internal.helpers.cluster import Cluster, resolve_cluster
 from tfgpu.monitor.nvml import GpuInfo, NvmlInventory
 
 
 def _cluster(environ: Mapping[str, str]) -> Cluster | None:
-    """This process's place in a multi-worker cluster, or None for a lone process.
-
-    Reads `TF_CONFIG` (the cluster TensorFlow uses), else a Slurm job step with several
-    tasks. A malformed value means a lone process: naming files must never fail.
-    """
+    """This process's task in a multi-worker cluster (`TF_CONFIG`, else a Slurm step), or None
+    for a lone process; a malformed value means a lone process: naming files never fails."""
     try:
         cluster = resolve_cluster(environ, strict=False)
     except ValueError:
@@ -66,11 +60,8 @@ def artifact_name(
 
 
 def _can_continue(path: Path, header: bytes) -> bool:
-    """Whether the CSV at `path` can be appended to: same header, last row complete.
-
-    An empty file can be continued too (the caller writes the header). Reads bytes, so a
-    damaged (binary) file is a "no", never an exception other than `OSError`.
-    """
+    """Whether the CSV at `path` can be appended to: empty, or same header and last row complete.
+    Reads bytes, so a damaged (binary) file is a "no", never an exception but `OSError`."""
     with open(path, "rb") as f:
         first = f.readline()
         if not first:
@@ -82,23 +73,8 @@ def _can_continue(path: Path, header: bytes) -> bool:
 
 
 def open_csv(path: Path, header: str) -> tuple[Any, Path | None]:
-    """Opens the run-directory CSV `path` for appending, never losing what it holds.
-
-    Same header and a complete last row: appended to. Otherwise (other columns, a row cut
-    by a crash, a damaged file) the old file is moved aside to `NAME.N.csv`
-    (`tfgpu._internal.helpers.files.rotate`) and a new one starts under the plain name.
-
-    Args:
-        path: Path, the file.
-        header: str, the header line, with its newline.
-
-    Returns:
-        The open text file (positioned at its end, header written and flushed) and where an
-        older file was moved to, or None.
-
-    Raises:
-        OSError: if the file cannot be read, moved or opened.
-    """
+    """Opens `path` for appending (header, with its newline, written if new), after moving a
+    file that cannot be continued aside to `NAME.N.csv`; returns it and where that went."""
     rotated = None
     if path.exists() and not _can_continue(path, header.encode()):
         rotated = files.rotate(path)
@@ -122,7 +98,7 @@ def session_record(
     """This sampling session's entry of `run.json` (keys listed in `docs/metrics.md`)."""
     task = _cluster(environ)
     return {
-        "tfgpu_version": _version(),
+        "tfgpu_version": __version__,
         "start_time": start_time,
         "hostname": socket.gethostname(),
         "worker": None if task is None else task.task_index,
@@ -154,14 +130,8 @@ def add_session(
     rotated: Path | None,
     environ: Mapping[str, str],
 ) -> None:
-    """Adds `info` to this process's `run.json` (and the chief's to `run.json` as well).
-
-    Where the timeline was rotated to `rotated`, earlier sessions naming `timeline` are first
-    pointed to the rotated file.
-
-    Raises:
-        OSError: if a record cannot be written.
-    """
+    """Adds `info` to this process's `run.json` (a chief's to `run.json` too), first pointing
+    earlier sessions naming `timeline` to `rotated` where it was rotated. Raises OSError."""
     task = _cluster(environ)
     names = [artifact_name("run", ".json", environ=environ)]
     if task is not None and task.is_chief:
@@ -189,11 +159,8 @@ def format_row(columns: Sequence[str], row: Sequence[float]) -> str:
 
 
 def _rename_timeline(record: Path, old: str, new: str) -> None:
-    """Points the sessions of `record` (a run.json) that name timeline `old` to `new`.
-
-    Called when the timeline was rotated, before the new session is added. A record that
-    is missing or damaged is left to `files.add_session` (which moves a damaged one aside).
-    """
+    """Points the sessions of `record` (a run.json) that name timeline `old` to `new`; a missing
+    or damaged record is left to `files.add_session` (which moves a damaged one aside)."""
     try:
         data = files.read_json_object(record)
     except (OSError, ValueError):
@@ -206,12 +173,3 @@ def _rename_timeline(record: Path, old: str, new: str) -> None:
             changed = True
     if changed:
         files.write_text_atomic(record, json.dumps(data, indent=2, default=str) + "\n")
-
-
-def _version() -> str:
-    try:
-        from tfgpu import __version__
-
-        return __version__
-    except ImportError:  # pragma: no cover
-        return "unknown"

@@ -1,7 +1,5 @@
-"""The host reader of the sampler thread, through `psutil`: CPU, this process's RSS, system memory.
-
-The metrics themselves (`HOST_METRICS`, importable from here too) are defined in the monitor's
-metric table, `tfgpu.monitor.METRICS`.
+"""The host reader of the sampler thread, through `psutil`: CPU, this process's RSS, system memory
+(`HOST_METRICS`, importable from here too, in `tfgpu.monitor.METRICS`).
 """
 
 from __future__ import annotations
@@ -37,11 +35,9 @@ def _cpu_pct(previous: Any, current: Any) -> float:
 
 
 class HostReader:
-    """Reads `HOST_METRICS` in the sampler thread; NaN (one warning) if psutil fails.
-
-    CPU percent is computed from this reader's own `cpu_times()` deltas, so other users of
-    `psutil.cpu_percent()` in the process do not disturb it.
-    """
+    """Reads `HOST_METRICS` in the sampler thread; NaN (one warning) if psutil fails. CPU percent
+    comes from this reader's own `cpu_times()` deltas: `psutil.cpu_percent()` users cannot
+    disturb it."""
 
     def __init__(self) -> None:
         self._psutil: Any = None
@@ -74,8 +70,7 @@ class HostReader:
         psutil = self._psutil
         if psutil is None:
             return [_NAN] * len(HOST_METRICS)
-        # What psutil raises: its own errors (no such process, access denied) and OSError
-        # (a /proc it cannot read).
+        # psutil's own errors (no such process, access denied); OSError: a /proc it cannot read
         errors = (psutil.Error, OSError)
         values = [_NAN, _NAN, _NAN]
         if self._last_times is not None:

@@ -2,11 +2,7 @@
 
 Imports only `pynvml` (from `nvidia-ml-py`), and only when a function runs; never TensorFlow.
 NVML itself ships with the NVIDIA driver: wherever `nvidia-smi` works, these queries work.
-
-Public here: `inventory()` with its `NvmlInventory` and `GpuInfo` records, and `visible_gpus()`
-(the pure mapping of `CUDA_VISIBLE_DEVICES` onto NVML devices). The per-GPU metrics the
-sampler reads are defined in `tfgpu.monitor.METRICS` (`GPU_METRICS` is importable from here
-too) and read by the sampler's per-GPU readers.
+The per-GPU metrics (`GPU_METRICS`, importable from here too) are in `tfgpu.monitor.METRICS`.
 """
 
 from __future__ import annotations
@@ -211,11 +207,9 @@ def _match_token(token: str, gpus: Sequence[_G]) -> _G | None:
 def visible_gpus(gpus: Sequence[_G], cuda_visible_devices: str | None) -> list[_G]:
     """Maps `CUDA_VISIBLE_DEVICES` onto NVML's GPUs, in the order this process sees them.
 
-    Position `i` of the result is the GPU that CUDA, and so TensorFlow's `/GPU:i`, calls `i`.
-    Entries may be UUIDs (`GPU-1a2b...`, a unique prefix is enough), PCI bus ids
-    (`0000:3b:00.0`) or indices. Indices follow NVML's PCI-bus order, which is CUDA's order
-    when `CUDA_DEVICE_ORDER=PCI_BUS_ID` (and on machines with identical GPUs). As CUDA does,
-    parsing stops at the first entry that names no GPU, and repeats are dropped.
+    Position `i` of the result is the GPU that CUDA, and so TensorFlow's `/GPU:i`, calls `i`
+    (the numberings: `docs/setup.md`, "Which GPU is which"). As CUDA does, parsing stops at
+    the first entry that names no GPU, and repeats are dropped.
 
     Args:
         gpus: sequence of `GpuInfo`, all GPUs in NVML order (`inventory().gpus`).

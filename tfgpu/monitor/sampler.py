@@ -1,7 +1,5 @@
-"""The sampler: a background thread that records GPU and host metrics at an interval.
-
-Public here: `Sampler` and `record`; the rest of the monitor is in its private modules (see
-`tfgpu/monitor/__init__.py`). Never imports TensorFlow or Keras.
+"""The sampler: a background thread that records GPU and host metrics at an interval (`Sampler`,
+`record`). Never imports TensorFlow or Keras.
 """
 
 from __future__ import annotations
@@ -44,12 +42,10 @@ class Sampler:
     """Samples this process's GPUs and the host in a background thread.
 
     Every `interval` seconds, and once at `start()` and at `stop()`, it reads the metrics of
-    `tfgpu.monitor.METRICS` (per GPU through NVML, the host through psutil) into one row. A
-    metric a GPU does not offer is NaN; without NVML one warning is given and the host is
-    still recorded; errors are logged once and sampling goes on. With `log_dir`, writes
-    `run.json` and `timeline.csv` there, one row per sample flushed at once, appended to and
-    never truncated. Every column, its source and its `nvidia-smi` equivalent:
-    `docs/metrics.md`.
+    `tfgpu.monitor.METRICS` into one row; what a GPU does not offer is NaN, and without NVML
+    one warning is given and the host is still recorded. With `log_dir`, writes `run.json`
+    and `timeline.csv` there. Every column, its source and its `nvidia-smi` equivalent, and
+    the files: `docs/metrics.md`.
 
     Args:
         interval: float, seconds between samples, at least `MIN_INTERVAL` (0.01); NVML
@@ -134,7 +130,6 @@ class Sampler:
         self._time = time.time
         self.timeline_path: Path | None = None
 
-    # ------------------------------------------------------------------ properties
     @property
     def interval(self) -> float:
         """The seconds between samples."""
@@ -169,7 +164,6 @@ class Sampler:
         n = len(columns["time"])
         return [{c: columns[c][k] for c in self._columns} for k in range(n)]
 
-    # ------------------------------------------------------------------ control
     def mark(self, epoch: int | None = None, step: int | None = None) -> None:
         """Sets the epoch and/or step written on the rows that follow; None leaves it as is.
 
@@ -241,12 +235,11 @@ class Sampler:
     def __exit__(self, *exc_info: Any) -> None:
         self.stop()
 
-    # ------------------------------------------------------------------ reading
     def aggregate(self, since: float | None = None) -> dict[str, float]:
         """Returns the epoch-aggregate metrics over the rows with `time >= since`.
 
-        If no row is that recent (an epoch shorter than the interval), the newest row stands
-        in. Means and maxima ignore NaN; a metric with no value at all is NaN.
+        The newest row stands in if none is that recent; means and maxima ignore NaN (a
+        metric without any value is NaN).
 
         Args:
             since: float or None, a unix time. Defaults to `None`: all rows.
@@ -262,15 +255,13 @@ class Sampler:
             columns = {c: self._data[c][start:] for c in self._data}
         return aggregate_columns(columns, len(self._gpus))
 
-    # ------------------------------------------------------------------ internals
     def _open_files(self) -> None:
         """Adds this session to run.json and opens the timeline; never raises."""
         if self._dir is None:
             return
         try:
             self._open_files_or_raise(self._dir)
-        # OSError: a full disk, a lost mount; ValueError, TypeError: a damaged run.json (e.g.
-        # "earlier_sessions": 5) or Slurm variables that are not numbers. Never fatal.
+        # A full disk, a lost mount; a damaged run.json, Slurm variables that are not numbers.
         except (OSError, ValueError, TypeError) as e:
             self._file_failed = True
             _log.warning("tfgpu.monitor: cannot write to %s (%s); sampling goes on.", self._dir, e)
@@ -345,8 +336,8 @@ class Sampler:
 
 
 def _next_deadline(deadline: float, now: float, interval: float) -> float:
-    """Pure: when the next sample is due. Keeps the rhythm; after a stall (a sample that took
-    longer than the interval) it waits at least a tenth of an interval, never busy-loops."""
+    """When the next sample is due: on the rhythm, but after a stall at least a tenth of an
+    interval away (never a busy loop)."""
     return max(deadline + interval, now + 0.1 * interval)
 
 
@@ -357,8 +348,6 @@ def record(
     gpus: Sequence[int] | None = None,
 ) -> Sampler:
     """Samples GPUs and host for the duration of a `with` block; works without Keras.
-
-    The arguments are checked at the call, before the block runs.
 
     Args:
         log_dir: str, os.PathLike or None, the run directory for `run.json` and
