@@ -102,14 +102,14 @@ class _ScriptedSteps:
         self, monkeypatch, *, device_s, real_s, spe_gain=1.0, xla_factor=1.0, xla_error=None
     ):
         from tfgpu._internal.adapters import timing as protocol
-        from tfgpu.diagnosis import _probes as module
+        from tfgpu.diagnosis import _diagnose, _probes
 
         self.device_s, self.real_s = device_s, real_s
         self.spe_gain, self.xla_factor = spe_gain, xla_factor
         self.clock = 1000.0
         self.fits: list[tuple[str, float]] = []  # (what, scripted seconds per step)
         original_fit_step_time = protocol.fit_step_time
-        original_device_dataset = module.device_dataset
+        original_device_dataset = _diagnose.device_dataset
         self.device_datasets: list = []
         self.reals = 0
 
@@ -145,10 +145,10 @@ class _ScriptedSteps:
             self.fits.append((what, seconds))
             return seconds
 
-        monkeypatch.setattr(module, "device_dataset", device_dataset)
+        monkeypatch.setattr(_diagnose, "device_dataset", device_dataset)
         monkeypatch.setattr(protocol, "fit_step_time", fit_step_time)
         monkeypatch.setattr(protocol, "now", lambda: self.clock)
-        monkeypatch.setattr(module, "_warm_real", lambda *a, **k: None)
+        monkeypatch.setattr(_probes, "_warm_real", lambda *a, **k: None)
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ import tensorflow as tf
 import tfgpu
 import tfgpu.batch_size
 from tfgpu._internal.adapters import model_state, timing
+from tfgpu._internal.adapters.devices import TfGpu
 from tfgpu.tuning import Trial, TuneResult, _tune
 from tfgpu.tuning import _candidates as cands
 from tfgpu.tuning._candidates import Facts
@@ -108,7 +109,7 @@ class _FakeFound:
 def _facts(monkeypatch):
     """A CPU without native bfloat16 and without GPUs, 4 cores, and a batch-size search that
     finds nothing faster, unless a test says otherwise; the global policy put back."""
-    monkeypatch.setattr(_tune, "_gpu_ccs", lambda: ())
+    monkeypatch.setattr(_tune, "tf_gpus", lambda: [])
     monkeypatch.setattr(_tune, "_cpu_native_bf16", lambda: False)
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     monkeypatch.setattr(_tune, "supports_xla", lambda model: False)  # no XLA compile: fast
@@ -330,7 +331,8 @@ def test_state_is_restored_after_every_trial(monkeypatch):
 @pytest.mark.slow
 def test_a_precision_policy_that_overflows_is_unsafe(monkeypatch):
     # float16 on a simulated 7.5 GPU: x * 1e5 overflows (max 65504), the loss is not finite.
-    monkeypatch.setattr(_tune, "_gpu_ccs", lambda: ((7, 5),))
+    gpu = TfGpu(0, 0, None, None, tf_compute_capability=(7, 5))
+    monkeypatch.setattr(_tune, "tf_gpus", lambda: [gpu])
     _Script(monkeypatch, lambda s, n: 0.001 if s["policy"] == "mixed_float16" else 0.01)
     result = tfgpu.tune(_build(1e5), _train(), time_budget_s=600, verbose=0)
     trial = result.trial("precision mixed_float16")

@@ -47,9 +47,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser(
-        "env",
-        parents=[common],
-        help="TensorFlow, CUDA, driver and GPU facts, and what is wrong",
+        "env", parents=[common], help="TensorFlow, CUDA, driver and GPU facts, and what is wrong"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -129,12 +127,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
         from tfgpu.tuning._script import check_arguments as check_tune_arguments
 
         check_tune_arguments(
-            args.script,
-            args.script_args,
-            args.steps,
-            args.warmup,
-            args.time_budget_s,
-            args.log_dir,
+            args.script, args.script_args, args.steps, args.warmup, args.time_budget_s, args.log_dir
         )
 
 

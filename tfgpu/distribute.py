@@ -274,18 +274,6 @@ def _build_with_own_collective_keys(cls, *args, **kwargs):
     return instance
 
 
-def _cross_device_ops(name: str | None):
-    import tensorflow as tf
-
-    if name is None:
-        return None
-    if name == "nccl":
-        return tf.distribute.NcclAllReduce()
-    if name == "hierarchical_copy":
-        return tf.distribute.HierarchicalCopyAllReduce()
-    return tf.distribute.ReductionToOneDevice()
-
-
 def _slurm_resolver(environ: Mapping[str, str], port_base: int):
     """TensorFlow's `SlurmClusterResolver`, told the GPU count so it never runs nvidia-smi."""
     import tensorflow as tf
@@ -424,10 +412,14 @@ def strategy(
         on_gpus = all("GPU" in d for d in devices)
         name = _choose_all_reduce(chosen, all_reduce, on_gpus=on_gpus)
         _LOG.info("tfgpu.strategy: MirroredStrategy on %s, all-reduce %s", devices, name)
+        reductions = {
+            "nccl": tf.distribute.NcclAllReduce,
+            "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
+            "reduction_to_one_device": tf.distribute.ReductionToOneDevice,
+        }
+        ops = None if name is None else reductions[name]()
         return _build_with_own_collective_keys(
-            tf.distribute.MirroredStrategy,
-            devices=devices,
-            cross_device_ops=_cross_device_ops(name),
+            tf.distribute.MirroredStrategy, devices=devices, cross_device_ops=ops
         )
 
     # multi_worker

@@ -111,14 +111,6 @@ _PRECISIONS = {
 }
 
 
-def _lookup_peak(gpu_name: str) -> _Peak | None:
-    name = " ".join(gpu_name.lower().replace("-", " ").split())
-    for peak in _PEAKS:
-        if re.search(peak.pattern, name):
-            return peak
-    return None
-
-
 def peak_flops(gpu_name: str, precision: str) -> float | None:
     """Returns the GPU's dense peak FLOP/s for a precision, from the datasheet table.
 
@@ -151,10 +143,9 @@ def peak_flops(gpu_name: str, precision: str) -> float | None:
         raise invalid_value(
             "precision", precision, f"one of: {', '.join(repr(p) for p in _PRECISIONS)}"
         )
-    peak = _lookup_peak(gpu_name)
-    if peak is None:
-        return None
-    tflops = getattr(peak, key)
+    name = " ".join(gpu_name.lower().replace("-", " ").split())
+    peak = next((p for p in _PEAKS if re.search(p.pattern, name)), None)
+    tflops = None if peak is None else getattr(peak, key)
     return None if tflops is None else tflops * _TERA
 
 
@@ -206,7 +197,7 @@ def _shape(tensor) -> list[int] | None:
     dims = tensor.shape
     if dims.rank is None:
         return None
-    out = [d for d in dims.as_list()]
+    out = dims.as_list()
     return None if any(d is None for d in out) else out
 
 
@@ -286,6 +277,12 @@ def _op_flops(op) -> float | None:
 class _UnknownSizes(ValueError):
     """Raised when an op's shapes are not static: the caller must pass real sizes."""
 
+    def __init__(self, received: str):
+        super().__init__(
+            "Cannot count FLOPs: input shapes with unknown sizes (None dims): pass "
+            f"`input_signature` with the sizes of a real batch. Received: {received}"
+        )
+
 
 def _called_functions(op) -> list[str]:
     """Names of the functions an op runs (While body and cond, If branches, calls)."""
@@ -350,10 +347,8 @@ def _counted(fn, specs, stacklevel: int) -> dict[str, float]:
     counts, unknown, loops = _count(graph)
     if unknown:
         raise _UnknownSizes(
-            "Cannot count FLOPs: input shapes with unknown sizes (None dims): pass "
-            "`input_signature` with the sizes of a real batch. Received: inputs "
-            f"{_describe(specs)}, with which {len(unknown)} matmul/conv op(s) have no static "
-            f"shape (e.g. {unknown[0]!r})."
+            f"inputs {_describe(specs)}, with which {len(unknown)} matmul/conv op(s) have no "
+            f"static shape (e.g. {unknown[0]!r})."
         )
     if loops:
         warnings.warn(
@@ -393,11 +388,7 @@ def _input_specs(model, batch_size: int, input_signature):
                 raise invalid_type("input_signature", input_signature, _SIGNATURE_EXPECTED)
             shape = tf.TensorShape(shape)
             if shape.rank is None:
-                raise _UnknownSizes(
-                    "Cannot count FLOPs: input shapes with unknown sizes (None dims): pass "
-                    "`input_signature` with the sizes of a real batch. Received: "
-                    f"input_signature={input_signature!r} (unknown rank)."
-                )
+                raise _UnknownSizes(f"input_signature={input_signature!r} (unknown rank).")
             if shape.rank == 0:
                 raise invalid_value(
                     "input_signature",
@@ -425,11 +416,6 @@ def _input_specs(model, batch_size: int, input_signature):
         )
     specs = [tf.TensorSpec((batch_size, *tuple(t.shape)[1:]), t.dtype or "float32") for t in inputs]
     return specs[0] if len(specs) == 1 else specs
-
-
-def _check_model(model) -> None:
-    if not callable(model) or not hasattr(model, "trainable_variables"):
-        raise invalid_type("model", model, "a keras.Model")
 
 
 def _forward_flops(model, batch_size: int = 1, *, input_signature=None) -> dict:
@@ -494,7 +480,8 @@ def train_step_flops(model: Any, batch_size: int, *, input_signature: Any = None
     5120.0
     """
     check_int("batch_size", batch_size, expected="a positive int")
-    _check_model(model)
+    if not callable(model) or not hasattr(model, "trainable_variables"):
+        raise invalid_type("model", model, "a keras.Model")
     try:
         return _step_flops(model, batch_size, input_signature)
     except _UnknownSizes as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tfgpu._internal.adapters.devices import peak_memory
 from tfgpu._internal.adapters.model_state import preserved
 from tfgpu._internal.adapters.workload import check_model_and_data
 from tfgpu._internal.helpers.checks import check_bool, check_int, check_number
@@ -12,13 +13,7 @@ from tfgpu._internal.helpers.progress import Progress, check_verbose
 from tfgpu.batch_size._result import BatchSizeResult, BatchSizeTrial, build_result
 from tfgpu.batch_size._search import next_candidate, stopped_by
 from tfgpu.batch_size._subprocess import find_in_subprocess
-from tfgpu.batch_size._trial import (
-    device_capacity_bytes,
-    has_allocator_stats,
-    make_batch,
-    memory_device,
-    run_trial,
-)
+from tfgpu.batch_size._trial import device_capacity_bytes, make_batch, memory_device, run_trial
 
 if TYPE_CHECKING:
     import keras
@@ -154,7 +149,7 @@ def find_batch_size(
     device = memory_device(strategy)
     notes: list[str] = []
     memory_source: str | None = "allocator"
-    if not has_allocator_stats(device):
+    if peak_memory(device) is None:  # TensorFlow keeps no allocator statistics for it
         memory_source = None
         if memory_limit_mib is not None:
             raise ValueError(
@@ -201,9 +196,7 @@ def find_batch_size(
             progress.phase(f"trial {k}: {_outcome(trial)}")
         progress.phase("restoring the model's weights, optimizer and metrics")
     ended_by = stopped_by(
-        [(t.batch_size, t.fits) for t in trials],
-        max_batch_size=max_batch_size,
-        ran_out=ran_out,
+        [(t.batch_size, t.fits) for t in trials], max_batch_size=max_batch_size, ran_out=ran_out
     )
     result = build_result(
         trials,

@@ -9,6 +9,9 @@ from typing import Any
 
 from tfgpu.batch_size._search import accumulation_plan, pick_fastest
 
+# The trial fields that are NaN when it did not fit: None in JSON.
+NAN_AS_NONE = ("step_time_s", "examples_per_second")
+
 
 @dataclass(frozen=True)
 class BatchSizeTrial:
@@ -82,7 +85,7 @@ class BatchSizeResult:
         """Returns the result as JSON-ready data."""
         d = asdict(self)
         for t in d["trials"]:
-            for k in ("step_time_s", "examples_per_second"):
+            for k in NAN_AS_NONE:
                 if isinstance(t[k], float) and math.isnan(t[k]):
                     t[k] = None
         return d

@@ -4,6 +4,7 @@ process's device memory stays untouched), and that process's entry point, `subpr
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import subprocess
@@ -13,7 +14,7 @@ import threading
 from pathlib import Path
 
 from tfgpu._internal.helpers.progress import Progress
-from tfgpu.batch_size._result import BatchSizeResult, BatchSizeTrial, build_result
+from tfgpu.batch_size._result import NAN_AS_NONE, BatchSizeResult, BatchSizeTrial, build_result
 
 # The child's progress lines (verbose=2) start with this; the parent shows their phase.
 _PREFIX = "find_batch_size: "
@@ -99,19 +100,10 @@ def find_in_subprocess(model, pool, kwargs, progress: Progress | None = None) ->
                 f"{status}). Its last output:\n{stderr}"
             )
         d = json.loads(out.read_text())
-    nan = float("nan")
-    trials = [
-        BatchSizeTrial(
-            **{
-                **t,
-                "step_time_s": nan if t["step_time_s"] is None else t["step_time_s"],
-                "examples_per_second": nan
-                if t["examples_per_second"] is None
-                else t["examples_per_second"],
-            }
-        )
-        for t in d["trials"]
-    ]
+    trials = []
+    for t in d["trials"]:
+        t.update({k: math.nan for k in NAN_AS_NONE if t[k] is None})
+        trials.append(BatchSizeTrial(**t))
     note = (
         "trials ran in a subprocess (in_subprocess=True): this process's device memory was "
         "not used by the search"

@@ -7,6 +7,7 @@ import gc
 
 import numpy as np
 
+from tfgpu._internal.adapters.devices import gpu_record, peak_memory, reset_peak_memory
 from tfgpu.batch_size._result import BatchSizeTrial
 
 
@@ -42,44 +43,12 @@ def device_capacity_bytes(device: str) -> int | None:
     """Total memory of TensorFlow's `/GPU:k` (from NVML), or None (CPU, or NVML missing)."""
     if not device.startswith("GPU"):
         return None
-    from tfgpu._internal.adapters import devices
-
     try:
         index = int(device.split(":")[1])
     except (IndexError, ValueError):  # not "GPU:k": fall back to OOM detection only
         return None
-    gpu = devices.gpu_record(index)  # never raises: None without such a GPU
+    gpu = gpu_record(index)  # never raises: None without such a GPU
     return None if gpu is None else gpu.memory_total_bytes
-
-
-def _reset_peak(device: str) -> bool:
-    import tensorflow as tf
-
-    try:
-        tf.config.experimental.reset_memory_stats(device)
-        return True
-    except (ValueError, tf.errors.OpError):
-        return False
-
-
-def has_allocator_stats(device: str) -> bool:
-    """Whether TensorFlow keeps allocator statistics (current, peak) for `device` here."""
-    import tensorflow as tf
-
-    try:
-        tf.config.experimental.get_memory_info(device)
-        return True
-    except (ValueError, tf.errors.OpError):
-        return False
-
-
-def _peak(device: str) -> int | None:
-    import tensorflow as tf
-
-    try:
-        return int(tf.config.experimental.get_memory_info(device)["peak"])
-    except (ValueError, tf.errors.OpError):
-        return None
 
 
 def _agree(strategy, fits: bool, seconds: float) -> tuple[bool, float]:
@@ -102,7 +71,7 @@ def run_trial(model, pool, batch_size, *, steps, device, budget, replicas) -> Ba
 
     from tfgpu._internal.adapters import timing
 
-    measured = _reset_peak(device)
+    measured = reset_peak_memory(device)
     nan = float("nan")
     fits, reason, seconds = True, "ok", nan
     batch = None
@@ -117,7 +86,7 @@ def run_trial(model, pool, batch_size, *, steps, device, budget, replicas) -> Ba
         fits, reason = False, "host_oom"
     finally:
         del batch
-    peak = _peak(device) if measured else None
+    peak = peak_memory(device) if measured else None
     if fits and budget is not None and peak is not None and peak > budget:
         fits, reason = False, "over_budget"
     fits_all, seconds = _agree(model.distribute_strategy, fits, seconds)

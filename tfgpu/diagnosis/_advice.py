@@ -79,7 +79,7 @@ def service_advice(
     return ServiceAdvice(workers=workers, cores=cores, text=text)
 
 
-def _finding(found: counters.CounterFinding, detail: str | None = None, fix: str | None = None):
+def finding(found: counters.CounterFinding, detail: str | None = None, fix: str | None = None):
     """A `Finding` from a shared rule's text pieces (`detail`, `fix`: what the model adds)."""
     return Finding(
         found.kind,
@@ -118,7 +118,7 @@ def tensor_idle_finding(
         )
     if not xla_no_gain:  # never advise what its own probe measured as no gain
         fixes.append(counters.ELEMENTWISE_FIX)
-    return _finding(
+    return finding(
         found,
         f"{found.measured} under the {f.policy} policy: {found.meaning}."
         + (" TF32 is off." if f.tf32_enabled is False and tf32_capable else ""),
@@ -140,7 +140,7 @@ def pcie_finding(
         seen.append("the data is fed as NumPy arrays")
     if f.python_input:
         seen.append("the pipeline runs `tf.py_function` / a generator")
-    return _finding(found, found.measured + (f"; seen: {'; '.join(seen)}" if seen else "") + ".")
+    return finding(found, found.measured + (f"; seen: {'; '.join(seen)}" if seen else "") + ".")
 
 
 def unexplained_wait_finding(f: Facts, wait: float) -> Finding:

@@ -5,6 +5,7 @@ Its texts are in `_advice`; the GPU-counter rules in `_internal.adapters.gpu_cou
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -13,8 +14,8 @@ from tfgpu._internal.adapters import timing as protocol
 from tfgpu._internal.adapters.devices import peak_precision
 from tfgpu._internal.helpers.checks import is_finite_number
 from tfgpu.diagnosis._advice import (
-    _finding,
     cpu_ops_traffic,
+    finding,
     input_advice,
     loss_scale_finding,
     pcie_finding,
@@ -35,11 +36,7 @@ from tfgpu.diagnosis._facts import (
     OpFact,
 )
 from tfgpu.diagnosis._result import Finding
-from tfgpu.diagnosis._rounds import (
-    input_level,
-    share_verdict,
-    wait_and_share,
-)
+from tfgpu.diagnosis._rounds import input_level, share_verdict, wait_and_share
 
 
 def classify(
@@ -273,17 +270,12 @@ def classify(
     return bottleneck, level, share, findings
 
 
+_COUNTERS = tuple(c.name for c in dataclasses.fields(counters.Counters))
+
+
 def _counters(f: Facts) -> counters.Counters:
-    return counters.Counters(
-        util_pct_mean=f.util_pct_mean,
-        sm_active_pct_mean=f.sm_active_pct_mean,
-        tensor_active_pct_mean=f.tensor_active_pct_mean,
-        pcie_mib_s_mean=f.pcie_mib_s_mean,
-        power_w_mean=f.power_w_mean,
-        power_limit_w_max=f.power_limit_w_max,
-        throttle_reasons_any=f.throttle_reasons_any,
-        sm_clock_mhz_mean=f.sm_clock_mhz_mean,
-    )
+    """The GPU counters among the facts (`Facts` has every field of `Counters`)."""
+    return counters.Counters(**{name: getattr(f, name) for name in _COUNTERS})
 
 
 def _counter_findings(
@@ -316,13 +308,13 @@ def _counter_findings(
     )
     small = counters.small_kernels(c, fix)
     if small is not None:
-        findings.append(_finding(small))
+        findings.append(finding(small))
     pcie = counters.pcie_traffic(c, f.step_time_s, f.batch_bytes)
     if pcie is not None:
         findings.append(pcie_finding(f, pcie, cpu_ops))
     throttled = counters.clocks_throttled(c)
     if throttled is not None:
-        findings.append(_finding(throttled))
+        findings.append(finding(throttled))
     return findings
 
 
@@ -351,17 +343,9 @@ def monitor_facts(aggregate: dict[str, Any], gpu: int = 0) -> dict[str, float]:
 
     tx, rx = get("pcie_tx_mib_s_mean"), get("pcie_rx_mib_s_mean")
     pcie = [v for v in (tx, rx) if math.isfinite(v)]
-    return {
-        "util_pct_mean": get("util_pct_mean"),
-        "sm_active_pct_mean": get("sm_active_pct_mean"),
-        "tensor_active_pct_mean": get("tensor_active_pct_mean"),
-        "pcie_mib_s_mean": sum(pcie) if pcie else math.nan,
-        "power_w_mean": get("power_w_mean"),
-        "power_limit_w_max": get("power_limit_w_max"),
-        "throttle_reasons_any": get("throttle_reasons_any"),
-        "sm_clock_mhz_mean": get("sm_clock_mhz_mean"),
-        "energy_j": get("energy_j"),
-    }
+    facts = {name: get(name) for name in (*_COUNTERS, "energy_j")}
+    facts["pcie_mib_s_mean"] = sum(pcie) if pcie else math.nan
+    return facts
 
 
 _PY_FUNC_OPS = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless"})

@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import keras
@@ -19,15 +18,9 @@ from tfgpu._internal.adapters import timing as protocol
 from tfgpu._internal.adapters.datasets import has_step, made_by_pipeline
 from tfgpu._internal.adapters.model_state import preserved, supports_xla
 from tfgpu._internal.adapters.workload import check_model_and_data
-from tfgpu._internal.helpers.checks import (
-    check_bool,
-    check_int,
-    check_log_dir,
-    check_time_budget,
-)
+from tfgpu._internal.helpers.checks import check_bool, check_int, check_log_dir, check_time_budget
 from tfgpu._internal.helpers.files import rotate, write_text_atomic
 from tfgpu._internal.helpers.progress import Progress, check_verbose
-from tfgpu.diagnosis import _probes
 from tfgpu.diagnosis._advice import advise_service
 from tfgpu.diagnosis._classify import classify, monitor_facts, unseen, wait_notes
 from tfgpu.diagnosis._facts import (
@@ -40,18 +33,16 @@ from tfgpu.diagnosis._facts import (
     Facts,
     OpFact,
 )
-from tfgpu.diagnosis._graph import (
-    PipelineFacts,
-    batch_nbytes,
-    read_pipeline,
-    shape_facts,
-    step_ops,
-)
-from tfgpu.diagnosis._lint import (
-    lint_mixed_precision,
-    loss_scale,
-    policy_name,
-    precision_layers,
+from tfgpu.diagnosis._graph import PipelineFacts, batch_nbytes, read_pipeline, shape_facts, step_ops
+from tfgpu.diagnosis._lint import lint_mixed_precision, loss_scale, policy_name, precision_layers
+from tfgpu.diagnosis._probes import (
+    Probe,
+    device_dataset,
+    host_load,
+    measure_rounds,
+    monitoring,
+    noted,
+    run_probe,
 )
 from tfgpu.diagnosis._result import Diagnosis
 from tfgpu.diagnosis._rounds import share_verdict
@@ -83,30 +74,6 @@ def gpu_facts(notes: list[str]) -> tuple[str | None, list[tuple[int, int]], int 
     return name, ccs, capacity
 
 
-def _check_args(
-    steps: Any,
-    warmup: Any,
-    log_dir: Any,
-    profile: Any,
-    flags: dict[str, Any],
-    time_budget_s: Any,
-    verbose: Any = "auto",
-) -> tuple[float | None, Path | None]:
-    """Checks every argument but the model and the data; returns (time budget, log_dir)."""
-    check_verbose(verbose)
-    check_int("steps", steps, minimum=3)
-    check_int("warmup", warmup, minimum=1)
-    log_path = check_log_dir(log_dir)
-    if profile and log_path is None:
-        raise ValueError(
-            "Invalid value for argument `profile`. Received: profile=True with log_dir=None. "
-            "Expected a `log_dir` to write the trace into."
-        )
-    for name, value in flags.items():
-        check_bool(name, value)
-    return check_time_budget(time_budget_s), log_path
-
-
 def flop_facts(model, x, size, real, policy, gpu_name, ccs, on_gpu, replicas=1):
     """(FLOPs per step, achieved FLOP/s, MFU, notes), counted with the batch's own shapes; a
     count above the devices' peak is not reported as achieved.
@@ -120,7 +87,7 @@ def flop_facts(model, x, size, real, policy, gpu_name, ccs, on_gpu, replicas=1):
     if not size:
         return None, None, None, notes
     failure: list[str] = []
-    with _probes.noted(failure, "{error}"):  # FLOP counting is a side feature
+    with noted(failure, "{error}"):  # FLOP counting is a side feature
         signature = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), x)
         if isinstance(signature, (list, tuple)) and len(signature) == 1:
             signature = signature[0]
@@ -216,15 +183,23 @@ def diagnose(
     'input'
     """
     # 1. Check the arguments, before any work.
-    flags = {
-        "check_xla": check_xla,
-        "check_steps_per_execution": check_steps_per_execution,
-        "monitor": monitor,
-        "profile": profile,
-    }
-    time_budget_s, log_path = _check_args(
-        steps, warmup, log_dir, profile, flags, time_budget_s, verbose
-    )
+    check_verbose(verbose)
+    check_int("steps", steps, minimum=3)
+    check_int("warmup", warmup, minimum=1)
+    log_path = check_log_dir(log_dir)
+    if profile and log_path is None:
+        raise ValueError(
+            "Invalid value for argument `profile`. Received: profile=True with log_dir=None. "
+            "Expected a `log_dir` to write the trace into."
+        )
+    for flag, given in (
+        ("check_xla", check_xla),
+        ("check_steps_per_execution", check_steps_per_execution),
+        ("monitor", monitor),
+        ("profile", profile),
+    ):
+        check_bool(flag, given)
+    time_budget_s = check_time_budget(time_budget_s)
     work = check_model_and_data(model, data, batch_size=batch_size)
     budget = protocol.Budget(time_budget_s, MEASURE_SHARE)
     # Read `protocol.now` at call time: the tests script it.
@@ -287,7 +262,7 @@ def diagnose(
         dynamic_shape=dynamic_shape,
         partial_batches=partial,
         replicas=int(model.distribute_strategy.num_replicas_in_sync),
-        host_load=_probes.host_load(),
+        host_load=host_load(),
         pipeline_cpu_busy=pipeline.cpu_busy,
         cpu_cores=pipeline.cpu_cores,
         service=has_step(ds, "dataservice"),
@@ -298,22 +273,16 @@ def diagnose(
         peak_memory_bytes=measurements.get("peak_memory_bytes"),
         memory_capacity_bytes=capacity,
         numpy_input=work.from_arrays,
-        python_input=pipeline_facts.python_input,
-        prefetch=pipeline_facts.prefetch,
-        parallel_map=pipeline_facts.parallel_map,
-        sequential_map=pipeline_facts.sequential_map,
-        cache=pipeline_facts.cache,
-        map_after_cache=pipeline_facts.map_after_cache,
-        private_threadpool_size=pipeline_facts.private_threadpool_size,
         train_step_ops=m.train_step_ops,
         loss_scale_before=m.loss_scale_before,
         loss_scale_after=m.loss_scale_after,
         batch_bytes=batch_nbytes(batch),
+        **asdict(pipeline_facts),  # the pipeline's graph: its fields are facts of that name
     )
     for name, value in monitor_facts(m.monitor).items():
         setattr(f, name, value)
     if on_gpu:
-        with _probes.noted(notes, "tensor-core facts not read: {error}"):
+        with noted(notes, "tensor-core facts not read: {error}"):
             f.tf32_enabled = devices.tf32_execution_enabled()
             f.float32_layers, f.odd_dim_layers = precision_layers(model)
     verdict = share_verdict(m.rounds)
@@ -401,19 +370,20 @@ def _measure_model(
     the train step's ops, the probes and the profiler trace."""
     progress = progress or Progress(0, title="diagnose")
     scale_before = loss_scale(model)
-    device_ds = _probes.device_dataset(batch, on_gpu)
+    device_ds = device_dataset(batch, on_gpu)
     progress.phase("warming up and timing the step on one batch held in memory")
-    first, peak = _probes.first_device_run(
-        model, device_ds, steps, warmup, "GPU:0" if on_gpu else "CPU:0"
-    )
-    measurements["peak_memory_bytes"] = peak
+    memory_device = "GPU:0" if on_gpu else "CPU:0"
+    devices.reset_peak_memory(memory_device)
+    # The first device-resident run, always in full: a diagnosis needs one step time.
+    first = protocol.fit_step_time(model, device_ds, steps, warmup)
+    measurements["peak_memory_bytes"] = devices.peak_memory(memory_device)
     train_step_ops: list[OpFact] = []
     if on_gpu and not model.jit_compile:  # where ops run matters only beside a GPU
         progress.phase("reading where the train step's ops run")
-        with _probes.noted(notes, "train-step op placement not checked: {error}"):
+        with noted(notes, "train-step op placement not checked: {error}"):
             train_step_ops = step_ops(model, batch)
-    with _probes.monitoring(monitor and on_gpu, notes) as aggregate:
-        rounds = _probes.measure_rounds(
+    with monitoring(monitor and on_gpu, notes) as aggregate:
+        rounds = measure_rounds(
             model, ds, device_ds, first, steps, warmup, budget, progress=progress
         )
     if len(rounds) < protocol.MIN_ROUNDS:
@@ -431,7 +401,7 @@ def _measure_model(
     spe_rounds: list[tuple[float, float]] = []
     spe = int(model.steps_per_execution)
     if check_steps_per_execution and spe == 1 and compute < HOST_OVERHEAD_PROBE_BELOW_S:
-        probe = _probes.run_probe(
+        probe = run_probe(
             model,
             device_ds,
             steps,
@@ -451,7 +421,7 @@ def _measure_model(
         if not supports_xla(model):
             notes.append("XLA not measured: the model does not support jit_compile")
         else:
-            probe = _probes.run_probe(
+            probe = run_probe(
                 model,
                 device_ds,
                 steps,
@@ -486,7 +456,7 @@ def _measure_model(
 
 
 def _record_probe(
-    probe: _probes.Probe,
+    probe: Probe,
     key: str,
     measurements: dict[str, Any],
     notes: list[str],
@@ -503,7 +473,7 @@ def _record_probe(
 
 def _profile(model: keras.Model, ds: tf.data.Dataset, path: str, steps: int, notes: list[str]):
     """A TensorBoard profiler trace of `steps` steps into `path`; None (and a note) if it fails."""
-    with _probes.noted(notes, "profiler trace failed: {error}"):
+    with noted(notes, "profiler trace failed: {error}"):
         tf.profiler.experimental.start(path)
         try:
             model.fit(ds.repeat(), epochs=1, steps_per_epoch=steps, verbose=0, shuffle=False)

@@ -10,20 +10,21 @@ import numpy as np
 
 from tfgpu.diagnosis._result import Finding
 
+_HALF = ("float16", "bfloat16")  # the compute dtypes of a mixed policy
+
 
 def lint_mixed_precision(model, compute_capabilities) -> list[Finding]:
     """Checks a model for mixed-precision pitfalls (pure: reads the model, changes nothing)."""
     from tfgpu.precision import has_tensor_cores
 
-    half = ("float16", "bfloat16")
-    mixed = [la for la in _leaf_layers(model) if getattr(la, "compute_dtype", None) in half]
+    mixed = [la for la in _leaf_layers(model) if getattr(la, "compute_dtype", None) in _HALF]
     if not mixed:
         return []
     findings = []
     last = model.layers[-1] if model.layers else None
     while last is not None and getattr(last, "layers", None):
         last = last.layers[-1]
-    if last is not None and getattr(last, "compute_dtype", None) in half:
+    if last is not None and getattr(last, "compute_dtype", None) in _HALF:
         findings.append(
             Finding(
                 "mixed_precision_output",
@@ -74,8 +75,7 @@ def precision_layers(model) -> tuple[list[str], list[str]]:
     """(layers keeping float32 math under a 16-bit policy, the last one left out; kernels with
     dims not multiples of 8) for the tensor-core advice. Reads the model, changes nothing."""
     layers = _leaf_layers(model)
-    half = ("float16", "bfloat16")
-    mixed = [la for la in layers if getattr(la, "compute_dtype", None) in half]
+    mixed = [la for la in layers if getattr(la, "compute_dtype", None) in _HALF]
     with_kernel = [la for la in layers if getattr(la, "kernel", None) is not None]
     float32 = []
     if mixed:

@@ -136,23 +136,6 @@ def _probe_notes(
     return []
 
 
-def first_device_run(
-    model: Any, device_ds: Any, steps: int, warmup: int, mem_device: str
-) -> tuple[float | None, int | None]:
-    """(seconds per step, peak device memory) of the first device-resident run, always in
-    full: a diagnosis needs one step time."""
-    try:
-        tf.config.experimental.reset_memory_stats(mem_device)
-    except (ValueError, tf.errors.OpError):  # a device without allocator statistics
-        pass
-    compute = protocol.fit_step_time(model, device_ds, steps, warmup)
-    try:
-        peak: int | None = int(tf.config.experimental.get_memory_info(mem_device)["peak"])
-    except (ValueError, tf.errors.OpError):
-        peak = None
-    return compute, peak
-
-
 def measure_rounds(
     model: Any,
     ds: Any,

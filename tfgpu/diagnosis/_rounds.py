@@ -7,11 +7,7 @@ from typing import Any
 
 from tfgpu._internal.adapters.timing import MIN_ROUNDS, median_interval
 from tfgpu._internal.helpers import stats
-from tfgpu.diagnosis._facts import (
-    INPUT_BOUND_HIGH,
-    INPUT_BOUND_MODERATE,
-    INPUT_WAIT_MIN_S,
-)
+from tfgpu.diagnosis._facts import INPUT_BOUND_HIGH, INPUT_BOUND_MODERATE, INPUT_WAIT_MIN_S
 
 
 def wait_and_share(compute_s: float, real_s: float) -> tuple[float, float]:

@@ -164,25 +164,12 @@ def candidates(facts: Facts) -> list[Candidate]:
     for v in SPE_LADDER:
         if v <= facts.steps_per_execution:
             continue
-        spe_change: dict[str, Any] = {"steps_per_execution": v}
-        if facts.batches_per_epoch is not None and v > facts.batches_per_epoch:
-            out.append(
-                _candidate(
-                    f"steps_per_execution={v}",
-                    spe_change,
-                    facts,
-                    group="steps_per_execution",
-                    untried=f"more than the {facts.batches_per_epoch} batches of an epoch",
-                )
-            )
-            continue
-        out.append(
-            _candidate(f"steps_per_execution={v}", spe_change, facts, group="steps_per_execution")
-        )
-    # 2. The precision policy (a model factory builds the model again under it).
-    if facts.policy.startswith("mixed_"):
-        pass  # already mixed
-    else:
+        too_many = facts.batches_per_epoch is not None and v > facts.batches_per_epoch
+        untried = f"more than the {facts.batches_per_epoch} batches of an epoch" if too_many else ""
+        name, spe = f"steps_per_execution={v}", {"steps_per_execution": v}
+        out.append(_candidate(name, spe, facts, group="steps_per_execution", untried=untried))
+    # 2. The precision policy, unless already mixed (a model factory builds the model again).
+    if not facts.policy.startswith("mixed_"):
         policy, why = precision_choice(facts)
         name = f"precision {policy}" if policy else "mixed precision"
         change: dict[str, Any] = {"precision": policy or "mixed_bfloat16"}
@@ -196,12 +183,7 @@ def candidates(facts: Facts) -> list[Candidate]:
         elif facts.pipeline is not None and facts.pipeline.get("drop_remainder") is False:
             untried = "the pipeline was asked for drop_remainder=False"
         out.append(
-            _candidate(
-                "static batch shape",
-                {"drop_remainder": True},
-                facts,
-                untried=untried,
-            )
+            _candidate("static batch shape", {"drop_remainder": True}, facts, untried=untried)
         )
     # 4. The pipeline's settings (a tfgpu pipeline is built again with them).
     if facts.pipeline is not None:
@@ -233,13 +215,8 @@ def candidates(facts: Facts) -> list[Candidate]:
         if not facts.gpu_ccs and not p.get("private_threadpool_size") and facts.cpu_count > 1:
             # One thread leaves the cores to the model's ops; one per core keeps input apace.
             for size in sorted({1, facts.cpu_count}):
-                out.append(
-                    _candidate(
-                        f"private thread pool {size}",
-                        {"private_threadpool_size": size},
-                        facts,
-                    )
-                )
+                change = {"private_threadpool_size": size}
+                out.append(_candidate(f"private thread pool {size}", change, facts))
     elif not facts.prefetched:
         out.append(_candidate("prefetch", {"prefetch": True}, facts))
     # 5. XLA last: often much slower on a CPU, and it gains most from the settings before it.
@@ -265,11 +242,7 @@ def process_settings(has_gpu: bool) -> list[tuple[str, dict[str, str], str]]:
             {"TF_XLA_FLAGS": "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit"},
             "export TF_XLA_FLAGS='--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit'",
         ),
-        (
-            "thread counts",
-            {"TF_NUM_INTEROP_THREADS": "1"},
-            "export TF_NUM_INTEROP_THREADS=1",
-        ),
+        ("thread counts", {"TF_NUM_INTEROP_THREADS": "1"}, "export TF_NUM_INTEROP_THREADS=1"),
     ]
     if has_gpu:
         out += [
@@ -298,9 +271,10 @@ def spe_fits(value: int, step_s: float | None) -> str:
     return ""
 
 
-def _fmt_gain(g: float | None, low: float, high: float) -> str:
-    if g is None:
-        return "n/a"
+def gain_text(g: float | None, low: float, high: float) -> str:
+    """The gain with its interval, e.g. `"x1.32 (1.25-1.40)"`, or `"-"` without one. Pure."""
+    if g is None or not math.isfinite(g):
+        return "-"
     if math.isfinite(low) and math.isfinite(high) and (low, high) != (g, g):
         return f"x{g:.2f} ({low:.2f}-{high:.2f})"
     return f"x{g:.2f}"
@@ -318,7 +292,6 @@ def verdict(
     ('kept', 'over 3 rounds')
     """
     g, low, high = timing.gain(rounds)
-    text = _fmt_gain(g, low, high)
     n = len(rounds)
     if why == "slower" and n >= 1:
         return SLOWER, "the first round was clearly slower"
@@ -327,7 +300,7 @@ def verdict(
     if n < timing.MIN_ROUNDS:
         if high < 1.0 and n >= 2:
             return SLOWER, f"over {n} rounds"
-        return UNTRIED, f"{BUDGET_SPENT} after {n} round(s) ({text})"
+        return UNTRIED, f"{BUDGET_SPENT} after {n} round(s) ({gain_text(g, low, high)})"
     if low >= margin:
         return KEPT, f"over {n} rounds"
     if high < 1.0:

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from tfgpu._internal.helpers.files import rotate, write_text_atomic
 from tfgpu._internal.helpers.jsonable import json_safe
 from tfgpu._internal.helpers.warn import one_line, warn_at_user_code
-from tfgpu.tuning._candidates import COMPILE_KEYS, KEPT, MARGIN
+from tfgpu.tuning._candidates import COMPILE_KEYS, KEPT, MARGIN, gain_text
 
 TUNE_JSON = "tune.json"
 TUNE_PNG = "tune.png"
@@ -56,12 +55,7 @@ class Trial:
     @property
     def gain_text(self) -> str:
         """The gain with its interval, e.g. `"x1.32 (1.25-1.40)"`, or `"-"`."""
-        if self.gain is None or not math.isfinite(self.gain):
-            return "-"
-        low, high = self.gain_low, self.gain_high
-        if math.isfinite(low) and math.isfinite(high) and (low, high) != (self.gain, self.gain):
-            return f"x{self.gain:.2f} ({low:.2f}-{high:.2f})"
-        return f"x{self.gain:.2f}"
+        return gain_text(self.gain, self.gain_low, self.gain_high)
 
 
 @dataclasses.dataclass
@@ -268,10 +262,6 @@ def plot_waterfall(result: TuneResult, path: Path) -> None:
     ax.set_title(f"tune: x{result.speedup:.2f} verified against the baseline", fontsize=10)
     fig.tight_layout()
     rotate(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=100, format="png")
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)  # gone once replaced: only a failed write leaves it
+    png = io.BytesIO()
+    fig.savefig(png, dpi=100, format="png")
+    write_text_atomic(path, png.getvalue())

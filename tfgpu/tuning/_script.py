@@ -42,9 +42,6 @@ class ChildRun:
     error: str = ""
 
 
-# ---- the parent ------------------------------------------------------------------------------
-
-
 def check_arguments(
     script: Any, script_args: Any, steps: Any, warmup: Any, time_budget_s: Any, log_dir: Any
 ) -> tuple[Path, list[str], float | None, Path | None]:
@@ -322,9 +319,6 @@ def tune_script(
     return result
 
 
-# ---- the command line ------------------------------------------------------------------------
-
-
 def run_command(args: Any) -> int:
     """Runs `tfgpu tune` from parsed arguments; prints the table. Returns the exit status."""
     try:
@@ -343,9 +337,6 @@ def run_command(args: Any) -> int:
     return 0
 
 
-# ---- the child -------------------------------------------------------------------------------
-
-
 def _child_main(argv: Sequence[str]) -> int:
     """The child: `--child SPEC_JSON SCRIPT [ARGS...]`. Times the script's first `fit`,
     writes `{"step_s", "batch", "gpus"}` (or `{"error"}`) to the spec's `out` and exits."""
@@ -359,7 +350,6 @@ def _child_main(argv: Sequence[str]) -> int:
     import tensorflow as tf
 
     from tfgpu._internal.adapters import timing
-    from tfgpu._internal.helpers import stats
 
     gpus = len(tf.config.list_physical_devices("GPU"))
     original_fit = keras.Model.fit
@@ -372,8 +362,7 @@ def _child_main(argv: Sequence[str]) -> int:
 
     def timed_fit(self: Any, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
         spe = max(1, int(self.steps_per_execution or 1))
-        calls_warm = max(2, math.ceil(spec["warmup"] / spe))
-        calls_timed = max(6, math.ceil(spec["steps"] / spe))
+        calls_warm, calls_timed = timing.call_counts(spe, spec["steps"], spec["warmup"])
         batch = _batch_of(x, kwargs.get("batch_size"))
         if isinstance(x, tf.data.Dataset):
             x = x.repeat()
@@ -392,10 +381,10 @@ def _child_main(argv: Sequence[str]) -> int:
         except Exception as e:  # the child's one catch-all: the script's fit failed (any
             # error of theirs or TensorFlow's); the parent reports the setting as failed
             report({"error": f"fit failed: {type(e).__name__}: {e}"})
-        gaps = [b - a for a, b in zip(timer.times[calls_warm - 1 :], timer.times[calls_warm:])]
-        if not gaps:
+        step_s = timer.step_time(spe)
+        if step_s is None:
             report({"error": "fit ran too few steps to time (a dataset shorter than warm-up)"})
-        report({"step_s": stats.median(gaps) / spe, "batch": batch})
+        report({"step_s": step_s, "batch": batch})
 
     keras.Model.fit = timed_fit  # type: ignore[method-assign]
     sys.argv = [script, *script_args]

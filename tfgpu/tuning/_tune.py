@@ -8,7 +8,6 @@ import math
 import os
 import warnings
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import keras
@@ -21,6 +20,7 @@ from tfgpu._internal.adapters.datasets import (
     pipeline_arguments,
     source_batches,
 )
+from tfgpu._internal.adapters.devices import tf_gpus
 from tfgpu._internal.adapters.model_state import preserved, supports_xla
 from tfgpu._internal.adapters.workload import check_data, check_model_and_data
 from tfgpu._internal.helpers import stats
@@ -70,47 +70,12 @@ def recorded(describe: Callable[[Exception], str] = one_line) -> Iterator[Failur
         failure.text = describe(e)
 
 
-def _gpu_ccs() -> tuple[tuple[int, int], ...]:
-    """Compute capabilities of the GPUs TensorFlow trains on (empty on the CPU)."""
-    from tfgpu._internal.adapters import devices
-
-    gpus = devices.tf_gpus()  # never raises
-    return tuple(g.compute_capability for g in gpus if g.compute_capability is not None)
-
-
 def _cpu_native_bf16() -> bool:
     """Whether this CPU computes bfloat16 faster than float32 (AMX, AVX-512 BF16)."""
     from tfgpu._internal.adapters import cpu
 
     bf16, fp32 = cpu.peak_flops("bfloat16"), cpu.peak_flops("float32")
     return bf16 is not None and fp32 is not None and bf16 > fp32
-
-
-def _check_args(
-    model: Any,
-    data: Any,
-    steps: Any,
-    warmup: Any,
-    time_budget_s: Any,
-    change_batch_size: Any,
-    log_dir: Any,
-    verbose: Any,
-) -> tuple[float | None, Path | None]:
-    """(time budget, log_dir path), every argument checked before the factory runs."""
-    check_verbose(verbose)
-    check_int("steps", steps, minimum=3)
-    check_int("warmup", warmup, minimum=1)
-    check_bool("change_batch_size", change_batch_size)
-    log_path = check_log_dir(log_dir)
-    if not isinstance(model, keras.Model) and not callable(model):
-        raise invalid_type(
-            "model",
-            model,
-            "a compiled `keras.Model`, or a function without arguments that builds and "
-            "compiles one",
-        )
-    check_data(data)  # its kind and lengths
-    return check_time_budget(time_budget_s), log_path
 
 
 # Copies of one example in the batch that tells a per-example draw from a per-batch one: a
@@ -258,9 +223,20 @@ def tune(
     >>> model = result.apply(build_model())
     >>> model.fit(result.dataset, epochs=10)
     """
-    budget_s, log_path = _check_args(
-        model, data, steps, warmup, time_budget_s, change_batch_size, log_dir, verbose
-    )
+    check_verbose(verbose)  # every argument checked before the factory runs
+    check_int("steps", steps, minimum=3)
+    check_int("warmup", warmup, minimum=1)
+    check_bool("change_batch_size", change_batch_size)
+    log_path = check_log_dir(log_dir)
+    if not isinstance(model, keras.Model) and not callable(model):
+        raise invalid_type(
+            "model",
+            model,
+            "a compiled `keras.Model`, or a function without arguments that builds and "
+            "compiles one",
+        )
+    check_data(data)  # its kind and lengths
+    budget_s = check_time_budget(time_budget_s)
     factory: Callable[[], Any] | None = None
     if not isinstance(model, keras.Model):
         factory = model
@@ -286,7 +262,7 @@ def tune(
         prefetched=has_step(data, "prefetch"),
         has_factory=factory is not None,
         policy=str(getattr(getattr(model, "dtype_policy", None), "name", "float32")),
-        gpu_ccs=_gpu_ccs(),
+        gpu_ccs=tuple(g.compute_capability for g in tf_gpus() if g.compute_capability),
         cpu_native_bf16=_cpu_native_bf16(),
         cpu_count=os.cpu_count() or 1,
         augment_on_batches=_augment_on_batches(arguments),
@@ -362,15 +338,7 @@ class _Tuner:
         work = self.work
         rounds: list[tuple[float, float]] = []
         with recorded() as failure:
-            with preserved(self.model):
-                rounds, why = timing.interleave(
-                    work.run_for(self.best),
-                    work.run_for(changes),
-                    threshold=cands.MARGIN,
-                    budget=self.budget,
-                    max_rounds=MAX_ROUNDS,
-                    timed_units=self.steps * int(work.global_batch or 1),
-                )
+            rounds, why = self._interleave(self.best, changes, self.budget)
             status, reason = cands.verdict(rounds, why)
             if status == cands.KEPT and cand.numerics:  # faster: is the loss still right?
                 self.progress.phase(f"checking the loss with {cand.name}")
@@ -517,14 +485,21 @@ class _Tuner:
     def _together(self, changes: dict[str, Any]) -> timing.Comparison:
         """All kept settings together against the baseline (`cands.verify` asks)."""
         c = timing.Comparison()
-        with recorded() as failure, preserved(self.model):
-            c.rounds, c.stopped = timing.interleave(
-                self.work.run_for({}),
+        with recorded() as failure:
+            c.rounds, c.stopped = self._interleave({}, changes, self.verify_budget)
+        c.error = failure.text or ""
+        return c
+
+    def _interleave(
+        self, base: dict[str, Any], changes: dict[str, Any], budget: timing.Budget
+    ) -> tuple[list[tuple[float, float]], str | None]:
+        """`changes` against `base` in interleaved rounds, the model put back afterwards."""
+        with preserved(self.model):
+            return timing.interleave(
+                self.work.run_for(base),
                 self.work.run_for(changes),
                 threshold=cands.MARGIN,
-                budget=self.verify_budget,
+                budget=budget,
                 max_rounds=MAX_ROUNDS,
                 timed_units=self.steps * int(self.work.global_batch or 1),
             )
-        c.error = failure.text or ""
-        return c

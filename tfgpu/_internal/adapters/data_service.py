@@ -267,9 +267,6 @@ def _stop_on_signals(catch: bool = True) -> Iterator[threading.Event]:
             signal.signal(sig, old)
 
 
-# ---------------------------------------------------------------- the supervisor (no TensorFlow)
-
-
 def restart_delay(deaths: Sequence[float], now: float) -> float | None:
     """Seconds to wait before starting a dead server again (1, 2, 4, 8, 16 s for the 1st to 5th
     of the `deaths` within `RESTART_WINDOW_S`), or None to give up. Pure.
@@ -351,9 +348,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
-
-
-# ---------------------------------------------------------------- the server (TensorFlow)
 
 
 def _port_in_use(port: int) -> OSError | None:

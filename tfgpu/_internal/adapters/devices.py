@@ -1,8 +1,9 @@
 """The one place that answers "which GPU does TensorFlow train on, and what does NVML say":
 TensorFlow's `/GPU:k`, CUDA's ordinals after `CUDA_VISIBLE_DEVICES` and NVML's PCI-bus order
 differ as soon as GPUs are reordered or hidden. Nothing here imports TensorFlow or starts its
-runtime (`configure()` stays possible); where TensorFlow is not imported, nothing has hidden a
-GPU from it, so the GPUs CUDA shows stand in for `/GPU:k` (`tfgpu.monitor` relies on it).
+runtime (`configure()` stays possible) but the allocator's peak memory, read while training;
+where TensorFlow is not imported, nothing has hidden a GPU from it, so the GPUs CUDA shows
+stand in for `/GPU:k` (`tfgpu.monitor` relies on it).
 """
 
 from __future__ import annotations
@@ -214,6 +215,29 @@ def gpu_record(k: int = 0) -> TfGpu | None:
     """TensorFlow's `/GPU:k` (see `tf_gpus`), or None where there is no such GPU."""
     gpus = tf_gpus()
     return gpus[k] if 0 <= k < len(gpus) else None
+
+
+def reset_peak_memory(device: str) -> bool:
+    """Resets TensorFlow's peak-memory statistic of `device` (e.g. `"GPU:0"`); False where it
+    keeps no allocator statistics for it. For callers that run TensorFlow already."""
+    import tensorflow as tf
+
+    try:
+        tf.config.experimental.reset_memory_stats(device)
+        return True
+    except (ValueError, tf.errors.OpError):  # a device without allocator statistics
+        return False
+
+
+def peak_memory(device: str) -> int | None:
+    """TensorFlow's peak memory of `device` in bytes since its last reset, or None where it
+    keeps no allocator statistics for it. For callers that run TensorFlow already."""
+    import tensorflow as tf
+
+    try:
+        return int(tf.config.experimental.get_memory_info(device)["peak"])
+    except (ValueError, tf.errors.OpError):  # a device without allocator statistics
+        return None
 
 
 def _unique(values: Sequence[int]) -> list[int]:

@@ -54,9 +54,6 @@ def moved(what: str) -> str:
     )
 
 
-# --------------------------------------------------------------------------- fit's frame
-
-
 def _fit_frame(model: Any, start: FrameType | None) -> FrameType | None:
     """The frame of the `fit` call (of `model`, when given) that encloses `start`."""
     frame = start
@@ -82,8 +79,7 @@ def fit_epoch_iterator(model: Any = None) -> Any:
 def fit_batch_size(model: Any = None) -> int | None:
     """The batch size of the running `fit` (its data adapter's, else the batching step in the
     dataset's chain), or None where nothing can tell."""
-    frame = _fit_frame(model, sys._getframe(1))
-    iterator = None if frame is None else frame.f_locals.get("epoch_iterator")
+    iterator = fit_epoch_iterator(model)
     adapter = getattr(iterator, "data_adapter", None)
     try:
         size = adapter.batch_size if adapter is not None else None
@@ -196,9 +192,6 @@ def _watch_loop() -> None:
                 return
 
 
-# --------------------------------------------------------------------------- the epoch iterator
-
-
 def distributed_dataset(epoch_iterator: Any) -> Any:
     """What each epoch's iterator is made from (`TFEpochIterator._distributed_dataset`)."""
     try:
@@ -229,9 +222,6 @@ def current_iterator(epoch_iterator: Any) -> Any:
 def steps_per_epoch(epoch_iterator: Any) -> int | None:
     """The `steps_per_epoch` the epoch iterator was made with, or None."""
     return getattr(epoch_iterator, "steps_per_epoch", None)
-
-
-# --------------------------------------------------------------------------- the model
 
 
 def train_function(model: Any) -> Callable | None:
@@ -282,9 +272,6 @@ def clear_initial_epoch(model: Any) -> None:
         model._tfgpu_initial_epoch = None
 
 
-# --------------------------------------------------------------------------- random state
-
-
 def global_seed_generator(create: bool = False) -> Any:
     """Keras's global `SeedGenerator` (used by layers without a seed), or None if not made;
     `create=True` makes it, as Keras does on first use."""
@@ -297,8 +284,6 @@ def global_seed_generator(create: bool = False) -> Any:
     return global_state.get_global_attribute("global_seed_generator")
 
 
-# --------------------------------------------------------------------------- multi-worker fit
-#
 # Keras 3 with TensorFlow 2.21 fails in `fit` under a real multi-worker strategy (why, and the
 # fix: docs/distributed.md, "The Keras 3 correction"): `_maybe_symbolic_build` reduces a
 # `PerReplica` batch (the build only needs shapes: build from a local replica's value), and
@@ -454,9 +439,6 @@ def problems_in_trainer() -> list[str]:
             "_in_multi_worker_mode()` (tfgpu/_internal/adapters/keras_internals.py)"
         )
     return found
-
-
-# --------------------------------------------------------------------------- the check
 
 
 def problems_in_fit(model: Any) -> list[str]:

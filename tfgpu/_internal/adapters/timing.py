@@ -58,6 +58,18 @@ class Timer(keras.callbacks.Callback):
         if late:
             self.model.stop_training = True
 
+    def step_time(self, spe: int) -> float | None:
+        """Seconds per step: the median time of the calls after warm-up over their `spe`
+        steps each; None when no call was timed."""
+        gaps = [b - a for a, b in itertools.pairwise(self.times[self.calls_warm - 1 :])]
+        return stats.median(gaps) / spe if gaps else None
+
+
+def call_counts(spe: int, steps: int, warmup: int) -> tuple[int, int]:
+    """(warm-up calls, timed calls) of a train function that runs `spe` steps per call, for
+    `warmup` and `steps` steps: at least 2 and 6."""
+    return max(2, math.ceil(warmup / spe)), max(6, math.ceil(steps / spe))
+
 
 @contextlib.contextmanager
 def collected_before() -> Iterator[None]:
@@ -82,8 +94,7 @@ def fit_step_time(
     """Seconds per training step from `fit`, the median over the timed calls that ran after
     warm-up (garbage collected before); None when the deadline came before one."""
     spe = max(1, int(model.steps_per_execution))
-    calls_warm = max(2, math.ceil(warmup / spe))
-    calls_timed = max(6, math.ceil(steps / spe))
+    calls_warm, calls_timed = call_counts(spe, steps, warmup)
     timer = Timer(calls_warm, deadline, timed_limit_s)
     with collected_before():
         model.fit(
@@ -95,8 +106,7 @@ def fit_step_time(
             callbacks=[timer],
         )
     model.stop_training = False
-    gaps = [b - a for a, b in itertools.pairwise(timer.times[calls_warm - 1 :])]
-    return stats.median(gaps) / spe if gaps else None
+    return timer.step_time(spe)
 
 
 def call_time(fn: Callable[[], Any], calls: int) -> float:

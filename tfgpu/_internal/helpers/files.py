@@ -39,12 +39,13 @@ def rotate(path: Path) -> Path | None:
     return target
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Writes `text` to `path` through a temporary file and a rename (atomic on POSIX)."""
+def write_text_atomic(path: Path, text: str | bytes) -> None:
+    """Writes `text` (or bytes) to `path` through a temporary file and a rename (atomic on
+    POSIX)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     replaced = False
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
         os.replace(tmp, path)
         replaced = True
