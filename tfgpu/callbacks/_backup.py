@@ -44,14 +44,12 @@ def _fsync_dir(path: Path) -> None:
 def _create(path: Path, attempts: int = 5):
     """Opens `path` for writing, creating its directories again if a peer worker cleaning up
     removed the shared, empty `backup_dir` in between."""
-    for attempt in range(attempts):
+    for _ in range(attempts - 1):
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
+        with contextlib.suppress(FileNotFoundError):
             return open(path, "wb")
-        except FileNotFoundError:
-            if attempt == attempts - 1:
-                raise
-    raise AssertionError("unreachable")  # pragma: no cover
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "wb")  # the last attempt raises
 
 
 def _names(directory: Path) -> list[str]:
@@ -334,18 +332,3 @@ class CountingDataset:
 
     def __getattr__(self, name):
         return getattr(self._dataset, name)
-
-
-def reshuffles(dataset) -> bool:
-    """Whether a tf.data `dataset` has a shuffle with `reshuffle_each_iteration=True`."""
-    import tensorflow as tf
-    from google.protobuf.message import DecodeError
-    from tensorflow.core.framework import graph_pb2
-
-    try:
-        graph = graph_pb2.GraphDef()
-        graph.ParseFromString(dataset._as_serialized_graph().numpy())
-    except (tf.errors.OpError, DecodeError):  # a graph TF cannot serialize or read: cannot tell
-        return False
-    nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]
-    return any("Shuffle" in n.op and n.attr["reshuffle_each_iteration"].b for n in nodes)

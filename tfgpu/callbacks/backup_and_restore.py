@@ -11,7 +11,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import keras
 import numpy as np
@@ -32,7 +32,6 @@ from tfgpu.callbacks._backup import (
     mismatch,
     pythonify,
     read_backup,
-    reshuffles,
     restore_rng,
     variable_groups,
     worker_role,
@@ -107,7 +106,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.save_freq = _check_save_freq(save_freq)
         check_bool("double_checkpoint", double_checkpoint)
         check_bool("delete_checkpoint", delete_checkpoint)
-        self.backup_dir = os.fspath(cast(Path, directory))
+        self.backup_dir = os.fspath(directory)
         self.double_checkpoint = double_checkpoint
         self.delete_checkpoint = delete_checkpoint
         self._reset_run_state()
@@ -282,6 +281,8 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._source = source
 
     def _restore_shuffle_state(self, iterators: int) -> None:
+        from tfgpu._internal.adapters.datasets import reshuffles  # imports TensorFlow
+
         if self._source_reused and reshuffles(self._source):
             warnings.warn(
                 "tfgpu BackupAndRestore: this `fit` resumes on a dataset object that an "

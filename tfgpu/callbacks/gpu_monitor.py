@@ -16,7 +16,8 @@ from tfgpu._internal.adapters import devices, keras_internals
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_bool, check_dir, invalid_type
 from tfgpu.callbacks._steps import known_epoch_steps, optimizer_steps, steps_between
-from tfgpu.monitor.sampler import Sampler, check_gpus, check_interval, check_log_dir
+from tfgpu.monitor._arguments import check_gpus, check_interval, check_log_dir
+from tfgpu.monitor.sampler import Sampler
 
 _log = logging.getLogger(__name__)
 _NAN = float("nan")
@@ -99,13 +100,10 @@ class GPUMonitor(keras.callbacks.Callback):
         interval = check_interval(interval)
         self._gpus = check_gpus(gpus)
         path = None if log_dir is None else check_log_dir(log_dir, "log_dir")
-        if tensorboard is True:
-            if path is None:  # rejected above; narrows the type
-                raise AssertionError("tensorboard=True needs log_dir")
-            self._tb_dir: Path | None = check_dir("tensorboard", path / "tensorboard")
-        elif tensorboard is False:
-            self._tb_dir = None
-        else:
+        self._tb_dir: Path | None = None
+        if tensorboard is True and path is not None:  # path is None: refused above
+            self._tb_dir = check_dir("tensorboard", path / "tensorboard")
+        elif tensorboard is not False:
             self._tb_dir = check_log_dir(tensorboard, "tensorboard")
         self._config: _SamplerConfig = {"interval": interval, "log_dir": path, "host": host}
         self._sampled = devices.cuda_indices(self._gpus)  # TensorFlow's numbering
@@ -160,15 +158,15 @@ class GPUMonitor(keras.callbacks.Callback):
         # An epoch of unknown length: the optimizer counts the steps that really ran.
         unknown = known_epoch_steps(self.params) is None
         self._optimizer_at_begin = optimizer_steps(self.model) if unknown else None
-        try:
-            self.sampler.mark(epoch=epoch)
-        except TypeError as e:  # a custom loop passing a label that is not a number
-            self._report("could not label the samples", e)
+        self._mark(epoch=epoch)
 
     def on_train_batch_begin(self, batch, logs=None):
         self._epoch_batches = batch + 1 if isinstance(batch, int) else self._epoch_batches
+        self._mark(step=batch)
+
+    def _mark(self, **label: Any) -> None:
         try:
-            self.sampler.mark(step=batch)
+            self.sampler.mark(**label)
         except TypeError as e:  # a custom loop passing a label that is not a number
             self._report("could not label the samples", e)
 

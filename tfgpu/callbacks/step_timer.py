@@ -24,7 +24,8 @@ from tfgpu.callbacks._steps import (
     steps_between,
     true_last_steps,
 )
-from tfgpu.monitor.sampler import artifact_name, check_log_dir, open_csv
+from tfgpu.monitor._arguments import check_log_dir
+from tfgpu.monitor._run_files import artifact_name, open_csv
 
 _log = logging.getLogger(__name__)
 _NAN = float("nan")

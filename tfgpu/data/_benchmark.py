@@ -6,7 +6,6 @@ import dataclasses
 import functools
 import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -90,6 +89,7 @@ def _batch_examples(batch: Any) -> tf.Tensor:
     return _leaf_rows(first)
 
 
+@functools.partial(tf.function, autograph=False)  # traced once per iterator type
 def _consume(iterator: Any, n: tf.Tensor, indexed: bool = False) -> tuple[tf.Tensor, ...]:
     """Takes up to `n` batches from `iterator` in a graph loop (microseconds a batch, where a
     Python `next()` costs tens to hundreds): (batches taken, fewer when exhausted; examples;
@@ -125,12 +125,6 @@ def _consume(iterator: Any, n: tf.Tensor, indexed: bool = False) -> tuple[tf.Ten
         lambda i, *_: i < n, body, init, parallel_iterations=1
     )
     return count, examples, low, high, starts
-
-
-@functools.cache
-def _consumer() -> Callable:
-    """`_consume` as one tf.function, traced once per iterator type."""
-    return tf.function(_consume, autograph=False)
 
 
 def benchmark(
@@ -182,7 +176,6 @@ def benchmark(
     # short dataset is not timed restarting; the index within each pass counts the passes.
     indexed = isinstance(data, tf.data.Dataset) and cardinality(data) != -1
     source = data.enumerate().repeat() if indexed else data
-    consume = _consumer()
     epochs = 1
     iterator = iter(source)
     fresh = True  # no batch taken from `iterator` yet
@@ -194,7 +187,7 @@ def benchmark(
         examples, low, high, starts = 0, np.iinfo(np.int64).max, 0, 0
         while n:
             count, k, lo, hi, st = (
-                int(t) for t in consume(iterator, tf.constant(n, tf.int64), indexed)
+                int(t) for t in _consume(iterator, tf.constant(n, tf.int64), indexed)
             )
             if count:
                 fresh = False
@@ -212,7 +205,7 @@ def benchmark(
                 fresh = True
         return examples, low, high, starts
 
-    consume(iterator, tf.constant(0, tf.int64), indexed)  # trace now: not warm-up nor timing
+    _consume(iterator, tf.constant(0, tf.int64), indexed)  # trace now: not warm-up nor timing
     start = time.perf_counter()
     *_, starts_warm = take(int(warmup))
     warmup_seconds = time.perf_counter() - start

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu._internal.adapters.cpu import usable_cores
-from tfgpu._internal.adapters.datasets import Batches, cardinality, source_batches
+from tfgpu._internal.adapters.datasets import Batches, cardinality, reshuffles, source_batches
 from tfgpu._internal.helpers.checks import conflicting, invalid_value, is_int
 from tfgpu._internal.helpers.warn import warn_at_user_code
 from tfgpu.data._service import memory_source
@@ -26,7 +26,6 @@ from tfgpu.data._split import (
     SPLIT_BUCKETS,
     check_split_counts,
     refuse_dataset_split,
-    reshuffles,
     tfds_slices,
     validation_filter,
 )
@@ -416,9 +415,7 @@ def classify(data: Any) -> Source:
     if isinstance(data, tf.data.Dataset):
         return DatasetSource(data)
     if isinstance(data, (str, bytes, os.PathLike)):
-        text = os.fspath(data)
-        if isinstance(text, bytes):
-            text = os.fsdecode(text)
+        text = os.fsdecode(data)
         if not text.strip():
             raise invalid_value(
                 "data", data, "a TFRecord file pattern or a TensorFlow Datasets name"

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfgpu._internal.adapters.datasets import dataset_inputs
 from tfgpu._internal.helpers.checks import invalid_type, invalid_value, is_number
 
 # Hash buckets of the TFRecord split: a record is validation when its bucket (of its bytes) is
@@ -76,20 +75,6 @@ def check_split_counts(
                 "validation_split, a smaller batch size, drop_remainder=False, or more data."
             )
     return train, validation
-
-
-def reshuffles(ds: tf.data.Dataset) -> bool:
-    """Whether a step in `ds`'s input chain reshuffles every iteration (a Keras loader's shuffle)."""
-    stack, seen = [ds], 0
-    while stack and seen < 10_000:
-        step = stack.pop()
-        seen += 1
-        if "shuffle" in type(step).__name__.lower() and bool(
-            getattr(step, "_reshuffle_each_iteration", False)
-        ):
-            return True
-        stack.extend(dataset_inputs(step) or [])  # none without the accessor: nothing more known
-    return False
 
 
 def refuse_dataset_split(reason: str, validation_split: float) -> ValueError:

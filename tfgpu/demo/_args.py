@@ -31,8 +31,6 @@ def check_arguments(quick: Any, dataset: Any, log_dir: Any, epochs: Any) -> Path
 def check_log_dir(log_dir: Any) -> Path:
     """The run directory, which must be new or empty: a demo never writes into an earlier run."""
     path = check_dir("log_dir", log_dir)
-    if path is None:  # check_dir returns None only with allow_none
-        raise invalid_type("log_dir", log_dir, "a directory path (str or os.PathLike)")
     if path.is_dir() and any(path.iterdir()):
         raise invalid_value(
             "log_dir",

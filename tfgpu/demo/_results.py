@@ -98,28 +98,26 @@ def speedups(naive: Figures, tuned: Figures) -> Speedups:
     )
 
 
+# How the table shows each kind of figure.
+_FORMATS: dict[str, Callable[[float], str]] = {
+    "rate": "{:,.0f}".format,
+    "ms": lambda value: f"{value * 1e3:.1f} ms",
+    "share": "{:.0%}".format,
+    "gpu": "{:.0f}%".format,
+    "pct": "{:.0f}%".format,
+    "mfu": "{:.1%}".format,
+    "s": "{:.1f} s".format,
+    "acc": "{:.3f}".format,
+    "x": "{:.2f}x".format,
+}
+
+
 def _fmt(value: float | None, kind: str, on_gpu: bool = True) -> str:
     if kind in ("gpu", "mfu") and not on_gpu:
         return NA_GPU
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
-    if kind == "rate":
-        return f"{value:,.0f}"
-    if kind == "ms":
-        return f"{value * 1e3:.1f} ms"
-    if kind == "share":
-        return f"{value:.0%}"
-    if kind in ("gpu", "pct"):
-        return f"{value:.0f}%"
-    if kind == "mfu":
-        return f"{value:.1%}"
-    if kind == "s":
-        return f"{value:.1f} s"
-    if kind == "acc":
-        return f"{value:.3f}"
-    if kind == "x":
-        return f"{value:.2f}x"
-    return str(value)
+    return _FORMATS[kind](value)
 
 
 def format_table(naive: Figures, tuned: Figures, *, on_gpu: bool, epochs: int) -> str:

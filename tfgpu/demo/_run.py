@@ -183,14 +183,8 @@ def _naive_side(run: _Run, data: Data, log_dir: Path) -> _Side:
         f"batch {run.global_batch}, steps_per_execution=1, no strategy"
     )
     keras.mixed_precision.set_global_policy("float32")
-    keras.utils.set_random_seed(SEED)
-    model = build_model(sizes, data.num_classes)
+    model = _compiled_model(run, data)
     digest = weights_digest(model)
-    model.compile(
-        keras.optimizers.Adam(learning_rate(run.total_steps)),
-        "sparse_categorical_crossentropy",
-        metrics=["accuracy"],
-    )
     decode, augment = decode_fn(sizes.resize_to), augment_fn(sizes.image_size)
 
     def decode_and_augment(jpeg, label):
@@ -262,16 +256,7 @@ def _tfgpu_side(run: _Run, data: Data, log_dir: Path) -> tuple[_Side, list[str]]
     def build_compiled(**compile_settings: Any) -> Any:
         """The naive side's model (same seed, optimizer, schedule), under the strategy."""
         with run.strategy.scope():
-            keras.utils.set_random_seed(SEED)  # the naive side's initial weights
-            model = build_model(sizes, data.num_classes)
-            model.compile(
-                # The naive side's global batch, hence its learning rate (no replica scaling).
-                keras.optimizers.Adam(learning_rate(run.total_steps)),
-                "sparse_categorical_crossentropy",
-                metrics=["accuracy"],
-                **compile_settings,
-            )
-        return model
+            return _compiled_model(run, data, **compile_settings)
 
     result = _tune(build_compiled, train, sizes, log_dir)
     changes = _tfgpu_changes(run, result)
@@ -294,6 +279,22 @@ def _tfgpu_side(run: _Run, data: Data, log_dir: Path) -> tuple[_Side, list[str]]
         on_gpu=run.on_gpu,
     )
     return _Side(figures, recipe, after, result), changes
+
+
+def _compiled_model(run: _Run, data: Data, **compile_settings: Any) -> Any:
+    """The reference model with its seeded initial weights, compiled as on both sides: the
+    naive side's global batch, hence its learning rate (no replica scaling)."""
+    import keras
+
+    keras.utils.set_random_seed(SEED)
+    model = build_model(run.sizes, data.num_classes)
+    model.compile(
+        keras.optimizers.Adam(learning_rate(run.total_steps)),
+        "sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+        **compile_settings,
+    )
+    return model
 
 
 def _tune(factory: Any, train: Any, sizes: Sizes, log_dir: Path) -> TuneResult:

@@ -19,14 +19,10 @@ names for `n` GPUs; `artifact_name` the file names in a run directory.
 from __future__ import annotations
 
 # The rooms and their reading order: docs/architecture.md.
-from tfgpu.monitor._metrics import METRICS, Metric
-from tfgpu.monitor.sampler import (
-    Sampler,
-    aggregate_keys,
-    artifact_name,
-    record,
-    timeline_columns,
-)
+from tfgpu.monitor._aggregates import aggregate_keys
+from tfgpu.monitor._metrics import METRICS, Metric, timeline_columns
+from tfgpu.monitor._run_files import artifact_name
+from tfgpu.monitor.sampler import Sampler, record
 
 __all__ = [
     "METRICS",

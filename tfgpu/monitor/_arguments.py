@@ -61,8 +61,6 @@ def check_gpus(gpus: Any) -> list[int] | None:
 def check_log_dir(log_dir: Any, argument: str = "log_dir") -> Path:
     """Checks a run directory, creates it if needed and proves it writable (else ValueError)."""
     path = check_dir(argument, log_dir)
-    if path is None:  # pragma: no cover (allow_none is False)
-        raise invalid_type(argument, log_dir, "a directory path")
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".tfgpu-write-test-{os.getpid()}-{threading.get_ident()}"

@@ -231,7 +231,7 @@ class GpuReader:
         try:
             support = nv.nvmlGpmQueryDeviceSupport(h)
         except nv.NVMLError as e:
-            if self._code(e) in (self._not_supported, self._function_not_found):
+            if self._is_not_supported(e):
                 self._gpm_off(f"the driver does not offer GPM ({decode(e)})")
                 return False
             raise
@@ -345,7 +345,7 @@ class GpuReader:
         try:
             values = nv.nvmlDeviceGetFieldValues(h, list(ids))
         except nv.NVMLError as e:
-            if self._code(e) in (self._not_supported, self._function_not_found):
+            if self._is_not_supported(e):
                 self._fields_ok = False
                 self._note(
                     "fields",

@@ -16,8 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 from tfgpu.monitor import _nvml_lib
 from tfgpu.monitor._metrics import GPU_METRICS as GPU_METRICS
-from tfgpu.monitor._metrics import Metric as Metric
-from tfgpu.monitor._nvml_lib import NVML_HINT as NVML_HINT
+from tfgpu.monitor._nvml_lib import NVML_HINT
 
 _log = logging.getLogger(__name__)
 

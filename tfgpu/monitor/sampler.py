@@ -18,11 +18,8 @@ from typing import Any
 from tfgpu._internal.helpers import warn
 from tfgpu._internal.helpers.checks import check_bool, invalid_type, is_number
 from tfgpu.monitor._aggregates import aggregate_columns
-from tfgpu.monitor._aggregates import aggregate_keys as aggregate_keys
-from tfgpu.monitor._arguments import MIN_INTERVAL as MIN_INTERVAL
 from tfgpu.monitor._arguments import check_gpus, check_interval, check_log_dir
 from tfgpu.monitor._gpu_reader import GpuReader, close_readers, open_readers
-from tfgpu.monitor._metrics import BASE_METRICS as BASE_METRICS
 from tfgpu.monitor._metrics import GPU_METRICS, HOST_METRICS, timeline_columns
 from tfgpu.monitor._run_files import (
     add_session,
@@ -207,8 +204,7 @@ class Sampler:
         if self._gpus:
             self._nv, self._readers = open_readers(self._gpus, lambda: self._monotonic())
         self._host_reader = HostReader() if self._host else None
-        if self._dir is not None:
-            self._open_files()
+        self._open_files()
         self._sample()
         self._thread = threading.Thread(
             target=self._run, args=(self._stop_event,), name="tfgpu-monitor", daemon=True
@@ -257,27 +253,24 @@ class Sampler:
 
     def _open_files(self) -> None:
         """Adds this session to run.json and opens the timeline; never raises."""
-        if self._dir is None:
+        directory, environ = self._dir, os.environ
+        if directory is None:
             return
         try:
-            self._open_files_or_raise(self._dir)
+            info = session_record(
+                start_time=self._t0,
+                interval=self._interval,
+                inventory=self._inventory,
+                gpus=self._gpus,
+                environ=environ,
+            )
+            self.timeline_path = directory / artifact_name("timeline", ".csv", environ=environ)
+            self._file, rotated = open_csv(self.timeline_path, ",".join(self._columns) + "\n")
+            add_session(directory, info, self.timeline_path.name, rotated, environ)
         # A full disk, a lost mount; a damaged run.json, Slurm variables that are not numbers.
         except (OSError, ValueError, TypeError) as e:
             self._file_failed = True
-            _log.warning("tfgpu.monitor: cannot write to %s (%s); sampling goes on.", self._dir, e)
-
-    def _open_files_or_raise(self, directory: Path) -> None:
-        environ = os.environ
-        info = session_record(
-            start_time=self._t0,
-            interval=self._interval,
-            inventory=self._inventory,
-            gpus=self._gpus,
-            environ=environ,
-        )
-        self.timeline_path = directory / artifact_name("timeline", ".csv", environ=environ)
-        self._file, rotated = open_csv(self.timeline_path, ",".join(self._columns) + "\n")
-        add_session(directory, info, self.timeline_path.name, rotated, environ)
+            _log.warning("tfgpu.monitor: cannot write to %s (%s); sampling goes on.", directory, e)
 
     def _sample(self) -> None:
         """Takes one sample; never raises (side features never kill training)."""

@@ -184,7 +184,6 @@ def diagnosis_files(names: list[Path]) -> list[Path]:
 def check_log_dir(log_dir) -> tuple[Path, list[Path]]:
     """The run directory and its entries; raises when it is not one."""
     path = check_dir("log_dir", log_dir)
-    assert path is not None  # check_dir returns None only with allow_none
     if not path.exists():
         raise FileNotFoundError(
             f"Run directory not found: {str(path)!r}. Expected a directory written by "

@@ -1,10 +1,11 @@
-"""What a `tf.data.Dataset` yields: batches or examples, and how many.
+"""What a `tf.data.Dataset` yields: batches or examples, how many, and in what order.
 
 Shared by `tfgpu.data` (which must never batch a batched source again), the batch-size
 finder (which cuts its own batches from examples) and `diagnose` (which needs batches).
 The decision reads the dataset's input chain and its element spec, never only the type of
 its last step. Also the attribute `tfgpu.data.pipeline` sets on what it returns, read by
-`tune` (to build it again) and `diagnose` (to fit its advice).
+`tune` (to build it again) and `diagnose` (to fit its advice). Whether it reshuffles every
+pass: read by the validation split of `tfgpu.data` and by `BackupAndRestore`.
 """
 
 from __future__ import annotations
@@ -185,6 +186,21 @@ def has_step(ds: Any, step: str) -> bool:
     """Whether a step whose class name contains `step` (lowercase, no underscores, e.g.
     `"cache"`, `"prefetch"`) is in `ds`'s single-input chain."""
     return any(step in type(d).__name__.lower().replace("_", "") for d in _single_input_chain(ds))
+
+
+def reshuffles(ds: Any) -> bool:
+    """Whether a step in `ds`'s input chain (every input of a zip or concatenate too) is a
+    shuffle with `reshuffle_each_iteration=True`, as a Keras loader's is."""
+    stack, seen = [ds], 0
+    while stack and seen < 10_000:
+        step = stack.pop()
+        seen += 1
+        if "shuffle" in type(step).__name__.lower() and bool(
+            getattr(step, "_reshuffle_each_iteration", False)
+        ):
+            return True
+        stack.extend(dataset_inputs(step) or [])  # none without the accessor: nothing more known
+    return False
 
 
 def made_by_pipeline(ds: Any) -> bool:

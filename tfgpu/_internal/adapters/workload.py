@@ -61,10 +61,6 @@ def _type_error(name: str, value: Any, expected: str) -> TypeError:
     )
 
 
-# ----------------------------------------------------------------------------------------
-# The model
-
-
 def check_model(model: Any, *, from_factory: bool = False) -> keras.Model:
     """Returns `model` if it is a compiled Keras model: else TypeError, or ValueError with the
     fix; `from_factory`: the messages say it came from the user's function."""
@@ -85,10 +81,6 @@ def check_model(model: Any, *, from_factory: bool = False) -> keras.Model:
             f"`keras.Model`: call `model.compile(optimizer=..., loss=...)` {fix}."
         )
     return model
-
-
-# ----------------------------------------------------------------------------------------
-# The two kinds of data
 
 
 class DatasetData:
@@ -281,10 +273,6 @@ def check_data(data: Any, *, batch_size: Any = None) -> DatasetData | ArrayData:
         )
     x, y, sample_weight, n = _check_arrays(data)
     return ArrayData(x, y, sample_weight, n, size or DEFAULT_BATCH_SIZE)
-
-
-# ----------------------------------------------------------------------------------------
-# Both together
 
 
 def _check_labels(model: keras.Model, data: DatasetData | ArrayData) -> None:

@@ -212,6 +212,14 @@ def conflicting(first: str, second: str, hint: str = "") -> ValueError:
     )
 
 
+@overload
+def check_dir(name: str, value: Any, *, allow_none: Literal[False] = ...) -> Path: ...
+
+
+@overload
+def check_dir(name: str, value: Any, *, allow_none: bool) -> Path | None: ...
+
+
 def check_dir(name: str, value: Any, *, allow_none: bool = False) -> Path | None:
     """Checks a directory argument; returns it as a `Path` (`~` expanded). It need not exist,
     but neither it nor a parent may be a file.
