@@ -22,8 +22,8 @@ import pytest
 from tests import fake_pynvml
 from tests.conftest import run_python
 from tfgpu import monitor
-from tfgpu._internal.helpers import warn
-from tfgpu.monitor import _aggregates, _arguments, host, nvml, sampler
+from tfgpu._internal.helpers import checks, warn
+from tfgpu.monitor import _aggregates, host, nvml, sampler
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -390,7 +390,7 @@ def test_aggregate_ignores_nan_and_is_nan_when_nothing_is_known():
 
 
 def test_samples_are_safe_to_read_while_sampling(fake):
-    with monitor.record(interval=_arguments.MIN_INTERVAL) as run:
+    with monitor.record(interval=checks.MIN_INTERVAL) as run:
         seen = [len(run.samples) for _ in range(50)]
         agg = run.aggregate()
     assert seen == sorted(seen) and seen[-1] > 0
@@ -582,7 +582,7 @@ def test_interval_of_the_wrong_type_is_a_type_error(fake, interval):
 def test_interval_accepts_numpy_scalars_and_the_lower_bound(fake):
     np = pytest.importorskip("numpy")
     assert monitor.Sampler(interval=np.float32(0.5)).interval == 0.5
-    assert monitor.Sampler(interval=_arguments.MIN_INTERVAL).interval == 0.01
+    assert monitor.Sampler(interval=checks.MIN_INTERVAL).interval == 0.01
     assert monitor.Sampler(interval=np.int64(2), gpus=[np.int64(1)]).gpus[0].index == 1
 
 

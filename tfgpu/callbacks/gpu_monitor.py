@@ -14,9 +14,15 @@ import keras
 
 from tfgpu._internal.adapters import devices, keras_internals
 from tfgpu._internal.helpers import stats
-from tfgpu._internal.helpers.checks import check_bool, check_dir, invalid_type
+from tfgpu._internal.helpers.checks import (
+    check_bool,
+    check_dir,
+    check_gpus,
+    check_interval,
+    invalid_type,
+)
+from tfgpu._internal.helpers.files import writable_dir
 from tfgpu.callbacks._steps import known_epoch_steps, optimizer_steps, steps_between
-from tfgpu.monitor._arguments import check_gpus, check_interval, check_log_dir
 from tfgpu.monitor.sampler import Sampler
 
 _log = logging.getLogger(__name__)
@@ -99,12 +105,12 @@ class GPUMonitor(keras.callbacks.Callback):
             )
         interval = check_interval(interval)
         self._gpus = check_gpus(gpus)
-        path = None if log_dir is None else check_log_dir(log_dir, "log_dir")
+        path = None if log_dir is None else writable_dir(log_dir, "log_dir")
         self._tb_dir: Path | None = None
         if tensorboard is True and path is not None:  # path is None: refused above
             self._tb_dir = check_dir("tensorboard", path / "tensorboard")
         elif tensorboard is not False:
-            self._tb_dir = check_log_dir(tensorboard, "tensorboard")
+            self._tb_dir = writable_dir(tensorboard, "tensorboard")
         self._config: _SamplerConfig = {"interval": interval, "log_dir": path, "host": host}
         self._sampled = devices.cuda_indices(self._gpus)  # TensorFlow's numbering
         self.sampler = Sampler(**self._config, gpus=self._sampled)  # validates the rest now

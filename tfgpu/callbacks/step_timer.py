@@ -17,6 +17,7 @@ import keras
 from tfgpu._internal.adapters import keras_internals
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_int, check_number
+from tfgpu._internal.helpers.files import open_csv, writable_dir
 from tfgpu.callbacks._gpus import auto_peak_flops
 from tfgpu.callbacks._steps import (
     known_epoch_steps,
@@ -24,8 +25,7 @@ from tfgpu.callbacks._steps import (
     steps_between,
     true_last_steps,
 )
-from tfgpu.monitor._arguments import check_log_dir
-from tfgpu.monitor._run_files import artifact_name, open_csv
+from tfgpu.monitor import artifact_name
 
 _log = logging.getLogger(__name__)
 _NAN = float("nan")
@@ -114,7 +114,7 @@ class StepTimer(keras.callbacks.Callback):
         )
         self.flops_per_step = _check_positive_number("flops_per_step", flops_per_step, "1.2e12")
         self.peak_flops = _check_positive_number("peak_flops", peak_flops, "989e12")
-        self.log_dir = None if log_dir is None else check_log_dir(log_dir)
+        self.log_dir = None if log_dir is None else writable_dir(log_dir)
         # Seams for tests: the step clock, and the wall clock it is converted to.
         self._perf = time.perf_counter
         self._wall = time.time

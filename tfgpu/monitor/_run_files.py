@@ -4,7 +4,6 @@ sessions, the timeline CSV; appended, rotated or refused, never truncated (docs/
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -57,34 +56,6 @@ def artifact_name(
     return (
         f"{stem}{suffix}" if task is None else f"{stem}-{task.task_type}{task.task_index}{suffix}"
     )
-
-
-def _can_continue(path: Path, header: bytes) -> bool:
-    """Whether the CSV at `path` can be appended to: empty, or same header and last row complete.
-    Reads bytes, so a damaged (binary) file is a "no", never an exception but `OSError`."""
-    with open(path, "rb") as f:
-        first = f.readline()
-        if not first:
-            return True
-        if first != header:
-            return False
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
-
-
-def open_csv(path: Path, header: str) -> tuple[Any, Path | None]:
-    """Opens `path` for appending (header, with its newline, written if new), after moving a
-    file that cannot be continued aside to `NAME.N.csv`; returns it and where that went."""
-    rotated = None
-    if path.exists() and not _can_continue(path, header.encode()):
-        rotated = files.rotate(path)
-    with contextlib.ExitStack() as on_error:
-        f = on_error.enter_context(open(path, "a", encoding="utf-8"))
-        if f.tell() == 0:
-            f.write(header)
-            f.flush()
-        on_error.pop_all()  # written: the caller closes it
-    return f, rotated
 
 
 def session_record(

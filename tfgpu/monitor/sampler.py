@@ -16,18 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from tfgpu._internal.helpers import warn
-from tfgpu._internal.helpers.checks import check_bool, invalid_type, is_number
+from tfgpu._internal.helpers.checks import (
+    check_bool,
+    check_gpus,
+    check_interval,
+    invalid_type,
+    is_number,
+)
+from tfgpu._internal.helpers.files import open_csv, writable_dir
 from tfgpu.monitor._aggregates import aggregate_columns
-from tfgpu.monitor._arguments import check_gpus, check_interval, check_log_dir
 from tfgpu.monitor._gpu_reader import GpuReader, close_readers, open_readers
 from tfgpu.monitor._metrics import GPU_METRICS, HOST_METRICS, timeline_columns
-from tfgpu.monitor._run_files import (
-    add_session,
-    artifact_name,
-    format_row,
-    open_csv,
-    session_record,
-)
+from tfgpu.monitor._run_files import add_session, artifact_name, format_row, session_record
 from tfgpu.monitor.host import HostReader
 from tfgpu.monitor.nvml import GpuInfo, inventory, visible_gpus
 
@@ -84,7 +84,7 @@ class Sampler:
         requested = check_gpus(gpus)
         self._unchecked: list[int] | None = None  # `gpus` NVML was not there to check
         check_bool("host", host)
-        self._dir = None if log_dir is None else check_log_dir(log_dir, "log_dir")
+        self._dir = None if log_dir is None else writable_dir(log_dir, "log_dir")
         self._host = host
         self._inventory = inventory()
         visible = visible_gpus(self._inventory.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))

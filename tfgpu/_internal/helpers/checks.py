@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -293,3 +294,45 @@ def check_time_budget(value: Any) -> float | None:
         allow_none=True,
         expected="a finite number of seconds > 0, or None (no limit)",
     )
+
+
+# The sampling arguments of `Sampler`, `record` and `GPUMonitor`.
+MIN_INTERVAL = 0.01
+"""The shortest sampling interval, in seconds. NVML refreshes its readings every 1/6 s to 1 s,
+so shorter intervals only repeat values, and below this the sampler thread would take a core."""
+
+
+def check_interval(interval: Any) -> float:
+    """Checks a sampling interval (seconds, >= `MIN_INTERVAL`); returns it as a float."""
+    return check_number(
+        "interval",
+        interval,
+        minimum=MIN_INTERVAL,
+        expected=f"a number of seconds >= {MIN_INTERVAL} (NVML refreshes every 1/6 s to 1 s), "
+        "e.g. 0.2",
+    )
+
+
+_GPUS_EXPECTED = "None (all GPUs this process uses) or a list of GPU indices (ints), e.g. [0, 1]"
+
+
+def check_gpus(gpus: Any) -> list[int] | None:
+    """Checks the form of a `gpus` argument (the indices are checked against NVML later)."""
+    if gpus is None:
+        return None
+    if isinstance(gpus, (str, bytes)) or not isinstance(gpus, Sequence):
+        raise invalid_type("gpus", gpus, _GPUS_EXPECTED)
+    checked = []
+    for g in gpus:
+        if not is_int(g):
+            raise invalid_type("gpus", list(gpus), _GPUS_EXPECTED)
+        if g < 0:
+            raise invalid_value(
+                "gpus",
+                list(gpus),
+                "non-negative GPU indices, as TensorFlow numbers them (`/GPU:0` is 0)",
+            )
+        if int(g) in checked:
+            raise invalid_value("gpus", list(gpus), "each GPU index at most once")
+        checked.append(int(g))
+    return checked

@@ -5,11 +5,15 @@ docs/guarantees.md). `tfgpu.monitor` uses it: no TensorFlow, no Keras.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
+
+from tfgpu._internal.helpers.checks import check_dir, invalid_value
 
 EARLIER_SESSIONS = "earlier_sessions"
 
@@ -86,3 +90,49 @@ def add_session(path: Path, info: dict[str, Any]) -> None:
     if earlier:
         record[EARLIER_SESSIONS] = earlier
     write_text_atomic(path, json.dumps(record, indent=2, default=str) + "\n")
+
+
+def _can_continue(path: Path, header: bytes) -> bool:
+    """Whether the CSV at `path` can be appended to: empty, or same header and last row complete.
+    Reads bytes, so a damaged (binary) file is a "no", never an exception but `OSError`."""
+    with open(path, "rb") as f:
+        first = f.readline()
+        if not first:
+            return True
+        if first != header:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def open_csv(path: Path, header: str) -> tuple[Any, Path | None]:
+    """Opens `path` for appending (header, with its newline, written if new), after moving a
+    file that cannot be continued aside to `NAME.N.csv`; returns it and where that went."""
+    rotated = None
+    if path.exists() and not _can_continue(path, header.encode()):
+        rotated = rotate(path)
+    with contextlib.ExitStack() as on_error:
+        f = on_error.enter_context(open(path, "a", encoding="utf-8"))
+        if f.tell() == 0:
+            f.write(header)
+            f.flush()
+        on_error.pop_all()  # written: the caller closes it
+    return f, rotated
+
+
+def writable_dir(log_dir: Any, argument: str = "log_dir") -> Path:
+    """Checks a run directory, creates it if needed and proves it writable (else ValueError)."""
+    path = check_dir(argument, log_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".tfgpu-write-test-{os.getpid()}-{threading.get_ident()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise invalid_value(
+            argument,
+            str(log_dir),
+            f"a directory this process can create and write to "
+            f"({type(e).__name__}: {e.strerror or e})",
+        ) from e
+    return path
