@@ -19,8 +19,6 @@ if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
-__all__ = ["find_batch_size"]
-
 
 def find_batch_size(
     model: keras.Model,

@@ -10,7 +10,7 @@ import functools
 import os
 import shutil
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeAlias, overload
+from typing import Any
 
 import tensorflow as tf
 
@@ -25,52 +25,6 @@ from tfgpu.data._plan import Facts, Plan, decide, validation_plan
 from tfgpu.data._service import check_reachable, choose_job, distributed
 from tfgpu.data._sources import Batching, Read
 from tfgpu.data._split import check_split_counts
-
-# What `pipeline()` returns for each side: a dataset of batches, or its distributed form.
-Pipeline: TypeAlias = tf.data.Dataset | tf.distribute.DistributedDataset
-
-
-if TYPE_CHECKING:
-    from typing import TypedDict, Unpack
-
-    class Options(TypedDict, total=False):
-        """`pipeline()`'s keywords but `validation_split`, for the overloads below (whether
-        one dataset or a pair is returned follows `validation_split`)."""
-
-        batch_size: int | None
-        per_replica_batch_size: int | None
-        strategy: tf.distribute.Strategy | None
-        map_fn: Callable | None
-        augment_fn: Callable | None
-        batch_map_fn: Callable | None
-        batch_augment_fn: Callable | None
-        cache: bool | str | os.PathLike
-        shuffle: bool
-        shuffle_buffer: int | None
-        drop_remainder: bool | None
-        deterministic: bool | None
-        repeat: bool
-        distribute: bool
-        seed: int | None
-        ram_budget_mib: float | None
-        private_threadpool_size: int | None
-        split: str | None
-        data_dir: str | os.PathLike | None
-        compression_type: str | None
-        service: str | None
-        service_job_name: str | None
-
-
-@overload
-def pipeline(
-    data: Any, *, validation_split: None = None, **options: Unpack[Options]
-) -> Pipeline: ...
-
-
-@overload
-def pipeline(
-    data: Any, *, validation_split: float, **options: Unpack[Options]
-) -> tuple[Pipeline, Pipeline]: ...
 
 
 def pipeline(

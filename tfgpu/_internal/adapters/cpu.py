@@ -12,8 +12,6 @@ from pathlib import Path
 
 from tfgpu._internal.helpers.checks import invalid_type, invalid_value
 
-__all__ = ["peak_flops"]
-
 _CPUINFO = Path("/proc/cpuinfo")
 _MAX_FREQ = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
 _CGROUP_V2_MAX = Path("/sys/fs/cgroup/cpu.max")

@@ -13,8 +13,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["build", "preserved"]
-
 # Model attributes put back as they were (compile settings and what `fit` replaces).
 _ATTRIBUTES = ("steps_per_execution", "jit_compile", "train_function", "history")
 

@@ -16,16 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu._internal.adapters.datasets import chain_state, source_batches
-from tfgpu._internal.helpers.checks import check_int, invalid_type
-
-__all__ = [
-    "ArrayData",
-    "DatasetData",
-    "ModelAndData",
-    "check_data",
-    "check_model",
-    "check_model_and_data",
-]
+from tfgpu._internal.helpers.checks import check_int, invalid_type, short_repr
 
 # What `fit` batches arrays by when no `batch_size` is given.
 DEFAULT_BATCH_SIZE = 32
@@ -35,30 +26,10 @@ DATA_EXPECTED = (
     "or tensors, or dicts, lists or tuples of them)"
 )
 
-# A received value is shown as its repr up to this many characters; beyond, by its type only
-# (the repr of arrays or of a model would fill the screen).
-_REPR_LIMIT = 80
-
 _PARTS = ("x", "y", "sample_weight")
 
 # Arrays named, with their lengths, in the message on different lengths.
 _SHOWN_LENGTHS = 8
-
-
-def _short_repr(value: Any) -> str | None:
-    """The repr of `value`, or None when it is too long to show."""
-    text = repr(value)
-    return text if len(text) <= _REPR_LIMIT else None
-
-
-def _type_error(name: str, value: Any, expected: str) -> TypeError:
-    """`invalid_type`, or the same sentence without the repr when the repr is long."""
-    if _short_repr(value) is not None:
-        return invalid_type(name, value, expected)
-    return TypeError(
-        f"Invalid type for argument `{name}`. Received: {name} of type "
-        f"{type(value).__name__}. Expected {expected}."
-    )
 
 
 def check_model(model: Any, *, from_factory: bool = False) -> keras.Model:
@@ -70,11 +41,11 @@ def check_model(model: Any, *, from_factory: bool = False) -> keras.Model:
             if from_factory
             else "a compiled `keras.Model`"
         )
-        raise _type_error("model", model, expected)
+        raise invalid_type("model", model, expected)
     if not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None:
         where = "the model the factory returned" if from_factory else "a model"
         fix = "in the factory, before returning it" if from_factory else "before passing it"
-        shown = _short_repr(model)
+        shown = short_repr(model)
         received = f"{where} that is not compiled" + ("" if shown is None else f" ({shown})")
         raise ValueError(
             f"Invalid value for argument `model`. Received: {received}. Expected a compiled "
@@ -210,7 +181,7 @@ def _check_arrays(data: Any) -> tuple[Any, Any, Any, int]:
     elif isinstance(data, dict) or hasattr(data, "shape"):
         parts = (data,)
     else:
-        raise _type_error("data", data, DATA_EXPECTED)
+        raise invalid_type("data", data, DATA_EXPECTED)
     leaves = [
         leaf
         for name, part in zip((*_PARTS, *(f"data[{i}]" for i in range(3, len(parts)))), parts)
@@ -218,7 +189,7 @@ def _check_arrays(data: Any) -> tuple[Any, Any, Any, int]:
         for leaf in _leaves(part, name)
     ]
     if (parts and parts[0] is None) or not all(hasattr(a, "shape") for _, a in leaves):
-        raise _type_error("data", data, DATA_EXPECTED)
+        raise invalid_type("data", data, DATA_EXPECTED)
     if not parts or len(parts) > 3:
         raise ValueError(
             "Invalid value for argument `data`. Received: a "
@@ -264,7 +235,7 @@ def check_data(data: Any, *, batch_size: Any = None) -> DatasetData | ArrayData:
     if isinstance(data, tf.data.Dataset):
         return DatasetData(data)
     if isinstance(data, tf.distribute.DistributedDataset):
-        raise _type_error(
+        raise invalid_type(
             "data",
             data,
             "a `tf.data.Dataset` of batches (pass the dataset before "

@@ -26,17 +26,26 @@ def invalid_value(name: str, value: Any, expected: str) -> ValueError:
     )
 
 
+def short_repr(value: Any, limit: int = 80) -> str | None:
+    """The repr of `value`, or None when longer than `limit` (arrays, models fill a screen)."""
+    text = repr(value)
+    return text if len(text) <= limit else None
+
+
 def invalid_type(name: str, value: Any, expected: str) -> TypeError:
-    """Returns the TypeError for argument `name`, naming the type received.
+    """Returns the TypeError for argument `name`, naming the type received (and the value,
+    when its repr is short).
 
     Example:
 
     >>> str(invalid_type("host", "yes", "a bool"))
     "Invalid type for argument `host`. Received: host='yes' (of type str). Expected a bool."
     """
+    shown = short_repr(value)
+    received = f"{name} of type" if shown is None else f"{name}={shown} (of type"
     return TypeError(
-        f"Invalid type for argument `{name}`. Received: {name}={value!r} "
-        f"(of type {type(value).__name__}). Expected {expected}."
+        f"Invalid type for argument `{name}`. Received: {received} {type(value).__name__}"
+        f"{'' if shown is None else ')'}. Expected {expected}."
     )
 
 
