@@ -7,7 +7,21 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgpu.flops import _forward_flops, _train_flops, mfu, peak_flops, train_step_flops
+from tfgpu.flops import _counted, _input_specs, _train_counts, mfu, peak_flops, train_step_flops
+
+
+# FLOPs per op type, plus "total", of the forward pass and of a training step: what
+# `train_step_flops` adds up, checked op by op here.
+def _forward_flops(model, batch_size: int = 1, *, input_signature=None) -> dict:
+    """Forward FLOPs per op type (inference mode), plus `"total"`."""
+    specs = _input_specs(model, batch_size, input_signature)
+    return _counted(lambda x: model(x, training=False), specs, stacklevel=3)
+
+
+def _train_flops(model, batch_size: int = 1, *, input_signature=None) -> dict:
+    """A training step's FLOPs per op type (forward and backward), plus `"total"`: the float
+    outputs summed as the loss (a loss has no matmuls), the gradient taken as `fit` does."""
+    return _train_counts(model, _input_specs(model, batch_size, input_signature))
 
 
 def test_dense_model_matches_hand_count():

@@ -418,18 +418,6 @@ def _input_specs(model, batch_size: int, input_signature):
     return specs[0] if len(specs) == 1 else specs
 
 
-def _forward_flops(model, batch_size: int = 1, *, input_signature=None) -> dict:
-    """Forward FLOPs per op type (inference mode), plus `"total"`."""
-    specs = _input_specs(model, batch_size, input_signature)
-    return _counted(lambda x: model(x, training=False), specs, stacklevel=3)
-
-
-def _train_flops(model, batch_size: int = 1, *, input_signature=None) -> dict:
-    """A training step's FLOPs per op type (forward and backward), plus `"total"`: the float
-    outputs summed as the loss (a loss has no matmuls), the gradient taken as `fit` does."""
-    return _train_counts(model, _input_specs(model, batch_size, input_signature))
-
-
 def _train_counts(model, specs) -> dict[str, float]:
     import tensorflow as tf
 

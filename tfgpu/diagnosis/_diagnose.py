@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -397,22 +398,19 @@ def _measure_model(
     scale_after = loss_scale(model)
 
     compute, _ = protocol.medians(rounds)
+    probe_on_device = functools.partial(
+        run_probe, model, device_ds, steps, warmup, budget, progress=progress
+    )
     skipped: list[str] = []
     spe_rounds: list[tuple[float, float]] = []
     spe = int(model.steps_per_execution)
     if check_steps_per_execution and spe == 1 and compute < HOST_OVERHEAD_PROBE_BELOW_S:
-        probe = run_probe(
-            model,
-            device_ds,
-            steps,
-            warmup,
-            budget,
+        probe = probe_on_device(
             setting="steps_per_execution",
             current=spe,
             value=PROBE_STEPS_PER_EXECUTION,
             threshold=HOST_OVERHEAD_MIN_GAIN,
             failed="{name} not measured: {error}",
-            progress=progress,
         )
         spe_rounds = _record_probe(probe, "steps_per_execution_probe", measurements, notes, skipped)
     xla_rounds: list[tuple[float, float]] = []
@@ -421,18 +419,12 @@ def _measure_model(
         if not supports_xla(model):
             notes.append("XLA not measured: the model does not support jit_compile")
         else:
-            probe = run_probe(
-                model,
-                device_ds,
-                steps,
-                warmup,
-                budget,
+            probe = probe_on_device(
                 setting="jit_compile",
                 current=current,
                 value=not current,
                 threshold=XLA_MIN_GAIN,
                 failed="XLA not measured: {name} failed ({error})",
-                progress=progress,
             )
             xla_rounds = _record_probe(probe, "xla", measurements, notes, skipped)
     if skipped:

@@ -265,3 +265,15 @@ def plot_waterfall(result: TuneResult, path: Path) -> None:
     png = io.BytesIO()
     fig.savefig(png, dpi=100, format="png")
     write_text_atomic(path, png.getvalue())
+
+
+def finish(
+    result: TuneResult, budget: Any, log_path: Path | None, progress: Any, kept: int
+) -> TuneResult:
+    """The end of `tune` and `tune SCRIPT`: the time taken, the files written, the last line."""
+    result.time_s = budget.elapsed()
+    if log_path is not None:
+        progress.phase("writing tune.json and tune.png")
+        write(result, log_path)
+    progress.done(f"x{result.speedup:.2f} verified, {kept} setting(s) kept")
+    return result

@@ -247,7 +247,7 @@ def tune_script(
     from tfgpu._internal.adapters import timing
     from tfgpu._internal.helpers.progress import Progress, check_verbose
     from tfgpu.tuning import _candidates as cands
-    from tfgpu.tuning._result import Trial, TuneResult, write
+    from tfgpu.tuning._result import Trial, TuneResult, finish
 
     check_verbose(verbose)
     path, args, budget_s, log_path = check_arguments(
@@ -311,12 +311,7 @@ def tune_script(
         notes=notes,
         compared_with="the baseline",
     )
-    result.time_s = budget.elapsed()
-    if log_path is not None:
-        progress.phase("writing tune.json and tune.png")
-        write(result, log_path)
-    progress.done(f"x{result.speedup:.2f} verified, {len(kept)} setting(s) kept")
-    return result
+    return finish(result, budget, log_path, progress, len(kept))
 
 
 def run_command(args: Any) -> int:

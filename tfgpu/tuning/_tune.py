@@ -36,7 +36,7 @@ from tfgpu._internal.helpers.progress import Progress, check_verbose
 from tfgpu._internal.helpers.warn import one_line
 from tfgpu.tuning import _candidates as cands
 from tfgpu.tuning._candidates import Candidate, Facts
-from tfgpu.tuning._result import Trial, TuneResult, write
+from tfgpu.tuning._result import Trial, TuneResult, finish
 from tfgpu.tuning._trial import Workload
 
 # Shares of the time budget: candidates until the first, the verification until the second.
@@ -270,12 +270,7 @@ def tune(
     work = Workload(model, factory, data, arguments, global_batch, steps, warmup)
     tuner = _Tuner(work, facts, budget, verify_budget, progress, change_batch_size)
     result = tuner.run()
-    result.time_s = budget.elapsed()
-    if log_path is not None:
-        progress.phase("writing tune.json and tune.png")
-        write(result, log_path)
-    progress.done(f"x{result.speedup:.2f} verified, {len(result.settings)} setting(s) kept")
-    return result
+    return finish(result, budget, log_path, progress, len(result.settings))
 
 
 class _Tuner:
