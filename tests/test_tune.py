@@ -516,3 +516,19 @@ def test_batch_level_augmentation_is_tried_only_where_augment_fn_runs_on_a_batch
     trial = tfgpu.tune(model, train, verbose=0).trial("batch-level augmentation")
     assert trial.status == "no measurable gain"  # scripted: the same time
     assert trial.line == "tfgpu.data.pipeline(..., augment_fn=None, batch_augment_fn=flip)"
+
+
+def test_a_budget_that_left_candidates_untried_is_never_called_nothing_helped():
+    tried = [Trial(f"tried {i}", status="no measurable gain") for i in range(2)]
+    left = [Trial(f"left {i}", reason=cands.BUDGET_SPENT) for i in range(3)]
+    other = Trial("XLA auto-clustering", reason=cands.FRESH_PROCESS)
+    result = TuneResult(trials=[*tried, *left, other], time_s=30.0)
+    text = str(result)
+    assert "no setting helped" not in text
+    assert (
+        "not measured: 3 of 6 candidates untried (time budget spent, about 30 s more would "
+        "try them: pass a larger time_budget_s)"
+    ) in text
+    assert "nothing to change: no setting helped" in str(TuneResult(trials=[*tried, other]))
+    kept = TuneResult(trials=[*tried, *left], lines=["model.compile(..., jit_compile=False)"])
+    assert "change in your code:" in str(kept) and "3 of 5 candidates untried" in str(kept)

@@ -138,11 +138,6 @@ def _hold_back_startup_log(verbose: bool, environ: Mapping[str, str]) -> bool:
     return not verbose and environ.get("TF_CPP_MIN_LOG_LEVEL", "").strip() != "0"
 
 
-def _is_startup_noise(line: str) -> bool:
-    """Whether a line of stderr is TensorFlow's C++ start-up log (pure)."""
-    return bool(_STARTUP_NOISE.match(line))
-
-
 @contextlib.contextmanager
 def _startup_log_held_back(enabled: bool = True) -> Iterator[None]:
     """Holds back TensorFlow's C++ start-up lines written to fd 2 inside the block: the others
@@ -170,7 +165,7 @@ def _startup_log_held_back(enabled: bool = True) -> Iterator[None]:
             os.close(saved)
             sink.seek(0)
             text = sink.read().decode("utf-8", "replace")
-            kept = [line for line in text.splitlines(True) if not _is_startup_noise(line)]
+            kept = [line for line in text.splitlines(True) if not _STARTUP_NOISE.match(line)]
             if kept:
                 os.write(2, "".join(kept).encode())
 

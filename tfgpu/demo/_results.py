@@ -52,11 +52,6 @@ class Speedups:
     examples_per_s: float | None
 
 
-def _steady(values: list[float]) -> list[float]:
-    """Epochs after the first (tracing, cache filling), or all when there is only one."""
-    return values[1:] if len(values) > 1 else values
-
-
 def side_figures(
     history: Mapping[str, Sequence[float]],
     *,
@@ -68,7 +63,9 @@ def side_figures(
     """The figures of one side, from its Keras history (`History.history`) and measurements."""
 
     def steady(key: str, stat: Callable[[Iterable[Any]], float] = median) -> float | None:
-        value = stat(_steady(list(history.get(key, []))))
+        """Over the epochs after the first (tracing, cache filling), or the only one."""
+        values = list(history.get(key, []))
+        value = stat(values[1:] if len(values) > 1 else values)
         return None if math.isnan(value) else value
 
     return Figures(

@@ -12,7 +12,7 @@ from typing import Any
 from tfgpu._internal.helpers.files import rotate, write_text_atomic
 from tfgpu._internal.helpers.jsonable import json_safe
 from tfgpu._internal.helpers.warn import one_line, warn_at_user_code
-from tfgpu.tuning._candidates import COMPILE_KEYS, KEPT, MARGIN, gain_text
+from tfgpu.tuning._candidates import BUDGET_SPENT, COMPILE_KEYS, KEPT, MARGIN, gain_text
 
 TUNE_JSON = "tune.json"
 TUNE_PNG = "tune.png"
@@ -192,13 +192,29 @@ class TuneResult:
             )
         else:
             out.append("baseline not measured (time budget spent)")
+        unmeasured = self.unmeasured()
         if self.lines:
             out.append("change in your code:")
             out += [f"  {line}" for line in self.lines]
-        else:
+        elif not unmeasured:
             out.append("nothing to change: no setting helped beyond the noise")
+        if unmeasured:  # never "nothing helped" about candidates that never ran
+            out.append(unmeasured)
         out += [f"note: {n}" for n in self.notes]
         return "\n".join(out)
+
+    def unmeasured(self) -> str:
+        """What the time budget left untried, and about how long would try it ("" if none)."""
+        left = [t for t in self.trials if t.status == "untried" and t.reason == BUDGET_SPENT]
+        if not left:
+            return ""
+        ran = [t for t in self.trials if t.status != "untried"]
+        each = self.time_s / (len(ran) + 1)  # the baseline is timed once more
+        more = f", about {len(left) * each:,.0f} s more would try them" if each > 0 else ""
+        return (
+            f"not measured: {len(left)} of {len(self.trials)} candidates untried (time budget "
+            f"spent{more}: pass a larger time_budget_s)"
+        )
 
     def contributions(self) -> list[tuple[str, float]]:
         """(name, gain) of each kept trial, in order: each against the best before it."""

@@ -155,7 +155,8 @@ class Workload:
 
         def run(deadline: float | None, limit: float | None) -> float | None:
             if not state["filled"]:
-                state["filled"] = _fill(ds, deadline)
+                # One pass fills the cache, unless the deadline comes first.
+                state["filled"] = all(deadline is None or timing.now() < deadline for _ in ds)
                 if not state["filled"]:
                     return None
             seconds = timed(deadline, limit)
@@ -189,8 +190,3 @@ class Workload:
         if not all(math.isfinite(v) for v in losses):
             return next(v for v in losses if not math.isfinite(v))
         return sum(losses) / len(losses)
-
-
-def _fill(ds: tf.data.Dataset, deadline: float | None) -> bool:
-    """Reads one pass of `ds` (filling its cache) unless the deadline comes first."""
-    return all(deadline is None or timing.now() < deadline for _ in ds)
