@@ -63,38 +63,56 @@ def _setting(model, dataset) -> dict:
     }
 
 
+def _traced(*args):  # what a scripted fit leaves as the model's train function
+    raise AssertionError("a scripted train function is never called")
+
+
 class _Script:
-    """Scripted seconds per step from the run's setting (`step(setting, n)`, n the runs of
-    that setting before), and a scripted clock advanced by each fit's warm-up and timed
-    steps, cut at its deadline."""
+    """Scripted seconds per step from the run's setting (`step(setting, n)`, n the fits of
+    that setting before), and a scripted clock advanced by each fit's steps, cut at its
+    deadline."""
 
     def __init__(self, monkeypatch, step, *, real_fit=False):
         self.clock = 1000.0
         self.calls = 0
         self.settings: list[dict] = []
         self.counts: dict[tuple, int] = {}
-        original = timing.fit_step_time
+        original = timing.epoch_time
 
-        def fit_step_time(model, dataset, steps, warmup, deadline=None, timed_limit_s=None):
+        def fit(model, dataset, steps, deadline):
             setting = _setting(model, dataset)
             self.settings.append(setting)
             key = tuple(sorted(setting.items()))
             if real_fit and key not in self.counts:  # a real, short fit once per setting
-                original(model, dataset, 1, 1)
+                original(model, dataset, 1, 2)
+            if model.train_function is None:  # traced, as far as tune can tell
+                model.train_function = _traced
             seconds = float(step(setting, self.counts.get(key, 0)))
             self.counts[key] = self.counts.get(key, 0) + 1
             self.calls += 1
-            warm = seconds * warmup
-            if deadline is not None and self.clock + warm >= deadline:
+            if deadline is not None and self.clock + seconds * steps > deadline:
                 self.clock = max(self.clock, deadline)
                 return None
-            total = seconds * (warmup + steps)
-            if deadline is not None:
-                total = min(total, deadline - self.clock)
-            self.clock += total
+            self.clock += seconds * steps
             return seconds
 
-        monkeypatch.setattr(timing, "fit_step_time", fit_step_time)
+        def probe_step_time(model, dataset, deadline=None):
+            return fit(model, dataset, 3, deadline)
+
+        def epoch_time(
+            model,
+            dataset,
+            epochs=1,
+            steps_per_epoch=None,
+            steps_in_epoch=None,
+            deadline=None,
+            timed_limit_s=None,
+        ):
+            steps = epochs * (steps_per_epoch or steps_in_epoch or 1)
+            return fit(model, dataset, steps, deadline)
+
+        monkeypatch.setattr(timing, "probe_step_time", probe_step_time)
+        monkeypatch.setattr(timing, "epoch_time", epoch_time)
         monkeypatch.setattr(timing, "now", lambda: self.clock)
 
 
@@ -169,6 +187,62 @@ def test_pipeline_candidates_come_from_its_arguments():
     assert "cache in memory" not in cached
 
 
+def test_an_undo_comes_first_then_the_groups_the_bottleneck_predicts():
+    base = dict(batches_per_epoch=100, global_batch=32, cpu_count=2, cpu_native_bf16=True)
+    base["has_factory"] = True
+
+    def order(**facts):
+        return [c.name for c in cands.candidates(Facts(**{**base, **facts})) if not c.untried]
+
+    # XLA on, steps of 50 ms, reading a batch takes 1 ms: compute -> precision first.
+    assert order(jit_compile=True, step_s=0.05, input_s=0.001) == [
+        "jit_compile=False",  # undoes a setting the model has: first, not last
+        "precision mixed_bfloat16",
+        "steps_per_execution=4",
+        "steps_per_execution=16",
+        "steps_per_execution=64",  # untried in the search: 64 steps of 50 ms take 3.2 s
+        "static batch shape",
+        "prefetch",
+        "private thread pool 1",
+        "private thread pool 2",
+    ]
+    assert order(step_s=0.002, input_s=0.0)[:3] == [  # host overhead: the ladder first
+        "steps_per_execution=4",
+        "steps_per_execution=16",
+        "steps_per_execution=64",
+    ]
+    assert order(step_s=0.05, input_s=0.04)[0] == "prefetch"  # input-bound: the data first
+    assert order()[-1] == "jit_compile=True"  # unmeasured: the default order, XLA last
+    # A mixed policy on a CPU without native bfloat16: float32 is tried first.
+    facts = Facts(**{**base, "cpu_native_bf16": False, "policy": "mixed_bfloat16"})
+    assert cands.candidates(facts)[0].change == {"precision": "float32"}
+    assert cands.bottleneck(Facts()) == ""
+
+
+def test_a_static_batch_shape_weighs_the_examples_it_drops():
+    def static(remainder):
+        facts = Facts(global_batch=128, batches_per_epoch=2, remainder=remainder)
+        return next(c for c in cands.candidates(facts) if c.name == "static batch shape")
+
+    big = static((64, 192))  # the image example: a third of the data each epoch
+    assert big.untried == (
+        "it drops the last 64 of the 192 examples of each epoch: more than 5% of the data"
+    )
+    small = static((40, 10_000))
+    assert small.untried == "" and small.note == (
+        "drops the last 40 of the 10,000 examples of each epoch"
+    )
+
+
+def test_the_timed_fit_is_shaped_by_the_measured_step():
+    assert cands.fit_shape(0.01, 50, 2.0) == (4, None)  # whole epochs, four of them
+    assert cands.fit_shape(1.0, 2, 10.0) == (5, None)
+    assert cands.fit_shape(1.0, 100, 10.0) == (1, 10)  # the first steps of an epoch
+    assert cands.fit_shape(0.001, None, 1.0, unit=64) == (1, 1024)  # a multiple of the unit
+    assert cands.fit_shape(1.0, None, 0.5, unit=4) == (1, 8)  # at least two calls
+    assert cands.fit_shape(1.0, 12, 10.0, unit=16) == (1, None)  # more than an epoch
+
+
 @pytest.mark.parametrize(
     "facts, policy, untried",
     [
@@ -190,6 +264,12 @@ def test_verdicts():
     assert cands.verdict([(1.0, 2.0)] * 3, None)[0] == cands.SLOWER
     assert cands.verdict([(1.0, 2.0)], "slower")[0] == cands.SLOWER
     assert cands.verdict([(1.0, 1.0), (1.1, 1.0), (1.0, 1.1)], None)[0] == cands.NO_GAIN
+    borderline = [(1.3, 1.0), (1.0, 1.0), (1.2, 1.0)]  # x1.20 (1.00-1.30)
+    assert cands.verdict(borderline, None)[0] == cands.BORDERLINE
+    assert "may come and go" in cands.verdict(borderline, None)[1]
+    assert not cands.decided(borderline)  # another round may settle it
+    assert cands.decided([(1.0, 1.0), (1.02, 1.0), (1.1, 1.0)])  # median under the margin
+    assert cands.decided([(2.0, 1.0)] * 3) and cands.decided([(1.0, 2.0)] * 3)
     assert cands.verdict([(2.0, 1.0)], "budget") == (
         cands.UNTRIED,
         "time budget spent after 1 round(s) (x2.00)",
@@ -256,9 +336,9 @@ def test_the_verification_drops_a_setting_that_does_not_hold_up(monkeypatch):
     static_runs = []
 
     def step(s, n):
-        if s["static"]:  # helps in its own trial (3 rounds), slower than the baseline later
+        if s["static"]:  # helps in its own trial (an untimed fit, 3 rounds), slower later
             static_runs.append(n)
-            return 0.01 / 4 * 0.8 if len(static_runs) <= 3 else 0.011
+            return 0.01 / 4 * 0.8 if len(static_runs) <= 4 else 0.011
         return 0.01 / s["spe"]
 
     _Script(monkeypatch, step)
@@ -308,8 +388,8 @@ def test_state_is_restored_after_every_trial(monkeypatch):
     checks = []
     original = _tune._Tuner._try
 
-    def checked(self, cand):
-        trial = original(self, cand)
+    def checked(self, cand, budget):
+        trial = original(self, cand, budget)
         checks.append(cand.name)
         after = state()
         assert after[1:] == before[1:], cand.name
@@ -441,7 +521,7 @@ def test_a_trial_is_constructible_and_prints_its_gain():
         ({"data": (X, Y[:3])}, ValueError, "arrays of different lengths"),
         ({"model": 3}, TypeError, "Invalid type for argument `model`"),
         ({"steps": 2}, ValueError, "Invalid value for argument `steps`"),
-        ({"warmup": 0}, ValueError, "Invalid value for argument `warmup`"),
+        ({"warmup": 5}, TypeError, "unexpected keyword argument 'warmup'"),
         ({"time_budget_s": -1.0}, ValueError, "Invalid value for argument `time_budget_s`"),
         ({"time_budget_s": "60"}, TypeError, "Invalid type for argument `time_budget_s`"),
         ({"change_batch_size": 1}, TypeError, "Invalid type for argument `change_batch_size`"),
@@ -480,9 +560,7 @@ def test_an_uncompiled_model_is_refused():
 @pytest.mark.slow
 def test_a_real_run_on_a_tiny_model_has_the_promised_structure(tmp_path):
     # Unscripted: only the structure is checked, never the speed.
-    result = tfgpu.tune(
-        _build(), _train(), steps=5, warmup=2, time_budget_s=20, verbose=0, log_dir=tmp_path
-    )
+    result = tfgpu.tune(_build(), _train(), steps=5, time_budget_s=20, verbose=0, log_dir=tmp_path)
     assert result.trials and all(t.status in cands.STATUSES for t in result.trials)
     assert result.speedup >= 1.0 or result.settings == {}
     assert (tmp_path / "tune.json").exists()
@@ -532,3 +610,48 @@ def test_a_budget_that_left_candidates_untried_is_never_called_nothing_helped():
     assert "nothing to change: no setting helped" in str(TuneResult(trials=[*tried, other]))
     kept = TuneResult(trials=[*tried, *left], lines=["model.compile(..., jit_compile=False)"])
     assert "change in your code:" in str(kept) and "3 of 5 candidates untried" in str(kept)
+
+
+def test_second_long_steps_leave_every_candidate_tried_and_xla_off_first(monkeypatch):
+    # The image example's shape: XLA on and 5x slower than without, steps of a second.
+    monkeypatch.setattr(_tune, "supports_xla", lambda model: True)
+    script = _Script(monkeypatch, lambda s, n: 1.0 if s["jit"] else 0.2)
+    model = _build()()
+    model.jit_compile = True
+    result = tfgpu.tune(model, _train(), time_budget_s=90, verbose=0)
+    first = result.trials[0]
+    assert (first.name, first.status) == ("jit_compile=False", "kept"), str(result)
+    spent = [t.name for t in result.trials if t.reason.startswith(cands.BUDGET_SPENT)]
+    assert spent in ([], ["batch size"]), str(result)
+    # Steps of 200 ms once XLA is off: 4 of them in a call is worth trying.
+    assert result.trial("steps_per_execution=4").status == "no measurable gain"
+    assert result.trial("steps_per_execution=16").reason == "steps_per_execution=4 was not kept"
+    assert result.settings == {"jit_compile": False}
+    assert result.speedup == pytest.approx(5.0)
+    assert script.clock - 1000.0 <= 90 * 1.1
+    assert any("the first 2 steps of an epoch" in n for n in result.notes), result.notes
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_noisy_runs_keep_the_same_settings_and_mark_what_may_differ(monkeypatch, seed):
+    # A clear gain (x1.5), a marginal one (x1.06), and noise of about 5% on every fit.
+    rng = np.random.default_rng(seed)
+
+    def step(s, n):
+        seconds = 0.01 * (1 / 1.5 if s["spe"] > 1 else 1.0)
+        if s["threads"] == 1:
+            seconds /= 1.06
+        return seconds * float(np.exp(rng.normal(0.0, 0.05)))
+
+    monkeypatch.setattr(cands, "SPE_LADDER", (4,))
+    _Script(monkeypatch, step)
+    result = tfgpu.tune(_build()(), _train(), time_budget_s=600, verbose=0)
+    assert result.trial("steps_per_execution=4").status == "kept", str(result)
+    assert result.trial("private thread pool 1").status in (
+        "kept",
+        "borderline",
+        "no measurable gain",
+    )
+    assert result.trial("private thread pool 4").status != "kept", str(result)
+    rounds = [t for t in result.trials if t.gain is not None]
+    assert rounds  # every measured trial took at most the cap of rounds

@@ -14,7 +14,7 @@ from typing import Any
 
 import keras
 
-from tfgpu._internal.adapters import keras_internals
+from tfgpu._internal.adapters import keras_internals, model_state
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_int, check_number
 from tfgpu._internal.helpers.files import open_csv, writable_dir
@@ -29,6 +29,9 @@ from tfgpu.monitor import artifact_name
 
 _log = logging.getLogger(__name__)
 _NAN = float("nan")
+
+# An epoch below this share of what `tune` measured for the model's settings is named.
+TUNED_SHORTFALL = 0.8
 
 
 def _epoch_summary(
@@ -257,19 +260,39 @@ class StepTimer(keras.callbacks.Callback):
                 self._correct_last_execution()
             self._flush(final=final)
             if epoch_end:
-                return _epoch_summary(
+                summary = _epoch_summary(
                     self._executions,
                     self._batch_size,
                     self._perf() - self._epoch_start,
                     self._flops,
                     self._peak,
                 )
+                self._against_tune(summary)
+                return summary
         # The boundary of every hook's work on the steps: never let it fail `fit`.
         except Exception as e:
             self._report(e)
         finally:
             self._lock.release()
         return None
+
+    def _against_tune(self, summary: dict[str, float]) -> None:
+        """Adds what `tune` measured for a model set up by `TuneResult.apply`; warns once, at the
+        first epoch, when it fell short by more than a fifth."""
+        tuned = model_state.tuned_examples_per_s(self.model)
+        if tuned is None:
+            return
+        summary["tuned_examples_per_s"] = tuned
+        reached = summary["examples_per_s"] / tuned
+        if self._epoch == 0 and reached < TUNED_SHORTFALL:
+            _log.warning(
+                "StepTimer: %s examples/s in the first epoch, %.0f%% of the %s tune measured "
+                "for these settings (train on result.dataset; a loaded machine, another batch "
+                "size or a cache still filling also explain it).",
+                f"{summary['examples_per_s']:,.0f}",
+                100 * reached,
+                f"{tuned:,.0f}",
+            )
 
     def _drain(self, final: bool) -> None:
         """Matches batch ends to begins in step order; records executions and rows."""

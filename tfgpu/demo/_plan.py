@@ -24,8 +24,6 @@ class Sizes:
     diagnose_warmup: int
     check_xla: bool
     tune_budget_s: float  # tfgpu.tune's time budget on the tfgpu side
-    tune_steps: int  # timed steps of each of tune's timed fits
-    tune_warmup: int
 
     @property
     def resize_to(self) -> int:
@@ -51,8 +49,6 @@ def choose_sizes(*, quick: bool, num_gpus: int, epochs: int | None = None) -> Si
         diagnose_warmup=3,
         check_xla=True,
         tune_budget_s=90.0,
-        tune_steps=20,
-        tune_warmup=3,
     )
     if quick:
         sizes = Sizes(
@@ -67,8 +63,6 @@ def choose_sizes(*, quick: bool, num_gpus: int, epochs: int | None = None) -> Si
             diagnose_warmup=1,
             check_xla=False,
             tune_budget_s=20.0,
-            tune_steps=3,
-            tune_warmup=1,
         )
     elif num_gpus > 0:
         batch = 256

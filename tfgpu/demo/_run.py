@@ -304,8 +304,6 @@ def _tune(factory: Any, train: Any, sizes: Sizes, log_dir: Path) -> TuneResult:
     result = tfgpu.tune(
         factory,
         train,
-        steps=sizes.tune_steps,
-        warmup=sizes.tune_warmup,
         time_budget_s=sizes.tune_budget_s,
         log_dir=log_dir,
         verbose=0,

@@ -27,13 +27,23 @@ SPE_LADDER = (4, 16, 64)
 # leave no host overhead worth saving, and a fit would run for minutes.
 SPE_MAX_EXECUTION_S = 1.0
 
+# A static batch shape drops the partial last batch: tried only when that is at most this
+# share of an epoch's examples.
+DROP_SHARE = 0.05
+
+# The facts' bottleneck: input when reading a batch takes this share of a step or more;
+# host overhead when a step (one call) takes less than this many seconds.
+INPUT_SHARE = 0.5
+HOST_BOUND_STEP_S = 0.02
+
 KEPT = "kept"
+BORDERLINE = "borderline"
 SLOWER = "slower"
 NO_GAIN = "no measurable gain"
 UNSAFE = "unsafe numerics"
 UNTRIED = "untried"
 FAILED = "failed"
-STATUSES = (KEPT, SLOWER, NO_GAIN, UNSAFE, UNTRIED, FAILED)
+STATUSES = (KEPT, BORDERLINE, SLOWER, NO_GAIN, UNSAFE, UNTRIED, FAILED)
 
 # Change keys by where they apply.
 COMPILE_KEYS = ("steps_per_execution", "jit_compile")
@@ -61,7 +71,8 @@ class Facts:
     xla_supported: bool = True
     batches_per_epoch: int | None = None  # None: unknown or infinite
     global_batch: int | None = None
-    partial_last_batch: bool | None = None  # None: cannot tell
+    # (examples in the partial last batch, examples per epoch); None: none, or cannot tell
+    remainder: tuple[int, int] | None = None
     static_shape: bool = False  # every batch dimension of the element spec is known
     pipeline: dict[str, Any] | None = None  # the tfgpu pipeline's arguments, when rebuildable
     cached: bool = False  # a cache step is in the data's chain
@@ -72,6 +83,8 @@ class Facts:
     cpu_native_bf16: bool = False
     cpu_count: int = 1
     augment_on_batches: str = ""  # why the pipeline's augment_fn fails on a batch ("": it runs)
+    step_s: float | None = None  # seconds per training step as it is (None: not measured)
+    input_s: float | None = None  # seconds to read one batch of the data alone
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +130,11 @@ def _replicas(arguments: dict[str, Any]) -> int:
 def _dataset_line(key: str, value: Any, global_batch: int | None) -> str:
     if key == "prefetch":
         return "dataset = dataset.prefetch(tf.data.AUTOTUNE)"
+    if key == "private_threadpool_size":
+        return (
+            "options = tf.data.Options(); options.threading.private_threadpool_size = "
+            f"{value}; dataset = dataset.with_options(options)"
+        )
     if key == "drop_remainder":
         return f"dataset = dataset.batch({global_batch}, drop_remainder=True)  # where you batch"
     if key == "batch_size":
@@ -157,37 +175,97 @@ def precision_choice(facts: Facts) -> tuple[str | None, str]:
     return None, "this CPU has no native bfloat16 (no AMX or AVX-512 BF16): it would only add casts"
 
 
+def bottleneck(facts: Facts) -> str:
+    """What the measured step predicts gains most: `"input"` (reading a batch takes half a
+    step or more), `"host"` (steps of under 20 ms: overhead per call), `"compute"`, or ""
+    before the step is measured. Pure."""
+    if facts.step_s is None or not math.isfinite(facts.step_s):
+        return ""
+    if facts.input_s is not None and facts.input_s >= INPUT_SHARE * facts.step_s:
+        return "input"
+    if facts.step_s * facts.steps_per_execution < HOST_BOUND_STEP_S:
+        return "host"
+    return "compute"
+
+
 def candidates(facts: Facts) -> list[Candidate]:
-    """The ordered candidates for `facts` (untried ones with their reason). Pure."""
-    out: list[Candidate] = []
-    # 1. steps_per_execution: a ladder, each value at most the batches of an epoch.
-    for v in SPE_LADDER:
+    """The ordered candidates for `facts` (untried ones with their reason). Pure.
+
+    A candidate that undoes a setting the model has (XLA on, a mixed policy on hardware
+    without native low precision) comes first; then the groups in the order the
+    `bottleneck` predicts; `jit_compile=True` last (it gains most from the settings before
+    it, and is often much slower on a CPU).
+    """
+    undo: list[Candidate] = []
+    spe: list[Candidate] = []
+    for v in SPE_LADDER:  # a ladder, each value at most the batches of an epoch
         if v <= facts.steps_per_execution:
             continue
         too_many = facts.batches_per_epoch is not None and v > facts.batches_per_epoch
         untried = f"more than the {facts.batches_per_epoch} batches of an epoch" if too_many else ""
-        name, spe = f"steps_per_execution={v}", {"steps_per_execution": v}
-        out.append(_candidate(name, spe, facts, group="steps_per_execution", untried=untried))
-    # 2. The precision policy, unless already mixed (a model factory builds the model again).
-    if not facts.policy.startswith("mixed_"):
-        policy, why = precision_choice(facts)
+        spe.append(
+            _candidate(
+                f"steps_per_execution={v}",
+                {"steps_per_execution": v},
+                facts,
+                group="steps_per_execution",
+                untried=untried,
+            )
+        )
+    precision: list[Candidate] = []
+    policy, why = precision_choice(facts)
+    needs = "" if facts.has_factory else NEEDS_FACTORY
+    if facts.policy.startswith("mixed_") and policy is None:  # casts without native units
+        undo.append(_candidate("precision float32", {"precision": "float32"}, facts, untried=needs))
+    elif not facts.policy.startswith("mixed_"):
         name = f"precision {policy}" if policy else "mixed precision"
         change: dict[str, Any] = {"precision": policy or "mixed_bfloat16"}
-        untried = why if policy is None else ("" if facts.has_factory else NEEDS_FACTORY)
-        out.append(_candidate(name, change, facts, numerics=True, untried=untried))
-    # 3. A static batch shape (the step is traced for one batch size).
-    if not facts.static_shape:
+        untried = why if policy is None else needs
+        precision.append(_candidate(name, change, facts, numerics=True, untried=untried))
+    static: list[Candidate] = []
+    if not facts.static_shape:  # the step traced for one batch size
         untried = ""
         if facts.global_batch is None:
             untried = "the batch size of the data is unknown"
         elif facts.pipeline is not None and facts.pipeline.get("drop_remainder") is False:
             untried = "the pipeline was asked for drop_remainder=False"
-        out.append(
-            _candidate("static batch shape", {"drop_remainder": True}, facts, untried=untried)
+        drops = ""
+        if facts.remainder:
+            left, examples = facts.remainder
+            drops = f"drops the last {left:,} of the {examples:,} examples of each epoch"
+            if not untried and left > DROP_SHARE * examples:
+                untried = f"it {drops}: more than {DROP_SHARE:.0%} of the data"
+        static.append(
+            _candidate(
+                "static batch shape", {"drop_remainder": True}, facts, untried=untried, note=drops
+            )
         )
-    # 4. The pipeline's settings (a tfgpu pipeline is built again with them).
-    if facts.pipeline is not None:
-        p = facts.pipeline
+    data = _data_candidates(facts)
+    xla_untried = "" if facts.xla_supported else "Keras refuses jit_compile for this model"
+    xla = _candidate(
+        f"jit_compile={not facts.jit_compile}",
+        {"jit_compile": not facts.jit_compile},
+        facts,
+        numerics=True,
+        untried=xla_untried,
+    )
+    if facts.jit_compile:
+        undo.append(xla)
+    order = {
+        "input": (data, spe, precision, static),
+        "host": (spe, static, data, precision),
+        "compute": (precision, spe, static, data),
+    }.get(bottleneck(facts), (spe, precision, static, data))
+    tail = [] if facts.jit_compile else [xla]
+    return undo + [c for group in order for c in group] + tail
+
+
+def _data_candidates(facts: Facts) -> list[Candidate]:
+    """The pipeline's settings (a tfgpu pipeline is built again with them), or what applies
+    to any dataset."""
+    out: list[Candidate] = []
+    p = facts.pipeline
+    if p is not None:
         if (
             p.get("map_fn") is not None
             and p.get("cache") == "auto"
@@ -212,25 +290,37 @@ def candidates(facts: Facts) -> list[Candidate]:
                     "shared by every example of a batch",
                 )
             )
-        if not facts.gpu_ccs and not p.get("private_threadpool_size") and facts.cpu_count > 1:
-            # One thread leaves the cores to the model's ops; one per core keeps input apace.
-            for size in sorted({1, facts.cpu_count}):
-                change = {"private_threadpool_size": size}
-                out.append(_candidate(f"private thread pool {size}", change, facts))
     elif not facts.prefetched:
         out.append(_candidate("prefetch", {"prefetch": True}, facts))
-    # 5. XLA last: often much slower on a CPU, and it gains most from the settings before it.
-    # Where Keras turned it on by itself (`jit_compile="auto"` on GPUs) the candidate is off.
-    out.append(
-        _candidate(
-            f"jit_compile={not facts.jit_compile}",
-            {"jit_compile": not facts.jit_compile},
-            facts,
-            numerics=True,
-            untried="" if facts.xla_supported else "Keras refuses jit_compile for this model",
-        )
-    )
+    if not facts.gpu_ccs and not (p or {}).get("private_threadpool_size") and facts.cpu_count > 1:
+        # One thread leaves the cores to the model's ops; one per core keeps input apace.
+        for size in sorted({1, facts.cpu_count}):
+            change = {"private_threadpool_size": size}
+            out.append(_candidate(f"private thread pool {size}", change, facts))
     return out
+
+
+def fit_shape(
+    step_s: float, batches_per_epoch: int | None, target_s: float, unit: int = 1
+) -> tuple[int, int | None]:
+    """(epochs, steps per epoch or None for whole epochs) of a timed `fit` that lasts about
+    `target_s` for steps of `step_s`: whole epochs when one fits, else the first steps of an
+    epoch, a multiple of `unit` (the largest `steps_per_execution` tried), at least 2 calls.
+    Pure.
+
+    Example:
+
+    >>> fit_shape(0.01, 50, 2.0)
+    (4, None)
+    >>> fit_shape(1.0, 100, 10.0)
+    (1, 10)
+    """
+    if batches_per_epoch is not None and batches_per_epoch * step_s <= target_s:
+        return max(1, round(target_s / (batches_per_epoch * step_s))), None
+    steps = max(2 * unit, math.ceil(target_s / step_s / unit) * unit)
+    if batches_per_epoch is not None and steps >= batches_per_epoch:
+        return 1, None
+    return 1, steps
 
 
 def process_settings(has_gpu: bool) -> list[tuple[str, dict[str, str], str]]:
@@ -280,11 +370,19 @@ def gain_text(g: float | None, low: float, high: float) -> str:
     return f"x{g:.2f}"
 
 
+def decided(rounds: Sequence[tuple[float, float]], margin: float = MARGIN) -> bool:
+    """Whether more rounds cannot change a candidate's verdict much: its interval clears
+    `margin` (kept) or lies below it, or its median gain is below it (the interval could
+    then clear the margin only by luck). The search's stop rule. Pure."""
+    g, low, high = timing.gain(rounds)
+    return g is None or low >= margin or high < margin or g < margin
+
+
 def verdict(
     rounds: Sequence[tuple[float, float]], why: str | None, margin: float = MARGIN
 ) -> tuple[str, str]:
     """(status, reason) for a candidate measured in `rounds` (baseline, candidate seconds
-    per example) that `interleave` stopped for `why` (the verdicts: docs/tuning.md). Pure.
+    per example) that `compare` stopped for `why` (the verdicts: docs/tuning.md). Pure.
 
     Example:
 
@@ -305,7 +403,13 @@ def verdict(
         return KEPT, f"over {n} rounds"
     if high < 1.0:
         return SLOWER, f"over {n} rounds"
-    return NO_GAIN, f"over {n} rounds, the interval reaches below the x{margin:.2f} margin"
+    if g < margin:
+        return NO_GAIN, f"over {n} rounds, the median gain is below the x{margin:.2f} margin"
+    return BORDERLINE, (
+        f"over {n} rounds the median gain clears the x{margin:.2f} margin, its interval does "
+        "not: not kept, and it may come and go from run to run (a larger time_budget_s "
+        "settles it)"
+    )
 
 
 def numerics_verdict(base_loss: float, loss: float) -> str:

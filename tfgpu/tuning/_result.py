@@ -117,6 +117,9 @@ class TuneResult:
     def apply(self, model: Any) -> Any:
         """Applies the kept compile settings (`steps_per_execution`, `jit_compile`) to `model`.
 
+        A `tfgpu.callbacks.StepTimer` in the model's next `fit` then logs
+        `tuned_examples_per_s` beside `examples_per_s`, and warns when an epoch falls short.
+
         Settings it cannot apply to a model are named in a warning: the pipeline's (use
         `result.dataset`, or pass the line's arguments to `tfgpu.data.pipeline`), the
         precision policy (build the model again after `tfgpu.configure(precision=...)`) and
@@ -138,6 +141,7 @@ class TuneResult:
         """
         import keras
 
+        from tfgpu._internal.adapters.model_state import note_tuned
         from tfgpu._internal.helpers.checks import invalid_type
 
         if not isinstance(model, keras.Model):
@@ -149,6 +153,8 @@ class TuneResult:
                 applied = True
         if applied:
             model.train_function = None  # the next fit compiles with the new settings
+        if math.isfinite(self.tuned_examples_per_s):  # StepTimer compares its epochs with it
+            note_tuned(model, self.tuned_examples_per_s)
         rest = [f"{k}={v!r}" for k, v in self.settings.items() if k not in COMPILE_KEYS]
         if rest:
             precision = self.settings.get("precision")

@@ -1,6 +1,8 @@
 """The workload `tune` measures: `Workload.run_for(changes)` times the training step with a
-setting applied, in seconds per example (each setting's run made once and reused);
-`mean_loss` feeds the numerics guard. The caller restores the model around every trial.
+setting applied, in seconds per example, as the user's `fit` runs it: each setting's first
+fit is untimed (it traces), then whole epochs or an epoch's first steps are timed from their
+start (`shape`); `probe` and `input_time` give the facts; `mean_loss` feeds the numerics
+guard. The caller restores the model around every trial.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import keras
 import tensorflow as tf
 
 from tfgpu._internal.adapters import timing
+from tfgpu._internal.adapters.datasets import cardinality
 from tfgpu._internal.adapters.model_state import build, preserved
 from tfgpu.tuning._candidates import COMPILE_KEYS, PIPELINE_KEYS
 
@@ -36,7 +39,9 @@ class Workload:
         dataset: tf.data.Dataset of batches: the user's data.
         pipeline: dict or None, the `tfgpu.data.pipeline` arguments that built `dataset`.
         global_batch: int or None, examples per batch.
-        steps, warmup: int, the timed and warm-up steps of each run.
+
+    `epochs` and `steps_per_epoch` (None: whole epochs) shape every timed fit; the caller
+    sets them once the step is measured, before the first run.
     """
 
     def __init__(
@@ -46,18 +51,20 @@ class Workload:
         dataset: tf.data.Dataset,
         pipeline: dict[str, Any] | None,
         global_batch: int | None,
-        steps: int,
-        warmup: int,
     ):
         self.model = model
         self.factory = factory
         self.dataset = dataset
         self.pipeline = pipeline
         self.global_batch = global_batch
-        self.steps, self.warmup = steps, warmup
+        self.epochs: int = 1
+        self.steps_per_epoch: int | None = None
         self._datasets: dict[_Key, tuple[tf.data.Dataset, int | None]] = {}
         self._models: dict[str, Any] = {}
         self._runs: dict[_Key, timing.Run] = {}
+        self._functions: dict[_Key, dict[str, Any]] = {}  # traced train steps, by `_step_key`
+        self.fit_walls: list[float] = []  # seconds each timed fit took, all in
+        self.warm_walls: list[float] = []  # and each untimed first fit of a setting
         self._guard_batches: list[Any] | None = None
         self.base_times: list[float] = []  # seconds per example of every baseline run
 
@@ -148,16 +155,31 @@ class Workload:
         model = self.model_for(changes)
         ds, batch = self.dataset_for(changes)
         attrs = {k: changes.get(k, getattr(self.model, k)) for k in COMPILE_KEYS}
-        timed = timing.with_attrs(model, ds.repeat(), self.steps, self.warmup, attrs)
-        fill = "cache" in changes
+        epochs, steps = self.epochs, self.steps_per_epoch
+        in_epoch = cardinality(ds) if steps is None else None
+        timed_ds = ds if steps is None else ds.repeat()
+        filled = {"cache": "cache" not in changes}
+
+        def measure(deadline: float | None, limit: float | None) -> float | None:
+            if model.train_function is None:  # the first fit of this step: untimed, it traces
+                start = timing.now()
+                if timing.epoch_time(model, timed_ds, 1, steps, in_epoch, deadline) is None:
+                    return None
+                self.warm_walls.append(timing.now() - start)
+            start = timing.now()
+            seconds = timing.epoch_time(model, timed_ds, epochs, steps, in_epoch, deadline, limit)
+            self.fit_walls.append(timing.now() - start)
+            return seconds
+
+        store = self._functions.setdefault(self._step_key(changes, ds), {"fn": None})
+        timed = timing.with_attrs(model, timed_ds, 0, 0, attrs, measure, store)
         is_base = not changes
-        state = {"filled": not fill}
 
         def run(deadline: float | None, limit: float | None) -> float | None:
-            if not state["filled"]:
+            if not filled["cache"]:
                 # One pass fills the cache, unless the deadline comes first.
-                state["filled"] = all(deadline is None or timing.now() < deadline for _ in ds)
-                if not state["filled"]:
+                filled["cache"] = all(deadline is None or timing.now() < deadline for _ in ds)
+                if not filled["cache"]:
                     return None
             seconds = timed(deadline, limit)
             if seconds is None:
@@ -168,6 +190,35 @@ class Workload:
             return per_example
 
         return run
+
+    def _step_key(self, changes: dict[str, Any], ds: tf.data.Dataset) -> _Key:
+        """What decides the traced train step: the model, its compile settings, the batches'
+        spec. Settings of the pipeline alone share the baseline's."""
+        step = {k: changes[k] for k in (*COMPILE_KEYS, "precision") if k in changes}
+        return (*_key(step), ("spec", repr(ds.element_spec)))
+
+    def probe(self, deadline: float | None) -> float | None:
+        """Seconds per step of the model as it is, from a short fit whose traced step the
+        baseline's runs then share; None when the deadline came first."""
+        seconds = timing.probe_step_time(self.model, self.dataset.repeat(), deadline)
+        key = self._step_key({}, self.dataset)
+        self._functions[key] = {"fn": self.model.train_function}
+        return seconds
+
+    def input_time(self, deadline: float | None, batches: int = 10) -> float | None:
+        """Seconds to read one batch of the data alone (after its first), at most `batches`
+        of them; None when it has fewer than two or the deadline came first."""
+        it = iter(self.dataset)
+        times = []
+        for _ in range(batches + 1):
+            if deadline is not None and timing.now() >= deadline:
+                break
+            try:
+                next(it)
+            except StopIteration:
+                break
+            times.append(timing.now())
+        return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
 
     # Numerics.
     def mean_loss(self, changes: dict[str, Any]) -> float:

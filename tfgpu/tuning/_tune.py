@@ -39,12 +39,17 @@ from tfgpu.tuning._candidates import Candidate, Facts
 from tfgpu.tuning._result import Trial, TuneResult, finish
 from tfgpu.tuning._trial import Workload
 
-# Shares of the time budget: candidates until the first, the verification until the second.
+# Shares of the time budget: candidates until the first (the second while nothing is kept:
+# nothing to verify), the verification until the second.
 MEASURE_SHARE = 0.75
 VERIFY_SHARE = 0.95
 
-# Rounds per comparison at most (from 9 rounds on, the 90% interval drops the extreme ratios).
-MAX_ROUNDS = 15
+# Rounds one candidate may take at most: a borderline one never takes the next ones' budget.
+MAX_ROUNDS = 6
+
+# A timed fit lasts about the measuring budget over the fits planned, within these bounds;
+# without a budget, the first.
+FIT_S = (5.0, 0.5, 15.0)
 
 # find_batch_size tries per-replica batches up to this multiple of the current one.
 BATCH_GROWTH = 8
@@ -139,9 +144,10 @@ def _augment_on_batches(arguments: dict[str, Any] | None) -> str:
     return ""
 
 
-def _batches(data: tf.data.Dataset) -> tuple[int | None, bool, int | None, bool | None]:
-    """(global batch, whether the batch shape is static, batches per epoch, whether the last
-    batch is partial (None: cannot tell)); ValueError for a dataset of examples."""
+def _batches(data: tf.data.Dataset) -> tuple[int | None, bool, int | None, tuple[int, int] | None]:
+    """(global batch, whether the batch shape is static, batches per epoch, (examples in a
+    partial last batch, examples per epoch) or None: none, or cannot tell); ValueError for
+    a dataset of examples."""
     batches, _ = source_batches(data)
     if batches is None:
         raise invalid_value(
@@ -158,20 +164,18 @@ def _batches(data: tf.data.Dataset) -> tuple[int | None, bool, int | None, bool 
     )
     n = cardinality(data)
     per_epoch = n if n is not None and n > 0 else None
-    partial: bool | None = None
-    if batches.drop_remainder or static:
-        partial = False
-    elif batches.num_examples is not None and batches.batch_size:
-        partial = batches.num_examples % batches.batch_size != 0
-    return batches.batch_size, static, per_epoch, partial
+    remainder = None
+    examples, size = batches.num_examples, batches.batch_size
+    if not (batches.drop_remainder or static) and examples and size and examples % size:
+        remainder = (examples % size, examples)
+    return size, static, per_epoch, remainder
 
 
 def tune(
     model: keras.Model | Callable[[], keras.Model],
     data: tf.data.Dataset,
     *,
-    steps: int = 30,
-    warmup: int = 5,
+    steps: int | None = None,
     time_budget_s: float | None = 300.0,
     change_batch_size: bool = False,
     log_dir: str | os.PathLike[str] | None = None,
@@ -180,12 +184,15 @@ def tune(
     """Tries each speed setting on your model and data, keeps what measurably helps.
 
     Each candidate (`steps_per_execution`, the mixed precision policy, a static batch shape,
-    the pipeline's settings, `jit_compile`, the batch size) is timed against the best
-    configuration so far in interleaved rounds, and kept when the whole confidence interval
-    of its gain clears x1.05; settings that can change the loss must also pass a numerics
-    guard, and the kept ones are verified together against the baseline. The model's state
-    and the global precision policy are put back: nothing is applied until you apply it.
-    The candidates, the verdicts and the table: docs/tuning.md.
+    the pipeline's settings, `jit_compile`, the batch size), in the order the measured step
+    predicts gains most, is timed against the best configuration so far in interleaved
+    rounds of `fit`s timed as your own `fit` runs (from the start of an epoch, once the step
+    is traced), and kept when the whole confidence interval of its gain clears x1.05; one
+    whose interval straddles the margin is marked borderline. Settings that can change the
+    loss must also pass a numerics guard, and the kept ones are verified together against
+    the baseline. The model's state and the global precision policy are put back: nothing
+    is applied until you apply it. The candidates, the verdicts and the table:
+    docs/tuning.md.
 
     Args:
         model: a compiled `keras.Model`, or a function without arguments that builds and
@@ -193,8 +200,10 @@ def tune(
         data: `tf.data.Dataset` of batches (a `tfgpu.data.pipeline` one is rebuilt for the
             pipeline's candidates), or arrays `x`, `(x, y)` or `(x, y, sample_weight)`
             (batched by 32, as `fit` does).
-        steps: int, timed steps of each timed `fit` (>= 3). Defaults to 30.
-        warmup: int, steps of each `fit` left out of the timing (>= 1). Defaults to 5.
+        steps: int or None, timed steps of each timed `fit`, from the start of an epoch
+            (>= 3; whole epochs when an epoch is shorter). None: chosen from the measured
+            step time, so that every candidate can be measured within the budget.
+            Defaults to None.
         time_budget_s: float or None, seconds for the whole call (None: no limit; 60 is the
             quick mode). Defaults to 300.0.
         change_batch_size: bool, whether a faster batch size may be kept (it changes the
@@ -224,8 +233,8 @@ def tune(
     >>> model.fit(result.dataset, epochs=10)
     """
     check_verbose(verbose)  # every argument checked before the factory runs
-    check_int("steps", steps, minimum=3)
-    check_int("warmup", warmup, minimum=1)
+    if steps is not None:
+        check_int("steps", steps, minimum=3)
     check_bool("change_batch_size", change_batch_size)
     log_path = check_log_dir(log_dir)
     if not isinstance(model, keras.Model) and not callable(model):
@@ -242,7 +251,7 @@ def tune(
         factory = model
         model = factory()
     data = check_model_and_data(model, data, from_factory=factory is not None).dataset
-    global_batch, static, per_epoch, partial = _batches(data)
+    global_batch, static, per_epoch, remainder = _batches(data)
 
     progress = Progress(verbose, title="tune", budget_s=budget_s, clock=lambda: timing.now())
     budget = timing.Budget(budget_s, MEASURE_SHARE)
@@ -255,7 +264,7 @@ def tune(
         xla_supported=supports_xla(model),
         batches_per_epoch=per_epoch,
         global_batch=global_batch,
-        partial_last_batch=partial,
+        remainder=remainder,
         static_shape=static,
         pipeline=arguments,
         cached=has_step(data, "cache"),
@@ -267,8 +276,8 @@ def tune(
         cpu_count=os.cpu_count() or 1,
         augment_on_batches=_augment_on_batches(arguments),
     )
-    work = Workload(model, factory, data, arguments, global_batch, steps, warmup)
-    tuner = _Tuner(work, facts, budget, verify_budget, progress, change_batch_size)
+    work = Workload(model, factory, data, arguments, global_batch)
+    tuner = _Tuner(work, facts, budget, verify_budget, progress, change_batch_size, steps)
     result = tuner.run()
     return finish(result, budget, log_path, progress, len(result.settings))
 
@@ -284,9 +293,10 @@ class _Tuner:
         verify_budget: timing.Budget,
         progress: Progress,
         change_batch_size: bool,
+        steps: int | None = None,
     ):
-        self.work, self.facts = work, facts
-        self.model, self.data, self.steps = work.model, work.dataset, work.steps
+        self.work, self.facts, self.steps = work, facts, steps
+        self.model, self.data = work.model, work.dataset
         self.budget, self.verify_budget = budget, verify_budget
         self.progress = progress
         self.change_batch_size = change_batch_size
@@ -297,44 +307,97 @@ class _Tuner:
 
     # The search.
     def run(self) -> TuneResult:
-        work, facts, global_batch = self.work, self.facts, self.work.global_batch
+        work = self.work
         with preserved(self.model, work.first_inputs()):
             self.progress.phase("timing the baseline")
             with preserved(self.model):
-                first = work.run_for({})(self.budget.deadline, None)
-            if first is None:
-                return self._finish(facts, untried_all=True)
-            step_s = first * float(global_batch or 1)
-            stopped: dict[str, str] = {}
+                step_s = work.probe(self.budget.deadline)
+            if step_s is None:
+                return self._finish(self.facts, untried_all=True)
+            input_s = work.input_time(self.budget.deadline)
+            facts = self.facts = dataclasses.replace(self.facts, step_s=step_s, input_s=input_s)
             plan = cands.candidates(facts)
+            self._shape(facts, [c for c in plan if not c.untried])
+            stopped: dict[str, str] = {}
             for i, cand in enumerate(plan, 1):
                 reason = cand.untried
                 if not reason and cand.group in stopped:
                     reason = f"{stopped[cand.group]} was not kept"
-                if not reason and cand.group == "steps_per_execution":
-                    reason = cands.spe_fits(cand.change["steps_per_execution"], step_s)
-                if not reason and self.budget.left() <= 0:
+                if not reason and cand.group == "steps_per_execution":  # the step as it is now
+                    now_s = step_s / math.prod(k.trial.gain or 1.0 for k in self.kept)
+                    reason = cands.spe_fits(cand.change["steps_per_execution"], now_s)
+                todo = [c for c in plan[i:] if not c.untried and c.group not in stopped]
+                # Until a setting is kept there is nothing to verify: its share is the search's.
+                self.budget.measure_share = MEASURE_SHARE if self.kept else VERIFY_SHARE
+                budget = self._budget_for(len(todo))
+                if not reason and budget is None:
                     reason = cands.BUDGET_SPENT
-                if reason:
+                if reason or budget is None:
                     self.trials.append(Trial(cand.name, cand.change, reason=reason, line=cand.line))
                     continue
                 self.progress.phase(f"trying {cand.name} ({i} of {len(plan)})")
-                trial = self._try(cand)
+                trial = self._try(cand, budget)
                 if cand.group and trial.status != cands.KEPT:
                     stopped[cand.group] = cand.name
-            self._batch_size(facts, global_batch, first)
+            self._batch_size(facts, work.global_batch, step_s)
             for name, _env, line in cands.process_settings(bool(facts.gpu_ccs)):
                 self.trials.append(Trial(name, {}, reason=cands.FRESH_PROCESS, line=line))
             self.progress.phase("verifying the kept settings together")
             return self._finish(facts)
 
-    def _try(self, cand: Candidate) -> Trial:
+    def _shape(self, facts: Facts, todo: list[Candidate]) -> None:
+        """Sets the timed fits' shape from the measured step: about the measuring budget over
+        the fits that every candidate's rounds and the verification need (or `steps`)."""
+        step_s, per_epoch = float(facts.step_s or 0.0), facts.batches_per_epoch
+        spe = [int(c.change.get("steps_per_execution", 1)) for c in todo]
+        unit = max([facts.steps_per_execution] + [v for v in spe if not cands.spe_fits(v, step_s)])
+        if self.steps is not None:
+            target = self.steps * step_s
+        elif math.isinf(self.budget.left()):
+            target = FIT_S[0]
+        else:
+            fits = (len(todo) + 1) * (2 * timing.MIN_ROUNDS + 1)
+            target = min(max(self.budget.left() / fits, FIT_S[1]), FIT_S[2])
+        epochs, steps = cands.fit_shape(max(step_s, 1e-9), per_epoch, target, unit)
+        self.work.epochs, self.work.steps_per_epoch = epochs, steps
+        what = (
+            f"{epochs} whole epoch(s) of {per_epoch} batches"
+            if steps is None
+            else f"the first {steps} steps of an epoch"
+        )
+        self.notes.append(
+            f"each timed fit ran {what}, from the epoch's start, once the step was traced "
+            f"(steps of {step_s * 1e3:,.1f} ms as measured first; no validation)"
+        )
+
+    def _min_cost(self) -> float:
+        """About how long a candidate takes at least: an untimed fit that traces, and three
+        rounds of two timed fits (their steps, or as long as such fits took so far)."""
+        w, step_s = self.work, float(self.facts.step_s or 0.0)
+        steps = w.epochs * (w.steps_per_epoch or self.facts.batches_per_epoch or 1)
+        fit_s = max(steps * step_s, stats.median(w.fit_walls) if w.fit_walls else 0.0)
+        warm_s = max(fit_s, stats.median(w.warm_walls) if w.warm_walls else 0.0)
+        return warm_s + 2 * timing.MIN_ROUNDS * fit_s
+
+    def _budget_for(self, after: int) -> timing.Budget | None:
+        """When the next candidate should stop taking rounds beyond the first three: what is
+        left, less the least the `after` candidates after it need, so that each of them is
+        tried; None when what is left cannot measure it."""
+        left, cost = self.budget.left(), self._min_cost()
+        if math.isinf(left):
+            return self.budget
+        if left < cost:
+            return None
+        return timing.Budget(max(left - after * cost, cost))
+
+    def _try(self, cand: Candidate, budget: timing.Budget) -> Trial:
         changes = {**self.best, **cand.change}
         work = self.work
         rounds: list[tuple[float, float]] = []
         with recorded() as failure:
-            rounds, why = self._interleave(self.best, changes, self.budget)
-            status, reason = cands.verdict(rounds, why)
+            c = self._compare(self.best, changes, self.budget, until=budget)
+            rounds = c.rounds
+            status, reason = cands.verdict(rounds, c.stopped)
             if status == cands.KEPT and cand.numerics:  # faster: is the loss still right?
                 self.progress.phase(f"checking the loss with {cand.name}")
                 with preserved(self.model):
@@ -363,7 +426,7 @@ class _Tuner:
         return trial
 
     # The batch size.
-    def _batch_size(self, facts: Facts, global_batch: int | None, first: float) -> None:
+    def _batch_size(self, facts: Facts, global_batch: int | None, step_s: float) -> None:
         name = "batch size"
         replicas = int(getattr(self.model.distribute_strategy, "num_replicas_in_sync", 1) or 1)
         if not global_batch:
@@ -371,7 +434,7 @@ class _Tuner:
             return
         per_replica = max(1, global_batch // replicas)
         sizes = [per_replica * 2**i for i in range(int(math.log2(BATCH_GROWTH)) + 1)]
-        estimate = first * replicas * 4 * sum(sizes)
+        estimate = step_s / global_batch * replicas * 4 * sum(sizes)
         if self.budget.left() <= estimate:
             self.trials.append(Trial(name, reason=cands.BUDGET_SPENT))
             return
@@ -423,12 +486,13 @@ class _Tuner:
                 )
             )
             return
-        if self.budget.left() <= 0:
+        budget = self._budget_for(0)
+        if budget is None:
             self.trials.append(
                 Trial(f"{name} {fastest}", change, reason=cands.BUDGET_SPENT, line=line)
             )
             return
-        self._try(Candidate(f"{name} {fastest}", change, line))
+        self._try(Candidate(f"{name} {fastest}", change, line), budget)
 
     def _learning_rate_note(self, old: int, new: int) -> str:
         from tfgpu.distribute import scale_learning_rate
@@ -479,22 +543,32 @@ class _Tuner:
 
     def _together(self, changes: dict[str, Any]) -> timing.Comparison:
         """All kept settings together against the baseline (`cands.verify` asks)."""
-        c = timing.Comparison()
         with recorded() as failure:
-            c.rounds, c.stopped = self._interleave({}, changes, self.verify_budget)
-        c.error = failure.text or ""
-        return c
+            return self._compare({}, changes, self.verify_budget)
+        return timing.Comparison(error=failure.text or "")
 
-    def _interleave(
-        self, base: dict[str, Any], changes: dict[str, Any], budget: timing.Budget
-    ) -> tuple[list[tuple[float, float]], str | None]:
-        """`changes` against `base` in interleaved rounds, the model put back afterwards."""
+    def _compare(
+        self,
+        base: dict[str, Any],
+        changes: dict[str, Any],
+        budget: timing.Budget,
+        until: timing.Budget | None = None,
+    ) -> timing.Comparison:
+        """`changes` against `base` in interleaved rounds until `cands.decided`, the model put
+        back afterwards; past `until`, no round beyond the first three."""
+        w = self.work
+
+        def done(rounds: list[tuple[float, float]]) -> bool:
+            return cands.decided(rounds) or (until is not None and until.left() <= 0)
+
+        steps = w.epochs * (w.steps_per_epoch or self.facts.batches_per_epoch or 1)
         with preserved(self.model):
-            return timing.interleave(
-                self.work.run_for(base),
-                self.work.run_for(changes),
+            return timing.compare(
+                w.run_for(base),
+                {"variant": w.run_for(changes)},
                 threshold=cands.MARGIN,
                 budget=budget,
                 max_rounds=MAX_ROUNDS,
-                timed_units=self.steps * int(self.work.global_batch or 1),
-            )
+                timed_units=steps * int(w.global_batch or 1),
+                done=done,
+            )["variant"]

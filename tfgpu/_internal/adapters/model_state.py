@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -98,3 +99,21 @@ def supports_xla(model: Any) -> bool:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model.jit_compile = current
+
+
+# Models `TuneResult.apply` set up, with the examples/s tune measured for them (a side
+# table: nothing is written on the user's model).
+_TUNED: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+
+def note_tuned(model: Any, examples_per_s: float) -> None:
+    """Records what `tune` measured for `model`'s settings, for `StepTimer` to compare."""
+    _TUNED[model] = examples_per_s
+
+
+def tuned_examples_per_s(model: Any) -> float | None:
+    """What `tune` measured for `model`'s settings, or None where it was not tuned."""
+    try:
+        return _TUNED.get(model)
+    except TypeError:  # not weak-referenceable: never tuned
+        return None

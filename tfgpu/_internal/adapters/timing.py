@@ -109,6 +109,85 @@ def fit_step_time(
     return timer.step_time(spe)
 
 
+class _EpochTimer(keras.callbacks.Callback):
+    """Seconds and steps of each epoch, from its start (before its iterator is made) to its
+    end; stops `fit` at `deadline` (on `now`'s clock), or `timed_limit_s` into the fit."""
+
+    def __init__(self, deadline, timed_limit_s, steps_in_epoch):
+        super().__init__()
+        self.deadline, self.timed_limit_s, self.steps_in_epoch = (
+            deadline,
+            timed_limit_s,
+            steps_in_epoch,
+        )
+        self.seconds, self.steps, self.cut = 0.0, 0, False
+        self.begin = self.started = 0.0
+        self.epoch_steps = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.begin = time.perf_counter()
+        self.started = self.started or now()
+        self.epoch_steps = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.epoch_steps = batch + 1  # the last step of the call (Keras passes its index)
+        t = now()
+        late = self.deadline is not None and t >= self.deadline
+        if late or (self.timed_limit_s is not None and t - self.started >= self.timed_limit_s):
+            self.cut = self.cut or late
+            self.model.stop_training = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seconds += time.perf_counter() - self.begin
+        steps = self.epoch_steps
+        if self.steps_in_epoch:  # a last call that ran out of data ran fewer steps
+            steps = min(steps, self.steps_in_epoch)
+        self.steps += steps
+
+
+def epoch_time(
+    model,
+    dataset,
+    epochs: int = 1,
+    steps_per_epoch: int | None = None,
+    steps_in_epoch: int | None = None,
+    deadline=None,
+    timed_limit_s=None,
+) -> float | None:
+    """Seconds per training step over `epochs` epochs of `fit` (whole, or their first
+    `steps_per_epoch` steps), each timed from its start to its end: the iterator's creation,
+    the pipeline's first batches and a last partial call included, as the user's own `fit`
+    sees them once the step is traced (no validation). `steps_in_epoch`: the batches of a
+    whole epoch, when known. Garbage collected before; None when the deadline cut it."""
+    timer = _EpochTimer(deadline, timed_limit_s, steps_in_epoch)
+    with collected_before():
+        model.fit(
+            dataset,
+            epochs=epochs,
+            steps_per_epoch=steps_per_epoch,
+            verbose=0,
+            shuffle=False,
+            callbacks=[timer],
+        )
+    model.stop_training = False
+    if timer.cut or not timer.steps:
+        return None
+    return timer.seconds / timer.steps
+
+
+def probe_step_time(model, dataset, deadline=None) -> float | None:
+    """Seconds per step of a short `fit` on `dataset` (repeated): the median of two calls
+    after one that traces; None when the deadline came first."""
+    spe = max(1, int(model.steps_per_execution))
+    timer = Timer(1, deadline)
+    with collected_before():
+        model.fit(
+            dataset, epochs=1, steps_per_epoch=3 * spe, verbose=0, shuffle=False, callbacks=[timer]
+        )
+    model.stop_training = False
+    return timer.step_time(spe)
+
+
 def call_time(fn: Callable[[], Any], calls: int) -> float:
     """Seconds per call of `fn` (which must return once its work is done, as `train_on_batch`
     does), the median over `calls` calls after one untimed call; garbage collected before."""
@@ -331,10 +410,21 @@ def settled(rounds: Sequence[tuple[float, float]], threshold: float) -> bool:
     return low >= threshold or high < threshold
 
 
-def with_attrs(model: Any, dataset: Any, steps: int, warmup: int, attrs: dict[str, Any]) -> Run:
-    """A `Run` timing `model`'s step on `dataset` with `attrs` set for the run; each setting
-    keeps its own compiled train function (nothing traced twice), the model's put back."""
-    functions: dict[str, Any] = {"fn": None if attrs else model.train_function}
+def with_attrs(
+    model: Any,
+    dataset: Any,
+    steps: int,
+    warmup: int,
+    attrs: dict[str, Any],
+    measure: Run | None = None,
+    functions: dict[str, Any] | None = None,
+) -> Run:
+    """A `Run` timing `model`'s step on `dataset` with `attrs` set for the run (by `measure`,
+    else `fit_step_time`); each setting keeps its own compiled train function (nothing
+    traced twice; `functions`: a store the runs of one setting share, its "fn" None until
+    traced), the model's put back."""
+    if functions is None:
+        functions = {"fn": None if attrs else model.train_function}
 
     def run(deadline: float | None, limit: float | None) -> float | None:
         saved = {k: getattr(model, k) for k in attrs}
@@ -343,7 +433,10 @@ def with_attrs(model: Any, dataset: Any, steps: int, warmup: int, attrs: dict[st
             for k, v in attrs.items():
                 setattr(model, k, v)
             model.train_function = functions["fn"]
-            seconds = fit_step_time(model, dataset, steps, warmup, deadline, limit)
+            if measure is not None:
+                seconds = measure(deadline, limit)
+            else:
+                seconds = fit_step_time(model, dataset, steps, warmup, deadline, limit)
             functions["fn"] = model.train_function
             return seconds
         finally:
