@@ -1131,3 +1131,20 @@ def test_one_gpu_monitor_in_two_concurrent_fits_is_refused_at_the_second(fake, t
     # Once the first fit is over, the same callback serves a fit in this thread again.
     _model().fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[monitor_cb])
     assert not monitor_cb.sampler.running
+
+
+def test_step_timer_logs_what_tune_measured_for_a_tuned_model(caplog):
+    from tfgpu.tuning import TuneResult
+
+    x, y = _data(64)
+    model = _model()
+    history = model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[StepTimer()])
+    assert "tuned_examples_per_s" not in history.history  # never tuned
+    result = TuneResult(trials=[], settings={"steps_per_execution": 2})
+    result.tuned_examples_per_s = 1e12  # out of reach: the first epoch falls short
+    result.apply(model)
+    with caplog.at_level(logging.WARNING, logger="tfgpu.callbacks"):
+        history = model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[StepTimer()])
+    assert history.history["tuned_examples_per_s"] == [1e12, 1e12]
+    short = [r.getMessage() for r in caplog.records if "tune measured" in r.getMessage()]
+    assert len(short) == 1 and "of the 1,000,000,000,000 tune measured" in short[0]

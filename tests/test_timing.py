@@ -196,3 +196,29 @@ def test_a_timed_fit_runs_free_of_garbage_collection_and_restores_the_setting():
         assert not gc.isenabled()  # a user's disabled gc stays disabled
     finally:
         gc.enable()
+
+
+def test_an_epoch_is_timed_whole_and_its_steps_counted_as_they_ran(monkeypatch):
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", steps_per_execution=4)
+    x, y = np.zeros((40, 4), "f4"), np.zeros((40, 1), "f4")
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)  # 10 batches: calls of 4, 4, 2
+    seen: list[int] = []
+    original = timing._EpochTimer.on_epoch_end
+
+    def record(self, epoch, logs=None):
+        original(self, epoch, logs)
+        seen.append(self.steps)
+
+    monkeypatch.setattr(timing._EpochTimer, "on_epoch_end", record)
+    assert timing.epoch_time(model, ds, epochs=2, steps_in_epoch=10) > 0
+    assert seen == [10, 20]  # the last call's 2 steps, not Keras's 4
+    seen.clear()
+    assert timing.epoch_time(model, ds.repeat(), 1, steps_per_epoch=8) > 0
+    assert seen == [8]
+    monkeypatch.setattr(timing, "now", lambda: 10.0)
+    assert timing.epoch_time(model, ds, deadline=5.0) is None  # cut by the deadline

@@ -655,3 +655,17 @@ def test_noisy_runs_keep_the_same_settings_and_mark_what_may_differ(monkeypatch,
     assert result.trial("private thread pool 4").status != "kept", str(result)
     rounds = [t for t in result.trials if t.gain is not None]
     assert rounds  # every measured trial took at most the cap of rounds
+
+
+def test_a_dataset_tfgpu_did_not_build_gets_what_applies_to_any_dataset(monkeypatch):
+    _Script(monkeypatch, lambda s, n: 0.01 if s["threads"] != 1 else 0.005)
+    user = tf.data.Dataset.from_tensor_slices((X, Y)).batch(100)  # 10 full batches
+    result = tfgpu.tune(_build()(), user, time_budget_s=600, verbose=0)
+    assert result.trial("prefetch").status == "no measurable gain"
+    kept = result.trial("private thread pool 1")
+    assert kept.status == "kept", str(result)
+    assert result.lines == [
+        "options = tf.data.Options(); options.threading.private_threadpool_size = 1; "
+        "dataset = dataset.with_options(options)"
+    ]
+    assert result.dataset.options().threading.private_threadpool_size == 1

@@ -107,6 +107,10 @@ class Workload:
             ds = ds.rebatch(int(batch or 1), drop_remainder=bool(change.get("drop_remainder")))
         if change.get("prefetch"):
             ds = ds.prefetch(tf.data.AUTOTUNE)
+        if "private_threadpool_size" in change:
+            options = tf.data.Options()
+            options.threading.private_threadpool_size = change["private_threadpool_size"]
+            ds = ds.with_options(options)
         return ds, batch
 
     # Models.
