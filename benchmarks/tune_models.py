@@ -10,7 +10,9 @@ next `fit` shows the speedup it claims.
 4. mnist: the Keras MNIST convnet on a user's own `tf.data` chain of arrays (batch 128);
 5. images: the Keras image-folder example's shape: `image_dataset_from_directory` over
    generated JPEGs (192 images, batch 128: a partial last batch), augmentation layers in the
-   model, `jit_compile=True` as Keras sets it on a machine with an accelerator.
+   model, `jit_compile=True` as Keras sets it on a machine with an accelerator;
+6. guide: the Keras multi-GPU guide's shape: a 784-256-256-10 MLP built under
+   `MirroredStrategy`, `from_tensor_slices(...).batch(32)` without a prefetch.
 
 Each model is given to `tune` as a factory (so the precision candidate can run) with its
 `tfgpu.data.pipeline` dataset; `tune` measures the baseline itself, in the same process,
@@ -22,7 +24,7 @@ would: the baseline and the tuned model (fresh from the factory, the kept settin
 tune to show which settings come and go.
 
 Command: `.venv/bin/python benchmarks/tune_models.py [--budget 60] [--runs 3]
-[--only dense,cnn,text,mnist,images]`
+[--only dense,cnn,text,mnist,images,guide]`
 """
 
 from __future__ import annotations
@@ -182,12 +184,39 @@ def images_case():
     return build, data
 
 
+def guide_case():
+    rng = np.random.default_rng(0)
+    x = rng.random((50000, 784), dtype=np.float32)
+    y = rng.integers(0, 10, 50000)
+    strategy = tf.distribute.MirroredStrategy()
+
+    def build():
+        with strategy.scope():
+            model = keras.Sequential(
+                [
+                    keras.Input((784,)),
+                    keras.layers.Dense(256, activation="relu"),
+                    keras.layers.Dense(256, activation="relu"),
+                    keras.layers.Dense(10),
+                ]
+            )
+            model.compile(
+                keras.optimizers.Adam(),
+                keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=[keras.metrics.SparseCategoricalAccuracy()],
+            )
+        return model
+
+    return build, tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+
+
 CASES = {
     "dense": dense_case,
     "cnn": cnn_case,
     "text": text_case,
     "mnist": mnist_case,
     "images": images_case,
+    "guide": guide_case,
 }
 
 

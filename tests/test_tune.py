@@ -669,3 +669,33 @@ def test_a_dataset_tfgpu_did_not_build_gets_what_applies_to_any_dataset(monkeypa
         "dataset = dataset.with_options(options)"
     ]
     assert result.dataset.options().threading.private_threadpool_size == 1
+
+
+def test_an_error_of_the_data_stops_tune_instead_of_failing_each_candidate(monkeypatch):
+    calls = []
+
+    def step(s, n):
+        calls.append(s)
+        if len(calls) > 2:  # the input raises mid-run, whatever the setting
+            raise tf.errors.UnknownError(
+                None,
+                None,
+                "Graph execution error:\n\nDetected at node PyFunc defined at (most recent call "
+                "last):\n<stack traces unavailable>\nValueError: bad record 10 in shard 3",
+            )
+        return 0.01
+
+    _Script(monkeypatch, step)
+    result = tfgpu.tune(_build()(), _train(), time_budget_s=600, verbose=0)
+    first = result.trials[0]
+    assert first.status == "untried" and first.reason.startswith("tune stopped"), str(result)
+    assert "ValueError: bad record 10 in shard 3 (node PyFunc)" in first.reason
+    assert not [t for t in result.trials if t.status == "failed"], str(result)
+    assert all(
+        t.reason.startswith(("tune stopped", "needs", "this CPU", "more than", "Keras"))
+        for t in result.trials
+    ), str(result)
+    assert result.settings == {} and any(n.startswith("tune stopped") for n in result.notes)
+    text = str(result)
+    assert "no setting helped" not in text and "time budget" not in text
+    assert "candidates untried (tune stopped: see the note)" in text, text

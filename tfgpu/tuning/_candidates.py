@@ -60,6 +60,7 @@ MODEL_KEYS = ("precision",)
 NEEDS_FACTORY = "needs a model factory: pass a function that builds and compiles the model"
 FRESH_PROCESS = "needs a fresh process (`tfgpu tune SCRIPT.py`)"
 BUDGET_SPENT = "time budget spent"
+HALTED = "tune stopped"  # the data or the model raised: no candidate after it ran
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,14 @@ from typing import Any
 from tfgpu._internal.helpers.files import rotate, write_text_atomic
 from tfgpu._internal.helpers.jsonable import json_safe
 from tfgpu._internal.helpers.warn import one_line, warn_at_user_code
-from tfgpu.tuning._candidates import BUDGET_SPENT, COMPILE_KEYS, KEPT, MARGIN, gain_text
+from tfgpu.tuning._candidates import (
+    BUDGET_SPENT,
+    COMPILE_KEYS,
+    HALTED,
+    KEPT,
+    MARGIN,
+    gain_text,
+)
 
 TUNE_JSON = "tune.json"
 TUNE_PNG = "tune.png"
@@ -196,7 +203,7 @@ class TuneResult:
                 f"baseline {base:,.1f} examples/s -> tuned {tuned:,.1f} examples/s: "
                 f"x{self.speedup:.2f}{interval}, verified together"
             )
-        else:
+        elif not any(t.reason.startswith(HALTED) for t in self.trials):
             out.append("baseline not measured (time budget spent)")
         unmeasured = self.unmeasured()
         if self.lines:
@@ -210,7 +217,14 @@ class TuneResult:
         return "\n".join(out)
 
     def unmeasured(self) -> str:
-        """What the time budget left untried, and about how long would try it ("" if none)."""
+        """What the time budget or a stop left untried, and about how long would try it ("" if
+        none)."""
+        halted = [t for t in self.trials if t.status == "untried" and t.reason.startswith(HALTED)]
+        if halted:
+            return (
+                f"not measured: {len(halted)} of {len(self.trials)} candidates untried "
+                f"({HALTED}: see the note)"
+            )
         left = [t for t in self.trials if t.status == "untried" and t.reason == BUDGET_SPENT]
         if not left:
             return ""

@@ -304,6 +304,7 @@ class _Tuner:
         self.kept: list[cands.Kept] = []
         self.best: dict[str, Any] = {}
         self.notes: list[str] = []
+        self.halted = ""  # why the search stopped: the data or the model raised
 
     # The search.
     def run(self) -> TuneResult:
@@ -320,7 +321,7 @@ class _Tuner:
             self._shape(facts, [c for c in plan if not c.untried])
             stopped: dict[str, str] = {}
             for i, cand in enumerate(plan, 1):
-                reason = cand.untried
+                reason = cand.untried or self.halted
                 if not reason and cand.group in stopped:
                     reason = f"{stopped[cand.group]} was not kept"
                 if not reason and cand.group == "steps_per_execution":  # the step as it is now
@@ -339,7 +340,8 @@ class _Tuner:
                 trial = self._try(cand, budget)
                 if cand.group and trial.status != cands.KEPT:
                     stopped[cand.group] = cand.name
-            self._batch_size(facts, work.global_batch, step_s)
+            if not self.halted:
+                self._batch_size(facts, work.global_batch, step_s)
             for name, _env, line in cands.process_settings(bool(facts.gpu_ccs)):
                 self.trials.append(Trial(name, {}, reason=cands.FRESH_PROCESS, line=line))
             self.progress.phase("verifying the kept settings together")
@@ -406,7 +408,16 @@ class _Tuner:
                 unsafe = cands.numerics_verdict(base_loss, loss)
                 if unsafe:
                     status, reason = cands.UNSAFE, unsafe
-        if failure.text is not None:  # a setting that breaks the model or the pipeline
+        if failure.text is not None:  # a setting that breaks the model or the pipeline ...
+            with recorded() as again, preserved(self.model):  # ... or the data itself?
+                self.work.run_for(self.best)(self.budget.deadline, None)
+            if again.text is not None:
+                self.halted = (
+                    f"{cands.HALTED}: the training raised without any new setting too "
+                    f"({again.text}): the data or the model, not a setting"
+                )
+                self.notes.append(self.halted)
+                return self._add(Trial(cand.name, cand.change, reason=self.halted, line=cand.line))
             return self._add(
                 Trial(
                     cand.name, cand.change, status=cands.FAILED, reason=failure.text, line=cand.line

@@ -86,14 +86,39 @@ def forget(key: str | None = None) -> None:
             _shown.discard(key)
 
 
-_NOISE_LINES = ("Traceback", "File ", "Detected at node", "Node:", "[[", "{{", "During handling")
+_NOISE_LINES = (
+    "Traceback",
+    "File ",
+    "Detected at node",
+    "Node:",
+    "[[",
+    "{{",
+    "During handling",
+    "<stack traces unavailable>",
+)
 
 
 def one_line(error: BaseException, limit: int = 200) -> str:
     """An exception as one line: its type and the first line of its message that says what
-    failed (TensorFlow's "Graph execution error:" and traceback lines skipped). Pure."""
+    failed (TensorFlow's "Graph execution error:" and traceback lines skipped), and the graph
+    node it names. Pure.
+
+    Example:
+
+    >>> one_line(ValueError("Graph execution error:\\n\\nDetected at node PyFunc defined at "
+    ...     "(most recent call last):\\n<stack traces unavailable>\\nValueError: bad record"))
+    'ValueError: ValueError: bad record (node PyFunc)'
+    """
     text = str(error)
     lines = [line for line in text.splitlines() if line.strip()]
+    node = next(
+        (
+            line.split("Detected at node ", 1)[1].split(" defined at")[0].strip("'\" ")
+            for line in lines
+            if "Detected at node " in line
+        ),
+        "",
+    )
     meaningful = [
         line.strip()
         for line in lines
@@ -103,4 +128,6 @@ def one_line(error: BaseException, limit: int = 200) -> str:
     ]
     first = meaningful[0] if meaningful else (lines[0].strip() if lines else "")
     out = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    if node and node not in out:
+        out += f" (node {node})"
     return out if len(out) <= limit else out[: limit - 3].rstrip() + "..."
