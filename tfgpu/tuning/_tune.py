@@ -47,6 +47,10 @@ VERIFY_SHARE = 0.95
 # Rounds one candidate may take at most: a borderline one never takes the next ones' budget.
 MAX_ROUNDS = 6
 
+# A candidate this much slower in its first round is not measured further (one noisy round
+# on a loaded host can reach 1.5x; XLA on a CPU is often 3-5x slower).
+CLEARLY_SLOWER = 2.0
+
 # A timed fit lasts about the measuring budget over the fits planned, within these bounds;
 # without a budget, the first.
 FIT_S = (5.0, 0.5, 15.0)
@@ -330,7 +334,7 @@ class _Tuner:
                 todo = [c for c in plan[i:] if not c.untried and c.group not in stopped]
                 # Until a setting is kept there is nothing to verify: its share is the search's.
                 self.budget.measure_share = MEASURE_SHARE if self.kept else VERIFY_SHARE
-                budget = self._budget_for(len(todo))
+                budget = self._budget_for(cand, todo)
                 if not reason and budget is None:
                     reason = cands.BUDGET_SPENT
                 if reason or budget is None:
@@ -372,25 +376,27 @@ class _Tuner:
             f"(steps of {step_s * 1e3:,.1f} ms as measured first; no validation)"
         )
 
-    def _min_cost(self) -> float:
-        """About how long a candidate takes at least: an untimed fit that traces, and three
-        rounds of two timed fits (their steps, or as long as such fits took so far)."""
+    def _min_cost(self, cand: Candidate) -> float:
+        """About how long `cand` takes at least: three rounds of two timed fits (their steps,
+        or as long as such fits took so far), and an untimed fit that traces where it
+        changes the step (settings of the pipeline alone share the baseline's)."""
         w, step_s = self.work, float(self.facts.step_s or 0.0)
         steps = w.epochs * (w.steps_per_epoch or self.facts.batches_per_epoch or 1)
         fit_s = max(steps * step_s, stats.median(w.fit_walls) if w.fit_walls else 0.0)
         warm_s = max(fit_s, stats.median(w.warm_walls) if w.warm_walls else 0.0)
-        return warm_s + 2 * timing.MIN_ROUNDS * fit_s
+        traces = bool(set(cand.change) & {*cands.COMPILE_KEYS, *cands.MODEL_KEYS})
+        return (warm_s if traces else 0.0) + 2 * timing.MIN_ROUNDS * fit_s
 
-    def _budget_for(self, after: int) -> timing.Budget | None:
-        """When the next candidate should stop taking rounds beyond the first three: what is
-        left, less the least the `after` candidates after it need, so that each of them is
-        tried; None when what is left cannot measure it."""
-        left, cost = self.budget.left(), self._min_cost()
+    def _budget_for(self, cand: Candidate, after: list[Candidate]) -> timing.Budget | None:
+        """When `cand` should stop taking rounds beyond the first three: what is left, less
+        the least the candidates `after` it need, so that each of them is tried; None when
+        what is left cannot measure it."""
+        left, cost = self.budget.left(), self._min_cost(cand)
         if math.isinf(left):
             return self.budget
         if left < cost:
             return None
-        return timing.Budget(max(left - after * cost, cost))
+        return timing.Budget(max(left - sum(self._min_cost(c) for c in after), cost))
 
     def _try(self, cand: Candidate, budget: timing.Budget) -> Trial:
         changes = {**self.best, **cand.change}
@@ -497,13 +503,14 @@ class _Tuner:
                 )
             )
             return
-        budget = self._budget_for(0)
+        cand = Candidate(f"{name} {fastest}", change, line)
+        budget = self._budget_for(cand, [])
         if budget is None:
             self.trials.append(
                 Trial(f"{name} {fastest}", change, reason=cands.BUDGET_SPENT, line=line)
             )
             return
-        self._try(Candidate(f"{name} {fastest}", change, line), budget)
+        self._try(cand, budget)
 
     def _learning_rate_note(self, old: int, new: int) -> str:
         from tfgpu.distribute import scale_learning_rate
@@ -582,4 +589,5 @@ class _Tuner:
                 max_rounds=MAX_ROUNDS,
                 timed_units=steps * int(w.global_batch or 1),
                 done=done,
+                clearly_slower=CLEARLY_SLOWER,
             )["variant"]
