@@ -699,3 +699,26 @@ def test_an_error_of_the_data_stops_tune_instead_of_failing_each_candidate(monke
     text = str(result)
     assert "no setting helped" not in text and "time budget" not in text
     assert "candidates untried (tune stopped: see the note)" in text, text
+
+
+def test_caching_another_dataset_is_tried_only_where_every_epoch_is_the_same(monkeypatch):
+    def scale(x, y):
+        return x * 2.0, y
+
+    def jitter(x, y):
+        return x + tf.random.uniform(tf.shape(x)), y
+
+    plain = tf.data.Dataset.from_tensor_slices((X, Y)).map(scale).batch(100)
+    shuffled = tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(100).map(scale).batch(100)
+    noisy = tf.data.Dataset.from_tensor_slices((X, Y)).map(jitter).batch(100)
+
+    _Script(monkeypatch, lambda s, n: 0.01)
+    result = tfgpu.tune(_build()(), plain, time_budget_s=600, verbose=0)
+    trial = result.trial("cache in memory")
+    assert trial.status == "no measurable gain", str(result)  # measured: same speed
+    assert (
+        trial.line == "dataset = dataset.cache()  # at the end of your chain, before its prefetch"
+    )
+    for data, why in [(shuffled, "it shuffles"), (noisy, "its MapDataset runs RandomUniform")]:
+        result = tfgpu.tune(_build()(), data, time_budget_s=600, verbose=0)
+        assert result.trial("cache in memory").reason.startswith(why), str(result)

@@ -85,6 +85,9 @@ class Facts:
     cpu_count: int = 1
     augment_on_batches: str = ""  # why the pipeline's augment_fn fails on a batch ("": it runs)
     step_s: float | None = None  # seconds per training step as it is (None: not measured)
+    # Another dataset: why caching its output would change the training or not fit ("": it
+    # would not; None: not known)
+    cache_untried: str | None = None
     input_s: float | None = None  # seconds to read one batch of the data alone
 
 
@@ -136,6 +139,8 @@ def _dataset_line(key: str, value: Any, global_batch: int | None) -> str:
             "options = tf.data.Options(); options.threading.private_threadpool_size = "
             f"{value}; dataset = dataset.with_options(options)"
         )
+    if key == "cache":
+        return "dataset = dataset.cache()  # at the end of your chain, before its prefetch"
     if key == "drop_remainder":
         return f"dataset = dataset.batch({global_batch}, drop_remainder=True)  # where you batch"
     if key == "batch_size":
@@ -291,8 +296,12 @@ def _data_candidates(facts: Facts) -> list[Candidate]:
                     "shared by every example of a batch",
                 )
             )
-    elif not facts.prefetched:
-        out.append(_candidate("prefetch", {"prefetch": True}, facts))
+    else:
+        if not facts.prefetched:
+            out.append(_candidate("prefetch", {"prefetch": True}, facts))
+        if facts.cache_untried is not None and not facts.cached:
+            untried = facts.cache_untried
+            out.append(_candidate("cache in memory", {"cache": True}, facts, untried=untried))
     if not facts.gpu_ccs and not (p or {}).get("private_threadpool_size") and facts.cpu_count > 1:
         # One thread leaves the cores to the model's ops; one per core keeps input apace.
         for size in sorted({1, facts.cpu_count}):

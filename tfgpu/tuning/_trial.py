@@ -105,7 +105,9 @@ class Workload:
         ds = self.dataset
         if "batch_size" in change or "drop_remainder" in change:
             ds = ds.rebatch(int(batch or 1), drop_remainder=bool(change.get("drop_remainder")))
-        if change.get("prefetch"):
+        if change.get("cache"):
+            ds = ds.cache()
+        if change.get("prefetch") or change.get("cache"):
             ds = ds.prefetch(tf.data.AUTOTUNE)
         if "private_threadpool_size" in change:
             options = tf.data.Options()

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
+import psutil
 import tensorflow as tf
 
 from tfgpu._internal.adapters import timing
@@ -19,6 +20,7 @@ from tfgpu._internal.adapters.datasets import (
     has_step,
     pipeline_arguments,
     source_batches,
+    unrepeatable,
 )
 from tfgpu._internal.adapters.devices import tf_gpus
 from tfgpu._internal.adapters.model_state import preserved, supports_xla
@@ -175,6 +177,26 @@ def _batches(data: tf.data.Dataset) -> tuple[int | None, bool, int | None, tuple
     return size, static, per_epoch, remainder
 
 
+# A user's dataset is cached only when its output takes at most this share of the memory
+# available.
+CACHE_MEMORY_SHARE = 0.25
+
+
+def _cache_untried(data: tf.data.Dataset, work: Workload, batches: int | None) -> str:
+    """Why caching the output of a dataset tfgpu did not build is not tried ("": it is)."""
+    why = unrepeatable(data)
+    if why:
+        return f"{why}: a cache would replay its first epoch"
+    if batches is None:
+        return "its length is unknown or infinite"
+    first = work.guard_batches()[0]
+    size = batches * sum(int(getattr(t, "nbytes", 0)) for t in tf.nest.flatten(first))
+    available = psutil.virtual_memory().available
+    if size > CACHE_MEMORY_SHARE * available:
+        return f"about {size / 2**20:,.0f} MiB: more than a quarter of the memory available"
+    return ""
+
+
 def tune(
     model: keras.Model | Callable[[], keras.Model],
     data: tf.data.Dataset,
@@ -281,6 +303,8 @@ def tune(
         augment_on_batches=_augment_on_batches(arguments),
     )
     work = Workload(model, factory, data, arguments, global_batch)
+    if arguments is None:  # another dataset: would caching its output change anything?
+        facts = dataclasses.replace(facts, cache_untried=_cache_untried(data, work, per_epoch))
     tuner = _Tuner(work, facts, budget, verify_budget, progress, change_batch_size, steps)
     result = tuner.run()
     return finish(result, budget, log_path, progress, len(result.settings))

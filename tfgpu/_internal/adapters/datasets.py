@@ -203,6 +203,39 @@ def reshuffles(ds: Any) -> bool:
     return False
 
 
+# Op types whose output may differ from one epoch to the next, or hide what they do.
+_UNREPEATABLE_OPS = ("Random", "Rng", "PyFunc", "Shuffle")
+# The dataset attributes that hold a traced function (map, filter, interleave, scan, ...).
+_FUNCTIONS = ("_map_func", "_predicate", "_scan_func", "_reduce_func", "_key_func")
+
+
+def unrepeatable(ds: Any) -> str:
+    """Why an epoch of `ds` may differ from the one before ("" when every epoch yields the
+    same elements in the same order: no shuffle, no random op and no Python function
+    anywhere in its input chain), i.e. why caching its output would change the training."""
+    stack, seen = [ds], 0
+    while stack and seen < 10_000:
+        step = stack.pop()
+        seen += 1
+        name = type(step).__name__.strip("_")
+        if "shuffle" in name.lower():
+            return f"it shuffles ({name})"
+        for attr in _FUNCTIONS:
+            graph = getattr(getattr(getattr(step, attr, None), "function", None), "graph", None)
+            if graph is None:
+                continue
+            ops = {op.type for op in graph.get_operations()}
+            ops |= {n.op for f in graph.as_graph_def().library.function for n in f.node_def}
+            found = sorted(o for o in ops if any(k in o for k in _UNREPEATABLE_OPS))
+            if found:
+                return f"its {name} runs {found[0]}"
+        inputs = dataset_inputs(step)
+        if inputs is None:
+            return f"its {name} step cannot be read"
+        stack.extend(inputs)
+    return ""
+
+
 def made_by_pipeline(ds: Any) -> bool:
     """Whether `ds`, or a dataset in its single-input chain (`.repeat()`, `.take(n)` after
     it), was built by `tfgpu.data.pipeline`."""
