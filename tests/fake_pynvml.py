@@ -30,13 +30,18 @@ NVML's conventions are kept, so a wrong call fails here as it would on a GPU:
 - GPM (`FakeGpu.gpm`, a dict of metric values; None: a GPU before Hopper): samples are opaque
   pointers from `nvmlGpmSampleAlloc`, filled by `nvmlGpmSampleGet`, freed by
   `nvmlGpmSampleFree`; `nvmlGpmMetricsGet` wants two filled samples of the same GPU, in time
-  order, at least 0.1 s apart on `fake.clock`, else `NVMLError_InvalidArgument`; a metric
-  missing from the dict reports `NVML_ERROR_NOT_SUPPORTED` in its own `nvmlReturn`;
-  `FakeGpu.gpm_busy` makes `nvmlGpmSampleGet` raise `NVMLError_InUse` (another profiler, e.g.
-  DCGM or Nsight, holds the counters); `fake.gpm_live` counts samples not yet freed;
+  order, more than 0.1 s apart on `fake.clock` (NVML: "greater than 100ms"), else
+  `NVMLError_InvalidArgument`; `nvmlGpmSampleGet` takes `FakeGpu.gpm_sample_s` seconds
+  through `fake.sleep` and stamps the sample at its end; a metric missing from the dict
+  reports `NVML_ERROR_NOT_SUPPORTED` in its own `nvmlReturn`; `FakeGpu.gpm_busy` makes
+  `nvmlGpmSampleGet` raise `NVMLError_InUse` (another profiler, e.g. DCGM or Nsight, holds
+  the counters); `fake.gpm_live` counts samples not yet freed;
 - `nvmlDeviceGetFieldValues` returns the PCIe byte counters (`FakeGpu.pcie_tx_bytes`) with a
-  timestamp in microseconds of `fake.clock`; `nvmlDeviceGetPcieThroughput` returns KB/s and
-  blocks `fake.pcie_throughput_block_s` (0.02 s) through `fake.sleep`;
+  timestamp in microseconds of `fake.clock`; a field the driver lacks reports
+  `NVML_ERROR_NOT_SUPPORTED` in its own `nvmlReturn`, and `FakeGpu.field_errors` (field id
+  -> NVML error code) scripts any other per-field error (e.g. `NVML_ERROR_INVALID_ARGUMENT`);
+  `nvmlDeviceGetPcieThroughput` returns KB/s and blocks `fake.pcie_throughput_block_s`
+  (0.02 s) through `fake.sleep`;
 - energy is in mJ since driver load; `nvmlDeviceGetProcessUtilization(h, ts)` raises
   `NVMLError_NotFound` when no sample is newer than `ts`;
 - `nvmlDeviceGetMemoryInfo(h)` (v1) counts `memory_reserved_mib` as used,
@@ -314,6 +319,8 @@ class FakeGpu:
     process_util: Sequence[tuple[int, float]] = ()  # (pid, SM %) per-process samples
     gpm: dict[str, Value] | None = None  # GPM metric values by GPM_METRIC_NAMES; None: no GPM
     gpm_busy: bool = False  # counters held by another profiler
+    gpm_sample_s: Value = 0.0  # how long nvmlGpmSampleGet takes (stamped at its end)
+    field_errors: dict[int, int] = dataclasses.field(default_factory=dict)  # field id -> code
     not_supported: set[str] = dataclasses.field(default_factory=set)
     lost: bool = False
 
@@ -548,6 +555,9 @@ def make(
             if fid not in known or f"field:{fid}" in module.driver_lacks | gpu.not_supported:
                 values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED
                 continue
+            if fid in gpu.field_errors:
+                values[i].nvmlReturn = gpu.field_errors[fid]
+                continue
             values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
             values[i].value.ullVal = int(_read(known[fid]))
             values[i].nvmlReturn = NVML_SUCCESS
@@ -610,6 +620,9 @@ def make(
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         if gpu.gpm_busy:
             raise NVMLError(NVML_ERROR_IN_USE)
+        taking = float(_read(gpu.gpm_sample_s))
+        if taking:
+            module.sleep(taking)
         gpm_samples[key].update(
             device=h.index,
             time=module.clock(),
@@ -629,8 +642,8 @@ def make(
         second = gpm_samples[sample_key(metricsGet.sample2)]
         if first["device"] is None or second["device"] != first["device"]:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)  # unfilled, or two GPUs
-        if second["time"] - first["time"] < 0.1:
-            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)  # out of order, or too close
+        if second["time"] - first["time"] <= 0.1:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)  # out of order, or not > 100 ms apart
         for i in range(metricsGet.numMetrics):
             metric = metricsGet.metrics[i]
             name = GPM_METRIC_NAMES.get(metric.metricId)

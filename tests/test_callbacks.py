@@ -6,6 +6,7 @@ NVML is the scripted fake (`tests/fake_pynvml.py`, two GPUs); psutil is real.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import logging
 import math
@@ -16,6 +17,7 @@ import sys
 import threading
 import time
 import types
+import warnings
 from pathlib import Path
 
 import keras
@@ -99,7 +101,20 @@ def _join_monitor_threads() -> bool:
     return not _monitor_threads()
 
 
-class _SampleAt(keras.callbacks.Callback):
+class _FirstRow(keras.callbacks.Callback):
+    """Waits, when `fit` begins, for the first row of the sampler (taken by its thread as it
+    starts): that row comes before the first epoch, and rows taken by hand come after it.
+    List it after the `GPUMonitor`. The timeout only turns a hang into a failure."""
+
+    def __init__(self, gpu_monitor: GPUMonitor):
+        super().__init__()
+        self.gpu_monitor = gpu_monitor
+
+    def on_train_begin(self, logs=None):
+        assert self.gpu_monitor.sampler._first_row.wait(timeout=120)
+
+
+class _SampleAt(_FirstRow):
     """Takes a sample at a given batch of every epoch: labelled rows, no timing.
 
     In a thread of its own, as the sampler thread would: the training thread makes no
@@ -107,14 +122,20 @@ class _SampleAt(keras.callbacks.Callback):
     """
 
     def __init__(self, gpu_monitor: GPUMonitor, batch: int = 3):
-        super().__init__()
-        self.gpu_monitor, self.batch = gpu_monitor, batch
+        super().__init__(gpu_monitor)
+        self.batch = batch
 
     def on_train_batch_begin(self, batch, logs=None):
         if batch == self.batch:
             thread = threading.Thread(target=self.gpu_monitor.sampler._sample)
             thread.start()
             thread.join()
+
+
+def _ticking(fake, seconds: float = 60.0) -> None:
+    """NVML's timestamps (on the PCIe byte counters) move `seconds` at each reading, so every
+    rate spans more than the sampler's minimum window, however close the rows come."""
+    fake.clock = itertools.count(1000.0, seconds).__next__
 
 
 def _csv(path: Path) -> tuple[list[str], list[dict[str, float]]]:
@@ -128,6 +149,7 @@ def _csv(path: Path) -> tuple[list[str], list[dict[str, float]]]:
 
 def test_fit_with_both_callbacks_logs_every_key_and_writes_the_run_dir(fake, tmp_path):
     x, y = _data()  # 8 batches of 32
+    _ticking(fake)
     main = threading.get_ident()
     window = {}
 
@@ -514,8 +536,14 @@ def test_without_nvml_training_goes_on_with_host_metrics(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "pynvml", None)
     x, y = _data(64)
     with pytest.warns(RuntimeWarning, match="NVIDIA driver") as caught:
+        gpu_monitor = GPUMonitor(tmp_path)
         history = _model().fit(
-            x, y, batch_size=32, epochs=1, verbose=0, callbacks=[GPUMonitor(tmp_path)]
+            x,
+            y,
+            batch_size=32,
+            epochs=1,
+            verbose=0,
+            callbacks=[gpu_monitor, _FirstRow(gpu_monitor)],
         )
     # The warning points at the user's `fit` line, not at a line inside tfgpu.
     (warning,) = [w for w in caught if "NVIDIA driver" in str(w.message)]
@@ -525,6 +553,25 @@ def test_without_nvml_training_goes_on_with_host_metrics(monkeypatch, tmp_path):
     assert not any(key.startswith("gpu") for key in history.history)
     header, _ = _csv(tmp_path / "timeline.csv")
     assert header == monitor.timeline_columns(0)
+
+
+@pytest.mark.parametrize(
+    "pynvml", [None, fake_pynvml.make(library_missing=True)], ids=["no-binding", "no-driver"]
+)
+def test_without_nvml_gpus_given_to_gpu_monitor_are_said_unchecked_at_construction(
+    monkeypatch, pynvml
+):
+    monkeypatch.setitem(sys.modules, "pynvml", pynvml)
+    with pytest.warns(RuntimeWarning, match=r"Argument `gpus` cannot be checked") as caught:
+        gpu_monitor = GPUMonitor(gpus=[99])  # TensorFlow lists no GPU here either
+    (warning,) = [w for w in caught if "`gpus`" in str(w.message)]
+    assert "Received: gpus=[99]" in str(warning.message)
+    assert "NVIDIA driver" in str(warning.message)  # why, and the fix
+    assert warning.filename == __file__  # this line, not one inside tfgpu
+    assert gpu_monitor.sampler.gpus == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        GPUMonitor()  # no `gpus`: nothing to check, nothing said at construction
 
 
 @pytest.fixture
@@ -573,7 +620,8 @@ def test_gpu_monitor_samples_the_gpus_tensorflow_was_given(fake, tf_sees, tmp_pa
     model.compile("sgd", "mse", jit_compile=False)
     everything = GPUMonitor(tmp_path / "all", interval=0.02)
     first = GPUMonitor(interval=0.02, gpus=[0])  # /GPU:0 is the V100 here
-    history = model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[everything, first])
+    callbacks = [everything, first, _FirstRow(everything), _FirstRow(first)]
+    history = model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=callbacks)
     assert [g.name for g in everything.sampler.gpus] == ["Tesla V100-SXM2-16GB"]
     assert [g.name for g in first.sampler.gpus] == ["Tesla V100-SXM2-16GB"]
     assert history.history["gpu_util_pct_mean"] == [10.0]  # the V100's scripted value
@@ -821,7 +869,12 @@ def test_one_callback_in_two_models_and_two_fits_keeps_every_session(fake, tmp_p
     x, y = _data(64)
     for model in (_model(), _model(), _model(steps_per_execution=2)):
         history = model.fit(
-            x, y, batch_size=32, epochs=1, verbose=0, callbacks=[gpu_monitor, timer]
+            x,
+            y,
+            batch_size=32,
+            epochs=1,
+            verbose=0,
+            callbacks=[gpu_monitor, _FirstRow(gpu_monitor), timer],
         )
         assert history.history["gpu_util_pct_mean"] == [30.0]
         assert history.history["examples_per_s"][0] > 0
@@ -937,7 +990,7 @@ def _eight_gpus(monkeypatch):
 
 
 def test_eight_gpus_keep_the_progress_line_short_and_the_timeline_whole(monkeypatch, tmp_path):
-    _eight_gpus(monkeypatch)
+    _ticking(_eight_gpus(monkeypatch))
     x, y = _data(64)  # 2 batches of 32
     short = GPUMonitor(tmp_path / "short", interval=60)
     history = _model().fit(

@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -68,6 +69,18 @@ class _FakeEvent:
 
 def _monitor_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "tfgpu-monitor"]
+
+
+def _first_row(s: monitor.Sampler) -> monitor.Sampler:
+    """Waits until the sampler's thread took its first row (then it waits an interval):
+    samples taken by hand after this come after it. The timeout only turns a hang into a
+    failure; it is no claim about speed."""
+    assert s._first_row.wait(timeout=120)
+    return s
+
+
+def _started(s: monitor.Sampler) -> monitor.Sampler:
+    return _first_row(s.start())
 
 
 def _read_timeline(path: Path) -> tuple[list[str], list[dict[str, float]]]:
@@ -285,6 +298,7 @@ def test_sampler_writes_a_parseable_timeline_and_run_json(fake, tmp_path):
     fake.gpus[0].processes = [(os.getpid(), 512.0), (1, 9999.0)]
     fake.gpus[0].throttle_reasons = 0x4
     with monitor.record(tmp_path, interval=60) as run:  # samples taken by hand: no timing
+        _first_row(run)
         run.mark(epoch=0, step=0)
         run._sample()
         run.mark(epoch=1, step=7)
@@ -322,7 +336,7 @@ def test_sampler_writes_a_parseable_timeline_and_run_json(fake, tmp_path):
 
 def test_each_row_is_on_disk_as_soon_as_it_is_sampled(fake, tmp_path):
     # What a SIGKILL would find: every row taken so far, complete, without stop().
-    s = monitor.Sampler(interval=60, log_dir=tmp_path).start()
+    s = _started(monitor.Sampler(interval=60, log_dir=tmp_path))
     try:
         for expected in (2, 3, 4):
             s._sample()
@@ -334,11 +348,44 @@ def test_each_row_is_on_disk_as_soon_as_it_is_sampled(fake, tmp_path):
 
 def test_a_short_run_still_has_a_sample_at_start_and_at_stop(fake):
     s = monitor.Sampler(interval=60)
-    s.start()
-    assert len(s.samples) == 1  # taken in start()
+    _started(s)
+    assert len(s.samples) == 1  # taken by the thread as it starts
     s.stop()
     s.stop()  # idempotent
     assert len(s.samples) == 2 and not s.running
+
+
+@pytest.mark.parametrize(
+    "gpus",
+    [
+        # every PCIe reading blocks (nvmlDeviceGetPcieThroughput, ~20 ms on a real GPU)
+        lambda: [fake_pynvml.FakeGpu(pcie_tx_kb_s=1024)],
+        # GPM to set up, and a GPU without byte counters beside it
+        lambda: [fake_pynvml.hopper(), fake_pynvml.FakeGpu(pcie_tx_kb_s=1024)],
+    ],
+)
+def test_start_never_waits_on_nvml(monkeypatch, gpus):
+    module = fake_pynvml.make(gpus(), driver_lacks={"field:197", "field:198"})
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    inside, release = threading.Event(), threading.Event()
+
+    def blocked(seconds):  # a blocking NVML call that returns only when the test says so
+        inside.set()
+        release.wait(timeout=120)  # the timeout only turns a hang into a failure
+
+    module.sleep = blocked
+    s = monitor.Sampler(interval=60)
+    caller, before = threading.get_ident(), len(module.calls)
+    s.start()  # had it sampled here, it would hang until `release`
+    assert inside.wait(timeout=120)  # the sampler's thread is in the blocking call
+    assert not release.is_set() and s.samples == []
+    assert all(thread != caller for _, thread in module.calls[before:])  # nvmlInit included
+    release.set()
+    _first_row(s)
+    s.stop()
+    assert len(s.samples) == 2 and s.samples[0]["gpu0_util_pct"] == module.gpus[0].util
+    assert module.init_count == 0
 
 
 def test_samples_come_at_the_interval_waiting_on_an_event(fake):
@@ -348,7 +395,7 @@ def test_samples_come_at_the_interval_waiting_on_an_event(fake):
     s._monotonic = lambda: clock[0]
     event = _FakeEvent(clock, waits=10)
     s._run(event)
-    assert len(s.samples) == 10 + 1  # one per interval, one when stopped
+    assert len(s.samples) == 1 + 10 + 1  # one at once, one per interval, one when stopped
     assert event.timeouts == [0.5] * 11  # waits a whole interval each time: no busy loop
 
 
@@ -362,7 +409,7 @@ def test_aggregate_covers_the_rows_since_a_time(fake):
     s = monitor.Sampler(interval=60, gpus=[0])
     values = iter(range(0, 1000, 10))
     fake.gpus[0].util = lambda: float(next(values))
-    s.start()
+    _started(s)
     s._sample()  # two more rows, deterministically
     middle = time.time()
     s._sample()
@@ -391,6 +438,7 @@ def test_aggregate_ignores_nan_and_is_nan_when_nothing_is_known():
 
 def test_samples_are_safe_to_read_while_sampling(fake):
     with monitor.record(interval=checks.MIN_INTERVAL) as run:
+        _first_row(run)
         seen = [len(run.samples) for _ in range(50)]
         agg = run.aggregate()
     assert seen == sorted(seen) and seen[-1] > 0
@@ -502,18 +550,36 @@ def test_without_nvml_the_warning_is_given_once_per_process(monkeypatch, recwarn
     assert warning.filename == __file__  # the user's line, not tfgpu's (nor contextlib's)
 
 
-def test_without_nvml_gpu_indices_cannot_be_checked_and_are_not_fatal(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml", None)
-    s = monitor.Sampler(interval=60, gpus=[99])
+@pytest.mark.parametrize(
+    ("pynvml", "gpus"),
+    [
+        (None, [99]),  # the binding missing
+        (fake_pynvml.make(library_missing=True), [0, 5]),  # the driver missing
+        (None, [0]),  # even an index that would exist
+    ],
+)
+def test_without_nvml_gpu_indices_are_said_unchecked_when_given(monkeypatch, pynvml, gpus):
+    monkeypatch.setitem(sys.modules, "pynvml", pynvml)
+    match = rf"Argument `gpus` cannot be checked.*Received: gpus={re.escape(repr(gpus))}"
+    with pytest.warns(RuntimeWarning, match=match) as caught:
+        s = monitor.Sampler(interval=60, gpus=gpus)  # at construction, at this line
+    (warning,) = [w for w in caught if "`gpus`" in str(w.message)]
+    assert warning.filename == __file__ and "NVIDIA driver" in str(warning.message)
     assert s.gpus == []
-    with pytest.warns(RuntimeWarning, match=r"pip install nvidia-ml-py.*gpus=\[99\] could not"):
-        s.start()
+    with pytest.warns(RuntimeWarning, match="cannot be checked"):
+        monitor.record(gpus=gpus)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no `gpus` given: nothing to say at construction
+        monitor.Sampler(interval=60)
+    with pytest.warns(RuntimeWarning, match="records no GPU metrics"):
+        s.start()  # then, as without `gpus`: not fatal, host metrics recorded
     s.stop()
+    assert s.samples[-1]["host_rss_mib"] > 0
 
 
 def test_a_gpu_lost_mid_run_is_logged_once_and_sampling_goes_on(fake, caplog):
     caplog.set_level(logging.WARNING, logger="tfgpu.monitor")
-    s = monitor.Sampler(interval=60).start()
+    s = _started(monitor.Sampler(interval=60))
     fake.gpus[1].lost = True
     for _ in range(3):
         s._sample()
@@ -530,7 +596,7 @@ def test_a_gpu_lost_mid_run_is_logged_once_and_sampling_goes_on(fake, caplog):
 
 
 def test_unsupported_metrics_are_nan_and_not_asked_again(fake):
-    s = monitor.Sampler(interval=60, gpus=[1]).start()
+    s = _started(monitor.Sampler(interval=60, gpus=[1]))
     s._sample()
     s.stop()
     assert all(math.isnan(r["gpu0_power_w"]) for r in s.samples)
@@ -668,7 +734,7 @@ class _FullDisk:
 
 def test_a_failing_disk_mid_run_is_logged_once_and_samples_stay_in_memory(fake, tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="tfgpu.monitor")
-    s = monitor.Sampler(interval=60, log_dir=tmp_path).start()
+    s = _started(monitor.Sampler(interval=60, log_dir=tmp_path))
     s._sample()
     s._file = _FullDisk()
     for _ in range(3):
@@ -695,7 +761,7 @@ def test_nvml_raising_unexpected_exception_types_gives_nan_not_a_crash(fake, cap
     def broken():
         raise error
 
-    s = monitor.Sampler(interval=60).start()
+    s = _started(monitor.Sampler(interval=60))
     fake.gpus[0].util = broken
     s._sample()
     s._sample()

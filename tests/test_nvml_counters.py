@@ -6,6 +6,7 @@ Deterministic: the fake NVML and the readers share one fake clock; nothing sleep
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import importlib.util
 import logging
@@ -18,7 +19,7 @@ import pytest
 from tests import fake_pynvml
 from tfgpu import monitor
 from tfgpu._internal.helpers import warn
-from tfgpu.monitor import _aggregates, _gpu_reader, nvml
+from tfgpu.monitor import _aggregates, _gpu_reader, host, nvml
 
 NAN = float("nan")
 GPM_KEYS = ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct")
@@ -58,10 +59,10 @@ def _install(monkeypatch, gpus, **kwargs):
 class Readers:
     """The sampler's per-GPU readers, driven by hand: `read()` returns one row per GPU."""
 
-    def __init__(self, fake, clock):
+    def __init__(self, fake, clock, min_window: float = 0.0):
         self.fake, self.clock = fake, clock
         inventory = nvml.inventory()
-        self.nv, self.readers = _gpu_reader.open_readers(inventory.gpus, clock)
+        self.nv, self.readers = _gpu_reader.open_readers(inventory.gpus, clock, min_window)
 
     def read(self, advance: float = 0.0) -> list[dict[str, float]]:
         self.clock.t += advance
@@ -73,6 +74,10 @@ class Readers:
 
 def _calls(fake, name):
     return sum(1 for n, _ in fake.calls if n == name)
+
+
+def _warnings(caplog) -> list[str]:
+    return [rec.getMessage() for rec in caplog.records if rec.levelno >= logging.WARNING]
 
 
 # ---------------------------------------------------------------- GPM
@@ -100,6 +105,42 @@ def test_gpm_with_an_interval_under_100_ms_carries_values(monkeypatch):
     rows = [r.read(0.03)[0] for _ in range(20)]  # 0.03 s apart: the fake refuses < 0.1 s
     assert all(row["sm_active_pct"] == 60.0 for row in rows[4:])
     assert _calls(fake, "nvmlGpmSampleGet") == 5  # once per 0.1 s, not per read
+    r.close()
+
+
+def test_gpm_never_asks_for_a_window_of_exactly_100_ms(monkeypatch, caplog):
+    # NVML wants the two samples "greater than 100ms" apart; the fake refuses 100 ms itself.
+    fake, clock = _install(monkeypatch, [fake_pynvml.hopper()])
+    clock.t = 0.0  # 0.1 - 0.0 and 0.2 - 0.1 are exactly 0.1 in binary
+    r = Readers(fake, clock)
+    r.read()
+    clock.t = 0.1
+    assert math.isnan(r.read()[0]["sm_active_pct"])  # not asked: nothing to carry yet
+    assert _calls(fake, "nvmlGpmSampleGet") == 1
+    clock.t = 0.2
+    assert r.read()[0]["sm_active_pct"] == 60.0  # 200 ms after the first sample
+    clock.t = 0.3  # 0.3 - 0.2 is a hair under 0.1: carried
+    assert r.read()[0]["sm_active_pct"] == 60.0
+    assert _calls(fake, "nvmlGpmSampleGet") == 2
+    assert not _warnings(caplog)  # never NVML_ERROR_INVALID_ARGUMENT
+    r.close()
+
+
+def test_gpm_windows_count_from_when_the_previous_sample_was_taken(monkeypatch, caplog):
+    # A slow nvmlGpmSampleGet (5 ms) stamps its sample late: 101 ms after that call began is
+    # only 96 ms after the sample, too soon for NVML.
+    taking = iter([0.005])
+    fake, clock = _install(monkeypatch, [fake_pynvml.hopper(gpm_sample_s=lambda: next(taking, 0))])
+    r = Readers(fake, clock)
+    start = clock.t
+    r.read()
+    for late in (0.101, 0.104):  # 96 and 99 ms after the sample
+        clock.t = start + late
+        assert math.isnan(r.read()[0]["sm_active_pct"])
+    assert _calls(fake, "nvmlGpmSampleGet") == 1
+    clock.t = start + 0.2
+    assert r.read()[0]["sm_active_pct"] == 60.0
+    assert not _warnings(caplog)
     r.close()
 
 
@@ -155,6 +196,83 @@ def test_gpm_on_a_gpu_lost_mid_run_recovers_with_fresh_samples(monkeypatch, capl
     r.read(0.2)
     assert r.read(0.2)[0]["sm_active_pct"] == 60.0
     assert len([m for m in caplog.messages if "GPU is lost" in m]) == 1
+    r.close()
+
+
+def _lose(fake, how: str) -> None:
+    gpu = fake.gpus[0]
+    if how == "lost":
+        gpu.lost = True  # Xid 79: every query answers NVML_ERROR_GPU_IS_LOST
+    elif how == "lost mid-row":
+        util = gpu.util
+
+        def read_then_lose():
+            gpu.lost = True  # utilization answered; the queries after it find the GPU gone
+            return util
+
+        gpu.util = read_then_lose
+    elif how == "a field says lost":
+        gpu.field_errors = {fake.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: fake.NVML_ERROR_GPU_IS_LOST}
+    else:  # "nvml shut down": another library's nvmlShutdown took NVML's last reference
+        fake.nvmlShutdown()
+
+
+def _recover(fake, how: str, util: float) -> None:
+    gpu = fake.gpus[0]
+    gpu.lost, gpu.util, gpu.field_errors = False, util, {}
+    if how == "nvml shut down":
+        fake.nvmlInit()
+
+
+@pytest.mark.parametrize(
+    ("source", "how"),
+    [
+        *[
+            (source, how)
+            for source in ("gpm", "throughput", "fields")
+            for how in ("lost", "lost mid-row", "nvml shut down")
+        ],
+        ("fields", "a field says lost"),
+    ],
+)
+def test_a_lost_gpu_s_row_is_nan_throughout_and_nothing_is_carried_past_it(
+    monkeypatch, caplog, source, how
+):
+    lacks = {"field:197", "field:198"} if source == "throughput" else set()
+    gpu = fake_pynvml.FakeGpu(pcie_tx_kb_s=2048, pcie_rx_kb_s=1024)
+    if source == "gpm":
+        gpu = fake_pynvml.hopper()
+    elif source == "fields":
+        gpu.pcie_tx_bytes = lambda: clock.t * 2**20 * 10  # 10 MiB/s
+    fake, clock = _install(monkeypatch, [gpu], driver_lacks=lacks)
+    r = Readers(fake, clock)
+    # 60 ms apart: GPM sampled every other read (the last read carries) and carried between,
+    # PCIe throughput carried between its calls.
+    rows = [r.read(0.06)[0] for _ in range(30)]
+    tx = {"gpm": 100.0, "throughput": 2.0, "fields": 10.0}[source]
+    assert rows[-1]["pcie_tx_mib_s"] == pytest.approx(tx) and rows[-1]["util_pct"] == gpu.util
+    util = gpu.util
+    _lose(fake, how)
+    lost = [r.read(0.01)[0], r.read(0.06)[0], r.read(0.06)[0]]  # the first: GPM would carry
+    assert all(math.isnan(v) for row in lost for v in row.values()), lost[0]
+    # What the GPU reads after it is back comes from fresh readings only.
+    gpu.pcie_tx_kb_s = 4096
+    if source == "fields":  # twice the traffic: a rate across the loss would read neither
+        gpu.pcie_tx_bytes = lambda: clock.t * 2**20 * 20 - 1000 * 2**20 * 10
+    if gpu.gpm is not None:
+        gpu.gpm["pcie_tx"] = gpu.gpm["sm_util"] = 80.0
+    _recover(fake, how, util)
+    after = [r.read(0.06)[0] for _ in range(30)]
+    assert after[0]["util_pct"] == util
+    fresh = {"gpm": 80.0, "throughput": 4.0, "fields": 20.0}[source]
+    # GPM's PCIe waits for two fresh samples; the byte counters (0 bytes here) stand in.
+    allowed = {fresh, 0.0} if source == "gpm" else {fresh}
+    for row in after:
+        value = row["pcie_tx_mib_s"]
+        assert math.isnan(value) or any(value == pytest.approx(v) for v in allowed), value
+    assert after[-1]["pcie_tx_mib_s"] == pytest.approx(fresh)
+    assert all(math.isnan(row["sm_active_pct"]) or row["sm_active_pct"] == 80.0 for row in after)
+    assert len(_warnings(caplog)) == 1  # the loss, once
     r.close()
 
 
@@ -216,6 +334,72 @@ def test_pcie_throughput_calls_are_spread_over_many_gpus(monkeypatch):
     assert max(per_sample) == 1  # never 8 GPUs x 20 ms in one sample
     assert sum(per_sample) == 20
     assert sum(row["pcie_tx_mib_s"] == 1.0 for row in rows) == 8  # each GPU read once
+    r.close()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "NVML_ERROR_INVALID_ARGUMENT",
+        "NVML_ERROR_NO_PERMISSION",
+        "NVML_ERROR_UNKNOWN",
+        "NVML_ERROR_NOT_SUPPORTED",
+    ],
+)
+@pytest.mark.parametrize("where", ["in a field", "from the call"])
+def test_pcie_byte_counters_refused_with_any_error_fall_back_to_the_throughput_call(
+    monkeypatch, caplog, error, where
+):
+    gpu = fake_pynvml.FakeGpu(pcie_tx_kb_s=2048, pcie_rx_kb_s=1024)
+    fake, clock = _install(monkeypatch, [gpu])
+    code = getattr(fake, error)
+    if where == "in a field":
+        gpu.field_errors = {fake.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: code}
+    else:
+
+        def refuse(h, field_ids):
+            fake.calls.append(("nvmlDeviceGetFieldValues", 0))
+            raise fake.NVMLError(code)
+
+        monkeypatch.setattr(fake, "nvmlDeviceGetFieldValues", refuse)
+    caplog.set_level(logging.INFO, logger="tfgpu.monitor")
+    r = Readers(fake, clock)
+    rows = [r.read(0.2)[0] for _ in range(8)]
+    assert all(row["pcie_tx_mib_s"] == 2.0 for row in rows)
+    assert all(row["pcie_rx_mib_s"] == 1.0 for row in rows[3:])
+    assert _calls(fake, "nvmlDeviceGetFieldValues") == 1  # decided once
+    noted = [m for m in caplog.messages if "no PCIe byte counters" in m]
+    assert len(noted) == 1 and str(fake.NVMLError(code)) in noted[0]
+    assert not _warnings(caplog)
+    r.close()
+
+
+def test_pcie_byte_counters_that_worked_and_fail_once_are_nan_then_read_again(monkeypatch, caplog):
+    gpu = fake_pynvml.FakeGpu(pcie_tx_bytes=lambda: clock.t * 2**20 * 10)
+    fake, clock = _install(monkeypatch, [gpu])
+    r = Readers(fake, clock)
+    rows = [r.read(0.2)[0]["pcie_tx_mib_s"] for _ in range(2)]
+    gpu.field_errors = {fake.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: fake.NVML_ERROR_UNKNOWN}
+    rows.append(r.read(0.2)[0]["pcie_tx_mib_s"])
+    gpu.field_errors = {}
+    rows += [r.read(0.2)[0]["pcie_tx_mib_s"] for _ in range(2)]
+    assert [round(v, 6) if v == v else "nan" for v in rows] == ["nan", 10.0, "nan", "nan", 10.0]
+    assert _calls(fake, "nvmlDeviceGetPcieThroughput") == 0  # no fallback for a passing error
+    (warning,) = _warnings(caplog)
+    assert "pcie_tx_mib_s" in warning and "Unknown Error" in warning
+    r.close()
+
+
+def test_a_counter_rate_needs_the_minimum_window(monkeypatch):
+    gpu = fake_pynvml.FakeGpu()
+    fake, clock = _install(monkeypatch, [gpu])
+    r = Readers(fake, clock, min_window=0.1)
+    assert math.isnan(r.read()[0]["pcie_rx_mib_s"])  # the base
+    gpu.pcie_rx_bytes = 3 * 2**20  # a burst of 3 MiB, then nothing
+    assert math.isnan(r.read(0.003)[0]["pcie_rx_mib_s"])  # 3 ms: would read 1000 MiB/s
+    assert math.isnan(r.read(0.096)[0]["pcie_rx_mib_s"])  # 99 ms: still too short
+    assert r.read(0.101)[0]["pcie_rx_mib_s"] == pytest.approx(15.0)  # 3 MiB over 0.2 s
+    assert r.read(0.15)[0]["pcie_rx_mib_s"] == 0.0  # over the window: a rate
     r.close()
 
 
@@ -330,20 +514,62 @@ def test_the_timeline_carries_the_new_columns(monkeypatch, tmp_path):
             self.left -= 1
             return self.left < 0
 
-    s._nv, s._readers = _gpu_reader.open_readers(s._gpus, lambda: s._monotonic())
     s._open_files()
-    s._run(Event())
+    s._run(Event())  # the thread's body: opens the readers, samples, closes
     assert fake.gpm_live == 0 and fake.init_count == 0  # freed, then NVML shut down
     header, *rows = (tmp_path / "timeline.csv").read_text().splitlines()
     assert header.split(",") == monitor.timeline_columns(2)
     parsed = [dict(zip(header.split(","), map(float, line.split(",")))) for line in rows]
-    assert len(parsed) == 6  # five intervals and the last sample at stop
-    assert [p["gpu0_sm_active_pct"] for p in parsed][1:] == [60.0] * 5
+    assert len(parsed) == 7  # one at once, five intervals, the last sample at stop
+    assert [p["gpu0_sm_active_pct"] for p in parsed][1:] == [60.0] * 6
     assert all(math.isnan(p["gpu1_tensor_active_pct"]) for p in parsed)
     agg = s.aggregate()
     assert agg["gpu0_tensor_active_pct_mean"] == 40.0
     assert agg["gpu0_pcie_tx_mib_s_mean"] == 100.0
     assert math.isnan(agg["gpu1_sm_active_pct_mean"])
+
+
+def test_host_cpu_percent_needs_the_minimum_window(monkeypatch):
+    psutil = pytest.importorskip("psutil")
+    T = collections.namedtuple("T", "user system idle")
+    times = iter([T(10.0, 0.0, 90.0), T(10.01, 0.0, 90.0), T(12.0, 0.0, 92.0), T(12.0, 0.0, 94.0)])
+    monkeypatch.setattr(psutil, "cpu_times", lambda: next(times))
+    clock = Clock()
+    reader = host.HostReader(clock, min_window=0.1)
+    assert math.isnan(reader.read()[0])  # the base
+    clock.t += 0.002
+    assert math.isnan(reader.read()[0])  # 2 ms, one tick of one core: would read 100%
+    clock.t += 0.2
+    assert reader.read()[0] == pytest.approx(50.0)  # 2 s busy of 4 since the base
+    clock.t += 0.1
+    assert reader.read()[0] == 0.0
+
+
+def test_the_last_row_at_stop_has_no_rate_over_a_few_milliseconds(monkeypatch):
+    psutil = pytest.importorskip("psutil")
+    gpu = fake_pynvml.FakeGpu(pcie_tx_bytes=lambda: clock.t * 2**20 * 10)
+    fake, clock = _install(monkeypatch, [gpu])
+    T = collections.namedtuple("T", "user system idle")
+    monkeypatch.setattr(psutil, "cpu_times", lambda: T(clock.t / 2, 0.0, clock.t / 2))
+    s = monitor.Sampler(interval=0.2)
+    s._monotonic = clock
+
+    class Event:  # stop() comes 2 ms after the fourth interval's sample
+        left = 4
+
+        def wait(self, timeout):
+            self.left -= 1
+            clock.t += timeout if self.left >= 0 else 0.002
+            return self.left < 0
+
+    s._run(Event())
+    rows = s.samples
+    assert len(rows) == 6
+    assert [r["gpu0_pcie_tx_mib_s"] for r in rows[1:-1]] == [pytest.approx(10.0)] * 4
+    assert [r["host_cpu_pct"] for r in rows[1:-1]] == [pytest.approx(50.0)] * 4
+    assert math.isnan(rows[-1]["gpu0_pcie_tx_mib_s"]) and math.isnan(rows[-1]["host_cpu_pct"])
+    assert rows[-1]["gpu0_util_pct"] == 50.0  # the rest of the row is read as usual
+    assert fake.init_count == 0  # the thread's body closed what it opened
 
 
 # ---------------------------------------------------------------- aggregates (pure)
@@ -390,6 +616,15 @@ def test_the_fake_refuses_gpm_calls_nvml_would_refuse(monkeypatch):
     request.sample1, request.sample2 = b, a
     with pytest.raises(fake.NVMLError_InvalidArgument):  # out of time order
         fake.nvmlGpmMetricsGet(request)
+    clock.t = 0.0
+    fake.nvmlGpmSampleGet(h0, a)
+    clock.t = 0.1
+    fake.nvmlGpmSampleGet(h0, b)
+    request.sample1, request.sample2 = a, b
+    with pytest.raises(fake.NVMLError_InvalidArgument):  # 100 ms: not "greater than 100ms"
+        fake.nvmlGpmMetricsGet(request)
+    clock.t = 0.2
+    fake.nvmlGpmSampleGet(h0, b)
     request.sample1, request.sample2 = a, b
     request.version = 2
     with pytest.raises(fake.NVMLError_ArgumentVersionMismatch):

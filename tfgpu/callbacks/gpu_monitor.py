@@ -74,6 +74,10 @@ class GPUMonitor(keras.callbacks.Callback):
             not writable, or `tensorboard=True` without `log_dir`.
         TypeError: for an argument of the wrong type (`per_gpu_logs="yes"`).
 
+    Warns:
+        RuntimeWarning: at construction, when `gpus` is given and NVML is not available to
+            check it (no GPU is sampled then).
+
     Example:
 
     ```python

@@ -37,7 +37,9 @@ GPM_METRICS = (
 """The GPM metrics read, with the NVML constant of each (the last two feed the PCIe columns)."""
 
 GPM_MIN_PERIOD = 0.1
-"""Seconds between two GPM samples at the least (NVML's minimum); reads in between carry values."""
+"""NVML computes GPM metrics only from samples more than this many seconds apart: a sample is
+taken only once more than this has passed since the previous `nvmlGpmSampleGet` returned (so
+the window exceeds it however long the calls take); reads in between carry values."""
 
 PCIE_THROUGHPUT_PERIOD = 1.0
 """Seconds between two reads of one blocking `nvmlDeviceGetPcieThroughput` counter at the least;
@@ -56,7 +58,10 @@ class BlockingCalls:
 class GpuReader:
     """Reads one GPU's `GPU_METRICS` in the sampler thread; never raises. An unsupported query
     reads NaN from then on (noted once at INFO); other failures read NaN, are logged once per
-    (GPU, error kind) and retried each sample."""
+    (GPU, error kind) and retried each sample. A GPU that answers as lost (or NVML shut down
+    under it) reads NaN throughout that row, and nothing read before is carried past it.
+    A rate from two counter readings needs `min_window` seconds between them (else NaN, and
+    the older reading stays the base)."""
 
     def __init__(
         self,
@@ -66,6 +71,7 @@ class GpuReader:
         pid: int | None = None,
         clock: Callable[[], float] | None = None,
         blocking: BlockingCalls | None = None,
+        min_window: float = 0.0,
     ):
         self._nv = nv
         self._gpu = gpu
@@ -80,6 +86,12 @@ class GpuReader:
         self._function_not_found = error_code(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
         self._not_found = error_code(nv, "NVML_ERROR_NOT_FOUND", 6)
         self._in_use = error_code(nv, "NVML_ERROR_IN_USE", 19)
+        # The GPU (or NVML) is gone: no value of the row stands, carried ones included.
+        self._gone = (
+            error_code(nv, "NVML_ERROR_GPU_IS_LOST", 15),
+            error_code(nv, "NVML_ERROR_UNINITIALIZED", 1),
+        )
+        self._min_window = min_window
         # Not an NVMLError: an unversioned call the driver lacks (nvidia-ml-py 12 and newer).
         mismatch = getattr(nv, "NVMLLibraryMismatchError", None)
         self._mismatch: tuple[type, ...] = (mismatch,) if isinstance(mismatch, type) else ()
@@ -98,18 +110,11 @@ class GpuReader:
         self._gpm_samples: list[Any] = []
         self._gpm_request: Any = None
         self._gpm_ids: list[int] = []
-        self._gpm_prev: int | None = None  # index in _gpm_samples of the previous sample
-        self._gpm_tried = -math.inf  # clock of the last nvmlGpmSampleGet attempt
-        self._gpm_values = [_NAN] * len(GPM_METRICS)
-        self._gpm_pcie_ok = False  # whether GPM gave PCIe rates at its last read
         # PCIe fallbacks: byte-counter field values, then the blocking throughput call.
         self._fields_ok: bool | None = None
-        self._fields_prev: tuple[float, float, float] | None = None  # (time s, tx, rx bytes)
-        self._throughput: list[float] = [_NAN, _NAN]
         self._blocking = blocking or BlockingCalls(PCIE_THROUGHPUT_PERIOD / 2)
         self._proc_last_ts = 0
-        self._proc_value = _NAN
-        self._proc_seen = -math.inf
+        self._forget()
         self._queries: list[tuple[str, tuple[str, ...], Callable[[Any], tuple[float, ...]]]] = [
             ("utilization", ("util_pct", "mem_util_pct"), self._utilization),
             ("memory", ("mem_used_mib", "mem_total_mib"), self._memory),
@@ -127,6 +132,18 @@ class GpuReader:
 
     def _code(self, error: Exception) -> Any:
         return getattr(error, "value", None)
+
+    def _forget(self) -> None:
+        """Drops every value and reading kept from earlier samples (at start, and when the GPU
+        is lost): GPM and counter rates start again from fresh readings."""
+        self._gpm_prev: int | None = None  # index in _gpm_samples of the previous sample
+        self._gpm_done = -math.inf  # clock when the last nvmlGpmSampleGet returned
+        self._gpm_values = [_NAN] * len(GPM_METRICS)
+        self._gpm_pcie_ok = False  # whether GPM gave PCIe rates at its last read
+        self._fields_prev: tuple[float, float, float] | None = None  # (time s, tx, rx bytes)
+        self._throughput: list[float] = [_NAN, _NAN]
+        self._proc_value = _NAN
+        self._proc_seen = -math.inf
 
     def _note(self, key: str, message: str, *args: Any) -> None:
         """Logs `message` at INFO once per reader and key (an unsupported metric, a fallback)."""
@@ -265,10 +282,8 @@ class GpuReader:
     def _gpm_read(self, h: Any) -> tuple[float, ...]:
         if self._gpm is False:
             return tuple(self._gpm_values[:6])
-        now = self._clock()
-        if now - self._gpm_tried < GPM_MIN_PERIOD:
-            return tuple(self._gpm_values[:6])  # NVML needs 100 ms between samples: carry
-        self._gpm_tried = now
+        if self._clock() - self._gpm_done <= GPM_MIN_PERIOD:
+            return tuple(self._gpm_values[:6])  # NVML needs more than 100 ms: carry
         if self._gpm is None and not self._gpm_start(h):
             return tuple(self._gpm_values[:6])
         current = 0 if self._gpm_prev != 0 else 1
@@ -293,6 +308,9 @@ class GpuReader:
             else:
                 raise
             return tuple(self._gpm_values[:6])
+        finally:
+            # The sample was taken before this: the next is more than the minimum after it.
+            self._gpm_done = self._clock()
         self._gpm_prev = current
         if previous is None:
             return tuple(self._gpm_values[:6])  # the first sample: values come at the next
@@ -332,7 +350,8 @@ class GpuReader:
         return self._pcie_throughput(h)
 
     def _pcie_fields(self, h: Any) -> tuple[float, float] | None:
-        """PCIe rates from the byte counters (non-blocking); None when the driver lacks them."""
+        """PCIe rates from the byte counters (non-blocking); None when the driver does not give
+        them: it lacks them, or refuses them with any error before they ever worked."""
         nv = self._nv
         ids = (
             getattr(nv, "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", None),
@@ -344,28 +363,21 @@ class GpuReader:
         previous, self._fields_prev = self._fields_prev, None  # what a failed call leaves
         try:
             values = nv.nvmlDeviceGetFieldValues(h, list(ids))
+            success = getattr(nv, "NVML_SUCCESS", 0)
+            failed = [values[k].nvmlReturn for k in range(2) if values[k].nvmlReturn != success]
+            if failed:
+                raise nv.NVMLError(failed[0])  # a field's own error, as the call's
         except nv.NVMLError as e:
-            if self._is_not_supported(e):
-                self._fields_ok = False
-                self._note(
-                    "fields",
-                    "no PCIe byte counters (%s); trying nvmlDeviceGetPcieThroughput.",
-                    decode(e),
-                )
-                return None
-            raise
-        success = getattr(nv, "NVML_SUCCESS", 0)
-        returns = [values[k].nvmlReturn for k in range(2)]
-        if any(r == self._not_supported for r in returns):
+            if self._code(e) in self._gone or (self._fields_ok and not self._is_not_supported(e)):
+                raise  # a lost GPU: its row is NaN; counters that worked: NaN, retried
             self._fields_ok = False
             self._note(
                 "fields",
-                "no PCIe byte counters (NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES not supported); "
-                "trying nvmlDeviceGetPcieThroughput.",
+                "no PCIe byte counters (NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES: %s); using "
+                "nvmlDeviceGetPcieThroughput.",
+                decode(e) or type(e).__name__,
             )
             return None
-        if any(r != success for r in returns):
-            return _NAN, _NAN
         self._fields_ok = True
         stamp = values[0].timestamp / 1e6 if values[0].timestamp > 0 else self._clock()
         current = (stamp, float(values[0].value.ullVal), float(values[1].value.ullVal))
@@ -373,6 +385,9 @@ class GpuReader:
         if previous is None or current[0] <= previous[0]:
             return _NAN, _NAN
         seconds = current[0] - previous[0]
+        if seconds < self._min_window:
+            self._fields_prev = previous  # too short for a rate: the next window spans both
+            return _NAN, _NAN
         rates = [(current[k] - previous[k]) / seconds / _MIB for k in (1, 2)]
         return tuple(r if r >= 0 else _NAN for r in rates)  # type: ignore[return-value]
 
@@ -439,6 +454,12 @@ class GpuReader:
             try:
                 values.extend(fn(self._handle))
             except Exception as e:  # the one catch-all: any failure of one query reads NaN
+                if isinstance(e, self._nv.NVMLError) and self._code(e) in self._gone:
+                    # Lost (or NVML shut down): the rest would fail too, and nothing read
+                    # before, in this row or carried from earlier ones, stands.
+                    self._report(type(e).__name__, list(GPU_METRICS), e)
+                    self._forget()
+                    return [_NAN] * len(GPU_METRICS)
                 values.extend([_NAN] * len(metrics))
                 if self._is_not_supported(e):
                     self._unsupported.add(query)
@@ -457,9 +478,10 @@ class GpuReader:
 
 
 def open_readers(
-    gpus: Sequence[GpuInfo], clock: Callable[[], float] | None = None
+    gpus: Sequence[GpuInfo], clock: Callable[[], float] | None = None, min_window: float = 0.0
 ) -> tuple[ModuleType | None, list[GpuReader]]:
-    """Starts NVML for a sampling session; returns the module (to stop later) and readers."""
+    """Starts NVML for a sampling session; returns the module (to stop later) and readers.
+    `min_window`: the seconds a rate from two counter readings needs at the least."""
     if not gpus:
         return None, []
     nv, _ = _nvml_lib.import_pynvml()
@@ -467,7 +489,7 @@ def open_readers(
         return None, []
     blocking = BlockingCalls(PCIE_THROUGHPUT_PERIOD / (2 * len(gpus)))
     return nv, [
-        GpuReader(nv, gpu, position, clock=clock, blocking=blocking)
+        GpuReader(nv, gpu, position, clock=clock, blocking=blocking, min_window=min_window)
         for position, gpu in enumerate(gpus)
     ]
 

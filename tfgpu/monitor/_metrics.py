@@ -55,10 +55,11 @@ HOST_METRICS: dict[str, Metric] = {
         Metric(
             "host_cpu_pct",
             "%",
-            "psutil.cpu_times() (busy share of all cores since the previous sample)",
+            "psutil.cpu_times() (busy share of all cores between two readings)",
             None,
             "Whole-machine CPU utilization averaged over all cores, 0-100, since the previous "
-            "sample (nan in a session's first row); a busy input pipeline shows here.",
+            "reading at least half an interval back (nan in a session's first row, and in a row "
+            "taken sooner, e.g. the last one at stop); a busy input pipeline shows here.",
         ),
         Metric(
             "host_rss_mib",
@@ -165,7 +166,7 @@ GPU_METRICS: dict[str, Metric] = {
             "%",
             "GPM NVML_GPM_METRIC_SM_UTIL",
             "dcgmi dmon -e 1002 (DCGM_FI_PROF_SM_ACTIVE)",
-            "Share of SMs busy, averaged over the time between two GPM samples (at least "
+            "Share of SMs busy, averaged over the time between two GPM samples (more than "
             "0.1 s); Hopper or newer, NaN elsewhere. A single-thread kernel shows 100% "
             "util_pct but about 1% here.",
         ),
@@ -211,7 +212,8 @@ GPU_METRICS: dict[str, Metric] = {
             "MiB/s",
             "GPM NVML_GPM_METRIC_PCIE_TX_PER_SEC; else nvmlDeviceGetFieldValues("
             "NVML_FI_DEV_PCIE_COUNT_TX_BYTES) (byte counter: difference / time between "
-            "samples); else nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_TX_BYTES) (KB/s over "
+            "readings at least half an interval apart); else "
+            "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_TX_BYTES) (KB/s over "
             "20 ms, read at most once a second, carried between reads)",
             "nvidia-smi dmon -s t (txpci); DCGM_FI_PROF_PCIE_TX_BYTES (1009)",
             "PCIe traffic out of the GPU (device to host and peers), MiB per second.",

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 from tfgpu.monitor._metrics import HOST_METRICS as HOST_METRICS
@@ -36,13 +38,16 @@ def _cpu_pct(previous: Any, current: Any) -> float:
 
 class HostReader:
     """Reads `HOST_METRICS` in the sampler thread; NaN (one warning) if psutil fails. CPU percent
-    comes from this reader's own `cpu_times()` deltas: `psutil.cpu_percent()` users cannot
-    disturb it."""
+    comes from this reader's own `cpu_times()` deltas (`psutil.cpu_percent()` users cannot
+    disturb it), over at least `min_window` seconds of `clock`: the first read and a read
+    sooner than that give NaN, and the older reading stays the base."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] | None = None, min_window: float = 0.0) -> None:
         self._psutil: Any = None
         self._process: Any = None  # None: psutil could not open this process
-        self._last_times: Any = None  # None: no CPU baseline, CPU percent stays NaN
+        self._clock: Callable[[], float] = clock or time.monotonic
+        self._min_window = min_window
+        self._last: tuple[float, Any] | None = None  # (clock, cpu_times()) of the CPU base
         self._reported = False
         try:
             import psutil
@@ -52,7 +57,6 @@ class HostReader:
         self._psutil = psutil
         try:
             self._process = psutil.Process()
-            self._last_times = psutil.cpu_times()
         except (psutil.Error, OSError) as e:
             self._warn(e)
 
@@ -73,13 +77,14 @@ class HostReader:
         # psutil's own errors (no such process, access denied); OSError: a /proc it cannot read
         errors = (psutil.Error, OSError)
         values = [_NAN, _NAN, _NAN]
-        if self._last_times is not None:
-            try:
-                times = psutil.cpu_times()
-                values[0] = _cpu_pct(self._last_times, times)
-                self._last_times = times
-            except errors as e:
-                self._warn(e)
+        try:
+            now, times = self._clock(), psutil.cpu_times()
+            if self._last is None or now - self._last[0] >= self._min_window:
+                if self._last is not None:
+                    values[0] = _cpu_pct(self._last[1], times)
+                self._last = now, times
+        except errors as e:
+            self._warn(e)
         if self._process is not None:
             try:
                 values[1] = self._process.memory_info().rss / _MIB

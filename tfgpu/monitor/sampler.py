@@ -33,16 +33,20 @@ from tfgpu.monitor.nvml import GpuInfo, inventory, visible_gpus
 
 _log = logging.getLogger(__name__)
 _NAN = float("nan")
+# A rate from two counter readings (PCIe bytes, host CPU time) needs a window of at least this
+# share of the interval: shorter ones (the last sample at stop(), one right after a stall) give
+# NaN, and the next row's rate spans both.
+_RATE_MIN_SHARE = 0.5
 
 
 class Sampler:
     """Samples this process's GPUs and the host in a background thread.
 
-    Every `interval` seconds, and once at `start()` and at `stop()`, it reads the metrics of
-    `tfgpu.monitor.METRICS` into one row; what a GPU does not offer is NaN, and without NVML
-    one warning is given and the host is still recorded. With `log_dir`, writes `run.json`
-    and `timeline.csv` there. Every column, its source and its `nvidia-smi` equivalent, and
-    the files: `docs/metrics.md`.
+    Every `interval` seconds, and once as it starts and once at `stop()`, it reads the metrics
+    of `tfgpu.monitor.METRICS` into one row, always on its own thread (`start()` never waits on
+    NVML); what a GPU does not offer is NaN, and without NVML one warning is given and the host
+    is still recorded. With `log_dir`, writes `run.json` and `timeline.csv` there. Every
+    column, its source and its `nvidia-smi` equivalent, and the files: `docs/metrics.md`.
 
     Args:
         interval: float, seconds between samples, at least `MIN_INTERVAL` (0.01); NVML
@@ -60,6 +64,9 @@ class Sampler:
             `log_dir` is a file, under a file, or cannot be created or written.
         TypeError: if `interval` is not a number, `gpus` not a list of ints, `host` not a
             bool, or `log_dir` not a path.
+
+    Warns:
+        RuntimeWarning: when `gpus` is given and NVML is not available to check it.
 
     Example:
 
@@ -82,7 +89,6 @@ class Sampler:
     ) -> None:
         self._interval = check_interval(interval)
         requested = check_gpus(gpus)
-        self._unchecked: list[int] | None = None  # `gpus` NVML was not there to check
         check_bool("host", host)
         self._dir = None if log_dir is None else writable_dir(log_dir, "log_dir")
         self._host = host
@@ -91,8 +97,12 @@ class Sampler:
         if requested is None:
             self._gpus = visible
         elif not self._inventory.available:
-            self._gpus = []  # cannot check without NVML; start() warns that GPUs are not read
-            self._unchecked = requested
+            self._gpus = []  # nothing to sample, and nothing to check the indices against
+            warn.warn_at_user_code(
+                f"Argument `gpus` cannot be checked: NVML is not available. Received: "
+                f"gpus={requested!r}. No GPU is sampled. {self._inventory.error}",
+                RuntimeWarning,
+            )
         else:
             unknown = [g for g in requested if g >= len(visible)]
             if unknown:
@@ -112,6 +122,7 @@ class Sampler:
         self._data: dict[str, array] = {c: array("d") for c in self._columns}
         self._lock = threading.Lock()
         self._stop_event = threading.Event()
+        self._first_row = threading.Event()  # set by the thread once its first row is in
         self._thread: threading.Thread | None = None
         self._file: Any = None
         self._file_failed = False
@@ -179,7 +190,8 @@ class Sampler:
             self._step = step
 
     def start(self) -> Sampler:
-        """Starts sampling (one sample now, then one per interval); a no-op if running.
+        """Starts sampling: the thread takes a sample at once, then one per interval; a no-op
+        if running. Returns without waiting on NVML: every NVML call is the thread's.
 
         Returns:
             The sampler itself.
@@ -188,24 +200,16 @@ class Sampler:
             return self
         if not self._gpus and not self._inventory.available:
             # A fact of the machine: said once per process, at the user's line.
-            unchecked = (
-                f" The GPU indices gpus={self._unchecked!r} could not be checked."
-                if self._unchecked
-                else ""
-            )
             warn.warn_at_user_code(
                 f"tfgpu.monitor records no GPU metrics: {self._inventory.error} "
-                f"Host metrics are still recorded.{unchecked}",
+                "Host metrics are still recorded.",
                 RuntimeWarning,
                 once="tfgpu.monitor:no-nvml",
             )
         self._stop_event = threading.Event()  # a fresh one: a left-behind thread keeps its own
+        self._first_row = threading.Event()
         self._t0 = self._time()
-        if self._gpus:
-            self._nv, self._readers = open_readers(self._gpus, lambda: self._monotonic())
-        self._host_reader = HostReader() if self._host else None
         self._open_files()
-        self._sample()
         self._thread = threading.Thread(
             target=self._run, args=(self._stop_event,), name="tfgpu-monitor", daemon=True
         )
@@ -308,8 +312,16 @@ class Sampler:
                 _log.exception("tfgpu.monitor: a sample failed; sampling goes on. (Logged once.)")
 
     def _run(self, stop: threading.Event | None = None) -> None:
+        """The sampler thread: opens the readers, takes the first row at once, one per interval
+        until `stop` is set, a last one, then closes the readers and the timeline."""
         stop = self._stop_event if stop is None else stop
         try:  # _sample never raises: it is the boundary of each tick
+            clock, window = (lambda: self._monotonic()), self._interval * _RATE_MIN_SHARE
+            if self._gpus:
+                self._nv, self._readers = open_readers(self._gpus, clock, window)
+            self._host_reader = HostReader(clock, window) if self._host else None
+            self._sample()
+            self._first_row.set()
             deadline = self._monotonic() + self._interval
             while not stop.wait(max(0.0, deadline - self._monotonic())):
                 self._sample()
@@ -326,6 +338,7 @@ class Sampler:
         close_readers(self._nv, self._readers)
         self._nv = None
         self._readers = []
+        self._host_reader = None
 
 
 def _next_deadline(deadline: float, now: float, interval: float) -> float:
