@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     # The sampler's own cost on this machine: 20 samples taken directly, 0.1 s apart.
     sampler = monitor.Sampler(interval=60, gpus=[0], host=True)
     sampler.start()
+    sampler._first_row.wait(30)  # the thread's first row is in: no race with it
     costs = []
     for _ in range(20):
         time.sleep(0.1)

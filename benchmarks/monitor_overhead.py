@@ -266,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     from tfgpu.monitor import Sampler
 
     sampler = Sampler(interval=3600).start()
+    sampler._first_row.wait(30)  # the thread's first row is in: no race with it
     t0, n_samples = time.perf_counter(), 200
     for _ in range(n_samples):
         sampler._sample()
@@ -317,6 +318,7 @@ def _sample_costs(interval: float) -> int:
     for name, build in setups.items():
         sys.modules["pynvml"] = build()
         sampler = Sampler(interval=3600, host=True).start()
+        sampler._first_row.wait(30)  # the thread's first row is in: no race with it
         costs = []
         for _ in range(max(20, round(4.0 / interval))):  # about 4 s of samples
             time.sleep(interval)
