@@ -418,6 +418,23 @@ def test_drop_remainder_under_a_strategy(mirrored):
     assert [int(y.shape[0]) for _, y in per_replica] == [6]
 
 
+def test_an_unshuffled_pipeline_under_a_strategy_keeps_every_example(mirrored):
+    """`shuffle=False` is a validation or prediction pipeline: its partial batch is kept (Keras
+    evaluates it under a strategy), as on the validation side of `validation_split`."""
+    val = tfdata.pipeline(_xy(10), batch_size=4, strategy=mirrored, shuffle=False)
+    assert _label_ids(val) == list(range(10))
+    dist = mirrored.experimental_distribute_dataset(val)
+    seen = [v for y in (b[1] for b in dist) for v in _ids(mirrored.experimental_local_results(y))]
+    assert sorted(seen) == list(range(10))
+    asked = tfdata.pipeline(
+        _xy(10), batch_size=4, strategy=mirrored, shuffle=False, drop_remainder=True
+    )
+    assert _label_ids(asked) == list(range(8))
+    few = tfdata.pipeline(_xy(3), batch_size=4, strategy=mirrored, shuffle=False)
+    assert _label_ids(few) == [0, 1, 2]  # no "no batch at all" error: nothing is dropped
+    assert _plan(_facts(num_replicas=2), has_strategy=True, shuffle=False).drop_remainder is False
+
+
 def test_each_example_seen_once_per_epoch_across_replicas(mirrored):
     dist = tfdata.pipeline(_xy(), per_replica_batch_size=4, strategy=mirrored, distribute=True)
     assert isinstance(dist, tf.distribute.DistributedDataset)
@@ -564,15 +581,42 @@ def _plan(facts, **kw):
 
 
 def test_decide_shuffle_buffer():
-    assert _plan(_facts(num_examples=1000)).shuffle_buffer == 1000  # whole dataset
+    assert _plan(_facts(num_examples=1000)).shuffle_buffer == 1000  # whole dataset, cached
     assert _plan(_facts(num_examples=10**7)).shuffle_buffer == 10_000
-    assert _plan(_facts(num_examples=None)).shuffle_buffer == 10_000
+    arrays = _facts(num_examples=None, has_map_fn=False)  # in memory: cheap to fill
+    assert _plan(arrays).shuffle_buffer == 10_000
     # 150 KB images with a 100 MiB budget: 10% of it holds ~69 images; never below a batch
     images = _facts(num_examples=10**6, element_bytes=150_528, ram_budget_bytes=100 << 20)
     assert _plan(images).shuffle_buffer == 69
     assert _plan(images, batch_size=128).shuffle_buffer == 128
     assert _plan(_facts(), shuffle=False).shuffle_buffer is None
     assert _plan(_facts(), shuffle_buffer=7).shuffle_buffer == 7
+
+
+@pytest.mark.parametrize(
+    "facts",
+    [
+        _facts(kind="files", num_examples=None, num_files=4),  # count unknown: not cached
+        _facts(kind="files", num_examples=20_000, num_files=4, ram_budget_bytes=200_000),  # big
+        _facts(num_examples=8000, map_fn_random_ops=("RandomUniform",)),  # random map_fn
+        _facts(kind="dataset", num_examples=8000, has_map_fn=False),  # a dataset's own steps
+    ],
+)
+def test_an_uncached_shuffle_holds_no_epoch(facts):
+    """A shuffle yields nothing until its buffer is full: filled by work done every epoch,
+    a whole epoch's buffer kept the model waiting while the epoch decoded (issue 27)."""
+    plan = _plan(facts, batch_size=64)
+    assert plan.cache is None and plan.shuffle_buffer == 1024
+    assert _plan(facts, batch_size=2048).shuffle_buffer == 2048  # never below one batch
+    assert _plan(facts, shuffle_buffer=5000).shuffle_buffer == 5000  # as asked
+
+
+def test_a_dataset_that_reshuffles_itself_gets_no_buffer():
+    loader = _facts(kind="dataset", num_examples=8000, has_map_fn=False, reshuffled=True)
+    assert _plan(loader).shuffle_buffer is None  # a Keras loader reshuffles its file paths
+    assert _plan(loader, shuffle_buffer=64).shuffle_buffer == 64
+    cached = dataclasses.replace(loader, has_map_fn=True)  # cached after map_fn: one order
+    assert _plan(cached).cache == "memory" and _plan(cached).shuffle_buffer == 8000
 
 
 def test_decide_cache():
@@ -996,6 +1040,20 @@ def test_a_batched_source_is_rebatched_never_batched_twice():
     assert _sizes(rebatched) == [10, 10]
     with pytest.raises(ValueError, match=r"batches of 3, which do not split evenly.*batch_size=2"):
         tfdata.pipeline(tf.data.Dataset.range(9).batch(3), batch_size=None, strategy=_TwoReplicas())
+
+
+def test_a_dataset_unbatched_by_the_user_gets_its_count_back():
+    """`loader.unbatch()` forgets the count (Keras shows no step count); the pipeline restores
+    it when the batches' examples are known and only one-for-one steps follow the unbatch."""
+    batches = tf.data.Dataset.range(20).batch(8)  # 8, 8, 4
+    for examples in (batches.unbatch(), batches.unbatch().map(lambda i: i * 2).prefetch(1)):
+        assert int(examples.cardinality()) == tf.data.UNKNOWN_CARDINALITY
+        ds = tfdata.pipeline(examples, batch_size=5, shuffle=False)
+        assert int(ds.cardinality()) == 4 and _sizes(ds) == [5] * 4
+    kept = tf.data.Dataset.range(20).batch(8).unbatch().filter(lambda i: i < 5)  # count lost
+    assert int(tfdata.pipeline(kept, batch_size=5).cardinality()) == tf.data.UNKNOWN_CARDINALITY
+    train, val = tfdata.pipeline(batches.unbatch(), batch_size=5, validation_split=0.25)
+    assert int(train.cardinality()) == 3 and sum(_sizes(val)) == 5  # countable: splittable
 
 
 class _TwoReplicas(tf.distribute.OneDeviceStrategy):

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from tfgpu import data as tfdata
-from tfgpu._internal.adapters.datasets import made_by_pipeline
+from tfgpu._internal.adapters.datasets import dataset_inputs, made_by_pipeline
 
 NUM_IMAGES = 24  # 12 per class
 SIZE = 32
@@ -103,6 +103,23 @@ def test_image_folder_validation_split_and_fit(image_dir, loader_batch):
     assert sorted(_image_ids(train)) == sorted(train_ids)  # reshuffled, same examples
     history = _image_model().fit(train, validation_data=val, epochs=1, verbose=0)
     assert {"loss", "val_loss"} <= set(history.history)
+
+
+def _shuffles(ds) -> int:
+    """The shuffle steps in `ds`'s chain (every input of a zip too)."""
+    own = "shuffle" in type(ds).__name__.lower()
+    return own + sum(_shuffles(d) for d in dataset_inputs(ds) or [])
+
+
+def test_a_loader_that_reshuffles_gets_no_shuffle_buffer_on_top(image_dir):
+    """A loader reshuffles its file paths every epoch; a buffer of decoded images on top only
+    delays every epoch's first batch (issue 27). Cached, its one order is reshuffled."""
+    examples = _images(image_dir, batch_size=None)
+    assert _shuffles(examples) == 1
+    assert _shuffles(tfdata.pipeline(examples, batch_size=8)) == 1
+    assert _shuffles(tfdata.pipeline(examples, batch_size=8, cache=True)) == 2
+    unshuffled = _images(image_dir, batch_size=None, shuffle=False)
+    assert _shuffles(unshuffled) == 0 and _shuffles(tfdata.pipeline(unshuffled, batch_size=8)) == 1
 
 
 def test_a_loader_that_reshuffles_every_epoch_is_refused_with_the_loader_s_way(image_dir):
@@ -334,3 +351,6 @@ def test_validation_under_mirrored_strategy_evaluates_every_example():
     expected = float(np.mean((weight * x[84:] - y[84:]) ** 2))
     np.testing.assert_allclose(history.history["val_loss"][0], expected, rtol=1e-5)
     np.testing.assert_allclose(model.evaluate(val, verbose=0), expected, rtol=1e-5)
+    # A validation pipeline of its own (shuffle=False) keeps its partial batch too: all 21.
+    alone = tfdata.pipeline((x[84:], y[84:]), batch_size=4, strategy=strategy, shuffle=False)
+    np.testing.assert_allclose(model.evaluate(alone, verbose=0), expected, rtol=1e-5)

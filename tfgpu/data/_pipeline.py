@@ -21,7 +21,7 @@ from tfgpu.data._arguments import Arguments, check_arguments
 from tfgpu.data._cache import cached
 from tfgpu.data._facts import bytes_per_example, ram_budget, worker_count
 from tfgpu.data._functions import check_arity, check_map_output, parallel_map, random_op_types
-from tfgpu.data._plan import Facts, Plan, decide, validation_plan
+from tfgpu.data._plan import Facts, Plan, decide, drop_remainder_default, validation_plan
 from tfgpu.data._service import check_reachable, choose_job, distributed
 from tfgpu.data._sources import Batching, Read
 from tfgpu.data._split import check_split_counts
@@ -70,7 +70,7 @@ def pipeline(
         per_replica_batch_size: int, the batch size per replica (times
             `strategy.num_replicas_in_sync`). Defaults to None.
         strategy: `tf.distribute.Strategy` the model trains under: the replica count, the
-            sharding, `drop_remainder=True` by default. Defaults to None.
+            sharding, `drop_remainder=True` by default when shuffling. Defaults to None.
         map_fn: callable, deterministic per-example decode/preprocess, before the cache;
             `map_fn(*example)` for a tuple, `map_fn(example)` otherwise. Defaults to None.
         augment_fn: callable, per-example random augmentation, after the cache and the
@@ -85,9 +85,11 @@ def pipeline(
             prefix, or False. Defaults to `"auto"`.
         shuffle: bool, shuffle the examples (and the files' order). Defaults to True.
         shuffle_buffer: int, the shuffle buffer in examples. Defaults to None: the whole
-            dataset up to 10,000 examples, at most 10% of the RAM budget.
+            dataset up to 10,000 examples, at most 10% of the RAM budget; at most 1,024 (or
+            one batch) when nothing is cached, none for a dataset that reshuffles itself.
         drop_remainder: bool, drop the last partial batch. Defaults to None: True under a
-            strategy (the validation side only when True is passed).
+            strategy when shuffling (with shuffle=False and on the validation side only when
+            True is passed: every example is evaluated).
         deterministic: bool, a fixed order through parallel steps. Defaults to None: True
             with `shuffle=False`, a `seed`, or workers sharding in-memory data by example.
         repeat: bool, repeat indefinitely, after the shuffle (custom loops). Defaults to
@@ -184,7 +186,7 @@ def _batching(args: Arguments) -> Batching:
             "global batch size, or the batch size per replica (both may be None only for a "
             "dataset that is already batched, whose batches are then kept)."
         )
-    drop = bool(args.drop_remainder) if args.drop_remainder is not None else strategy is not None
+    drop = drop_remainder_default(args.drop_remainder, strategy is not None, args.shuffle)
     global_batch = requested if requested is not None else batch_size
     split_counts = None
     if args.validation_split is not None:
@@ -229,6 +231,7 @@ def _gather_facts(args: Arguments, batching: Batching, read: Read) -> Facts:
         batched=batching.keep_batches,
         split_by_position=read.split_counts is not None,
         service=args.service is not None,
+        reshuffled=read.reshuffled,
     )
 
 

@@ -13,6 +13,11 @@ from tfgpu.data._sources import SOURCES
 
 # Shuffle buffer when nothing else limits it: large enough to mix well, small enough to fill fast.
 _MAX_SHUFFLE_BUFFER = 10_000
+# ... when what fills it is computed every epoch (map_fn, reads; not a cache): a shuffle gives no
+# batch until its buffer is full, so a whole epoch's buffer decodes the epoch while the model
+# waits (issue 27, benchmarks/pipeline_vs_keras.py). Keras's loaders shuffle 1,024 file paths,
+# its TFRecord example 2,048 decoded images.
+_UNCACHED_SHUFFLE_BUFFER = 1_024
 _SHUFFLE_RAM_FRACTION = 0.1  # of the RAM budget, at most
 _SHARED_SEED = 0  # for shuffles that must agree across workers (DATA sharding)
 
@@ -38,6 +43,7 @@ class Facts:
     split_by_position: bool = False
     # tf.data service workers run the work up to the batches (dynamic sharding).
     service: bool = False
+    reshuffled: bool = False  # the dataset passed in reshuffles every pass (a Keras loader)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +62,15 @@ class Plan:
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()  # notes that call for the user's action, issued as warnings
     keep_shard: bool = False  # the source keeps its own auto-shard policy (a dataset passed in)
+
+
+def drop_remainder_default(drop_remainder: bool | None, has_strategy: bool, shuffle: bool) -> bool:
+    """`drop_remainder` as given, else True for a shuffled (training) pipeline under a strategy:
+    even splits, one shape for XLA. An unshuffled one is for validation or prediction, which must
+    see every example; Keras evaluates a partial batch under a strategy."""
+    if drop_remainder is not None:
+        return drop_remainder
+    return has_strategy and shuffle
 
 
 def decide(
@@ -96,8 +111,7 @@ def decide(
             "Invalid value for argument `data`. Received: a source with 0 "
             f"{'batches' if facts.batched else 'examples'}. Expected at least one example."
         )
-    if drop_remainder is None:
-        drop_remainder = has_strategy
+    drop_remainder = drop_remainder_default(drop_remainder, has_strategy, shuffle)
     finite = facts.num_examples is None or facts.num_examples >= 0
     n = facts.num_examples
     if (
@@ -211,6 +225,8 @@ def decide(
     if shuffle and not facts.batched:  # a kept source's order and shuffling are its own
         if shuffle_buffer is not None:
             buffer = shuffle_buffer
+        elif facts.reshuffled and cache_plan is None:
+            notes.append("no shuffle buffer: the dataset passed in reshuffles every pass")
         else:
             buffer = _MAX_SHUFFLE_BUFFER
             if facts.num_examples is not None and facts.num_examples > 0:
@@ -218,6 +234,8 @@ def decide(
             if facts.element_bytes:
                 by_ram = int(facts.ram_budget_bytes * _SHUFFLE_RAM_FRACTION // facts.element_bytes)
                 buffer = max(min(buffer, by_ram), min(buffer, global_batch), 1)
+            if cache_plan is None and not (source.in_memory and not facts.has_map_fn):
+                buffer = min(buffer, max(_UNCACHED_SHUFFLE_BUFFER, global_batch))
 
     # Own thread pool on GPU hosts: input threads do not queue behind kernel launches.
     if private_threadpool_size is None:

@@ -18,7 +18,13 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu._internal.adapters.cpu import usable_cores
-from tfgpu._internal.adapters.datasets import Batches, cardinality, reshuffles, source_batches
+from tfgpu._internal.adapters.datasets import (
+    Batches,
+    cardinality,
+    dataset_inputs,
+    reshuffles,
+    source_batches,
+)
 from tfgpu._internal.helpers.checks import conflicting, invalid_value, is_int
 from tfgpu._internal.helpers.warn import warn_at_user_code
 from tfgpu.data._service import memory_source
@@ -69,6 +75,7 @@ class Read:
     num_examples: int | None = None  # training examples, where tf.data cannot count them
     random_ops: tuple[str, ...] = ()  # random op types in map_fn (they defeat the cache)
     ragged: bool = False  # map_fn got rows of a ragged feature: batch them ragged again
+    reshuffled: bool = False  # the dataset passed in reshuffles its examples every pass
 
 
 class Source:
@@ -178,7 +185,7 @@ class DatasetSource(Source):
                 "Invalid value for argument `data`. Received: a `tf.data.Dataset` with 0 "
                 "elements (cardinality 0). Expected at least one example."
             )
-        super().__init__(value)
+        super().__init__(_count_unbatched(value))
 
     def check(self, args: Arguments) -> None:
         super().check(args)
@@ -303,7 +310,7 @@ class DatasetSource(Source):
                 )
         counts = batching.split_counts
         if counts is None:
-            return Read(ds)
+            return Read(ds, reshuffled=reshuffles(self.value))
         return Read(ds.take(counts[0]), ds.skip(counts[0]), split_counts=counts)
 
     @staticmethod
@@ -312,6 +319,36 @@ class DatasetSource(Source):
         # of the whole dataset, and under FILE sharding (what AUTO becomes for a dataset that
         # reads files) each worker would apply them to its own files.
         return "DATA" if facts.split_by_position else "AUTO"
+
+
+# Steps that yield one element for each of their input's (class names, lowercase, no "_").
+_ONE_FOR_ONE = (
+    "mapdataset",
+    "parallelmapdataset",
+    "prefetchdataset",
+    "optionsdataset",
+    "shuffledataset",
+    "cachedataset",
+)
+
+
+def _count_unbatched(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """`ds` with its cardinality restored where `unbatch` forgot it (`loader.unbatch()`): an
+    `unbatch` of batches whose examples can be counted, then only one-for-one steps."""
+    if cardinality(ds) is not None:
+        return ds
+    step, inputs = ds, dataset_inputs(ds)
+    while inputs is not None and len(inputs) == 1:
+        name = type(step).__name__.lower().replace("_", "")
+        if name == "unbatchdataset":
+            batches, _ = source_batches(inputs[0])
+            if batches is None or batches.num_examples is None:
+                return ds
+            return ds.apply(tf.data.experimental.assert_cardinality(batches.num_examples))
+        if name not in _ONE_FOR_ONE:
+            return ds
+        step, inputs = inputs[0], dataset_inputs(inputs[0])
+    return ds
 
 
 def shard_by_file(facts: Facts) -> str:
