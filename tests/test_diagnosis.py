@@ -96,10 +96,21 @@ class _ScriptedSteps:
     `real_s` the step on the user's data (a number, or a list used round after round, to
     script noise); `steps_per_execution=16` divides the device step by `spe_gain`,
     `jit_compile` multiplies it by `xla_factor`. `xla_error` makes the XLA probe raise it.
+    A fit runs the engine's calls (`timing.call_counts`), its timed ones cut at
+    `timed_limit_s`, and stops at the first call that ends past `deadline` (None: no timed
+    call ran); a fit that traces a new train function first takes `trace_s` more.
     """
 
     def __init__(
-        self, monkeypatch, *, device_s, real_s, spe_gain=1.0, xla_factor=1.0, xla_error=None
+        self,
+        monkeypatch,
+        *,
+        device_s,
+        real_s,
+        spe_gain=1.0,
+        xla_factor=1.0,
+        xla_error=None,
+        trace_s=0.0,
     ):
         from tfgpu._internal.adapters import timing as protocol
         from tfgpu.diagnosis import _diagnose, _probes
@@ -113,8 +124,8 @@ class _ScriptedSteps:
         self.device_datasets: list = []
         self.reals = 0
 
-        def device_dataset(batch, on_gpu):
-            ds = original_device_dataset(batch, on_gpu)
+        def device_dataset(*args):
+            ds = original_device_dataset(*args)
             self.device_datasets.append(ds)
             return ds
 
@@ -122,6 +133,7 @@ class _ScriptedSteps:
             return value[i % len(value)] if isinstance(value, (list, tuple)) else value
 
         def fit_step_time(model, dataset, steps, warmup, deadline=None, timed_limit_s=None):
+            traced = trace_s if model.train_function is None else 0.0
             original_fit_step_time(model, dataset, 1, 1)  # a real, short fit
             if not any(dataset is d for d in self.device_datasets):
                 seconds, what = pick(self.real_s, self.reals), "real"
@@ -136,14 +148,17 @@ class _ScriptedSteps:
                 if model.jit_compile:
                     seconds *= self.xla_factor
                     what = "xla"
-            duration = (steps + warmup) * seconds
+            spe = int(model.steps_per_execution)
+            warm, timed = protocol.call_counts(spe, steps, warmup)
+            call = seconds * spe
             if timed_limit_s is not None:
-                duration = min(duration, warmup * seconds + timed_limit_s + seconds)
+                timed = min(timed, max(1, math.ceil(timed_limit_s / call - 1e-9)))
+            calls = warm + timed
             if deadline is not None:
-                duration = min(duration, max(deadline - self.clock, 0.0) + seconds)
-            self.clock += duration
+                calls = min(calls, max(1, math.ceil((deadline - self.clock - traced) / call)))
+            self.clock += traced + calls * call
             self.fits.append((what, seconds))
-            return seconds
+            return seconds if calls > warm else None
 
         monkeypatch.setattr(_diagnose, "device_dataset", device_dataset)
         monkeypatch.setattr(protocol, "fit_step_time", fit_step_time)
@@ -1398,9 +1413,9 @@ def test_fewer_rounds_than_the_minimum_cannot_tell_the_noise():
 
 def test_full_batches_with_an_unknown_batch_dimension_do_not_change_shape():
     full = tf.data.Dataset.from_tensor_slices(X[:64]).batch(16)  # 4 full batches, spec (None, 256)
-    assert shape_facts(full) == (None, False)
+    assert shape_facts(full) == (None, False, 64)
     partial = tf.data.Dataset.from_tensor_slices(X[:60]).batch(16)
-    assert shape_facts(partial) == ("(None, 256)", True)
+    assert shape_facts(partial) == ("(None, 256)", True, 60)
     ragged_text = tf.data.Dataset.from_tensor_slices(np.zeros((64, 7), "int64")).batch(16)
     padded = ragged_text.map(lambda t: tf.pad(t, [[0, 0], [0, tf.shape(t)[0] % 3]]))
     assert shape_facts(padded)[0] == "(None, None)"
@@ -1430,3 +1445,142 @@ def test_a_small_flop_rate_is_shown_in_a_unit_that_shows_it():
     assert _flop_rate(2.5e9) == "2.50 GFLOP/s"
     assert _flop_rate(4e12) == "4.00 TFLOP/s"
     assert _flop_rate(12.0) == "12 FLOP/s"
+
+
+# ---- issue 27: long steps within the budget, an undoing probe first, the batch, the remainder
+
+
+def _jit_model():
+    model = _tiny_model()
+    model.compile(keras.optimizers.Adam(1e-3), "mse", jit_compile=True)
+    return model
+
+
+@pytest.mark.slow
+def test_one_second_steps_under_xla_fit_the_budget_and_undoing_xla_comes_first(monkeypatch):
+    # The image-folder case: XLA on and 5x slower (1 s per step, 0.2 s without), 5 s to trace
+    # each train function, a 60 s budget and the default 3 + 20 steps per measurement.
+    clock = _ScriptedSteps(monkeypatch, device_s=0.2, real_s=1.0, xla_factor=5.0, trace_s=5.0)
+    diagnosis = tfgpu.diagnose(_jit_model(), (X, Y), batch_size=16, verbose=0)
+    m = diagnosis.measurements
+    assert m["wall_s"] <= 60.0 * 1.1
+    kinds = [what for what, _ in clock.fits]
+    assert kinds[:2] == ["xla", "device"]  # the first step, then jit_compile=False at once
+    assert len(m["rounds"]) == 3  # shorter fits: the rounds fit too
+    assert m["xla"]["stopped"] == "faster" and len(m["xla"]["rounds"]) == 1
+    xla = diagnosis.finding("xla")
+    assert xla.recommendation == "`model.compile(..., jit_compile=False)`."
+    assert xla.gain_measured and xla.expected_gain == pytest.approx(5.0)
+    assert "steps of 1.00 s: each fit timed for at most 3 s" in "\n".join(diagnosis.notes)
+    assert "jit_compile=False measured 5.0x faster after one round" in "\n".join(diagnosis.notes)
+
+
+@pytest.mark.slow
+def test_an_unclear_first_look_at_undoing_xla_goes_on_after_the_pairs(monkeypatch):
+    clock = _ScriptedSteps(monkeypatch, device_s=0.01, real_s=0.0125, xla_factor=1.25)
+    diagnosis = tfgpu.diagnose(
+        _jit_model(), (X, Y), batch_size=16, steps=5, warmup=2, time_budget_s=None
+    )
+    kinds = [what for what, _ in clock.fits]
+    assert kinds[:2] == ["xla", "device"]
+    assert "device" in kinds[kinds.index("real") :]  # more rounds after the pairs
+    xla = diagnosis.measurements["xla"]
+    assert len(xla["rounds"]) >= 1 + 3 and "stopped" not in xla
+    assert diagnosis.finding("xla").expected_gain == pytest.approx(1.25)
+
+
+@pytest.mark.slow
+def test_a_probe_that_cannot_trace_in_the_time_left_is_skipped(monkeypatch):
+    # Each new train function takes 25 s to trace: after the pairs, less than that is left.
+    clock = _ScriptedSteps(monkeypatch, device_s=0.04, real_s=0.04, trace_s=25.0)
+    diagnosis = tfgpu.diagnose(
+        _tiny_model(), (X, Y), batch_size=16, check_steps_per_execution=False, verbose=0
+    )
+    assert "xla" not in diagnosis.measurements
+    assert [what for what, _ in clock.fits].count("xla") == 0
+    (skipped,) = [n for n in diagnosis.notes if "skipped for the time budget" in n]
+    assert "the jit_compile=True probe" in skipped
+    assert diagnosis.measurements["wall_s"] <= 60.0
+
+
+def test_a_fit_is_planned_to_fit_the_budget():
+    from tfgpu.diagnosis._probes import fit_plan
+
+    assert fit_plan(40.0, None, 1.0, 5, 3, 1) == (3, None)  # no budget: as asked
+    assert fit_plan(40.0, 60.0, None, 1, 3, 1) == (3, 3.0)  # step not known: 5% of 60 s
+    assert fit_plan(40.0, 60.0, 0.01, 5, 3, 1) == (3, 3.0)  # short steps: as asked
+    assert fit_plan(20.0, 60.0, 1.0, 5, 3, 1) == (1, 2.0)  # 1 s steps: one warm-up, 2 s timed
+    assert fit_plan(5.0, 60.0, 1.0, 5, 3, 1) == (1, 0.5)  # at least one timed call
+    warm, timed = fit_plan(20.0, 60.0, 0.1, 5, 3, 16)  # calls of 16 steps of 0.1 s
+    assert warm == 1 and timed == pytest.approx(0.8)
+
+
+@pytest.mark.slow
+def test_the_batch_size_is_a_full_batchs_when_the_partial_one_comes_first(monkeypatch):
+    from tfgpu.diagnosis._diagnose import full_batch
+
+    ds = tf.data.Dataset.from_tensor_slices((X[:192], Y[:192])).batch(128)
+    partial_first = ds.repeat(2).skip(1)  # 64, 128, 64: as a shuffle of batches can give
+    first = next(iter(partial_first))
+    assert first[0].shape[0] == 64
+    batch, size = full_batch(partial_first, first, 64, 128)
+    assert size == 128 and batch[0].shape[0] == 128
+    small = tf.data.Dataset.from_tensor_slices(X[:100]).batch(128)  # one batch, never full
+    assert full_batch(small, next(iter(small)), 100, 128)[1] == 100
+    _ScriptedSteps(monkeypatch, device_s=0.01, real_s=0.01)
+    diagnosis = tfgpu.diagnose(_tiny_model(), partial_first, **FAST)
+    assert diagnosis.batch_size == 128
+    assert diagnosis.examples_per_second == pytest.approx(128 / 0.01)
+
+
+def test_drop_remainder_is_advised_only_when_it_drops_little():
+    wait = dict(
+        step_time_s=0.6, compute_step_time_s=0.082, input_batch_time_s=0.0039, batch_size=128,
+        dynamic_shape="(None, 64, 64, 3)", partial_batches=True,
+    )  # fmt: skip
+
+    def fix(**kw):
+        findings = classify(_facts(**wait, **kw))[3]
+        return next(f for f in findings if f.kind == "input_wait_unexplained").recommendation
+
+    # Issue 27's image folder: 192 images in batches of 128; dropping loses a third of them.
+    rec = fix(epoch_examples=192)
+    assert (
+        "not `drop_remainder=True`: it would drop the last 64 of the 192 examples of each "
+        "epoch (33%)" in rec
+    )
+    assert "a batch size that divides the 192 examples (e.g. 96)" in rec
+    assert "batch with `drop_remainder=True`" not in rec
+    rec = fix(epoch_examples=10_000)  # 16 of 10,000: advised, with what it drops
+    assert "batch with `drop_remainder=True`" in rec
+    assert "drops the last 16 of the 10,000 examples of each epoch" in rec
+    assert "drops the last batch of each epoch (up to 127 examples)" in fix()  # count unknown
+    rec = fix(epoch_examples=191)  # no batch size from 64 to 127 divides 191
+    assert "divides" not in rec and "pad to fixed shapes; not `drop_remainder=True`" in rec
+    batched = tf.data.Dataset.from_tensor_slices(X[:192]).batch(128)
+    assert shape_facts(batched) == ("(None, 256)", True, 192)
+
+
+class _Counted(keras.layers.Layer):
+    traces = 0
+
+    def call(self, x):
+        _Counted.traces += 1  # Python: runs only when the step is traced
+        return x
+
+
+def test_the_real_data_runs_the_step_traced_on_the_device_resident_batch():
+    # A step traced for (128, 256) would be traced again for the real data's (None, 256),
+    # and under XLA compiled again for 128: a second compile inside the time budget.
+    model = keras.Sequential([keras.Input((256,)), _Counted(), keras.layers.Dense(1)])
+    model.compile("adam", "mse")
+    real = tf.data.Dataset.from_tensor_slices((X[:256], Y[:256])).batch(128)
+    device = _probes.device_dataset(next(iter(real)), False, real.element_spec)
+    assert device.element_spec == real.element_spec
+    model.fit(device, steps_per_epoch=2, verbose=0, shuffle=False)
+    traced = _Counted.traces
+    model.fit(real, verbose=0, shuffle=False)
+    assert _Counted.traces == traced
+    named = tf.data.Dataset.from_tensor_slices(({"a": X[:64], "b": X[:64, :3]}, Y[:64])).batch(32)
+    spec = named.element_spec
+    assert _probes.device_dataset(next(iter(named)), False, spec).element_spec == spec

@@ -62,3 +62,27 @@ def test_an_image_folder_with_a_partial_last_batch_gets_a_verdict_within_its_bud
         assert wait <= 2 * diagnosis.input_batch_time_s + 1e-3 + 0.5 * wait
     if diagnosis.flops_per_step:  # counted with the batch's own shapes
         assert diagnosis.flops_per_step > 0
+
+
+@pytest.mark.slow
+def test_a_partial_batch_first_gives_the_full_batch_and_the_examples_are_kept(tmp_path):
+    # Issue 27: 192 images in batches of 128 (128, then 64), the 64 first, as a shuffle of
+    # the batches after the loader (`ds.shuffle(1000)` on a loader's dataset) can order them.
+    ds = keras.utils.image_dataset_from_directory(
+        _image_folder(tmp_path / "images", per_class=96),
+        image_size=(32, 32),
+        batch_size=128,
+        shuffle=False,
+        verbose=False,
+    )
+    ds = ds.repeat(2).skip(1).take(2)
+    assert [int(x.shape[0]) for x, _ in ds] == [64, 128]
+    model = _convnet()
+    diagnosis = tfgpu.diagnose(model, ds, steps=5, warmup=2, check_xla=False, time_budget_s=20.0)
+    assert diagnosis.batch_size == 128
+    # Whatever this machine measures: dropping the remainder (a third of the images) is never
+    # advised; where a partial batch is named, so is what dropping it would cost.
+    text = str(diagnosis)
+    assert "batch with `drop_remainder=True`" not in text
+    if "drop_remainder" in text:
+        assert "it would drop the last 64 of the 192 examples of each epoch (33%)" in text

@@ -226,7 +226,7 @@ def test_a_static_batch_shape_weighs_the_examples_it_drops():
 
     big = static((64, 192))  # the image example: a third of the data each epoch
     assert big.untried == (
-        "it drops the last 64 of the 192 examples of each epoch: more than 5% of the data"
+        "it drops the last 64 of the 192 examples of each epoch: 5% of the data or more"
     )
     small = static((40, 10_000))
     assert small.untried == "" and small.note == (

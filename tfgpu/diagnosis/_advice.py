@@ -6,7 +6,12 @@ import dataclasses
 import math
 
 from tfgpu._internal.adapters import gpu_counters as counters
-from tfgpu.diagnosis._facts import PROBE_STEPS_PER_EXECUTION, Facts, OpFact
+from tfgpu._internal.adapters.datasets import DROP_REMAINDER_MAX_SHARE
+from tfgpu.diagnosis._facts import (
+    PROBE_STEPS_PER_EXECUTION,
+    Facts,
+    OpFact,
+)
 from tfgpu.diagnosis._result import Finding
 
 
@@ -152,8 +157,8 @@ def unexplained_wait_finding(f: Facts, wait: float) -> Finding:
             + (" and the last batch is partial" if f.partial_batches else "")
             + ": each new shape retraces the train step"
             + (" and recompiles it under `jit_compile`" if f.jit_compile else "")
-            + "; batch with `drop_remainder=True` (`.batch(..., drop_remainder=True)`, "
-            "`tfgpu.data.pipeline(..., drop_remainder=True)`) or pad to fixed shapes"
+            + "; "
+            + (remainder_fix(f) if f.partial_batches else "pad to fixed shapes")
         )
     if f.replicas > 1:
         causes.append(
@@ -179,6 +184,27 @@ def unexplained_wait_finding(f: Facts, wait: float) -> Finding:
         f"{f.compute_step_time_s * 1e3:.2f} ms device-resident step, but the pipeline alone "
         f"makes a batch in {f.input_batch_time_s * 1e3:.2f} ms: not called input-bound.",
         _sentence("check: " + "; ".join(causes)),
+    )
+
+
+def remainder_fix(f: Facts) -> str:
+    """How to end a partial last batch, with what `drop_remainder=True` drops: advised only
+    below `DROP_REMAINDER_MAX_SHARE` of an epoch, else a batch size that divides it. Pure."""
+    n, size = f.epoch_examples, f.batch_size
+    if n and size and n % size:
+        left = n % size
+        drops = f"the last {left:,} of the {n:,} examples of each epoch"
+        if left >= DROP_REMAINDER_MAX_SHARE * n:
+            divisor = max((d for d in range(size // 2, size) if n % d == 0), default=None)
+            fix = f"a batch size that divides the {n:,} examples (e.g. {divisor}) or "
+            cost = f"not `drop_remainder=True`: it would drop {drops} ({left / n:.0%})"
+            return f"{fix if divisor else ''}pad to fixed shapes; {cost}"
+    else:  # how many it drops is not known
+        drops = "the last batch of each epoch" + (f" (up to {size - 1:,} examples)" if size else "")
+    return (
+        "batch with `drop_remainder=True` (`.batch(..., drop_remainder=True)` or "
+        f"`tfgpu.data.pipeline(..., drop_remainder=True)`), which drops {drops}, or pad to "
+        "fixed shapes"
     )
 
 

@@ -26,6 +26,7 @@ from tfgpu.diagnosis._advice import advise_service
 from tfgpu.diagnosis._classify import classify, monitor_facts, unseen, wait_notes
 from tfgpu.diagnosis._facts import (
     DEFAULT_TIME_BUDGET_S,
+    FIT_SHARE,
     HOST_OVERHEAD_MIN_GAIN,
     HOST_OVERHEAD_PROBE_BELOW_S,
     MEASURE_SHARE,
@@ -39,6 +40,7 @@ from tfgpu.diagnosis._lint import lint_mixed_precision, loss_scale, policy_name,
 from tfgpu.diagnosis._probes import (
     Probe,
     device_dataset,
+    fit_plan,
     host_load,
     measure_rounds,
     monitoring,
@@ -73,6 +75,21 @@ def gpu_facts(notes: list[str]) -> tuple[str | None, list[tuple[int, int]], int 
         except ImportError as e:  # `inventory` never raises; tfgpu.monitor may not import
             notes.append(f"NVML query failed: {e}")
     return name, ccs, capacity
+
+
+def full_batch(ds, first, size: int | None, expected: int | None, most: int = 4):
+    """(a batch of `expected` examples, its size): `first` when it is full, else the first
+    full one among the first `most` batches (a shuffle after `batch()` can put the partial
+    last batch first), else the largest of them."""
+    if size is None or not expected or size >= expected:
+        return first, size
+    for batch in ds.skip(1).take(most - 1):
+        n = tf.nest.flatten(batch)[0].shape[0]
+        if n is not None and n > size:
+            first, size = batch, int(n)
+            if size >= expected:
+                break
+    return first, size
 
 
 def flop_facts(model, x, size, real, policy, gpu_name, ccs, on_gpu, replicas=1):
@@ -143,7 +160,8 @@ def diagnose(
     Times the input pipeline alone, `fit` on one batch held in device memory and `fit` on
     the real `data` (sampled by `tfgpu.monitor` on a GPU), alternated in rounds until the
     input-wait share is clear of noise; then probes `steps_per_execution=16` and
-    `jit_compile`, all within `time_budget_s`. The model's weights, optimizer state,
+    `jit_compile` (`jit_compile=False` first, before the rounds, when the model has it on),
+    all within `time_budget_s`. The model's weights, optimizer state,
     metrics, compile settings and `history` are restored afterwards. The protocol, the
     findings and their thresholds: docs/diagnosis.md.
 
@@ -161,8 +179,9 @@ def diagnose(
         monitor: bool, sample GPU utilization/memory during the real run. Defaults to True.
         profile: bool, capture a TensorBoard profiler trace into `log_dir/profile`.
             Defaults to False.
-        time_budget_s: float or None, seconds the measurements may take; probes that do
-            not fit are skipped with a note; None: no limit. Defaults to 60.0.
+        time_budget_s: float or None, seconds the measurements may take; long steps are
+            timed over fewer steps, probes that do not fit are skipped with a note; None: no
+            limit. Defaults to 60.0.
         verbose: str or int, "auto", 0, 1 or 2: progress lines, as `model.fit` shows them.
             Defaults to "auto".
 
@@ -208,7 +227,7 @@ def diagnose(
         verbose, title="diagnose", budget_s=time_budget_s, clock=lambda: protocol.now()
     )
     ds = work.dataset
-    batch, size = work.first_batch()
+    batch, size = full_batch(ds, *work.first_batch(), work.batch_size)
     if log_path is not None:
         log_path.mkdir(parents=True, exist_ok=True)
 
@@ -217,7 +236,7 @@ def diagnose(
     gpu_name, ccs, capacity = gpu_facts(notes)
     on_gpu = bool(tf.config.list_logical_devices("GPU"))
     pipeline_facts = read_pipeline(ds) or PipelineFacts()
-    dynamic_shape, partial = shape_facts(ds)
+    dynamic_shape, partial, epoch_examples = shape_facts(ds)
 
     from tfgpu.data import benchmark
 
@@ -262,6 +281,7 @@ def diagnose(
         made_by_pipeline=made_by_pipeline(data),
         dynamic_shape=dynamic_shape,
         partial_batches=partial,
+        epoch_examples=epoch_examples,
         replicas=int(model.distribute_strategy.num_replicas_in_sync),
         host_load=host_load(),
         pipeline_cpu_busy=pipeline.cpu_busy,
@@ -299,11 +319,15 @@ def diagnose(
         noise = verdict["high"] - verdict["low"]
         measurements["noise"] = {k: verdict[k] for k in ("low", "high", "confidence", "rounds")}
     findings += lint_mixed_precision(model, ccs)
-    progress.phase("counting the FLOPs of a training step")
-    flops, achieved, mfu_value, flop_notes = flop_facts(
-        model, x, size, real, f.policy, gpu_name, ccs, on_gpu, f.replicas
-    )
-    notes += flop_notes
+    flops = achieved = mfu_value = None
+    if budget.seconds is not None and budget.elapsed() >= budget.seconds:
+        notes.append(f"FLOPs not counted: the time budget of {budget.seconds:g} s was spent")
+    else:
+        progress.phase("counting the FLOPs of a training step")
+        flops, achieved, mfu_value, flop_notes = flop_facts(
+            model, x, size, real, f.policy, gpu_name, ccs, on_gpu, f.replicas
+        )
+        notes += flop_notes
     measurements["wall_s"] = budget.elapsed()
     measurements["time_budget_s"] = time_budget_s
 
@@ -371,18 +395,54 @@ def _measure_model(
     the train step's ops, the probes and the profiler trace."""
     progress = progress or Progress(0, title="diagnose")
     scale_before = loss_scale(model)
-    device_ds = device_dataset(batch, on_gpu)
+    device_ds = device_dataset(batch, on_gpu, ds.element_spec)
     progress.phase("warming up and timing the step on one batch held in memory")
     memory_device = "GPU:0" if on_gpu else "CPU:0"
     devices.reset_peak_memory(memory_device)
-    # The first device-resident run, always in full: a diagnosis needs one step time.
-    first = protocol.fit_step_time(model, device_ds, steps, warmup)
+    # The first device-resident run always runs (a diagnosis needs one step time), its timed
+    # steps within `FIT_SHARE` of the budget.
+    spe = int(model.steps_per_execution)
+    plan = functools.partial(fit_plan, budget_s=budget.seconds, warmup=warmup, spe=spe)
+    started = protocol.now()
+    first = protocol.fit_step_time(
+        model, device_ds, steps, warmup, None, plan(0.0, step_s=None, fits=1)[1]
+    )
+    first_s = protocol.now() - started  # about what a probe's first round takes (it traces)
     measurements["peak_memory_bytes"] = devices.peak_memory(memory_device)
+    if first and budget.seconds is not None and first * steps > FIT_SHARE * budget.seconds:
+        notes.append(
+            f"steps of {first:.2f} s: each fit timed for at most {FIT_SHARE * budget.seconds:g}"
+            f" s (fewer than {steps} steps, at least one) to fit the time budget of "
+            f"{budget.seconds:g} s"
+        )
     train_step_ops: list[OpFact] = []
     if on_gpu and not model.jit_compile:  # where ops run matters only beside a GPU
         progress.phase("reading where the train step's ops run")
         with noted(notes, "train-step op placement not checked: {error}"):
             train_step_ops = step_ops(model, batch)
+
+    skipped: list[str] = []
+
+    def probe(**kw: Any) -> Probe:
+        warm, limit = plan(budget.left(), step_s=first, fits=2 * protocol.MIN_ROUNDS)
+        return run_probe(
+            model, device_ds, steps, warm, limit, budget=budget, progress=progress, **kw
+        )
+
+    xla = check_xla and supports_xla(model)
+    if check_xla and not xla:
+        notes.append("XLA not measured: the model does not support jit_compile")
+    jit = bool(model.jit_compile)
+    xla_probe = functools.partial(
+        probe,
+        setting="jit_compile",
+        current=jit,
+        value=not jit,
+        threshold=XLA_MIN_GAIN,
+        failed="XLA not measured: {name} failed ({error})",
+    )
+    # Undoing a setting the model has comes first: one round now, `first` its baseline.
+    look = xla_probe(first_base=first) if xla and jit else Probe()
     with monitoring(monitor and on_gpu, notes) as aggregate:
         rounds = measure_rounds(
             model, ds, device_ds, first, steps, warmup, budget, progress=progress
@@ -397,36 +457,29 @@ def _measure_model(
         notes.append("no GPU visible to TensorFlow: measured on the CPU, no GPU monitor")
     scale_after = loss_scale(model)
 
+    # The probes, one that undoes a setting first, each only when the time left is at least
+    # what the first run took (its variant traces, or compiles, as that did).
+    xla_rounds: list[tuple[float, float]] = []
+    if xla and jit:
+        if not look.final:
+            look = xla_probe(needs_s=first_s, earlier=look.rounds)
+        xla_rounds = _record_probe(look, "xla", measurements, notes, skipped)
     compute, _ = protocol.medians(rounds)
-    probe_on_device = functools.partial(
-        run_probe, model, device_ds, steps, warmup, budget, progress=progress
-    )
-    skipped: list[str] = []
     spe_rounds: list[tuple[float, float]] = []
-    spe = int(model.steps_per_execution)
     if check_steps_per_execution and spe == 1 and compute < HOST_OVERHEAD_PROBE_BELOW_S:
-        probe = probe_on_device(
+        spe_probe = probe(
             setting="steps_per_execution",
             current=spe,
             value=PROBE_STEPS_PER_EXECUTION,
             threshold=HOST_OVERHEAD_MIN_GAIN,
             failed="{name} not measured: {error}",
+            needs_s=first_s,
         )
-        spe_rounds = _record_probe(probe, "steps_per_execution_probe", measurements, notes, skipped)
-    xla_rounds: list[tuple[float, float]] = []
-    if check_xla:
-        current = bool(model.jit_compile)
-        if not supports_xla(model):
-            notes.append("XLA not measured: the model does not support jit_compile")
-        else:
-            probe = probe_on_device(
-                setting="jit_compile",
-                current=current,
-                value=not current,
-                threshold=XLA_MIN_GAIN,
-                failed="XLA not measured: {name} failed ({error})",
-            )
-            xla_rounds = _record_probe(probe, "xla", measurements, notes, skipped)
+        spe_rounds = _record_probe(
+            spe_probe, "steps_per_execution_probe", measurements, notes, skipped
+        )
+    if xla and not jit:
+        xla_rounds = _record_probe(xla_probe(needs_s=first_s), "xla", measurements, notes, skipped)
     if skipped:
         notes.append(
             f"skipped for the time budget of {budget.seconds:g} s: {', '.join(skipped)} "

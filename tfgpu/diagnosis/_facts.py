@@ -48,6 +48,16 @@ ROUNDS_BUDGET_SHARE = 0.6
 # Measuring stops at this share of the budget; the rest counts FLOPs and restores the model.
 MEASURE_SHARE = 0.8
 
+# One fit's timed steps stop after this share of the budget (3 s of 60 s); where the fits
+# still to come do not fit even so, they warm up on one step and time fewer (`fit_plan`).
+FIT_SHARE = 0.05
+
+# A probe that undoes a setting the model has (jit_compile=True) takes one round before the
+# pairs, on the first device-resident step; that round is final when the variant is this
+# much faster (or `timing.CLEARLY_SLOWER` slower). Rounds of one step on a loaded 2-core CPU
+# differed by up to 1.7x: one round must show more than that.
+CLEARLY_FASTER = 2.0
+
 
 @dataclass
 class Facts:
@@ -103,6 +113,7 @@ class Facts:
     made_by_pipeline: bool = False  # the input is a `tfgpu.data.pipeline` dataset
     dynamic_shape: str | None = None  # a batch component's shape with None dims, e.g. "(None, 32)"
     partial_batches: bool = False  # batches of different sizes (no drop_remainder)
+    epoch_examples: int | None = None  # examples per epoch, where the batch step's input says
     replicas: int = 1  # the strategy's replicas (> 1: a distributed iterator)
     host_load: float | None = None  # 1-minute load average per core
     # The pipeline alone: the share of this process's usable cores it kept busy (NaN: not

@@ -202,9 +202,10 @@ def read_pipeline(ds) -> PipelineFacts | None:
     )
 
 
-def shape_facts(ds) -> tuple[str | None, bool]:
+def shape_facts(ds) -> tuple[str | None, bool, int | None]:
     """(a batch component's shape that changes from batch to batch, as text, or None; whether
-    the last batch is partial). A `None` batch dim alone changes nothing when batches are full."""
+    the last batch is partial; the examples per epoch where the batch step's input says). A
+    `None` batch dim alone changes nothing when batches are full."""
     try:
         batches, _ = source_batches(ds)
     except tf.errors.OpError:
@@ -228,4 +229,5 @@ def shape_facts(ds) -> tuple[str | None, bool]:
             dynamic = "(" + ", ".join("None" if d is None else str(d) for d in dims)
             dynamic += ",)" if shape.rank == 1 else ")"
             break
-    return dynamic, partial and dynamic is not None
+    examples = None if batches is None else batches.num_examples
+    return dynamic, partial and dynamic is not None, examples

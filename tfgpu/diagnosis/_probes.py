@@ -18,7 +18,13 @@ from tfgpu._internal.adapters import timing as protocol
 from tfgpu._internal.adapters.datasets import cardinality
 from tfgpu._internal.helpers.progress import Progress
 from tfgpu._internal.helpers.warn import one_line
-from tfgpu.diagnosis._facts import MAX_ROUNDS, PROBE_MAX_ROUNDS, ROUNDS_BUDGET_SHARE
+from tfgpu.diagnosis._facts import (
+    CLEARLY_FASTER,
+    FIT_SHARE,
+    MAX_ROUNDS,
+    PROBE_MAX_ROUNDS,
+    ROUNDS_BUDGET_SHARE,
+)
 from tfgpu.diagnosis._rounds import share_verdict
 
 
@@ -34,20 +40,59 @@ def _compare(
     max_rounds: int = PROBE_MAX_ROUNDS,
     progress: Progress | None = None,
     label: str = "",
+    limit: float | None = None,
+    first_base: float | None = None,
 ) -> tuple[list[tuple[float, float]], str | None]:
     """Per-round step times (baseline, variant) with `attrs` set on the model, by
-    `timing.interleave`; each round is announced as a `progress` phase."""
-    variant = protocol.with_attrs(model, dataset, steps, warmup, attrs)
+    `timing.compare` (`first_base`: the baseline's first round, measured already); each fit's
+    timed steps stop after `limit` seconds too; each round is announced as a `progress` phase."""
+    base, variant = (
+        _limited(protocol.with_attrs(model, dataset, steps, warmup, a), limit) for a in ({}, attrs)
+    )
     if progress is not None:
         variant = _announced(variant, progress, label, max_rounds)
-    return protocol.interleave(
-        protocol.with_attrs(model, dataset, steps, warmup, {}),
-        variant,
+    c = protocol.compare(
+        base,
+        {"variant": variant},
         threshold=threshold,
         budget=budget,
         max_rounds=max_rounds,
         timed_units=max(6, steps),
-    )
+        first_base=first_base,
+    )["variant"]
+    return c.rounds, c.stopped
+
+
+def _limited(run: protocol.Run, limit: float | None) -> protocol.Run:
+    """`run` with its timed steps stopped after `limit` seconds too (None: as it is)."""
+    if limit is None:
+        return run
+    return lambda deadline, most: run(deadline, limit if most is None else min(most, limit))
+
+
+def fit_plan(
+    left_s: float, budget_s: float | None, step_s: float | None, fits: int, warmup: int, spe: int
+) -> tuple[int, float | None]:
+    """(warm-up steps, seconds of timed steps) for each of the next `fits` fits of steps of
+    `step_s` (None: not known yet): timed for at most `FIT_SHARE` of the budget; where such
+    fits would not end within `left_s`, one warm-up step (the engine's least: two calls of
+    `spe` steps) and fewer timed steps, at least one call. Pure.
+
+    Example:
+
+    >>> fit_plan(20.0, 60.0, 1.0, 5, 3, 1)  # 5 fits of 3 + 3 s do not fit in 20 s
+    (1, 2.0)
+    """
+    if budget_s is None:
+        return warmup, None
+    most = FIT_SHARE * budget_s
+    if not step_s:
+        return warmup, most
+    call_s = step_s * spe
+    warm_calls, _ = protocol.call_counts(spe, 1, warmup)
+    if warm_calls * call_s + most <= left_s / fits:
+        return warmup, most
+    return 1, max(0.5 * call_s, min(most, left_s / fits - 2 * call_s))
 
 
 def _announced(run: protocol.Run, progress: Progress, label: str, most: int) -> protocol.Run:
@@ -63,8 +108,23 @@ def _announced(run: protocol.Run, progress: Progress, label: str, most: int) -> 
     return announced
 
 
-def device_dataset(batch, on_gpu: bool):
+def device_dataset(batch, on_gpu: bool, spec=None):
+    """`batch` repeated (prefetched to the GPU on GPUs), its shapes as the real data's
+    `spec` has them (`None` dims), so that the real data's fits run the step traced here
+    (and under XLA reuse the shapes compiled here)."""
     ds = tf.data.Dataset.from_tensors(batch).repeat()
+    if spec is not None:
+
+        def relax(value, leaf):
+            if not isinstance(leaf, tf.TensorSpec):
+                return value
+            return tf.raw_ops.PlaceholderWithDefault(input=value, shape=leaf.shape)
+
+        def relaxed(*parts):
+            element = parts if isinstance(spec, tuple) else parts[0]
+            return tf.nest.map_structure(relax, element, spec)
+
+        ds = ds.map(relaxed)
     if on_gpu:
         return ds.apply(tf.data.experimental.prefetch_to_device("/gpu:0", buffer_size=2))
     return ds.prefetch(2)
@@ -126,8 +186,9 @@ def _probe_notes(
     gain, low, high = protocol.gain(rounds)
     if gain is None:
         return []
-    if stopped == "slower":
-        return [f"{name} measured {1 / gain:.1f}x slower after one round: not measured further"]
+    if stopped in ("slower", "faster"):
+        factor = 1 / gain if stopped == "slower" else gain
+        return [f"{name} measured {factor:.1f}x {stopped} after one round: not measured further"]
     if stopped == "budget":
         return [
             f"{name} probe cut short by the time budget of {budget_s:g} s after "
@@ -148,11 +209,15 @@ def measure_rounds(
     progress: Progress | None = None,
 ) -> list[tuple[float, float]]:
     """(device-resident, real) seconds per step, round after round, until the input-wait
-    share is clear of the thresholds or `ROUNDS_BUDGET_SHARE` of the budget is spent."""
+    share is clear of the thresholds or `ROUNDS_BUDGET_SHARE` of the budget is spent; each
+    fit as long as `fit_plan` allows for `MIN_ROUNDS` rounds."""
     progress = progress or Progress(0, title="diagnose")
     repeated = ds.repeat()
     progress.phase("warming up on the real data")
     _warm_real(model, ds, repeated, budget)
+    spe = max(1, int(model.steps_per_execution))
+    fits = 2 * protocol.MIN_ROUNDS - (first_compute is not None)
+    warm, timed_s = fit_plan(budget.left(), budget.seconds, first_compute, fits, warmup, spe)
     rounds_until = (
         None if budget.seconds is None else budget.start + ROUNDS_BUDGET_SHARE * budget.seconds
     )
@@ -168,10 +233,10 @@ def measure_rounds(
                     "timing the real data against a batch in memory, "
                     f"round {calls[kind]} of at most {MAX_ROUNDS}"
                 )
-            # The first real run, like the first device-resident one, runs in full.
+            # The first real run, like the first device-resident one, ignores the deadline.
             first_real = kind == "real" and calls[kind] == 1
             return protocol.fit_step_time(
-                model, dataset, steps, warmup, None if first_real else deadline
+                model, dataset, steps, warm, None if first_real else deadline, timed_s
             )
 
         return run
@@ -201,45 +266,68 @@ class Probe:
     notes: list[str] = field(default_factory=list)
     skipped: str | None = None  # what the budget left out, e.g. "the jit_compile=True probe"
 
+    @property
+    def final(self) -> bool:
+        """Whether a first look settled it (or nothing more can be measured)."""
+        return not self.rounds or (self.record or {}).get("stopped") in ("slower", "faster")
+
 
 def run_probe(
     model: Any,
     device_ds: Any,
     steps: int,
     warmup: int,
-    budget: protocol.Budget,
+    limit: float | None,
     *,
+    budget: protocol.Budget,
     setting: str,
     current: Any,
     value: Any,
     threshold: float,
     failed: str,
     progress: Progress | None = None,
+    needs_s: float = 0.0,
+    first_base: float | None = None,
+    earlier: list[tuple[float, float]] | None = None,
 ) -> Probe:
     """Times the device-resident step with `setting` = `value` against `current`, in rounds;
-    skipped when the budget is spent; an error is the note `failed`, never a crash."""
+    skipped when less than `needs_s` of the budget is left; an error is the note `failed`,
+    never a crash. With `first_base` (the baseline's step, measured already) one round only,
+    final ("faster" or "slower") when it is clear; `earlier`: rounds of such a first look."""
     base_name, name = f"{setting}={current}", f"{setting}={value}"
-    if budget.left() <= 0:
-        return Probe(skipped=f"the {name} probe")
+    rounds: list[tuple[float, float]] = []
+    stopped: str | None = None
     failure: list[str] = []
-    with noted(failure, failed.format(name=name, error="{error}")):
-        rounds, stopped = _compare(
-            model,
-            device_ds,
-            steps,
-            warmup,
-            {setting: value},
-            threshold=threshold,
-            budget=budget,
-            progress=progress,
-            label=f"trying {name} against {current}",
-        )
-    if failure:
+    if budget.left() > max(0.0, needs_s):
+        with noted(failure, failed.format(name=name, error="{error}")):
+            rounds, stopped = _compare(
+                model,
+                device_ds,
+                steps,
+                warmup,
+                {setting: value},
+                threshold=threshold,
+                budget=budget,
+                max_rounds=1 if first_base is not None else PROBE_MAX_ROUNDS,
+                progress=progress,
+                label=f"trying {name} against {current}",
+                limit=limit,
+                first_base=first_base,
+            )
+    elif not earlier:
+        return Probe(skipped=f"the {name} probe")
+    else:
+        stopped = "budget"
+    if failure and not earlier:
         return Probe(notes=failure)
+    rounds = (earlier or []) + rounds
+    gain = protocol.gain(rounds)[0]
+    if first_base is not None and stopped is None and gain and gain >= CLEARLY_FASTER:
+        stopped = "faster"
     return Probe(
         rounds=rounds,
         record=_probe_record(base_name, name, rounds, stopped),
-        notes=_probe_notes(name, rounds, stopped, budget.seconds),
+        notes=failure + _probe_notes(name, rounds, stopped, budget.seconds),
     )
 
 

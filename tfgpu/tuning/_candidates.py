@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tfgpu._internal.adapters import timing
+from tfgpu._internal.adapters.datasets import DROP_REMAINDER_MAX_SHARE
 from tfgpu.precision import choose_policy
 
 # A candidate is kept only when the low end of its gain interval clears this margin.
@@ -26,10 +27,6 @@ SPE_LADDER = (4, 16, 64)
 # One execution of `steps_per_execution` steps should take at most this long: longer steps
 # leave no host overhead worth saving, and a fit would run for minutes.
 SPE_MAX_EXECUTION_S = 1.0
-
-# A static batch shape drops the partial last batch: tried only when that is at most this
-# share of an epoch's examples.
-DROP_SHARE = 0.05
 
 # The facts' bottleneck: input when reading a batch takes this share of a step or more;
 # host overhead when a step (one call) takes less than this many seconds.
@@ -239,8 +236,8 @@ def candidates(facts: Facts) -> list[Candidate]:
         if facts.remainder:
             left, examples = facts.remainder
             drops = f"drops the last {left:,} of the {examples:,} examples of each epoch"
-            if not untried and left > DROP_SHARE * examples:
-                untried = f"it {drops}: more than {DROP_SHARE:.0%} of the data"
+            if not untried and left >= DROP_REMAINDER_MAX_SHARE * examples:
+                untried = f"it {drops}: {DROP_REMAINDER_MAX_SHARE:.0%} of the data or more"
         static.append(
             _candidate(
                 "static batch shape", {"drop_remainder": True}, facts, untried=untried, note=drops

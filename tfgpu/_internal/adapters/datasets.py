@@ -203,6 +203,10 @@ def reshuffles(ds: Any) -> bool:
     return False
 
 
+# A partial last batch is dropped (tune's static batch shape, diagnose's advice) only when it
+# holds less than this share of an epoch's examples: dropping more changes the training.
+DROP_REMAINDER_MAX_SHARE = 0.05
+
 # Op types whose output may differ from one epoch to the next, or hide what they do.
 _UNREPEATABLE_OPS = ("Random", "Rng", "PyFunc", "Shuffle")
 # The dataset attributes that hold a traced function (map, filter, interleave, scan, ...).
