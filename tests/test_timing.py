@@ -136,12 +136,6 @@ def test_variants_are_limited_to_a_multiple_of_the_baseline_s_timed_part(monkeyp
     assert all(limit is None for name, limit in runs.limits if name == "base")
 
 
-def test_interleave_is_compare_with_one_variant(monkeypatch):
-    runs = _Runs(monkeypatch)
-    rounds, stopped = timing.interleave(runs.run("base", 1.0), runs.run("v", 2.0))
-    assert (rounds, stopped) == ([(1.0, 2.0)], "slower")
-
-
 @pytest.mark.slow
 def test_a_timed_fit_runs_free_of_garbage_collection_and_restores_the_setting():
     import gc

@@ -321,27 +321,6 @@ def compare(
     return out
 
 
-def interleave(
-    base: Run,
-    variant: Run,
-    *,
-    threshold: float = 1.0,
-    budget: Budget | None = None,
-    max_rounds: int = 7,
-    timed_units: int = 6,
-) -> tuple[list[tuple[float, float]], str | None]:
-    """`compare` with one variant: (rounds, why it stopped early or None)."""
-    c = compare(
-        base,
-        {"variant": variant},
-        threshold=threshold,
-        budget=budget,
-        max_rounds=max_rounds,
-        timed_units=timed_units,
-    )["variant"]
-    return c.rounds, c.stopped
-
-
 def medians(rounds: Sequence[tuple[float, float]]) -> tuple[float, float]:
     """(median of the first values, median of the second) of paired rounds. Pure.
 
