@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -110,8 +111,44 @@ def test_backup_dir_must_be_a_directory_path(tmp_path, monkeypatch):
     assert BackupAndRestore("~/runs/b").backup_dir == str(tmp_path / "runs" / "b")
 
 
+@pytest.fixture
+def unwritable(tmp_path):
+    """A directory this process cannot write to: read-only permissions, or (for root, whom
+    permissions do not stop) /proc."""
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    yield read_only if not os.access(read_only, os.W_OK) else Path("/proc")
+    read_only.chmod(0o755)
+
+
+@pytest.mark.parametrize("where", ["{dir}/b", "{dir}/b/c", "{dir}"])
+@pytest.mark.parametrize("save_freq", ["epoch", 3])
+def test_a_backup_dir_that_cannot_be_written_fails_at_construction(unwritable, where, save_freq):
+    backup_dir = where.format(dir=unwritable)
+    with pytest.raises(ValueError) as e:
+        BackupAndRestore(backup_dir, save_freq=save_freq)
+    message = str(e.value)
+    assert message.startswith(
+        f"Invalid value for argument `backup_dir`. Received: backup_dir={backup_dir!r}. "
+        "Expected a directory this process can create and write to ("
+    )
+    assert "Error: " in message  # the reason: PermissionError, FileNotFoundError, ...
+
+
+def test_a_restore_only_backup_dir_need_not_be_writable(unwritable):
+    backup = BackupAndRestore(unwritable / "b", save_freq=False)  # only read: never written
+    assert backup.backup_dir == str(unwritable / "b")
+
+
+def test_a_backup_dir_is_created_when_the_callback_is_made(tmp_path):
+    BackupAndRestore(tmp_path / "runs" / "b")
+    assert (tmp_path / "runs" / "b").is_dir() and not any((tmp_path / "runs" / "b").iterdir())
+
+
 def test_backup_dir_that_became_a_file_fails_before_training(tmp_path):
     backup = BackupAndRestore(tmp_path / "b")
+    (tmp_path / "b").rmdir()  # made with the callback
     (tmp_path / "b").write_text("not a directory")
     model, opt = make_model()
     model.compile(opt, "mse")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -145,7 +146,7 @@ def test_startup_log_is_held_back_unless_asked_for(verbose, level, hold_back):
 
 
 def test_startup_noise_is_held_back_and_everything_else_goes_through(capfd):
-    from tfgpu import cli
+    from tfgpu._internal.helpers.processes import startup_log_held_back
 
     lines = [
         "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n",
@@ -159,11 +160,11 @@ def test_startup_noise_is_held_back_and_everything_else_goes_through(capfd):
         "E0000 00:00:1795965552.2 16703 some_op.cc:9] a real error\n",
         "UserWarning: from Python\n",
     ]
-    with cli._startup_log_held_back():
+    with startup_log_held_back():
         for line in lines:
             os.write(2, line.encode())
     assert capfd.readouterr().err == "".join(lines[4:])
-    with cli._startup_log_held_back(enabled=False):
+    with startup_log_held_back(enabled=False):
         os.write(2, lines[1].encode())
     assert capfd.readouterr().err == lines[1]
 
@@ -211,3 +212,43 @@ def test_an_unexpected_os_error_is_an_error_line_not_a_traceback(tmp_path, capsy
     err = capsys.readouterr().err
     assert err.startswith("tfgpu report: error: [Errno 13] Permission denied")
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["tune", "--time-budget-s", "nan", "{script}"], r"`--time-budget-s`. Received: "
+         r"--time-budget-s=nan. Expected a finite number of seconds > 0\.$"),
+        (["tune", "--log-dir", "{file}", "{script}"], r"`--log-dir`. Received: --log-dir="),
+        (["report", "{file}"], r"`LOG_DIR`. Received: LOG_DIR="),
+        (["report", "{dir}", "--out", ""], r"`--out`. Received: --out=''. Expected a directory "
+         r"path\.$"),
+        (["demo", "--epochs", "0"], r"`--epochs`. Received: --epochs=0. Expected an int >= 1\.$"),
+        (["demo", "--dataset", " "], r"`--dataset`. Received: --dataset=' '. Expected a "
+         r"TensorFlow Datasets name such as cifar10 \(without --dataset: offline synthetic data\)"),
+        (["demo", "--log-dir", "{file}/run"], r"`--log-dir`.*is under the file"),
+        (["data-service", "worker", "--dispatcher", "x"], r"`--dispatcher`. Received: "
+         r"--dispatcher='x'. Expected host:port or grpc://host:port"),
+        (["data-service", "dispatcher", "--worker-timeout-s", "inf"], r"`--worker-timeout-s`"),
+        (["data-service", "dispatcher", "--work-dir", "{file}"], r"`--work-dir`.*is a file"),
+    ],
+)  # fmt: skip
+def test_command_line_errors_name_flags_and_values_a_command_line_can_pass(
+    argv, match, tmp_path, capsys
+):
+    (tmp_path / "notes.txt").write_text("kept")
+    (tmp_path / "train.py").write_text("print('never run')\n")
+    values = {"file": tmp_path / "notes.txt", "script": tmp_path / "train.py", "dir": tmp_path}
+    argv = [a.format(**values) for a in argv]
+    try:
+        status = main(argv)
+    except SystemExit as e:
+        status = e.code
+    assert status == 2
+    err = capsys.readouterr().err
+    assert "usage: tfgpu" in err and re.search(match, err, re.MULTILINE), err
+    for python_only in ("None", "a str", "os.PathLike", "Traceback"):
+        assert python_only not in err
+    python_name = r"(?<![-\w])(time_budget_s|log_dir|out_dir|work_dir|epochs|dataset)\b"
+    assert not re.search(python_name, err), err
+    assert (tmp_path / "notes.txt").read_text() == "kept"

@@ -9,12 +9,15 @@ process is SIGKILLed mid-epoch, and the supervisor itself on tiny stand-in serve
 from __future__ import annotations
 
 import collections
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,9 +27,11 @@ import tensorflow as tf
 from tensorflow.python.data.experimental.ops.testing import sleep as _sleep
 
 import tfgpu
+from tests.test_processes import ended, ended_within
 from tfgpu._internal.adapters.data_service import (
     EXIT_CANNOT_START,
     MAX_RESTARTS,
+    _port_in_use,
     check_job_name,
     consumers,
     job_name,
@@ -228,9 +233,85 @@ def test_main_rejects_bad_arguments(capsys):
     assert main(["dispatcher", "--worker-timeout-s", "0"]) == 2
     assert main(["worker", "--dispatcher", "h:5050", "--port", "70000"]) == 2
     err = capsys.readouterr().err
-    assert "--dispatcher" in err and "expected 1 to 65535" in err and "expected 0 to 65535" in err
+    assert "--dispatcher" in err and "Expected a port, 1 to 65535" in err
+    assert "Expected a port, 0 (any) to 65535" in err
     assert "usage: tfgpu data-service worker" in err  # the role's own usage line
     assert "started" not in err  # refused before any server process started
+
+
+@pytest.fixture
+def unwritable(tmp_path):
+    """A directory this process cannot write to: read-only permissions, or (for root, whom
+    permissions do not stop) /proc."""
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    yield read_only if not os.access(read_only, os.W_OK) else Path("/proc")
+    read_only.chmod(0o755)
+
+
+_BAD_ARGUMENTS = [
+    (["dispatcher", "--worker-timeout-s", "inf"], r"`--worker-timeout-s`\. Received: "
+     r"--worker-timeout-s=inf\. Expected a number of seconds from 0\.001 to 86400"),
+    (["dispatcher", "--worker-timeout-s", "1e999"], r"--worker-timeout-s=inf\."),
+    (["dispatcher", "--worker-timeout-s", "nan"], r"--worker-timeout-s=nan\."),
+    (["dispatcher", "--worker-timeout-s", "-1"], r"--worker-timeout-s=-1\.0\."),
+    (["dispatcher", "--worker-timeout-s", "1e300"], r"--worker-timeout-s=1e\+300\."),
+    (["dispatcher", "--worker-timeout-s", "0.0001"], r"--worker-timeout-s=0\.0001\."),
+    (["dispatcher", "--port", "-1"], r"`--port`\. Received: --port=-1\. Expected a port, 1"),
+    (["dispatcher", "--port", str(10**30)], r"`--port`"),
+    (["dispatcher", "--work-dir", "{file}"], r"`--work-dir`.*Expected a directory; .*file\.txt' "
+     r"is a file"),
+    (["dispatcher", "--work-dir", "{file}/journal"], r"`--work-dir`.*is under the file"),
+    (["dispatcher", "--work-dir", "{unwritable}/journal"], r"`--work-dir`.*Expected a directory "
+     r"this process can create and write to \(\w+Error"),
+    (["dispatcher", "--work-dir", "{unwritable}/a/b"], r"`--work-dir`.*can create and write to"),
+    (["dispatcher", "--work-dir", "{unwritable}"], r"`--work-dir`.*can create and write to"),
+    (["dispatcher", "--work-dir", " "], r"`--work-dir`\. Received: --work-dir=' '\. Expected a "
+     r"directory path\.$"),
+    (["worker", "--dispatcher", "nohost"], r"`--dispatcher`\. Received: --dispatcher='nohost'\. "
+     r"Expected host:port or grpc://host:port \(the dispatcher's address\), with a port"),
+    (["worker", "--dispatcher", "http://h:1"], r"speaks 'grpc', not 'http'"),
+    (["worker", "--dispatcher", "h:1", "--host", "a b"], r"`--host`\. Received: --host='a b'"),
+    (["worker", "--dispatcher", "h:1", "--port", "65536"], r"`--port`.*0 \(any\) to 65535"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "match"), _BAD_ARGUMENTS)
+def test_each_argument_is_checked_and_named_by_its_flag(argv, match, tmp_path, unwritable, capsys):
+    (tmp_path / "file.txt").write_text("kept")
+    argv = [a.format(file=tmp_path / "file.txt", unwritable=unwritable) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"usage: tfgpu data-service {argv[0]}" in err
+    assert re.search(match, err, re.MULTILINE), err
+    for python_only in ("None", "a str", "os.PathLike", "Traceback", "started"):
+        assert python_only not in err
+    assert (tmp_path / "file.txt").read_text() == "kept"
+
+
+@pytest.mark.slow
+def test_bad_arguments_are_refused_before_tensorflow_is_imported(tmp_path, unwritable):
+    (tmp_path / "file.txt").write_text("x")
+    argvs = [
+        [a.format(file=tmp_path / "file.txt", unwritable=unwritable) for a in argv]
+        for argv, _ in _BAD_ARGUMENTS
+    ]
+    code = (
+        "import json, sys; from tfgpu._internal.adapters.data_service import main; "
+        "codes = [main(argv) for argv in json.loads(sys.argv[1])]; "
+        "print(json.dumps([codes, 'tensorflow' in sys.modules]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(argvs)],
+        env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    codes, imported = json.loads(proc.stdout)
+    assert codes == [2] * len(argvs) and imported is False
 
 
 def test_a_port_already_served_is_refused_not_shared(capsys):
@@ -571,3 +652,33 @@ def test_console_dispatcher_sigterm_and_restart_keep_the_job(tmp_path):
     finally:
         if proc.poll() is None:
             stop(proc)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.name != "posix", reason="parent-death handling: POSIX")
+def test_a_killed_supervisor_takes_its_server_with_it_and_frees_the_port():
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    command = [sys.executable, "-m", "tfgpu", "data-service", "dispatcher", "--port", str(port)]
+    supervisor = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    log: list[str] = []
+    threading.Thread(target=lambda: log.extend(supervisor.stderr), daemon=True).start()
+    server = None
+    try:
+        assert wait_for_port("127.0.0.1", port, 240), "".join(log)[-3000:]
+        started = next(line for line in log if "started (port" in line)
+        server = int(started.split("process ")[1].split()[0])
+        supervisor.send_signal(signal.SIGKILL)  # it runs no code: no handler stops the server
+        supervisor.wait()
+        assert ended_within(server), "the server outlived its supervisor"
+        for _ in range(600):  # the kernel closes a killed process's sockets as it ends
+            if _port_in_use(port) is None:
+                break
+            threading.Event().wait(0.05)
+        assert _port_in_use(port) is None  # a new dispatcher can start there
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()
+        if server is not None and not ended(server):
+            os.kill(server, signal.SIGKILL)

@@ -364,21 +364,96 @@ def test_run_json_with_odd_values_still_reports(tmp_path, capsys, no_plots):
     odd = {"gpus": "abc", "start_time": "yesterday", "interval": None, "earlier_sessions": 7}
     (run / "run.json").write_text(json.dumps(odd))
     (run / "diagnosis.json").write_text(json.dumps({"text": 5, "findings": [1, {"x": 2}]}))
-    assert main(["report", str(run)]) == 0
+    assert main(["report", str(run)]) == 2
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err
+    errors = [line for line in captured.err.splitlines() if "tfgpu report: error:" in line]
+    named = ("`gpus` is", "`start_time` is", "`earlier_sessions` is", "`text` is", "`findings` is")
+    assert len(errors) == len(named) and all(any(n in e for e in errors) for n in named)
     text = (run / "report.md").read_text()
-    assert "started ?," in text and "`earlier_sessions` is a int, not a list" in text
-    assert "| 0 | 60.0 |" in text
+    assert (
+        "started ?," in text and "`earlier_sessions` is 7 (a number), not a list of objects" in text
+    )
+    assert "| 0 | 60.0 |" in text  # the rest is reported
+
+
+_TUNE_RECORD = {"speedup": 1.5, "text": "tune: each setting against the best so far", "trials": []}
+
+
+@pytest.mark.parametrize(
+    ("name", "damage", "message"),
+    [
+        ("run.json", {"gpus": "A100"}, r'`gpus` is "A100" \(a string\), not a list of objects\.'),
+        ("run.json", {"start_time": "yesterday"}, r'`start_time` is "yesterday" \(a string\), '
+         r"not a Unix time in seconds \(a number\)\."),
+        ("run.json", {"start_time": 1e300}, r"`start_time` is 1e\+300 \(a number\), not a Unix"),
+        ("run.json", {"start_time": True}, r"`start_time` is true \(a boolean\)"),
+        ("run.json", {"hostname": ["a", "b"]}, r'`hostname` is \["a", "b"\] \(a list\), not a '
+         r"string\."),
+        ("run.json", {"interval": "fast"}, r"`interval` is \"fast\" \(a string\), not a number"),
+        ("run.json", {"gpus": [{"index": "0", "name": "A100"}]}, r'`gpus\[0\]\.index` is "0" '
+         r"\(a string\), not an integer\."),
+        ("run.json", {"gpus": [{"index": 0, "compute_capability": "8.0"}]},
+         r"`gpus\[0\]\.compute_capability` is \"8\.0\" \(a string\), not a list of integers"),
+        ("run.json", {"earlier_sessions": {"a": 1}}, r"`earlier_sessions` is \{\"a\": 1\} \(an "
+         r"object\), not a list of objects\."),
+        ("run.json", {"earlier_sessions": [{"start_time": "x"}]},
+         r"`earlier_sessions\[0\]\.start_time` is \"x\""),
+        ("tune.json", {"trials": [None, 3]}, r"`trials` is \[null, 3\] \(a list\), not a list "
+         r"of objects\."),
+        ("tune.json", {"trials": [{"name": 3}]}, r"`trials\[0\]\.name` is 3 \(a number\)"),
+        ("tune.json", {"speedup": "x2"}, r'`speedup` is "x2" \(a string\), not a number\.'),
+        ("tune.json", {"lines": "export A=1"}, r"`lines` is \"export A=1\" \(a string\), not a "
+         r"list of strings\."),
+        ("diagnosis.json", {"findings": [1]}, r"`findings` is \[1\] \(a list\)"),
+        ("diagnosis.json", {"bottleneck": {"x": 1}}, r"`bottleneck` is \{\"x\": 1\} \(an object\)"),
+        ("diagnosis.json", {"findings": [{"title": 5}]}, r"`findings\[0\]\.title` is 5"),
+    ],
+)  # fmt: skip
+def test_a_field_of_the_wrong_kind_is_named_and_the_rest_is_reported(
+    name, damage, message, tmp_path, capsys, no_plots
+):
+    run = _write_run(tmp_path / "run", gpus=1, diagnosis={"text": "Bottleneck: input"})
+    path = run / name
+    record = json.loads(path.read_text()) if path.exists() else dict(_TUNE_RECORD)
+    path.write_text(json.dumps({**record, **damage}))
+    assert main(["report", str(run)]) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    errors = [line for line in captured.err.splitlines() if "tfgpu report: error:" in line]
+    assert len(errors) == 1 and re.search(message, errors[0]), captured.err
+    assert errors[0].startswith(f"tfgpu report: error: `{path}`: ")
+    text = (run / "report.md").read_text()
+    assert "## Problems reading this run directory" in text and re.search(message, text)
+    for rest in ("| 0 | 60.0 |", "## Steps `steps.csv`", "## Diagnosis"):
+        assert rest in text  # the rest of the report is there
+
+
+def test_records_as_tfgpu_writes_them_have_no_damaged_field(tmp_path, capsys, no_plots):
+    run = _write_run(tmp_path / "run", gpus=2, diagnosis={"text": "Bottleneck: input"})
+    meta = json.loads((run / "run.json").read_text())
+    meta["earlier_sessions"] = [{**meta, "gpus": [], "timeline": "timeline.csv"}]
+    meta.update(worker=0, task_type="chief", timeline="timeline.csv", pid=1, nvml_error=None)
+    meta["gpus"][0].update(memory_total_mib=None, compute_capability=None)  # NaN and unknown
+    (run / "run.json").write_text(json.dumps(meta))
+    trial = {"name": "XLA", "change": {}, "gain": None, "gain_low": None, "gain_high": None,
+             "status": "untried", "reason": "", "line": ""}  # fmt: skip
+    record = {**_TUNE_RECORD, "trials": [trial], "settings": {}, "lines": [], "notes": ["n"],
+              "baseline_examples_per_s": None, "time_s": 3.5, "compared_with": "the baseline"}  # fmt: skip
+    (run / "tune.json").write_text(json.dumps(record))
+    assert main(["report", str(run)]) == 0, capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["report", "{run}", "--out", "{file}"], r"out_dir.*'.*notes\.txt' is a file"),
-        (["report", "{run}", "--out", "{file}/sub"], r"out_dir.*is under the file"),
-        (["report", "{file}"], r"log_dir.*notes\.txt' is a file"),
-        (["report", "{run}", "--out", ""], r"out_dir.*Expected a directory path"),
+        (["report", "{run}", "--out", "{file}"], r"`--out`.*'.*notes\.txt' is a file"),
+        (["report", "{run}", "--out", "{file}/sub"], r"`--out`.*is under the file"),
+        (["report", "{file}"], r"`LOG_DIR`. Received: LOG_DIR='.*notes\.txt'.*is a file"),
+        (
+            ["report", "{run}", "--out", ""],
+            r"`--out`. Received: --out=''. Expected a directory path\.$",
+        ),
     ],
 )
 def test_paths_that_cannot_be_directories_get_usage_errors(argv, message, tmp_path, capsys):
@@ -389,7 +464,8 @@ def test_paths_that_cannot_be_directories_get_usage_errors(argv, message, tmp_pa
         main(argv)
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "usage: tfgpu report" in err and re.search(message, err) and "Traceback" not in err
+    assert "usage: tfgpu report" in err and re.search(message, err, re.MULTILINE), err
+    assert "Traceback" not in err and "None" not in err and "out_dir" not in err
     assert (tmp_path / "notes.txt").read_text() == "keep me"
     assert not (run / "report.md").exists()
 

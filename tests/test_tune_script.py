@@ -9,16 +9,21 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
 from tests.conftest import REPO
+from tests.test_processes import ended_within
 from tfgpu._internal.adapters import timing
+from tfgpu.cli import main
 from tfgpu.tuning import TuneResult, _script
-from tfgpu.tuning._script import ChildRun
+from tfgpu.tuning._script import ChildRun, child_outcome
 
 XLA = "XLA auto-clustering"
 THREADS = "thread counts"
@@ -209,6 +214,80 @@ def test_bad_arguments_raise_before_any_run(monkeypatch, script, kwargs, error, 
         _script.tune_script(**kwargs)
 
 
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (
+            ["--time-budget-s", "nan"],
+            r"--time-budget-s=nan\. Expected a finite number of seconds > 0\.",
+        ),
+        (["--time-budget-s", "inf"], r"--time-budget-s=inf\."),
+        (["--time-budget-s", "1e999"], r"--time-budget-s=inf\."),  # overflows to inf
+        (["--time-budget-s", "-5"], r"--time-budget-s=-5\.0\."),
+        (["--time-budget-s", "0"], r"--time-budget-s=0\.0\."),
+        (["--steps", "2"], r"argument `--steps`\. Received: --steps=2\. Expected an int >= 3"),
+        (["--steps", str(10**30)], r"argument `--steps`.*<= 1000000"),
+        (["--warmup", "0"], r"argument `--warmup`\. Received: --warmup=0\."),
+        (
+            ["--log-dir", ""],
+            r"argument `--log-dir`\. Received: --log-dir=''\. Expected a directory path\.",
+        ),
+        (["--log-dir", "{script}"], r"argument `--log-dir`.*train\.py' is a file"),
+        (["--log-dir", "{script}/sub"], r"argument `--log-dir`.*is under the file"),
+    ],
+)
+def test_the_command_line_names_its_flags_and_values_it_can_pass(
+    monkeypatch, script, argv, match, capsys
+):
+    monkeypatch.setattr(_script, "_run_child", lambda *a: pytest.fail("a child ran"))
+    argv = [a.format(script=script) for a in argv]
+    with pytest.raises(SystemExit) as e:
+        main(["tune", *argv, str(script)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: tfgpu tune" in err and re.search(match, err), err
+    for python_only in ("None", "time_budget_s", "log_dir", "os.PathLike", "Traceback"):
+        assert python_only not in err
+
+
+def test_a_missing_script_is_named_as_the_command_line_names_it(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["tune", str(tmp_path / "missing.py")])
+    assert "argument `SCRIPT.py`. Received: SCRIPT.py=" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("status", "report", "output", "error"),
+    [
+        (0, "", "", "the script ended (exit status 0) without calling `fit`"),
+        (0, "{torn", "I0000 start-up", "the script ended (exit status 0) without calling `fit`"),
+        (
+            3,
+            "",
+            "one\ntwo\nusage: train.py\ntrain.py: error: bad\n",
+            "the script exited with status 3: one; two; usage: train.py; train.py: error: bad",
+        ),
+        (1, "", "", "the script exited with status 1"),
+        (-9, "", "", "the script was killed by SIGKILL"),
+        (-200, "", "", "the script was killed by signal 200"),
+        (
+            0,
+            '{"error": "the script called sys.exit(0) without calling `fit`", "gpus": 1}',
+            "",
+            "the script called sys.exit(0) without calling `fit`",
+        ),
+        (0, '{"error": "fit failed: ValueError: x", "gpus": 0}', "", "fit failed: ValueError: x"),
+    ],
+)
+def test_what_a_child_run_says_is_told_in_words(status, report, output, error):
+    assert child_outcome(status, report, output).error == error
+
+
+def test_a_child_run_that_timed_its_fit_reports_its_numbers():
+    run = child_outcome(0, '{"step_s": 0.01, "batch": 32, "gpus": 2}', "noise")
+    assert run == ChildRun(0.01, 32, 2)
+
+
 def test_the_command_prints_the_table_and_the_lines_to_set(monkeypatch, clock, script, capsys):
     def times(change, n):
         return {"base": 0.010, "xla": 0.005, "threads": 0.010}[_which(change)]
@@ -268,3 +347,65 @@ def test_a_real_script_runs_in_child_processes_and_stops_after_its_first_fit(tmp
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "TRIALS" in proc.stdout and XLA in proc.stdout and THREADS in proc.stdout
     assert not marker.exists()  # structure only: no speed is asserted
+
+
+@pytest.mark.slow
+def test_a_script_that_exits_before_fit_is_told_so(tmp_path):
+    script = tmp_path / "early.py"
+    script.write_text("import sys\nprint('preparing')\nsys.exit(0)\n")
+    run = _script._run_child(script, [], {}, 3, 1, 120.0)
+    assert run.error == "the script called sys.exit(0) without calling `fit`"
+
+
+# The script starts a process of its own, writes both pids, and waits (it never reaches fit).
+_HANGS = """
+import os, subprocess, sys, time
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(f"{os.getpid()} {helper.pid}")
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(600)
+"""
+
+_TUNE_COMMAND = (
+    "import argparse, sys; from tfgpu.tuning._script import run_command; "
+    "sys.exit(run_command(argparse.Namespace(script=sys.argv[1], script_args=sys.argv[2:], "
+    "steps=3, warmup=1, time_budget_s=None, log_dir=None)))"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.name != "posix", reason="process groups and signals: POSIX")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_stopped_tune_leaves_no_process_and_no_file_behind(tmp_path, sig):
+    script, pids, temp = tmp_path / "hangs.py", tmp_path / "pids", tmp_path / "tmp"
+    script.write_text(textwrap.dedent(_HANGS))
+    temp.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": str(temp)}
+    with open(tmp_path / "tune.log", "wb") as log:
+        parent = subprocess.Popen(
+            [sys.executable, "-c", _TUNE_COMMAND, str(script), str(pids)],
+            env=env,
+            stdout=log,
+            stderr=log,
+        )
+    try:
+        for _ in range(3600):  # both processes import TensorFlow before the script runs
+            if pids.exists() or parent.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert pids.exists(), (tmp_path / "tune.log").read_text()[-3000:]
+        runner, helper = map(int, pids.read_text().split())
+        parent.send_signal(sig)
+        parent.wait(120)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+    assert parent.returncode == (128 + sig if sig == signal.SIGTERM else -sig)
+    assert ended_within(runner)  # the script's process: with its group, or by the death signal
+    if sig == signal.SIGTERM:
+        assert ended_within(helper)  # the script's own process, ended with its group
+    else:  # a SIGKILLed parent runs no code: what the script started is the script's own
+        os.kill(helper, signal.SIGKILL)
+    assert list(temp.iterdir()) == []  # the report travelled through no named file

@@ -9,23 +9,12 @@ or `TF_CPP_MIN_LOG_LEVEL=0` asks for it.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import re
 import sys
-import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-# What TensorFlow's C++ writes at every start: absl's preamble, INFO lines and the errors of a
-# machine without a usable driver (`tfgpu env` explains them); warnings and other errors pass.
-_STARTUP_NOISE = re.compile(
-    r"^(WARNING: All log messages before absl::InitializeLog\(\) is called"
-    r"|I\d{4} [\d:.]+\s+\d+ \S+:\d+\] "
-    r"|E\d{4} [\d:.]+\s+\d+ \S+:\d+\] (failed call to cuInit|Unable to register cu\w+ "
-    r"factory)"
-    r"|To enable the following instructions: .* rebuild TensorFlow with the appropriate)"
-)
+from tfgpu._internal.helpers.processes import startup_log_held_back
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -113,21 +102,42 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _check_arguments(args: argparse.Namespace) -> None:
     """Checks a command's arguments (no TensorFlow), filling in what the checks resolve (the
-    demo's default run directory); raises TypeError/ValueError."""
-    from tfgpu._internal.helpers.checks import check_dir
+    demo's default run directory); raises TypeError/ValueError. The messages name the flags
+    and the values a command line can pass (`--out`, never `out_dir` or None)."""
+    from tfgpu._internal.helpers.checks import check_dir, check_int, invalid_value
+
+    def check_path(flag: str, value: str | None) -> None:
+        if value is not None:
+            check_dir(flag, value, expected="a directory path")
 
     if args.command == "demo":
         from tfgpu.demo import check_arguments
 
+        if args.dataset is not None and not args.dataset.strip():
+            raise invalid_value(
+                "--dataset",
+                args.dataset,
+                "a TensorFlow Datasets name such as cifar10 (without --dataset: offline "
+                "synthetic data)",
+            )
+        check_path("--log-dir", args.log_dir)
+        if args.epochs is not None:
+            check_int("--epochs", args.epochs, minimum=1)
         args.log_dir = check_arguments(args.quick, args.dataset, args.log_dir, args.epochs)
     elif args.command == "report":
-        check_dir("log_dir", args.log_dir)
-        check_dir("out_dir", args.out, allow_none=True)
+        check_path("LOG_DIR", args.log_dir)
+        check_path("--out", args.out)
     elif args.command == "tune":
         from tfgpu.tuning._script import check_arguments as check_tune_arguments
 
         check_tune_arguments(
-            args.script, args.script_args, args.steps, args.warmup, args.time_budget_s, args.log_dir
+            args.script,
+            args.script_args,
+            args.steps,
+            args.warmup,
+            args.time_budget_s,
+            args.log_dir,
+            flags=True,
         )
 
 
@@ -136,38 +146,6 @@ def _hold_back_startup_log(verbose: bool, environ: Mapping[str, str]) -> bool:
     `TF_CPP_MIN_LOG_LEVEL=0` (TensorFlow writes it before reading the variable, so `=2` alone
     cannot quiet it). Pure."""
     return not verbose and environ.get("TF_CPP_MIN_LOG_LEVEL", "").strip() != "0"
-
-
-@contextlib.contextmanager
-def _startup_log_held_back(enabled: bool = True) -> Iterator[None]:
-    """Holds back TensorFlow's C++ start-up lines written to fd 2 inside the block: the others
-    go to the real stderr, in order, when it ends. Does nothing when `enabled` is False."""
-    saved = None
-    if enabled:
-        try:
-            sys.stderr.flush()
-            saved = os.dup(2)
-        except (OSError, ValueError, AttributeError):  # no real fd 2 (embedded): leave it be
-            saved = None
-    if saved is None:
-        yield
-        return
-    with tempfile.TemporaryFile() as sink:
-        try:
-            os.dup2(sink.fileno(), 2)
-            yield
-        finally:
-            try:
-                sys.stderr.flush()
-            except (OSError, ValueError):
-                pass
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            text = sink.read().decode("utf-8", "replace")
-            kept = [line for line in text.splitlines(True) if not _STARTUP_NOISE.match(line)]
-            if kept:
-                os.write(2, "".join(kept).encode())
 
 
 def _load_tensorflow() -> None:
@@ -215,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "env":
             from tfgpu.env import environment
 
-            with _startup_log_held_back(hold_back):
+            with startup_log_held_back(hold_back):
                 report = environment()
             print(json.dumps(report.to_dict(), indent=2) if args.json else report)
             return 0
@@ -238,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             # The demo reports no environment variables: quiet TensorFlow's own log too.
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if args.verbose else "2")
-            with _startup_log_held_back(hold_back):
+            with startup_log_held_back(hold_back):
                 _load_tensorflow()
             return run_demo(
                 quick=args.quick, dataset=args.dataset, log_dir=args.log_dir, epochs=args.epochs
@@ -247,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from tfgpu.tuning._script import run_command
 
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if args.verbose else "2")
-            with _startup_log_held_back(hold_back):
+            with startup_log_held_back(hold_back):
                 _load_tensorflow()
             return run_command(args)
     except (ValueError, TypeError, OSError, ImportError) as e:

@@ -18,7 +18,7 @@ import numpy as np
 
 from tfgpu._internal.adapters import keras_internals
 from tfgpu._internal.helpers.checks import check_bool, check_dir, check_int, invalid_value
-from tfgpu._internal.helpers.files import rotate
+from tfgpu._internal.helpers.files import rotate, writable_dir
 from tfgpu.callbacks._backup import (
     FILE,
     META,
@@ -73,7 +73,8 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     Args:
         backup_dir: str or path-like, a directory used only by this callback (`~` is
-            expanded; created on the first save).
+            expanded). Created, and checked that it can be written, when the callback is
+            made (with `save_freq=False`, only read).
         save_freq: `"epoch"`, int or False: save at the end of every epoch, every
             `save_freq` batches (best a multiple of `steps_per_execution`), or never
             (restore only). Defaults to `"epoch"`.
@@ -83,8 +84,9 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     Raises:
         TypeError: if an argument has the wrong type (`save_freq=2.5`, `backup_dir=123`).
-        ValueError: if `backup_dir` is empty, is a file or is under a file, or `save_freq`
-            is out of range or unknown (`0`, `"batch"`); at the start of `fit`, if the
+        ValueError: if `backup_dir` is empty, is a file or is under a file, or cannot be
+            created or written (unless `save_freq=False`), or `save_freq` is out of range or
+            unknown (`0`, `"batch"`); at the start of `fit`, if the
             model is unbuilt, two BackupAndRestore callbacks are given, or no backup in
             `backup_dir` can be resumed from (the message names each file and why).
 
@@ -106,6 +108,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.save_freq = _check_save_freq(save_freq)
         check_bool("double_checkpoint", double_checkpoint)
         check_bool("delete_checkpoint", delete_checkpoint)
+        if self.save_freq is not False:  # not after an epoch of training, at the first save
+            writable_dir(directory, "backup_dir")
         self.backup_dir = os.fspath(directory)
         self.double_checkpoint = double_checkpoint
         self.delete_checkpoint = delete_checkpoint

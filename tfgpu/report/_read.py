@@ -1,18 +1,19 @@
-"""Reading a run directory: its timeline and steps files, its JSON records, and `Problems`
-(what could not be read or was worked around: a damaged file is never raised)."""
+"""Reading a run directory: its timeline and steps files, its JSON records and their fields,
+and `Problems` (what could not be read or was worked around: a damaged file is never raised)."""
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tfgpu._internal.helpers.checks import check_dir
+from tfgpu._internal.helpers.checks import check_dir, is_int, is_number
 from tfgpu._internal.helpers.files import read_json_object
 
 
@@ -127,6 +128,61 @@ def read_record(path: Path, problems: Problems) -> dict[str, Any] | None:
     except ValueError as e:
         problems.errors.append(f"{e}.".replace(str(path), f"`{path}`", 1))
     return None
+
+
+# What a field of a JSON record must hold: a test, and the words for it.
+Field = tuple[Callable[[Any], bool], str]
+
+STRING: Field = (lambda v: isinstance(v, str), "a string")
+NUMBER: Field = (is_number, "a number")
+INTEGER: Field = (is_int, "an integer")
+OBJECT: Field = (lambda v: isinstance(v, dict), "an object")
+OBJECTS: Field = (
+    lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
+    "a list of objects",
+)
+STRINGS: Field = (
+    lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "a list of strings",
+)
+INTEGERS: Field = (
+    lambda v: isinstance(v, list) and all(is_int(x) for x in v),
+    "a list of integers",
+)
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON name of a value's kind: "a string", "a number", ... (never null here)."""
+    for kind, name in (
+        (bool, "a boolean"),
+        (str, "a string"),
+        (list, "a list"),
+        (dict, "an object"),
+    ):
+        if isinstance(value, kind):
+            return name
+    return "a number"
+
+
+def damaged_fields(
+    path: Path,
+    record: Mapping[str, Any],
+    fields: Mapping[str, Field],
+    problems: Problems,
+    where: str = "",
+) -> None:
+    """Names in `problems.errors` each of `fields` that `record` holds (not null) with the
+    wrong kind of value, e.g. `"gpus": "A100"`; `where` prefixes the field's name
+    (`"earlier_sessions[0]."`). The report shows such a field as `?`, or leaves it out."""
+    for name, (ok, expected) in fields.items():
+        value = record.get(name)
+        if value is None or ok(value):
+            continue
+        text = json.dumps(value, default=str)
+        text = text if len(text) <= 40 else text[:37] + "..."
+        problems.errors.append(
+            f"`{path}`: `{where}{name}` is {text} ({_json_kind(value)}), not {expected}."
+        )
 
 
 _ARTIFACT = re.compile(

@@ -11,8 +11,24 @@ from pathlib import Path
 from typing import Any
 
 from tfgpu._internal.helpers import stats
+from tfgpu._internal.helpers.checks import is_number
 from tfgpu._internal.helpers.files import EARLIER_SESSIONS
-from tfgpu.report._read import Artifact, Problems, Table, diagnosis_files, read_record
+from tfgpu.report._read import (
+    INTEGER,
+    INTEGERS,
+    NUMBER,
+    OBJECT,
+    OBJECTS,
+    STRING,
+    STRINGS,
+    Artifact,
+    Field,
+    Problems,
+    Table,
+    damaged_fields,
+    diagnosis_files,
+    read_record,
+)
 from tfgpu.report._series import (
     finite_max,
     gpu_indices,
@@ -35,6 +51,68 @@ def _when(timestamp) -> str:
     except (TypeError, ValueError, OverflowError, OSError):
         return "?"
     return moment.isoformat(sep=" ", timespec="seconds")
+
+
+# The fields of the JSON records that the report reads, and what each must hold.
+_TIME: Field = (lambda v: is_number(v) and _when(v) != "?", "a Unix time in seconds (a number)")
+_SESSION = {
+    "tfgpu_version": STRING,
+    "hostname": STRING,
+    "start_time": _TIME,
+    "interval": NUMBER,
+    "worker": INTEGER,
+    "task_type": STRING,
+    "timeline": STRING,
+    "gpus": OBJECTS,
+}
+_GPU = {
+    "index": INTEGER,
+    "name": STRING,
+    "memory_total_mib": NUMBER,
+    "compute_capability": INTEGERS,
+}
+_DIAGNOSIS = {"text": STRING, "bottleneck": STRING, "findings": OBJECTS}
+_FINDING = {"kind": STRING, "title": STRING, "recommendation": STRING}
+_TUNE = {
+    "text": STRING,
+    "trials": OBJECTS,
+    "speedup": NUMBER,
+    "speedup_low": NUMBER,
+    "speedup_high": NUMBER,
+    "baseline_examples_per_s": NUMBER,
+    "tuned_examples_per_s": NUMBER,
+    "settings": OBJECT,
+    "lines": STRINGS,
+    "notes": STRINGS,
+    "time_s": NUMBER,
+    "compared_with": STRING,
+}
+_TRIAL = {
+    "name": STRING,
+    "change": OBJECT,
+    "gain": NUMBER,
+    "gain_low": NUMBER,
+    "gain_high": NUMBER,
+    "status": STRING,
+    "reason": STRING,
+    "line": STRING,
+}
+
+
+def _damaged_list(
+    path: Path, items: Any, fields: dict[str, Field], problems: Problems, where: str
+) -> None:
+    """`damaged_fields` of each object in the list `items` (`where[0].`, `where[1].`, ...)."""
+    for k, item in enumerate(items if isinstance(items, list) else []):
+        if isinstance(item, dict):
+            damaged_fields(path, item, fields, problems, f"{where}[{k}].")
+
+
+def _damaged_session(
+    path: Path, session: dict[str, Any], problems: Problems, where: str = ""
+) -> None:
+    damaged_fields(path, session, _SESSION, problems, where)
+    _damaged_list(path, session.get("gpus"), _GPU, problems, f"{where}gpus")
 
 
 def fmt(value: Any, spec: str = ".1f") -> str:
@@ -191,6 +269,8 @@ def diagnosis_section(path: Path, problems: Problems) -> list[str]:
     d = read_record(path, problems)
     if d is None:
         return [title, "", f"`{path.name}` could not be read (see Problems above).", ""]
+    damaged_fields(path, d, _DIAGNOSIS, problems)
+    _damaged_list(path, d.get("findings"), _FINDING, problems, "findings")
     lines = [title, ""]
     text = d.get("text")
     if isinstance(text, str) and text.strip():
@@ -210,6 +290,8 @@ def tune_section(path: Path, out: Path, problems: Problems) -> list[str]:
     d = read_record(path, problems)
     if d is None:
         return [*lines, f"`{path.name}` could not be read (see Problems above).", ""]
+    damaged_fields(path, d, _TUNE, problems)
+    _damaged_list(path, d.get("trials"), _TRIAL, problems, "trials")
     text = d.get("text")
     if isinstance(text, str) and text.strip():
         lines += ["```", text.rstrip().replace("```", "'''"), "```", ""]
@@ -250,21 +332,17 @@ def _session_line(meta: dict[str, Any]) -> str:
 def sessions_section(
     meta: dict[str, Any], run_json: Path, timelines: list[Artifact], problems: Problems
 ) -> list[str]:
-    """The sessions recorded in `run.json` (the newest, and `earlier_sessions`)."""
+    """The sessions recorded in `run.json` (the newest, and `earlier_sessions`); a field of the
+    wrong kind is named in `problems` and shown as `?`."""
     newest = {k: v for k, v in meta.items() if k != EARLIER_SESSIONS}
-    earlier_raw = meta.get(EARLIER_SESSIONS) or []
-    if not isinstance(earlier_raw, list):
-        problems.notes.append(
-            f"`{run_json}`: `{EARLIER_SESSIONS}` is a {type(earlier_raw).__name__}, not a "
-            "list: earlier sessions not listed."
-        )
-        earlier_raw = []
-    earlier = [s for s in earlier_raw if isinstance(s, dict)]
-    if len(earlier) < len(earlier_raw):
-        problems.notes.append(
-            f"`{run_json}`: {len(earlier_raw) - len(earlier)} entr(ies) of "
-            f"`{EARLIER_SESSIONS}` are not objects: not listed."
-        )
+    damaged_fields(run_json, meta, {EARLIER_SESSIONS: OBJECTS}, problems)
+    earlier_raw = meta.get(EARLIER_SESSIONS)
+    earlier: list[dict[str, Any]] = []
+    for k, s in enumerate(earlier_raw if isinstance(earlier_raw, list) else []):
+        if isinstance(s, dict):
+            _damaged_session(run_json, s, problems, f"{EARLIER_SESSIONS}[{k}].")
+            earlier.append(s)
+    _damaged_session(run_json, newest, problems)
     lines: list[str] = []
     if earlier:
         sessions = [*earlier, newest]

@@ -2,21 +2,28 @@
 
 The parent (`tune_script`) runs the script with each setting in its environment, in the timing
 engine's rounds, and judges them as `tfgpu.tune` does; in the child (`_child_main`) the
-replaced `keras.Model.fit` times the first `fit` and exits. The guide: docs/tuning.md.
+replaced `keras.Model.fit` times the first `fit` and exits. Each child runs in a process group
+of its own, ended whole when it returns (what the script started too), and dies with its
+parent; it reports on its stdout into an anonymous temporary file, so nothing is left behind
+however the parent stops. The guide: docs/tuning.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from tfgpu._internal.helpers.processes import death
 
 # Environment variables of the settings that need a GPU.
 _GPU_ONLY = ("TF_GPU_THREAD_MODE", "TF_GPU_ALLOCATOR")
@@ -29,6 +36,18 @@ MAX_ROUNDS = 7
 CHILD_TIMEOUT_S = 600.0
 
 _CHILD_FLAG = "--child"
+
+# The most timed (or warm-up) steps per child: more would train for days.
+MAX_STEPS = 1_000_000
+
+# The names `tfgpu tune`'s command line gives the arguments, for its messages.
+_FLAGS = {
+    "script": "SCRIPT.py",
+    "steps": "--steps",
+    "warmup": "--warmup",
+    "time_budget_s": "--time-budget-s",
+    "log_dir": "--log-dir",
+}
 
 
 @dataclasses.dataclass
@@ -43,29 +62,53 @@ class ChildRun:
 
 
 def check_arguments(
-    script: Any, script_args: Any, steps: Any, warmup: Any, time_budget_s: Any, log_dir: Any
+    script: Any,
+    script_args: Any,
+    steps: Any,
+    warmup: Any,
+    time_budget_s: Any,
+    log_dir: Any,
+    *,
+    flags: bool = False,
 ) -> tuple[Path, list[str], float | None, Path | None]:
     """Checks `tune_script`'s arguments without TensorFlow; returns (script, its arguments, the
-    budget, the log directory)."""
+    budget, the log directory). `flags`: the messages name the command line's flags and
+    values (`--time-budget-s`, no None), as `tfgpu tune` takes them."""
     from tfgpu._internal.helpers.checks import (
         check_dir,
         check_int,
+        check_number,
         check_time_budget,
         invalid_type,
         invalid_value,
     )
 
+    def name(argument: str) -> str:
+        return _FLAGS[argument] if flags else argument
+
     if not isinstance(script, (str, os.PathLike)):
         raise invalid_type("script", script, "the path of a Python script (str or os.PathLike)")
     path = Path(script)
     if not path.is_file():
-        raise invalid_value("script", script, "an existing Python script that calls `fit`")
+        raise invalid_value(name("script"), script, "an existing Python script that calls `fit`")
     if isinstance(script_args, (str, bytes)) or not all(isinstance(a, str) for a in script_args):
         raise invalid_type("script_args", script_args, "a sequence of str (the script's argv)")
-    check_int("steps", steps, minimum=3)
-    check_int("warmup", warmup, minimum=1)
-    budget = check_time_budget(time_budget_s)
-    return path, list(script_args), budget, check_dir("log_dir", log_dir, allow_none=True)
+    check_int(name("steps"), steps, minimum=3, maximum=MAX_STEPS)
+    check_int(name("warmup"), warmup, minimum=1, maximum=MAX_STEPS)
+    if not flags:
+        budget = check_time_budget(time_budget_s)
+        return path, list(script_args), budget, check_dir("log_dir", log_dir, allow_none=True)
+    budget = check_number(
+        name("time_budget_s"),
+        time_budget_s,
+        minimum=0,
+        exclusive_minimum=True,
+        expected="a finite number of seconds > 0",
+    )
+    log_path = (
+        None if log_dir is None else check_dir("--log-dir", log_dir, expected="a directory path")
+    )
+    return path, list(script_args), budget, log_path
 
 
 def settings(gpus: int) -> list[tuple[str, dict[str, str], str, str]]:
@@ -90,39 +133,72 @@ def _run_child(
     timeout_s: float | None,
 ) -> ChildRun:
     """Runs the script in a new process with `change` in its environment and times its first
-    `fit` (tests replace this function)."""
+    `fit` (tests replace this function). The child's report comes on its stdout, its output
+    (the script's stdout too) on its stderr: both into anonymous temporary files, which have
+    no name to leave behind."""
     from tfgpu.tuning._candidates import merged
 
     root = str(Path(__file__).resolve().parents[2])  # the directory holding `tfgpu/`
     env = merged(os.environ, change)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    fd, out_name = tempfile.mkstemp(prefix="tfgpu-tune-", suffix=".json")
-    os.close(fd)
-    out = Path(out_name)
-    spec = json.dumps({"out": str(out), "steps": steps, "warmup": warmup})
+    spec = json.dumps({"parent": os.getpid(), "steps": steps, "warmup": warmup})
     cmd = [sys.executable, "-m", "tfgpu.tuning._script", _CHILD_FLAG, spec, str(script)]
-    try:
-        proc = subprocess.run(
+    limit = min(timeout_s, CHILD_TIMEOUT_S) if timeout_s is not None else None
+    with tempfile.TemporaryFile() as report, tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
             [*cmd, *script_args],
             env=env,
-            capture_output=True,
-            text=True,
-            timeout=min(timeout_s, CHILD_TIMEOUT_S) if timeout_s is not None else None,
+            stdin=subprocess.DEVNULL,
+            stdout=report,
+            stderr=log,
+            start_new_session=True,  # its own process group: ended whole, below
         )
-        text = out.read_text() if out.stat().st_size else ""
-        if proc.returncode != 0 or not text:
-            tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-6:]
-            why = "; ".join(tail) or f"exit status {proc.returncode}"
-            return ChildRun(error=f"the script failed (exit status {proc.returncode}): {why}")
-        data = json.loads(text)
+        try:
+            status = proc.wait(limit)
+        except subprocess.TimeoutExpired:
+            return ChildRun(error="timed out (time budget spent)")
+        finally:  # also on SIGTERM (`run_command`) or Ctrl-C in the parent
+            _end_group(proc)
+        report.seek(0)
+        log.seek(0)
+        return child_outcome(
+            status, report.read().decode("utf-8", "replace"), log.read().decode("utf-8", "replace")
+        )
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """Kills `proc` and what it started in its process group (the script's own processes:
+    nothing after the first `fit` runs), then reaps it."""
+    if os.name == "posix":
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # none left
+            os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        proc.kill()
+    proc.wait()
+
+
+def child_outcome(status: int, report: str, output: str) -> ChildRun:
+    """What a child's exit status, report (its stdout) and output (its stderr) say. Pure.
+
+    Example:
+
+    >>> child_outcome(0, "", "").error
+    'the script ended (exit status 0) without calling `fit`'
+    """
+    try:
+        data = json.loads(report) if report.strip() else None
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        gpus = int(data.get("gpus", 0))
         if data.get("error"):
-            return ChildRun(error=data["error"], gpus=int(data.get("gpus", 0)))
-        return ChildRun(data.get("step_s"), data.get("batch"), int(data.get("gpus", 0)))
-    except subprocess.TimeoutExpired:
-        return ChildRun(error="timed out (time budget spent)")
-    finally:
-        out.unlink(missing_ok=True)
+            return ChildRun(error=str(data["error"]), gpus=gpus)
+        return ChildRun(data.get("step_s"), data.get("batch"), gpus)
+    if status == 0:
+        return ChildRun(error="the script ended (exit status 0) without calling `fit`")
+    tail = output.strip().splitlines()[-6:]
+    return ChildRun(error=f"the script {death(status)}" + (f": {'; '.join(tail)}" if tail else ""))
 
 
 class _Rounds:
@@ -261,10 +337,10 @@ def tune_script(
     if first.step_s is None:
         if "budget" in first.error:
             raise RuntimeError(
-                f"tfgpu tune: the baseline run of {path} did not finish within the time "
-                "budget: give a larger time_budget_s"
+                f"the baseline run of {path} did not finish within the time budget: give a "
+                "larger one (time_budget_s; --time-budget-s on the command line)"
             )
-        raise RuntimeError(f"tfgpu tune: {path} did not reach a timed fit: {first.error}")
+        raise RuntimeError(f"{path} did not reach a timed fit: {first.error}")
     plan = settings(first.gpus)
     trials: list[Trial] = []
     variants = {name: env for name, env, _, untried in plan if not untried}
@@ -315,42 +391,71 @@ def tune_script(
 
 
 def run_command(args: Any) -> int:
-    """Runs `tfgpu tune` from parsed arguments; prints the table. Returns the exit status."""
-    try:
-        result = tune_script(
-            args.script,
-            args.script_args,
-            steps=args.steps,
-            warmup=args.warmup,
-            time_budget_s=args.time_budget_s,
-            log_dir=args.log_dir,
-        )
-    except (TypeError, ValueError, RuntimeError, OSError) as e:
-        print(f"tfgpu tune: error: {e}", file=sys.stderr)
-        return 2
+    """Runs `tfgpu tune` from parsed arguments; prints the table. Returns the exit status.
+    SIGTERM and SIGHUP stop it as Ctrl-C does: the running child is ended with its group."""
+    with _signals_exit():
+        try:
+            result = tune_script(
+                args.script,
+                args.script_args,
+                steps=args.steps,
+                warmup=args.warmup,
+                time_budget_s=args.time_budget_s,
+                log_dir=args.log_dir,
+            )
+        except (TypeError, ValueError, RuntimeError, OSError) as e:
+            print(f"tfgpu tune: error: {e}", file=sys.stderr)
+            return 2
     print(result)  # its lines are the `export ...` lines; its note says where to set them
     return 0
 
 
+@contextlib.contextmanager
+def _signals_exit() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise `SystemExit(128 + signal)` inside the block, so that cleanup
+    runs (their default ends the process at once); the handlers are restored after it."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {}
+    try:
+        for sig in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)):
+            if sig is not None:
+                previous[sig] = signal.signal(sig, stop)
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def _child_main(argv: Sequence[str]) -> int:
     """The child: `--child SPEC_JSON SCRIPT [ARGS...]`. Times the script's first `fit`,
-    writes `{"step_s", "batch", "gpus"}` (or `{"error"}`) to the spec's `out` and exits."""
+    writes `{"step_s", "batch", "gpus"}` (or `{"error"}`) on its stdout and exits; what the
+    script prints goes to stderr."""
     import runpy
 
+    from tfgpu._internal.helpers.processes import die_with_parent, startup_log_held_back
+
     spec = json.loads(argv[1])
+    die_with_parent(int(spec["parent"]))
     script, script_args = argv[2], list(argv[3:])
-    out = Path(spec["out"])
+    sys.stdout.flush()
+    channel = os.dup(1)  # the report's own channel (not inherited by the script's processes)
+    os.dup2(2, 1)  # the script's prints join its errors
 
-    import keras
-    import tensorflow as tf
+    with startup_log_held_back():  # the end of the output, shown on failure, is the script's
+        import keras
+        import tensorflow as tf
 
-    from tfgpu._internal.adapters import timing
+        from tfgpu._internal.adapters import timing
 
-    gpus = len(tf.config.list_physical_devices("GPU"))
+        gpus = len(tf.config.list_physical_devices("GPU"))
     original_fit = keras.Model.fit
 
     def report(data: dict[str, Any]) -> None:
-        out.write_text(json.dumps({**data, "gpus": gpus}))
+        with open(channel, "w", encoding="utf-8") as out:
+            out.write(json.dumps({**data, "gpus": gpus}))
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)  # nothing after the first fit runs (the script may train for hours)
@@ -384,8 +489,14 @@ def _child_main(argv: Sequence[str]) -> int:
     keras.Model.fit = timed_fit  # type: ignore[method-assign]
     sys.argv = [script, *script_args]
     sys.path.insert(0, str(Path(script).resolve().parent))
-    runpy.run_path(script, run_name="__main__")
-    report({"error": "the script ended without calling model.fit"})
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise  # a failure: the parent shows the exit status and the end of the output
+        called = "sys.exit()" if e.code is None else f"sys.exit({e.code!r})"
+        report({"error": f"the script called {called} without calling `fit`"})
+    report({"error": "the script ended without calling `fit`"})
     return 0  # pragma: no cover (report exits)
 
 

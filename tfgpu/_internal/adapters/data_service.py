@@ -1,8 +1,9 @@
 """The tf.data service's TensorFlow-free part: the rules shared with `tfgpu.data`
 (`parse_address`, `job_name`, `consumers`) and `tfgpu data-service dispatcher|worker`: a
 supervisor without TensorFlow that starts the server in a child process again at the same
-port when it dies, since tf.data never gives a dead worker's task to another (the behaviour
-and the faults: docs/data_service.md).
+port when it dies, since tf.data never gives a dead worker's task to another; the child dies
+with the supervisor, however it ends, so a restart finds the port free (the behaviour and the
+faults: docs/data_service.md).
 """
 
 from __future__ import annotations
@@ -21,10 +22,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from tfgpu._internal.helpers.checks import invalid_type, invalid_value
+from tfgpu._internal.helpers.checks import check_int, check_number, invalid_type, invalid_value
 from tfgpu._internal.helpers.cluster import Cluster
+from tfgpu._internal.helpers.files import writable_dir
+from tfgpu._internal.helpers.processes import death, die_with_parent
 
 _ADDRESS = "a str 'grpc://host:port' or 'host:port' (the dispatcher's address), or None"
+# The same, as the command line takes it (`--dispatcher`).
+_ADDRESS_FLAG = "host:port or grpc://host:port (the dispatcher's address)"
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)$")
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -46,9 +51,10 @@ class Address:
         return self.host[1:-1] if self.host.startswith("[") else self.host
 
 
-def parse_address(value: Any, name: str = "service") -> Address:
+def parse_address(value: Any, name: str = "service", *, expected: str = _ADDRESS) -> Address:
     """Checks a dispatcher address, `"grpc://host:port"` or `"host:port"` (`"[::1]:5050"` for
-    IPv6), and returns it parsed; `name` is the argument's name for the message.
+    IPv6), and returns it parsed; `name` is the argument's name for the message, `expected`
+    the words for what it takes.
 
     Example:
 
@@ -58,19 +64,19 @@ def parse_address(value: Any, name: str = "service") -> Address:
     5050
     """
     if not isinstance(value, str):
-        raise invalid_type(name, value, _ADDRESS)
+        raise invalid_type(name, value, expected)
     rest = value.strip()
     if "://" in rest:
         protocol, _, rest = rest.partition("://")
         if protocol != "grpc":
             raise invalid_value(
-                name, value, f"{_ADDRESS}; the tf.data service speaks 'grpc', not {protocol!r}"
+                name, value, f"{expected}; the tf.data service speaks 'grpc', not {protocol!r}"
             )
     host, sep, port = rest.rpartition(":")
     if not sep or not re.fullmatch(r"[0-9]{1,5}", port) or not 0 < int(port) < 65536:
-        raise invalid_value(name, value, f"{_ADDRESS}, with a port from 1 to 65535")
+        raise invalid_value(name, value, f"{expected}, with a port from 1 to 65535")
     if not _HOST.match(host):
-        raise invalid_value(name, value, f"{_ADDRESS}, with a host name or IP address")
+        raise invalid_value(name, value, f"{expected}, with a host name or IP address")
     return Address(host=host, port=int(port))
 
 
@@ -156,6 +162,8 @@ _STOP_TIMEOUT_S = 60.0
 # The exit status of a server that could not start (bad arguments, a port in use): starting
 # it again would fail the same way.
 EXIT_CANNOT_START = 2
+# The longest --worker-timeout-s: a worker silent for a day is lost.
+MAX_WORKER_TIMEOUT_S = 86400.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -166,6 +174,8 @@ def _parser() -> argparse.ArgumentParser:
         "port when it dies (--no-restart: no child, no restarts).",
     )
     restart = argparse.ArgumentParser(add_help=False)
+    # The supervisor's process id, given by the supervisor to its server: the server dies with it.
+    restart.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     restart.add_argument(
         "--restart",
         action=argparse.BooleanOptionalAction,
@@ -189,7 +199,8 @@ def _parser() -> argparse.ArgumentParser:
         "--worker-timeout-s",
         type=float,
         default=30.0,
-        help="seconds without a heartbeat before a worker counts as lost (default 30)",
+        help="seconds without a heartbeat before a worker counts as lost (default 30, at most "
+        f"{MAX_WORKER_TIMEOUT_S:g})",
     )
     d.set_defaults(role_parser=d)
     w = sub.add_parser(
@@ -207,18 +218,35 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check(args: argparse.Namespace) -> None:
-    """Every argument checked before any work (the role's usage line and exit status 2)."""
+    """Every argument checked before any work (no TensorFlow): the role's usage line, an
+    error that names the flag, exit status 2. Creates the dispatcher's --work-dir (it would
+    be at start) to prove it can be written."""
     parser = args.role_parser
-    low = 0 if args.role == "worker" else 1
-    if not low <= args.port <= 65535:
-        parser.error(f"argument --port: {args.port} is not a port (expected {low} to 65535)")
-    if args.role == "dispatcher" and not args.worker_timeout_s > 0:
-        parser.error("argument --worker-timeout-s: expected a number of seconds > 0")
-    if args.role == "worker":
-        try:
-            parse_address(args.dispatcher, "--dispatcher")
-        except (TypeError, ValueError) as e:
-            parser.error(str(e))
+    try:
+        if args.role == "dispatcher":
+            check_int("--port", args.port, minimum=1, maximum=65535, expected="a port, 1 to 65535")
+            check_number(
+                "--worker-timeout-s",
+                args.worker_timeout_s,
+                minimum=0.001,
+                maximum=MAX_WORKER_TIMEOUT_S,
+                expected=f"a number of seconds from 0.001 to {MAX_WORKER_TIMEOUT_S:g} (a day)",
+            )
+            if args.work_dir is not None:
+                if not args.work_dir.strip():
+                    raise invalid_value("--work-dir", args.work_dir, "a directory path")
+                writable_dir(args.work_dir, "--work-dir")
+        else:
+            check_int(
+                "--port", args.port, minimum=0, maximum=65535, expected="a port, 0 (any) to 65535"
+            )
+            parse_address(args.dispatcher, "--dispatcher", expected=_ADDRESS_FLAG)
+            if args.host is not None and not _HOST.match(args.host):
+                raise invalid_value(
+                    "--host", args.host, "the host name or IP address trainers reach it by"
+                )
+    except (TypeError, ValueError) as e:
+        parser.error(str(e))
 
 
 def _log(message: str) -> None:
@@ -249,8 +277,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.role == "dispatcher" and not args.work_dir:
         _log("no --work-dir: a restarted dispatcher has lost its jobs, and trainers fail")
     command = [sys.executable, "-m", "tfgpu", "data-service", *argv, "--port", str(port)]
+    command += ["--no-restart", "--parent-pid", str(os.getpid())]  # it dies with this process
     with _stop_on_signals() as stop:
-        return supervise([*command, "--no-restart"], what=args.role, port=port, stop=stop)
+        return supervise(command, what=args.role, port=port, stop=stop)
 
 
 @contextlib.contextmanager
@@ -282,15 +311,6 @@ def restart_delay(deaths: Sequence[float], now: float) -> float | None:
     if recent > MAX_RESTARTS:
         return None
     return _FIRST_DELAY_S * 2.0 ** max(0, recent - 1)
-
-
-def _death(status: int) -> str:
-    if status < 0:
-        try:
-            return f"was killed by {signal.Signals(-status).name}"
-        except ValueError:
-            return f"was killed by signal {-status}"
-    return f"exited with status {status}"
 
 
 def supervise(
@@ -330,13 +350,13 @@ def supervise(
         delay = delays(deaths, deaths[-1])
         if delay is None:
             _log(
-                f"{what}: process {proc.pid} {_death(status)} after {ran:.1f} s, the "
+                f"{what}: process {proc.pid} {death(status)} after {ran:.1f} s, the "
                 f"{len(deaths)}th time; more than {MAX_RESTARTS} deaths in "
                 f"{RESTART_WINDOW_S:g} s: giving up"
             )
             return 1
         _log(
-            f"{what}: process {proc.pid} {_death(status)} after {ran:.1f} s; starting it "
+            f"{what}: process {proc.pid} {death(status)} after {ran:.1f} s; starting it "
             f"again at port {port} in {delay:g} s"
         )
         if stop.wait(delay):
@@ -371,7 +391,9 @@ def _reachable(host: str, port: int, timeout_s: float = 3.0) -> bool:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """Runs the server in this process until SIGTERM or SIGINT."""
+    """Runs the server in this process until SIGTERM or SIGINT (or its supervisor's death)."""
+    if args.parent_pid is not None:
+        die_with_parent(args.parent_pid)
     in_use = _port_in_use(args.port) if args.port else None
     if in_use is not None:
         _log(

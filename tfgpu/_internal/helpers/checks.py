@@ -223,16 +223,23 @@ def conflicting(first: str, second: str, hint: str = "") -> ValueError:
 
 
 @overload
-def check_dir(name: str, value: Any, *, allow_none: Literal[False] = ...) -> Path: ...
+def check_dir(
+    name: str, value: Any, *, allow_none: Literal[False] = ..., expected: str | None = ...
+) -> Path: ...
 
 
 @overload
-def check_dir(name: str, value: Any, *, allow_none: bool) -> Path | None: ...
+def check_dir(
+    name: str, value: Any, *, allow_none: bool, expected: str | None = ...
+) -> Path | None: ...
 
 
-def check_dir(name: str, value: Any, *, allow_none: bool = False) -> Path | None:
+def check_dir(
+    name: str, value: Any, *, allow_none: bool = False, expected: str | None = None
+) -> Path | None:
     """Checks a directory argument; returns it as a `Path` (`~` expanded). It need not exist,
-    but neither it nor a parent may be a file.
+    but neither it nor a parent may be a file. `expected`: what a wrong type or an empty path
+    is told is expected (a command line says "a directory path", without Python types).
 
     Example:
 
@@ -241,7 +248,8 @@ def check_dir(name: str, value: Any, *, allow_none: bool = False) -> Path | None
     """
     if allow_none and value is None:
         return None
-    expected = "a directory path (str or os.PathLike)" + (" or None" if allow_none else "")
+    if expected is None:
+        expected = "a directory path (str or os.PathLike)" + (" or None" if allow_none else "")
     if not isinstance(value, (str, os.PathLike)) or isinstance(value, bytes):
         raise invalid_type(name, value, expected)
     text = os.fspath(value)

@@ -1,0 +1,116 @@
+"""The processes tfgpu runs in and starts: TensorFlow's C++ start-up log held back (the command
+line, `tfgpu tune`'s children), and children that never outlive the process that started them
+(`tfgpu tune`'s script runs, `tfgpu data-service`'s servers): `die_with_parent`, called first
+thing in the child, ends it when its parent ends, even by SIGKILL (the promise:
+docs/guarantees.md). No TensorFlow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+
+# What TensorFlow's C++ writes at every start: absl's preamble, INFO lines and the errors of a
+# machine without a usable driver (`tfgpu env` explains them); warnings and other errors pass.
+_STARTUP_NOISE = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\) is called"
+    r"|I\d{4} [\d:.]+\s+\d+ \S+:\d+\] "
+    r"|E\d{4} [\d:.]+\s+\d+ \S+:\d+\] (failed call to cuInit|Unable to register cu\w+ "
+    r"factory)"
+    r"|To enable the following instructions: .* rebuild TensorFlow with the appropriate)"
+)
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+# How often a child without Linux's parent-death signal checks that its parent is alive.
+_WATCH_INTERVAL_S = 1.0
+
+
+@contextlib.contextmanager
+def startup_log_held_back(enabled: bool = True) -> Iterator[None]:
+    """Holds back TensorFlow's C++ start-up lines written to fd 2 inside the block: the others
+    go to the real stderr, in order, when it ends. Does nothing when `enabled` is False."""
+    saved = None
+    if enabled:
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError, AttributeError):  # no real fd 2 (embedded): leave it be
+            saved = None
+    if saved is None:
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        try:
+            os.dup2(sink.fileno(), 2)
+            yield
+        finally:
+            try:
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            text = sink.read().decode("utf-8", "replace")
+            kept = [line for line in text.splitlines(True) if not _STARTUP_NOISE.match(line)]
+            if kept:
+                os.write(2, "".join(kept).encode())
+
+
+def death(status: int) -> str:
+    """How a child with exit status `status` (`Popen.returncode`) ended, in words.
+
+    Example:
+
+    >>> death(3), death(-9)
+    ('exited with status 3', 'was killed by SIGKILL')
+    """
+    if status < 0:
+        try:
+            return f"was killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"was killed by signal {-status}"
+    return f"exited with status {status}"
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ends this process when its parent, `parent_pid`, ends, however it ends.
+
+    On Linux the kernel sends SIGKILL at the parent's death (`prctl(PR_SET_PDEATHSIG)`);
+    on other POSIX systems a daemon thread checks the parent every second. A parent that
+    is already gone ends this process at once (exit status 1). Nothing on Windows.
+    """
+    if os.name != "posix":
+        return
+    if not _parent_death_signal():
+        threading.Thread(
+            target=_watch, args=(parent_pid,), name="tfgpu-parent-watch", daemon=True
+        ).start()
+    if os.getppid() != parent_pid:  # it died before the signal was set: adopted already
+        os._exit(1)
+
+
+def _parent_death_signal() -> bool:
+    """Asks Linux for SIGKILL when the parent dies; False where that is not available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0)
+    except (OSError, AttributeError):  # no C library with `prctl` (a static or exotic build)
+        return False
+
+
+def _watch(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(_WATCH_INTERVAL_S)
+    os._exit(1)
