@@ -48,7 +48,6 @@ def test_sizes_give_tune_a_budget_and_a_quick_one():
     quick = _plan.choose_sizes(quick=True, num_gpus=0)
     cpu = _plan.choose_sizes(quick=False, num_gpus=0)
     assert 0 < quick.tune_budget_s < cpu.tune_budget_s
-    assert quick.tune_steps >= 3 and quick.tune_warmup >= 1
 
 
 def test_waterfall_shows_each_kept_setting_then_the_verified_total():
@@ -320,10 +319,10 @@ def test_a_log_dir_filled_after_the_check_is_still_refused(tmp_path):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["demo", "--epochs", "0"], "Received: epochs=0"),
-        (["demo", "--epochs", "-1"], "Received: epochs=-1"),
+        (["demo", "--epochs", "0"], "Received: --epochs=0"),
+        (["demo", "--epochs", "-1"], "Received: --epochs=-1"),
         (["demo", "--epochs", "2.5"], "argument --epochs: invalid int value: '2.5'"),
-        (["demo", "--dataset", ""], "argument `dataset`"),
+        (["demo", "--dataset", ""], "argument `--dataset`"),
         (["demo", "--log-dir", "{full}"], "is not empty, and a demo never writes"),
         (["demo", "--log-dir", "{full}/timeline.csv"], "is a file"),
     ],
