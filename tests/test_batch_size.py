@@ -134,8 +134,11 @@ class _FakeAllocator:
     allocator is on by default on some CPUs only), so both kinds are simulated here.
     """
 
-    def __init__(self, monkeypatch, *, available: bool, bytes_per_example: int = 1000):
+    def __init__(
+        self, monkeypatch, *, available: bool, bytes_per_example: int = 1000, zeros: bool = False
+    ):
         self.available = available
+        self.zeros = zeros  # answers, but only zeros (TF_CPU_ALLOCATOR_USE_BFC=false on some CPUs)
         self.bytes_per_example = bytes_per_example
         self.batch = 0
         monkeypatch.setattr(tf.config.experimental, "get_memory_info", self.get_memory_info)
@@ -157,6 +160,8 @@ class _FakeAllocator:
 
     def get_memory_info(self, device):
         self._check(device)
+        if self.zeros:
+            return {"current": 0, "peak": 0}
         peak = 10_000 + self.batch * self.bytes_per_example
         return {"current": 10_000, "peak": peak}
 
@@ -201,6 +206,46 @@ def test_without_allocator_statistics_the_search_says_so_and_stops_at_oom(monkey
     ):
         find_batch_size(model, (x, y), memory_limit_mib=1)
     assert not model.optimizer.built  # no step was trained
+
+
+@pytest.mark.slow
+def test_allocator_statistics_that_read_zero_are_no_statistics(monkeypatch):
+    """A CPU allocator that answers zeros instead of refusing: every peak 0, every size
+    "fits", the limit never enforced. Zeros are treated as no statistics, all the way."""
+    _FakeAllocator(monkeypatch, available=True, zeros=True)
+    model = _model(_OOMAbove(40))
+    model.compile("sgd", "mse", run_eagerly=True)
+    x, y = _data()
+    result = find_batch_size(model, (x, y), start=8, max_batch_size=1024, steps=1)
+    assert result.memory_source is None
+    assert result.largest == 40 and result.stopped_by == "limit"  # by the OOM alone
+    assert all(t.peak_memory_bytes is None for t in result.trials)
+    assert any("no allocator statistics for CPU:0 here (or only zeros)" in n for n in result.notes)
+    for limit in (1, 0.5, 4096):
+        fresh = _model()
+        fresh.compile("sgd", "mse")
+        with pytest.raises(
+            ValueError,
+            match=rf"memory_limit_mib={limit} while TensorFlow keeps no allocator statistics "
+            r"for CPU:0 in this process \(or only zeros\).*in_subprocess=True",
+        ):
+            find_batch_size(fresh, (x, y), memory_limit_mib=limit)
+        assert not fresh.optimizer.built  # refused before any step
+
+
+def test_a_zero_peak_after_training_steps_is_not_a_measurement(monkeypatch):
+    """Statistics that exist at the start but read zero once a trial trained: that trial's
+    peak is "not measured", never 0 bytes under any budget."""
+    fake = _FakeAllocator(monkeypatch, available=True)
+    assert trial_module.allocator_statistics("CPU:0")
+    fake.zeros = True
+    assert not trial_module.allocator_statistics("CPU:0")
+    model = _model()
+    model.compile("sgd", "mse", run_eagerly=True)
+    trial = trial_module.run_trial(
+        model, (*_data(), None), 8, steps=1, device="CPU:0", budget=1, replicas=1
+    )
+    assert trial.peak_memory_bytes is None and trial.fits  # no figure to compare
 
 
 @pytest.mark.slow

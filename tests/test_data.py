@@ -7,6 +7,7 @@ import inspect
 import os
 import re
 import sys
+import threading
 import time
 import warnings
 
@@ -765,6 +766,55 @@ def test_benchmark_counts_ragged_sparse_and_unbatched_elements():
     assert scalars.num_examples == 6 and scalars.batch_size == 1 and scalars.epochs == 2
 
 
+def _stalling(release: threading.Event, first: int) -> tf.data.Dataset:
+    """Yields `first` batches, then waits (without using a CPU) until `release` is set."""
+
+    def examples():
+        yield from range(first)
+        release.wait()
+
+    spec = tf.TensorSpec([], tf.int64)
+    return tf.data.Dataset.from_generator(examples, output_signature=spec).batch(1)
+
+
+@pytest.mark.parametrize("first", [0, 2])
+def test_benchmark_of_a_dataset_that_stops_yielding_raises_instead_of_hanging(first):
+    """Whether the dataset never yields or stops after some batches, `benchmark` gives up
+    after `timeout_s` without a batch. What is checked is that it returns at all, not when."""
+    release = threading.Event()
+    try:
+        with pytest.raises(
+            TimeoutError, match=r"no batch from `data` in 0\.1 s \(after \d+ batches\)"
+        ):
+            tfdata.benchmark(_stalling(release, first), steps=5, warmup=0, timeout_s=0.1)
+    finally:
+        release.set()  # the reading thread ends with the dataset
+
+
+@pytest.mark.slow
+def test_benchmark_of_a_filter_that_nothing_passes_raises():
+    """The issue's dataset: a `filter` over an endless `range` spins for ever without yielding,
+    so it runs in a child process, whose spinning reader ends with it."""
+    from tests.conftest import run_python
+
+    done = run_python(
+        """
+import tensorflow as tf
+from tfgpu import data as tfdata
+
+ds = tf.data.Dataset.range(8).repeat().filter(lambda v: v > 100)
+try:
+    tfdata.benchmark(ds, timeout_s=0.5)
+except TimeoutError as e:
+    print("raised:", e)
+""",
+        check=False,
+    )
+    assert "raised: tfgpu.data.benchmark: no batch from `data` in 0.5 s" in done.stdout, (
+        done.stderr[-2000:]
+    )
+
+
 def test_benchmark_bad_input():
     ds = tf.data.Dataset.range(4).batch(2)
     with pytest.raises(TypeError, match=r"argument `data`. Received: data of type list"):
@@ -777,6 +827,11 @@ def test_benchmark_bad_input():
         tfdata.benchmark(tf.data.Dataset.range(3).batch(4, drop_remainder=True))
     with pytest.raises(ValueError, match="yields no batches"):
         tfdata.benchmark(tf.data.Dataset.range(3).filter(lambda i: i > 5))
+    for bad in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"argument `timeout_s`. Received: timeout_s="):
+            tfdata.benchmark(ds, timeout_s=bad)
+    with pytest.raises(TypeError, match=r"argument `timeout_s`"):
+        tfdata.benchmark(ds, timeout_s="60")
 
 
 # ----------------------------------------------------------------------------- benchmark script
@@ -1198,6 +1253,95 @@ def test_validation_split_counts_are_checked_before_work(mirrored):
     # drop_remainder left to the strategy's default: the validation side keeps partial batches
     _, val = tfdata.pipeline(_xy(20), batch_size=4, strategy=mirrored, validation_split=0.1)
     assert int(val.cardinality()) == 1 and _label_ids(val) == [18, 19]
+
+
+def test_validation_split_of_a_single_example_asks_for_two():
+    for source in (_xy(1), tf.data.Dataset.from_tensor_slices(_xy(1))):
+        for split in (0.5, 0.01, 0.99):
+            with pytest.raises(
+                ValueError, match=r"of 1 examples gives .*Expected a source of at least 2 examples"
+            ) as raised:
+                tfdata.pipeline(source, batch_size=1, validation_split=split)
+            assert "between 1 and 0" not in str(raised.value)
+
+
+def _ordered(ds: tf.data.Dataset) -> tf.data.Dataset:
+    return ds.map(lambda i: (tf.cast(i, tf.float32), i))
+
+
+@pytest.mark.parametrize(
+    "source, step",
+    [
+        (
+            lambda: _ordered(tf.data.Dataset.range(20)).map(
+                lambda x, y: (x, y), num_parallel_calls=2, deterministic=False
+            ),
+            "ParallelMapDataset",
+        ),
+        (  # upstream of other steps, the loader's own parallel map
+            lambda: (
+                tf.data.Dataset.range(20)
+                .map(lambda i: i * 1, num_parallel_calls=2, deterministic=False)
+                .map(lambda i: (tf.cast(i, tf.float32), i))
+                .prefetch(2)
+            ),
+            "ParallelMapDataset",
+        ),
+        (  # a batched source, unbatched by the pipeline
+            lambda: _ordered(tf.data.Dataset.range(20)).batch(
+                4, num_parallel_calls=2, deterministic=False
+            ),
+            "ParallelBatchDataset",
+        ),
+        (  # the flag lives only in the op's attributes
+            lambda: _ordered(
+                tf.data.Dataset.range(4).interleave(
+                    lambda i: tf.data.Dataset.range(5).map(lambda v: v + 5 * i),
+                    cycle_length=2,
+                    num_parallel_calls=2,
+                    deterministic=False,
+                )
+            ).apply(tf.data.experimental.assert_cardinality(20)),
+            "ParallelInterleaveDataset",
+        ),
+        (  # one input of a zip
+            lambda: tf.data.Dataset.zip(
+                (
+                    tf.data.Dataset.range(20).map(
+                        lambda i: tf.cast(i, tf.float32), num_parallel_calls=2, deterministic=False
+                    ),
+                    tf.data.Dataset.range(20),
+                )
+            ),
+            "ParallelMapDataset",
+        ),
+    ],
+)
+def test_validation_split_of_a_dataset_with_an_unordered_step_is_refused(source, step):
+    """Which examples come last would change every pass: some validation examples trained
+    on, as many never seen. The pipeline's deterministic=True does not reach such a step."""
+    with pytest.raises(
+        ValueError,
+        match=rf"validation_split=0.25 for a `tf.data.Dataset` with a step that runs out of "
+        rf"order \({step}\(deterministic=False\)\).*Remove that step's deterministic=False",
+    ):
+        tfdata.pipeline(source(), batch_size=4, validation_split=0.25)
+
+
+def test_validation_split_of_a_dataset_with_ordered_parallel_steps_is_accepted():
+    options = tf.data.Options()
+    options.deterministic = False  # overridden by the pipeline's own deterministic=True
+    for source in (
+        _ordered(tf.data.Dataset.range(20)).map(
+            lambda x, y: (x, y), num_parallel_calls=2, deterministic=True
+        ),
+        _ordered(tf.data.Dataset.range(20)).map(lambda x, y: (x, y), num_parallel_calls=2),
+        _ordered(tf.data.Dataset.range(20))
+        .map(lambda x, y: (x, y), num_parallel_calls=2)
+        .with_options(options),
+    ):
+        _, val = tfdata.pipeline(source, batch_size=4, validation_split=0.25)
+        assert _label_ids(val) == list(range(15, 20))
 
 
 @pytest.mark.slow

@@ -226,6 +226,64 @@ def test_dispatcher_unreachable_fails_fast_naming_the_address():
         tfgpu.data.pipeline(XY, batch_size=8, service=f"127.0.0.1:{port}")
 
 
+def _listening(reply: bytes | None) -> tuple[socket.socket, list[socket.socket]]:
+    """A TCP server on 127.0.0.1 that accepts connections and answers each with `reply` (None:
+    says nothing, keeps them open); closing the returned socket stops it."""
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed by the test
+                return
+            accepted.append(conn)
+            if reply is not None:
+                conn.recv(1024)
+                conn.sendall(reply)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, accepted
+
+
+@pytest.mark.parametrize(
+    "reply, match",
+    [
+        (None, r"accepts connections but nothing answered in 5 s"),
+        (
+            b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
+            r"no dispatcher answered the call \(UNAVAILABLE: .*",
+        ),
+        (b"SSH-2.0-OpenSSH_9.6\r\n", r"no dispatcher answered the call \(UNAVAILABLE: .*"),
+    ],
+)
+def test_a_port_that_is_no_dispatcher_is_refused_naming_what_answered(reply, match):
+    server, accepted = _listening(reply)
+    port = server.getsockname()[1]
+    try:
+        with pytest.raises(
+            ConnectionError,
+            match=rf"argument `service`. Received: service='grpc://127\.0\.0\.1:{port}'.*{match}",
+        ):
+            tfgpu.data.pipeline(XY, batch_size=8, service=f"127.0.0.1:{port}")
+    finally:
+        server.close()
+        for conn in accepted:
+            conn.close()
+
+
+def test_a_workers_port_is_refused_as_no_dispatcher():
+    own = _Cluster(workers=1)
+    port = own.workers[0]._address.rsplit(":", 1)[1]
+    with pytest.raises(
+        ConnectionError, match=r"not a dispatcher \(a tf.data service worker's port\?\)"
+    ):
+        tfgpu.data.pipeline(XY, batch_size=8, service=f"127.0.0.1:{port}")
+    # The dispatcher of the same cluster answers: the probe passes, the pipeline is built.
+    assert tfgpu.data.pipeline(XY, batch_size=8, service=own.address) is not None
+
+
 def test_main_rejects_bad_arguments(capsys):
     assert main(["worker"]) == 2  # --dispatcher is required
     assert main(["worker", "--dispatcher", "nohost"]) == 2

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tfgpu._internal.adapters.devices import peak_memory
 from tfgpu._internal.adapters.model_state import preserved
 from tfgpu._internal.adapters.workload import check_model_and_data
 from tfgpu._internal.helpers.checks import check_bool, check_int, check_number
@@ -13,7 +12,13 @@ from tfgpu._internal.helpers.progress import Progress, check_verbose
 from tfgpu.batch_size._result import BatchSizeResult, BatchSizeTrial, build_result
 from tfgpu.batch_size._search import next_candidate, stopped_by
 from tfgpu.batch_size._subprocess import find_in_subprocess
-from tfgpu.batch_size._trial import device_capacity_bytes, make_batch, memory_device, run_trial
+from tfgpu.batch_size._trial import (
+    allocator_statistics,
+    device_capacity_bytes,
+    make_batch,
+    memory_device,
+    run_trial,
+)
 
 if TYPE_CHECKING:
     import keras
@@ -147,20 +152,20 @@ def find_batch_size(
     device = memory_device(strategy)
     notes: list[str] = []
     memory_source: str | None = "allocator"
-    if peak_memory(device) is None:  # TensorFlow keeps no allocator statistics for it
+    if not allocator_statistics(device):  # none kept, or zeros: the same
         memory_source = None
         if memory_limit_mib is not None:
             raise ValueError(
                 "Invalid value for argument `memory_limit_mib`. Received: "
                 f"memory_limit_mib={memory_limit_mib!r} while TensorFlow keeps no allocator "
-                f"statistics for {device} in this process, so a peak-memory limit cannot be "
-                "enforced. Expected None here; or pass in_subprocess=True (the trials then run "
+                f"statistics for {device} in this process (or only zeros), so a peak-memory "
+                "limit cannot be enforced. Expected None here; or pass in_subprocess=True (the trials then run "
                 "with TensorFlow's BFC CPU allocator, which keeps them), or set "
                 "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts."
             )
         notes.append(
-            f"TensorFlow keeps no allocator statistics for {device} here, so peak memory was "
-            "not measured and only out-of-memory errors stopped the search (set "
+            f"TensorFlow keeps no allocator statistics for {device} here (or only zeros), so "
+            "peak memory was not measured and only out-of-memory errors stopped the search (set "
             "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts, or pass "
             "in_subprocess=True, to measure it)"
         )

@@ -39,6 +39,21 @@ def memory_device(strategy) -> str:
     return "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
 
 
+def allocator_statistics(device: str) -> bool:
+    """Whether TensorFlow keeps peak-memory statistics for `device`: they exist and rise when
+    a tensor is made there. A CPU allocator without them may answer zeros
+    (`TF_CPU_ALLOCATOR_USE_BFC=false`) instead of refusing: that is no statistics either."""
+    import tensorflow as tf
+
+    if not reset_peak_memory(device):
+        return False
+    with tf.device(device):
+        probe = tf.ones([1 << 16], tf.float32)  # 256 KiB, more than any allocator keeps inline
+    peak = peak_memory(device)
+    del probe
+    return bool(peak)
+
+
 def device_capacity_bytes(device: str) -> int | None:
     """Total memory of TensorFlow's `/GPU:k` (from NVML), or None (CPU, or NVML missing)."""
     if not device.startswith("GPU"):
@@ -86,7 +101,8 @@ def run_trial(model, pool, batch_size, *, steps, device, budget, replicas) -> Ba
         fits, reason = False, "host_oom"
     finally:
         del batch
-    peak = peak_memory(device) if measured else None
+    # Zero after training steps is no measurement (an allocator that keeps no statistics).
+    peak = (peak_memory(device) or None) if measured else None
     if fits and budget is not None and peak is not None and peak > budget:
         fits, reason = False, "over_budget"
     fits_all, seconds = _agree(model.distribute_strategy, fits, seconds)

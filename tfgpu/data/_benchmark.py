@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import threading
 import time
 from typing import Any
 
@@ -13,8 +14,12 @@ import tensorflow as tf
 
 from tfgpu._internal.adapters.cpu import usable_cores
 from tfgpu._internal.adapters.datasets import cardinality
-from tfgpu._internal.helpers.checks import check_int
+from tfgpu._internal.helpers.checks import check_int, check_number
 from tfgpu.data._limits import MAX_COUNT, POSITIVE
+
+# The longest wait for one batch: a dataset that stops yielding (a `filter` nothing passes, a
+# source that waits forever) is reported instead of blocking `benchmark` for ever.
+TIMEOUT_S = 120.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,10 +95,13 @@ def _batch_examples(batch: Any) -> tf.Tensor:
 
 
 @functools.partial(tf.function, autograph=False)  # traced once per iterator type
-def _consume(iterator: Any, n: tf.Tensor, indexed: bool = False) -> tuple[tf.Tensor, ...]:
+def _consume(
+    iterator: Any, n: tf.Tensor, progress: tf.Variable, indexed: bool = False
+) -> tuple[tf.Tensor, ...]:
     """Takes up to `n` batches from `iterator` in a graph loop (microseconds a batch, where a
     Python `next()` costs tens to hundreds): (batches taken, fewer when exhausted; examples;
-    smallest and largest batch; epochs started, from `indexed` `(index in epoch, batch)`)."""
+    smallest and largest batch; epochs started, from `indexed` `(index in epoch, batch)`).
+    `progress` counts the batches taken, for a watcher in another thread."""
 
     def body(i, count, examples, low, high, starts):
         optional = iterator.get_next_as_optional()
@@ -105,6 +113,8 @@ def _consume(iterator: Any, n: tf.Tensor, indexed: bool = False) -> tuple[tf.Ten
                 index, value = value
                 start = tf.cast(tf.equal(index, 0), tf.int64)
             k = _batch_examples(value)
+            with tf.control_dependencies([progress.assign_add(1)]):
+                k = tf.identity(k)
             return (
                 i + 1,
                 count + 1,
@@ -132,6 +142,7 @@ def benchmark(
     *,
     steps: int = 50,
     warmup: int = 5,
+    timeout_s: float = TIMEOUT_S,
 ) -> PipelineBenchmark:
     """Measures an input pipeline alone: examples/s and batches/s after warm-up.
 
@@ -143,14 +154,20 @@ def benchmark(
             dataset from `distribute=True`.
         steps: int, batches to time. Defaults to 50.
         warmup: int, batches to consume before timing. Defaults to 5.
+        timeout_s: float, the longest wait for one batch (the first one included) before
+            giving up. Defaults to 120.
 
     Returns:
         A `PipelineBenchmark`.
 
     Raises:
         TypeError: if `data` is not a dataset, or `steps`/`warmup` is not an int.
-        ValueError: if `steps` is < 1, `warmup` is negative, or the dataset yields no
-            batches. An infinite dataset is fine: only `warmup + steps` are taken.
+        ValueError: if `steps` is < 1, `warmup` is negative, `timeout_s` is not a finite
+            number > 0, or the dataset yields no batches. An infinite dataset is fine: only
+            `warmup + steps` are taken.
+        TimeoutError: if no batch came in `timeout_s` seconds (a dataset that never
+            yields, e.g. a `filter` that nothing passes); its reading thread is left to end
+            on its own.
 
     Example:
 
@@ -166,67 +183,114 @@ def benchmark(
         )
     steps = check_int("steps", steps, maximum=MAX_COUNT, expected=POSITIVE)
     warmup = check_int("warmup", warmup, minimum=0, maximum=MAX_COUNT, expected="an integer >= 0")
+    timeout = check_number(
+        "timeout_s",
+        timeout_s,
+        minimum=0,
+        exclusive_minimum=True,
+        expected="a finite number of seconds > 0",
+    )
     if isinstance(data, tf.data.Dataset) and cardinality(data) == 0:
         raise ValueError(
             "Invalid value for argument `data`. Received: a dataset with 0 batches. "
             "Expected at least one batch (is drop_remainder dropping everything?)."
         )
 
-    # One iterator whatever the passes (as `diagnose`'s timed `fit` reads `data.repeat()`): a
-    # short dataset is not timed restarting; the index within each pass counts the passes.
-    indexed = isinstance(data, tf.data.Dataset) and cardinality(data) != -1
-    source = data.enumerate().repeat() if indexed else data
-    epochs = 1
-    iterator = iter(source)
-    fresh = True  # no batch taken from `iterator` yet
+    progress = tf.Variable(0, dtype=tf.int64, trainable=False)  # batches taken so far
 
-    def take(n: int) -> tuple[int, int, int, int]:
-        """Takes `n` batches, restarting a finite distributed dataset: (examples, smallest,
-        largest, passes started)."""
-        nonlocal iterator, fresh, epochs
-        examples, low, high, starts = 0, np.iinfo(np.int64).max, 0, 0
-        while n:
-            count, k, lo, hi, st = (
-                int(t) for t in _consume(iterator, tf.constant(n, tf.int64), indexed)
+    def measure() -> PipelineBenchmark:
+        # One iterator whatever the passes (as `diagnose`'s timed `fit` reads `data.repeat()`): a
+        # short dataset is not timed restarting; the index within each pass counts the passes.
+        indexed = isinstance(data, tf.data.Dataset) and cardinality(data) != -1
+        source = data.enumerate().repeat() if indexed else data
+        epochs = 1
+        iterator = iter(source)
+        fresh = True  # no batch taken from `iterator` yet
+
+        def take(n: int) -> tuple[int, int, int, int]:
+            """Takes `n` batches, restarting a finite distributed dataset: (examples, smallest,
+            largest, passes started)."""
+            nonlocal iterator, fresh, epochs
+            examples, low, high, starts = 0, np.iinfo(np.int64).max, 0, 0
+            while n:
+                count, k, lo, hi, st = (
+                    int(t) for t in _consume(iterator, tf.constant(n, tf.int64), progress, indexed)
+                )
+                if count:
+                    fresh = False
+                    examples, low, high = examples + k, min(low, lo), max(high, hi)
+                    starts += st
+                n -= count
+                if n:
+                    if fresh:
+                        raise ValueError(
+                            "Invalid value for argument `data`. Received: a dataset that yields "
+                            "no batches. Expected at least one batch."
+                        )
+                    epochs += 1
+                    iterator = iter(source)
+                    fresh = True
+            return examples, low, high, starts
+
+        _consume(
+            iterator, tf.constant(0, tf.int64), progress, indexed
+        )  # trace now: not warm-up nor timing
+        start = time.perf_counter()
+        *_, starts_warm = take(int(warmup))
+        warmup_seconds = time.perf_counter() - start
+
+        cores = usable_cores()
+        start, cpu_start = time.perf_counter(), time.process_time()
+        examples, low, high, starts_timed = take(steps)
+        seconds = max(time.perf_counter() - start, 1e-9)
+        cpu_seconds = time.process_time() - cpu_start  # every thread of this process: tf.data's
+        if indexed:
+            epochs = max(1, starts_warm + starts_timed)
+        return PipelineBenchmark(
+            examples_per_second=examples / seconds,
+            batches_per_second=steps / seconds,
+            num_batches=steps,
+            num_examples=examples,
+            seconds=seconds,
+            batch_size=low if low == high else None,
+            warmup_batches=int(warmup),
+            warmup_seconds=warmup_seconds,
+            epochs=epochs,
+            cpu_busy=min(1.0, max(0.0, cpu_seconds / (seconds * cores))),  # clock granularity
+            cpu_cores=cores,
+        )
+
+    return _bounded(measure, progress, timeout)
+
+
+def _bounded(measure: Any, progress: tf.Variable, timeout_s: float) -> PipelineBenchmark:
+    """Runs `measure()` in a daemon thread; raises TimeoutError when `progress` (batches
+    taken) did not move for `timeout_s` seconds. TensorFlow cannot interrupt a `get_next`,
+    so that thread goes on until the dataset yields, ends, or the process exits."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = measure()
+        except BaseException as e:  # not handled here: every error is raised again by the caller
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, name="tfgpu-benchmark", daemon=True)
+    thread.start()
+    seen = int(progress.numpy())
+    while True:
+        thread.join(timeout_s)
+        if not thread.is_alive():
+            break
+        now = int(progress.numpy())
+        if now == seen:
+            raise TimeoutError(
+                f"tfgpu.data.benchmark: no batch from `data` in {timeout_s:g} s (after {now} "
+                "batches). A dataset that never yields an element (a `filter` that nothing "
+                "passes, a source that waits for ever) would block here for ever. Check the "
+                "dataset, or pass a larger timeout_s if its batches are merely slow."
             )
-            if count:
-                fresh = False
-                examples, low, high = examples + k, min(low, lo), max(high, hi)
-                starts += st
-            n -= count
-            if n:
-                if fresh:
-                    raise ValueError(
-                        "Invalid value for argument `data`. Received: a dataset that yields "
-                        "no batches. Expected at least one batch."
-                    )
-                epochs += 1
-                iterator = iter(source)
-                fresh = True
-        return examples, low, high, starts
-
-    _consume(iterator, tf.constant(0, tf.int64), indexed)  # trace now: not warm-up nor timing
-    start = time.perf_counter()
-    *_, starts_warm = take(int(warmup))
-    warmup_seconds = time.perf_counter() - start
-
-    cores = usable_cores()
-    start, cpu_start = time.perf_counter(), time.process_time()
-    examples, low, high, starts_timed = take(steps)
-    seconds = max(time.perf_counter() - start, 1e-9)
-    cpu_seconds = time.process_time() - cpu_start  # every thread of this process: tf.data's
-    if indexed:
-        epochs = max(1, starts_warm + starts_timed)
-    return PipelineBenchmark(
-        examples_per_second=examples / seconds,
-        batches_per_second=steps / seconds,
-        num_batches=steps,
-        num_examples=examples,
-        seconds=seconds,
-        batch_size=low if low == high else None,
-        warmup_batches=int(warmup),
-        warmup_seconds=warmup_seconds,
-        epochs=epochs,
-        cpu_busy=min(1.0, max(0.0, cpu_seconds / (seconds * cores))),  # clock granularity
-        cpu_cores=cores,
-    )
+        seen = now
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]

@@ -22,7 +22,7 @@ from tfgpu.data._cache import cached
 from tfgpu.data._facts import bytes_per_example, ram_budget, worker_count
 from tfgpu.data._functions import check_arity, check_map_output, parallel_map, random_op_types
 from tfgpu.data._plan import Facts, Plan, decide, drop_remainder_default, validation_plan
-from tfgpu.data._service import check_reachable, choose_job, distributed
+from tfgpu.data._service import check_dispatcher, check_reachable, choose_job, distributed
 from tfgpu.data._sources import Batching, Read
 from tfgpu.data._split import check_split_counts
 
@@ -122,7 +122,9 @@ def pipeline(
         ValueError: a value out of range, conflicting arguments, a source or split that
             cannot work (empty, mismatched lengths, no full batch, a cache that cannot fit),
             or a `map_fn` written for batches; all before any data is read.
-        ConnectionError: with `service`, a dispatcher not reachable within 3 s.
+        ConnectionError: with `service`, a dispatcher not reachable within 3 s, or an
+            address where no dispatcher answers within 5 s more (a worker's port, another
+            server).
         FileNotFoundError: a file pattern that matches nothing, or a TFDS dataset not
             prepared in `data_dir`.
 
@@ -139,6 +141,7 @@ def pipeline(
     args = check_arguments(given)
     if args.service is not None:
         check_reachable(args.service)  # seconds, naming the address, instead of a hang
+        check_dispatcher(args.service)  # and that a dispatcher answers there, not a worker
     batching = _batching(args)
     read = _decode(args, args.source.read(args, batching))
     facts = _gather_facts(args, batching, read)

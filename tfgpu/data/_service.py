@@ -16,6 +16,12 @@ from tfgpu._internal.adapters.data_service import Address, consumers, job_name
 from tfgpu._internal.helpers.cluster import resolve_cluster
 
 CONNECT_TIMEOUT_S = 3.0  # a wrong address fails in seconds, naming it, instead of a hang
+# Then the longest wait for the dispatcher's answer to one small RPC: a port that accepts the
+# connection but is no dispatcher (a worker's, an HTTP server's) is named, not hung on.
+ANSWER_TIMEOUT_S = 5.0
+# The dispatcher's cheapest RPC (tensorflow/core/data/service/dispatcher.proto); its request is
+# an empty message, serialized as no bytes.
+_GET_VERSION = "/tensorflow.data.DispatcherService/GetVersion"
 # In-memory examples per split (one split is one RPC to the dispatcher): big enough that the
 # RPCs cost nothing next to the work, small enough that several workers share a small dataset.
 _MAX_CHUNK = 256
@@ -37,6 +43,37 @@ def check_reachable(address: Address, timeout_s: float = CONNECT_TIMEOUT_S) -> N
             f"Start one there (`tfgpu data-service dispatcher --port {address.port}` on "
             f"{address.host}) or pass the right `service` address."
         ) from e
+
+
+def check_dispatcher(address: Address, timeout_s: float = ANSWER_TIMEOUT_S) -> None:
+    """Raises `ConnectionError` naming `address` and what answered there unless a tf.data
+    service dispatcher answers its `GetVersion` RPC within `timeout_s`."""
+    import grpc  # a dependency of TensorFlow
+
+    channel = grpc.insecure_channel(f"{address.host}:{address.port}")
+    try:
+        channel.unary_unary(_GET_VERSION)(b"", timeout=timeout_s)
+        return
+    except grpc.RpcError as e:  # every RPC failure; a call object with code() and details()
+        code = e.code() if isinstance(e, grpc.Call) else None
+        details = e.details() if isinstance(e, grpc.Call) else str(e)
+    finally:
+        channel.close()
+    if code is grpc.StatusCode.UNIMPLEMENTED:
+        answered = (
+            "a gRPC server that is not a dispatcher (a tf.data service worker's port?) "
+            f"answered: {details}"
+        )
+    elif code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        answered = f"the port accepts connections but nothing answered in {timeout_s:g} s"
+    else:
+        name = code.name if code is not None else "no status"
+        answered = f"no dispatcher answered the call ({name}: {details})"
+    raise ConnectionError(
+        f"Invalid value for argument `service`. Received: service={address.target!r}, where "
+        f"{answered}. Expected the address of a tf.data service dispatcher (`tfgpu "
+        f"data-service dispatcher --port {address.port}` on {address.host}), not a worker's."
+    )
 
 
 def chunk_size(num_examples: int) -> int:

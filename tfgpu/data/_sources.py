@@ -198,8 +198,18 @@ class DatasetSource(Source):
                 "and validation examples would swap every epoch",
                 args.validation_split,
             )
+        unordered = unordered_step(self.value)
+        if unordered:
+            raise refuse_dataset_split(
+                f"with a step that runs out of order ({unordered}), so which examples come "
+                "last, and are held out, changes every pass. Remove that step's "
+                "deterministic=False (tf.data's default keeps the order)",
+                args.validation_split,
+            )
         # The split takes the dataset's last examples, so the steps before it (the loader's
-        # own parallel maps) must keep their order: tf.data options reach the whole chain.
+        # own parallel maps) must keep their order: tf.data options reach the whole chain
+        # (the pipeline's `deterministic=True` overrides a source's options), but not a step
+        # built with `deterministic=False`, checked above.
         if args.deterministic is False:
             raise conflicting(
                 "deterministic=False",
@@ -319,6 +329,39 @@ class DatasetSource(Source):
         # of the whole dataset, and under FILE sharding (what AUTO becomes for a dataset that
         # reads files) each worker would apply them to its own files.
         return "DATA" if facts.split_by_position else "AUTO"
+
+
+def unordered_step(ds: tf.data.Dataset) -> str:
+    """A step of `ds`'s input chain (every input of a zip or concatenate too) built with
+    `deterministic=False`, as "ParallelMapDataset(deterministic=False)"; "" when none is.
+
+    Options do not count: the pipeline's own `deterministic=True` overrides them. A parallel
+    `map` or `batch` keeps the flag on its Python object; a parallel `interleave` only in its
+    op, so its graph is read (in-memory tensors upstream make that slower, never wrong)."""
+    stack, seen = [ds], 0
+    while stack and seen < 10_000:
+        step = stack.pop()
+        seen += 1
+        name = type(step).__name__.strip("_")
+        if getattr(step, "_deterministic", None) == "false":
+            return f"{name}(deterministic=False)"
+        if "interleave" in name.lower() and _graph_unordered(step):
+            return f"{name}(deterministic=False)"
+        stack.extend(dataset_inputs(step) or [])
+    return ""
+
+
+def _graph_unordered(ds: tf.data.Dataset) -> bool:
+    """Whether an interleave op of `ds`'s dataset graph (its functions' too) has the attribute
+    deterministic="false"; the other steps upstream are the walk's."""
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(ds._as_serialized_graph().numpy())
+    nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]
+    return any(
+        "Interleave" in n.op and n.attr["deterministic"].s == b"false"
+        for n in nodes
+        if "deterministic" in n.attr
+    )
 
 
 # Steps that yield one element for each of their input's (class names, lowercase, no "_").

@@ -51,6 +51,12 @@ def check_split_counts(
         f"validation_split={validation_split} of {n} examples gives {train} for training "
         f"and {validation} for validation"
     )
+    if n < 2:  # no fraction splits a single example
+        raise ValueError(
+            f"Invalid value for argument `validation_split`. Received: {shown}. Expected a "
+            "source of at least 2 examples, one for each side: pass more data, or "
+            "validation_split=None."
+        )
     if not train or not validation:
         raise ValueError(
             f"Invalid value for argument `validation_split`. Received: {shown}. Expected a "
