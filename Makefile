@@ -20,8 +20,10 @@ demo: $(VENV)/.dev
 	$(BIN)/tfgpu env
 	$(BIN)/tfgpu demo $(ARGS)
 
+# Two workers (pytest-xdist), each test file on one of them: the subprocess and multi-worker
+# tests mostly wait, so the pair shares 2 cores well.
 test: $(VENV)/.dev
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 $(ARGS)
 
 # The edit-test loop: every test not marked `slow` (no subprocesses, no multi-second training).
 test-fast: $(VENV)/.dev
