@@ -120,3 +120,14 @@ def run_python(code: str, *, env: dict | None = None, timeout: float = 240, chec
             f"subprocess failed ({result.returncode}):\nSTDOUT:\n{result.stdout}\nSTDERR:\n{result.stderr[-4000:]}"
         )
     return result
+
+
+@pytest.fixture
+def unwritable(tmp_path):
+    """A directory this process cannot write to: read-only permissions, or (for root, whom
+    permissions do not stop) /proc."""
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    yield read_only if not os.access(read_only, os.W_OK) else Path("/proc")
+    read_only.chmod(0o755)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -109,17 +108,6 @@ def test_backup_dir_must_be_a_directory_path(tmp_path, monkeypatch):
     assert a_file.read_text() == "kept"
     monkeypatch.setenv("HOME", str(tmp_path))
     assert BackupAndRestore("~/runs/b").backup_dir == str(tmp_path / "runs" / "b")
-
-
-@pytest.fixture
-def unwritable(tmp_path):
-    """A directory this process cannot write to: read-only permissions, or (for root, whom
-    permissions do not stop) /proc."""
-    read_only = tmp_path / "read-only"
-    read_only.mkdir()
-    read_only.chmod(0o555)
-    yield read_only if not os.access(read_only, os.W_OK) else Path("/proc")
-    read_only.chmod(0o755)
 
 
 @pytest.mark.parametrize("where", ["{dir}/b", "{dir}/b/c", "{dir}"])

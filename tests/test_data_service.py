@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -295,17 +294,6 @@ def test_main_rejects_bad_arguments(capsys):
     assert "Expected a port, 0 (any) to 65535" in err
     assert "usage: tfgpu data-service worker" in err  # the role's own usage line
     assert "started" not in err  # refused before any server process started
-
-
-@pytest.fixture
-def unwritable(tmp_path):
-    """A directory this process cannot write to: read-only permissions, or (for root, whom
-    permissions do not stop) /proc."""
-    read_only = tmp_path / "read-only"
-    read_only.mkdir()
-    read_only.chmod(0o555)
-    yield read_only if not os.access(read_only, os.W_OK) else Path("/proc")
-    read_only.chmod(0o755)
 
 
 _BAD_ARGUMENTS = [
