@@ -365,10 +365,13 @@ def test_bad_arguments_are_rejected_before_work():
 
 
 @pytest.mark.slow
-def test_paths_and_data_fit_cannot_train_on_are_refused_before_work(tmp_path):
+def test_paths_and_data_fit_cannot_train_on_are_refused_before_work(tmp_path, unwritable):
     model = _tiny_model()
     a_file = tmp_path / "notes.txt"
     a_file.write_text("x")
+    for where in (unwritable / "run", unwritable):
+        with pytest.raises(ValueError, match=r"argument `log_dir`.*can create and write to"):
+            tfgpu.diagnose(model, (X, Y), log_dir=where)
     with pytest.raises(TypeError, match=r"Received: log_dir=123 \(of type int\)"):
         tfgpu.diagnose(model, (X, Y), log_dir=123)
     with pytest.raises(ValueError, match=r"`log_dir`.*is under the file"):

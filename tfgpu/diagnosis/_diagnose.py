@@ -19,8 +19,8 @@ from tfgpu._internal.adapters import timing as protocol
 from tfgpu._internal.adapters.datasets import has_step, made_by_pipeline
 from tfgpu._internal.adapters.model_state import preserved, supports_xla
 from tfgpu._internal.adapters.workload import check_model_and_data
-from tfgpu._internal.helpers.checks import check_bool, check_int, check_log_dir, check_time_budget
-from tfgpu._internal.helpers.files import rotate, write_text_atomic
+from tfgpu._internal.helpers.checks import check_bool, check_int, check_time_budget
+from tfgpu._internal.helpers.files import rotate, writable_dir, write_text_atomic
 from tfgpu._internal.helpers.progress import Progress, check_verbose
 from tfgpu.diagnosis._advice import advise_service
 from tfgpu.diagnosis._classify import classify, monitor_facts, unseen, wait_notes
@@ -206,7 +206,7 @@ def diagnose(
     check_verbose(verbose)
     check_int("steps", steps, minimum=3)
     check_int("warmup", warmup, minimum=1)
-    log_path = check_log_dir(log_dir)
+    log_path = None if log_dir is None else writable_dir(log_dir)  # before any work
     if profile and log_path is None:
         raise ValueError(
             "Invalid value for argument `profile`. Received: profile=True with log_dir=None. "

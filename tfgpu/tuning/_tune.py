@@ -29,11 +29,11 @@ from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import (
     check_bool,
     check_int,
-    check_log_dir,
     check_time_budget,
     invalid_type,
     invalid_value,
 )
+from tfgpu._internal.helpers.files import writable_dir
 from tfgpu._internal.helpers.progress import Progress, check_verbose
 from tfgpu._internal.helpers.warn import one_line
 from tfgpu.tuning import _candidates as cands
@@ -262,7 +262,7 @@ def tune(
     if steps is not None:
         check_int("steps", steps, minimum=3)
     check_bool("change_batch_size", change_batch_size)
-    log_path = check_log_dir(log_dir)
+    log_path = None if log_dir is None else writable_dir(log_dir)  # before any work
     if not isinstance(model, keras.Model) and not callable(model):
         raise invalid_type(
             "model",
