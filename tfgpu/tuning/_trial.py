@@ -206,7 +206,9 @@ class Workload:
     def probe(self, deadline: float | None) -> float | None:
         """Seconds per step of the model as it is, from a short fit whose traced step the
         baseline's runs then share; None when the deadline came first."""
+        start = timing.now()
         seconds = timing.probe_step_time(self.model, self.dataset.repeat(), deadline)
+        self.warm_walls.append(timing.now() - start)  # a fit that traces, as a guide
         key = self._step_key({}, self.dataset)
         self._functions[key] = {"fn": self.model.train_function}
         return seconds

@@ -475,7 +475,9 @@ class _Tuner:
             return
         per_replica = max(1, global_batch // replicas)
         sizes = [per_replica * 2**i for i in range(int(math.log2(BATCH_GROWTH)) + 1)]
-        estimate = step_s / global_batch * replicas * 4 * sum(sizes)
+        # Each size traces its step once and runs a few steps, longer as the batch grows.
+        trace_s = stats.median(self.work.warm_walls) if self.work.warm_walls else 0.0
+        estimate = sum(trace_s + 4 * step_s * size / per_replica for size in sizes)
         if self.budget.left() <= estimate:
             self.trials.append(Trial(name, reason=cands.BUDGET_SPENT))
             return
