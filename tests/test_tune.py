@@ -727,6 +727,6 @@ def test_caching_another_dataset_is_tried_only_where_every_epoch_is_the_same(mon
 def test_a_log_dir_that_cannot_be_written_is_refused_before_any_work(monkeypatch, unwritable):
     script = _Script(monkeypatch, lambda s, n: 0.01)
     for where in (unwritable / "tune", unwritable):
-        with pytest.raises(ValueError, match="argument `log_dir`.*can create and write to"):
+        with pytest.raises(ValueError, match=r"argument `log_dir`.*can create and write to"):
             tfgpu.tune(_build()(), _train(), log_dir=where, verbose=0)
     assert script.calls == 0
