@@ -3,6 +3,8 @@ messages from `diagnose` and `find_batch_size` for the same mistake."""
 
 from __future__ import annotations
 
+import threading
+
 import keras
 import numpy as np
 import pytest
@@ -198,3 +200,51 @@ def test_a_custom_train_step_may_train_without_labels():
     model = Custom([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     assert check_model_and_data(model, X).from_arrays
+
+
+def _stalls(release: threading.Event, kind: str) -> tf.data.Dataset:
+    """Datasets that yield no batch until `release` is set, without using a CPU: a generator
+    that waits, the same behind a parallel `map` and a `shuffle`, and one that yields a single
+    partial batch first (diagnose then looks for a full one)."""
+
+    def examples(first: int):
+        def gen():
+            for _ in range(first):
+                yield np.zeros(4, np.float32), np.zeros(1, np.float32)
+            release.wait()
+
+        return gen
+
+    spec = (tf.TensorSpec([4], tf.float32), tf.TensorSpec([1], tf.float32))
+    if kind == "waits":
+        return tf.data.Dataset.from_generator(examples(0), output_signature=spec).batch(8)
+    if kind == "mapped":
+        ds = tf.data.Dataset.from_generator(examples(0), output_signature=spec)
+        return ds.map(lambda x, y: (x + 1, y), num_parallel_calls=2).shuffle(16).batch(8)
+    source = tf.data.Dataset.from_generator(examples(3), output_signature=spec).batch(4)
+    return tf.data.Dataset.from_tensor_slices((X[:3], Y[:3])).batch(3).concatenate(source)
+
+
+@pytest.mark.parametrize("kind", ["waits", "mapped", "one partial batch"])
+def test_a_dataset_that_yields_nothing_is_reported_by_each_caller_not_waited_on(kind, monkeypatch):
+    """diagnose, tune and the batch-size finder read the data before training, each read
+    bounded by `READ_TIMEOUT_S` without an element: TimeoutError saying so, not a hang. What
+    is checked is that each returns at all, not when."""
+    from tfgpu._internal.adapters import datasets
+
+    monkeypatch.setattr(datasets, "READ_TIMEOUT_S", 0.2)
+    release = threading.Event()
+    pattern = r"^No element from `data` in 0\.2 s \(after \d+ (of the first \d+|batches)\)\. "
+    try:
+        model = _model()
+        calls = [
+            lambda: tfgpu.diagnose(model, _stalls(release, kind), verbose=0),
+            lambda: tfgpu.tune(model, _stalls(release, kind), verbose=0),
+        ]
+        if kind != "one partial batch":  # the finder's pool of examples ends with the data
+            calls.append(lambda: tfgpu.find_batch_size(model, _stalls(release, kind), verbose=0))
+        for call in calls:
+            with pytest.raises(TimeoutError, match=pattern):
+                call()
+    finally:
+        release.set()  # the reading threads end with their datasets

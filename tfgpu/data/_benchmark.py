@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import threading
 import time
 from typing import Any
 
@@ -13,13 +12,14 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu._internal.adapters.cpu import usable_cores
-from tfgpu._internal.adapters.datasets import cardinality
+from tfgpu._internal.adapters.datasets import READ_TIMEOUT_S, cardinality, stalled
+from tfgpu._internal.helpers.bounded import call_bounded
 from tfgpu._internal.helpers.checks import check_int, check_number
 from tfgpu.data._limits import MAX_COUNT, POSITIVE
 
 # The longest wait for one batch: a dataset that stops yielding (a `filter` nothing passes, a
 # source that waits forever) is reported instead of blocking `benchmark` for ever.
-TIMEOUT_S = 120.0
+TIMEOUT_S = READ_TIMEOUT_S
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,37 +260,10 @@ def benchmark(
             cpu_cores=cores,
         )
 
-    return _bounded(measure, progress, timeout)
-
-
-def _bounded(measure: Any, progress: tf.Variable, timeout_s: float) -> PipelineBenchmark:
-    """Runs `measure()` in a daemon thread; raises TimeoutError when `progress` (batches
-    taken) did not move for `timeout_s` seconds. TensorFlow cannot interrupt a `get_next`,
-    so that thread goes on until the dataset yields, ends, or the process exits."""
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["result"] = measure()
-        except BaseException as e:  # not handled here: every error is raised again by the caller
-            outcome["error"] = e
-
-    thread = threading.Thread(target=run, name="tfgpu-benchmark", daemon=True)
-    thread.start()
-    seen = int(progress.numpy())
-    while True:
-        thread.join(timeout_s)
-        if not thread.is_alive():
-            break
-        now = int(progress.numpy())
-        if now == seen:
-            raise TimeoutError(
-                f"tfgpu.data.benchmark: no batch from `data` in {timeout_s:g} s (after {now} "
-                "batches). A dataset that never yields an element (a `filter` that nothing "
-                "passes, a source that waits for ever) would block here for ever. Check the "
-                "dataset, or pass a larger timeout_s if its batches are merely slow."
-            )
-        seen = now
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["result"]
+    return call_bounded(
+        measure,
+        timeout_s=timeout,
+        progress=lambda: int(progress.numpy()),
+        timeout_error=lambda taken: stalled(timeout, f"after {taken} batches"),
+        name="tfgpu-benchmark",
+    )

@@ -14,9 +14,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgpu._internal.adapters import devices
+from tfgpu._internal.adapters import datasets, devices
 from tfgpu._internal.adapters import timing as protocol
-from tfgpu._internal.adapters.datasets import has_step, made_by_pipeline
+from tfgpu._internal.adapters.datasets import has_step, made_by_pipeline, read_first
 from tfgpu._internal.adapters.model_state import preserved, supports_xla
 from tfgpu._internal.adapters.workload import check_model_and_data
 from tfgpu._internal.helpers.checks import check_bool, check_int, check_time_budget
@@ -83,7 +83,7 @@ def full_batch(ds, first, size: int | None, expected: int | None, most: int = 4)
     last batch first), else the largest of them."""
     if size is None or not expected or size >= expected:
         return first, size
-    for batch in ds.skip(1).take(most - 1):
+    for batch in read_first(ds.skip(1), most - 1):
         n = tf.nest.flatten(batch)[0].shape[0]
         if n is not None and n > size:
             first, size = batch, int(n)
@@ -241,7 +241,7 @@ def diagnose(
     from tfgpu.data import benchmark
 
     progress.phase("timing the input pipeline alone")
-    pipeline = benchmark(ds, steps=steps, warmup=warmup)
+    pipeline = benchmark(ds, steps=steps, warmup=warmup, timeout_s=datasets.READ_TIMEOUT_S)
     measurements: dict[str, Any] = {"pipeline": pipeline.to_dict()}
     spe, jit_compile = int(model.steps_per_execution), bool(model.jit_compile)
 

@@ -16,7 +16,7 @@ import keras
 import tensorflow as tf
 
 from tfgpu._internal.adapters import timing
-from tfgpu._internal.adapters.datasets import cardinality
+from tfgpu._internal.adapters.datasets import cardinality, read_first
 from tfgpu._internal.adapters.model_state import build, preserved
 from tfgpu.tuning._candidates import COMPILE_KEYS, PIPELINE_KEYS
 
@@ -146,7 +146,7 @@ class Workload:
     def guard_batches(self) -> list[Any]:
         """The first `GUARD_STEPS` batches of the user's data (read once)."""
         if self._guard_batches is None:
-            self._guard_batches = list(self.dataset.take(GUARD_STEPS))
+            self._guard_batches = read_first(self.dataset, GUARD_STEPS)
         return self._guard_batches
 
     # Runs.

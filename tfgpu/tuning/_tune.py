@@ -19,6 +19,7 @@ from tfgpu._internal.adapters.datasets import (
     cardinality,
     has_step,
     pipeline_arguments,
+    read_first,
     source_batches,
     unrepeatable,
 )
@@ -110,7 +111,7 @@ def _augment_on_batches(arguments: dict[str, Any] | None) -> str:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             plain = pipeline(**kwargs)
-        batch = next(iter(plain))
+        batch = read_first(plain, 1)[0]
     if failure.text is not None:
         return f"its input batches could not be read: {failure.text}"
     single = not isinstance(batch, tuple)

@@ -16,6 +16,47 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfgpu._internal.helpers.bounded import call_bounded
+
+# The longest wait for an element of the user's data read before any training (`diagnose`,
+# `tune`, the batch-size finder): a dataset that never yields one (a `filter` that nothing
+# passes, a source that waits for ever) is reported instead of waited on for ever.
+READ_TIMEOUT_S = 120.0
+
+
+def read_first(ds: tf.data.Dataset, n: int) -> list[Any]:
+    """The first `n` elements of `ds` (fewer when it ends first); TimeoutError when no
+    element came for `READ_TIMEOUT_S` seconds.
+
+    Example:
+
+    >>> read_first(tf.data.Dataset.range(5), 2)
+    [<tf.Tensor: ... numpy=0>, <tf.Tensor: ... numpy=1>]
+    """
+    elements: list[Any] = []
+    timeout = READ_TIMEOUT_S
+
+    def read() -> list[Any]:
+        for element in ds.take(n):
+            elements.append(element)
+        return elements
+
+    return call_bounded(
+        read,
+        timeout_s=timeout,
+        progress=lambda: len(elements),
+        timeout_error=lambda got: stalled(timeout, f"after {got} of the first {n}"),
+    )
+
+
+def stalled(timeout_s: float, progress: str) -> TimeoutError:
+    """The error of a read that waited `timeout_s` seconds for an element of `data`."""
+    return TimeoutError(
+        f"No element from `data` in {timeout_s:g} s ({progress}). A dataset that never "
+        "yields one (a `filter` that nothing passes, a source that waits for ever) would "
+        "block here for ever. Check that `next(iter(data))` returns."
+    )
+
 
 def cardinality(ds: tf.data.Dataset) -> int | None:
     """Elements in `ds`: a count, -1 when infinite, None when TensorFlow cannot tell."""

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgpu._internal.adapters.datasets import chain_state, source_batches
+from tfgpu._internal.adapters.datasets import chain_state, read_first, source_batches
 from tfgpu._internal.helpers.checks import check_int, invalid_type, short_repr
 
 # What `fit` batches arrays by when no `batch_size` is given.
@@ -74,13 +74,14 @@ class DatasetData:
 
     def examples(self, limit: int) -> tuple[Any, Any, Any]:
         """The first `limit` examples as NumPy `(x, y, sample_weight)` (None where absent),
-        unbatched from a batched dataset; ValueError if it is empty."""
+        unbatched from a batched dataset; ValueError if it is empty, TimeoutError if it yields
+        nothing for `READ_TIMEOUT_S`."""
         batched, ambiguous = source_batches(self.dataset)
         ds = self.dataset.unbatch() if batched is not None or ambiguous else self.dataset
-        try:
-            element = next(iter(ds.take(limit).batch(limit)))
-        except StopIteration:
-            raise _empty("example") from None
+        read = read_first(ds.take(limit).batch(limit), 1)
+        if not read:
+            raise _empty("example")
+        element = read[0]
         element = tf.nest.map_structure(lambda t: t.numpy(), element)
         return keras.utils.unpack_x_y_sample_weight(element)
 
@@ -282,11 +283,12 @@ class ModelAndData:
         return self.data.from_arrays
 
     def first_batch(self) -> tuple[Any, int | None]:
-        """(the first batch, its size); reads one batch; ValueError if the dataset is empty."""
-        try:
-            batch = next(iter(self.dataset))
-        except StopIteration:
-            raise _empty() from None
+        """(the first batch, its size); reads one batch; ValueError if the dataset is empty,
+        TimeoutError if it yields nothing for `READ_TIMEOUT_S`."""
+        read = read_first(self.dataset, 1)
+        if not read:
+            raise _empty()
+        batch = read[0]
         first = tf.nest.flatten(batch)[0]
         size = int(first.shape[0]) if first.shape.rank else None
         return batch, size

@@ -1,0 +1,54 @@
+"""A call that may block for ever (reading a dataset that never yields), given a bound.
+
+TensorFlow cannot interrupt a `get_next`: the call runs in a daemon thread, and the caller
+stops waiting when the call made no progress for the bound. The thread goes on until the
+call returns or the process exits.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def call_bounded(
+    fn: Callable[[], T],
+    *,
+    timeout_s: float,
+    timeout_error: Callable[[int], Exception],
+    progress: Callable[[], int] = lambda: 0,
+    name: str = "tfgpu-read",
+) -> T:
+    """`fn()`, raising `timeout_error(progress())` when `progress()` did not move for
+    `timeout_s` seconds; an error `fn` raises is raised here, in the caller.
+
+    Example:
+
+    >>> call_bounded(lambda: next(iter(ds)), timeout_s=120,
+    ...              timeout_error=lambda _: TimeoutError("no element in 120 s"))
+    """
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = fn()
+        except BaseException as e:  # not handled here: raised again in the caller
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    seen = progress()
+    while True:
+        thread.join(timeout_s)
+        if not thread.is_alive():
+            break
+        now = progress()
+        if now == seen:
+            raise timeout_error(now)
+        seen = now
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
