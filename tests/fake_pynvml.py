@@ -47,6 +47,21 @@ NVML's conventions are kept, so a wrong call fails here as it would on a GPU:
 - `nvmlDeviceGetMemoryInfo(h)` (v1) counts `memory_reserved_mib` as used,
   `nvmlDeviceGetMemoryInfo(h, version=nvmlMemory_v2)` does not (as `nvidia-smi`).
 
+Topologies (what links the GPUs, for `tfgpu.scaling()`):
+- `FakeGpu.nvlinks`, a list of `FakeLink` (state, `nvmlNvlinkVersion_t` value, remote PCI bus,
+  remote device type); link indices past the list raise `NVMLError_InvalidArgument` (as a
+  driver does up to `NVML_NVLINK_MAX_LINKS`), and a GPU without any raises
+  `NVMLError_NotSupported` (PCIe only); `nvswitch_links(n)` and `direct_links(n, to=bus)`
+  build them, `machine(n, ...)` builds `n` GPUs with distinct buses;
+- `FakeGpu.pcie_gen_max`/`pcie_width_max` (`nvmlDeviceGetMaxPcieLinkGeneration`/`Width`) and
+  `pcie_gen_current`/`pcie_width_current` (`nvmlDeviceGetCurrPcieLink*`; None: the max);
+- `make(topology=, p2p=)`: `nvmlDeviceGetTopologyCommonAncestor` and `nvmlDeviceGetP2PStatus`
+  between GPU indices, one value for every pair or a dict `{(i, j): value}` (either order;
+  pairs left out: `NVML_TOPOLOGY_HOSTBRIDGE`, `NVML_P2P_STATUS_OK`), also settable later as
+  `fake.topology` / `fake.p2p`. As in nvidia-ml-py, `NVML_P2P_CAPS_INDEX_READ` is the tuple
+  `(0,)` (a stray comma in pynvml.py) and `nvmlDeviceGetP2PStatus` refuses anything but an
+  int index with `ctypes.ArgumentError`, as ctypes does.
+
 Like NVML, queries before `nvmlInit()` (or after the matching `nvmlShutdown()`) raise
 `NVMLError_Uninitialized`; `fake.calls` records `(function name, thread id)` of every call.
 """
@@ -96,6 +111,44 @@ NVML_GPM_METRIC_MAX = 477
 NVML_GPM_METRICS_GET_VERSION = 1
 NVML_GPM_SUPPORT_VERSION = 1
 nvmlMemory_v2 = 0x02000028
+NVML_FEATURE_DISABLED = 0
+NVML_FEATURE_ENABLED = 1
+NVML_NVLINK_MAX_LINKS = 36
+NVML_NVLINK_VERSION_INVALID = 0  # nvmlNvlinkVersion_t: an enum, not the generation
+NVML_NVLINK_VERSION_1_0 = 1
+NVML_NVLINK_VERSION_2_0 = 2
+NVML_NVLINK_VERSION_2_2 = 3
+NVML_NVLINK_VERSION_3_0 = 4
+NVML_NVLINK_VERSION_3_1 = 5
+NVML_NVLINK_VERSION_4_0 = 6
+NVML_NVLINK_VERSION_5_0 = 7
+NVML_NVLINK_VERSION_6_0 = 8
+NVML_NVLINK_DEVICE_TYPE_GPU = 0x00
+NVML_NVLINK_DEVICE_TYPE_IBMNPU = 0x01
+NVML_NVLINK_DEVICE_TYPE_SWITCH = 0x02
+NVML_NVLINK_DEVICE_TYPE_UNKNOWN = 0xFF
+NVML_TOPOLOGY_INTERNAL = 0
+NVML_TOPOLOGY_SINGLE = 10
+NVML_TOPOLOGY_MULTIPLE = 20
+NVML_TOPOLOGY_HOSTBRIDGE = 30
+NVML_TOPOLOGY_NODE = 40
+NVML_TOPOLOGY_CPU = NVML_TOPOLOGY_NODE
+NVML_TOPOLOGY_SYSTEM = 50
+NVML_P2P_CAPS_INDEX_READ = (0,)  # sic: nvidia-ml-py writes `= 0,`, a tuple
+NVML_P2P_CAPS_INDEX_WRITE = 1
+NVML_P2P_CAPS_INDEX_NVLINK = 2
+NVML_P2P_CAPS_INDEX_ATOMICS = 3
+NVML_P2P_CAPS_INDEX_PCI = 4
+NVML_P2P_CAPS_INDEX_PROP = 4
+NVML_P2P_CAPS_INDEX_UNKNOWN = 5
+NVML_P2P_STATUS_OK = 0
+NVML_P2P_STATUS_CHIPSET_NOT_SUPPORED = 1
+NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED = 1
+NVML_P2P_STATUS_GPU_NOT_SUPPORTED = 2
+NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED = 3
+NVML_P2P_STATUS_DISABLED_BY_REGKEY = 4
+NVML_P2P_STATUS_NOT_SUPPORTED = 5
+NVML_P2P_STATUS_UNKNOWN = 6
 
 GPM_METRIC_NAMES = {
     NVML_GPM_METRIC_SM_UTIL: "sm_util",
@@ -293,6 +346,34 @@ Value = float | Callable[[], float]
 
 
 @dataclasses.dataclass
+class FakeLink:
+    """One NVLink of a `FakeGpu`. `remote_bus` None: `nvmlDeviceGetNvLinkRemotePciInfo`
+    raises `NVMLError_NotSupported`; `remote_type` None: so does
+    `nvmlDeviceGetNvLinkRemoteDeviceType` (a driver that cannot tell)."""
+
+    version: int = NVML_NVLINK_VERSION_4_0  # nvmlNvlinkVersion_t (6 is NVLink 4.0)
+    remote_bus: str | None = "00000000:A0:00.0"
+    remote_type: int | None = NVML_NVLINK_DEVICE_TYPE_SWITCH
+    active: bool = True
+
+
+def nvswitch_links(
+    count: int = 18, version: int = NVML_NVLINK_VERSION_4_0, **changes: Any
+) -> list[FakeLink]:
+    """`count` active links to NVSwitches (an HGX board: H100 has 18 NVLink 4 links)."""
+    return [FakeLink(version=version, **changes) for _ in range(count)]
+
+
+def direct_links(
+    count: int, to: str, version: int = NVML_NVLINK_VERSION_4_0, **changes: Any
+) -> list[FakeLink]:
+    """`count` active links straight to the GPU on PCI bus `to` (a bridge, a DGX-1 mesh)."""
+    fields: dict[str, Any] = {"remote_bus": to, "remote_type": NVML_NVLINK_DEVICE_TYPE_GPU}
+    fields.update(changes)
+    return [FakeLink(version=version, **fields) for _ in range(count)]
+
+
+@dataclasses.dataclass
 class FakeGpu:
     """One scripted GPU. Readings are values or zero-argument callables."""
 
@@ -323,6 +404,11 @@ class FakeGpu:
     field_errors: dict[int, int] = dataclasses.field(default_factory=dict)  # field id -> code
     not_supported: set[str] = dataclasses.field(default_factory=set)
     lost: bool = False
+    nvlinks: Sequence[FakeLink] = ()  # none: NVLink queries raise NOT_SUPPORTED (PCIe only)
+    pcie_gen_max: int = 4  # what the GPU and the slot allow
+    pcie_width_max: int = 16
+    pcie_gen_current: int | None = None  # now (idle GPUs drop to Gen1); None: the max
+    pcie_width_current: int | None = None
 
 
 def hopper(**changes: Any) -> FakeGpu:
@@ -366,6 +452,22 @@ def two_gpus() -> list[FakeGpu]:
     ]
 
 
+def machine(count: int, **changes: Any) -> list[FakeGpu]:
+    """`count` GPUs (default fields, or `changes`) with distinct UUIDs and PCI buses
+    `00000000:{0x10 * (i + 1):02X}:00.0`; `bus(i)` names them."""
+    return [
+        FakeGpu(
+            **{"uuid": f"GPU-{i:08d}-1111-2222-3333-444444444444", "pci_bus_id": bus(i)} | changes
+        )
+        for i in range(count)
+    ]
+
+
+def bus(index: int) -> str:
+    """The PCI bus id `machine()` gives GPU `index`."""
+    return f"00000000:{0x10 * (index + 1):02X}:00.0"
+
+
 def _read(value: Value) -> float:
     return value() if callable(value) else value
 
@@ -383,6 +485,8 @@ def make(
     old_api: bool = False,
     old_driver: bool = False,
     driver_lacks: Sequence[str] = (),
+    topology: int | dict[tuple[int, int], int] = NVML_TOPOLOGY_HOSTBRIDGE,
+    p2p: int | dict[tuple[int, int], int] = NVML_P2P_STATUS_OK,
 ) -> types.ModuleType:
     """Returns a fresh fake `pynvml` module scripting `gpus` (default: `two_gpus()`).
 
@@ -398,6 +502,12 @@ def make(
             `NVMLError_FunctionNotFound`. Defaults to `False`.
         driver_lacks: names of C functions (and `field:<id>`) the driver does not export.
             Defaults to none.
+        topology: int (an `NVML_TOPOLOGY_*` for every pair) or dict `{(i, j): level}`, the
+            closest common ancestor of GPUs `i` and `j`. Defaults to
+            `NVML_TOPOLOGY_HOSTBRIDGE`.
+        p2p: int (an `NVML_P2P_STATUS_*` for every pair) or dict `{(i, j): status}`, what
+            `nvmlDeviceGetP2PStatus` answers for any capability. Defaults to
+            `NVML_P2P_STATUS_OK`.
     """
     module = types.ModuleType("pynvml")
     module.gpus = list(two_gpus() if gpus is None else gpus)
@@ -408,6 +518,8 @@ def make(
     module.pcie_throughput_block_s = 0.02
     module.driver_lacks = set(driver_lacks) | (OLD_DRIVER if old_driver else set())
     module.gpm_live = 0
+    module.topology = topology
+    module.p2p = p2p
     gpm_samples: dict[int, dict[str, Any]] = {}
     lock = threading.Lock()
 
@@ -676,6 +788,74 @@ def make(
     def nvmlDeviceGetCurrentClocksEventReasons(h: Any) -> int:
         gpu = device("nvmlDeviceGetCurrentClocksEventReasons", h)
         return int(_read(gpu.throttle_reasons))
+
+    # Topology: NVLink, PCIe links, the path between two GPUs.
+    def nvlink(name: str, h: Any, link: int) -> FakeLink:
+        gpu = device(name, h)
+        if not gpu.nvlinks:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < min(len(gpu.nvlinks), NVML_NVLINK_MAX_LINKS):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.nvlinks[link]
+
+    def nvmlDeviceGetNvLinkState(device: Any, link: int) -> int:
+        active = nvlink("nvmlDeviceGetNvLinkState", device, link).active
+        return NVML_FEATURE_ENABLED if active else NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetNvLinkVersion(device: Any, link: int) -> int:
+        return nvlink("nvmlDeviceGetNvLinkVersion", device, link).version
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(device: Any, link: int) -> Any:
+        # nvidia-ml-py calls the C function nvmlDeviceGetNvLinkRemotePciInfo_v2
+        remote = nvlink("nvmlDeviceGetNvLinkRemotePciInfo_v2", device, link).remote_bus
+        if remote is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return _Struct(busId=remote.encode(), busIdLegacy=remote[4:].encode())
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(handle: Any, link: int) -> int:
+        kind = nvlink("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link).remote_type
+        if kind is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return kind
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(handle: Any) -> int:
+        return device("nvmlDeviceGetMaxPcieLinkGeneration", handle).pcie_gen_max
+
+    def nvmlDeviceGetMaxPcieLinkWidth(handle: Any) -> int:
+        return device("nvmlDeviceGetMaxPcieLinkWidth", handle).pcie_width_max
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(handle: Any) -> int:
+        gpu = device("nvmlDeviceGetCurrPcieLinkGeneration", handle)
+        return gpu.pcie_gen_max if gpu.pcie_gen_current is None else gpu.pcie_gen_current
+
+    def nvmlDeviceGetCurrPcieLinkWidth(handle: Any) -> int:
+        gpu = device("nvmlDeviceGetCurrPcieLinkWidth", handle)
+        return gpu.pcie_width_max if gpu.pcie_width_current is None else gpu.pcie_width_current
+
+    def between(table: Any, first: Any, second: Any, default: int) -> int:
+        if isinstance(table, int):
+            return table
+        i, j = first.index, second.index
+        return table.get((i, j), table.get((j, i), default))
+
+    def nvmlDeviceGetTopologyCommonAncestor(device1: Any, device2: Any) -> int:
+        device("nvmlDeviceGetTopologyCommonAncestor", device1)
+        device("nvmlDeviceGetTopologyCommonAncestor", device2)
+        if device1.index == device2.index:
+            return NVML_TOPOLOGY_INTERNAL
+        return between(module.topology, device1, device2, NVML_TOPOLOGY_HOSTBRIDGE)
+
+    def nvmlDeviceGetP2PStatus(device1: Any, device2: Any, p2pIndex: Any) -> int:
+        device("nvmlDeviceGetP2PStatus", device1)
+        device("nvmlDeviceGetP2PStatus", device2)
+        if not isinstance(p2pIndex, int) or isinstance(p2pIndex, bool):
+            # what ctypes says when handed nvidia-ml-py's NVML_P2P_CAPS_INDEX_READ, `(0,)`
+            raise ctypes.ArgumentError(
+                "argument 3: TypeError: Don't know how to convert parameter 3"
+            )
+        if not 0 <= p2pIndex < NVML_P2P_CAPS_INDEX_UNKNOWN:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return between(module.p2p, device1, device2, NVML_P2P_STATUS_OK)
 
     for fn in list(locals().values()):
         if callable(fn) and getattr(fn, "__name__", "").startswith("nvml"):

@@ -1,0 +1,569 @@
+"""What the hardware allows an all-reduce: the link between two GPUs as NVML describes it
+(NVLink, or PCIe with or without peer-to-peer access), host memory between logical CPU
+devices, and a stated network between machines.
+
+A `Link`'s bandwidth is per direction, the link's rate after line encoding (what vendors
+print as "GB/s each way", decimal GB): an upper bound that NCCL's measured bus bandwidth
+approaches (~80-90% on NVLink and PCIe). No TensorFlow here; NVML through the binding that
+`tfgpu.monitor` loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import re
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+from tfgpu._internal.helpers.checks import check_number, invalid_type, invalid_value, is_int
+from tfgpu.monitor._nvml_lib import decode, import_pynvml, start, stop
+
+log = logging.getLogger(__name__)
+
+GB = 1e9
+
+# nvmlDeviceGetNvLinkVersion answers an `nvmlNvlinkVersion_t`, not the generation (nvml.h;
+# NVML's docs say so since 2025, hwloc issue #658: an A100 answers 5, NVLink 3.1):
+# NVML_NVLINK_VERSION_1_0 = 1, 2_0 = 2, 2_2 = 3, 3_0 = 4, 3_1 = 5, 4_0 = 6, 5_0 = 7, 6_0 = 8.
+NVLINK_GENERATION = {1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 5, 8: 6}
+
+# NVLink bandwidth per link per direction, GB/s, by generation (NVIDIA's product pages and
+# the V100/A100/H100/B200 architecture whitepapers; hwloc issue #574 derives the same):
+# NVLink 1 (P100, 4 links = 80 GB/s each way), 2 (V100, 6 links = 150), 3 (A100, 12 links =
+# 300), 4 (H100, 18 links = 450), 5 (B200, 18 links = 900). Newer generations use the newest
+# figure here (a lower bound); NVLink 3.1 bridges of GA102 cards run at about 14 GB/s per
+# link, which NVML does not tell apart from A100's 3.1: they read as 25.
+NVLINK_GB_S = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
+# When NVML does not say the version: the slowest generation's figure, said in the text.
+NVLINK_UNKNOWN_GB_S = 20.0
+
+# PCIe per lane per direction: the transfer rate (GT/s) times the line encoding, over 8 bits
+# (PCI-SIG base specifications): Gen1/2 8b/10b, Gen3-5 128b/130b, Gen6 FLIT mode (242 useful
+# bytes in 256): 0.25, 0.5, 0.985, 1.969, 3.938, 7.563 GB/s. A x16 Gen4 link: 31.5 GB/s.
+PCIE_RATE = {
+    1: (2.5, 8 / 10),
+    2: (5.0, 8 / 10),
+    3: (8.0, 128 / 130),
+    4: (16.0, 128 / 130),
+    5: (32.0, 128 / 130),
+    6: (64.0, 242 / 256),
+}
+# When NVML says neither: Gen3 x16, the slot of every data-center GPU since 2016 (P100).
+PCIE_ASSUMED = (3, 16)
+
+# Without peer-to-peer access, a GPU's data reaches its peer through a staging buffer in
+# host memory: it crosses PCIe twice (up into host memory, then down to the peer), in chunks
+# that each wait for the copy before, and host memory takes every byte in and out. NCCL's
+# shared-memory transport measures about half the peer-to-peer figure, so half is what we
+# count. Across CPU sockets (NVML_TOPOLOGY_SYSTEM) the path also crosses the CPU
+# interconnect (UPI, Infinity Fabric); it is no narrower than one x16 link on current
+# servers, so we keep the PCIe figure and only say so.
+WITHOUT_P2P_SHARE = 0.5
+
+# Logical CPU devices in one process: an all-reduce is memory copies between buffers in
+# DRAM. 10 GB/s is what one core copies on a current server (large memcpy: ~10-20 GB/s per
+# core on DDR4/DDR5), the conservative end; pass a measured figure where there is one.
+HOST_MEMORY_BYTES_S = 10e9
+
+# nvml.h's enums, by name, with their values where a binding lacks one.
+TOPOLOGY = {
+    "NVML_TOPOLOGY_INTERNAL": (0, "the same board"),
+    "NVML_TOPOLOGY_SINGLE": (10, "one PCIe switch"),
+    "NVML_TOPOLOGY_MULTIPLE": (20, "several PCIe switches"),
+    "NVML_TOPOLOGY_HOSTBRIDGE": (30, "a PCIe host bridge"),
+    "NVML_TOPOLOGY_NODE": (40, "host bridges of one CPU socket"),
+    "NVML_TOPOLOGY_SYSTEM": (50, "the link between CPU sockets"),
+}
+# NVML_NVLINK_DEVICE_TYPE_GPU, _IBMNPU, _SWITCH: what an NVLink leads to (nvml.h).
+DEVICE_TYPE_GPU, DEVICE_TYPE_IBMNPU, DEVICE_TYPE_SWITCH = 0x00, 0x01, 0x02
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """A link between devices, as an all-reduce ring between two of them would see it.
+
+    Attributes:
+        kind: str, `"nvlink"`, `"pcie"`, `"host memory"` (logical CPU devices, or no GPU) or
+            `"network"` (between machines).
+        description: str, for people, e.g. `"NVLink 4, 18 links through NVSwitch (450 GB/s
+            each way)"`.
+        bandwidth_bytes_s: float, bytes per second per direction that a ring between two
+            of these devices can use.
+        peer_to_peer: bool or None, whether the devices read each other's memory directly;
+            None: unknown.
+        facts: dict, JSON-ready, what the figure was derived from (generation, width, link
+            count, common ancestor, the GPUs of the pair).
+    """
+
+    kind: str
+    description: str
+    bandwidth_bytes_s: float
+    peer_to_peer: bool | None
+    facts: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def gb_s(bytes_s: float) -> str:
+    """`"450 GB/s"`, `"31.5 GB/s"`: decimal GB, as link speeds are printed."""
+    value = bytes_s / GB
+    return f"{value:.0f} GB/s" if value >= 100 else f"{value:.3g} GB/s"
+
+
+# ---- the facts NVML gives, per GPU and per pair ------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class NvLink:
+    """One active NVLink: its `nvmlNvlinkVersion_t` and where it leads (None: not said)."""
+
+    version: int | None
+    remote_bus: tuple[int, int, int] | None
+    remote_type: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuFacts:
+    """What NVML says of one GPU's links (None: not said)."""
+
+    index: int
+    bus: tuple[int, int, int] | None
+    nvlinks: tuple[NvLink, ...] = ()
+    pcie_gen_max: int | None = None
+    pcie_width_max: int | None = None
+    pcie_gen_current: int | None = None
+    pcie_width_current: int | None = None
+
+
+BUS = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.[0-7]$")
+
+
+def bus_key(value: Any) -> tuple[int, int, int] | None:
+    """(domain, bus, device) of a PCI bus id (`"00000000:07:00.0"`, legacy `"0000:07:00.0"`)."""
+    match = BUS.match(decode(value).strip().rstrip("\x00"))
+    if not match:
+        return None
+    domain, bus, device = match.groups()
+    return int(domain or "0", 16), int(bus, 16), int(device, 16)
+
+
+def query(nv: ModuleType, name: str, *args: Any) -> Any:
+    """`nv.<name>(*args)`, or None where the binding lacks the function or NVML answers an
+    error: NOT_SUPPORTED (no NVLink), INVALID_ARGUMENT (past a GPU's last link),
+    FUNCTION_NOT_FOUND (an older driver), GPU_IS_LOST. The one place this module calls NVML."""
+    fn = getattr(nv, name, None)
+    if not callable(fn):
+        return None
+    try:
+        return fn(*args)
+    except nv.NVMLError:
+        return None
+
+
+def constant(nv: ModuleType, name: str, default: int) -> int:
+    """The binding's value of an NVML constant, else `default`. nvidia-ml-py writes
+    `NVML_P2P_CAPS_INDEX_READ = 0,` (copied from nvml.h's enum): a tuple, which ctypes
+    refuses as an argument; its one element is the value."""
+    value = getattr(nv, name, default)
+    if isinstance(value, tuple) and len(value) == 1:
+        value = value[0]
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def small_int(value: Any) -> int | None:
+    """A positive count or generation NVML answered, else None (0 means "not known")."""
+    return int(value) if is_int(value) and value > 0 else None
+
+
+def small_int_or_zero(value: Any) -> int | None:
+    """An enum value NVML answered (0 included), else None."""
+    return int(value) if is_int(value) and value >= 0 else None
+
+
+def read_gpu(nv: ModuleType, index: int, handle: Any) -> GpuFacts:
+    """Reads one GPU's PCI bus, active NVLinks and PCIe link through `query`."""
+    pci = query(nv, "nvmlDeviceGetPciInfo", handle)
+    bus = bus_key(getattr(pci, "busId", b"")) if pci is not None else None
+    enabled = constant(nv, "NVML_FEATURE_ENABLED", 1)
+    nvlinks = []
+    for link in range(constant(nv, "NVML_NVLINK_MAX_LINKS", 18)):
+        state = query(nv, "nvmlDeviceGetNvLinkState", handle, link)
+        if state is None:  # NOT_SUPPORTED: no NVLink; INVALID_ARGUMENT: past the last link
+            break
+        if state != enabled:
+            continue
+        remote = query(nv, "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+        nvlinks.append(
+            NvLink(
+                version=small_int(query(nv, "nvmlDeviceGetNvLinkVersion", handle, link)),
+                remote_bus=bus_key(getattr(remote, "busId", b"")) if remote is not None else None,
+                remote_type=small_int_or_zero(
+                    query(nv, "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
+                ),
+            )
+        )
+    return GpuFacts(
+        index=index,
+        bus=bus,
+        nvlinks=tuple(nvlinks),
+        pcie_gen_max=small_int(query(nv, "nvmlDeviceGetMaxPcieLinkGeneration", handle)),
+        pcie_width_max=small_int(query(nv, "nvmlDeviceGetMaxPcieLinkWidth", handle)),
+        pcie_gen_current=small_int(query(nv, "nvmlDeviceGetCurrPcieLinkGeneration", handle)),
+        pcie_width_current=small_int(query(nv, "nvmlDeviceGetCurrPcieLinkWidth", handle)),
+    )
+
+
+# ---- the decision: pure, from the facts ------------------------------------------------
+
+
+def nvlinks_between(
+    a: GpuFacts, b: GpuFacts, gpu_buses: set[tuple[int, int, int]]
+) -> tuple[int, str, list[int]]:
+    """How many NVLinks carry traffic between `a` and `b`; how (`"direct"`, `"nvswitch"`,
+    `"mixed"`, or `"unknown"`: NVML does not say where they lead, and they are assumed to
+    reach the peer); and the `nvmlNvlinkVersion_t` of those links."""
+
+    def where(link: NvLink, peer: GpuFacts) -> str:
+        if link.remote_type == DEVICE_TYPE_SWITCH:
+            return "nvswitch"
+        if link.remote_type == DEVICE_TYPE_IBMNPU:
+            return "cpu"
+        if link.remote_bus is None:
+            return "unknown"
+        if link.remote_bus == peer.bus:
+            return "direct"
+        if link.remote_bus in gpu_buses or link.remote_type == DEVICE_TYPE_GPU:
+            return "other gpu"
+        return "nvswitch"  # a PCI device that is no GPU and no CPU: a switch
+
+    ends_a = [where(link, b) for link in a.nvlinks]
+    ends_b = [where(link, a) for link in b.nvlinks]
+    direct = max(ends_a.count("direct"), ends_b.count("direct"))
+    switched = min(ends_a.count("nvswitch"), ends_b.count("nvswitch"))
+    if direct or switched:
+        used = {"direct", "nvswitch"}
+        how = "direct" if direct and not switched else "nvswitch" if not direct else "mixed"
+        count = direct + switched
+    else:
+        used = {"unknown"}
+        how = "unknown"
+        count = min(ends_a.count("unknown"), ends_b.count("unknown"))
+    versions = [
+        link.version
+        for links, ends in ((a.nvlinks, ends_a), (b.nvlinks, ends_b))
+        for link, end in zip(links, ends)
+        if end in used and link.version is not None
+    ]
+    return count, how, versions
+
+
+def ancestor_name(ancestor: int | None) -> str | None:
+    """`"SYSTEM"` for NVML_TOPOLOGY_SYSTEM, ...; None when unknown."""
+    for name, (value, _) in TOPOLOGY.items():
+        if value == ancestor:
+            return name.removeprefix("NVML_TOPOLOGY_")
+    return None
+
+
+def nvlink_generation(version: int) -> int | None:
+    """The NVLink generation of an `nvmlNvlinkVersion_t`; a value newer than this table
+    counts as the newest generation it knows (a lower bound); None for INVALID (0)."""
+    if version in NVLINK_GENERATION:
+        return NVLINK_GENERATION[version]
+    return max(NVLINK_GENERATION.values()) if version > max(NVLINK_GENERATION) else None
+
+
+def nvlink_link(
+    a: GpuFacts, b: GpuFacts, count: int, how: str, versions: list[int], p2p: bool | None
+) -> Link:
+    known = [g for g in map(nvlink_generation, versions) if g is not None]
+    generation = min(known) if known else None
+    if generation is None:
+        per_link = NVLINK_UNKNOWN_GB_S
+        name = "NVLink (version not reported)"
+    else:
+        per_link = NVLINK_GB_S.get(generation, NVLINK_GB_S[max(NVLINK_GB_S)])
+        name = f"NVLink {generation}"
+    bandwidth = count * per_link * GB
+    route = {"nvswitch": " through NVSwitch", "mixed": " (direct and through NVSwitch)"}
+    text = f"{name}, {count} link{'s' if count != 1 else ''}{route.get(how, '')}"
+    text += f" ({gb_s(bandwidth)} each way"
+    if generation is None:
+        text += f", at NVLink 1's {per_link:g} GB/s per link"
+    text += ")"
+    if how == "unknown":
+        text += "; NVML does not say where the links lead: assumed to the other GPU"
+    return Link(
+        kind="nvlink",
+        description=text,
+        bandwidth_bytes_s=bandwidth,
+        peer_to_peer=p2p,
+        facts={
+            "gpus": [a.index, b.index],
+            "nvlink_generation": generation,
+            "nvlink_version_enum": min(versions) if versions else None,
+            "links": count,
+            "route": how,
+            "per_link_gb_s": per_link,
+        },
+    )
+
+
+def pcie_link(
+    a: GpuFacts, b: GpuFacts, p2p: bool | None, ancestor: int | None, note: str = ""
+) -> Link:
+    gens = [g for g in (a.pcie_gen_max, b.pcie_gen_max) if g is not None]
+    widths = [w for w in (a.pcie_width_max, b.pcie_width_max) if w is not None]
+    gen = min(gens) if gens else PCIE_ASSUMED[0]
+    width = min(widths) if widths else PCIE_ASSUMED[1]
+    rate, encoding = PCIE_RATE.get(gen, PCIE_RATE[max(PCIE_RATE)])
+    link_bytes_s = rate * encoding / 8 * width * GB
+    name = f"PCIe Gen{gen} x{width}"
+    if not gens or not widths:
+        said = [part for part, seen in (("generation", gens), ("width", widths)) if not seen]
+        name += f" ({' and '.join(said)} not reported: assumed)"
+    bandwidth = link_bytes_s if p2p is not False else link_bytes_s * WITHOUT_P2P_SHARE
+    across = ancestor == TOPOLOGY["NVML_TOPOLOGY_SYSTEM"][0]
+    if p2p is True:
+        text = f"{name} with peer-to-peer access"
+        text += " across CPU sockets" if across else ""
+    elif p2p is False:
+        text = f"{name} without peer-to-peer access, through host memory"
+        text += " and the CPU interconnect (across CPU sockets)" if across else ""
+    else:
+        text = f"{name}, peer-to-peer access not reported"
+        text += ", across CPU sockets" if across else ""
+    text += f" ({gb_s(bandwidth)} each way"
+    text += f", half the link's {gb_s(link_bytes_s)})" if p2p is False else ")"
+    currents = [
+        (g, w)
+        for g, w, gm, wm in (
+            (a.pcie_gen_current, a.pcie_width_current, a.pcie_gen_max, a.pcie_width_max),
+            (b.pcie_gen_current, b.pcie_width_current, b.pcie_gen_max, b.pcie_width_max),
+        )
+        if g is not None and w is not None and (g < (gm or g) or w < (wm or w))
+    ]
+    if currents:
+        g, w = min(currents)
+        text += f"; now at Gen{g} x{w} (GPUs lower the link when idle)"
+    if note:
+        text += f"; {note}"
+    return Link(
+        kind="pcie",
+        description=text,
+        bandwidth_bytes_s=bandwidth,
+        peer_to_peer=p2p,
+        facts={
+            "gpus": [a.index, b.index],
+            "pcie_generation": gen if gens else None,
+            "pcie_width": width if widths else None,
+            "pcie_generation_current": min(
+                (g for g in (a.pcie_gen_current, b.pcie_gen_current) if g is not None),
+                default=None,
+            ),
+            "pcie_width_current": min(
+                (w for w in (a.pcie_width_current, b.pcie_width_current) if w is not None),
+                default=None,
+            ),
+            "link_bytes_s": link_bytes_s,
+            "common_ancestor": ancestor_name(ancestor),
+        },
+    )
+
+
+def pair_link(
+    a: GpuFacts,
+    b: GpuFacts,
+    *,
+    p2p: bool | None,
+    ancestor: int | None,
+    gpu_buses: set[tuple[int, int, int]],
+) -> Link:
+    """The link between two GPUs from their facts: NVLink where links join them (and
+    peer-to-peer access is not refused), else PCIe."""
+    count, how, versions = nvlinks_between(a, b, gpu_buses)
+    if count and p2p is not False:
+        link = nvlink_link(a, b, count, how, versions, p2p)
+        facts = dict(link.facts, common_ancestor=ancestor_name(ancestor))
+        return dataclasses.replace(link, facts=facts)
+    note = "NVLink joins them but peer-to-peer access is off" if count else ""
+    return pcie_link(a, b, p2p, ancestor, note)
+
+
+def slowest(links: Sequence[Link]) -> Link:
+    """The link of least bandwidth (the first of equals): the one a ring waits on."""
+    return min(links, key=lambda link: link.bandwidth_bytes_s)
+
+
+# ---- the effects: NVML ------------------------------------------------------------------
+
+INDICES_EXPECTED = "None (all GPUs) or a list of NVML GPU indices (ints), e.g. [0, 1]"
+
+
+def check_indices(indices: Any) -> list[int] | None:
+    """The form of `indices` (their range is checked against NVML's count later)."""
+    if indices is None:
+        return None
+    if isinstance(indices, (str, bytes)) or not isinstance(indices, Sequence):
+        raise invalid_type("indices", indices, INDICES_EXPECTED)
+    checked: list[int] = []
+    for index in indices:
+        if not is_int(index):
+            raise invalid_type("indices", list(indices), INDICES_EXPECTED)
+        if index < 0:
+            raise invalid_value("indices", list(indices), "non-negative NVML GPU indices")
+        if int(index) not in checked:
+            checked.append(int(index))
+    return checked
+
+
+def read_links(nv: ModuleType, chosen: list[int] | None) -> Link | None:
+    """The slowest pair's link among `chosen` (None: all), read from a started NVML."""
+    count = query(nv, "nvmlDeviceGetCount")
+    if not is_int(count):
+        return None
+    if chosen is not None and any(index >= count for index in chosen):
+        raise invalid_value(
+            "indices", chosen, f"NVML GPU indices below {count} (the GPUs NVML lists)"
+        )
+    chosen = list(range(count)) if chosen is None else chosen
+    if len(chosen) < 2:
+        return None
+    handles = {index: query(nv, "nvmlDeviceGetHandleByIndex", index) for index in range(count)}
+    if any(handles[index] is None for index in chosen):
+        return None  # a lost or inaccessible GPU: nothing to say of its links
+    try:
+        facts = {
+            index: read_gpu(nv, index, handle)
+            for index, handle in handles.items()
+            if handle is not None
+        }
+        buses = {f.bus for f in facts.values() if f.bus is not None}
+        read = constant(nv, "NVML_P2P_CAPS_INDEX_READ", 0)
+        ok = constant(nv, "NVML_P2P_STATUS_OK", 0)
+        links = []
+        for i, j in itertools.combinations(chosen, 2):
+            status = query(nv, "nvmlDeviceGetP2PStatus", handles[i], handles[j], read)
+            ancestor = query(nv, "nvmlDeviceGetTopologyCommonAncestor", handles[i], handles[j])
+            links.append(
+                pair_link(
+                    facts[i],
+                    facts[j],
+                    p2p=None if not is_int(status) else status == ok,
+                    ancestor=ancestor if is_int(ancestor) else None,
+                    gpu_buses=buses,
+                )
+            )
+    except Exception as e:  # the boundary of "never raises": a binding broken in any way
+        log.warning("NVML could not describe the links between GPUs (%s).", decode(e))
+        return None
+    link = slowest(links)
+    if len(chosen) > 2:
+        link = dataclasses.replace(link, facts=dict(link.facts, pairs=len(links)))
+    return link
+
+
+# ---- the public functions ----------------------------------------------------------------
+
+
+def gpu_link(indices: Sequence[int] | None = None) -> Link | None:
+    """The slowest link between any two of the given GPUs, as an all-reduce ring sees it.
+
+    Reads NVML (never CUDA or TensorFlow): the NVLinks between each pair (their count,
+    version, and whether they go to the other GPU or to an NVSwitch), else the PCIe link
+    (generation and width: the most the GPU and its slot allow, with the current one said
+    when lower), whether the pair has peer-to-peer access (without it, half the PCIe figure:
+    the data goes through host memory) and whether the path crosses CPU sockets. Any query
+    NVML does not support gives a less specific link; NVML errors never escape.
+
+    Args:
+        indices: list of int or None, NVML indices of the GPUs (PCI bus order, as
+            `nvidia-smi`); each pair among them is checked. Defaults to `None` (all GPUs).
+
+    Returns:
+        A `Link` (kind `"nvlink"` or `"pcie"`), or None when NVML is missing, lists or is
+        given fewer than 2 GPUs, or cannot open one of them.
+
+    Raises:
+        TypeError: `indices` is not a list of ints.
+        ValueError: an index is negative or not below NVML's GPU count.
+
+    Example:
+
+    >>> link = gpu_link([0, 1])  # on an H100 HGX board
+    >>> link.description
+    'NVLink 4, 18 links through NVSwitch (450 GB/s each way)'
+    """
+    chosen = check_indices(indices)
+    nv, _ = import_pynvml()
+    if nv is None or start(nv) is not None:
+        return None
+    try:
+        return read_links(nv, chosen)
+    finally:
+        stop(nv)
+
+
+def network_link(gbit_s: float) -> Link:
+    """A stated network between machines, e.g. 100 Gb/s Ethernet or InfiniBand.
+
+    Args:
+        gbit_s: float, the network's rate per direction in Gbit/s (as NICs are sold: 25,
+            100, 200, 400), > 0.
+
+    Returns:
+        A `Link` of kind `"network"` with `gbit_s * 1e9 / 8` bytes per second.
+
+    Raises:
+        TypeError: `gbit_s` is not a number.
+        ValueError: `gbit_s` is not finite and > 0.
+
+    Example:
+
+    >>> network_link(100).bandwidth_bytes_s
+    12500000000.0
+    """
+    rate = check_number("gbit_s", gbit_s, minimum=0, exclusive_minimum=True)
+    bandwidth = rate * 1e9 / 8
+    return Link(
+        kind="network",
+        description=f"Network, {rate:g} Gb/s ({gb_s(bandwidth)} each way)",
+        bandwidth_bytes_s=bandwidth,
+        peer_to_peer=None,
+        facts={"gbit_s": rate},
+    )
+
+
+def host_link(bandwidth_bytes_s: float | None = None) -> Link:
+    """Host memory, shared by logical CPU devices (or replicas on a machine without GPUs).
+
+    Args:
+        bandwidth_bytes_s: float or None, bytes per second the caller measured, > 0.
+            Defaults to `None`: `HOST_MEMORY_BYTES_S` (10 GB/s, one core's copy rate on a
+            current server, the conservative end).
+
+    Returns:
+        A `Link` of kind `"host memory"`; `peer_to_peer` is True (one address space).
+
+    Raises:
+        TypeError: `bandwidth_bytes_s` is not a number.
+        ValueError: `bandwidth_bytes_s` is not finite and > 0.
+
+    Example:
+
+    >>> host_link().description
+    'Host memory shared by logical CPU devices (10 GB/s each way, assumed)'
+    """
+    measured = check_number(
+        "bandwidth_bytes_s", bandwidth_bytes_s, minimum=0, exclusive_minimum=True, allow_none=True
+    )
+    bandwidth = HOST_MEMORY_BYTES_S if measured is None else measured
+    how = "assumed" if measured is None else "measured"
+    return Link(
+        kind="host memory",
+        description=f"Host memory shared by logical CPU devices ({gb_s(bandwidth)} each way, {how})",
+        bandwidth_bytes_s=bandwidth,
+        peer_to_peer=True,
+        facts={"bandwidth_bytes_s": bandwidth, "measured": measured is not None},
+    )
