@@ -30,6 +30,8 @@ EXPECTED = {
     "report",
     "tune",
     "TuneResult",
+    "scaling",
+    "ScalingResult",
 }
 
 

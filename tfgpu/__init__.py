@@ -38,6 +38,8 @@ _EXPORTS: dict[str, str] = {
     "Diagnosis": "tfgpu.diagnosis",
     "tune": "tfgpu.tuning",
     "TuneResult": "tfgpu.tuning",
+    "scaling": "tfgpu.scalability",
+    "ScalingResult": "tfgpu.scalability",
     "find_batch_size": "tfgpu.batch_size",
     "BatchSizeResult": "tfgpu.batch_size",
     "callbacks": "tfgpu.callbacks",
@@ -72,4 +74,5 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs (names used v
     from tfgpu.diagnosis import Diagnosis, diagnose  # noqa: F401
     from tfgpu.distribute import global_batch_size, scale_learning_rate, strategy  # noqa: F401
     from tfgpu.env import EnvironmentReport, environment  # noqa: F401
+    from tfgpu.scalability import ScalingResult, scaling  # noqa: F401
     from tfgpu.tuning import TuneResult, tune  # noqa: F401

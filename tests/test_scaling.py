@@ -1,0 +1,259 @@
+"""tfgpu.scaling(): the cost model (pure), the reasons (pure, from built numbers), the
+arguments (refused before any work), and real runs on the process's 4 logical CPU devices
+with a bottleneck built in: a Python generator (input-bound) and large gradients on tiny
+compute (all-reduce-bound)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfgpu
+from tfgpu.scalability import _cost as cost
+from tfgpu.scalability._result import Point, ScalingResult
+from tfgpu.scalability._scaling import replica_counts
+
+
+def test_replica_counts_double_up_to_the_devices_and_always_start_at_one():
+    assert replica_counts(4, None) == [1, 2, 4]
+    assert replica_counts(6, None) == [1, 2, 4, 6]
+    assert replica_counts(1, None) == [1]
+    assert replica_counts(8, [4, 2]) == [1, 2, 4]
+
+
+def test_the_ring_moves_less_than_a_reduction_through_one_device():
+    assert cost.all_reduce_factor(cost.RING, 1) == (0.0, 0)
+    assert cost.all_reduce_factor(cost.RING, 2) == (1.0, 2)
+    assert cost.all_reduce_factor(cost.RING, 8) == (1.75, 14)
+    assert cost.all_reduce_factor(cost.THROUGH_ONE, 4) == (6.0, 6)
+
+
+def test_a_calibration_reproduces_its_measurements_and_extrapolates_by_the_formula():
+    mib = 2**20
+    # 2 replicas, ring: 1 x bytes at 10 GB/s = 6.7 ms for 64 MiB, plus 2 latency steps of 50 us.
+    full = 64 * mib / 10e9 + 2 * 50e-6
+    c = cost.Calibration.from_measurements(cost.RING, 2, 64 * mib, full, 2 * 50e-6)
+    assert c.bandwidth_bytes_s == pytest.approx(10e9)
+    assert c.latency_s == pytest.approx(50e-6)
+    assert c.seconds(2, 64 * mib) == pytest.approx(full)
+    assert c.seconds(4, 64 * mib) == pytest.approx(1.5 * 64 * mib / 10e9 + 6 * 50e-6)
+    # Too fast to tell the bandwidth: latency alone.
+    assert cost.Calibration.from_measurements(cost.RING, 2, 1, 1e-4, 1e-4).seconds(4, 1) == (
+        pytest.approx(6 * 0.5e-4)
+    )
+
+
+@pytest.mark.parametrize(
+    "mode, c1, c2, n, expected",
+    [
+        ("weak", 0.010, 0.010, 8, 0.010),  # GPUs: each replica's work is the same
+        ("weak", 0.010, 0.020, 4, 0.040),  # shared cores: the work adds up
+        ("strong", 0.010, 0.005, 4, 0.0025),  # GPUs: each replica does 1/n
+        ("strong", 0.010, 0.010, 4, 0.010),  # shared cores: the same total work
+    ],
+)
+def test_the_compute_model_through_one_and_two_replicas(mode, c1, c2, n, expected):
+    a, b = cost.fit_compute(mode, c1, c2)
+    assert cost.compute_at(mode, a, b, 1) == pytest.approx(c1)
+    assert cost.compute_at(mode, a, b, 2) == pytest.approx(c2)
+    assert cost.compute_at(mode, a, b, n) == pytest.approx(expected)
+
+
+def test_a_step_is_the_device_work_in_sequence_or_the_input_when_slower():
+    assert cost.step_s(0.010, 0.004, 0.001, 0.002) == pytest.approx(0.015)
+    assert cost.step_s(0.010, 0.004, 0.001, 0.020) == pytest.approx(0.020)
+    assert cost.network_all_reduce_s(2, 1e9, 12.5e9) == pytest.approx(0.08)
+
+
+def _point(n=2, mode="weak", step=0.020, compute=0.010, all_reduce=0.001, input_s=0.001, **kw):
+    batch = 64 * n if mode == "weak" else 64
+    p = Point(
+        replicas=n,
+        mode=mode,
+        global_batch=batch,
+        per_replica_batch=batch // n,
+        step_s=step,
+        examples_per_s=batch / step,
+        speedup=kw.pop("speedup", 1.2),
+        compute_s=compute,
+        all_reduce_s=all_reduce,
+        input_s=input_s,
+        **kw,
+    )
+    return p
+
+
+def _base(step=0.010, compute=0.008):
+    base = _point(1, "both", step=step, compute=compute, all_reduce=0.0, speedup=1.0)
+    base.explain(base, "GPU", 0)
+    return base
+
+
+@pytest.mark.parametrize(
+    "point, kind, reason, fix",
+    [
+        (_point(speedup=1.9), "GPU", r"^scales: 95% of linear$", ""),
+        (_point(input_s=0.019), "GPU", r"^input-bound \(60% of linear\)", "tfgpu.data.pipeline"),
+        (
+            _point(all_reduce=0.006),
+            "GPU",
+            r"^all-reduce-bound \(60% of linear\): 16\.0 MiB",
+            "all_reduce",
+        ),
+        (_point(compute=0.016, all_reduce=0.002), "logical CPU device", r"^shared cores", ""),
+        (
+            _point(mode="strong", step=0.009, compute=0.007),
+            "GPU",
+            r"^per-replica batch too small \(60% of linear\): 32 examples per replica",
+            "global_batch_size",
+        ),
+        (_point(step=0.030, compute=0.008), "GPU", r"^host-bound", "steps_per_execution"),
+        (_point(step=0.012, compute=0.011), "GPU", r"^compute slows", "GPUMonitor"),
+    ],
+)
+def test_each_point_gets_the_reason_of_what_grew_and_its_fix(point, kind, reason, fix):
+    point.explain(_base(), kind, 16 * 2**20)
+    assert point.efficiency == pytest.approx(point.speedup / point.replicas)
+    assert re.search(reason, point.reason), point.reason
+    assert fix in point.fix
+
+
+def test_the_step_split_adds_up_to_the_step():
+    p = _point(step=0.020, compute=0.010, all_reduce=0.003, input_s=0.015)
+    p.explain(_base(), "GPU", 0)
+    assert p.input_wait_s == pytest.approx(0.002)  # the pipeline beyond compute + all-reduce
+    assert p.compute_s + p.all_reduce_s + p.input_wait_s + p.other_s == pytest.approx(0.020)
+
+
+def _tiny_model() -> keras.Model:
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    return model
+
+
+X = np.random.default_rng(0).random((64, 4), dtype=np.float32)
+Y = np.random.default_rng(1).random((64, 1), dtype=np.float32)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"model_factory": _tiny_model()}, TypeError, r"argument `model_factory`"),
+        (
+            {"model_factory": "m"},
+            TypeError,
+            r"argument `model_factory`\. Received: model_factory='m'",
+        ),
+        ({"data": "data"}, TypeError, r"argument `data`"),
+        (
+            {"replicas": [8]},
+            ValueError,
+            r"argument `replicas`\. Received: replicas=8\. Expected replica counts between 1 and 4",
+        ),
+        ({"replicas": 2}, TypeError, r"argument `replicas`"),
+        ({"batch_size": 0}, ValueError, r"argument `batch_size`"),
+        ({"time_budget_s": -1}, ValueError, r"argument `time_budget_s`"),
+        ({"network_gbit_s": float("nan")}, ValueError, r"argument `network_gbit_s`"),
+        ({"verbose": 3}, ValueError, r"argument `verbose`"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_work(kwargs, error, match):
+    built = []
+
+    def factory():
+        built.append(1)
+        return _tiny_model()
+
+    call = {"model_factory": factory, "data": (X, Y), **kwargs}
+    with pytest.raises(error, match=match):
+        tfgpu.scaling(call.pop("model_factory"), call.pop("data"), **call)
+    assert built == []
+
+
+def test_a_log_dir_under_a_file_and_a_factory_with_its_own_strategy_are_refused(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ValueError, match=r"argument `log_dir`"):
+        tfgpu.scaling(_tiny_model, (X, Y), log_dir=tmp_path / "f" / "run")
+
+    def own_strategy():
+        with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+            return _tiny_model()
+
+    with pytest.raises(ValueError, match=r"argument `model_factory`.*open no strategy scope"):
+        tfgpu.scaling(own_strategy, (X, Y), replicas=[2], verbose=0)
+
+
+@pytest.mark.slow
+def test_a_python_generator_is_named_input_bound_and_everything_is_put_back(tmp_path):
+    """A generator doing Python work per example feeds a one-weight model: the pipeline alone
+    is slower than the step's device work by orders of magnitude. The factory sets a global
+    policy; the user's is back after; no strategy is left open; the files parse."""
+
+    def examples():
+        for i in range(1_000_000):
+            total = sum(range(2_000))  # Python work per example: the generator's cost
+            yield np.full(4, (i + total) % 7, np.float32), np.ones(1, np.float32)
+
+    spec = (tf.TensorSpec([4], tf.float32), tf.TensorSpec([1], tf.float32))
+    data = tf.data.Dataset.from_generator(examples, output_signature=spec).batch(64)
+
+    def factory():
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, dtype="float32")])
+        model.compile("sgd", "mse")
+        return model
+
+    before = keras.mixed_precision.global_policy().name
+    result = tfgpu.scaling(
+        factory, data, replicas=[2], time_budget_s=60, verbose=0, log_dir=tmp_path
+    )
+    assert keras.mixed_precision.global_policy().name == before
+    assert not tf.distribute.has_strategy()
+    points = {(p.replicas, p.mode): p for p in result.points}
+    assert set(points) == {(1, "both"), (2, "weak"), (2, "strong")}
+    weak = points[2, "weak"]
+    assert weak.global_batch == 128 and weak.per_replica_batch == 64
+    assert points[2, "strong"].global_batch == 64
+    assert weak.reason.startswith("input-bound"), str(result)
+    assert "tfgpu.data.pipeline" in weak.fix
+    assert weak.input_s > weak.compute_s + weak.all_reduce_s
+    record = json.loads((tmp_path / "scaling.json").read_text())
+    assert record["device_kind"] == "logical CPU device"
+    assert record["points"][1]["reason"] == weak.reason
+    assert "input-bound" in record["text"]
+    assert (tmp_path / "scaling.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_large_gradients_on_tiny_compute_are_named_all_reduce_bound_and_predicted():
+    """32 MiB of gradients and two examples per replica: the all-reduce holds the step at 4
+    replicas. The cost model, calibrated on 1 and 2, predicts 4 and says its error."""
+
+    def factory():
+        model = keras.Sequential(
+            [keras.Input((2048,)), keras.layers.Dense(4096), keras.layers.Dense(1)]
+        )
+        model.compile("sgd", "mse")
+        return model
+
+    x = np.random.default_rng(0).random((64, 2048), dtype=np.float32)
+    y = np.ones((64, 1), np.float32)
+    result = tfgpu.scaling(factory, (x, y), batch_size=2, time_budget_s=120, verbose=0)
+    assert result.gradient_bytes == 4 * (2048 * 4096 + 4096 + 4096 + 1)
+    assert result.all_reduce == "ReductionToOneDevice"
+    four = next(p for p in result.points if (p.replicas, p.mode) == (4, "weak"))
+    assert four.reason.startswith("all-reduce-bound"), str(result)
+    assert four.all_reduce_s > next(p for p in result.points if p.replicas == 2).all_reduce_s
+    predicted = {(q.replicas, q.mode) for q in result.predictions}
+    assert {(4, "weak"), (8, "weak"), (4, "strong")} <= predicted
+    assert set(result.prediction_errors) >= {"4 weak"}
+    assert all(math.isfinite(e) for e in result.prediction_errors.values())
+    text = str(result)
+    assert "prediction vs measured here: 4 weak" in text
+    assert isinstance(result, ScalingResult)

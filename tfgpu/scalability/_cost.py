@@ -1,0 +1,121 @@
+"""The cost model behind `scaling()`'s predictions: pure arithmetic, written out in
+docs/scaling.md ("The cost model").
+
+A data-parallel step of `n` replicas is the replicas' compute, then the all-reduce of the
+gradients (Keras under `tf.distribute` sums them after the backward pass: they do not
+overlap), then the update; the input pipeline runs beside them, prefetched:
+
+    step(n) = max(compute(n) + all_reduce(n) + other, input(n))
+
+- compute(n), fitted through the 1- and 2-replica measurements: weak scaling (per-replica
+  batch kept) `a + b * n`, strong scaling (global batch kept) `a + b / n`. On GPUs weak
+  compute stays flat (b ~ 0) and strong compute falls as 1/n; logical CPU devices share the
+  cores, so weak compute grows with n and strong compute stays flat. The fit finds which.
+- all_reduce(n) = steps(n) * latency + factor(n) * bytes / bandwidth: a ring (NCCL,
+  collective ring) moves `2 (n-1)/n` of the gradient bytes per device in `2 (n-1)` steps; a
+  reduction through one device (`ReductionToOneDevice`, hierarchical copy, logical CPU
+  devices) moves them `2 (n-1)` times through that device. `latency` and `bandwidth` are
+  calibrated from two measured all-reduces at 2 replicas: the model's gradients, and as many
+  one-element tensors (which time the latency alone).
+- Across machines (hierarchical): the local all-reduce, then a ring over the machines on the
+  stated network: `2 (m-1)/m * bytes / network bandwidth` more.
+- input(n): the pipeline's examples per second, measured alone, is what the host delivers
+  whatever the replicas: a global batch of `B(n)` examples takes `B(n) / rate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+RING = "ring"
+THROUGH_ONE = "through one device"
+
+
+def all_reduce_factor(kind: str, n: int) -> tuple[float, int]:
+    """(gradient bytes moved per device, in units of the gradients; latency steps) of an
+    all-reduce over `n` devices. Pure.
+
+    Example:
+
+    >>> all_reduce_factor("ring", 4)
+    (1.5, 6)
+    """
+    if n <= 1:
+        return 0.0, 0
+    if kind == RING:
+        return 2.0 * (n - 1) / n, 2 * (n - 1)
+    return 2.0 * (n - 1), 2 * (n - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """The all-reduce's latency per step and bandwidth, from two measurements at `n` replicas:
+    `full_s` (the gradients, `gradient_bytes`) and `latency_s` (one element per tensor).
+    Pure.
+
+    Attributes:
+        kind: `RING` or `THROUGH_ONE`.
+        latency_s: float, seconds per latency step.
+        bandwidth_bytes_s: float, bytes per second per device (inf: too fast to tell).
+    """
+
+    kind: str
+    latency_s: float
+    bandwidth_bytes_s: float
+
+    @classmethod
+    def from_measurements(
+        cls, kind: str, n: int, gradient_bytes: float, full_s: float, latency_s: float
+    ) -> Calibration:
+        factor, steps = all_reduce_factor(kind, n)
+        per_step = max(0.0, latency_s) / max(1, steps)
+        moving = full_s - max(0.0, latency_s)
+        bandwidth = factor * gradient_bytes / moving if moving > 0 else math.inf
+        return cls(kind, per_step, bandwidth)
+
+    def seconds(self, n: int, gradient_bytes: float) -> float:
+        """Predicted all-reduce seconds per step over `n` devices."""
+        factor, steps = all_reduce_factor(self.kind, n)
+        moving = 0.0 if math.isinf(self.bandwidth_bytes_s) else factor * gradient_bytes
+        return steps * self.latency_s + moving / self.bandwidth_bytes_s
+
+
+def fit_compute(mode: str, c1: float, c2: float) -> tuple[float, float]:
+    """(a, b) of the compute model through the 1- and 2-replica compute times: weak
+    `a + b n`, strong `a + b / n`. Pure.
+
+    Example:
+
+    >>> fit_compute("weak", 1.0, 1.0), fit_compute("strong", 1.0, 0.5)
+    ((1.0, 0.0), (0.0, 1.0))
+    """
+    if mode == "weak":
+        b = c2 - c1
+        return c1 - b, b
+    b = 2.0 * (c1 - c2)
+    return c1 - b, b
+
+
+def compute_at(mode: str, a: float, b: float, n: int) -> float:
+    """Compute seconds per step at `n` replicas from `fit_compute`'s (a, b), never below 0."""
+    return max(0.0, a + b * n if mode == "weak" else a + b / n)
+
+
+def network_all_reduce_s(machines: int, gradient_bytes: float, bandwidth_bytes_s: float) -> float:
+    """Seconds of a ring all-reduce of `gradient_bytes` across `machines` over a network of
+    `bandwidth_bytes_s` per direction (the second level of a hierarchical all-reduce)."""
+    factor, _ = all_reduce_factor(RING, machines)
+    return factor * gradient_bytes / bandwidth_bytes_s
+
+
+def step_s(compute_s: float, all_reduce_s: float, other_s: float, input_s: float) -> float:
+    """A step: the replicas' compute, the all-reduce and the update in sequence, the input
+    prefetched beside them. Pure.
+
+    Example:
+
+    >>> step_s(0.010, 0.004, 0.001, 0.020)
+    0.02
+    """
+    return max(compute_s + all_reduce_s + other_s, input_s)

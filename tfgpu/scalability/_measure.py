@@ -1,0 +1,97 @@
+"""The parts of a data-parallel step timed apart, on one strategy and its model: the replicas'
+compute alone (forward and backward, nothing reduced), the all-reduce alone (on the model's
+gradient shapes, and on one element per tensor for its latency), and the input alone. Each a
+`tf.function` running `STEPS` steps per call, timed by the one timing engine's `call_time`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfgpu._internal.adapters import timing
+
+STEPS = 5  # steps per timed call
+CALLS = 5  # timed calls, after one untimed call that traces
+
+
+def gradient_bytes(model: keras.Model) -> int:
+    """Bytes of one step's gradients: the trainable variables' sizes in their dtypes."""
+    return int(sum(np.prod(v.shape) * tf.as_dtype(v.dtype).size for v in model.trainable_variables))
+
+
+def _per_replica(strategy: tf.distribute.Strategy, batch: Any) -> Any:
+    """`batch` (a global batch) cut into one slice per replica, each on its device."""
+    n = strategy.num_replicas_in_sync
+    size = int(tf.nest.flatten(batch)[0].shape[0])
+    per = size // n
+
+    def value(ctx: tf.distribute.ValueContext) -> Any:
+        i = ctx.replica_id_in_sync_group
+        return tf.nest.map_structure(lambda t: t[i * per : (i + 1) * per], batch)
+
+    return strategy.experimental_distribute_values_from_function(value)
+
+
+def _timed(strategy: tf.distribute.Strategy, step: Any, args: Any = ()) -> float:
+    """Seconds per step of `strategy.run(step, (i, *args))`, `STEPS` steps per call."""
+
+    @tf.function
+    def run(k: tf.Tensor) -> tf.Tensor:
+        total = tf.constant(0.0)
+        for i in tf.range(k):
+            out = strategy.run(step, args=(i, *args))
+            total += tf.add_n(
+                [tf.cast(t, tf.float32) for t in strategy.experimental_local_results(out)]
+            )
+        return total
+
+    steps = tf.constant(STEPS)
+    return timing.call_time(lambda: run(steps).numpy(), CALLS) / STEPS
+
+
+def compute_s(strategy: tf.distribute.Strategy, model: keras.Model, batch: Any) -> float:
+    """Seconds per step of every replica's forward and backward pass on its slice of `batch`,
+    with nothing reduced across replicas and no update."""
+    values = _per_replica(strategy, batch)
+
+    def step(i: tf.Tensor, element: Any) -> tf.Tensor:
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(element)
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss = model.compute_loss(
+                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+            )
+        grads = tape.gradient(loss, model.trainable_variables)
+        return tf.add_n([tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads if g is not None])
+
+    return _timed(strategy, step, (values,))
+
+
+def all_reduce_s(strategy: tf.distribute.Strategy, model: keras.Model, *, tiny: bool) -> float:
+    """Seconds per step of the all-reduce the optimizer makes (the replica context's
+    `all_reduce`, through the strategy's cross-device ops) on the model's gradient shapes;
+    `tiny`: one element per tensor, which times the latency alone. Each step's values depend
+    on the step, so nothing is folded away."""
+    shapes = [((1,) if tiny else tuple(v.shape), v.dtype) for v in model.trainable_variables]
+
+    def step(i: tf.Tensor) -> tf.Tensor:
+        ctx = tf.distribute.get_replica_context()
+        values = [tf.fill(shape, tf.cast(i, dtype)) for shape, dtype in shapes]
+        out = ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
+        return tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in out])
+
+    return _timed(strategy, step)
+
+
+def implementation(strategy: tf.distribute.Strategy) -> str:
+    """The class name of the strategy's cross-device all-reduce (what `all_reduce=` chose),
+    or "" where it has none (one replica, multi-worker collectives)."""
+    extended = strategy.extended
+    ops = getattr(extended, "_cross_device_ops", None) or getattr(
+        extended, "_inferred_cross_device_ops", None
+    )
+    return type(ops).__name__ if ops is not None else ""

@@ -1,0 +1,356 @@
+"""What `scaling()` returns and writes: a point per replica count and mode, with the step's
+parts and its reason; the cost model's predictions; `scaling.json` and `scaling.png`."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from tfgpu._internal.helpers.files import rotate, write_text_atomic
+from tfgpu._internal.helpers.jsonable import json_safe
+from tfgpu._internal.helpers.warn import one_line, warn_at_user_code
+
+SCALING_JSON, SCALING_PNG = "scaling.json", "scaling.png"
+
+SHARED_CORES = (
+    "{kind}s share this machine's cores, so more replicas add no compute: this run checks "
+    "the mechanics (the step's parts, the all-reduce, the input) and calibrates the "
+    "prediction; it does not show a GPU's speedup"
+)
+
+# A point below this efficiency gets a reason; input-bound when the pipeline alone needs
+# this share of the step; all-reduce-bound when the all-reduce takes this share.
+EFFICIENT, INPUT_SHARE, ALL_REDUCE_SHARE = 0.9, 0.9, 0.25
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None or not math.isfinite(seconds) else f"{seconds * 1e3:.1f}"
+
+
+@dataclasses.dataclass
+class Point:
+    """One replica count and mode, measured.
+
+    Attributes:
+        replicas: int, replicas in sync.
+        mode: str, `"weak"` (per-replica batch kept), `"strong"` (global batch kept), or
+            `"both"` (one replica: the reference of both).
+        global_batch: int, examples per step, all replicas together.
+        per_replica_batch: int, examples per replica per step.
+        step_s: float or None, seconds per step of `fit` (the median of the rounds).
+        examples_per_s: float or None, examples per second of `fit`.
+        speedup: float or None, examples/s against one replica (the median of the per-round
+            ratios' pair medians); `speedup_low`, `speedup_high`: its interval.
+        efficiency: float or None, speedup / replicas (1.0: linear).
+        compute_s: float or None, every replica's forward and backward pass, nothing reduced.
+        all_reduce_s: float or None, the all-reduce of the gradients alone.
+        input_s: float or None, the input pipeline alone, per global batch.
+        input_wait_s: float or None, how long a step waits for its batch: the pipeline's time
+            beyond compute and all-reduce.
+        other_s: float or None, the rest of the step: the update, host work, launches.
+        reason: str, why it scales as it does, in one line; `fix`: what to change ("" when
+            nothing).
+        error: str, why it could not be timed ("" when it was).
+    """
+
+    replicas: int
+    mode: str
+    global_batch: int
+    per_replica_batch: int
+    step_s: float | None
+    examples_per_s: float | None
+    speedup: float | None = None
+    speedup_low: float = math.nan
+    speedup_high: float = math.nan
+    compute_s: float | None = None
+    all_reduce_s: float | None = None
+    input_s: float | None = None
+    error: str = ""
+    efficiency: float | None = None
+    input_wait_s: float | None = None
+    other_s: float | None = None
+    reason: str = ""
+    fix: str = ""
+
+    def explain(self, base: Point, device_kind: str, gradient_bytes: int) -> None:
+        """Fills efficiency, the step's split, the reason and the fix, against `base` (one
+        replica). Pure."""
+        n, step = self.replicas, self.step_s
+        if self.speedup is not None:
+            self.efficiency = self.speedup / n
+        busy = None
+        if self.compute_s is not None and self.all_reduce_s is not None:
+            busy = self.compute_s + self.all_reduce_s
+        if step and busy is not None:
+            self.input_wait_s = 0.0 if self.input_s is None else max(0.0, self.input_s - busy)
+            self.other_s = max(0.0, step - busy - self.input_wait_s)
+        if n == 1:
+            self.reason = "the reference: one replica"
+            return
+        if self.error:
+            self.reason = f"not timed: {self.error}"
+            return
+        if self.efficiency is None or not step:
+            self.reason = "not timed: the budget ran out first"
+            return
+        eff = f"{self.efficiency:.0%} of linear"
+        if self.efficiency >= EFFICIENT:
+            self.reason = f"scales: {eff}"
+            return
+        if self.input_s is not None and self.input_s >= INPUT_SHARE * step:
+            rate = self.global_batch / self.input_s
+            self.reason = (
+                f"input-bound ({eff}): the pipeline alone delivers {rate:,.0f} examples/s, "
+                f"{_ms(self.input_s)} ms per global batch of {self.global_batch}"
+            )
+            self.fix = (
+                "feed the replicas faster: `tfgpu.data.pipeline` (parallel map, cache, "
+                "prefetch), a source other than a Python generator, or tf.data service "
+                "workers (docs/data_service.md)"
+            )
+            return
+        if self.all_reduce_s is not None and self.all_reduce_s >= ALL_REDUCE_SHARE * step:
+            self.reason = (
+                f"all-reduce-bound ({eff}): {gradient_bytes / 2**20:,.1f} MiB of gradients "
+                f"take {_ms(self.all_reduce_s)} ms of a {_ms(step)} ms step"
+            )
+            self.fix = (
+                "more compute per all-reduce: a larger per-replica batch (the gradients keep "
+                "their size); `tfgpu.tune` tries the other `all_reduce` implementations; "
+                "between GPUs, peer-to-peer links (NVLink) over PCIe through the host"
+            )
+            return
+        # What is left grew with the replicas: the compute, or the rest of the step (the
+        # update, host work), whichever exceeds its ideal more (weak: as on one replica;
+        # strong: 1/n of it).
+        ideal = 1.0 if self.mode == "weak" else 1.0 / n
+        compute_excess = _excess(self.compute_s, base.compute_s, ideal)
+        other_excess = _excess(self.other_s, base.other_s, ideal)
+        if other_excess > compute_excess and self.other_s is not None:
+            self.reason = (
+                f"host-bound ({eff}): {_ms(self.other_s)} ms of a {_ms(step)} ms step is "
+                "neither compute nor all-reduce (the update of every replica's copy, Python, "
+                "kernel launches)"
+            )
+            self.fix = "more steps per call: `model.compile(..., steps_per_execution=16)`"
+            if device_kind != "GPU":
+                self.fix += f"; {device_kind}s also update their copies on shared cores"
+            return
+        if device_kind != "GPU":
+            self.reason = f"shared cores ({eff}): see the note"
+            return
+        if self.mode == "strong":
+            self.reason = (
+                f"per-replica batch too small ({eff}): {self.per_replica_batch} examples per "
+                f"replica compute in {_ms(self.compute_s)} ms, not 1/{n} of "
+                f"{_ms(base.compute_s)} ms"
+            )
+            self.fix = (
+                "keep the per-replica batch (weak scaling): `batch_size="
+                "tfgpu.global_batch_size(per_replica, strategy)` with "
+                "`tfgpu.scale_learning_rate`"
+            )
+            return
+        self.reason = f"compute slows with more replicas ({eff}): the GPUs slow each other"
+        self.fix = "check the host's threads and the GPUs' clocks (`tfgpu.callbacks.GPUMonitor`)"
+
+
+def _excess(part: float | None, base: float | None, ideal: float) -> float:
+    """Seconds `part` exceeds `ideal` times the one-replica `base` (0 when unknown)."""
+    if part is None or base is None:
+        return 0.0
+    return part - ideal * base
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """The cost model's step for `replicas` in all (over `machines` machines), calibrated on
+    the 1- and 2-replica measurements. Attributes as `Point`'s; `efficiency` against the
+    measured one replica."""
+
+    replicas: int
+    machines: int
+    mode: str
+    global_batch: int
+    step_s: float
+    examples_per_s: float
+    efficiency: float
+    compute_s: float
+    all_reduce_s: float
+    input_s: float
+
+
+@dataclasses.dataclass
+class ScalingResult:
+    """What `tfgpu.scaling()` measured and predicted; print it for the table.
+
+    Attributes:
+        points: list of `Point`, one replica first, then each count weak and strong.
+        predictions: list of `Prediction` (more replicas, more machines).
+        prediction_errors: dict, `"4 weak"` -> predicted / measured step - 1, for the counts
+            measured here beyond the two the model is calibrated on.
+        gradient_bytes: int, bytes of one step's gradients.
+        device_kind: str, `"GPU"` or `"logical CPU device"`.
+        all_reduce: str, the cross-device all-reduce in use (its class name).
+        link: the link between the devices (`kind`, `description`, `bandwidth_bytes_s`,
+            `peer_to_peer`), or None where NVML cannot say.
+        notes: list of str, what was skipped and why.
+        time_s: float, seconds the call took.
+    """
+
+    points: list[Point]
+    predictions: list[Prediction]
+    prediction_errors: dict[str, float]
+    gradient_bytes: int
+    device_kind: str
+    all_reduce: str
+    link: Any
+    notes: list[str]
+    time_s: float = math.nan
+
+    def headline(self) -> str:
+        """The worst measured efficiency and its reason, in one line."""
+        timed = [p for p in self.points if p.replicas > 1 and p.efficiency is not None]
+        if not timed:
+            return "nothing beyond one replica was timed"
+        worst = min(timed, key=lambda p: p.efficiency or 0.0)
+        return f"{worst.replicas} replicas, {worst.mode}: {worst.reason}"
+
+    def all_reduce_floor_s(self, replicas: int) -> float | None:
+        """The least all-reduce time per step the link allows for `replicas` GPUs (a ring
+        over the link's bandwidth), or None where the link is unknown."""
+        bandwidth = getattr(self.link, "bandwidth_bytes_s", None)
+        if self.device_kind != "GPU" or not bandwidth or replicas < 2:
+            return None
+        return 2.0 * (replicas - 1) / replicas * self.gradient_bytes / bandwidth
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict of every field (the link's too)."""
+        record = dataclasses.asdict(self)
+        record["link"] = None if self.link is None else dataclasses.asdict(self.link)
+        return json_safe(record)
+
+    def __str__(self) -> str:
+        mib = self.gradient_bytes / 2**20
+        link = getattr(self.link, "description", "unknown")
+        lines = [
+            f"Scaling on {self.device_kind}s: {mib:,.1f} MiB of gradients per step, "
+            f"all-reduce {self.all_reduce or '-'}, link: {link}",
+            "",
+            f"{'replicas':>8} {'mode':<6} {'batch':>6} {'examples/s':>11} {'speedup':>8} "
+            f"{'eff.':>5} {'step ms':>8} {'compute':>8} {'all-red.':>8} {'input':>7} "
+            f"{'wait':>6} {'other':>6}  reason",
+        ]
+        for p in self.points:
+            eps = "-" if p.examples_per_s is None else f"{p.examples_per_s:,.0f}"
+            sp = "-" if p.speedup is None else f"x{p.speedup:.2f}"
+            eff = "-" if p.efficiency is None else f"{p.efficiency:.0%}"
+            lines.append(
+                f"{p.replicas:>8} {p.mode:<6} {p.global_batch:>6} {eps:>11} {sp:>8} {eff:>5} "
+                f"{_ms(p.step_s):>8} {_ms(p.compute_s):>8} {_ms(p.all_reduce_s):>8} "
+                f"{_ms(p.input_s):>7} {_ms(p.input_wait_s):>6} {_ms(p.other_s):>6}  {p.reason}"
+            )
+            if p.fix:
+                lines.append(f"{'':>8} fix: {p.fix}")
+        if self.predictions:
+            lines += ["", "Predicted (cost model calibrated on 1 and 2 replicas; docs/scaling.md):"]
+            for q in self.predictions:
+                where = f"{q.replicas} replicas" + (
+                    f" on {q.machines} machines" if q.machines > 1 else ""
+                )
+                floor = self.all_reduce_floor_s(q.replicas) if q.machines == 1 else None
+                bound = "" if floor is None else f", the link allows >= {_ms(floor)} ms"
+                lines.append(
+                    f"  {where}, {q.mode}: {q.examples_per_s:,.0f} examples/s, "
+                    f"{q.efficiency:.0%} of linear (step {_ms(q.step_s)} ms: compute "
+                    f"{_ms(q.compute_s)}, all-reduce {_ms(q.all_reduce_s)}{bound}, input "
+                    f"{_ms(q.input_s)})"
+                )
+        if self.prediction_errors:
+            errors = ", ".join(f"{k} {v:+.0%}" for k, v in self.prediction_errors.items())
+            lines.append(f"  prediction vs measured here: {errors}")
+        if any(p.reason.startswith("shared cores") for p in self.points):
+            lines.append(f"note: {SHARED_CORES.format(kind=self.device_kind)}")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def write(result: ScalingResult, log_dir: Path) -> None:
+    """Writes `scaling.json` and `scaling.png` into `log_dir` (older ones rotated aside);
+    failures are warnings."""
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        path = log_dir / SCALING_JSON
+        rotate(path)
+        record = {**result.to_dict(), "text": str(result)}  # `tfgpu report` shows the text
+        write_text_atomic(path, json.dumps(record, indent=2))
+    except OSError as e:
+        warn_at_user_code(f"scaling: {SCALING_JSON} not written to {log_dir}: {one_line(e)}")
+        return
+    try:
+        plot(result, log_dir / SCALING_PNG)
+    except Exception as e:  # the plot is a side feature: scaling.json is written
+        warn_at_user_code(f"scaling: {SCALING_PNG} not written to {log_dir}: {one_line(e)}")
+
+
+def plot(result: ScalingResult, path: Path) -> None:
+    """Examples/s and efficiency against replicas, measured and predicted, weak and strong,
+    into `path` (PNG, atomically)."""
+    from matplotlib.figure import Figure  # no pyplot: the user's backend is left alone
+
+    fig = Figure(figsize=(9.0, 3.6))
+    rate_ax, eff_ax = fig.subplots(1, 2)
+    base = next((p for p in result.points if p.replicas == 1), None)
+    for mode, color in (("weak", "tab:blue"), ("strong", "tab:orange")):
+        measured = [base, *(p for p in result.points if p.mode == mode)] if base else []
+        measured = [p for p in measured if p and p.examples_per_s]
+        predicted = [q for q in result.predictions if q.mode == mode and q.machines == 1]
+        if measured:
+            xs = [p.replicas for p in measured]
+            rate_ax.plot(
+                xs,
+                [p.examples_per_s for p in measured],
+                "o-",
+                color=color,
+                label=f"{mode}, measured",
+            )
+            eff_ax.plot(
+                xs,
+                [p.efficiency if p.replicas > 1 else 1.0 for p in measured],
+                "o-",
+                color=color,
+                label=f"{mode}, measured",
+            )
+        if predicted:
+            xs = [q.replicas for q in predicted]
+            rate_ax.plot(
+                xs,
+                [q.examples_per_s for q in predicted],
+                "x--",
+                color=color,
+                label=f"{mode}, predicted",
+            )
+            eff_ax.plot(
+                xs,
+                [q.efficiency for q in predicted],
+                "x--",
+                color=color,
+                label=f"{mode}, predicted",
+            )
+    rate_ax.set_xlabel("replicas")
+    rate_ax.set_ylabel("examples/s")
+    eff_ax.set_xlabel("replicas")
+    eff_ax.set_ylabel("efficiency (1 = linear)")
+    eff_ax.axhline(1.0, color="tab:gray", linewidth=0.8)
+    for ax in (rate_ax, eff_ax):
+        ax.legend(fontsize=7)
+    fig.suptitle(f"scaling on {result.device_kind}s", fontsize=10)
+    fig.tight_layout()
+    rotate(path)
+    png = io.BytesIO()
+    fig.savefig(png, dpi=100, format="png")
+    write_text_atomic(path, png.getvalue())

@@ -1,0 +1,488 @@
+"""`scaling()`: the same model and data on 1, 2, 4, ... replicas of this machine, weak and
+strong, timed in interleaved rounds; each step split into compute, all-reduce and input; the
+reason in one line; a prediction for more replicas from the cost model (`_cost`)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tfgpu._internal.adapters import timing
+from tfgpu._internal.adapters.datasets import READ_TIMEOUT_S, pipeline_arguments, source_batches
+from tfgpu._internal.adapters.devices import tf_gpus
+from tfgpu._internal.adapters.workload import DEFAULT_BATCH_SIZE, check_data, check_model
+from tfgpu._internal.helpers import stats
+from tfgpu._internal.helpers.checks import check_int, check_number, invalid_type, invalid_value
+from tfgpu._internal.helpers.files import writable_dir
+from tfgpu._internal.helpers.progress import Progress, check_verbose
+from tfgpu._internal.helpers.warn import one_line
+from tfgpu.scalability import _cost as cost
+from tfgpu.scalability import _measure as measure
+from tfgpu.scalability._result import Point, Prediction, ScalingResult, write
+
+WEAK, STRONG = "weak", "strong"
+# Timed steps of each `fit`, and the warm-up steps before them (the first traces).
+STEPS, WARMUP = 8, 3
+# Share of the budget for the interleaved rounds; the split of each step takes the rest.
+ROUNDS_SHARE = 0.6
+# Machines in the prediction, and the network they are assumed on unless told.
+MACHINES = (2, 4)
+NETWORK_GBIT_S = 100.0
+# The cross-device ops that reduce in a ring (the others go through one device).
+RING_IMPLEMENTATIONS = ("NcclAllReduce", "CollectiveAllReduce")
+
+
+def replica_counts(available: int, asked: Sequence[int] | None) -> list[int]:
+    """The replica counts to time: `asked`, or 1, 2, 4, ... up to `available` (and
+    `available` itself). Pure.
+
+    Example:
+
+    >>> replica_counts(6, None)
+    [1, 2, 4, 6]
+    """
+    if asked is not None:
+        return sorted(set(asked) | {1})
+    counts, n = [], 1
+    while n <= available:
+        counts.append(n)
+        n *= 2
+    if counts[-1] != available:
+        counts.append(available)
+    return counts
+
+
+def _devices() -> tuple[list[str], str]:
+    """(this process's devices to replicate on, their kind): GPUs, else logical CPUs."""
+    gpus = tf.config.list_logical_devices("GPU")
+    if gpus:
+        return [d.name for d in gpus], "GPU"
+    return [d.name for d in tf.config.list_logical_devices("CPU")], "logical CPU device"
+
+
+def _strategy(devices: list[str]) -> tf.distribute.Strategy:
+    from tfgpu import strategy
+
+    with warnings.catch_warnings():  # "mirrored on logical CPU devices proves the numerics"
+        warnings.simplefilter("ignore")
+        if len(devices) == 1:
+            return strategy("one_device", devices=devices[0])
+        return strategy("mirrored", devices=devices)
+
+
+@contextlib.contextmanager
+def _global_policy_kept() -> Iterator[None]:
+    saved = keras.mixed_precision.global_policy()
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(saved)
+
+
+class _Source:
+    """The user's data as batches of any global size: a `tfgpu.data.pipeline` rebuilt with
+    the batch size and the strategy; any other dataset unbatched and batched again (its
+    upstream, a generator included, kept: its cost is what scales)."""
+
+    def __init__(self, data: Any):
+        self.dataset = check_data(data).dataset
+        self.arguments = pipeline_arguments(self.dataset)
+        batches, ambiguous = source_batches(self.dataset)
+        self.batched = batches is not None or ambiguous
+        self.batch_size = None if batches is None else batches.batch_size
+
+    def batches(self, global_batch: int, strategy: tf.distribute.Strategy) -> tf.data.Dataset:
+        if self.arguments is not None:
+            from tfgpu.data import pipeline
+
+            kwargs = {**self.arguments, "batch_size": global_batch, "strategy": strategy}
+            kwargs.update(validation_split=None, repeat=True, drop_remainder=True)
+            kwargs.pop("per_replica_batch_size", None)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return pipeline(**kwargs)
+        ds = self.dataset.unbatch() if self.batched else self.dataset
+        ds = ds.repeat().batch(global_batch, drop_remainder=True)
+        return ds.prefetch(tf.data.AUTOTUNE)
+
+
+class _Config:
+    """One replica count and mode: its strategy, its model (built by the factory inside the
+    strategy's scope), its batches."""
+
+    def __init__(self, n: int, mode: str, global_batch: int, strategy, model, dataset):
+        self.n, self.mode, self.global_batch = n, mode, global_batch
+        self.strategy, self.model, self.dataset = strategy, model, dataset
+
+    @property
+    def key(self) -> str:
+        return f"{self.n} {self.mode}"
+
+    def run(self, deadline: float | None, timed_limit_s: float | None) -> float | None:
+        """Seconds per example of a timed `fit` (the engine's `Run`)."""
+        step = timing.fit_step_time(
+            self.model, self.dataset, STEPS, WARMUP, deadline, timed_limit_s
+        )
+        return None if step is None else step / self.global_batch
+
+
+def scaling(
+    model_factory: Callable[[], keras.Model],
+    data: Any,
+    *,
+    batch_size: int | None = None,
+    replicas: Sequence[int] | None = None,
+    time_budget_s: float | None = 180.0,
+    network_gbit_s: float = NETWORK_GBIT_S,
+    log_dir: str | os.PathLike[str] | None = None,
+    verbose: int | str = "auto",
+) -> ScalingResult:
+    """Times your model on 1, 2, 4, ... replicas of this machine and says why it scales or not.
+
+    Each replica count is timed both ways: **weak** scaling keeps the per-replica batch (the
+    global batch grows with the replicas) and **strong** scaling keeps the global batch (each
+    replica gets a share). The timed `fit`s run in interleaved rounds, as `tune` runs them;
+    then each step is split into the replicas' compute, the all-reduce of the gradients and
+    the input pipeline, timed apart. Each point gets its reason and fix in one line, and a
+    cost model calibrated on 1 and 2 replicas predicts more replicas and machines (its error
+    on the counts measured here is stated). On a CPU host the replicas are logical CPU
+    devices (`tfgpu.configure(cpu_devices=4)`), which share the cores: that checks the
+    mechanics, not a speedup. How to read it, the cost model and the fixes: docs/scaling.md.
+
+    Args:
+        model_factory: a function without arguments that builds and compiles the model;
+            called inside each strategy's scope (it must not open a strategy of its own).
+        data: `tf.data.Dataset` (of batches or examples; a `tfgpu.data.pipeline` one is
+            rebuilt for each strategy) or arrays `x`, `(x, y)` or `(x, y, sample_weight)`.
+        batch_size: int or None, the global batch of one replica: weak scaling multiplies
+            it, strong scaling splits it. Defaults to None: the data's batch size, else 32.
+        replicas: list of int or None, the replica counts to time (1 is always added).
+            Defaults to None: 1, 2, 4, ... up to this machine's devices.
+        time_budget_s: float or None, seconds for the whole call (None: no limit).
+            Defaults to 180.0.
+        network_gbit_s: float, the network between machines assumed by the prediction for
+            several machines, in Gbit/s. Defaults to 100.0.
+        log_dir: str, os.PathLike or None, a run directory: `scaling.json` and the plot
+            `scaling.png` are written there (older ones rotated aside). Defaults to None.
+        verbose: `"auto"`, 0, 1 or 2, progress lines as `model.fit` shows them.
+            Defaults to `"auto"`.
+
+    Returns:
+        A `ScalingResult`: print it for the table (examples/s, efficiency, the step's parts,
+        the reason) and the prediction.
+
+    Raises:
+        TypeError: if `model_factory` is not callable, `data` is neither a dataset nor
+            arrays, or an argument has the wrong type.
+        ValueError: if a number is out of range, `replicas` asks for more devices than this
+            process has, or the factory's model is not compiled or was built under a
+            strategy of its own. All raised before any timing.
+
+    Example:
+
+    >>> tfgpu.configure(cpu_devices=4)       # on a CPU host; GPUs are found as they are
+    >>> result = tfgpu.scaling(build_model, (x, y), batch_size=64, time_budget_s=120)
+    >>> print(result)
+    """
+    check_verbose(verbose)
+    if not callable(model_factory) or isinstance(model_factory, keras.Model):
+        raise invalid_type(
+            "model_factory",
+            model_factory,
+            "a function without arguments that builds and compiles the model (called "
+            "inside each strategy's scope)",
+        )
+    if batch_size is not None:
+        check_int("batch_size", batch_size)
+    budget_s = check_number(
+        "time_budget_s",
+        time_budget_s,
+        minimum=0,
+        exclusive_minimum=True,
+        allow_none=True,
+        expected="a finite number of seconds > 0, or None (no limit)",
+    )
+    network = check_number(
+        "network_gbit_s",
+        network_gbit_s,
+        minimum=0,
+        exclusive_minimum=True,
+        expected="a finite number of Gbit/s > 0",
+    )
+    log_path = None if log_dir is None else writable_dir(log_dir)
+    devices, kind = _devices()
+    if replicas is not None:
+        if isinstance(replicas, (str, bytes)) or not isinstance(replicas, Sequence):
+            raise invalid_type("replicas", replicas, "a list of ints >= 1, or None")
+        for n in replicas:
+            check_int(
+                "replicas",
+                n,
+                maximum=len(devices),
+                expected=(
+                    f"replica counts between 1 and {len(devices)} (the {kind}s of this process)"
+                ),
+            )
+    counts = replica_counts(len(devices), replicas)
+    source = _Source(data)
+    base_batch = batch_size or source.batch_size or DEFAULT_BATCH_SIZE
+
+    progress = Progress(verbose, title="scaling", budget_s=budget_s, clock=lambda: timing.now())
+    budget = timing.Budget(budget_s, ROUNDS_SHARE)
+    split_budget = timing.Budget(budget_s, 0.95, start=budget.start)
+    notes: list[str] = []
+    with _global_policy_kept():
+        progress.phase("building the model on each replica count")
+        configs = _configs(model_factory, source, devices, counts, base_batch, notes)
+        base, others = configs[0], configs[1:]
+        progress.phase(f"timing {len(configs)} configurations in interleaved rounds")
+        comparisons = timing.compare(
+            base.run,
+            {c.key: c.run for c in others},
+            budget=budget,
+            max_rounds=timing.MIN_ROUNDS,
+            timed_units=STEPS * max(c.global_batch for c in configs),
+            clearly_slower=None,
+            done=lambda rounds: True,
+            failures=(tf.errors.OpError, ValueError),
+        )
+        base_s = _base_seconds(comparisons)
+        parts: dict[str, dict[str, float]] = {}
+        for c in configs:
+            if split_budget.left() <= 0:
+                notes.append("the budget ran out before every step was split into its parts")
+                break
+            progress.phase(f"splitting the step: {c.n} replica{'s' if c.n > 1 else ''}, {c.mode}")
+            parts[c.key] = _parts(c, split_budget)
+    link = _link(kind, counts)
+    grad_bytes = measure.gradient_bytes(base.model)
+    points = [
+        _point(c, comparisons.get(c.key), base_s, parts.get(c.key, {}), kind) for c in configs
+    ]
+    for p in points:
+        p.explain(points[0], kind, grad_bytes)
+    predictions, errors = _predict(points, parts, grad_bytes, configs, network, kind)
+    result = ScalingResult(
+        points=points,
+        predictions=predictions,
+        prediction_errors=errors,
+        gradient_bytes=grad_bytes,
+        device_kind=kind,
+        all_reduce=next((measure.implementation(c.strategy) for c in others), ""),
+        link=link,
+        notes=notes,
+        time_s=budget.elapsed(),
+    )
+    if log_path is not None:
+        progress.phase("writing scaling.json and scaling.png")
+        write(result, log_path)
+    progress.done(result.headline())
+    return result
+
+
+def _configs(factory, source, devices, counts, base_batch, notes) -> list[_Config]:
+    configs: list[_Config] = []
+    for n in counts:
+        for mode in (WEAK, STRONG) if n > 1 else (WEAK,):
+            global_batch = base_batch * n if mode == WEAK else base_batch
+            if global_batch % n:
+                notes.append(
+                    f"strong scaling on {n} replicas skipped: a global batch of {global_batch} "
+                    f"does not split into {n} equal shares"
+                )
+                continue
+            strategy = _strategy(devices[:n])
+            expected = (
+                "a function that builds its model inside the strategy scope it is called in "
+                "(open no strategy scope inside it)"
+            )
+            try:
+                with strategy.scope():
+                    model = check_model(factory(), from_factory=True)
+            except RuntimeError as e:  # TensorFlow's "Mixing different tf.distribute.Strategy"
+                raise invalid_value(
+                    "model_factory", factory, f"{expected}; it raised {one_line(e)}"
+                ) from e
+            built = getattr(model.distribute_strategy, "num_replicas_in_sync", 1)
+            if built != n:
+                raise invalid_value(
+                    "model_factory",
+                    factory,
+                    f"{expected}; its model has {built} replica(s) where {n} were asked",
+                )
+            configs.append(
+                _Config(
+                    n, mode, global_batch, strategy, model, source.batches(global_batch, strategy)
+                )
+            )
+    return configs
+
+
+def _base_seconds(comparisons: dict[str, timing.Comparison]) -> float | None:
+    rounds = [b for c in comparisons.values() for b, _ in c.rounds]
+    return stats.median(rounds) if rounds else None
+
+
+def _parts(c: _Config, budget: timing.Budget) -> dict[str, float]:
+    """The step's parts, seconds each: compute, all-reduce (and its latency), input."""
+    out: dict[str, float] = {}
+    batch = next(iter(c.dataset))
+    out["compute_s"] = measure.compute_s(c.strategy, c.model, batch)
+    if c.n > 1 and budget.left() > 0:
+        out["all_reduce_s"] = measure.all_reduce_s(c.strategy, c.model, tiny=False)
+        out["latency_s"] = measure.all_reduce_s(c.strategy, c.model, tiny=True)
+    elif c.n == 1:
+        out["all_reduce_s"] = out["latency_s"] = 0.0
+    if budget.left() > 0:
+        from tfgpu.data import benchmark
+
+        pipe = benchmark(c.dataset, steps=STEPS, warmup=WARMUP, timeout_s=READ_TIMEOUT_S)
+        out["input_s"] = 1.0 / pipe.batches_per_second
+    return out
+
+
+def _link(kind: str, counts: list[int]) -> Any:
+    """What links the devices: NVML's view between the GPUs TensorFlow trains on (mapped to
+    NVML's indices), else host memory; None where NVML cannot say."""
+    from tfgpu.scalability import _links
+
+    if kind != "GPU":
+        return _links.host_link()
+    gpus = tf_gpus()[: max(counts)]
+    if any(g.nvml is None for g in gpus):
+        return None
+    return _links.gpu_link(sorted({g.nvml.index for g in gpus if g.nvml is not None}))
+
+
+def _point(c: _Config, comparison, base_s, parts: dict[str, float], kind: str) -> Point:
+    if c.n == 1:
+        seconds = base_s
+        gain, low, high = (1.0, 1.0, 1.0) if base_s else (None, math.nan, math.nan)
+        error = ""
+    else:
+        rounds = comparison.rounds if comparison else []
+        seconds = timing.medians(rounds)[1] if rounds else None
+        gain, low, high = timing.gain(rounds) if rounds else (None, math.nan, math.nan)
+        error = comparison.error if comparison else ""
+    step = None if seconds is None else seconds * c.global_batch
+    point = Point(
+        replicas=c.n,
+        mode=c.mode if c.n > 1 else "both",
+        global_batch=c.global_batch,
+        per_replica_batch=c.global_batch // c.n,
+        step_s=step,
+        examples_per_s=None if not seconds else 1.0 / seconds,
+        speedup=gain,
+        speedup_low=low,
+        speedup_high=high,
+        compute_s=parts.get("compute_s"),
+        all_reduce_s=parts.get("all_reduce_s"),
+        input_s=parts.get("input_s"),
+        error=error,
+    )
+    return point
+
+
+@dataclasses.dataclass(frozen=True)
+class _Calibrated:
+    """The cost model of one mode, calibrated on its 1- and 2-replica measurements."""
+
+    mode: str
+    a: float
+    b: float
+    all_reduce: cost.Calibration
+    other_s: float
+    rate: float  # examples/s the host's pipeline gives
+    base_batch: int
+    base_rate: float  # examples/s of one replica, measured
+
+    def predict(
+        self, n: int, gradient_bytes: int, machines: int = 1, network_bytes_s: float = 0.0
+    ) -> Prediction:
+        local = n // machines
+        global_batch = self.base_batch * n if self.mode == WEAK else self.base_batch
+        compute = cost.compute_at(self.mode, self.a, self.b, local if self.mode == WEAK else n)
+        reduce_s = self.all_reduce.seconds(local, gradient_bytes)
+        if machines > 1:
+            reduce_s += cost.network_all_reduce_s(machines, gradient_bytes, network_bytes_s)
+        input_s = (global_batch / machines) / self.rate
+        step = cost.step_s(compute, reduce_s, self.other_s, input_s)
+        return Prediction(
+            replicas=n,
+            machines=machines,
+            mode=self.mode,
+            global_batch=global_batch,
+            step_s=step,
+            examples_per_s=global_batch / step,
+            efficiency=(global_batch / step) / (n * self.base_rate),
+            compute_s=compute,
+            all_reduce_s=reduce_s,
+            input_s=input_s,
+        )
+
+
+def _calibrate(mode, points, parts, gradient_bytes, ring) -> _Calibrated | None:
+    """The cost model of `mode` from its 1- and 2-replica points and parts; None without
+    them."""
+    by_key = {f"{p.replicas} {p.mode}": p for p in points}
+    one, two = parts.get(f"1 {WEAK}", {}), parts.get(f"2 {mode}", {})
+    base, second = by_key.get("1 both"), by_key.get(f"2 {mode}")
+    if (
+        base is None
+        or second is None
+        or not base.step_s
+        or not second.step_s
+        or not all(k in one for k in ("compute_s", "input_s"))
+        or not all(k in two for k in ("compute_s", "all_reduce_s", "latency_s", "input_s"))
+    ):
+        return None
+    a, b = cost.fit_compute(mode, one["compute_s"], two["compute_s"])
+    return _Calibrated(
+        mode=mode,
+        a=a,
+        b=b,
+        all_reduce=cost.Calibration.from_measurements(
+            ring, 2, gradient_bytes, two["all_reduce_s"], two["latency_s"]
+        ),
+        other_s=max(0.0, second.step_s - two["compute_s"] - two["all_reduce_s"]),
+        rate=second.global_batch / two["input_s"],
+        base_batch=base.global_batch,
+        base_rate=base.global_batch / base.step_s,
+    )
+
+
+def _predict(points, parts, gradient_bytes, configs, network_gbit_s, kind):
+    """Predictions from the 1- and 2-replica points per mode (more replicas; more machines
+    on GPUs); the error on the larger counts measured here."""
+    predictions: list[Prediction] = []
+    errors: dict[str, float] = {}
+    by_key = {f"{p.replicas} {p.mode}": p for p in points}
+    implementation = next((measure.implementation(c.strategy) for c in configs if c.n > 1), "")
+    ring = cost.RING if implementation in RING_IMPLEMENTATIONS else cost.THROUGH_ONE
+    local = max(c.n for c in configs)
+    for mode in (WEAK, STRONG):
+        model = _calibrate(mode, points, parts, gradient_bytes, ring)
+        if model is None:
+            continue
+        for n in sorted({c.n for c in configs if c.n > 2} | {4, 8}):
+            p = model.predict(n, gradient_bytes)
+            measured = by_key.get(f"{n} {mode}")
+            if measured is not None and measured.step_s:
+                errors[f"{n} {mode}"] = p.step_s / measured.step_s - 1.0
+            predictions.append(p)
+        if kind == "GPU":
+            for machines in MACHINES:
+                predictions.append(
+                    model.predict(
+                        local * machines, gradient_bytes, machines, network_gbit_s * 1e9 / 8
+                    )
+                )
+    return predictions, errors
