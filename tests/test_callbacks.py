@@ -887,6 +887,49 @@ def test_one_callback_in_two_models_and_two_fits_keeps_every_session(fake, tmp_p
     assert [r["step"] for r in steps] == [0, 1, 0, 1, 1]
 
 
+@pytest.mark.slow
+def test_repeated_fits_leave_no_tfgpu_object_in_a_reference_cycle(fake, tmp_path):
+    """Whatever a fit with both callbacks leaves behind is freed by reference counting.
+
+    An object in a cycle (or reachable only from one) waits for a full collection, and with
+    it the sampler, its NVML handles and open files. `DEBUG_SAVEALL` keeps whatever the
+    collector had to free in `gc.garbage`; TensorFlow's and Keras's own cycles are allowed.
+    """
+    import gc
+
+    import tfgpu
+
+    strategy = tfgpu.strategy("mirrored", devices=["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = _model()
+    data = tfgpu.data.pipeline(_data(64), batch_size=16, strategy=strategy)
+    gc.collect()
+    flags = gc.get_debug()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(3):
+            callbacks = [GPUMonitor(log_dir=tmp_path, interval=0.02), StepTimer(log_dir=tmp_path)]
+            history = model.fit(data, epochs=2, verbose=0, callbacks=callbacks)
+            assert len(history.history["gpu_util_pct_mean"]) == 2
+            assert len(history.history["examples_per_s"]) == 2
+        del callbacks, history
+        gc.collect()
+        ours = sorted(
+            {
+                f"{type(obj).__module__}.{type(obj).__qualname__}"
+                for obj in gc.garbage
+                if (type(obj).__module__ or "").startswith("tfgpu")
+            }
+        )
+    finally:
+        gc.set_debug(flags)
+        gc.garbage.clear()
+    assert ours == []
+    _, rows = _csv(tmp_path / "timeline.csv")  # three sessions, each closed
+    assert len(json.loads((tmp_path / "run.json").read_text())["earlier_sessions"]) == 2
+    assert rows
+
+
 def test_gpu_monitor_hooks_outside_fit_never_raise(fake):
     gpu_monitor = GPUMonitor(interval=60)
     logs = {}

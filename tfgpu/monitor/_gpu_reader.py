@@ -115,19 +115,23 @@ class GpuReader:
         self._blocking = blocking or BlockingCalls(PCIE_THROUGHPUT_PERIOD / 2)
         self._proc_last_ts = 0
         self._forget()
-        self._queries: list[tuple[str, tuple[str, ...], Callable[[Any], tuple[float, ...]]]] = [
-            ("utilization", ("util_pct", "mem_util_pct"), self._utilization),
-            ("memory", ("mem_used_mib", "mem_total_mib"), self._memory),
-            ("processes", ("proc_mem_mib",), self._process_memory),
-            ("power", ("power_w",), self._power),
-            ("power_limit", ("power_limit_w",), self._power_limit),
-            ("temperature", ("temp_c",), self._temperature),
-            ("sm_clock", ("sm_clock_mhz",), self._sm_clock),
-            ("throttle_reasons", ("throttle_reasons",), self._throttle_reasons),
-            ("gpm", tuple(name for name, _ in GPM_METRICS[:6]), self._gpm_read),
-            ("pcie", ("pcie_tx_mib_s", "pcie_rx_mib_s"), self._pcie),
-            ("energy", ("energy_j",), self._energy),
-            ("process_utilization", ("proc_sm_util_pct",), self._process_utilization),
+        # Plain functions, called with the reader: bound methods here would make each reader a
+        # reference cycle, kept (with its sampler and NVML handles) until a full collection.
+        self._queries: list[
+            tuple[str, tuple[str, ...], Callable[[GpuReader, Any], tuple[float, ...]]]
+        ] = [
+            ("utilization", ("util_pct", "mem_util_pct"), GpuReader._utilization),
+            ("memory", ("mem_used_mib", "mem_total_mib"), GpuReader._memory),
+            ("processes", ("proc_mem_mib",), GpuReader._process_memory),
+            ("power", ("power_w",), GpuReader._power),
+            ("power_limit", ("power_limit_w",), GpuReader._power_limit),
+            ("temperature", ("temp_c",), GpuReader._temperature),
+            ("sm_clock", ("sm_clock_mhz",), GpuReader._sm_clock),
+            ("throttle_reasons", ("throttle_reasons",), GpuReader._throttle_reasons),
+            ("gpm", tuple(name for name, _ in GPM_METRICS[:6]), GpuReader._gpm_read),
+            ("pcie", ("pcie_tx_mib_s", "pcie_rx_mib_s"), GpuReader._pcie),
+            ("energy", ("energy_j",), GpuReader._energy),
+            ("process_utilization", ("proc_sm_util_pct",), GpuReader._process_utilization),
         ]
 
     def _code(self, error: Exception) -> Any:
@@ -452,7 +456,7 @@ class GpuReader:
                 values.extend([_NAN] * len(metrics))
                 continue
             try:
-                values.extend(fn(self._handle))
+                values.extend(fn(self, self._handle))
             except Exception as e:  # the one catch-all: any failure of one query reads NaN
                 if isinstance(e, self._nv.NVMLError) and self._code(e) in self._gone:
                     # Lost (or NVML shut down): the rest would fail too, and nothing read
