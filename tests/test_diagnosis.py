@@ -1587,3 +1587,18 @@ def test_the_real_data_runs_the_step_traced_on_the_device_resident_batch():
     named = tf.data.Dataset.from_tensor_slices(({"a": X[:64], "b": X[:64, :3]}, Y[:64])).batch(32)
     spec = named.element_spec
     assert _probes.device_dataset(next(iter(named)), False, spec).element_spec == spec
+
+
+def test_an_all_reduce_that_holds_the_step_is_named_scaling_bound_and_points_to_scaling():
+    facts = _facts(replicas=4, all_reduce_s=0.04, gradient_bytes=64 * 2**20)
+    bottleneck, _, _, findings = classify(facts)
+    assert bottleneck == "scaling"
+    lead = findings[0]
+    assert lead.kind == "scaling_bound"
+    assert "64.0 MiB of gradients take 40.00 ms of a 100.00 ms step" in lead.detail
+    assert "tfgpu.scaling(" in lead.recommendation
+    assert lead.expected_gain == pytest.approx(0.1 / 0.06)
+    # One replica, or an all-reduce below a quarter of the step: not scaling-bound.
+    for facts in (_facts(all_reduce_s=0.04), _facts(replicas=2, all_reduce_s=0.02)):
+        bottleneck, _, _, findings = classify(facts)
+        assert bottleneck == "compute" and all(f.kind != "scaling_bound" for f in findings)

@@ -1124,3 +1124,25 @@ def test_a_damaged_tune_json_is_a_problem_not_a_crash(tmp_path):
     with pytest.warns(UserWarning):
         text = write_report(tmp_path).read_text()
     assert "## Tuning" in text and "could not be read" in text
+
+
+def test_the_report_shows_scaling_json_and_its_plot_and_names_a_damaged_field(tmp_path):
+    # `tfgpu.scaling(..., log_dir=)` writes scaling.json (with its printed table) and scaling.png.
+    from tfgpu.scalability._result import Point, ScalingResult, write
+
+    point = Point(2, "weak", 128, 64, 0.02, 6400.0, speedup=1.2)
+    base = Point(1, "both", 64, 64, 0.01, 6400.0, speedup=1.0)
+    for p in (base, point):
+        p.explain(base, "GPU", 2**20)
+    result = ScalingResult([base, point], [], {}, 2**20, "GPU", "NcclAllReduce", None, [])
+    run = tmp_path / "run"
+    write(result, run)
+    text = write_report(run, out_dir=tmp_path / "elsewhere").read_text()
+    assert "## Scaling" in text and "Scaling on GPUs: 1.0 MiB of gradients" in text
+    assert point.reason in text
+    assert "![scaling](../run/scaling.png)" in text
+    record = json.loads((run / "scaling.json").read_text())
+    record["points"][1]["efficiency"] = "60%"
+    (run / "scaling.json").write_text(json.dumps(record))
+    with pytest.warns(UserWarning, match=r"`points\[1\]\.efficiency` is \"60%\" \(a string\)"):
+        write_report(run)

@@ -30,6 +30,7 @@ from tfgpu.diagnosis._facts import (
     LOSS_SCALE_MAX_HALVINGS,
     MEMORY_HEADROOM_BELOW,
     PROBE_STEPS_PER_EXECUTION,
+    SCALING_SHARE,
     WAIT_UNEXPLAINED_FACTOR,
     XLA_MIN_GAIN,
     Facts,
@@ -249,6 +250,31 @@ def classify(
 
     findings += _counter_findings(f, cpu_ops, spe_no_gain, xla_no_gain)
 
+    # Keras under tf.distribute runs the all-reduce after the backward pass, not beside it.
+    scaling_bound = (
+        f.replicas > 1
+        and f.all_reduce_s is not None
+        and f.compute_step_time_s > 0
+        and f.all_reduce_s >= SCALING_SHARE * f.compute_step_time_s
+    )
+    if scaling_bound and f.all_reduce_s is not None:
+        findings.append(
+            Finding(
+                "scaling_bound",
+                "high",
+                f"Scaling-bound: the all-reduce of the gradients holds the step on "
+                f"{f.replicas} replicas",
+                f"{f.gradient_bytes / 2**20:,.1f} MiB of gradients take "
+                f"{f.all_reduce_s * 1e3:.2f} ms of a {f.compute_step_time_s * 1e3:.2f} ms "
+                "step (the all-reduce timed alone).",
+                "`tfgpu.scaling(build_model, data)` times 1, 2, 4, ... replicas and names "
+                "what to change; more compute per all-reduce (a larger per-replica batch) "
+                "helps, and `tfgpu.tune` tries the other `all_reduce` implementations.",
+                f.compute_step_time_s / max(1e-9, f.compute_step_time_s - f.all_reduce_s),
+                False,
+            )
+        )
+
     # Tiny steps also wait on the per-step hand-over of each batch; when the pipeline alone
     # outpaces the step, that wait is dispatch cost too, and steps_per_execution removes it.
     pipeline_keeps_up = f.input_batch_time_s < f.compute_step_time_s
@@ -256,6 +282,8 @@ def classify(
         bottleneck = "host_overhead"
     elif level in ("high", "moderate"):
         bottleneck = "input"
+    elif scaling_bound:
+        bottleneck = "scaling"
     elif level == "inconclusive":
         bottleneck = "inconclusive"
     else:
@@ -265,6 +293,7 @@ def classify(
         "input": "input_bound",
         "host_overhead": "host_overhead",
         "inconclusive": "input_wait_unexplained",
+        "scaling": "scaling_bound",
     }.get(bottleneck)
     findings.sort(key=lambda x: (x.kind != lead, order[x.severity]))
     return bottleneck, level, share, findings

@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgpu._internal.adapters import datasets, devices
+from tfgpu._internal.adapters import datasets, devices, replicas
 from tfgpu._internal.adapters import timing as protocol
 from tfgpu._internal.adapters.datasets import has_step, made_by_pipeline, read_first
 from tfgpu._internal.adapters.model_state import preserved, supports_xla
@@ -302,6 +302,16 @@ def diagnose(
     )
     for name, value in monitor_facts(m.monitor).items():
         setattr(f, name, value)
+    if f.replicas > 1 and budget.left() > 0:
+        progress.phase("timing the all-reduce of the gradients alone")
+        with noted(notes, "the all-reduce was not timed alone: {error}"):
+            f.all_reduce_s = replicas.all_reduce_s(model.distribute_strategy, model, tiny=False)
+            f.gradient_bytes = replicas.gradient_bytes(model)
+    elif f.replicas > 1:
+        notes.append(
+            f"the all-reduce was not timed alone: the time budget of {budget.seconds:g} s was "
+            "spent (pass a larger `time_budget_s`, or None for no limit)"
+        )
     if on_gpu:
         with noted(notes, "tensor-core facts not read: {error}"):
             f.tf32_enabled = devices.tf32_execution_enabled()

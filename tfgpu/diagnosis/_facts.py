@@ -19,6 +19,8 @@ INPUT_WAIT_MIN_S = 1e-3
 # A faster variant counts only when it wins by at least this factor (noise margin).
 HOST_OVERHEAD_MIN_GAIN = 1.3
 XLA_MIN_GAIN = 1.1
+# The all-reduce of the gradients holds the step when it takes this share of the compute step.
+SCALING_SHARE = 0.25
 
 # Probe steps_per_execution only for steps shorter than this (dispatch is ~0.1-1 ms/step).
 HOST_OVERHEAD_PROBE_BELOW_S = 0.05
@@ -115,6 +117,8 @@ class Facts:
     partial_batches: bool = False  # batches of different sizes (no drop_remainder)
     epoch_examples: int | None = None  # examples per epoch, where the batch step's input says
     replicas: int = 1  # the strategy's replicas (> 1: a distributed iterator)
+    all_reduce_s: float | None = None  # the gradients' all-reduce alone, seconds per step
+    gradient_bytes: int = 0  # one step's gradients
     host_load: float | None = None  # 1-minute load average per core
     # The pipeline alone: the share of this process's usable cores it kept busy (NaN: not
     # measured), and those cores; whether it reads from tf.data service workers.

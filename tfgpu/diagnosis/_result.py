@@ -42,8 +42,10 @@ class Diagnosis:
     decided: docs/diagnosis.md.
 
     Args:
-        bottleneck: str, `"input"`, `"host_overhead"`, `"compute"` (the device is the limit:
-            the good case) or `"inconclusive"` (noise, or a wait the pipeline cannot explain).
+        bottleneck: str, `"input"`, `"host_overhead"`, `"scaling"` (several replicas: the
+            all-reduce of the gradients holds the step), `"compute"` (the device is the
+            limit: the good case) or `"inconclusive"` (noise, or a wait the pipeline cannot
+            explain).
         input_bound: str, `"high"` (>= 20% of step time waits for input), `"moderate"`
             (>= 5%), `"no"` or `"inconclusive"`.
         input_wait_share: float, share of the step spent waiting for input (median of rounds).

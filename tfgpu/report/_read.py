@@ -188,7 +188,7 @@ def damaged_fields(
 _ARTIFACT = re.compile(
     r"^(?P<stem>timeline|steps)(?P<worker>-[A-Za-z_]+\d+)?(?:\.(?P<n>\d+))?\.csv$"
 )
-_RECORD = re.compile(r"^(run|diagnosis)(-[A-Za-z_]+\d+)?(\.\d+)?\.json$")
+_RECORD = re.compile(r"^(run|diagnosis|tune|scaling)(-[A-Za-z_]+\d+)?(\.\d+)?\.json$")
 
 
 @dataclass(frozen=True)
@@ -249,7 +249,8 @@ def check_log_dir(log_dir) -> tuple[Path, list[Path]]:
     if not any(_ARTIFACT.match(p.name) or _RECORD.match(p.name) for p in names):
         raise ValueError(
             f"Invalid value for argument `log_dir`. Received: {str(path)!r}, which holds no "
-            "tfgpu run (no run.json, timeline.csv, steps.csv or diagnosis.json). Expected a "
-            "directory written by GPUMonitor / StepTimer / tfgpu.monitor.record."
+            "tfgpu run (no run.json, timeline.csv, steps.csv, diagnosis.json, tune.json or "
+            "scaling.json). Expected a directory written by GPUMonitor / StepTimer / "
+            "tfgpu.monitor.record, or the log_dir of diagnose, tune or scaling."
         )
     return path, names

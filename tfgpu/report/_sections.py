@@ -99,6 +99,29 @@ _TRIAL = {
 }
 
 
+_SCALING = {
+    "text": STRING,
+    "points": OBJECTS,
+    "predictions": OBJECTS,
+    "prediction_errors": OBJECT,
+    "gradient_bytes": NUMBER,
+    "device_kind": STRING,
+    "all_reduce": STRING,
+    "notes": STRINGS,
+    "time_s": NUMBER,
+}
+_POINT = {
+    "replicas": NUMBER,
+    "mode": STRING,
+    "global_batch": NUMBER,
+    "step_s": NUMBER,
+    "examples_per_s": NUMBER,
+    "efficiency": NUMBER,
+    "reason": STRING,
+    "fix": STRING,
+}
+
+
 def _damaged_list(
     path: Path, items: Any, fields: dict[str, Field], problems: Problems, where: str
 ) -> None:
@@ -300,6 +323,24 @@ def tune_section(path: Path, out: Path, problems: Problems) -> list[str]:
     plot = path.with_name("tune.png")
     if plot.is_file():
         lines += [f"![tune]({Path(os.path.relpath(plot, out)).as_posix()})", ""]
+    return lines
+
+
+def scaling_section(path: Path, out: Path, problems: Problems) -> list[str]:
+    """`scaling.json` (written by `tfgpu.scaling`): its table, prediction and reasons, and
+    its plot."""
+    lines = ["## Scaling", ""]
+    d = read_record(path, problems)
+    if d is None:
+        return [*lines, f"`{path.name}` could not be read (see Problems above).", ""]
+    damaged_fields(path, d, _SCALING, problems)
+    _damaged_list(path, d.get("points"), _POINT, problems, "points")
+    text = d.get("text")
+    if isinstance(text, str) and text.strip():
+        lines += ["```", text.rstrip().replace("```", "'''"), "```", ""]
+    plot = path.with_name("scaling.png")
+    if plot.is_file():
+        lines += [f"![scaling]({Path(os.path.relpath(plot, out)).as_posix()})", ""]
     return lines
 
 

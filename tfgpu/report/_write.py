@@ -28,6 +28,7 @@ from tfgpu.report._read import (
 from tfgpu.report._sections import (
     diagnosis_section,
     files_section,
+    scaling_section,
     sessions_section,
     steps_section,
     timeline_section,
@@ -122,6 +123,9 @@ def write_report_and_problems(
     tune_json = run / "tune.json"
     if tune_json.is_file():
         body += _section(problems, tune_json, tune_section, tune_json, out, problems)
+    scaling_json = run / "scaling.json"
+    if scaling_json.is_file():
+        body += _section(problems, scaling_json, scaling_section, scaling_json, out, problems)
     if images:
         body += ["## Plots", ""]
         body += [f"![{p.stem}]({p.name})" for p in images]

@@ -15,6 +15,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tfgpu._internal.adapters import replicas as measure
 from tfgpu._internal.adapters import timing
 from tfgpu._internal.adapters.datasets import READ_TIMEOUT_S, pipeline_arguments, source_batches
 from tfgpu._internal.adapters.devices import tf_gpus
@@ -25,7 +26,6 @@ from tfgpu._internal.helpers.files import writable_dir
 from tfgpu._internal.helpers.progress import Progress, check_verbose
 from tfgpu._internal.helpers.warn import one_line
 from tfgpu.scalability import _cost as cost
-from tfgpu.scalability import _measure as measure
 from tfgpu.scalability._result import Point, Prediction, ScalingResult, write
 
 WEAK, STRONG = "weak", "strong"
