@@ -107,11 +107,23 @@ def _check_input_pipeline_tuning(out: str, cwd: Path) -> None:
     assert "steps_per_execution=" in out and "accuracy" in out
 
 
+def _check_scaling_check(out: str, cwd: Path) -> None:
+    # The table and a reason for every point; the speedups depend on the load and on logical
+    # CPU devices sharing the cores (tests/test_scaling.py builds the bottlenecks in).
+    assert "Scaling on " in out and "worst point:" in out
+    record = json.loads((cwd / "runs" / "scaling_check" / "scaling.json").read_text())
+    keys = {(p["replicas"], p["mode"]) for p in record["points"]}
+    assert {(1, "both"), (2, "weak"), (2, "strong")} <= keys
+    assert all(p["reason"] for p in record["points"])
+    assert (cwd / "runs" / "scaling_check" / "scaling.png").stat().st_size > 0
+
+
 CHECKS = {
     "mixed_precision.py": _check_mixed_precision,
     "multi_gpu.py": _check_multi_gpu,
     "multi_worker.py": _check_multi_worker,
     "batch_size_finder.py": _check_batch_size_finder,
+    "scaling_check.py": _check_scaling_check,
     "quickstart.ipynb": _check_quickstart,
     "input_pipeline_tuning.ipynb": _check_input_pipeline_tuning,
 }

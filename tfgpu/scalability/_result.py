@@ -12,6 +12,7 @@ from typing import Any
 
 from tfgpu._internal.helpers.files import rotate, write_text_atomic
 from tfgpu._internal.helpers.jsonable import json_safe
+from tfgpu._internal.helpers.stats import format_bytes
 from tfgpu._internal.helpers.warn import one_line, warn_at_user_code
 
 SCALING_JSON, SCALING_PNG = "scaling.json", "scaling.png"
@@ -89,7 +90,9 @@ class Point:
             self.input_wait_s = 0.0 if self.input_s is None else max(0.0, self.input_s - busy)
             self.other_s = max(0.0, step - busy - self.input_wait_s)
         if n == 1:
-            self.reason = "the reference: one replica"
+            self.reason = (
+                "the reference: one replica" if step else "not timed: the budget ran out first"
+            )
             return
         if self.error:
             self.reason = f"not timed: {self.error}"
@@ -115,7 +118,7 @@ class Point:
             return
         if self.all_reduce_s is not None and self.all_reduce_s >= ALL_REDUCE_SHARE * step:
             self.reason = (
-                f"all-reduce-bound ({eff}): {gradient_bytes / 2**20:,.1f} MiB of gradients "
+                f"all-reduce-bound ({eff}): {format_bytes(gradient_bytes)} of gradients "
                 f"take {_ms(self.all_reduce_s)} ms of a {_ms(step)} ms step"
             )
             self.fix = (
@@ -235,10 +238,9 @@ class ScalingResult:
         return json_safe(record)
 
     def __str__(self) -> str:
-        mib = self.gradient_bytes / 2**20
         link = getattr(self.link, "description", "unknown")
         lines = [
-            f"Scaling on {self.device_kind}s: {mib:,.1f} MiB of gradients per step, "
+            f"Scaling on {self.device_kind}s: {format_bytes(self.gradient_bytes)} of gradients per step, "
             f"all-reduce {self.all_reduce or '-'}, link: {link}",
             "",
             f"{'replicas':>8} {'mode':<6} {'batch':>6} {'examples/s':>11} {'speedup':>8} "
