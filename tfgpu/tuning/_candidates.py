@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tfgpu._internal.adapters import timing
+from tfgpu._internal.adapters.all_reduce import MIRRORED, MULTI_WORKER, AllReduce
 from tfgpu._internal.adapters.datasets import DROP_REMAINDER_MAX_SHARE
 from tfgpu.precision import choose_policy
 
@@ -53,6 +54,7 @@ PIPELINE_KEYS = (
     "batch_size",
 )
 MODEL_KEYS = ("precision",)
+STRATEGY_KEYS = ("all_reduce",)
 
 NEEDS_FACTORY = "needs a model factory: pass a function that builds and compiles the model"
 FRESH_PROCESS = "needs a fresh process (`tfgpu tune SCRIPT.py`)"
@@ -86,6 +88,7 @@ class Facts:
     # would not; None: not known)
     cache_untried: str | None = None
     input_s: float | None = None  # seconds to read one batch of the data alone
+    all_reduce: AllReduce | None = None  # how the model's strategy sums gradients
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +158,9 @@ def line_for(change: dict[str, Any], facts: Facts) -> str:
             f"tfgpu.configure(precision={change['precision']!r})  # first, before building "
             "the model"
         )
+    if keys <= set(STRATEGY_KEYS):
+        kind = facts.all_reduce.kind if facts.all_reduce else "mirrored"
+        return f"tfgpu.strategy({kind!r}, ..., all_reduce={change['all_reduce']!r})"
     if facts.pipeline is not None:
         return _pipeline_line(change, facts.pipeline)
     (key, value), *_ = change.items()
@@ -178,6 +184,40 @@ def precision_choice(facts: Facts) -> tuple[str | None, str]:
     return None, "this CPU has no native bfloat16 (no AMX or AVX-512 BF16): it would only add casts"
 
 
+def all_reduce_candidates(facts: Facts) -> list[Candidate]:
+    """The all-reduce settings of `tfgpu.strategy` that apply to the model's replicas, but
+    the one in use; none on one replica. Pure.
+
+    Mirrored: NCCL, hierarchical copy and a reduction to one device on GPUs; on CPU devices
+    the two that run there (NCCL has no CPU kernel). Multi-worker: NCCL and ring on GPUs;
+    nothing on CPUs (ring is the only one there).
+    """
+    ar = facts.all_reduce
+    if ar is None or not ar.kind or ar.replicas <= 1:
+        return []
+    names: tuple[str, ...]
+    if ar.kind == "mirrored":
+        names = MIRRORED if ar.on_gpus else MIRRORED[1:]
+    else:
+        names = MULTI_WORKER if ar.on_gpus else ()
+    untried = ar.missing
+    if not untried and ar.workers > 1:
+        untried = (
+            f"{ar.workers} workers: each would time and decide apart, and every worker must "
+            "all-reduce the same way (compare on one machine, or set all_reduce by hand)"
+        )
+    if not untried and ar.kind == "mirrored" and ar.on_gpus and facts.jit_compile:
+        untried = (
+            "under jit_compile, MirroredStrategy on GPUs all-reduces with TensorFlow's "
+            "collective ops whatever is set"
+        )
+    return [
+        _candidate(f"all_reduce={name}", {"all_reduce": name}, facts, untried=untried)
+        for name in names
+        if name != ar.in_use
+    ]
+
+
 def bottleneck(facts: Facts) -> str:
     """What the measured step predicts gains most: `"input"` (reading a batch takes half a
     step or more), `"host"` (steps of under 20 ms: overhead per call), `"compute"`, or ""
@@ -195,9 +235,10 @@ def candidates(facts: Facts) -> list[Candidate]:
     """The ordered candidates for `facts` (untried ones with their reason). Pure.
 
     A candidate that undoes a setting the model has (XLA on, a mixed policy on hardware
-    without native low precision) comes first; then the groups in the order the
-    `bottleneck` predicts; `jit_compile=True` last (it gains most from the settings before
-    it, and is often much slower on a CPU).
+    without native low precision) comes first; then, on several replicas, the other
+    all-reduces (every step pays one, and the settings after are measured on top of the
+    faster); then the groups in the order the `bottleneck` predicts; `jit_compile=True`
+    last (it gains most from the settings before it, and is often much slower on a CPU).
     """
     undo: list[Candidate] = []
     spe: list[Candidate] = []
@@ -260,7 +301,7 @@ def candidates(facts: Facts) -> list[Candidate]:
         "compute": (precision, spe, static, data),
     }.get(bottleneck(facts), (spe, precision, static, data))
     tail = [] if facts.jit_compile else [xla]
-    return undo + [c for group in order for c in group] + tail
+    return undo + all_reduce_candidates(facts) + [c for group in order for c in group] + tail
 
 
 def _data_candidates(facts: Facts) -> list[Candidate]:

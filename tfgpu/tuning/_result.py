@@ -18,6 +18,8 @@ from tfgpu.tuning._candidates import (
     HALTED,
     KEPT,
     MARGIN,
+    MODEL_KEYS,
+    STRATEGY_KEYS,
     gain_text,
 )
 
@@ -129,7 +131,8 @@ class TuneResult:
 
         Settings it cannot apply to a model are named in a warning: the pipeline's (use
         `result.dataset`, or pass the line's arguments to `tfgpu.data.pipeline`), the
-        precision policy (build the model again after `tfgpu.configure(precision=...)`) and
+        precision policy (build the model again after `tfgpu.configure(precision=...)`), the
+        all-reduce (build the model again under `tfgpu.strategy(..., all_reduce=...)`) and
         the batch size.
 
         Args:
@@ -168,7 +171,12 @@ class TuneResult:
             how = []
             if precision:
                 how.append(f"build the model again after tfgpu.configure(precision={precision!r})")
-            if any(k not in COMPILE_KEYS and k != "precision" for k in self.settings):
+            if "all_reduce" in self.settings:
+                how.append(
+                    "build the model again under tfgpu.strategy(..., "
+                    f"all_reduce={self.settings['all_reduce']!r})"
+                )
+            if any(k not in (*COMPILE_KEYS, *MODEL_KEYS, *STRATEGY_KEYS) for k in self.settings):
                 how.append("train on result.dataset (or change the pipeline as the lines say)")
             warn_at_user_code(
                 f"TuneResult.apply: {', '.join(rest)} cannot be applied to a model: "

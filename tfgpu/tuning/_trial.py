@@ -7,18 +7,20 @@ guard. The caller restores the model around every trial.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
 import tensorflow as tf
 
 from tfgpu._internal.adapters import timing
+from tfgpu._internal.adapters.all_reduce import using
 from tfgpu._internal.adapters.datasets import cardinality, read_first
 from tfgpu._internal.adapters.model_state import build, preserved
-from tfgpu.tuning._candidates import COMPILE_KEYS, PIPELINE_KEYS
+from tfgpu.tuning._candidates import COMPILE_KEYS, MODEL_KEYS, PIPELINE_KEYS, STRATEGY_KEYS
 
 # Batches the numerics guard trains on (with `steps_per_execution=1`), from the same weights.
 GUARD_STEPS = 5
@@ -139,6 +141,17 @@ class Workload:
             pass  # another structure: its own weights (the guard still checks finiteness)
         return model
 
+    @contextlib.contextmanager
+    def strategy_for(self, model: Any, changes: dict[str, Any]) -> Iterator[None]:
+        """Runs the body with the strategy settings in `changes` on `model`'s strategy (the
+        all-reduce), put back afterwards; a step traced in the body keeps them."""
+        name = changes.get("all_reduce")
+        if name is None:
+            yield
+            return
+        with using(model.distribute_strategy, name):
+            yield
+
     def first_inputs(self) -> Any:
         x, _, _ = keras.utils.unpack_x_y_sample_weight(self.guard_batches()[0])
         return x
@@ -167,15 +180,18 @@ class Workload:
         filled = {"cache": "cache" not in changes}
 
         def measure(deadline: float | None, limit: float | None) -> float | None:
-            if model.train_function is None:  # the first fit of this step: untimed, it traces
+            with self.strategy_for(model, changes):
+                if model.train_function is None:  # the first fit of this step: untimed, traces
+                    start = timing.now()
+                    if timing.epoch_time(model, timed_ds, 1, steps, in_epoch, deadline) is None:
+                        return None
+                    self.warm_walls.append(timing.now() - start)
                 start = timing.now()
-                if timing.epoch_time(model, timed_ds, 1, steps, in_epoch, deadline) is None:
-                    return None
-                self.warm_walls.append(timing.now() - start)
-            start = timing.now()
-            seconds = timing.epoch_time(model, timed_ds, epochs, steps, in_epoch, deadline, limit)
-            self.fit_walls.append(timing.now() - start)
-            return seconds
+                seconds = timing.epoch_time(
+                    model, timed_ds, epochs, steps, in_epoch, deadline, limit
+                )
+                self.fit_walls.append(timing.now() - start)
+                return seconds
 
         store = self._functions.setdefault(self._step_key(changes, ds), {"fn": None})
         timed = timing.with_attrs(model, timed_ds, 0, 0, attrs, measure, store)
@@ -198,9 +214,10 @@ class Workload:
         return run
 
     def _step_key(self, changes: dict[str, Any], ds: tf.data.Dataset) -> _Key:
-        """What decides the traced train step: the model, its compile settings, the batches'
-        spec. Settings of the pipeline alone share the baseline's."""
-        step = {k: changes[k] for k in (*COMPILE_KEYS, "precision") if k in changes}
+        """What decides the traced train step: the model, its compile settings, its strategy's
+        all-reduce, the batches' spec. Settings of the pipeline alone share the baseline's."""
+        keys = (*COMPILE_KEYS, *MODEL_KEYS, *STRATEGY_KEYS)
+        step = {k: changes[k] for k in keys if k in changes}
         return (*_key(step), ("spec", repr(ds.element_spec)))
 
     def probe(self, deadline: float | None) -> float | None:
@@ -235,7 +252,7 @@ class Workload:
         model = self.model_for(changes)
         jit = changes.get("jit_compile", self.model.jit_compile)
         losses = []
-        with preserved(model), warnings.catch_warnings():
+        with preserved(model), self.strategy_for(model, changes), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model.steps_per_execution = 1
             model.jit_compile = jit

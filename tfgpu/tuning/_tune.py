@@ -15,6 +15,7 @@ import psutil
 import tensorflow as tf
 
 from tfgpu._internal.adapters import timing
+from tfgpu._internal.adapters.all_reduce import describe as describe_all_reduce
 from tfgpu._internal.adapters.datasets import (
     cardinality,
     has_step,
@@ -211,14 +212,15 @@ def tune(
     """Tries each speed setting on your model and data, keeps what measurably helps.
 
     Each candidate (`steps_per_execution`, the mixed precision policy, a static batch shape,
-    the pipeline's settings, `jit_compile`, the batch size), in the order the measured step
-    predicts gains most, is timed against the best configuration so far in interleaved
-    rounds of `fit`s timed as your own `fit` runs (from the start of an epoch, once the step
-    is traced), and kept when the whole confidence interval of its gain clears x1.05; one
-    whose interval straddles the margin is marked borderline. Settings that can change the
-    loss must also pass a numerics guard, and the kept ones are verified together against
-    the baseline. The model's state and the global precision policy are put back: nothing
-    is applied until you apply it. The candidates, the verdicts and the table:
+    the pipeline's settings, `jit_compile`, the batch size; on several replicas the
+    strategy's all-reduce), in the order the measured step predicts gains most, is timed
+    against the best configuration so far in interleaved rounds of `fit`s timed as your own
+    `fit` runs (from the start of an epoch, once the step is traced), and kept when the
+    whole confidence interval of its gain clears x1.05; one whose interval straddles the
+    margin is marked borderline. Settings that can change the loss must also pass a
+    numerics guard, and the kept ones are verified together against the baseline. The
+    model's state, its strategy's all-reduce and the global precision policy are put back:
+    nothing is applied until you apply it. The candidates, the verdicts and the table:
     docs/tuning.md.
 
     Args:
@@ -302,6 +304,7 @@ def tune(
         cpu_native_bf16=_cpu_native_bf16(),
         cpu_count=os.cpu_count() or 1,
         augment_on_batches=_augment_on_batches(arguments),
+        all_reduce=describe_all_reduce(model.distribute_strategy),
     )
     work = Workload(model, factory, data, arguments, global_batch)
     if arguments is None:  # another dataset: would caching its output change anything?
@@ -353,6 +356,11 @@ class _Tuner:
                 reason = cand.untried or self.halted
                 if not reason and cand.group in stopped:
                     reason = f"{stopped[cand.group]} was not kept"
+                if not reason and "all_reduce" in cand.change and "all_reduce" in self.best:
+                    reason = (
+                        f"all_reduce={self.best['all_reduce']} was kept (one all-reduce at a "
+                        "time: tune again with it to compare the others)"
+                    )
                 if not reason and cand.group == "steps_per_execution":  # the step as it is now
                     now_s = step_s / math.prod(k.trial.gain or 1.0 for k in self.kept)
                     reason = cands.spe_fits(cand.change["steps_per_execution"], now_s)
@@ -409,7 +417,9 @@ class _Tuner:
         steps = w.epochs * (w.steps_per_epoch or self.facts.batches_per_epoch or 1)
         fit_s = max(steps * step_s, stats.median(w.fit_walls) if w.fit_walls else 0.0)
         warm_s = max(fit_s, stats.median(w.warm_walls) if w.warm_walls else 0.0)
-        traces = bool(set(cand.change) & {*cands.COMPILE_KEYS, *cands.MODEL_KEYS})
+        traces = bool(
+            set(cand.change) & {*cands.COMPILE_KEYS, *cands.MODEL_KEYS, *cands.STRATEGY_KEYS}
+        )
         return (warm_s if traces else 0.0) + 2 * timing.MIN_ROUNDS * fit_s
 
     def _budget_for(self, cand: Candidate, after: list[Candidate]) -> timing.Budget | None:

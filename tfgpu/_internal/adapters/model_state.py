@@ -1,6 +1,6 @@
 """`with preserved(model, x): ...`: a Keras model comes back exactly as it went in (every
 variable of the model, its optimizers and metrics; its compile settings, train function and
-history), for whatever trains a user's model to measure it. The model and its optimizer are
+history; its strategy's all-reduce), for whatever trains a user's model to measure it. The model and its optimizer are
 built first, so the slots a first step would create are recorded and put back too.
 """
 
@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+
+from tfgpu._internal.adapters.all_reduce import kept
 
 # Model attributes put back as they were (compile settings and what `fit` replaces).
 _ATTRIBUTES = ("steps_per_execution", "jit_compile", "train_function", "history")
@@ -62,8 +64,8 @@ def restore(model: Any, values: list[tuple[Any, np.ndarray]]) -> None:
 
 @contextlib.contextmanager
 def preserved(model: Any, x: Any = None) -> Iterator[None]:
-    """Runs the body, then puts the model's training state back (also on an exception); `x`,
-    one batch's inputs, builds an unbuilt model.
+    """Runs the body, then puts the model's training state back (also on an exception),
+    and its strategy's all-reduce; `x`, one batch's inputs, builds an unbuilt model.
 
     Example:
 
@@ -73,17 +75,18 @@ def preserved(model: Any, x: Any = None) -> Iterator[None]:
     build(model, x)
     values = snapshot(model)
     saved = {name: getattr(model, name, None) for name in _ATTRIBUTES}
-    try:
-        yield
-    finally:
-        restore(model, values)
-        model.steps_per_execution = saved["steps_per_execution"]
-        model.jit_compile = saved["jit_compile"]
-        # The train function compiled for these settings (None: the next fit makes one).
-        model.train_function = saved["train_function"]
-        if saved["history"] is not None:
-            model.history = saved["history"]
-        model.stop_training = False
+    with kept(getattr(model, "distribute_strategy", None)):
+        try:
+            yield
+        finally:
+            restore(model, values)
+            model.steps_per_execution = saved["steps_per_execution"]
+            model.jit_compile = saved["jit_compile"]
+            # The train function compiled for these settings (None: the next fit makes one).
+            model.train_function = saved["train_function"]
+            if saved["history"] is not None:
+                model.history = saved["history"]
+            model.stop_training = False
 
 
 def supports_xla(model: Any) -> bool:

@@ -1,0 +1,232 @@
+"""The all-reduce a `tf.distribute` strategy sums gradients with: which one it uses
+(`describe`), and the strategy with another one for a while (`using`), for `tune`'s
+all-reduce candidates. TensorFlow keeps it in private attributes of `strategy.extended`;
+every reach into them is in `reach`, checked against TensorFlow `CHECKED_TF`. Where another
+version keeps them elsewhere, `describe` says so in `missing` and nothing is changed. No
+TensorFlow import at module level.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+# The TensorFlow version (major, minor) `reach` was checked against.
+CHECKED_TF = (2, 21)
+
+# The all-reduce names of `tfgpu.strategy(kind, all_reduce=...)`, by kind.
+MIRRORED = ("nccl", "hierarchical_copy", "reduction_to_one_device")
+MULTI_WORKER = ("nccl", "ring")
+
+# What a MirroredStrategy built without `cross_device_ops` uses (TensorFlow's collective
+# ops): no `all_reduce` name of `tfgpu.strategy` gives it.
+COLLECTIVE = "collective"
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduce:
+    """How a strategy sums its replicas' gradients. Pure data.
+
+    `kind`: `"mirrored"`, `"multi_worker"`, or "" for a strategy without a choice (one
+    replica, another strategy). `in_use`: a name from `MIRRORED` or `MULTI_WORKER`,
+    `COLLECTIVE`, `"auto"` (multi-worker, the runtime chooses), or "" when unknown.
+    `missing`: why this TensorFlow's all-reduce cannot be read or swapped ("" when it can).
+    """
+
+    kind: str = ""
+    replicas: int = 1
+    workers: int = 1
+    on_gpus: bool = False
+    in_use: str = ""
+    missing: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """Where a strategy keeps its all-reduce: `get()` the current value, `set(value)` put one
+    (a value `get` returned) in place, `make(name)` a value for the name."""
+
+    get: Callable[[], Any]
+    set: Callable[[Any], None]
+    make: Callable[[str], Any]
+
+
+def _tf_version() -> str:
+    import tensorflow as tf
+
+    return str(tf.__version__)
+
+
+def _moved(what: str) -> str:
+    return (
+        f"TensorFlow {_tf_version()} keeps {what} elsewhere than TensorFlow "
+        f"{CHECKED_TF[0]}.{CHECKED_TF[1]} (tfgpu/_internal/adapters/all_reduce.py)"
+    )
+
+
+def kind_of(strategy: Any) -> str:
+    """`"mirrored"`, `"multi_worker"`, or "" for any other strategy (public types only)."""
+    import tensorflow as tf
+
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return "multi_worker"
+    if isinstance(strategy, tf.distribute.MirroredStrategy):
+        return "mirrored"
+    return ""
+
+
+def reach(strategy: Any) -> Slot | None:
+    """The one reach into TensorFlow's private attributes: where `strategy` keeps its
+    all-reduce, or None where this TensorFlow keeps it elsewhere (or the strategy has none).
+
+    - `MirroredStrategy`: `extended._cross_device_ops`, the `CrossDeviceOps` that
+      `MirroredExtended._get_cross_device_ops` reads at every reduce; a step traced after a
+      swap reduces with the new one (a step traced before keeps the old one).
+    - `MultiWorkerMirroredStrategy`: `extended._communication_options` (merged into every
+      `reduce_to`) and the two `CollectiveAllReduce`s built from it,
+      `extended._cross_device_ops` and `extended._host_cross_device_ops`. Their launchers
+      keep the options they were built with (the optimizer's all-reduce reads those), so a
+      swap builds new ones as the strategy does when it starts: same devices, group size and
+      collective keys.
+
+    Checked against TensorFlow 2.21 (`mirrored_strategy.py`, `collective_all_reduce_strategy.py`,
+    `cross_device_ops.py`).
+    """
+    kind = kind_of(strategy)
+    extended: Any = getattr(strategy, "extended", None)
+    if kind == "mirrored":
+        if not hasattr(extended, "_cross_device_ops"):
+            return None
+
+        def make_mirrored(name: str) -> Any:
+            import tensorflow as tf
+
+            return {
+                "nccl": tf.distribute.NcclAllReduce,
+                "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
+                "reduction_to_one_device": tf.distribute.ReductionToOneDevice,
+            }[name]()
+
+        return Slot(
+            get=lambda: extended._cross_device_ops,
+            set=lambda value: setattr(extended, "_cross_device_ops", value),
+            make=make_mirrored,
+        )
+    if kind == "multi_worker":
+        names = ("_communication_options", "_cross_device_ops", "_host_cross_device_ops")
+        if not all(hasattr(extended, n) for n in names):
+            return None
+        ops = extended._cross_device_ops
+        if not all(
+            hasattr(o, a)
+            for o in (ops, extended._host_cross_device_ops)
+            for a in ("_devices", "_group_size", "_collective_keys")
+        ):
+            return None
+
+        def get_multi() -> Any:
+            return tuple(getattr(extended, n) for n in names)
+
+        def set_multi(value: Any) -> None:
+            for n, v in zip(names, value, strict=True):
+                setattr(extended, n, v)
+
+        def make_multi(name: str) -> Any:
+            import tensorflow as tf
+
+            old = extended._communication_options
+            options = tf.distribute.experimental.CommunicationOptions(
+                bytes_per_pack=old.bytes_per_pack,
+                timeout_seconds=old.timeout_seconds,
+                implementation=getattr(
+                    tf.distribute.experimental.CommunicationImplementation, name.upper()
+                ),
+            )
+
+            def like(o: Any) -> Any:
+                return type(o)(
+                    devices=o._devices,
+                    group_size=o._group_size,
+                    options=options,
+                    collective_keys=o._collective_keys,
+                    canonicalize_devices=getattr(o, "_canonicalize_devices", True),
+                )
+
+            return (options, like(ops), like(extended._host_cross_device_ops))
+
+        return Slot(get=get_multi, set=set_multi, make=make_multi)
+    return None
+
+
+def _name(kind: str, value: Any) -> str:
+    """The `tfgpu.strategy` name of a value `Slot.get` returned ("" when none fits)."""
+    import tensorflow as tf
+
+    if kind == "multi_worker":
+        implementation = getattr(value[0], "implementation", None)
+        return str(getattr(implementation, "name", "")).lower()
+    for name, cls in (  # subclasses first: NCCL and hierarchical copy share a base
+        ("nccl", tf.distribute.NcclAllReduce),
+        ("hierarchical_copy", tf.distribute.HierarchicalCopyAllReduce),
+        ("reduction_to_one_device", tf.distribute.ReductionToOneDevice),
+    ):
+        if isinstance(value, cls):
+            return name
+    return COLLECTIVE if type(value).__name__ == "CollectiveAllReduce" else ""
+
+
+def describe(strategy: Any) -> AllReduce:
+    """How `strategy` sums its replicas' gradients, as facts (never raises for a strategy)."""
+    kind = kind_of(strategy)
+    replicas = int(getattr(strategy, "num_replicas_in_sync", 1) or 1)
+    if not kind or replicas <= 1:
+        return AllReduce(replicas=replicas)
+    devices = tuple(getattr(strategy.extended, "worker_devices", ()) or ())
+    on_gpus = bool(devices) and all("GPU" in d.upper() for d in devices)
+    workers = max(1, replicas // max(1, len(devices)))
+    slot = reach(strategy)
+    if slot is None:
+        what = "a strategy's all-reduce" if kind == "mirrored" else "its communication options"
+        return AllReduce(kind, replicas, workers, on_gpus, missing=_moved(what))
+    return AllReduce(kind, replicas, workers, on_gpus, in_use=_name(kind, slot.get()))
+
+
+@contextlib.contextmanager
+def kept(strategy: Any) -> Iterator[None]:
+    """Runs the body, then puts `strategy`'s all-reduce back as it was (also on an
+    exception); nothing for a strategy without one."""
+    slot = reach(strategy)
+    saved = None if slot is None else slot.get()
+    try:
+        yield
+    finally:
+        if slot is not None:
+            slot.set(saved)
+
+
+@contextlib.contextmanager
+def using(strategy: Any, name: str) -> Iterator[None]:
+    """Runs the body with `strategy` summing gradients by `name` (a `tfgpu.strategy`
+    all-reduce name), then puts the old one back. A train function traced in the body keeps
+    `name`'s reduction.
+
+    Raises:
+        ValueError: if this TensorFlow keeps the all-reduce elsewhere (`describe` says
+            where), or `name` is not one of the strategy kind's names.
+    """
+    kind = kind_of(strategy)
+    slot = reach(strategy)
+    if slot is None:
+        raise ValueError(describe(strategy).missing or "this strategy has no all-reduce to choose")
+    allowed = MULTI_WORKER if kind == "multi_worker" else MIRRORED
+    if name not in allowed:
+        raise ValueError(
+            f"Invalid value for argument `name`. Received: name={name!r}. Expected one of: "
+            f"{', '.join(map(repr, allowed))}."
+        )
+    value = slot.make(name)
+    with kept(strategy):
+        slot.set(value)
+        yield
