@@ -54,6 +54,7 @@ def test_a_calibration_reproduces_its_measurements_and_extrapolates_by_the_formu
     [
         ("weak", 0.010, 0.010, 8, 0.010),  # GPUs: each replica's work is the same
         ("weak", 0.010, 0.020, 4, 0.040),  # shared cores: the work adds up
+        ("weak", 0.010, 0.008, 4, 0.010),  # less time for the same work: noise, flat
         ("strong", 0.010, 0.005, 4, 0.0025),  # GPUs: each replica does 1/n
         ("strong", 0.010, 0.010, 4, 0.010),  # shared cores: the same total work
     ],
@@ -61,7 +62,7 @@ def test_a_calibration_reproduces_its_measurements_and_extrapolates_by_the_formu
 def test_the_compute_model_through_one_and_two_replicas(mode, c1, c2, n, expected):
     a, b = cost.fit_compute(mode, c1, c2)
     assert cost.compute_at(mode, a, b, 1) == pytest.approx(c1)
-    assert cost.compute_at(mode, a, b, 2) == pytest.approx(c2)
+    assert cost.compute_at(mode, a, b, 2) == pytest.approx(max(c2, c1) if mode == "weak" else c2)
     assert cost.compute_at(mode, a, b, n) == pytest.approx(expected)
 
 
@@ -230,30 +231,61 @@ def test_a_python_generator_is_named_input_bound_and_everything_is_put_back(tmp_
     assert (tmp_path / "scaling.png").stat().st_size > 0
 
 
+def _slow_interconnect(devices: list[str]) -> tf.distribute.Strategy:
+    """A strategy whose all-reduce is deliberately slow, as over a slow link: on logical CPU
+    devices the replicas share memory, so a real all-reduce moves nothing and costs one sum.
+    Each reduction here makes 40 more passes over the gradients."""
+
+    def slow_add_n(values):
+        total = tf.add_n(values)
+        for _ in range(40):
+            total = total * 0.5 + values[0] * 0.5
+        return total
+
+    if len(devices) == 1:
+        return tf.distribute.OneDeviceStrategy(devices[0])
+    ops = tf.distribute.ReductionToOneDevice(accumulation_fn=slow_add_n)
+    return tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
+
+
 @pytest.mark.slow
-def test_large_gradients_on_tiny_compute_are_named_all_reduce_bound_and_predicted():
-    """32 MiB of gradients and two examples per replica: the all-reduce holds the step at 4
-    replicas. The cost model, calibrated on 1 and 2, predicts 4 and says its error."""
+def test_large_gradients_over_a_slow_link_are_named_all_reduce_bound_and_predicted(monkeypatch):
+    """2 MiB of gradients, four examples per replica, an all-reduce made slow: it holds the
+    step. The cost model, calibrated on 1 and 2 replicas, predicts 4 and says its error."""
+    from tfgpu.scalability import _scaling
+
+    monkeypatch.setattr(_scaling, "_strategy", _slow_interconnect)
 
     def factory():
         model = keras.Sequential(
-            [keras.Input((2048,)), keras.layers.Dense(4096), keras.layers.Dense(1)]
+            [keras.Input((512,)), keras.layers.Dense(1024), keras.layers.Dense(1)]
         )
         model.compile("sgd", "mse")
         return model
 
-    x = np.random.default_rng(0).random((64, 2048), dtype=np.float32)
+    x = np.random.default_rng(0).random((64, 512), dtype=np.float32)
     y = np.ones((64, 1), np.float32)
-    result = tfgpu.scaling(factory, (x, y), batch_size=2, time_budget_s=120, verbose=0)
-    assert result.gradient_bytes == 4 * (2048 * 4096 + 4096 + 4096 + 1)
-    assert result.all_reduce == "ReductionToOneDevice"
-    four = next(p for p in result.points if (p.replicas, p.mode) == (4, "weak"))
-    assert four.reason.startswith("all-reduce-bound"), str(result)
-    assert four.all_reduce_s > next(p for p in result.points if p.replicas == 2).all_reduce_s
+    result = tfgpu.scaling(factory, (x, y), batch_size=4, time_budget_s=45, verbose=0)
+    assert result.gradient_bytes == 4 * (512 * 1024 + 1024 + 1024 + 1)
+    assert result.all_reduce == "reduction_to_one_device"
+    points = {(p.replicas, p.mode): p for p in result.points}
+    for key in ((2, "weak"), (4, "weak")):
+        assert points[key].reason.startswith("all-reduce-bound"), str(result)
+        assert "larger per-replica batch" in points[key].fix
+    assert points[4, "weak"].all_reduce_s > points[4, "weak"].compute_s
     predicted = {(q.replicas, q.mode) for q in result.predictions}
     assert {(4, "weak"), (8, "weak"), (4, "strong")} <= predicted
     assert set(result.prediction_errors) >= {"4 weak"}
     assert all(math.isfinite(e) for e in result.prediction_errors.values())
-    text = str(result)
-    assert "prediction vs measured here: 4 weak" in text
+    assert "prediction vs measured here: 4 weak" in str(result)
     assert isinstance(result, ScalingResult)
+
+
+def test_without_an_interconnect_cost_the_same_gradients_are_not_all_reduce_bound():
+    """The counterpart, pure: the same 8 MiB and a cheap all-reduce (logical CPU devices
+    share memory) leave the step to compute and the update."""
+    base = _point(1, "both", step=0.010, compute=0.006, all_reduce=0.0, speedup=1.0)
+    base.explain(base, "logical CPU device", 8 * 2**20)
+    p = _point(4, "weak", step=0.040, compute=0.030, all_reduce=0.002, speedup=1.0)
+    p.explain(base, "logical CPU device", 8 * 2**20)
+    assert p.reason.startswith("shared cores"), p.reason

@@ -90,8 +90,8 @@ def fit_compute(mode: str, c1: float, c2: float) -> tuple[float, float]:
     >>> fit_compute("weak", 1.0, 1.0), fit_compute("strong", 1.0, 0.5)
     ((1.0, 0.0), (0.0, 1.0))
     """
-    if mode == "weak":
-        b = c2 - c1
+    if mode == "weak":  # the same work per replica never takes less with more replicas:
+        b = max(0.0, c2 - c1)  # a 2-replica time below the 1-replica one is noise
         return c1 - b, b
     b = 2.0 * (c1 - c2)
     return c1 - b, b

@@ -198,7 +198,8 @@ class ScalingResult:
             measured here beyond the two the model is calibrated on.
         gradient_bytes: int, bytes of one step's gradients.
         device_kind: str, `"GPU"` or `"logical CPU device"`.
-        all_reduce: str, the cross-device all-reduce in use (its class name).
+        all_reduce: str, the all-reduce in use, as `tfgpu.strategy(all_reduce=)` names it
+            (`"nccl"`, `"reduction_to_one_device"`, ...; "" when unknown).
         link: the link between the devices (`kind`, `description`, `bandwidth_bytes_s`,
             `peer_to_peer`), or None where NVML cannot say.
         notes: list of str, what was skipped and why.
@@ -243,16 +244,18 @@ class ScalingResult:
             f"Scaling on {self.device_kind}s: {format_bytes(self.gradient_bytes)} of gradients per step, "
             f"all-reduce {self.all_reduce or '-'}, link: {link}",
             "",
-            f"{'replicas':>8} {'mode':<6} {'batch':>6} {'examples/s':>11} {'speedup':>8} "
+            f"{'replicas':>8} {'mode':<6} {'batch':>6} {'examples/s':>11} {'speedup':>20} "
             f"{'eff.':>5} {'step ms':>8} {'compute':>8} {'all-red.':>8} {'input':>7} "
             f"{'wait':>6} {'other':>6}  reason",
         ]
         for p in self.points:
             eps = "-" if p.examples_per_s is None else f"{p.examples_per_s:,.0f}"
             sp = "-" if p.speedup is None else f"x{p.speedup:.2f}"
+            if p.speedup is not None and p.replicas > 1 and math.isfinite(p.speedup_low):
+                sp += f" ({p.speedup_low:.2f}-{p.speedup_high:.2f})"
             eff = "-" if p.efficiency is None else f"{p.efficiency:.0%}"
             lines.append(
-                f"{p.replicas:>8} {p.mode:<6} {p.global_batch:>6} {eps:>11} {sp:>8} {eff:>5} "
+                f"{p.replicas:>8} {p.mode:<6} {p.global_batch:>6} {eps:>11} {sp:>20} {eff:>5} "
                 f"{_ms(p.step_s):>8} {_ms(p.compute_s):>8} {_ms(p.all_reduce_s):>8} "
                 f"{_ms(p.input_s):>7} {_ms(p.input_wait_s):>6} {_ms(p.other_s):>6}  {p.reason}"
             )

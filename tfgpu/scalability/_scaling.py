@@ -15,8 +15,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tfgpu._internal.adapters import all_reduce, timing
 from tfgpu._internal.adapters import replicas as measure
-from tfgpu._internal.adapters import timing
 from tfgpu._internal.adapters.datasets import (
     READ_TIMEOUT_S,
     pipeline_arguments,
@@ -36,13 +36,15 @@ from tfgpu.scalability._result import Point, Prediction, ScalingResult, write
 WEAK, STRONG = "weak", "strong"
 # Timed steps of each `fit`, and the warm-up steps before them (the first traces).
 STEPS, WARMUP = 8, 3
-# Share of the budget for the interleaved rounds; the split of each step takes the rest.
-ROUNDS_SHARE = 0.6
+# Share of the budget for the interleaved rounds; the split of each step takes the rest, in
+# rounds of its own (the median of each part over them).
+ROUNDS_SHARE, PART_ROUNDS = 0.6, 3
 # Machines in the prediction, and the network they are assumed on unless told.
 MACHINES = (2, 4)
 NETWORK_GBIT_S = 100.0
-# The cross-device ops that reduce in a ring (the others go through one device).
-RING_IMPLEMENTATIONS = ("NcclAllReduce", "CollectiveAllReduce")
+# The all-reduces (`tfgpu.strategy(all_reduce=)` names) that reduce in a ring; the others
+# (reduction_to_one_device, hierarchical_copy) go through one device.
+RING_IMPLEMENTATIONS = ("nccl", "ring", "collective", "auto")
 
 
 def replica_counts(available: int, asked: Sequence[int] | None) -> list[int]:
@@ -260,14 +262,21 @@ def scaling(
             failures=(tf.errors.OpError, ValueError),
         )
         base_s = _base_seconds(comparisons)
-        parts: dict[str, dict[str, float]] = {}
-        known: dict[Any, float] = {}
-        for c in configs:
+        samples: dict[tuple[str, Any], list[float]] = {}
+        for r in range(PART_ROUNDS):
             if split_budget.left() <= 0:
-                notes.append("the budget ran out before every step was split into its parts")
+                if r == 0 or any((("compute_s", c.key) not in samples) for c in configs):
+                    notes.append("the budget ran out before every step was split into its parts")
                 break
-            progress.phase(f"splitting the step: {c.n} replica{'s' if c.n > 1 else ''}, {c.mode}")
-            parts[c.key] = _parts(c, split_budget, known)
+            for c in configs[r % len(configs) :] + configs[: r % len(configs)]:
+                if split_budget.left() <= 0:
+                    break
+                progress.phase(
+                    f"splitting the step (round {r + 1} of {PART_ROUNDS}): {c.n} "
+                    f"replica{'s' if c.n > 1 else ''}, {c.mode}"
+                )
+                _sample_parts(c, split_budget, samples, r)
+        parts = {c.key: _parts_of(c, samples) for c in configs}
     link = _link(kind, counts)
     grad_bytes = measure.gradient_bytes(base.model)
     points = [
@@ -282,7 +291,7 @@ def scaling(
         prediction_errors=errors,
         gradient_bytes=grad_bytes,
         device_kind=kind,
-        all_reduce=next((measure.implementation(c.strategy) for c in others), ""),
+        all_reduce=next((all_reduce.describe(c.strategy).in_use for c in others), ""),
         link=link,
         notes=notes,
         time_s=budget.elapsed(),
@@ -337,26 +346,38 @@ def _base_seconds(comparisons: dict[str, timing.Comparison]) -> float | None:
     return stats.median(rounds) if rounds else None
 
 
-def _parts(c: _Config, budget: timing.Budget, known: dict[Any, float]) -> dict[str, float]:
-    """The step's parts, seconds each: compute, all-reduce (and its latency), input. The
-    all-reduce depends on the replica count only and the input on the global batch only:
-    `known` keeps them for the other mode."""
-    out: dict[str, float] = {}
+def _sample_parts(
+    c: _Config, budget: timing.Budget, samples: dict[tuple[str, Any], list[float]], round_: int
+) -> None:
+    """One sample of each of the step's parts into `samples`: the compute of `c`; the
+    all-reduce (and its latency) of its replica count and the input of its global batch,
+    once per round (they do not depend on the mode)."""
+
+    def add(name: str, key: Any, value: float) -> None:
+        samples.setdefault((name, key), []).append(value)
+
+    def due(name: str, key: Any) -> bool:
+        return len(samples.get((name, key), [])) <= round_ and budget.left() > 0
+
     batch = read_first(c.dataset, 1)[0]
-    out["compute_s"] = measure.compute_s(c.strategy, c.model, batch)
-    if c.n == 1:
-        out["all_reduce_s"] = out["latency_s"] = 0.0
-    elif ("all_reduce_s", c.n) not in known and budget.left() > 0:
-        known["all_reduce_s", c.n] = measure.all_reduce_s(c.strategy, c.model, tiny=False)
-        known["latency_s", c.n] = measure.all_reduce_s(c.strategy, c.model, tiny=True)
-    if ("input_s", c.global_batch) not in known and budget.left() > 0:
+    add("compute_s", c.key, measure.compute_s(c.strategy, c.model, batch))
+    if c.n > 1 and due("all_reduce_s", c.n):
+        add("all_reduce_s", c.n, measure.all_reduce_s(c.strategy, c.model, tiny=False))
+        add("latency_s", c.n, measure.all_reduce_s(c.strategy, c.model, tiny=True))
+    if due("input_s", c.global_batch):
         from tfgpu.data import benchmark
 
         pipe = benchmark(c.dataset, steps=STEPS, warmup=WARMUP, timeout_s=READ_TIMEOUT_S)
-        known["input_s", c.global_batch] = 1.0 / pipe.batches_per_second
-    for name, key in (("all_reduce_s", c.n), ("latency_s", c.n), ("input_s", c.global_batch)):
-        if (name, key) in known:
-            out[name] = known[name, key]
+        add("input_s", c.global_batch, 1.0 / pipe.batches_per_second)
+
+
+def _parts_of(c: _Config, samples: dict[tuple[str, Any], list[float]]) -> dict[str, float]:
+    """The medians of `c`'s parts over the rounds (the parts never sampled left out)."""
+    out = {"all_reduce_s": 0.0, "latency_s": 0.0} if c.n == 1 else {}
+    keys = {"compute_s": c.key, "all_reduce_s": c.n, "latency_s": c.n, "input_s": c.global_batch}
+    for name, key in keys.items():
+        if samples.get((name, key)):
+            out[name] = stats.median(samples[name, key])
     return out
 
 
@@ -476,7 +497,7 @@ def _predict(points, parts, gradient_bytes, configs, network_gbit_s, kind):
     predictions: list[Prediction] = []
     errors: dict[str, float] = {}
     by_key = {f"{p.replicas} {p.mode}": p for p in points}
-    implementation = next((measure.implementation(c.strategy) for c in configs if c.n > 1), "")
+    implementation = next((all_reduce.describe(c.strategy).in_use for c in configs if c.n > 1), "")
     ring = cost.RING if implementation in RING_IMPLEMENTATIONS else cost.THROUGH_ONE
     local = max(c.n for c in configs)
     for mode in (WEAK, STRONG):

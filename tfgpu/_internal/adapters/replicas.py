@@ -53,6 +53,12 @@ def _timed(strategy: tf.distribute.Strategy, step: Any, args: Any = ()) -> float
     return timing.call_time(lambda: run(steps).numpy(), CALLS) / STEPS
 
 
+def _first(t: Any) -> tf.Tensor:
+    """One element of `t` as float32: enough to make its producer run, without the memory
+    traffic of reading all of it (which would add to what is timed)."""
+    return tf.cast(tf.reshape(t, [-1])[0], tf.float32)
+
+
 def compute_s(strategy: tf.distribute.Strategy, model: keras.Model, batch: Any) -> float:
     """Seconds per step of every replica's forward and backward pass on its slice of `batch`,
     with nothing reduced across replicas and no update."""
@@ -66,32 +72,25 @@ def compute_s(strategy: tf.distribute.Strategy, model: keras.Model, batch: Any) 
                 x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
             )
         grads = tape.gradient(loss, model.trainable_variables)
-        return tf.add_n([tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads if g is not None])
+        return tf.add_n([_first(g) for g in grads if g is not None])
 
     return _timed(strategy, step, (values,))
 
 
 def all_reduce_s(strategy: tf.distribute.Strategy, model: keras.Model, *, tiny: bool) -> float:
     """Seconds per step of the all-reduce the optimizer makes (the replica context's
-    `all_reduce`, through the strategy's cross-device ops) on the model's gradient shapes;
-    `tiny`: one element per tensor, which times the latency alone. Each step's values depend
-    on the step, so nothing is folded away."""
-    shapes = [((1,) if tiny else tuple(v.shape), v.dtype) for v in model.trainable_variables]
+    `all_reduce`, through the strategy's cross-device ops) of tensors shaped as the
+    gradients: each replica's copy of the trainable variables, read in place (nothing filled
+    or summed around the all-reduce); `tiny`: one element per tensor, which times the
+    latency alone."""
+    variables = model.trainable_variables
 
     def step(i: tf.Tensor) -> tf.Tensor:
         ctx = tf.distribute.get_replica_context()
-        values = [tf.fill(shape, tf.cast(i, dtype)) for shape, dtype in shapes]
+        values = [tf.convert_to_tensor(v.value) for v in variables]
+        if tiny:
+            values = [tf.reshape(t, [-1])[:1] for t in values]
         out = ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
-        return tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in out])
+        return tf.add_n([_first(t) for t in out])
 
     return _timed(strategy, step)
-
-
-def implementation(strategy: tf.distribute.Strategy) -> str:
-    """The class name of the strategy's cross-device all-reduce (what `all_reduce=` chose),
-    or "" where it has none (one replica, multi-worker collectives)."""
-    extended = strategy.extended
-    ops = getattr(extended, "_cross_device_ops", None) or getattr(
-        extended, "_inferred_cross_device_ops", None
-    )
-    return type(ops).__name__ if ops is not None else ""
