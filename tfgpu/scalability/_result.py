@@ -248,6 +248,7 @@ class ScalingResult:
             f"{'eff.':>5} {'step ms':>8} {'compute':>8} {'all-red.':>8} {'input':>7} "
             f"{'wait':>6} {'other':>6}  reason",
         ]
+        fixes: set[str] = set()
         for p in self.points:
             eps = "-" if p.examples_per_s is None else f"{p.examples_per_s:,.0f}"
             sp = "-" if p.speedup is None else f"x{p.speedup:.2f}"
@@ -260,7 +261,8 @@ class ScalingResult:
                 f"{_ms(p.input_s):>7} {_ms(p.input_wait_s):>6} {_ms(p.other_s):>6}  {p.reason}"
             )
             if p.fix:
-                lines.append(f"{'':>8} fix: {p.fix}")
+                lines.append(f"{'':>8} fix: {'as above' if p.fix in fixes else p.fix}")
+                fixes.add(p.fix)
         if self.predictions:
             lines += ["", "Predicted (cost model calibrated on 1 and 2 replicas; docs/scaling.md):"]
             for q in self.predictions:
@@ -278,7 +280,7 @@ class ScalingResult:
         if self.prediction_errors:
             errors = ", ".join(f"{k} {v:+.0%}" for k, v in self.prediction_errors.items())
             lines.append(f"  prediction vs measured here: {errors}")
-        if any(p.reason.startswith("shared cores") for p in self.points):
+        if self.device_kind != "GPU" and any(p.replicas > 1 for p in self.points):
             lines.append(f"note: {SHARED_CORES.format(kind=self.device_kind)}")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
