@@ -87,6 +87,7 @@ NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_RESET_REQUIRED = 16
 NVML_ERROR_IN_USE = 19
 NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
 NVML_ERROR_UNKNOWN = 999
@@ -290,6 +291,7 @@ _MESSAGES = {
     NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
     NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
     NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    NVML_ERROR_RESET_REQUIRED: "GPU requires restart",
     NVML_ERROR_UNKNOWN: "Unknown Error",
 }
 
@@ -403,7 +405,7 @@ class FakeGpu:
     gpm_sample_s: Value = 0.0  # how long nvmlGpmSampleGet takes (stamped at its end)
     field_errors: dict[int, int] = dataclasses.field(default_factory=dict)  # field id -> code
     not_supported: set[str] = dataclasses.field(default_factory=set)
-    lost: bool = False
+    lost: bool | int = False  # True: GPU_IS_LOST; an error code: that code (RESET_REQUIRED)
     nvlinks: Sequence[FakeLink] = ()  # none: NVLink queries raise NOT_SUPPORTED (PCIe only)
     pcie_gen_max: int = 4  # what the GPU and the slot allow
     pcie_width_max: int = 16
@@ -559,7 +561,7 @@ def make(
         check(name)
         gpu = handle.gpu
         if gpu.lost:
-            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST if gpu.lost is True else gpu.lost)
         if name in gpu.not_supported:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return gpu
@@ -580,8 +582,9 @@ def make(
         check("nvmlDeviceGetHandleByIndex")
         if not 0 <= index < len(module.gpus):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-        if module.gpus[index].lost:
-            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+        lost = module.gpus[index].lost
+        if lost:
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST if lost is True else lost)
         return _Struct(gpu=module.gpus[index], index=index)
 
     def nvmlDeviceGetName(h: Any) -> str:

@@ -203,6 +203,8 @@ def _lose(fake, how: str) -> None:
     gpu = fake.gpus[0]
     if how == "lost":
         gpu.lost = True  # Xid 79: every query answers NVML_ERROR_GPU_IS_LOST
+    elif how == "reset required":
+        gpu.lost = fake.NVML_ERROR_RESET_REQUIRED  # every query asks for a GPU reset
     elif how == "lost mid-row":
         util = gpu.util
 
@@ -230,7 +232,7 @@ def _recover(fake, how: str, util: float) -> None:
         *[
             (source, how)
             for source in ("gpm", "throughput", "fields")
-            for how in ("lost", "lost mid-row", "nvml shut down")
+            for how in ("lost", "reset required", "lost mid-row", "nvml shut down")
         ],
         ("fields", "a field says lost"),
     ],

@@ -86,9 +86,11 @@ class GpuReader:
         self._function_not_found = error_code(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
         self._not_found = error_code(nv, "NVML_ERROR_NOT_FOUND", 6)
         self._in_use = error_code(nv, "NVML_ERROR_IN_USE", 19)
-        # The GPU (or NVML) is gone: no value of the row stands, carried ones included.
+        # The GPU (or NVML) is gone: no value of the row stands, carried ones included. A GPU
+        # that asks for a reset (Xid 48/79 and the like) answers nothing until it gets one.
         self._gone = (
             error_code(nv, "NVML_ERROR_GPU_IS_LOST", 15),
+            error_code(nv, "NVML_ERROR_RESET_REQUIRED", 16),
             error_code(nv, "NVML_ERROR_UNINITIALIZED", 1),
         )
         self._min_window = min_window
