@@ -605,7 +605,7 @@ def test_a_budget_that_left_candidates_untried_is_never_called_nothing_helped():
     assert "no setting helped" not in text
     assert (
         "not measured: 3 of 6 candidates untried (time budget spent, about 30 s more would "
-        "try them: pass a larger time_budget_s)"
+        "try them: give a larger budget, `time_budget_s=` or `tfgpu tune --time-budget-s`)"
     ) in text
     assert "nothing to change: no setting helped" in str(TuneResult(trials=[*tried, other]))
     kept = TuneResult(trials=[*tried, *left], lines=["model.compile(..., jit_compile=False)"])

@@ -241,7 +241,8 @@ class TuneResult:
         more = f", about {len(left) * each:,.0f} s more would try them" if each > 0 else ""
         return (
             f"not measured: {len(left)} of {len(self.trials)} candidates untried (time budget "
-            f"spent{more}: pass a larger time_budget_s)"
+            f"spent{more}: give a larger budget, `time_budget_s=` or `tfgpu tune "
+            "--time-budget-s`)"
         )
 
     def contributions(self) -> list[tuple[str, float]]:
