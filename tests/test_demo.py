@@ -324,6 +324,8 @@ def test_a_log_dir_filled_after_the_check_is_still_refused(tmp_path):
         (["demo", "--epochs", "2.5"], "argument --epochs: invalid int value: '2.5'"),
         (["demo", "--dataset", ""], "argument `--dataset`"),
         (["demo", "--log-dir", "{full}"], "is not empty, and a demo never writes"),
+        (["demo", "--log-dir", "{full}"], "argument `--log-dir`. Received: --log-dir="),
+        (["demo", "--log-dir", "{full}"], "or leave --log-dir out for a fresh runs/demo-"),
         (["demo", "--log-dir", "{full}/timeline.csv"], "is a file"),
     ],
 )

@@ -123,7 +123,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
         check_path("--log-dir", args.log_dir)
         if args.epochs is not None:
             check_int("--epochs", args.epochs, minimum=1)
-        args.log_dir = check_arguments(args.quick, args.dataset, args.log_dir, args.epochs)
+        args.log_dir = check_arguments(
+            args.quick, args.dataset, args.log_dir, args.epochs, flags=True
+        )
     elif args.command == "report":
         check_path("LOG_DIR", args.log_dir)
         check_path("--out", args.out)
