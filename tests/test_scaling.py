@@ -289,3 +289,25 @@ def test_without_an_interconnect_cost_the_same_gradients_are_not_all_reduce_boun
     p = _point(4, "weak", step=0.040, compute=0.030, all_reduce=0.002, speedup=1.0)
     p.explain(base, "logical CPU device", 8 * 2**20)
     assert p.reason.startswith("shared cores"), p.reason
+
+
+def test_a_dataset_that_never_yields_is_reported_not_waited_on(monkeypatch):
+    """The data is read before any timed `fit`, with the bound every measuring call has."""
+    import threading
+
+    from tfgpu._internal.adapters import datasets
+
+    monkeypatch.setattr(datasets, "READ_TIMEOUT_S", 0.2)
+    release = threading.Event()
+
+    def examples():
+        release.wait()
+        yield np.zeros(4, np.float32), np.zeros(1, np.float32)
+
+    spec = (tf.TensorSpec([4], tf.float32), tf.TensorSpec([1], tf.float32))
+    data = tf.data.Dataset.from_generator(examples, output_signature=spec).batch(8)
+    try:
+        with pytest.raises(TimeoutError, match=r"^No element from `data` in 0\.2 s"):
+            tfgpu.scaling(_tiny_model, data, replicas=[2], verbose=0)
+    finally:
+        release.set()

@@ -250,6 +250,8 @@ def scaling(
         progress.phase("building the model on each replica count")
         configs = _configs(model_factory, source, devices, counts, base_batch, notes)
         base, others = configs[0], configs[1:]
+        if not read_first(base.dataset, 1):  # bounded: a dataset that never yields is named
+            raise invalid_value("data", data, "a dataset that yields at least one batch")
         progress.phase(f"timing {len(configs)} configurations in interleaved rounds")
         comparisons = timing.compare(
             base.run,
