@@ -90,8 +90,9 @@ def _point(n=2, mode="weak", step=0.020, compute=0.010, all_reduce=0.001, input_
     return p
 
 
-def _base(step=0.010, compute=0.008):
+def _base(step=0.010, compute=0.007):
     base = _point(1, "both", step=step, compute=compute, all_reduce=0.0, speedup=1.0)
+    base.update_s = 0.001
     base.explain(base, "GPU", 0)
     return base
 
@@ -115,6 +116,13 @@ def _base(step=0.010, compute=0.008):
             "global_batch_size",
         ),
         (_point(step=0.030, compute=0.008), "GPU", r"^host-bound", "steps_per_execution"),
+        (
+            _point(step=0.030, compute=0.008, update_s=0.015),
+            "GPU",
+            r"^update-bound \(60% of linear\): updating every replica's copy of the weights "
+            r"takes 15\.0 ms",
+            "larger per-replica batch",
+        ),
         (_point(step=0.012, compute=0.011), "GPU", r"^compute slows", "GPUMonitor"),
     ],
 )
@@ -126,10 +134,11 @@ def test_each_point_gets_the_reason_of_what_grew_and_its_fix(point, kind, reason
 
 
 def test_the_step_split_adds_up_to_the_step():
-    p = _point(step=0.020, compute=0.010, all_reduce=0.003, input_s=0.015)
+    p = _point(step=0.020, compute=0.010, all_reduce=0.003, input_s=0.015, update_s=0.001)
     p.explain(_base(), "GPU", 0)
-    assert p.input_wait_s == pytest.approx(0.002)  # the pipeline beyond compute + all-reduce
-    assert p.compute_s + p.all_reduce_s + p.input_wait_s + p.other_s == pytest.approx(0.020)
+    assert p.input_wait_s == pytest.approx(0.001)  # the pipeline beyond the device's work
+    parts = p.compute_s + p.all_reduce_s + p.update_s + p.input_wait_s + p.other_s
+    assert parts == pytest.approx(0.020)
 
 
 def _tiny_model() -> keras.Model:

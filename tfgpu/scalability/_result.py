@@ -19,7 +19,8 @@ SCALING_JSON, SCALING_PNG = "scaling.json", "scaling.png"
 
 SHARED_CORES = (
     "{kind}s share this machine's cores, so more replicas add no compute: this run checks "
-    "the mechanics (the step's parts, the all-reduce, the input) and calibrates the "
+    "the mechanics (the step's parts, the all-reduce, the update, the input) and calibrates "
+    "the "
     "prediction; it does not show a GPU's speedup"
 )
 
@@ -49,10 +50,12 @@ class Point:
         efficiency: float or None, speedup / replicas (1.0: linear).
         compute_s: float or None, every replica's forward and backward pass, nothing reduced.
         all_reduce_s: float or None, the all-reduce of the gradients alone.
+        update_s: float or None, the optimizer's update of every replica's copy of the
+            weights (its `apply_gradients` timed alone, less the all-reduce in it).
         input_s: float or None, the input pipeline alone, per global batch.
         input_wait_s: float or None, how long a step waits for its batch: the pipeline's time
-            beyond compute and all-reduce.
-        other_s: float or None, the rest of the step: the update, host work, launches.
+            beyond compute, all-reduce and update.
+        other_s: float or None, the rest of the step: `fit`'s host work, launches.
         reason: str, why it scales as it does, in one line; `fix`: what to change ("" when
             nothing).
         error: str, why it could not be timed ("" when it was).
@@ -70,6 +73,7 @@ class Point:
     compute_s: float | None = None
     all_reduce_s: float | None = None
     input_s: float | None = None
+    update_s: float | None = None
     error: str = ""
     efficiency: float | None = None
     input_wait_s: float | None = None
@@ -85,7 +89,7 @@ class Point:
             self.efficiency = self.speedup / n
         busy = None
         if self.compute_s is not None and self.all_reduce_s is not None:
-            busy = self.compute_s + self.all_reduce_s
+            busy = self.compute_s + self.all_reduce_s + (self.update_s or 0.0)
         if step and busy is not None:
             self.input_wait_s = 0.0 if self.input_s is None else max(0.0, self.input_s - busy)
             self.other_s = max(0.0, step - busy - self.input_wait_s)
@@ -127,21 +131,33 @@ class Point:
                 "between GPUs, peer-to-peer links (NVLink) over PCIe through the host"
             )
             return
-        # What is left grew with the replicas: the compute, or the rest of the step (the
-        # update, host work), whichever exceeds its ideal more (weak: as on one replica;
-        # strong: 1/n of it).
+        # What is left grew with the replicas: the compute, the update or the rest of the
+        # step, whichever exceeds its ideal most (weak: as on one replica; strong: 1/n of it).
         ideal = 1.0 if self.mode == "weak" else 1.0 / n
-        compute_excess = _excess(self.compute_s, base.compute_s, ideal)
-        other_excess = _excess(self.other_s, base.other_s, ideal)
-        if other_excess > compute_excess and self.other_s is not None:
+        excess = {
+            "compute": _excess(self.compute_s, base.compute_s, ideal),
+            "update": _excess(self.update_s, base.update_s, ideal),
+            "other": _excess(self.other_s, base.other_s, ideal),
+        }
+        grew = max(excess, key=lambda k: excess[k])
+        shared = f"; {device_kind}s do it on the shared cores" if device_kind != "GPU" else ""
+        if grew == "update" and excess["update"] > 0:
+            self.reason = (
+                f"update-bound ({eff}): updating every replica's copy of the weights takes "
+                f"{_ms(self.update_s)} ms of a {_ms(step)} ms step"
+            )
+            self.fix = (
+                "more examples per update: a larger per-replica batch (weak scaling); a "
+                f"cheaper optimizer, or `jit_compile=True` to fuse the update{shared}"
+            )
+            return
+        if grew == "other" and excess["other"] > 0:
             self.reason = (
                 f"host-bound ({eff}): {_ms(self.other_s)} ms of a {_ms(step)} ms step is "
-                "neither compute nor all-reduce (the update of every replica's copy, Python, "
-                "kernel launches)"
+                "neither compute, all-reduce nor update (Python, kernel launches, `fit`'s "
+                "host work)"
             )
             self.fix = "more steps per call: `model.compile(..., steps_per_execution=16)`"
-            if device_kind != "GPU":
-                self.fix += f"; {device_kind}s also update their copies on shared cores"
             return
         if device_kind != "GPU":
             self.reason = f"shared cores ({eff}): see the note"
@@ -185,6 +201,7 @@ class Prediction:
     compute_s: float
     all_reduce_s: float
     input_s: float
+    update_s: float
 
 
 @dataclasses.dataclass
@@ -245,8 +262,8 @@ class ScalingResult:
             f"all-reduce {self.all_reduce or '-'}, link: {link}",
             "",
             f"{'replicas':>8} {'mode':<6} {'batch':>6} {'examples/s':>11} {'speedup':>20} "
-            f"{'eff.':>5} {'step ms':>8} {'compute':>8} {'all-red.':>8} {'input':>7} "
-            f"{'wait':>6} {'other':>6}  reason",
+            f"{'eff.':>5} {'step ms':>8} {'compute':>8} {'all-red.':>8} {'update':>7} "
+            f"{'input':>7} {'wait':>6} {'other':>6}  reason",
         ]
         fixes: set[str] = set()
         for p in self.points:
@@ -258,7 +275,8 @@ class ScalingResult:
             lines.append(
                 f"{p.replicas:>8} {p.mode:<6} {p.global_batch:>6} {eps:>11} {sp:>20} {eff:>5} "
                 f"{_ms(p.step_s):>8} {_ms(p.compute_s):>8} {_ms(p.all_reduce_s):>8} "
-                f"{_ms(p.input_s):>7} {_ms(p.input_wait_s):>6} {_ms(p.other_s):>6}  {p.reason}"
+                f"{_ms(p.update_s):>7} {_ms(p.input_s):>7} {_ms(p.input_wait_s):>6} "
+                f"{_ms(p.other_s):>6}  {p.reason}"
             )
             if p.fix:
                 lines.append(f"{'':>8} fix: {'as above' if p.fix in fixes else p.fix}")
@@ -274,8 +292,8 @@ class ScalingResult:
                 lines.append(
                     f"  {where}, {q.mode}: {q.examples_per_s:,.0f} examples/s, "
                     f"{q.efficiency:.0%} of linear (step {_ms(q.step_s)} ms: compute "
-                    f"{_ms(q.compute_s)}, all-reduce {_ms(q.all_reduce_s)}{bound}, input "
-                    f"{_ms(q.input_s)})"
+                    f"{_ms(q.compute_s)}, all-reduce {_ms(q.all_reduce_s)}{bound}, update "
+                    f"{_ms(q.update_s)}, input {_ms(q.input_s)})"
                 )
         if self.prediction_errors:
             errors = ", ".join(f"{k} {v:+.0%}" for k, v in self.prediction_errors.items())

@@ -366,6 +366,8 @@ def _sample_parts(
     if c.n > 1 and due("all_reduce_s", c.n):
         add("all_reduce_s", c.n, measure.all_reduce_s(c.strategy, c.model, tiny=False))
         add("latency_s", c.n, measure.all_reduce_s(c.strategy, c.model, tiny=True))
+    if due("apply_s", c.n):  # the all-reduce and the update: the weights change, not the cost
+        add("apply_s", c.n, measure.apply_s(c.strategy, c.model))
     if due("input_s", c.global_batch):
         from tfgpu.data import benchmark
 
@@ -376,10 +378,18 @@ def _sample_parts(
 def _parts_of(c: _Config, samples: dict[tuple[str, Any], list[float]]) -> dict[str, float]:
     """The medians of `c`'s parts over the rounds (the parts never sampled left out)."""
     out = {"all_reduce_s": 0.0, "latency_s": 0.0} if c.n == 1 else {}
-    keys = {"compute_s": c.key, "all_reduce_s": c.n, "latency_s": c.n, "input_s": c.global_batch}
+    keys = {
+        "compute_s": c.key,
+        "all_reduce_s": c.n,
+        "latency_s": c.n,
+        "apply_s": c.n,
+        "input_s": c.global_batch,
+    }
     for name, key in keys.items():
         if samples.get((name, key)):
             out[name] = stats.median(samples[name, key])
+    if "apply_s" in out and "all_reduce_s" in out:  # the update: the apply but its all-reduce
+        out["update_s"] = max(0.0, out.pop("apply_s") - out["all_reduce_s"])
     return out
 
 
@@ -419,6 +429,7 @@ def _point(c: _Config, comparison, base_s, parts: dict[str, float], kind: str) -
         speedup_high=high,
         compute_s=parts.get("compute_s"),
         all_reduce_s=parts.get("all_reduce_s"),
+        update_s=parts.get("update_s"),
         input_s=parts.get("input_s"),
         error=error,
     )
@@ -433,6 +444,8 @@ class _Calibrated:
     a: float
     b: float
     all_reduce: cost.Calibration
+    update_a: float
+    update_b: float
     other_s: float
     rate: float  # examples/s the host's pipeline gives
     base_batch: int
@@ -448,7 +461,8 @@ class _Calibrated:
         if machines > 1:
             reduce_s += cost.network_all_reduce_s(machines, gradient_bytes, network_bytes_s)
         input_s = (global_batch / machines) / self.rate
-        step = cost.step_s(compute, reduce_s, self.other_s, input_s)
+        update = cost.compute_at(WEAK, self.update_a, self.update_b, local)
+        step = cost.step_s(compute, reduce_s, update + self.other_s, input_s)
         return Prediction(
             replicas=n,
             machines=machines,
@@ -459,6 +473,7 @@ class _Calibrated:
             efficiency=(global_batch / step) / (n * self.base_rate),
             compute_s=compute,
             all_reduce_s=reduce_s,
+            update_s=update,
             input_s=input_s,
         )
 
@@ -474,11 +489,16 @@ def _calibrate(mode, points, parts, gradient_bytes, ring) -> _Calibrated | None:
         or second is None
         or not base.step_s
         or not second.step_s
-        or not all(k in one for k in ("compute_s", "input_s"))
-        or not all(k in two for k in ("compute_s", "all_reduce_s", "latency_s", "input_s"))
+        or not all(k in one for k in ("compute_s", "update_s", "input_s"))
+        or not all(
+            k in two for k in ("compute_s", "all_reduce_s", "latency_s", "update_s", "input_s")
+        )
     ):
         return None
     a, b = cost.fit_compute(mode, one["compute_s"], two["compute_s"])
+    # Every replica updates its own copy, whatever the batch: as weak compute in the replicas.
+    update_a, update_b = cost.fit_compute(WEAK, one["update_s"], two["update_s"])
+    busy = two["compute_s"] + two["all_reduce_s"] + two["update_s"]
     return _Calibrated(
         mode=mode,
         a=a,
@@ -486,7 +506,9 @@ def _calibrate(mode, points, parts, gradient_bytes, ring) -> _Calibrated | None:
         all_reduce=cost.Calibration.from_measurements(
             ring, 2, gradient_bytes, two["all_reduce_s"], two["latency_s"]
         ),
-        other_s=max(0.0, second.step_s - two["compute_s"] - two["all_reduce_s"]),
+        update_a=update_a,
+        update_b=update_b,
+        other_s=max(0.0, second.step_s - busy),
         rate=second.global_batch / two["input_s"],
         base_batch=base.global_batch,
         base_rate=base.global_batch / base.step_s,
