@@ -68,3 +68,27 @@ def test_importing_it_loads_no_tensorflow():
     code = "import sys, tfgpu._internal.helpers.files; print([m for m in sys.modules if m.startswith('tensorflow')])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_result_s_record_and_plot_are_rotated_and_a_failure_is_a_warning(tmp_path):
+    import json
+
+    from tfgpu._internal.helpers.files import write_result
+
+    def draw(path):
+        path.write_bytes(b"png")
+
+    for _ in range(2):
+        write_result(tmp_path, "tune", {"a": 1}, "tune.json", draw, "tune.png")
+    assert json.loads((tmp_path / "tune.json").read_text()) == {"a": 1}
+    assert (tmp_path / "tune.1.json").exists() and (tmp_path / "tune.1.png").exists()
+
+    def broken(path):
+        raise RuntimeError("no backend")
+
+    with pytest.warns(UserWarning, match=r"^scaling: scaling\.png not written to .*no backend"):
+        write_result(tmp_path, "scaling", {"b": 2}, "scaling.json", broken, "scaling.png")
+    assert json.loads((tmp_path / "scaling.json").read_text()) == {"b": 2}  # the record stays
+    (tmp_path / "file").write_text("")
+    with pytest.warns(UserWarning, match=r"^tune: tune\.json not written to .*file"):
+        write_result(tmp_path / "file", "tune", {}, "tune.json", draw, "tune.png")

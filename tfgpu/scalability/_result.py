@@ -4,16 +4,15 @@ parts and its reason; the cost model's predictions; `scaling.json` and `scaling.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from tfgpu._internal.helpers.files import rotate, write_text_atomic
+from tfgpu._internal.helpers.files import write_result, write_text_atomic
 from tfgpu._internal.helpers.jsonable import json_safe
 from tfgpu._internal.helpers.stats import format_bytes
-from tfgpu._internal.helpers.warn import one_line, warn_at_user_code
 
 SCALING_JSON, SCALING_PNG = "scaling.json", "scaling.png"
 
@@ -305,21 +304,11 @@ class ScalingResult:
 
 
 def write(result: ScalingResult, log_dir: Path) -> None:
-    """Writes `scaling.json` and `scaling.png` into `log_dir` (older ones rotated aside);
-    failures are warnings."""
-    try:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        path = log_dir / SCALING_JSON
-        rotate(path)
-        record = {**result.to_dict(), "text": str(result)}  # `tfgpu report` shows the text
-        write_text_atomic(path, json.dumps(record, indent=2))
-    except OSError as e:
-        warn_at_user_code(f"scaling: {SCALING_JSON} not written to {log_dir}: {one_line(e)}")
-        return
-    try:
-        plot(result, log_dir / SCALING_PNG)
-    except Exception as e:  # the plot is a side feature: scaling.json is written
-        warn_at_user_code(f"scaling: {SCALING_PNG} not written to {log_dir}: {one_line(e)}")
+    """Writes `scaling.json` (with the printed table, which `tfgpu report` shows) and
+    `scaling.png` into `log_dir` (older ones rotated aside); failures are warnings."""
+    record = {**result.to_dict(), "text": str(result)}
+    draw = functools.partial(plot, result)
+    write_result(log_dir, "scaling", record, SCALING_JSON, draw, SCALING_PNG)
 
 
 def plot(result: ScalingResult, path: Path) -> None:
@@ -334,38 +323,14 @@ def plot(result: ScalingResult, path: Path) -> None:
         measured = [base, *(p for p in result.points if p.mode == mode)] if base else []
         measured = [p for p in measured if p and p.examples_per_s]
         predicted = [q for q in result.predictions if q.mode == mode and q.machines == 1]
-        if measured:
-            xs = [p.replicas for p in measured]
-            rate_ax.plot(
-                xs,
-                [p.examples_per_s for p in measured],
-                "o-",
-                color=color,
-                label=f"{mode}, measured",
-            )
-            eff_ax.plot(
-                xs,
-                [p.efficiency if p.replicas > 1 else 1.0 for p in measured],
-                "o-",
-                color=color,
-                label=f"{mode}, measured",
-            )
-        if predicted:
-            xs = [q.replicas for q in predicted]
-            rate_ax.plot(
-                xs,
-                [q.examples_per_s for q in predicted],
-                "x--",
-                color=color,
-                label=f"{mode}, predicted",
-            )
-            eff_ax.plot(
-                xs,
-                [q.efficiency for q in predicted],
-                "x--",
-                color=color,
-                label=f"{mode}, predicted",
-            )
+        for points, style, what in ((measured, "o-", "measured"), (predicted, "x--", "predicted")):
+            if not points:
+                continue
+            xs = [p.replicas for p in points]
+            rates = [p.examples_per_s for p in points]
+            effs = [1.0 if p.replicas == 1 else p.efficiency for p in points]
+            for ax, ys in ((rate_ax, rates), (eff_ax, effs)):
+                ax.plot(xs, ys, style, color=color, label=f"{mode}, {what}")
     rate_ax.set_xlabel("replicas")
     rate_ax.set_ylabel("examples/s")
     eff_ax.set_xlabel("replicas")
@@ -375,7 +340,6 @@ def plot(result: ScalingResult, path: Path) -> None:
         ax.legend(fontsize=7)
     fig.suptitle(f"scaling on {result.device_kind}s", fontsize=10)
     fig.tight_layout()
-    rotate(path)
     png = io.BytesIO()
     fig.savefig(png, dpi=100, format="png")
     write_text_atomic(path, png.getvalue())

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from tfgpu._internal.helpers.files import rotate, write_text_atomic
+from tfgpu._internal.helpers.files import write_result, write_text_atomic
 from tfgpu._internal.helpers.jsonable import json_safe
-from tfgpu._internal.helpers.warn import one_line, warn_at_user_code
+from tfgpu._internal.helpers.warn import warn_at_user_code
 from tfgpu.tuning._candidates import (
     BUDGET_SPENT,
     COMPILE_KEYS,
@@ -251,21 +251,11 @@ class TuneResult:
 
 
 def write(result: TuneResult, log_dir: Path) -> None:
-    """Writes `tune.json` and `tune.png` into `log_dir` (older ones rotated aside); failures
-    are warnings."""
-    try:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        path = log_dir / TUNE_JSON
-        rotate(path)
-        record = {**result.to_dict(), "text": str(result)}  # `tfgpu report` shows the text
-        write_text_atomic(path, json.dumps(record, indent=2))
-    except OSError as e:
-        warn_at_user_code(f"tune: {TUNE_JSON} not written to {log_dir}: {one_line(e)}")
-        return
-    try:
-        plot_waterfall(result, log_dir / TUNE_PNG)
-    except Exception as e:  # the plot is a side feature: tune.json is written, the result returned
-        warn_at_user_code(f"tune: {TUNE_PNG} not written to {log_dir}: {one_line(e)}")
+    """Writes `tune.json` (with the printed table, which `tfgpu report` shows) and `tune.png`
+    into `log_dir` (older ones rotated aside); failures are warnings."""
+    record = {**result.to_dict(), "text": str(result)}
+    draw = functools.partial(plot_waterfall, result)
+    write_result(log_dir, "tune", record, TUNE_JSON, draw, TUNE_PNG)
 
 
 def waterfall_steps(result: TuneResult) -> list[tuple[str, float, float]]:
@@ -306,7 +296,6 @@ def plot_waterfall(result: TuneResult, path: Path) -> None:
     ax.set_ylabel("examples/s")
     ax.set_title(f"tune: x{result.speedup:.2f} verified against the baseline", fontsize=10)
     fig.tight_layout()
-    rotate(path)
     png = io.BytesIO()
     fig.savefig(png, dpi=100, format="png")
     write_text_atomic(path, png.getvalue())

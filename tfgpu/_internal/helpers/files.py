@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tfgpu._internal.helpers.checks import check_dir, invalid_value
+from tfgpu._internal.helpers.warn import one_line, warn_at_user_code
 
 EARLIER_SESSIONS = "earlier_sessions"
 
@@ -59,6 +60,33 @@ def write_text_atomic(path: Path, text: str | bytes) -> None:
                 os.unlink(tmp)
             except OSError:
                 pass
+
+
+def write_result(
+    log_dir: Path, who: str, record: dict[str, Any], json_name: str, plot: Any, png_name: str
+) -> None:
+    """Writes a result's `record` as `json_name` into `log_dir`, then `plot(path)` draws
+    `png_name` beside it (older ones rotated aside); a failure of either is a warning naming
+    `who` (`tune`, `scaling`): the result is returned whatever the disk says.
+
+    Example:
+
+    >>> write_result(Path("runs/exp1"), "tune", record, "tune.json", draw, "tune.png")
+    """
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        path = log_dir / json_name
+        rotate(path)
+        write_text_atomic(path, json.dumps(record, indent=2))
+    except OSError as e:
+        warn_at_user_code(f"{who}: {json_name} not written to {log_dir}: {one_line(e)}")
+        return
+    try:
+        png = log_dir / png_name
+        rotate(png)
+        plot(png)
+    except Exception as e:  # the plot is a side feature: the JSON is written, the result returned
+        warn_at_user_code(f"{who}: {png_name} not written to {log_dir}: {one_line(e)}")
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
