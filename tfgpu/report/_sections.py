@@ -307,41 +307,37 @@ def diagnosis_section(path: Path, problems: Problems) -> list[str]:
     return [*lines, ""]
 
 
-def tune_section(path: Path, out: Path, problems: Problems) -> list[str]:
-    """`tune.json` (written by `tfgpu.tune`): its table and lines, and its waterfall plot."""
-    lines = ["## Tuning", ""]
+def _result_section(
+    path: Path, out: Path, problems: Problems, title: str, fields: Any, items: tuple[str, Any]
+) -> list[str]:
+    """A result's record (`tune.json`, `scaling.json`): its damaged fields as problems, its
+    printed text, and its plot (`NAME.png` beside it), linked relative to `out`."""
+    lines = [f"## {title}", ""]
     d = read_record(path, problems)
     if d is None:
         return [*lines, f"`{path.name}` could not be read (see Problems above).", ""]
-    damaged_fields(path, d, _TUNE, problems)
-    _damaged_list(path, d.get("trials"), _TRIAL, problems, "trials")
+    damaged_fields(path, d, fields, problems)
+    _damaged_list(path, d.get(items[0]), items[1], problems, items[0])
     text = d.get("text")
     if isinstance(text, str) and text.strip():
         lines += ["```", text.rstrip().replace("```", "'''"), "```", ""]
-    else:
+    elif "speedup" in d:
         lines += [f"Verified speedup: x{fmt(d.get('speedup'), '.2f')}", ""]
-    plot = path.with_name("tune.png")
+    plot = path.with_suffix(".png")
     if plot.is_file():
-        lines += [f"![tune]({Path(os.path.relpath(plot, out)).as_posix()})", ""]
+        lines += [f"![{path.stem}]({Path(os.path.relpath(plot, out)).as_posix()})", ""]
     return lines
+
+
+def tune_section(path: Path, out: Path, problems: Problems) -> list[str]:
+    """`tune.json` (written by `tfgpu.tune`): its table and lines, and its waterfall plot."""
+    return _result_section(path, out, problems, "Tuning", _TUNE, ("trials", _TRIAL))
 
 
 def scaling_section(path: Path, out: Path, problems: Problems) -> list[str]:
     """`scaling.json` (written by `tfgpu.scaling`): its table, prediction and reasons, and
     its plot."""
-    lines = ["## Scaling", ""]
-    d = read_record(path, problems)
-    if d is None:
-        return [*lines, f"`{path.name}` could not be read (see Problems above).", ""]
-    damaged_fields(path, d, _SCALING, problems)
-    _damaged_list(path, d.get("points"), _POINT, problems, "points")
-    text = d.get("text")
-    if isinstance(text, str) and text.strip():
-        lines += ["```", text.rstrip().replace("```", "'''"), "```", ""]
-    plot = path.with_name("scaling.png")
-    if plot.is_file():
-        lines += [f"![scaling]({Path(os.path.relpath(plot, out)).as_posix()})", ""]
-    return lines
+    return _result_section(path, out, problems, "Scaling", _SCALING, ("points", _POINT))
 
 
 def _gpu_line(g: Any) -> str:
