@@ -320,3 +320,70 @@ def test_a_dataset_that_never_yields_is_reported_not_waited_on(monkeypatch):
             tfgpu.scaling(_tiny_model, data, replicas=[2], verbose=0)
     finally:
         release.set()
+
+
+def _measured_gpu_points(gradient_bytes: int):
+    """1 and 2 GPUs measured, weak: 10 ms of compute, an all-reduce calibrated fast (as a
+    tiny measured one would be), 1 ms of update."""
+    base = _point(1, "both", step=0.012, compute=0.010, all_reduce=0.0, speedup=1.0)
+    two = _point(2, "weak", step=0.0125, compute=0.010, all_reduce=0.0005, speedup=1.9)
+    for p in (base, two):
+        p.update_s = 0.001
+        p.explain(base, "GPU", gradient_bytes)
+    parts = {
+        "1 weak": {"compute_s": 0.010, "update_s": 0.001, "input_s": 0.001},
+        "2 weak": {
+            "compute_s": 0.010,
+            "all_reduce_s": 0.0005,
+            "latency_s": 0.0001,
+            "update_s": 0.001,
+            "input_s": 0.002,
+        },
+    }
+    return [base, two], parts
+
+
+@pytest.mark.parametrize(
+    "topology, kind, floor_s",
+    [
+        ({"nvlinks": "nvswitch"}, "nvlink", 2 * 7 / 8 * 2**30 / 450e9),
+        ({"p2p": "off"}, "pcie", 2 * 7 / 8 * 2**30 / (16e9 * 128 / 130 / 8 * 16 / 2)),
+    ],
+)
+def test_the_link_nvml_reports_is_stated_and_bounds_the_predicted_all_reduce(
+    topology, kind, floor_s, monkeypatch
+):
+    """Fake NVML topologies: an H100-like NVSwitch board and PCIe Gen4 x16 without peer
+    access. The link is stated, and no predicted all-reduce of 1 GiB of gradients over 8 GPUs
+    beats a ring over it (the calibration from 2 GPUs alone would say ~4 ms)."""
+    import sys
+
+    from tests import fake_pynvml
+    from tfgpu.scalability import _links
+    from tfgpu.scalability._scaling import predict
+
+    if "nvlinks" in topology:
+        fake = fake_pynvml.make(fake_pynvml.machine(8, nvlinks=fake_pynvml.nvswitch_links(18)))
+    else:
+        no_p2p = fake_pynvml.NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED
+        fake = fake_pynvml.make(fake_pynvml.machine(8), p2p=no_p2p)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    link = _links.gpu_link()
+    assert link.kind == kind
+    points, parts = _measured_gpu_points(2**30)
+    predictions, _ = predict(points, parts, 2**30, "nccl", 100.0, "GPU", link)
+    eight = next(q for q in predictions if (q.replicas, q.machines, q.mode) == (8, 1, "weak"))
+    assert eight.all_reduce_s == pytest.approx(
+        max(floor_s, 14 * 0.0001 / 2 + 1.75 * 2**30 / (2**30 / 0.0004))
+    )
+    result = ScalingResult(points, predictions, {}, 2**30, "GPU", "nccl", link, [])
+    assert link.description in str(result)
+    assert f"the link allows >= {floor_s * 1e3:.1f} ms" in str(result)
+    # Across machines: the stated network adds its ring.
+    two_machines = next(q for q in predictions if q.machines == 2 and q.mode == "weak")
+    assert two_machines.replicas == 4  # this machine's 2 replicas, twice
+    network = 2**30 / (100e9 / 8)  # a ring of 2 machines moves the gradients once, 100 Gbit/s
+    assert two_machines.all_reduce_s == pytest.approx(
+        max(2 / 2 * 2**30 / link.bandwidth_bytes_s, 2 * 0.00005 + 2**30 / (2**30 / 0.0004))
+        + network
+    )

@@ -286,14 +286,15 @@ def scaling(
     ]
     for p in points:
         p.explain(points[0], kind, grad_bytes)
-    predictions, errors = _predict(points, parts, grad_bytes, configs, network, kind)
+    in_use = next((all_reduce.describe(c.strategy).in_use for c in others), "")
+    predictions, errors = predict(points, parts, grad_bytes, in_use, network, kind, link)
     result = ScalingResult(
         points=points,
         predictions=predictions,
         prediction_errors=errors,
         gradient_bytes=grad_bytes,
         device_kind=kind,
-        all_reduce=next((all_reduce.describe(c.strategy).in_use for c in others), ""),
+        all_reduce=in_use,
         link=link,
         notes=notes,
         time_s=budget.elapsed(),
@@ -450,6 +451,7 @@ class _Calibrated:
     rate: float  # examples/s the host's pipeline gives
     base_batch: int
     base_rate: float  # examples/s of one replica, measured
+    link_bytes_s: float | None = None  # between GPUs, per direction (None: unknown)
 
     def predict(
         self, n: int, gradient_bytes: int, machines: int = 1, network_bytes_s: float = 0.0
@@ -458,6 +460,9 @@ class _Calibrated:
         global_batch = self.base_batch * n if self.mode == WEAK else self.base_batch
         compute = cost.compute_at(self.mode, self.a, self.b, local if self.mode == WEAK else n)
         reduce_s = self.all_reduce.seconds(local, gradient_bytes)
+        if self.link_bytes_s:  # never faster than a ring over the link allows
+            floor = cost.all_reduce_factor(cost.RING, local)[0] * gradient_bytes
+            reduce_s = max(reduce_s, floor / self.link_bytes_s)
         if machines > 1:
             reduce_s += cost.network_all_reduce_s(machines, gradient_bytes, network_bytes_s)
         input_s = (global_batch / machines) / self.rate
@@ -515,20 +520,30 @@ def _calibrate(mode, points, parts, gradient_bytes, ring) -> _Calibrated | None:
     )
 
 
-def _predict(points, parts, gradient_bytes, configs, network_gbit_s, kind):
+def predict(
+    points: list[Point],
+    parts: dict[str, dict[str, float]],
+    gradient_bytes: int,
+    implementation: str,
+    network_gbit_s: float,
+    kind: str,
+    link: Any,
+) -> tuple[list[Prediction], dict[str, float]]:
     """Predictions from the 1- and 2-replica points per mode (more replicas; more machines
-    on GPUs); the error on the larger counts measured here."""
+    on GPUs, where the all-reduce is never faster than the `link` allows); the error on the
+    larger counts measured here. Pure."""
     predictions: list[Prediction] = []
     errors: dict[str, float] = {}
     by_key = {f"{p.replicas} {p.mode}": p for p in points}
-    implementation = next((all_reduce.describe(c.strategy).in_use for c in configs if c.n > 1), "")
     ring = cost.RING if implementation in RING_IMPLEMENTATIONS else cost.THROUGH_ONE
-    local = max(c.n for c in configs)
+    local = max(p.replicas for p in points)
+    link_bytes_s = getattr(link, "bandwidth_bytes_s", None) if kind == "GPU" else None
     for mode in (WEAK, STRONG):
         model = _calibrate(mode, points, parts, gradient_bytes, ring)
         if model is None:
             continue
-        for n in sorted({c.n for c in configs if c.n > 2} | {4, 8}):
+        model = dataclasses.replace(model, link_bytes_s=link_bytes_s)
+        for n in sorted({p.replicas for p in points if p.replicas > 2} | {4, 8}):
             p = model.predict(n, gradient_bytes)
             measured = by_key.get(f"{n} {mode}")
             if measured is not None and measured.step_s:
