@@ -7,7 +7,7 @@ the step, and how far is the cost model's prediction for 4 replicas from the mea
    gradients, almost no compute): the all-reduce holds the step.
 
 For each shape and run: the result's table; per point of 2 and 4 replicas, the step's parts
-over the step, `(compute + all-reduce + wait) / step` ("parts") and with `other` added
+over the step, `(compute + all-reduce + update + wait) / step` ("parts") and with `other` added
 ("with other": 1.00 unless the parts exceed the step, since `other` is what is left); and
 `result.prediction_errors` (predicted / measured step - 1 for the counts beyond the two the
 model is calibrated on). The issue's targets: parts within 15% of the step, the prediction
@@ -80,12 +80,12 @@ CASES = {"compute": compute_case, "gradients": gradients_case}
 
 
 def ratios(p) -> tuple[float, float] | None:
-    """(compute + all-reduce + wait) / step, and the same with `other`; None when a part is
-    missing."""
-    parts = (p.compute_s, p.all_reduce_s, p.input_wait_s, p.other_s)
+    """(compute + all-reduce + update + wait) / step, and the same with `other`; None when a
+    part is missing."""
+    parts = (p.compute_s, p.all_reduce_s, p.update_s, p.input_wait_s, p.other_s)
     if not p.step_s or any(v is None for v in parts):
         return None
-    busy = p.compute_s + p.all_reduce_s + p.input_wait_s
+    busy = p.compute_s + p.all_reduce_s + p.update_s + p.input_wait_s
     return busy / p.step_s, (busy + p.other_s) / p.step_s
 
 
