@@ -1,6 +1,6 @@
 """`scaling()`: the same model and data on 1, 2, 4, ... replicas of this machine, weak and
-strong, timed in interleaved rounds; each step split into compute, all-reduce and input; the
-reason in one line; a prediction for more replicas from the cost model (`_cost`)."""
+strong, timed in interleaved rounds; each step split into compute, all-reduce, update and
+input; the reason in one line; a prediction for more replicas from the cost model (`_cost`)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,13 @@ from tfgpu._internal.adapters.datasets import (
 from tfgpu._internal.adapters.devices import tf_gpus
 from tfgpu._internal.adapters.workload import DEFAULT_BATCH_SIZE, check_data, check_model
 from tfgpu._internal.helpers import stats
-from tfgpu._internal.helpers.checks import check_int, check_number, invalid_type, invalid_value
+from tfgpu._internal.helpers.checks import (
+    check_int,
+    check_number,
+    check_time_budget,
+    invalid_type,
+    invalid_value,
+)
 from tfgpu._internal.helpers.files import writable_dir
 from tfgpu._internal.helpers.progress import Progress, check_verbose
 from tfgpu._internal.helpers.warn import one_line
@@ -76,13 +82,12 @@ def _devices() -> tuple[list[str], str]:
 
 
 def _strategy(devices: list[str]) -> tf.distribute.Strategy:
+    """The strategy of one replica count: `tfgpu.strategy` on exactly these devices."""
     from tfgpu import strategy
 
-    with warnings.catch_warnings():  # "mirrored on logical CPU devices proves the numerics"
-        warnings.simplefilter("ignore")
-        if len(devices) == 1:
-            return strategy("one_device", devices=devices[0])
-        return strategy("mirrored", devices=devices)
+    if len(devices) == 1:
+        return strategy("one_device", devices=devices[0])
+    return strategy("mirrored", devices=devices)
 
 
 @contextlib.contextmanager
@@ -157,8 +162,8 @@ def scaling(
     Each replica count is timed both ways: **weak** scaling keeps the per-replica batch (the
     global batch grows with the replicas) and **strong** scaling keeps the global batch (each
     replica gets a share). The timed `fit`s run in interleaved rounds, as `tune` runs them;
-    then each step is split into the replicas' compute, the all-reduce of the gradients and
-    the input pipeline, timed apart. Each point gets its reason and fix in one line, and a
+    then each step is split into the replicas' compute, the all-reduce of the gradients, the
+    optimizer's update and the input pipeline, timed apart. Each point gets its reason and fix in one line, and a
     cost model calibrated on 1 and 2 replicas predicts more replicas and machines (its error
     on the counts measured here is stated). On a CPU host the replicas are logical CPU
     devices (`tfgpu.configure(cpu_devices=4)`), which share the cores: that checks the
@@ -209,14 +214,7 @@ def scaling(
         )
     if batch_size is not None:
         check_int("batch_size", batch_size)
-    budget_s = check_number(
-        "time_budget_s",
-        time_budget_s,
-        minimum=0,
-        exclusive_minimum=True,
-        allow_none=True,
-        expected="a finite number of seconds > 0, or None (no limit)",
-    )
+    budget_s = check_time_budget(time_budget_s)
     network = check_number(
         "network_gbit_s",
         network_gbit_s,
