@@ -3,9 +3,10 @@ docs/scaling.md ("The cost model").
 
 A data-parallel step of `n` replicas is the replicas' compute, then the all-reduce of the
 gradients (Keras under `tf.distribute` sums them after the backward pass: they do not
-overlap), then the update; the input pipeline runs beside them, prefetched:
+overlap), then the update of every replica's copy, then `fit`'s host work; the input
+pipeline runs beside them, prefetched:
 
-    step(n) = max(compute(n) + all_reduce(n) + other, input(n))
+    step(n) = max(compute(n) + all_reduce(n) + update(n) + other, input(n))
 
 - compute(n), fitted through the 1- and 2-replica measurements: weak scaling (per-replica
   batch kept) `a + b * n`, strong scaling (global batch kept) `a + b / n`. On GPUs weak
@@ -17,6 +18,7 @@ overlap), then the update; the input pipeline runs beside them, prefetched:
   devices) moves them `2 (n-1)` times through that device. `latency` and `bandwidth` are
   calibrated from two measured all-reduces at 2 replicas: the model's gradients, and as many
   one-element tensors (which time the latency alone).
+- update(n), fitted as weak compute `a + b * n` (every replica updates its whole copy).
 - Across machines (hierarchical): the local all-reduce, then a ring over the machines on the
   stated network: `2 (m-1)/m * bytes / network bandwidth` more.
 - input(n): the pipeline's examples per second, measured alone, is what the host delivers
