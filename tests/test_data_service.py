@@ -249,7 +249,9 @@ def _listening(reply: bytes | None) -> tuple[socket.socket, list[socket.socket]]
 @pytest.mark.parametrize(
     "reply, match",
     [
-        (None, r"accepts connections but nothing answered in 5 s"),
+        pytest.param(  # waits out the 5 s
+            None, r"accepts connections but nothing answered in 5 s", marks=pytest.mark.slow
+        ),
         (
             b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
             r"no dispatcher answered the call \(UNAVAILABLE: .*",
