@@ -23,9 +23,10 @@ SHARED_CORES = (
     "prediction; it does not show a GPU's speedup"
 )
 
-# A point below this efficiency gets a reason; input-bound when the pipeline alone needs
-# this share of the step; all-reduce-bound when the all-reduce takes this share.
-EFFICIENT, INPUT_SHARE, ALL_REDUCE_SHARE = 0.9, 0.9, 0.25
+# A point below this efficiency gets a reason; input-bound when waiting for the input (the
+# pipeline alone beyond the device's work) is this share of the step; all-reduce-bound when
+# the all-reduce takes this share.
+EFFICIENT, INPUT_SHARE, ALL_REDUCE_SHARE = 0.9, 0.5, 0.25
 
 
 def _ms(seconds: float | None) -> str:
@@ -107,7 +108,7 @@ class Point:
         if self.efficiency >= EFFICIENT:
             self.reason = f"scales: {eff}"
             return
-        if self.input_s is not None and self.input_s >= INPUT_SHARE * step:
+        if self.input_wait_s is not None and self.input_wait_s >= INPUT_SHARE * step:
             rate = self.global_batch / self.input_s
             self.reason = (
                 f"input-bound ({eff}): the pipeline alone delivers {rate:,.0f} examples/s, "

@@ -64,6 +64,7 @@ def compute_s(strategy: tf.distribute.Strategy, model: keras.Model, batch: Any) 
     with nothing reduced across replicas and no update."""
     values = _per_replica(strategy, batch)
 
+    @tf.autograph.experimental.do_not_convert  # no Python control flow to convert
     def step(i: tf.Tensor, element: Any) -> tf.Tensor:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(element)
         with tf.GradientTape() as tape:
@@ -85,6 +86,7 @@ def all_reduce_s(strategy: tf.distribute.Strategy, model: keras.Model, *, tiny: 
     latency alone."""
     variables = model.trainable_variables
 
+    @tf.autograph.experimental.do_not_convert
     def step(i: tf.Tensor) -> tf.Tensor:
         ctx = tf.distribute.get_replica_context()
         values = [tf.convert_to_tensor(v.value) for v in variables]
@@ -105,6 +107,7 @@ def apply_s(strategy: tf.distribute.Strategy, model: keras.Model) -> float:
     variables = model.trainable_variables
     optimizer = model.optimizer
 
+    @tf.autograph.experimental.do_not_convert
     def step(i: tf.Tensor) -> tf.Tensor:
         grads = [tf.convert_to_tensor(v.value) for v in variables]
         optimizer.apply_gradients(zip(grads, variables))
