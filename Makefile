@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # `make demo` adds the CUDA libraries when the NVIDIA driver sees a GPU.
 CUDA   := $(shell nvidia-smi -L >/dev/null 2>&1 && echo ,and-cuda)
 
-.PHONY: demo test test-fast lint env clean
+.PHONY: demo test test-fast coverage lint env clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,12 @@ demo: $(VENV)/.dev
 test: $(VENV)/.dev
 	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 $(ARGS)
 
+# The suite as `make test` runs it, measuring which lines and branches of tfgpu/ ran (in this
+# process and the xdist workers; not in the subprocesses tests start). The floor is
+# `fail_under` in pyproject.toml.
+coverage: $(VENV)/.dev
+	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 --cov=tfgpu --cov-branch --cov-report=term $(ARGS)
+
 # The edit-test loop: every test not marked `slow` (no subprocesses, no multi-second training).
 test-fast: $(VENV)/.dev
 	$(BIN)/python -m pytest -m "not slow and not gpu" -q $(ARGS)
@@ -38,4 +44,4 @@ env: $(VENV)/.dev
 	$(BIN)/tfgpu env
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .coverage .coverage.*
