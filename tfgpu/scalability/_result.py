@@ -108,7 +108,8 @@ class Point:
         if self.efficiency >= EFFICIENT:
             self.reason = f"scales: {eff}"
             return
-        if self.input_wait_s is not None and self.input_wait_s >= INPUT_SHARE * step:
+        wait = self.input_wait_s
+        if self.input_s and wait is not None and wait >= INPUT_SHARE * step:
             rate = self.global_batch / self.input_s
             self.reason = (
                 f"input-bound ({eff}): the pipeline alone delivers {rate:,.0f} examples/s, "
