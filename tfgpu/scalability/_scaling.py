@@ -351,8 +351,8 @@ def _sample_parts(
     c: _Config, budget: timing.Budget, samples: dict[tuple[str, Any], list[float]], round_: int
 ) -> None:
     """One sample of each of the step's parts into `samples`: the compute of `c`; the
-    all-reduce (and its latency) of its replica count and the input of its global batch,
-    once per round (they do not depend on the mode)."""
+    all-reduce (and its latency) and the update of its replica count, and the pipeline's
+    rate at its global batch, once per round (they do not depend on the mode)."""
 
     def add(name: str, key: Any, value: float) -> None:
         samples.setdefault((name, key), []).append(value)
@@ -367,26 +367,26 @@ def _sample_parts(
         add("latency_s", c.n, measure.all_reduce_s(c.strategy, c.model, tiny=True))
     if due("apply_s", c.n):  # the all-reduce and the update: the weights change, not the cost
         add("apply_s", c.n, measure.apply_s(c.strategy, c.model))
-    if due("input_s", c.global_batch):
+    if due("input_rate", c.global_batch):
         from tfgpu.data import benchmark
 
         pipe = benchmark(c.dataset, steps=STEPS, warmup=WARMUP, timeout_s=READ_TIMEOUT_S)
-        add("input_s", c.global_batch, 1.0 / pipe.batches_per_second)
+        add("input_rate", c.global_batch, pipe.examples_per_second)
 
 
 def _parts_of(c: _Config, samples: dict[tuple[str, Any], list[float]]) -> dict[str, float]:
-    """The medians of `c`'s parts over the rounds (the parts never sampled left out)."""
+    """The medians of `c`'s parts over the rounds (the parts never sampled left out). The
+    input is its global batch over the pipeline's examples per second, the median of every
+    rate measured: the host's pipeline makes examples at one rate whatever the batch, and
+    one reading on a loaded host can be half or twice the others."""
     out = {"all_reduce_s": 0.0, "latency_s": 0.0} if c.n == 1 else {}
-    keys = {
-        "compute_s": c.key,
-        "all_reduce_s": c.n,
-        "latency_s": c.n,
-        "apply_s": c.n,
-        "input_s": c.global_batch,
-    }
+    keys = {"compute_s": c.key, "all_reduce_s": c.n, "latency_s": c.n, "apply_s": c.n}
     for name, key in keys.items():
         if samples.get((name, key)):
             out[name] = stats.median(samples[name, key])
+    rates = [r for (name, _), values in samples.items() if name == "input_rate" for r in values]
+    if rates:
+        out["input_s"] = c.global_batch / stats.median(rates)
     if "apply_s" in out and "all_reduce_s" in out:  # the update: the apply but its all-reduce
         out["update_s"] = max(0.0, out.pop("apply_s") - out["all_reduce_s"])
     return out
