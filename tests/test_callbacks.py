@@ -222,6 +222,7 @@ def test_fit_with_both_callbacks_logs_every_key_and_writes_the_run_dir(fake, tmp
     assert during and all(thread != main for _, thread in during)
 
 
+@pytest.mark.slow  # over 0.4 s: out of the edit loop (make test-fast)
 def test_the_sampler_thread_is_gone_after_fit_raises_and_retries_do_not_pile_up(fake, tmp_path):
     x, y = _data()
     model = _model()
@@ -364,6 +365,7 @@ def test_peak_precision_follows_the_dtype_policy(policy, cc, tf32, expected):
 
 
 @pytest.mark.parametrize("policy, precision", [("float32", "tf32"), ("mixed_bfloat16", "bf16")])
+@pytest.mark.slow  # over 0.4 s: out of the edit loop (make test-fast)
 def test_step_timer_works_out_mfu_from_the_gpu_and_the_model(fake, monkeypatch, policy, precision):
     # NVML names an A100 (cc 8.0); TensorFlow is told it trains on a GPU (this CPU stands in).
     monkeypatch.setattr(_gpus, "_trains_on_gpu", lambda: True)
@@ -1086,6 +1088,7 @@ class _Energy:
 
 
 @pytest.mark.parametrize("cardinality", ["known", "unknown"])
+@pytest.mark.slow  # over 0.4 s: out of the edit loop (make test-fast)
 def test_fewer_batches_than_steps_per_execution_report_the_true_steps(fake, tmp_path, cardinality):
     import tensorflow as tf
 

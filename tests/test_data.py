@@ -186,6 +186,7 @@ def test_no_shuffle_keeps_order_by_default_through_parallel_maps():
 
 
 @pytest.mark.parametrize("cache", ["memory", "file"])
+@pytest.mark.slow  # over 0.4 s: out of the edit loop (make test-fast)
 def test_no_shuffle_keeps_order_through_a_map_before_the_cache(cache, tmp_path):
     """The cache stops map fusion, so the parallel map alone must keep the order."""
     n = 4096
@@ -436,6 +437,7 @@ def test_an_unshuffled_pipeline_under_a_strategy_keeps_every_example(mirrored):
     assert _plan(_facts(num_replicas=2), has_strategy=True, shuffle=False).drop_remainder is False
 
 
+@pytest.mark.slow  # over 0.4 s: out of the edit loop (make test-fast)
 def test_each_example_seen_once_per_epoch_across_replicas(mirrored):
     dist = tfdata.pipeline(_xy(), per_replica_batch_size=4, strategy=mirrored, distribute=True)
     assert isinstance(dist, tf.distribute.DistributedDataset)
@@ -728,6 +730,7 @@ def test_benchmark_measures_a_slow_pipeline_as_slow():
     assert result.batches_per_second <= 5 / (3 * 0.02)
 
 
+@pytest.mark.slow  # over 0.4 s: out of the edit loop (make test-fast)
 def test_benchmark_of_a_distributed_dataset(mirrored):
     dist = tfdata.pipeline(_xy(), per_replica_batch_size=4, strategy=mirrored, distribute=True)
     result = tfdata.benchmark(dist, steps=4, warmup=1)
@@ -1315,6 +1318,7 @@ def _ordered(ds: tf.data.Dataset) -> tf.data.Dataset:
         ),
     ],
 )
+@pytest.mark.slow  # over 0.4 s: out of the edit loop (make test-fast)
 def test_validation_split_of_a_dataset_with_an_unordered_step_is_refused(source, step):
     """Which examples come last would change every pass: some validation examples trained
     on, as many never seen. The pipeline's deterministic=True does not reach such a step."""
@@ -1326,6 +1330,7 @@ def test_validation_split_of_a_dataset_with_an_unordered_step_is_refused(source,
         tfdata.pipeline(source(), batch_size=4, validation_split=0.25)
 
 
+@pytest.mark.slow  # over 0.4 s: out of the edit loop (make test-fast)
 def test_validation_split_of_a_dataset_with_ordered_parallel_steps_is_accepted():
     options = tf.data.Options()
     options.deterministic = False  # overridden by the pipeline's own deterministic=True

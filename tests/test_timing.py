@@ -192,6 +192,7 @@ def test_a_timed_fit_runs_free_of_garbage_collection_and_restores_the_setting():
         gc.enable()
 
 
+@pytest.mark.slow  # over 0.4 s: out of the edit loop (make test-fast)
 def test_an_epoch_is_timed_whole_and_its_steps_counted_as_they_ran(monkeypatch):
     import keras
     import numpy as np

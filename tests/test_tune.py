@@ -568,6 +568,7 @@ def test_a_real_run_on_a_tiny_model_has_the_promised_structure(tmp_path):
     assert "candidate" in str(result)
 
 
+@pytest.mark.slow  # over 0.4 s: out of the edit loop (make test-fast)
 def test_batch_level_augmentation_is_tried_only_where_augment_fn_runs_on_a_batch(monkeypatch):
     _Script(monkeypatch, lambda s, n: 0.01)
     images = np.random.default_rng(0).random((64, 6, 6, 3), "float32"), np.zeros(64, "int32")
@@ -612,6 +613,7 @@ def test_a_budget_that_left_candidates_untried_is_never_called_nothing_helped():
     assert "change in your code:" in str(kept) and "3 of 5 candidates untried" in str(kept)
 
 
+@pytest.mark.slow  # over 0.4 s: out of the edit loop (make test-fast)
 def test_second_long_steps_leave_every_candidate_tried_and_xla_off_first(monkeypatch):
     # The image example's shape: XLA on and 5x slower than without, steps of a second.
     monkeypatch.setattr(_tune, "supports_xla", lambda model: True)
@@ -701,6 +703,7 @@ def test_an_error_of_the_data_stops_tune_instead_of_failing_each_candidate(monke
     assert "candidates untried (tune stopped: see the note)" in text, text
 
 
+@pytest.mark.slow  # over 0.4 s: out of the edit loop (make test-fast)
 def test_caching_another_dataset_is_tried_only_where_every_epoch_is_the_same(monkeypatch):
     def scale(x, y):
         return x * 2.0, y

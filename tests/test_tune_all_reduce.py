@@ -242,6 +242,7 @@ def test_a_tensorflow_that_keeps_the_all_reduce_elsewhere_gives_untried(monkeypa
     assert f"TensorFlow {tf.__version__} keeps a strategy's all-reduce elsewhere" in trial.reason
 
 
+@pytest.mark.slow
 def test_a_real_tune_measures_the_all_reduce_on_two_replicas():
     # Real fits, unscripted: the candidate trains (its step traced with the hierarchical
     # copy), is measured and judged; the verdict itself is the machine's, not asserted.

@@ -226,6 +226,7 @@ def _stalls(release: threading.Event, kind: str) -> tf.data.Dataset:
 
 
 @pytest.mark.parametrize("kind", ["waits", "mapped", "one partial batch"])
+@pytest.mark.slow  # over 0.4 s: out of the edit loop (make test-fast)
 def test_a_dataset_that_yields_nothing_is_reported_by_each_caller_not_waited_on(kind, monkeypatch):
     """diagnose, tune and the batch-size finder read the data before training, each read
     bounded by `READ_TIMEOUT_S` without an element: TimeoutError saying so, not a hang. What
