@@ -111,13 +111,13 @@ def network_all_reduce_s(machines: int, gradient_bytes: float, bandwidth_bytes_s
     return factor * gradient_bytes / bandwidth_bytes_s
 
 
-def step_s(compute_s: float, all_reduce_s: float, other_s: float, input_s: float) -> float:
+def step_time(compute_s: float, all_reduce_s: float, other_s: float, input_s: float) -> float:
     """A step: the replicas' compute, the all-reduce and the update in sequence, the input
     prefetched beside them. Pure.
 
     Example:
 
-    >>> step_s(0.010, 0.004, 0.001, 0.020)
+    >>> step_time(0.010, 0.004, 0.001, 0.020)
     0.02
     """
     return max(compute_s + all_reduce_s + other_s, input_s)

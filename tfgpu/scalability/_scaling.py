@@ -36,7 +36,17 @@ from tfgpu._internal.helpers.checks import (
 from tfgpu._internal.helpers.files import writable_dir
 from tfgpu._internal.helpers.progress import Progress, check_verbose
 from tfgpu._internal.helpers.warn import one_line
-from tfgpu.scalability import _cost as cost
+from tfgpu.scalability._cost import (
+    RING,
+    THROUGH_ONE,
+    Calibration,
+    all_reduce_factor,
+    compute_at,
+    fit_compute,
+    network_all_reduce_s,
+    step_time,
+)
+from tfgpu.scalability._links import gpu_link, host_link
 from tfgpu.scalability._result import Point, Prediction, ScalingResult, write
 
 WEAK, STRONG = "weak", "strong"
@@ -395,14 +405,12 @@ def _parts_of(c: _Config, samples: dict[tuple[str, Any], list[float]]) -> dict[s
 def _link(kind: str, counts: list[int]) -> Any:
     """What links the devices: NVML's view between the GPUs TensorFlow trains on (mapped to
     NVML's indices), else host memory; None where NVML cannot say."""
-    from tfgpu.scalability import _links
-
     if kind != "GPU":
-        return _links.host_link()
+        return host_link()
     gpus = tf_gpus()[: max(counts)]
     if any(g.nvml is None for g in gpus):
         return None
-    return _links.gpu_link(sorted({g.nvml.index for g in gpus if g.nvml is not None}))
+    return gpu_link(sorted({g.nvml.index for g in gpus if g.nvml is not None}))
 
 
 def _point(c: _Config, comparison, base_s, parts: dict[str, float], kind: str) -> Point:
@@ -442,7 +450,7 @@ class _Calibrated:
     mode: str
     a: float
     b: float
-    all_reduce: cost.Calibration
+    all_reduce: Calibration
     update_a: float
     update_b: float
     other_s: float
@@ -456,16 +464,16 @@ class _Calibrated:
     ) -> Prediction:
         local = n // machines
         global_batch = self.base_batch * n if self.mode == WEAK else self.base_batch
-        compute = cost.compute_at(self.mode, self.a, self.b, local if self.mode == WEAK else n)
+        compute = compute_at(self.mode, self.a, self.b, local if self.mode == WEAK else n)
         reduce_s = self.all_reduce.seconds(local, gradient_bytes)
         if self.link_bytes_s:  # never faster than a ring over the link allows
-            floor = cost.all_reduce_factor(cost.RING, local)[0] * gradient_bytes
+            floor = all_reduce_factor(RING, local)[0] * gradient_bytes
             reduce_s = max(reduce_s, floor / self.link_bytes_s)
         if machines > 1:
-            reduce_s += cost.network_all_reduce_s(machines, gradient_bytes, network_bytes_s)
+            reduce_s += network_all_reduce_s(machines, gradient_bytes, network_bytes_s)
         input_s = (global_batch / machines) / self.rate
-        update = cost.compute_at(WEAK, self.update_a, self.update_b, local)
-        step = cost.step_s(compute, reduce_s, update + self.other_s, input_s)
+        update = compute_at(WEAK, self.update_a, self.update_b, local)
+        step = step_time(compute, reduce_s, update + self.other_s, input_s)
         return Prediction(
             replicas=n,
             machines=machines,
@@ -498,15 +506,15 @@ def _calibrate(mode, points, parts, gradient_bytes, ring) -> _Calibrated | None:
         )
     ):
         return None
-    a, b = cost.fit_compute(mode, one["compute_s"], two["compute_s"])
+    a, b = fit_compute(mode, one["compute_s"], two["compute_s"])
     # Every replica updates its own copy, whatever the batch: as weak compute in the replicas.
-    update_a, update_b = cost.fit_compute(WEAK, one["update_s"], two["update_s"])
+    update_a, update_b = fit_compute(WEAK, one["update_s"], two["update_s"])
     busy = two["compute_s"] + two["all_reduce_s"] + two["update_s"]
     return _Calibrated(
         mode=mode,
         a=a,
         b=b,
-        all_reduce=cost.Calibration.from_measurements(
+        all_reduce=Calibration.from_measurements(
             ring, 2, gradient_bytes, two["all_reduce_s"], two["latency_s"]
         ),
         update_a=update_a,
@@ -533,7 +541,7 @@ def predict(
     predictions: list[Prediction] = []
     errors: dict[str, float] = {}
     by_key = {f"{p.replicas} {p.mode}": p for p in points}
-    ring = cost.RING if implementation in RING_IMPLEMENTATIONS else cost.THROUGH_ONE
+    ring = RING if implementation in RING_IMPLEMENTATIONS else THROUGH_ONE
     local = max(p.replicas for p in points)
     link_bytes_s = getattr(link, "bandwidth_bytes_s", None) if kind == "GPU" else None
     for mode in (WEAK, STRONG):
