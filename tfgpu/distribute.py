@@ -412,12 +412,9 @@ def strategy(
         on_gpus = all("GPU" in d for d in devices)
         name = _choose_all_reduce(chosen, all_reduce, on_gpus=on_gpus)
         _LOG.info("tfgpu.strategy: MirroredStrategy on %s, all-reduce %s", devices, name)
-        reductions = {
-            "nccl": tf.distribute.NcclAllReduce,
-            "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
-            "reduction_to_one_device": tf.distribute.ReductionToOneDevice,
-        }
-        ops = None if name is None else reductions[name]()
+        from tfgpu._internal.adapters.all_reduce import mirrored_ops
+
+        ops = None if name is None else mirrored_ops()[name]()
         return _build_with_own_collective_keys(
             tf.distribute.MirroredStrategy, devices=devices, cross_device_ops=ops
         )

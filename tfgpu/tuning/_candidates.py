@@ -55,6 +55,8 @@ PIPELINE_KEYS = (
 )
 MODEL_KEYS = ("precision",)
 STRATEGY_KEYS = ("all_reduce",)
+# The settings that change the traced train step (the others change only the data).
+STEP_KEYS = (*COMPILE_KEYS, *MODEL_KEYS, *STRATEGY_KEYS)
 
 NEEDS_FACTORY = "needs a model factory: pass a function that builds and compiles the model"
 FRESH_PROCESS = "needs a fresh process (`tfgpu tune SCRIPT.py`)"

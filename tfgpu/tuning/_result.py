@@ -18,8 +18,7 @@ from tfgpu.tuning._candidates import (
     HALTED,
     KEPT,
     MARGIN,
-    MODEL_KEYS,
-    STRATEGY_KEYS,
+    STEP_KEYS,
     gain_text,
 )
 
@@ -176,7 +175,7 @@ class TuneResult:
                     "build the model again under tfgpu.strategy(..., "
                     f"all_reduce={self.settings['all_reduce']!r})"
                 )
-            if any(k not in (*COMPILE_KEYS, *MODEL_KEYS, *STRATEGY_KEYS) for k in self.settings):
+            if any(k not in STEP_KEYS for k in self.settings):
                 how.append("train on result.dataset (or change the pipeline as the lines say)")
             warn_at_user_code(
                 f"TuneResult.apply: {', '.join(rest)} cannot be applied to a model: "

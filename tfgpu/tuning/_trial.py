@@ -20,7 +20,7 @@ from tfgpu._internal.adapters import timing
 from tfgpu._internal.adapters.all_reduce import using
 from tfgpu._internal.adapters.datasets import cardinality, read_first
 from tfgpu._internal.adapters.model_state import build, preserved
-from tfgpu.tuning._candidates import COMPILE_KEYS, MODEL_KEYS, PIPELINE_KEYS, STRATEGY_KEYS
+from tfgpu.tuning._candidates import COMPILE_KEYS, PIPELINE_KEYS, STEP_KEYS
 
 # Batches the numerics guard trains on (with `steps_per_execution=1`), from the same weights.
 GUARD_STEPS = 5
@@ -216,8 +216,7 @@ class Workload:
     def _step_key(self, changes: dict[str, Any], ds: tf.data.Dataset) -> _Key:
         """What decides the traced train step: the model, its compile settings, its strategy's
         all-reduce, the batches' spec. Settings of the pipeline alone share the baseline's."""
-        keys = (*COMPILE_KEYS, *MODEL_KEYS, *STRATEGY_KEYS)
-        step = {k: changes[k] for k in keys if k in changes}
+        step = {k: changes[k] for k in STEP_KEYS if k in changes}
         return (*_key(step), ("spec", repr(ds.element_spec)))
 
     def probe(self, deadline: float | None) -> float | None:

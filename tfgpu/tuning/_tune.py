@@ -417,9 +417,7 @@ class _Tuner:
         steps = w.epochs * (w.steps_per_epoch or self.facts.batches_per_epoch or 1)
         fit_s = max(steps * step_s, stats.median(w.fit_walls) if w.fit_walls else 0.0)
         warm_s = max(fit_s, stats.median(w.warm_walls) if w.warm_walls else 0.0)
-        traces = bool(
-            set(cand.change) & {*cands.COMPILE_KEYS, *cands.MODEL_KEYS, *cands.STRATEGY_KEYS}
-        )
+        traces = bool(set(cand.change) & set(cands.STEP_KEYS))
         return (warm_s if traces else 0.0) + 2 * timing.MIN_ROUNDS * fit_s
 
     def _budget_for(self, cand: Candidate, after: list[Candidate]) -> timing.Budget | None:

@@ -53,6 +53,18 @@ class Slot:
     make: Callable[[str], Any]
 
 
+def mirrored_ops() -> dict[str, type]:
+    """The `tfgpu.strategy("mirrored", all_reduce=...)` names and TensorFlow's cross-device
+    ops classes they build, subclasses first (NCCL and hierarchical copy share a base)."""
+    import tensorflow as tf
+
+    return {
+        "nccl": tf.distribute.NcclAllReduce,
+        "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
+        "reduction_to_one_device": tf.distribute.ReductionToOneDevice,
+    }
+
+
 def _tf_version() -> str:
     import tensorflow as tf
 
@@ -100,19 +112,10 @@ def reach(strategy: Any) -> Slot | None:
         if not hasattr(extended, "_cross_device_ops"):
             return None
 
-        def make_mirrored(name: str) -> Any:
-            import tensorflow as tf
-
-            return {
-                "nccl": tf.distribute.NcclAllReduce,
-                "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
-                "reduction_to_one_device": tf.distribute.ReductionToOneDevice,
-            }[name]()
-
         return Slot(
             get=lambda: extended._cross_device_ops,
             set=lambda value: setattr(extended, "_cross_device_ops", value),
-            make=make_mirrored,
+            make=lambda name: mirrored_ops()[name](),
         )
     if kind == "multi_worker":
         names = ("_communication_options", "_cross_device_ops", "_host_cross_device_ops")
@@ -162,16 +165,10 @@ def reach(strategy: Any) -> Slot | None:
 
 def _name(kind: str, value: Any) -> str:
     """The `tfgpu.strategy` name of a value `Slot.get` returned ("" when none fits)."""
-    import tensorflow as tf
-
     if kind == "multi_worker":
         implementation = getattr(value[0], "implementation", None)
         return str(getattr(implementation, "name", "")).lower()
-    for name, cls in (  # subclasses first: NCCL and hierarchical copy share a base
-        ("nccl", tf.distribute.NcclAllReduce),
-        ("hierarchical_copy", tf.distribute.HierarchicalCopyAllReduce),
-        ("reduction_to_one_device", tf.distribute.ReductionToOneDevice),
-    ):
+    for name, cls in mirrored_ops().items():
         if isinstance(value, cls):
             return name
     return COLLECTIVE if type(value).__name__ == "CollectiveAllReduce" else ""

@@ -1,7 +1,8 @@
 """The parts of a data-parallel step timed apart, on one strategy and its model: the replicas'
 compute alone (forward and backward, nothing reduced), the all-reduce alone (on the model's
-gradient shapes, and on one element per tensor for its latency), and the input alone. Each a
-`tf.function` running `STEPS` steps per call, timed by the one timing engine's `call_time`.
+gradient shapes, and on one element per tensor for its latency), and the optimizer's apply
+(the all-reduce and the update). Each a `tf.function` running `STEPS` steps per call, timed
+by the one timing engine's `call_time`. `scaling` and `diagnose` use them.
 """
 
 from __future__ import annotations
