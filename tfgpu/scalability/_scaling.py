@@ -274,10 +274,6 @@ def scaling(
         base_s = _base_seconds(comparisons)
         samples: dict[tuple[str, Any], list[float]] = {}
         for r in range(PART_ROUNDS):
-            if split_budget.left() <= 0:
-                if r == 0 or any((("compute_s", c.key) not in samples) for c in configs):
-                    notes.append("the budget ran out before every step was split into its parts")
-                break
             for c in configs[r % len(configs) :] + configs[: r % len(configs)]:
                 if split_budget.left() <= 0:
                     break
@@ -286,12 +282,12 @@ def scaling(
                     f"replica{'s' if c.n > 1 else ''}, {c.mode}"
                 )
                 _sample_parts(c, split_budget, samples, r)
+        if any(("compute_s", c.key) not in samples for c in configs):
+            notes.append("the budget ran out before every step was split into its parts")
         parts = {c.key: _parts_of(c, samples) for c in configs}
     link = _link(kind, counts)
     grad_bytes = measure.gradient_bytes(base.model)
-    points = [
-        _point(c, comparisons.get(c.key), base_s, parts.get(c.key, {}), kind) for c in configs
-    ]
+    points = [_point(c, comparisons.get(c.key), base_s, parts.get(c.key, {})) for c in configs]
     for p in points:
         p.explain(points[0], kind, grad_bytes)
     in_use = next((all_reduce.describe(c.strategy).in_use for c in others), "")
@@ -413,7 +409,7 @@ def _link(kind: str, counts: list[int]) -> Any:
     return gpu_link(sorted({g.nvml.index for g in gpus if g.nvml is not None}))
 
 
-def _point(c: _Config, comparison, base_s, parts: dict[str, float], kind: str) -> Point:
+def _point(c: _Config, comparison, base_s, parts: dict[str, float]) -> Point:
     if c.n == 1:
         seconds = base_s
         gain, low, high = (1.0, 1.0, 1.0) if base_s else (None, math.nan, math.nan)
@@ -421,10 +417,10 @@ def _point(c: _Config, comparison, base_s, parts: dict[str, float], kind: str) -
     else:
         rounds = comparison.rounds if comparison else []
         seconds = timing.medians(rounds)[1] if rounds else None
-        gain, low, high = timing.gain(rounds) if rounds else (None, math.nan, math.nan)
+        gain, low, high = timing.gain(rounds)
         error = comparison.error if comparison else ""
     step = None if seconds is None else seconds * c.global_batch
-    point = Point(
+    return Point(
         replicas=c.n,
         mode=c.mode if c.n > 1 else "both",
         global_batch=c.global_batch,
@@ -440,7 +436,6 @@ def _point(c: _Config, comparison, base_s, parts: dict[str, float], kind: str) -
         input_s=parts.get("input_s"),
         error=error,
     )
-    return point
 
 
 @dataclasses.dataclass(frozen=True)
