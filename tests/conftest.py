@@ -131,3 +131,13 @@ def unwritable(tmp_path):
     read_only.chmod(0o555)
     yield read_only if not os.access(read_only, os.W_OK) else Path("/proc")
     read_only.chmod(0o755)
+
+
+class FoundOneSize:
+    """A stand-in for `find_batch_size`'s result for tune's tests: the current batch size
+    fits and is the fastest (the batch-size candidate finds nothing faster)."""
+
+    def __init__(self, current):
+        trial = type("T", (), {"global_batch_size": current, "fits": True})()
+        trial.examples_per_second = 1000.0
+        self.trials, self.fastest_global = [trial], current

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 import tfgpu
 import tfgpu.batch_size
+from tests.conftest import FoundOneSize
 from tfgpu._internal.adapters import model_state, timing
 from tfgpu._internal.adapters.devices import TfGpu
 from tfgpu.tuning import Trial, TuneResult, _tune
@@ -116,13 +117,6 @@ class _Script:
         monkeypatch.setattr(timing, "now", lambda: self.clock)
 
 
-class _FakeFound:
-    def __init__(self, current):
-        trial = type("T", (), {"global_batch_size": current, "fits": True})()
-        trial.examples_per_second = 1000.0
-        self.trials, self.fastest_global = [trial], current
-
-
 @pytest.fixture(autouse=True)
 def _facts(monkeypatch):
     """A CPU without native bfloat16 and without GPUs, 4 cores, and a batch-size search that
@@ -132,7 +126,7 @@ def _facts(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     monkeypatch.setattr(_tune, "supports_xla", lambda model: False)  # no XLA compile: fast
     monkeypatch.setattr(
-        tfgpu.batch_size, "find_batch_size", lambda model, data, **k: _FakeFound(64)
+        tfgpu.batch_size, "find_batch_size", lambda model, data, **k: FoundOneSize(64)
     )
     policy = keras.mixed_precision.global_policy()
     yield

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 import tfgpu
 import tfgpu.batch_size
+from tests.conftest import FoundOneSize
 from tfgpu._internal.adapters import all_reduce, timing
 from tfgpu.tuning import _candidates as cands
 from tfgpu.tuning import _tune
@@ -51,13 +52,6 @@ def _data() -> tf.data.Dataset:
     return ds.batch(32, drop_remainder=True).prefetch(1)
 
 
-class _FakeFound:
-    def __init__(self, current):
-        trial = type("T", (), {"global_batch_size": current, "fits": True})()
-        trial.examples_per_second = 1000.0
-        self.trials, self.fastest_global = [trial], current
-
-
 @pytest.fixture(autouse=True)
 def _facts(monkeypatch):
     """No GPU, one core (no thread-pool candidates), no XLA candidate, a batch-size search
@@ -67,7 +61,7 @@ def _facts(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     monkeypatch.setattr(_tune, "supports_xla", lambda model: False)
     monkeypatch.setattr(
-        tfgpu.batch_size, "find_batch_size", lambda model, data, **k: _FakeFound(32)
+        tfgpu.batch_size, "find_batch_size", lambda model, data, **k: FoundOneSize(32)
     )
 
 
