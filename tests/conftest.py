@@ -139,5 +139,5 @@ class FoundOneSize:
 
     def __init__(self, current):
         trial = type("T", (), {"global_batch_size": current, "fits": True})()
-        trial.examples_per_second = 1000.0
+        trial.examples_per_s = 1000.0
         self.trials, self.fastest_global = [trial], current

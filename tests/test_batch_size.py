@@ -119,7 +119,7 @@ def test_oom_path_runs_exact_trials_and_leaves_model_as_found(capsys):
     assert [t.reason for t in result.trials] == ["ok", "ok", "ok", "oom", "oom", "ok"]
     assert result.largest == 40 and result.largest_global == 40
     assert result.fastest in (8, 16, 32, 40)
-    assert all(t.examples_per_second > 0 for t in result.trials if t.fits)
+    assert all(t.examples_per_s > 0 for t in result.trials if t.fits)
     after = _state(model)
     assert len(before) == len(after)
     for a, b in zip(before, after):

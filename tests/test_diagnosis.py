@@ -678,7 +678,7 @@ def test_diagnose_recommends_service_workers_from_what_it_measured(monkeypatch):
     # saturated 16-core host making 40 batches/s, whatever this machine is.
     _ScriptedSteps(monkeypatch, device_s=0.01, real_s=0.025)
     measured = tfgpu.data.PipelineBenchmark(
-        examples_per_second=40 * 32, batches_per_second=40.0, num_batches=5,
+        examples_per_s=40 * 32, batches_per_s=40.0, num_batches=5,
         num_examples=160, seconds=0.125, batch_size=32, cpu_busy=0.97, cpu_cores=16,
     )  # fmt: skip
     monkeypatch.setattr(tfgpu.data, "benchmark", lambda ds, steps, warmup, **kw: measured)
@@ -1021,7 +1021,7 @@ def test_a_hand_built_diagnosis_prints_the_activity_counters():
     d = Diagnosis(
         bottleneck="compute", input_bound="no", input_wait_share=0.0, step_time_s=0.1,
         compute_step_time_s=0.1, input_batch_time_s=0.01, batch_size=64,
-        examples_per_second=640.0, findings=[], device="GPU:0 (NVIDIA H100 80GB HBM3)",
+        examples_per_s=640.0, findings=[], device="GPU:0 (NVIDIA H100 80GB HBM3)",
         monitor={"gpu0_util_pct_mean": 97.0, "gpu0_sm_active_pct_mean": 41.5,
                  "gpu0_tensor_active_pct_mean": float("nan")},
         notes=["tensor/SM activity not measured: ..."],
@@ -1315,7 +1315,7 @@ def test_the_text_keeps_the_pipeline_and_the_training_throughput_apart():
     d = Diagnosis(
         bottleneck="compute", input_bound="no", input_wait_share=0.0, step_time_s=0.1,
         compute_step_time_s=0.1, input_batch_time_s=0.004, batch_size=16,
-        examples_per_second=160.0, findings=[],
+        examples_per_s=160.0, findings=[],
     )  # fmt: skip
     lines = str(d).splitlines()
     (pipe,) = [line for line in lines if "input pipeline alone" in line]
@@ -1345,13 +1345,13 @@ def test_flops_use_the_batch_shapes_and_a_count_above_the_peak_is_not_achieved(m
     ok = tfgpu.diagnose(model, (x, Y[:64]), batch_size=16, **FAST)
     # Forward and weight gradients of the first layer at the length seen (10): 2 x 2 x 16x10x8x4.
     assert ok.flops_per_step and ok.flops_per_step >= 2 * 2 * 16 * 10 * 8 * 4
-    assert ok.achieved_flops_per_second == pytest.approx(ok.flops_per_step / 0.01)
+    assert ok.achieved_flops_per_s == pytest.approx(ok.flops_per_step / 0.01)
     assert not any("input_signature" in n or "FLOP" in n for n in ok.notes), ok.notes
 
     monkeypatch.setattr(cpu, "peak_flops", lambda dtype="float32": 1e6)  # 1 MFLOP/s
     _ScriptedSteps(monkeypatch, device_s=0.01, real_s=0.01)
     wrong = tfgpu.diagnose(model, (x, Y[:64]), batch_size=16, **FAST)
-    assert wrong.achieved_flops_per_second is None and wrong.mfu is None
+    assert wrong.achieved_flops_per_s is None and wrong.mfu is None
     (note,) = [n for n in wrong.notes if "FLOP count cannot be right" in n]
     assert "exceeds this device's peak of about 0.0 GFLOP/s" in note
     assert "GFLOP/s achieved" not in str(wrong)
@@ -1385,7 +1385,7 @@ def test_an_inconclusive_run_without_findings_does_not_say_nothing_to_change():
     d = Diagnosis(
         bottleneck="inconclusive", input_bound="inconclusive", input_wait_share=0.05,
         step_time_s=0.1, compute_step_time_s=0.095, input_batch_time_s=0.01, batch_size=16,
-        examples_per_second=160.0, findings=[], noise=0.4,
+        examples_per_s=160.0, findings=[], noise=0.4,
         measurements={"noise": {"low": 0.0, "high": 0.4}},
     )  # fmt: skip
     text = str(d)
@@ -1533,7 +1533,7 @@ def test_the_batch_size_is_a_full_batchs_when_the_partial_one_comes_first(monkey
     _ScriptedSteps(monkeypatch, device_s=0.01, real_s=0.01)
     diagnosis = tfgpu.diagnose(_tiny_model(), partial_first, **FAST)
     assert diagnosis.batch_size == 128
-    assert diagnosis.examples_per_second == pytest.approx(128 / 0.01)
+    assert diagnosis.examples_per_s == pytest.approx(128 / 0.01)
 
 
 def test_drop_remainder_is_advised_only_when_it_drops_little():

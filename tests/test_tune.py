@@ -442,8 +442,8 @@ def test_the_batch_size_is_reported_and_kept_only_when_allowed(monkeypatch):
     class Found:
         fastest_global = 256
         trials = [
-            type("T", (), {"global_batch_size": 64, "fits": True, "examples_per_second": 6400.0}),
-            type("T", (), {"global_batch_size": 256, "fits": True, "examples_per_second": 25600.0}),
+            type("T", (), {"global_batch_size": 64, "fits": True, "examples_per_s": 6400.0}),
+            type("T", (), {"global_batch_size": 256, "fits": True, "examples_per_s": 25600.0}),
         ]
 
     monkeypatch.setattr(tfgpu.batch_size, "find_batch_size", lambda model, data, **k: Found())

@@ -230,7 +230,7 @@ def _outcome(trial: BatchSizeTrial) -> str:
         return f"batch size {trial.batch_size} does not fit ({reason})"
     return (
         f"batch size {trial.batch_size} fits, {trial.step_time_s * 1e3:,.1f} ms per step, "
-        f"{trial.examples_per_second:,.0f} examples/s"
+        f"{trial.examples_per_s:,.0f} examples/s"
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from tfgpu.batch_size._search import accumulation_plan, pick_fastest
 
 # The trial fields that are NaN when it did not fit: None in JSON.
-NAN_AS_NONE = ("step_time_s", "examples_per_second")
+NAN_AS_NONE = ("step_time_s", "examples_per_s")
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class BatchSizeTrial:
         peak_memory_bytes: int or None, peak device memory during the trial (None where
             TensorFlow keeps no allocator statistics for the device).
         step_time_s: float, median seconds per step (NaN when it did not fit).
-        examples_per_second: float, global examples per second (NaN when it did not fit).
+        examples_per_s: float, global examples per second (NaN when it did not fit).
     """
 
     batch_size: int
@@ -36,7 +36,7 @@ class BatchSizeTrial:
     reason: str
     peak_memory_bytes: int | None
     step_time_s: float
-    examples_per_second: float
+    examples_per_s: float
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ class BatchSizeResult:
         lines.append("  trials:")
         for t in self.trials:
             mem = "-" if t.peak_memory_bytes is None else f"{t.peak_memory_bytes / 2**20:.1f} MiB"
-            speed = f"{t.examples_per_second:,.0f} ex/s" if t.fits else t.reason
+            speed = f"{t.examples_per_s:,.0f} ex/s" if t.fits else t.reason
             lines.append(f"    {t.batch_size:>6}  peak {mem:>12}  {speed}")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)

@@ -62,5 +62,5 @@ def accumulation_plan(target: int, max_per_replica: int, replicas: int) -> tuple
 
 
 def pick_fastest(trials: list[BatchSizeTrial]) -> int | None:
-    ok = [t for t in trials if t.fits and not math.isnan(t.examples_per_second)]
-    return max(ok, key=lambda t: t.examples_per_second).batch_size if ok else None
+    ok = [t for t in trials if t.fits and not math.isnan(t.examples_per_s)]
+    return max(ok, key=lambda t: t.examples_per_s).batch_size if ok else None

@@ -119,5 +119,5 @@ def run_trial(model, pool, batch_size, *, steps, device, budget, replicas) -> Ba
         reason=reason,
         peak_memory_bytes=peak,
         step_time_s=seconds,
-        examples_per_second=global_batch / seconds if fits else nan,
+        examples_per_s=global_batch / seconds if fits else nan,
     )

@@ -27,8 +27,8 @@ class PipelineBenchmark:
     """Throughput of an input pipeline measured alone (no model), after warm-up.
 
     Attributes:
-        examples_per_second: float, examples delivered per second over the timed batches.
-        batches_per_second: float, batches delivered per second over the timed batches.
+        examples_per_s: float, examples delivered per second over the timed batches.
+        batches_per_s: float, batches delivered per second over the timed batches.
         num_batches: int, batches timed (after warm-up).
         num_examples: int, examples in the timed batches.
         seconds: float, wall time of the timed batches.
@@ -42,8 +42,8 @@ class PipelineBenchmark:
             container's CPU quota). 0 when not measured.
     """
 
-    examples_per_second: float
-    batches_per_second: float
+    examples_per_s: float
+    batches_per_s: float
     num_batches: int
     num_examples: int
     seconds: float
@@ -65,7 +65,7 @@ class PipelineBenchmark:
             else ""
         )
         return (
-            f"{self.examples_per_second:,.0f} examples/s, {self.batches_per_second:,.1f} "
+            f"{self.examples_per_s:,.0f} examples/s, {self.batches_per_s:,.1f} "
             f"batches/s ({self.num_batches} batches of {self.batch_size or 'varying size'} in "
             f"{self.seconds:.2f} s after {self.warmup_batches} warm-up batches{cpu})"
         )
@@ -173,7 +173,7 @@ def benchmark(
 
     ```python
     result = tfgpu.data.benchmark(train, steps=100)
-    print(result.examples_per_second)
+    print(result.examples_per_s)
     ```
     """
     if not isinstance(data, (tf.data.Dataset, tf.distribute.DistributedDataset)):
@@ -247,8 +247,8 @@ def benchmark(
         if indexed:
             epochs = max(1, starts_warm + starts_timed)
         return PipelineBenchmark(
-            examples_per_second=examples / seconds,
-            batches_per_second=steps / seconds,
+            examples_per_s=examples / seconds,
+            batches_per_s=steps / seconds,
             num_batches=steps,
             num_examples=examples,
             seconds=seconds,

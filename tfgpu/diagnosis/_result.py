@@ -53,11 +53,11 @@ class Diagnosis:
         compute_step_time_s: float, seconds per step on a device-resident batch.
         input_batch_time_s: float, seconds per batch of the input pipeline alone.
         batch_size: int or None, examples per step.
-        examples_per_second: float, training throughput with the real input.
+        examples_per_s: float, training throughput with the real input.
         findings: list of `Finding`, most important first.
         device: str, e.g. `"GPU:0 (NVIDIA A100-SXM4-40GB)"` or `"CPU"`.
         flops_per_step: float or None, see `tfgpu.flops.train_step_flops`.
-        achieved_flops_per_second: float or None.
+        achieved_flops_per_s: float or None.
         mfu: float or None, model FLOPs utilization (needs a GPU in the peak table).
         monitor: dict, GPU/host aggregates sampled during step 3 (empty without a GPU).
         measurements: dict, the raw results: `"rounds"`, the probes
@@ -76,11 +76,11 @@ class Diagnosis:
     compute_step_time_s: float
     input_batch_time_s: float
     batch_size: int | None
-    examples_per_second: float
+    examples_per_s: float
     findings: list[Finding]
     device: str = "CPU"
     flops_per_step: float | None = None
-    achieved_flops_per_second: float | None = None
+    achieved_flops_per_s: float | None = None
     mfu: float | None = None
     monitor: dict[str, float] = field(default_factory=dict)
     measurements: dict[str, Any] = field(default_factory=dict)
@@ -109,7 +109,7 @@ class Diagnosis:
         batch = f" (batch {self.batch_size})" if self.batch_size else ""
         lines = [
             f"tfgpu diagnosis on {self.device}: bottleneck = {self.bottleneck}",
-            f"  training: {self.examples_per_second:,.0f} examples/s{batch}; step time "
+            f"  training: {self.examples_per_s:,.0f} examples/s{batch}; step time "
             f"{self.step_time_s * 1e3:.2f} ms with the input pipeline, "
             f"{self.compute_step_time_s * 1e3:.2f} ms on a device-resident batch",
             f"  input wait {self.input_wait_share:.0%} of the step (input-bound: {level})",
@@ -120,13 +120,13 @@ class Diagnosis:
                 else ""
             ),
         ]
-        if self.mfu is not None and self.achieved_flops_per_second is not None:
+        if self.mfu is not None and self.achieved_flops_per_s is not None:
             lines.append(
-                f"  MFU {self.mfu:.1%} ({self.achieved_flops_per_second / 1e12:.2f} TFLOP/s)"
+                f"  MFU {self.mfu:.1%} ({self.achieved_flops_per_s / 1e12:.2f} TFLOP/s)"
             )
-        elif self.achieved_flops_per_second:
+        elif self.achieved_flops_per_s:
             lines.append(
-                f"  {_flop_rate(self.achieved_flops_per_second)} achieved (MFU needs a GPU "
+                f"  {_flop_rate(self.achieved_flops_per_s)} achieved (MFU needs a GPU "
                 "from the peak table)"
             )
         for key in (

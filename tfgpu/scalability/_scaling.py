@@ -377,7 +377,7 @@ def _sample_parts(
         from tfgpu.data import benchmark
 
         pipe = benchmark(c.dataset, steps=STEPS, warmup=WARMUP, timeout_s=READ_TIMEOUT_S)
-        add("input_rate", c.global_batch, pipe.examples_per_second)
+        add("input_rate", c.global_batch, pipe.examples_per_s)
 
 
 def _parts_of(c: _Config, samples: dict[tuple[str, Any], list[float]]) -> dict[str, float]:

@@ -506,7 +506,7 @@ class _Tuner:
         if failure.text is not None:
             self.trials.append(Trial(name, status=cands.FAILED, reason=failure.text))
             return
-        speeds = {t.global_batch_size: t.examples_per_second for t in found.trials if t.fits}
+        speeds = {t.global_batch_size: t.examples_per_s for t in found.trials if t.fits}
         fastest = found.fastest_global
         if not fastest or fastest == global_batch or fastest not in speeds:
             self.trials.append(

@@ -13,16 +13,23 @@ from pathlib import Path
 from typing import Any, Literal, overload
 
 
-def invalid_value(name: str, value: Any, expected: str) -> ValueError:
-    """Returns the ValueError for argument `name` (the caller raises it).
+def invalid_value(
+    name: str, value: Any, expected: str, *, received: str | None = None
+) -> ValueError:
+    """Returns the ValueError for argument `name` (the caller raises it): the one phrasing of
+    every argument error. `received`: what was received, in words, where `name=value` does
+    not say it (an array, a dataset, a value with the argument it conflicts with).
 
     Example:
 
     >>> str(invalid_value("steps", 0, "an int >= 1"))
     'Invalid value for argument `steps`. Received: steps=0. Expected an int >= 1.'
+    >>> str(invalid_value("data", None, "at least one batch", received="an empty dataset"))
+    'Invalid value for argument `data`. Received: an empty dataset. Expected at least one batch.'
     """
+    shown = f"{name}={value!r}" if received is None else received
     return ValueError(
-        f"Invalid value for argument `{name}`. Received: {name}={value!r}. Expected {expected}."
+        f"Invalid value for argument `{name}`. Received: {shown}. Expected {expected}."
     )
 
 
@@ -32,20 +39,21 @@ def short_repr(value: Any, limit: int = 80) -> str | None:
     return text if len(text) <= limit else None
 
 
-def invalid_type(name: str, value: Any, expected: str) -> TypeError:
+def invalid_type(name: str, value: Any, expected: str, *, received: str | None = None) -> TypeError:
     """Returns the TypeError for argument `name`, naming the type received (and the value,
-    when its repr is short).
+    when its repr is short); `received`: what was received, in words, instead.
 
     Example:
 
     >>> str(invalid_type("host", "yes", "a bool"))
     "Invalid type for argument `host`. Received: host='yes' (of type str). Expected a bool."
     """
-    shown = short_repr(value)
-    received = f"{name} of type" if shown is None else f"{name}={shown} (of type"
+    if received is None:
+        shown = short_repr(value)
+        kind = type(value).__name__
+        received = f"{name} of type {kind}" if shown is None else f"{name}={shown} (of type {kind})"
     return TypeError(
-        f"Invalid type for argument `{name}`. Received: {received} {type(value).__name__}"
-        f"{'' if shown is None else ')'}. Expected {expected}."
+        f"Invalid type for argument `{name}`. Received: {received}. Expected {expected}."
     )
 
 
