@@ -121,9 +121,7 @@ class Diagnosis:
             ),
         ]
         if self.mfu is not None and self.achieved_flops_per_s is not None:
-            lines.append(
-                f"  MFU {self.mfu:.1%} ({self.achieved_flops_per_s / 1e12:.2f} TFLOP/s)"
-            )
+            lines.append(f"  MFU {self.mfu:.1%} ({self.achieved_flops_per_s / 1e12:.2f} TFLOP/s)")
         elif self.achieved_flops_per_s:
             lines.append(
                 f"  {_flop_rate(self.achieved_flops_per_s)} achieved (MFU needs a GPU "
