@@ -381,11 +381,13 @@ def _input_specs(model, batch_size: int, input_signature):
     import tensorflow as tf
 
     if input_signature is not None:
+        # One error for a leaf that is no spec and for a structure tf.nest cannot map.
+        refused = invalid_type("input_signature", input_signature, _SIGNATURE_EXPECTED)
 
         def spec(s):
             shape, dtype = getattr(s, "shape", None), getattr(s, "dtype", None)
             if shape is None or dtype is None:
-                raise invalid_type("input_signature", input_signature, _SIGNATURE_EXPECTED)
+                raise refused
             shape = tf.TensorShape(shape)
             if shape.rank is None:
                 raise _UnknownSizes(f"input_signature={input_signature!r} (unknown rank).")
@@ -400,9 +402,9 @@ def _input_specs(model, batch_size: int, input_signature):
         try:
             return tf.nest.map_structure(spec, input_signature)
         except TypeError as e:
-            if str(e).startswith("Invalid type for argument `input_signature`"):
+            if e is refused:
                 raise
-            raise invalid_type("input_signature", input_signature, _SIGNATURE_EXPECTED) from e
+            raise refused from e
     try:
         inputs = getattr(model, "inputs", None)
     except (AttributeError, ValueError):

@@ -20,6 +20,7 @@ from tfgpu._internal.helpers.checks import (
     check_gpus,
     check_interval,
     invalid_type,
+    invalid_value,
 )
 from tfgpu._internal.helpers.files import writable_dir
 from tfgpu.callbacks._steps import known_epoch_steps, optimizer_steps, steps_between
@@ -102,10 +103,12 @@ class GPUMonitor(keras.callbacks.Callback):
         if isinstance(tensorboard, bytes) or not isinstance(tensorboard, (bool, str, os.PathLike)):
             raise invalid_type("tensorboard", tensorboard, "a bool or a directory path")
         if tensorboard is True and log_dir is None:
-            raise ValueError(
-                "Invalid value for argument `tensorboard`. Received: tensorboard=True with "
-                "log_dir=None. Expected a `log_dir` to write `<log_dir>/tensorboard` into, "
-                "or a directory path as `tensorboard`."
+            raise invalid_value(
+                "tensorboard",
+                tensorboard,
+                "a `log_dir` to write `<log_dir>/tensorboard` into, or a directory path as "
+                "`tensorboard`",
+                received="tensorboard=True with log_dir=None",
             )
         interval = check_interval(interval)
         self._gpus = check_gpus(gpus)

@@ -26,30 +26,36 @@ def check_cache(cache: Any) -> tuple[Any, str | None]:
         raise invalid_value("cache", cache, expected)
     prefix = os.path.expanduser(text)
     if prefix.endswith(os.sep) or os.path.isdir(prefix):
-        raise ValueError(
-            f"Invalid value for argument `cache`. Received: cache={text!r}, which is a "
-            "directory. Expected a file path prefix inside a directory, e.g. "
+        raise invalid_value(
+            "cache",
+            cache,
+            "a file path prefix inside a directory, e.g. "
             f"{os.path.join(prefix, 'train-cache')!r} (TensorFlow writes PREFIX.index and "
-            "PREFIX.data-*)."
+            "PREFIX.data-*)",
+            received=f"cache={text!r}, which is a directory",
         )
     directory = os.path.dirname(os.path.abspath(prefix))
     for parent in (directory, *(str(p) for p in Path(directory).parents)):
         if os.path.exists(parent) and not os.path.isdir(parent):
-            raise ValueError(
-                f"Invalid value for argument `cache`. Received: cache={text!r}, which is under "
-                f"the file {parent!r}. Expected a path prefix in a directory."
+            raise invalid_value(
+                "cache",
+                cache,
+                "a path prefix in a directory",
+                received=f"cache={text!r}, which is under the file {parent!r}",
             )
     if not os.path.isdir(directory):
-        raise ValueError(
-            f"Invalid value for argument `cache`. Received: cache={text!r}, but the "
-            f"directory {directory} does not exist. Expected a path prefix in an existing "
-            "directory."
+        raise invalid_value(
+            "cache",
+            cache,
+            "a path prefix in an existing directory",
+            received=f"cache={text!r}, but the directory {directory} does not exist",
         )
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise ValueError(
-            f"Invalid value for argument `cache`. Received: cache={text!r}, but the "
-            f"directory {directory} is not writable. Expected a path prefix in a directory "
-            "this process can write to."
+        raise invalid_value(
+            "cache",
+            cache,
+            "a path prefix in a directory this process can write to",
+            received=f"cache={text!r}, but the directory {directory} is not writable",
         )
     return prefix, directory
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfgpu._internal.helpers.checks import invalid_type, invalid_value
 from tfgpu._internal.helpers.warn import warn_at_user_code
 from tfgpu.data._sources import flatten_with_paths
 
@@ -34,11 +35,14 @@ def check_arity(name: str, fn: Callable, spec: Any, what: str) -> None:
     try:
         signature.bind(*range(count))
     except TypeError as e:
-        raise TypeError(
-            f"Invalid type for argument `{name}`. Received: {name}={_label(fn)}{signature}, which "
-            f"cannot be called with {count} positional argument(s) ({e}). tf.data calls it "
-            f"on {what} as {call}; the element is {spec}. Expected a function of {count} "
-            "argument(s)" + (" (e.g. `lambda x, y: ...`)" if count == 2 else "") + "."
+        raise invalid_type(
+            name,
+            fn,
+            f"a function of {count} argument(s)"
+            + (" (e.g. `lambda x, y: ...`)" if count == 2 else ""),
+            received=f"{name}={_label(fn)}{signature}, which cannot be called with {count} "
+            f"positional argument(s) ({e}). tf.data calls it on {what} as {call}; the element "
+            f"is {spec}",
         ) from None
 
 
@@ -62,10 +66,12 @@ def parallel_map(ds: tf.data.Dataset, name: str, fn: Callable, deterministic: bo
         e.add_note(f"tfgpu.data.pipeline: raised while tracing `{name}` on {ds.element_spec}.")
         raise
     if empty:
-        raise TypeError(
-            f"Invalid type for argument `{name}`. Received: {name}={_label(fn)}, which "
-            f"returned {empty[0]!r} on the {what} {ds.element_spec}. Expected a function that "
-            f"returns the new {what} (e.g. `return x, y`): is a `return` missing?"
+        raise invalid_type(
+            name,
+            fn,
+            f"a function that returns the new {what} (e.g. `return x, y`): is a `return` missing?",
+            received=f"{name}={_label(fn)}, which returned {empty[0]!r} on the {what} "
+            f"{ds.element_spec}",
         )
     return mapped
 
@@ -144,14 +150,16 @@ def check_map_output(map_fn: Callable, spec_in: Any, spec_out: Any) -> bool:
     if suspects:
         path, a, b = suspects[0]
         shape = tuple(b.shape.as_list())
-        raise ValueError(
-            f"Invalid value for argument `map_fn`. Received: map_fn={_label(map_fn)}, which "
-            f"turns one example's {path} of shape {tuple(a.shape.as_list())} into shape "
-            f"{shape}: a batch of one, not one example, so batches would be "
-            f"(batch, {', '.join(str(d) for d in shape)}). `map_fn` runs on one example at a "
-            "time. Expected a per-example function; pass a function written for batches (such "
-            "as `TextVectorization` after `tf.expand_dims(text, -1)`) as `batch_map_fn=` "
-            "instead, which runs on whole batches after batching."
+        raise invalid_value(
+            "map_fn",
+            map_fn,
+            "a per-example function; pass a function written for batches (such as "
+            "`TextVectorization` after `tf.expand_dims(text, -1)`) as `batch_map_fn=` "
+            "instead, which runs on whole batches after batching",
+            received=f"map_fn={_label(map_fn)}, which turns one example's {path} of shape "
+            f"{tuple(a.shape.as_list())} into shape {shape}: a batch of one, not one example, "
+            f"so batches would be (batch, {', '.join(str(d) for d in shape)}). `map_fn` runs "
+            "on one example at a time",
         )
     ragged = {p for a, p, b in pairs if isinstance(a, tf.RaggedTensorSpec) and _unknown_size(b)}
     variable = [

@@ -13,6 +13,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfgpu._internal.adapters.data_service import Address, consumers, job_name
+from tfgpu._internal.helpers.checks import invalid_value
 from tfgpu._internal.helpers.cluster import resolve_cluster
 
 CONNECT_TIMEOUT_S = 3.0  # a wrong address fails in seconds, naming it, instead of a hang
@@ -69,10 +70,17 @@ def check_dispatcher(address: Address, timeout_s: float = ANSWER_TIMEOUT_S) -> N
     else:
         name = code.name if code is not None else "no status"
         answered = f"no dispatcher answered the call ({name}: {details})"
+    # What answered is learnt by connecting: a ConnectionError, as for no answer at all.
     raise ConnectionError(
-        f"Invalid value for argument `service`. Received: service={address.target!r}, where "
-        f"{answered}. Expected the address of a tf.data service dispatcher (`tfgpu "
-        f"data-service dispatcher --port {address.port}` on {address.host}), not a worker's."
+        str(
+            invalid_value(
+                "service",
+                address.target,
+                f"the address of a tf.data service dispatcher (`tfgpu data-service dispatcher "
+                f"--port {address.port}` on {address.host}), not a worker's",
+                received=f"service={address.target!r}, where {answered}",
+            )
+        )
     )
 
 

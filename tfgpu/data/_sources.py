@@ -25,7 +25,7 @@ from tfgpu._internal.adapters.datasets import (
     reshuffles,
     source_batches,
 )
-from tfgpu._internal.helpers.checks import conflicting, invalid_value, is_int
+from tfgpu._internal.helpers.checks import conflicting, invalid_type, invalid_value, is_int
 from tfgpu._internal.helpers.warn import warn_at_user_code
 from tfgpu.data._service import memory_source
 from tfgpu.data._split import (
@@ -139,23 +139,24 @@ class ArraySource(Source):
         }
         scalars = [p for p, n in lengths.items() if n is None]
         if scalars:
-            raise ValueError(
-                f"Invalid value for argument `data`. Received: a scalar (no first dimension) "
-                f"at {', '.join(scalars)}. Expected arrays whose first dimension indexes the "
-                "examples."
+            raise invalid_value(
+                "data",
+                value,
+                "arrays whose first dimension indexes the examples",
+                received=f"a scalar (no first dimension) at {', '.join(scalars)}",
             )
         if len(set(lengths.values())) > 1:
             shown = ", ".join(f"{p}: {n}" for p, n in lengths.items())
-            raise ValueError(
-                "Invalid value for argument `data`. The arrays have different lengths "
-                f"(first dimensions): {shown}. Expected every array to hold the same number "
-                "of examples."
+            raise invalid_value(
+                "data",
+                value,
+                "every array to hold the same number of examples",
+                received=f"arrays of different lengths (first dimensions): {shown}",
             )
         self.num_examples: int = next(iter(lengths.values())) or 0
         if self.num_examples == 0:
-            raise ValueError(
-                "Invalid value for argument `data`. Received: arrays with 0 examples. "
-                "Expected at least one example."
+            raise invalid_value(
+                "data", value, "at least one example", received="arrays with 0 examples"
             )
 
     def count(self, batches: Batches | None, validation_split: float) -> int | None:
@@ -181,9 +182,11 @@ class DatasetSource(Source):
 
     def __init__(self, value: tf.data.Dataset) -> None:
         if cardinality(value) == 0:
-            raise ValueError(
-                "Invalid value for argument `data`. Received: a `tf.data.Dataset` with 0 "
-                "elements (cardinality 0). Expected at least one example."
+            raise invalid_value(
+                "data",
+                value,
+                "at least one example",
+                received="a `tf.data.Dataset` with 0 elements (cardinality 0)",
             )
         super().__init__(_count_unbatched(value))
 
@@ -250,12 +253,13 @@ class DatasetSource(Source):
             and not (args.drop_remainder and batches.drop_remainder is not True)
         ):
             if size is not None and size % num_replicas:
-                raise ValueError(
-                    f"Invalid value for argument `data`. Received: a dataset already batched in "
-                    f"batches of {size}, which do not split evenly over the strategy's "
-                    f"{num_replicas} replicas. Expected batches that are a multiple of "
-                    f"{num_replicas}: pass batch_size="
-                    f"{max(1, size // num_replicas) * num_replicas} to rebatch it."
+                raise invalid_value(
+                    "data",
+                    self.value,
+                    f"batches that are a multiple of {num_replicas}: pass batch_size="
+                    f"{max(1, size // num_replicas) * num_replicas} to rebatch it",
+                    received=f"a dataset already batched in batches of {size}, which do not "
+                    f"split evenly over the strategy's {num_replicas} replicas",
                 )
             _LOG.info(
                 "tfgpu.data.pipeline: the dataset passed in is already batched (batches %s); "
@@ -468,11 +472,13 @@ class TfdsSource(Source):
             return Read(ds, num_files=num_files)
         examples: Any = getattr(split_info, "num_examples", None)
         if not is_int(examples) or examples < 1:
-            raise ValueError(
-                f"Invalid value for argument `validation_split`. Received: validation_split="
-                f"{validation_split}, but the number of examples in {name!r} split {split!r} "
-                "is unknown. Expected a prepared split with a known size, or sliced splits in "
-                f"two pipelines (split='{split}[:90%]' and split='{split}[90%:]')."
+            raise invalid_value(
+                "validation_split",
+                validation_split,
+                "a prepared split with a known size, or sliced splits in two pipelines "
+                f"(split='{split}[:90%]' and split='{split}[90%:]')",
+                received=f"validation_split={validation_split}, but the number of examples in "
+                f"{name!r} split {split!r} is unknown",
             )
         counts = check_split_counts(
             int(examples),
@@ -501,30 +507,45 @@ def classify(data: Any) -> Source:
                 "data", data, "a TFRecord file pattern or a TensorFlow Datasets name"
             )
         if os.path.isdir(os.path.expanduser(text)):
-            raise ValueError(
-                f"Invalid value for argument `data`. Received: data={text!r}, which is a "
-                "directory. Expected TFRecord files or a glob pattern, e.g. "
+            raise invalid_value(
+                "data",
+                data,
+                "TFRecord files or a glob pattern, e.g. "
                 f"{os.path.join(text, '*.tfrecord')!r}; for a folder of images, use "
                 "`keras.utils.image_dataset_from_directory(..., batch_size=None)` and pass "
-                "its dataset."
+                "its dataset",
+                received=f"data={text!r}, which is a directory",
             )
         files = _expand_patterns([text])
         if files:
             return RecordSource(files)
         if _TFDS_NAME.match(text) and not os.path.splitext(text)[1]:
             return TfdsSource(text)
+        # A missing file is a FileNotFoundError (docs/data.md), in the one phrasing.
         raise FileNotFoundError(
-            f"Invalid value for argument `data`. Received: data={text!r}, a file pattern that "
-            f"matches no files (looked in {os.path.abspath(os.path.dirname(text) or '.')}). "
-            "Expected an existing TFRecord file or glob pattern such as 'data/train-*.tfrecord'."
+            str(
+                invalid_value(
+                    "data",
+                    data,
+                    "an existing TFRecord file or glob pattern such as 'data/train-*.tfrecord'",
+                    received=f"data={text!r}, a file pattern that matches no files (looked in "
+                    f"{os.path.abspath(os.path.dirname(text) or '.')})",
+                )
+            )
         )
     if isinstance(data, list) and data and all(isinstance(s, (str, os.PathLike)) for s in data):
         patterns = [os.fspath(s) for s in data]
         missing = [p for p in patterns if not _expand_patterns([p])]
         if missing:
             raise FileNotFoundError(
-                "Invalid value for argument `data`. These file patterns match no files: "
-                f"{missing}. Expected existing TFRecord files or glob patterns."
+                str(
+                    invalid_value(
+                        "data",
+                        data,
+                        "existing TFRecord files or glob patterns",
+                        received=f"file patterns that match no files: {missing}",
+                    )
+                )
             )
         return RecordSource(_expand_patterns(patterns))
     if isinstance(
@@ -532,10 +553,12 @@ def classify(data: Any) -> Source:
         (np.ndarray, np.generic, tf.Tensor, tf.RaggedTensor, tf.SparseTensor, tuple, Mapping, list),
     ):
         return ArraySource(data)
-    raise TypeError(
-        f"Invalid type for argument `data`. Received: data of type "
-        f"{type(data).__module__}.{type(data).__qualname__}. Expected {_SOURCE_TYPES}. "
-        "For a Python generator, wrap it first with `tf.data.Dataset.from_generator`."
+    raise invalid_type(
+        "data",
+        data,
+        f"{_SOURCE_TYPES}. For a Python generator, wrap it first with "
+        "`tf.data.Dataset.from_generator`",
+        received=f"data of type {type(data).__module__}.{type(data).__qualname__}",
     )
 
 
@@ -552,15 +575,16 @@ def _checked_structure(path: str, value: Any) -> Any:
     """A nested structure of arrays with supported leaves (lists made arrays or ragged)."""
     if isinstance(value, (Mapping, tuple)) and not value:
         kind = "dict" if isinstance(value, Mapping) else "tuple"
-        raise ValueError(
-            f"Invalid value for argument `data`. Received: an empty {kind} at {path}. "
-            "Expected at least one array."
+        raise invalid_value(
+            "data", value, "at least one array", received=f"an empty {kind} at {path}"
         )
     if isinstance(value, Mapping):
         if not all(isinstance(k, str) for k in value):
-            raise TypeError(
-                f"Invalid type for argument `data`. Received: a dict at {path} with keys "
-                f"{list(value)!r}. Expected str keys (feature names)."
+            raise invalid_type(
+                "data",
+                value,
+                "str keys (feature names)",
+                received=f"a dict at {path} with keys {list(value)!r}",
             )
         return {k: _checked_structure(f"{path}[{k!r}]", v) for k, v in value.items()}
     if isinstance(value, tuple):
@@ -571,10 +595,12 @@ def _checked_structure(path: str, value: Any) -> Any:
     if isinstance(value, list) and any(
         isinstance(v, (np.ndarray, tf.Tensor, tf.RaggedTensor)) for v in value
     ):
-        raise TypeError(
-            f"Invalid type for argument `data`. Received: a list of arrays at {path}. "
-            "Expected a tuple of arrays (e.g. `(x, y)`, one array per feature), or one "
-            "array (np.stack the list first)."
+        raise invalid_type(
+            "data",
+            value,
+            "a tuple of arrays (e.g. `(x, y)`, one array per feature), or one array "
+            "(np.stack the list first)",
+            received=f"a list of arrays at {path}",
         )
     if isinstance(value, (list, np.generic)):
         try:
@@ -583,31 +609,33 @@ def _checked_structure(path: str, value: Any) -> Any:
             try:
                 return tf.ragged.constant(value)
             except (ValueError, TypeError) as e:
-                raise ValueError(
-                    f"Invalid value for argument `data`. The list at {path} can be made "
-                    f"neither into one array nor into a ragged tensor ({e}). Expected "
-                    "examples of one type and nesting depth; pad them or pass a "
-                    "`tf.data.Dataset`."
+                raise invalid_value(
+                    "data",
+                    value,
+                    "examples of one type and nesting depth; pad them or pass a `tf.data.Dataset`",
+                    received=f"a list at {path} that can be made neither into one array nor "
+                    f"into a ragged tensor ({e})",
                 ) from None
     if isinstance(value, np.ndarray):
         if value.dtype.kind == "O":
             odd = next((v for v in value.reshape(-1) if not isinstance(v, (str, bytes))), None)
             if odd is not None or value.size == 0:
-                raise TypeError(
-                    f"Invalid type for argument `data`. Received: a NumPy array of Python "
-                    f"objects at {path} (holding a {type(odd).__name__}). Expected arrays "
-                    "of numbers, bools or strings; convert it with `.astype(...)` first."
+                raise invalid_type(
+                    "data",
+                    value,
+                    "arrays of numbers, bools or strings; convert it with `.astype(...)` first",
+                    received=f"a NumPy array of Python objects at {path} (holding a "
+                    f"{type(odd).__name__})",
                 )
         elif value.dtype.kind not in "biufcSU":
-            raise TypeError(
-                f"Invalid type for argument `data`. Received: a NumPy array of dtype "
-                f"{value.dtype} at {path}. Expected arrays of numbers, bools or strings."
+            raise invalid_type(
+                "data",
+                value,
+                "arrays of numbers, bools or strings",
+                received=f"a NumPy array of dtype {value.dtype} at {path}",
             )
         return value
-    raise TypeError(
-        f"Invalid type for argument `data`. Received: a {type(value).__name__} at {path}. "
-        f"Expected {_SOURCE_TYPES}."
-    )
+    raise invalid_type("data", value, _SOURCE_TYPES, received=f"a {type(value).__name__} at {path}")
 
 
 def flatten_with_paths(path: str, value: Any) -> list[tuple[str, Any]]:
@@ -636,9 +664,11 @@ def check_compression(files: list[str], compression_type: str) -> None:
         with open(path, "rb") as f:
             head = f.read(64)
     except OSError as e:
-        raise ValueError(
-            f"Invalid value for argument `data`. Cannot read {path!r} ({e.strerror}). "
-            "Expected readable TFRecord files."
+        raise invalid_value(
+            "data",
+            files,
+            "readable TFRecord files",
+            received=f"a file that cannot be read: {path!r} ({e.strerror})",
         ) from None
     if not head:
         return  # an empty file holds no records, in any compression
@@ -653,10 +683,11 @@ def check_compression(files: list[str], compression_type: str) -> None:
     if found == compression_type or (found == "ZLIB" and compression_type == ""):
         return  # a plain TFRecord that happens to parse as zlib is left to TensorFlow
     shown = {"GZIP": "GZIP-compressed", "ZLIB": "ZLIB-compressed", "": "not compressed"}
-    raise ValueError(
-        f"Invalid value for argument `compression_type`. Received: "
-        f"compression_type={compression_type or None!r}, but {path!r} is {shown[found]}. "
-        f"Expected the files' compression: pass compression_type={found or None!r}."
+    raise invalid_value(
+        "compression_type",
+        compression_type,
+        f"the files' compression: pass compression_type={found or None!r}",
+        received=f"compression_type={compression_type or None!r}, but {path!r} is {shown[found]}",
     )
 
 

@@ -52,16 +52,20 @@ def check_split_counts(
         f"and {validation} for validation"
     )
     if n < 2:  # no fraction splits a single example
-        raise ValueError(
-            f"Invalid value for argument `validation_split`. Received: {shown}. Expected a "
-            "source of at least 2 examples, one for each side: pass more data, or "
-            "validation_split=None."
+        raise invalid_value(
+            "validation_split",
+            validation_split,
+            "a source of at least 2 examples, one for each side: pass more data, or "
+            "validation_split=None",
+            received=shown,
         )
     if not train or not validation:
-        raise ValueError(
-            f"Invalid value for argument `validation_split`. Received: {shown}. Expected a "
-            "split that leaves at least one example on each side: pass a validation_split "
-            f"between {1 / n:.3g} and {1 - 1 / n:.3g}, or more data."
+        raise invalid_value(
+            "validation_split",
+            validation_split,
+            "a split that leaves at least one example on each side: pass a validation_split "
+            f"between {1 / n:.3g} and {1 - 1 / n:.3g}, or more data",
+            received=shown,
         )
     if global_batch:
         short = [
@@ -73,26 +77,30 @@ def check_split_counts(
             if drops and count < global_batch
         ]
         if short:
-            raise ValueError(
-                f"Invalid value for argument `validation_split`. Received: {shown}, but "
-                f"drop_remainder=True drops partial batches of the global batch of "
-                f"{global_batch}, so {' and '.join(short)} would yield no batch at all. "
-                "Expected each side to hold at least one global batch: pass another "
-                "validation_split, a smaller batch size, drop_remainder=False, or more data."
+            raise invalid_value(
+                "validation_split",
+                validation_split,
+                "each side to hold at least one global batch: pass another validation_split, "
+                "a smaller batch size, drop_remainder=False, or more data",
+                received=f"{shown}, but drop_remainder=True drops partial batches of the "
+                f"global batch of {global_batch}, so {' and '.join(short)} would yield no "
+                "batch at all",
             )
     return train, validation
 
 
 def refuse_dataset_split(reason: str, validation_split: float) -> ValueError:
-    return ValueError(
-        f"Invalid value for argument `validation_split`. Received: validation_split="
-        f"{validation_split} for a `tf.data.Dataset` {reason}. Expected a dataset whose "
-        "examples come in the same order every pass, and a known number of them. Split with "
-        "the loader instead, e.g. `train_ds, val_ds = keras.utils.image_dataset_from_directory("
+    return invalid_value(
+        "validation_split",
+        validation_split,
+        "a dataset whose examples come in the same order every pass, and a known number of "
+        "them. Split with the loader instead, e.g. `train_ds, val_ds = "
+        "keras.utils.image_dataset_from_directory("
         f'..., validation_split={validation_split}, subset="both", seed=1337)` and a '
         "`tfgpu.data.pipeline(...)` for each (validation with shuffle=False); or load it with "
         "shuffle=False, if its order is already mixed (a class-folder loader lists files class "
-        "by class, so its last examples would all be of the last class)."
+        "by class, so its last examples would all be of the last class)",
+        received=f"validation_split={validation_split} for a `tf.data.Dataset` {reason}",
     )
 
 

@@ -32,11 +32,13 @@ def check_tfds_name(name: str, data_dir: str | os.PathLike | None, arg: str = "n
     if os.path.isdir(os.path.join(root, base)):  # prepared elsewhere, copied here
         return
     close = difflib.get_close_matches(base, known, n=3)
-    hint = f" Did you mean: {', '.join(repr(c) for c in close)}?" if close else ""
-    raise ValueError(
-        f"Invalid value for argument `{arg}`. Received: {arg}={name!r}, which is neither a "
-        f"TensorFlow Datasets builder nor a dataset prepared in {root}.{hint} Expected one of "
-        "`tfds.list_builders()` or a file pattern that matches files."
+    hint = f" (Did you mean: {', '.join(repr(c) for c in close)}?)" if close else ""
+    raise invalid_value(
+        arg,
+        name,
+        "one of `tfds.list_builders()` or a file pattern that matches files",
+        received=f"{arg}={name!r}, which is neither a TensorFlow Datasets builder nor a dataset "
+        f"prepared in {root}{hint}",
     )
 
 
@@ -155,9 +157,13 @@ def load_tfds_dataset(
     # builder arguments in the name; the others: a builder that cannot import its code or
     # read its files (a damaged dataset_info.json: KeyError).
     except (ValueError, TypeError, KeyError, ImportError, OSError, tf.errors.OpError) as e:
-        raise ValueError(
-            f"Invalid value for argument `name`. Received: name={name!r}; TensorFlow Datasets "
-            f"cannot build it: {e}"
+        raise invalid_value(
+            "name",
+            name,
+            "a name TensorFlow Datasets can build: a builder with one of its configs and "
+            "versions, e.g. 'mnist' or 'mnist:3.*.*'",
+            received=f"name={name!r}, which TensorFlow Datasets cannot build "
+            f"({type(e).__name__}: {str(e).strip()})",
         ) from e
     root = os.fspath(data_dir) if data_dir is not None else _tfds_default_dir()
     if not builder.is_prepared():
@@ -178,10 +184,11 @@ def load_tfds_dataset(
     for part in split.split("+"):
         base = re.match(r"\s*([\w\-]+)", part)
         if base is None or base.group(1) not in known:
-            raise ValueError(
-                f"Invalid value for argument `split`. Received: split={split!r}. Expected a "
-                f"split of {name!r}: one of {sorted(known)} (slicing such as 'train[:10%]' "
-                "is allowed)."
+            raise invalid_value(
+                "split",
+                split,
+                f"a split of {name!r}: one of {sorted(known)} (slicing such as 'train[:10%]' "
+                "is allowed)",
             )
     if as_supervised is None:
         as_supervised = bool(info.supervised_keys)

@@ -8,6 +8,7 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
+from tfgpu._internal.helpers.checks import invalid_value
 from tfgpu.demo._plan import LEARNING_RATE, NUM_CLASSES, SEED, Sizes
 from tfgpu.demo._results import Recipe
 
@@ -67,10 +68,12 @@ def tfds_jpegs(
     label_feature = info.features[keys[1]] if keys else None
     num_classes = getattr(label_feature, "num_classes", None)
     if not keys or not num_classes:
-        raise ValueError(
-            f"Invalid value for argument `dataset`. Received: dataset={name!r}, which does not "
-            "define (image, label) supervised keys with a class label. Expected an image "
-            "classification dataset such as 'cifar10' or 'mnist'."
+        raise invalid_value(
+            "dataset",
+            name,
+            "an image classification dataset such as 'cifar10' or 'mnist'",
+            received=f"dataset={name!r}, which does not define (image, label) supervised keys "
+            "with a class label",
         )
 
     def encode(image, label):
@@ -83,9 +86,11 @@ def tfds_jpegs(
         jpegs.append(jpeg.numpy())
         labels.append(int(label))
     if len(labels) < num_examples:
-        raise ValueError(
-            f"Invalid value for argument `dataset`. Received: dataset={name!r} with "
-            f"{len(labels)} training examples. Expected at least {num_examples}."
+        raise invalid_value(
+            "dataset",
+            name,
+            f"at least {num_examples}",
+            received=f"dataset={name!r} with {len(labels)} training examples",
         )
     return np.array(jpegs, dtype=object), np.array(labels, dtype=np.int32), int(num_classes)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tfgpu._internal.helpers.checks import check_dir, is_int, is_number
+from tfgpu._internal.helpers.checks import check_dir, invalid_value, is_int, is_number
 from tfgpu._internal.helpers.files import read_json_object
 
 
@@ -247,10 +247,12 @@ def check_log_dir(log_dir) -> tuple[Path, list[Path]]:
         )
     names = sorted(path.iterdir())
     if not any(_ARTIFACT.match(p.name) or _RECORD.match(p.name) for p in names):
-        raise ValueError(
-            f"Invalid value for argument `log_dir`. Received: {str(path)!r}, which holds no "
-            "tfgpu run (no run.json, timeline.csv, steps.csv, diagnosis.json, tune.json or "
-            "scaling.json). Expected a directory written by GPUMonitor / StepTimer / "
-            "tfgpu.monitor.record, or the log_dir of diagnose, tune or scaling."
+        raise invalid_value(
+            "log_dir",
+            log_dir,
+            "a directory written by GPUMonitor / StepTimer / tfgpu.monitor.record, or the "
+            "log_dir of diagnose, tune or scaling",
+            received=f"log_dir={str(path)!r}, which holds no tfgpu run (no run.json, "
+            "timeline.csv, steps.csv, diagnosis.json, tune.json or scaling.json)",
         )
     return path, names

@@ -13,6 +13,8 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from tfgpu._internal.helpers.checks import invalid_value
+
 # The TensorFlow version (major, minor) `reach` was checked against.
 CHECKED_TF = (2, 21)
 
@@ -219,10 +221,7 @@ def using(strategy: Any, name: str) -> Iterator[None]:
         raise ValueError(describe(strategy).missing or "this strategy has no all-reduce to choose")
     allowed = MULTI_WORKER if kind == "multi_worker" else MIRRORED
     if name not in allowed:
-        raise ValueError(
-            f"Invalid value for argument `name`. Received: name={name!r}. Expected one of: "
-            f"{', '.join(map(repr, allowed))}."
-        )
+        raise invalid_value("name", name, f"one of: {', '.join(map(repr, allowed))}")
     value = slot.make(name)
     with kept(strategy):
         slot.set(value)

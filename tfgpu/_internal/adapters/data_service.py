@@ -125,12 +125,14 @@ def job_name(
     if slurm_job:
         step = environ.get("SLURM_STEP_ID", "0")
         return f"tfgpu-slurm-{slurm_job}.{step}-{serial}"
-    raise ValueError(
-        "Invalid value for argument `service_job_name`. Received: service_job_name=None in "
-        f"a {cluster.num_tasks}-trainer cluster ({cluster.source}). Expected a name for this "
-        "run that every trainer passes alike and no earlier run used on this dispatcher "
-        "(e.g. your launcher's run id: service_job_name=os.environ['RUN_ID']): the trainers "
-        "must all read one job, and a finished job's name gives end of input at once."
+    raise invalid_value(
+        "service_job_name",
+        None,
+        "a name for this run that every trainer passes alike and no earlier run used on this "
+        "dispatcher (e.g. your launcher's run id: service_job_name=os.environ['RUN_ID']): the "
+        "trainers must all read one job, and a finished job's name gives end of input at once",
+        received=f"service_job_name=None in a {cluster.num_tasks}-trainer cluster "
+        f"({cluster.source})",
     )
 
 

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tfgpu._internal.helpers.checks import invalid_type, is_int
+from tfgpu._internal.helpers.checks import invalid_type, invalid_value, is_int
 
 if TYPE_CHECKING:
     from tfgpu.monitor.nvml import GpuInfo
@@ -265,11 +265,12 @@ def cuda_indices(gpus: Sequence[int] | None = None) -> list[int] | None:
         raise invalid_type("gpus", list(gpus), "a list of int (TensorFlow's /GPU:k indices)")
     unknown = [g for g in gpus if not 0 <= g < len(positions)]
     if unknown:
-        raise ValueError(
-            f"Invalid value for argument `gpus`. Received: gpus={list(gpus)!r}. Expected "
+        raise invalid_value(
+            "gpus",
+            list(gpus),
             f"indices below {len(positions)}: TensorFlow uses {len(positions)} GPU(s) "
             "(`tf.config.set_visible_devices` / `tfgpu.configure(gpus=...)`), and `gpus` "
-            "numbers them as TensorFlow does (`/GPU:0` is 0)."
+            "numbers them as TensorFlow does (`/GPU:0` is 0)",
         )
     return _unique([positions[g] for g in gpus])
 

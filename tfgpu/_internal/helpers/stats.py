@@ -9,6 +9,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from tfgpu._internal.helpers.checks import invalid_value
+
 _NAN = float("nan")
 
 
@@ -43,7 +45,7 @@ def percentile(values: Iterable[Any], q: float) -> float:
     (2.5, 3.25)
     """
     if not 0 <= q <= 100:
-        raise ValueError(f"Invalid value for argument `q`. Received: q={q!r}. Expected 0 to 100.")
+        raise invalid_value("q", q, "0 to 100")
     ordered = sorted(finite(values))
     if not ordered:
         return _NAN
