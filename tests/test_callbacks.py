@@ -319,6 +319,8 @@ model.fit(x, y, batch_size=8, epochs=100000, verbose=0,
         (lambda d: StepTimer(peak_flops=float("inf")), ValueError, r"`peak_flops`"),
         (lambda d: StepTimer(log_dir=d / "file" / "x"), ValueError, r"`log_dir`.*under the file"),
         (lambda d: StepTimer(log_dir=b"runs"), TypeError, r"`log_dir`"),
+        (lambda d: StepTimer(b"runs"), TypeError, r"`log_dir`"),
+        (lambda d: StepTimer(d / "file"), ValueError, r"`log_dir`.*is a file"),
     ],
 )
 def test_bad_arguments_raise_before_training(fake, tmp_path, make, error, match):
@@ -532,6 +534,22 @@ def test_multi_worker_files_carry_the_task_index_and_a_second_fit_appends(
     assert len(rows) >= 4  # two sessions, one header
     _, steps = _csv(tmp_path / "steps-worker1.csv")
     assert len(steps) == 4
+
+
+def test_both_callbacks_take_log_dir_positionally_as_keras_tensorboard(fake, tmp_path, monkeypatch):
+    """`log_dir` is the one positional argument of both, as `keras.callbacks.TensorBoard`'s;
+    the rest are keyword-only."""
+    monkeypatch.chdir(tmp_path)
+    x, y = _data(64)
+    callbacks = [GPUMonitor("runs/x", interval=0.05), StepTimer("runs/x")]
+    _model().fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=callbacks)
+    run = tmp_path / "runs" / "x"
+    assert sorted(p.name for p in run.iterdir()) == ["run.json", "steps.csv", "timeline.csv"]
+    assert json.loads((run / "run.json").read_text())["timeline"] == "timeline.csv"
+    _, steps = _csv(run / "steps.csv")
+    assert len(steps) == 2  # one row per step: 64 examples in batches of 32
+    with pytest.raises(TypeError, match="positional argument"):
+        StepTimer("runs/x", 32)
 
 
 def test_without_nvml_training_goes_on_with_host_metrics(monkeypatch, tmp_path):

@@ -80,9 +80,10 @@ class StepTimer(keras.callbacks.Callback):
     and when rows are written: `docs/metrics.md`.
 
     Args:
+        log_dir: str, os.PathLike or None, the run directory (created if missing), positional
+            or by keyword, as `GPUMonitor`'s. Defaults to `None`: no file.
         batch_size: int or None, the global batch size. Defaults to `None`: read from the
             data `fit` was given (arrays, or a batched `tf.data` dataset).
-        log_dir: str, os.PathLike or None, the run directory. Defaults to `None`: no file.
         flops_per_step: float or None, FLOPs of one train step. Defaults to `None`:
             `tfgpu.flops.train_step_flops(model, batch_size)` when `fit` starts.
         peak_flops: float or None, the hardware's peak FLOP/s for the precision used,
@@ -105,9 +106,9 @@ class StepTimer(keras.callbacks.Callback):
 
     def __init__(
         self,
+        log_dir: str | os.PathLike | None = None,
         *,
         batch_size: int | None = None,
-        log_dir: str | os.PathLike | None = None,
         flops_per_step: float | None = None,
         peak_flops: float | None = None,
     ) -> None:
