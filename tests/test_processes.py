@@ -1,4 +1,5 @@
-"""tfgpu/_internal/helpers/processes.py: children that die with their parent, however it ends.
+"""tfgpu/_internal/helpers/processes.py: children that die with their parent, however it ends,
+and `run_python`, which ends a child with what it started.
 
 Real processes: a parent that starts a child, then is killed with SIGKILL (it runs no code
 after that); the child must end, by Linux's parent-death signal or by its own check of its
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tfgpu._internal.helpers.processes import run_python
 
 pytestmark = [
     pytest.mark.slow,  # spawns processes
@@ -109,3 +111,120 @@ def test_a_child_whose_parent_is_already_gone_ends_at_once():
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 1 and "still running" not in proc.stdout, proc.stderr
+
+
+def test_run_python_returns_the_status_and_what_the_child_wrote():
+    code = (
+        "import sys; print('out', repr(sys.stdin.read())); print('err', file=sys.stderr); "
+        "sys.exit(3)"
+    )
+    assert run_python(["-c", code], os.environ, 120.0) == (3, "out ''\n", "err\n")
+
+
+def test_run_python_hands_stdout_lines_to_on_line_as_they_come():
+    lines: list[str] = []
+    code = "print('one'); print('two', flush=True); print('three', end='')"
+    status, out, _ = run_python(["-c", code], os.environ, 120.0, lines.append)
+    assert (status, lines, out) == (0, ["one\n", "two\n", "three"], "one\ntwo\nthree")
+
+
+# Starts a process of its own, prints both pids, and waits.
+_STARTS_ONE = """
+import os, subprocess, sys, time
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(os.getpid(), helper.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("on_line", [False, True], ids=["files", "on_line"])
+def test_a_child_past_its_timeout_is_ended_with_what_it_started(on_line):
+    lines: list[str] = []
+    status, out, _ = run_python(
+        ["-c", _STARTS_ONE], os.environ, 5.0, lines.append if on_line else None
+    )
+    assert status is None  # timed out
+    if on_line:
+        assert lines == [out]
+    child, helper = map(int, out.split())
+    assert ended(child) and ended_within(helper)  # the group is killed before run_python returns
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, _Stop])
+def test_an_exception_in_the_wait_ends_the_child_with_what_it_started(error):
+    pids: list[int] = []
+
+    def stop(line: str) -> None:
+        pids.extend(map(int, line.split()))
+        raise error
+
+    with pytest.raises(error):
+        run_python(["-c", _STARTS_ONE], os.environ, None, stop)
+    child, helper = pids
+    assert ended(child) and ended_within(helper)
+
+
+# A custom layer in an importable module; in find_batch_size's child (which imports the modules
+# of the model's classes) the module writes the child's pid and waits.
+_WAITS = """
+import os, time
+import keras
+
+@keras.saving.register_keras_serializable("tfgpu_tests")
+class Waits(keras.layers.Layer):
+    def call(self, x):
+        return x
+
+if os.environ.get("TFGPU_TEST_PID_FILE"):
+    path = os.environ["TFGPU_TEST_PID_FILE"]
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+    time.sleep(600)
+"""
+
+_FINDER = """
+import os, sys
+import numpy as np
+import keras
+import tfgpu
+import waits  # imported before the variable is set: only the child waits
+
+model = keras.Sequential([keras.Input((4,)), waits.Waits(), keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+os.environ["TFGPU_TEST_PID_FILE"] = sys.argv[1]
+x, y = np.zeros((64, 4), "float32"), np.zeros((64, 1), "float32")
+tfgpu.find_batch_size(model, (x, y), in_subprocess=True, verbose=0)
+"""
+
+
+def test_the_find_batch_size_child_ends_when_its_parent_is_killed(tmp_path):
+    (tmp_path / "waits.py").write_text(_WAITS)
+    pid_file = tmp_path / "child.pid"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)]),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+    with open(tmp_path / "parent.log", "wb") as log:
+        parent = subprocess.Popen(
+            [sys.executable, "-c", _FINDER, str(pid_file)], env=env, stdout=log, stderr=log
+        )
+    child = None
+    try:
+        _wait_for(pid_file, parent, polls=3600)  # both processes import TensorFlow first
+        child = int(pid_file.read_text())
+        assert not ended(child)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        assert ended_within(child)  # by the death signal: the parent ran no code
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if child is not None and not ended(child):
+            os.kill(child, signal.SIGKILL)

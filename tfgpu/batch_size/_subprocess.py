@@ -7,12 +7,10 @@ import json
 import math
 import os
 import pickle
-import subprocess
-import sys
 import tempfile
-import threading
 from pathlib import Path
 
+from tfgpu._internal.helpers.processes import run_python
 from tfgpu._internal.helpers.progress import Progress
 from tfgpu.batch_size._result import NAN_AS_NONE, BatchSizeResult, BatchSizeTrial, build_result
 
@@ -20,7 +18,7 @@ from tfgpu.batch_size._result import NAN_AS_NONE, BatchSizeResult, BatchSizeTria
 _PREFIX = "find_batch_size: "
 _SEPARATOR = " \u00b7 "
 
-# The child is ended after this long (its exit status then says it was killed).
+# The child (its process group) is ended after this long.
 _TIMEOUT_S = 3600.0
 
 
@@ -33,38 +31,11 @@ def relayed_phase(line: str) -> str | None:
     >>> relayed_phase("find_batch_size: trial 2 of at most 16: batch size 16 \u00b7 3 s so far")
     'trial 2 of at most 16: batch size 16'
     """
-    line = line.rstrip("\n")
+    line = line.rstrip("\r\n")
     if not line.startswith(_PREFIX):
         return None
     phase = line[len(_PREFIX) :].rsplit(_SEPARATOR, 1)[0]
     return None if phase.startswith(("done in ", "reading ")) else phase
-
-
-def _run_child(code: str, env: dict[str, str], progress: Progress) -> tuple[int, str]:
-    """Runs the child, relaying its progress lines; returns (exit status, its stderr's tail).
-    Its stderr goes to a temporary file (no pipe to fill up)."""
-    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err:
-        with subprocess.Popen(
-            [sys.executable, "-c", code],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            encoding="utf-8",
-            errors="replace",
-            env=env,
-        ) as proc:
-            watchdog = threading.Timer(_TIMEOUT_S, proc.kill)  # a hung child is ended
-            watchdog.start()
-            try:
-                for line in proc.stdout or ():
-                    phase = relayed_phase(line)
-                    if phase is not None:
-                        progress.phase(phase)
-                status = proc.wait()
-            finally:
-                watchdog.cancel()
-        err.seek(0)
-        return status, err.read()[-2000:]
 
 
 def find_in_subprocess(model, pool, kwargs, progress: Progress | None = None) -> BatchSizeResult:
@@ -81,23 +52,29 @@ def find_in_subprocess(model, pool, kwargs, progress: Progress | None = None) ->
         # The child shows its progress one line per phase; this process relays the phases.
         (tmpdir / "kwargs.json").write_text(json.dumps({**kwargs, "verbose": 2}))
         (tmpdir / "modules.json").write_text(json.dumps(_custom_modules(model)))
-        code = (
+        code = (  # `die_with_parent` first thing, before TensorFlow is imported
+            "from tfgpu._internal.helpers.processes import die_with_parent; "
+            f"die_with_parent({os.getpid()}); "
             "from tfgpu.batch_size._subprocess import subprocess_main; "
             f"subprocess_main({str(tmpdir)!r})"
         )
-        env = {**os.environ}
         # A fresh TensorFlow: turn on the CPU allocator statistics the memory budget needs.
-        env.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
-        root = str(Path(__file__).resolve().parents[2])  # the directory holding `tfgpu/`
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        env = {"TF_CPU_ALLOCATOR_USE_BFC": "true", **os.environ}
         progress = progress or Progress(0, title="find_batch_size")
         progress.phase("starting the trials in a subprocess")
-        status, stderr = _run_child(code, env, progress)
+
+        def relay(line: str) -> None:
+            phase = relayed_phase(line)
+            if phase is not None:
+                progress.phase(phase)
+
+        status, _, stderr = run_python(["-c", code], env, _TIMEOUT_S, relay)
         out = tmpdir / "result.json"
         if status != 0 or not out.exists():
+            how = f"timed out after {_TIMEOUT_S:g} s" if status is None else f"exit status {status}"
             raise RuntimeError(
-                "The batch-size search in a subprocess failed (exit status "
-                f"{status}). Its last output:\n{stderr}"
+                f"The batch-size search in a subprocess failed ({how}). Its last "
+                f"output:\n{stderr[-2000:]}"
             )
         d = json.loads(out.read_text())
     trials = []

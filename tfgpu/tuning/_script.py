@@ -16,14 +16,12 @@ import json
 import math
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tfgpu._internal.helpers.processes import death
+from tfgpu._internal.helpers.processes import death, run_python
 
 # Environment variables of the settings that need a GPU.
 _GPU_ONLY = ("TF_GPU_THREAD_MODE", "TF_GPU_ALLOCATOR")
@@ -134,48 +132,18 @@ def _run_child(
 ) -> ChildRun:
     """Runs the script in a new process with `change` in its environment and times its first
     `fit` (tests replace this function). The child's report comes on its stdout, its output
-    (the script's stdout too) on its stderr: both into anonymous temporary files, which have
-    no name to leave behind."""
+    (the script's stdout too) on its stderr; its process group is ended whole (`run_python`)."""
     from tfgpu.tuning._candidates import merged
 
-    root = str(Path(__file__).resolve().parents[2])  # the directory holding `tfgpu/`
     env = merged(os.environ, change)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     spec = json.dumps({"parent": os.getpid(), "steps": steps, "warmup": warmup})
-    cmd = [sys.executable, "-m", "tfgpu.tuning._script", _CHILD_FLAG, spec, str(script)]
+    cmd = ["-m", "tfgpu.tuning._script", _CHILD_FLAG, spec, str(script), *script_args]
     limit = min(timeout_s, CHILD_TIMEOUT_S) if timeout_s is not None else None
-    with tempfile.TemporaryFile() as report, tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(
-            [*cmd, *script_args],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=report,
-            stderr=log,
-            start_new_session=True,  # its own process group: ended whole, below
-        )
-        try:
-            status = proc.wait(limit)
-        except subprocess.TimeoutExpired:
-            return ChildRun(error="timed out (time budget spent)")
-        finally:  # also on SIGTERM (`run_command`) or Ctrl-C in the parent
-            _end_group(proc)
-        report.seek(0)
-        log.seek(0)
-        return child_outcome(
-            status, report.read().decode("utf-8", "replace"), log.read().decode("utf-8", "replace")
-        )
-
-
-def _end_group(proc: subprocess.Popen) -> None:
-    """Kills `proc` and what it started in its process group (the script's own processes:
-    nothing after the first `fit` runs), then reaps it."""
-    if os.name == "posix":
-        with contextlib.suppress(ProcessLookupError, PermissionError):  # none left
-            os.killpg(proc.pid, signal.SIGKILL)
-    else:
-        proc.kill()
-    proc.wait()
+    status, report, output = run_python(cmd, env, limit)
+    if status is None:
+        return ChildRun(error="timed out (time budget spent)")
+    return child_outcome(status, report, output)
 
 
 def child_outcome(status: int, report: str, output: str) -> ChildRun:

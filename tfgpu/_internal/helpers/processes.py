@@ -1,8 +1,8 @@
 """The processes tfgpu runs in and starts: TensorFlow's C++ start-up log held back (the command
-line, `tfgpu tune`'s children), and children that never outlive the process that started them
-(`tfgpu tune`'s script runs, `tfgpu data-service`'s servers): `die_with_parent`, called first
-thing in the child, ends it when its parent ends, even by SIGKILL (the promise:
-docs/guarantees.md). No TensorFlow.
+line, `tfgpu tune`'s children), Python children run whole (`run_python`: `tfgpu tune`'s and
+`find_batch_size`'s), and children that never outlive their parent (those and `tfgpu
+data-service`'s servers): `die_with_parent`, called first thing in the child, ends it when its
+parent ends, even by SIGKILL (the promise: docs/guarantees.md). No TensorFlow.
 """
 
 from __future__ import annotations
@@ -10,13 +10,17 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import queue
 import re
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO
 
 # What TensorFlow's C++ writes at every start: absl's preamble, INFO lines and the errors of a
 # machine without a usable driver (`tfgpu env` explains them); warnings and other errors pass.
@@ -64,6 +68,63 @@ def startup_log_held_back(enabled: bool = True) -> Iterator[None]:
             kept = [line for line in text.splitlines(True) if not _STARTUP_NOISE.match(line)]
             if kept:
                 os.write(2, "".join(kept).encode())
+
+
+def run_python(
+    args: Sequence[str],
+    env: Mapping[str, str],
+    timeout_s: float | None,
+    on_line: Callable[[str], object] | None = None,
+) -> tuple[int | None, str, str]:
+    """Runs `python ARGS` with `env` (this `tfgpu` first on PYTHONPATH) and no stdin; returns (its
+    exit status, None past `timeout_s`; its stdout; its stderr), both kept in anonymous temporary
+    files, each stdout line also handed to `on_line` as it comes. Its process group is killed
+    whole when it returns, times out or an exception stops the wait (Ctrl-C, SIGTERM as
+    `SystemExit`). Its code calls `die_with_parent(this pid)` first thing (a SIGKILLed parent)."""
+    root = str(Path(__file__).resolve().parents[3])  # the directory holding `tfgpu/`
+    env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)}
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            [sys.executable, *args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out if on_line is None else subprocess.PIPE,
+            stderr=err,
+            start_new_session=True,  # its own process group: ended whole, below
+        )
+        lines: queue.Queue[bytes] = queue.Queue()
+        if on_line is not None:  # a thread reads the pipe, so that the wait keeps its deadline
+            threading.Thread(target=_read, args=(proc.stdout, lines), daemon=True).start()
+        status: int | None
+        try:
+            while on_line is not None and (line := lines.get(timeout=_left(deadline))):
+                out.write(line)
+                on_line(line.decode("utf-8", "replace"))
+            status = proc.wait(_left(deadline))
+        except (subprocess.TimeoutExpired, queue.Empty):
+            status = None
+        finally:  # the group whole: what the child started goes too
+            if os.name == "posix":
+                with contextlib.suppress(ProcessLookupError, PermissionError):  # none left
+                    os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+            proc.wait()
+        out.seek(0)
+        err.seek(0)
+        return status, out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace")
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _read(pipe: IO[bytes], lines: queue.Queue[bytes]) -> None:
+    with pipe:
+        for line in pipe:
+            lines.put(line)
+    lines.put(b"")  # the end: a line is never empty
 
 
 def death(status: int) -> str:
