@@ -130,6 +130,32 @@ def test_inventory_skips_a_gpu_that_cannot_be_opened(fake):
     assert inv.available and [g.index for g in inv.gpus] == [1]
 
 
+def test_inventory_when_nvml_cannot_count_the_gpus_says_why(monkeypatch):
+    fake = fake_pynvml.make(driver_lacks={"nvmlDeviceGetCount"})
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    inv = nvml.inventory()
+    assert not inv.available and inv.gpus == []
+    assert "NVML query failed (Function Not Found)" in inv.error and "NVIDIA driver" in inv.error
+    assert fake.init_count == 0
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"),  # a name not in UTF-8
+        TypeError("nvmlDeviceGetName() takes 0 positional arguments"),  # an old binding
+    ],
+)
+def test_inventory_query_the_binding_fails_leaves_that_field_unknown(fake, error):
+    def name(handle):
+        raise error
+
+    fake.nvmlDeviceGetName = name
+    inv = nvml.inventory()
+    assert inv.available and [g.name for g in inv.gpus] == ["unknown", "unknown"]
+    assert inv.gpus[1].utilization_pct == 10.0 and fake.init_count == 0
+
+
 # ---------------------------------------------------------------- CUDA_VISIBLE_DEVICES
 def _gpus(n: int = 3) -> list[nvml.GpuInfo]:
     return [

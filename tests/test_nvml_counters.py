@@ -474,6 +474,95 @@ def test_process_memory_falls_back_on_a_library_mismatch(monkeypatch, caplog):
     r.close()
 
 
+# ---------------------------------------------------------------- one failed call at a time
+def test_a_gpu_lost_before_its_first_read_is_nan_until_it_answers(monkeypatch, caplog):
+    fake, clock = _install(monkeypatch, [fake_pynvml.FakeGpu()])
+    r = Readers(fake, clock)
+    fake.gpus[0].lost = True  # after the inventory, before the reader opens its handle
+    rows = [r.read(0.5)[0] for _ in range(3)]
+    assert all(math.isnan(v) for row in rows for v in row.values())
+    fake.gpus[0].lost = False
+    assert r.read(0.5)[0]["util_pct"] == 50.0
+    warned = _warnings(caplog)
+    assert len(warned) == 1 and "GPU is lost" in warned[0]
+    r.close()
+
+
+def test_an_nvml_error_on_one_counter_is_nan_warned_once_and_retried(monkeypatch, caplog):
+    failing = True
+
+    def tx_kb_s():
+        if failing:
+            raise fake.NVMLError(fake.NVML_ERROR_UNKNOWN)
+        return 2048
+
+    gpu = fake_pynvml.FakeGpu(pcie_tx_kb_s=tx_kb_s)
+    fake, clock = _install(monkeypatch, [gpu], driver_lacks={"field:197", "field:198"})
+    r = Readers(fake, clock)
+    rows = [r.read(0.5)[0] for _ in range(6)]
+    assert all(math.isnan(row["pcie_tx_mib_s"]) for row in rows)
+    assert rows[-1]["util_pct"] == 50.0  # the other queries are unaffected
+    failing = False
+    assert [r.read(0.5)[0]["pcie_tx_mib_s"] for _ in range(4)][-1] == 2.0  # asked again
+    warned = _warnings(caplog)
+    assert len(warned) == 1 and "Unknown Error" in warned[0] and "pcie_tx_mib_s" in warned[0]
+    r.close()
+
+
+def test_gpm_sampling_the_driver_refuses_turns_gpm_off_once(monkeypatch, caplog):
+    fake, clock = _install(monkeypatch, [fake_pynvml.hopper(not_supported={"nvmlGpmSampleGet"})])
+    caplog.set_level(logging.INFO, logger="tfgpu.monitor")
+    r = Readers(fake, clock)
+    rows = [r.read(0.2)[0] for _ in range(4)]
+    assert all(math.isnan(row[k]) for row in rows for k in GPM_KEYS)
+    assert len([m for m in caplog.messages if "GPM sampling is not supported here" in m]) == 1
+    assert _calls(fake, "nvmlGpmSampleGet") == 1 and fake.gpm_live == 0
+    assert not _warnings(caplog)
+    r.close()
+
+
+def test_gpm_samples_are_freed_when_one_cannot_be_allocated(monkeypatch, caplog):
+    fake, clock = _install(monkeypatch, [fake_pynvml.hopper()])
+    alloc, allocs = fake.nvmlGpmSampleAlloc, []
+
+    def second_fails():
+        allocs.append(1)
+        if len(allocs) == 2:
+            raise fake.NVMLError(fake.NVML_ERROR_UNKNOWN)
+        return alloc()
+
+    monkeypatch.setattr(fake, "nvmlGpmSampleAlloc", second_fails)
+    r = Readers(fake, clock)
+    assert math.isnan(r.read()[0]["sm_active_pct"]) and fake.gpm_live == 0  # none kept
+    r.read(0.2)  # allocated again, and the first sample taken
+    assert r.read(0.2)[0]["sm_active_pct"] == 60.0
+    warned = _warnings(caplog)
+    assert len(warned) == 1 and "Unknown Error" in warned[0]
+    r.close()
+    assert fake.gpm_live == 0
+
+
+def test_a_process_sm_share_the_gpu_does_not_give_is_nan_and_not_asked_again(monkeypatch, caplog):
+    gpu = fake_pynvml.FakeGpu(not_supported={"nvmlDeviceGetProcessUtilization"})
+    fake, clock = _install(monkeypatch, [gpu])
+    r = Readers(fake, clock)
+    rows = [r.read(0.5)[0] for _ in range(3)]
+    assert all(math.isnan(row["proc_sm_util_pct"]) for row in rows)
+    assert _calls(fake, "nvmlDeviceGetProcessUtilization") == 1
+    assert not _warnings(caplog)
+    r.close()
+
+
+def test_a_binding_without_either_throttle_reasons_call_reads_nan_quietly(monkeypatch, caplog):
+    fake, clock = _install(monkeypatch, [fake_pynvml.FakeGpu()], old_api=True)
+    monkeypatch.delattr(fake, "nvmlDeviceGetCurrentClocksThrottleReasons")
+    r = Readers(fake, clock)
+    rows = [r.read(0.5)[0] for _ in range(3)]
+    assert all(math.isnan(row["throttle_reasons"]) for row in rows)
+    assert rows[-1]["util_pct"] == 50.0 and not _warnings(caplog)
+    r.close()
+
+
 def test_memory_used_matches_nvidia_smi_where_the_driver_allows(monkeypatch, caplog):
     gpu = fake_pynvml.FakeGpu(memory_used_mib=1000.0, memory_reserved_mib=512.0)
     fake, clock = _install(monkeypatch, [gpu])

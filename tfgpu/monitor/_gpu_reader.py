@@ -16,7 +16,7 @@ from typing import Any
 
 from tfgpu.monitor import _nvml_lib
 from tfgpu.monitor._metrics import GPU_METRICS
-from tfgpu.monitor._nvml_lib import decode, error_code, exported, memory_v2
+from tfgpu.monitor._nvml_lib import Failure, error_code, exported, nvml_failure, nvml_query
 from tfgpu.monitor.nvml import GpuInfo
 
 _log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class GpuReader:
     (GPU, error kind) and retried each sample. A GPU that answers as lost (or NVML shut down
     under it) reads NaN throughout that row, and nothing read before is carried past it.
     A rate from two counter readings needs `min_window` seconds between them (else NaN, and
-    the older reading stays the base)."""
+    the older reading stays the base). A query returns its values or its NVML call's `Failure`."""
 
     def __init__(
         self,
@@ -86,6 +86,8 @@ class GpuReader:
         self._function_not_found = error_code(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
         self._not_found = error_code(nv, "NVML_ERROR_NOT_FOUND", 6)
         self._in_use = error_code(nv, "NVML_ERROR_IN_USE", 19)
+        version = error_code(nv, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25)
+        self._no_v2 = (self._function_not_found, self._not_supported, version)
         # The GPU (or NVML) is gone: no value of the row stands, carried ones included. A GPU
         # that asks for a reset (Xid 48/79 and the like) answers nothing until it gets one.
         self._gone = (
@@ -94,9 +96,6 @@ class GpuReader:
             error_code(nv, "NVML_ERROR_UNINITIALIZED", 1),
         )
         self._min_window = min_window
-        # Not an NVMLError: an unversioned call the driver lacks (nvidia-ml-py 12 and newer).
-        mismatch = getattr(nv, "NVMLLibraryMismatchError", None)
-        self._mismatch: tuple[type, ...] = (mismatch,) if isinstance(mismatch, type) else ()
         # Driver generations: the newest call first, the older one once the driver says so.
         self._reasons_names = exported(
             nv,
@@ -120,7 +119,7 @@ class GpuReader:
         # Plain functions, called with the reader: bound methods here would make each reader a
         # reference cycle, kept (with its sampler and NVML handles) until a full collection.
         self._queries: list[
-            tuple[str, tuple[str, ...], Callable[[GpuReader, Any], tuple[float, ...]]]
+            tuple[str, tuple[str, ...], Callable[[GpuReader, Any], tuple[float, ...] | Failure]]
         ] = [
             ("utilization", ("util_pct", "mem_util_pct"), GpuReader._utilization),
             ("memory", ("mem_used_mib", "mem_total_mib"), GpuReader._memory),
@@ -135,9 +134,6 @@ class GpuReader:
             ("energy", ("energy_j",), GpuReader._energy),
             ("process_utilization", ("proc_sm_util_pct",), GpuReader._process_utilization),
         ]
-
-    def _code(self, error: Exception) -> Any:
-        return getattr(error, "value", None)
 
     def _forget(self) -> None:
         """Drops every value and reading kept from earlier samples (at start, and when the GPU
@@ -162,45 +158,44 @@ class GpuReader:
     def _newest(self, names: list[str], h: Any) -> Any:
         """Calls the first of `names` the driver exports, dropping those it does not."""
         while names:
-            try:
-                return getattr(self._nv, names[0])(h)
-            except (self._nv.NVMLError, *self._mismatch) as e:
-                older = len(names) > 1 and (
-                    self._code(e) == self._function_not_found or isinstance(e, self._mismatch)
-                )
-                if not older:
-                    raise
-                self._note(names[0], "the driver lacks %s; using %s.", names[0], names[1])
-                del names[0]
-        raise self._nv.NVMLError(self._function_not_found)
+            answer = nvml_query(self._nv, names[0], h)
+            if not isinstance(answer, Failure) or len(names) == 1 or not answer.missing:
+                return answer
+            self._note(names[0], "the driver lacks %s; using %s.", names[0], names[1])
+            del names[0]
+        return nvml_failure(self._nv, self._function_not_found)
 
-    def _utilization(self, h: Any) -> tuple[float, ...]:
-        rates = self._nv.nvmlDeviceGetUtilizationRates(h)
-        return float(rates.gpu), float(rates.memory)
+    def _utilization(self, h: Any) -> tuple[float, ...] | Failure:
+        rates = nvml_query(self._nv, "nvmlDeviceGetUtilizationRates", h)
+        return rates if isinstance(rates, Failure) else (float(rates.gpu), float(rates.memory))
 
-    def _memory(self, h: Any) -> tuple[float, ...]:
+    def _memory(self, h: Any) -> tuple[float, ...] | Failure:
+        info = None
         if self._memory_v2:
-            try:
-                info = memory_v2(self._nv, h)
-                return info.used / _MIB, info.total / _MIB
-            except (self._nv.NVMLError, TypeError, AttributeError) as e:
-                version = error_code(self._nv, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25)
-                no_v2 = (self._function_not_found, self._not_supported, version)
-                if not isinstance(e, (TypeError, AttributeError)) and self._code(e) not in no_v2:
-                    raise
+            info = nvml_query(
+                self._nv, "nvmlDeviceGetMemoryInfo", h, version=self._nv.nvmlMemory_v2
+            )
+            if isinstance(info, Failure) and (
+                info.code in self._no_v2 or issubclass(info.kind, (TypeError, AttributeError))
+            ):
                 self._memory_v2 = False
                 self._note(
                     "memory_v2",
                     "nvmlDeviceGetMemoryInfo_v2 unavailable (%s); mem_used_mib counts reserved "
                     "memory as used (the v1 struct), unlike recent nvidia-smi.",
-                    decode(e) or type(e).__name__,
+                    info.text,
                 )
-        info = self._nv.nvmlDeviceGetMemoryInfo(h)
-        return info.used / _MIB, info.total / _MIB
+                info = None
+        if info is None:
+            info = nvml_query(self._nv, "nvmlDeviceGetMemoryInfo", h)
+        return info if isinstance(info, Failure) else (info.used / _MIB, info.total / _MIB)
 
-    def _process_memory(self, h: Any) -> tuple[float, ...]:
+    def _process_memory(self, h: Any) -> tuple[float, ...] | Failure:
+        processes = self._newest(self._process_names, h)
+        if isinstance(processes, Failure):
+            return processes
         total = 0.0
-        for proc in self._newest(self._process_names, h):
+        for proc in processes:
             if proc.pid == self._pid:
                 used = proc.usedGpuMemory
                 if used is None:
@@ -208,31 +203,38 @@ class GpuReader:
                 total += used / _MIB
         return (total,)
 
-    def _power(self, h: Any) -> tuple[float, ...]:
-        return (self._nv.nvmlDeviceGetPowerUsage(h) / 1000.0,)
+    def _number(
+        self, name: str, h: Any, *args: Any, per: float = 1.0
+    ) -> tuple[float, ...] | Failure:
+        """One NVML number, divided by `per` (NVML's milliwatts and millijoules)."""
+        value = nvml_query(self._nv, name, h, *args)
+        return value if isinstance(value, Failure) else (float(value) / per,)
 
-    def _power_limit(self, h: Any) -> tuple[float, ...]:
-        return (self._nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0,)
+    def _power(self, h: Any) -> tuple[float, ...] | Failure:
+        return self._number("nvmlDeviceGetPowerUsage", h, per=1000.0)
 
-    def _temperature(self, h: Any) -> tuple[float, ...]:
-        return (float(self._nv.nvmlDeviceGetTemperature(h, self._nv.NVML_TEMPERATURE_GPU)),)
+    def _power_limit(self, h: Any) -> tuple[float, ...] | Failure:
+        return self._number("nvmlDeviceGetEnforcedPowerLimit", h, per=1000.0)
 
-    def _sm_clock(self, h: Any) -> tuple[float, ...]:
-        return (float(self._nv.nvmlDeviceGetClockInfo(h, self._nv.NVML_CLOCK_SM)),)
+    def _temperature(self, h: Any) -> tuple[float, ...] | Failure:
+        return self._number("nvmlDeviceGetTemperature", h, self._nv.NVML_TEMPERATURE_GPU)
 
-    def _throttle_reasons(self, h: Any) -> tuple[float, ...]:
-        return (float(self._newest(self._reasons_names, h)),)
+    def _sm_clock(self, h: Any) -> tuple[float, ...] | Failure:
+        return self._number("nvmlDeviceGetClockInfo", h, self._nv.NVML_CLOCK_SM)
 
-    def _energy(self, h: Any) -> tuple[float, ...]:
-        return (self._nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0,)
+    def _throttle_reasons(self, h: Any) -> tuple[float, ...] | Failure:
+        reasons = self._newest(self._reasons_names, h)
+        return reasons if isinstance(reasons, Failure) else (float(reasons),)
 
-    def _process_utilization(self, h: Any) -> tuple[float, ...]:
+    def _energy(self, h: Any) -> tuple[float, ...] | Failure:
+        return self._number("nvmlDeviceGetTotalEnergyConsumption", h, per=1000.0)
+
+    def _process_utilization(self, h: Any) -> tuple[float, ...] | Failure:
         now = self._clock()
-        try:
-            samples = self._nv.nvmlDeviceGetProcessUtilization(h, self._proc_last_ts)
-        except self._nv.NVMLError as e:
-            if self._code(e) != self._not_found:
-                raise
+        samples = nvml_query(self._nv, "nvmlDeviceGetProcessUtilization", h, self._proc_last_ts)
+        if isinstance(samples, Failure):
+            if samples.code != self._not_found:
+                return samples
             # No sample newer than the last one: carry it for a second, then idle.
             return (self._proc_value if now - self._proc_seen < 1.0 else 0.0,)
         mine = []
@@ -244,23 +246,23 @@ class GpuReader:
         self._proc_seen = now
         return (self._proc_value,)
 
-    def _gpm_start(self, h: Any) -> bool:
-        """Decides whether GPM works on this GPU; allocates its samples. True when on."""
+    def _gpm_start(self, h: Any) -> Failure | None:
+        """Decides whether GPM works on this GPU (`_gpm` True or False) and allocates its
+        samples; a `Failure` leaves it undecided, asked again at the next read."""
         nv = self._nv
         needed = ("nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleGet")
         if len(exported(nv, *needed)) < len(needed) or not hasattr(nv, "c_nvmlGpmMetricsGet_t"):
             self._gpm_off("this nvidia-ml-py has no GPM calls (pip install -U nvidia-ml-py)")
-            return False
-        try:
-            support = nv.nvmlGpmQueryDeviceSupport(h)
-        except nv.NVMLError as e:
-            if self._is_not_supported(e):
-                self._gpm_off(f"the driver does not offer GPM ({decode(e)})")
-                return False
-            raise
+            return None
+        support = nvml_query(nv, "nvmlGpmQueryDeviceSupport", h)
+        if isinstance(support, Failure):
+            if not self._is_not_supported(support):
+                return support
+            self._gpm_off(f"the driver does not offer GPM ({support.text})")
+            return None
         if not support.isSupportedDevice:
             self._gpm_off("GPM not supported on this GPU (Hopper or newer needed)")
-            return False
+            return None
         request = nv.c_nvmlGpmMetricsGet_t()
         request.version = nv.NVML_GPM_METRICS_GET_VERSION
         ids = [getattr(nv, constant, None) for _, constant in GPM_METRICS]
@@ -268,10 +270,15 @@ class GpuReader:
         request.numMetrics = len(GPM_METRICS)
         for k, metric_id in enumerate(self._gpm_ids):
             request.metrics[k].metricId = max(metric_id, 0)
-        self._gpm_samples = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
+        for _ in range(2):
+            sample = nvml_query(nv, "nvmlGpmSampleAlloc")
+            if isinstance(sample, Failure):
+                self._free_gpm()  # what was allocated: tried again at the next read
+                return sample
+            self._gpm_samples.append(sample)
         self._gpm_request = request
         self._gpm = True
-        return True
+        return None
 
     def _gpm_off(self, why: str) -> None:
         self._gpm = False
@@ -285,13 +292,15 @@ class GpuReader:
         )
         self._free_gpm()
 
-    def _gpm_read(self, h: Any) -> tuple[float, ...]:
+    def _gpm_read(self, h: Any) -> tuple[float, ...] | Failure:
         if self._gpm is False:
             return tuple(self._gpm_values[:6])
         if self._clock() - self._gpm_done <= GPM_MIN_PERIOD:
             return tuple(self._gpm_values[:6])  # NVML needs more than 100 ms: carry
-        if self._gpm is None and not self._gpm_start(h):
-            return tuple(self._gpm_values[:6])
+        if self._gpm is None:
+            failure = self._gpm_start(h)
+            if not self._gpm:
+                return failure or tuple(self._gpm_values[:6])
         current = 0 if self._gpm_prev != 0 else 1
         previous = self._gpm_prev
         # What a failed call leaves, whatever it raises; a call that succeeds sets them anew.
@@ -299,31 +308,33 @@ class GpuReader:
         self._gpm_values = [_NAN] * len(GPM_METRICS)
         self._gpm_pcie_ok = False
         try:
-            self._nv.nvmlGpmSampleGet(h, self._gpm_samples[current])
-        except self._nv.NVMLError as e:
-            if self._code(e) == self._not_supported:
-                self._gpm_off(f"GPM sampling is not supported here ({decode(e)})")
-            elif self._code(e) == self._in_use:
+            taken = nvml_query(self._nv, "nvmlGpmSampleGet", h, self._gpm_samples[current])
+        finally:
+            # The sample was taken before this: the next is more than the minimum after it.
+            self._gpm_done = self._clock()
+        if isinstance(taken, Failure):
+            if taken.code == self._not_supported:
+                self._gpm_off(f"GPM sampling is not supported here ({taken.text})")
+            elif taken.code == self._in_use:
                 self._report(
                     "gpm-in-use",
                     [n for n, _ in GPM_METRICS],
-                    e,
+                    taken,
                     "the GPM counters are in use (another profiler: DCGM, Nsight, "
                     "nvidia-smi dmon?); retried every 0.1 s",
                 )
             else:
-                raise
+                return taken
             return tuple(self._gpm_values[:6])
-        finally:
-            # The sample was taken before this: the next is more than the minimum after it.
-            self._gpm_done = self._clock()
         self._gpm_prev = current
         if previous is None:
             return tuple(self._gpm_values[:6])  # the first sample: values come at the next
         request = self._gpm_request
         request.sample1 = self._gpm_samples[previous]
         request.sample2 = self._gpm_samples[current]
-        self._nv.nvmlGpmMetricsGet(request)
+        got = nvml_query(self._nv, "nvmlGpmMetricsGet", request)
+        if isinstance(got, Failure):
+            return got
         values = []
         success = getattr(self._nv, "NVML_SUCCESS", 0)
         for k, (name, constant) in enumerate(GPM_METRICS):
@@ -340,13 +351,10 @@ class GpuReader:
     def _free_gpm(self) -> None:
         samples, self._gpm_samples = self._gpm_samples, []
         self._gpm_prev = None
-        for sample in samples:
-            try:
-                self._nv.nvmlGpmSampleFree(sample)
-            except self._nv.NVMLError:  # nothing useful to do about a failed free at shutdown
-                pass
+        for sample in samples:  # nothing useful to do about a failed free at shutdown
+            nvml_query(self._nv, "nvmlGpmSampleFree", sample, default=None)
 
-    def _pcie(self, h: Any) -> tuple[float, ...]:
+    def _pcie(self, h: Any) -> tuple[float, ...] | Failure:
         if self._gpm and self._gpm_pcie_ok:
             return self._gpm_values[6], self._gpm_values[7]
         if self._fields_ok is not False:
@@ -355,7 +363,7 @@ class GpuReader:
                 return values
         return self._pcie_throughput(h)
 
-    def _pcie_fields(self, h: Any) -> tuple[float, float] | None:
+    def _pcie_fields(self, h: Any) -> tuple[float, float] | Failure | None:
         """PCIe rates from the byte counters (non-blocking); None when the driver does not give
         them: it lacks them, or refuses them with any error before they ever worked."""
         nv = self._nv
@@ -367,21 +375,23 @@ class GpuReader:
             self._fields_ok = False
             return None
         previous, self._fields_prev = self._fields_prev, None  # what a failed call leaves
-        try:
-            values = nv.nvmlDeviceGetFieldValues(h, list(ids))
+        values = nvml_query(nv, "nvmlDeviceGetFieldValues", h, list(ids))
+        if not isinstance(values, Failure):
             success = getattr(nv, "NVML_SUCCESS", 0)
             failed = [values[k].nvmlReturn for k in range(2) if values[k].nvmlReturn != success]
             if failed:
-                raise nv.NVMLError(failed[0])  # a field's own error, as the call's
-        except nv.NVMLError as e:
-            if self._code(e) in self._gone or (self._fields_ok and not self._is_not_supported(e)):
-                raise  # a lost GPU: its row is NaN; counters that worked: NaN, retried
+                values = nvml_failure(nv, failed[0])  # a field's own error, as the call's
+        if isinstance(values, Failure):
+            if values.code in self._gone or (
+                self._fields_ok and not self._is_not_supported(values)
+            ):
+                return values  # a lost GPU: its row is NaN; counters that worked: NaN, retried
             self._fields_ok = False
             self._note(
                 "fields",
                 "no PCIe byte counters (NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES: %s); using "
                 "nvmlDeviceGetPcieThroughput.",
-                decode(e) or type(e).__name__,
+                values.text,
             )
             return None
         self._fields_ok = True
@@ -397,7 +407,7 @@ class GpuReader:
         rates = [(current[k] - previous[k]) / seconds / _MIB for k in (1, 2)]
         return tuple(r if r >= 0 else _NAN for r in rates)  # type: ignore[return-value]
 
-    def _pcie_throughput(self, h: Any) -> tuple[float, ...]:
+    def _pcie_throughput(self, h: Any) -> tuple[float, ...] | Failure:
         """`nvmlDeviceGetPcieThroughput` (blocks ~20 ms): the session's readers take turns (least
         recently read counter first) within `PCIE_THROUGHPUT_PERIOD`; values carried between."""
         shared = self._blocking
@@ -416,20 +426,19 @@ class GpuReader:
         name, default = ("NVML_PCIE_UTIL_TX_BYTES", 0) if k == 0 else ("NVML_PCIE_UTIL_RX_BYTES", 1)
         counter = getattr(self._nv, name, default)
         self._throughput[k] = _NAN  # what a failed call leaves, whatever it raises
-        try:
-            kb_s = self._nv.nvmlDeviceGetPcieThroughput(h, counter)
-        except self._nv.NVMLError as e:
-            if self._is_not_supported(e):
+        kb_s = nvml_query(self._nv, "nvmlDeviceGetPcieThroughput", h, counter)
+        if isinstance(kb_s, Failure):
+            if self._is_not_supported(kb_s):
                 for key in mine:  # never asked again: leave the turns to the others
                     shared.served.pop(key, None)
-            raise
+            return kb_s
         self._throughput[k] = kb_s / 1024.0  # KB/s (NVML's KB are 1024 bytes) to MiB/s
         return tuple(self._throughput)
 
-    def _is_not_supported(self, error: Exception) -> bool:
-        return self._code(error) in (self._not_supported, self._function_not_found)
+    def _is_not_supported(self, failure: Failure) -> bool:
+        return failure.code in (self._not_supported, self._function_not_found)
 
-    def _report(self, kind: str, metrics: Sequence[str], error: Exception, what: str = "") -> None:
+    def _report(self, kind: str, metrics: Sequence[str], failure: Failure, what: str = "") -> None:
         if kind in self._reported:
             return
         self._reported.add(kind)
@@ -439,7 +448,7 @@ class GpuReader:
             self._position,
             self._gpu.name,
             self._gpu.index,
-            decode(error) or type(error).__name__,
+            failure.text,
             ", ".join(metrics),
             f" ({what})" if what else "",
         )
@@ -447,35 +456,40 @@ class GpuReader:
     def read(self) -> list[float]:
         """Returns the values of `GPU_METRICS`, in that order; NaN where unavailable."""
         if self._handle is None:
-            try:
-                self._handle = self._nv.nvmlDeviceGetHandleByIndex(self._gpu.index)
-            except self._nv.NVMLError as e:
-                self._report(type(e).__name__, list(GPU_METRICS), e)
+            handle = nvml_query(self._nv, "nvmlDeviceGetHandleByIndex", self._gpu.index)
+            if isinstance(handle, Failure):
+                self._report(handle.kind.__name__, list(GPU_METRICS), handle)
                 return [_NAN] * len(GPU_METRICS)
+            self._handle = handle
         values: list[float] = []
         for query, metrics, fn in self._queries:
             if query in self._unsupported:
                 values.extend([_NAN] * len(metrics))
                 continue
             try:
-                values.extend(fn(self, self._handle))
-            except Exception as e:  # the one catch-all: any failure of one query reads NaN
-                if isinstance(e, self._nv.NVMLError) and self._code(e) in self._gone:
-                    # Lost (or NVML shut down): the rest would fail too, and nothing read
-                    # before, in this row or carried from earlier ones, stands.
-                    self._report(type(e).__name__, list(GPU_METRICS), e)
-                    self._forget()
-                    return [_NAN] * len(GPU_METRICS)
-                values.extend([_NAN] * len(metrics))
-                if self._is_not_supported(e):
-                    self._unsupported.add(query)
-                    _log.info(
-                        "tfgpu.monitor: GPU %d does not support %s; recorded as NaN.",
-                        self._position,
-                        ", ".join(metrics),
-                    )
-                else:
-                    self._report(type(e).__name__, metrics, e)
+                result = fn(self, self._handle)
+            except Exception as e:  # the tick's one catch-all: a query failing other than in
+                # an NVML call (a struct the binding changed, a bug) reads NaN, as a failed call
+                result = Failure.of(e)
+            if not isinstance(result, Failure):
+                values.extend(result)
+                continue
+            if result.code in self._gone:
+                # Lost (or NVML shut down): the rest would fail too, and nothing read before,
+                # in this row or carried from earlier ones, stands.
+                self._report(result.kind.__name__, list(GPU_METRICS), result)
+                self._forget()
+                return [_NAN] * len(GPU_METRICS)
+            values.extend([_NAN] * len(metrics))
+            if self._is_not_supported(result):
+                self._unsupported.add(query)
+                _log.info(
+                    "tfgpu.monitor: GPU %d does not support %s; recorded as NaN.",
+                    self._position,
+                    ", ".join(metrics),
+                )
+            else:
+                self._report(result.kind.__name__, metrics, result)
         return values
 
     def close(self) -> None:

@@ -1,9 +1,11 @@
-"""Reaching the NVML binding for the inventory (`nvml`) and the readers (`_gpu_reader`):
-importing `pynvml` (only when a function runs), starting and stopping NVML, reading errors.
+"""Reaching the NVML binding for the inventory (`nvml`), the readers (`_gpu_reader`) and
+`tfgpu.scalability`: importing `pynvml` (only when a function runs), starting and stopping
+NVML, and `nvml_query`, the one place an NVML call is made and its errors caught.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from types import ModuleType
 from typing import Any
 
@@ -35,27 +37,65 @@ def import_pynvml() -> tuple[ModuleType | None, str | None]:
     return pynvml, None
 
 
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """What `nvml_query` answers for a failed call: the exception's class and text (not the
+    exception: its traceback would hold the caller's frames in a reference cycle), NVML's
+    error code (None for an error not NVML's), and whether the driver or the binding lacks
+    the function (an older one may answer instead)."""
+
+    kind: type
+    text: str
+    code: int | None = None
+    missing: bool = False
+
+    @classmethod
+    def of(cls, error: Exception, code: int | None = None, missing: bool = False) -> Failure:
+        return cls(type(error), decode(error) or type(error).__name__, code, missing)
+
+
+def nvml_failure(nv: ModuleType, code: int) -> Failure:
+    """The `Failure` of NVML's error `code` (a field value's own error, a function not found)."""
+    return Failure.of(nv.NVMLError(code), code, code == _function_not_found(nv))
+
+
+def nvml_query(nv: ModuleType, name: str, *args: Any, default: Any = Failure, **kwargs: Any) -> Any:
+    """`nv.<name>(*args, **kwargs)`, or `default` where it fails (`Failure`: the `Failure` that
+    says how). The one place tfgpu calls NVML and catches its errors (nvitop's `nvmlQuery`):
+    `NVMLError`, a function the binding lacks (as FUNCTION_NOT_FOUND), and what a binding
+    that does not match its driver or Python raises: `NVMLLibraryMismatchError` (not an
+    `NVMLError`: an unversioned call the driver lacks), `TypeError`/`AttributeError` (an old
+    binding), `UnicodeDecodeError` (a name not in UTF-8), `OSError` (a library that fails to
+    load). Anything else goes to the caller's boundary."""
+    fn = getattr(nv, name, None)
+    if not callable(fn):
+        return nvml_failure(nv, _function_not_found(nv)) if default is Failure else default
+    mismatch = getattr(nv, "NVMLLibraryMismatchError", None)
+    mismatches = (mismatch,) if isinstance(mismatch, type) else ()
+    try:
+        return fn(*args, **kwargs)
+    except (nv.NVMLError, *mismatches, TypeError, AttributeError, UnicodeDecodeError, OSError) as e:
+        if default is not Failure:
+            return default
+        code = getattr(e, "value", None) if isinstance(e, nv.NVMLError) else None
+        return Failure.of(e, code, code == _function_not_found(nv) or isinstance(e, mismatches))
+
+
+def _function_not_found(nv: ModuleType) -> int:
+    return error_code(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
+
+
 def start(nv: ModuleType) -> str | None:
     """Initializes NVML (reference counted by NVML itself); returns an error text or None."""
-    try:
-        nv.nvmlInit()
-    except (nv.NVMLError, OSError) as e:  # OSError: a library that fails to load
-        return f"NVML could not be initialized ({decode(e) or type(e).__name__}). {NVML_HINT}"
+    failure = nvml_query(nv, "nvmlInit")
+    if isinstance(failure, Failure):
+        return f"NVML could not be initialized ({failure.text}). {NVML_HINT}"
     return None
 
 
 def stop(nv: ModuleType) -> None:
-    """Shuts NVML down (one `start` less); never raises an NVML error."""
-    try:
-        nv.nvmlShutdown()
-    except nv.NVMLError:  # nothing useful to do about a failed shutdown
-        pass
-
-
-def memory_v2(nv: ModuleType, handle: Any) -> Any:
-    """`nvmlDeviceGetMemoryInfo` with the v2 struct (used without reserved memory, as
-    `nvidia-smi`); raises `TypeError`/`AttributeError` with a binding that lacks it."""
-    return nv.nvmlDeviceGetMemoryInfo(handle, version=nv.nvmlMemory_v2)
+    """Shuts NVML down (one `start` less); a failed shutdown is ignored (nothing to do)."""
+    nvml_query(nv, "nvmlShutdown", default=None)
 
 
 def exported(nv: ModuleType, *names: str) -> list[str]:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
 from tfgpu.monitor import _nvml_lib
 from tfgpu.monitor._metrics import GPU_METRICS as GPU_METRICS
-from tfgpu.monitor._nvml_lib import NVML_HINT
+from tfgpu.monitor._nvml_lib import NVML_HINT, Failure, decode, nvml_query
 
 _log = logging.getLogger(__name__)
 
@@ -73,14 +73,6 @@ class NvmlInventory:
         return dataclasses.asdict(self)
 
 
-def _call(nv: ModuleType, fn: Callable[..., Any], *args: Any, default: Any = None) -> Any:
-    """`fn(*args)`, or `default` where NVML fails (or the binding gets a name not in UTF-8)."""
-    try:
-        return fn(*args)
-    except (nv.NVMLError, UnicodeDecodeError):
-        return default
-
-
 def _format_cuda_version(version: int | None) -> str | None:
     if not version:
         return None
@@ -88,31 +80,39 @@ def _format_cuda_version(version: int | None) -> str | None:
 
 
 def _memory_info(nv: ModuleType, handle: Any) -> Any:
-    """The memory struct as `nvidia-smi` reports it where the driver allows, else v1."""
-    try:
-        return _nvml_lib.memory_v2(nv, handle)
-    except (nv.NVMLError, TypeError, AttributeError):  # the last two: a binding without v2
-        return _call(nv, nv.nvmlDeviceGetMemoryInfo, handle)
+    """The memory struct as `nvidia-smi` reports it where the driver and binding allow (the
+    v2 struct, without reserved memory), else v1."""
+    version = getattr(nv, "nvmlMemory_v2", None)
+    memory = None
+    if version is not None:
+        memory = nvml_query(nv, "nvmlDeviceGetMemoryInfo", handle, version=version, default=None)
+    if memory is None:
+        memory = nvml_query(nv, "nvmlDeviceGetMemoryInfo", handle, default=None)
+    return memory
 
 
 def _gpu_info(nv: ModuleType, index: int, handle: Any) -> GpuInfo:
     memory = _memory_info(nv, handle)
-    util = _call(nv, nv.nvmlDeviceGetUtilizationRates, handle)
-    pci = _call(nv, nv.nvmlDeviceGetPciInfo, handle)
-    cc = _call(nv, nv.nvmlDeviceGetCudaComputeCapability, handle)
+    util = nvml_query(nv, "nvmlDeviceGetUtilizationRates", handle, default=None)
+    pci = nvml_query(nv, "nvmlDeviceGetPciInfo", handle, default=None)
+    cc = nvml_query(nv, "nvmlDeviceGetCudaComputeCapability", handle, default=None)
     bus_id = ""
     if pci is not None:
-        bus_id = _nvml_lib.decode(getattr(pci, "busId", b"") or getattr(pci, "busIdLegacy", b""))
+        bus_id = decode(getattr(pci, "busId", b"") or getattr(pci, "busIdLegacy", b""))
     return GpuInfo(
         index=index,
-        name=_nvml_lib.decode(_call(nv, nv.nvmlDeviceGetName, handle, default="unknown")),
-        uuid=_nvml_lib.decode(_call(nv, nv.nvmlDeviceGetUUID, handle, default="")),
+        name=decode(nvml_query(nv, "nvmlDeviceGetName", handle, default="unknown")),
+        uuid=decode(nvml_query(nv, "nvmlDeviceGetUUID", handle, default="")),
         pci_bus_id=bus_id,
         memory_total_mib=memory.total / _MIB if memory is not None else _NAN,
         memory_used_mib=memory.used / _MIB if memory is not None else _NAN,
         compute_capability=(int(cc[0]), int(cc[1])) if cc else None,
         utilization_pct=float(util.gpu) if util is not None else _NAN,
     )
+
+
+def _failed(why: str) -> NvmlInventory:
+    return NvmlInventory(False, f"NVML query failed ({why}). {NVML_HINT}", None, None)
 
 
 def inventory() -> NvmlInventory:
@@ -139,29 +139,22 @@ def inventory() -> NvmlInventory:
     if error is not None:
         return NvmlInventory(False, error, None, None, [])
     try:
-        driver = _call(nv, nv.nvmlSystemGetDriverVersion)
-        cuda = _call(nv, nv.nvmlSystemGetCudaDriverVersion)
+        driver = nvml_query(nv, "nvmlSystemGetDriverVersion", default=None)
+        cuda = nvml_query(nv, "nvmlSystemGetCudaDriverVersion", default=None)
+        count = nvml_query(nv, "nvmlDeviceGetCount")
+        if isinstance(count, Failure):
+            return _failed(count.text)
         gpus = []
-        for index in range(nv.nvmlDeviceGetCount()):
-            try:
-                handle = nv.nvmlDeviceGetHandleByIndex(index)
-            except nv.NVMLError as e:  # a lost or inaccessible GPU: list the others
-                _log.warning(
-                    "NVML cannot open GPU %d (%s); it is left out.", index, _nvml_lib.decode(e)
-                )
+        for index in range(count):
+            handle = nvml_query(nv, "nvmlDeviceGetHandleByIndex", index)
+            if isinstance(handle, Failure):  # a lost or inaccessible GPU: list the others
+                _log.warning("NVML cannot open GPU %d (%s); it is left out.", index, handle.text)
                 continue
             gpus.append(_gpu_info(nv, index, handle))
-        return NvmlInventory(
-            True,
-            None,
-            _nvml_lib.decode(driver) if driver is not None else None,
-            _format_cuda_version(cuda),
-            gpus,
-        )
+        driver_text = decode(driver) if driver is not None else None
+        return NvmlInventory(True, None, driver_text, _format_cuda_version(cuda), gpus)
     except Exception as e:  # never raises: a binding failing in any way means no NVML
-        return NvmlInventory(
-            False, f"NVML query failed ({_nvml_lib.decode(e)}). {NVML_HINT}", None, None
-        )
+        return _failed(decode(e))
     finally:
         _nvml_lib.stop(nv)
 

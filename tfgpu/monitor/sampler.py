@@ -21,6 +21,7 @@ from tfgpu._internal.helpers.checks import (
     check_gpus,
     check_interval,
     invalid_type,
+    invalid_value,
     is_number,
 )
 from tfgpu._internal.helpers.files import open_csv, writable_dir
@@ -110,11 +111,12 @@ class Sampler:
                     f"one of {list(range(len(visible)))}" if visible else "no index (it sees none)"
                 )
                 cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-                raise ValueError(
-                    "Invalid value for argument `gpus`. "
-                    f"Received: gpus={requested!r}. Expected indices below {len(visible)}: "
-                    f"this process sees {len(visible)} GPU(s), so each index must be {valid}"
-                    + (f" (CUDA_VISIBLE_DEVICES={cvd!r})." if cvd is not None else ".")
+                raise invalid_value(
+                    "gpus",
+                    requested,
+                    f"indices below {len(visible)}: this process sees {len(visible)} GPU(s), "
+                    f"so each index must be {valid}"
+                    + (f" (CUDA_VISIBLE_DEVICES={cvd!r})" if cvd is not None else ""),
                 )
             self._gpus = [visible[g] for g in requested]
         self._columns = timeline_columns(len(self._gpus))

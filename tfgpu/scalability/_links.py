@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from tfgpu._internal.helpers.checks import check_number, invalid_type, invalid_value, is_int
-from tfgpu.monitor._nvml_lib import decode, import_pynvml, start, stop
+from tfgpu.monitor._nvml_lib import decode, import_pynvml, nvml_query, start, stop
 
 log = logging.getLogger(__name__)
 
@@ -148,19 +148,6 @@ def bus_key(value: Any) -> tuple[int, int, int] | None:
     return int(domain or "0", 16), int(bus, 16), int(device, 16)
 
 
-def query(nv: ModuleType, name: str, *args: Any) -> Any:
-    """`nv.<name>(*args)`, or None where the binding lacks the function or NVML answers an
-    error: NOT_SUPPORTED (no NVLink), INVALID_ARGUMENT (past a GPU's last link),
-    FUNCTION_NOT_FOUND (an older driver), GPU_IS_LOST. The one place this module calls NVML."""
-    fn = getattr(nv, name, None)
-    if not callable(fn):
-        return None
-    try:
-        return fn(*args)
-    except nv.NVMLError:
-        return None
-
-
 def constant(nv: ModuleType, name: str, default: int) -> int:
     """The binding's value of an NVML constant, else `default`. nvidia-ml-py writes
     `NVML_P2P_CAPS_INDEX_READ = 0,` (copied from nvml.h's enum): a tuple, which ctypes
@@ -182,35 +169,39 @@ def small_int_or_zero(value: Any) -> int | None:
 
 
 def read_gpu(nv: ModuleType, index: int, handle: Any) -> GpuFacts:
-    """Reads one GPU's PCI bus, active NVLinks and PCIe link through `query`."""
-    pci = query(nv, "nvmlDeviceGetPciInfo", handle)
+    """Reads one GPU's PCI bus, active NVLinks and PCIe link. A query NVML answers with an
+    error reads None: NOT_SUPPORTED (no NVLink), INVALID_ARGUMENT (past a GPU's last link),
+    FUNCTION_NOT_FOUND (an older driver, or binding), GPU_IS_LOST."""
+
+    def ask(name: str, *args: Any) -> Any:
+        return nvml_query(nv, name, handle, *args, default=None)
+
+    pci = ask("nvmlDeviceGetPciInfo")
     bus = bus_key(getattr(pci, "busId", b"")) if pci is not None else None
     enabled = constant(nv, "NVML_FEATURE_ENABLED", 1)
     nvlinks = []
     for link in range(constant(nv, "NVML_NVLINK_MAX_LINKS", 18)):
-        state = query(nv, "nvmlDeviceGetNvLinkState", handle, link)
+        state = ask("nvmlDeviceGetNvLinkState", link)
         if state is None:  # NOT_SUPPORTED: no NVLink; INVALID_ARGUMENT: past the last link
             break
         if state != enabled:
             continue
-        remote = query(nv, "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+        remote = ask("nvmlDeviceGetNvLinkRemotePciInfo", link)
         nvlinks.append(
             NvLink(
-                version=small_int(query(nv, "nvmlDeviceGetNvLinkVersion", handle, link)),
+                version=small_int(ask("nvmlDeviceGetNvLinkVersion", link)),
                 remote_bus=bus_key(getattr(remote, "busId", b"")) if remote is not None else None,
-                remote_type=small_int_or_zero(
-                    query(nv, "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
-                ),
+                remote_type=small_int_or_zero(ask("nvmlDeviceGetNvLinkRemoteDeviceType", link)),
             )
         )
     return GpuFacts(
         index=index,
         bus=bus,
         nvlinks=tuple(nvlinks),
-        pcie_gen_max=small_int(query(nv, "nvmlDeviceGetMaxPcieLinkGeneration", handle)),
-        pcie_width_max=small_int(query(nv, "nvmlDeviceGetMaxPcieLinkWidth", handle)),
-        pcie_gen_current=small_int(query(nv, "nvmlDeviceGetCurrPcieLinkGeneration", handle)),
-        pcie_width_current=small_int(query(nv, "nvmlDeviceGetCurrPcieLinkWidth", handle)),
+        pcie_gen_max=small_int(ask("nvmlDeviceGetMaxPcieLinkGeneration")),
+        pcie_width_max=small_int(ask("nvmlDeviceGetMaxPcieLinkWidth")),
+        pcie_gen_current=small_int(ask("nvmlDeviceGetCurrPcieLinkGeneration")),
+        pcie_width_current=small_int(ask("nvmlDeviceGetCurrPcieLinkWidth")),
     )
 
 
@@ -420,7 +411,7 @@ def check_indices(indices: Any) -> list[int] | None:
 
 def read_links(nv: ModuleType, chosen: list[int] | None) -> Link | None:
     """The slowest pair's link among `chosen` (None: all), read from a started NVML."""
-    count = query(nv, "nvmlDeviceGetCount")
+    count = nvml_query(nv, "nvmlDeviceGetCount", default=None)
     if not is_int(count):
         return None
     if chosen is not None and any(index >= count for index in chosen):
@@ -430,7 +421,9 @@ def read_links(nv: ModuleType, chosen: list[int] | None) -> Link | None:
     chosen = list(range(count)) if chosen is None else chosen
     if len(chosen) < 2:
         return None
-    handles = {index: query(nv, "nvmlDeviceGetHandleByIndex", index) for index in range(count)}
+    handles = {
+        i: nvml_query(nv, "nvmlDeviceGetHandleByIndex", i, default=None) for i in range(count)
+    }
     if any(handles[index] is None for index in chosen):
         return None  # a lost or inaccessible GPU: nothing to say of its links
     try:
@@ -444,8 +437,9 @@ def read_links(nv: ModuleType, chosen: list[int] | None) -> Link | None:
         ok = constant(nv, "NVML_P2P_STATUS_OK", 0)
         links = []
         for i, j in itertools.combinations(chosen, 2):
-            status = query(nv, "nvmlDeviceGetP2PStatus", handles[i], handles[j], read)
-            ancestor = query(nv, "nvmlDeviceGetTopologyCommonAncestor", handles[i], handles[j])
+            pair = (handles[i], handles[j])
+            status = nvml_query(nv, "nvmlDeviceGetP2PStatus", *pair, read, default=None)
+            ancestor = nvml_query(nv, "nvmlDeviceGetTopologyCommonAncestor", *pair, default=None)
             links.append(
                 pair_link(
                     facts[i],
