@@ -32,9 +32,9 @@ class Facts:
     num_files: int | None
     has_map_fn: bool
     map_fn_random_ops: tuple[str, ...]
-    num_replicas: int
-    num_workers: int
-    has_gpu: bool
+    replicas: int
+    workers: int
+    on_gpu: bool
     cpu_count: int
     ram_budget_bytes: int
     free_disk_bytes: int | None  # at the cache path, when caching to a file
@@ -93,17 +93,17 @@ def decide(
     notes: list[str] = []
     warned: list[str] = []  # notes `pipeline` issues as warnings: the user should act
     if per_replica_batch_size is not None:
-        global_batch = per_replica_batch_size * facts.num_replicas
+        global_batch = per_replica_batch_size * facts.replicas
         arg, value = "per_replica_batch_size", per_replica_batch_size
     else:
         global_batch = int(batch_size or 0)  # 0: a kept source's batches of unknown size
         arg, value = "batch_size", global_batch
-        if has_strategy and global_batch % facts.num_replicas and not facts.batched:
+        if has_strategy and global_batch % facts.replicas and not facts.batched:
             raise ValueError(
                 f"Invalid value for argument `batch_size`. Received: batch_size={global_batch}, "
-                f"which does not split evenly over the strategy's {facts.num_replicas} replicas. "
-                f"Expected a multiple of {facts.num_replicas}, e.g. "
-                f"batch_size={max(1, global_batch // facts.num_replicas) * facts.num_replicas}, "
+                f"which does not split evenly over the strategy's {facts.replicas} replicas. "
+                f"Expected a multiple of {facts.replicas}, e.g. "
+                f"batch_size={max(1, global_batch // facts.replicas) * facts.replicas}, "
                 "or pass `per_replica_batch_size` instead."
             )
     if facts.num_examples == 0:
@@ -122,7 +122,7 @@ def decide(
         and 0 < n < global_batch
     ):
         split = (
-            f" ({global_batch // facts.num_replicas} per replica x {facts.num_replicas} replicas)"
+            f" ({global_batch // facts.replicas} per replica x {facts.replicas} replicas)"
             if has_strategy
             else ""
         )
@@ -139,14 +139,14 @@ def decide(
     source = SOURCES[facts.kind]
     shard_policy = source.shard_policy(facts)
     keep_shard = shard_policy == "AUTO"
-    if shard_policy == "DATA" and facts.num_files is not None and facts.num_workers > 1:
+    if shard_policy == "DATA" and facts.num_files is not None and facts.workers > 1:
         notes.append(
-            f"{facts.num_files} file(s) for {facts.num_workers} workers: sharding by "
+            f"{facts.num_files} file(s) for {facts.workers} workers: sharding by "
             "example (DATA), each worker reads every file"
         )
     if facts.service:
         shard_policy = "OFF"
-    data_sharded = facts.num_workers > 1 and shard_policy in ("DATA", "AUTO")
+    data_sharded = facts.workers > 1 and shard_policy in ("DATA", "AUTO")
 
     # DATA sharding keeps every k-th element: all workers need one order (deterministic, one
     # seed). Unshuffled data keeps its order (predictions line up with labels); a seed asks
@@ -239,7 +239,7 @@ def decide(
 
     # Own thread pool on GPU hosts: input threads do not queue behind kernel launches.
     if private_threadpool_size is None:
-        private_threadpool_size = facts.cpu_count if facts.has_gpu and not facts.service else 0
+        private_threadpool_size = facts.cpu_count if facts.on_gpu and not facts.service else 0
 
     return Plan(
         global_batch_size=global_batch,
