@@ -91,8 +91,9 @@ def decide(
 ) -> Plan:
     """Turns facts about the data and machine plus the user's wishes into a `Plan`. Pure.
     Raises `ValueError` for a batch or a cache that cannot work."""
-    global_batch, arg, value = _global_batch(
-        facts, batch_size, per_replica_batch_size, has_strategy
+    drop_remainder = drop_remainder_default(drop_remainder, has_strategy, shuffle)
+    global_batch = _global_batch(
+        facts, batch_size, per_replica_batch_size, has_strategy, drop_remainder and not repeat
     )
     if facts.num_examples == 0:
         raise invalid_value(
@@ -101,9 +102,6 @@ def decide(
             "at least one example",
             received=f"a source with 0 {'batches' if facts.batched else 'examples'}",
         )
-    drop_remainder = drop_remainder_default(drop_remainder, has_strategy, shuffle)
-    if drop_remainder and not repeat:
-        _check_one_batch(facts, global_batch, arg, value, has_strategy)
 
     # Under the tf.data service the job shares the data among trainers: no auto-sharding on
     # top (tf.distribute turns it off for a named job too). AUTO: as the user set it.
@@ -147,49 +145,45 @@ def decide(
 
 
 def _global_batch(
-    facts: Facts, batch_size: int | None, per_replica_batch_size: int | None, has_strategy: bool
-) -> tuple[int, str, int]:
-    """The global batch, with the argument that gave it and that argument's value; raises
-    for a `batch_size` that does not split evenly over the replicas."""
-    if per_replica_batch_size is not None:
-        global_batch = per_replica_batch_size * facts.replicas
-        return global_batch, "per_replica_batch_size", per_replica_batch_size
-    global_batch = int(batch_size or 0)  # 0: a kept source's batches of unknown size
+    facts: Facts,
+    batch_size: int | None,
+    per_replica_batch_size: int | None,
+    has_strategy: bool,
+    drops_partial: bool,
+) -> int:
+    """The global batch; raises for a `batch_size` that does not split evenly over the
+    replicas, and for a batch larger than a finite source whose partial batch is dropped."""
     replicas = facts.replicas
-    if has_strategy and global_batch % replicas and not facts.batched:
-        raise invalid_value(
-            "batch_size",
-            global_batch,
-            f"a multiple of {replicas}, e.g. "
-            f"batch_size={max(1, global_batch // replicas) * replicas}, "
-            "or pass `per_replica_batch_size` instead",
-            received=f"batch_size={global_batch}, which does not split evenly over the "
-            f"strategy's {replicas} replicas",
-        )
-    return global_batch, "batch_size", global_batch
-
-
-def _check_one_batch(
-    facts: Facts, global_batch: int, arg: str, value: int, has_strategy: bool
-) -> None:
-    """Raises when drop_remainder=True drops the only, partial batch of a finite source."""
+    if per_replica_batch_size is not None:
+        global_batch = per_replica_batch_size * replicas
+        arg, value = "per_replica_batch_size", per_replica_batch_size
+    else:
+        global_batch = int(batch_size or 0)  # 0: a kept source's batches of unknown size
+        arg, value = "batch_size", global_batch
+        if has_strategy and global_batch % replicas and not facts.batched:
+            raise invalid_value(
+                "batch_size",
+                global_batch,
+                f"a multiple of {replicas}, e.g. "
+                f"batch_size={max(1, global_batch // replicas) * replicas}, "
+                "or pass `per_replica_batch_size` instead",
+                received=f"batch_size={global_batch}, which does not split evenly over the "
+                f"strategy's {replicas} replicas",
+            )
     n = facts.num_examples
-    if facts.batched or n is None or not 0 < n < global_batch:
-        return
-    split = (
-        f" ({global_batch // facts.replicas} per replica x {facts.replicas} replicas)"
-        if has_strategy
-        else ""
-    )
-    raise invalid_value(
-        arg,
-        value,
-        f"a global batch of at most {n}: pass a smaller `{arg}`, drop_remainder=False, "
-        "or more data",
-        received=f"{arg}={value}, a global batch of {global_batch}{split}, but the source has "
-        f"only {n} examples and drop_remainder=True drops the partial batch, so the pipeline "
-        "would yield no batch at all",
-    )
+    if drops_partial and not facts.batched and n is not None and 0 < n < global_batch:
+        split = f" ({global_batch // replicas} per replica x {replicas} replicas)"
+        raise invalid_value(
+            arg,
+            value,
+            f"a global batch of at most {n}: pass a smaller `{arg}`, drop_remainder=False, "
+            "or more data",
+            received=f"{arg}={value}, a global batch of {global_batch}"
+            f"{split if has_strategy else ''}, but the source has only {n} examples and "
+            "drop_remainder=True drops the partial batch, so the pipeline would yield no "
+            "batch at all",
+        )
+    return global_batch
 
 
 def _file_sharding_note(facts: Facts, policy: str) -> str:
