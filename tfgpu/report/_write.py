@@ -79,7 +79,17 @@ def write_report_and_problems(
     )
     body += timeline_lines + step_lines
     images += step_images
-    body += _run_lines(run, names, out, read_timelines, read_steps, problems)
+    if read_timelines:
+        body += _section(problems, run, energy_section, read_timelines, read_steps)
+        body += _section(problems, run, counter_section, read_timelines, read_steps)
+    for diagnosis in diagnosis_files(names):  # earlier ones (diagnosis.1.json, ...) first
+        body += _section(problems, diagnosis, diagnosis_section, diagnosis, problems)
+    tune_json = run / "tune.json"
+    if tune_json.is_file():
+        body += _section(problems, tune_json, tune_section, tune_json, out, problems)
+    scaling_json = run / "scaling.json"
+    if scaling_json.is_file():
+        body += _section(problems, scaling_json, scaling_section, scaling_json, out, problems)
     if images:
         body += ["## Plots", ""]
         body += [f"![{p.stem}]({p.name})" for p in images]
@@ -160,30 +170,6 @@ def _step_lines(
         if img is not None:
             images.append(img)
     return lines, images, read
-
-
-def _run_lines(
-    run: Path,
-    names: list[Path],
-    out: Path,
-    read_timelines: list[tuple[Artifact, Table]],
-    read_steps: dict[str, list[Table]],
-    problems: Problems,
-) -> list[str]:
-    """The sections of the whole run: energy, counters, diagnoses, tuning, scaling."""
-    lines: list[str] = []
-    if read_timelines:
-        lines += _section(problems, run, energy_section, read_timelines, read_steps)
-        lines += _section(problems, run, counter_section, read_timelines, read_steps)
-    for diagnosis in diagnosis_files(names):  # earlier ones (diagnosis.1.json, ...) first
-        lines += _section(problems, diagnosis, diagnosis_section, diagnosis, problems)
-    tune_json = run / "tune.json"
-    if tune_json.is_file():
-        lines += _section(problems, tune_json, tune_section, tune_json, out, problems)
-    scaling_json = run / "scaling.json"
-    if scaling_json.is_file():
-        lines += _section(problems, scaling_json, scaling_section, scaling_json, out, problems)
-    return lines
 
 
 def write_report(
