@@ -251,7 +251,7 @@ def _memory_growth(
     facts: _Facts, wishes: _Wishes, used: tuple[_Gpu, ...]
 ) -> tuple[bool | None, str]:
     """Memory growth (None: not set), the default unless a limit replaces it, with a note
-    when it has no effect ("": none)."""
+    when the limit has no effect or TF_FORCE_GPU_ALLOW_GROWTH overrides it ("": none)."""
     if wishes.memory_limit_mib is not None:
         return None, "" if used else "memory_limit_mib has no effect: no GPU is used."
     if not used:
