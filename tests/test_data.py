@@ -434,7 +434,7 @@ def test_an_unshuffled_pipeline_under_a_strategy_keeps_every_example(mirrored):
     assert _label_ids(asked) == list(range(8))
     few = tfdata.pipeline(_xy(3), batch_size=4, strategy=mirrored, shuffle=False)
     assert _label_ids(few) == [0, 1, 2]  # no "no batch at all" error: nothing is dropped
-    assert _plan(_facts(num_replicas=2), has_strategy=True, shuffle=False).drop_remainder is False
+    assert _plan(_facts(replicas=2), has_strategy=True, shuffle=False).drop_remainder is False
 
 
 @pytest.mark.slow  # over 0.4 s: out of the edit loop (make test-fast)
@@ -556,9 +556,9 @@ def _facts(**kw) -> Facts:
         num_files=None,
         has_map_fn=True,
         map_fn_random_ops=(),
-        num_replicas=1,
-        num_workers=1,
-        has_gpu=False,
+        replicas=1,
+        workers=1,
+        on_gpu=False,
         cpu_count=8,
         ram_budget_bytes=1 << 30,
         free_disk_bytes=None,
@@ -644,18 +644,18 @@ def test_decide_cache():
 
 
 def test_decide_batch_drop_remainder_sharding_threads():
-    plan = _plan(_facts(num_replicas=4), per_replica_batch_size=16, batch_size=None)
+    plan = _plan(_facts(replicas=4), per_replica_batch_size=16, batch_size=None)
     assert plan.global_batch_size == 64 and plan.drop_remainder is False
-    assert _plan(_facts(num_replicas=2), has_strategy=True).drop_remainder is True
+    assert _plan(_facts(replicas=2), has_strategy=True).drop_remainder is True
     assert _plan(_facts(), drop_remainder=True).drop_remainder is True
     assert _plan(_facts()).shard_policy == "DATA"
-    assert _plan(_facts(kind="files", num_files=8, num_workers=4)).shard_policy == "FILE"
-    few = _plan(_facts(kind="files", num_files=2, num_workers=4))
+    assert _plan(_facts(kind="files", num_files=8, workers=4)).shard_policy == "FILE"
+    few = _plan(_facts(kind="files", num_files=2, workers=4))
     assert few.shard_policy == "DATA" and few.deterministic and few.shuffle_seed == 0
     assert _plan(_facts(kind="dataset")).shard_policy == "AUTO"
-    assert _plan(_facts(has_gpu=True)).private_threadpool_size == 8
-    assert _plan(_facts(has_gpu=False)).private_threadpool_size == 0
-    assert _plan(_facts(num_workers=2), seed=5).shuffle_seed == 5
+    assert _plan(_facts(on_gpu=True)).private_threadpool_size == 8
+    assert _plan(_facts(on_gpu=False)).private_threadpool_size == 0
+    assert _plan(_facts(workers=2), seed=5).shuffle_seed == 5
     assert _plan(_facts()).deterministic is False
 
 
@@ -1593,7 +1593,7 @@ def test_validation_plan_keeps_partial_batches_and_caches_what_fits():
     assert _val_plan(random).cache is None
     arrays = _facts(kind="memory", num_examples=100, has_map_fn=False)
     assert _val_plan(arrays).cache is None  # already in memory
-    split = _facts(kind="dataset", num_examples=100, num_workers=2, split_by_position=True)
+    split = _facts(kind="dataset", num_examples=100, workers=2, split_by_position=True)
     assert _plan(split).shard_policy == "DATA" and _plan(split).shuffle_seed is not None
     assert _plan(_facts(kind="dataset", num_examples=100)).shard_policy == "AUTO"
 

@@ -208,85 +208,14 @@ def _validate(
 
 def _plan(facts: _Facts, wishes: _Wishes) -> _Plan:
     """Turns device facts and validated wishes into what to apply (pure; raises ValueError)."""
-    n = len(facts.gpus)
-    notes: list[str] = []
-    if wishes.gpus is not None:
-        bad = [i for i in wishes.gpus if i >= n]
-        if bad:
-            expected = (
-                f"indices of the GPUs TensorFlow sees: 0 to {n - 1} ({n} GPU(s))"
-                if n
-                else "None or [] (TensorFlow sees no GPU here)"
-            )
-            raise invalid_value("gpus", list(wishes.gpus), expected)
-        used = tuple(facts.gpus[i] for i in wishes.gpus)
-    else:
-        used = facts.gpus
-
-    # Memory: growth is the default; a limit replaces it.
-    growth: bool | None = None
-    if used and wishes.memory_limit_mib is None:
-        growth = True if wishes.memory_growth is None else wishes.memory_growth
-    if wishes.memory_limit_mib is not None and not used:
-        notes.append("memory_limit_mib has no effect: no GPU is used.")
-    forced = facts.env.get("TF_FORCE_GPU_ALLOW_GROWTH")
-    if used and forced in ("true", "false") and growth is not None and growth != (forced == "true"):
-        notes.append(
-            f"TF_FORCE_GPU_ALLOW_GROWTH={forced} overrides memory_growth={growth}: "
-            "unset the variable to let configure() decide."
-        )
-
-    if wishes.precision == "auto":
-        ccs = [g.compute_capability for g in used]
-        if any(cc is None for cc in ccs):
-            policy, reason = "float32", "the compute capability of a GPU is unknown"
-        else:
-            choice = choose_policy([cc for cc in ccs if cc is not None])
-            policy, reason = choice.policy, choice.reason
-    else:
-        policy, reason = wishes.precision, "requested"
-        known = [g.compute_capability for g in used if g.compute_capability]
-        if policy != "float32" and not used:
-            notes.append(
-                f"{policy} on the CPU is slower than float32 (no tensor cores); "
-                'precision="auto" would choose float32.'
-            )
-        elif policy == "mixed_bfloat16" and not all(supports_bfloat16(cc) for cc in known):
-            notes.append(
-                "mixed_bfloat16 on GPUs with compute capability < 8.0 has no bfloat16 tensor "
-                "cores: it is slow there; mixed_float16 fits them."
-            )
-        elif policy == "mixed_float16" and not all(has_tensor_cores(cc) for cc in known):
-            notes.append(
-                "mixed_float16 on GPUs without tensor cores (compute capability < 7.0) is "
-                "slower than float32."
-            )
-
+    used = _used_gpus(facts, wishes)
+    growth, memory_note = _memory_growth(facts, wishes, used)
+    policy, reason, precision_note = _precision(wishes, used)
     # Determinism needs a seed: random ops without one raise once it is on.
-    seed = wishes.seed
+    seed, seed_note = wishes.seed, ""
     if wishes.deterministic and seed is None:
-        seed = 0
-        notes.append("deterministic=True without a seed: using seed=0.")
-
-    # The async allocator is read when the GPUs initialize.
-    effective = wishes.async_allocator
-    set_env = wishes.async_allocator
-    if wishes.async_allocator:
-        current = facts.env.get("TF_GPU_ALLOCATOR")
-        if facts.runtime_initialized and current != _ASYNC:
-            effective = set_env = False
-            notes.append(
-                "async_allocator not applied: TensorFlow already initialized its GPUs; set "
-                "TF_GPU_ALLOCATOR=cuda_malloc_async before starting Python, or call "
-                "tfgpu.configure() first."
-            )
-        elif not used:
-            notes.append("async_allocator has no effect: no GPU is used.")
-        elif current not in (None, _ASYNC):
-            notes.append(f"TF_GPU_ALLOCATOR={current} replaced by {_ASYNC}.")
-    elif facts.env.get("TF_GPU_ALLOCATOR") == _ASYNC:
-        effective = True  # already chosen by the environment
-
+        seed, seed_note = 0, "deterministic=True without a seed: using seed=0."
+    set_env, effective, allocator_note = _async_allocator(facts, wishes, used)
     return _Plan(
         visible_gpus=wishes.gpus,
         used_gpus=used,
@@ -299,8 +228,95 @@ def _plan(facts: _Facts, wishes: _Wishes) -> _Plan:
         seed=seed,
         set_async_allocator=set_env,
         async_allocator_effective=effective,
-        notes=tuple(notes),
+        notes=tuple(n for n in (memory_note, precision_note, seed_note, allocator_note) if n),
     )
+
+
+def _used_gpus(facts: _Facts, wishes: _Wishes) -> tuple[_Gpu, ...]:
+    """The GPUs asked for (all by default); ValueError for an index TensorFlow does not see."""
+    if wishes.gpus is None:
+        return facts.gpus
+    n = len(facts.gpus)
+    if any(i >= n for i in wishes.gpus):
+        expected = (
+            f"indices of the GPUs TensorFlow sees: 0 to {n - 1} ({n} GPU(s))"
+            if n
+            else "None or [] (TensorFlow sees no GPU here)"
+        )
+        raise invalid_value("gpus", list(wishes.gpus), expected)
+    return tuple(facts.gpus[i] for i in wishes.gpus)
+
+
+def _memory_growth(
+    facts: _Facts, wishes: _Wishes, used: tuple[_Gpu, ...]
+) -> tuple[bool | None, str]:
+    """Memory growth (None: not set), the default unless a limit replaces it, with a note
+    when the limit has no effect or TF_FORCE_GPU_ALLOW_GROWTH overrides it ("": none)."""
+    if wishes.memory_limit_mib is not None:
+        return None, "" if used else "memory_limit_mib has no effect: no GPU is used."
+    if not used:
+        return None, ""
+    growth = True if wishes.memory_growth is None else wishes.memory_growth
+    forced = facts.env.get("TF_FORCE_GPU_ALLOW_GROWTH")
+    if forced in ("true", "false") and growth != (forced == "true"):
+        return growth, (
+            f"TF_FORCE_GPU_ALLOW_GROWTH={forced} overrides memory_growth={growth}: "
+            "unset the variable to let configure() decide."
+        )
+    return growth, ""
+
+
+def _precision(wishes: _Wishes, used: tuple[_Gpu, ...]) -> tuple[str, str, str]:
+    """The policy and why, with a note when the one requested is slow here ("": none)."""
+    if wishes.precision == "auto":
+        ccs = [g.compute_capability for g in used]
+        if any(cc is None for cc in ccs):
+            return "float32", "the compute capability of a GPU is unknown", ""
+        choice = choose_policy([cc for cc in ccs if cc is not None])
+        return choice.policy, choice.reason, ""
+    policy = wishes.precision
+    known = [g.compute_capability for g in used if g.compute_capability]
+    note = ""
+    if policy != "float32" and not used:
+        note = (
+            f"{policy} on the CPU is slower than float32 (no tensor cores); "
+            'precision="auto" would choose float32.'
+        )
+    elif policy == "mixed_bfloat16" and not all(supports_bfloat16(cc) for cc in known):
+        note = (
+            "mixed_bfloat16 on GPUs with compute capability < 8.0 has no bfloat16 tensor "
+            "cores: it is slow there; mixed_float16 fits them."
+        )
+    elif policy == "mixed_float16" and not all(has_tensor_cores(cc) for cc in known):
+        note = (
+            "mixed_float16 on GPUs without tensor cores (compute capability < 7.0) is "
+            "slower than float32."
+        )
+    return policy, "requested", note
+
+
+def _async_allocator(
+    facts: _Facts, wishes: _Wishes, used: tuple[_Gpu, ...]
+) -> tuple[bool, bool, str]:
+    """Whether to set TF_GPU_ALLOCATOR, whether the async allocator is in effect, and a note
+    when the wish has no effect or replaces a setting ("": none). It is read when the GPUs
+    initialize."""
+    current = facts.env.get("TF_GPU_ALLOCATOR")
+    if not wishes.async_allocator:
+        return False, current == _ASYNC, ""  # in effect when the environment chose it
+    if facts.runtime_initialized and current != _ASYNC:
+        return (
+            False,
+            False,
+            "async_allocator not applied: TensorFlow already initialized its GPUs; set "
+            "TF_GPU_ALLOCATOR=cuda_malloc_async before starting Python, or call "
+            "tfgpu.configure() first.",
+        )
+    if not used:
+        return True, True, "async_allocator has no effect: no GPU is used."
+    if current not in (None, _ASYNC):
+        return True, True, f"TF_GPU_ALLOCATOR={current} replaced by {_ASYNC}."
+    return True, True, ""
 
 
 def _read_facts() -> _Facts:

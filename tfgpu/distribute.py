@@ -23,7 +23,7 @@ from tfgpu._internal.helpers.checks import (
     invalid_value,
     is_int,
 )
-from tfgpu._internal.helpers.cluster import resolve_cluster, slurm_num_tasks
+from tfgpu._internal.helpers.cluster import Cluster, resolve_cluster, slurm_num_tasks
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -82,10 +82,12 @@ def _choose_all_reduce(kind: str, all_reduce: str, *, on_gpus: bool) -> str | No
     allowed = _ALL_REDUCE.get(kind)
     if allowed is None:
         if all_reduce != "auto":
-            raise ValueError(
-                f"Invalid value for argument `all_reduce`. Received: all_reduce={all_reduce!r} "
-                f"with kind={kind!r}, which has a single replica and nothing to reduce. "
-                "Expected: 'auto'."
+            raise invalid_value(
+                "all_reduce",
+                all_reduce,
+                "'auto'",
+                received=f"all_reduce={all_reduce!r} with kind={kind!r}, which has a single "
+                "replica and nothing to reduce",
             )
         return None
     if all_reduce not in allowed:
@@ -93,10 +95,11 @@ def _choose_all_reduce(kind: str, all_reduce: str, *, on_gpus: bool) -> str | No
             "all_reduce", all_reduce, f"one of (for kind={kind!r}): {', '.join(map(repr, allowed))}"
         )
     if all_reduce == "nccl" and not on_gpus:
-        raise ValueError(
-            "Invalid value for argument `all_reduce`. Received: all_reduce='nccl' with "
-            "replicas on the CPU. Expected GPUs for NCCL; use 'auto' for a reduction that "
-            "works on the CPU."
+        raise invalid_value(
+            "all_reduce",
+            all_reduce,
+            "GPUs for NCCL; use 'auto' for a reduction that works on the CPU",
+            received="all_reduce='nccl' with replicas on the CPU",
         )
     if all_reduce == "auto":
         if on_gpus:
@@ -347,15 +350,7 @@ def strategy(
     import tensorflow as tf
 
     normalized = _normalize_kind(kind)
-    if devices is not None:
-        expected = 'a non-empty list of device names, e.g. ["/gpu:0", "/gpu:1"]'
-        if isinstance(devices, str):
-            if normalized != "one_device":
-                raise invalid_value("devices", devices, expected)
-        elif not isinstance(devices, Sequence) or not all(isinstance(d, str) for d in devices):
-            raise invalid_type("devices", devices, expected)
-        elif not devices:
-            raise invalid_value("devices", devices, expected)
+    _check_device_names(devices, normalized)
     check_number(
         "timeout_s",
         timeout_s,
@@ -366,67 +361,119 @@ def strategy(
     )
     check_int("slurm_port_base", slurm_port_base, minimum=1, maximum=65535)
     cluster = resolve_cluster(os.environ)
-    gpus = tf.config.list_physical_devices("GPU")
-    chosen = _choose_kind(normalized, num_gpus=len(gpus), num_tasks=cluster.num_tasks)
-
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    chosen = _choose_kind(normalized, num_gpus=gpus, num_tasks=cluster.num_tasks)
     if chosen == "default":
         _choose_all_reduce(chosen, all_reduce, on_gpus=False)
         if devices is not None:
-            raise ValueError(
-                f"Invalid value for argument `devices`. Received: devices={devices!r} with "
-                "kind='default', which uses TensorFlow's default placement. Expected None."
+            raise invalid_value(
+                "devices",
+                devices,
+                "None",
+                received=f"devices={devices!r} with kind='default', which uses TensorFlow's "
+                "default placement",
             )
         _LOG.info("tfgpu.strategy: default strategy (%s)", "no GPU" if not gpus else "as asked")
         return tf.distribute.get_strategy()
-
     if chosen == "one_device":
-        _choose_all_reduce(chosen, all_reduce, on_gpus=bool(gpus))
-        if devices is None:
-            device = "/gpu:0" if gpus else "/cpu:0"
-        elif isinstance(devices, str):
-            device = devices
-        elif len(devices) == 1:
-            device = devices[0]
-        else:
-            raise ValueError(
-                f"Invalid value for argument `devices`. Received: devices={list(devices)!r} "
-                "with kind='one_device'. Expected a single device."
-            )
-        device = _check_devices([device], _local_devices())[0]
-        _LOG.info("tfgpu.strategy: OneDeviceStrategy on %s", device)
-        return tf.distribute.OneDeviceStrategy(device)
-
+        return _one_device_strategy(devices, all_reduce, gpus)
     if chosen == "mirrored":
-        if devices is None:
-            if gpus:
-                devices = [f"/gpu:{i}" for i in range(len(tf.config.list_logical_devices("GPU")))]
-            else:
-                devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-                warnings.warn(
-                    f"tfgpu.strategy('mirrored'): no GPU is visible, so the replicas run on "
-                    f"{len(devices)} logical CPU device(s) {devices}. This proves the numerics, "
-                    "not speed.",
-                    stacklevel=2,
-                )
-        devices = _check_devices(list(devices), _local_devices())
-        on_gpus = all("GPU" in d for d in devices)
-        name = _choose_all_reduce(chosen, all_reduce, on_gpus=on_gpus)
-        _LOG.info("tfgpu.strategy: MirroredStrategy on %s, all-reduce %s", devices, name)
-        from tfgpu._internal.adapters.all_reduce import mirrored_ops
+        return _mirrored_strategy(devices, all_reduce, gpus)
+    return _multi_worker_strategy(devices, all_reduce, gpus, cluster, timeout_s, slurm_port_base)
 
-        ops = None if name is None else mirrored_ops()[name]()
-        return _build_with_own_collective_keys(
-            tf.distribute.MirroredStrategy, devices=devices, cross_device_ops=ops
+
+def _check_device_names(devices: Any, kind: str) -> None:
+    """Checks the form of a `devices` argument: a non-empty list of names (one name for
+    `one_device`); the names themselves are checked against the devices later."""
+    if devices is None:
+        return
+    expected = 'a non-empty list of device names, e.g. ["/gpu:0", "/gpu:1"]'
+    if isinstance(devices, str):
+        if kind != "one_device":
+            raise invalid_value("devices", devices, expected)
+    elif not isinstance(devices, Sequence) or not all(isinstance(d, str) for d in devices):
+        raise invalid_type("devices", devices, expected)
+    elif not devices:
+        raise invalid_value("devices", devices, expected)
+
+
+def _one_device_strategy(
+    devices: Sequence[str] | None, all_reduce: str, gpus: int
+) -> tf.distribute.Strategy:
+    """`OneDeviceStrategy` on the device given, else on the first of the `gpus` physical GPUs
+    (or the CPU)."""
+    import tensorflow as tf
+
+    _choose_all_reduce("one_device", all_reduce, on_gpus=bool(gpus))
+    if devices is None:
+        device = "/gpu:0" if gpus else "/cpu:0"
+    elif isinstance(devices, str):
+        device = devices
+    elif len(devices) == 1:
+        device = devices[0]
+    else:
+        raise invalid_value(
+            "devices",
+            devices,
+            "a single device",
+            received=f"devices={list(devices)!r} with kind='one_device'",
         )
+    device = _check_devices([device], _local_devices())[0]
+    _LOG.info("tfgpu.strategy: OneDeviceStrategy on %s", device)
+    return tf.distribute.OneDeviceStrategy(device)
 
-    # multi_worker
+
+def _mirrored_strategy(
+    devices: Sequence[str] | None, all_reduce: str, gpus: int
+) -> tf.distribute.Strategy:
+    """`MirroredStrategy` on the devices given, else on every GPU (`gpus`: how many physical
+    GPUs; none: on the logical CPU devices, with a warning)."""
+    import tensorflow as tf
+
+    if devices is None:
+        if gpus:
+            devices = [f"/gpu:{i}" for i in range(len(tf.config.list_logical_devices("GPU")))]
+        else:
+            devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+            warnings.warn(
+                f"tfgpu.strategy('mirrored'): no GPU is visible, so the replicas run on "
+                f"{len(devices)} logical CPU device(s) {devices}. This proves the numerics, "
+                "not speed.",
+                stacklevel=3,
+            )
+    devices = _check_devices(list(devices), _local_devices())
+    on_gpus = all("GPU" in d for d in devices)
+    name = _choose_all_reduce("mirrored", all_reduce, on_gpus=on_gpus)
+    _LOG.info("tfgpu.strategy: MirroredStrategy on %s, all-reduce %s", devices, name)
+    from tfgpu._internal.adapters.all_reduce import mirrored_ops
+
+    ops = None if name is None else mirrored_ops()[name]()
+    return _build_with_own_collective_keys(
+        tf.distribute.MirroredStrategy, devices=devices, cross_device_ops=ops
+    )
+
+
+def _multi_worker_strategy(
+    devices: Sequence[str] | None,
+    all_reduce: str,
+    gpus: int,
+    cluster: Cluster,
+    timeout_s: float | None,
+    slurm_port_base: int,
+) -> tf.distribute.Strategy:
+    """`MultiWorkerMirroredStrategy` over `cluster`, each worker on its `gpus` GPUs, and
+    Keras 3 corrected for it where it needs it."""
+    import tensorflow as tf
+
     if devices is not None:
-        raise ValueError(
-            f"Invalid value for argument `devices`. Received: devices={devices!r} with "
-            "kind='multi_worker'. Expected None: each worker replicates over its visible "
-            "GPUs (restrict them with CUDA_VISIBLE_DEVICES or tfgpu.configure())."
+        raise invalid_value(
+            "devices",
+            devices,
+            "None: each worker replicates over its visible GPUs (restrict them with "
+            "CUDA_VISIBLE_DEVICES or tfgpu.configure())",
+            received=f"devices={devices!r} with kind='multi_worker'",
         )
-    name = _choose_all_reduce(chosen, all_reduce, on_gpus=bool(gpus))
+    name = _choose_all_reduce("multi_worker", all_reduce, on_gpus=bool(gpus))
     if name is None:  # _ALL_REDUCE lists multi_worker's reductions, so one is chosen
         raise AssertionError("no all-reduce chosen for kind='multi_worker'")
     options = tf.distribute.experimental.CommunicationOptions(

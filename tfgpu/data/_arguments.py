@@ -48,18 +48,7 @@ def check_arguments(given: Mapping[str, Any]) -> Arguments:
         check_int(name, getattr(a, name), maximum=MAX_COUNT, allow_none=True, expected=POSITIVE)
         for name in ("batch_size", "per_replica_batch_size")
     )
-    if a.strategy is not None and not isinstance(a.strategy, tf.distribute.Strategy):
-        hint = " (call it: pass an instance)" if isinstance(a.strategy, type) else ""
-        raise TypeError(
-            f"Invalid type for argument `strategy`. Received: strategy={a.strategy!r} of type "
-            f"{type(a.strategy).__name__}{hint}. Expected a `tf.distribute.Strategy` (e.g. from "
-            "`tfgpu.strategy()`) or None."
-        )
-    for name in ("map_fn", "augment_fn", "batch_map_fn", "batch_augment_fn"):
-        fn = getattr(a, name)
-        if fn is not None and not callable(fn):
-            what = "one batch" if name.startswith("batch_") else "one example"
-            raise invalid_type(name, fn, f"a callable (a function of {what}) or None")
+    _check_callables(a)
     for name in ("shuffle", "repeat", "distribute"):
         check_bool(name, getattr(a, name))
     check_bool("drop_remainder", a.drop_remainder, allow_none=True)
@@ -80,6 +69,41 @@ def check_arguments(given: Mapping[str, Any]) -> Arguments:
             "strategy=None",
             "Pass the `strategy` to distribute the dataset with.",
         )
+    _check_numbers(a)
+    compressions = "one of: None, 'GZIP', 'ZLIB'"
+    if a.compression_type is not None and not isinstance(a.compression_type, str):
+        raise invalid_type("compression_type", a.compression_type, compressions)
+    if a.compression_type not in (None, "", "GZIP", "ZLIB"):
+        raise invalid_value("compression_type", a.compression_type, compressions)
+    if a.split is not None and (not isinstance(a.split, str) or not a.split.strip()):
+        raise invalid_type("split", a.split, "a str such as 'train' or 'train[:90%]', or None")
+    a.data_dir = check_dir("data_dir", a.data_dir, allow_none=True)
+    a.validation_split = check_validation_split(a.validation_split)
+    _check_service(a)
+    a.source = classify(a.data)
+    a.source.check(a)
+    return a
+
+
+def _check_callables(a: Arguments) -> None:
+    """The `strategy` (an instance) and the functions applied to examples and batches."""
+    if a.strategy is not None and not isinstance(a.strategy, tf.distribute.Strategy):
+        hint = " (call it: pass an instance)" if isinstance(a.strategy, type) else ""
+        raise invalid_type(
+            "strategy",
+            a.strategy,
+            "a `tf.distribute.Strategy` (e.g. from `tfgpu.strategy()`) or None",
+            received=f"strategy={a.strategy!r} of type {type(a.strategy).__name__}{hint}",
+        )
+    for name in ("map_fn", "augment_fn", "batch_map_fn", "batch_augment_fn"):
+        fn = getattr(a, name)
+        if fn is not None and not callable(fn):
+            what = "one batch" if name.startswith("batch_") else "one example"
+            raise invalid_type(name, fn, f"a callable (a function of {what}) or None")
+
+
+def _check_numbers(a: Arguments) -> None:
+    """`seed`, `ram_budget_mib` and `private_threadpool_size`, each in its range or None."""
     a.seed = check_int("seed", a.seed, minimum=0, maximum=MAX_SEED, allow_none=True, expected=SEED)
     a.ram_budget_mib = check_number(
         "ram_budget_mib",
@@ -98,16 +122,10 @@ def check_arguments(given: Mapping[str, Any]) -> Arguments:
         allow_none=True,
         expected="an integer >= 0 (0 shares TensorFlow's thread pool) or None",
     )
-    compressions = "one of: None, 'GZIP', 'ZLIB'"
-    if a.compression_type is not None and not isinstance(a.compression_type, str):
-        raise invalid_type("compression_type", a.compression_type, compressions)
-    if a.compression_type not in (None, "", "GZIP", "ZLIB"):
-        raise invalid_value("compression_type", a.compression_type, compressions)
-    if a.split is not None and (not isinstance(a.split, str) or not a.split.strip()):
-        raise invalid_type("split", a.split, "a str such as 'train' or 'train[:90%]', or None")
-    a.data_dir = check_dir("data_dir", a.data_dir, allow_none=True)
-    a.validation_split = check_validation_split(a.validation_split)
 
+
+def _check_service(a: Arguments) -> None:
+    """The tf.data service's address and job name, and what cannot go with the service."""
     service = a.service
     a.service = parse_address(service) if service is not None else None
     a.service_job_name = check_job_name(a.service_job_name)
@@ -117,24 +135,22 @@ def check_arguments(given: Mapping[str, Any]) -> Arguments:
             "service=None",
             "Pass the dispatcher's `service` address with a job name.",
         )
-    if a.service is not None:
-        if a.cache not in ("auto", False, None):
-            raise conflicting(
-                f"cache={a.cache!r}",
-                f"service={service!r}",
-                "With the tf.data service each worker gets other examples every epoch, so a "
-                "cache on the workers never holds the data (and a file cache would be written "
-                "by every worker at once): pass cache='auto' or False, or cache the decoded "
-                "examples yourself in TFRecord files the workers read.",
-            )
-        if a.deterministic is True:
-            raise conflicting(
-                "deterministic=True",
-                f"service={service!r}",
-                "The service's workers deliver batches first come, first served, so the order "
-                "is never reproducible (every example still comes once per epoch): leave "
-                "deterministic=None, or train without `service` for a fixed order.",
-            )
-    a.source = classify(a.data)
-    a.source.check(a)
-    return a
+    if a.service is None:
+        return
+    if a.cache not in ("auto", False, None):
+        raise conflicting(
+            f"cache={a.cache!r}",
+            f"service={service!r}",
+            "With the tf.data service each worker gets other examples every epoch, so a "
+            "cache on the workers never holds the data (and a file cache would be written "
+            "by every worker at once): pass cache='auto' or False, or cache the decoded "
+            "examples yourself in TFRecord files the workers read.",
+        )
+    if a.deterministic is True:
+        raise conflicting(
+            "deterministic=True",
+            f"service={service!r}",
+            "The service's workers deliver batches first come, first served, so the order "
+            "is never reproducible (every example still comes once per epoch): leave "
+            "deterministic=None, or train without `service` for a fixed order.",
+        )

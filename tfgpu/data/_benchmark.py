@@ -14,7 +14,7 @@ import tensorflow as tf
 from tfgpu._internal.adapters.cpu import usable_cores
 from tfgpu._internal.adapters.datasets import READ_TIMEOUT_S, cardinality, stalled
 from tfgpu._internal.helpers.bounded import call_bounded
-from tfgpu._internal.helpers.checks import check_int, check_number
+from tfgpu._internal.helpers.checks import check_int, check_number, invalid_type, invalid_value
 from tfgpu.data._limits import MAX_COUNT, POSITIVE
 
 # The longest wait for one batch: a dataset that stops yielding (a `filter` nothing passes, a
@@ -177,9 +177,11 @@ def benchmark(
     ```
     """
     if not isinstance(data, (tf.data.Dataset, tf.distribute.DistributedDataset)):
-        raise TypeError(
-            f"Invalid type for argument `data`. Received: data of type "
-            f"{type(data).__name__}. Expected a `tf.data.Dataset` or a distributed dataset."
+        raise invalid_type(
+            "data",
+            data,
+            "a `tf.data.Dataset` or a distributed dataset",
+            received=f"data of type {type(data).__name__}",
         )
     steps = check_int("steps", steps, maximum=MAX_COUNT, expected=POSITIVE)
     warmup = check_int("warmup", warmup, minimum=0, maximum=MAX_COUNT, expected="an integer >= 0")
@@ -191,79 +193,87 @@ def benchmark(
         expected="a finite number of seconds > 0",
     )
     if isinstance(data, tf.data.Dataset) and cardinality(data) == 0:
-        raise ValueError(
-            "Invalid value for argument `data`. Received: a dataset with 0 batches. "
-            "Expected at least one batch (is drop_remainder dropping everything?)."
+        raise invalid_value(
+            "data",
+            data,
+            "at least one batch (is drop_remainder dropping everything?)",
+            received="a dataset with 0 batches",
         )
-
     progress = tf.Variable(0, dtype=tf.int64, trainable=False)  # batches taken so far
-
-    def measure() -> PipelineBenchmark:
-        # One iterator whatever the passes (as `diagnose`'s timed `fit` reads `data.repeat()`): a
-        # short dataset is not timed restarting; the index within each pass counts the passes.
-        indexed = isinstance(data, tf.data.Dataset) and cardinality(data) != -1
-        source = data.enumerate().repeat() if indexed else data
-        epochs = 1
-        iterator = iter(source)
-        fresh = True  # no batch taken from `iterator` yet
-
-        def take(n: int) -> tuple[int, int, int, int]:
-            """Takes `n` batches, restarting a finite distributed dataset: (examples, smallest,
-            largest, passes started)."""
-            nonlocal iterator, fresh, epochs
-            examples, low, high, starts = 0, np.iinfo(np.int64).max, 0, 0
-            while n:
-                count, k, lo, hi, st = (
-                    int(t) for t in _consume(iterator, tf.constant(n, tf.int64), progress, indexed)
-                )
-                if count:
-                    fresh = False
-                    examples, low, high = examples + k, min(low, lo), max(high, hi)
-                    starts += st
-                n -= count
-                if n:
-                    if fresh:
-                        raise ValueError(
-                            "Invalid value for argument `data`. Received: a dataset that yields "
-                            "no batches. Expected at least one batch."
-                        )
-                    epochs += 1
-                    iterator = iter(source)
-                    fresh = True
-            return examples, low, high, starts
-
-        _consume(
-            iterator, tf.constant(0, tf.int64), progress, indexed
-        )  # trace now: not warm-up nor timing
-        start = time.perf_counter()
-        *_, starts_warm = take(int(warmup))
-        warmup_seconds = time.perf_counter() - start
-
-        cores = usable_cores()
-        start, cpu_start = time.perf_counter(), time.process_time()
-        examples, low, high, starts_timed = take(steps)
-        seconds = max(time.perf_counter() - start, 1e-9)
-        cpu_seconds = time.process_time() - cpu_start  # every thread of this process: tf.data's
-        if indexed:
-            epochs = max(1, starts_warm + starts_timed)
-        return PipelineBenchmark(
-            examples_per_s=examples / seconds,
-            batches_per_s=steps / seconds,
-            num_batches=steps,
-            num_examples=examples,
-            seconds=seconds,
-            batch_size=low if low == high else None,
-            warmup_batches=int(warmup),
-            warmup_seconds=warmup_seconds,
-            epochs=epochs,
-            cpu_busy=min(1.0, max(0.0, cpu_seconds / (seconds * cores))),  # clock granularity
-            cpu_cores=cores,
-        )
-
     return call_bounded(
-        measure,
+        functools.partial(_measure, data, progress, steps, warmup),
         timeout_s=timeout,
         progress=lambda: int(progress.numpy()),
         timeout_error=lambda taken: stalled(timeout, f"after {taken} batches"),
         name="tfgpu-benchmark",
+    )
+
+
+class _Reader:
+    """Batches of `data` from one iterator whatever the passes (as `diagnose`'s timed `fit`
+    reads `data.repeat()`): a short dataset is not timed restarting; the index within each
+    pass counts the passes. A finite distributed dataset is restarted when it ends."""
+
+    def __init__(self, data: Any, progress: tf.Variable) -> None:
+        self.indexed = isinstance(data, tf.data.Dataset) and cardinality(data) != -1
+        self.source = data.enumerate().repeat() if self.indexed else data
+        self.progress = progress
+        self.iterator = iter(self.source)
+        self.fresh = True  # no batch taken from `iterator` yet
+        self.epochs = 1  # iterators made (`indexed`: the passes are counted instead)
+
+    def consume(self, n: int) -> list[int]:
+        """`_consume` of up to `n` batches of the current iterator, as Python ints."""
+        taken = _consume(self.iterator, tf.constant(n, tf.int64), self.progress, self.indexed)
+        return [int(t) for t in taken]
+
+    def take(self, n: int) -> tuple[int, int, int, int]:
+        """Takes `n` batches: (examples, smallest batch, largest batch, passes started)."""
+        examples, low, high, starts = 0, np.iinfo(np.int64).max, 0, 0
+        while n:
+            count, k, lo, hi, st = self.consume(n)
+            if count:
+                self.fresh = False
+                examples, low, high = examples + k, min(low, lo), max(high, hi)
+                starts += st
+            n -= count
+            if n:
+                if self.fresh:
+                    raise invalid_value(
+                        "data",
+                        None,
+                        "at least one batch",
+                        received="a dataset that yields no batches",
+                    )
+                self.epochs += 1
+                self.iterator = iter(self.source)
+                self.fresh = True
+        return examples, low, high, starts
+
+
+def _measure(data: Any, progress: tf.Variable, steps: int, warmup: int) -> PipelineBenchmark:
+    """Takes `warmup` batches, then times `steps` (in `call_bounded`'s thread)."""
+    reader = _Reader(data, progress)
+    reader.consume(0)  # trace now: neither warm-up nor timing
+    start = time.perf_counter()
+    *_, starts_warm = reader.take(warmup)
+    warmup_seconds = time.perf_counter() - start
+
+    cores = usable_cores()
+    start, cpu_start = time.perf_counter(), time.process_time()
+    examples, low, high, starts_timed = reader.take(steps)
+    seconds = max(time.perf_counter() - start, 1e-9)
+    cpu_seconds = time.process_time() - cpu_start  # every thread of this process: tf.data's
+    return PipelineBenchmark(
+        examples_per_s=examples / seconds,
+        batches_per_s=steps / seconds,
+        num_batches=steps,
+        num_examples=examples,
+        seconds=seconds,
+        batch_size=low if low == high else None,
+        warmup_batches=warmup,
+        warmup_seconds=warmup_seconds,
+        epochs=max(1, starts_warm + starts_timed) if reader.indexed else reader.epochs,
+        cpu_busy=min(1.0, max(0.0, cpu_seconds / (seconds * cores))),  # clock granularity
+        cpu_cores=cores,
     )

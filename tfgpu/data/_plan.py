@@ -8,6 +8,7 @@ import dataclasses
 import os
 from typing import Any
 
+from tfgpu._internal.helpers.checks import invalid_value
 from tfgpu._internal.helpers.stats import format_bytes
 from tfgpu.data._sources import SOURCES
 
@@ -32,9 +33,9 @@ class Facts:
     num_files: int | None
     has_map_fn: bool
     map_fn_random_ops: tuple[str, ...]
-    num_replicas: int
-    num_workers: int
-    has_gpu: bool
+    replicas: int
+    workers: int
+    on_gpu: bool
     cpu_count: int
     ram_budget_bytes: int
     free_disk_bytes: int | None  # at the cache path, when caching to a file
@@ -90,63 +91,24 @@ def decide(
 ) -> Plan:
     """Turns facts about the data and machine plus the user's wishes into a `Plan`. Pure.
     Raises `ValueError` for a batch or a cache that cannot work."""
-    notes: list[str] = []
-    warned: list[str] = []  # notes `pipeline` issues as warnings: the user should act
-    if per_replica_batch_size is not None:
-        global_batch = per_replica_batch_size * facts.num_replicas
-        arg, value = "per_replica_batch_size", per_replica_batch_size
-    else:
-        global_batch = int(batch_size or 0)  # 0: a kept source's batches of unknown size
-        arg, value = "batch_size", global_batch
-        if has_strategy and global_batch % facts.num_replicas and not facts.batched:
-            raise ValueError(
-                f"Invalid value for argument `batch_size`. Received: batch_size={global_batch}, "
-                f"which does not split evenly over the strategy's {facts.num_replicas} replicas. "
-                f"Expected a multiple of {facts.num_replicas}, e.g. "
-                f"batch_size={max(1, global_batch // facts.num_replicas) * facts.num_replicas}, "
-                "or pass `per_replica_batch_size` instead."
-            )
-    if facts.num_examples == 0:
-        raise ValueError(
-            "Invalid value for argument `data`. Received: a source with 0 "
-            f"{'batches' if facts.batched else 'examples'}. Expected at least one example."
-        )
     drop_remainder = drop_remainder_default(drop_remainder, has_strategy, shuffle)
-    finite = facts.num_examples is None or facts.num_examples >= 0
-    n = facts.num_examples
-    if (
-        drop_remainder
-        and not repeat
-        and not facts.batched
-        and n is not None
-        and 0 < n < global_batch
-    ):
-        split = (
-            f" ({global_batch // facts.num_replicas} per replica x {facts.num_replicas} replicas)"
-            if has_strategy
-            else ""
-        )
-        raise ValueError(
-            f"Invalid value for argument `{arg}`. Received: {arg}={value}, a global batch of "
-            f"{global_batch}{split}, but the source has only {n} examples and "
-            "drop_remainder=True drops the partial batch, so the pipeline would yield no batch "
-            f"at all. Expected a global batch of at most {n}: pass a smaller `{arg}`, "
-            "drop_remainder=False, or more data."
+    global_batch = _global_batch(
+        facts, batch_size, per_replica_batch_size, has_strategy, drop_remainder and not repeat
+    )
+    if facts.num_examples == 0:
+        raise invalid_value(
+            "data",
+            None,
+            "at least one example",
+            received=f"a source with 0 {'batches' if facts.batched else 'examples'}",
         )
 
     # Under the tf.data service the job shares the data among trainers: no auto-sharding on
     # top (tf.distribute turns it off for a named job too). AUTO: as the user set it.
-    source = SOURCES[facts.kind]
-    shard_policy = source.shard_policy(facts)
-    keep_shard = shard_policy == "AUTO"
-    if shard_policy == "DATA" and facts.num_files is not None and facts.num_workers > 1:
-        notes.append(
-            f"{facts.num_files} file(s) for {facts.num_workers} workers: sharding by "
-            "example (DATA), each worker reads every file"
-        )
-    if facts.service:
-        shard_policy = "OFF"
-    data_sharded = facts.num_workers > 1 and shard_policy in ("DATA", "AUTO")
+    policy = SOURCES[facts.kind].shard_policy(facts)
+    notes = [_file_sharding_note(facts, policy)]
+    shard_policy = "OFF" if facts.service else policy
+    data_sharded = facts.workers > 1 and shard_policy in ("DATA", "AUTO")
 
     # DATA sharding keeps every k-th element: all workers need one order (deterministic, one
     # seed). Unshuffled data keeps its order (predictions line up with labels); a seed asks
@@ -157,89 +119,14 @@ def decide(
         seed = _SHARED_SEED
         notes.append(f"shuffle seeded with {_SHARED_SEED} so every worker shards the same order")
 
-    cache_plan: str | None = None
-    cache_bytes = None
-    if facts.element_bytes is not None and facts.num_examples is not None and finite:
-        cache_bytes = facts.element_bytes * facts.num_examples
-    if cache is None or cache is False:
-        cache_plan = None
-    elif facts.service:
-        # Each epoch hands every worker other examples: a cache there never holds the data.
-        notes.append("not cached: the tf.data service's workers get other examples every epoch")
-    elif cache == "auto":
-        if facts.map_fn_random_ops:
-            warned.append(
-                "not cached: map_fn contains random ops "
-                f"({', '.join(facts.map_fn_random_ops)}); move them to augment_fn"
-            )
-        elif not finite:
-            notes.append("not cached: the source is infinite")
-        elif not source.cache_unmapped and not facts.has_map_fn:
-            pass  # already in memory / may hold the user's own randomness: nothing to gain
-        elif cache_bytes is None:
-            notes.append("not cached: the cache size cannot be estimated (dynamic shapes)")
-        elif cache_bytes > facts.ram_budget_bytes:
-            notes.append(
-                f"not cached: {format_bytes(cache_bytes)} exceeds the RAM budget "
-                f"{format_bytes(facts.ram_budget_bytes)}"
-            )
-        else:
-            cache_plan = "memory"
-    else:
-        target = "memory" if cache is True or cache == "memory" else os.fspath(cache)
-        if not finite:
-            raise ValueError(
-                f"Invalid value for argument `cache`. Received: cache={cache!r} for an infinite "
-                "source: the cache would never complete. Expected cache=False, or a finite "
-                "source (repeat with `repeat=True`, which comes after the cache)."
-            )
-        if target == "memory" and cache_bytes is not None and cache_bytes > facts.ram_budget_bytes:
-            raise ValueError(
-                f"Invalid value for argument `cache`. Received: cache={cache!r}, but the cache "
-                f"would take about {format_bytes(cache_bytes)} ({facts.num_examples} examples x "
-                f"{format_bytes(facts.element_bytes or 0)}), more than the RAM budget of "
-                f"{format_bytes(facts.ram_budget_bytes)}. Expected a cache that fits: pass a file path "
-                "(cache='/fast/disk/cache'), raise `ram_budget_mib`, or cache smaller decoded "
-                "examples (e.g. resize in map_fn)."
-            )
-        if (
-            target != "memory"
-            and cache_bytes is not None
-            and facts.free_disk_bytes is not None
-            and cache_bytes > facts.free_disk_bytes
-        ):
-            raise ValueError(
-                f"Invalid value for argument `cache`. Received: cache={cache!r}, but the cache "
-                f"would take about {format_bytes(cache_bytes)} and only "
-                f"{format_bytes(facts.free_disk_bytes)} is free there. Expected a path on a disk "
-                "with enough free space."
-            )
-        if facts.map_fn_random_ops:
-            warned.append(
-                "cache after a map_fn with random ops "
-                f"({', '.join(facts.map_fn_random_ops)}) repeats them every epoch"
-            )
-        cache_plan = target
-
-    buffer: int | None = None
-    if shuffle and not facts.batched:  # a kept source's order and shuffling are its own
-        if shuffle_buffer is not None:
-            buffer = shuffle_buffer
-        elif facts.reshuffled and cache_plan is None:
-            notes.append("no shuffle buffer: the dataset passed in reshuffles every pass")
-        else:
-            buffer = _MAX_SHUFFLE_BUFFER
-            if facts.num_examples is not None and facts.num_examples > 0:
-                buffer = min(buffer, facts.num_examples)
-            if facts.element_bytes:
-                by_ram = int(facts.ram_budget_bytes * _SHUFFLE_RAM_FRACTION // facts.element_bytes)
-                buffer = max(min(buffer, by_ram), min(buffer, global_batch), 1)
-            if cache_plan is None and not (source.in_memory and not facts.has_map_fn):
-                buffer = min(buffer, max(_UNCACHED_SHUFFLE_BUFFER, global_batch))
-
+    cache_bytes = _cache_bytes(facts)
+    cache_plan, cache_note, warning = _cache(facts, cache, cache_bytes)
+    buffer, buffer_note = _shuffle_buffer(
+        facts, shuffle, shuffle_buffer, cached=cache_plan is not None, global_batch=global_batch
+    )
     # Own thread pool on GPU hosts: input threads do not queue behind kernel launches.
     if private_threadpool_size is None:
-        private_threadpool_size = facts.cpu_count if facts.has_gpu and not facts.service else 0
+        private_threadpool_size = facts.cpu_count if facts.on_gpu and not facts.service else 0
 
     return Plan(
         global_batch_size=global_batch,
@@ -251,10 +138,170 @@ def decide(
         deterministic=bool(deterministic),
         shard_policy=shard_policy,
         private_threadpool_size=private_threadpool_size,
-        notes=tuple(notes),
-        warnings=tuple(warned),
-        keep_shard=keep_shard,
+        notes=tuple(note for note in (*notes, cache_note, buffer_note) if note),
+        warnings=(warning,) if warning else (),
+        keep_shard=policy == "AUTO",
     )
+
+
+def _global_batch(
+    facts: Facts,
+    batch_size: int | None,
+    per_replica_batch_size: int | None,
+    has_strategy: bool,
+    drops_partial: bool,
+) -> int:
+    """The global batch; raises for a `batch_size` that does not split evenly over the
+    replicas, and for a batch larger than a finite source whose partial batch is dropped."""
+    replicas = facts.replicas
+    if per_replica_batch_size is not None:
+        global_batch = per_replica_batch_size * replicas
+        arg, value = "per_replica_batch_size", per_replica_batch_size
+    else:
+        global_batch = int(batch_size or 0)  # 0: a kept source's batches of unknown size
+        arg, value = "batch_size", global_batch
+        if has_strategy and global_batch % replicas and not facts.batched:
+            raise invalid_value(
+                "batch_size",
+                global_batch,
+                f"a multiple of {replicas}, e.g. "
+                f"batch_size={max(1, global_batch // replicas) * replicas}, "
+                "or pass `per_replica_batch_size` instead",
+                received=f"batch_size={global_batch}, which does not split evenly over the "
+                f"strategy's {replicas} replicas",
+            )
+    n = facts.num_examples
+    if drops_partial and not facts.batched and n is not None and 0 < n < global_batch:
+        split = f" ({global_batch // replicas} per replica x {replicas} replicas)"
+        raise invalid_value(
+            arg,
+            value,
+            f"a global batch of at most {n}: pass a smaller `{arg}`, drop_remainder=False, "
+            "or more data",
+            received=f"{arg}={value}, a global batch of {global_batch}"
+            f"{split if has_strategy else ''}, but the source has only {n} examples and "
+            "drop_remainder=True drops the partial batch, so the pipeline would yield no "
+            "batch at all",
+        )
+    return global_batch
+
+
+def _file_sharding_note(facts: Facts, policy: str) -> str:
+    """A note when sharding by example makes every worker read every file ("": none)."""
+    if policy == "DATA" and facts.num_files is not None and facts.workers > 1:
+        return (
+            f"{facts.num_files} file(s) for {facts.workers} workers: sharding by "
+            "example (DATA), each worker reads every file"
+        )
+    return ""
+
+
+def _infinite(facts: Facts) -> bool:
+    """Whether the source is known to be infinite."""
+    return facts.num_examples is not None and facts.num_examples < 0
+
+
+def _cache_bytes(facts: Facts) -> int | None:
+    """The size of a cache of every example, when the source is finite and its size static."""
+    if facts.element_bytes is None or facts.num_examples is None or _infinite(facts):
+        return None
+    return facts.element_bytes * facts.num_examples
+
+
+def _in_memory(facts: Facts) -> bool:
+    """Whether the examples are arrays in memory already (no map_fn): a cache gains nothing."""
+    return SOURCES[facts.kind].in_memory and not facts.has_map_fn
+
+
+def _cache(facts: Facts, cache: Any, cache_bytes: int | None) -> tuple[str | None, str, str]:
+    """Where to cache (None: nowhere), with a note or a warning that says why ("": none);
+    raises for a cache asked for that cannot work."""
+    if cache is None or cache is False:
+        return None, "", ""
+    if facts.service:
+        # Each epoch hands every worker other examples: a cache there never holds the data.
+        return None, "not cached: the tf.data service's workers get other examples every epoch", ""
+    random_ops = ", ".join(facts.map_fn_random_ops)
+    if cache != "auto":
+        target = "memory" if cache is True or cache == "memory" else os.fspath(cache)
+        _check_cache_fits(facts, cache, target, cache_bytes)
+        repeated = f"cache after a map_fn with random ops ({random_ops}) repeats them every epoch"
+        return target, "", repeated if random_ops else ""
+    if random_ops:
+        moved = f"not cached: map_fn contains random ops ({random_ops}); move them to augment_fn"
+        return None, "", moved
+    if _infinite(facts):
+        return None, "not cached: the source is infinite", ""
+    if not SOURCES[facts.kind].cache_unmapped and not facts.has_map_fn:
+        # Already in memory / may hold the user's own randomness: nothing to gain.
+        return None, "", ""
+    if cache_bytes is None:
+        return None, "not cached: the cache size cannot be estimated (dynamic shapes)", ""
+    if cache_bytes > facts.ram_budget_bytes:
+        budget = format_bytes(facts.ram_budget_bytes)
+        return None, f"not cached: {format_bytes(cache_bytes)} exceeds the RAM budget {budget}", ""
+    return "memory", "", ""
+
+
+def _check_cache_fits(facts: Facts, cache: Any, target: str, cache_bytes: int | None) -> None:
+    """Raises for a cache asked for that would never complete or not fit where it goes."""
+    if _infinite(facts):
+        raise invalid_value(
+            "cache",
+            cache,
+            "cache=False, or a finite source (repeat with `repeat=True`, which comes after "
+            "the cache)",
+            received=f"cache={cache!r} for an infinite source: the cache would never complete",
+        )
+    if cache_bytes is None:
+        return
+    if target == "memory" and cache_bytes > facts.ram_budget_bytes:
+        raise invalid_value(
+            "cache",
+            cache,
+            "a cache that fits: pass a file path (cache='/fast/disk/cache'), raise "
+            "`ram_budget_mib`, or cache smaller decoded examples (e.g. resize in map_fn)",
+            received=f"cache={cache!r}, but the cache would take about "
+            f"{format_bytes(cache_bytes)} ({facts.num_examples} examples x "
+            f"{format_bytes(facts.element_bytes or 0)}), more than the RAM budget of "
+            f"{format_bytes(facts.ram_budget_bytes)}",
+        )
+    free = facts.free_disk_bytes
+    if target != "memory" and free is not None and cache_bytes > free:
+        raise invalid_value(
+            "cache",
+            cache,
+            "a path on a disk with enough free space",
+            received=f"cache={cache!r}, but the cache would take about "
+            f"{format_bytes(cache_bytes)} and only {format_bytes(free)} is free there",
+        )
+
+
+def _shuffle_buffer(
+    facts: Facts,
+    shuffle: bool,
+    shuffle_buffer: int | None,
+    *,
+    cached: bool,
+    global_batch: int,
+) -> tuple[int | None, str]:
+    """The shuffle buffer (None: no shuffle), with a note when the dataset passed in shuffles
+    itself ("": none)."""
+    if not shuffle or facts.batched:  # a kept source's order and shuffling are its own
+        return None, ""
+    if shuffle_buffer is not None:
+        return shuffle_buffer, ""
+    if facts.reshuffled and not cached:
+        return None, "no shuffle buffer: the dataset passed in reshuffles every pass"
+    buffer = _MAX_SHUFFLE_BUFFER
+    if facts.num_examples is not None and facts.num_examples > 0:
+        buffer = min(buffer, facts.num_examples)
+    if facts.element_bytes:
+        by_ram = int(facts.ram_budget_bytes * _SHUFFLE_RAM_FRACTION // facts.element_bytes)
+        buffer = max(min(buffer, by_ram), min(buffer, global_batch), 1)
+    if not cached and not _in_memory(facts):
+        buffer = min(buffer, max(_UNCACHED_SHUFFLE_BUFFER, global_batch))
+    return buffer, ""
 
 
 # Validation examples of unknown size (dynamic shapes) cached in memory by `cache="auto"`
@@ -279,7 +326,7 @@ def validation_plan(
         val_cache is None
         and cache == "auto"
         and not facts.map_fn_random_ops
-        and not (SOURCES[facts.kind].in_memory and not facts.has_map_fn)
+        and not _in_memory(facts)
         and num_examples is not None
     ):
         size = element_bytes * num_examples if element_bytes is not None else None

@@ -400,7 +400,7 @@ def _count_unbatched(ds: tf.data.Dataset) -> tf.data.Dataset:
 
 def shard_by_file(facts: Facts) -> str:
     """FILE with at least one file per worker (each reads whole files of its own), else DATA."""
-    enough = facts.num_files is not None and facts.num_files >= facts.num_workers
+    enough = facts.num_files is not None and facts.num_files >= facts.workers
     return "FILE" if enough else "DATA"
 
 

@@ -72,49 +72,13 @@ def write_report_and_problems(
         lines += _section(problems, run_json, sessions_section, meta, run_json, timelines, problems)
     lines += files_section(timelines, steps, names)
 
-    body: list[str] = []
-    images: list[Path] = []
-    first_samples: dict[str, list[float]] = {}  # per worker: each timeline's time 0
-    read_timelines: list[tuple[Artifact, Table]] = []
-    read_steps: dict[str, list[Table]] = {}  # per worker
-    workers = worker_records(names)
-    if workers:  # a multi-worker run: each task's run-{task}{k}.json, like run.json
-        body += workers_heading(workers)
-    for record in workers:
-        body += [f"### `{record.name}`", ""]
-        worker_meta = read_record(record, problems)
-        if worker_meta is None:
-            body += ["Skipped (see Problems).", ""]
-            continue
-        body += _section(
-            problems, record, sessions_section, worker_meta, record, timelines, problems
-        )
-    for artifact in timelines:
-        table = read_table(artifact.path, ("time", "elapsed_s"), "timeline", problems)
-        if table is None:
-            body += [f"## Timeline `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
-            continue
-        read_timelines.append((artifact, table))
-        times = stats.finite(table.col("time"))
-        if times:
-            first_samples.setdefault(artifact.worker, []).append(times[0])
-        body += _section(problems, artifact.path, timeline_section, table, artifact.path.name)
-        images += timeline_plots(plt, table, out, artifact.suffix, problems)
-    if not timelines:
-        body += ["No timeline in this run directory (no GPUMonitor / monitor.record).", ""]
-    for artifact in steps:
-        table = read_table(artifact.path, ("step_time_s",), "steps file", problems)
-        if table is None:
-            body += [f"## Steps `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
-            continue
-        read_steps.setdefault(artifact.worker, []).append(table)
-        body += _section(problems, artifact.path, steps_section, table, artifact.path.name)
-        t0 = t0_for(table, artifact.worker, first_samples)
-        img = try_draw(
-            problems, steps_plot, plt, out / f"step_time{artifact.suffix}.png", table, t0
-        )
-        if img is not None:
-            images.append(img)
+    body = _worker_lines(worker_records(names), timelines, problems)
+    timeline_lines, images, read_timelines = _timeline_lines(plt, timelines, out, problems)
+    step_lines, step_images, read_steps = _step_lines(
+        plt, steps, out, _first_samples(read_timelines), problems
+    )
+    body += timeline_lines + step_lines
+    images += step_images
     if read_timelines:
         body += _section(problems, run, energy_section, read_timelines, read_steps)
         body += _section(problems, run, counter_section, read_timelines, read_steps)
@@ -136,6 +100,76 @@ def write_report_and_problems(
     except OSError as e:
         raise OSError(e.errno, f"cannot write {str(summary)!r} ({reason(e)})") from e
     return summary, problems
+
+
+def _worker_lines(workers: list[Path], timelines: list[Artifact], problems: Problems) -> list[str]:
+    """A multi-worker run's sessions: each task's run-{task}{k}.json, like run.json."""
+    lines = workers_heading(workers) if workers else []
+    for record in workers:
+        lines += [f"### `{record.name}`", ""]
+        meta = read_record(record, problems)
+        if meta is None:
+            lines += ["Skipped (see Problems).", ""]
+            continue
+        lines += _section(problems, record, sessions_section, meta, record, timelines, problems)
+    return lines
+
+
+def _timeline_lines(
+    plt: Plt, timelines: list[Artifact], out: Path, problems: Problems
+) -> tuple[list[str], list[Path], list[tuple[Artifact, Table]]]:
+    """Each timeline's section and plots, and the timelines read."""
+    lines: list[str] = []
+    images: list[Path] = []
+    read: list[tuple[Artifact, Table]] = []
+    for artifact in timelines:
+        table = read_table(artifact.path, ("time", "elapsed_s"), "timeline", problems)
+        if table is None:
+            lines += [f"## Timeline `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
+            continue
+        read.append((artifact, table))
+        lines += _section(problems, artifact.path, timeline_section, table, artifact.path.name)
+        images += timeline_plots(plt, table, out, artifact.suffix, problems)
+    if not timelines:
+        lines += ["No timeline in this run directory (no GPUMonitor / monitor.record).", ""]
+    return lines, images, read
+
+
+def _first_samples(read_timelines: list[tuple[Artifact, Table]]) -> dict[str, list[float]]:
+    """Per worker: each timeline's time 0."""
+    first: dict[str, list[float]] = {}
+    for artifact, table in read_timelines:
+        times = stats.finite(table.col("time"))
+        if times:
+            first.setdefault(artifact.worker, []).append(times[0])
+    return first
+
+
+def _step_lines(
+    plt: Plt,
+    steps: list[Artifact],
+    out: Path,
+    first_samples: dict[str, list[float]],
+    problems: Problems,
+) -> tuple[list[str], list[Path], dict[str, list[Table]]]:
+    """Each steps file's section and plot, and the steps files read, per worker."""
+    lines: list[str] = []
+    images: list[Path] = []
+    read: dict[str, list[Table]] = {}
+    for artifact in steps:
+        table = read_table(artifact.path, ("step_time_s",), "steps file", problems)
+        if table is None:
+            lines += [f"## Steps `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
+            continue
+        read.setdefault(artifact.worker, []).append(table)
+        lines += _section(problems, artifact.path, steps_section, table, artifact.path.name)
+        t0 = t0_for(table, artifact.worker, first_samples)
+        img = try_draw(
+            problems, steps_plot, plt, out / f"step_time{artifact.suffix}.png", table, t0
+        )
+        if img is not None:
+            images.append(img)
+    return lines, images, read
 
 
 def write_report(
