@@ -6,7 +6,7 @@ batch 64. Every variant trains its own copy of the model (same seed) on its own 
 round fits one epoch of every variant, in rotating order, and takes its steady-state examples/s
 (the epoch's steps after the first execution, as `StepTimer` counts them). The table gives each
 variant's median examples/s and its ratio to the naive side, with the interval of the per-round
-ratios (`tfgpu._internal.adapters.timing.gain`).
+ratios (`tfgpu._internal.measure.rules.Gain`).
 
 Command: `.venv/bin/python benchmarks/tune_demo_knobs.py [--rounds 5] [--only NAME,...]`
 """
@@ -26,7 +26,7 @@ import keras
 import tensorflow as tf
 
 import tfgpu.data
-from tfgpu._internal.adapters import timing
+from tfgpu._internal.measure.rules import Gain
 from tfgpu.demo._plan import SEED, choose_sizes
 from tfgpu.demo._workload import (
     augment_fn,
@@ -172,11 +172,11 @@ def main() -> None:
     naive = rates["naive"]
     print(f"\n{'variant':30s} {'examples/s':>11s} {'vs naive':>9s}  interval")
     for name, values in rates.items():
-        # gain() takes (base seconds, variant seconds): seconds per example here.
+        # Gain.of() takes (base seconds, variant seconds): seconds per example here.
         rounds = [(1 / a, 1 / b) for a, b in zip(naive, values, strict=True)]
-        g, low, high = timing.gain(rounds)
+        g = Gain.of(rounds)
         med = sorted(values)[len(values) // 2]
-        print(f"{name:30s} {med:11.0f} {g:8.2f}x  [{low:.2f}-{high:.2f}]")
+        print(f"{name:30s} {med:11.0f} {g.value:8.2f}x  [{g.low:.2f}-{g.high:.2f}]")
 
 
 if __name__ == "__main__":

@@ -277,8 +277,8 @@ def main() -> None:
             borderline = ", ".join(t.name for t in result.trials if t.status == "borderline")
             fit = next_fit_ratio(build, data, result)
             rows.append(
-                f"| {name} | {run} | x{result.speedup:.2f} ({result.speedup_low:.2f}-"
-                f"{result.speedup_high:.2f}) | x{fit:.2f} | {fit / result.speedup:.2f} | {kept} "
+                f"| {name} | {run} | {result.speedup.text()} | x{fit:.2f} | "
+                f"{fit / result.speedup.value:.2f} | {kept} "
                 f"| {borderline or '-'} | {seconds:.0f} s |"
             )
             print(rows[-1], flush=True)

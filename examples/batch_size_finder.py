@@ -46,18 +46,18 @@ result = tfgpu.find_batch_size(
     start=8,
     max_batch_size=32 if QUICK else (4096 if config.gpus else 256),
     steps=1 if QUICK else 3,
-    # The global batch the recipe was tuned for: if it does not fit, accumulate gradients.
-    target_global_batch_size=1024,
+    # The batch per update the recipe was tuned for: if it does not fit, accumulate gradients.
+    target_batch_size=1024,
 )
 print(result)
 
 # Use it: the fastest batch, or the accumulation plan to reach the recipe's global batch.
-batch = result.fastest_global
+batch = result.fastest  # global, as fit takes it
 print(f"\ntraining with batch_size={batch}")
 model.fit(x, y, batch_size=batch, epochs=1, verbose=2)
 if result.gradient_accumulation_steps:
     print(
-        "to train with the recipe's global batch 1024: keras.optimizers.Adam(..., "
+        "to train with the recipe's batch of 1024 per update: keras.optimizers.Adam(..., "
         f"gradient_accumulation_steps={result.gradient_accumulation_steps}) and batch_size="
-        f"{result.accumulation_batch_size} per replica"
+        f"{result.accumulation_batch_size}"
     )

@@ -9,6 +9,7 @@ see an uninitialized runtime (e.g. `configure()` applied for real) run in a subp
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import subprocess
 import sys
@@ -138,6 +139,124 @@ class FoundOneSize:
     fits and is the fastest (the batch-size candidate finds nothing faster)."""
 
     def __init__(self, current):
-        trial = type("T", (), {"global_batch_size": current, "fits": True})()
+        trial = type("T", (), {"batch_size": current, "fits": True})()
         trial.examples_per_s = 1000.0
-        self.trials, self.fastest_global = [trial], current
+        self.trials, self.fastest = [trial], current
+
+
+# The device facts of a CPU host without native bfloat16 and one core, for tests that set
+# the measuring core's `facts.device_facts` (update them for a test's machine).
+CPU_FACTS = {
+    "on_gpu": False,
+    "gpu_name": None,
+    "compute_capabilities": (),
+    "memory_capacity_bytes": None,
+    "cpu_native_bf16": False,
+    "cpu_count": 1,
+}
+
+
+class ScriptedTiming:
+    """The suite's one scripted timing engine: the measuring core's clock and timed fits
+    (`tfgpu._internal.measure.timing`) replaced, so that no test depends on this machine's
+    speed or load.
+
+    `step(model, dataset)` gives each timed fit's seconds per step (a number; or raises, as a
+    failing fit would); the clock (`timing.now`) advances by the fit's steps, and a fit that
+    would pass its deadline ends there and returns None, as a real deadline cuts it. A model
+    without a train function is traced first: by a real fit of one step (`real_fit`, so that
+    a step traced for real is restored and measured around), else by marking it traced;
+    `trace_s` is added to that fit. `input_s` is the pipeline alone's seconds per batch.
+    `calls` counts the timed fits. `runs(...)` makes scripted `timing.Run`s for the engine's
+    own tests.
+    """
+
+    def __init__(self, monkeypatch, step=None, *, input_s=0.0, real_fit=False, trace_s=0.0):
+        from tfgpu._internal.measure import timing
+
+        self.clock = 1000.0
+        self.calls = 0
+        self.step, self.input_s, self.real_fit, self.trace_s = step, input_s, real_fit, trace_s
+        self._real_epoch_time = timing.epoch_time
+        monkeypatch.setattr(timing, "now", lambda: self.clock)
+        if step is None:
+            return
+        monkeypatch.setattr(timing, "fit_step_time", self.fit_step_time)
+        monkeypatch.setattr(timing, "epoch_time", self.epoch_time)
+        monkeypatch.setattr(timing, "probe_step_time", self.probe_step_time)
+        monkeypatch.setattr(timing, "input_time", lambda dataset, batches=10: self.input_s)
+
+    def _traced(self, model, dataset) -> float:
+        if model.train_function is not None:
+            return 0.0
+        if self.real_fit:
+            self._real_epoch_time(model, dataset, 1, 1)
+        else:
+            model.train_function = _never_called
+        return self.trace_s
+
+    def _fit(self, model, dataset, steps, deadline):
+        """A fit of whole `steps` (epochs, a first look): cut at the deadline, it returns None."""
+        traced = self._traced(model, dataset)
+        seconds = float(self.step(model, dataset))
+        self.calls += 1
+        if deadline is not None and self.clock + traced + seconds * steps > deadline:
+            self.clock = max(self.clock, deadline)
+            return None
+        self.clock += traced + seconds * steps
+        return seconds
+
+    def fit_step_time(self, model, dataset, steps, warmup, deadline=None, timed_limit_s=None):
+        """The steady step: the engine's calls, the timed ones cut at `timed_limit_s`, the fit
+        stopped at the first call that ends past `deadline` (None: no timed call ran)."""
+        from tfgpu._internal.measure import timing
+
+        traced = self._traced(model, dataset)
+        seconds = float(self.step(model, dataset))
+        self.calls += 1
+        spe = max(1, int(model.steps_per_execution))
+        warm, timed = timing.call_counts(spe, steps, warmup)
+        call = seconds * spe
+        if timed_limit_s is not None:
+            timed = min(timed, max(1, math.ceil(timed_limit_s / call - 1e-9)))
+        calls = warm + timed
+        if deadline is not None:
+            calls = min(calls, max(1, math.ceil((deadline - self.clock - traced) / call)))
+        self.clock += traced + calls * call
+        return seconds if calls > warm else None
+
+    def epoch_time(
+        self,
+        model,
+        dataset,
+        epochs=1,
+        steps_per_epoch=None,
+        steps_in_epoch=None,
+        deadline=None,
+        timed_limit_s=None,
+    ):
+        steps = epochs * (steps_per_epoch or steps_in_epoch or 1)
+        return self._fit(model, dataset, steps, deadline)
+
+    def probe_step_time(self, model, dataset, deadline=None):
+        return self._fit(model, dataset, 3, deadline)
+
+    def runs(self, name, times, log, seconds_per_run=10.0):
+        """A `timing.Run` named `name` returning `times` (a number, a function of the call's
+        index, or an exception to raise), logging its calls and advancing the clock."""
+        calls = [0]
+
+        def run(deadline, limit):
+            log.append((name, limit))
+            self.clock += seconds_per_run
+            value = times(calls[0]) if callable(times) else times
+            calls[0] += 1
+            if isinstance(value, BaseException):
+                raise value
+            return value
+
+        return run
+
+
+def _never_called(*args):  # what a scripted fit leaves as the model's train function
+    raise AssertionError("a scripted train function is never called")

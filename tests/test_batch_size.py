@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgpu._internal.adapters.workload import DatasetData
+from tfgpu._internal.measure.workload import DatasetData
 from tfgpu.batch_size import BatchSizeResult, find_batch_size
 from tfgpu.batch_size import _trial as trial_module
 from tfgpu.batch_size._search import accumulation_plan, next_candidate, stopped_by
@@ -117,7 +117,7 @@ def test_oom_path_runs_exact_trials_and_leaves_model_as_found(capsys):
     assert isinstance(result, BatchSizeResult)
     assert [t.batch_size for t in result.trials] == [8, 16, 32, 64, 48, 40]
     assert [t.reason for t in result.trials] == ["ok", "ok", "ok", "oom", "oom", "ok"]
-    assert result.largest == 40 and result.largest_global == 40
+    assert result.largest == 40 and result.per_replica_largest == 40
     assert result.fastest in (8, 16, 32, 40)
     assert all(t.examples_per_s > 0 for t in result.trials if t.fits)
     after = _state(model)
@@ -333,7 +333,7 @@ def test_mismatched_lengths_are_refused_before_any_trial():
 
 
 @pytest.mark.slow
-def test_under_a_strategy_sizes_are_per_replica_and_global_is_reported():
+def test_under_a_strategy_sizes_are_global_as_fit_takes_them_and_per_replica_is_reported():
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():
         model = _model(_OOMAbove(16))
@@ -341,14 +341,16 @@ def test_under_a_strategy_sizes_are_per_replica_and_global_is_reported():
     x, y = _data()
     before = [w.numpy().copy() for w in model.weights]
     result = find_batch_size(
-        model, (x, y), start=8, max_batch_size=64, steps=1, target_global_batch_size=128
+        model, (x, y), start=16, max_batch_size=128, steps=1, target_batch_size=128
     )
-    assert result.num_replicas == 2
-    assert [t.batch_size for t in result.trials] == [8, 16, 32, 24]
-    assert [t.global_batch_size for t in result.trials] == [16, 32, 64, 48]
-    assert result.largest == 16 and result.largest_global == 32
-    steps, per = result.gradient_accumulation_steps, result.accumulation_batch_size
-    assert steps * per * 2 == 128 and per <= 16
+    assert result.replicas == 2
+    assert [t.per_replica_batch_size for t in result.trials] == [8, 16, 32, 24]
+    assert [t.batch_size for t in result.trials] == [16, 32, 64, 48]
+    assert result.largest == 32 and result.per_replica_largest == 16
+    steps, batch = result.gradient_accumulation_steps, result.accumulation_batch_size
+    assert steps * batch == 128 and batch <= 32
+    with pytest.raises(ValueError, match=r"start=15.*multiple of the strategy's 2 replicas"):
+        find_batch_size(model, (x, y), start=15)
     for a, w in zip(before, model.weights):
         np.testing.assert_array_equal(a, w.numpy())
 
@@ -359,7 +361,7 @@ def test_dataset_input_and_accumulation_steps():
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
     model = _model(_OOMAbove(32))
     model.compile("sgd", "mse", run_eagerly=True)
-    result = find_batch_size(model, ds, start=16, steps=1, target_global_batch_size=96)
+    result = find_batch_size(model, ds, start=16, steps=1, target_batch_size=96)
     assert result.largest == 32
     assert result.gradient_accumulation_steps * result.accumulation_batch_size == 96
     assert result.to_dict()["trials"][-1]["reason"] == "oom"

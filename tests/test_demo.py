@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import REPO
 from tfgpu import demo
+from tfgpu._internal.measure.rules import Gain
 from tfgpu.demo import _args, _plan, _results, _run, _workload
 from tfgpu.tuning import Trial, TuneResult
 
@@ -53,17 +54,18 @@ def test_sizes_give_tune_a_budget_and_a_quick_one():
 def test_waterfall_shows_each_kept_setting_then_the_verified_total():
     result = TuneResult(
         trials=[
-            Trial("steps_per_execution=4", {"steps_per_execution": 4}, 1.5, 1.4, 1.6, "kept"),
-            Trial("jit_compile=True", {"jit_compile": True}, 0.5, 0.4, 0.6, "slower"),
+            Trial("steps_per_execution=4", {"steps_per_execution": 4}, Gain(1.5, 1.4, 1.6), "kept"),
+            Trial("jit_compile=True", {"jit_compile": True}, Gain(0.5, 0.4, 0.6), "slower"),
             Trial(
-                "precision mixed_bfloat16", {"precision": "mixed_bfloat16"}, 1.5, 1.3, 1.6, "kept"
+                "precision mixed_bfloat16",
+                {"precision": "mixed_bfloat16"},
+                Gain(1.5, 1.3, 1.6),
+                "kept",
             ),
         ],
         baseline_examples_per_s=1000.0,
         tuned_examples_per_s=1440.0,
-        speedup=1.44,  # verified together: less than 1.5 x 1.5
-        speedup_low=1.4,
-        speedup_high=1.5,
+        speedup=Gain(1.44, 1.4, 1.5),  # verified together: less than 1.5 x 1.5
     )
     lines = _results.waterfall_lines(result, width=20)
     assert [line.split("  ")[0] for line in lines] == [
@@ -81,7 +83,7 @@ def test_waterfall_shows_each_kept_setting_then_the_verified_total():
 
 def test_waterfall_with_nothing_verified_keeps_the_steps_flat():
     result = TuneResult(
-        trials=[Trial("steps_per_execution=4", {}, 1.3, 1.2, 1.4, "kept")],
+        trials=[Trial("steps_per_execution=4", {}, Gain(1.3, 1.2, 1.4), "kept")],
         baseline_examples_per_s=500.0,
         tuned_examples_per_s=500.0,
     )
@@ -478,7 +480,9 @@ def test_quick_demo_trains_both_sides_and_writes_the_run(tmp_path):
     # The tfgpu side's settings come from tfgpu.tune: its table, tune.json and its result.
     assert (log_dir / "tfgpu" / "tune.json").exists()
     tune = summary["tune"]
-    assert tune["speedup"] >= 1.0 and {t["name"] for t in tune["trials"]} >= {"jit_compile=True"}
+    assert tune["speedup"]["value"] >= 1.0 and {t["name"] for t in tune["trials"]} >= {
+        "jit_compile=True"
+    }
     # Both sides train the same model the same way: same initial weights, global batch,
     # number of steps (none dropped, none skipped by the diagnosis) and learning rate.
     naive_recipe, tfgpu_recipe = summary["naive"]["recipe"], summary["tfgpu"]["recipe"]

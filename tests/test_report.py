@@ -377,7 +377,11 @@ def test_run_json_with_odd_values_still_reports(tmp_path, capsys, no_plots):
     assert "| 0 | 60.0 |" in text  # the rest is reported
 
 
-_TUNE_RECORD = {"speedup": 1.5, "text": "tune: each setting against the best so far", "trials": []}
+_TUNE_RECORD = {
+    "speedup": {"value": 1.5, "low": 1.4, "high": 1.6},
+    "text": "tune: each setting against the best so far",
+    "trials": [],
+}
 
 
 @pytest.mark.parametrize(
@@ -402,7 +406,8 @@ _TUNE_RECORD = {"speedup": 1.5, "text": "tune: each setting against the best so 
         ("tune.json", {"trials": [None, 3]}, r"`trials` is \[null, 3\] \(a list\), not a list "
          r"of objects\."),
         ("tune.json", {"trials": [{"name": 3}]}, r"`trials\[0\]\.name` is 3 \(a number\)"),
-        ("tune.json", {"speedup": "x2"}, r'`speedup` is "x2" \(a string\), not a number\.'),
+        ("tune.json", {"speedup": "x2"}, r'`speedup` is "x2" \(a string\), not a gain'),
+        ("tune.json", {"speedup": {"value": 2}}, r'`speedup` is \{"value": 2\} \(an object\)'),
         ("tune.json", {"lines": "export A=1"}, r"`lines` is \"export A=1\" \(a string\), not a "
          r"list of strings\."),
         ("diagnosis.json", {"findings": [1]}, r"`findings` is \[1\] \(a list\)"),
@@ -1110,7 +1115,8 @@ def test_the_report_shows_tune_json_and_its_waterfall(tmp_path):
     run.mkdir()
     (run / "diagnosis.json").write_text(json.dumps({"bottleneck": "compute", "findings": []}))
     table = "tune: each setting against the best so far\n  steps_per_execution=16  x1.80  kept"
-    (run / "tune.json").write_text(json.dumps({"speedup": 1.8, "text": table}))
+    speedup = {"value": 1.8, "low": 1.7, "high": 1.9}
+    (run / "tune.json").write_text(json.dumps({"speedup": speedup, "text": table}))
     (run / "tune.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     out = tmp_path / "elsewhere"
     text = write_report(run, out_dir=out).read_text()
@@ -1128,15 +1134,16 @@ def test_a_damaged_tune_json_is_a_problem_not_a_crash(tmp_path):
 
 def test_the_report_shows_scaling_json_and_its_plot_and_names_a_damaged_field(tmp_path):
     # `tfgpu.scaling(..., log_dir=)` writes scaling.json (with its printed table) and scaling.png.
-    from tfgpu.scalability._result import Point, ScalingResult, write
+    from tfgpu._internal.measure.rules import Gain
+    from tfgpu.scalability._result import Point, ScalingResult
 
-    point = Point(2, "weak", 128, 64, 0.02, 6400.0, speedup=1.2)
-    base = Point(1, "both", 64, 64, 0.01, 6400.0, speedup=1.0)
+    point = Point(2, "weak", 128, 64, 0.02, 6400.0, speedup=Gain(1.2, 1.1, 1.3))
+    base = Point(1, "both", 64, 64, 0.01, 6400.0, speedup=Gain(1.0, 1.0, 1.0))
     for p in (base, point):
         p.explain(base, "GPU", 2**20)
     result = ScalingResult([base, point], [], {}, 2**20, "GPU", "NcclAllReduce", None, [])
     run = tmp_path / "run"
-    write(result, run)
+    result.write(run)
     text = write_report(run, out_dir=tmp_path / "elsewhere").read_text()
     assert "## Scaling" in text and "Scaling on GPUs: 1.0 MiB of gradients" in text
     assert point.reason in text

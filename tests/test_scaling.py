@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 import tfgpu
+from tfgpu._internal.measure.rules import Gain
 from tfgpu.scalability import _cost as cost
 from tfgpu.scalability._result import Point, ScalingResult
 from tfgpu.scalability._scaling import replica_counts
@@ -81,7 +82,7 @@ def _point(n=2, mode="weak", step=0.020, compute=0.010, all_reduce=0.001, input_
         per_replica_batch=batch // n,
         step_s=step,
         examples_per_s=batch / step,
-        speedup=kw.pop("speedup", 1.2),
+        speedup=Gain(*[kw.pop("speedup", 1.2)] * 3),
         compute_s=compute,
         all_reduce_s=all_reduce,
         input_s=input_s,
@@ -133,7 +134,7 @@ def _base(step=0.010, compute=0.007):
 )
 def test_each_point_gets_the_reason_of_what_grew_and_its_fix(point, kind, reason, fix):
     point.explain(_base(), kind, 16 * 2**20)
-    assert point.efficiency == pytest.approx(point.speedup / point.replicas)
+    assert point.efficiency == pytest.approx(point.speedup.value / point.replicas)
     assert re.search(reason, point.reason), point.reason
     assert fix in point.fix
 
@@ -159,11 +160,11 @@ Y = np.random.default_rng(1).random((64, 1), dtype=np.float32)
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        ({"model_factory": _tiny_model()}, TypeError, r"argument `model_factory`"),
+        ({"model": _tiny_model()}, TypeError, r"argument `model`.*cannot be built again"),
         (
-            {"model_factory": "m"},
+            {"model": "m"},
             TypeError,
-            r"argument `model_factory`\. Received: model_factory='m'",
+            r"argument `model`\. Received: model='m'",
         ),
         ({"data": "data"}, TypeError, r"argument `data`"),
         (
@@ -185,9 +186,9 @@ def test_bad_arguments_are_refused_before_any_work(kwargs, error, match):
         built.append(1)
         return _tiny_model()
 
-    call = {"model_factory": factory, "data": (X, Y), **kwargs}
+    call = {"model": factory, "data": (X, Y), **kwargs}
     with pytest.raises(error, match=match):
-        tfgpu.scaling(call.pop("model_factory"), call.pop("data"), **call)
+        tfgpu.scaling(call.pop("model"), call.pop("data"), **call)
     assert built == []
 
 
@@ -200,7 +201,7 @@ def test_a_log_dir_under_a_file_and_a_factory_with_its_own_strategy_are_refused(
         with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
             return _tiny_model()
 
-    with pytest.raises(ValueError, match=r"argument `model_factory`.*open no strategy scope"):
+    with pytest.raises(ValueError, match=r"argument `model`.*open no strategy scope"):
         tfgpu.scaling(own_strategy, (X, Y), replicas=[2], verbose=0)
 
 

@@ -1,4 +1,4 @@
-"""tfgpu._internal.adapters.timing: the one timing engine, on scripted runs and a scripted clock.
+"""tfgpu._internal.measure.timing: the one timing engine, on scripted runs and a scripted clock.
 
 No test here times anything real: each run returns a scripted number of seconds and
 advances a scripted clock, so the rounds, their order and every stop are deterministic.
@@ -10,33 +10,30 @@ import math
 
 import pytest
 
-from tfgpu._internal.adapters import timing
+from tests.conftest import ScriptedTiming
+from tfgpu._internal.measure import rules, timing
 
 
 class _Runs:
-    """Runs that return scripted seconds and log the order they ran in."""
+    """Runs that return scripted seconds and log the order they ran in, on the clock of the
+    suite's scripted engine (`tests.conftest.ScriptedTiming`)."""
 
     def __init__(self, monkeypatch, seconds_per_run: float = 10.0):
-        self.clock = 0.0
-        self.log: list[str] = []
-        self.limits: list[tuple[str, float | None]] = []
+        self.engine = ScriptedTiming(monkeypatch)
+        self.engine.clock = 0.0
+        self.limits: list[tuple[str, float | None]] = []  # (name, limit) of each call
         self.seconds_per_run = seconds_per_run
-        monkeypatch.setattr(timing, "now", lambda: self.clock)
+
+    @property
+    def clock(self) -> float:
+        return self.engine.clock
+
+    @property
+    def log(self) -> list[str]:
+        return [name for name, _ in self.limits]
 
     def run(self, name: str, times):
-        calls = [0]
-
-        def run(deadline, limit):
-            self.log.append(name)
-            self.limits.append((name, limit))
-            self.clock += self.seconds_per_run
-            value = times(calls[0]) if callable(times) else times
-            calls[0] += 1
-            if isinstance(value, BaseException):
-                raise value
-            return value
-
-        return run
+        return self.engine.runs(name, times, self.limits, self.seconds_per_run)
 
 
 def test_the_order_rotates_from_round_to_round(monkeypatch):
@@ -44,7 +41,7 @@ def test_the_order_rotates_from_round_to_round(monkeypatch):
     out = timing.compare(
         runs.run("base", 1.0),
         {"a": runs.run("a", 0.5), "b": runs.run("b", 0.5)},
-        threshold=1.05,
+        margin=1.05,
         max_rounds=3,
     )
     assert runs.log == ["a", "b", "base", "b", "base", "a", "base", "a", "b"]
@@ -53,28 +50,29 @@ def test_the_order_rotates_from_round_to_round(monkeypatch):
 
 def test_a_variant_closes_once_settled_and_the_others_go_on(monkeypatch):
     runs = _Runs(monkeypatch)
-    noisy = [0.5, 1.5, 0.5, 1.5, 0.5, 1.5, 0.5]
+    noisy = [0.5, 1.5, 0.5, 0.5, 1.5, 0.5, 0.5]  # x2 or x0.67: the interval straddles x1.05
     out = timing.compare(
         runs.run("base", 1.0),
         {"fast": runs.run("fast", 0.5), "noisy": runs.run("noisy", lambda n: noisy[n])},
-        threshold=1.05,
+        margin=1.05,
         max_rounds=7,
         clearly_slower=None,
     )
-    assert len(out["fast"].rounds) == timing.MIN_ROUNDS  # settled: x2 in every round
+    assert len(out["fast"].rounds) == rules.MIN_ROUNDS  # settled: x2 in every round
     assert len(out["noisy"].rounds) == 7 and out["noisy"].stopped is None
-    assert runs.log.count("fast") == timing.MIN_ROUNDS
+    assert runs.log.count("fast") == rules.MIN_ROUNDS
 
 
 def test_clearly_slower_stops_after_one_round_unless_disabled(monkeypatch):
     runs = _Runs(monkeypatch)
-    out = timing.compare(runs.run("base", 1.0), {"slow": runs.run("slow", 2.0)}, max_rounds=5)
+    slow = 1.01 * rules.CLEARLY
+    out = timing.compare(runs.run("base", 1.0), {"slow": runs.run("slow", slow)}, max_rounds=5)
     assert out["slow"].stopped == "slower" and len(out["slow"].rounds) == 1
     runs = _Runs(monkeypatch)
     out = timing.compare(
-        runs.run("base", 1.0), {"slow": runs.run("slow", 2.0)}, max_rounds=5, clearly_slower=None
+        runs.run("base", 1.0), {"slow": runs.run("slow", slow)}, max_rounds=5, clearly_slower=None
     )
-    assert out["slow"].stopped is None and len(out["slow"].rounds) == timing.MIN_ROUNDS
+    assert out["slow"].stopped is None and len(out["slow"].rounds) == rules.MIN_ROUNDS
 
 
 def test_a_failure_of_the_listed_kinds_closes_that_variant_only(monkeypatch):
@@ -82,11 +80,11 @@ def test_a_failure_of_the_listed_kinds_closes_that_variant_only(monkeypatch):
     out = timing.compare(
         runs.run("base", 1.0),
         {"broken": runs.run("broken", ValueError("bad setting")), "ok": runs.run("ok", 0.5)},
-        threshold=1.05,
+        margin=1.05,
         failures=(ValueError,),
     )
     assert out["broken"].error == "ValueError: bad setting" and out["broken"].rounds == []
-    assert len(out["ok"].rounds) == timing.MIN_ROUNDS
+    assert len(out["ok"].rounds) == rules.MIN_ROUNDS
     assert runs.log.count("broken") == 1
     with pytest.raises(KeyError):  # not listed: the caller's boundary decides
         timing.compare(runs.run("base", 1.0), {"x": runs.run("x", KeyError("k"))})
@@ -98,7 +96,7 @@ def test_the_budget_stops_every_open_variant(monkeypatch):
     out = timing.compare(
         runs.run("base", 1.0),
         {"a": runs.run("a", lambda n: [0.5, 1.5][n % 2])},
-        threshold=1.05,
+        margin=1.05,
         budget=budget,
         max_rounds=7,
         clearly_slower=None,
@@ -129,7 +127,7 @@ def test_first_base_is_round_one_s_baseline_and_done_replaces_the_interval(monke
 
 def test_variants_are_limited_to_a_multiple_of_the_baseline_s_timed_part(monkeypatch):
     runs = _Runs(monkeypatch)
-    timing.compare(runs.run("base", 2.0), {"a": runs.run("a", 1.0)}, timed_units=10, threshold=1.05)
+    timing.compare(runs.run("base", 2.0), {"a": runs.run("a", 1.0)}, timed_units=10, margin=1.05)
     limits = [limit for name, limit in runs.limits if name == "a"]
     assert limits[0] is None  # round one: the baseline's time is not known yet
     assert all(math.isclose(x, timing.FIT_LIMIT_FACTOR * (2.0 * 10 + 1.0)) for x in limits[1:])

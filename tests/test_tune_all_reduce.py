@@ -10,7 +10,6 @@ all-reduce candidate. Timing is scripted or unasserted: no test depends on speed
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import keras
@@ -20,11 +19,12 @@ import tensorflow as tf
 
 import tfgpu
 import tfgpu.batch_size
-from tests.conftest import FoundOneSize
-from tfgpu._internal.adapters import all_reduce, timing
+from tests.conftest import CPU_FACTS, FoundOneSize, ScriptedTiming
+from tfgpu._internal.adapters import all_reduce, model_state
+from tfgpu._internal.measure import facts as facts_module
+from tfgpu._internal.measure import rules
 from tfgpu.tuning import _candidates as cands
-from tfgpu.tuning import _tune
-from tfgpu.tuning._candidates import Facts
+from tfgpu.tuning._candidates import TuneFacts as Facts
 
 X = np.random.default_rng(0).random((64, 4)).astype("float32")
 Y = X.sum(axis=1)
@@ -56,39 +56,26 @@ def _data() -> tf.data.Dataset:
 def _facts(monkeypatch):
     """No GPU, one core (no thread-pool candidates), no XLA candidate, a batch-size search
     that finds nothing faster."""
-    monkeypatch.setattr(_tune, "tf_gpus", lambda: [])
-    monkeypatch.setattr(_tune, "_cpu_native_bf16", lambda: False)
-    monkeypatch.setattr(os, "cpu_count", lambda: 1)
-    monkeypatch.setattr(_tune, "supports_xla", lambda model: False)
+    monkeypatch.setattr(facts_module, "device_facts", lambda: dict(CPU_FACTS))
+    monkeypatch.setattr(model_state, "supports_xla", lambda model: False)
     monkeypatch.setattr(
         tfgpu.batch_size, "find_batch_size", lambda model, data, **k: FoundOneSize(32)
     )
 
 
-class _ScriptedFits:
-    """Fits that take no time: seconds per step scripted from the all-reduce the model's
-    strategy uses while the fit runs (hierarchical copy twice as fast), on a scripted clock."""
+def _ScriptedFits(monkeypatch):
+    """The scripted engine: seconds per step from the all-reduce the model's strategy uses
+    while the fit runs (hierarchical copy twice as fast); `.seen` lists them."""
+    seen: list[str] = []
 
-    def __init__(self, monkeypatch):
-        self.clock = 1000.0
-        self.seen: list[str] = []
+    def seconds(model, dataset):
+        name = all_reduce.describe(model.distribute_strategy).in_use
+        seen.append(name)
+        return 0.5 if name == "hierarchical_copy" else 1.0
 
-        def fit(model, dataset, steps, deadline):
-            name = all_reduce.describe(model.distribute_strategy).in_use
-            self.seen.append(name)
-            if model.train_function is None:
-                model.train_function = lambda *a: None  # traced, as far as tune can tell
-            seconds = 0.5 if name == "hierarchical_copy" else 1.0
-            self.clock += seconds * steps
-            return seconds
-
-        def epoch_time(model, dataset, epochs=1, steps_per_epoch=None, steps_in_epoch=None,
-                       deadline=None, timed_limit_s=None):  # fmt: skip
-            return fit(model, dataset, epochs * (steps_per_epoch or steps_in_epoch or 1), deadline)
-
-        monkeypatch.setattr(timing, "probe_step_time", lambda m, d, deadline=None: fit(m, d, 3, 0))
-        monkeypatch.setattr(timing, "epoch_time", epoch_time)
-        monkeypatch.setattr(timing, "now", lambda: self.clock)
+    engine = ScriptedTiming(monkeypatch, seconds)
+    engine.seen = seen
+    return engine
 
 
 def _trial(result, name="all_reduce=hierarchical_copy"):
@@ -194,7 +181,7 @@ def test_tune_applies_keeps_and_prints_the_all_reduce_and_puts_the_strategy_back
         warnings.simplefilter("ignore")
         result = tfgpu.tune(model, _data(), time_budget_s=60, verbose=0)
     trial = _trial(result)
-    assert (trial.status, trial.line) == (cands.KEPT, LINE)
+    assert (trial.status, trial.line) == (rules.KEPT, LINE)
     assert "all_reduce=reduction_to_one_device" not in [t.name for t in result.trials]
     assert result.settings == {"all_reduce": "hierarchical_copy"}
     assert result.lines == [LINE] and LINE in str(result)
@@ -210,9 +197,9 @@ def test_one_all_reduce_at_a_time_on_a_strategy_built_with_tensorflow(monkeypatc
     script = _ScriptedFits(monkeypatch)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     result = tfgpu.tune(_model(strategy), _data(), time_budget_s=60, verbose=0)
-    assert _trial(result).status == cands.KEPT
+    assert _trial(result).status == rules.KEPT
     other = _trial(result, "all_reduce=reduction_to_one_device")
-    assert other.status == cands.UNTRIED
+    assert other.status == rules.UNTRIED
     assert "all_reduce=hierarchical_copy was kept" in other.reason
     assert result.lines == [LINE]
     assert all_reduce.describe(strategy).in_use == all_reduce.COLLECTIVE
@@ -232,7 +219,7 @@ def test_a_tensorflow_that_keeps_the_all_reduce_elsewhere_gives_untried(monkeypa
         warnings.simplefilter("ignore")
         result = tfgpu.tune(_model(_mirrored()), _data(), time_budget_s=60, verbose=0)
     trial = _trial(result)
-    assert trial.status == cands.UNTRIED
+    assert trial.status == rules.UNTRIED
     assert f"TensorFlow {tf.__version__} keeps a strategy's all-reduce elsewhere" in trial.reason
 
 
@@ -248,7 +235,7 @@ def test_a_real_tune_measures_the_all_reduce_on_two_replicas():
         warnings.simplefilter("ignore")
         result = tfgpu.tune(model, _data(), steps=3, time_budget_s=None, verbose=0)
     trial = _trial(result)
-    assert trial.status in (cands.KEPT, cands.BORDERLINE, cands.NO_GAIN, cands.SLOWER), trial
+    assert trial.status in (rules.KEPT, rules.BORDERLINE, rules.NO_GAIN, rules.SLOWER), trial
     assert trial.line == LINE
     assert all_reduce.reach(strategy).get() is original
     assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), weights, strict=True))

@@ -18,9 +18,8 @@ import time
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, ScriptedTiming
 from tests.test_processes import ended_within
-from tfgpu._internal.adapters import timing
 from tfgpu.cli import main
 from tfgpu.tuning import TuneResult, _script
 from tfgpu.tuning._script import ChildRun, child_outcome
@@ -38,10 +37,10 @@ def script(tmp_path):
 
 @pytest.fixture
 def clock(monkeypatch):
-    """A scripted clock: each child run takes 10 s."""
-    state = {"t": 0.0}
-    monkeypatch.setattr(timing, "now", lambda: state["t"])
-    return state
+    """The scripted engine's clock, from 0 (each child run advances it by 10 s)."""
+    engine = ScriptedTiming(monkeypatch)
+    engine.clock = 0.0
+    return engine
 
 
 def _scripted(monkeypatch, clock, times, *, batch=32, gpus=0, calls=None):
@@ -50,7 +49,7 @@ def _scripted(monkeypatch, clock, times, *, batch=32, gpus=0, calls=None):
     counts: dict[str, int] = {}
 
     def run(script, script_args, change, steps, warmup, timeout_s):
-        clock["t"] += 10.0
+        clock.clock += 10.0
         key = json.dumps(change, sort_keys=True)
         n = counts.get(key, 0)
         counts[key] = n + 1
@@ -85,11 +84,11 @@ def test_a_setting_that_clearly_helps_is_kept_one_within_noise_is_not(monkeypatc
     result = _script.tune_script(script, time_budget_s=None, verbose=0)
     assert isinstance(result, TuneResult)
     xla, threads = result.trial(XLA), result.trial(THREADS)
-    assert xla.status == "kept" and xla.gain == pytest.approx(0.010 / 0.006)
+    assert xla.status == "kept" and xla.gain.value == pytest.approx(0.010 / 0.006)
     assert threads.status == "no measurable gain"
     assert result.settings == {"TF_XLA_FLAGS": xla.change["TF_XLA_FLAGS"]}
     assert result.lines == [xla.line] and result.lines[0].startswith("export TF_XLA_FLAGS=")
-    assert result.speedup == pytest.approx(0.010 / 0.006)
+    assert result.speedup.value == pytest.approx(0.010 / 0.006)
     assert result.baseline_examples_per_s == pytest.approx(32 / 0.010)
     # Without a GPU, the GPU settings are listed as untried, with the reason.
     gpu_only = [t for t in result.trials if "TF_GPU" in json.dumps(t.change)]
@@ -109,7 +108,7 @@ def test_a_setting_that_clearly_hurts_is_rejected_after_one_round(monkeypatch, c
     result = _script.tune_script(script, time_budget_s=None, verbose=0)
     assert result.trial(XLA).status == "slower"
     assert sum(1 for c in calls if _which(c) == "xla") == 1  # not run again
-    assert result.settings == {} and result.lines == [] and result.speedup == 1.0
+    assert result.settings == {} and result.lines == [] and result.speedup.value == 1.0
 
 
 def test_gpu_settings_are_tried_where_the_script_sees_a_gpu(monkeypatch, clock, script):
@@ -133,7 +132,7 @@ def test_kept_settings_are_verified_together_and_the_weakest_dropped(monkeypatch
     threads = result.trial(THREADS)
     assert threads.status == "no measurable gain" and "together" in threads.reason
     assert set(result.settings) == {"TF_XLA_FLAGS"}
-    assert result.speedup == pytest.approx(0.010 / 0.006)
+    assert result.speedup.value == pytest.approx(0.010 / 0.006)
     assert any("dropped at the verification" in n for n in result.notes)
 
 
@@ -144,7 +143,7 @@ def test_kept_settings_verified_together_give_the_combined_speedup(monkeypatch, 
     _scripted(monkeypatch, clock, times)
     result = _script.tune_script(script, time_budget_s=None, verbose=0)
     assert set(result.settings) == {"TF_XLA_FLAGS", "TF_NUM_INTEROP_THREADS"}
-    assert result.speedup == pytest.approx(2.0)
+    assert result.speedup.value == pytest.approx(2.0)
     assert len(result.lines) == 2
 
 

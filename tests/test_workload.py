@@ -1,4 +1,4 @@
-"""tfgpu._internal.adapters.workload: one check of a compiled model and its data, the same
+"""tfgpu._internal.measure.workload: one check of a compiled model and its data, the same
 messages from `diagnose` and `find_batch_size` for the same mistake."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import pytest
 import tensorflow as tf
 
 import tfgpu
-from tfgpu._internal.adapters.workload import (
+from tfgpu._internal.measure.workload import (
     ArrayData,
     DatasetData,
-    ModelAndData,
+    Workload,
     check_data,
     check_model,
-    check_model_and_data,
+    open_workload,
 )
 
 X = np.random.default_rng(0).random((64, 4), dtype=np.float32)
@@ -63,7 +63,8 @@ def _both(model, data) -> list[tuple[type[BaseException], str]]:
             "not a model",
             TypeError,
             r"^Invalid type for argument `model`\. Received: model='m' \(of type str\)\. "
-            r"Expected a compiled `keras\.Model`\.$",
+            r"Expected a compiled `keras\.Model`, or a function without arguments that builds "
+            r"and compiles one\.$",
         ),
         (
             "lengths",
@@ -99,7 +100,7 @@ def test_diagnose_and_the_finder_give_the_same_message_for_the_same_mistake(case
     assert all(r == raised[0] for r in raised)  # the same exception, word for word
     assert raised[0][0] is error
     with pytest.raises(error, match=match) as info:
-        check_model_and_data(model, data)
+        open_workload(model, data)
     assert str(info.value) == raised[0][1]  # the entry is where both got it
     optimizer = getattr(model, "optimizer", None)
     assert optimizer is None or not optimizer.built  # nothing was trained
@@ -137,23 +138,23 @@ def test_only_datasets_and_arrays_are_data_and_long_values_are_not_printed():
 
 def test_the_kind_is_decided_once_and_carries_what_the_callers_need():
     model = _model()
-    arrays = check_model_and_data(model, [X, Y], batch_size=16)
-    assert isinstance(arrays, ModelAndData) and isinstance(arrays.data, ArrayData)
+    arrays = open_workload(model, [X, Y], batch_size=16)
+    assert isinstance(arrays, Workload) and isinstance(arrays.data, ArrayData)
     assert arrays.from_arrays and arrays.batch_size == 16
     batch, size = arrays.first_batch()
     assert size == 16 and batch[0].shape == (16, 4)
-    assert check_model_and_data(model, (X, Y)).batch_size == 32  # fit's default
+    assert open_workload(model, (X, Y)).batch_size == 32  # fit's default
     x, y, sw = arrays.examples(10)
     assert x.shape == (10, 4) and y.shape == (10, 1) and sw is None
 
     batched = tf.data.Dataset.from_tensor_slices((X, Y)).batch(8).prefetch(1)
-    work = check_model_and_data(model, batched, batch_size=99)  # ignored, as fit does
+    work = open_workload(model, batched, batch_size=99)  # ignored, as fit does
     assert isinstance(work.data, DatasetData) and work.dataset is batched
     assert not work.from_arrays and work.batch_size == 8
     x, y, sw = work.examples(20)  # unbatched: examples, whatever the batch
     assert x.shape == (20, 4) and y.shape == (20, 1) and sw is None
 
-    weighted = check_model_and_data(model, (X, Y, np.ones(64, "float32")), batch_size=8)
+    weighted = open_workload(model, (X, Y, np.ones(64, "float32")), batch_size=8)
     assert weighted.first_batch()[0][2].shape == (8,)
     assert weighted.examples(5)[2].shape == (5,)
 
@@ -168,15 +169,15 @@ def test_single_examples_are_refused_where_batches_are_needed_and_read_nowhere()
 
     unbatched = tf.data.Dataset.from_tensor_slices((X, Y))
     with pytest.raises(ValueError, match=r"single examples \(inputs of shape \(4,\)\)"):
-        check_model_and_data(model, unbatched)
-    work = check_model_and_data(model, unbatched, examples_ok=True)  # the finder's case
+        open_workload(model, unbatched)
+    work = open_workload(model, unbatched, examples_ok=True)  # the finder's case
     assert work.batch_size is None and work.examples(8)[0].shape == (8, 4)
     spec = (tf.TensorSpec((4,), tf.float32), tf.TensorSpec((1,), tf.float32))
     generated = tf.data.Dataset.from_generator(examples, output_signature=spec)
     with pytest.raises(ValueError, match="single examples"):  # told by the model's rank
-        check_model_and_data(model, generated)
+        open_workload(model, generated)
     assert read == []
-    empty = check_model_and_data(model, unbatched.take(0).batch(8))
+    empty = open_workload(model, unbatched.take(0).batch(8))
     with pytest.raises(ValueError, match=r"an empty dataset\. Expected at least one batch"):
         empty.first_batch()
     with pytest.raises(ValueError, match=r"an empty dataset\. Expected at least one example"):
@@ -199,7 +200,7 @@ def test_a_custom_train_step_may_train_without_labels():
 
     model = Custom([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
-    assert check_model_and_data(model, X).from_arrays
+    assert open_workload(model, X).from_arrays
 
 
 def _stalls(release: threading.Event, kind: str) -> tf.data.Dataset:

@@ -1,14 +1,16 @@
-"""`find_batch_size()`: check the arguments, work out the memory budget, run the trials
-under `preserved(model)` (or in a subprocess), and build the result."""
+"""`find_batch_size()`: open the session, work out the memory budget, run the trials under
+`preserved(model)` (or in a subprocess), and build the result."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from typing import TYPE_CHECKING, Any
 
 from tfgpu._internal.adapters.model_state import preserved
-from tfgpu._internal.adapters.workload import check_model_and_data
-from tfgpu._internal.helpers.checks import check_bool, check_int, check_number
-from tfgpu._internal.helpers.progress import Progress, check_verbose
+from tfgpu._internal.helpers.checks import check_bool, check_int, check_number, invalid_value
+from tfgpu._internal.measure.session import SEARCH_BUDGET_S, Session
+from tfgpu._internal.measure.workload import open_workload
 from tfgpu.batch_size._result import BatchSizeResult, BatchSizeTrial, build_result
 from tfgpu.batch_size._search import next_candidate, stopped_by
 from tfgpu.batch_size._subprocess import find_in_subprocess
@@ -36,27 +38,32 @@ def find_batch_size(
     memory_limit_mib: float | None = None,
     multiple_of: int = 8,
     max_trials: int = 16,
-    target_global_batch_size: int | None = None,
+    target_batch_size: int | None = None,
     in_subprocess: bool = False,
     pool_size: int = 1024,
+    time_budget_s: float | None = SEARCH_BUDGET_S,
+    log_dir: str | os.PathLike[str] | None = None,
     verbose: int | str = "auto",
 ) -> BatchSizeResult:
-    """Finds the largest per-replica batch that fits in device memory, and the fastest.
+    """Finds the largest batch size that fits in device memory, and the fastest.
 
     Grows the batch by powers of two from `start` until a trial runs out of memory or its
     peak device memory passes the budget (`memory_fraction` of the capacity, capped by
     `memory_limit_mib`), then binary-searches the boundary. Every trial runs `steps` real
-    training steps on a batch cut from `data` and measures throughput. Under a strategy the
-    sizes are per replica. The model's weights, optimizer state and metrics are restored
-    afterwards. The long story (the CPU, multi-worker, `in_subprocess`): docs/diagnosis.md.
+    training steps on a batch cut from `data` and measures throughput. Batch sizes are
+    global, as `fit(batch_size=)` takes them (under a strategy, multiples of its replicas;
+    each replica's share is in `per_replica_*`). The model's weights, optimizer state and
+    metrics are restored afterwards. The long story (the CPU, multi-worker,
+    `in_subprocess`): docs/diagnosis.md.
 
     Args:
-        model: keras.Model, compiled (`model.compile(optimizer, loss)`).
+        model: keras.Model, compiled (`model.compile(optimizer, loss)`), or a function
+            without arguments that builds and compiles one.
         data: `tf.data.Dataset` (batched or not) or arrays `(x, y)` /
             `(x, y, sample_weight)` (NumPy arrays or tensors, or dicts of them): examples
             to train on; the first `pool_size` are used.
-        start: int, the first per-replica batch size. Defaults to 8.
-        max_batch_size: int, the largest per-replica size to try. Defaults to 4096.
+        start: int, the first batch size. Defaults to 8.
+        max_batch_size: int, the largest batch size to try. Defaults to 4096.
         steps: int, timed training steps per trial (after one warm-up step). Defaults to 3.
         memory_fraction: float in (0, 1], share of device capacity allowed. Defaults to 0.9.
         memory_limit_mib: float or None, an absolute peak-memory limit in MiB (2**20
@@ -64,12 +71,16 @@ def find_batch_size(
         multiple_of: int, binary-search midpoints are rounded down to a multiple of this.
             Defaults to 8.
         max_trials: int, the most trials to run. Defaults to 16.
-        target_global_batch_size: int or None, a global batch to reach with gradient
-            accumulation; the result gives `gradient_accumulation_steps` and the
-            per-replica batch (based on the fastest size). Defaults to None.
+        target_batch_size: int or None, a batch per optimizer update to reach with gradient
+            accumulation; the result gives `gradient_accumulation_steps` and the batch size
+            to fit with (based on the fastest size). Defaults to None.
         in_subprocess: bool, run the trials in a fresh process (TensorFlow keeps GPU memory
             after an OOM; custom layers must be registered serializable). Defaults to False.
         pool_size: int, how many examples to read from `data`. Defaults to 1024.
+        time_budget_s: float or None, seconds the trials may take: no trial starts after
+            it (None: no limit). Defaults to 300.0.
+        log_dir: str, os.PathLike or None, a run directory for `batch_size.json` (an earlier
+            one rotated aside). Defaults to None.
         verbose: str or int, "auto", 0, 1 or 2: each trial and its outcome, as `model.fit`
             shows progress. Defaults to "auto".
 
@@ -89,6 +100,9 @@ def find_batch_size(
     >>> print(result)  # largest, fastest, trials
     >>> model.fit(x, y, batch_size=result.fastest)
     """
+    session = Session.open(
+        "find_batch_size", verbose=verbose, time_budget_s=time_budget_s, log_dir=log_dir
+    )
     for name, value in (
         ("start", start),
         ("max_batch_size", max_batch_size),
@@ -99,10 +113,11 @@ def find_batch_size(
     ):
         check_int(name, value)
     if start > max_batch_size:  # the search would run one trial at `max_batch_size`
-        raise ValueError(
-            f"Invalid value for argument `start`. Received: start={start} with "
-            f"max_batch_size={max_batch_size}. Expected start <= max_batch_size (both are "
-            "per-replica batch sizes)."
+        raise invalid_value(
+            "start",
+            start,
+            "start <= max_batch_size",
+            received=f"start={start} with max_batch_size={max_batch_size}",
         )
     limit_mib = check_number(
         "memory_limit_mib",
@@ -112,8 +127,7 @@ def find_batch_size(
         allow_none=True,
         expected="a finite number of MiB > 0, or None",
     )
-    limit_bytes = None if limit_mib is None else int(limit_mib * 2**20)
-    target = check_int("target_global_batch_size", target_global_batch_size, allow_none=True)
+    target = check_int("target_batch_size", target_batch_size, allow_none=True)
     fraction = check_number(
         "memory_fraction",
         memory_fraction,
@@ -123,9 +137,18 @@ def find_batch_size(
         expected="a float in (0, 1]",
     )
     check_bool("in_subprocess", in_subprocess)
-    check_verbose(verbose)
-    work = check_model_and_data(model, data, examples_ok=True)
-    progress = Progress(verbose, title="find_batch_size")
+    work = open_workload(model, data, examples_ok=True)
+    model = work.model
+    replicas = int(model.distribute_strategy.num_replicas_in_sync)
+    for name, value in (("start", start), ("max_batch_size", max_batch_size)):
+        if value % replicas:
+            raise invalid_value(
+                name,
+                value,
+                f"a multiple of the strategy's {replicas} replicas (batch sizes are global, as "
+                f"fit takes them), e.g. {name}={max(1, value // replicas) * replicas}",
+            )
+    progress = session.progress
     progress.phase(f"reading up to {pool_size} examples from `data`")
     pool = work.examples(pool_size)
     if in_subprocess:
@@ -140,28 +163,57 @@ def find_batch_size(
                 memory_limit_mib=limit_mib,
                 multiple_of=int(multiple_of),
                 max_trials=int(max_trials),
-                target_global_batch_size=target,
+                target_batch_size=target,
+                time_budget_s=session.budget.left() if session.budget.seconds else None,
             ),
             progress=progress,
         )
-        progress.done(_summary(result))
-        return result
+        return session.finish(result, _summary(result))
+    device = memory_device(model.distribute_strategy)
+    memory_source, budget = _memory_budget(device, limit_mib, fraction, session.notes)
+    trials = _search(
+        model,
+        pool,
+        session,
+        start=start // replicas,
+        max_batch_size=max_batch_size // replicas,
+        multiple_of=multiple_of,
+        max_trials=max_trials,
+        steps=steps,
+        device=device,
+        budget=budget,
+    )
+    result = build_result(
+        trials.trials,
+        replicas,
+        budget,
+        device,
+        target,
+        session.notes,
+        memory_source=memory_source,
+        stopped_by=trials.stopped_by,
+    )
+    return session.finish(result, _summary(result))
 
-    strategy = model.distribute_strategy
-    replicas = int(strategy.num_replicas_in_sync)
-    device = memory_device(strategy)
-    notes: list[str] = []
+
+def _memory_budget(
+    device: str, limit_mib: float | None, fraction: float, notes: list[str]
+) -> tuple[str | None, int | None]:
+    """(where peak memory is read: "allocator" or None, the peak-memory budget in bytes or
+    None); a ValueError when `limit_mib` cannot be enforced."""
     memory_source: str | None = "allocator"
     if not allocator_statistics(device):  # none kept, or zeros: the same
         memory_source = None
-        if memory_limit_mib is not None:
-            raise ValueError(
-                "Invalid value for argument `memory_limit_mib`. Received: "
-                f"memory_limit_mib={memory_limit_mib!r} while TensorFlow keeps no allocator "
+        if limit_mib is not None:
+            raise invalid_value(
+                "memory_limit_mib",
+                limit_mib,
+                "None here; or pass in_subprocess=True (the trials then run with "
+                "TensorFlow's BFC CPU allocator, which keeps them), or set "
+                "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts",
+                received=f"memory_limit_mib={limit_mib:g} while TensorFlow keeps no allocator "
                 f"statistics for {device} in this process (or only zeros), so a peak-memory "
-                "limit cannot be enforced. Expected None here; or pass in_subprocess=True (the trials then run "
-                "with TensorFlow's BFC CPU allocator, which keeps them), or set "
-                "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts."
+                "limit cannot be enforced",
             )
         notes.append(
             f"TensorFlow keeps no allocator statistics for {device} here (or only zeros), so "
@@ -170,49 +222,48 @@ def find_batch_size(
             "in_subprocess=True, to measure it)"
         )
     capacity = device_capacity_bytes(device)
-    budgets = [b for b in (limit_bytes,) if b is not None]
+    budgets = [] if limit_mib is None else [int(limit_mib * 2**20)]
     if capacity is not None:
-        budgets.append(int(capacity * memory_fraction))
-    budget = min(budgets) if budgets else None
+        budgets.append(int(capacity * fraction))
+    return memory_source, (min(budgets) if budgets else None)
 
+
+@dataclasses.dataclass
+class _Trials:
+    trials: list[BatchSizeTrial]
+    stopped_by: str
+
+
+def _search(
+    model, pool, session: Session, *, start, max_batch_size, multiple_of, max_trials, **trial
+) -> _Trials:
+    """The trials, per-replica sizes from `start`, under `preserved(model)`."""
     trials: list[BatchSizeTrial] = []
-    ran_out = False
+    replicas = int(model.distribute_strategy.num_replicas_in_sync)
+    progress, ran_out = session.progress, ""
     with preserved(model, make_batch(pool, 1, None)[0]):
         while True:
+            done = [(t.per_replica_batch_size, t.fits) for t in trials]
             nxt = next_candidate(
-                [(t.batch_size, t.fits) for t in trials],
-                start=start,
-                max_batch_size=max_batch_size,
-                multiple_of=multiple_of,
+                done, start=start, max_batch_size=max_batch_size, multiple_of=multiple_of
             )
             if nxt is None:
                 break
-            if len(trials) >= max_trials:
-                ran_out = True
+            if len(trials) >= max_trials or (trials and session.budget.left() <= 0):
+                ran_out = "max_trials" if len(trials) >= max_trials else "time_budget"
                 break
             k = len(trials) + 1
-            progress.phase(f"trial {k} of at most {max_trials}: batch size {nxt}")
-            trial = run_trial(
-                model, pool, nxt, steps=steps, device=device, budget=budget, replicas=replicas
-            )
-            trials.append(trial)
-            progress.phase(f"trial {k}: {_outcome(trial)}")
+            progress.phase(f"trial {k} of at most {max_trials}: batch size {nxt * replicas}")
+            t = run_trial(model, pool, nxt, replicas=replicas, **trial)
+            trials.append(t)
+            progress.phase(f"trial {k}: {_outcome(t)}")
         progress.phase("restoring the model's weights, optimizer and metrics")
-    ended_by = stopped_by(
-        [(t.batch_size, t.fits) for t in trials], max_batch_size=max_batch_size, ran_out=ran_out
+    ended = stopped_by(
+        [(t.per_replica_batch_size, t.fits) for t in trials],
+        max_batch_size=max_batch_size,
+        ran_out=bool(ran_out),
     )
-    result = build_result(
-        trials,
-        replicas,
-        budget,
-        device,
-        target_global_batch_size,
-        notes,
-        memory_source=memory_source,
-        stopped_by=ended_by,
-    )
-    progress.done(_summary(result))
-    return result
+    return _Trials(trials, ran_out if ended == "max_trials" else ended)
 
 
 _REASONS = {

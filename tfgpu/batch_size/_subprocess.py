@@ -4,15 +4,15 @@ process's device memory stays untouched), and that process's entry point, `subpr
 from __future__ import annotations
 
 import json
-import math
 import os
 import pickle
 import tempfile
 from pathlib import Path
 
+from tfgpu._internal.helpers.checks import invalid_value
 from tfgpu._internal.helpers.processes import run_python
 from tfgpu._internal.helpers.progress import Progress
-from tfgpu.batch_size._result import NAN_AS_NONE, BatchSizeResult, BatchSizeTrial, build_result
+from tfgpu.batch_size._result import BatchSizeResult, build_result, trial_from_dict
 
 # The child's progress lines (verbose=2) start with this; the parent shows their phase.
 _PREFIX = "find_batch_size: "
@@ -40,9 +40,11 @@ def relayed_phase(line: str) -> str | None:
 
 def find_in_subprocess(model, pool, kwargs, progress: Progress | None = None) -> BatchSizeResult:
     if int(model.distribute_strategy.num_replicas_in_sync) > 1:
-        raise ValueError(
-            "Invalid value for argument `in_subprocess`. Received: in_subprocess=True for a "
-            "model under a distribution strategy. Expected in_subprocess=False there."
+        raise invalid_value(
+            "in_subprocess",
+            True,
+            "in_subprocess=False there",
+            received="in_subprocess=True for a model under a distribution strategy",
         )
     with tempfile.TemporaryDirectory(prefix="tfgpu-bs-") as tmp:
         tmpdir = Path(tmp)
@@ -77,20 +79,17 @@ def find_in_subprocess(model, pool, kwargs, progress: Progress | None = None) ->
                 f"output:\n{stderr[-2000:]}"
             )
         d = json.loads(out.read_text())
-    trials = []
-    for t in d["trials"]:
-        t.update({k: math.nan for k in NAN_AS_NONE if t[k] is None})
-        trials.append(BatchSizeTrial(**t))
+    trials = [trial_from_dict(t) for t in d["trials"]]
     note = (
         "trials ran in a subprocess (in_subprocess=True): this process's device memory was "
         "not used by the search"
     )
     return build_result(
         trials,
-        d["num_replicas"],
+        d["replicas"],
         d["memory_budget_bytes"],
         d["device"],
-        d["target_global_batch_size"],
+        d["target_batch_size"],
         [note, *d["notes"]],
         in_subprocess=True,
         memory_source=d.get("memory_source"),

@@ -82,9 +82,11 @@ def _agree(strategy, fits: bool, seconds: float) -> tuple[bool, float]:
 
 
 def run_trial(model, pool, batch_size, *, steps, device, budget, replicas) -> BatchSizeTrial:
+    """Trains `steps` steps on a batch of `batch_size` examples per replica (`train_on_batch`
+    gives each replica the whole batch) and measures them; the decision is every worker's."""
     import tensorflow as tf
 
-    from tfgpu._internal.adapters import timing
+    from tfgpu._internal.measure import timing
 
     measured = reset_peak_memory(device)
     nan = float("nan")
@@ -113,8 +115,8 @@ def run_trial(model, pool, batch_size, *, steps, device, budget, replicas) -> Ba
         gc.collect()
     global_batch = batch_size * replicas
     return BatchSizeTrial(
-        batch_size=batch_size,
-        global_batch_size=global_batch,
+        batch_size=global_batch,
+        per_replica_batch_size=batch_size,
         fits=fits,
         reason=reason,
         peak_memory_bytes=peak,

@@ -155,12 +155,12 @@ def waterfall_lines(result: Any, *, width: int = 30) -> list[str]:
     if base is None or not math.isfinite(base) or base <= 0:
         return ["(tune could not time the baseline within its budget: nothing measured)"]
     kept = [
-        (t.name, float(t.gain))
+        (t.name, float(t.gain.value))
         for t in result.trials
-        if t.status == "kept" and t.gain and math.isfinite(t.gain) and t.gain > 0
+        if t.status == "kept" and t.gain and math.isfinite(t.gain.value) and t.gain.value > 0
     ]
     total = math.fsum(math.log(g) for _, g in kept)
-    speedup = result.speedup if result.speedup and math.isfinite(result.speedup) else 1.0
+    speedup = result.speedup.value if math.isfinite(result.speedup.value) else 1.0
     scale = math.log(speedup) / total if total > 0 and speedup > 1 else 0.0
     rows: list[tuple[str, float, str]] = [("baseline", base, "")]
     level = base
@@ -170,10 +170,7 @@ def waterfall_lines(result: Any, *, width: int = 30) -> list[str]:
     tuned = result.tuned_examples_per_s
     if tuned is None or not math.isfinite(tuned):
         tuned = base
-    interval = ""
-    if (result.speedup_low, result.speedup_high) != (result.speedup, result.speedup):
-        interval = f" ({result.speedup_low:.2f}-{result.speedup_high:.2f})"
-    rows.append(("tuned (verified together)", tuned, f"x{speedup:.2f}{interval}"))
+    rows.append(("tuned (verified together)", tuned, result.speedup.text()))
     top = max(value for _, value, _ in rows)
     label_width = max(len(label) for label, _, _ in rows)
     lines = []

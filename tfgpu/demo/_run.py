@@ -227,7 +227,7 @@ def _tfgpu_changes(run: _Run, result: TuneResult) -> list[str]:
             else "parallel augment -> batch -> prefetch"
         ),
         (f"tfgpu.tune kept: {', '.join(kept)}" if kept else "tfgpu.tune kept no other setting")
-        + f" (x{result.speedup:.2f} verified in {result.time_s:.0f} s)",
+        + f" ({result.speedup.text()} verified in {result.time_s:.0f} s)",
     ]
 
 

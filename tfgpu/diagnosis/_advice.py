@@ -141,7 +141,7 @@ def pcie_finding(
     seen = []
     if cpu_ops:
         seen.append(cpu_ops_traffic(cpu_ops)[0])
-    if f.numpy_input:
+    if f.from_arrays:
         seen.append("the data is fed as NumPy arrays")
     if f.python_input:
         seen.append("the pipeline runs `tf.py_function` / a generator")
@@ -182,7 +182,7 @@ def unexplained_wait_finding(f: Facts, wait: float) -> Finding:
         "Steps wait far longer than the pipeline takes: the input pipeline is not the cause",
         f"{wait * 1e3:.2f} ms of each {f.step_time_s * 1e3:.2f} ms step waits beside a "
         f"{f.compute_step_time_s * 1e3:.2f} ms device-resident step, but the pipeline alone "
-        f"makes a batch in {f.input_batch_time_s * 1e3:.2f} ms: not called input-bound.",
+        f"makes a batch in {f.input_time_s * 1e3:.2f} ms: not called input-bound.",
         _sentence("check: " + "; ".join(causes)),
     )
 
@@ -210,7 +210,7 @@ def remainder_fix(f: Facts) -> str:
 
 def advise_service(f: Facts) -> ServiceAdvice | None:
     """`service_advice` on these facts, for an input-bound run. Pure."""
-    if f.service or f.input_batch_time_s <= 0 or f.compute_step_time_s <= 0:
+    if f.service or f.input_time_s <= 0 or f.compute_step_time_s <= 0:
         return None
     return service_advice(
         input_bound=True,
@@ -218,7 +218,7 @@ def advise_service(f: Facts) -> ServiceAdvice | None:
         cpu_count=f.cpu_cores,
         parallel=f.parallel_map and not (f.sequential_map or f.python_input),
         cached=f.cache is not None,
-        pipeline_batches_per_s=1.0 / f.input_batch_time_s,
+        pipeline_batches_per_s=1.0 / f.input_time_s,
         step_batches_per_s=1.0 / f.compute_step_time_s,
     )
 
@@ -227,7 +227,7 @@ def input_advice(f: Facts, spe_no_gain: bool = False) -> str:
     """What to change in an input-bound pipeline, given what it already does and who built
     it (a `tfgpu.data.pipeline`, a Keras loader or hand-made chain, a generator). Pure."""
     if f.service:
-        need = HEADROOM * f.input_batch_time_s / f.compute_step_time_s
+        need = HEADROOM * f.input_time_s / f.compute_step_time_s
         return (
             "The batches come from tf.data service workers, and they make fewer than the "
             f"step takes: about {need:.1f}x the workers you have (or cores per worker) would "

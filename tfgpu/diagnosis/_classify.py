@@ -1,38 +1,31 @@
-"""The decision: bottleneck, input-bound level and findings from a `Facts`. Pure: no hardware.
+"""The decision: the bottleneck, the input-bound level and the findings from a `Facts`, by a
+table of small rules (`RULES`, as `env/_findings.CHECKS`). Pure: no hardware.
 
-Its texts are in `_advice`; the GPU-counter rules in `_internal.adapters.gpu_counters`.
+The thresholds shared with `tune` are the measuring core's (`rules`: a probe helps when its
+gain's interval clears the margin); the texts are in `_advice`; the GPU-counter rules in
+`_internal.adapters.gpu_counters`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from tfgpu._internal.adapters import gpu_counters as counters
-from tfgpu._internal.adapters import timing as protocol
 from tfgpu._internal.adapters.devices import peak_precision
 from tfgpu._internal.helpers.checks import is_finite_number
-from tfgpu.diagnosis._advice import (
-    cpu_ops_traffic,
-    finding,
-    input_advice,
-    loss_scale_finding,
-    pcie_finding,
-    tensor_idle_finding,
-    unexplained_wait_finding,
-)
+from tfgpu._internal.measure.rules import ALL_REDUCE_SHARE, MARGIN, MIN_ROUNDS, Gain, medians
+from tfgpu.diagnosis import _advice as advice
 from tfgpu.diagnosis._facts import (
-    HOST_OVERHEAD_MIN_GAIN,
     INPUT_BOUND_HIGH,
     INPUT_BOUND_MODERATE,
     INPUT_WAIT_MIN_S,
     LOSS_SCALE_MAX_HALVINGS,
     MEMORY_HEADROOM_BELOW,
     PROBE_STEPS_PER_EXECUTION,
-    SCALING_SHARE,
     WAIT_UNEXPLAINED_FACTOR,
-    XLA_MIN_GAIN,
     Facts,
     OpFact,
 )
@@ -40,17 +33,61 @@ from tfgpu.diagnosis._result import Finding
 from tfgpu.diagnosis._rounds import input_level, share_verdict, wait_and_share
 
 
-def classify(
-    f: Facts, verdict: dict[str, Any] | None = None
-) -> tuple[str, str, float, list[Finding]]:
-    """Returns (bottleneck, input level, input wait share, findings) from the facts.
+class Classification(NamedTuple):
+    """What `classify` decided: the bottleneck, the input-bound level, the input wait's share
+    of the step and the findings, most important first."""
 
-    `verdict` is `share_verdict(f.rounds)` where the caller has it already.
-    """
-    from tfgpu.flops import peak_flops
-    from tfgpu.precision import choose_policy
+    bottleneck: str
+    input_bound: str
+    input_wait_share: float
+    findings: list[Finding]
 
-    findings: list[Finding] = []
+
+@dataclasses.dataclass(frozen=True)
+class Seen:
+    """What the rules read beyond the facts, worked out once: the input level (after the
+    checks that the pipeline can explain the wait), the probes' gains and whether they help,
+    the train-step ops on the CPU."""
+
+    f: Facts
+    level: str
+    share: float
+    wait_s: float
+    unexplained: bool
+    spe: Gain | None
+    xla: Gain | None
+    cpu_ops: list[tuple[OpFact, str]]
+
+    @property
+    def spe_helps(self) -> bool:
+        return self.spe is not None and self.spe.low >= MARGIN
+
+    @property
+    def spe_no_gain(self) -> bool:
+        return self.spe is not None and not self.spe_helps
+
+    @property
+    def xla_helps(self) -> bool:
+        return self.xla is not None and self.xla.low >= MARGIN
+
+    @property
+    def xla_no_gain(self) -> bool:
+        return self.xla is not None and not self.xla_helps
+
+    @property
+    def scaling_bound(self) -> bool:
+        # Keras under tf.distribute runs the all-reduce after the backward pass, not beside it.
+        f = self.f
+        return (
+            f.replicas > 1
+            and f.all_reduce_s is not None
+            and f.compute_step_time_s > 0
+            and f.all_reduce_s >= ALL_REDUCE_SHARE * f.compute_step_time_s
+        )
+
+
+def seen(f: Facts, verdict: dict[str, Any] | None = None) -> Seen:
+    """The input level, checked against what the pipeline alone can cost, and the probes."""
     if f.rounds:
         verdict = verdict or share_verdict(f.rounds)
         level, share, wait = verdict["level"], verdict["share"], verdict["wait_s"]
@@ -59,84 +96,83 @@ def classify(
         wait, share = wait_and_share(f.compute_step_time_s, f.step_time_s)
         wait_low = wait
         level = input_level(share, wait)
-    spe_gain, spe_low, _ = protocol.gain(
-        f.spe_rounds, f.spe_baseline_step_time_s or f.compute_step_time_s, f.spe_probe_step_time_s
-    )
-    spe_no_gain = spe_gain is not None and not spe_low >= HOST_OVERHEAD_MIN_GAIN
-    xla_gain, xla_low, _ = protocol.gain(
-        f.xla_rounds, f.xla_baseline_step_time_s or f.compute_step_time_s, f.xla_other_step_time_s
-    )
-    xla_no_gain = xla_gain is not None and not xla_low >= XLA_MIN_GAIN
-
     # A finding must agree with the figures it prints. The most the pipeline can add to a
     # step is about its own time per batch (measured far more steadily than a difference of
     # two step times): a wait above that in every round is not the pipeline's doing...
-    most_input_can_cost = WAIT_UNEXPLAINED_FACTOR * f.input_batch_time_s + INPUT_WAIT_MIN_S
-    unexplained = level != "no" and wait_low > most_input_can_cost
+    most = WAIT_UNEXPLAINED_FACTOR * f.input_time_s + INPUT_WAIT_MIN_S
+    unexplained = level != "no" and wait_low > most
     # ...and a wait within it is the input's only if that most is itself a moderate share.
-    if (
-        level != "no"
-        and not unexplained
-        and f.step_time_s > 0
-        and input_level(most_input_can_cost / f.step_time_s) == "no"
-    ):
-        level = "no"
     if unexplained:
         level = "inconclusive"
-        findings.append(unexplained_wait_finding(f, wait))
-    elif level in ("high", "moderate"):
-        gain = f.step_time_s / f.compute_step_time_s if f.compute_step_time_s > 0 else None
-        findings.append(
-            Finding(
-                "input_bound",
-                "high" if level == "high" else "moderate",
-                f"Input-bound ({level}): {share:.0%} of each step waits for input",
-                f"{f.step_time_s * 1e3:.2f} ms per step with the pipeline vs "
-                f"{f.compute_step_time_s * 1e3:.2f} ms on a device-resident batch; the "
-                f"pipeline alone takes {f.input_batch_time_s * 1e3:.2f} ms per batch"
-                + (
-                    f" and keeps {f.pipeline_cpu_busy:.0%} of {f.cpu_cores} CPU cores busy."
-                    if math.isfinite(f.pipeline_cpu_busy) and f.cpu_cores
-                    else "."
-                ),
-                input_advice(f, spe_no_gain),
-                gain,
-                True,
-            )
-        )
-
-    spe_base, spe_probe = (
-        protocol.medians(f.spe_rounds)
-        if f.spe_rounds
-        else (f.spe_baseline_step_time_s or f.compute_step_time_s, f.spe_probe_step_time_s or 0.0)
+    elif level != "no" and f.step_time_s > 0 and input_level(most / f.step_time_s) == "no":
+        level = "no"
+    cpu_ops = _cpu_placed_ops(f.train_step_ops) if f.on_gpu and not f.jit_compile else []
+    return Seen(
+        f, level, share, wait, unexplained, Gain.of(f.spe_rounds), Gain.of(f.xla_rounds), cpu_ops
     )
-    host_bound = spe_gain is not None and spe_low >= HOST_OVERHEAD_MIN_GAIN
-    if host_bound:
-        rec = (
-            f"`model.compile(..., steps_per_execution={PROBE_STEPS_PER_EXECUTION})` (or more) "
-            "runs that many steps per call, so Python and dispatch cost is paid once."
-        )
-        if f.on_gpu:
-            rec += (
-                " On GPUs also set the environment variable `TF_GPU_THREAD_MODE=gpu_private` "
-                "before TensorFlow starts (dedicated threads launch the kernels)."
-            )
-        findings.append(
-            Finding(
-                "host_overhead",
-                "high",
-                "Host-overhead-bound: steps are so short that dispatching them dominates",
-                f"{spe_base * 1e3:.2f} ms per step with steps_per_execution="
-                f"{f.steps_per_execution}, {spe_probe * 1e3:.2f} ms with "
-                f"steps_per_execution={PROBE_STEPS_PER_EXECUTION}.",
-                rec,
-                spe_gain,
-                True,
-            )
-        )
 
+
+def _input_bound(s: Seen) -> list[Finding]:
+    f = s.f
+    if s.unexplained:
+        return [advice.unexplained_wait_finding(f, s.wait_s)]
+    if s.level not in ("high", "moderate"):
+        return []
+    busy = (
+        f" and keeps {f.pipeline_cpu_busy:.0%} of {f.cpu_cores} CPU cores busy."
+        if math.isfinite(f.pipeline_cpu_busy) and f.cpu_cores
+        else "."
+    )
+    return [
+        Finding(
+            kind="input_bound",
+            severity=s.level,
+            title=f"Input-bound ({s.level}): {s.share:.0%} of each step waits for input",
+            detail=f"{f.step_time_s * 1e3:.2f} ms per step with the pipeline vs "
+            f"{f.compute_step_time_s * 1e3:.2f} ms on a device-resident batch; the pipeline "
+            f"alone takes {f.input_time_s * 1e3:.2f} ms per batch{busy}",
+            recommendation=advice.input_advice(f, s.spe_no_gain),
+            expected_gain=(
+                f.step_time_s / f.compute_step_time_s if f.compute_step_time_s > 0 else None
+            ),
+            gain_measured=True,
+        )
+    ]
+
+
+def _host_overhead(s: Seen) -> list[Finding]:
+    if not s.spe_helps or s.spe is None:
+        return []
+    f = s.f
+    base, probe = medians(f.spe_rounds)
+    rec = (
+        f"`model.compile(..., steps_per_execution={PROBE_STEPS_PER_EXECUTION})` (or more) "
+        "runs that many steps per call, so Python and dispatch cost is paid once."
+    )
+    if f.on_gpu:
+        rec += (
+            " On GPUs also set the environment variable `TF_GPU_THREAD_MODE=gpu_private` "
+            "before TensorFlow starts (dedicated threads launch the kernels)."
+        )
+    return [
+        Finding(
+            kind="host_overhead",
+            severity="high",
+            title="Host-overhead-bound: steps are so short that dispatching them dominates",
+            detail=f"{base * 1e3:.2f} ms per step with steps_per_execution="
+            f"{f.steps_per_execution}, {probe * 1e3:.2f} ms with "
+            f"steps_per_execution={PROBE_STEPS_PER_EXECUTION}.",
+            recommendation=rec,
+            expected_gain=s.spe.value,
+            gain_measured=True,
+        )
+    ]
+
+
+def _host_device_traffic(s: Seen) -> list[Finding]:
+    f = s.f
     traffic: list[tuple[str, str]] = []  # (what was seen, the fix)
-    if f.numpy_input:
+    if f.from_arrays:
         traffic.append(
             (
                 "the data is fed as NumPy arrays, copied from host memory batch by batch",
@@ -159,144 +195,211 @@ def classify(
                 f"end the pipeline with `.prefetch(tf.data.AUTOTUNE)`{device_hint}",
             )
         )
-    cpu_ops = _cpu_placed_ops(f.train_step_ops) if f.on_gpu and not f.jit_compile else []
-    if cpu_ops:
-        traffic.append(cpu_ops_traffic(cpu_ops))
-    if traffic:
-        findings.append(
-            Finding(
-                "host_device_traffic",
-                "moderate" if level != "no" or cpu_ops else "info",
-                "Train-step ops placed on the CPU"
-                + (" and host-side input work" if len(traffic) > 1 else "")
-                if cpu_ops
-                else "Host-side input work every step",
-                "; ".join(seen for seen, _ in traffic) + ".",
-                "; ".join(fix for _, fix in traffic) + ".",
-            )
+    if s.cpu_ops:
+        traffic.append(advice.cpu_ops_traffic(s.cpu_ops))
+    if not traffic:
+        return []
+    if s.cpu_ops:
+        title = "Train-step ops placed on the CPU" + (
+            " and host-side input work" if len(traffic) > 1 else ""
         )
-
-    if f.on_gpu and f.peak_memory_bytes and f.memory_capacity_bytes:
-        used = f.peak_memory_bytes / f.memory_capacity_bytes
-        if used < MEMORY_HEADROOM_BELOW:
-            room = 0.9 * f.memory_capacity_bytes / f.peak_memory_bytes
-            findings.append(
-                Finding(
-                    "memory_headroom",
-                    "info",
-                    f"Memory headroom: the step peaks at {used:.0%} of device memory",
-                    f"Peak {f.peak_memory_bytes / 2**30:.2f} GiB of "
-                    f"{f.memory_capacity_bytes / 2**30:.1f} GiB: the batch could grow about "
-                    f"{room:.1f}x.",
-                    f"A larger `batch_size` (now {f.batch_size}); `tfgpu.find_batch_size(model, "
-                    "data)` finds the largest and the fastest. Scale the learning rate with "
-                    "`tfgpu.scale_learning_rate`.",
-                )
-            )
-
-    if f.on_gpu and f.compute_capabilities and f.policy == "float32":
-        choice = choose_policy(f.compute_capabilities)
-        if choice.policy != "float32":
-            gain = None
-            if f.gpu_name:
-                now = peak_flops(
-                    f.gpu_name,
-                    peak_precision("float32", f.compute_capabilities, f.tf32_enabled) or "float32",
-                )
-                mixed = peak_flops(f.gpu_name, choice.policy)
-                gain = mixed / now if now and mixed else None
-            findings.append(
-                Finding(
-                    "precision",
-                    "moderate",
-                    "float32 on a tensor-core GPU",
-                    f"The policy is float32; {choice.reason}.",
-                    f'`tfgpu.configure(precision="{choice.policy}")` before building the model '
-                    f'(or `keras.mixed_precision.set_global_policy("{choice.policy}")`).',
-                    gain,
-                    False,
-                )
-            )
-
-    if xla_gain is not None and not xla_no_gain:
-        xla_base, xla_variant = (
-            protocol.medians(f.xla_rounds)
-            if f.xla_rounds
-            else (
-                f.xla_baseline_step_time_s or f.compute_step_time_s,
-                f.xla_other_step_time_s or 0.0,
-            )
-        )
-        if xla_variant > 0:
-            other = not f.jit_compile
-            findings.append(
-                Finding(
-                    "xla",
-                    "moderate",
-                    f"XLA {'on' if other else 'off'} is faster for this model",
-                    f"{xla_base * 1e3:.2f} ms per step with jit_compile="
-                    f"{f.jit_compile}, {xla_variant * 1e3:.2f} ms with "
-                    f"jit_compile={other}.",
-                    f"`model.compile(..., jit_compile={other})`.",
-                    xla_gain,
-                    True,
-                )
-            )
-
-    if f.loss_scale_before and f.loss_scale_after is not None:
-        halvings = math.log2(f.loss_scale_before / max(f.loss_scale_after, 1e-30))
-        if halvings >= LOSS_SCALE_MAX_HALVINGS or f.loss_scale_after < 1:
-            findings.append(loss_scale_finding(f.loss_scale_before, f.loss_scale_after))
-
-    findings += _counter_findings(f, cpu_ops, spe_no_gain, xla_no_gain)
-
-    # Keras under tf.distribute runs the all-reduce after the backward pass, not beside it.
-    scaling_bound = (
-        f.replicas > 1
-        and f.all_reduce_s is not None
-        and f.compute_step_time_s > 0
-        and f.all_reduce_s >= SCALING_SHARE * f.compute_step_time_s
-    )
-    if scaling_bound and f.all_reduce_s is not None:
-        findings.append(
-            Finding(
-                "scaling_bound",
-                "high",
-                f"Scaling-bound: the all-reduce of the gradients holds the step on "
-                f"{f.replicas} replicas",
-                f"{f.gradient_bytes / 2**20:,.1f} MiB of gradients take "
-                f"{f.all_reduce_s * 1e3:.2f} ms of a {f.compute_step_time_s * 1e3:.2f} ms "
-                "step (the all-reduce timed alone).",
-                "`tfgpu.scaling(build_model, data)` times 1, 2, 4, ... replicas and names "
-                "what to change; more compute per all-reduce (a larger per-replica batch) "
-                "helps, and `tfgpu.tune` tries the other `all_reduce` implementations.",
-                f.compute_step_time_s / max(1e-9, f.compute_step_time_s - f.all_reduce_s),
-                False,
-            )
-        )
-
-    # Tiny steps also wait on the per-step hand-over of each batch; when the pipeline alone
-    # outpaces the step, that wait is dispatch cost too, and steps_per_execution removes it.
-    pipeline_keeps_up = f.input_batch_time_s < f.compute_step_time_s
-    if host_bound and (level != "high" or pipeline_keeps_up):
-        bottleneck = "host_overhead"
-    elif level in ("high", "moderate"):
-        bottleneck = "input"
-    elif scaling_bound:
-        bottleneck = "scaling"
-    elif level == "inconclusive":
-        bottleneck = "inconclusive"
     else:
-        bottleneck = "compute"
-    order = {"high": 0, "moderate": 1, "info": 2}
-    lead = {
-        "input": "input_bound",
-        "host_overhead": "host_overhead",
-        "inconclusive": "input_wait_unexplained",
-        "scaling": "scaling_bound",
-    }.get(bottleneck)
-    findings.sort(key=lambda x: (x.kind != lead, order[x.severity]))
-    return bottleneck, level, share, findings
+        title = "Host-side input work every step"
+    return [
+        Finding(
+            kind="host_device_traffic",
+            severity="moderate" if s.level != "no" or s.cpu_ops else "info",
+            title=title,
+            detail="; ".join(seen for seen, _ in traffic) + ".",
+            recommendation="; ".join(fix for _, fix in traffic) + ".",
+        )
+    ]
+
+
+def _memory_headroom(s: Seen) -> list[Finding]:
+    f = s.f
+    if not (f.on_gpu and f.peak_memory_bytes and f.memory_capacity_bytes):
+        return []
+    used = f.peak_memory_bytes / f.memory_capacity_bytes
+    if used >= MEMORY_HEADROOM_BELOW:
+        return []
+    room = 0.9 * f.memory_capacity_bytes / f.peak_memory_bytes
+    return [
+        Finding(
+            kind="memory_headroom",
+            severity="info",
+            title=f"Memory headroom: the step peaks at {used:.0%} of device memory",
+            detail=f"Peak {f.peak_memory_bytes / 2**30:.2f} GiB of "
+            f"{f.memory_capacity_bytes / 2**30:.1f} GiB: the batch could grow about {room:.1f}x.",
+            recommendation=f"A larger `batch_size` (now {f.batch_size}); "
+            "`tfgpu.find_batch_size(model, data)` finds the largest and the fastest. Scale the "
+            "learning rate with `tfgpu.scale_learning_rate`.",
+        )
+    ]
+
+
+def _precision(s: Seen) -> list[Finding]:
+    from tfgpu.flops import peak_flops
+    from tfgpu.precision import choose_policy
+
+    f = s.f
+    if not (f.on_gpu and f.compute_capabilities and f.policy == "float32"):
+        return []
+    ccs = list(f.compute_capabilities)
+    choice = choose_policy(ccs)
+    if choice.policy == "float32":
+        return []
+    gain = None
+    if f.gpu_name:
+        now = peak_flops(f.gpu_name, peak_precision("float32", ccs, f.tf32_enabled) or "float32")
+        mixed = peak_flops(f.gpu_name, choice.policy)
+        gain = mixed / now if now and mixed else None
+    return [
+        Finding(
+            kind="precision",
+            severity="moderate",
+            title="float32 on a tensor-core GPU",
+            detail=f"The policy is float32; {choice.reason}.",
+            recommendation=f'`tfgpu.configure(precision="{choice.policy}")` before building the '
+            f'model (or `keras.mixed_precision.set_global_policy("{choice.policy}")`).',
+            expected_gain=gain,
+        )
+    ]
+
+
+def _xla(s: Seen) -> list[Finding]:
+    if not s.xla_helps or s.xla is None:
+        return []
+    f = s.f
+    base, variant = medians(f.xla_rounds)
+    other = not f.jit_compile
+    return [
+        Finding(
+            kind="xla",
+            severity="moderate",
+            title=f"XLA {'on' if other else 'off'} is faster for this model",
+            detail=f"{base * 1e3:.2f} ms per step with jit_compile={f.jit_compile}, "
+            f"{variant * 1e3:.2f} ms with jit_compile={other}.",
+            recommendation=f"`model.compile(..., jit_compile={other})`.",
+            expected_gain=s.xla.value,
+            gain_measured=True,
+        )
+    ]
+
+
+def _loss_scale(s: Seen) -> list[Finding]:
+    f = s.f
+    if not f.loss_scale_before or f.loss_scale_after is None:
+        return []
+    halvings = math.log2(f.loss_scale_before / max(f.loss_scale_after, 1e-30))
+    if halvings >= LOSS_SCALE_MAX_HALVINGS or f.loss_scale_after < 1:
+        return [advice.loss_scale_finding(f.loss_scale_before, f.loss_scale_after)]
+    return []
+
+
+def _counter_findings(s: Seen) -> list[Finding]:
+    """What GPU utilization hides: the shared `gpu_counters` rules, with what only a diagnosis
+    knows (the layers, the policy, TF32, the CPU ops, the batch's bytes)."""
+    f = s.f
+    if not f.on_gpu:
+        return []
+    c = _counters(f)
+    findings = []
+    tensor_gpu = bool(f.compute_capabilities) and all(
+        tuple(cc) >= (7, 0) for cc in f.compute_capabilities
+    )
+    idle = counters.tensor_cores_idle(c) if tensor_gpu else None
+    if idle is not None:
+        findings.append(advice.tensor_idle_finding(f, idle, s.xla_no_gain))
+    measured_no_gain = {"steps_per_execution"} if s.spe_no_gain else set()
+    if s.xla_no_gain:
+        measured_no_gain.add("jit_compile")
+    fix = counters.small_kernels_fix(
+        f.batch_size,
+        f.steps_per_execution,
+        max(PROBE_STEPS_PER_EXECUTION, 4 * f.steps_per_execution),
+        f.jit_compile,
+        measured_no_gain=frozenset(measured_no_gain),
+    )
+    small = counters.small_kernels(c, fix)
+    if small is not None:
+        findings.append(advice.finding(small))
+    pcie = counters.pcie_traffic(c, f.step_time_s, f.batch_bytes)
+    if pcie is not None:
+        findings.append(advice.pcie_finding(f, pcie, s.cpu_ops))
+    throttled = counters.clocks_throttled(c)
+    if throttled is not None:
+        findings.append(advice.finding(throttled))
+    return findings
+
+
+def _scaling_bound(s: Seen) -> list[Finding]:
+    f = s.f
+    if not s.scaling_bound or f.all_reduce_s is None:
+        return []
+    return [
+        Finding(
+            kind="scaling_bound",
+            severity="high",
+            title="Scaling-bound: the all-reduce of the gradients holds the step on "
+            f"{f.replicas} replicas",
+            detail=f"{f.gradient_bytes / 2**20:,.1f} MiB of gradients take "
+            f"{f.all_reduce_s * 1e3:.2f} ms of a {f.compute_step_time_s * 1e3:.2f} ms step (the "
+            "all-reduce timed alone).",
+            recommendation="`tfgpu.scaling(build_model, data)` times 1, 2, 4, ... replicas and "
+            "names what to change; more compute per all-reduce (a larger per-replica batch) "
+            "helps, and `tfgpu.tune` tries the other `all_reduce` implementations.",
+            expected_gain=f.compute_step_time_s / max(1e-9, f.compute_step_time_s - f.all_reduce_s),
+        )
+    ]
+
+
+# The rules, each a function of what was seen to the findings it makes (none, one, more).
+RULES: tuple[Callable[[Seen], list[Finding]], ...] = (
+    _input_bound,
+    _host_overhead,
+    _host_device_traffic,
+    _memory_headroom,
+    _precision,
+    _xla,
+    _loss_scale,
+    _counter_findings,
+    _scaling_bound,
+)
+
+# The finding that leads for each bottleneck.
+_LEAD = {
+    "input": "input_bound",
+    "host_overhead": "host_overhead",
+    "inconclusive": "input_wait_unexplained",
+    "scaling": "scaling_bound",
+}
+_ORDER = {"high": 0, "moderate": 1, "info": 2}
+
+
+def bottleneck(s: Seen) -> str:
+    """The bottleneck: host overhead where `steps_per_execution` helps (tiny steps also wait
+    on the per-step hand-over of each batch: when the pipeline alone outpaces the step, that
+    wait is dispatch cost too), else the input, the all-reduce, noise, or the device."""
+    f = s.f
+    if s.spe_helps and (s.level != "high" or f.input_time_s < f.compute_step_time_s):
+        return "host_overhead"
+    if s.level in ("high", "moderate"):
+        return "input"
+    if s.scaling_bound:
+        return "scaling"
+    return "inconclusive" if s.level == "inconclusive" else "compute"
+
+
+def classify(f: Facts, verdict: dict[str, Any] | None = None) -> Classification:
+    """The bottleneck, the input level, its share and the findings from the facts, by
+    `RULES`. `verdict` is `share_verdict(f.rounds)` where the caller has it already."""
+    s = seen(f, verdict)
+    findings = [finding for rule in RULES for finding in rule(s)]
+    name = bottleneck(s)
+    lead = _LEAD.get(name)
+    findings.sort(key=lambda x: (x.kind != lead, _ORDER[x.severity]))
+    return Classification(name, s.level, s.share, findings)
 
 
 _COUNTERS = tuple(c.name for c in dataclasses.fields(counters.Counters))
@@ -307,52 +410,11 @@ def _counters(f: Facts) -> counters.Counters:
     return counters.Counters(**{name: getattr(f, name) for name in _COUNTERS})
 
 
-def _counter_findings(
-    f: Facts,
-    cpu_ops: list[tuple[OpFact, str]],
-    spe_no_gain: bool = False,
-    xla_no_gain: bool = False,
-) -> list[Finding]:
-    """What GPU utilization hides: the shared `gpu_counters` rules, with what only a diagnosis
-    knows (the layers, the policy, TF32, the CPU ops, the batch's bytes). Pure."""
-    if not f.on_gpu:
-        return []
-    c = _counters(f)
-    findings = []
-    tensor_gpu = bool(f.compute_capabilities) and all(
-        tuple(cc) >= (7, 0) for cc in f.compute_capabilities
-    )
-    idle = counters.tensor_cores_idle(c) if tensor_gpu else None
-    if idle is not None:
-        findings.append(tensor_idle_finding(f, idle, xla_no_gain))
-    fix = counters.small_kernels_fix(
-        f.batch_size,
-        f.steps_per_execution,
-        max(PROBE_STEPS_PER_EXECUTION, 4 * f.steps_per_execution),
-        f.jit_compile,
-        measured_no_gain=frozenset(
-            (["steps_per_execution"] if spe_no_gain else [])
-            + (["jit_compile"] if xla_no_gain else [])
-        ),
-    )
-    small = counters.small_kernels(c, fix)
-    if small is not None:
-        findings.append(finding(small))
-    pcie = counters.pcie_traffic(c, f.step_time_s, f.batch_bytes)
-    if pcie is not None:
-        findings.append(pcie_finding(f, pcie, cpu_ops))
-    throttled = counters.clocks_throttled(c)
-    if throttled is not None:
-        findings.append(finding(throttled))
-    return findings
-
-
 def unseen(f: Facts) -> list[str]:
     """Notes on what the GPU counters could not show (NaN where the monitor ran). Pure."""
     if not f.on_gpu:
         return []  # no GPU: its own note says so
-    c = _counters(f)
-    notes = counters.unseen(c)
+    notes = counters.unseen(_counters(f))
     measured = is_finite_number(f.util_pct_mean) and is_finite_number(f.pcie_mib_s_mean)
     if measured and not f.batch_bytes:
         notes.insert(
@@ -403,7 +465,6 @@ def wait_notes(
     f: Facts, verdict: dict[str, Any], level: str, share: float, findings: list[Finding]
 ) -> list[str]:
     """The notes on an input wait that was noisy, or too short to be the pipeline's. Pure."""
-    notes = []
     if verdict["level"] != "no" and level == "no":  # the pipeline is too fast to be the cause
         measured = (
             f"between {verdict['low']:.0%} and {verdict['high']:.0%} of the step over "
@@ -411,27 +472,27 @@ def wait_notes(
             if verdict["level"] == "inconclusive"
             else f"{verdict['wait_s'] * 1e3:.2f} ms per step ({share:.0%})"
         )
-        notes.append(
+        return [
             f"input wait {measured}, but the pipeline alone makes a batch in "
-            f"{f.input_batch_time_s * 1e3:.2f} ms: even at half that speed it could not hold "
-            f"back {INPUT_BOUND_MODERATE:.0%} of a {f.step_time_s * 1e3:.2f} ms step, so not "
+            f"{f.input_time_s * 1e3:.2f} ms: even at half that speed it could not hold back "
+            f"{INPUT_BOUND_MODERATE:.0%} of a {f.step_time_s * 1e3:.2f} ms step, so not "
             "input-bound"
-        )
-    elif (
+        ]
+    if (
         level == "inconclusive"
-        and verdict["rounds"] >= protocol.MIN_ROUNDS  # fewer: the budget note says why
+        and verdict["rounds"] >= MIN_ROUNDS  # fewer: the budget note says why
         and all(x.kind != "input_wait_unexplained" for x in findings)
     ):
-        notes.append(
+        return [
             f"input wait between {verdict['low']:.0%} and {verdict['high']:.0%} of the step "
             f"over {verdict['rounds']} rounds ({verdict['confidence']:.0%} confidence): too "
             f"noisy to call against the {INPUT_BOUND_MODERATE:.0%} and {INPUT_BOUND_HIGH:.0%} "
             "thresholds; rerun on a quieter machine or with a larger `time_budget_s`"
-        )
-    elif level == "no" and share >= INPUT_BOUND_MODERATE and verdict["wait_s"] < INPUT_WAIT_MIN_S:
-        notes.append(
+        ]
+    if level == "no" and share >= INPUT_BOUND_MODERATE and verdict["wait_s"] < INPUT_WAIT_MIN_S:
+        return [
             f"input wait {verdict['wait_s'] * 1e3:.2f} ms per step ({share:.0%}) is below "
             f"{INPUT_WAIT_MIN_S * 1e3:g} ms: tf.data's per-batch hand-over, not the pipeline's "
             "work, so not called input-bound"
-        )
-    return notes
+        ]
+    return []

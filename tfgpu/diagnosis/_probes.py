@@ -1,6 +1,7 @@
-"""The measuring protocol on the timing engine (`_internal.adapters.timing`): `measure_rounds`
-alternates a device-resident batch and the real data, `run_probe` a compile setting's two
-values; the failures of side checks become notes (`noted`).
+"""The measuring protocol of `diagnose`, on the measuring core's variants and timing engine:
+`measure_rounds` alternates the step on one batch held in device memory with the step on the
+real data, `run_probe` a compile setting's other value on the device-resident step; the
+failures of side checks become notes (`noted`).
 """
 
 from __future__ import annotations
@@ -14,60 +15,17 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfgpu._internal.adapters import timing as protocol
 from tfgpu._internal.adapters.datasets import cardinality
 from tfgpu._internal.helpers.progress import Progress
 from tfgpu._internal.helpers.warn import one_line
-from tfgpu.diagnosis._facts import (
-    CLEARLY_FASTER,
-    FIT_SHARE,
-    MAX_ROUNDS,
-    PROBE_MAX_ROUNDS,
-    ROUNDS_BUDGET_SHARE,
-)
+from tfgpu._internal.measure import timing
+from tfgpu._internal.measure.rules import CLEARLY, MAX_ROUNDS, MIN_ROUNDS, Gain, medians
+from tfgpu._internal.measure.variants import DEVICE_RESIDENT, Steady, Variants
+from tfgpu.diagnosis._facts import FIT_SHARE, ROUNDS_BUDGET_SHARE
 from tfgpu.diagnosis._rounds import share_verdict
 
-
-def _compare(
-    model,
-    dataset,
-    steps,
-    warmup,
-    attrs: dict[str, Any],
-    *,
-    threshold: float = 1.0,
-    budget: protocol.Budget | None = None,
-    max_rounds: int = PROBE_MAX_ROUNDS,
-    progress: Progress | None = None,
-    label: str = "",
-    limit: float | None = None,
-    first_base: float | None = None,
-) -> tuple[list[tuple[float, float]], str | None]:
-    """Per-round step times (baseline, variant) with `attrs` set on the model, by
-    `timing.compare` (`first_base`: the baseline's first round, measured already); each fit's
-    timed steps stop after `limit` seconds too; each round is announced as a `progress` phase."""
-    base, variant = (
-        _limited(protocol.with_attrs(model, dataset, steps, warmup, a), limit) for a in ({}, attrs)
-    )
-    if progress is not None:
-        variant = _announced(variant, progress, label, max_rounds)
-    c = protocol.compare(
-        base,
-        {"variant": variant},
-        threshold=threshold,
-        budget=budget,
-        max_rounds=max_rounds,
-        timed_units=max(6, steps),
-        first_base=first_base,
-    )["variant"]
-    return c.rounds, c.stopped
-
-
-def _limited(run: protocol.Run, limit: float | None) -> protocol.Run:
-    """`run` with its timed steps stopped after `limit` seconds too (None: as it is)."""
-    if limit is None:
-        return run
-    return lambda deadline, most: run(deadline, limit if most is None else min(most, limit))
+# The variant without its input pipeline: one batch held in device memory.
+DEVICE = {DEVICE_RESIDENT: True}
 
 
 def fit_plan(
@@ -89,45 +47,10 @@ def fit_plan(
     if not step_s:
         return warmup, most
     call_s = step_s * spe
-    warm_calls, _ = protocol.call_counts(spe, 1, warmup)
+    warm_calls, _ = timing.call_counts(spe, 1, warmup)
     if warm_calls * call_s + most <= left_s / fits:
         return warmup, most
     return 1, max(0.5 * call_s, min(most, left_s / fits - 2 * call_s))
-
-
-def _announced(run: protocol.Run, progress: Progress, label: str, most: int) -> protocol.Run:
-    """`run`, showing "`label`, round k of at most `most`" before each call (the protocol
-    runs the variant first in each round)."""
-    calls = [0]
-
-    def announced(deadline: float | None, limit: float | None) -> float | None:
-        calls[0] += 1
-        progress.phase(f"{label}, round {calls[0]} of at most {most}")
-        return run(deadline, limit)
-
-    return announced
-
-
-def device_dataset(batch, on_gpu: bool, spec=None):
-    """`batch` repeated (prefetched to the GPU on GPUs), its shapes as the real data's
-    `spec` has them (`None` dims), so that the real data's fits run the step traced here
-    (and under XLA reuse the shapes compiled here)."""
-    ds = tf.data.Dataset.from_tensors(batch).repeat()
-    if spec is not None:
-
-        def relax(value, leaf):
-            if not isinstance(leaf, tf.TensorSpec):
-                return value
-            return tf.raw_ops.PlaceholderWithDefault(input=value, shape=leaf.shape)
-
-        def relaxed(*parts):
-            element = parts if isinstance(spec, tuple) else parts[0]
-            return tf.nest.map_structure(relax, element, spec)
-
-        ds = ds.map(relaxed)
-    if on_gpu:
-        return ds.apply(tf.data.experimental.prefetch_to_device("/gpu:0", buffer_size=2))
-    return ds.prefetch(2)
 
 
 def host_load() -> float | None:
@@ -138,7 +61,7 @@ def host_load() -> float | None:
         return None
 
 
-def _warm_real(model, ds, repeated, budget: protocol.Budget) -> None:
+def _warm_real(model: Any, ds: tf.data.Dataset, budget: timing.Budget) -> None:
     """One untimed pass over the real data's first epoch (at most 64 batches), so that every
     batch shape is traced outside the timed runs; an infinite dataset is not warmed here."""
     try:
@@ -150,82 +73,42 @@ def _warm_real(model, ds, repeated, budget: protocol.Budget) -> None:
     spe = max(1, int(model.steps_per_execution))
     calls = min(64, max(1, math.ceil(n / spe)) + 1)
     model.fit(
-        repeated,
+        ds.repeat(),
         epochs=1,
         steps_per_epoch=calls * spe,
         verbose=0,
         shuffle=False,
-        callbacks=[protocol.Timer(0, budget.deadline, None)],
+        callbacks=[timing.Timer(0, budget.deadline, None)],
     )
     model.stop_training = False
 
 
-def _probe_record(
-    base_name: str, variant_name: str, rounds: list[tuple[float, float]], stopped: str | None
-) -> dict[str, Any]:
-    """A probe's measurements: median step times, the gain and its interval, the rounds."""
-    gain, low, high = protocol.gain(rounds)
-    base, variant = protocol.medians(rounds) if rounds else (None, None)
-    record: dict[str, Any] = {
-        base_name: base,
-        variant_name: variant,
-        "gain": gain,
-        "gain_low": low,
-        "gain_high": high,
-        "rounds": [{"baseline_s": b, "variant_s": v} for b, v in rounds],
-    }
-    if stopped:
-        record["stopped"] = stopped
-    return record
-
-
-def _probe_notes(
-    name: str, rounds: list[tuple[float, float]], stopped: str | None, budget_s: float | None
-) -> list[str]:
-    """One line on a probe that stopped early or could not tell its gain from noise."""
-    gain, low, high = protocol.gain(rounds)
-    if gain is None:
-        return []
-    if stopped in ("slower", "faster"):
-        factor = 1 / gain if stopped == "slower" else gain
-        return [f"{name} measured {factor:.1f}x {stopped} after one round: not measured further"]
-    if stopped == "budget":
-        return [
-            f"{name} probe cut short by the time budget of {budget_s:g} s after "
-            f"{len(rounds)} round(s): {gain:.2f}x ({low:.2f}x to {high:.2f}x)"
-        ]
-    return []
-
-
 def measure_rounds(
-    model: Any,
-    ds: Any,
-    device_ds: Any,
+    variants: Variants,
     first_compute: float | None,
     steps: int,
     warmup: int,
-    budget: protocol.Budget,
-    *,
-    progress: Progress | None = None,
+    budget: timing.Budget,
+    progress: Progress,
 ) -> list[tuple[float, float]]:
     """(device-resident, real) seconds per step, round after round, until the input-wait
     share is clear of the thresholds or `ROUNDS_BUDGET_SHARE` of the budget is spent; each
     fit as long as `fit_plan` allows for `MIN_ROUNDS` rounds."""
-    progress = progress or Progress(0, title="diagnose")
-    repeated = ds.repeat()
+    model = variants.model
     progress.phase("warming up on the real data")
-    _warm_real(model, ds, repeated, budget)
+    _warm_real(model, variants.dataset, budget)
     spe = max(1, int(model.steps_per_execution))
-    fits = 2 * protocol.MIN_ROUNDS - (first_compute is not None)
+    fits = 2 * MIN_ROUNDS - (first_compute is not None)
     warm, timed_s = fit_plan(budget.left(), budget.seconds, first_compute, fits, warmup, spe)
+    variants.timed = Steady(steps, warm, timed_s)
     rounds_until = (
         None if budget.seconds is None else budget.start + ROUNDS_BUDGET_SHARE * budget.seconds
     )
     shown: set[int] = set()
     calls = {"compute": 1 if first_compute is not None else 0, "real": 0}
 
-    def timed(kind: str, dataset: Any) -> protocol.Run:
-        def run(deadline: float | None, limit: float | None) -> float | None:
+    def announced(kind: str, run: timing.Run) -> timing.Run:
+        def timed(deadline: float | None, limit: float | None) -> float | None:
             calls[kind] += 1
             if calls[kind] not in shown:  # the round's first run says which round it is
                 shown.add(calls[kind])
@@ -235,22 +118,19 @@ def measure_rounds(
                 )
             # The first real run, like the first device-resident one, ignores the deadline.
             first_real = kind == "real" and calls[kind] == 1
-            return protocol.fit_step_time(
-                model, dataset, steps, warm, None if first_real else deadline, timed_s
-            )
+            return run(None if first_real else deadline, limit)
 
-        return run
+        return timed
 
     def done(rounds: list[tuple[float, float]]) -> bool:
         if share_verdict(rounds)["level"] != "inconclusive":
             return True
-        return rounds_until is not None and protocol.now() >= rounds_until
+        return rounds_until is not None and timing.now() >= rounds_until
 
-    return protocol.compare(
-        timed("compute", device_ds),
-        {"real": timed("real", repeated)},
+    return timing.compare(
+        announced("compute", variants.run_for(DEVICE)),
+        {"real": announced("real", variants.run_for({}))},
         budget=budget,
-        max_rounds=MAX_ROUNDS,
         first_base=first_compute,
         done=done,
         clearly_slower=None,
@@ -267,53 +147,60 @@ class Probe:
     skipped: str | None = None  # what the budget left out, e.g. "the jit_compile=True probe"
 
     @property
+    def stopped(self) -> str | None:
+        """Why its comparison stopped early ("slower", "faster", "budget"), or None."""
+        return (self.record or {}).get("stopped")
+
+    @property
     def final(self) -> bool:
         """Whether a first look settled it (or nothing more can be measured)."""
-        return not self.rounds or (self.record or {}).get("stopped") in ("slower", "faster")
+        return not self.rounds or self.stopped in ("slower", "faster")
 
 
 def run_probe(
-    model: Any,
-    device_ds: Any,
-    steps: int,
-    warmup: int,
-    limit: float | None,
+    variants: Variants,
     *,
-    budget: protocol.Budget,
     setting: str,
-    current: Any,
     value: Any,
-    threshold: float,
+    budget: timing.Budget,
     failed: str,
-    progress: Progress | None = None,
+    progress: Progress,
     needs_s: float = 0.0,
     first_base: float | None = None,
     earlier: list[tuple[float, float]] | None = None,
 ) -> Probe:
-    """Times the device-resident step with `setting` = `value` against `current`, in rounds;
-    skipped when less than `needs_s` of the budget is left; an error is the note `failed`,
-    never a crash. With `first_base` (the baseline's step, measured already) one round only,
-    final ("faster" or "slower") when it is clear; `earlier`: rounds of such a first look."""
+    """Times the device-resident step with `setting` = `value` against the model's own, in
+    rounds; skipped when less than `needs_s` of the budget is left; an error is the note
+    `failed`, never a crash. With `first_base` (the baseline's step, measured already) one
+    round only, final ("faster" or "slower") when it is clear; `earlier`: rounds of such a
+    first look."""
+    current = getattr(variants.model, setting)
     base_name, name = f"{setting}={current}", f"{setting}={value}"
     rounds: list[tuple[float, float]] = []
     stopped: str | None = None
     failure: list[str] = []
+    most = 1 if first_base is not None else MAX_ROUNDS
     if budget.left() > max(0.0, needs_s):
+        label = f"trying {name} against {current}"
+        calls = [0]
+        run = variants.run_for({**DEVICE, setting: value})
+
+        def announced(deadline: float | None, limit: float | None) -> float | None:
+            calls[0] += 1
+            progress.phase(f"{label}, round {calls[0]} of at most {most}")
+            return run(deadline, limit)
+
+        t = variants.timed
         with noted(failure, failed.format(name=name, error="{error}")):
-            rounds, stopped = _compare(
-                model,
-                device_ds,
-                steps,
-                warmup,
-                {setting: value},
-                threshold=threshold,
+            c = timing.compare(
+                variants.run_for(DEVICE),
+                {"variant": announced},
                 budget=budget,
-                max_rounds=1 if first_base is not None else PROBE_MAX_ROUNDS,
-                progress=progress,
-                label=f"trying {name} against {current}",
-                limit=limit,
+                max_rounds=most,
+                timed_units=max(6, t.steps if isinstance(t, Steady) else 6),
                 first_base=first_base,
-            )
+            )["variant"]
+            rounds, stopped = c.rounds, c.stopped
     elif not earlier:
         return Probe(skipped=f"the {name} probe")
     else:
@@ -321,14 +208,47 @@ def run_probe(
     if failure and not earlier:
         return Probe(notes=failure)
     rounds = (earlier or []) + rounds
-    gain = protocol.gain(rounds)[0]
-    if first_base is not None and stopped is None and gain and gain >= CLEARLY_FASTER:
+    gain = Gain.of(rounds)
+    if first_base is not None and stopped is None and gain and gain.value >= CLEARLY:
         stopped = "faster"
     return Probe(
         rounds=rounds,
         record=_probe_record(base_name, name, rounds, stopped),
-        notes=failure + _probe_notes(name, rounds, stopped, budget.seconds),
+        notes=failure + _probe_notes(name, gain, len(rounds), stopped, budget.seconds),
     )
+
+
+def _probe_record(
+    base_name: str, variant_name: str, rounds: list[tuple[float, float]], stopped: str | None
+) -> dict[str, Any]:
+    """A probe's measurements: median step times, the gain and its interval, the rounds."""
+    base, variant = medians(rounds) if rounds else (None, None)
+    record: dict[str, Any] = {
+        base_name: base,
+        variant_name: variant,
+        "gain": Gain.of(rounds),
+        "rounds": [{"baseline_s": b, "variant_s": v} for b, v in rounds],
+    }
+    if stopped:
+        record["stopped"] = stopped
+    return record
+
+
+def _probe_notes(
+    name: str, gain: Gain | None, rounds: int, stopped: str | None, budget_s: float | None
+) -> list[str]:
+    """One line on a probe that stopped early."""
+    if gain is None:
+        return []
+    if stopped in ("slower", "faster"):
+        factor = 1 / gain.value if stopped == "slower" else gain.value
+        return [f"{name} measured {factor:.1f}x {stopped} after one round: not measured further"]
+    if stopped == "budget":
+        return [
+            f"{name} probe cut short by the time budget of {budget_s:g} s after "
+            f"{rounds} round(s): {gain.text()}"
+        ]
+    return []
 
 
 @contextlib.contextmanager

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from tfgpu._internal.helpers.checks import is_finite_number
-from tfgpu._internal.helpers.jsonable import json_safe
+from tfgpu._internal.measure.result import Result
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class Finding:
 
 
 @dataclass
-class Diagnosis:
+class Diagnosis(Result):
     """The result of `tfgpu.diagnose()`: measurements, a bottleneck, and findings.
 
     `print(diagnosis)` gives a short report; `to_dict()` is JSON-ready. How each field is
@@ -62,11 +63,12 @@ class Diagnosis:
         monitor: dict, GPU/host aggregates sampled during step 3 (empty without a GPU).
         measurements: dict, the raw results: `"rounds"`, the probes
             (`"steps_per_execution_probe"`, `"xla"`), `"pipeline"`, `"data_service"`,
-            `"noise"`, `"wall_s"`, `"time_budget_s"` (see docs/diagnosis.md).
+            `"noise"`, `"time_budget_s"` (see docs/diagnosis.md).
         notes: list of str, what was skipped and why (one line each).
         profile_dir: str or None, where a profiler trace was written.
         noise: float or None, the width of the confidence interval of `input_wait_share`
             (0.12: 12 percentage points).
+        time_s: float, seconds the call took.
     """
 
     bottleneck: str
@@ -87,16 +89,13 @@ class Diagnosis:
     notes: list[str] = field(default_factory=list)
     profile_dir: str | None = None
     noise: float | None = None
+    time_s: float = math.nan
+
+    json_name = "diagnosis.json"
 
     def finding(self, kind: str) -> Finding | None:
         """Returns the first finding of `kind`, or None."""
         return next((f for f in self.findings if f.kind == kind), None)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Returns the diagnosis as JSON-ready data (with the printed report as `"text"`)."""
-        d = asdict(self)
-        d["text"] = str(self)
-        return json_safe(d)
 
     def __str__(self) -> str:
         level = self.input_bound

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tfgpu._internal.adapters.timing import MIN_ROUNDS, median_interval
 from tfgpu._internal.helpers import stats
+from tfgpu._internal.measure.rules import MIN_ROUNDS, median_interval
 from tfgpu.diagnosis._facts import INPUT_BOUND_HIGH, INPUT_BOUND_MODERATE, INPUT_WAIT_MIN_S
 
 

@@ -145,6 +145,10 @@ STRINGS: Field = (
     lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     "a list of strings",
 )
+GAIN: Field = (
+    lambda v: isinstance(v, dict) and all(is_number(v.get(k)) for k in ("value", "low", "high")),
+    'a gain: {"value", "low", "high"}, each a number',
+)
 INTEGERS: Field = (
     lambda v: isinstance(v, list) and all(is_int(x) for x in v),
     "a list of integers",

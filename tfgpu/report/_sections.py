@@ -14,6 +14,7 @@ from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import is_number
 from tfgpu._internal.helpers.files import EARLIER_SESSIONS
 from tfgpu.report._read import (
+    GAIN,
     INTEGER,
     INTEGERS,
     NUMBER,
@@ -76,9 +77,7 @@ _FINDING = {"kind": STRING, "title": STRING, "recommendation": STRING}
 _TUNE = {
     "text": STRING,
     "trials": OBJECTS,
-    "speedup": NUMBER,
-    "speedup_low": NUMBER,
-    "speedup_high": NUMBER,
+    "speedup": GAIN,
     "baseline_examples_per_s": NUMBER,
     "tuned_examples_per_s": NUMBER,
     "settings": OBJECT,
@@ -90,9 +89,7 @@ _TUNE = {
 _TRIAL = {
     "name": STRING,
     "change": OBJECT,
-    "gain": NUMBER,
-    "gain_low": NUMBER,
-    "gain_high": NUMBER,
+    "gain": GAIN,
     "status": STRING,
     "reason": STRING,
     "line": STRING,
@@ -321,8 +318,8 @@ def _result_section(
     text = d.get("text")
     if isinstance(text, str) and text.strip():
         lines += ["```", text.rstrip().replace("```", "'''"), "```", ""]
-    elif "speedup" in d:
-        lines += [f"Verified speedup: x{fmt(d.get('speedup'), '.2f')}", ""]
+    elif isinstance(d.get("speedup"), dict):
+        lines += [f"Verified speedup: x{fmt(d['speedup'].get('value'), '.2f')}", ""]
     plot = path.with_suffix(".png")
     if plot.is_file():
         lines += [f"![{path.stem}]({Path(os.path.relpath(plot, out)).as_posix()})", ""]

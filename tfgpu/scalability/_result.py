@@ -4,17 +4,13 @@ parts and its reason; the cost model's predictions; `scaling.json` and `scaling.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import io
 import math
 from pathlib import Path
 from typing import Any
 
-from tfgpu._internal.helpers.files import write_result, write_text_atomic
-from tfgpu._internal.helpers.jsonable import json_safe
 from tfgpu._internal.helpers.stats import format_bytes
-
-SCALING_JSON, SCALING_PNG = "scaling.json", "scaling.png"
+from tfgpu._internal.measure.result import Result, save_figure
+from tfgpu._internal.measure.rules import ALL_REDUCE_SHARE, INPUT_SHARE, Gain
 
 SHARED_CORES = (
     "{kind}s share this machine's cores, so more replicas add no compute: this run checks "
@@ -24,9 +20,9 @@ SHARED_CORES = (
 )
 
 # A point below this efficiency gets a reason; input-bound when waiting for the input (the
-# pipeline alone beyond the device's work) is this share of the step; all-reduce-bound when
-# the all-reduce takes this share.
-EFFICIENT, INPUT_SHARE, ALL_REDUCE_SHARE = 0.9, 0.5, 0.25
+# pipeline alone beyond the device's work) is the core's `INPUT_SHARE` of the step;
+# all-reduce-bound when the all-reduce takes its `ALL_REDUCE_SHARE`.
+EFFICIENT = 0.9
 
 
 def _ms(seconds: float | None) -> str:
@@ -45,8 +41,8 @@ class Point:
         per_replica_batch: int, examples per replica per step.
         step_s: float or None, seconds per step of `fit` (the median of the rounds).
         examples_per_s: float or None, examples per second of `fit`.
-        speedup: float or None, examples/s against one replica (the median of the per-round
-            ratios' pair medians); `speedup_low`, `speedup_high`: its interval.
+        speedup: `Gain` or None, examples/s against one replica (the ratio of the rounds'
+            medians), with its interval.
         efficiency: float or None, speedup / replicas (1.0: linear).
         compute_s: float or None, every replica's forward and backward pass, nothing reduced.
         all_reduce_s: float or None, the all-reduce of the gradients alone.
@@ -67,9 +63,7 @@ class Point:
     per_replica_batch: int
     step_s: float | None
     examples_per_s: float | None
-    speedup: float | None = None
-    speedup_low: float = math.nan
-    speedup_high: float = math.nan
+    speedup: Gain | None = None
     compute_s: float | None = None
     all_reduce_s: float | None = None
     input_s: float | None = None
@@ -86,7 +80,7 @@ class Point:
         replica). Pure."""
         n, step = self.replicas, self.step_s
         if self.speedup is not None:
-            self.efficiency = self.speedup / n
+            self.efficiency = self.speedup.value / n
         busy = None
         if self.compute_s is not None and self.all_reduce_s is not None:
             busy = self.compute_s + self.all_reduce_s + (self.update_s or 0.0)
@@ -206,7 +200,7 @@ class Prediction:
 
 
 @dataclasses.dataclass
-class ScalingResult:
+class ScalingResult(Result):
     """What `tfgpu.scaling()` measured and predicted; print it for the table.
 
     Attributes:
@@ -234,6 +228,13 @@ class ScalingResult:
     notes: list[str]
     time_s: float = math.nan
 
+    json_name = "scaling.json"
+    png_name = "scaling.png"
+
+    def plot(self, path: Path) -> None:
+        """Draws the scaling plot into `path` (PNG, atomically)."""
+        plot(self, path)
+
     def headline(self) -> str:
         """The worst measured efficiency and its reason, in one line."""
         timed = [p for p in self.points if p.replicas > 1 and p.efficiency is not None]
@@ -250,12 +251,6 @@ class ScalingResult:
             return None
         return 2.0 * (replicas - 1) / replicas * self.gradient_bytes / bandwidth
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict of every field (the link's too)."""
-        record = dataclasses.asdict(self)
-        record["link"] = None if self.link is None else dataclasses.asdict(self.link)
-        return json_safe(record)
-
     def __str__(self) -> str:
         link = getattr(self.link, "description", "unknown")
         lines = [
@@ -269,9 +264,9 @@ class ScalingResult:
         fixes: set[str] = set()
         for p in self.points:
             eps = "-" if p.examples_per_s is None else f"{p.examples_per_s:,.0f}"
-            sp = "-" if p.speedup is None else f"x{p.speedup:.2f}"
-            if p.speedup is not None and p.replicas > 1 and math.isfinite(p.speedup_low):
-                sp += f" ({p.speedup_low:.2f}-{p.speedup_high:.2f})"
+            sp = "-" if p.speedup is None else f"x{p.speedup.value:.2f}"
+            if p.speedup is not None and p.replicas > 1:
+                sp += f" ({p.speedup.low:.2f}-{p.speedup.high:.2f})"
             eff = "-" if p.efficiency is None else f"{p.efficiency:.0%}"
             lines.append(
                 f"{p.replicas:>8} {p.mode:<6} {p.global_batch:>6} {eps:>11} {sp:>20} {eff:>5} "
@@ -305,17 +300,9 @@ class ScalingResult:
         return "\n".join(lines)
 
 
-def write(result: ScalingResult, log_dir: Path) -> None:
-    """Writes `scaling.json` (with the printed table, which `tfgpu report` shows) and
-    `scaling.png` into `log_dir` (older ones rotated aside); failures are warnings."""
-    record = {**result.to_dict(), "text": str(result)}
-    draw = functools.partial(plot, result)
-    write_result(log_dir, "scaling", record, SCALING_JSON, draw, SCALING_PNG)
-
-
 def plot(result: ScalingResult, path: Path) -> None:
     """Examples/s and efficiency against replicas, measured and predicted, weak and strong,
-    into `path` (PNG, atomically)."""
+    into `path` (PNG, atomically). `ScalingResult.plot`."""
     from matplotlib.figure import Figure  # no pyplot: the user's backend is left alone
 
     fig = Figure(figsize=(9.0, 3.6))
@@ -341,7 +328,4 @@ def plot(result: ScalingResult, path: Path) -> None:
     for ax in (rate_ax, eff_ax):
         ax.legend(fontsize=7)
     fig.suptitle(f"scaling on {result.device_kind}s", fontsize=10)
-    fig.tight_layout()
-    png = io.BytesIO()
-    fig.savefig(png, dpi=100, format="png")
-    write_text_atomic(path, png.getvalue())
+    save_figure(fig, path)

@@ -4,38 +4,25 @@ input; the reason in one line; a prediction for more replicas from the cost mode
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import math
 import os
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-from tfgpu._internal.adapters import all_reduce, timing
+from tfgpu._internal.adapters import all_reduce
 from tfgpu._internal.adapters import replicas as measure
-from tfgpu._internal.adapters.datasets import (
-    READ_TIMEOUT_S,
-    pipeline_arguments,
-    read_first,
-    source_batches,
-)
+from tfgpu._internal.adapters.datasets import READ_TIMEOUT_S, pipeline_arguments, read_first
 from tfgpu._internal.adapters.devices import tf_gpus
-from tfgpu._internal.adapters.workload import DEFAULT_BATCH_SIZE, check_data, check_model
 from tfgpu._internal.helpers import stats
-from tfgpu._internal.helpers.checks import (
-    check_int,
-    check_number,
-    check_time_budget,
-    invalid_type,
-    invalid_value,
-)
-from tfgpu._internal.helpers.files import writable_dir
-from tfgpu._internal.helpers.progress import Progress, check_verbose
-from tfgpu._internal.helpers.warn import one_line
+from tfgpu._internal.helpers.checks import check_int, check_number, invalid_type, invalid_value
+from tfgpu._internal.measure import timing
+from tfgpu._internal.measure.rules import MIN_ROUNDS, Gain, medians
+from tfgpu._internal.measure.session import SEARCH_BUDGET_S, Session
+from tfgpu._internal.measure.variants import Steady, Variants
+from tfgpu._internal.measure.workload import DEFAULT_BATCH_SIZE, check_model, open_workload
 from tfgpu.scalability._cost import (
     RING,
     THROUGH_ONE,
@@ -47,7 +34,7 @@ from tfgpu.scalability._cost import (
     step_time,
 )
 from tfgpu.scalability._links import gpu_link, host_link
-from tfgpu.scalability._result import Point, Prediction, ScalingResult, write
+from tfgpu.scalability._result import Point, Prediction, ScalingResult
 
 WEAK, STRONG = "weak", "strong"
 # Timed steps of each `fit`, and the warm-up steps before them (the first traces).
@@ -100,69 +87,32 @@ def _strategy(devices: list[str]) -> tf.distribute.Strategy:
     return strategy("mirrored", devices=devices)
 
 
-@contextlib.contextmanager
-def _global_policy_kept() -> Iterator[None]:
-    saved = keras.mixed_precision.global_policy()
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy(saved)
-
-
-class _Source:
-    """The user's data as batches of any global size: a `tfgpu.data.pipeline` rebuilt with
-    the batch size and the strategy; any other dataset unbatched and batched again (its
-    upstream, a generator included, kept: its cost is what scales)."""
-
-    def __init__(self, data: Any):
-        self.dataset = check_data(data).dataset
-        self.arguments = pipeline_arguments(self.dataset)
-        batches, ambiguous = source_batches(self.dataset)
-        self.batched = batches is not None or ambiguous
-        self.batch_size = None if batches is None else batches.batch_size
-
-    def batches(self, global_batch: int, strategy: tf.distribute.Strategy) -> tf.data.Dataset:
-        if self.arguments is not None:
-            from tfgpu.data import pipeline
-
-            kwargs = {**self.arguments, "batch_size": global_batch, "strategy": strategy}
-            kwargs.update(validation_split=None, repeat=True, drop_remainder=True)
-            kwargs.pop("per_replica_batch_size", None)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                return pipeline(**kwargs)
-        ds = self.dataset.unbatch() if self.batched else self.dataset
-        ds = ds.repeat().batch(global_batch, drop_remainder=True)
-        return ds.prefetch(tf.data.AUTOTUNE)
-
-
+@dataclasses.dataclass(frozen=True)
 class _Config:
-    """One replica count and mode: its strategy, its model (built by the factory inside the
-    strategy's scope), its batches."""
+    """One replica count and mode: its strategy and global batch, a variant of the workload
+    (the model built by the factory inside the strategy's scope, the data at that batch)."""
 
-    def __init__(self, n: int, mode: str, global_batch: int, strategy, model, dataset):
-        self.n, self.mode, self.global_batch = n, mode, global_batch
-        self.strategy, self.model, self.dataset = strategy, model, dataset
+    n: int
+    mode: str
+    global_batch: int
+    strategy: tf.distribute.Strategy
 
     @property
     def key(self) -> str:
         return f"{self.n} {self.mode}"
 
-    def run(self, deadline: float | None, timed_limit_s: float | None) -> float | None:
-        """Seconds per example of a timed `fit` (the engine's `Run`)."""
-        step = timing.fit_step_time(
-            self.model, self.dataset, STEPS, WARMUP, deadline, timed_limit_s
-        )
-        return None if step is None else step / self.global_batch
+    @property
+    def changes(self) -> dict[str, Any]:
+        return {"strategy": self.strategy, "batch_size": self.global_batch, "drop_remainder": True}
 
 
 def scaling(
-    model_factory: Callable[[], keras.Model],
+    model: Callable[[], keras.Model],
     data: Any,
     *,
     batch_size: int | None = None,
     replicas: Sequence[int] | None = None,
-    time_budget_s: float | None = 180.0,
+    time_budget_s: float | None = SEARCH_BUDGET_S,
     network_gbit_s: float = NETWORK_GBIT_S,
     log_dir: str | os.PathLike[str] | None = None,
     verbose: int | str = "auto",
@@ -180,8 +130,9 @@ def scaling(
     mechanics, not a speedup. How to read it, the cost model and the fixes: docs/scaling.md.
 
     Args:
-        model_factory: a function without arguments that builds and compiles the model;
-            called inside each strategy's scope (it must not open a strategy of its own).
+        model: a function without arguments that builds and compiles the model; called
+            inside each strategy's scope (it must not open a strategy of its own). A model
+            built already is refused: it cannot be built again under each strategy.
         data: `tf.data.Dataset` (of batches or examples; a `tfgpu.data.pipeline` one is
             rebuilt for each strategy) or arrays `x`, `(x, y)` or `(x, y, sample_weight)`.
         batch_size: int or None, the global batch of one replica: weak scaling multiplies
@@ -189,7 +140,7 @@ def scaling(
         replicas: list of int or None, the replica counts to time (1 is always added).
             Defaults to None: 1, 2, 4, ... up to this machine's devices.
         time_budget_s: float or None, seconds for the whole call (None: no limit).
-            Defaults to 180.0.
+            Defaults to 300.0.
         network_gbit_s: float, the network between machines assumed by the prediction for
             several machines, in Gbit/s. Defaults to 100.0.
         log_dir: str, os.PathLike or None, a run directory: `scaling.json` and the plot
@@ -202,7 +153,7 @@ def scaling(
         the reason) and the prediction.
 
     Raises:
-        TypeError: if `model_factory` is not callable, `data` is neither a dataset nor
+        TypeError: if `model` is not a function, `data` is neither a dataset nor
             arrays, or an argument has the wrong type.
         ValueError: if a number is out of range, `replicas` asks for more devices than this
             process has, or the factory's model is not compiled or was built under a
@@ -214,17 +165,15 @@ def scaling(
     >>> result = tfgpu.scaling(build_model, (x, y), batch_size=64, time_budget_s=120)
     >>> print(result)
     """
-    check_verbose(verbose)
-    if not callable(model_factory) or isinstance(model_factory, keras.Model):
-        raise invalid_type(
-            "model_factory",
-            model_factory,
-            "a function without arguments that builds and compiles the model (called "
-            "inside each strategy's scope)",
-        )
+    session = Session.open(
+        "scaling",
+        verbose=verbose,
+        time_budget_s=time_budget_s,
+        log_dir=log_dir,
+        measure_share=ROUNDS_SHARE,
+    )
     if batch_size is not None:
         check_int("batch_size", batch_size)
-    budget_s = check_time_budget(time_budget_s)
     network = check_number(
         "network_gbit_s",
         network_gbit_s,
@@ -232,67 +181,98 @@ def scaling(
         exclusive_minimum=True,
         expected="a finite number of Gbit/s > 0",
     )
-    log_path = None if log_dir is None else writable_dir(log_dir)
     devices, kind = _devices()
-    if replicas is not None:
-        if isinstance(replicas, (str, bytes)) or not isinstance(replicas, Sequence):
-            raise invalid_type("replicas", replicas, "a list of ints >= 1, or None")
-        for n in replicas:
-            check_int(
-                "replicas",
-                n,
-                maximum=len(devices),
-                expected=(
-                    f"replica counts between 1 and {len(devices)} (the {kind}s of this process)"
-                ),
-            )
-    counts = replica_counts(len(devices), replicas)
-    source = _Source(data)
-    base_batch = batch_size or source.batch_size or DEFAULT_BATCH_SIZE
+    counts = replica_counts(len(devices), _check_replicas(replicas, devices, kind))
+    one = _strategy(devices[:1])
+    work = open_workload(model, data, examples_ok=True, factory_only=True, strategy=one)
+    from tfgpu.data import pipeline
 
-    progress = Progress(verbose, title="scaling", budget_s=budget_s, clock=lambda: timing.now())
-    budget = timing.Budget(budget_s, ROUNDS_SHARE)
-    split_budget = timing.Budget(budget_s, 0.95, start=budget.start)
-    notes: list[str] = []
-    with _global_policy_kept():
-        progress.phase("building the model on each replica count")
-        configs = _configs(model_factory, source, devices, counts, base_batch, notes)
-        base, others = configs[0], configs[1:]
-        if not read_first(base.dataset, 1):  # bounded: a dataset that never yields is named
-            raise invalid_value("data", data, "a dataset that yields at least one batch")
-        progress.phase(f"timing {len(configs)} configurations in interleaved rounds")
-        comparisons = timing.compare(
-            base.run,
-            {c.key: c.run for c in others},
-            budget=budget,
-            max_rounds=timing.MIN_ROUNDS,
-            timed_units=STEPS * max(c.global_batch for c in configs),
-            clearly_slower=None,
-            done=lambda rounds: True,
-            failures=(tf.errors.OpError, ValueError),
+    base_batch = batch_size or work.batch_size or DEFAULT_BATCH_SIZE
+    variants = Variants(
+        work.model,
+        work.dataset,
+        Steady(STEPS, WARMUP),
+        batch_size=base_batch,
+        factory=work.factory,
+        pipeline=pipeline_arguments(work.dataset),
+        rebuild=pipeline,
+        per_example=True,
+    )
+    session.progress.phase("building the model on each replica count")
+    configs = _configs(variants, devices, counts, base_batch, one, session.notes)
+    result = _measure(session, variants, configs, kind, counts, network)
+    return session.finish(result, result.headline())
+
+
+def _check_replicas(replicas: Any, devices: list[str], kind: str) -> Sequence[int] | None:
+    if replicas is None:
+        return None
+    if isinstance(replicas, (str, bytes)) or not isinstance(replicas, Sequence):
+        raise invalid_type("replicas", replicas, "a list of ints >= 1, or None")
+    for n in replicas:
+        check_int(
+            "replicas",
+            n,
+            maximum=len(devices),
+            expected=f"replica counts between 1 and {len(devices)} (the {kind}s of this process)",
         )
-        base_s = _base_seconds(comparisons)
-        samples: dict[tuple[str, Any], list[float]] = {}
-        for r in range(PART_ROUNDS):
-            for c in configs[r % len(configs) :] + configs[: r % len(configs)]:
-                if split_budget.left() <= 0:
-                    break
-                progress.phase(
-                    f"splitting the step (round {r + 1} of {PART_ROUNDS}): {c.n} "
-                    f"replica{'s' if c.n > 1 else ''}, {c.mode}"
-                )
-                _sample_parts(c, split_budget, samples, r)
-        if any(("compute_s", c.key) not in samples for c in configs):
-            notes.append("the budget ran out before every step was split into its parts")
-        parts = {c.key: _parts_of(c, samples) for c in configs}
+    return replicas
+
+
+def _measure(
+    session: Session,
+    variants: Variants,
+    configs: list[_Config],
+    kind: str,
+    counts: list[int],
+    network: float,
+) -> ScalingResult:
+    """The interleaved rounds, the split of each step, the points and the prediction."""
+    progress, notes = session.progress, session.notes
+    base, others = configs[0], configs[1:]
+    if not read_first(
+        variants.dataset_for(base.changes)[0], 1
+    ):  # bounded: a dataset that never yields is named
+        raise invalid_value(
+            "data",
+            None,
+            "a dataset that yields at least one batch",
+            received="a dataset that yields no batch",
+        )
+    progress.phase(f"timing {len(configs)} configurations in interleaved rounds")
+    comparisons = timing.compare(
+        variants.run_for(base.changes),
+        {c.key: variants.run_for(c.changes) for c in others},
+        budget=session.budget,
+        max_rounds=MIN_ROUNDS,
+        timed_units=STEPS * max(c.global_batch for c in configs),
+        clearly_slower=None,
+        done=lambda rounds: True,
+        failures=(tf.errors.OpError, ValueError),
+    )
+    base_s = _base_seconds(comparisons)
+    split_budget = timing.Budget(session.budget.seconds, 0.95, start=session.budget.start)
+    samples: dict[tuple[str, Any], list[float]] = {}
+    for r in range(PART_ROUNDS):
+        for c in configs[r % len(configs) :] + configs[: r % len(configs)]:
+            if split_budget.left() <= 0:
+                break
+            progress.phase(
+                f"splitting the step (round {r + 1} of {PART_ROUNDS}): {c.n} "
+                f"replica{'s' if c.n > 1 else ''}, {c.mode}"
+            )
+            _sample_parts(variants, c, split_budget, samples, r)
+    if any(("compute_s", c.key) not in samples for c in configs):
+        notes.append("the budget ran out before every step was split into its parts")
+    parts = {c.key: _parts_of(c, samples) for c in configs}
     link = _link(kind, counts)
-    grad_bytes = measure.gradient_bytes(base.model)
+    grad_bytes = measure.gradient_bytes(variants.model)
     points = [_point(c, comparisons.get(c.key), base_s, parts.get(c.key, {})) for c in configs]
     for p in points:
         p.explain(points[0], kind, grad_bytes)
     in_use = next((all_reduce.describe(c.strategy).in_use for c in others), "")
     predictions, errors = predict(points, parts, grad_bytes, in_use, network, kind, link)
-    result = ScalingResult(
+    return ScalingResult(
         points=points,
         predictions=predictions,
         prediction_errors=errors,
@@ -301,19 +281,22 @@ def scaling(
         all_reduce=in_use,
         link=link,
         notes=notes,
-        time_s=budget.elapsed(),
     )
-    if log_path is not None:
-        progress.phase("writing scaling.json and scaling.png")
-        write(result, log_path)
-    progress.done(result.headline())
-    return result
 
 
-def _configs(factory, source, devices, counts, base_batch, notes) -> list[_Config]:
-    configs: list[_Config] = []
-    for n in counts:
-        for mode in (WEAK, STRONG) if n > 1 else (WEAK,):
+def _configs(
+    variants: Variants,
+    devices: list[str],
+    counts: list[int],
+    base_batch: int,
+    one: tf.distribute.Strategy,
+    notes: list[str],
+) -> list[_Config]:
+    """One replica (the workload's own model, built under `one`), then each count weak and
+    strong, its model built by the factory inside its strategy's scope and checked."""
+    configs = [_Config(1, WEAK, base_batch, one)]
+    for n in counts[1:]:
+        for mode in (WEAK, STRONG):
             global_batch = base_batch * n if mode == WEAK else base_batch
             if global_batch % n:
                 notes.append(
@@ -321,31 +304,26 @@ def _configs(factory, source, devices, counts, base_batch, notes) -> list[_Confi
                     f"does not split into {n} equal shares"
                 )
                 continue
-            strategy = _strategy(devices[:n])
-            expected = (
-                "a function that builds its model inside the strategy scope it is called in "
-                "(open no strategy scope inside it)"
-            )
-            try:
-                with strategy.scope():
-                    model = check_model(factory(), from_factory=True)
-            except RuntimeError as e:  # TensorFlow's "Mixing different tf.distribute.Strategy"
-                raise invalid_value(
-                    "model_factory", factory, f"{expected}; it raised {one_line(e)}"
-                ) from e
-            built = getattr(model.distribute_strategy, "num_replicas_in_sync", 1)
-            if built != n:
-                raise invalid_value(
-                    "model_factory",
-                    factory,
-                    f"{expected}; its model has {built} replica(s) where {n} were asked",
-                )
-            configs.append(
-                _Config(
-                    n, mode, global_batch, strategy, model, source.batches(global_batch, strategy)
-                )
-            )
+            c = _Config(n, mode, global_batch, _strategy(devices[:n]))
+            _built(variants, c)
+            configs.append(c)
     return configs
+
+
+def _built(variants: Variants, c: _Config) -> Any:
+    """The model of `c`, built by the factory inside its strategy's scope; a ValueError naming
+    `model` when it is not compiled or has another replica count (its own strategy)."""
+    model = check_model(variants.model_for(c.changes), from_factory=True)
+    built = getattr(model.distribute_strategy, "num_replicas_in_sync", 1)
+    if built != c.n:
+        raise invalid_value(
+            "model",
+            variants.factory,
+            "a function that builds its model inside the strategy scope it is called in (open "
+            f"no strategy scope inside it); its model has {built} replica(s) where {c.n} were "
+            "asked",
+        )
+    return model
 
 
 def _base_seconds(comparisons: dict[str, timing.Comparison]) -> float | None:
@@ -354,7 +332,11 @@ def _base_seconds(comparisons: dict[str, timing.Comparison]) -> float | None:
 
 
 def _sample_parts(
-    c: _Config, budget: timing.Budget, samples: dict[tuple[str, Any], list[float]], round_: int
+    variants: Variants,
+    c: _Config,
+    budget: timing.Budget,
+    samples: dict[tuple[str, Any], list[float]],
+    round_: int,
 ) -> None:
     """One sample of each of the step's parts into `samples`: the compute of `c`; the
     all-reduce (and its latency) and the update of its replica count, and the pipeline's
@@ -366,17 +348,18 @@ def _sample_parts(
     def due(name: str, key: Any) -> bool:
         return len(samples.get((name, key), [])) <= round_ and budget.left() > 0
 
-    batch = read_first(c.dataset, 1)[0]
-    add("compute_s", c.key, measure.compute_s(c.strategy, c.model, batch))
+    model, (dataset, _) = variants.model_for(c.changes), variants.dataset_for(c.changes)
+    batch = read_first(dataset, 1)[0]
+    add("compute_s", c.key, measure.compute_s(c.strategy, model, batch))
     if c.n > 1 and due("all_reduce_s", c.n):
-        add("all_reduce_s", c.n, measure.all_reduce_s(c.strategy, c.model, tiny=False))
-        add("latency_s", c.n, measure.all_reduce_s(c.strategy, c.model, tiny=True))
+        add("all_reduce_s", c.n, measure.all_reduce_s(c.strategy, model, tiny=False))
+        add("latency_s", c.n, measure.all_reduce_s(c.strategy, model, tiny=True))
     if due("apply_s", c.n):  # the all-reduce and the update: the weights change, not the cost
-        add("apply_s", c.n, measure.apply_s(c.strategy, c.model))
+        add("apply_s", c.n, measure.apply_s(c.strategy, model))
     if due("input_rate", c.global_batch):
         from tfgpu.data import benchmark
 
-        pipe = benchmark(c.dataset, steps=STEPS, warmup=WARMUP, timeout_s=READ_TIMEOUT_S)
+        pipe = benchmark(dataset, steps=STEPS, warmup=WARMUP, timeout_s=READ_TIMEOUT_S)
         add("input_rate", c.global_batch, pipe.examples_per_s)
 
 
@@ -409,15 +392,15 @@ def _link(kind: str, counts: list[int]) -> Any:
     return gpu_link(sorted({g.nvml.index for g in gpus if g.nvml is not None}))
 
 
-def _point(c: _Config, comparison, base_s, parts: dict[str, float]) -> Point:
+def _point(c: _Config, comparison: Any, base_s: float | None, parts: dict[str, float]) -> Point:
     if c.n == 1:
         seconds = base_s
-        gain, low, high = (1.0, 1.0, 1.0) if base_s else (None, math.nan, math.nan)
+        gain = Gain(1.0, 1.0, 1.0) if base_s else None
         error = ""
     else:
         rounds = comparison.rounds if comparison else []
-        seconds = timing.medians(rounds)[1] if rounds else None
-        gain, low, high = timing.gain(rounds)
+        seconds = medians(rounds)[1] if rounds else None
+        gain = Gain.of(rounds)
         error = comparison.error if comparison else ""
     step = None if seconds is None else seconds * c.global_batch
     return Point(
@@ -428,8 +411,6 @@ def _point(c: _Config, comparison, base_s, parts: dict[str, float]) -> Point:
         step_s=step,
         examples_per_s=None if not seconds else 1.0 / seconds,
         speedup=gain,
-        speedup_low=low,
-        speedup_high=high,
         compute_s=parts.get("compute_s"),
         all_reduce_s=parts.get("all_reduce_s"),
         update_s=parts.get("update_s"),

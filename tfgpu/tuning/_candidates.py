@@ -1,6 +1,7 @@
-"""Which candidates `tune` tries, in which order (`candidates`), how it judges one
-(`verdict`, `numerics_verdict`), the lines to change (`combined_lines`) and the verification
-of the kept ones together (`verify`). Pure: no TensorFlow, no Keras, no clock.
+"""Which candidates `tune` tries, in which order (`candidates`), the numerics guard's verdict
+(`numerics_verdict`), the lines to change (`combined_lines`) and the verification of the kept
+ones together (`verify`); the verdicts themselves are the measuring core's (`rules`). Pure:
+no TensorFlow, no Keras, no clock.
 """
 
 from __future__ import annotations
@@ -10,13 +11,22 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from tfgpu._internal.adapters import timing
-from tfgpu._internal.adapters.all_reduce import MIRRORED, MULTI_WORKER, AllReduce
+from tfgpu._internal.adapters.all_reduce import MIRRORED, MULTI_WORKER
 from tfgpu._internal.adapters.datasets import DROP_REMAINDER_MAX_SHARE
+from tfgpu._internal.measure.facts import WorkloadFacts
+from tfgpu._internal.measure.rules import (
+    COMPILE_KEYS,
+    KEPT,
+    MARGIN,
+    MODEL_KEYS,
+    NO_GAIN,
+    PIPELINE_KEYS,
+    STRATEGY_KEYS,
+    Gain,
+    bottleneck,
+    verdict,
+)
 from tfgpu.precision import choose_policy
-
-# A candidate is kept only when the low end of its gain interval clears this margin.
-MARGIN = 1.05
 
 # The numerics guard: a mean loss above the baseline's by more than this share is unsafe.
 LOSS_TOLERANCE = 0.10
@@ -29,68 +39,19 @@ SPE_LADDER = (4, 16, 64)
 # leave no host overhead worth saving, and a fit would run for minutes.
 SPE_MAX_EXECUTION_S = 1.0
 
-# The facts' bottleneck: input when reading a batch takes this share of a step or more;
-# host overhead when a step (one call) takes less than this many seconds.
-INPUT_SHARE = 0.5
-HOST_BOUND_STEP_S = 0.02
-
-KEPT = "kept"
-BORDERLINE = "borderline"
-SLOWER = "slower"
-NO_GAIN = "no measurable gain"
-UNSAFE = "unsafe numerics"
-UNTRIED = "untried"
-FAILED = "failed"
-STATUSES = (KEPT, BORDERLINE, SLOWER, NO_GAIN, UNSAFE, UNTRIED, FAILED)
-
-# Change keys by where they apply.
-COMPILE_KEYS = ("steps_per_execution", "jit_compile")
-PIPELINE_KEYS = (
-    "drop_remainder",
-    "cache",
-    "private_threadpool_size",
-    "batch_augment",
-    "prefetch",
-    "batch_size",
-)
-MODEL_KEYS = ("precision",)
-STRATEGY_KEYS = ("all_reduce",)
-# The settings that change the traced train step (the others change only the data).
-STEP_KEYS = (*COMPILE_KEYS, *MODEL_KEYS, *STRATEGY_KEYS)
-
 NEEDS_FACTORY = "needs a model factory: pass a function that builds and compiles the model"
 FRESH_PROCESS = "needs a fresh process (`tfgpu tune SCRIPT.py`)"
-BUDGET_SPENT = "time budget spent"
 HALTED = "tune stopped"  # the data or the model raised: no candidate after it ran
 
 
-@dataclasses.dataclass(frozen=True)
-class Facts:
-    """What `candidates` decides from. Pure data."""
+@dataclasses.dataclass
+class TuneFacts(WorkloadFacts):
+    """The workload's facts and what only `tune` reads: why the pipeline's `augment_fn`
+    cannot run on whole batches ("": it can), and for another dataset why caching its output
+    would change the training or not fit ("": it would not; None: not known)."""
 
-    steps_per_execution: int = 1
-    jit_compile: bool = False
-    xla_supported: bool = True
-    batches_per_epoch: int | None = None  # None: unknown or infinite
-    global_batch: int | None = None
-    # (examples in the partial last batch, examples per epoch); None: none, or cannot tell
-    remainder: tuple[int, int] | None = None
-    static_shape: bool = False  # every batch dimension of the element spec is known
-    pipeline: dict[str, Any] | None = None  # the tfgpu pipeline's arguments, when rebuildable
-    cached: bool = False  # a cache step is in the data's chain
-    prefetched: bool = False  # the data ends in a prefetch (a user's dataset)
-    has_factory: bool = False
-    policy: str = "float32"  # the model's dtype policy
-    gpu_ccs: tuple[tuple[int, int], ...] = ()  # compute capabilities; empty on the CPU
-    cpu_native_bf16: bool = False
-    cpu_count: int = 1
-    augment_on_batches: str = ""  # why the pipeline's augment_fn fails on a batch ("": it runs)
-    step_s: float | None = None  # seconds per training step as it is (None: not measured)
-    # Another dataset: why caching its output would change the training or not fit ("": it
-    # would not; None: not known)
+    augment_on_batches: str = ""
     cache_untried: str | None = None
-    input_s: float | None = None  # seconds to read one batch of the data alone
-    all_reduce: AllReduce | None = None  # how the model's strategy sums gradients
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +111,7 @@ def _dataset_line(key: str, value: Any, global_batch: int | None) -> str:
     raise ValueError(f"no line for {key}")  # pragma: no cover
 
 
-def line_for(change: dict[str, Any], facts: Facts) -> str:
+def line_for(change: dict[str, Any], facts: TuneFacts) -> str:
     """The code line that makes `change` (keys of one kind) in the user's code. Pure."""
     keys = set(change)
     if keys <= set(COMPILE_KEYS):
@@ -166,18 +127,18 @@ def line_for(change: dict[str, Any], facts: Facts) -> str:
     if facts.pipeline is not None:
         return _pipeline_line(change, facts.pipeline)
     (key, value), *_ = change.items()
-    return _dataset_line(key, value, facts.global_batch)
+    return _dataset_line(key, value, facts.batch_size)
 
 
-def _candidate(name: str, change: dict[str, Any], facts: Facts, **kwargs: Any) -> Candidate:
+def _candidate(name: str, change: dict[str, Any], facts: TuneFacts, **kwargs: Any) -> Candidate:
     return Candidate(name, change, line_for(change, facts), **kwargs)
 
 
-def precision_choice(facts: Facts) -> tuple[str | None, str]:
+def precision_choice(facts: TuneFacts) -> tuple[str | None, str]:
     """(the mixed policy to try or None, why not): `choose_policy` on GPUs; on the CPU,
     bfloat16 only with native bfloat16 units. Pure."""
-    if facts.gpu_ccs:
-        choice = choose_policy(list(facts.gpu_ccs))
+    if facts.compute_capabilities:
+        choice = choose_policy(list(facts.compute_capabilities))
         if choice.policy == "float32":
             return None, choice.reason
         return choice.policy, ""
@@ -186,7 +147,7 @@ def precision_choice(facts: Facts) -> tuple[str | None, str]:
     return None, "this CPU has no native bfloat16 (no AMX or AVX-512 BF16): it would only add casts"
 
 
-def all_reduce_candidates(facts: Facts) -> list[Candidate]:
+def all_reduce_candidates(facts: TuneFacts) -> list[Candidate]:
     """The all-reduce settings of `tfgpu.strategy` that apply to the model's replicas, but
     the one in use; none on one replica. Pure.
 
@@ -220,26 +181,14 @@ def all_reduce_candidates(facts: Facts) -> list[Candidate]:
     ]
 
 
-def bottleneck(facts: Facts) -> str:
-    """What the measured step predicts gains most: `"input"` (reading a batch takes half a
-    step or more), `"host"` (steps of under 20 ms: overhead per call), `"compute"`, or ""
-    before the step is measured. Pure."""
-    if facts.step_s is None or not math.isfinite(facts.step_s):
-        return ""
-    if facts.input_s is not None and facts.input_s >= INPUT_SHARE * facts.step_s:
-        return "input"
-    if facts.step_s * facts.steps_per_execution < HOST_BOUND_STEP_S:
-        return "host"
-    return "compute"
-
-
-def candidates(facts: Facts) -> list[Candidate]:
+def candidates(facts: TuneFacts) -> list[Candidate]:
     """The ordered candidates for `facts` (untried ones with their reason). Pure.
 
     A candidate that undoes a setting the model has (XLA on, a mixed policy on hardware
     without native low precision) comes first; then, on several replicas, the other
     all-reduces (every step pays one, and the settings after are measured on top of the
-    faster); then the groups in the order the `bottleneck` predicts; `jit_compile=True`
+    faster); then the groups in the order `rules.bottleneck` predicts from the first
+    measurement; `jit_compile=True`
     last (it gains most from the settings before it, and is often much slower on a CPU).
     """
     undo: list[Candidate] = []
@@ -271,7 +220,7 @@ def candidates(facts: Facts) -> list[Candidate]:
     static: list[Candidate] = []
     if not facts.static_shape:  # the step traced for one batch size
         untried = ""
-        if facts.global_batch is None:
+        if facts.batch_size is None:
             untried = "the batch size of the data is unknown"
         elif facts.pipeline is not None and facts.pipeline.get("drop_remainder") is False:
             untried = "the pipeline was asked for drop_remainder=False"
@@ -301,12 +250,15 @@ def candidates(facts: Facts) -> list[Candidate]:
         "input": (data, spe, precision, static),
         "host": (spe, static, data, precision),
         "compute": (precision, spe, static, data),
-    }.get(bottleneck(facts), (spe, precision, static, data))
+    }.get(
+        bottleneck(facts.step_time_s, facts.input_time_s, facts.steps_per_execution),
+        (spe, precision, static, data),
+    )
     tail = [] if facts.jit_compile else [xla]
     return undo + all_reduce_candidates(facts) + [c for group in order for c in group] + tail
 
 
-def _data_candidates(facts: Facts) -> list[Candidate]:
+def _data_candidates(facts: TuneFacts) -> list[Candidate]:
     """The pipeline's settings (a tfgpu pipeline is built again with them), or what applies
     to any dataset."""
     out: list[Candidate] = []
@@ -315,7 +267,7 @@ def _data_candidates(facts: Facts) -> list[Candidate]:
         if (
             p.get("map_fn") is not None
             and p.get("cache") == "auto"
-            and not facts.cached
+            and facts.cache is None
             and not p.get("repeat")
         ):
             out.append(_candidate("cache in memory", {"cache": "memory"}, facts))
@@ -337,12 +289,16 @@ def _data_candidates(facts: Facts) -> list[Candidate]:
                 )
             )
     else:
-        if not facts.prefetched:
+        if not facts.prefetch:
             out.append(_candidate("prefetch", {"prefetch": True}, facts))
-        if facts.cache_untried is not None and not facts.cached:
+        if facts.cache_untried is not None and facts.cache is None:
             untried = facts.cache_untried
             out.append(_candidate("cache in memory", {"cache": True}, facts, untried=untried))
-    if not facts.gpu_ccs and not (p or {}).get("private_threadpool_size") and facts.cpu_count > 1:
+    if (
+        not facts.compute_capabilities
+        and not (p or {}).get("private_threadpool_size")
+        and facts.cpu_count > 1
+    ):
         # One thread leaves the cores to the model's ops; one per core keeps input apace.
         for size in sorted({1, facts.cpu_count}):
             change = {"private_threadpool_size": size}
@@ -411,57 +367,6 @@ def spe_fits(value: int, step_s: float | None) -> str:
     return ""
 
 
-def gain_text(g: float | None, low: float, high: float) -> str:
-    """The gain with its interval, e.g. `"x1.32 (1.25-1.40)"`, or `"-"` without one. Pure."""
-    if g is None or not math.isfinite(g):
-        return "-"
-    if math.isfinite(low) and math.isfinite(high) and (low, high) != (g, g):
-        return f"x{g:.2f} ({low:.2f}-{high:.2f})"
-    return f"x{g:.2f}"
-
-
-def decided(rounds: Sequence[tuple[float, float]], margin: float = MARGIN) -> bool:
-    """Whether more rounds cannot change a candidate's verdict much: its interval clears
-    `margin` (kept) or lies below it, or its median gain is below it (the interval could
-    then clear the margin only by luck). The search's stop rule. Pure."""
-    g, low, high = timing.gain(rounds)
-    return g is None or low >= margin or high < margin or g < margin
-
-
-def verdict(
-    rounds: Sequence[tuple[float, float]], why: str | None, margin: float = MARGIN
-) -> tuple[str, str]:
-    """(status, reason) for a candidate measured in `rounds` (baseline, candidate seconds
-    per example) that `compare` stopped for `why` (the verdicts: docs/tuning.md). Pure.
-
-    Example:
-
-    >>> verdict([(2.0, 1.0)] * 3, None)
-    ('kept', 'over 3 rounds')
-    """
-    g, low, high = timing.gain(rounds)
-    n = len(rounds)
-    if why == "slower" and n >= 1:
-        return SLOWER, "the first round was clearly slower"
-    if g is None:
-        return UNTRIED, BUDGET_SPENT
-    if n < timing.MIN_ROUNDS:
-        if high < 1.0 and n >= 2:
-            return SLOWER, f"over {n} rounds"
-        return UNTRIED, f"{BUDGET_SPENT} after {n} round(s) ({gain_text(g, low, high)})"
-    if low >= margin:
-        return KEPT, f"over {n} rounds"
-    if high < 1.0:
-        return SLOWER, f"over {n} rounds"
-    if g < margin:
-        return NO_GAIN, f"over {n} rounds, the median gain is below the x{margin:.2f} margin"
-    return BORDERLINE, (
-        f"over {n} rounds the median gain clears the x{margin:.2f} margin, its interval does "
-        "not: not kept, and it may come and go from run to run (a larger time_budget_s "
-        "settles it)"
-    )
-
-
 def numerics_verdict(base_loss: float, loss: float) -> str:
     """Why a candidate's mean loss over the guard's steps is unsafe next to the baseline's
     from the same weights ("" when it is safe). Pure.
@@ -483,7 +388,7 @@ def numerics_verdict(base_loss: float, loss: float) -> str:
     return ""
 
 
-def combined_lines(kept: Sequence[tuple[dict[str, Any], str]], facts: Facts) -> list[str]:
+def combined_lines(kept: Sequence[tuple[dict[str, Any], str]], facts: TuneFacts) -> list[str]:
     """The lines to change for the kept candidates (their `change`, their own line): one
     `model.compile(...)` line, one pipeline line, the others as they are. Pure."""
     compile_change: dict[str, Any] = {}
@@ -517,34 +422,33 @@ class Kept:
 
 def verify(
     kept: list[Kept],
-    together: Callable[[dict[str, Any]], timing.Comparison],
+    together: Callable[[dict[str, Any]], Any],
     notes: list[str],
-) -> tuple[float, float, float]:
-    """(speedup, low, high) of the kept settings together over the baseline, timed by
-    `together(changes)`; while they do not clear `MARGIN`, the one that gave the least is
+) -> Gain:
+    """The gain of the kept settings together over the baseline, timed by `together(changes)`
+    (a `timing.Comparison`); while they do not clear `MARGIN`, the one that gave the least is
     dropped (its trial and `notes` say so). `kept` is left with the verified settings."""
     while kept:
         if len(kept) == 1 and kept[0].against_baseline:
-            g, low, high = timing.gain(kept[0].rounds)
-            return g or 1.0, low, high
+            return Gain.of(kept[0].rounds) or NONE
         changes: dict[str, Any] = {}
         for k in kept:
             changes = merged(changes, k.change)
         c = together(changes)
         status, reason = verdict(c.rounds, c.stopped)
-        g, low, high = timing.gain(c.rounds)
+        g = Gain.of(c.rounds)
         if c.error:
             notes.append(f"the verification failed: {c.error}")
             reason = c.error
-        elif status == KEPT:
-            return g or 1.0, low, high
+        elif status == KEPT and g is not None:
+            return g
         elif c.stopped == "budget" and g and min(_ratios(c.rounds), default=0.0) >= MARGIN:
             notes.append(
                 f"verified over {len(c.rounds)} round(s) only (time budget spent): every round "
                 f"cleared x{MARGIN:.2f}"
             )
-            return g, low, high
-        weakest = min(kept, key=lambda k: k.trial.gain or 0.0)
+            return g
+        weakest = min(kept, key=lambda k: k.trial.gain.value if k.trial.gain else 0.0)
         kept.remove(weakest)
         weakest.trial.status = NO_GAIN
         weakest.trial.reason = (
@@ -552,7 +456,11 @@ def verify(
             f"the margin against the baseline ({reason}); this one gave the least"
         )
         notes.append(f"{weakest.trial.name} dropped at the verification")
-    return 1.0, 1.0, 1.0
+    return NONE
+
+
+# The gain of nothing kept.
+NONE = Gain(1.0, 1.0, 1.0)
 
 
 def _ratios(rounds: Sequence[tuple[float, float]]) -> list[float]:

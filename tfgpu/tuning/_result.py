@@ -3,27 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
-import io
 import math
 from pathlib import Path
 from typing import Any
 
-from tfgpu._internal.helpers.files import write_result, write_text_atomic
-from tfgpu._internal.helpers.jsonable import json_safe
 from tfgpu._internal.helpers.warn import warn_at_user_code
-from tfgpu.tuning._candidates import (
+from tfgpu._internal.measure.result import Result, save_figure
+from tfgpu._internal.measure.rules import (
     BUDGET_SPENT,
     COMPILE_KEYS,
-    HALTED,
     KEPT,
     MARGIN,
     STEP_KEYS,
+    Gain,
     gain_text,
 )
-
-TUNE_JSON = "tune.json"
-TUNE_PNG = "tune.png"
+from tfgpu.tuning._candidates import HALTED, NONE
 
 
 @dataclasses.dataclass
@@ -34,14 +29,11 @@ class Trial:
         name: str, the candidate, e.g. `"steps_per_execution=16"`.
         change: dict, the setting it changes, e.g. `{"steps_per_execution": 16}`.
             Defaults to `{}`.
-        gain: float or None, the measured gain: the current best configuration's time per
-            example over the candidate's (2.0: twice as fast). None when not measured.
-            Defaults to None.
-        gain_low: float, the low end of the gain's confidence interval (NaN: not measured).
-            Defaults to NaN.
-        gain_high: float, its high end. Defaults to NaN.
-        status: str, `"kept"`, `"slower"`, `"no measurable gain"`, `"unsafe numerics"`,
-            `"untried"` or `"failed"`. Defaults to `"untried"`.
+        gain: `Gain` or None, the measured gain (`value`, `low`, `high`: its confidence
+            interval): the current best configuration's time per example over the
+            candidate's (2.0: twice as fast). None when not measured. Defaults to None.
+        status: str, `"kept"`, `"borderline"`, `"slower"`, `"no measurable gain"`,
+            `"unsafe numerics"`, `"untried"` or `"failed"`. Defaults to `"untried"`.
         reason: str, why, with the numbers. Defaults to `""`.
         line: str, the code line that makes the change. Defaults to `""`.
 
@@ -53,9 +45,7 @@ class Trial:
 
     name: str
     change: dict[str, Any] = dataclasses.field(default_factory=dict)
-    gain: float | None = None
-    gain_low: float = math.nan
-    gain_high: float = math.nan
+    gain: Gain | None = None
     status: str = "untried"
     reason: str = ""
     line: str = ""
@@ -63,11 +53,11 @@ class Trial:
     @property
     def gain_text(self) -> str:
         """The gain with its interval, e.g. `"x1.32 (1.25-1.40)"`, or `"-"`."""
-        return gain_text(self.gain, self.gain_low, self.gain_high)
+        return gain_text(self.gain)
 
 
 @dataclasses.dataclass
-class TuneResult:
+class TuneResult(Result):
     """What `tfgpu.tune` measured and kept.
 
     Printing it shows the table, the verified speedup and the lines to change (how to read
@@ -78,10 +68,8 @@ class TuneResult:
         baseline_examples_per_s: float, the training throughput as it was (NaN: not
             measured).
         tuned_examples_per_s: float, with every kept setting (the baseline's when none).
-        speedup: float, the verified gain of all kept settings together over the baseline
-            (1.0 when nothing was kept).
-        speedup_low: float, the low end of its confidence interval.
-        speedup_high: float, its high end.
+        speedup: `Gain`, the verified gain of all kept settings together over the baseline,
+            with its interval (1.0 when nothing was kept).
         settings: dict, the kept settings, e.g. `{"steps_per_execution": 16}`.
         lines: list of str, the lines to change in your code.
         dataset: the tuned dataset when pipeline settings were kept, else the data passed in.
@@ -101,15 +89,17 @@ class TuneResult:
     trials: list[Trial]
     baseline_examples_per_s: float = math.nan
     tuned_examples_per_s: float = math.nan
-    speedup: float = 1.0
-    speedup_low: float = 1.0
-    speedup_high: float = 1.0
+    speedup: Gain = NONE
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     lines: list[str] = dataclasses.field(default_factory=list)
     dataset: Any = None
     notes: list[str] = dataclasses.field(default_factory=list)
     time_s: float = math.nan
     compared_with: str = "the best so far"
+
+    json_name = "tune.json"
+    png_name = "tune.png"
+    unsaved = ("dataset",)
 
     def trial(self, name: str) -> Trial | None:
         """The trial named `name`, or None.
@@ -183,12 +173,6 @@ class TuneResult:
             )
         return model
 
-    def to_dict(self) -> dict[str, Any]:
-        """Returns the result as JSON-ready data (without the dataset)."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "dataset"}
-        d["trials"] = [dataclasses.asdict(t) for t in self.trials]
-        return json_safe(d)
-
     def __str__(self) -> str:
         rows = [
             (t.name, t.gain_text, t.status + (f": {t.reason}" if t.reason else ""))
@@ -201,14 +185,9 @@ class TuneResult:
         out += [f"  {a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows]
         base, tuned = self.baseline_examples_per_s, self.tuned_examples_per_s
         if math.isfinite(base):
-            interval = (
-                f" ({self.speedup_low:.2f}-{self.speedup_high:.2f})"
-                if (self.speedup_low, self.speedup_high) != (self.speedup, self.speedup)
-                else ""
-            )
             out.append(
                 f"baseline {base:,.1f} examples/s -> tuned {tuned:,.1f} examples/s: "
-                f"x{self.speedup:.2f}{interval}, verified together"
+                f"{self.speedup.text()}, verified together"
             )
         elif not any(t.reason.startswith(HALTED) for t in self.trials):
             out.append("baseline not measured (time budget spent)")
@@ -246,15 +225,11 @@ class TuneResult:
 
     def contributions(self) -> list[tuple[str, float]]:
         """(name, gain) of each kept trial, in order: each against the best before it."""
-        return [(t.name, t.gain) for t in self.trials if t.status == KEPT and t.gain]
+        return [(t.name, t.gain.value) for t in self.trials if t.status == KEPT and t.gain]
 
-
-def write(result: TuneResult, log_dir: Path) -> None:
-    """Writes `tune.json` (with the printed table, which `tfgpu report` shows) and `tune.png`
-    into `log_dir` (older ones rotated aside); failures are warnings."""
-    record = {**result.to_dict(), "text": str(result)}
-    draw = functools.partial(plot_waterfall, result)
-    write_result(log_dir, "tune", record, TUNE_JSON, draw, TUNE_PNG)
+    def plot(self, path: Path) -> None:
+        """Draws the waterfall of `waterfall_steps` into `path` (PNG, atomically)."""
+        plot_waterfall(self, path)
 
 
 def waterfall_steps(result: TuneResult) -> list[tuple[str, float, float]]:
@@ -267,9 +242,8 @@ def waterfall_steps(result: TuneResult) -> list[tuple[str, float, float]]:
     bars = [("baseline", 0.0, base)]
     product = math.prod(g for _, g in parts) if parts else 1.0
     # Scale each step's log-gain so that together they reach the verified speedup.
-    scale = (
-        math.log(result.speedup) / math.log(product) if product > 1 and result.speedup > 1 else 0.0
-    )
+    speedup = result.speedup.value
+    scale = math.log(speedup) / math.log(product) if product > 1 and speedup > 1 else 0.0
     level = base
     for name, g in parts:
         top = level * math.exp(math.log(g) * scale)
@@ -293,20 +267,5 @@ def plot_waterfall(result: TuneResult, path: Path) -> None:
     ax.set_xticks(range(len(bars)))
     ax.set_xticklabels([b[0] for b in bars], rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("examples/s")
-    ax.set_title(f"tune: x{result.speedup:.2f} verified against the baseline", fontsize=10)
-    fig.tight_layout()
-    png = io.BytesIO()
-    fig.savefig(png, dpi=100, format="png")
-    write_text_atomic(path, png.getvalue())
-
-
-def finish(
-    result: TuneResult, budget: Any, log_path: Path | None, progress: Any, kept: int
-) -> TuneResult:
-    """The end of `tune` and `tune SCRIPT`: the time taken, the files written, the last line."""
-    result.time_s = budget.elapsed()
-    if log_path is not None:
-        progress.phase("writing tune.json and tune.png")
-        write(result, log_path)
-    progress.done(f"x{result.speedup:.2f} verified, {kept} setting(s) kept")
-    return result
+    ax.set_title(f"tune: x{result.speedup.value:.2f} verified against the baseline", fontsize=10)
+    save_figure(fig, path)

@@ -26,9 +26,6 @@ from tfgpu._internal.helpers.processes import death, run_python
 # Environment variables of the settings that need a GPU.
 _GPU_ONLY = ("TF_GPU_THREAD_MODE", "TF_GPU_ALLOCATOR")
 
-# Rounds per comparison, at most.
-MAX_ROUNDS = 7
-
 # A child that runs longer than this (and the budget allows) is stopped: its script is
 # doing something other than reaching `fit`.
 CHILD_TIMEOUT_S = 600.0
@@ -169,8 +166,9 @@ def child_outcome(status: int, report: str, output: str) -> ChildRun:
     return ChildRun(error=f"the script {death(status)}" + (f": {'; '.join(tail)}" if tail else ""))
 
 
-class _Rounds:
-    """Times of the baseline and the settings, round after round, in a rotating order."""
+class ProcessVariants:
+    """The script's variants, each a fresh process with settings in its environment: the
+    measuring core's variants of a script (`run_for(change)` is a `timing.Run`)."""
 
     def __init__(
         self,
@@ -186,6 +184,7 @@ class _Rounds:
         self.budget, self.progress = budget, progress
         self.batch: int | None = None
         self.base_times: list[float] = []
+        self.first_base: float | None = None  # the baseline's first run, measured already
 
     def child(self, change: Mapping[str, str]) -> ChildRun:
         left = self.budget.left()
@@ -203,40 +202,34 @@ class _Rounds:
             self.batch = run.batch
         return run
 
-    def compare(
-        self, variants: dict[str, dict[str, str]], first_base: float | None = None
-    ) -> dict[str, Any]:
+    def run_for(self, change: dict[str, str], name: str | None = None) -> Any:
+        """A `timing.Run` of the script with `change` in its environment (the baseline: `{}`);
+        a child that failed raises `ChildFailed` (but for the budget: no time)."""
+        calls = [1 if not change and self.first_base is not None else 0]
+
+        def run(deadline: float | None, limit: float | None) -> float | None:
+            calls[0] += 1
+            self.progress.phase(f"round {calls[0]}: {name or 'the baseline'}")
+            child = self.child(change)
+            if not change:
+                if child.step_s is not None:
+                    self.base_times.append(child.step_s)
+            elif child.error and "budget" not in child.error:
+                raise ChildFailed(child.error)
+            return child.step_s
+
+        return run
+
+    def compare(self, variants: dict[str, dict[str, str]]) -> dict[str, Any]:
         """Each variant against the baseline in the timing engine's rounds: a
         `timing.Comparison` per variant (a child that failed is its `error`)."""
-        from tfgpu._internal.adapters import timing
-        from tfgpu.tuning._candidates import MARGIN
-
-        if first_base is not None:
-            self.base_times.append(first_base)
-
-        def run_of(name: str | None, change: dict[str, str]) -> timing.Run:
-            calls = [1 if name is None and first_base is not None else 0]
-
-            def run(deadline: float | None, limit: float | None) -> float | None:
-                calls[0] += 1
-                self.progress.phase(f"round {calls[0]}: {name or 'the baseline'}")
-                child = self.child(change)
-                if name is None:
-                    if child.step_s is not None:
-                        self.base_times.append(child.step_s)
-                elif child.error and "budget" not in child.error:
-                    raise ChildFailed(child.error)
-                return child.step_s
-
-            return run
+        from tfgpu._internal.measure import timing
 
         return timing.compare(
-            run_of(None, {}),
-            {name: run_of(name, env) for name, env in variants.items()},
-            threshold=MARGIN,
+            self.run_for({}),
+            {name: self.run_for(env, name) for name, env in variants.items()},
             budget=self.budget,
-            max_rounds=MAX_ROUNDS,
-            first_base=first_base,
+            first_base=self.first_base,
             failures=(ChildFailed,),
             describe=str,
         )
@@ -288,20 +281,19 @@ def tune_script(
     print(tune_script("train.py", ["--epochs", "1"], time_budget_s=300))
     ```
     """
-    from tfgpu._internal.adapters import timing
-    from tfgpu._internal.helpers.progress import Progress, check_verbose
+    from tfgpu._internal.helpers import stats
+    from tfgpu._internal.measure.rules import FAILED, KEPT, Gain, verdict
+    from tfgpu._internal.measure.session import Session
     from tfgpu.tuning import _candidates as cands
-    from tfgpu.tuning._result import Trial, TuneResult, finish
+    from tfgpu.tuning._result import Trial, TuneResult
 
-    check_verbose(verbose)
     path, args, budget_s, log_path = check_arguments(
         script, script_args, steps, warmup, time_budget_s, log_dir
     )
-    progress = Progress(verbose, title="tune SCRIPT", budget_s=budget_s, clock=lambda: timing.now())
-    budget = timing.Budget(budget_s)
-    rounds = _Rounds(path, args, int(steps), int(warmup), budget, progress)
-    progress.phase("the baseline (your environment as it is)")
-    first = rounds.child({})
+    session = Session.open("tune SCRIPT", verbose=verbose, time_budget_s=budget_s, log_dir=log_path)
+    runs = ProcessVariants(path, args, int(steps), int(warmup), session.budget, session.progress)
+    session.progress.phase("the baseline (your environment as it is)")
+    first = runs.child({})
     if first.step_s is None:
         if "budget" in first.error:
             raise RuntimeError(
@@ -309,10 +301,11 @@ def tune_script(
                 "larger one (time_budget_s; --time-budget-s on the command line)"
             )
         raise RuntimeError(f"{path} did not reach a timed fit: {first.error}")
+    runs.first_base = first.step_s
+    runs.base_times.append(first.step_s)
     plan = settings(first.gpus)
     trials: list[Trial] = []
-    variants = {name: env for name, env, _, untried in plan if not untried}
-    measured = rounds.compare(variants, first_base=first.step_s)
+    measured = runs.compare({name: env for name, env, _, untried in plan if not untried})
     kept: list[cands.Kept] = []
     for name, env, line, untried in plan:
         if untried:
@@ -320,42 +313,37 @@ def tune_script(
             continue
         c = measured[name]
         if c.error:
-            trials.append(Trial(name, dict(env), status=cands.FAILED, reason=c.error, line=line))
+            trials.append(Trial(name, dict(env), status=FAILED, reason=c.error, line=line))
             continue
-        status, reason = cands.verdict(c.rounds, c.stopped)
-        g, low, high = timing.gain(c.rounds)
-        trial = Trial(name, dict(env), g, low, high, status, reason, line)
+        status, reason = verdict(c.rounds, c.stopped)
+        trial = Trial(name, dict(env), Gain.of(c.rounds), status, reason, line)
         trials.append(trial)
-        if status == cands.KEPT:
+        if status == KEPT:
             kept.append(cands.Kept(trial, dict(env), c.rounds, against_baseline=True))
     notes = [
         "each setting against the baseline (your environment), in fresh processes; set the "
         "kept ones in the shell before Python starts"
     ]
 
-    def together(changes: dict[str, Any]) -> timing.Comparison:
-        progress.phase("verifying the kept settings together")
-        return rounds.compare({"together": changes})["together"]
+    def together(changes: dict[str, Any]) -> Any:
+        session.progress.phase("verifying the kept settings together")
+        runs.first_base = None
+        return runs.compare({"together": changes})["together"]
 
     speedup = cands.verify(kept, together, notes)
-    from tfgpu._internal.helpers import stats
-
-    base = stats.median(rounds.base_times)
-    batch = rounds.batch
+    base, batch = stats.median(runs.base_times), runs.batch
     base_eps = batch / base if batch and base and math.isfinite(base) else math.nan
     result = TuneResult(
         trials=trials,
         baseline_examples_per_s=base_eps,
-        tuned_examples_per_s=base_eps * speedup[0],
-        speedup=speedup[0],
-        speedup_low=speedup[1],
-        speedup_high=speedup[2],
+        tuned_examples_per_s=base_eps * speedup.value,
+        speedup=speedup,
         settings={k: v for kept_one in kept for k, v in kept_one.change.items()},
         lines=[kept_one.trial.line for kept_one in kept],
         notes=notes,
         compared_with="the baseline",
     )
-    return finish(result, budget, log_path, progress, len(kept))
+    return session.finish(result, f"{speedup.text()} verified, {len(kept)} setting(s) kept")
 
 
 def run_command(args: Any) -> int:
@@ -416,7 +404,7 @@ def _child_main(argv: Sequence[str]) -> int:
         import keras
         import tensorflow as tf
 
-        from tfgpu._internal.adapters import timing
+        from tfgpu._internal.measure import timing
 
         gpus = len(tf.config.list_physical_devices("GPU"))
     original_fit = keras.Model.fit

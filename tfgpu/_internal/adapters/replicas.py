@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgpu._internal.adapters import timing
+from tfgpu._internal.measure import timing
 
 STEPS = 5  # steps per timed call
 CALLS = 5  # timed calls, after one untimed call that traces

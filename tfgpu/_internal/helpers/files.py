@@ -63,11 +63,16 @@ def write_text_atomic(path: Path, text: str | bytes) -> None:
 
 
 def write_result(
-    log_dir: Path, who: str, record: dict[str, Any], json_name: str, plot: Any, png_name: str
+    log_dir: Path,
+    who: str,
+    record: dict[str, Any],
+    json_name: str,
+    plot: Any = None,
+    png_name: str = "",
 ) -> None:
-    """Writes a result's `record` as `json_name` into `log_dir`, then `plot(path)` draws
-    `png_name` beside it (older ones rotated aside); a failure of either is a warning naming
-    `who` (`tune`, `scaling`): the result is returned whatever the disk says.
+    """Writes a result's `record` as `json_name` into `log_dir`, then `plot(path)` (where
+    given) draws `png_name` beside it (older ones rotated aside); a failure of either is a
+    warning naming `who` (`tune`, `scaling`): the result is returned whatever the disk says.
 
     Example:
 
@@ -80,6 +85,8 @@ def write_result(
         write_text_atomic(path, json.dumps(record, indent=2))
     except OSError as e:
         warn_at_user_code(f"{who}: {json_name} not written to {log_dir}: {one_line(e)}")
+        return
+    if plot is None:
         return
     try:
         png = log_dir / png_name

@@ -1,7 +1,8 @@
-"""The one timing engine of `diagnose`, `tune`, `tfgpu tune SCRIPT` and `find_batch_size`: a
-timed `fit` (`fit_step_time`) under a `Budget`, variants compared in interleaved rounds
-(`compare`) until the confidence interval of the median ratio settles; pure statistics.
-`now` and `fit_step_time` are module attributes: the tests replace them with scripted ones.
+"""The one timing engine of the measuring core: a timed `fit` (the steady step,
+`fit_step_time`; whole epochs as the user's `fit` sees them, `epoch_time`; a first look,
+`probe_step_time`) under a `Budget`, and variants compared with a baseline in interleaved
+rounds (`compare`) until `rules.decided`. `now` and the timed fits are module attributes: the
+tests' one scripted engine (tests/conftest.py, `ScriptedClock`) replaces them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import gc
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,13 +20,7 @@ import keras
 
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.warn import one_line
-
-# Rounds per comparison at least; the coverage of the median's confidence interval.
-MIN_ROUNDS = 3
-CONFIDENCE = 0.90
-
-# A comparison stops after its first round when the variant is this much slower.
-CLEARLY_SLOWER = 1.5
+from tfgpu._internal.measure.rules import CLEARLY, MARGIN, MAX_ROUNDS, MIN_ROUNDS, decided
 
 # A variant's timed steps run at most this many times as long as the baseline's.
 FIT_LIMIT_FACTOR = 3.0
@@ -253,20 +248,20 @@ def compare(
     base: Run,
     variants: dict[str, Run],
     *,
-    threshold: float = 1.0,
+    margin: float = MARGIN,
     budget: Budget | None = None,
-    max_rounds: int = 7,
+    max_rounds: int = MAX_ROUNDS,
     timed_units: int = 6,
     first_base: float | None = None,
     done: Callable[[list[tuple[float, float]]], bool] | None = None,
-    clearly_slower: float | None = CLEARLY_SLOWER,
+    clearly_slower: float | None = CLEARLY,
     failures: tuple[type[BaseException], ...] = (),
     describe: Callable[[BaseException], str] = one_line,
 ) -> dict[str, Comparison]:
     """The baseline and each open variant in interleaved rounds, in a rotating order; returns a
     `Comparison` per variant.
 
-    A variant closes after `MIN_ROUNDS` once `done` (default: `settled` on `threshold`), after
+    A variant closes after `MIN_ROUNDS` once `done` (default: `rules.decided` on `margin`), after
     round one when `clearly_slower` (None: never), when the budget is spent, or when its run
     raises one of `failures` (its `error`). Its timed part is limited to `FIT_LIMIT_FACTOR`
     times the baseline's (`timed_units` of it, plus a second). `first_base`: the baseline's
@@ -283,7 +278,7 @@ def compare(
             and not c.error
             and not (
                 i >= MIN_ROUNDS
-                and (done(c.rounds) if done is not None else settled(c.rounds, threshold))
+                and (done(c.rounds) if done is not None else decided(c.rounds, margin))
             )
         ]
         if not active:
@@ -321,106 +316,13 @@ def compare(
     return out
 
 
-def medians(rounds: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """(median of the first values, median of the second) of paired rounds. Pure.
+def input_time(dataset: Any, batches: int = 10) -> float | None:
+    """Seconds per batch of `dataset` read alone, no model (the bounded pipeline benchmark
+    over `batches` batches after one); None when it cannot be read."""
+    from tfgpu.data import benchmark  # TODO(core): the reader moves below the features
 
-    Example:
-
-    >>> medians([(1.0, 4.0), (3.0, 2.0), (2.0, 3.0)])
-    (2.0, 3.0)
-    """
-    return stats.median(a for a, _ in rounds), stats.median(b for _, b in rounds)
-
-
-def median_interval(values: Sequence[float]) -> tuple[float, float, float]:
-    """(low, high, confidence) of a distribution-free confidence interval of the median: the
-    k-th smallest to the k-th largest value, k the largest with binomial coverage >=
-    `CONFIDENCE` (the full range below 5 values). Pure.
-
-    Example:
-
-    >>> median_interval([3.0, 1.0, 2.0])
-    (1.0, 3.0, 0.75)
-    """
-    xs = sorted(values)
-    n = len(xs)
-    if n == 0:
-        return math.nan, math.nan, 0.0
-
-    def coverage(k: int) -> float:
-        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2**n
-
-    k = 1
-    while k + 1 <= n // 2 and coverage(k + 1) >= CONFIDENCE:
-        k += 1
-    return xs[k - 1], xs[n - k], coverage(k)
-
-
-def gain(
-    rounds: Sequence[tuple[float, float]],
-    base_s: float | None = None,
-    variant_s: float | None = None,
-) -> tuple[float | None, float, float]:
-    """(gain, low, high): baseline / variant time, with the interval of the per-round
-    ratios; without rounds, the point `base_s / variant_s`. Pure.
-
-    Example:
-
-    >>> gain([(2.0, 1.0), (2.0, 1.0), (2.0, 1.0)])
-    (2.0, 2.0, 2.0)
-    """
-    if rounds:
-        ratios = [b / v for b, v in rounds if v > 0]
-        if not ratios:
-            return None, math.nan, math.nan
-        base, variant = medians(rounds)
-        g = base / variant
-        low, high, _ = median_interval(ratios)
-        return g, min(low, g), max(high, g)
-    if base_s and variant_s and variant_s > 0:
-        g = base_s / variant_s
-        return g, g, g
-    return None, math.nan, math.nan
-
-
-def settled(rounds: Sequence[tuple[float, float]], threshold: float) -> bool:
-    """Whether the rounds' ratio interval lies on one side of `threshold`. Pure."""
-    _, low, high = gain(rounds)
-    return low >= threshold or high < threshold
-
-
-def with_attrs(
-    model: Any,
-    dataset: Any,
-    steps: int,
-    warmup: int,
-    attrs: dict[str, Any],
-    measure: Run | None = None,
-    functions: dict[str, Any] | None = None,
-) -> Run:
-    """A `Run` timing `model`'s step on `dataset` with `attrs` set for the run (by `measure`,
-    else `fit_step_time`); each setting keeps its own compiled train function (nothing
-    traced twice; `functions`: a store the runs of one setting share, its "fn" None until
-    traced), the model's put back."""
-    if functions is None:
-        functions = {"fn": None if attrs else model.train_function}
-
-    def run(deadline: float | None, limit: float | None) -> float | None:
-        saved = {k: getattr(model, k) for k in attrs}
-        saved_fn = model.train_function
-        try:
-            for k, v in attrs.items():
-                setattr(model, k, v)
-            model.train_function = functions["fn"]
-            if measure is not None:
-                seconds = measure(deadline, limit)
-            else:
-                seconds = fit_step_time(model, dataset, steps, warmup, deadline, limit)
-            functions["fn"] = model.train_function
-            return seconds
-        finally:
-            for k, v in saved.items():
-                setattr(model, k, v)
-            model.train_function = saved_fn
-
-    return run
+    try:
+        result = benchmark(dataset, steps=batches, warmup=1)
+    except ValueError:  # no batch at all
+        return None
+    return 1.0 / result.batches_per_s if result.batches_per_s > 0 else None

@@ -1,6 +1,7 @@
-"""A compiled model and its data, checked once, in the same words: the front door of
-`diagnose`, `find_batch_size` and `tune` (what is refused: docs/diagnosis.md, "The model and
-the data: one check"). The data's kind is a class, decided once, as Keras's data adapters:
+"""A compiled model and its data, checked once, in the same words: the one front door of the
+measuring front ends (`open_workload`; what is refused: docs/diagnosis.md, "The model and the
+data: one check"). The model may come as a function that builds it, called once every other
+argument is checked. The data's kind is a class, decided once, as Keras's data adapters:
 `DatasetData` (the user's dataset as it is) or `ArrayData` (arrays batched as `fit` does).
 """
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -16,7 +17,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu._internal.adapters.datasets import chain_state, read_first, source_batches
-from tfgpu._internal.helpers.checks import check_int, invalid_type, short_repr
+from tfgpu._internal.helpers.checks import check_int, invalid_type, invalid_value, short_repr
+from tfgpu._internal.helpers.warn import one_line
 
 # What `fit` batches arrays by when no `batch_size` is given.
 DEFAULT_BATCH_SIZE = 32
@@ -260,12 +262,19 @@ def _check_labels(model: keras.Model, data: DatasetData | ArrayData) -> None:
         )
 
 
+MODEL_EXPECTED = (
+    "a compiled `keras.Model`, or a function without arguments that builds and compiles one"
+)
+
+
 @dataclasses.dataclass(frozen=True)
-class ModelAndData:
-    """A compiled model and its data (`DatasetData` or `ArrayData`), checked."""
+class Workload:
+    """A compiled model and its data (`DatasetData` or `ArrayData`), checked; `factory`: the
+    function that built the model, when one was given."""
 
     model: keras.Model
     data: DatasetData | ArrayData
+    factory: Callable[[], Any] | None = None
 
     @property
     def dataset(self) -> tf.data.Dataset:
@@ -298,26 +307,68 @@ class ModelAndData:
         return self.data.examples(limit)
 
 
-def check_model_and_data(
+def call_factory(
+    factory: Callable[[], Any], strategy: Any = None, policy: str | None = None
+) -> Any:
+    """The factory's model, built inside `strategy`'s scope (None: the current one) under the
+    precision `policy` (None: the global one), the global policy put back; a factory that
+    opens a strategy of its own is a ValueError naming `model`."""
+    saved = keras.mixed_precision.global_policy()
+    try:
+        if policy is not None:
+            keras.mixed_precision.set_global_policy(policy)
+        with (strategy or tf.distribute.get_strategy()).scope():
+            return factory()
+    except RuntimeError as e:  # TensorFlow's "Mixing different tf.distribute.Strategy objects"
+        if "tf.distribute.Strategy" not in str(e):
+            raise  # the factory's own error, as it is
+        raise invalid_value(
+            "model",
+            factory,
+            "a function that builds its model inside the strategy scope it is called in (open "
+            f"no strategy scope inside it); it raised {one_line(e)}",
+        ) from e
+    finally:
+        keras.mixed_precision.set_global_policy(saved)
+
+
+def open_workload(
     model: Any,
     data: Any,
     *,
     batch_size: Any = None,
     examples_ok: bool = False,
-    from_factory: bool = False,
-) -> ModelAndData:
-    """Checks a model and its data together, before any work; reads no data. `examples_ok`:
-    a dataset of single examples is valid (the batch-size finder cuts its own batches).
+    factory_only: bool = False,
+    strategy: Any = None,
+) -> Workload:
+    """Checks a model (or a function that builds one) and its data together, before any
+    work; reads no data. The function is called once, after the model's type and the data's
+    kind are checked. `examples_ok`: a dataset of single examples is valid (the batch-size
+    finder cuts its own batches); `factory_only`: a built model is refused (`scaling` builds
+    one per strategy); `strategy`: the scope the function is called in. The global precision
+    policy is put back after the function ran.
 
     Example:
 
-    >>> work = check_model_and_data(model, (x, y), batch_size=64)
+    >>> work = open_workload(model, (x, y), batch_size=64)
     >>> work.dataset, work.batch_size, work.from_arrays
     (<_BatchDataset ...>, 64, True)
     """
-    model = check_model(model, from_factory=from_factory)
+    if factory_only and (isinstance(model, keras.Model) or not callable(model)):
+        raise invalid_type(
+            "model",
+            model,
+            "a function without arguments that builds and compiles the model (a model built "
+            "already cannot be built again under each strategy: pass the function that "
+            "builds it)",
+        )
+    if not isinstance(model, keras.Model) and not callable(model):
+        raise invalid_type("model", model, MODEL_EXPECTED)
     checked = check_data(data, batch_size=batch_size)
+    factory = None if isinstance(model, keras.Model) else model
+    built = model if factory is None else call_factory(factory, strategy)
+    built = check_model(built, from_factory=factory is not None)
     if not examples_ok:
-        checked.check_batches(model)
-    _check_labels(model, checked)
-    return ModelAndData(model, checked)
+        checked.check_batches(built)
+    _check_labels(built, checked)
+    return Workload(built, checked, factory)

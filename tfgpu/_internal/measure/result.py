@@ -1,0 +1,72 @@
+"""The one result base of the measuring front ends (`Diagnosis`, `TuneResult`,
+`ScalingResult`, `BatchSizeResult`): `to_dict` through one JSON policy (NaN and infinities
+are null, NumPy scalars plain numbers, dataclasses dicts), and one writer for their files
+(the record with its printed text as JSON, a plot beside it, older ones rotated aside, a
+failure a warning: the result is returned whatever the disk says)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from pathlib import Path
+from typing import Any, ClassVar
+
+from tfgpu._internal.helpers.files import write_result, write_text_atomic
+from tfgpu._internal.helpers.jsonable import json_safe
+
+
+def plain(value: Any) -> Any:
+    """`value` with dataclasses turned into dicts, all the way down."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+class Result:
+    """A measuring front end's result (a dataclass): `to_dict()` and `write(log_dir)`.
+
+    Subclasses name their files (`json_name`, `png_name`: "" for none, with `plot(path)`
+    drawing it) and the fields left out of the record (`unsaved`: a dataset).
+    """
+
+    json_name: ClassVar[str] = ""
+    png_name: ClassVar[str] = ""
+    unsaved: ClassVar[tuple[str, ...]] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the result as JSON-ready data (every field but `unsaved` ones)."""
+        fields = dataclasses.fields(self)  # type: ignore[arg-type]
+        return json_safe(
+            {f.name: plain(getattr(self, f.name)) for f in fields if f.name not in self.unsaved}
+        )
+
+    def plot(self, path: Path) -> None:
+        """Draws the result's figure into `path` (PNG); only where `png_name` is set."""
+        raise NotImplementedError
+
+    def write(self, log_dir: Path) -> list[str]:
+        """Writes the record (`to_dict()` with the printed text as `"text"`, which
+        `tfgpu report` shows) and the plot into `log_dir`; returns the names written to."""
+        record = {**self.to_dict(), "text": str(self)}
+        who = self.json_name.split(".")[0]
+        write_result(
+            log_dir,
+            who,
+            record,
+            self.json_name,
+            self.plot if self.png_name else None,
+            self.png_name,
+        )
+        return [n for n in (self.json_name, self.png_name) if n]
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Writes a matplotlib `Figure` to `path` as PNG, atomically."""
+    fig.tight_layout()
+    png = io.BytesIO()
+    fig.savefig(png, dpi=100, format="png")
+    write_text_atomic(path, png.getvalue())

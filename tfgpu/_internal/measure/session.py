@@ -1,0 +1,91 @@
+"""One call of a measuring front end (`diagnose`, `tune`, `tfgpu tune SCRIPT.py`, `scaling`,
+`find_batch_size`), opened and closed the same way: the common arguments checked before any
+work (`verbose`, `time_budget_s`, `log_dir`, `steps`), the run directory proved writable, the
+budget started, the progress line shown; at the end the time taken, the result's files
+written, the last progress line.
+
+The default budgets follow one rule, by what a call runs: observing one configuration
+(`diagnose`: the step, its input and two probes) takes `OBSERVE_BUDGET_S`; trying variants
+in this process (`tune`, `scaling`, `find_batch_size`) `SEARCH_BUDGET_S`; trying them in fresh
+processes (`tfgpu tune SCRIPT.py`: Python and TensorFlow start again for each)
+`PROCESS_BUDGET_S`. None is no limit everywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from tfgpu._internal.helpers.checks import check_int, check_time_budget
+from tfgpu._internal.helpers.files import writable_dir
+from tfgpu._internal.helpers.progress import Progress, check_verbose
+from tfgpu._internal.measure import timing
+
+OBSERVE_BUDGET_S = 60.0
+SEARCH_BUDGET_S = 300.0
+PROCESS_BUDGET_S = 900.0
+
+# Timed steps: fewer cannot take a median over calls.
+MIN_STEPS = 3
+
+
+def check_steps(steps: Any, *, allow_none: bool = False, maximum: int | None = None) -> int | None:
+    """Checks a `steps` argument: timed steps per timed fit, >= `MIN_STEPS` (None where
+    allowed: chosen from the measured step)."""
+    return check_int("steps", steps, minimum=MIN_STEPS, maximum=maximum, allow_none=allow_none)
+
+
+@dataclasses.dataclass
+class Session:
+    """A measuring call, opened by `Session.open`: its `budget` (on `timing.now`'s clock),
+    its `progress` line, its run directory (`log_path`, None: no files) and its `notes`."""
+
+    title: str
+    budget: timing.Budget
+    progress: Progress
+    log_path: Path | None
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def open(
+        cls,
+        title: str,
+        *,
+        verbose: Any,
+        time_budget_s: Any,
+        log_dir: Any = None,
+        measure_share: float = 1.0,
+    ) -> Session:
+        """Checks `verbose`, `time_budget_s` and `log_dir` (created and proved writable),
+        then starts the budget and the progress line; raises before any work.
+
+        Example:
+
+        >>> session = Session.open("tune", verbose=0, time_budget_s=60, log_dir=None)
+        """
+        check_verbose(verbose)
+        budget_s = check_time_budget(time_budget_s)
+        log_path = None if log_dir is None else writable_dir(log_dir)
+        # The clock read at call time: the tests script `timing.now`.
+        progress = Progress(verbose, title=title, budget_s=budget_s, clock=lambda: timing.now())
+        return cls(title, timing.Budget(budget_s, measure_share), progress, log_path)
+
+    def budget_note(self, what: str) -> str:
+        """A note that the budget left `what` out, with the way to give a larger one."""
+        return (
+            f"{what}: the time budget of {self.budget.seconds:g} s was spent (pass a larger "
+            "`time_budget_s`, or None for no limit)"
+        )
+
+    def finish(self, result: Any, summary: str) -> Any:
+        """Closes the call: `result.time_s` (where it has one), its files into the run
+        directory, the last progress line; returns `result`."""
+        if hasattr(result, "time_s"):
+            result.time_s = self.budget.elapsed()
+        if self.log_path is not None:
+            names = [n for n in (result.json_name, result.png_name) if n]
+            self.progress.phase(f"writing {' and '.join(names)}")
+            result.write(self.log_path)
+        self.progress.done(summary)
+        return result

@@ -1,0 +1,347 @@
+"""Variants of a workload: anything tried on the user's model and data, each a dict of
+changes (compile settings, a rebuilt pipeline, a precision policy, an all-reduce, a strategy
+with other replicas, one batch held in device memory). `Variants.run_for(changes)` is the one
+mechanism that builds a variant (once: models, datasets and traced train steps are kept),
+applies it for its timed run and puts the model back; `timing.compare` times the runs. A
+variant in a fresh process (`tfgpu tune SCRIPT.py`) has its own runner of the same shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tfgpu._internal.adapters.all_reduce import using
+from tfgpu._internal.adapters.datasets import cardinality, read_first, source_batches
+from tfgpu._internal.adapters.model_state import build
+from tfgpu._internal.measure import timing
+from tfgpu._internal.measure.rules import COMPILE_KEYS, MODEL_KEYS, PIPELINE_KEYS, STEP_KEYS
+from tfgpu._internal.measure.workload import call_factory
+
+# One batch of the data, held in device memory: the step without its input pipeline.
+DEVICE_RESIDENT = "device_resident"
+
+_Key = tuple[tuple[str, str], ...]
+
+
+def key(changes: dict[str, Any]) -> _Key:
+    """A hashable key of `changes` (values by repr; a strategy by identity)."""
+    return tuple(sorted((k, repr(v)) for k, v in changes.items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Steady:
+    """Timed fits of the steady step: `steps` timed after `warmup`, seconds per step the
+    median call (`timing.fit_step_time`); the timed steps stop after `limit_s` too."""
+
+    steps: int
+    warmup: int
+    limit_s: float | None = None
+
+
+@dataclasses.dataclass
+class Epochs:
+    """Timed fits as the user's `fit` runs them: `epochs` whole epochs (or their first
+    `steps_per_epoch` steps) from each epoch's start, after an untimed fit that traces
+    (`timing.epoch_time`). Set once the step is measured, before the first run."""
+
+    epochs: int = 1
+    steps_per_epoch: int | None = None
+
+
+def batched_at(ds: tf.data.Dataset, global_batch: int, drop_remainder: bool) -> tf.data.Dataset:
+    """`ds` in batches of `global_batch`: its own batches cut again (`rebatch`), or its
+    examples batched (the upstream, a generator included, kept: its cost is measured)."""
+    batches, ambiguous = source_batches(ds)
+    if batches is not None or ambiguous:
+        ds = ds.rebatch(global_batch, drop_remainder=drop_remainder)
+    else:
+        ds = ds.batch(global_batch, drop_remainder=drop_remainder)
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def device_resident(batch: Any, on_gpu: bool, spec: Any = None) -> tf.data.Dataset:
+    """`batch` repeated (prefetched to the GPU on GPUs), its shapes as the real data's `spec`
+    has them (`None` dims), so that the real data's fits run the step traced here (and under
+    XLA reuse the shapes compiled here)."""
+    ds = tf.data.Dataset.from_tensors(batch).repeat()
+    if spec is not None:
+
+        def relax(value: Any, leaf: Any) -> Any:
+            if not isinstance(leaf, tf.TensorSpec):
+                return value
+            return tf.raw_ops.PlaceholderWithDefault(input=value, shape=leaf.shape)
+
+        def relaxed(*parts: Any) -> Any:
+            element = parts if isinstance(spec, tuple) else parts[0]
+            return tf.nest.map_structure(relax, element, spec)
+
+        ds = ds.map(relaxed)
+    if on_gpu:
+        return ds.apply(tf.data.experimental.prefetch_to_device("/gpu:0", buffer_size=2))
+    return ds.prefetch(2)
+
+
+class Variants:
+    """The workload and every variant of it, built on demand and kept.
+
+    Args:
+        model: keras.Model, compiled and built: the baseline.
+        dataset: tf.data.Dataset of batches: the user's data.
+        timed: `Steady` or `Epochs`, how each timed fit runs.
+        batch_size: int or None, the data's global batch.
+        factory: callable or None, builds and compiles the model (for a precision policy or
+            a strategy).
+        pipeline: dict or None, the `tfgpu.data.pipeline` arguments that built `dataset`.
+        rebuild: callable or None, `tfgpu.data.pipeline` (this layer imports no feature).
+        per_example: bool, whether runs return seconds per example (variants with other
+            batches compare alike) rather than per step.
+        on_gpu: bool, whether a device-resident batch is prefetched to the GPU.
+        batch: the batch held in device memory (None: the data's first).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        dataset: tf.data.Dataset,
+        timed: Steady | Epochs,
+        *,
+        batch_size: int | None = None,
+        factory: Callable[[], Any] | None = None,
+        pipeline: dict[str, Any] | None = None,
+        rebuild: Callable[..., Any] | None = None,
+        per_example: bool = False,
+        on_gpu: bool = False,
+        batch: Any = None,
+    ):
+        self.model, self.dataset, self.timed = model, dataset, timed
+        self.batch_size, self.factory = batch_size, factory
+        self.pipeline, self.rebuild = pipeline, rebuild
+        self.per_example, self.on_gpu = per_example, on_gpu
+        self._datasets: dict[_Key, tuple[tf.data.Dataset, int | None]] = {}
+        self._models: dict[_Key, Any] = {}
+        self._runs: dict[_Key, timing.Run] = {}
+        self._functions: dict[_Key, dict[str, Any]] = {}  # traced train steps, by `_step_key`
+        self._first: Any = batch
+        self.fit_walls: list[float] = []  # seconds each timed fit took, all in
+        self.warm_walls: list[float] = []  # and each untimed first fit of a setting
+        self.base_times: list[float] = []  # every baseline run's seconds
+
+    # The data.
+    def first_batch(self) -> Any:
+        """The data's first batch (read once)."""
+        if self._first is None:
+            self._first = read_first(self.dataset, 1)[0]
+        return self._first
+
+    def dataset_for(self, changes: dict[str, Any]) -> tuple[tf.data.Dataset, int | None]:
+        """The data with the data changes in `changes`, and its global batch."""
+        data_keys = (*PIPELINE_KEYS, DEVICE_RESIDENT, "strategy")
+        change = {k: changes[k] for k in data_keys if k in changes}
+        if "strategy" in change and self.pipeline is None:
+            del change["strategy"]  # another dataset is distributed by the model's fit
+        k = key(change)
+        if k not in self._datasets:
+            self._datasets[k] = self._build_dataset(change)
+        return self._datasets[k]
+
+    def _build_dataset(self, change: dict[str, Any]) -> tuple[tf.data.Dataset, int | None]:
+        batch = change.get("batch_size", self.batch_size)
+        if change.get(DEVICE_RESIDENT):
+            first = self.first_batch()
+            return device_resident(first, self.on_gpu, self.dataset.element_spec), batch
+        if not change:
+            return self.dataset, batch
+        if self.pipeline is not None and self.rebuild is not None:
+            return self._rebuilt(change), batch
+        ds = self.dataset
+        if "batch_size" in change or "drop_remainder" in change:
+            ds = batched_at(ds, int(batch or 1), bool(change.get("drop_remainder")))
+        if change.get("cache"):
+            ds = ds.cache()
+        if change.get("prefetch") or change.get("cache"):
+            ds = ds.prefetch(tf.data.AUTOTUNE)
+        if "private_threadpool_size" in change:
+            options = tf.data.Options()
+            options.threading.private_threadpool_size = change["private_threadpool_size"]
+            ds = ds.with_options(options)
+        return ds, batch
+
+    def _rebuilt(self, change: dict[str, Any]) -> tf.data.Dataset:
+        """The `tfgpu.data.pipeline` dataset built again with `change` (not distributed: the
+        model's `fit` distributes it)."""
+        kwargs = dict(self.pipeline or {})
+        for k, v in change.items():
+            if k == "batch_augment":
+                kwargs["batch_augment_fn"], kwargs["augment_fn"] = kwargs["augment_fn"], None
+            elif k == "batch_size":
+                strategy = change.get("strategy", kwargs.get("strategy"))
+                replicas = getattr(strategy, "num_replicas_in_sync", 1) or 1
+                if kwargs.get("per_replica_batch_size") is not None:
+                    kwargs["per_replica_batch_size"] = max(1, v // replicas)
+                else:
+                    kwargs["batch_size"] = v
+            elif k != "prefetch":
+                kwargs[k] = v
+        kwargs["distribute"] = False
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert self.rebuild is not None
+            out = self.rebuild(**kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+    # Models.
+    def model_for(self, changes: dict[str, Any]) -> Any:
+        """The user's model, or the factory's under the precision policy or inside the
+        strategy in `changes` (built once, from the baseline's weights where they fit)."""
+        change = {k: changes[k] for k in MODEL_KEYS if k in changes}
+        if change.get("strategy") is getattr(self.model, "distribute_strategy", None):
+            del change["strategy"]  # the model's own
+        if not change:
+            return self.model
+        k = key(change)
+        if k not in self._models:
+            if self.factory is None:
+                raise ValueError(f"{', '.join(change)} needs a model factory")
+            self._models[k] = self._built(change)
+        model = self._models[k]
+        if "strategy" not in change:
+            try:
+                model.set_weights(self.model.get_weights())  # the same start as the baseline
+            except ValueError:
+                pass  # another structure: its own weights (the guard still checks finiteness)
+        return model
+
+    def _built(self, change: dict[str, Any]) -> Any:
+        assert self.factory is not None
+        model = call_factory(self.factory, change.get("strategy"), change.get("precision"))
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(self.first_batch())
+        build(model, x)
+        return model
+
+    @contextlib.contextmanager
+    def strategy_for(self, model: Any, changes: dict[str, Any]) -> Iterator[None]:
+        """Runs the body with the all-reduce in `changes` on `model`'s strategy, put back
+        afterwards; a step traced in the body keeps it."""
+        name = changes.get("all_reduce")
+        if name is None:
+            yield
+            return
+        with using(model.distribute_strategy, name):
+            yield
+
+    # Runs.
+    def run_for(self, changes: dict[str, Any]) -> timing.Run:
+        """A `timing.Run` timing the step with `changes` (the baseline: `{}`)."""
+        k = key(changes)
+        if k not in self._runs:
+            self._runs[k] = self._make_run(changes)
+        return self._runs[k]
+
+    def _make_run(self, changes: dict[str, Any]) -> timing.Run:
+        model = self.model_for(changes)
+        ds, batch = self.dataset_for(changes)
+        attrs = {k: changes.get(k, getattr(self.model, k)) for k in COMPILE_KEYS}
+        measure = self._timed(model, ds, changes)
+        store = self._functions.setdefault(self._step_key(changes, ds), {"fn": None})
+        timed = _with_attrs(model, attrs, measure, store)
+        filled = {"cache": "cache" not in changes}
+        is_base = not changes
+
+        def run(deadline: float | None, limit: float | None) -> float | None:
+            if not filled["cache"]:
+                # One pass fills the cache, unless the deadline comes first.
+                filled["cache"] = all(deadline is None or timing.now() < deadline for _ in ds)
+                if not filled["cache"]:
+                    return None
+            seconds = timed(deadline, limit)
+            if seconds is None:
+                return None
+            if self.per_example:
+                seconds /= float(batch or 1)
+            if is_base:
+                self.base_times.append(seconds)
+            return seconds
+
+        return run
+
+    def _timed(self, model: Any, ds: tf.data.Dataset, changes: dict[str, Any]) -> timing.Run:
+        """The timed fit of `model` on `ds`, as `self.timed` says when it runs."""
+        resident = bool(changes.get(DEVICE_RESIDENT))
+        repeated = ds if resident else ds.repeat()
+        in_epoch = cardinality(ds)
+
+        def run(deadline: float | None, limit: float | None) -> float | None:
+            t = self.timed
+            with self.strategy_for(model, changes):
+                if isinstance(t, Steady):
+                    if t.limit_s is not None:
+                        limit = t.limit_s if limit is None else min(limit, t.limit_s)
+                    start = timing.now()
+                    seconds = timing.fit_step_time(
+                        model, repeated, t.steps, t.warmup, deadline, limit
+                    )
+                    self.fit_walls.append(timing.now() - start)
+                    return seconds
+                whole = t.steps_per_epoch is None
+                timed_ds, steps_in = (ds, in_epoch) if whole else (repeated, None)
+                if model.train_function is None:  # the first fit of this step: untimed, traces
+                    start = timing.now()
+                    first = timing.epoch_time(
+                        model, timed_ds, 1, t.steps_per_epoch, steps_in, deadline
+                    )
+                    if first is None:
+                        return None
+                    self.warm_walls.append(timing.now() - start)
+                start = timing.now()
+                seconds = timing.epoch_time(
+                    model, timed_ds, t.epochs, t.steps_per_epoch, steps_in, deadline, limit
+                )
+                self.fit_walls.append(timing.now() - start)
+                return seconds
+
+        return run
+
+    def _step_key(self, changes: dict[str, Any], ds: tf.data.Dataset) -> _Key:
+        """What decides the traced train step: the model, its compile settings, its strategy's
+        all-reduce, the batches' spec. Settings of the pipeline alone share the baseline's."""
+        step = {k: changes[k] for k in STEP_KEYS if k in changes}
+        return (*key(step), ("spec", repr(ds.element_spec)))
+
+    def share_step(self, changes: dict[str, Any] | None = None) -> None:
+        """Lets the runs of `changes` (the baseline: None) use the model's train function as
+        traced now (by a first look at the step)."""
+        changes = changes or {}
+        ds, _ = self.dataset_for(changes)
+        self._functions[self._step_key(changes, ds)] = {"fn": self.model.train_function}
+
+
+def _with_attrs(
+    model: Any, attrs: dict[str, Any], measure: timing.Run, functions: dict[str, Any]
+) -> timing.Run:
+    """`measure` with `attrs` set on `model` for the run; each setting keeps its own compiled
+    train function (nothing traced twice: `functions`, a store the runs of one setting share,
+    its "fn" None until traced); the model's put back."""
+
+    def run(deadline: float | None, limit: float | None) -> float | None:
+        saved = {k: getattr(model, k) for k in attrs}
+        saved_fn = model.train_function
+        try:
+            for k, v in attrs.items():
+                setattr(model, k, v)
+            model.train_function = functions["fn"]
+            seconds = measure(deadline, limit)
+            functions["fn"] = model.train_function
+            return seconds
+        finally:
+            for k, v in saved.items():
+                setattr(model, k, v)
+            model.train_function = saved_fn
+
+    return run
