@@ -103,14 +103,14 @@ def test_unsupported_data_type_is_a_type_error(data):
 
 def test_mismatched_array_lengths():
     traced = []
-    with pytest.raises(ValueError, match=r"different lengths.*data\[0\]: 10, data\[1\]: 9"):
+    with pytest.raises(ValueError, match=r"different lengths.*data\[0\] has 10, data\[1\] has 9"):
         tfdata.pipeline(
             (np.zeros((10, 2)), np.zeros(9)),
             batch_size=2,
             map_fn=lambda x, y: traced.append(1) or (x, y),
         )
     assert traced == []
-    with pytest.raises(ValueError, match=r"different lengths.*\['b'\]: 3"):
+    with pytest.raises(ValueError, match=r"different lengths.*\['b'\] has 3"):
         tfdata.pipeline({"a": np.zeros(4), "b": np.zeros(3)}, batch_size=2)
     with pytest.raises(ValueError, match="scalar"):
         tfdata.pipeline((np.zeros(4), np.float32(1.0)), batch_size=2)
@@ -680,12 +680,12 @@ def test_benchmark_says_how_busy_the_cpu_cores_were(monkeypatch):
     each wall-clock read advances 1 s, each CPU-time read 1.5 s; 2 cores)."""
     import types
 
-    from tfgpu.data import _benchmark
+    from tfgpu._internal.measure import reader
 
     wall, cpu = iter(range(0, 1000)), iter(x * 1.5 for x in range(1000))
     clock = types.SimpleNamespace(perf_counter=lambda: next(wall), process_time=lambda: next(cpu))
-    monkeypatch.setattr(_benchmark, "time", clock)
-    monkeypatch.setattr(_benchmark, "usable_cores", lambda: 2)
+    monkeypatch.setattr(reader, "time", clock)
+    monkeypatch.setattr(reader, "usable_cores", lambda: 2)
     result = tfdata.benchmark(tfdata.pipeline(_xy(), batch_size=16), steps=3, warmup=1)
     assert (result.cpu_busy, result.cpu_cores) == (0.75, 2)  # 1.5 CPU-s in 1 s on 2 cores
     assert str(result).endswith("; 75% of 2 CPU cores busy)")
@@ -954,7 +954,7 @@ def test_hostile_memory_sources():
         tfdata.pipeline({1: x}, batch_size=2)
     with pytest.raises(TypeError, match=r"Python objects.*holding a dict"):
         tfdata.pipeline(np.array([{}, 1], dtype=object), batch_size=2)
-    with pytest.raises(ValueError, match=r"different lengths.*\['x'\]: 6, data\['y'\]: 5"):
+    with pytest.raises(ValueError, match=r"different lengths.*\['x'\] has 6, data\['y'\] has 5"):
         tfdata.pipeline({"x": x, "y": y[:5]}, batch_size=2)
     # strings, ragged lists and ragged tensors are data, as are (x, y, sample_weight)
     text = tfdata.pipeline(np.array(["a", "bb", "ccc"]), batch_size=3, shuffle=False)

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import tfgpu
 from tests.conftest import ScriptedTiming
+from tfgpu._internal.measure import reader
 from tfgpu._internal.measure import timing as protocol
 from tfgpu._internal.measure import variants as variants_module
 from tfgpu._internal.measure.facts import batch_facts, pipeline_facts
@@ -668,7 +669,7 @@ def test_diagnose_recommends_service_workers_from_what_it_measured(monkeypatch):
         examples_per_s=40 * 32, batches_per_s=40.0, num_batches=5,
         num_examples=160, seconds=0.125, batch_size=32, cpu_busy=0.97, cpu_cores=16,
     )  # fmt: skip
-    monkeypatch.setattr(tfgpu.data, "benchmark", lambda ds, steps, warmup, **kw: measured)
+    monkeypatch.setattr(reader, "read_alone", lambda ds, steps, warmup, **kw: measured)
     train = tfgpu.data.pipeline(
         (X[:256], Y[:256]), batch_size=32, map_fn=lambda x, y: (x * 2, y), cache=True
     )

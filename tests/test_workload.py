@@ -70,8 +70,8 @@ def _both(model, data) -> list[tuple[type[BaseException], str]]:
             "lengths",
             ValueError,
             r"^Invalid value for argument `data`\. Received: arrays of different lengths "
-            r"\(16, 64 examples\): x has 64, y has 16\. Expected x, y \(and sample_weight\) "
-            r"with one entry per example each\.$",
+            r"\(16, 64 examples\): x has 64, y has 16\. Expected every array with one entry "
+            r"per example\.$",
         ),
         (
             "wrong type",
@@ -114,7 +114,7 @@ def test_lengths_are_named_where_tensorflow_would_say_dimensions_are_not_compati
         check_data((X, Y, np.ones(10)))
     with pytest.raises(ValueError, match="arrays of 0 examples"):
         check_data((X[:0], Y[:0]))
-    with pytest.raises(ValueError, match=r"a scalar as x\. Expected arrays"):
+    with pytest.raises(ValueError, match=r"a scalar \(no first dimension\) at x\. Expected arrays"):
         check_data((np.float32(1.0), Y))
     with pytest.raises(ValueError, match=r"a tuple of 4 parts\. Expected `x`, `\(x, y\)`"):
         check_data((X, Y, Y, Y))

@@ -27,6 +27,8 @@ from tfgpu._internal.adapters.datasets import (
 )
 from tfgpu._internal.helpers.checks import conflicting, invalid_type, invalid_value, is_int
 from tfgpu._internal.helpers.warn import warn_at_user_code
+from tfgpu._internal.measure.workload import check_arrays
+from tfgpu._internal.measure.workload import flatten_with_paths as flatten_with_paths
 from tfgpu.data._service import memory_source
 from tfgpu.data._split import (
     SPLIT_BUCKETS,
@@ -133,31 +135,8 @@ class ArraySource(Source):
     cache_unmapped = False
 
     def __init__(self, value: Any) -> None:
-        super().__init__(_checked_structure("data", value))
-        lengths = {
-            path: _leaf_length(leaf) for path, leaf in flatten_with_paths("data", self.value)
-        }
-        scalars = [p for p, n in lengths.items() if n is None]
-        if scalars:
-            raise invalid_value(
-                "data",
-                value,
-                "arrays whose first dimension indexes the examples",
-                received=f"a scalar (no first dimension) at {', '.join(scalars)}",
-            )
-        if len(set(lengths.values())) > 1:
-            shown = ", ".join(f"{p}: {n}" for p, n in lengths.items())
-            raise invalid_value(
-                "data",
-                value,
-                "every array to hold the same number of examples",
-                received=f"arrays of different lengths (first dimensions): {shown}",
-            )
-        self.num_examples: int = next(iter(lengths.values())) or 0
-        if self.num_examples == 0:
-            raise invalid_value(
-                "data", value, "at least one example", received="arrays with 0 examples"
-            )
+        (checked,), self.num_examples = check_arrays({"data": value}, _SOURCE_TYPES)
+        super().__init__(checked)
 
     def count(self, batches: Batches | None, validation_split: float) -> int | None:
         return self.num_examples
@@ -560,90 +539,6 @@ def classify(data: Any) -> Source:
         "`tf.data.Dataset.from_generator`",
         received=f"data of type {type(data).__module__}.{type(data).__qualname__}",
     )
-
-
-def _leaf_length(leaf: Any) -> int | None:
-    shape = getattr(leaf, "shape", None)
-    if shape is None or len(shape) == 0:
-        return None
-    if shape[0] is None:  # a RaggedTensor's rows are always known
-        return int(leaf.nrows()) if isinstance(leaf, tf.RaggedTensor) else None
-    return int(shape[0])
-
-
-def _checked_structure(path: str, value: Any) -> Any:
-    """A nested structure of arrays with supported leaves (lists made arrays or ragged)."""
-    if isinstance(value, (Mapping, tuple)) and not value:
-        kind = "dict" if isinstance(value, Mapping) else "tuple"
-        raise invalid_value(
-            "data", value, "at least one array", received=f"an empty {kind} at {path}"
-        )
-    if isinstance(value, Mapping):
-        if not all(isinstance(k, str) for k in value):
-            raise invalid_type(
-                "data",
-                value,
-                "str keys (feature names)",
-                received=f"a dict at {path} with keys {list(value)!r}",
-            )
-        return {k: _checked_structure(f"{path}[{k!r}]", v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        items = tuple(_checked_structure(f"{path}[{i}]", v) for i, v in enumerate(value))
-        return type(value)(*items) if hasattr(value, "_fields") else items
-    if isinstance(value, (tf.Tensor, tf.RaggedTensor, tf.SparseTensor)):
-        return value
-    if isinstance(value, list) and any(
-        isinstance(v, (np.ndarray, tf.Tensor, tf.RaggedTensor)) for v in value
-    ):
-        raise invalid_type(
-            "data",
-            value,
-            "a tuple of arrays (e.g. `(x, y)`, one array per feature), or one array "
-            "(np.stack the list first)",
-            received=f"a list of arrays at {path}",
-        )
-    if isinstance(value, (list, np.generic)):
-        try:
-            value = np.asarray(value)
-        except ValueError:  # ragged Python lists: a RaggedTensor, one row per example
-            try:
-                return tf.ragged.constant(value)
-            except (ValueError, TypeError) as e:
-                raise invalid_value(
-                    "data",
-                    value,
-                    "examples of one type and nesting depth; pad them or pass a `tf.data.Dataset`",
-                    received=f"a list at {path} that can be made neither into one array nor "
-                    f"into a ragged tensor ({e})",
-                ) from None
-    if isinstance(value, np.ndarray):
-        if value.dtype.kind == "O":
-            odd = next((v for v in value.reshape(-1) if not isinstance(v, (str, bytes))), None)
-            if odd is not None or value.size == 0:
-                raise invalid_type(
-                    "data",
-                    value,
-                    "arrays of numbers, bools or strings; convert it with `.astype(...)` first",
-                    received=f"a NumPy array of Python objects at {path} (holding a "
-                    f"{type(odd).__name__})",
-                )
-        elif value.dtype.kind not in "biufcSU":
-            raise invalid_type(
-                "data",
-                value,
-                "arrays of numbers, bools or strings",
-                received=f"a NumPy array of dtype {value.dtype} at {path}",
-            )
-        return value
-    raise invalid_type("data", value, _SOURCE_TYPES, received=f"a {type(value).__name__} at {path}")
-
-
-def flatten_with_paths(path: str, value: Any) -> list[tuple[str, Any]]:
-    if isinstance(value, Mapping):
-        return [item for k, v in value.items() for item in flatten_with_paths(f"{path}[{k!r}]", v)]
-    if isinstance(value, tuple):
-        return [item for i, v in enumerate(value) for item in flatten_with_paths(f"{path}[{i}]", v)]
-    return [(path, value)]
 
 
 def _expand_patterns(patterns: list[str]) -> list[str]:

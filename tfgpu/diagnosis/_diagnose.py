@@ -11,11 +11,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgpu._internal.adapters import datasets, devices, replicas
+from tfgpu._internal.adapters import devices, replicas
 from tfgpu._internal.adapters.datasets import read_first
 from tfgpu._internal.adapters.model_state import preserved
 from tfgpu._internal.helpers.checks import check_bool, check_int, invalid_value
-from tfgpu._internal.measure import timing
+from tfgpu._internal.measure import reader, timing
 from tfgpu._internal.measure.facts import gather
 from tfgpu._internal.measure.rules import HOST_BOUND_STEP_S, MIN_ROUNDS, medians
 from tfgpu._internal.measure.session import OBSERVE_BUDGET_S, Session, check_steps
@@ -240,12 +240,8 @@ class _Diagnose:
         facts.batch_bytes = batch_nbytes(batch)
         if facts.on_gpu and facts.memory_capacity_bytes is None:
             self._nvml_note()
-        from tfgpu.data import benchmark
-
         self.progress.phase("timing the input pipeline alone")
-        pipeline = benchmark(
-            self.dataset, steps=self.steps, warmup=self.warmup, timeout_s=datasets.READ_TIMEOUT_S
-        )
+        pipeline = reader.read_alone(self.dataset, self.steps, self.warmup)
         self.measurements["pipeline"] = pipeline.to_dict()
         facts.input_time_s = 1.0 / pipeline.batches_per_s
         facts.pipeline_cpu_busy, facts.cpu_cores = pipeline.cpu_busy, pipeline.cpu_cores

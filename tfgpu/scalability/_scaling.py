@@ -14,11 +14,11 @@ import tensorflow as tf
 
 from tfgpu._internal.adapters import all_reduce
 from tfgpu._internal.adapters import replicas as measure
-from tfgpu._internal.adapters.datasets import READ_TIMEOUT_S, pipeline_arguments, read_first
+from tfgpu._internal.adapters.datasets import pipeline_arguments, read_first
 from tfgpu._internal.adapters.devices import tf_gpus
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_int, check_number, invalid_type, invalid_value
-from tfgpu._internal.measure import timing
+from tfgpu._internal.measure import reader, timing
 from tfgpu._internal.measure.rules import MIN_ROUNDS, Gain, medians
 from tfgpu._internal.measure.session import SEARCH_BUDGET_S, Session
 from tfgpu._internal.measure.variants import Steady, Variants
@@ -357,9 +357,7 @@ def _sample_parts(
     if due("apply_s", c.n):  # the all-reduce and the update: the weights change, not the cost
         add("apply_s", c.n, measure.apply_s(c.strategy, model))
     if due("input_rate", c.global_batch):
-        from tfgpu.data import benchmark
-
-        pipe = benchmark(dataset, steps=STEPS, warmup=WARMUP, timeout_s=READ_TIMEOUT_S)
+        pipe = reader.read_alone(dataset, STEPS, WARMUP)
         add("input_rate", c.global_batch, pipe.examples_per_s)
 
 

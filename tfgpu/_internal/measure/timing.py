@@ -319,10 +319,10 @@ def compare(
 def input_time(dataset: Any, batches: int = 10) -> float | None:
     """Seconds per batch of `dataset` read alone, no model (the bounded pipeline benchmark
     over `batches` batches after one); None when it cannot be read."""
-    from tfgpu.data import benchmark  # TODO(core): the reader moves below the features
+    from tfgpu._internal.measure.reader import read_alone
 
     try:
-        result = benchmark(dataset, steps=batches, warmup=1)
+        result = read_alone(dataset, batches, 1)
     except ValueError:  # no batch at all
         return None
     return 1.0 / result.batches_per_s if result.batches_per_s > 0 else None

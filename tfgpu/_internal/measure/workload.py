@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import keras
@@ -48,10 +48,11 @@ def check_model(model: Any, *, from_factory: bool = False) -> keras.Model:
         where = "the model the factory returned" if from_factory else "a model"
         fix = "in the factory, before returning it" if from_factory else "before passing it"
         shown = short_repr(model)
-        received = f"{where} that is not compiled" + ("" if shown is None else f" ({shown})")
-        raise ValueError(
-            f"Invalid value for argument `model`. Received: {received}. Expected a compiled "
-            f"`keras.Model`: call `model.compile(optimizer=..., loss=...)` {fix}."
+        raise invalid_value(
+            "model",
+            model,
+            f"a compiled `keras.Model`: call `model.compile(optimizer=..., loss=...)` {fix}",
+            received=f"{where} that is not compiled" + ("" if shown is None else f" ({shown})"),
         )
     return model
 
@@ -105,11 +106,13 @@ class DatasetData:
             )
         ):
             shown = [tuple(s) if s is not None and s.rank is not None else s for s in shapes]
-            raise ValueError(
-                "Invalid value for argument `data`. Received: a dataset of single examples "
-                f"(inputs of shape {shown[0] if len(shown) == 1 else shown}). Expected "
+            raise invalid_value(
+                "data",
+                None,
                 "batches, as `fit` takes them: `dataset.batch(32)`, or "
-                "`tfgpu.data.pipeline(..., batch_size=32)`."
+                "`tfgpu.data.pipeline(..., batch_size=32)`",
+                received="a dataset of single examples (inputs of shape "
+                f"{shown[0] if len(shown) == 1 else shown})",
             )
 
 
@@ -157,73 +160,171 @@ class ArrayData:
 
 
 def _empty(what: str = "batch") -> ValueError:
-    return ValueError(
-        "Invalid value for argument `data`. Received: an empty dataset. Expected at least "
-        f"one {what}."
-    )
+    return invalid_value("data", None, f"at least one {what}", received="an empty dataset")
 
 
-def _leaves(part: Any, path: str) -> Iterator[tuple[str, Any]]:
-    """(path, leaf) of a part of the arrays, in `tf.nest`'s order: `x`, `x[0]`, `x['image']`."""
-    if isinstance(part, dict):
-        for key in sorted(part):
-            yield from _leaves(part[key], f"{path}[{key!r}]")
-    elif isinstance(part, (list, tuple)):
-        for i, item in enumerate(part):
-            yield from _leaves(item, f"{path}[{i}]")
-    else:
-        yield path, part
+def leaf_length(leaf: Any) -> int | None:
+    """Examples along an array's first dimension (a ragged tensor's rows); None: a scalar."""
+    shape = getattr(leaf, "shape", None)
+    if shape is None or len(shape) == 0:
+        return None
+    if shape[0] is None:  # a RaggedTensor's rows are always known
+        return int(leaf.nrows()) if isinstance(leaf, tf.RaggedTensor) else None
+    return int(shape[0])
 
 
-def _check_arrays(data: Any) -> tuple[Any, Any, Any, int]:
-    """(x, y, sample_weight, number of examples) of array data; TypeError when `data` is not
-    array data at all, ValueError when its parts do not line up."""
-    parts: tuple[Any, ...]
-    if isinstance(data, (list, tuple)):
-        parts = tuple(data)
-    elif isinstance(data, dict) or hasattr(data, "shape"):
-        parts = (data,)
-    else:
-        raise invalid_type("data", data, DATA_EXPECTED)
-    leaves = [
-        leaf
-        for name, part in zip((*_PARTS, *(f"data[{i}]" for i in range(3, len(parts)))), parts)
-        if part is not None
-        for leaf in _leaves(part, name)
+def flatten_with_paths(path: str, value: Any) -> list[tuple[str, Any]]:
+    """(path, leaf) of a nested structure: `x`, `x[0]`, `x['image']`."""
+    if isinstance(value, Mapping):
+        return [item for k, v in value.items() for item in flatten_with_paths(f"{path}[{k!r}]", v)]
+    if isinstance(value, tuple):
+        return [item for i, v in enumerate(value) for item in flatten_with_paths(f"{path}[{i}]", v)]
+    return [(path, value)]
+
+
+def _array(path: str, value: Any, expected: str) -> Any:
+    """One leaf: a tensor as it is, a list or NumPy scalar made an array (or, ragged, a
+    ragged tensor), an array of numbers, bools or strings; else the TypeError."""
+    if isinstance(value, (tf.Tensor, tf.RaggedTensor, tf.SparseTensor)):
+        return value
+    if isinstance(value, list) and any(
+        isinstance(v, (np.ndarray, tf.Tensor, tf.RaggedTensor)) for v in value
+    ):
+        raise invalid_type(
+            "data",
+            value,
+            "a tuple of arrays (e.g. `(x, y)`, one array per feature), or one array "
+            "(np.stack the list first)",
+            received=f"a list of arrays at {path}",
+        )
+    if isinstance(value, (list, np.generic)) or (
+        hasattr(value, "__array__") and not isinstance(value, np.ndarray)
+    ):
+        try:
+            value = np.asarray(value)
+        except ValueError:  # ragged Python lists: a RaggedTensor, one row per example
+            try:
+                return tf.ragged.constant(value)
+            except (ValueError, TypeError) as e:
+                raise invalid_value(
+                    "data",
+                    value,
+                    "examples of one type and nesting depth; pad them or pass a `tf.data.Dataset`",
+                    received=f"a list at {path} that can be made neither into one array nor "
+                    f"into a ragged tensor ({e})",
+                ) from None
+    if not isinstance(value, np.ndarray):
+        raise invalid_type("data", value, expected, received=f"a {type(value).__name__} at {path}")
+    if value.dtype.kind == "O":
+        odd = next((v for v in value.reshape(-1) if not isinstance(v, (str, bytes))), None)
+        if odd is not None or value.size == 0:
+            raise invalid_type(
+                "data",
+                value,
+                "arrays of numbers, bools or strings; convert it with `.astype(...)` first",
+                received=f"a NumPy array of Python objects at {path} (holding a "
+                f"{type(odd).__name__})",
+            )
+    elif value.dtype.kind not in "biufcSU":
+        raise invalid_type(
+            "data",
+            value,
+            "arrays of numbers, bools or strings",
+            received=f"a NumPy array of dtype {value.dtype} at {path}",
+        )
+    return value
+
+
+def checked_structure(path: str, value: Any, expected: str = DATA_EXPECTED) -> Any:
+    """A nested structure of arrays (tuples and dicts of them) with each leaf checked by
+    `_array`; `expected`: what a leaf of another type is told is expected."""
+    if isinstance(value, (Mapping, tuple)) and not value:
+        kind = "dict" if isinstance(value, Mapping) else "tuple"
+        raise invalid_value(
+            "data", value, "at least one array", received=f"an empty {kind} at {path}"
+        )
+    if isinstance(value, Mapping):
+        if not all(isinstance(k, str) for k in value):
+            raise invalid_type(
+                "data",
+                value,
+                "str keys (feature names)",
+                received=f"a dict at {path} with keys {list(value)!r}",
+            )
+        return {k: checked_structure(f"{path}[{k!r}]", v, expected) for k, v in value.items()}
+    if isinstance(value, tuple):
+        items = tuple(checked_structure(f"{path}[{i}]", v, expected) for i, v in enumerate(value))
+        return type(value)(*items) if hasattr(value, "_fields") else items
+    return _array(path, value, expected)
+
+
+def check_arrays(parts: dict[str, Any], expected: str = DATA_EXPECTED) -> tuple[list[Any], int]:
+    """The one array check of tfgpu (`pipeline`'s arrays and the measuring tools'): each
+    named part (`{"data": data}`, or `{"x": x, "y": y}`) made a checked structure, and their
+    number of examples, the same along every array's first dimension; ValueError naming each
+    array that does not line up, TypeError for what no array can be made of."""
+    checked = [checked_structure(name, value, expected) for name, value in parts.items()]
+    lengths = [
+        (path, leaf_length(leaf))
+        for name, part in zip(parts, checked)
+        for path, leaf in flatten_with_paths(name, part)
     ]
-    if (parts and parts[0] is None) or not all(hasattr(a, "shape") for _, a in leaves):
-        raise invalid_type("data", data, DATA_EXPECTED)
-    if not parts or len(parts) > 3:
-        raise ValueError(
-            "Invalid value for argument `data`. Received: a "
-            f"{type(data).__name__} of {len(parts)} part{'s' if len(parts) != 1 else ''}. "
-            "Expected `x`, `(x, y)` or `(x, y, sample_weight)`."
-        )
-    scalars = [path for path, a in leaves if len(tuple(a.shape)) == 0]
+    scalars = [path for path, n in lengths if n is None]
     if scalars:
-        raise ValueError(
-            "Invalid value for argument `data`. Received: a scalar as "
-            f"{', '.join(scalars)}. Expected arrays with one entry per example along their "
-            "first axis."
+        raise invalid_value(
+            "data",
+            None,
+            "arrays whose first dimension indexes the examples",
+            received=f"a scalar (no first dimension) at {', '.join(scalars)}",
         )
-    lengths = [(path, int(a.shape[0])) for path, a in leaves]
-    distinct = sorted({n for _, n in lengths})
+    distinct = sorted({n for _, n in lengths if n is not None})
     if len(distinct) > 1:
         each = ", ".join(f"{path} has {n}" for path, n in lengths[:_SHOWN_LENGTHS])
         if len(lengths) > _SHOWN_LENGTHS:
             each += f", ... ({len(lengths)} arrays)"
-        raise ValueError(
-            "Invalid value for argument `data`. Received: arrays of different lengths "
-            f"({', '.join(map(str, distinct))} examples): {each}. Expected x, y (and "
-            "sample_weight) with one entry per example each."
+        raise invalid_value(
+            "data",
+            None,
+            "every array with one entry per example",
+            received=f"arrays of different lengths ({', '.join(map(str, distinct))} examples): "
+            f"{each}",
         )
     if distinct[0] == 0:
-        raise ValueError(
-            "Invalid value for argument `data`. Received: arrays of 0 examples. Expected at "
-            "least one example."
+        raise invalid_value("data", None, "at least one example", received="arrays of 0 examples")
+    return checked, distinct[0]
+
+
+def _arrays_only(value: Any) -> bool:
+    """Whether `value` is an array (anything with a shape), or a dict, list or tuple of them."""
+    if isinstance(value, (Mapping, list, tuple)):
+        items = value.values() if isinstance(value, Mapping) else value
+        return bool(items) and all(_arrays_only(v) for v in items)
+    return hasattr(value, "shape")
+
+
+def _fit_arrays(data: Any) -> tuple[Any, Any, Any, int]:
+    """(x, y, sample_weight, number of examples) of array data as `fit` takes it: `x`,
+    `(x, y)` or `(x, y, sample_weight)` (a list as a tuple)."""
+    if isinstance(data, (list, tuple)):
+        parts = tuple(data)
+    elif isinstance(data, Mapping) or hasattr(data, "shape"):
+        parts = (data,)
+    else:
+        raise invalid_type("data", data, DATA_EXPECTED)
+    if not parts or parts[0] is None or not all(p is None or _arrays_only(p) for p in parts):
+        raise invalid_type("data", data, DATA_EXPECTED)
+    if len(parts) > 3:
+        raise invalid_value(
+            "data",
+            data,
+            "`x`, `(x, y)` or `(x, y, sample_weight)`",
+            received=f"a {type(data).__name__} of {len(parts)} part"
+            + ("s" if len(parts) != 1 else ""),
         )
-    padded = (*parts, None, None)
-    return padded[0], padded[1], padded[2], distinct[0]
+    named = {name: part for name, part in zip(_PARTS, parts) if part is not None}
+    checked, n = check_arrays(named)
+    by_name = dict(zip(named, checked))
+    return by_name["x"], by_name.get("y"), by_name.get("sample_weight"), n
 
 
 def check_data(data: Any, *, batch_size: Any = None) -> DatasetData | ArrayData:
@@ -245,7 +346,7 @@ def check_data(data: Any, *, batch_size: Any = None) -> DatasetData | ArrayData:
             "`strategy.experimental_distribute_dataset`, or build the pipeline without "
             "`distribute=True`)",
         )
-    x, y, sample_weight, n = _check_arrays(data)
+    x, y, sample_weight, n = _fit_arrays(data)
     return ArrayData(x, y, sample_weight, n, size or DEFAULT_BATCH_SIZE)
 
 
@@ -255,10 +356,11 @@ def _check_labels(model: keras.Model, data: DatasetData | ArrayData) -> None:
     _, y, _ = keras.utils.unpack_x_y_sample_weight(data.spec())
     custom_step = type(model).train_step is not keras.Model.train_step
     if y is None and getattr(model, "loss", None) is not None and not custom_step:
-        raise ValueError(
-            "Invalid value for argument `data`. Received: inputs without labels while the "
-            f"model was compiled with loss={model.loss!r}. Expected `(x, y)` or "
-            "`(x, y, sample_weight)` (the model is trained as `fit` would train it)."
+        raise invalid_value(
+            "data",
+            None,
+            "`(x, y)` or `(x, y, sample_weight)` (the model is trained as `fit` would train it)",
+            received=f"inputs without labels while the model was compiled with loss={model.loss!r}",
         )
 
 
