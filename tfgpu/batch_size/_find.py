@@ -103,97 +103,126 @@ def find_batch_size(
     session = Session.open(
         "find_batch_size", verbose=verbose, time_budget_s=time_budget_s, log_dir=log_dir
     )
-    for name, value in (
-        ("start", start),
-        ("max_batch_size", max_batch_size),
-        ("steps", steps),
-        ("multiple_of", multiple_of),
-        ("max_trials", max_trials),
-        ("pool_size", pool_size),
-    ):
-        check_int(name, value)
-    if start > max_batch_size:  # the search would run one trial at `max_batch_size`
-        raise invalid_value(
-            "start",
-            start,
-            "start <= max_batch_size",
-            received=f"start={start} with max_batch_size={max_batch_size}",
-        )
-    limit_mib = check_number(
-        "memory_limit_mib",
-        memory_limit_mib,
-        minimum=0,
-        exclusive_minimum=True,
-        allow_none=True,
-        expected="a finite number of MiB > 0, or None",
-    )
-    target = check_int("target_batch_size", target_batch_size, allow_none=True)
-    fraction = check_number(
-        "memory_fraction",
-        memory_fraction,
-        minimum=0,
-        exclusive_minimum=True,
-        maximum=1,
-        expected="a float in (0, 1]",
-    )
-    check_bool("in_subprocess", in_subprocess)
-    work = open_workload(model, data, examples_ok=True)
-    model = work.model
-    replicas = int(model.distribute_strategy.num_replicas_in_sync)
-    for name, value in (("start", start), ("max_batch_size", max_batch_size)):
-        if value % replicas:
-            raise invalid_value(
-                name,
-                value,
-                f"a multiple of the strategy's {replicas} replicas (batch sizes are global, as "
-                f"fit takes them), e.g. {name}={max(1, value // replicas) * replicas}",
-            )
-    progress = session.progress
-    progress.phase(f"reading up to {pool_size} examples from `data`")
-    pool = work.examples(pool_size)
-    if in_subprocess:
-        result = find_in_subprocess(
-            model,
-            pool,
-            dict(  # checked values: Python numbers (NumPy scalars do not go into JSON)
-                start=int(start),
-                max_batch_size=int(max_batch_size),
-                steps=int(steps),
-                memory_fraction=fraction,
-                memory_limit_mib=limit_mib,
-                multiple_of=int(multiple_of),
-                max_trials=int(max_trials),
-                target_batch_size=target,
-                time_budget_s=session.budget.left() if session.budget.seconds else None,
-            ),
-            progress=progress,
-        )
-        return session.finish(result, _summary(result))
-    device = memory_device(model.distribute_strategy)
-    memory_source, budget = _memory_budget(device, limit_mib, fraction, session.notes)
-    trials = _search(
-        model,
-        pool,
-        session,
-        start=start // replicas,
-        max_batch_size=max_batch_size // replicas,
+    search = _Search.checked(
+        start=start,
+        max_batch_size=max_batch_size,
+        steps=steps,
+        memory_fraction=memory_fraction,
+        memory_limit_mib=memory_limit_mib,
         multiple_of=multiple_of,
         max_trials=max_trials,
-        steps=steps,
-        device=device,
-        budget=budget,
+        target_batch_size=target_batch_size,
     )
-    result = build_result(
-        trials.trials,
-        replicas,
-        budget,
-        device,
-        target,
-        session.notes,
-        memory_source=memory_source,
-        stopped_by=trials.stopped_by,
-    )
+    check_int("pool_size", pool_size)
+    check_bool("in_subprocess", in_subprocess)
+    work = open_workload(model, data, examples_ok=True)
+    replicas = int(work.model.distribute_strategy.num_replicas_in_sync)
+    search.check_replicas(replicas)
+    session.progress.phase(f"reading up to {pool_size} examples from `data`")
+    pool = work.examples(pool_size)
+    if in_subprocess:
+        left = session.budget.left() if session.budget.seconds else None
+        kwargs = {**dataclasses.asdict(search), "time_budget_s": left}
+        result = find_in_subprocess(work.model, pool, kwargs, progress=session.progress)
+    else:
+        result = search.run(work.model, pool, replicas, session)
     return session.finish(result, _summary(result))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Search:
+    """The search's checked arguments (Python numbers: they go into JSON for a subprocess)."""
+
+    start: int
+    max_batch_size: int
+    steps: int
+    memory_fraction: float
+    memory_limit_mib: float | None
+    multiple_of: int
+    max_trials: int
+    target_batch_size: int | None
+
+    @classmethod
+    def checked(cls, **given: Any) -> _Search:
+        for name in ("start", "max_batch_size", "steps", "multiple_of", "max_trials"):
+            check_int(name, given[name])
+        start, most = given["start"], given["max_batch_size"]
+        if start > most:  # the search would run one trial at `max_batch_size`
+            raise invalid_value(
+                "start",
+                start,
+                "start <= max_batch_size",
+                received=f"start={start} with max_batch_size={most}",
+            )
+        limit = check_number(
+            "memory_limit_mib",
+            given["memory_limit_mib"],
+            minimum=0,
+            exclusive_minimum=True,
+            allow_none=True,
+            expected="a finite number of MiB > 0, or None",
+        )
+        fraction = check_number(
+            "memory_fraction",
+            given["memory_fraction"],
+            minimum=0,
+            exclusive_minimum=True,
+            maximum=1,
+            expected="a float in (0, 1]",
+        )
+        target = check_int("target_batch_size", given["target_batch_size"], allow_none=True)
+        return cls(
+            int(start),
+            int(most),
+            int(given["steps"]),
+            fraction,
+            limit,
+            int(given["multiple_of"]),
+            int(given["max_trials"]),
+            target,
+        )
+
+    def check_replicas(self, replicas: int) -> None:
+        """Batch sizes are global: `start` and `max_batch_size` split over the replicas."""
+        for name in ("start", "max_batch_size"):
+            value = getattr(self, name)
+            if value % replicas:
+                raise invalid_value(
+                    name,
+                    value,
+                    f"a multiple of the strategy's {replicas} replicas (batch sizes are global, "
+                    f"as fit takes them), e.g. {name}={max(1, value // replicas) * replicas}",
+                )
+
+    def run(self, model: Any, pool: Any, replicas: int, session: Session) -> BatchSizeResult:
+        """The trials in this process, under the memory budget, and their result."""
+        device = memory_device(model.distribute_strategy)
+        notes = session.notes
+        memory_source, budget = _memory_budget(
+            device, self.memory_limit_mib, self.memory_fraction, notes
+        )
+        trials = _search(
+            model,
+            pool,
+            session,
+            start=self.start // replicas,
+            max_batch_size=self.max_batch_size // replicas,
+            multiple_of=self.multiple_of,
+            max_trials=self.max_trials,
+            steps=self.steps,
+            device=device,
+            budget=budget,
+        )
+        return build_result(
+            trials.trials,
+            replicas,
+            budget,
+            device,
+            self.target_batch_size,
+            notes,
+            memory_source=memory_source,
+            stopped_by=trials.stopped_by,
+        )
 
 
 def _memory_budget(

@@ -258,21 +258,31 @@ def input_advice(f: Facts, spe_no_gain: bool = False) -> str:
         )
     tuned = f.prefetch and not f.sequential_map
     if not tuned and not f.made_by_pipeline:
-        missing = []
-        if f.sequential_map:
-            missing.append("a map runs one element at a time")
-        if f.cache is None:
-            missing.append("nothing is cached")
-        if not f.prefetch:
-            missing.append("batches are not prefetched")
-        return (
-            "Build the input with `tfgpu.data.pipeline(ds, batch_size=...)` (it takes a Keras "
-            "loader's dataset too: parallel `map(num_parallel_calls=tf.data.AUTOTUNE)`, "
-            "`cache()`, `prefetch(tf.data.AUTOTUNE)`), or give your own `ds.map(...)` "
-            "`num_parallel_calls=tf.data.AUTOTUNE` and end with `.prefetch(tf.data.AUTOTUNE)`"
-            + (f": now {', '.join(missing)}" if missing else "")
-            + "; move per-example Python work into TF ops or before `cache()`."
-        )
+        return _builder_advice(f)
+    return _tuned_advice(f)
+
+
+def _builder_advice(f: Facts) -> str:
+    """A hand-made chain that is not tuned: build it with the pipeline, or tune its steps."""
+    missing = []
+    if f.sequential_map:
+        missing.append("a map runs one element at a time")
+    if f.cache is None:
+        missing.append("nothing is cached")
+    if not f.prefetch:
+        missing.append("batches are not prefetched")
+    return (
+        "Build the input with `tfgpu.data.pipeline(ds, batch_size=...)` (it takes a Keras "
+        "loader's dataset too: parallel `map(num_parallel_calls=tf.data.AUTOTUNE)`, "
+        "`cache()`, `prefetch(tf.data.AUTOTUNE)`), or give your own `ds.map(...)` "
+        "`num_parallel_calls=tf.data.AUTOTUNE` and end with `.prefetch(tf.data.AUTOTUNE)`"
+        + (f": now {', '.join(missing)}" if missing else "")
+        + "; move per-example Python work into TF ops or before `cache()`."
+    )
+
+
+def _tuned_advice(f: Facts) -> str:
+    """A pipeline whose steps are set already: what is left, beyond its settings."""
     caches = {"memory": "caches in memory", "file": "caches to a file"}
     cached = "" if f.cache is None else caches.get(f.cache, "")
     parallel = "maps in parallel" if f.parallel_map else ""

@@ -77,100 +77,135 @@ class Point:
 
     def explain(self, base: Point, device_kind: str, gradient_bytes: int) -> None:
         """Fills efficiency, the step's split, the reason and the fix, against `base` (one
-        replica). Pure."""
-        n, step = self.replicas, self.step_s
+        replica), by the first rule of `_REASONS` that holds. Pure."""
         if self.speedup is not None:
-            self.efficiency = self.speedup.value / n
+            self.efficiency = self.speedup.value / self.replicas
         busy = None
         if self.compute_s is not None and self.all_reduce_s is not None:
             busy = self.compute_s + self.all_reduce_s + (self.update_s or 0.0)
-        if step and busy is not None:
+        if self.step_s and busy is not None:
             self.input_wait_s = 0.0 if self.input_s is None else max(0.0, self.input_s - busy)
-            self.other_s = max(0.0, step - busy - self.input_wait_s)
-        if n == 1:
-            self.reason = (
-                "the reference: one replica" if step else "not timed: the budget ran out first"
-            )
-            return
-        if self.error:
+            self.other_s = max(0.0, self.step_s - busy - self.input_wait_s)
+        if self.replicas == 1:
+            timed = "the reference: one replica"
+            self.reason = timed if self.step_s else "not timed: the budget ran out first"
+        elif self.error:
             self.reason = f"not timed: {self.error}"
-            return
-        if self.efficiency is None or not step:
+        elif self.efficiency is None or not self.step_s:
             self.reason = "not timed: the budget ran out first"
-            return
-        eff = f"{self.efficiency:.0%} of linear"
-        if self.efficiency >= EFFICIENT:
-            self.reason = f"scales: {eff}"
-            return
-        wait = self.input_wait_s
-        if self.input_s and wait is not None and wait >= INPUT_SHARE * step:
-            rate = self.global_batch / self.input_s
-            self.reason = (
-                f"input-bound ({eff}): the pipeline alone delivers {rate:,.0f} examples/s, "
-                f"{_ms(self.input_s)} ms per global batch of {self.global_batch}"
-            )
-            self.fix = (
-                "feed the replicas faster: `tfgpu.data.pipeline` (parallel map, cache, "
-                "prefetch), a source other than a Python generator, or tf.data service "
-                "workers (docs/data_service.md)"
-            )
-            return
-        if self.all_reduce_s is not None and self.all_reduce_s >= ALL_REDUCE_SHARE * step:
-            self.reason = (
-                f"all-reduce-bound ({eff}): {format_bytes(gradient_bytes)} of gradients "
-                f"take {_ms(self.all_reduce_s)} ms of a {_ms(step)} ms step"
-            )
-            self.fix = (
-                "more compute per all-reduce: a larger per-replica batch (the gradients keep "
-                "their size); `tfgpu.tune` tries the other `all_reduce` implementations; "
-                "between GPUs, peer-to-peer links (NVLink) over PCIe through the host"
-            )
-            return
-        # What is left grew with the replicas: the compute, the update or the rest of the
-        # step, whichever exceeds its ideal most (weak: as on one replica; strong: 1/n of it).
-        ideal = 1.0 if self.mode == "weak" else 1.0 / n
-        excess = {
-            "compute": _excess(self.compute_s, base.compute_s, ideal),
-            "update": _excess(self.update_s, base.update_s, ideal),
-            "other": _excess(self.other_s, base.other_s, ideal),
+        else:
+            why = _Why(self, base, device_kind, gradient_bytes)
+            self.reason, self.fix = next(r for rule in _REASONS if (r := rule(why)) is not None)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Why:
+    """A timed point beside its one-replica base: what the reasons read."""
+
+    p: Point
+    base: Point
+    device_kind: str
+    gradient_bytes: int
+
+    @property
+    def eff(self) -> str:
+        return f"{self.p.efficiency:.0%} of linear"
+
+    def excess(self) -> dict[str, float]:
+        """What grew with the replicas past its ideal (weak: as on one replica; strong: 1/n
+        of it): the compute, the update, the rest of the step."""
+        ideal = 1.0 if self.p.mode == "weak" else 1.0 / self.p.replicas
+        return {
+            "compute": _excess(self.p.compute_s, self.base.compute_s, ideal),
+            "update": _excess(self.p.update_s, self.base.update_s, ideal),
+            "other": _excess(self.p.other_s, self.base.other_s, ideal),
         }
-        grew = max(excess, key=lambda k: excess[k])
-        shared = f"; {device_kind}s do it on the shared cores" if device_kind != "GPU" else ""
-        if grew == "update" and excess["update"] > 0:
-            self.reason = (
-                f"update-bound ({eff}): updating every replica's copy of the weights takes "
-                f"{_ms(self.update_s)} ms of a {_ms(step)} ms step"
-            )
-            self.fix = (
-                "more examples per update: a larger per-replica batch (weak scaling); a "
-                f"cheaper optimizer, or `jit_compile=True` to fuse the update{shared}"
-            )
-            return
-        if grew == "other" and excess["other"] > 0:
-            self.reason = (
-                f"host-bound ({eff}): {_ms(self.other_s)} ms of a {_ms(step)} ms step is "
-                "neither compute, all-reduce nor update (Python, kernel launches, `fit`'s "
-                "host work)"
-            )
-            self.fix = "more steps per call: `model.compile(..., steps_per_execution=16)`"
-            return
-        if device_kind != "GPU":
-            self.reason = f"shared cores ({eff}): see the note"
-            return
-        if self.mode == "strong":
-            self.reason = (
-                f"per-replica batch too small ({eff}): {self.per_replica_batch} examples per "
-                f"replica compute in {_ms(self.compute_s)} ms, not 1/{n} of "
-                f"{_ms(base.compute_s)} ms"
-            )
-            self.fix = (
-                "keep the per-replica batch (weak scaling): `batch_size="
-                "tfgpu.global_batch_size(per_replica, strategy)` with "
-                "`tfgpu.scale_learning_rate`"
-            )
-            return
-        self.reason = f"compute slows with more replicas ({eff}): the GPUs slow each other"
-        self.fix = "check the host's threads and the GPUs' clocks (`tfgpu.callbacks.GPUMonitor`)"
+
+    def grew(self, part: str) -> bool:
+        excess = self.excess()
+        return max(excess, key=lambda k: excess[k]) == part and excess[part] > 0
+
+
+Reason = tuple[str, str] | None  # (the reason, the fix) where a rule holds
+
+
+def _scales(w: _Why) -> Reason:
+    return (f"scales: {w.eff}", "") if (w.p.efficiency or 0.0) >= EFFICIENT else None
+
+
+def _input_bound(w: _Why) -> Reason:
+    p = w.p
+    if not (
+        p.input_s
+        and p.input_wait_s is not None
+        and p.input_wait_s >= INPUT_SHARE * (p.step_s or 0.0)
+    ):
+        return None
+    return (
+        f"input-bound ({w.eff}): the pipeline alone delivers {p.global_batch / p.input_s:,.0f} "
+        f"examples/s, {_ms(p.input_s)} ms per global batch of {p.global_batch}",
+        "feed the replicas faster: `tfgpu.data.pipeline` (parallel map, cache, prefetch), a "
+        "source other than a Python generator, or tf.data service workers "
+        "(docs/data_service.md)",
+    )
+
+
+def _all_reduce_bound(w: _Why) -> Reason:
+    p = w.p
+    if p.all_reduce_s is None or p.all_reduce_s < ALL_REDUCE_SHARE * (p.step_s or 0.0):
+        return None
+    return (
+        f"all-reduce-bound ({w.eff}): {format_bytes(w.gradient_bytes)} of gradients take "
+        f"{_ms(p.all_reduce_s)} ms of a {_ms(p.step_s)} ms step",
+        "more compute per all-reduce: a larger per-replica batch (the gradients keep their "
+        "size); `tfgpu.tune` tries the other `all_reduce` implementations; between GPUs, "
+        "peer-to-peer links (NVLink) over PCIe through the host",
+    )
+
+
+def _update_bound(w: _Why) -> Reason:
+    if not w.grew("update"):
+        return None
+    shared = f"; {w.device_kind}s do it on the shared cores" if w.device_kind != "GPU" else ""
+    return (
+        f"update-bound ({w.eff}): updating every replica's copy of the weights takes "
+        f"{_ms(w.p.update_s)} ms of a {_ms(w.p.step_s)} ms step",
+        "more examples per update: a larger per-replica batch (weak scaling); a cheaper "
+        f"optimizer, or `jit_compile=True` to fuse the update{shared}",
+    )
+
+
+def _host_bound(w: _Why) -> Reason:
+    if not w.grew("other"):
+        return None
+    return (
+        f"host-bound ({w.eff}): {_ms(w.p.other_s)} ms of a {_ms(w.p.step_s)} ms step is neither "
+        "compute, all-reduce nor update (Python, kernel launches, `fit`'s host work)",
+        "more steps per call: `model.compile(..., steps_per_execution=16)`",
+    )
+
+
+def _compute(w: _Why) -> Reason:
+    """What is left: logical CPU devices share the cores; GPUs scale too little work or slow
+    each other."""
+    p = w.p
+    if w.device_kind != "GPU":
+        return f"shared cores ({w.eff}): see the note", ""
+    if p.mode == "strong":
+        return (
+            f"per-replica batch too small ({w.eff}): {p.per_replica_batch} examples per replica "
+            f"compute in {_ms(p.compute_s)} ms, not 1/{p.replicas} of {_ms(w.base.compute_s)} ms",
+            "keep the per-replica batch (weak scaling): `batch_size="
+            "tfgpu.global_batch_size(per_replica, strategy)` with `tfgpu.scale_learning_rate`",
+        )
+    return (
+        f"compute slows with more replicas ({w.eff}): the GPUs slow each other",
+        "check the host's threads and the GPUs' clocks (`tfgpu.callbacks.GPUMonitor`)",
+    )
+
+
+# The reasons of a point below linear, the first that holds (the last always does).
+_REASONS = (_scales, _input_bound, _all_reduce_bound, _update_bound, _host_bound, _compute)
 
 
 def _excess(part: float | None, base: float | None, ideal: float) -> float:
