@@ -170,36 +170,18 @@ def cpu_native_bf16() -> bool:
 
 # Dataset ops that pass their input's elements on as they come (no per-element work, no
 # buffer): a prefetch below one of them still hands batches over from its buffer.
-_PASS_THROUGH_OPS = frozenset(
-    {
-        "OptionsDataset",
-        "ModelDataset",
-        "OptimizeDataset",
-        "OptimizeDatasetV2",
-        "MaxIntraOpParallelismDataset",
-        "ExperimentalMaxIntraOpParallelismDataset",
-        "PrivateThreadPoolDataset",
-        "ExperimentalPrivateThreadPoolDataset",
-        "ThreadPoolDataset",
-        "ExperimentalThreadPoolDataset",
-        "AssertCardinalityDataset",
-        "AssertNextDataset",
-        "ExperimentalAssertNextDataset",
-        "AssertPrefetchDataset",
-        "NonSerializableDataset",
-        "ExperimentalNonSerializableDataset",
-        "RepeatDataset",
-        "TakeDataset",
-    }
-)
-_PARALLEL_MAP_OPS = frozenset(
-    {
-        "ParallelMapDataset",
-        "ParallelMapDatasetV2",
-        "MapAndBatchDataset",
-        "ExperimentalMapAndBatchDataset",
-    }
-)
+_PASS_THROUGH_OPS = frozenset({
+    "OptionsDataset", "ModelDataset", "OptimizeDataset", "OptimizeDatasetV2",
+    "MaxIntraOpParallelismDataset", "ExperimentalMaxIntraOpParallelismDataset",
+    "PrivateThreadPoolDataset", "ExperimentalPrivateThreadPoolDataset", "ThreadPoolDataset",
+    "ExperimentalThreadPoolDataset", "AssertCardinalityDataset", "AssertNextDataset",
+    "ExperimentalAssertNextDataset", "AssertPrefetchDataset", "NonSerializableDataset",
+    "ExperimentalNonSerializableDataset", "RepeatDataset", "TakeDataset",
+})  # fmt: skip
+_PARALLEL_MAP_OPS = frozenset({
+    "ParallelMapDataset", "ParallelMapDatasetV2", "MapAndBatchDataset",
+    "ExperimentalMapAndBatchDataset",
+})  # fmt: skip
 _SEQUENTIAL_MAP_OPS = frozenset({"MapDataset"})
 _CACHE_OPS = frozenset({"CacheDataset", "CacheDatasetV2"})
 _BATCH_OPS = frozenset({"BatchDataset", "BatchDatasetV2", "PaddedBatchDatasetV2"})

@@ -56,13 +56,8 @@ BUDGET_SPENT = "time budget spent"
 # The settings a variant changes (`measure.variants`), by where they apply.
 COMPILE_KEYS = ("steps_per_execution", "jit_compile")
 PIPELINE_KEYS = (
-    "drop_remainder",
-    "cache",
-    "private_threadpool_size",
-    "batch_augment",
-    "prefetch",
-    "batch_size",
-)
+    "drop_remainder", "cache", "private_threadpool_size", "batch_augment", "prefetch", "batch_size",
+)  # fmt: skip
 MODEL_KEYS = ("precision", "strategy")
 STRATEGY_KEYS = ("all_reduce",)
 # The settings that change the traced train step (the others change only the data).
@@ -103,25 +98,10 @@ class Gain:
         low, high, _ = median_interval(ratios)
         return cls(g, min(low, g), max(high, g))
 
-    @classmethod
-    def point(cls, base_s: float | None, variant_s: float | None) -> Gain | None:
-        """The gain of two single times (no interval); None unless both are > 0."""
-        if not base_s or not variant_s or base_s <= 0 or variant_s <= 0:
-            return None
-        g = base_s / variant_s
-        return cls(g, g, g)
-
     def text(self) -> str:
         """The gain with its interval, e.g. `"x1.32 (1.25-1.40)"` (no interval: `"x1.32"`)."""
-        if (
-            math.isfinite(self.low)
-            and math.isfinite(self.high)
-            and (self.low, self.high)
-            != (
-                self.value,
-                self.value,
-            )
-        ):
+        interval = math.isfinite(self.low) and math.isfinite(self.high)
+        if interval and (self.low, self.high) != (self.value, self.value):
             return f"x{self.value:.2f} ({self.low:.2f}-{self.high:.2f})"
         return f"x{self.value:.2f}"
 

@@ -2,7 +2,7 @@
 `fit_step_time`; whole epochs as the user's `fit` sees them, `epoch_time`; a first look,
 `probe_step_time`) under a `Budget`, and variants compared with a baseline in interleaved
 rounds (`compare`) until `rules.decided`. `now` and the timed fits are module attributes: the
-tests' one scripted engine (tests/conftest.py, `ScriptedClock`) replaces them.
+tests' one scripted engine (tests/conftest.py, `ScriptedTiming`) replaces them.
 """
 
 from __future__ import annotations
@@ -83,6 +83,20 @@ def collected_before() -> Iterator[None]:
             gc.enable()
 
 
+def _fit(model: Any, dataset: Any, timer: Any, epochs: int = 1, steps: int | None = None) -> None:
+    """One `fit` with `timer` its only callback, garbage collected before."""
+    with collected_before():
+        model.fit(
+            dataset,
+            epochs=epochs,
+            steps_per_epoch=steps,
+            verbose=0,
+            shuffle=False,
+            callbacks=[timer],
+        )
+    model.stop_training = False
+
+
 def fit_step_time(
     model, dataset, steps: int, warmup: int, deadline=None, timed_limit_s=None
 ) -> float | None:
@@ -91,16 +105,7 @@ def fit_step_time(
     spe = max(1, int(model.steps_per_execution))
     calls_warm, calls_timed = call_counts(spe, steps, warmup)
     timer = Timer(calls_warm, deadline, timed_limit_s)
-    with collected_before():
-        model.fit(
-            dataset,
-            epochs=1,
-            steps_per_epoch=(calls_warm + calls_timed) * spe,
-            verbose=0,
-            shuffle=False,
-            callbacks=[timer],
-        )
-    model.stop_training = False
+    _fit(model, dataset, timer, steps=(calls_warm + calls_timed) * spe)
     return timer.step_time(spe)
 
 
@@ -110,11 +115,8 @@ class _EpochTimer(keras.callbacks.Callback):
 
     def __init__(self, deadline, timed_limit_s, steps_in_epoch):
         super().__init__()
-        self.deadline, self.timed_limit_s, self.steps_in_epoch = (
-            deadline,
-            timed_limit_s,
-            steps_in_epoch,
-        )
+        self.deadline, self.timed_limit_s = deadline, timed_limit_s
+        self.steps_in_epoch = steps_in_epoch
         self.seconds, self.steps, self.cut = 0.0, 0, False
         self.begin = self.started = 0.0
         self.epoch_steps = 0
@@ -155,16 +157,7 @@ def epoch_time(
     sees them once the step is traced (no validation). `steps_in_epoch`: the batches of a
     whole epoch, when known. Garbage collected before; None when the deadline cut it."""
     timer = _EpochTimer(deadline, timed_limit_s, steps_in_epoch)
-    with collected_before():
-        model.fit(
-            dataset,
-            epochs=epochs,
-            steps_per_epoch=steps_per_epoch,
-            verbose=0,
-            shuffle=False,
-            callbacks=[timer],
-        )
-    model.stop_training = False
+    _fit(model, dataset, timer, epochs, steps_per_epoch)
     if timer.cut or not timer.steps:
         return None
     return timer.seconds / timer.steps
@@ -175,11 +168,7 @@ def probe_step_time(model, dataset, deadline=None) -> float | None:
     after one that traces; None when the deadline came first."""
     spe = max(1, int(model.steps_per_execution))
     timer = Timer(1, deadline)
-    with collected_before():
-        model.fit(
-            dataset, epochs=1, steps_per_epoch=3 * spe, verbose=0, shuffle=False, callbacks=[timer]
-        )
-    model.stop_training = False
+    _fit(model, dataset, timer, steps=3 * spe)
     return timer.step_time(spe)
 
 
