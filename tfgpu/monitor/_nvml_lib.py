@@ -82,7 +82,7 @@ def nvml_query(nv: ModuleType, name: str, *args: Any, default: Any = Failure, **
 
 
 def _function_not_found(nv: ModuleType) -> int:
-    return error_code(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
+    return constant(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
 
 
 def start(nv: ModuleType) -> str | None:
@@ -103,7 +103,7 @@ def exported(nv: ModuleType, *names: str) -> list[str]:
     return [name for name in names if callable(getattr(nv, name, None))]
 
 
-def error_code(nv: ModuleType, name: str, default: int) -> int:
-    """The binding's value of the NVML error constant `name`, else `default`."""
+def constant(nv: ModuleType, name: str, default: int) -> int:
+    """The binding's int constant `name` (an error code, a metric id), else `default`."""
     value = getattr(nv, name, default)
     return value if isinstance(value, int) else default
