@@ -19,24 +19,7 @@ import numpy as np
 from tfgpu._internal.adapters import keras_internals
 from tfgpu._internal.helpers.checks import check_bool, check_dir, check_int, invalid_value
 from tfgpu._internal.helpers.files import rotate, writable_dir
-from tfgpu.callbacks._backup import (
-    FILE,
-    META,
-    PREV,
-    CountingDataset,
-    Unusable,
-    assign,
-    assign_metrics,
-    collect_state,
-    delete_backups,
-    mismatch,
-    pythonify,
-    read_backup,
-    restore_rng,
-    variable_groups,
-    worker_role,
-    write_atomic,
-)
+from tfgpu.callbacks import _backup
 
 _LOG = logging.getLogger(__name__)
 
@@ -128,23 +111,23 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._set_initial_epoch = False
         self._last_call_skipped = False
         self._epoch_iterator = None  # Keras's EpochIterator of this fit, when found
-        self._dataset: CountingDataset | None = None
+        self._dataset: _backup.CountingDataset | None = None
         self._source = None  # the user's tf.data dataset, when found
         self._source_reused = False  # did an earlier fit (with any callback) iterate it?
 
     def _paths(self) -> tuple[Path, Path | None, bool]:
-        is_chief, private = worker_role(self.model.distribute_strategy)
+        is_chief, private = _backup.worker_role(self.model.distribute_strategy)
         canonical = Path(self.backup_dir)
         own = canonical / private if private else None
         return canonical, own, is_chief
 
     def _candidates(self) -> list[Path]:
         canonical, own, _ = self._paths()
-        out = [canonical / FILE]
+        out = [canonical / _backup.FILE]
         if self.double_checkpoint:
-            out.append(canonical / PREV)
+            out.append(canonical / _backup.PREV)
         if own is not None:
-            out += [own / FILE] + ([own / PREV] if self.double_checkpoint else [])
+            out += [own / _backup.FILE] + ([own / _backup.PREV] if self.double_checkpoint else [])
         return out
 
     def _load(self) -> tuple[dict[str, Any], dict[str, np.ndarray], Path] | None:
@@ -158,18 +141,18 @@ class BackupAndRestore(keras.callbacks.Callback):
         if model.optimizer is not None and not model.optimizer.built:
             with model.distribute_strategy.scope():
                 model.optimizer.build(model.trainable_variables)
-        groups = variable_groups(model)
+        groups = _backup.variable_groups(model)
         problems: list[tuple[Path, str]] = []
         for path in present:
             try:
-                meta, arrays = read_backup(path)
+                meta, arrays = _backup.read_backup(path)
                 for group in ("model", "optimizer"):
-                    problem = mismatch(group, meta["paths"][group], groups[group])
+                    problem = _backup.mismatch(group, meta["paths"][group], groups[group])
                     if problem:
-                        raise Unusable(
+                        raise _backup.Unusable(
                             f"it was written by a different model or optimizer: {problem}"
                         )
-            except Unusable as e:
+            except _backup.Unusable as e:
                 problems.append((path, str(e)))
                 continue
             if problems:
@@ -201,7 +184,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         canonical = Path(self.backup_dir)
         listed = "; ".join(f"{path}: {problem}" for path, problem in problems)
         hint = ""
-        prev = canonical / PREV
+        prev = canonical / _backup.PREV
         if not self.double_checkpoint and prev.exists():
             hint = (
                 f" An older backup {prev} exists: pass `double_checkpoint=True` to resume from it."
@@ -239,10 +222,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         if loaded is None:
             return
         meta, arrays, path = loaded
-        groups = variable_groups(model)
-        assign(groups["model"], arrays, "model")
-        assign(groups["optimizer"], arrays, "optimizer")
-        restore_rng(meta, arrays)
+        groups = _backup.variable_groups(model)
+        _backup.assign(groups["model"], arrays, "model")
+        _backup.assign(groups["optimizer"], arrays, "optimizer")
+        _backup.restore_rng(meta, arrays)
         self._restore_shuffle_state(int(meta.get("iterators", 0)))
         self._epoch = meta["epoch"]
         self._shared_iterator = meta.get("shared_iterator")
@@ -272,8 +255,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         dataset = keras_internals.distributed_dataset(epoch_iterator)
         if dataset is None:
             return
-        if not isinstance(dataset, CountingDataset):
-            dataset = CountingDataset(dataset)
+        if not isinstance(dataset, _backup.CountingDataset):
+            dataset = _backup.CountingDataset(dataset)
             keras_internals.set_distributed_dataset(epoch_iterator, dataset)
         self._epoch_iterator, self._dataset = epoch_iterator, dataset
         # The user's tf.data dataset: an earlier `fit` here may have spent its first orders.
@@ -353,7 +336,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         pending = self._pending
         if pending and pending["metrics"] is not None:
             saved_paths, arrays = pending["metrics"]
-            assign_metrics(variable_groups(self.model)["metrics"], saved_paths, arrays)
+            _backup.assign_metrics(
+                _backup.variable_groups(self.model)["metrics"], saved_paths, arrays
+            )
             pending["metrics"] = None
 
     def _wrap_train_function(self) -> None:
@@ -426,7 +411,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             return
         self._since_save += done - self._steps_in_epoch
         self._steps_in_epoch = done
-        self._last_logs = pythonify(logs)
+        self._last_logs = _backup.pythonify(logs)
         every = self.save_freq
         if isinstance(every, int) and not isinstance(every, bool) and self._since_save >= every:
             self._save(self._epoch, done, self._position, self._iterators_before(self._iterator))
@@ -445,7 +430,7 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def _save(self, epoch: int, step: int, position: int, iterators: int) -> None:
         self._since_save = 0
-        meta, arrays = collect_state(self.model)
+        meta, arrays = _backup.collect_state(self.model)
         meta.update(
             epoch=epoch,
             step=step,
@@ -454,12 +439,12 @@ class BackupAndRestore(keras.callbacks.Callback):
             iterators=iterators,
             logs=self._last_logs,
         )
-        arrays[META] = np.asarray(json.dumps(meta))
+        arrays[_backup.META] = np.asarray(json.dumps(meta))
         canonical, own, is_chief = self._paths()
         directory = canonical if is_chief else own
-        if directory is None:  # worker_role names a private directory for every non-chief
+        if directory is None:  # _backup.worker_role names a private directory for every non-chief
             raise AssertionError("tfgpu BackupAndRestore: a non-chief worker has no directory")
-        write_atomic(directory, arrays, self.double_checkpoint)
+        _backup.write_atomic(directory, arrays, self.double_checkpoint)
 
     def on_train_end(self, logs=None):
         if self._original_train_function is not None:
@@ -473,4 +458,4 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._epoch_iterator = self._dataset = None
         if not self.delete_checkpoint:
             return
-        delete_backups(*self._paths())
+        _backup.delete_backups(*self._paths())
