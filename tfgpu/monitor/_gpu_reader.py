@@ -259,10 +259,8 @@ class GpuReader:
         self._free_gpm()
 
     def _gpm_read(self, h: Any) -> Values:
-        if self._gpm is False:
-            return tuple(self._gpm_values[:6])
-        if self._clock() - self._gpm_done <= GPM_MIN_PERIOD:
-            return tuple(self._gpm_values[:6])  # NVML needs more than 100 ms: carry
+        if self._gpm is False or self._clock() - self._gpm_done <= GPM_MIN_PERIOD:
+            return tuple(self._gpm_values[:6])  # off for good; or NVML needs more than 100 ms
         if self._gpm is None:
             failure = self._gpm_start(h)
             if not self._gpm:
@@ -335,15 +333,12 @@ class GpuReader:
         """PCIe rates from the byte counters (non-blocking); None when the driver does not give
         them: it lacks them, or refuses them with any error before they ever worked."""
         nv = self._nv
-        ids = (
-            getattr(nv, "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", None),
-            getattr(nv, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES", None),
-        )
-        if not callable(getattr(nv, "nvmlDeviceGetFieldValues", None)) or None in ids:
+        ids = [getattr(nv, f"NVML_FI_DEV_PCIE_COUNT_{way}_BYTES", None) for way in ("TX", "RX")]
+        if not exported(nv, "nvmlDeviceGetFieldValues") or None in ids:
             self._fields_ok = False
             return None
         previous, self._fields_prev = self._fields_prev, None  # what a failed call leaves
-        values = nvml_query(nv, "nvmlDeviceGetFieldValues", h, list(ids))
+        values = nvml_query(nv, "nvmlDeviceGetFieldValues", h, ids)
         if not isinstance(values, Failure):
             success = getattr(nv, "NVML_SUCCESS", 0)
             failed = [values[k].nvmlReturn for k in range(2) if values[k].nvmlReturn != success]

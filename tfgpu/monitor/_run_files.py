@@ -59,7 +59,6 @@ def artifact_name(
 
 
 def session_record(
-    *,
     start_time: float,
     interval: float,
     inventory: NvmlInventory,
@@ -95,21 +94,17 @@ def session_record(
 
 
 def add_session(
-    directory: Path,
-    info: dict[str, Any],
-    timeline: str,
-    rotated: Path | None,
-    environ: Mapping[str, str],
+    directory: Path, info: dict[str, Any], rotated: Path | None, environ: Mapping[str, str]
 ) -> None:
     """Adds `info` to this process's `run.json` (a chief's to `run.json` too), first pointing
-    earlier sessions naming `timeline` to `rotated` where it was rotated. Raises OSError."""
+    earlier sessions naming its timeline to `rotated` where it was rotated. Raises OSError."""
     task = _cluster(environ)
     names = [artifact_name("run", ".json", environ=environ)]
     if task is not None and task.is_chief:
         names.append("run.json")
     for name in names:
         if rotated is not None:
-            _rename_timeline(directory / name, timeline, rotated.name)
+            _rename_timeline(directory / name, info["timeline"], rotated.name)
         files.add_session(directory / name, info)
 
 
