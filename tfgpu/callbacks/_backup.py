@@ -134,11 +134,9 @@ def _is_count(value: Any) -> bool:
 
 def _malformed(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> str | None:
     """What is missing or inconsistent in a backup's record and arrays, or None if complete."""
-    for key in ("epoch", "step", "position"):
-        if not _is_count(meta.get(key)):
+    for key, default in (("epoch", None), ("step", None), ("position", None), ("iterators", 0)):
+        if not _is_count(meta.get(key, default)):
             return f"its record has {key}={meta.get(key)!r}, expected an int >= 0"
-    if not _is_count(meta.get("iterators", 0)):
-        return f"its record has iterators={meta.get('iterators')!r}, expected an int >= 0"
     paths = meta.get("paths")
     if not isinstance(paths, dict):
         return "its record lists no variables"

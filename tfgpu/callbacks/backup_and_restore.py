@@ -27,13 +27,11 @@ _LOG = logging.getLogger(__name__)
 def _check_save_freq(save_freq: Any) -> str | int | bool:
     """`"epoch"`, an int >= 1 (NumPy ints too, returned as int) or False; else raises."""
     expected = "'epoch', an int >= 1 (batches between saves), or False (never save)"
-    if isinstance(save_freq, str):
-        if save_freq == "epoch":
-            return save_freq
-        raise invalid_value("save_freq", save_freq, expected)
-    if isinstance(save_freq, (bool, np.bool_)):
-        if not save_freq:
-            return False
+    if isinstance(save_freq, str) and save_freq == "epoch":
+        return save_freq
+    if isinstance(save_freq, (bool, np.bool_)) and not save_freq:
+        return False
+    if isinstance(save_freq, (str, bool, np.bool_)):
         raise invalid_value("save_freq", save_freq, expected)
     return check_int("save_freq", save_freq, minimum=1, expected=expected)
 
@@ -123,12 +121,9 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def _candidates(self) -> list[Path]:
         canonical, own, _ = self._paths()
-        out = [canonical / _backup.FILE]
-        if self.double_checkpoint:
-            out.append(canonical / _backup.PREV)
-        if own is not None:
-            out += [own / _backup.FILE] + ([own / _backup.PREV] if self.double_checkpoint else [])
-        return out
+        names = [_backup.FILE, _backup.PREV] if self.double_checkpoint else [_backup.FILE]
+        folders = [canonical] if own is None else [canonical, own]
+        return [folder / name for folder in folders for name in names]
 
     def _load(self) -> tuple[dict[str, Any], dict[str, np.ndarray], Path] | None:
         """The newest backup that reads completely and fits this model and optimizer, after

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import heapq
 import logging
@@ -247,12 +248,7 @@ class StepTimer(keras.callbacks.Callback):
         """Turns the noted times into rows and writes them; never raises. `final`: the batches
         are over (a begin without an end is dropped); `timeout`: how long to wait for a thread
         already at it (None: wait). Returns the epoch's logs at `epoch_end`, else None."""
-        acquired = (
-            self._lock.acquire()
-            if timeout is None
-            else self._lock.acquire(blocking=timeout > 0, timeout=timeout if timeout > 0 else -1)
-        )
-        if not acquired:
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
             return None
         try:
             self._synced_at = self._perf()
@@ -393,7 +389,5 @@ def _sync_after_fit(timer: weakref.ref[StepTimer]) -> None:
 
 
 def _close_quietly(file: Any) -> None:
-    try:
+    with contextlib.suppress(OSError, ValueError):
         file.close()
-    except (OSError, ValueError):
-        pass
