@@ -52,22 +52,17 @@ def _create(path: Path, attempts: int = 5):
     return open(path, "wb")  # the last attempt raises
 
 
-def _names(directory: Path) -> list[str]:
-    """The entries of `directory`; none if it does not exist (or a peer just removed it)."""
-    try:
-        with os.scandir(directory) as entries:
-            return [e.name for e in entries]
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-
-
 def delete_backups(canonical: Path, own: Path | None, is_chief: bool) -> None:
     """Removes this worker's directory (the chief: the canonical files and a killed save's
     temporary ones), then `canonical` if empty; tolerates what peers removed meanwhile."""
     if own is not None:
         shutil.rmtree(own, ignore_errors=True)
     if is_chief:
-        for name in _names(canonical):
+        try:
+            names = os.listdir(canonical)
+        except (FileNotFoundError, NotADirectoryError):  # gone already (a peer removed it)
+            names = []
+        for name in names:
             if name in (FILE, PREV) or name.startswith((f".{FILE}.tmp-", f".{PREV}.tmp-")):
                 with contextlib.suppress(FileNotFoundError):
                     (canonical / name).unlink()
@@ -86,8 +81,7 @@ def write_atomic(directory: Path, arrays: dict[str, np.ndarray], keep_previous: 
         os.fsync(f.fileno())
     if keep_previous and target.exists():
         prev_tmp = directory / f".{PREV}.tmp-{os.getpid()}"
-        with contextlib.suppress(FileNotFoundError):
-            prev_tmp.unlink()
+        prev_tmp.unlink(missing_ok=True)
         try:
             os.link(target, prev_tmp)
         except OSError:

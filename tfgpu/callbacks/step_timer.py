@@ -19,13 +19,8 @@ from tfgpu._internal.adapters import keras_internals, model_state
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_int, check_number
 from tfgpu._internal.helpers.files import open_csv, writable_dir
+from tfgpu.callbacks import _steps
 from tfgpu.callbacks._gpus import auto_peak_flops
-from tfgpu.callbacks._steps import (
-    known_epoch_steps,
-    optimizer_steps,
-    steps_between,
-    true_last_steps,
-)
 from tfgpu.monitor import artifact_name
 
 _log = logging.getLogger(__name__)
@@ -43,12 +38,8 @@ def _epoch_summary(
     peak_flops: float | None,
 ) -> dict[str, float]:
     """Pure: the epoch's StepTimer logs from its executions `(steps, seconds)`, in order."""
-    if executions:
-        steps0, seconds0 = executions[0]
-        first = seconds0 / steps0
-        steady = executions[1:] or executions
-    else:
-        first, steady = _NAN, []
+    first = executions[0][1] / executions[0][0] if executions else _NAN
+    steady = executions[1:] or executions  # all but the first, unless it is the only one
     per_step = [seconds / steps for steps, seconds in steady]
     total_steps = sum(steps for steps, _ in steady)
     total_seconds = sum(seconds for _, seconds in steady)
@@ -177,8 +168,8 @@ class StepTimer(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         # An epoch of unknown length may end inside an execution: the optimizer will tell.
-        unknown = known_epoch_steps(self.params) is None
-        at_begin = optimizer_steps(self.model) if unknown else None
+        unknown = _steps.known_epoch_steps(self.params) is None
+        at_begin = _steps.optimizer_steps(self.model) if unknown else None
         with self._lock:
             self._epoch = epoch
             self._reset_epoch()
@@ -296,7 +287,7 @@ class StepTimer(keras.callbacks.Callback):
         arrivals = self._arrivals
         while arrivals:  # ends in any order (several pool threads): a heap sorts them
             heapq.heappush(self._ends, arrivals.popleft())
-        total = known_epoch_steps(self.params)
+        total = _steps.known_epoch_steps(self.params)
         last_step = None if total is None else total - 1
         offset = self._clock[0]
         while self._ends and self._begins:
@@ -332,8 +323,10 @@ class StepTimer(keras.callbacks.Callback):
         row was held back by `_flush`, so steps.csv never holds the wrong count)."""
         if self._optimizer_at_begin is None or not self._executions:
             return
-        true_total = steps_between(self._optimizer_at_begin, optimizer_steps(self.model))
-        last = true_last_steps([steps for steps, _ in self._executions], true_total)
+        true_total = _steps.steps_between(
+            self._optimizer_at_begin, _steps.optimizer_steps(self.model)
+        )
+        last = _steps.true_last_steps([steps for steps, _ in self._executions], true_total)
         if last is None:
             return
         steps, seconds = self._executions[-1]
@@ -345,7 +338,9 @@ class StepTimer(keras.callbacks.Callback):
     def _flush(self, final: bool = True) -> None:
         """Writes the rows made so far; a write that is not `final`, in an epoch of unknown length,
         holds back the newest, which `_correct_last_execution` may still correct."""
-        held = self._rows[-1:] if not final and known_epoch_steps(self.params) is None else []
+        held = (
+            self._rows[-1:] if not final and _steps.known_epoch_steps(self.params) is None else []
+        )
         rows = self._rows[: len(self._rows) - len(held)]
         self._rows = held
         if self._file is None or not rows:

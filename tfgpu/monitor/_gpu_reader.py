@@ -24,8 +24,11 @@ _MIB = 1024.0 * 1024.0
 _NAN = float("nan")
 
 Values = tuple[float, ...] | Failure
-"""What a query answers: its metrics' values, or its NVML call's `Failure`."""
 Query = Callable[["GpuReader", Any], Values]
+
+# Driver generations, the newest call first: the older one once the driver says it lacks it.
+_REASONS = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
+_PROCESSES = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2")
 
 GPM_METRICS = (
     ("sm_active_pct", "NVML_GPM_METRIC_SM_UTIL"),
@@ -98,15 +101,8 @@ class GpuReader:
             constant(nv, "NVML_ERROR_UNINITIALIZED", 1),
         )
         self._min_window = min_window
-        # Driver generations: the newest call first, the older one once the driver says so.
-        self._reasons_names = exported(
-            nv,
-            "nvmlDeviceGetCurrentClocksEventReasons",
-            "nvmlDeviceGetCurrentClocksThrottleReasons",
-        )
-        self._process_names = exported(
-            nv, "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"
-        )
+        self._reasons_names = exported(nv, *_REASONS)
+        self._process_names = exported(nv, *_PROCESSES)
         self._memory_v2 = hasattr(nv, "nvmlMemory_v2")
         # GPM state: None undecided, True on, False off for good.
         self._gpm: bool | None = None
@@ -154,11 +150,9 @@ class GpuReader:
         return rates if isinstance(rates, Failure) else (float(rates.gpu), float(rates.memory))
 
     def _memory(self, h: Any) -> Values:
-        info = None
+        nv, info = self._nv, None
         if self._memory_v2:
-            info = nvml_query(
-                self._nv, "nvmlDeviceGetMemoryInfo", h, version=self._nv.nvmlMemory_v2
-            )
+            info = nvml_query(nv, "nvmlDeviceGetMemoryInfo", h, version=nv.nvmlMemory_v2)
             if isinstance(info, Failure) and (
                 info.code in self._no_v2 or issubclass(info.kind, (TypeError, AttributeError))
             ):
@@ -171,7 +165,7 @@ class GpuReader:
                 )
                 info = None
         if info is None:
-            info = nvml_query(self._nv, "nvmlDeviceGetMemoryInfo", h)
+            info = nvml_query(nv, "nvmlDeviceGetMemoryInfo", h)
         return info if isinstance(info, Failure) else (info.used / _MIB, info.total / _MIB)
 
     def _process_memory(self, h: Any) -> Values:
