@@ -1,7 +1,5 @@
-"""The backup file of `BackupAndRestore` (what it holds: docs/distributed.md, "Resuming exactly"):
-its atomic write, checked read and worker paths; reading and assigning the state; and
-`CountingDataset`, which counts the iterators `fit` makes.
-"""
+"""`BackupAndRestore`'s backup file (what it holds: docs/distributed.md, "Resuming exactly") and
+training state, and `CountingDataset`, which counts the iterators `fit` makes."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The per-GPU readers of the sampler thread: one NVML read of every `GPU_METRICS` value per
-sample, with the fallbacks of older drivers; never raises. The sources of each metric, GPM
-and the PCIe fallbacks: docs/metrics.md. `pynvml` is imported when a session opens.
-"""
+"""The sampler thread's per-GPU readers: every `GPU_METRICS` value per sample, with the fallbacks
+of older drivers (the sources, GPM and the PCIe fallbacks: docs/metrics.md)."""
 
 from __future__ import annotations
 
@@ -23,7 +21,7 @@ _log = logging.getLogger(__name__)
 _MIB = 1024.0 * 1024.0
 _NAN = float("nan")
 
-Values = tuple[float, ...] | Failure
+Values = tuple[float, ...] | Failure  # a query's values, or its NVML call's `Failure`
 Query = Callable[["GpuReader", Any], Values]
 
 # Driver generations, the newest call first: the older one once the driver says it lacks it.
@@ -62,12 +60,11 @@ class BlockingCalls:
 
 
 class GpuReader:
-    """Reads one GPU's `GPU_METRICS` in the sampler thread; never raises. An unsupported query
-    reads NaN from then on (noted once at INFO); other failures read NaN, are logged once per
-    (GPU, error kind) and retried each sample. A GPU that answers as lost (or NVML shut down
-    under it) reads NaN throughout that row, and nothing read before is carried past it.
-    A rate from two counter readings needs `min_window` seconds between them (else NaN, and
-    the older reading stays the base). A query returns its values or its NVML call's `Failure`."""
+    """Reads one GPU's `GPU_METRICS`; never raises. An unsupported query reads NaN from then on
+    (noted once at INFO); other failures read NaN, are logged once per (GPU, error kind) and
+    retried each sample. A lost GPU (or NVML shut down under it) reads NaN throughout that
+    row, and nothing read before is carried past it. A rate from two counter readings needs
+    `min_window` seconds between them (else NaN, the older reading staying the base)."""
 
     def __init__(
         self,
@@ -479,8 +476,7 @@ _QUERIES: tuple[tuple[str, tuple[str, ...], Query], ...] = (
 def open_readers(
     gpus: Sequence[GpuInfo], clock: Callable[[], float], min_window: float = 0.0
 ) -> tuple[ModuleType | None, list[GpuReader]]:
-    """Starts NVML for a sampling session; returns the module (to stop later) and readers.
-    `min_window`: the seconds a rate from two counter readings needs at the least."""
+    """Starts NVML for a sampling session; returns the module (to stop later) and readers."""
     if not gpus:
         return None, []
     nv, _ = _nvml_lib.import_pynvml()

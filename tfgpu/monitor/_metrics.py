@@ -1,6 +1,5 @@
-"""The table of every quantity the monitor records (`tfgpu.monitor.METRICS`): its key, unit,
-source and `nvidia-smi` twin; a test keeps `docs/metrics.md` in step. Data only.
-"""
+"""Every quantity the monitor records (`tfgpu.monitor.METRICS`); a test keeps docs/metrics.md in
+step."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""What the sampler writes into a run directory: file names (one set per worker), `run.json`
-sessions, the timeline CSV; appended, rotated or refused, never truncated (docs/guarantees.md).
-"""
+"""The sampler's run-directory files: names (one set per worker), `run.json` sessions, the
+timeline's rows; appended, rotated or refused, never truncated (docs/guarantees.md)."""
 
 from __future__ import annotations
 
@@ -58,6 +57,10 @@ def artifact_name(
     )
 
 
+# What run.json records of each sampled GPU (a compute capability as a list: JSON has no tuple).
+_GPU_FIELDS = ("index", "name", "uuid", "pci_bus_id", "memory_total_mib", "compute_capability")
+
+
 def session_record(
     start_time: float,
     interval: float,
@@ -79,17 +82,7 @@ def session_record(
         "nvml_error": inventory.error,
         "driver_version": inventory.driver_version,
         "cuda_driver_version": inventory.cuda_driver_version,
-        "gpus": [
-            {
-                "index": g.index,
-                "name": g.name,
-                "uuid": g.uuid,
-                "pci_bus_id": g.pci_bus_id,
-                "memory_total_mib": g.memory_total_mib,
-                "compute_capability": list(g.compute_capability) if g.compute_capability else None,
-            }
-            for g in gpus
-        ],
+        "gpus": [{field: getattr(g, field) for field in _GPU_FIELDS} for g in gpus],
     }
 
 

@@ -1,6 +1,4 @@
-"""The host reader of the sampler thread, through `psutil`: CPU, this process's RSS, system memory
-(`HOST_METRICS`, importable from here too, in `tfgpu.monitor.METRICS`).
-"""
+"""The sampler thread's host reader, through `psutil` (`HOST_METRICS`, importable from here too)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Which GPUs the machine has (`inventory()`) and which of them this process uses (`visible_gpus`).
-
-Imports only `pynvml` (from `nvidia-ml-py`), and only when a function runs; never TensorFlow.
-NVML itself ships with the NVIDIA driver: wherever `nvidia-smi` works, these queries work.
-The per-GPU metrics (`GPU_METRICS`, importable from here too) are in `tfgpu.monitor.METRICS`.
+"""Which GPUs the machine has (`inventory()`) and which of them this process uses (`visible_gpus`),
+through `pynvml` (imported when a function runs; NVML ships with the NVIDIA driver). The per-GPU
+metrics (`GPU_METRICS`, importable from here too) are in `tfgpu.monitor.METRICS`.
 """
 
 from __future__ import annotations
