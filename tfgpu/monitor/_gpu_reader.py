@@ -118,7 +118,6 @@ class GpuReader:
         self._gpm_prev: int | None = None  # index in _gpm_samples of the previous sample
         self._gpm_done = -math.inf  # clock when the last nvmlGpmSampleGet returned
         self._gpm_values = [_NAN] * len(GPM_METRICS)
-        self._gpm_pcie_ok = False  # whether GPM gave PCIe rates at its last read
         self._fields_prev: tuple[float, float, float] | None = None  # (time s, tx, rx bytes)
         self._throughput: list[float] = [_NAN, _NAN]
         self._proc_value = _NAN
@@ -240,7 +239,6 @@ class GpuReader:
     def _gpm_off(self, why: str) -> None:
         self._gpm = False
         self._gpm_values = [_NAN] * len(GPM_METRICS)
-        self._gpm_pcie_ok = False
         self._note(
             "gpm",
             "%s: sm/tensor/dram activity not recorded (NaN); PCIe rates come from other "
@@ -261,7 +259,6 @@ class GpuReader:
         # What a failed call leaves, whatever it raises; a call that succeeds sets them anew.
         self._gpm_prev = None
         self._gpm_values = [_NAN] * len(GPM_METRICS)
-        self._gpm_pcie_ok = False
         try:
             taken = nvml_query(self._nv, "nvmlGpmSampleGet", h, self._gpm_samples[current])
         finally:
@@ -292,17 +289,14 @@ class GpuReader:
             return got
         values = []
         success = getattr(self._nv, "NVML_SUCCESS", 0)
-        for k, (name, nvml_name) in enumerate(GPM_METRICS):
+        for k, (name, source) in enumerate(GPM_METRICS):
             metric = request.metrics[k]
             if self._gpm_ids[k] >= 0 and metric.nvmlReturn == success:
                 values.append(float(metric.value))
             else:
                 values.append(_NAN)
-                self._note(
-                    f"gpm:{name}", "GPM metric %s not supported; %s is NaN.", nvml_name, name
-                )
+                self._note(f"gpm:{name}", "GPM metric %s not supported; %s is NaN.", source, name)
         self._gpm_values = values
-        self._gpm_pcie_ok = all(v == v for v in values[6:])
         return tuple(values[:6])
 
     def _free_gpm(self) -> None:
@@ -312,7 +306,7 @@ class GpuReader:
             nvml_query(self._nv, "nvmlGpmSampleFree", sample, default=None)
 
     def _pcie(self, h: Any) -> Values:
-        if self._gpm and self._gpm_pcie_ok:
+        if all(v == v for v in self._gpm_values[6:]):  # GPM gave PCIe rates at its last read
             return self._gpm_values[6], self._gpm_values[7]
         if self._fields_ok is not False:
             values = self._pcie_fields(h)

@@ -303,8 +303,7 @@ class Sampler:
         until `stop` is set, a last one, then closes the readers and the timeline."""
         try:  # _sample never raises: it is the boundary of each tick
             clock, window = (lambda: self._monotonic()), self._interval * _RATE_MIN_SHARE
-            if self._gpus:
-                self._nv, self._readers = open_readers(self._gpus, clock, window)
+            self._nv, self._readers = open_readers(self._gpus, clock, window)
             self._host_reader = HostReader(clock, window) if self._host else None
             self._sample()
             self._first_row.set()
