@@ -110,8 +110,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._last_call_skipped = False
         self._epoch_iterator = None  # Keras's EpochIterator of this fit, when found
         self._dataset: _backup.CountingDataset | None = None
-        self._source = None  # the user's tf.data dataset, when found
-        self._source_reused = False  # did an earlier fit (with any callback) iterate it?
+        self._reused_source = None  # the user's tf.data dataset, if an earlier fit iterated it
 
     def _paths(self) -> tuple[Path, Path | None, bool]:
         is_chief, private = _backup.worker_role(self.model.distribute_strategy)
@@ -257,15 +256,14 @@ class BackupAndRestore(keras.callbacks.Callback):
         # The user's tf.data dataset: an earlier `fit` here may have spent its first orders.
         source: Any = keras_internals.source_dataset(epoch_iterator)
         if hasattr(source, "_as_serialized_graph"):
-            self._source_reused = source in _ITERATED
+            self._reused_source = source if source in _ITERATED else None
             with contextlib.suppress(TypeError):  # not weak-referenceable: never reused
                 _ITERATED.add(source)
-            self._source = source
 
     def _restore_shuffle_state(self, iterators: int) -> None:
         from tfgpu._internal.adapters.datasets import reshuffles  # imports TensorFlow
 
-        if self._source_reused and reshuffles(self._source):
+        if self._reused_source is not None and reshuffles(self._reused_source):
             warnings.warn(
                 "tfgpu BackupAndRestore: this `fit` resumes on a dataset object that an "
                 "earlier `fit` in this process already iterated, and it is reshuffled each "

@@ -213,13 +213,9 @@ class GPUMonitor(keras.callbacks.Callback):
         """The steps the epoch ran: Keras's epoch length, else the optimizer's count, else the
         batches begun (the last may be an execution the data cut short)."""
         steps = known_epoch_steps(self.params)
-        if steps is not None:
-            return steps
-        if self._optimizer_at_begin is not None:
-            counted = steps_between(self._optimizer_at_begin, optimizer_steps(self.model))
-            if counted:
-                return counted
-        return self._epoch_batches
+        if steps is None and self._optimizer_at_begin is not None:
+            steps = steps_between(self._optimizer_at_begin, optimizer_steps(self.model))
+        return steps or self._epoch_batches  # none counted: the batches begun
 
     def _report(self, what: str, error: Exception) -> None:
         """Logs a failure of this side feature once per kind; training goes on."""

@@ -137,7 +137,7 @@ class StepTimer(keras.callbacks.Callback):
         self._executions: list[tuple[int, float]] = []
         self._rows: list[tuple[float, int, int, float, float]] = []
         self._epoch_start = self._perf()
-        self._clock = (self._wall() - self._epoch_start, self._epoch_start)  # perf -> unix
+        self._to_unix = self._wall() - self._epoch_start  # perf + this = unix time
         self._synced_at = self._epoch_start
         self._optimizer_at_begin: int | None = None  # only when the epoch length is unknown
 
@@ -289,7 +289,6 @@ class StepTimer(keras.callbacks.Callback):
             heapq.heappush(self._ends, arrivals.popleft())
         total = _steps.known_epoch_steps(self.params)
         last_step = None if total is None else total - 1
-        offset = self._clock[0]
         while self._ends and self._begins:
             end_step, t_end = self._ends[0]
             begin_step, t_begin = self._begins[0]
@@ -310,7 +309,7 @@ class StepTimer(keras.callbacks.Callback):
             self._prev_end = t_end
             self._executions.append((steps, seconds))
             # The step that really ran last, not Keras's begin + steps_per_execution - 1.
-            self._rows.append(self._row(offset + t_end, begin_step, steps, seconds))
+            self._rows.append(self._row(self._to_unix + t_end, begin_step, steps, seconds))
 
     def _row(
         self, wall: float, begin_step: int, steps: int, seconds: float
