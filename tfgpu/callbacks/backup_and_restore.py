@@ -67,9 +67,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         TypeError: if an argument has the wrong type (`save_freq=2.5`, `backup_dir=123`).
         ValueError: if `backup_dir` is empty, is a file or is under a file, or cannot be
             created or written (unless `save_freq=False`), or `save_freq` is out of range or
-            unknown (`0`, `"batch"`); at the start of `fit`, if the
-            model is unbuilt, two BackupAndRestore callbacks are given, or no backup in
-            `backup_dir` can be resumed from (the message names each file and why).
+            unknown (`0`, `"batch"`); at the start of `fit`, if the model is unbuilt, two
+            BackupAndRestore callbacks are given, or no backup in `backup_dir` can be resumed
+            from (the message names each file and why).
 
     Example:
 
@@ -217,8 +217,8 @@ class BackupAndRestore(keras.callbacks.Callback):
             return
         meta, arrays, path = loaded
         groups = _backup.variable_groups(model)
-        _backup.assign(groups["model"], arrays, "model")
-        _backup.assign(groups["optimizer"], arrays, "optimizer")
+        for group in ("model", "optimizer"):
+            _backup.assign(groups[group], arrays, group)
         _backup.restore_rng(meta, arrays)
         self._restore_shuffle_state(int(meta.get("iterators", 0)))
         self._epoch = meta["epoch"]
