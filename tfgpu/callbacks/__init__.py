@@ -1,6 +1,4 @@
-"""Keras 3 callbacks: `GPUMonitor`, `StepTimer` and `BackupAndRestore`, one per file. Every key
-the callbacks log: `docs/metrics.md`.
-"""
+"""Keras 3 callbacks, one per file; every key they log: `docs/metrics.md`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The backup file of `BackupAndRestore` (what it holds: docs/distributed.md, "Resuming exactly"):
-its atomic write, checked read and worker paths; reading and assigning the state; and
-`CountingDataset`, which counts the iterators `fit` makes.
-"""
+"""`BackupAndRestore`'s backup file (what it holds: docs/distributed.md, "Resuming exactly") and
+training state, and `CountingDataset`, which counts the iterators `fit` makes."""
 
 from __future__ import annotations
 
@@ -52,22 +50,17 @@ def _create(path: Path, attempts: int = 5):
     return open(path, "wb")  # the last attempt raises
 
 
-def _names(directory: Path) -> list[str]:
-    """The entries of `directory`; none if it does not exist (or a peer just removed it)."""
-    try:
-        with os.scandir(directory) as entries:
-            return [e.name for e in entries]
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-
-
 def delete_backups(canonical: Path, own: Path | None, is_chief: bool) -> None:
     """Removes this worker's directory (the chief: the canonical files and a killed save's
     temporary ones), then `canonical` if empty; tolerates what peers removed meanwhile."""
     if own is not None:
         shutil.rmtree(own, ignore_errors=True)
     if is_chief:
-        for name in _names(canonical):
+        try:
+            names = os.listdir(canonical)
+        except (FileNotFoundError, NotADirectoryError):  # gone already (a peer removed it)
+            names = []
+        for name in names:
             if name in (FILE, PREV) or name.startswith((f".{FILE}.tmp-", f".{PREV}.tmp-")):
                 with contextlib.suppress(FileNotFoundError):
                     (canonical / name).unlink()
@@ -86,8 +79,7 @@ def write_atomic(directory: Path, arrays: dict[str, np.ndarray], keep_previous: 
         os.fsync(f.fileno())
     if keep_previous and target.exists():
         prev_tmp = directory / f".{PREV}.tmp-{os.getpid()}"
-        with contextlib.suppress(FileNotFoundError):
-            prev_tmp.unlink()
+        prev_tmp.unlink(missing_ok=True)
         try:
             os.link(target, prev_tmp)
         except OSError:
@@ -134,11 +126,9 @@ def _is_count(value: Any) -> bool:
 
 def _malformed(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> str | None:
     """What is missing or inconsistent in a backup's record and arrays, or None if complete."""
-    for key in ("epoch", "step", "position"):
-        if not _is_count(meta.get(key)):
+    for key, default in (("epoch", None), ("step", None), ("position", None), ("iterators", 0)):
+        if not _is_count(meta.get(key, default)):
             return f"its record has {key}={meta.get(key)!r}, expected an int >= 0"
-    if not _is_count(meta.get("iterators", 0)):
-        return f"its record has iterators={meta.get('iterators')!r}, expected an int >= 0"
     paths = meta.get("paths")
     if not isinstance(paths, dict):
         return "its record lists no variables"

@@ -1,6 +1,5 @@
-"""How many training steps an epoch really ran, for `GPUMonitor` and `StepTimer`: Keras's
-epoch length, else the optimizer's step counter (why: docs/metrics.md, "Step timing").
-"""
+"""How many steps an epoch really ran: Keras's epoch length, else the optimizer's step counter
+(why: docs/metrics.md, "Step timing")."""
 
 from __future__ import annotations
 

@@ -19,24 +19,7 @@ import numpy as np
 from tfgpu._internal.adapters import keras_internals
 from tfgpu._internal.helpers.checks import check_bool, check_dir, check_int, invalid_value
 from tfgpu._internal.helpers.files import rotate, writable_dir
-from tfgpu.callbacks._backup import (
-    FILE,
-    META,
-    PREV,
-    CountingDataset,
-    Unusable,
-    assign,
-    assign_metrics,
-    collect_state,
-    delete_backups,
-    mismatch,
-    pythonify,
-    read_backup,
-    restore_rng,
-    variable_groups,
-    worker_role,
-    write_atomic,
-)
+from tfgpu.callbacks import _backup
 
 _LOG = logging.getLogger(__name__)
 
@@ -44,13 +27,11 @@ _LOG = logging.getLogger(__name__)
 def _check_save_freq(save_freq: Any) -> str | int | bool:
     """`"epoch"`, an int >= 1 (NumPy ints too, returned as int) or False; else raises."""
     expected = "'epoch', an int >= 1 (batches between saves), or False (never save)"
-    if isinstance(save_freq, str):
-        if save_freq == "epoch":
-            return save_freq
-        raise invalid_value("save_freq", save_freq, expected)
-    if isinstance(save_freq, (bool, np.bool_)):
-        if not save_freq:
-            return False
+    if isinstance(save_freq, str) and save_freq == "epoch":
+        return save_freq
+    if isinstance(save_freq, (bool, np.bool_)) and not save_freq:
+        return False
+    if isinstance(save_freq, (str, bool, np.bool_)):
         raise invalid_value("save_freq", save_freq, expected)
     return check_int("save_freq", save_freq, minimum=1, expected=expected)
 
@@ -86,9 +67,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         TypeError: if an argument has the wrong type (`save_freq=2.5`, `backup_dir=123`).
         ValueError: if `backup_dir` is empty, is a file or is under a file, or cannot be
             created or written (unless `save_freq=False`), or `save_freq` is out of range or
-            unknown (`0`, `"batch"`); at the start of `fit`, if the
-            model is unbuilt, two BackupAndRestore callbacks are given, or no backup in
-            `backup_dir` can be resumed from (the message names each file and why).
+            unknown (`0`, `"batch"`); at the start of `fit`, if the model is unbuilt, two
+            BackupAndRestore callbacks are given, or no backup in `backup_dir` can be resumed
+            from (the message names each file and why).
 
     Example:
 
@@ -128,24 +109,20 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._set_initial_epoch = False
         self._last_call_skipped = False
         self._epoch_iterator = None  # Keras's EpochIterator of this fit, when found
-        self._dataset: CountingDataset | None = None
-        self._source = None  # the user's tf.data dataset, when found
-        self._source_reused = False  # did an earlier fit (with any callback) iterate it?
+        self._dataset: _backup.CountingDataset | None = None
+        self._reused_source = None  # the user's tf.data dataset, if an earlier fit iterated it
 
     def _paths(self) -> tuple[Path, Path | None, bool]:
-        is_chief, private = worker_role(self.model.distribute_strategy)
+        is_chief, private = _backup.worker_role(self.model.distribute_strategy)
         canonical = Path(self.backup_dir)
         own = canonical / private if private else None
         return canonical, own, is_chief
 
     def _candidates(self) -> list[Path]:
         canonical, own, _ = self._paths()
-        out = [canonical / FILE]
-        if self.double_checkpoint:
-            out.append(canonical / PREV)
-        if own is not None:
-            out += [own / FILE] + ([own / PREV] if self.double_checkpoint else [])
-        return out
+        names = [_backup.FILE, _backup.PREV] if self.double_checkpoint else [_backup.FILE]
+        folders = [canonical] if own is None else [canonical, own]
+        return [folder / name for folder in folders for name in names]
 
     def _load(self) -> tuple[dict[str, Any], dict[str, np.ndarray], Path] | None:
         """The newest backup that reads completely and fits this model and optimizer, after
@@ -158,18 +135,18 @@ class BackupAndRestore(keras.callbacks.Callback):
         if model.optimizer is not None and not model.optimizer.built:
             with model.distribute_strategy.scope():
                 model.optimizer.build(model.trainable_variables)
-        groups = variable_groups(model)
+        groups = _backup.variable_groups(model)
         problems: list[tuple[Path, str]] = []
         for path in present:
             try:
-                meta, arrays = read_backup(path)
+                meta, arrays = _backup.read_backup(path)
                 for group in ("model", "optimizer"):
-                    problem = mismatch(group, meta["paths"][group], groups[group])
+                    problem = _backup.mismatch(group, meta["paths"][group], groups[group])
                     if problem:
-                        raise Unusable(
+                        raise _backup.Unusable(
                             f"it was written by a different model or optimizer: {problem}"
                         )
-            except Unusable as e:
+            except _backup.Unusable as e:
                 problems.append((path, str(e)))
                 continue
             if problems:
@@ -201,7 +178,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         canonical = Path(self.backup_dir)
         listed = "; ".join(f"{path}: {problem}" for path, problem in problems)
         hint = ""
-        prev = canonical / PREV
+        prev = canonical / _backup.PREV
         if not self.double_checkpoint and prev.exists():
             hint = (
                 f" An older backup {prev} exists: pass `double_checkpoint=True` to resume from it."
@@ -239,10 +216,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         if loaded is None:
             return
         meta, arrays, path = loaded
-        groups = variable_groups(model)
-        assign(groups["model"], arrays, "model")
-        assign(groups["optimizer"], arrays, "optimizer")
-        restore_rng(meta, arrays)
+        groups = _backup.variable_groups(model)
+        for group in ("model", "optimizer"):
+            _backup.assign(groups[group], arrays, group)
+        _backup.restore_rng(meta, arrays)
         self._restore_shuffle_state(int(meta.get("iterators", 0)))
         self._epoch = meta["epoch"]
         self._shared_iterator = meta.get("shared_iterator")
@@ -272,22 +249,21 @@ class BackupAndRestore(keras.callbacks.Callback):
         dataset = keras_internals.distributed_dataset(epoch_iterator)
         if dataset is None:
             return
-        if not isinstance(dataset, CountingDataset):
-            dataset = CountingDataset(dataset)
+        if not isinstance(dataset, _backup.CountingDataset):
+            dataset = _backup.CountingDataset(dataset)
             keras_internals.set_distributed_dataset(epoch_iterator, dataset)
         self._epoch_iterator, self._dataset = epoch_iterator, dataset
         # The user's tf.data dataset: an earlier `fit` here may have spent its first orders.
         source: Any = keras_internals.source_dataset(epoch_iterator)
         if hasattr(source, "_as_serialized_graph"):
-            self._source_reused = source in _ITERATED
+            self._reused_source = source if source in _ITERATED else None
             with contextlib.suppress(TypeError):  # not weak-referenceable: never reused
                 _ITERATED.add(source)
-            self._source = source
 
     def _restore_shuffle_state(self, iterators: int) -> None:
         from tfgpu._internal.adapters.datasets import reshuffles  # imports TensorFlow
 
-        if self._source_reused and reshuffles(self._source):
+        if self._reused_source is not None and reshuffles(self._reused_source):
             warnings.warn(
                 "tfgpu BackupAndRestore: this `fit` resumes on a dataset object that an "
                 "earlier `fit` in this process already iterated, and it is reshuffled each "
@@ -353,7 +329,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         pending = self._pending
         if pending and pending["metrics"] is not None:
             saved_paths, arrays = pending["metrics"]
-            assign_metrics(variable_groups(self.model)["metrics"], saved_paths, arrays)
+            _backup.assign_metrics(
+                _backup.variable_groups(self.model)["metrics"], saved_paths, arrays
+            )
             pending["metrics"] = None
 
     def _wrap_train_function(self) -> None:
@@ -426,7 +404,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             return
         self._since_save += done - self._steps_in_epoch
         self._steps_in_epoch = done
-        self._last_logs = pythonify(logs)
+        self._last_logs = _backup.pythonify(logs)
         every = self.save_freq
         if isinstance(every, int) and not isinstance(every, bool) and self._since_save >= every:
             self._save(self._epoch, done, self._position, self._iterators_before(self._iterator))
@@ -445,7 +423,7 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def _save(self, epoch: int, step: int, position: int, iterators: int) -> None:
         self._since_save = 0
-        meta, arrays = collect_state(self.model)
+        meta, arrays = _backup.collect_state(self.model)
         meta.update(
             epoch=epoch,
             step=step,
@@ -454,12 +432,12 @@ class BackupAndRestore(keras.callbacks.Callback):
             iterators=iterators,
             logs=self._last_logs,
         )
-        arrays[META] = np.asarray(json.dumps(meta))
+        arrays[_backup.META] = np.asarray(json.dumps(meta))
         canonical, own, is_chief = self._paths()
         directory = canonical if is_chief else own
-        if directory is None:  # worker_role names a private directory for every non-chief
+        if directory is None:  # _backup.worker_role names a private directory for every non-chief
             raise AssertionError("tfgpu BackupAndRestore: a non-chief worker has no directory")
-        write_atomic(directory, arrays, self.double_checkpoint)
+        _backup.write_atomic(directory, arrays, self.double_checkpoint)
 
     def on_train_end(self, logs=None):
         if self._original_train_function is not None:
@@ -473,4 +451,4 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._epoch_iterator = self._dataset = None
         if not self.delete_checkpoint:
             return
-        delete_backups(*self._paths())
+        _backup.delete_backups(*self._paths())

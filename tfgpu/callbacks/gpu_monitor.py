@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import keras
 
@@ -28,14 +29,6 @@ from tfgpu.monitor.sampler import Sampler
 
 _log = logging.getLogger(__name__)
 _NAN = float("nan")
-
-
-class _SamplerConfig(TypedDict):
-    """`GPUMonitor`'s `Sampler` arguments other than `gpus`."""
-
-    interval: float
-    log_dir: str | os.PathLike | None
-    host: bool
 
 
 class GPUMonitor(keras.callbacks.Callback):
@@ -118,9 +111,9 @@ class GPUMonitor(keras.callbacks.Callback):
             self._tb_dir = check_dir("tensorboard", path / "tensorboard")
         elif tensorboard is not False:
             self._tb_dir = writable_dir(tensorboard, "tensorboard")
-        self._config: _SamplerConfig = {"interval": interval, "log_dir": path, "host": host}
+        self._new_sampler = functools.partial(Sampler, interval=interval, log_dir=path, host=host)
         self._sampled = devices.cuda_indices(self._gpus)  # TensorFlow's numbering
-        self.sampler = Sampler(**self._config, gpus=self._sampled)  # validates the rest now
+        self.sampler = self._new_sampler(gpus=self._sampled)  # validates the rest now
         self.log_dir = path
         self.per_gpu_logs = per_gpu_logs
         self.async_safe = True  # no batch-end hook; never forces Keras to sync per batch
@@ -151,7 +144,7 @@ class GPUMonitor(keras.callbacks.Callback):
             sampled = devices.cuda_indices(self._gpus)
             if self._used or sampled != self._sampled:
                 self._sampled = sampled
-                self.sampler = Sampler(**self._config, gpus=sampled)
+                self.sampler = self._new_sampler(gpus=sampled)
                 self._tb_written = 0
             self._used = True
             self._batch_size = keras_internals.fit_batch_size(self.model)
@@ -220,13 +213,9 @@ class GPUMonitor(keras.callbacks.Callback):
         """The steps the epoch ran: Keras's epoch length, else the optimizer's count, else the
         batches begun (the last may be an execution the data cut short)."""
         steps = known_epoch_steps(self.params)
-        if steps is not None:
-            return steps
-        if self._optimizer_at_begin is not None:
-            counted = steps_between(self._optimizer_at_begin, optimizer_steps(self.model))
-            if counted:
-                return counted
-        return self._epoch_batches
+        if steps is None and self._optimizer_at_begin is not None:
+            steps = steps_between(self._optimizer_at_begin, optimizer_steps(self.model))
+        return steps or self._epoch_batches  # none counted: the batches begun
 
     def _report(self, what: str, error: Exception) -> None:
         """Logs a failure of this side feature once per kind; training goes on."""
@@ -309,22 +298,19 @@ def _epoch_logs(
     ]
     logs: dict[str, float] = {}
     if num_gpus:
-        util, power = column("util_pct_mean"), column("power_w_mean")
+        util = column("util_pct_mean")
         logs["gpu_util_pct_mean"] = stats.mean(util)
         if num_gpus > 1:
-            finite_util = stats.finite(util)
-            logs["gpu_util_pct_min"] = min(finite_util) if finite_util else _NAN
-        peaks = stats.finite(column("mem_used_mib_max"))
-        logs["gpu_mem_used_mib_max"] = max(peaks) if peaks else _NAN
+            logs["gpu_util_pct_min"] = min(stats.finite(util), default=_NAN)
+        logs["gpu_mem_used_mib_max"] = max(stats.finite(column("mem_used_mib_max")), default=_NAN)
         # A total is only a total over every GPU: one without a power reading makes it NaN.
-        known_power = stats.finite(power)
-        logs["gpu_power_w_total"] = math.fsum(known_power) if len(known_power) == num_gpus else _NAN
+        power = stats.finite(column("power_w_mean"))
+        logs["gpu_power_w_total"] = math.fsum(power) if len(power) == num_gpus else _NAN
         for key in _PER_GPU_WHERE_KNOWN:
             if stats.finite(column(key)):
                 logs[f"gpu_{key}"] = stats.mean(column(key))
-        known_pcie = stats.finite(pcie)
-        if known_pcie:
-            logs["gpu_pcie_mib_per_step"] = math.fsum(known_pcie)  # all GPUs' traffic
+        if stats.finite(pcie):
+            logs["gpu_pcie_mib_per_step"] = math.fsum(stats.finite(pcie))  # all GPUs' traffic
     energy = column("energy_j")
     if batch_size and steps > 0 and energy and all(e == e for e in energy):
         logs["joules_per_example"] = math.fsum(energy) / (batch_size * steps)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import heapq
 import logging
@@ -18,13 +19,8 @@ from tfgpu._internal.adapters import keras_internals, model_state
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_int, check_number
 from tfgpu._internal.helpers.files import open_csv, writable_dir
+from tfgpu.callbacks import _steps
 from tfgpu.callbacks._gpus import auto_peak_flops
-from tfgpu.callbacks._steps import (
-    known_epoch_steps,
-    optimizer_steps,
-    steps_between,
-    true_last_steps,
-)
 from tfgpu.monitor import artifact_name
 
 _log = logging.getLogger(__name__)
@@ -42,12 +38,8 @@ def _epoch_summary(
     peak_flops: float | None,
 ) -> dict[str, float]:
     """Pure: the epoch's StepTimer logs from its executions `(steps, seconds)`, in order."""
-    if executions:
-        steps0, seconds0 = executions[0]
-        first = seconds0 / steps0
-        steady = executions[1:] or executions
-    else:
-        first, steady = _NAN, []
+    first = executions[0][1] / executions[0][0] if executions else _NAN
+    steady = executions[1:] or executions  # all but the first, unless it is the only one
     per_step = [seconds / steps for steps, seconds in steady]
     total_steps = sum(steps for steps, _ in steady)
     total_seconds = sum(seconds for _, seconds in steady)
@@ -145,7 +137,7 @@ class StepTimer(keras.callbacks.Callback):
         self._executions: list[tuple[int, float]] = []
         self._rows: list[tuple[float, int, int, float, float]] = []
         self._epoch_start = self._perf()
-        self._clock = (self._wall() - self._epoch_start, self._epoch_start)  # perf -> unix
+        self._to_unix = self._wall() - self._epoch_start  # perf + this = unix time
         self._synced_at = self._epoch_start
         self._optimizer_at_begin: int | None = None  # only when the epoch length is unknown
 
@@ -176,8 +168,8 @@ class StepTimer(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         # An epoch of unknown length may end inside an execution: the optimizer will tell.
-        unknown = known_epoch_steps(self.params) is None
-        at_begin = optimizer_steps(self.model) if unknown else None
+        unknown = _steps.known_epoch_steps(self.params) is None
+        at_begin = _steps.optimizer_steps(self.model) if unknown else None
         with self._lock:
             self._epoch = epoch
             self._reset_epoch()
@@ -247,12 +239,7 @@ class StepTimer(keras.callbacks.Callback):
         """Turns the noted times into rows and writes them; never raises. `final`: the batches
         are over (a begin without an end is dropped); `timeout`: how long to wait for a thread
         already at it (None: wait). Returns the epoch's logs at `epoch_end`, else None."""
-        acquired = (
-            self._lock.acquire()
-            if timeout is None
-            else self._lock.acquire(blocking=timeout > 0, timeout=timeout if timeout > 0 else -1)
-        )
-        if not acquired:
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
             return None
         try:
             self._synced_at = self._perf()
@@ -300,9 +287,8 @@ class StepTimer(keras.callbacks.Callback):
         arrivals = self._arrivals
         while arrivals:  # ends in any order (several pool threads): a heap sorts them
             heapq.heappush(self._ends, arrivals.popleft())
-        total = known_epoch_steps(self.params)
+        total = _steps.known_epoch_steps(self.params)
         last_step = None if total is None else total - 1
-        offset = self._clock[0]
         while self._ends and self._begins:
             end_step, t_end = self._ends[0]
             begin_step, t_begin = self._begins[0]
@@ -323,7 +309,7 @@ class StepTimer(keras.callbacks.Callback):
             self._prev_end = t_end
             self._executions.append((steps, seconds))
             # The step that really ran last, not Keras's begin + steps_per_execution - 1.
-            self._rows.append(self._row(offset + t_end, begin_step, steps, seconds))
+            self._rows.append(self._row(self._to_unix + t_end, begin_step, steps, seconds))
 
     def _row(
         self, wall: float, begin_step: int, steps: int, seconds: float
@@ -336,8 +322,10 @@ class StepTimer(keras.callbacks.Callback):
         row was held back by `_flush`, so steps.csv never holds the wrong count)."""
         if self._optimizer_at_begin is None or not self._executions:
             return
-        true_total = steps_between(self._optimizer_at_begin, optimizer_steps(self.model))
-        last = true_last_steps([steps for steps, _ in self._executions], true_total)
+        true_total = _steps.steps_between(
+            self._optimizer_at_begin, _steps.optimizer_steps(self.model)
+        )
+        last = _steps.true_last_steps([steps for steps, _ in self._executions], true_total)
         if last is None:
             return
         steps, seconds = self._executions[-1]
@@ -349,7 +337,9 @@ class StepTimer(keras.callbacks.Callback):
     def _flush(self, final: bool = True) -> None:
         """Writes the rows made so far; a write that is not `final`, in an epoch of unknown length,
         holds back the newest, which `_correct_last_execution` may still correct."""
-        held = self._rows[-1:] if not final and known_epoch_steps(self.params) is None else []
+        held = (
+            self._rows[-1:] if not final and _steps.known_epoch_steps(self.params) is None else []
+        )
         rows = self._rows[: len(self._rows) - len(held)]
         self._rows = held
         if self._file is None or not rows:
@@ -393,7 +383,5 @@ def _sync_after_fit(timer: weakref.ref[StepTimer]) -> None:
 
 
 def _close_quietly(file: Any) -> None:
-    try:
+    with contextlib.suppress(OSError, ValueError):
         file.close()
-    except (OSError, ValueError):
-        pass

@@ -2,8 +2,7 @@
 
 `Sampler` reads NVML (`pynvml`, from `nvidia-ml-py`) and `psutil` at an interval; `record`
 wraps it in a `with` block; `GPUMonitor` (in `tfgpu.callbacks`) drives it from Keras `fit`.
-This package never imports TensorFlow or Keras, so it runs on any machine with an NVIDIA
-driver, e.g. next to PyTorch.
+Without TensorFlow or Keras, it runs on any machine with an NVIDIA driver (next to PyTorch).
 
 ```python
 with tfgpu.monitor.record("runs/exp1", interval=0.2) as run:
@@ -11,9 +10,8 @@ with tfgpu.monitor.record("runs/exp1", interval=0.2) as run:
 print(run.aggregate())           # {'gpu0_util_pct_mean': ..., 'host_cpu_pct_mean': ...}
 ```
 
-`METRICS` documents every recorded quantity (unit, NVML/psutil source, `nvidia-smi`
-equivalent); `timeline_columns(n)` and `aggregate_keys(n)` give the exact column and log key
-names for `n` GPUs; `artifact_name` the file names in a run directory.
+`METRICS` documents every recorded quantity; `timeline_columns(n)` and `aggregate_keys(n)`
+name the columns and keys for `n` GPUs, `artifact_name` a run directory's files (docs/metrics.md).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@ returns and `GPUMonitor` summarizes into `logs` (every key: `docs/metrics.md`)."
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
+
+from tfgpu._internal.helpers import stats
 
 _NAN = float("nan")
 
@@ -55,20 +56,18 @@ def aggregate_keys(num_gpus: int) -> list[str]:
 
 
 def _stat(values: Sequence[float], stat: str) -> float:
-    finite = [v for v in values if v == v and not math.isinf(v)]
-    if not finite:
-        return _NAN
+    finite = stats.finite(values)
+    if not finite or stat == "mean":
+        return stats.mean(finite)
     if stat == "max":
         return max(finite)
     if stat == "delta":
         change = finite[-1] - finite[0]
         return change if len(finite) >= 2 and change >= 0 else _NAN
-    if stat == "or":
-        bits = 0
-        for v in finite:
-            bits |= int(v) if v >= 0 else 0
-        return float(bits)
-    return math.fsum(finite) / len(finite)
+    bits = 0  # "or"
+    for v in finite:
+        bits |= int(v) if v >= 0 else 0
+    return float(bits)
 
 
 def aggregate_columns(columns: Mapping[str, Sequence[float]], num_gpus: int) -> dict[str, float]:

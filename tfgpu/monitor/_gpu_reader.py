@@ -1,7 +1,5 @@
-"""The per-GPU readers of the sampler thread: one NVML read of every `GPU_METRICS` value per
-sample, with the fallbacks of older drivers; never raises. The sources of each metric, GPM
-and the PCIe fallbacks: docs/metrics.md. `pynvml` is imported when a session opens.
-"""
+"""The sampler thread's per-GPU readers: every `GPU_METRICS` value per sample, with the fallbacks
+of older drivers (the sources, GPM and the PCIe fallbacks: docs/metrics.md)."""
 
 from __future__ import annotations
 
@@ -9,20 +7,26 @@ import dataclasses
 import logging
 import math
 import os
-import time
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
 from tfgpu.monitor import _nvml_lib
 from tfgpu.monitor._metrics import GPU_METRICS
-from tfgpu.monitor._nvml_lib import Failure, error_code, exported, nvml_failure, nvml_query
+from tfgpu.monitor._nvml_lib import Failure, constant, exported, nvml_failure, nvml_query
 from tfgpu.monitor.nvml import GpuInfo
 
 _log = logging.getLogger(__name__)
 
 _MIB = 1024.0 * 1024.0
 _NAN = float("nan")
+
+Values = tuple[float, ...] | Failure  # a query's values, or its NVML call's `Failure`
+Query = Callable[["GpuReader", Any], Values]
+
+# Driver generations, the newest call first: the older one once the driver says it lacks it.
+_REASONS = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
+_PROCESSES = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2")
 
 GPM_METRICS = (
     ("sm_active_pct", "NVML_GPM_METRIC_SM_UTIL"),
@@ -56,55 +60,46 @@ class BlockingCalls:
 
 
 class GpuReader:
-    """Reads one GPU's `GPU_METRICS` in the sampler thread; never raises. An unsupported query
-    reads NaN from then on (noted once at INFO); other failures read NaN, are logged once per
-    (GPU, error kind) and retried each sample. A GPU that answers as lost (or NVML shut down
-    under it) reads NaN throughout that row, and nothing read before is carried past it.
-    A rate from two counter readings needs `min_window` seconds between them (else NaN, and
-    the older reading stays the base). A query returns its values or its NVML call's `Failure`."""
+    """Reads one GPU's `GPU_METRICS`; never raises. An unsupported query reads NaN from then on
+    (noted once at INFO); other failures read NaN, are logged once per (GPU, error kind) and
+    retried each sample. A lost GPU (or NVML shut down under it) reads NaN throughout that
+    row, and nothing read before is carried past it. A rate from two counter readings needs
+    `min_window` seconds between them (else NaN, the older reading staying the base)."""
 
     def __init__(
         self,
         nv: ModuleType,
         gpu: GpuInfo,
         position: int,
-        pid: int | None = None,
-        clock: Callable[[], float] | None = None,
-        blocking: BlockingCalls | None = None,
-        min_window: float = 0.0,
+        clock: Callable[[], float],
+        blocking: BlockingCalls,
+        min_window: float,
     ):
         self._nv = nv
         self._gpu = gpu
         self._position = position
-        self._pid = os.getpid() if pid is None else pid
-        self._clock: Callable[[], float] = clock or time.monotonic
+        self._pid = os.getpid()
+        self._clock = clock
         self._handle: Any = None
         self._unsupported: set[str] = set()
         self._reported: set[str] = set()
         self._noted: set[str] = set()
-        self._not_supported = error_code(nv, "NVML_ERROR_NOT_SUPPORTED", 3)
-        self._function_not_found = error_code(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
-        self._not_found = error_code(nv, "NVML_ERROR_NOT_FOUND", 6)
-        self._in_use = error_code(nv, "NVML_ERROR_IN_USE", 19)
-        version = error_code(nv, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25)
+        self._not_supported = constant(nv, "NVML_ERROR_NOT_SUPPORTED", 3)
+        self._function_not_found = constant(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
+        self._not_found = constant(nv, "NVML_ERROR_NOT_FOUND", 6)
+        self._in_use = constant(nv, "NVML_ERROR_IN_USE", 19)
+        version = constant(nv, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25)
         self._no_v2 = (self._function_not_found, self._not_supported, version)
         # The GPU (or NVML) is gone: no value of the row stands, carried ones included. A GPU
         # that asks for a reset (Xid 48/79 and the like) answers nothing until it gets one.
         self._gone = (
-            error_code(nv, "NVML_ERROR_GPU_IS_LOST", 15),
-            error_code(nv, "NVML_ERROR_RESET_REQUIRED", 16),
-            error_code(nv, "NVML_ERROR_UNINITIALIZED", 1),
+            constant(nv, "NVML_ERROR_GPU_IS_LOST", 15),
+            constant(nv, "NVML_ERROR_RESET_REQUIRED", 16),
+            constant(nv, "NVML_ERROR_UNINITIALIZED", 1),
         )
         self._min_window = min_window
-        # Driver generations: the newest call first, the older one once the driver says so.
-        self._reasons_names = exported(
-            nv,
-            "nvmlDeviceGetCurrentClocksEventReasons",
-            "nvmlDeviceGetCurrentClocksThrottleReasons",
-        )
-        self._process_names = exported(
-            nv, "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"
-        )
+        self._reasons_names = exported(nv, *_REASONS)
+        self._process_names = exported(nv, *_PROCESSES)
         self._memory_v2 = hasattr(nv, "nvmlMemory_v2")
         # GPM state: None undecided, True on, False off for good.
         self._gpm: bool | None = None
@@ -113,27 +108,9 @@ class GpuReader:
         self._gpm_ids: list[int] = []
         # PCIe fallbacks: byte-counter field values, then the blocking throughput call.
         self._fields_ok: bool | None = None
-        self._blocking = blocking or BlockingCalls(PCIE_THROUGHPUT_PERIOD / 2)
+        self._blocking = blocking
         self._proc_last_ts = 0
         self._forget()
-        # Plain functions, called with the reader: bound methods here would make each reader a
-        # reference cycle, kept (with its sampler and NVML handles) until a full collection.
-        self._queries: list[
-            tuple[str, tuple[str, ...], Callable[[GpuReader, Any], tuple[float, ...] | Failure]]
-        ] = [
-            ("utilization", ("util_pct", "mem_util_pct"), GpuReader._utilization),
-            ("memory", ("mem_used_mib", "mem_total_mib"), GpuReader._memory),
-            ("processes", ("proc_mem_mib",), GpuReader._process_memory),
-            ("power", ("power_w",), GpuReader._power),
-            ("power_limit", ("power_limit_w",), GpuReader._power_limit),
-            ("temperature", ("temp_c",), GpuReader._temperature),
-            ("sm_clock", ("sm_clock_mhz",), GpuReader._sm_clock),
-            ("throttle_reasons", ("throttle_reasons",), GpuReader._throttle_reasons),
-            ("gpm", tuple(name for name, _ in GPM_METRICS[:6]), GpuReader._gpm_read),
-            ("pcie", ("pcie_tx_mib_s", "pcie_rx_mib_s"), GpuReader._pcie),
-            ("energy", ("energy_j",), GpuReader._energy),
-            ("process_utilization", ("proc_sm_util_pct",), GpuReader._process_utilization),
-        ]
 
     def _forget(self) -> None:
         """Drops every value and reading kept from earlier samples (at start, and when the GPU
@@ -141,7 +118,6 @@ class GpuReader:
         self._gpm_prev: int | None = None  # index in _gpm_samples of the previous sample
         self._gpm_done = -math.inf  # clock when the last nvmlGpmSampleGet returned
         self._gpm_values = [_NAN] * len(GPM_METRICS)
-        self._gpm_pcie_ok = False  # whether GPM gave PCIe rates at its last read
         self._fields_prev: tuple[float, float, float] | None = None  # (time s, tx, rx bytes)
         self._throughput: list[float] = [_NAN, _NAN]
         self._proc_value = _NAN
@@ -165,16 +141,14 @@ class GpuReader:
             del names[0]
         return nvml_failure(self._nv, self._function_not_found)
 
-    def _utilization(self, h: Any) -> tuple[float, ...] | Failure:
+    def _utilization(self, h: Any) -> Values:
         rates = nvml_query(self._nv, "nvmlDeviceGetUtilizationRates", h)
         return rates if isinstance(rates, Failure) else (float(rates.gpu), float(rates.memory))
 
-    def _memory(self, h: Any) -> tuple[float, ...] | Failure:
-        info = None
+    def _memory(self, h: Any) -> Values:
+        nv, info = self._nv, None
         if self._memory_v2:
-            info = nvml_query(
-                self._nv, "nvmlDeviceGetMemoryInfo", h, version=self._nv.nvmlMemory_v2
-            )
+            info = nvml_query(nv, "nvmlDeviceGetMemoryInfo", h, version=nv.nvmlMemory_v2)
             if isinstance(info, Failure) and (
                 info.code in self._no_v2 or issubclass(info.kind, (TypeError, AttributeError))
             ):
@@ -187,10 +161,10 @@ class GpuReader:
                 )
                 info = None
         if info is None:
-            info = nvml_query(self._nv, "nvmlDeviceGetMemoryInfo", h)
+            info = nvml_query(nv, "nvmlDeviceGetMemoryInfo", h)
         return info if isinstance(info, Failure) else (info.used / _MIB, info.total / _MIB)
 
-    def _process_memory(self, h: Any) -> tuple[float, ...] | Failure:
+    def _process_memory(self, h: Any) -> Values:
         processes = self._newest(self._process_names, h)
         if isinstance(processes, Failure):
             return processes
@@ -203,33 +177,16 @@ class GpuReader:
                 total += used / _MIB
         return (total,)
 
-    def _number(
-        self, name: str, h: Any, *args: Any, per: float = 1.0
-    ) -> tuple[float, ...] | Failure:
-        """One NVML number, divided by `per` (NVML's milliwatts and millijoules)."""
-        value = nvml_query(self._nv, name, h, *args)
+    def _number(self, h: Any, name: str, *constants: str, per: float = 1.0) -> Values:
+        """NVML's number `name(h, *constants)`, divided by `per` (its milliwatts, millijoules)."""
+        value = nvml_query(self._nv, name, h, *(getattr(self._nv, c) for c in constants))
         return value if isinstance(value, Failure) else (float(value) / per,)
 
-    def _power(self, h: Any) -> tuple[float, ...] | Failure:
-        return self._number("nvmlDeviceGetPowerUsage", h, per=1000.0)
-
-    def _power_limit(self, h: Any) -> tuple[float, ...] | Failure:
-        return self._number("nvmlDeviceGetEnforcedPowerLimit", h, per=1000.0)
-
-    def _temperature(self, h: Any) -> tuple[float, ...] | Failure:
-        return self._number("nvmlDeviceGetTemperature", h, self._nv.NVML_TEMPERATURE_GPU)
-
-    def _sm_clock(self, h: Any) -> tuple[float, ...] | Failure:
-        return self._number("nvmlDeviceGetClockInfo", h, self._nv.NVML_CLOCK_SM)
-
-    def _throttle_reasons(self, h: Any) -> tuple[float, ...] | Failure:
+    def _throttle_reasons(self, h: Any) -> Values:
         reasons = self._newest(self._reasons_names, h)
         return reasons if isinstance(reasons, Failure) else (float(reasons),)
 
-    def _energy(self, h: Any) -> tuple[float, ...] | Failure:
-        return self._number("nvmlDeviceGetTotalEnergyConsumption", h, per=1000.0)
-
-    def _process_utilization(self, h: Any) -> tuple[float, ...] | Failure:
+    def _process_utilization(self, h: Any) -> Values:
         now = self._clock()
         samples = nvml_query(self._nv, "nvmlDeviceGetProcessUtilization", h, self._proc_last_ts)
         if isinstance(samples, Failure):
@@ -265,8 +222,7 @@ class GpuReader:
             return None
         request = nv.c_nvmlGpmMetricsGet_t()
         request.version = nv.NVML_GPM_METRICS_GET_VERSION
-        ids = [getattr(nv, constant, None) for _, constant in GPM_METRICS]
-        self._gpm_ids = [i if isinstance(i, int) else -1 for i in ids]
+        self._gpm_ids = [constant(nv, name, -1) for _, name in GPM_METRICS]
         request.numMetrics = len(GPM_METRICS)
         for k, metric_id in enumerate(self._gpm_ids):
             request.metrics[k].metricId = max(metric_id, 0)
@@ -283,7 +239,6 @@ class GpuReader:
     def _gpm_off(self, why: str) -> None:
         self._gpm = False
         self._gpm_values = [_NAN] * len(GPM_METRICS)
-        self._gpm_pcie_ok = False
         self._note(
             "gpm",
             "%s: sm/tensor/dram activity not recorded (NaN); PCIe rates come from other "
@@ -292,11 +247,9 @@ class GpuReader:
         )
         self._free_gpm()
 
-    def _gpm_read(self, h: Any) -> tuple[float, ...] | Failure:
-        if self._gpm is False:
-            return tuple(self._gpm_values[:6])
-        if self._clock() - self._gpm_done <= GPM_MIN_PERIOD:
-            return tuple(self._gpm_values[:6])  # NVML needs more than 100 ms: carry
+    def _gpm_read(self, h: Any) -> Values:
+        if self._gpm is False or self._clock() - self._gpm_done <= GPM_MIN_PERIOD:
+            return tuple(self._gpm_values[:6])  # off for good; or NVML needs more than 100 ms
         if self._gpm is None:
             failure = self._gpm_start(h)
             if not self._gpm:
@@ -306,7 +259,6 @@ class GpuReader:
         # What a failed call leaves, whatever it raises; a call that succeeds sets them anew.
         self._gpm_prev = None
         self._gpm_values = [_NAN] * len(GPM_METRICS)
-        self._gpm_pcie_ok = False
         try:
             taken = nvml_query(self._nv, "nvmlGpmSampleGet", h, self._gpm_samples[current])
         finally:
@@ -337,15 +289,14 @@ class GpuReader:
             return got
         values = []
         success = getattr(self._nv, "NVML_SUCCESS", 0)
-        for k, (name, constant) in enumerate(GPM_METRICS):
+        for k, (name, source) in enumerate(GPM_METRICS):
             metric = request.metrics[k]
             if self._gpm_ids[k] >= 0 and metric.nvmlReturn == success:
                 values.append(float(metric.value))
             else:
                 values.append(_NAN)
-                self._note(f"gpm:{name}", "GPM metric %s not supported; %s is NaN.", constant, name)
+                self._note(f"gpm:{name}", "GPM metric %s not supported; %s is NaN.", source, name)
         self._gpm_values = values
-        self._gpm_pcie_ok = all(v == v for v in values[6:])
         return tuple(values[:6])
 
     def _free_gpm(self) -> None:
@@ -354,8 +305,8 @@ class GpuReader:
         for sample in samples:  # nothing useful to do about a failed free at shutdown
             nvml_query(self._nv, "nvmlGpmSampleFree", sample, default=None)
 
-    def _pcie(self, h: Any) -> tuple[float, ...] | Failure:
-        if self._gpm and self._gpm_pcie_ok:
+    def _pcie(self, h: Any) -> Values:
+        if all(v == v for v in self._gpm_values[6:]):  # GPM gave PCIe rates at its last read
             return self._gpm_values[6], self._gpm_values[7]
         if self._fields_ok is not False:
             values = self._pcie_fields(h)
@@ -367,15 +318,12 @@ class GpuReader:
         """PCIe rates from the byte counters (non-blocking); None when the driver does not give
         them: it lacks them, or refuses them with any error before they ever worked."""
         nv = self._nv
-        ids = (
-            getattr(nv, "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", None),
-            getattr(nv, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES", None),
-        )
-        if not callable(getattr(nv, "nvmlDeviceGetFieldValues", None)) or None in ids:
+        ids = [getattr(nv, f"NVML_FI_DEV_PCIE_COUNT_{way}_BYTES", None) for way in ("TX", "RX")]
+        if not exported(nv, "nvmlDeviceGetFieldValues") or None in ids:
             self._fields_ok = False
             return None
         previous, self._fields_prev = self._fields_prev, None  # what a failed call leaves
-        values = nvml_query(nv, "nvmlDeviceGetFieldValues", h, list(ids))
+        values = nvml_query(nv, "nvmlDeviceGetFieldValues", h, ids)
         if not isinstance(values, Failure):
             success = getattr(nv, "NVML_SUCCESS", 0)
             failed = [values[k].nvmlReturn for k in range(2) if values[k].nvmlReturn != success]
@@ -407,7 +355,7 @@ class GpuReader:
         rates = [(current[k] - previous[k]) / seconds / _MIB for k in (1, 2)]
         return tuple(r if r >= 0 else _NAN for r in rates)  # type: ignore[return-value]
 
-    def _pcie_throughput(self, h: Any) -> tuple[float, ...] | Failure:
+    def _pcie_throughput(self, h: Any) -> Values:
         """`nvmlDeviceGetPcieThroughput` (blocks ~20 ms): the session's readers take turns (least
         recently read counter first) within `PCIE_THROUGHPUT_PERIOD`; values carried between."""
         shared = self._blocking
@@ -462,7 +410,7 @@ class GpuReader:
                 return [_NAN] * len(GPU_METRICS)
             self._handle = handle
         values: list[float] = []
-        for query, metrics, fn in self._queries:
+        for query, metrics, fn in _QUERIES:
             if query in self._unsupported:
                 values.extend([_NAN] * len(metrics))
                 continue
@@ -497,11 +445,32 @@ class GpuReader:
         self._free_gpm()
 
 
+def _number(name: str, *constants: str, per: float = 1.0) -> Query:
+    return lambda reader, h: reader._number(h, name, *constants, per=per)
+
+
+# Plain functions, called with the reader: bound methods on a reader would make it a reference
+# cycle, kept (with its sampler and NVML handles) until a full collection.
+_QUERIES: tuple[tuple[str, tuple[str, ...], Query], ...] = (
+    ("utilization", ("util_pct", "mem_util_pct"), GpuReader._utilization),
+    ("memory", ("mem_used_mib", "mem_total_mib"), GpuReader._memory),
+    ("processes", ("proc_mem_mib",), GpuReader._process_memory),
+    ("power", ("power_w",), _number("nvmlDeviceGetPowerUsage", per=1000.0)),
+    ("power_limit", ("power_limit_w",), _number("nvmlDeviceGetEnforcedPowerLimit", per=1000.0)),
+    ("temperature", ("temp_c",), _number("nvmlDeviceGetTemperature", "NVML_TEMPERATURE_GPU")),
+    ("sm_clock", ("sm_clock_mhz",), _number("nvmlDeviceGetClockInfo", "NVML_CLOCK_SM")),
+    ("throttle_reasons", ("throttle_reasons",), GpuReader._throttle_reasons),
+    ("gpm", tuple(name for name, _ in GPM_METRICS[:6]), GpuReader._gpm_read),
+    ("pcie", ("pcie_tx_mib_s", "pcie_rx_mib_s"), GpuReader._pcie),
+    ("energy", ("energy_j",), _number("nvmlDeviceGetTotalEnergyConsumption", per=1000.0)),
+    ("process_utilization", ("proc_sm_util_pct",), GpuReader._process_utilization),
+)
+
+
 def open_readers(
-    gpus: Sequence[GpuInfo], clock: Callable[[], float] | None = None, min_window: float = 0.0
+    gpus: Sequence[GpuInfo], clock: Callable[[], float], min_window: float = 0.0
 ) -> tuple[ModuleType | None, list[GpuReader]]:
-    """Starts NVML for a sampling session; returns the module (to stop later) and readers.
-    `min_window`: the seconds a rate from two counter readings needs at the least."""
+    """Starts NVML for a sampling session; returns the module (to stop later) and readers."""
     if not gpus:
         return None, []
     nv, _ = _nvml_lib.import_pynvml()
@@ -509,12 +478,12 @@ def open_readers(
         return None, []
     blocking = BlockingCalls(PCIE_THROUGHPUT_PERIOD / (2 * len(gpus)))
     return nv, [
-        GpuReader(nv, gpu, position, clock=clock, blocking=blocking, min_window=min_window)
+        GpuReader(nv, gpu, position, clock, blocking, min_window)
         for position, gpu in enumerate(gpus)
     ]
 
 
-def close_readers(nv: ModuleType | None, readers: Sequence[GpuReader] = ()) -> None:
+def close_readers(nv: ModuleType | None, readers: Sequence[GpuReader]) -> None:
     for reader in readers:
         reader.close()
     if nv is not None:

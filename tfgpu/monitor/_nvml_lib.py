@@ -1,7 +1,5 @@
-"""Reaching the NVML binding for the inventory (`nvml`), the readers (`_gpu_reader`) and
-`tfgpu.scalability`: importing `pynvml` (only when a function runs), starting and stopping
-NVML, and `nvml_query`, the one place an NVML call is made and its errors caught.
-"""
+"""The NVML binding for `nvml`, `_gpu_reader` and `tfgpu.scalability`: importing `pynvml` (when
+a function runs), starting and stopping NVML, and `nvml_query`, where every call is made."""
 
 from __future__ import annotations
 
@@ -61,12 +59,9 @@ def nvml_failure(nv: ModuleType, code: int) -> Failure:
 
 def nvml_query(nv: ModuleType, name: str, *args: Any, default: Any = Failure, **kwargs: Any) -> Any:
     """`nv.<name>(*args, **kwargs)`, or `default` where it fails (`Failure`: the `Failure` that
-    says how). The one place tfgpu calls NVML and catches its errors (nvitop's `nvmlQuery`):
-    `NVMLError`, a function the binding lacks (as FUNCTION_NOT_FOUND), and what a binding
-    that does not match its driver or Python raises: `NVMLLibraryMismatchError` (not an
-    `NVMLError`: an unversioned call the driver lacks), `TypeError`/`AttributeError` (an old
-    binding), `UnicodeDecodeError` (a name not in UTF-8), `OSError` (a library that fails to
-    load). Anything else goes to the caller's boundary."""
+    says how); a function the binding lacks fails as FUNCTION_NOT_FOUND. Which errors are
+    caught and why: docs/architecture.md, "Exceptions"; anything else goes to the caller's
+    boundary."""
     fn = getattr(nv, name, None)
     if not callable(fn):
         return nvml_failure(nv, _function_not_found(nv)) if default is Failure else default
@@ -82,7 +77,7 @@ def nvml_query(nv: ModuleType, name: str, *args: Any, default: Any = Failure, **
 
 
 def _function_not_found(nv: ModuleType) -> int:
-    return error_code(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
+    return constant(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
 
 
 def start(nv: ModuleType) -> str | None:
@@ -103,7 +98,7 @@ def exported(nv: ModuleType, *names: str) -> list[str]:
     return [name for name in names if callable(getattr(nv, name, None))]
 
 
-def error_code(nv: ModuleType, name: str, default: int) -> int:
-    """The binding's value of the NVML error constant `name`, else `default`."""
+def constant(nv: ModuleType, name: str, default: int) -> int:
+    """The binding's int constant `name` (an error code, a metric id), else `default`."""
     value = getattr(nv, name, default)
     return value if isinstance(value, int) else default

@@ -1,6 +1,5 @@
-"""What the sampler writes into a run directory: file names (one set per worker), `run.json`
-sessions, the timeline CSV; appended, rotated or refused, never truncated (docs/guarantees.md).
-"""
+"""The sampler's run-directory files: names (one set per worker), `run.json` sessions, the
+timeline's rows; appended, rotated or refused, never truncated (docs/guarantees.md)."""
 
 from __future__ import annotations
 
@@ -58,8 +57,11 @@ def artifact_name(
     )
 
 
+# What run.json records of each sampled GPU (a compute capability as a list: JSON has no tuple).
+_GPU_FIELDS = ("index", "name", "uuid", "pci_bus_id", "memory_total_mib", "compute_capability")
+
+
 def session_record(
-    *,
     start_time: float,
     interval: float,
     inventory: NvmlInventory,
@@ -80,36 +82,22 @@ def session_record(
         "nvml_error": inventory.error,
         "driver_version": inventory.driver_version,
         "cuda_driver_version": inventory.cuda_driver_version,
-        "gpus": [
-            {
-                "index": g.index,
-                "name": g.name,
-                "uuid": g.uuid,
-                "pci_bus_id": g.pci_bus_id,
-                "memory_total_mib": g.memory_total_mib,
-                "compute_capability": list(g.compute_capability) if g.compute_capability else None,
-            }
-            for g in gpus
-        ],
+        "gpus": [{field: getattr(g, field) for field in _GPU_FIELDS} for g in gpus],
     }
 
 
 def add_session(
-    directory: Path,
-    info: dict[str, Any],
-    timeline: str,
-    rotated: Path | None,
-    environ: Mapping[str, str],
+    directory: Path, info: dict[str, Any], rotated: Path | None, environ: Mapping[str, str]
 ) -> None:
     """Adds `info` to this process's `run.json` (a chief's to `run.json` too), first pointing
-    earlier sessions naming `timeline` to `rotated` where it was rotated. Raises OSError."""
+    earlier sessions naming its timeline to `rotated` where it was rotated. Raises OSError."""
     task = _cluster(environ)
     names = [artifact_name("run", ".json", environ=environ)]
     if task is not None and task.is_chief:
         names.append("run.json")
     for name in names:
         if rotated is not None:
-            _rename_timeline(directory / name, timeline, rotated.name)
+            _rename_timeline(directory / name, info["timeline"], rotated.name)
         files.add_session(directory / name, info)
 
 

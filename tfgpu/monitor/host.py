@@ -1,12 +1,9 @@
-"""The host reader of the sampler thread, through `psutil`: CPU, this process's RSS, system memory
-(`HOST_METRICS`, importable from here too, in `tfgpu.monitor.METRICS`).
-"""
+"""The sampler thread's host reader, through `psutil` (`HOST_METRICS`, importable from here too)."""
 
 from __future__ import annotations
 
 import logging
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -42,10 +39,10 @@ class HostReader:
     disturb it), over at least `min_window` seconds of `clock`: the first read and a read
     sooner than that give NaN, and the older reading stays the base."""
 
-    def __init__(self, clock: Callable[[], float] | None = None, min_window: float = 0.0) -> None:
+    def __init__(self, clock: Callable[[], float], min_window: float = 0.0) -> None:
         self._psutil: Any = None
         self._process: Any = None  # None: psutil could not open this process
-        self._clock: Callable[[], float] = clock or time.monotonic
+        self._clock = clock
         self._min_window = min_window
         self._last: tuple[float, Any] | None = None  # (clock, cpu_times()) of the CPU base
         self._reported = False

@@ -1,8 +1,6 @@
-"""Which GPUs the machine has (`inventory()`) and which of them this process uses (`visible_gpus`).
-
-Imports only `pynvml` (from `nvidia-ml-py`), and only when a function runs; never TensorFlow.
-NVML itself ships with the NVIDIA driver: wherever `nvidia-smi` works, these queries work.
-The per-GPU metrics (`GPU_METRICS`, importable from here too) are in `tfgpu.monitor.METRICS`.
+"""Which GPUs the machine has (`inventory()`) and which of them this process uses (`visible_gpus`),
+through `pynvml` (imported when a function runs; NVML ships with the NVIDIA driver). The per-GPU
+metrics (`GPU_METRICS`, importable from here too) are in `tfgpu.monitor.METRICS`.
 """
 
 from __future__ import annotations
@@ -73,12 +71,6 @@ class NvmlInventory:
         return dataclasses.asdict(self)
 
 
-def _format_cuda_version(version: int | None) -> str | None:
-    if not version:
-        return None
-    return f"{version // 1000}.{(version % 1000) // 10}"
-
-
 def _memory_info(nv: ModuleType, handle: Any) -> Any:
     """The memory struct as `nvidia-smi` reports it where the driver and binding allow (the
     v2 struct, without reserved memory), else v1."""
@@ -133,11 +125,10 @@ def inventory() -> NvmlInventory:
     ```
     """
     nv, error = _nvml_lib.import_pynvml()
-    if nv is None:
-        return NvmlInventory(False, error, None, None, [])
-    error = _nvml_lib.start(nv)
-    if error is not None:
-        return NvmlInventory(False, error, None, None, [])
+    if nv is not None:
+        error = _nvml_lib.start(nv)
+    if nv is None or error is not None:
+        return NvmlInventory(False, error, None, None)
     try:
         driver = nvml_query(nv, "nvmlSystemGetDriverVersion", default=None)
         cuda = nvml_query(nv, "nvmlSystemGetCudaDriverVersion", default=None)
@@ -152,7 +143,8 @@ def inventory() -> NvmlInventory:
                 continue
             gpus.append(_gpu_info(nv, index, handle))
         driver_text = decode(driver) if driver is not None else None
-        return NvmlInventory(True, None, driver_text, _format_cuda_version(cuda), gpus)
+        cuda_text = f"{cuda // 1000}.{(cuda % 1000) // 10}" if cuda else None  # 12040: "12.4"
+        return NvmlInventory(True, None, driver_text, cuda_text, gpus)
     except Exception as e:  # never raises: a binding failing in any way means no NVML
         return _failed(decode(e))
     finally:

@@ -1,6 +1,4 @@
-"""The sampler: a background thread that records GPU and host metrics at an interval (`Sampler`,
-`record`). Never imports TensorFlow or Keras.
-"""
+"""`Sampler` and `record`: a background thread that records GPU and host metrics at an interval."""
 
 from __future__ import annotations
 
@@ -27,8 +25,8 @@ from tfgpu._internal.helpers.checks import (
 from tfgpu._internal.helpers.files import open_csv, writable_dir
 from tfgpu.monitor._aggregates import aggregate_columns
 from tfgpu.monitor._gpu_reader import GpuReader, close_readers, open_readers
-from tfgpu.monitor._metrics import GPU_METRICS, HOST_METRICS, timeline_columns
-from tfgpu.monitor._run_files import add_session, artifact_name, format_row, session_record
+from tfgpu.monitor._metrics import HOST_METRICS, timeline_columns
+from tfgpu.monitor._run_files import add_session, format_row, session_record
 from tfgpu.monitor.host import HostReader
 from tfgpu.monitor.nvml import GpuInfo, inventory, visible_gpus
 
@@ -94,7 +92,8 @@ class Sampler:
         self._dir = None if log_dir is None else writable_dir(log_dir, "log_dir")
         self._host = host
         self._inventory = inventory()
-        visible = visible_gpus(self._inventory.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+        visible = visible_gpus(self._inventory.gpus, cvd)
         if requested is None:
             self._gpus = visible
         elif not self._inventory.available:
@@ -104,20 +103,17 @@ class Sampler:
                 f"gpus={requested!r}. No GPU is sampled. {self._inventory.error}",
                 RuntimeWarning,
             )
+        elif any(g >= len(visible) for g in requested):
+            n = len(visible)
+            valid = f"one of {list(range(n))}" if visible else "no index (it sees none)"
+            where = f" (CUDA_VISIBLE_DEVICES={cvd!r})" if cvd is not None else ""
+            raise invalid_value(
+                "gpus",
+                requested,
+                f"indices below {n}: this process sees {n} GPU(s), so each index must be "
+                f"{valid}{where}",
+            )
         else:
-            unknown = [g for g in requested if g >= len(visible)]
-            if unknown:
-                valid = (
-                    f"one of {list(range(len(visible)))}" if visible else "no index (it sees none)"
-                )
-                cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-                raise invalid_value(
-                    "gpus",
-                    requested,
-                    f"indices below {len(visible)}: this process sees {len(visible)} GPU(s), "
-                    f"so each index must be {valid}"
-                    + (f" (CUDA_VISIBLE_DEVICES={cvd!r})" if cvd is not None else ""),
-                )
             self._gpus = [visible[g] for g in requested]
         self._columns = timeline_columns(len(self._gpus))
         # A column store of doubles: about 8 bytes per value, however long the run.
@@ -221,14 +217,14 @@ class Sampler:
     def stop(self) -> None:
         """Takes a last sample, stops the thread, closes the timeline. Idempotent."""
         self._stop_event.set()
-        thread = self._thread
+        thread, wait = self._thread, max(10.0, 5 * self._interval)
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=max(10.0, 5 * self._interval))
+            thread.join(timeout=wait)
             if thread.is_alive():
                 _log.warning(
                     "tfgpu.monitor: the sampler thread did not stop within %.0f s (a hung "
                     "NVML call?); it is a daemon and is left behind.",
-                    max(10.0, 5 * self._interval),
+                    wait,
                 )
 
     def __enter__(self) -> Sampler:
@@ -263,16 +259,10 @@ class Sampler:
         if directory is None:
             return
         try:
-            info = session_record(
-                start_time=self._t0,
-                interval=self._interval,
-                inventory=self._inventory,
-                gpus=self._gpus,
-                environ=environ,
-            )
-            self.timeline_path = directory / artifact_name("timeline", ".csv", environ=environ)
+            info = session_record(self._t0, self._interval, self._inventory, self._gpus, environ)
+            self.timeline_path = directory / info["timeline"]
             self._file, rotated = open_csv(self.timeline_path, ",".join(self._columns) + "\n")
-            add_session(directory, info, self.timeline_path.name, rotated, environ)
+            add_session(directory, info, rotated, environ)
         # A full disk, a lost mount; a damaged run.json, Slurm variables that are not numbers.
         except (OSError, ValueError, TypeError) as e:
             self._file_failed = True
@@ -283,22 +273,17 @@ class Sampler:
         try:
             now = self._time()
             row = [now, now - self._t0, float(self._epoch), float(self._step)]
-            if self._host_reader is not None:
-                row.extend(self._host_reader.read())
-            else:
-                row.extend([_NAN] * len(HOST_METRICS))
-            for position in range(len(self._gpus)):
-                if position < len(self._readers):
-                    row.extend(self._readers[position].read())
-                else:
-                    row.extend([_NAN] * len(GPU_METRICS))
+            host = self._host_reader
+            row.extend(host.read() if host is not None else [_NAN] * len(HOST_METRICS))
+            for reader in self._readers:
+                row.extend(reader.read())
+            row.extend([_NAN] * (len(self._columns) - len(row)))  # GPUs without NVML: NaN
             with self._lock:
                 for column, value in zip(self._columns, row):
                     self._data[column].append(value)
             if self._file is not None:
                 try:
-                    line = format_row(self._columns, row)
-                    self._file.write(line + "\n")
+                    self._file.write(format_row(self._columns, row) + "\n")
                     self._file.flush()
                 except (OSError, ValueError) as e:
                     if not self._file_failed:
@@ -313,14 +298,12 @@ class Sampler:
                 self._sample_failed = True
                 _log.exception("tfgpu.monitor: a sample failed; sampling goes on. (Logged once.)")
 
-    def _run(self, stop: threading.Event | None = None) -> None:
+    def _run(self, stop: threading.Event) -> None:
         """The sampler thread: opens the readers, takes the first row at once, one per interval
         until `stop` is set, a last one, then closes the readers and the timeline."""
-        stop = self._stop_event if stop is None else stop
         try:  # _sample never raises: it is the boundary of each tick
             clock, window = (lambda: self._monotonic()), self._interval * _RATE_MIN_SHARE
-            if self._gpus:
-                self._nv, self._readers = open_readers(self._gpus, clock, window)
+            self._nv, self._readers = open_readers(self._gpus, clock, window)
             self._host_reader = HostReader(clock, window) if self._host else None
             self._sample()
             self._first_row.set()
