@@ -24,7 +24,7 @@ def _call_text(name: str, spec: Any) -> tuple[int, str]:
     return 1, f"{name}({what}), with the whole {what} as one argument"
 
 
-def check_arity(name: str, fn: Callable, spec: Any, what: str) -> None:
+def _check_arity(name: str, fn: Callable, spec: Any, what: str) -> None:
     """Raises TypeError when `fn` cannot take the arguments tf.data will call it with (a
     signature Python cannot read, of some builtins, is let through)."""
     try:
@@ -46,10 +46,13 @@ def check_arity(name: str, fn: Callable, spec: Any, what: str) -> None:
         ) from None
 
 
-def parallel_map(ds: tf.data.Dataset, name: str, fn: Callable, deterministic: bool | None) -> Any:
-    """`ds.map(fn)` in parallel; an error while tracing `fn` names the argument, and so does
-    the `TypeError` for a function that returns nothing (not tf.data's "Length for attr
-    'output_types' of 0")."""
+def parallel_map(
+    ds: tf.data.Dataset, name: str, fn: Callable, deterministic: bool | None, called_on: str
+) -> Any:
+    """`ds.map(fn)` in parallel, once `_check_arity` let `fn` through (tf.data calls it on
+    `called_on`); an error while tracing `fn` names the argument, and so does the `TypeError`
+    for a function that returns nothing (not tf.data's "Length for attr 'output_types' of 0")."""
+    _check_arity(name, fn, ds.element_spec, called_on)
     what = "batch" if name.startswith("batch_") else "example"
     empty: list[Any] = []  # what `fn` returned when it returned nothing
 

@@ -6,7 +6,6 @@ without the random ones)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import shutil
 from collections.abc import Callable
@@ -20,9 +19,9 @@ from tfgpu._internal.helpers.warn import warn_at_user_code
 from tfgpu.data._arguments import Arguments, check_arguments
 from tfgpu.data._cache import cached
 from tfgpu.data._facts import bytes_per_example, ram_budget, worker_count
-from tfgpu.data._functions import check_arity, check_map_output, parallel_map, random_op_types
+from tfgpu.data._functions import check_map_output, parallel_map, random_op_types
 from tfgpu.data._plan import Facts, Plan, decide, drop_remainder_default, validation_plan
-from tfgpu.data._service import check_dispatcher, check_reachable, choose_job, distributed
+from tfgpu.data._service import check_dispatcher, distributed
 from tfgpu.data._sources import Batching, Read
 from tfgpu.data._split import check_split_counts
 
@@ -140,8 +139,7 @@ def pipeline(
     given = dict(locals())  # `data` and every keyword: checked, then carried by the result
     args = check_arguments(given)
     if args.service is not None:
-        check_reachable(args.service)  # seconds, naming the address, instead of a hang
-        check_dispatcher(args.service)  # and that a dispatcher answers there, not a worker
+        check_dispatcher(args.service)  # in seconds, naming the address, instead of a hang
     batching = _batching(args)
     read = _decode(args, args.source.read(args, batching))
     facts = _gather_facts(args, batching, read)
@@ -163,15 +161,13 @@ def pipeline(
         warn_at_user_code(f"tfgpu.data.pipeline: {text}.")
     train, validation = _assemble(args, batching, read, facts, plan)
     mark_pipeline(train, given)
+    sides = [train]
     if validation is not None:
         mark_pipeline(validation, None)
-    if args.distribute:
-        strategy = args.strategy  # not None: checked with distribute=True
-        train_out = strategy.experimental_distribute_dataset(train)
-        if validation is None:
-            return train_out
-        return train_out, strategy.experimental_distribute_dataset(validation)
-    return train if validation is None else (train, validation)
+        sides.append(validation)
+    if args.distribute:  # with a strategy: checked
+        sides = [args.strategy.experimental_distribute_dataset(ds) for ds in sides]
+    return sides[0] if validation is None else tuple(sides)
 
 
 def _batching(args: Arguments) -> Batching:
@@ -206,13 +202,12 @@ def _decode(args: Arguments, read: Read) -> Read:
     ds, val_ds, map_fn = read.ds, read.val_ds, args.map_fn
     if map_fn is None:
         return read
-    check_arity("map_fn", map_fn, ds.element_spec, "an example")
-    random_ops = random_op_types(map_fn, ds.element_spec)
     spec_in = ds.element_spec
-    ds = parallel_map(ds, "map_fn", map_fn, args.deterministic)
+    ds = parallel_map(ds, "map_fn", map_fn, args.deterministic, "an example")
+    random_ops = random_op_types(map_fn, spec_in)
     ragged = check_map_output(map_fn, spec_in, ds.element_spec)
     if val_ds is not None:
-        val_ds = parallel_map(val_ds, "map_fn", map_fn, True)
+        val_ds = parallel_map(val_ds, "map_fn", map_fn, True, "an example")
     return dataclasses.replace(read, ds=ds, val_ds=val_ds, random_ops=random_ops, ragged=ragged)
 
 
@@ -249,24 +244,9 @@ def _assemble(
     if args.repeat:
         ds = ds.repeat()
     if args.augment_fn is not None:
-        check_arity("augment_fn", args.augment_fn, ds.element_spec, "an example after `map_fn`")
-        ds = parallel_map(ds, "augment_fn", args.augment_fn, plan.deterministic)
-
-    serve = None
-    if args.service is not None:
-        name, index, count = choose_job(args.service_job_name, repeat=args.repeat)
-        serve = functools.partial(
-            distributed, address=args.service, name=name, consumer_index=index, num_consumers=count
-        )
-    batched = functools.partial(
-        _batched,
-        ragged=read.ragged,
-        batch_map_fn=args.batch_map_fn,
-        ram_budget_bytes=facts.ram_budget_bytes,
-    )
-    ds = batched(
-        ds, plan, batch=not batching.keep_batches, augment=args.batch_augment_fn, serve=serve
-    )
+        what = "an example after `map_fn`"
+        ds = parallel_map(ds, "augment_fn", args.augment_fn, plan.deterministic, what)
+    ds = _batched(ds, plan, args, read, facts, training=True, batch=not batching.keep_batches)
     val_ds = read.val_ds
     if val_ds is not None:
         split_counts = read.split_counts
@@ -278,41 +258,41 @@ def _assemble(
             num_examples=split_counts[1] if split_counts is not None else None,
             element_bytes=bytes_per_example(val_ds.element_spec),
         )
-        val_ds = batched(cached(val_ds, val_plan.cache), val_plan, batch=True, augment=None)
+        val_ds = cached(val_ds, val_plan.cache)
+        val_ds = _batched(val_ds, val_plan, args, read, facts, training=False, batch=True)
     return ds, val_ds
 
 
 def _batched(
     ds: tf.data.Dataset,
     plan: Plan,
+    args: Arguments,
+    read: Read,
+    facts: Facts,
     *,
+    training: bool,
     batch: bool,
-    ragged: bool,
-    batch_map_fn: Callable | None,
-    augment: Callable | None,
-    ram_budget_bytes: int,
-    serve: Callable | None = None,
 ) -> tf.data.Dataset:
-    """batch (ragged again if `ragged`) -> `batch_map_fn` -> `batch_augment_fn` -> prefetch."""
+    """batch (ragged again after a `map_fn` that got a ragged feature's rows) -> `batch_map_fn`
+    -> on the training side, `batch_augment_fn` and the tf.data service -> prefetch."""
     if batch:
         # A plain batch, on purpose: it fuses with `map(augment_fn)` into MapAndBatchDataset
         # (a parallel one would not: 12-18% slower; docs/data.md, "Why a plain `batch`").
-        if ragged:  # rows of a ragged feature after map_fn: ragged again, as they came
+        if read.ragged:
             ds = ds.ragged_batch(plan.global_batch_size, drop_remainder=plan.drop_remainder)
         else:
             ds = ds.batch(plan.global_batch_size, drop_remainder=plan.drop_remainder)
-    if batch_map_fn is not None:
-        check_arity("batch_map_fn", batch_map_fn, ds.element_spec, "a batch")
-        ds = parallel_map(ds, "batch_map_fn", batch_map_fn, plan.deterministic)
-    if augment is not None:
-        check_arity("batch_augment_fn", augment, ds.element_spec, "a batch")
-        ds = parallel_map(ds, "batch_augment_fn", augment, plan.deterministic)
-    if serve is not None:
+    for name in ("batch_map_fn", "batch_augment_fn") if training else ("batch_map_fn",):
+        fn = getattr(args, name)
+        if fn is not None:
+            ds = parallel_map(ds, name, fn, plan.deterministic, "a batch")
+    if training and args.service is not None:
         # All so far runs on the service's workers, with options for their machine (their own
         # memory, TF's shared pool); the trainer reads whole batches and prefetches them.
-        ds = serve(ds.with_options(_options(plan, 0, keep_shard=True)))
+        ds = ds.with_options(_options(plan, 0, keep_shard=True))
+        ds = distributed(ds, args.service, args.service_job_name, repeat=args.repeat)
     ds = ds.prefetch(tf.data.AUTOTUNE)
-    return ds.with_options(_options(plan, ram_budget_bytes, keep_shard=plan.keep_shard))
+    return ds.with_options(_options(plan, facts.ram_budget_bytes, keep_shard=plan.keep_shard))
 
 
 def _options(plan: Plan, ram_budget_bytes: int, *, keep_shard: bool) -> tf.data.Options:
