@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+import psutil
 import tensorflow as tf
 
 from tfgpu._internal.helpers.checks import is_int
@@ -30,13 +30,7 @@ def bytes_per_example(spec: Any) -> int | None:
 def ram_budget(ram_budget_mib: float | None) -> int:
     if ram_budget_mib is not None:
         return int(ram_budget_mib * MIB)
-    try:
-        import psutil
-
-        available = psutil.virtual_memory().available
-    except ImportError:  # pragma: no cover - psutil is a dependency
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return int(available * _DEFAULT_RAM_FRACTION)
+    return int(psutil.virtual_memory().available * _DEFAULT_RAM_FRACTION)
 
 
 def worker_count(strategy: Any) -> int:
