@@ -66,16 +66,12 @@ class Configuration:
             memory = "TensorFlow default"
         else:
             memory = "growth on every GPU" if self.memory_growth else "whole GPU reserved at start"
-        determinism = "on" if self.deterministic else "off"
+        seeded = f"seed {self.seed}" if self.seed is not None else "not seeded"
         rows = [
             ("GPUs", ", ".join(self.gpus) or "none (TensorFlow runs on the CPU)"),
             ("memory", memory),
             ("precision", f"{self.precision} ({self.precision_reason})"),
-            (
-                "determinism",
-                f"{determinism}, "
-                + (f"seed {self.seed}" if self.seed is not None else "not seeded"),
-            ),
+            ("determinism", f"{'on' if self.deterministic else 'off'}, {seeded}"),
             ("allocator", _ASYNC if self.async_allocator else "TensorFlow default (BFC)"),
         ]
         if self.cpu_devices is not None:
@@ -280,13 +276,12 @@ def _async_allocator(
     if not wishes.async_allocator:
         return False, current == _ASYNC, ""  # in effect when the environment chose it
     if facts.runtime_initialized and current != _ASYNC:
-        return (
-            False,
-            False,
+        late = (
             "async_allocator not applied: TensorFlow already initialized its GPUs; set "
             "TF_GPU_ALLOCATOR=cuda_malloc_async before starting Python, or call "
-            "tfgpu.configure() first.",
+            "tfgpu.configure() first."
         )
+        return False, False, late
     if not used:
         return True, True, "async_allocator has no effect: no GPU is used."
     if current not in (None, _ASYNC):

@@ -38,7 +38,6 @@ _ALL_REDUCE = {
     "multi_worker": ("auto", "nccl", "ring"),
 }
 _LR_RULES = ("linear", "sqrt")
-_SLURM_PORT_BASE = 8888
 
 # The k-th strategy built here numbers its collective keys from FIRST + k * STRIDE: far from
 # TensorFlow's own (from 1), and int32 for the first half million strategies.
@@ -306,7 +305,7 @@ def strategy(
     devices: Sequence[str] | None = None,
     all_reduce: str = "auto",
     timeout_s: float | None = None,
-    slurm_port_base: int = _SLURM_PORT_BASE,
+    slurm_port_base: int = 8888,
 ) -> tf.distribute.Strategy:
     """Returns a `tf.distribute.Strategy` for this machine or cluster.
 

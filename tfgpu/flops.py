@@ -22,18 +22,21 @@ __all__ = ["mfu", "peak_flops", "train_step_flops"]
 
 _TERA = 1e12
 
-# The ops counted: the gradients of convolutions (a transposed convolution is a
-# Conv*BackpropInput op), then the forward ops (matmul and einsum gradients are matmuls, einsums).
+# The ops counted: forward matmuls and convolutions, and the convolution gradients only a
+# backward pass adds (matmul and einsum gradients are matmuls, einsums; a transposed
+# convolution is a Conv*BackpropInput op).
+_MATMUL_OPS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum")
+_CONV_OPS = ("Conv2D", "Conv3D", "DepthwiseConv2dNative")
 _CONV_INPUT_GRADS = frozenset(
-    "Conv2DBackpropInput Conv2DBackpropInputV2 Conv3DBackpropInput Conv3DBackpropInputV2".split()
+    {"Conv2DBackpropInput", "Conv2DBackpropInputV2", "Conv3DBackpropInput", "Conv3DBackpropInputV2"}
 )
 _CONV_FILTER_GRADS = frozenset(
-    "Conv2DBackpropFilter Conv3DBackpropFilter Conv3DBackpropFilterV2".split()
+    {"Conv2DBackpropFilter", "Conv3DBackpropFilter", "Conv3DBackpropFilterV2"}
 )
 _DEPTHWISE_GRADS = ("DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter")
 _COUNTED_OPS = frozenset(
-    "MatMul BatchMatMul BatchMatMulV2 BatchMatMulV3 Einsum Conv2D Conv3D DepthwiseConv2dNative".split()
-).union(_CONV_INPUT_GRADS, _CONV_FILTER_GRADS, _DEPTHWISE_GRADS)
+    (*_MATMUL_OPS, *_CONV_OPS, *_CONV_INPUT_GRADS, *_CONV_FILTER_GRADS, *_DEPTHWISE_GRADS)
+)
 _LOOP_OPS = ("While", "StatelessWhile")
 
 

@@ -63,9 +63,8 @@ def pipeline(
         data: arrays or tensors, or a tuple/dict of them (e.g. `(x, y)`); a `tf.data.Dataset`
             of examples or of batches (kept, or unbatched and batched again, never batched
             twice); a TFRecord file pattern or a list of them; or a TFDS name such as "mnist".
-        batch_size: int, the global batch size (all replicas). Give it or
-            `per_replica_batch_size`, or neither to keep a batched dataset's batches.
-            Defaults to None.
+        batch_size: int, the global batch size (all replicas): it or `per_replica_batch_size`,
+            or neither to keep a batched dataset's batches. Defaults to None.
         per_replica_batch_size: int, the batch size per replica (times
             `strategy.num_replicas_in_sync`). Defaults to None.
         strategy: `tf.distribute.Strategy` the model trains under: the replica count, the
@@ -83,16 +82,13 @@ def pipeline(
         cache: `"auto"` (in memory when it fits and helps), True/`"memory"`, a file path
             prefix, or False. Defaults to `"auto"`.
         shuffle: bool, shuffle the examples (and the files' order). Defaults to True.
-        shuffle_buffer: int, the shuffle buffer in examples. Defaults to None: the whole
-            dataset up to 10,000 examples, at most 10% of the RAM budget; at most 1,024 (or
-            one batch) when nothing is cached, none for a dataset that reshuffles itself.
+        shuffle_buffer: int, the shuffle buffer in examples. Defaults to None: sized from the
+            data, the cache and the RAM budget (docs/data.md, "Options").
         drop_remainder: bool, drop the last partial batch. Defaults to None: True under a
-            strategy when shuffling (with shuffle=False and on the validation side only when
-            True is passed: every example is evaluated).
+            strategy when shuffling, else False (every example is evaluated).
         deterministic: bool, a fixed order through parallel steps. Defaults to None: True
             with `shuffle=False`, a `seed`, or workers sharding in-memory data by example.
-        repeat: bool, repeat indefinitely, after the shuffle (custom loops). Defaults to
-            False.
+        repeat: bool, repeat indefinitely, after the shuffle (custom loops). Defaults to False.
         distribute: bool, return `strategy.experimental_distribute_dataset(...)` for a
             custom training loop; needs `strategy`. Defaults to False.
         seed: int, the seed of the file and example shuffles. Defaults to None.
@@ -100,7 +96,7 @@ def pipeline(
             Defaults to None: half of the available host memory.
         private_threadpool_size: int, a thread pool for this pipeline only (0 shares
             TensorFlow's). Defaults to None: the CPU count on GPU hosts, else 0.
-        split: str, the TFDS split, e.g. `"train[:90%]"` (TFDS names only). Defaults to None
+        split: str, the TFDS split (TFDS names only), e.g. `"train[:90%]"`. Defaults to None
             (`"train"`).
         data_dir: path, the TFDS data directory (TFDS names only). Defaults to None.
         compression_type: str, `"GZIP"` or `"ZLIB"` for TFRecord files. Defaults to None.
@@ -121,9 +117,8 @@ def pipeline(
         ValueError: a value out of range, conflicting arguments, a source or split that
             cannot work (empty, mismatched lengths, no full batch, a cache that cannot fit),
             or a `map_fn` written for batches; all before any data is read.
-        ConnectionError: with `service`, a dispatcher not reachable within 3 s, or an
-            address where no dispatcher answers within 5 s more (a worker's port, another
-            server).
+        ConnectionError: with `service`, a dispatcher not reachable within 3 s, or no
+            dispatcher answering there within 5 s more (a worker's port, another server).
         FileNotFoundError: a file pattern that matches nothing, or a TFDS dataset not
             prepared in `data_dir`.
 
