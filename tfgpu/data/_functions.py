@@ -95,13 +95,9 @@ def _traced(fn: Callable, args: tuple, **options: Any) -> Any:
 def _on_a_batch(fn: Callable, spec: Any) -> dict[str, Any] | None:
     """What `fn` returns traced on a batch of 3 examples, {path: spec}; None when it fails
     there (written for one example). A function for batches keeps the 3 (or unknown)."""
-
-    def batched(s: Any) -> Any:
-        if isinstance(s, tf.TensorSpec):
-            return tf.TensorSpec([3, *s.shape], s.dtype)
-        return s
-
-    args = tf.nest.map_structure(batched, spec)
+    args = tf.nest.map_structure(
+        lambda s: tf.TensorSpec([3, *s.shape], s.dtype) if isinstance(s, tf.TensorSpec) else s, spec
+    )
     args = args if type(args) is tuple else (args,)
     traced = _traced(fn, args, autograph=False)
     if traced is None:
@@ -113,10 +109,15 @@ def _on_a_batch(fn: Callable, spec: Any) -> dict[str, Any] | None:
     return dict(flatten_with_paths("element", specs))
 
 
+def _batch_of_one(a: Any, b: Any) -> bool:
+    """Whether a function turned the scalar spec `a` into `b`, shaped like a batch of one."""
+    if not isinstance(a, tf.TensorSpec) or not isinstance(b, tf.TensorSpec) or a.shape.rank != 0:
+        return False
+    return b.shape.rank is not None and b.shape.rank >= 2 and b.shape[0] in (1, None)
+
+
 def _unknown_size(spec: Any) -> bool:
-    return isinstance(spec, tf.TensorSpec) and (
-        spec.shape.rank is None or any(d is None for d in spec.shape.as_list())
-    )
+    return isinstance(spec, tf.TensorSpec) and not spec.shape.is_fully_defined()
 
 
 def check_map_output(map_fn: Callable, spec_in: Any, spec_out: Any) -> bool:
@@ -131,16 +132,7 @@ def check_map_output(map_fn: Callable, spec_in: Any, spec_out: Any) -> bool:
     except (TypeError, ValueError):
         if len(leaves_in) == 1:
             pairs = [(leaves_in[0], p, b) for p, b in out]
-    suspects = [
-        (p, a, b)
-        for a, p, b in pairs
-        if isinstance(a, tf.TensorSpec)
-        and a.shape.rank == 0
-        and isinstance(b, tf.TensorSpec)
-        and b.shape.rank is not None
-        and b.shape.rank >= 2
-        and b.shape[0] in (1, None)
-    ]
+    suspects = [(p, a, b) for a, p, b in pairs if _batch_of_one(a, b)]
     if suspects:  # a batch of one, unless the function fails on a batch or keeps the 1
         probe = _on_a_batch(map_fn, spec_in) or {}
         suspects = [

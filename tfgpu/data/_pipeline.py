@@ -1,6 +1,6 @@
 """`pipeline()` and its phases, in order: `check_arguments` (the source's adapter chosen once),
 `_batching`, `source.read` (the validation split taken off), `_decode` (`map_fn`),
-`_gather_facts` and the pure `decide`, then `_assemble` (the steps; the validation side
+`_gather_facts` (no side effects) and the pure `decide`, then `_assemble` (the steps; the validation side
 without the random ones)."""
 
 from __future__ import annotations
@@ -11,15 +11,17 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
+import psutil
 import tensorflow as tf
 
 from tfgpu._internal.adapters.cpu import usable_cores
 from tfgpu._internal.adapters.datasets import cardinality, mark_pipeline
+from tfgpu._internal.helpers.checks import is_int
 from tfgpu._internal.helpers.warn import warn_at_user_code
 from tfgpu.data._arguments import Arguments, check_arguments
 from tfgpu.data._cache import cached
-from tfgpu.data._facts import bytes_per_example, ram_budget, worker_count
 from tfgpu.data._functions import check_map_output, parallel_map, random_op_types
+from tfgpu.data._limits import MIB
 from tfgpu.data._plan import Facts, Plan, decide, drop_remainder_default, validation_plan
 from tfgpu.data._service import check_dispatcher, distributed
 from tfgpu.data._sources import Batching, Read
@@ -226,6 +228,48 @@ def _gather_facts(args: Arguments, batching: Batching, read: Read) -> Facts:
         service=args.service is not None,
         reshuffled=read.reshuffled,
     )
+
+
+def bytes_per_example(spec: Any) -> int | None:
+    """Bytes of one element of `spec`; None when a size is not static."""
+    total = 0
+    for s in tf.nest.flatten(spec):
+        if (
+            not isinstance(s, tf.TensorSpec)
+            or not s.shape.is_fully_defined()
+            or s.dtype in (tf.string, tf.variant, tf.resource)
+        ):
+            return None
+        total += s.shape.num_elements() * s.dtype.size
+    return total
+
+
+def ram_budget(ram_budget_mib: float | None) -> int:
+    """In bytes: `ram_budget_mib`, else half of the available host memory."""
+    if ram_budget_mib is not None:
+        return int(ram_budget_mib * MIB)
+    return int(psutil.virtual_memory().available * 0.5)
+
+
+def worker_count(strategy: Any) -> int:
+    """The workers `strategy` trains on (1 when it cannot tell)."""
+    if strategy is None:
+        return 1
+    n = getattr(strategy.extended, "worker_count", None)
+    if n is not None and is_int(n) and n > 0:
+        return int(n)
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is not None:
+        try:
+            spec = resolver.cluster_spec()
+            return max(
+                1, sum(spec.num_tasks(job) for job in ("worker", "chief") if job in spec.jobs)
+            )
+        # TF_CONFIG that is not JSON or not a cluster (ValueError, KeyError, TypeError), a
+        # resolver that cannot ask the scheduler (OSError, RuntimeError): one worker.
+        except (KeyError, OSError, RuntimeError, TypeError, ValueError):
+            return 1
+    return 1
 
 
 def _assemble(
