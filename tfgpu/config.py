@@ -52,10 +52,7 @@ class Configuration:
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the record as a JSON-safe dict (tuples become lists)."""
-        d = asdict(self)
-        d["gpus"] = list(self.gpus)
-        d["notes"] = list(self.notes)
-        return d
+        return {**asdict(self), "gpus": list(self.gpus), "notes": list(self.notes)}
 
     def __str__(self) -> str:
         if self.memory_limit_mib is not None:

@@ -169,7 +169,7 @@ def mfu(flops_per_step: float, step_time_s: float, peak: float | None) -> float 
             )
         if value < 0 or math.isinf(value):
             raise invalid_value(name, value, "a finite number >= 0")
-    if peak is None or not peak or math.isnan(peak):
+    if not peak or math.isnan(peak):  # None or 0: not in the peak table
         return None
     if math.isnan(step_time_s) or math.isnan(flops_per_step) or step_time_s <= 0:
         return None

@@ -276,12 +276,7 @@ def _check_cache_fits(facts: Facts, cache: Any, target: str, cache_bytes: int | 
 
 
 def _shuffle_buffer(
-    facts: Facts,
-    shuffle: bool,
-    shuffle_buffer: int | None,
-    *,
-    cached: bool,
-    global_batch: int,
+    facts: Facts, shuffle: bool, shuffle_buffer: int | None, *, cached: bool, global_batch: int
 ) -> tuple[int | None, str]:
     """The shuffle buffer (None: no shuffle), with a note when the dataset passed in shuffles
     itself ("": none)."""
