@@ -1,7 +1,7 @@
 """`pipeline()` and its phases, in order: `check_arguments` (the source's adapter chosen once),
 `_batching`, `source.read` (the validation split taken off), `_decode` (`map_fn`),
-`_gather_facts` (no side effects) and the pure `decide`, then `_assemble` (the steps; the validation side
-without the random ones)."""
+`_gather_facts` (read without side effects) and the pure `decide`, then `_assemble` (the
+steps; the validation side without the random ones)."""
 
 from __future__ import annotations
 
@@ -162,7 +162,7 @@ def pipeline(
     if validation is not None:
         mark_pipeline(validation, None)
         sides.append(validation)
-    if args.distribute:  # with a strategy: checked
+    if args.distribute:  # `strategy` is set: checked with distribute=True
         sides = [args.strategy.experimental_distribute_dataset(ds) for ds in sides]
     return sides[0] if validation is None else tuple(sides)
 
@@ -213,15 +213,15 @@ def _gather_facts(args: Arguments, batching: Batching, read: Read) -> Facts:
     return Facts(
         kind=args.source.kind,
         num_examples=cardinality(read.ds) if read.num_examples is None else read.num_examples,
-        element_bytes=bytes_per_example(read.ds.element_spec),
+        element_bytes=_bytes_per_example(read.ds.element_spec),
         num_files=read.num_files,
         has_map_fn=args.map_fn is not None,
         map_fn_random_ops=read.random_ops,
         replicas=batching.num_replicas,
-        workers=worker_count(args.strategy),
+        workers=_worker_count(args.strategy),
         on_gpu=bool(tf.config.list_physical_devices("GPU")),
         cpu_count=usable_cores(),
-        ram_budget_bytes=ram_budget(args.ram_budget_mib),
+        ram_budget_bytes=_ram_budget(args.ram_budget_mib),
         free_disk_bytes=shutil.disk_usage(args.cache_dir).free if args.cache_dir else None,
         batched=batching.keep_batches,
         split_by_position=read.split_counts is not None,
@@ -230,7 +230,7 @@ def _gather_facts(args: Arguments, batching: Batching, read: Read) -> Facts:
     )
 
 
-def bytes_per_example(spec: Any) -> int | None:
+def _bytes_per_example(spec: Any) -> int | None:
     """Bytes of one element of `spec`; None when a size is not static."""
     total = 0
     for s in tf.nest.flatten(spec):
@@ -244,14 +244,14 @@ def bytes_per_example(spec: Any) -> int | None:
     return total
 
 
-def ram_budget(ram_budget_mib: float | None) -> int:
+def _ram_budget(ram_budget_mib: float | None) -> int:
     """In bytes: `ram_budget_mib`, else half of the available host memory."""
     if ram_budget_mib is not None:
         return int(ram_budget_mib * MIB)
     return int(psutil.virtual_memory().available * 0.5)
 
 
-def worker_count(strategy: Any) -> int:
+def _worker_count(strategy: Any) -> int:
     """The workers `strategy` trains on (1 when it cannot tell)."""
     if strategy is None:
         return 1
@@ -295,7 +295,7 @@ def _assemble(
             cache=args.cache,
             drop_remainder=args.drop_remainder,
             num_examples=split_counts[1] if split_counts is not None else None,
-            element_bytes=bytes_per_example(val_ds.element_spec),
+            element_bytes=_bytes_per_example(val_ds.element_spec),
         )
         val_ds = cached(val_ds, val_plan.cache)
         val_ds = _batched(val_ds, val_plan, args, read, facts, training=False, batch=True)
