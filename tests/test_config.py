@@ -102,6 +102,15 @@ def test_gpu_index_out_of_range_in_the_plan():
 # --- the plan: every device mix, without a GPU --------------------------------------------
 
 
+def _planned(facts, wishes) -> Configuration:
+    """The record the plan would have `configure()` return."""
+    return config._plan(facts, wishes).configuration
+
+
+def _labels(gpus) -> tuple[str, ...]:
+    return tuple(g.label() for g in gpus)
+
+
 @pytest.mark.parametrize(
     "gpus, policy",
     [
@@ -115,33 +124,34 @@ def test_gpu_index_out_of_range_in_the_plan():
     ],
 )
 def test_auto_precision_by_device_mix(gpus, policy):
-    plan = config._plan(_Facts(gpus=gpus), _Wishes())
-    assert plan.policy == policy
-    assert plan.used_gpus == gpus
+    plan = _planned(_Facts(gpus=gpus), _Wishes())
+    assert plan.precision == policy
+    assert plan.gpus == _labels(gpus)
     assert plan.memory_growth is (True if gpus else None)  # growth is the default
     assert plan.notes == ()
 
 
 def test_auto_precision_follows_the_selected_gpus():
     plan = config._plan(_Facts(gpus=(V100, A100)), _Wishes(gpus=(1,)))
-    assert plan.policy == "mixed_bfloat16" and plan.used_gpus == (A100,)
+    assert plan.configuration.precision == "mixed_bfloat16"
+    assert plan.configuration.gpus == _labels((A100,))
     assert plan.visible_gpus == (1,)
-    cpu = config._plan(_Facts(gpus=(V100, A100)), _Wishes(gpus=()))
-    assert cpu.policy == "float32" and cpu.used_gpus == () and cpu.memory_growth is None
+    cpu = _planned(_Facts(gpus=(V100, A100)), _Wishes(gpus=()))
+    assert cpu.precision == "float32" and cpu.gpus == () and cpu.memory_growth is None
 
 
 def test_memory_limit_replaces_growth():
-    plan = config._plan(_Facts(gpus=(A100,)), _Wishes(memory_limit_mib=8192))
+    plan = _planned(_Facts(gpus=(A100,)), _Wishes(memory_limit_mib=8192))
     assert plan.memory_limit_mib == 8192 and plan.memory_growth is None
-    off = config._plan(_Facts(gpus=(A100,)), _Wishes(memory_growth=False))
+    off = _planned(_Facts(gpus=(A100,)), _Wishes(memory_growth=False))
     assert off.memory_growth is False
-    cpu = config._plan(_Facts(), _Wishes(memory_limit_mib=8192))
+    cpu = _planned(_Facts(), _Wishes(memory_limit_mib=8192))
     assert cpu.memory_limit_mib is None and "no GPU is used" in cpu.notes[0]
 
 
 def test_allow_growth_variable_overriding_the_wish_is_noted():
     facts = _Facts(gpus=(A100,), env={"TF_FORCE_GPU_ALLOW_GROWTH": "false"})
-    plan = config._plan(facts, _Wishes())
+    plan = _planned(facts, _Wishes())
     assert "TF_FORCE_GPU_ALLOW_GROWTH=false overrides memory_growth=True" in plan.notes[0]
 
 
@@ -154,32 +164,34 @@ def test_allow_growth_variable_overriding_the_wish_is_noted():
     ],
 )
 def test_explicit_policy_that_does_not_fit_is_kept_and_noted(gpus, precision, note):
-    plan = config._plan(_Facts(gpus=gpus), _Wishes(precision=precision))
-    assert plan.policy == precision and plan.policy_reason == "requested"
+    plan = _planned(_Facts(gpus=gpus), _Wishes(precision=precision))
+    assert plan.precision == precision and plan.precision_reason == "requested"
     assert note in plan.notes[0]
 
 
 def test_determinism_without_seed_uses_zero():
-    plan = config._plan(_Facts(), _Wishes(deterministic=True))
+    plan = _planned(_Facts(), _Wishes(deterministic=True))
     assert plan.seed == 0 and plan.deterministic and "seed=0" in plan.notes[0]
 
 
 def test_async_allocator_before_and_after_gpu_init():
     fresh = config._plan(_Facts(gpus=(A100,)), _Wishes(async_allocator=True))
-    assert fresh.set_async_allocator and fresh.async_allocator_effective and fresh.notes == ()
+    assert fresh.set_async_allocator and fresh.configuration.async_allocator
+    assert fresh.configuration.notes == ()
     late = config._plan(
         _Facts(gpus=(A100,), runtime_initialized=True), _Wishes(async_allocator=True)
     )
-    assert not late.set_async_allocator and not late.async_allocator_effective
-    assert "already initialized" in late.notes[0] and "before starting Python" in late.notes[0]
+    assert not late.set_async_allocator and not late.configuration.async_allocator
+    notes = late.configuration.notes
+    assert "already initialized" in notes[0] and "before starting Python" in notes[0]
     preset = _Facts(
         gpus=(A100,), runtime_initialized=True, env={"TF_GPU_ALLOCATOR": "cuda_malloc_async"}
     )
-    assert config._plan(preset, _Wishes(async_allocator=True)).async_allocator_effective
-    assert config._plan(preset, _Wishes()).async_allocator_effective  # set by the environment
-    cpu = config._plan(_Facts(), _Wishes(async_allocator=True))
+    assert _planned(preset, _Wishes(async_allocator=True)).async_allocator
+    assert _planned(preset, _Wishes()).async_allocator  # set by the environment
+    cpu = _planned(_Facts(), _Wishes(async_allocator=True))
     assert "no effect: no GPU" in cpu.notes[0]
-    other = config._plan(
+    other = _planned(
         _Facts(gpus=(A100,), env={"TF_GPU_ALLOCATOR": "cuda_malloc"}), _Wishes(async_allocator=True)
     )
     assert "TF_GPU_ALLOCATOR=cuda_malloc replaced" in other.notes[0]

@@ -461,7 +461,7 @@ def _workers(make, workers=2):
 def test_multi_worker_sharding_splits_in_memory_data_exactly(mirrored, monkeypatch):
     """Two workers, DATA policy: the pipeline is made deterministic and seeded so the shards
     partition every epoch, even with a shuffle and a parallel augmentation in between."""
-    monkeypatch.setattr(_pipeline, "worker_count", lambda strategy: 2)
+    monkeypatch.setattr(_pipeline, "_worker_count", lambda strategy: 2)
     shards = _workers(
         lambda: tfdata.pipeline(_xy(), batch_size=8, strategy=mirrored, augment_fn=_noise)
     )
@@ -514,7 +514,7 @@ def test_file_source_reads_all_files_shuffled_by_file(tmp_path):
 
 
 def test_file_source_is_sharded_by_file_across_workers(tmp_path, mirrored, monkeypatch):
-    monkeypatch.setattr(_pipeline, "worker_count", lambda strategy: 2)
+    monkeypatch.setattr(_pipeline, "_worker_count", lambda strategy: 2)
     pattern = _write_tfrecords(tmp_path)
     make = lambda: tfdata.pipeline(pattern, batch_size=4, strategy=mirrored, map_fn=_parse)  # noqa: E731
     shards = [_label_ids(s) for s in _workers(make)]
@@ -1387,7 +1387,7 @@ def test_validation_split_of_tfrecords_is_by_record_hash(tmp_path, mirrored, mon
         [str(f) for f in files], batch_size=4, map_fn=_parse, validation_split=0.25
     )
     assert sorted(_label_ids(val_again)) == sorted(val_ids)
-    monkeypatch.setattr(_pipeline, "worker_count", lambda strategy: 2)
+    monkeypatch.setattr(_pipeline, "_worker_count", lambda strategy: 2)
     make = lambda: tfdata.pipeline(  # noqa: E731
         pattern,
         batch_size=2,
@@ -1408,7 +1408,7 @@ def _validation_shard(pair, workers, index):
 
 
 def test_validation_split_of_in_memory_data_is_sharded_across_workers(mirrored, monkeypatch):
-    monkeypatch.setattr(_pipeline, "worker_count", lambda strategy: 2)
+    monkeypatch.setattr(_pipeline, "_worker_count", lambda strategy: 2)
     make = lambda: tfdata.pipeline(  # noqa: E731
         _xy(40), batch_size=4, strategy=mirrored, validation_split=0.2
     )
@@ -1517,7 +1517,7 @@ def test_validation_split_of_a_dataset_reading_files_is_sharded_by_example(
     each worker's files; both sides are sharded by example (DATA) instead."""
     _write_tfrecords(tmp_path)  # 4 files of 8 records, ids 0..31
     files = sorted(str(f) for f in tmp_path.glob("part-*.tfrecord"))
-    monkeypatch.setattr(_pipeline, "worker_count", lambda strategy: 2)
+    monkeypatch.setattr(_pipeline, "_worker_count", lambda strategy: 2)
 
     def make():
         source = tf.data.TFRecordDataset(files).map(_parse)

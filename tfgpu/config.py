@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tfgpu._internal.helpers.checks import conflicting, invalid_type, invalid_value, is_int
@@ -18,10 +18,6 @@ __all__ = ["Configuration", "configure"]
 
 _PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 _ASYNC = "cuda_malloc_async"
-_TOO_LATE = (
-    "TensorFlow already initialized its devices in this process. Call tfgpu.configure() "
-    "before building any tensor or model (first thing after the imports)."
-)
 
 
 @dataclass(frozen=True)
@@ -56,10 +52,7 @@ class Configuration:
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the record as a JSON-safe dict (tuples become lists)."""
-        d = asdict(self)
-        d["gpus"] = list(self.gpus)
-        d["notes"] = list(self.notes)
-        return d
+        return {**asdict(self), "gpus": list(self.gpus), "notes": list(self.notes)}
 
     def __str__(self) -> str:
         if self.memory_limit_mib is not None:
@@ -70,16 +63,12 @@ class Configuration:
             memory = "TensorFlow default"
         else:
             memory = "growth on every GPU" if self.memory_growth else "whole GPU reserved at start"
-        determinism = "on" if self.deterministic else "off"
+        seeded = f"seed {self.seed}" if self.seed is not None else "not seeded"
         rows = [
             ("GPUs", ", ".join(self.gpus) or "none (TensorFlow runs on the CPU)"),
             ("memory", memory),
             ("precision", f"{self.precision} ({self.precision_reason})"),
-            (
-                "determinism",
-                f"{determinism}, "
-                + (f"seed {self.seed}" if self.seed is not None else "not seeded"),
-            ),
+            ("determinism", f"{'on' if self.deterministic else 'off'}, {seeded}"),
             ("allocator", _ASYNC if self.async_allocator else "TensorFlow default (BFC)"),
         ]
         if self.cpu_devices is not None:
@@ -112,6 +101,8 @@ class _Facts:
 
 @dataclass(frozen=True)
 class _Wishes:
+    """`configure()`'s arguments, by name (checked and normalized by `_validate`)."""
+
     memory_growth: bool | None = None
     memory_limit_mib: int | None = None
     gpus: tuple[int, ...] | None = None
@@ -124,85 +115,63 @@ class _Wishes:
 
 @dataclass(frozen=True)
 class _Plan:
+    """The record `configure()` returns (memory growth None: not touched), and what else to apply."""
+
+    configuration: Configuration
     visible_gpus: tuple[int, ...] | None  # indices into facts.gpus; None: leave as is
-    used_gpus: tuple[_Gpu, ...]
-    memory_growth: bool | None  # None: do not touch
-    memory_limit_mib: int | None
-    cpu_devices: int | None
-    policy: str
-    policy_reason: str
-    deterministic: bool
-    seed: int | None
     set_async_allocator: bool  # set TF_GPU_ALLOCATOR in os.environ
-    async_allocator_effective: bool
-    notes: tuple[str, ...]
 
 
-def _validate(
-    *,
-    memory_growth: Any,
-    memory_limit_mib: Any,
-    gpus: Any,
-    precision: Any,
-    deterministic: Any,
-    seed: Any,
-    async_allocator: Any,
-    cpu_devices: Any,
-) -> _Wishes:
-    if memory_growth is not None and not isinstance(memory_growth, bool):
-        raise invalid_type("memory_growth", memory_growth, "a bool or None")
-    if memory_limit_mib is not None:
-        if not is_int(memory_limit_mib):
-            raise invalid_type("memory_limit_mib", memory_limit_mib, "an int (MiB) or None")
-        if memory_limit_mib <= 0:
-            raise invalid_value("memory_limit_mib", memory_limit_mib, "a positive number of MiB")
-        if memory_growth:
+def _validate(w: _Wishes) -> _Wishes:
+    """Raises TypeError or ValueError for an argument of `configure()`; returns them normalized."""
+    if w.memory_growth is not None and not isinstance(w.memory_growth, bool):
+        raise invalid_type("memory_growth", w.memory_growth, "a bool or None")
+    if w.memory_limit_mib is not None:
+        if not is_int(w.memory_limit_mib):
+            raise invalid_type("memory_limit_mib", w.memory_limit_mib, "an int (MiB) or None")
+        if w.memory_limit_mib <= 0:
+            raise invalid_value("memory_limit_mib", w.memory_limit_mib, "a positive number of MiB")
+        if w.memory_growth:
             raise conflicting(
-                f"memory_growth={memory_growth!r}",
-                f"memory_limit_mib={memory_limit_mib!r}",
+                f"memory_growth={w.memory_growth!r}",
+                f"memory_limit_mib={w.memory_limit_mib!r}",
                 "Choose memory growth (the default) or a fixed memory limit per GPU, not both.",
             )
-        memory_limit_mib = int(memory_limit_mib)
-    gpu_tuple = None
-    if gpus is not None:
+    if w.gpus is not None:
         expected = "a list of GPU indices (ints), e.g. [0, 1], or None"
-        if isinstance(gpus, str | bytes) or not isinstance(gpus, Sequence):
-            raise invalid_type("gpus", gpus, expected)
-        for index in gpus:
+        if isinstance(w.gpus, str | bytes) or not isinstance(w.gpus, Sequence):
+            raise invalid_type("gpus", w.gpus, expected)
+        for index in w.gpus:
             if not is_int(index):
-                raise invalid_type("gpus", gpus, expected)
+                raise invalid_type("gpus", w.gpus, expected)
             if index < 0:
-                raise invalid_value("gpus", list(gpus), "GPU indices >= 0")
-        if len(set(gpus)) != len(gpus):
-            raise invalid_value("gpus", list(gpus), "each GPU index at most once")
-        gpu_tuple = tuple(int(g) for g in gpus)
-    if not isinstance(precision, str):
-        raise invalid_type("precision", precision, f"one of: {', '.join(map(repr, _PRECISIONS))}")
-    if precision not in _PRECISIONS:
-        raise invalid_value("precision", precision, f"one of: {', '.join(map(repr, _PRECISIONS))}")
-    if not isinstance(deterministic, bool):
-        raise invalid_type("deterministic", deterministic, "a bool")
-    if seed is not None:
-        if not is_int(seed):
-            raise invalid_type("seed", seed, "an int or None")
-        if not 0 <= seed < 2**32:
-            raise invalid_value("seed", seed, "an int in [0, 2**32 - 1]")
-    if not isinstance(async_allocator, bool):
-        raise invalid_type("async_allocator", async_allocator, "a bool")
-    if cpu_devices is not None:
-        if not is_int(cpu_devices):
-            raise invalid_type("cpu_devices", cpu_devices, "an int or None")
-        if cpu_devices < 1:
-            raise invalid_value("cpu_devices", cpu_devices, "an int >= 1")
-    return _Wishes(
-        memory_growth=memory_growth,
-        memory_limit_mib=memory_limit_mib,
-        gpus=gpu_tuple,
-        precision=precision,
-        deterministic=deterministic,
-        seed=None if seed is None else int(seed),
-        async_allocator=async_allocator,
-        cpu_devices=cpu_devices,
+                raise invalid_value("gpus", list(w.gpus), "GPU indices >= 0")
+        if len(set(w.gpus)) != len(w.gpus):
+            raise invalid_value("gpus", list(w.gpus), "each GPU index at most once")
+    one_of = f"one of: {', '.join(map(repr, _PRECISIONS))}"
+    if not isinstance(w.precision, str):
+        raise invalid_type("precision", w.precision, one_of)
+    if w.precision not in _PRECISIONS:
+        raise invalid_value("precision", w.precision, one_of)
+    if not isinstance(w.deterministic, bool):
+        raise invalid_type("deterministic", w.deterministic, "a bool")
+    if w.seed is not None:
+        if not is_int(w.seed):
+            raise invalid_type("seed", w.seed, "an int or None")
+        if not 0 <= w.seed < 2**32:
+            raise invalid_value("seed", w.seed, "an int in [0, 2**32 - 1]")
+    if not isinstance(w.async_allocator, bool):
+        raise invalid_type("async_allocator", w.async_allocator, "a bool")
+    if w.cpu_devices is not None:
+        if not is_int(w.cpu_devices):
+            raise invalid_type("cpu_devices", w.cpu_devices, "an int or None")
+        if w.cpu_devices < 1:
+            raise invalid_value("cpu_devices", w.cpu_devices, "an int >= 1")
+    return replace(
+        w,
+        memory_limit_mib=None if w.memory_limit_mib is None else int(w.memory_limit_mib),
+        gpus=None if w.gpus is None else tuple(int(g) for g in w.gpus),
+        seed=None if w.seed is None else int(w.seed),
     )
 
 
@@ -216,20 +185,19 @@ def _plan(facts: _Facts, wishes: _Wishes) -> _Plan:
     if wishes.deterministic and seed is None:
         seed, seed_note = 0, "deterministic=True without a seed: using seed=0."
     set_env, effective, allocator_note = _async_allocator(facts, wishes, used)
-    return _Plan(
-        visible_gpus=wishes.gpus,
-        used_gpus=used,
+    configuration = Configuration(
+        precision=policy,
+        precision_reason=reason,
+        gpus=tuple(g.label() for g in used),
         memory_growth=growth,
         memory_limit_mib=wishes.memory_limit_mib if used else None,
         cpu_devices=wishes.cpu_devices,
-        policy=policy,
-        policy_reason=reason,
         deterministic=wishes.deterministic,
         seed=seed,
-        set_async_allocator=set_env,
-        async_allocator_effective=effective,
+        async_allocator=effective,
         notes=tuple(n for n in (memory_note, precision_note, seed_note, allocator_note) if n),
     )
+    return _Plan(configuration, visible_gpus=wishes.gpus, set_async_allocator=set_env)
 
 
 def _used_gpus(facts: _Facts, wishes: _Wishes) -> tuple[_Gpu, ...]:
@@ -305,13 +273,12 @@ def _async_allocator(
     if not wishes.async_allocator:
         return False, current == _ASYNC, ""  # in effect when the environment chose it
     if facts.runtime_initialized and current != _ASYNC:
-        return (
-            False,
-            False,
+        late = (
             "async_allocator not applied: TensorFlow already initialized its GPUs; set "
             "TF_GPU_ALLOCATOR=cuda_malloc_async before starting Python, or call "
-            "tfgpu.configure() first.",
+            "tfgpu.configure() first."
         )
+        return False, False, late
     if not used:
         return True, True, "async_allocator has no effect: no GPU is used."
     if current not in (None, _ASYNC):
@@ -335,6 +302,7 @@ def _apply(plan: _Plan) -> Configuration:
     import keras
     import tensorflow as tf
 
+    c = plan.configuration
     failed: list[str] = []
     physical = tf.config.list_physical_devices("GPU")
     if plan.visible_gpus is not None:
@@ -343,59 +311,49 @@ def _apply(plan: _Plan) -> Configuration:
         except RuntimeError:
             failed.append(f"gpus={list(plan.visible_gpus)}")
     used = [physical[i] for i in plan.visible_gpus] if plan.visible_gpus is not None else physical
-    if plan.memory_limit_mib is not None:
-        config = [tf.config.LogicalDeviceConfiguration(memory_limit=plan.memory_limit_mib)]
+    if c.memory_limit_mib is not None:
+        config = [tf.config.LogicalDeviceConfiguration(memory_limit=c.memory_limit_mib)]
         try:
             for device in used:
                 tf.config.set_logical_device_configuration(device, config)
         except RuntimeError:
-            failed.append(f"memory_limit_mib={plan.memory_limit_mib}")
-    elif plan.memory_growth is not None:
+            failed.append(f"memory_limit_mib={c.memory_limit_mib}")
+    elif c.memory_growth is not None:
         try:
             for device in physical:  # TensorFlow wants the same growth on every GPU
-                tf.config.experimental.set_memory_growth(device, plan.memory_growth)
+                tf.config.experimental.set_memory_growth(device, c.memory_growth)
         except RuntimeError:
-            failed.append(f"memory_growth={plan.memory_growth}")
-    if plan.cpu_devices is not None:
+            failed.append(f"memory_growth={c.memory_growth}")
+    if c.cpu_devices is not None:
         cpu = tf.config.list_physical_devices("CPU")[0]
         try:
             tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(plan.cpu_devices)]
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(c.cpu_devices)]
             )
         except RuntimeError:
-            failed.append(f"cpu_devices={plan.cpu_devices}")
+            failed.append(f"cpu_devices={c.cpu_devices}")
     if failed:
         raise RuntimeError(
-            f"tfgpu.configure() could not apply {', '.join(failed)}: {_TOO_LATE} "
-            "Settings that are already in effect can be requested again."
+            f"tfgpu.configure() could not apply {', '.join(failed)}: TensorFlow already "
+            "initialized its devices in this process. Call tfgpu.configure() before building "
+            "any tensor or model (first thing after the imports). Settings that are already in "
+            "effect can be requested again."
         )
 
     if plan.set_async_allocator:
         os.environ["TF_GPU_ALLOCATOR"] = _ASYNC
-    keras.mixed_precision.set_global_policy(plan.policy)
-    if plan.seed is not None:
-        keras.utils.set_random_seed(plan.seed)
-    notes = plan.notes
-    if plan.deterministic:
+    keras.mixed_precision.set_global_policy(c.precision)
+    if c.seed is not None:
+        keras.utils.set_random_seed(c.seed)
+    if c.deterministic:
         tf.config.experimental.enable_op_determinism()
     elif _op_determinism_enabled():
-        notes += (
+        stays_on = (
             "op determinism stays on: an earlier call enabled it, and TensorFlow has no public "
-            "way to turn it off in a running process (start a new process to turn it off).",
+            "way to turn it off in a running process (start a new process to turn it off)."
         )
-
-    return Configuration(
-        precision=plan.policy,
-        precision_reason=plan.policy_reason,
-        gpus=tuple(g.label() for g in plan.used_gpus),
-        memory_growth=plan.memory_growth,
-        memory_limit_mib=plan.memory_limit_mib,
-        cpu_devices=plan.cpu_devices,
-        deterministic=plan.deterministic or _op_determinism_enabled(),
-        seed=plan.seed,
-        async_allocator=plan.async_allocator_effective,
-        notes=notes,
-    )
+        c = replace(c, deterministic=True, notes=(*c.notes, stays_on))
+    return c
 
 
 def _op_determinism_enabled() -> bool:
@@ -469,16 +427,7 @@ def configure(
       ...
     """
     global _last
-    wishes = _validate(
-        memory_growth=memory_growth,
-        memory_limit_mib=memory_limit_mib,
-        gpus=gpus,
-        precision=precision,
-        deterministic=deterministic,
-        seed=seed,
-        async_allocator=async_allocator,
-        cpu_devices=cpu_devices,
-    )
+    wishes = _validate(_Wishes(**locals()))  # every argument, by name
     if _last is not None and _last[0] == wishes:
         return _last[1]
     configuration = _apply(_plan(_read_facts(), wishes))

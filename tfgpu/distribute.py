@@ -38,7 +38,6 @@ _ALL_REDUCE = {
     "multi_worker": ("auto", "nccl", "ring"),
 }
 _LR_RULES = ("linear", "sqrt")
-_SLURM_PORT_BASE = 8888
 
 # The k-th strategy built here numbers its collective keys from FIRST + k * STRIDE: far from
 # TensorFlow's own (from 1), and int32 for the first half million strategies.
@@ -290,15 +289,13 @@ def _slurm_resolver(environ: Mapping[str, str], port_base: int):
     else:
         gpus = len(tf.config.list_physical_devices("GPU"))
         auto_set_gpu = False
+    per_task = None  # the resolver's own: a node's GPUs divided among its tasks
     if gpus == 0:
-        # TensorFlow's resolver divides GPUs among a node's tasks and fails on 0 GPUs
-        # (range() step 0); give each task a placeholder GPU it never applies.
-        tasks = slurm_num_tasks(environ) or 1
-        return tf.distribute.cluster_resolver.SlurmClusterResolver(
-            port_base=port_base, gpus_per_node=tasks, gpus_per_task=1, auto_set_gpu=False
-        )
+        # That division fails on 0 GPUs (range() step 0): each task gets a placeholder GPU it
+        # never applies (auto_set_gpu is False without GPUs).
+        gpus, per_task = slurm_num_tasks(environ) or 1, 1
     return tf.distribute.cluster_resolver.SlurmClusterResolver(
-        port_base=port_base, gpus_per_node=gpus, auto_set_gpu=auto_set_gpu
+        port_base=port_base, gpus_per_node=gpus, gpus_per_task=per_task, auto_set_gpu=auto_set_gpu
     )
 
 
@@ -308,7 +305,7 @@ def strategy(
     devices: Sequence[str] | None = None,
     all_reduce: str = "auto",
     timeout_s: float | None = None,
-    slurm_port_base: int = _SLURM_PORT_BASE,
+    slurm_port_base: int = 8888,
 ) -> tf.distribute.Strategy:
     """Returns a `tf.distribute.Strategy` for this machine or cluster.
 
@@ -476,28 +473,20 @@ def _multi_worker_strategy(
     name = _choose_all_reduce("multi_worker", all_reduce, on_gpus=bool(gpus))
     if name is None:  # _ALL_REDUCE lists multi_worker's reductions, so one is chosen
         raise AssertionError("no all-reduce chosen for kind='multi_worker'")
+    implementation = getattr(tf.distribute.experimental.CommunicationImplementation, name.upper())
     options = tf.distribute.experimental.CommunicationOptions(
-        implementation=getattr(
-            tf.distribute.experimental.CommunicationImplementation, name.upper()
-        ),
-        timeout_seconds=timeout_s,
+        implementation=implementation, timeout_seconds=timeout_s
     )
     resolver = None
     if cluster.source == "slurm":
         resolver = _slurm_resolver(os.environ, slurm_port_base)
     elif cluster.num_tasks <= 1:
         _LOG.info("tfgpu.strategy: multi_worker with a single task (no TF_CONFIG or Slurm step)")
-    if cluster.num_tasks > 1:
-        # Every worker must use the same keys: TensorFlow's, from the one strategy each builds.
-        result = tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=resolver, communication_options=options
-        )
-    else:
-        result = _build_with_own_collective_keys(
-            tf.distribute.MultiWorkerMirroredStrategy,
-            cluster_resolver=resolver,
-            communication_options=options,
-        )
+    cls = tf.distribute.MultiWorkerMirroredStrategy
+    kwargs = dict(cluster_resolver=resolver, communication_options=options)
+    # Every worker must use the same keys: TensorFlow's, from the one strategy each builds.
+    several = cluster.num_tasks > 1
+    result = cls(**kwargs) if several else _build_with_own_collective_keys(cls, **kwargs)
     from tfgpu._internal.adapters import keras_internals
 
     if keras_internals.needs_multi_worker_correction(result):

@@ -22,34 +22,21 @@ __all__ = ["mfu", "peak_flops", "train_step_flops"]
 
 _TERA = 1e12
 
-# The ops counted: forward ops (a transposed convolution is a Conv*BackpropInput op) ...
-_FORWARD_OPS = (
-    "MatMul",
-    "BatchMatMul",
-    "BatchMatMulV2",
-    "BatchMatMulV3",
-    "Einsum",
-    "Conv2D",
-    "Conv3D",
-    "DepthwiseConv2dNative",
-    "Conv2DBackpropInput",
-    "Conv3DBackpropInputV2",
+# The ops counted: forward matmuls and convolutions, and the convolution gradients only a
+# backward pass adds (matmul and einsum gradients are matmuls, einsums; a transposed
+# convolution is a Conv*BackpropInput op).
+_MATMUL_OPS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum")
+_CONV_OPS = ("Conv2D", "Conv3D", "DepthwiseConv2dNative")
+_CONV_INPUT_GRADS = frozenset(
+    {"Conv2DBackpropInput", "Conv2DBackpropInputV2", "Conv3DBackpropInput", "Conv3DBackpropInputV2"}
 )
-# ... and those only a backward pass adds (matmul and einsum gradients are matmuls, einsums).
-_CONV_INPUT_GRADS = (
-    "Conv2DBackpropInput",
-    "Conv2DBackpropInputV2",
-    "Conv3DBackpropInput",
-    "Conv3DBackpropInputV2",
+_CONV_FILTER_GRADS = frozenset(
+    {"Conv2DBackpropFilter", "Conv3DBackpropFilter", "Conv3DBackpropFilterV2"}
 )
-_CONV_FILTER_GRADS = ("Conv2DBackpropFilter", "Conv3DBackpropFilter", "Conv3DBackpropFilterV2")
-_BACKWARD_OPS = (
-    *_CONV_INPUT_GRADS,
-    *_CONV_FILTER_GRADS,
-    "DepthwiseConv2dNativeBackpropInput",
-    "DepthwiseConv2dNativeBackpropFilter",
+_DEPTHWISE_GRADS = ("DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter")
+_COUNTED_OPS = frozenset(
+    (*_MATMUL_OPS, *_CONV_OPS, *_CONV_INPUT_GRADS, *_CONV_FILTER_GRADS, *_DEPTHWISE_GRADS)
 )
-_COUNTED_OPS = frozenset(_FORWARD_OPS + _BACKWARD_OPS)
 _LOOP_OPS = ("While", "StatelessWhile")
 
 
@@ -98,16 +85,12 @@ _PEAKS: tuple[_Peak, ...] = (
     _Peak(r"rtx 3080", "RTX 3080", 29.8, 29.8, 59.5, 59.5, "NVIDIA GA102 whitepaper"),
 )
 
+# The precision names `peak_flops` accepts -> the `_Peak` field of their rate.
 _PRECISIONS = {
-    "float32": "fp32",
-    "fp32": "fp32",
+    **dict.fromkeys(("float32", "fp32"), "fp32"),
     "tf32": "tf32",
-    "float16": "fp16",
-    "fp16": "fp16",
-    "mixed_float16": "fp16",
-    "bfloat16": "bf16",
-    "bf16": "bf16",
-    "mixed_bfloat16": "bf16",
+    **dict.fromkeys(("float16", "fp16", "mixed_float16"), "fp16"),
+    **dict.fromkeys(("bfloat16", "bf16", "mixed_bfloat16"), "bf16"),
 }
 
 
@@ -186,19 +169,19 @@ def mfu(flops_per_step: float, step_time_s: float, peak: float | None) -> float 
             )
         if value < 0 or math.isinf(value):
             raise invalid_value(name, value, "a finite number >= 0")
-    if peak is None or not peak or math.isnan(peak):
+    if not peak or math.isnan(peak):  # None or 0: not in the peak table
         return None
     if math.isnan(step_time_s) or math.isnan(flops_per_step) or step_time_s <= 0:
         return None
     return float(flops_per_step) / float(step_time_s) / float(peak)
 
 
-def _shape(tensor) -> list[int] | None:
-    dims = tensor.shape
-    if dims.rank is None:
-        return None
-    out = dims.as_list()
-    return None if any(d is None for d in out) else out
+def _shape(tensor) -> list[int]:
+    """`tensor`'s static shape; ValueError when its rank or a size is unknown."""
+    dims = tensor.shape.as_list()  # ValueError for an unknown rank
+    if None in dims:
+        raise ValueError(f"{tensor.name} has no static shape")
+    return dims
 
 
 def _einsum_flops(equation: str, shapes: Sequence[list[int]]) -> float:
@@ -216,60 +199,32 @@ def _einsum_flops(equation: str, shapes: Sequence[list[int]]) -> float:
 
 
 def _op_flops(op) -> float | None:
-    """FLOPs of one graph op, or None when its shapes are not static. Convolutions: 2 x (output,
-    or incoming gradient, elements) x (kernel elements per output element), in any layout."""
-    t = op.type
-    ins = [_shape(x) for x in op.inputs]
-    out = _shape(op.outputs[0]) if op.outputs else None
+    """FLOPs of one graph op, or None when a shape it needs is not static. Convolutions: 2 x
+    (output, or incoming gradient, elements) x (kernel elements per output element), any layout."""
+    t, x = op.type, op.inputs
     try:
         if t == "MatMul":
-            a, _ = ins[0], ins[1]
-            if a is None or out is None:
-                return None
-            k = a[0] if op.get_attr("transpose_a") else a[1]
-            return 2.0 * out[0] * out[1] * k
+            a, out = _shape(x[0]), _shape(op.outputs[0])
+            return 2.0 * out[0] * out[1] * (a[0] if op.get_attr("transpose_a") else a[1])
         if t.startswith("BatchMatMul"):
-            a = ins[0]
-            if a is None or out is None:
-                return None
-            adj = op.get_attr("adj_x")
-            k = a[-2] if adj else a[-1]
-            return 2.0 * math.prod(out) * k
+            a, out = _shape(x[0]), _shape(op.outputs[0])
+            return 2.0 * math.prod(out) * (a[-2] if op.get_attr("adj_x") else a[-1])
         if t == "Einsum":
-            shapes = [s for s in ins if s is not None]
-            if len(shapes) < len(ins):
-                return None
-            return _einsum_flops(op.get_attr("equation").decode(), shapes)
+            return _einsum_flops(op.get_attr("equation").decode(), [_shape(i) for i in x])
         if t in ("Conv2D", "Conv3D"):
-            kernel = ins[1]
-            if kernel is None or out is None:
-                return None
             # kernel: spatial..., in_channels, out_channels; output: batch, spatial..., out.
-            return 2.0 * math.prod(out) * math.prod(kernel[:-1])
+            return 2.0 * math.prod(_shape(op.outputs[0])) * math.prod(_shape(x[1])[:-1])
         if t == "DepthwiseConv2dNative":
-            kernel = ins[1]
-            if kernel is None or out is None:
-                return None
-            return 2.0 * math.prod(out) * kernel[0] * kernel[1]
-        if t in _CONV_INPUT_GRADS:
-            # Input gradient (or transposed convolution): per incoming-gradient element.
-            kernel, grad = ins[1], ins[2]
-            if kernel is None or grad is None:
-                return None
-            return 2.0 * math.prod(grad) * math.prod(kernel[:-1])
-        if t in _CONV_FILTER_GRADS:
-            # Weight gradient: the forward convolution's products; the kernel is the output.
-            grad = ins[2]
-            if grad is None or out is None:
-                return None
-            return 2.0 * math.prod(grad) * math.prod(out[:-1])
-        if t in ("DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter"):
-            grad = ins[2]
-            kernel = ins[1] if t.endswith("Input") else out
-            if grad is None or kernel is None:
-                return None
-            return 2.0 * math.prod(grad) * kernel[0] * kernel[1]
-    except (ValueError, IndexError, TypeError):
+            kernel = _shape(x[1])
+            return 2.0 * math.prod(_shape(op.outputs[0])) * kernel[0] * kernel[1]
+        if t in _CONV_INPUT_GRADS:  # per incoming-gradient element (a transposed conv too)
+            return 2.0 * math.prod(_shape(x[2])) * math.prod(_shape(x[1])[:-1])
+        if t in _CONV_FILTER_GRADS:  # the forward convolution's products; the kernel is the output
+            return 2.0 * math.prod(_shape(x[2])) * math.prod(_shape(op.outputs[0])[:-1])
+        if t in _DEPTHWISE_GRADS:
+            kernel = _shape(x[1] if t.endswith("Input") else op.outputs[0])
+            return 2.0 * math.prod(_shape(x[2])) * kernel[0] * kernel[1]
+    except (ValueError, IndexError, TypeError):  # a shape not static, an input or attr missing
         return None
     return None
 

@@ -24,7 +24,7 @@ def _call_text(name: str, spec: Any) -> tuple[int, str]:
     return 1, f"{name}({what}), with the whole {what} as one argument"
 
 
-def check_arity(name: str, fn: Callable, spec: Any, what: str) -> None:
+def _check_arity(name: str, fn: Callable, spec: Any, what: str) -> None:
     """Raises TypeError when `fn` cannot take the arguments tf.data will call it with (a
     signature Python cannot read, of some builtins, is let through)."""
     try:
@@ -46,10 +46,13 @@ def check_arity(name: str, fn: Callable, spec: Any, what: str) -> None:
         ) from None
 
 
-def parallel_map(ds: tf.data.Dataset, name: str, fn: Callable, deterministic: bool | None) -> Any:
-    """`ds.map(fn)` in parallel; an error while tracing `fn` names the argument, and so does
-    the `TypeError` for a function that returns nothing (not tf.data's "Length for attr
-    'output_types' of 0")."""
+def parallel_map(
+    ds: tf.data.Dataset, name: str, fn: Callable, deterministic: bool | None, called_on: str
+) -> Any:
+    """`ds.map(fn)` in parallel, once `_check_arity` let `fn` through (tf.data calls it on
+    `called_on`); an error while tracing `fn` names the argument, and so does the `TypeError`
+    for a function that returns nothing (not tf.data's "Length for attr 'output_types' of 0")."""
+    _check_arity(name, fn, ds.element_spec, called_on)
     what = "batch" if name.startswith("batch_") else "example"
     empty: list[Any] = []  # what `fn` returned when it returned nothing
 
@@ -92,13 +95,9 @@ def _traced(fn: Callable, args: tuple, **options: Any) -> Any:
 def _on_a_batch(fn: Callable, spec: Any) -> dict[str, Any] | None:
     """What `fn` returns traced on a batch of 3 examples, {path: spec}; None when it fails
     there (written for one example). A function for batches keeps the 3 (or unknown)."""
-
-    def batched(s: Any) -> Any:
-        if isinstance(s, tf.TensorSpec):
-            return tf.TensorSpec([3, *s.shape], s.dtype)
-        return s
-
-    args = tf.nest.map_structure(batched, spec)
+    args = tf.nest.map_structure(
+        lambda s: tf.TensorSpec([3, *s.shape], s.dtype) if isinstance(s, tf.TensorSpec) else s, spec
+    )
     args = args if type(args) is tuple else (args,)
     traced = _traced(fn, args, autograph=False)
     if traced is None:
@@ -110,10 +109,15 @@ def _on_a_batch(fn: Callable, spec: Any) -> dict[str, Any] | None:
     return dict(flatten_with_paths("element", specs))
 
 
+def _batch_of_one(a: Any, b: Any) -> bool:
+    """Whether a function turned the scalar spec `a` into `b`, shaped like a batch of one."""
+    if not isinstance(a, tf.TensorSpec) or not isinstance(b, tf.TensorSpec) or a.shape.rank != 0:
+        return False
+    return b.shape.rank is not None and b.shape.rank >= 2 and b.shape[0] in (1, None)
+
+
 def _unknown_size(spec: Any) -> bool:
-    return isinstance(spec, tf.TensorSpec) and (
-        spec.shape.rank is None or any(d is None for d in spec.shape.as_list())
-    )
+    return isinstance(spec, tf.TensorSpec) and not spec.shape.is_fully_defined()
 
 
 def check_map_output(map_fn: Callable, spec_in: Any, spec_out: Any) -> bool:
@@ -128,16 +132,7 @@ def check_map_output(map_fn: Callable, spec_in: Any, spec_out: Any) -> bool:
     except (TypeError, ValueError):
         if len(leaves_in) == 1:
             pairs = [(leaves_in[0], p, b) for p, b in out]
-    suspects = [
-        (p, a, b)
-        for a, p, b in pairs
-        if isinstance(a, tf.TensorSpec)
-        and a.shape.rank == 0
-        and isinstance(b, tf.TensorSpec)
-        and b.shape.rank is not None
-        and b.shape.rank >= 2
-        and b.shape[0] in (1, None)
-    ]
+    suspects = [(p, a, b) for a, p, b in pairs if _batch_of_one(a, b)]
     if suspects:  # a batch of one, unless the function fails on a batch or keeps the 1
         probe = _on_a_batch(map_fn, spec_in) or {}
         suspects = [

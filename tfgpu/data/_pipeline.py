@@ -1,28 +1,29 @@
 """`pipeline()` and its phases, in order: `check_arguments` (the source's adapter chosen once),
 `_batching`, `source.read` (the validation split taken off), `_decode` (`map_fn`),
-`_gather_facts` and the pure `decide`, then `_assemble` (the steps; the validation side
-without the random ones)."""
+`_gather_facts` (read without side effects) and the pure `decide`, then `_assemble` (the
+steps; the validation side without the random ones)."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import shutil
 from collections.abc import Callable
 from typing import Any
 
+import psutil
 import tensorflow as tf
 
 from tfgpu._internal.adapters.cpu import usable_cores
 from tfgpu._internal.adapters.datasets import cardinality, mark_pipeline
+from tfgpu._internal.helpers.checks import is_int
 from tfgpu._internal.helpers.warn import warn_at_user_code
 from tfgpu.data._arguments import Arguments, check_arguments
 from tfgpu.data._cache import cached
-from tfgpu.data._facts import bytes_per_example, ram_budget, worker_count
-from tfgpu.data._functions import check_arity, check_map_output, parallel_map, random_op_types
+from tfgpu.data._functions import check_map_output, parallel_map, random_op_types
+from tfgpu.data._limits import MIB
 from tfgpu.data._plan import Facts, Plan, decide, drop_remainder_default, validation_plan
-from tfgpu.data._service import check_dispatcher, check_reachable, choose_job, distributed
+from tfgpu.data._service import check_dispatcher, distributed
 from tfgpu.data._sources import Batching, Read
 from tfgpu.data._split import check_split_counts
 
@@ -64,9 +65,8 @@ def pipeline(
         data: arrays or tensors, or a tuple/dict of them (e.g. `(x, y)`); a `tf.data.Dataset`
             of examples or of batches (kept, or unbatched and batched again, never batched
             twice); a TFRecord file pattern or a list of them; or a TFDS name such as "mnist".
-        batch_size: int, the global batch size (all replicas). Give it or
-            `per_replica_batch_size`, or neither to keep a batched dataset's batches.
-            Defaults to None.
+        batch_size: int, the global batch size (all replicas): it or `per_replica_batch_size`,
+            or neither to keep a batched dataset's batches. Defaults to None.
         per_replica_batch_size: int, the batch size per replica (times
             `strategy.num_replicas_in_sync`). Defaults to None.
         strategy: `tf.distribute.Strategy` the model trains under: the replica count, the
@@ -84,16 +84,13 @@ def pipeline(
         cache: `"auto"` (in memory when it fits and helps), True/`"memory"`, a file path
             prefix, or False. Defaults to `"auto"`.
         shuffle: bool, shuffle the examples (and the files' order). Defaults to True.
-        shuffle_buffer: int, the shuffle buffer in examples. Defaults to None: the whole
-            dataset up to 10,000 examples, at most 10% of the RAM budget; at most 1,024 (or
-            one batch) when nothing is cached, none for a dataset that reshuffles itself.
+        shuffle_buffer: int, the shuffle buffer in examples. Defaults to None: sized from the
+            data, the cache and the RAM budget (docs/data.md, "Options").
         drop_remainder: bool, drop the last partial batch. Defaults to None: True under a
-            strategy when shuffling (with shuffle=False and on the validation side only when
-            True is passed: every example is evaluated).
+            strategy when shuffling, else False (every example is evaluated).
         deterministic: bool, a fixed order through parallel steps. Defaults to None: True
             with `shuffle=False`, a `seed`, or workers sharding in-memory data by example.
-        repeat: bool, repeat indefinitely, after the shuffle (custom loops). Defaults to
-            False.
+        repeat: bool, repeat indefinitely, after the shuffle (custom loops). Defaults to False.
         distribute: bool, return `strategy.experimental_distribute_dataset(...)` for a
             custom training loop; needs `strategy`. Defaults to False.
         seed: int, the seed of the file and example shuffles. Defaults to None.
@@ -101,7 +98,7 @@ def pipeline(
             Defaults to None: half of the available host memory.
         private_threadpool_size: int, a thread pool for this pipeline only (0 shares
             TensorFlow's). Defaults to None: the CPU count on GPU hosts, else 0.
-        split: str, the TFDS split, e.g. `"train[:90%]"` (TFDS names only). Defaults to None
+        split: str, the TFDS split (TFDS names only), e.g. `"train[:90%]"`. Defaults to None
             (`"train"`).
         data_dir: path, the TFDS data directory (TFDS names only). Defaults to None.
         compression_type: str, `"GZIP"` or `"ZLIB"` for TFRecord files. Defaults to None.
@@ -122,9 +119,8 @@ def pipeline(
         ValueError: a value out of range, conflicting arguments, a source or split that
             cannot work (empty, mismatched lengths, no full batch, a cache that cannot fit),
             or a `map_fn` written for batches; all before any data is read.
-        ConnectionError: with `service`, a dispatcher not reachable within 3 s, or an
-            address where no dispatcher answers within 5 s more (a worker's port, another
-            server).
+        ConnectionError: with `service`, a dispatcher not reachable within 3 s, or no
+            dispatcher answering there within 5 s more (a worker's port, another server).
         FileNotFoundError: a file pattern that matches nothing, or a TFDS dataset not
             prepared in `data_dir`.
 
@@ -140,8 +136,7 @@ def pipeline(
     given = dict(locals())  # `data` and every keyword: checked, then carried by the result
     args = check_arguments(given)
     if args.service is not None:
-        check_reachable(args.service)  # seconds, naming the address, instead of a hang
-        check_dispatcher(args.service)  # and that a dispatcher answers there, not a worker
+        check_dispatcher(args.service)  # in seconds, naming the address, instead of a hang
     batching = _batching(args)
     read = _decode(args, args.source.read(args, batching))
     facts = _gather_facts(args, batching, read)
@@ -163,15 +158,13 @@ def pipeline(
         warn_at_user_code(f"tfgpu.data.pipeline: {text}.")
     train, validation = _assemble(args, batching, read, facts, plan)
     mark_pipeline(train, given)
+    sides = [train]
     if validation is not None:
         mark_pipeline(validation, None)
-    if args.distribute:
-        strategy = args.strategy  # not None: checked with distribute=True
-        train_out = strategy.experimental_distribute_dataset(train)
-        if validation is None:
-            return train_out
-        return train_out, strategy.experimental_distribute_dataset(validation)
-    return train if validation is None else (train, validation)
+        sides.append(validation)
+    if args.distribute:  # `strategy` is set: checked with distribute=True
+        sides = [args.strategy.experimental_distribute_dataset(ds) for ds in sides]
+    return sides[0] if validation is None else tuple(sides)
 
 
 def _batching(args: Arguments) -> Batching:
@@ -206,13 +199,12 @@ def _decode(args: Arguments, read: Read) -> Read:
     ds, val_ds, map_fn = read.ds, read.val_ds, args.map_fn
     if map_fn is None:
         return read
-    check_arity("map_fn", map_fn, ds.element_spec, "an example")
-    random_ops = random_op_types(map_fn, ds.element_spec)
     spec_in = ds.element_spec
-    ds = parallel_map(ds, "map_fn", map_fn, args.deterministic)
+    ds = parallel_map(ds, "map_fn", map_fn, args.deterministic, "an example")
+    random_ops = random_op_types(map_fn, spec_in)
     ragged = check_map_output(map_fn, spec_in, ds.element_spec)
     if val_ds is not None:
-        val_ds = parallel_map(val_ds, "map_fn", map_fn, True)
+        val_ds = parallel_map(val_ds, "map_fn", map_fn, True, "an example")
     return dataclasses.replace(read, ds=ds, val_ds=val_ds, random_ops=random_ops, ragged=ragged)
 
 
@@ -221,21 +213,63 @@ def _gather_facts(args: Arguments, batching: Batching, read: Read) -> Facts:
     return Facts(
         kind=args.source.kind,
         num_examples=cardinality(read.ds) if read.num_examples is None else read.num_examples,
-        element_bytes=bytes_per_example(read.ds.element_spec),
+        element_bytes=_bytes_per_example(read.ds.element_spec),
         num_files=read.num_files,
         has_map_fn=args.map_fn is not None,
         map_fn_random_ops=read.random_ops,
         replicas=batching.num_replicas,
-        workers=worker_count(args.strategy),
+        workers=_worker_count(args.strategy),
         on_gpu=bool(tf.config.list_physical_devices("GPU")),
         cpu_count=usable_cores(),
-        ram_budget_bytes=ram_budget(args.ram_budget_mib),
+        ram_budget_bytes=_ram_budget(args.ram_budget_mib),
         free_disk_bytes=shutil.disk_usage(args.cache_dir).free if args.cache_dir else None,
         batched=batching.keep_batches,
         split_by_position=read.split_counts is not None,
         service=args.service is not None,
         reshuffled=read.reshuffled,
     )
+
+
+def _bytes_per_example(spec: Any) -> int | None:
+    """Bytes of one element of `spec`; None when a size is not static."""
+    total = 0
+    for s in tf.nest.flatten(spec):
+        if (
+            not isinstance(s, tf.TensorSpec)
+            or not s.shape.is_fully_defined()
+            or s.dtype in (tf.string, tf.variant, tf.resource)
+        ):
+            return None
+        total += s.shape.num_elements() * s.dtype.size
+    return total
+
+
+def _ram_budget(ram_budget_mib: float | None) -> int:
+    """In bytes: `ram_budget_mib`, else half of the available host memory."""
+    if ram_budget_mib is not None:
+        return int(ram_budget_mib * MIB)
+    return int(psutil.virtual_memory().available * 0.5)
+
+
+def _worker_count(strategy: Any) -> int:
+    """The workers `strategy` trains on (1 when it cannot tell)."""
+    if strategy is None:
+        return 1
+    n = getattr(strategy.extended, "worker_count", None)
+    if n is not None and is_int(n) and n > 0:
+        return int(n)
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is not None:
+        try:
+            spec = resolver.cluster_spec()
+            return max(
+                1, sum(spec.num_tasks(job) for job in ("worker", "chief") if job in spec.jobs)
+            )
+        # TF_CONFIG that is not JSON or not a cluster (ValueError, KeyError, TypeError), a
+        # resolver that cannot ask the scheduler (OSError, RuntimeError): one worker.
+        except (KeyError, OSError, RuntimeError, TypeError, ValueError):
+            return 1
+    return 1
 
 
 def _assemble(
@@ -249,24 +283,9 @@ def _assemble(
     if args.repeat:
         ds = ds.repeat()
     if args.augment_fn is not None:
-        check_arity("augment_fn", args.augment_fn, ds.element_spec, "an example after `map_fn`")
-        ds = parallel_map(ds, "augment_fn", args.augment_fn, plan.deterministic)
-
-    serve = None
-    if args.service is not None:
-        name, index, count = choose_job(args.service_job_name, repeat=args.repeat)
-        serve = functools.partial(
-            distributed, address=args.service, name=name, consumer_index=index, num_consumers=count
-        )
-    batched = functools.partial(
-        _batched,
-        ragged=read.ragged,
-        batch_map_fn=args.batch_map_fn,
-        ram_budget_bytes=facts.ram_budget_bytes,
-    )
-    ds = batched(
-        ds, plan, batch=not batching.keep_batches, augment=args.batch_augment_fn, serve=serve
-    )
+        what = "an example after `map_fn`"
+        ds = parallel_map(ds, "augment_fn", args.augment_fn, plan.deterministic, what)
+    ds = _batched(ds, plan, args, read, facts, training=True, batch=not batching.keep_batches)
     val_ds = read.val_ds
     if val_ds is not None:
         split_counts = read.split_counts
@@ -276,43 +295,43 @@ def _assemble(
             cache=args.cache,
             drop_remainder=args.drop_remainder,
             num_examples=split_counts[1] if split_counts is not None else None,
-            element_bytes=bytes_per_example(val_ds.element_spec),
+            element_bytes=_bytes_per_example(val_ds.element_spec),
         )
-        val_ds = batched(cached(val_ds, val_plan.cache), val_plan, batch=True, augment=None)
+        val_ds = cached(val_ds, val_plan.cache)
+        val_ds = _batched(val_ds, val_plan, args, read, facts, training=False, batch=True)
     return ds, val_ds
 
 
 def _batched(
     ds: tf.data.Dataset,
     plan: Plan,
+    args: Arguments,
+    read: Read,
+    facts: Facts,
     *,
+    training: bool,
     batch: bool,
-    ragged: bool,
-    batch_map_fn: Callable | None,
-    augment: Callable | None,
-    ram_budget_bytes: int,
-    serve: Callable | None = None,
 ) -> tf.data.Dataset:
-    """batch (ragged again if `ragged`) -> `batch_map_fn` -> `batch_augment_fn` -> prefetch."""
+    """batch (ragged again after a `map_fn` that got a ragged feature's rows) -> `batch_map_fn`
+    -> on the training side, `batch_augment_fn` and the tf.data service -> prefetch."""
     if batch:
         # A plain batch, on purpose: it fuses with `map(augment_fn)` into MapAndBatchDataset
         # (a parallel one would not: 12-18% slower; docs/data.md, "Why a plain `batch`").
-        if ragged:  # rows of a ragged feature after map_fn: ragged again, as they came
+        if read.ragged:
             ds = ds.ragged_batch(plan.global_batch_size, drop_remainder=plan.drop_remainder)
         else:
             ds = ds.batch(plan.global_batch_size, drop_remainder=plan.drop_remainder)
-    if batch_map_fn is not None:
-        check_arity("batch_map_fn", batch_map_fn, ds.element_spec, "a batch")
-        ds = parallel_map(ds, "batch_map_fn", batch_map_fn, plan.deterministic)
-    if augment is not None:
-        check_arity("batch_augment_fn", augment, ds.element_spec, "a batch")
-        ds = parallel_map(ds, "batch_augment_fn", augment, plan.deterministic)
-    if serve is not None:
+    for name in ("batch_map_fn", "batch_augment_fn") if training else ("batch_map_fn",):
+        fn = getattr(args, name)
+        if fn is not None:
+            ds = parallel_map(ds, name, fn, plan.deterministic, "a batch")
+    if training and args.service is not None:
         # All so far runs on the service's workers, with options for their machine (their own
         # memory, TF's shared pool); the trainer reads whole batches and prefetches them.
-        ds = serve(ds.with_options(_options(plan, 0, keep_shard=True)))
+        ds = ds.with_options(_options(plan, 0, keep_shard=True))
+        ds = distributed(ds, args.service, args.service_job_name, repeat=args.repeat)
     ds = ds.prefetch(tf.data.AUTOTUNE)
-    return ds.with_options(_options(plan, ram_budget_bytes, keep_shard=plan.keep_shard))
+    return ds.with_options(_options(plan, facts.ram_budget_bytes, keep_shard=plan.keep_shard))
 
 
 def _options(plan: Plan, ram_budget_bytes: int, *, keep_shard: bool) -> tf.data.Options:

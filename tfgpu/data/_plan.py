@@ -56,7 +56,6 @@ class Plan:
     shuffle_buffer: int | None  # None: no shuffle
     shuffle_seed: int | None
     cache: str | None  # None, "memory", or a file path
-    cache_bytes: int | None
     deterministic: bool
     shard_policy: str  # name of tf.data.experimental.AutoShardPolicy member
     private_threadpool_size: int
@@ -119,8 +118,7 @@ def decide(
         seed = _SHARED_SEED
         notes.append(f"shuffle seeded with {_SHARED_SEED} so every worker shards the same order")
 
-    cache_bytes = _cache_bytes(facts)
-    cache_plan, cache_note, warning = _cache(facts, cache, cache_bytes)
+    cache_plan, cache_note, warning = _cache(facts, cache)
     buffer, buffer_note = _shuffle_buffer(
         facts, shuffle, shuffle_buffer, cached=cache_plan is not None, global_batch=global_batch
     )
@@ -134,7 +132,6 @@ def decide(
         shuffle_buffer=buffer,
         shuffle_seed=seed,
         cache=cache_plan,
-        cache_bytes=cache_bytes,
         deterministic=bool(deterministic),
         shard_policy=shard_policy,
         private_threadpool_size=private_threadpool_size,
@@ -213,11 +210,12 @@ def _in_memory(facts: Facts) -> bool:
     return SOURCES[facts.kind].in_memory and not facts.has_map_fn
 
 
-def _cache(facts: Facts, cache: Any, cache_bytes: int | None) -> tuple[str | None, str, str]:
+def _cache(facts: Facts, cache: Any) -> tuple[str | None, str, str]:
     """Where to cache (None: nowhere), with a note or a warning that says why ("": none);
     raises for a cache asked for that cannot work."""
     if cache is None or cache is False:
         return None, "", ""
+    cache_bytes = _cache_bytes(facts)
     if facts.service:
         # Each epoch hands every worker other examples: a cache there never holds the data.
         return None, "not cached: the tf.data service's workers get other examples every epoch", ""
@@ -278,12 +276,7 @@ def _check_cache_fits(facts: Facts, cache: Any, target: str, cache_bytes: int | 
 
 
 def _shuffle_buffer(
-    facts: Facts,
-    shuffle: bool,
-    shuffle_buffer: int | None,
-    *,
-    cached: bool,
-    global_batch: int,
+    facts: Facts, shuffle: bool, shuffle_buffer: int | None, *, cached: bool, global_batch: int
 ) -> tuple[int | None, str]:
     """The shuffle buffer (None: no shuffle), with a note when the dataset passed in shuffles
     itself ("": none)."""
@@ -340,5 +333,4 @@ def validation_plan(
         deterministic=True,
         drop_remainder=drop_remainder is True,
         cache=val_cache,
-        cache_bytes=None,
     )

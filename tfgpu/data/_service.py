@@ -16,10 +16,10 @@ from tfgpu._internal.adapters.data_service import Address, consumers, job_name
 from tfgpu._internal.helpers.checks import invalid_value
 from tfgpu._internal.helpers.cluster import resolve_cluster
 
-CONNECT_TIMEOUT_S = 3.0  # a wrong address fails in seconds, naming it, instead of a hang
-# Then the longest wait for the dispatcher's answer to one small RPC: a port that accepts the
-# connection but is no dispatcher (a worker's, an HTTP server's) is named, not hung on.
-ANSWER_TIMEOUT_S = 5.0
+# A wrong address fails in seconds, naming it, instead of a hang; then the longest wait for the
+# dispatcher's answer to one small RPC: a port that accepts the connection but is no dispatcher
+# (a worker's, an HTTP server's) is named, not hung on.
+_CONNECT_TIMEOUT_S, _ANSWER_TIMEOUT_S = 3.0, 5.0
 # The dispatcher's cheapest RPC (tensorflow/core/data/service/dispatcher.proto); its request is
 # an empty message, serialized as no bytes.
 _GET_VERSION = "/tensorflow.data.DispatcherService/GetVersion"
@@ -32,28 +32,24 @@ _serial = itertools.count()
 _TOKEN = uuid.uuid4().hex[:12]
 
 
-def check_reachable(address: Address, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-    """Raises `ConnectionError` naming `address` unless its port accepts a connection."""
+def check_dispatcher(address: Address) -> None:
+    """Raises `ConnectionError` naming `address` unless its port accepts a connection, and
+    naming what answered there unless a dispatcher answers its `GetVersion` RPC in time."""
     try:
-        with socket.create_connection((address.connect_host, address.port), timeout=timeout_s):
-            return
+        with socket.create_connection((address.connect_host, address.port), _CONNECT_TIMEOUT_S):
+            pass
     except OSError as e:
         raise ConnectionError(
             f"tfgpu.data.pipeline: the tf.data service dispatcher at {address.target} is not "
-            f"reachable ({type(e).__name__}: {e.strerror or e}, after at most {timeout_s:g} s). "
-            f"Start one there (`tfgpu data-service dispatcher --port {address.port}` on "
-            f"{address.host}) or pass the right `service` address."
+            f"reachable ({type(e).__name__}: {e.strerror or e}, after at most "
+            f"{_CONNECT_TIMEOUT_S:g} s). Start one there (`tfgpu data-service dispatcher --port "
+            f"{address.port}` on {address.host}) or pass the right `service` address."
         ) from e
-
-
-def check_dispatcher(address: Address, timeout_s: float = ANSWER_TIMEOUT_S) -> None:
-    """Raises `ConnectionError` naming `address` and what answered there unless a tf.data
-    service dispatcher answers its `GetVersion` RPC within `timeout_s`."""
     import grpc  # a dependency of TensorFlow
 
     channel = grpc.insecure_channel(f"{address.host}:{address.port}")
     try:
-        channel.unary_unary(_GET_VERSION)(b"", timeout=timeout_s)
+        channel.unary_unary(_GET_VERSION)(b"", timeout=_ANSWER_TIMEOUT_S)
         return
     except grpc.RpcError as e:  # every RPC failure; a call object with code() and details()
         code = e.code() if isinstance(e, grpc.Call) else None
@@ -66,7 +62,7 @@ def check_dispatcher(address: Address, timeout_s: float = ANSWER_TIMEOUT_S) -> N
             f"answered: {details}"
         )
     elif code is grpc.StatusCode.DEADLINE_EXCEEDED:
-        answered = f"the port accepts connections but nothing answered in {timeout_s:g} s"
+        answered = f"the port accepts connections but nothing answered in {_ANSWER_TIMEOUT_S:g} s"
     else:
         name = code.name if code is not None else "no status"
         answered = f"no dispatcher answered the call ({name}: {details})"
@@ -108,32 +104,23 @@ def memory_source(value: Any, num_examples: int) -> tf.data.Dataset:
     return tf.data.Dataset.range(count).map(slice_chunk).unbatch()
 
 
-def choose_job(explicit: str | None, *, repeat: bool) -> tuple[str, int | None, int | None]:
-    """The job name and coordinated reads for the next service pipeline of this process."""
+def distributed(
+    ds: tf.data.Dataset, address: Address, explicit_name: str | None, *, repeat: bool
+) -> tf.data.Dataset:
+    """`ds` run by the service's workers (dynamic sharding), read by this process, as the job
+    named `explicit_name` or the next job name of this process, with coordinated reads."""
     cluster = resolve_cluster(os.environ, strict=False)
     name = job_name(
-        explicit, cluster=cluster, environ=os.environ, serial=next(_serial), token=_TOKEN
+        explicit_name, cluster=cluster, environ=os.environ, serial=next(_serial), token=_TOKEN
     )
     index, count = consumers(cluster, repeat=repeat)
-    return name, index, count
-
-
-def distributed(
-    ds: tf.data.Dataset,
-    address: Address,
-    *,
-    name: str,
-    consumer_index: int | None,
-    num_consumers: int | None,
-) -> tf.data.Dataset:
-    """`ds` run by the service's workers (dynamic sharding), read by this process."""
     service = tf.data.experimental.service
     return ds.apply(
         service.distribute(
             processing_mode=service.ShardingPolicy.DYNAMIC,
             service=address.target,
             job_name=name,
-            consumer_index=consumer_index,
-            num_consumers=num_consumers,
+            consumer_index=index,
+            num_consumers=count,
         )
     )

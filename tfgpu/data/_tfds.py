@@ -28,7 +28,7 @@ def check_tfds_name(name: str, data_dir: str | os.PathLike | None, arg: str = "n
     known = tfds.list_builders(with_community_datasets=False)
     if base in known:
         return
-    root = os.fspath(data_dir) if data_dir is not None else _tfds_default_dir()
+    root = _data_root(data_dir)
     if os.path.isdir(os.path.join(root, base)):  # prepared elsewhere, copied here
         return
     close = difflib.get_close_matches(base, known, n=3)
@@ -42,7 +42,10 @@ def check_tfds_name(name: str, data_dir: str | os.PathLike | None, arg: str = "n
     )
 
 
-def _tfds_default_dir() -> str:
+def _data_root(data_dir: str | os.PathLike | None) -> str:
+    """`data_dir`, else TFDS's default."""
+    if data_dir is not None:
+        return os.fspath(data_dir)
     tfds = import_optional("tensorflow_datasets")
     try:
         return os.fspath(tfds.core.constants.data_dir())
@@ -50,8 +53,11 @@ def _tfds_default_dir() -> str:
         return os.path.expanduser(os.environ.get("TFDS_DATA_DIR", "~/tensorflow_datasets"))
 
 
+_SPLIT_NAME = re.compile(r"\s*([\w\-]+)")  # "train" of "train[:90%]"
+
+
 def tfds_split_info(info: Any, split: str) -> Any:
-    base = re.match(r"\s*([\w\-]+)", split)
+    base = _SPLIT_NAME.match(split)
     try:
         return info.splits[base.group(1)] if base else None
     except (AttributeError, KeyError, TypeError, ValueError):  # no such split, or no splits
@@ -165,7 +171,7 @@ def load_tfds_dataset(
             received=f"name={name!r}, which TensorFlow Datasets cannot build "
             f"({type(e).__name__}: {str(e).strip()})",
         ) from e
-    root = os.fspath(data_dir) if data_dir is not None else _tfds_default_dir()
+    root = _data_root(data_dir)
     if not builder.is_prepared():
         if not download:
             # TFDS's own `tfds build` command imports apache-beam, which tfgpu does not
@@ -182,7 +188,7 @@ def load_tfds_dataset(
     info = builder.info
     known = set(info.splits.keys())
     for part in split.split("+"):
-        base = re.match(r"\s*([\w\-]+)", part)
+        base = _SPLIT_NAME.match(part)
         if base is None or base.group(1) not in known:
             raise invalid_value(
                 "split",
