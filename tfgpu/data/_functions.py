@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from tfgpu._internal.helpers.checks import invalid_type, invalid_value
 from tfgpu._internal.helpers.warn import warn_at_user_code
-from tfgpu.data._sources import flatten_with_paths
+from tfgpu._internal.measure.workload import flatten_with_paths
 
 
 def _call_text(name: str, spec: Any) -> tuple[int, str]:

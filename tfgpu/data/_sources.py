@@ -28,7 +28,6 @@ from tfgpu._internal.adapters.datasets import (
 from tfgpu._internal.helpers.checks import conflicting, invalid_type, invalid_value, is_int
 from tfgpu._internal.helpers.warn import warn_at_user_code
 from tfgpu._internal.measure.workload import check_arrays
-from tfgpu._internal.measure.workload import flatten_with_paths as flatten_with_paths
 from tfgpu.data._service import memory_source
 from tfgpu.data._split import (
     SPLIT_BUCKETS,
