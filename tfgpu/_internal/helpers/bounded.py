@@ -1,8 +1,6 @@
-"""A call that may block for ever (reading a dataset that never yields), given a bound.
-
-TensorFlow cannot interrupt a `get_next`: the call runs in a daemon thread, and the caller
-stops waiting when the call made no progress for the bound. The thread goes on until the
-call returns or the process exits.
+"""A call that may block for ever (reading a dataset that never yields), given a bound: TensorFlow
+cannot interrupt a `get_next`, so the call runs in a daemon thread, which goes on until the call
+returns or the process exits.
 """
 
 from __future__ import annotations
@@ -23,13 +21,7 @@ def call_bounded(
     name: str = "tfgpu-read",
 ) -> T:
     """`fn()`, raising `timeout_error(progress())` when `progress()` did not move for
-    `timeout_s` seconds; an error `fn` raises is raised here, in the caller.
-
-    Example:
-
-    >>> call_bounded(lambda: next(iter(ds)), timeout_s=120,
-    ...              timeout_error=lambda _: TimeoutError("no element in 120 s"))
-    """
+    `timeout_s` seconds; an error `fn` raises is raised here, in the caller."""
     outcome: dict[str, Any] = {}
 
     def run() -> None:

@@ -20,13 +20,7 @@ EARLIER_SESSIONS = "earlier_sessions"
 
 
 def free_name(path: Path) -> Path:
-    """The first `STEM.N.SUFFIX` beside `path` (N = 1, 2, ...) that does not exist.
-
-    Example:
-
-    >>> free_name(Path("/nonexistent/timeline.csv"))
-    PosixPath('/nonexistent/timeline.1.csv')
-    """
+    """The first `STEM.N.SUFFIX` beside `path` (N = 1, 2, ...) that does not exist."""
     n = 1
     while True:
         candidate = path.with_name(f"{path.stem}.{n}{path.suffix}")
@@ -45,8 +39,7 @@ def rotate(path: Path) -> Path | None:
 
 
 def write_text_atomic(path: Path, text: str | bytes) -> None:
-    """Writes `text` (or bytes) to `path` through a temporary file and a rename (atomic on
-    POSIX)."""
+    """Writes `text` (or bytes) to `path` through a temporary file and a rename (atomic)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     replaced = False
     try:
@@ -72,12 +65,7 @@ def write_result(
 ) -> None:
     """Writes a result's `record` as `json_name` into `log_dir`, then `plot(path)` (where
     given) draws `png_name` beside it (older ones rotated aside); a failure of either is a
-    warning naming `who` (`tune`, `scaling`): the result is returned whatever the disk says.
-
-    Example:
-
-    >>> write_result(Path("runs/exp1"), "tune", record, "tune.json", draw, "tune.png")
-    """
+    warning naming `who` (`tune`, `scaling`): the result is returned whatever the disk says."""
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
         path = log_dir / json_name
