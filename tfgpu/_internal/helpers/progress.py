@@ -25,13 +25,7 @@ _STREAM_ERRORS = (AttributeError, OSError, ValueError)
 
 
 def check_verbose(verbose: Any) -> int | str:
-    """Checks a `verbose` argument as Keras takes it: `"auto"`, 0, 1 or 2; returns it.
-
-    Example:
-
-    >>> check_verbose("auto"), check_verbose(2)
-    ('auto', 2)
-    """
+    """Checks a `verbose` argument as Keras takes it: `"auto"`, 0, 1 or 2; returns it."""
     if isinstance(verbose, str):
         if verbose == "auto":
             return verbose
@@ -58,45 +52,27 @@ def in_ipython_kernel() -> bool:
 def _is_tty(stream: Any) -> bool:
     try:
         return bool(stream.isatty())
-    except _STREAM_ERRORS:  # closed, or no isatty
+    except _STREAM_ERRORS:
         return False
 
 
 def resolve_verbose(verbose: int | str, stream: Any = None) -> int:
     """The mode a checked `verbose` means for `stream` (`sys.stdout` when None): `"auto"` is 1
-    on a terminal or in an IPython kernel, else 2 (also when Keras's interactive logging is off).
-
-    Example:
-
-    >>> import io
-    >>> resolve_verbose("auto", io.StringIO())
-    2
-    """
+    on a terminal or in an IPython kernel, else 2 (also when Keras's interactive logging is off)."""
     if verbose != "auto":
         return int(verbose)
-    stream = sys.stdout if stream is None else stream
-    if not _keras_interactive():
-        return 2
-    return 1 if _is_tty(stream) or in_ipython_kernel() else 2
-
-
-def _keras_interactive() -> bool:
-    """Keras's `is_interactive_logging_enabled()` where Keras is loaded (True otherwise)."""
     keras = sys.modules.get("keras")
     try:
-        return keras is None or bool(keras.config.is_interactive_logging_enabled())
+        interactive = keras is None or bool(keras.config.is_interactive_logging_enabled())
     except AttributeError:  # an odd Keras: keep the default
-        return True
+        interactive = True
+    if not interactive:
+        return 2
+    return 1 if _is_tty(sys.stdout if stream is None else stream) or in_ipython_kernel() else 2
 
 
 def format_seconds(seconds: float) -> str:
-    """A duration as a person reads it: "0.4 s", "41 s", "2 min 05 s", "1 h 02 min". Pure.
-
-    Example:
-
-    >>> format_seconds(41.2), format_seconds(125), format_seconds(0.42)
-    ('41 s', '2 min 05 s', '0.4 s')
-    """
+    """A duration as a person reads it: "0.4 s", "41 s", "2 min 05 s", "1 h 02 min"."""
     if not math.isfinite(seconds):
         return "?"
     seconds = max(0.0, seconds)
@@ -206,12 +182,8 @@ def _write(stream: Any, text: str) -> None:
         try:
             stream.write(text)
         except UnicodeEncodeError:  # a stream that takes ASCII only
-            stream.write(
-                text.replace(_DOT, "-")
-                .replace("\u2026", "...")
-                .encode("ascii", "replace")
-                .decode("ascii")
-            )
+            plain = text.replace(_DOT, "-").replace("\u2026", "...")
+            stream.write(plain.encode("ascii", "replace").decode("ascii"))
         stream.flush()
     except Exception:  # the module's one catch-all: a closed, detached or broken stream, or
         pass  # any error of the user's own stream; progress is a side feature, never fatal
