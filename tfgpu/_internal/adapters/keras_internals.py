@@ -34,20 +34,8 @@ def keras_version() -> str:
     return str(keras.__version__)
 
 
-def keras_version_tuple() -> tuple[int, int]:
-    """The installed Keras version as (major, minor), e.g. (3, 15)."""
-    major, minor = (int(p) for p in keras_version().split(".")[:2])
-    return major, minor
-
-
 def moved(what: str) -> str:
-    """A sentence for when a reach found nothing: what moved, in which Keras version.
-
-    Example:
-
-    >>> moved("fit's epoch iterator")  # doctest: +ELLIPSIS
-    "Keras ... keeps fit's epoch iterator elsewhere than Keras 3.15 (tfgpu/_internal/adapters/keras_internals.py)"
-    """
+    """A sentence for when a reach found nothing: what moved, in which Keras version."""
     return (
         f"Keras {keras_version()} keeps {what} elsewhere than Keras "
         f"{CHECKED_KERAS[0]}.{CHECKED_KERAS[1]} (tfgpu/_internal/adapters/keras_internals.py)"
@@ -329,11 +317,12 @@ def install_multi_worker_correction() -> bool:
     with _correction_lock:
         if _correction_installed:
             return True
-        installed = keras_version_tuple()
+        installed = tuple(int(p) for p in keras_version().split(".")[:2])
+        version = ".".join(map(str, installed))
         if installed[0] != 3:
             _LOG.warning(
                 "tfgpu: Keras %s is not Keras 3; the multi-worker fit correction is not applied.",
-                ".".join(map(str, installed)),
+                version,
             )
             return False
         from keras import tree
@@ -354,7 +343,7 @@ def install_multi_worker_correction() -> bool:
                 "tfgpu: Keras %s is newer than the last version checked (3.%d); applying the "
                 "multi-worker fit correction anyway. Re-run the upstream check in "
                 "tests/test_multi_worker.py to see whether it is still needed.",
-                ".".join(map(str, installed)),
+                version,
                 CHECKED_KERAS[1],
             )
 
@@ -410,25 +399,16 @@ def problems_in_trainer() -> list[str]:
     if tf_trainer is None:
         return [moved("the TensorFlow trainer (`keras.src.backend.tensorflow.trainer`)")]
     trainer_class = getattr(tf_trainer, "TensorFlowTrainer", None)
-    checks = [
-        (
-            "`trainer.reduce_per_replica(values, strategy, reduction)`",
-            _has_parameters(
-                getattr(tf_trainer, "reduce_per_replica", None), "values", "strategy", "reduction"
-            ),
-        ),
-        (
-            "`TensorFlowTrainer._maybe_symbolic_build(iterator, data_batch)`",
-            _has_parameters(
-                getattr(trainer_class, "_maybe_symbolic_build", None), "iterator", "data_batch"
-            ),
-        ),
-        (
-            "`TensorFlowTrainer._symbolic_build(data_batch)`",
-            _has_parameters(getattr(trainer_class, "_symbolic_build", None), "data_batch"),
-        ),
+    reaches = [
+        ("trainer", tf_trainer, "reduce_per_replica", ("values", "strategy", "reduction")),
+        ("TensorFlowTrainer", trainer_class, "_maybe_symbolic_build", ("iterator", "data_batch")),
+        ("TensorFlowTrainer", trainer_class, "_symbolic_build", ("data_batch",)),
     ]
-    found = [moved(what) for what, ok in checks if not ok]
+    found = [
+        moved(f"`{owner}.{name}({', '.join(parameters)})`")
+        for owner, holder, name, parameters in reaches
+        if not _has_parameters(getattr(holder, name, None), *parameters)
+    ]
     import tensorflow as tf
     from tensorflow.python.distribute import collective_all_reduce_strategy as mwms
 
