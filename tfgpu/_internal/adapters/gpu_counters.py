@@ -25,46 +25,24 @@ POWER_LOW_SHARE = 0.6
 # nvmlClocksEventReason* / nvmlClocksThrottleReason* in nvml.h; nvidia-smi
 # --query-gpu=clocks_throttle_reasons.active.
 THROTTLE_REASONS: dict[int, tuple[str, str]] = {
-    0x2: (
-        "applications clocks setting",
-        "the application clocks are set below the maximum: `nvidia-smi -rac` resets them "
-        "(needs root)",
-    ),
-    0x4: (
-        "SW power cap",
-        "the driver holds clocks down to stay under the power limit: check it with "
-        "`nvidia-smi -q -d POWER` and raise it with `nvidia-smi -pl` (needs root) if it was "
-        "lowered",
-    ),
-    0x8: (
-        "HW slowdown",
-        "the hardware halved the clocks (temperature too high or the power supply cannot "
-        "deliver): check cooling and the power supply (`nvidia-smi -q -d PERFORMANCE`)",
-    ),
-    0x10: (
-        "sync boost",
-        "clocks are held to those of the other GPUs of a sync-boost group: check the slowest one",
-    ),
-    0x20: (
-        "SW thermal slowdown",
-        "the driver lowers clocks to keep the GPU under its temperature target: improve "
-        "cooling and airflow (`nvidia-smi -q -d TEMPERATURE`)",
-    ),
-    0x40: (
-        "HW thermal slowdown",
-        "the GPU reached its hardware temperature limit: fix the cooling (fans, airflow, "
-        "blocked heatsink)",
-    ),
-    0x80: (
-        "HW power brake slowdown",
-        "an external power-brake signal (the power supply or chassis) slows the GPU: check "
-        "the system's power supply",
-    ),
-    0x100: (
-        "display clock setting",
-        "clocks are limited by the display clock setting",
-    ),
-}
+    0x2: ("applications clocks setting", "the application clocks are set below the maximum: "
+          "`nvidia-smi -rac` resets them (needs root)"),
+    0x4: ("SW power cap", "the driver holds clocks down to stay under the power limit: check it "
+          "with `nvidia-smi -q -d POWER` and raise it with `nvidia-smi -pl` (needs root) if it "
+          "was lowered"),
+    0x8: ("HW slowdown", "the hardware halved the clocks (temperature too high or the power "
+          "supply cannot deliver): check cooling and the power supply (`nvidia-smi -q -d "
+          "PERFORMANCE`)"),
+    0x10: ("sync boost", "clocks are held to those of the other GPUs of a sync-boost group: "
+           "check the slowest one"),
+    0x20: ("SW thermal slowdown", "the driver lowers clocks to keep the GPU under its "
+           "temperature target: improve cooling and airflow (`nvidia-smi -q -d TEMPERATURE`)"),
+    0x40: ("HW thermal slowdown", "the GPU reached its hardware temperature limit: fix the "
+           "cooling (fans, airflow, blocked heatsink)"),
+    0x80: ("HW power brake slowdown", "an external power-brake signal (the power supply or "
+           "chassis) slows the GPU: check the system's power supply"),
+    0x100: ("display clock setting", "clocks are limited by the display clock setting"),
+}  # fmt: skip
 THROTTLE_IDLE = 0x1  # "GPU idle": nothing to run, not a throttle
 THROTTLE_SEVERE = 0x8 | 0x40 | 0x80  # hardware slowdowns: high severity
 
@@ -113,49 +91,28 @@ _MIB = 2**20
 
 @dataclass(frozen=True)
 class Counters:
-    """One GPU's counters, means over a monitored window; NaN where not measured.
+    """One GPU's counters, means over a monitored window; NaN where not measured."""
 
-    Args:
-        util_pct_mean: float, NVML utilization (`nvidia-smi --query-gpu=utilization.gpu`).
-        sm_active_pct_mean: float, GPM SM activity.
-        tensor_active_pct_mean: float, GPM tensor-pipe activity.
-        pcie_mib_s_mean: float, PCIe traffic, transmitted + received, MiB/s.
-        power_w_mean: float, power draw.
-        power_limit_w_max: float, the power limit.
-        throttle_reasons_any: float, the bitwise OR of NVML's throttle-reason bitmasks.
-        sm_clock_mhz_mean: float, the SM clock.
-    """
-
-    util_pct_mean: float = math.nan
-    sm_active_pct_mean: float = math.nan
-    tensor_active_pct_mean: float = math.nan
-    pcie_mib_s_mean: float = math.nan
+    util_pct_mean: float = math.nan  # NVML (`nvidia-smi --query-gpu=utilization.gpu`)
+    sm_active_pct_mean: float = math.nan  # GPM
+    tensor_active_pct_mean: float = math.nan  # GPM tensor-pipe activity
+    pcie_mib_s_mean: float = math.nan  # transmitted + received
     power_w_mean: float = math.nan
     power_limit_w_max: float = math.nan
-    throttle_reasons_any: float = math.nan
+    throttle_reasons_any: float = math.nan  # the bitwise OR of NVML's throttle-reason bitmasks
     sm_clock_mhz_mean: float = math.nan
 
 
 @dataclass(frozen=True)
 class CounterFinding:
-    """What one rule found: text pieces that `diagnose` and the report put together.
+    """What one rule found: text pieces that `diagnose` and the report put together."""
 
-    Args:
-        kind: str, `"tensor_cores_idle"`, `"small_kernels"`, `"pcie_traffic"` or
-            `"clocks_throttled"`.
-        severity: str, `"high"`, `"moderate"` or `"info"`.
-        title: str, one line.
-        measured: str, what was measured (a clause, no final period).
-        meaning: str, what that means (a clause, no final period; may be empty).
-        recommendation: str, the generic fix (a sentence).
-    """
-
-    kind: str
-    severity: str
-    title: str
-    measured: str
-    meaning: str
-    recommendation: str
+    kind: str  # "tensor_cores_idle", "small_kernels", "pcie_traffic" or "clocks_throttled"
+    severity: str  # "high", "moderate" or "info"
+    title: str  # one line
+    measured: str  # what was measured (a clause, no final period)
+    meaning: str  # what that means (a clause, no final period; may be empty)
+    recommendation: str  # the generic fix (a sentence)
 
     def detail(self) -> str:
         """`measured: meaning.` as one sentence."""
@@ -296,18 +253,10 @@ def throttle_names(reasons: int) -> list[tuple[str, str]]:
 def clocks_throttled(c: Counters) -> CounterFinding | None:
     """Power far below the limit while NVML names a throttle reason other than idle."""
     power, limit, bits = c.power_w_mean, c.power_limit_w_max, c.throttle_reasons_any
-    if not (
-        is_finite_number(power)
-        and is_finite_number(limit)
-        and limit > 0
-        and is_finite_number(bits)
-        and bits >= 0
-    ):
-        return None
-    if not power < POWER_LOW_SHARE * limit:
+    if not all(is_finite_number(v) for v in (power, limit, bits)) or limit <= 0 or bits < 0:
         return None
     reasons = int(bits) & ~THROTTLE_IDLE
-    if not reasons:
+    if not (power < POWER_LOW_SHARE * limit and reasons):
         return None
     named = throttle_names(reasons)
     names = ", ".join(name for name, _ in named)
