@@ -1,9 +1,8 @@
 """The all-reduce a `tf.distribute` strategy sums gradients with: which one it uses
-(`describe`), and the strategy with another one for a while (`using`), for `tune`'s
-all-reduce candidates. TensorFlow keeps it in private attributes of `strategy.extended`;
-every reach into them is in `reach`, checked against TensorFlow `CHECKED_TF`. Where another
-version keeps them elsewhere, `describe` says so in `missing` and nothing is changed. No
-TensorFlow import at module level.
+(`describe`), and the strategy with another one for a while (`using`, for `tune`'s candidates).
+TensorFlow keeps it in private attributes of `strategy.extended`, all reached in `reach`
+(checked against `CHECKED_TF`); where another version keeps them elsewhere, `describe` says so
+in `missing` and nothing is changed. No TensorFlow import at module level.
 """
 
 from __future__ import annotations
@@ -29,20 +28,16 @@ COLLECTIVE = "collective"
 
 @dataclasses.dataclass(frozen=True)
 class AllReduce:
-    """How a strategy sums its replicas' gradients. Pure data.
+    """How a strategy sums its replicas' gradients. Pure data."""
 
-    `kind`: `"mirrored"`, `"multi_worker"`, or "" for a strategy without a choice (one
-    replica, another strategy). `in_use`: a name from `MIRRORED` or `MULTI_WORKER`,
-    `COLLECTIVE`, `"auto"` (multi-worker, the runtime chooses), or "" when unknown.
-    `missing`: why this TensorFlow's all-reduce cannot be read or swapped ("" when it can).
-    """
-
-    kind: str = ""
+    kind: str = ""  # "mirrored", "multi_worker", or "" (one replica, another strategy)
     replicas: int = 1
     workers: int = 1
     on_gpus: bool = False
+    # A name of `MIRRORED` or `MULTI_WORKER`, `COLLECTIVE`, "auto" (multi-worker: the runtime
+    # chooses), or "" when unknown.
     in_use: str = ""
-    missing: str = ""
+    missing: str = ""  # why this TensorFlow's all-reduce cannot be read or swapped
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,15 +62,11 @@ def mirrored_ops() -> dict[str, type]:
     }
 
 
-def _tf_version() -> str:
+def _moved(what: str) -> str:
     import tensorflow as tf
 
-    return str(tf.__version__)
-
-
-def _moved(what: str) -> str:
     return (
-        f"TensorFlow {_tf_version()} keeps {what} elsewhere than TensorFlow "
+        f"TensorFlow {tf.__version__} keeps {what} elsewhere than TensorFlow "
         f"{CHECKED_TF[0]}.{CHECKED_TF[1]} (tfgpu/_internal/adapters/all_reduce.py)"
     )
 
@@ -93,27 +84,22 @@ def kind_of(strategy: Any) -> str:
 
 def reach(strategy: Any) -> Slot | None:
     """The one reach into TensorFlow's private attributes: where `strategy` keeps its
-    all-reduce, or None where this TensorFlow keeps it elsewhere (or the strategy has none).
+    all-reduce, or None where this TensorFlow keeps it elsewhere (or the strategy has none);
+    read in `mirrored_strategy.py`, `collective_all_reduce_strategy.py`, `cross_device_ops.py`.
 
-    - `MirroredStrategy`: `extended._cross_device_ops`, the `CrossDeviceOps` that
-      `MirroredExtended._get_cross_device_ops` reads at every reduce; a step traced after a
-      swap reduces with the new one (a step traced before keeps the old one).
+    - `MirroredStrategy`: `extended._cross_device_ops`, read at every reduce: a step traced
+      after a swap reduces with the new one (one traced before keeps the old one).
     - `MultiWorkerMirroredStrategy`: `extended._communication_options` (merged into every
-      `reduce_to`) and the two `CollectiveAllReduce`s built from it,
-      `extended._cross_device_ops` and `extended._host_cross_device_ops`. Their launchers
-      keep the options they were built with (the optimizer's all-reduce reads those), so a
-      swap builds new ones as the strategy does when it starts: same devices, group size and
-      collective keys.
-
-    Checked against TensorFlow 2.21 (`mirrored_strategy.py`, `collective_all_reduce_strategy.py`,
-    `cross_device_ops.py`).
+      `reduce_to`) and the two `CollectiveAllReduce`s built from it (`_cross_device_ops`,
+      `_host_cross_device_ops`), whose launchers keep the options they were built with (the
+      optimizer's all-reduce reads those): a swap builds new ones as the strategy does, with
+      the same devices, group size and collective keys.
     """
     kind = kind_of(strategy)
     extended: Any = getattr(strategy, "extended", None)
     if kind == "mirrored":
         if not hasattr(extended, "_cross_device_ops"):
             return None
-
         return Slot(
             get=lambda: extended._cross_device_ops,
             set=lambda value: setattr(extended, "_cross_device_ops", value),

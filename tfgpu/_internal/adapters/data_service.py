@@ -1,9 +1,7 @@
 """The tf.data service's TensorFlow-free part: the rules shared with `tfgpu.data`
-(`parse_address`, `job_name`, `consumers`) and `tfgpu data-service dispatcher|worker`: a
-supervisor without TensorFlow that starts the server in a child process again at the same
-port when it dies, since tf.data never gives a dead worker's task to another; the child dies
-with the supervisor, however it ends, so a restart finds the port free (the behaviour and the
-faults: docs/data_service.md).
+(`parse_address`, `job_name`, `consumers`) and `tfgpu data-service dispatcher|worker`, whose
+supervisor starts the server again in a child process at the same port when it dies (the
+behaviour and the faults: docs/data_service.md).
 """
 
 from __future__ import annotations
@@ -53,16 +51,7 @@ class Address:
 
 def parse_address(value: Any, name: str = "service", *, expected: str = _ADDRESS) -> Address:
     """Checks a dispatcher address, `"grpc://host:port"` or `"host:port"` (`"[::1]:5050"` for
-    IPv6), and returns it parsed; `name` is the argument's name for the message, `expected`
-    the words for what it takes.
-
-    Example:
-
-    >>> parse_address("grpc://localhost:5050").target
-    'grpc://localhost:5050'
-    >>> parse_address("10.0.0.7:5050").port
-    5050
-    """
+    IPv6), and returns it parsed; `name` and `expected`: the argument and what it takes."""
     if not isinstance(value, str):
         raise invalid_type(name, value, expected)
     rest = value.strip()
@@ -81,13 +70,7 @@ def parse_address(value: Any, name: str = "service", *, expected: str = _ADDRESS
 
 
 def check_job_name(value: Any) -> str | None:
-    """Checks `service_job_name`: None, or 1-128 letters, digits, `.`, `_`, `-`.
-
-    Example:
-
-    >>> check_job_name("run-2024-06-01")
-    'run-2024-06-01'
-    """
+    """Checks `service_job_name`: None, or 1-128 letters, digits, `.`, `_`, `-`."""
     expected = "a str of 1 to 128 letters, digits, '.', '_' or '-' (a run id), or None"
     if value is None:
         return None
@@ -110,12 +93,6 @@ def job_name(
     rule: docs/data_service.md, "Several trainers"); ValueError for several trainers outside
     Slurm without `service_job_name`. `token` is random per process; `serial` counts this
     process's service pipelines (the n-th pipeline of every trainer gets the same name). Pure.
-
-    Example:
-
-    >>> from tfgpu._internal.helpers.cluster import Cluster
-    >>> job_name(None, cluster=Cluster("none", 1), environ={}, serial=0, token="ab12")
-    'tfgpu-ab12-0'
     """
     if explicit is not None:
         return explicit if serial == 0 else f"{explicit}-{serial}"
@@ -139,12 +116,6 @@ def job_name(
 def consumers(cluster: Cluster, *, repeat: bool) -> tuple[int | None, int | None]:
     """`(consumer_index, num_consumers)` for the round-robin reads of several trainers of a
     repeated dataset, or `(None, None)` (a finite one is read first come, first served). Pure.
-
-    Example:
-
-    >>> from tfgpu._internal.helpers.cluster import Cluster
-    >>> consumers(Cluster("TF_CONFIG", 2, "worker", 1, {"worker": ["a:1", "b:1"]}), repeat=True)
-    (1, 2)
     """
     if cluster.num_tasks <= 1 or not repeat or cluster.task_type not in ("chief", "worker"):
         return None, None
@@ -223,7 +194,6 @@ def _check(args: argparse.Namespace) -> None:
     """Every argument checked before any work (no TensorFlow): the role's usage line, an
     error that names the flag, exit status 2. Creates the dispatcher's --work-dir (it would
     be at start) to prove it can be written."""
-    parser = args.role_parser
     try:
         if args.role == "dispatcher":
             check_int("--port", args.port, minimum=1, maximum=65535, expected="a port, 1 to 65535")
@@ -248,7 +218,7 @@ def _check(args: argparse.Namespace) -> None:
                     "--host", args.host, "the host name or IP address trainers reach it by"
                 )
     except (TypeError, ValueError) as e:
-        parser.error(str(e))
+        args.role_parser.error(str(e))
 
 
 def _log(message: str) -> None:
@@ -259,17 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs a tf.data service dispatcher or worker (`argv` after `tfgpu data-service`) until
     SIGTERM or SIGINT, logging to stderr. Returns the exit status: 0 after a clean stop; 1
     when the server kept dying; 2 for bad arguments or a server that could not start.
-
-    Example:
-
-    ```python
-    main(["dispatcher", "--port", "5050", "--work-dir", "/shared/dispatcher"])
-    ```
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        args = _parser().parse_args(argv)
         _check(args)
     except SystemExit as e:  # argparse: usage printed
         return int(e.code or 0)
@@ -300,15 +263,7 @@ def _stop_on_signals(catch: bool = True) -> Iterator[threading.Event]:
 
 def restart_delay(deaths: Sequence[float], now: float) -> float | None:
     """Seconds to wait before starting a dead server again (1, 2, 4, 8, 16 s for the 1st to 5th
-    of the `deaths` within `RESTART_WINDOW_S`), or None to give up. Pure.
-
-    Example:
-
-    >>> restart_delay([100.0], 100.0), restart_delay([10.0, 100.0], 100.0)
-    (1.0, 2.0)
-    >>> restart_delay([96.0, 97.0, 98.0, 99.0, 99.5, 100.0], 100.0) is None
-    True
-    """
+    of the `deaths` within `RESTART_WINDOW_S`), or None to give up (a 6th). Pure."""
     recent = sum(1 for t in deaths if now - t <= RESTART_WINDOW_S)
     if recent > MAX_RESTARTS:
         return None
@@ -405,11 +360,10 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_CANNOT_START
     import tensorflow as tf
 
-    service = tf.data.experimental.service
     # Starting blocks in TensorFlow (a worker waits there for its dispatcher), where no
     # Python handler runs: until the server is up, SIGTERM and Ctrl-C end the process.
     with _stop_on_signals(catch=False):
-        server, count, what = _start(args, service)
+        server, count, what = _start(args, tf.data.experimental.service)
     if server is None:
         return EXIT_CANNOT_START
     with _stop_on_signals() as stop:

@@ -1,9 +1,8 @@
 """The one place that answers "which GPU does TensorFlow train on, and what does NVML say":
 TensorFlow's `/GPU:k`, CUDA's ordinals after `CUDA_VISIBLE_DEVICES` and NVML's PCI-bus order
-differ as soon as GPUs are reordered or hidden. Nothing here imports TensorFlow or starts its
-runtime (`configure()` stays possible) but the allocator's peak memory, read while training;
-where TensorFlow is not imported, nothing has hidden a GPU from it, so the GPUs CUDA shows
-stand in for `/GPU:k` (`tfgpu.monitor` relies on it).
+differ as soon as GPUs are reordered or hidden. Only the allocator's peak memory, read while
+training, imports TensorFlow or starts its runtime (`configure()` stays possible); where it is
+not imported, the GPUs CUDA shows stand in for `/GPU:k` (`tfgpu.monitor` relies on it).
 """
 
 from __future__ import annotations
@@ -22,48 +21,30 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class PhysicalGpu:
-    """One GPU as TensorFlow lists it (`tf.config.list_physical_devices("GPU")`).
+    """One GPU as TensorFlow lists it (`tf.config.list_physical_devices("GPU")`); the name and
+    capability from its device details."""
 
-    Attributes:
-        cuda_index: int, its CUDA ordinal in this process (after `CUDA_VISIBLE_DEVICES`).
-        tf_name: str, e.g. `"/physical_device:GPU:1"`.
-        device_name: str or None, TensorFlow's device details, e.g. `"NVIDIA A100-SXM4-80GB"`.
-        compute_capability: tuple or None, from the device details, e.g. `(8, 0)`.
-        visible: bool, whether TensorFlow uses it (not hidden by `set_visible_devices`).
-        logical_devices: int, how many logical `/GPU:k` TensorFlow makes of it (more than one
-            with `tf.config.set_logical_device_configuration`; 0 when not visible).
-        error: str or None, why the device details could not be read.
-    """
-
-    cuda_index: int
-    tf_name: str
-    device_name: str | None
-    compute_capability: tuple[int, int] | None
-    visible: bool
+    cuda_index: int  # its CUDA ordinal in this process (after `CUDA_VISIBLE_DEVICES`)
+    tf_name: str  # e.g. "/physical_device:GPU:1"
+    device_name: str | None  # e.g. "NVIDIA A100-SXM4-80GB"
+    compute_capability: tuple[int, int] | None  # e.g. (8, 0)
+    visible: bool  # whether TensorFlow uses it (not hidden by `set_visible_devices`)
+    # How many logical `/GPU:k` TensorFlow makes of it (several with
+    # `tf.config.set_logical_device_configuration`; 0 when not visible).
     logical_devices: int
-    error: str | None = None
+    error: str | None = None  # why the device details could not be read
 
 
 @dataclasses.dataclass(frozen=True)
 class TfGpu:
-    """One GPU TensorFlow trains on, `/GPU:{position}`, and the physical GPU behind it.
-
-    Attributes:
-        position: int, `k` in TensorFlow's `/GPU:k`.
-        cuda_index: int, the CUDA ordinal of its physical GPU in this process (after
-            `CUDA_VISIBLE_DEVICES`); the `gpus=` numbering of `tfgpu.monitor.Sampler`.
-        tf_name: str or None, TensorFlow's physical device, e.g. `"/physical_device:GPU:1"`;
-            None where TensorFlow is not imported or lists no GPU (the CUDA-visible GPUs
-            stand in, as TensorFlow would number them).
-        nvml: `tfgpu.monitor.nvml.GpuInfo` or None, the NVML record (None without NVML, or
-            where `CUDA_VISIBLE_DEVICES` names a GPU NVML cannot match, e.g. a MIG instance).
-        device_name: str or None, TensorFlow's device details' name.
-        tf_compute_capability: tuple or None, TensorFlow's device details' capability.
-    """
+    """One GPU TensorFlow trains on, `/GPU:{position}`, and the physical GPU behind it (its
+    `PhysicalGpu`'s fields, None where TensorFlow is not imported or lists no GPU: the
+    CUDA-visible GPUs stand in, as TensorFlow would number them)."""
 
     position: int
-    cuda_index: int
+    cuda_index: int  # in this process; the `gpus=` numbering of `tfgpu.monitor.Sampler`
     tf_name: str | None
+    # None without NVML, or where `CUDA_VISIBLE_DEVICES` names a GPU NVML cannot match (MIG).
     nvml: GpuInfo | None
     device_name: str | None = None
     tf_compute_capability: tuple[int, int] | None = None
@@ -260,11 +241,9 @@ def cuda_indices(gpus: Sequence[int] | None = None) -> list[int] | None:
     positions = [g.cuda_index for g in _tf_gpus(physical, [])]
     if gpus is None:
         return _unique(positions)
-    wrong = [g for g in gpus if not is_int(g)]
-    if wrong:
+    if not all(is_int(g) for g in gpus):
         raise invalid_type("gpus", list(gpus), "a list of int (TensorFlow's /GPU:k indices)")
-    unknown = [g for g in gpus if not 0 <= g < len(positions)]
-    if unknown:
+    if not all(0 <= g < len(positions) for g in gpus):
         raise invalid_value(
             "gpus",
             list(gpus),
@@ -297,13 +276,10 @@ def peak_precision(
         return "float16"
     if policy != "float32":
         return None
-    if compute_capabilities is None:
-        ccs: list[tuple[int, int] | None] = []
-    elif len(compute_capabilities) == 2 and all(is_int(v) for v in compute_capabilities):
-        ccs = [(int(compute_capabilities[0]), int(compute_capabilities[1]))]  # type: ignore[arg-type]
-    else:
-        ccs = [None if cc is None else (int(cc[0]), int(cc[1])) for cc in compute_capabilities]  # type: ignore[index]
+    ccs: Sequence[Any] = compute_capabilities or ()
+    if len(ccs) == 2 and all(is_int(v) for v in ccs):  # one (major, minor) pair
+        ccs = [ccs]
     if tf32_enabled is None:
         tf32_enabled = tf32_execution_enabled()
-    ampere = bool(ccs) and all(cc is not None and cc >= (8, 0) for cc in ccs)
+    ampere = bool(ccs) and all(cc is not None and (int(cc[0]), int(cc[1])) >= (8, 0) for cc in ccs)
     return "tf32" if tf32_enabled and ampere else "float32"

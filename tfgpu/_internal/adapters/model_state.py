@@ -1,7 +1,7 @@
 """`with preserved(model, x): ...`: a Keras model comes back exactly as it went in (every
 variable of the model, its optimizers and metrics; its compile settings, train function and
-history; its strategy's all-reduce), for whatever trains a user's model to measure it. The model and its optimizer are
-built first, so the slots a first step would create are recorded and put back too.
+history; its strategy's all-reduce), for whatever trains a user's model to measure it. The
+model and its optimizer are built first, so the slots a first step makes are put back too.
 """
 
 from __future__ import annotations
@@ -93,14 +93,12 @@ def supports_xla(model: Any) -> bool:
     """Whether Keras accepts `jit_compile` flipped for this model (it refuses some models,
     warning and keeping the old value)."""
     current = model.jit_compile
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
             model.jit_compile = not bool(current)
-        return bool(model.jit_compile) != bool(current)
-    finally:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+            return bool(model.jit_compile) != bool(current)
+        finally:
             model.jit_compile = current
 
 
