@@ -129,17 +129,16 @@ class Progress:
         """Seconds since the progress started (on its clock)."""
         return self._now() - self._start
 
-    def _timing(self) -> str:
-        elapsed = self.elapsed()
-        if self.budget_s is None:
-            return f"{format_seconds(elapsed)} so far"
-        left = self.budget_s - elapsed
-        return "budget spent" if left <= 0 else f"{format_seconds(left)} left"
-
     def phase(self, text: str) -> None:
         """Shows a new phase: "timing the real data, round 3 of at most 12"."""
-        if self.verbose and not self._done:
-            self._show(f"{self.title}: {text} {_DOT} {self._timing()}", final=False)
+        if not self.verbose or self._done:
+            return
+        if self.budget_s is None:
+            timing = f"{format_seconds(self.elapsed())} so far"
+        else:
+            left = self.budget_s - self.elapsed()
+            timing = "budget spent" if left <= 0 else f"{format_seconds(left)} left"
+        self._show(f"{self.title}: {text} {_DOT} {timing}", final=False)
 
     def done(self, text: str = "") -> None:
         """Ends the progress with one summary line ("done in 41 s · `text`"); later calls do
