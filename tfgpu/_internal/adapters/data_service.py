@@ -128,8 +128,6 @@ def consumers(cluster: Cluster, *, repeat: bool) -> tuple[int | None, int | None
 # A server that died this many times within the window is given up on (exit status 1).
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 300.0
-# The wait before the n-th restart within the window: 1, 2, 4, 8, 16 s.
-_FIRST_DELAY_S = 1.0
 # A server stopped with SIGTERM that has not exited after this long is killed.
 _STOP_TIMEOUT_S = 60.0
 # The exit status of a server that could not start (bad arguments, a port in use): starting
@@ -267,7 +265,7 @@ def restart_delay(deaths: Sequence[float], now: float) -> float | None:
     recent = sum(1 for t in deaths if now - t <= RESTART_WINDOW_S)
     if recent > MAX_RESTARTS:
         return None
-    return _FIRST_DELAY_S * 2.0 ** max(0, recent - 1)
+    return 2.0 ** max(0, recent - 1)
 
 
 def supervise(
@@ -303,19 +301,15 @@ def supervise(
             _log(f"{what}: process {proc.pid} could not start (its message above); giving up")
             return EXIT_CANNOT_START
         deaths.append(time.monotonic())
-        ran = deaths[-1] - started
+        ended = f"{what}: process {proc.pid} {death(status)} after {deaths[-1] - started:.1f} s"
         delay = delays(deaths, deaths[-1])
         if delay is None:
             _log(
-                f"{what}: process {proc.pid} {death(status)} after {ran:.1f} s, the "
-                f"{len(deaths)}th time; more than {MAX_RESTARTS} deaths in "
+                f"{ended}, the {len(deaths)}th time; more than {MAX_RESTARTS} deaths in "
                 f"{RESTART_WINDOW_S:g} s: giving up"
             )
             return 1
-        _log(
-            f"{what}: process {proc.pid} {death(status)} after {ran:.1f} s; starting it "
-            f"again at port {port} in {delay:g} s"
-        )
+        _log(f"{ended}; starting it again at port {port} in {delay:g} s")
         if stop.wait(delay):
             return 0
 
