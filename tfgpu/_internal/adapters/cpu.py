@@ -130,25 +130,16 @@ def _peak_from_texts(
     return float(cores) * clock * per_cycle
 
 
-def _rate(dtype: object) -> str:
+def peak_flops(dtype: str = "float32") -> float | None:
+    """An upper bound of this CPU's FLOP/s for a dtype or Keras policy name (`"float32"`,
+    `"mixed_bfloat16"`, `"bf16"`, ...), or None where the machine does not say (e.g. 2 cores
+    x 2.45 GHz x 32 = 1.6e11 with AVX2)."""
     expected = f"one of: {', '.join(repr(d) for d in _DTYPES)}"
     if not isinstance(dtype, str):
         raise invalid_type("dtype", dtype, f"a str, {expected}")
     rate = _DTYPES.get(dtype.lower())
     if rate is None:
         raise invalid_value("dtype", dtype, expected)
-    return rate
-
-
-def peak_flops(dtype: str = "float32") -> float | None:
-    """An upper bound of this CPU's FLOP/s for a dtype or Keras policy name (`"float32"`,
-    `"mixed_bfloat16"`, `"bf16"`, ...), or None where the machine does not say.
-
-    Example:
-
-    >>> peak = peak_flops("float32")  # e.g. 2 cores x 2.45 GHz x 32 = 1.6e11 with AVX2
-    """
-    rate = _rate(dtype)
     if not sys.platform.startswith("linux"):
         return None
     return _peak_from_texts(_read(_CPUINFO), usable_cores(), _read(_MAX_FREQ), rate)

@@ -73,10 +73,8 @@ class TfGpu:
 
 
 def tf_runtime_initialized() -> bool | None:
-    """Whether TensorFlow's eager context (and so its devices) exists already.
-
-    False where TensorFlow is not imported; None where it is but cannot tell.
-    """
+    """Whether TensorFlow's eager context (and so its devices) exists already: False where
+    TensorFlow is not imported, None where it is but cannot tell."""
     if "tensorflow" not in sys.modules:
         return False
     try:
@@ -163,12 +161,8 @@ def _cuda_gpus() -> list[GpuInfo]:
 def tf_gpus() -> list[TfGpu]:
     """TensorFlow's GPUs in `/GPU:k` order (one per logical device), each with its physical
     identity and NVML record; where TensorFlow lists none, the CUDA-visible GPUs stand in
-    (`tf_name` None). Starts no runtime, never raises.
-
-    Example:
-
-    >>> [(g.position, g.cuda_index, g.nvml_index) for g in tf_gpus()]  # doctest: +SKIP
-    [(0, 1, 2)]  # CUDA_VISIBLE_DEVICES=2,0 and configure(gpus=[1])
+    (`tf_name` None). Starts no runtime, never raises. E.g. with CUDA_VISIBLE_DEVICES=2,0 and
+    `configure(gpus=[1])`, `/GPU:0` is CUDA's 1 and NVML's 0.
     """
     return _tf_gpus(physical_gpus(), _cuda_gpus())
 
@@ -221,13 +215,9 @@ def peak_memory(device: str) -> int | None:
         return None
 
 
-def _unique(values: Sequence[int]) -> list[int]:
-    return list(dict.fromkeys(values))
-
-
 def nvml_indices() -> list[int]:
     """NVML indices of the GPUs TensorFlow uses, `/GPU:0`'s first, each once ([] without NVML)."""
-    return _unique([g.nvml_index for g in tf_gpus() if g.nvml_index is not None])
+    return list(dict.fromkeys(g.nvml_index for g in tf_gpus() if g.nvml_index is not None))
 
 
 def cuda_indices(gpus: Sequence[int] | None = None) -> list[int] | None:
@@ -240,7 +230,7 @@ def cuda_indices(gpus: Sequence[int] | None = None) -> list[int] | None:
     # No NVML needed: TensorFlow's physical GPU k is CUDA's ordinal k.
     positions = [g.cuda_index for g in _tf_gpus(physical, [])]
     if gpus is None:
-        return _unique(positions)
+        return list(dict.fromkeys(positions))
     if not all(is_int(g) for g in gpus):
         raise invalid_type("gpus", list(gpus), "a list of int (TensorFlow's /GPU:k indices)")
     if not all(0 <= g < len(positions) for g in gpus):
@@ -251,7 +241,7 @@ def cuda_indices(gpus: Sequence[int] | None = None) -> list[int] | None:
             "(`tf.config.set_visible_devices` / `tfgpu.configure(gpus=...)`), and `gpus` "
             "numbers them as TensorFlow does (`/GPU:0` is 0)",
         )
-    return _unique([positions[g] for g in gpus])
+    return list(dict.fromkeys(positions[g] for g in gpus))
 
 
 def peak_precision(
@@ -262,13 +252,6 @@ def peak_precision(
     """The `tfgpu.flops.peak_flops` precision a Keras dtype policy runs at: float32 is `"tf32"`
     when TF32 is on (None: ask TensorFlow) and every GPU has cc >= 8.0; None for policies
     without a rate (e.g. `"float64"`). `compute_capabilities`: a list, one pair, or None.
-
-    Example:
-
-    >>> peak_precision("float32", [(8, 0), (9, 0)], tf32_enabled=True)
-    'tf32'
-    >>> peak_precision("float32", (7, 0), tf32_enabled=True)
-    'float32'
     """
     if policy in ("mixed_bfloat16", "bfloat16"):
         return "bfloat16"

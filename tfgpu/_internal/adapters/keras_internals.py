@@ -186,9 +186,9 @@ def distributed_dataset(epoch_iterator: Any) -> Any:
         from keras.src.backend.tensorflow.trainer import TFEpochIterator
     except ImportError:
         return None
-    if not isinstance(epoch_iterator, TFEpochIterator):
-        return None
-    return getattr(epoch_iterator, "_distributed_dataset", None)
+    if isinstance(epoch_iterator, TFEpochIterator):
+        return getattr(epoch_iterator, "_distributed_dataset", None)
+    return None
 
 
 def set_distributed_dataset(epoch_iterator: Any, dataset: Any) -> None:
@@ -272,12 +272,11 @@ def global_seed_generator(create: bool = False) -> Any:
     return global_state.get_global_attribute("global_seed_generator")
 
 
-# Keras 3 with TensorFlow 2.21 fails in `fit` under a real multi-worker strategy (why, and the
-# fix: docs/distributed.md, "The Keras 3 correction"): `_maybe_symbolic_build` reduces a
-# `PerReplica` batch (the build only needs shapes: build from a local replica's value), and
-# `reduce_per_replica` reduces scalar logs with `axis=0` (tensorflow/tensorflow#72388: reduce
-# rank-0 values with `axis=None`). Both wrappers defer to Keras for every other strategy.
-# `tests/test_multi_worker.py` fails once upstream no longer breaks: delete this section then.
+# Keras 3 with TensorFlow 2.21 fails in `fit` under a real multi-worker strategy: the build
+# reduces a `PerReplica` batch, and scalar logs are reduced with `axis=0` (tensorflow#72388);
+# why and the fix: docs/distributed.md, "The Keras 3 correction". Both wrappers defer to Keras
+# for every other strategy. `tests/test_multi_worker.py` fails once upstream no longer breaks:
+# delete this section then.
 
 _correction_lock = threading.Lock()
 _correction_installed = False
@@ -305,9 +304,7 @@ def _local_value(value: Any) -> Any:
     """The first local replica's component of a distributed value; other values unchanged."""
     import tensorflow as tf
 
-    if isinstance(value, tf.distribute.DistributedValues):
-        return value.values[0]
-    return value
+    return value.values[0] if isinstance(value, tf.distribute.DistributedValues) else value
 
 
 def install_multi_worker_correction() -> bool:
@@ -382,11 +379,10 @@ def install_multi_worker_correction() -> bool:
 
 def _has_parameters(function: Any, *names: str) -> bool:
     """Whether `function` (unwrapped) is callable with parameters `names`."""
-    function = inspect.unwrap(function) if callable(function) else None
-    if function is None:
+    if not callable(function):
         return False
     try:
-        parameters = inspect.signature(function).parameters
+        parameters = inspect.signature(inspect.unwrap(function)).parameters
     except (TypeError, ValueError):
         return False
     return all(n in parameters for n in names)
@@ -424,7 +420,6 @@ def problems_in_trainer() -> list[str]:
 def problems_in_fit(model: Any) -> list[str]:
     """What this Keras no longer has where tfgpu reaches for it ([]: every reach finds its
     target); call it from a hook of `fit`, as `tests/test_keras_internals.py` does."""
-    found: list[str] = []
     frame = _fit_frame(model, sys._getframe(1))
     if frame is None:
         return [moved("`fit`'s frame with a local `epoch_iterator`")]
@@ -438,7 +433,7 @@ def problems_in_fit(model: Any) -> list[str]:
         ("`model._initial_epoch`", hasattr(model, "_initial_epoch")),
         ("the frame of `fit`, driving the hooks", training_frame(__name__) is not None),
     ]
-    found.extend(moved(what) for what, ok in checks if not ok)
+    found = [moved(what) for what, ok in checks if not ok]
     try:
         global_seed_generator()
         global_seed_generator(create=True)

@@ -23,8 +23,7 @@ _ATTRIBUTES = ("steps_per_execution", "jit_compile", "train_function", "history"
 def build(model: Any, x: Any = None) -> None:
     """Builds `model` (on one batch's inputs `x`, if not built yet) and its optimizer, under
     its strategy."""
-    strategy = model.distribute_strategy
-    with strategy.scope():
+    with model.distribute_strategy.scope():
         if not model.built and x is not None:
             model(x, training=False)
         opt = getattr(model, "optimizer", None)
@@ -34,16 +33,12 @@ def build(model: Any, x: Any = None) -> None:
 
 def _state_variables(model: Any) -> list[Any]:
     """Every variable of the model, its optimizer chain and its metrics, each once."""
-    seen: dict[int, Any] = {}
     groups = [getattr(model, "variables", []), getattr(model, "metrics_variables", [])]
     opt = getattr(model, "optimizer", None)
     while opt is not None:
         groups.append(getattr(opt, "variables", []))
         opt = getattr(opt, "inner_optimizer", None)
-    for group in groups:
-        for v in group:
-            seen.setdefault(id(v), v)
-    return list(seen.values())
+    return list({id(v): v for group in groups for v in group}.values())
 
 
 def snapshot(model: Any) -> list[tuple[Any, np.ndarray]]:

@@ -76,12 +76,6 @@ def parse_tf_config(raw: str | None, *, strict: bool = True) -> Cluster | None:
 
     `strict` requires what `tfgpu.strategy()` needs (a `"task"`, only chief/worker/evaluator,
     at most one chief); `strict=False` accepts what TensorFlow accepts (`"{}"` too).
-
-    Example:
-
-    >>> parse_tf_config('{"cluster": {"worker": ["a:1", "b:1"]}, '
-    ...                 '"task": {"type": "worker", "index": 1}}').task_index
-    1
     """
     if raw is None or not raw.strip():
         return None  # TensorFlow treats an empty TF_CONFIG as unset
