@@ -66,6 +66,16 @@ def is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def _bounded(kind: str, low: float | None, high: float | None, strict: bool, none: bool) -> str:
+    """The default `expected` of `check_int` and `check_number`: "an int >= 1 and <= 9 or None"
+    (`strict`: `low` excluded; `none`: None allowed)."""
+    bounds = [] if low is None else [f"{'>' if strict else '>='} {low}"]
+    if high is not None:
+        bounds.append(f"<= {high}")
+    text = f"{kind} {' and '.join(bounds)}" if bounds else kind
+    return f"{text} or None" if none else text
+
+
 @overload
 def check_int(
     name: str,
@@ -104,11 +114,7 @@ def check_int(
     if allow_none and value is None:
         return None
     if expected is None:
-        expected = f"an int >= {minimum}"
-        if maximum is not None:
-            expected += f" and <= {maximum}"
-        if allow_none:
-            expected += " or None"
+        expected = _bounded("an int", minimum, maximum, False, allow_none)
     if not is_int(value):
         raise invalid_type(name, value, expected)
     if value < minimum or (maximum is not None and value > maximum):
@@ -157,14 +163,7 @@ def check_number(
     if allow_none and value is None:
         return None
     if expected is None:
-        parts = []
-        if minimum is not None:
-            parts.append(f"{'>' if exclusive_minimum else '>='} {minimum}")
-        if maximum is not None:
-            parts.append(f"<= {maximum}")
-        expected = "a finite number" + (f" {' and '.join(parts)}" if parts else "")
-        if allow_none:
-            expected += " or None"
+        expected = _bounded("a finite number", minimum, maximum, exclusive_minimum, allow_none)
     if not is_number(value):
         raise invalid_type(name, value, expected)
     number = float(value)
@@ -186,13 +185,8 @@ def check_finite_result(what: str, value: float, inputs: str) -> float:
 
 
 def conflicting(first: str, second: str, hint: str = "") -> ValueError:
-    """Returns the one ValueError for two arguments that cannot be given together.
-
-    Example:
-
-    >>> str(conflicting("batch_size=64", "per_replica_batch_size=32"))
-    'Conflicting arguments: batch_size=64 and per_replica_batch_size=32. Pass only one of them.'
-    """
+    """The one ValueError for two arguments that cannot be given together (`first`, `second`:
+    "batch_size=64"); `hint` replaces "Pass only one of them."."""
     return ValueError(
         f"Conflicting arguments: {first} and {second}. {hint or 'Pass only one of them.'}"
     )
