@@ -41,18 +41,14 @@ def rotate(path: Path) -> Path | None:
 def write_text_atomic(path: Path, text: str | bytes) -> None:
     """Writes `text` (or bytes) to `path` through a temporary file and a rename (atomic)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    replaced = False
     try:
         with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
         os.replace(tmp, path)
-        replaced = True
-    finally:
-        if not replaced:  # whatever stopped it, Ctrl-C included: no temporary file is left
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+    except BaseException:  # whatever stopped it, Ctrl-C included: no temporary file is left
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def write_result(
