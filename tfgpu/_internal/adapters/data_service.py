@@ -92,8 +92,7 @@ def job_name(
     """The job name every trainer of one run agrees on, without talking to the others (the
     rule: docs/data_service.md, "Several trainers"); ValueError for several trainers outside
     Slurm without `service_job_name`. `token` is random per process; `serial` counts this
-    process's service pipelines (the n-th pipeline of every trainer gets the same name). Pure.
-    """
+    process's service pipelines (the n-th pipeline of every trainer gets the same name). Pure."""
     if explicit is not None:
         return explicit if serial == 0 else f"{explicit}-{serial}"
     if cluster.num_tasks <= 1:
@@ -115,8 +114,7 @@ def job_name(
 
 def consumers(cluster: Cluster, *, repeat: bool) -> tuple[int | None, int | None]:
     """`(consumer_index, num_consumers)` for the round-robin reads of several trainers of a
-    repeated dataset, or `(None, None)` (a finite one is read first come, first served). Pure.
-    """
+    repeated dataset, or `(None, None)` (a finite one is read first come, first served). Pure."""
     if cluster.num_tasks <= 1 or not repeat or cluster.task_type not in ("chief", "worker"):
         return None, None
     index = cluster.task_index or 0
@@ -226,8 +224,7 @@ def _log(message: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs a tf.data service dispatcher or worker (`argv` after `tfgpu data-service`) until
     SIGTERM or SIGINT, logging to stderr. Returns the exit status: 0 after a clean stop; 1
-    when the server kept dying; 2 for bad arguments or a server that could not start.
-    """
+    when the server kept dying; 2 for bad arguments or a server that could not start."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = _parser().parse_args(argv)
@@ -277,8 +274,7 @@ def supervise(
     delays: Callable[[Sequence[float], float], float | None] = restart_delay,
 ) -> int:
     """Runs `command` (a server at `port`) until `stop` is set, starting it again when it dies.
-    Returns 0 after a stop, `EXIT_CANNOT_START` when it could not start, 1 when `delays` gave up.
-    """
+    Returns 0 after a stop, `EXIT_CANNOT_START` when it could not start, 1 when `delays` gave up."""
     deaths: list[float] = []
     while True:
         proc = subprocess.Popen(list(command), stdin=subprocess.DEVNULL)

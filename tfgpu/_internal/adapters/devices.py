@@ -162,8 +162,7 @@ def tf_gpus() -> list[TfGpu]:
     """TensorFlow's GPUs in `/GPU:k` order (one per logical device), each with its physical
     identity and NVML record; where TensorFlow lists none, the CUDA-visible GPUs stand in
     (`tf_name` None). Starts no runtime, never raises. E.g. with CUDA_VISIBLE_DEVICES=2,0 and
-    `configure(gpus=[1])`, `/GPU:0` is CUDA's 1 and NVML's 0.
-    """
+    `configure(gpus=[1])`, `/GPU:0` is CUDA's 1 and NVML's 0."""
     return _tf_gpus(physical_gpus(), _cuda_gpus())
 
 
@@ -251,8 +250,7 @@ def peak_precision(
 ) -> str | None:
     """The `tfgpu.flops.peak_flops` precision a Keras dtype policy runs at: float32 is `"tf32"`
     when TF32 is on (None: ask TensorFlow) and every GPU has cc >= 8.0; None for policies
-    without a rate (e.g. `"float64"`). `compute_capabilities`: a list, one pair, or None.
-    """
+    without a rate (e.g. `"float64"`). `compute_capabilities`: a list, one pair, or None."""
     if policy in ("mixed_bfloat16", "bfloat16"):
         return "bfloat16"
     if policy in ("mixed_float16", "float16"):

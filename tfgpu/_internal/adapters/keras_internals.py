@@ -130,8 +130,7 @@ _watcher: threading.Thread | None = None
 def when_fit_ends(callback: Callable[[], None], caller_module: str) -> FitWatch | None:
     """Calls `callback()` (from a daemon thread) once the function driving the hooks has
     returned or raised: Keras skips `on_train_end` when `fit` raises. `callback` must be safe
-    after `on_train_end` and from another thread. Returns the `FitWatch`, or None.
-    """
+    after `on_train_end` and from another thread. Returns the `FitWatch`, or None."""
     global _watcher
     frame = training_frame(caller_module)
     if frame is None:

@@ -60,13 +60,7 @@ def restore(model: Any, values: list[tuple[Any, np.ndarray]]) -> None:
 @contextlib.contextmanager
 def preserved(model: Any, x: Any = None) -> Iterator[None]:
     """Runs the body, then puts the model's training state back (also on an exception),
-    and its strategy's all-reduce; `x`, one batch's inputs, builds an unbuilt model.
-
-    Example:
-
-    >>> with preserved(model, x[:1]):
-    ...     model.fit(x, y, epochs=1)  # weights, optimizer, metrics, history: as before
-    """
+    and its strategy's all-reduce; `x`, one batch's inputs, builds an unbuilt model."""
     build(model, x)
     values = snapshot(model)
     saved = {name: getattr(model, name, None) for name in _ATTRIBUTES}

@@ -134,12 +134,9 @@ def death(status: int) -> str:
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """Ends this process when its parent, `parent_pid`, ends, however it ends.
-
-    On Linux the kernel sends SIGKILL at the parent's death (`prctl(PR_SET_PDEATHSIG)`);
-    on other POSIX systems a daemon thread checks the parent every second. A parent that
-    is already gone ends this process at once (exit status 1). Nothing on Windows.
-    """
+    """Ends this process when its parent, `parent_pid`, ends, however it ends: Linux sends
+    SIGKILL at its death (`prctl(PR_SET_PDEATHSIG)`), elsewhere a daemon thread checks every
+    second; a parent already gone ends it at once (exit status 1). Nothing on Windows."""
     if os.name != "posix":
         return
     if not _parent_death_signal():

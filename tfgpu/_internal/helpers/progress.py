@@ -6,6 +6,7 @@ the call, the phase and the time left: ``diagnose: timing the real data · 41 s 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -87,19 +88,10 @@ def format_seconds(seconds: float) -> str:
 
 
 class Progress:
-    """Progress lines of one long call: a line per phase, a summary line at the end.
-
-    `budget_s` (None: none) makes each line say the time left, else the time so far;
-    `stream` None is `sys.stdout` at each write; `clock` is the budget's (tests script it).
-
-    Example:
-
-    ```python
-    progress = Progress(verbose, title="diagnose", budget_s=60.0)
-    progress.phase("timing the real data (round 3)")  # diagnose: ... · 41 s left
-    progress.done("bottleneck: input")               # diagnose: done in 19 s · bottleneck: input
-    ```
-    """
+    """Progress lines of one long call: a line per phase (as the module says), a summary line
+    at the end (``diagnose: done in 19 s · bottleneck: input``). `budget_s` (None: none) makes
+    each line say the time left, else the time so far; `stream` None is `sys.stdout` at each
+    write; `clock` is the budget's (tests script it)."""
 
     def __init__(
         self,
@@ -153,7 +145,10 @@ class Progress:
     def _show(self, line: str, *, final: bool) -> None:
         stream = sys.stdout if self._stream is None else self._stream
         if self.verbose == 1:
-            columns = _columns(stream)
+            columns = None  # a notebook wraps lines itself and redraws them whole
+            if _is_tty(stream):
+                with contextlib.suppress(*_STREAM_ERRORS):
+                    columns = os.get_terminal_size(stream.fileno()).columns
             if columns and len(line) >= columns:  # a wrapped line cannot be rewritten
                 line = line[: columns - 2] + "\u2026"
             padding = " " * max(0, self._width - len(line))
@@ -162,17 +157,6 @@ class Progress:
         else:
             text = line + "\n"
         _write(stream, text)
-
-
-def _columns(stream: Any) -> int | None:
-    """The terminal's width when `stream` is a terminal, else None (a notebook wraps lines
-    itself and redraws them whole)."""
-    if not _is_tty(stream):
-        return None
-    try:
-        return os.get_terminal_size(stream.fileno()).columns or None
-    except _STREAM_ERRORS:
-        return None
 
 
 def _write(stream: Any, text: str) -> None:
