@@ -194,13 +194,9 @@ def kept(strategy: Any) -> Iterator[None]:
 @contextlib.contextmanager
 def using(strategy: Any, name: str) -> Iterator[None]:
     """Runs the body with `strategy` summing gradients by `name` (a `tfgpu.strategy`
-    all-reduce name), then puts the old one back. A train function traced in the body keeps
-    `name`'s reduction.
-
-    Raises:
-        ValueError: if this TensorFlow keeps the all-reduce elsewhere (`describe` says
-            where), or `name` is not one of the strategy kind's names.
-    """
+    all-reduce name), then puts the old one back; a train function traced in the body keeps
+    `name`'s reduction. ValueError where this TensorFlow keeps the all-reduce elsewhere
+    (`describe` says where) or for a `name` the strategy's kind does not have."""
     kind = kind_of(strategy)
     slot = reach(strategy)
     if slot is None:

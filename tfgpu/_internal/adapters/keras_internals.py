@@ -101,10 +101,8 @@ def training_frame(caller_module: str) -> FrameType | None:
 
 
 class FitWatch:
-    """A wish to be told when a training function has left its thread's stack.
-
-    Made by `when_fit_ends`; `cancel()` withdraws it (a later `fit` has its own).
-    """
+    """A wish to be told when a training function has left its thread's stack, made by
+    `when_fit_ends`; `cancel()` withdraws it (a later `fit` has its own)."""
 
     def __init__(self, thread_id: int, frame: FrameType, callback: Callable[[], None]):
         self.thread_id, self.frame, self.callback = thread_id, frame, callback

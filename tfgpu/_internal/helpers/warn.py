@@ -37,10 +37,8 @@ def warn_at_user_code(
     message: str, category: type[Warning] = UserWarning, *, once: str | None = None
 ) -> None:
     """Issues a warning attributed to the user's line; `once`, a key, issues it once per process.
-
-    It passes the file name and line only, not `module_globals`: the loader of a `__main__`
-    read from stdin or `-c` raises when `warn_explicit` asks it for the source.
-    """
+    Only the file name and line are passed, not `module_globals`: the loader of a `__main__`
+    read from stdin or `-c` raises when `warn_explicit` asks it for the source."""
     if once is not None:
         with _lock:
             if once in _shown:
