@@ -2,8 +2,7 @@
 (`describe`), and the strategy with another one for a while (`using`, for `tune`'s candidates).
 TensorFlow keeps it in private attributes of `strategy.extended`, all reached in `reach`
 (checked against `CHECKED_TF`); where another version keeps them elsewhere, `describe` says so
-in `missing` and nothing is changed. No TensorFlow import at module level.
-"""
+in `missing` and nothing is changed. No TensorFlow import at module level."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """An upper bound of this CPU's FLOP/s (usable cores x max clock x FLOPs per cycle from the
 vector flags), which `diagnose` compares a FLOP count with; None where the machine does not
-say. The sources and the per-cycle table: docs/diagnosis.md, "FLOPs and MFU". No TensorFlow.
-"""
+say. The sources and the per-cycle table: docs/diagnosis.md, "FLOPs and MFU". No TensorFlow."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The tf.data service's TensorFlow-free part: the rules shared with `tfgpu.data`
 (`parse_address`, `job_name`, `consumers`) and `tfgpu data-service dispatcher|worker`, whose
 supervisor starts the server again in a child process at the same port when it dies (the
-behaviour and the faults: docs/data_service.md).
-"""
+behaviour and the faults: docs/data_service.md)."""
 
 from __future__ import annotations
 
@@ -82,12 +81,7 @@ def check_job_name(value: Any) -> str | None:
 
 
 def job_name(
-    explicit: str | None,
-    *,
-    cluster: Cluster,
-    environ: Mapping[str, str],
-    serial: int,
-    token: str,
+    explicit: str | None, *, cluster: Cluster, environ: Mapping[str, str], serial: int, token: str
 ) -> str:
     """The job name every trainer of one run agrees on, without talking to the others (the
     rule: docs/data_service.md, "Several trainers"); ValueError for several trainers outside
@@ -144,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     restart = argparse.ArgumentParser(add_help=False)
     # The supervisor's process id, given by the supervisor to its server: the server dies with it.
-    restart.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    restart.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     restart.add_argument(
         "--restart",
         action=argparse.BooleanOptionalAction,
@@ -160,7 +154,6 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--port", type=int, default=5050, help="port to serve on (default 5050)")
     d.add_argument(
         "--work-dir",
-        default=None,
         help="directory for the dispatcher's journal: restarted with the same one, it keeps "
         "its jobs (fault tolerant). Default: none, state lost on restart",
     )
@@ -178,9 +171,7 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--dispatcher", required=True, help="the dispatcher's host:port")
     w.add_argument("--port", type=int, default=0, help="port to serve on (default: any free)")
     w.add_argument(
-        "--host",
-        default=None,
-        help="the name trainers reach this worker by (default: this machine's host name)",
+        "--host", help="the name trainers reach this worker by (default: this machine's host name)"
     )
     w.set_defaults(role_parser=w)
     return parser

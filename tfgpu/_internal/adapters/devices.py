@@ -2,8 +2,7 @@
 TensorFlow's `/GPU:k`, CUDA's ordinals after `CUDA_VISIBLE_DEVICES` and NVML's PCI-bus order
 differ as soon as GPUs are reordered or hidden. Only the allocator's peak memory, read while
 training, imports TensorFlow or starts its runtime (`configure()` stays possible); where it is
-not imported, the GPUs CUDA shows stand in for `/GPU:k` (`tfgpu.monitor` relies on it).
-"""
+not imported, the GPUs CUDA shows stand in for `/GPU:k` (`tfgpu.monitor` relies on it)."""
 
 from __future__ import annotations
 

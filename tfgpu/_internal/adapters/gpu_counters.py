@@ -1,7 +1,6 @@
 """What GPU utilization hides: the rules shared by `tfgpu.diagnose` and `tfgpu report`, pure
 functions of one GPU's means over a window (a NaN decides nothing), each returning a
-`CounterFinding` or None. The thresholds and their sources: docs/diagnosis.md.
-"""
+`CounterFinding` or None. The thresholds and their sources: docs/diagnosis.md."""
 
 from __future__ import annotations
 

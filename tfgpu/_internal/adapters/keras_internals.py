@@ -2,8 +2,7 @@
 function, the initial epoch, the global seed generator, the multi-worker trainer fix), one
 function each, so the day Keras moves something one module changes. Each returns None (or
 does nothing) where this Keras keeps things elsewhere; `tests/test_keras_internals.py` fails
-loudly, naming what moved, against `CHECKED_KERAS`. No TensorFlow import at module level.
-"""
+loudly, naming what moved, against `CHECKED_KERAS`. No TensorFlow import at module level."""
 
 from __future__ import annotations
 

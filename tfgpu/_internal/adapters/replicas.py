@@ -1,7 +1,6 @@
 """The parts of a data-parallel step timed apart, on one strategy and its model (for `scaling`
 and `diagnose`): the replicas' compute, the all-reduce and the optimizer's apply, each a
-`tf.function` running `STEPS` steps per call, timed by the timing engine's `call_time`.
-"""
+`tf.function` running `STEPS` steps per call, timed by the timing engine's `call_time`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """A call that may block for ever (reading a dataset that never yields), given a bound: TensorFlow
 cannot interrupt a `get_next`, so the call runs in a daemon thread, which goes on until the call
-returns or the process exits.
-"""
+returns or the process exits."""
 
 from __future__ import annotations
 

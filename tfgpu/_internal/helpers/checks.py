@@ -1,7 +1,6 @@
 """Keras-style argument errors, shared by every module: the wrong type is a `TypeError`, the
 right type out of range a `ValueError`; NumPy scalars count as Python numbers, bools as
-neither. `tfgpu.monitor` uses it: no TensorFlow, no Keras.
-"""
+neither. `tfgpu.monitor` uses it: no TensorFlow, no Keras."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Where this process sits in a training cluster: `TF_CONFIG` and Slurm, parsed once, pure and
 TF-free (`tfgpu.monitor` names its files by it). Callers decide what a problem means to them:
-`tfgpu.strategy()` raises it, `tfgpu env` reports it, the monitor treats the process as alone.
-"""
+`tfgpu.strategy()` raises it, `tfgpu env` reports it, the monitor treats the process as alone."""
 
 from __future__ import annotations
 
@@ -73,10 +72,8 @@ def _addresses(job: str, addresses: Any, raw: str) -> tuple[list[str], list[int]
 
 def parse_tf_config(raw: str | None, *, strict: bool = True) -> Cluster | None:
     """Parses and validates a `TF_CONFIG` value; None when unset or blank. Raises `TFConfigError`.
-
     `strict` requires what `tfgpu.strategy()` needs (a `"task"`, only chief/worker/evaluator,
-    at most one chief); `strict=False` accepts what TensorFlow accepts (`"{}"` too).
-    """
+    at most one chief); `strict=False` accepts what TensorFlow accepts (`"{}"` too)."""
     if raw is None or not raw.strip():
         return None  # TensorFlow treats an empty TF_CONFIG as unset
     try:

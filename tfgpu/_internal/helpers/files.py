@@ -1,7 +1,6 @@
 """Run-directory files that never lose what an earlier run wrote: appended to, rotated to the
 first free `NAME.N.SUFFIX` or refused, never truncated; JSON replaced atomically (the promise:
-docs/guarantees.md). `tfgpu.monitor` uses it: no TensorFlow, no Keras.
-"""
+docs/guarantees.md). `tfgpu.monitor` uses it: no TensorFlow, no Keras."""
 
 from __future__ import annotations
 

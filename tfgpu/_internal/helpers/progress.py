@@ -1,8 +1,7 @@
 """Progress lines for long calls (`diagnose`, `find_batch_size`, `tune`), on `sys.stdout` in
 plain text: `verbose` as `model.fit` takes it (1: one line rewritten in place with a carriage
 return; 2: one line per phase; "auto": 1 in a terminal or a notebook, else 2). Each line names
-the call, the phase and the time left: ``diagnose: timing the real data · 41 s left``.
-"""
+the call, the phase and the time left: ``diagnose: timing the real data · 41 s left``."""
 
 from __future__ import annotations
 

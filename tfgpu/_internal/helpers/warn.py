@@ -1,7 +1,6 @@
 """Warnings attributed to the user's line (`model.fit(...)`), not a line inside tfgpu, for
 every kind of `__main__` (a file, `-c`, stdin, a notebook cell); with `once=`, once per
-process. The user's warning filters apply as usual. No TensorFlow, no Keras.
-"""
+process. The user's warning filters apply as usual. No TensorFlow, no Keras."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ _lock = threading.Lock()
 
 
 def user_frame(frame: FrameType | None) -> FrameType | None:
-    """The innermost frame, from `frame` outwards, whose module is not a library's; None when
-    every frame is."""
+    """The innermost frame from `frame` outwards whose module is not a library's, or None."""
     while frame is not None:
         module = frame.f_globals.get("__name__")
         if not isinstance(module, str) or module.split(".")[0] not in LIBRARIES:
