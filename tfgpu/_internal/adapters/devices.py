@@ -170,16 +170,10 @@ def _tf_gpus(physical: list[PhysicalGpu], cuda: list[GpuInfo]) -> list[TfGpu]:
         return [TfGpu(k, k, None, gpu) for k, gpu in enumerate(cuda)]
     gpus: list[TfGpu] = []
     for p in physical:
+        nvml = cuda[p.cuda_index] if p.cuda_index < len(cuda) else None
         for _ in range(p.logical_devices):
             gpus.append(
-                TfGpu(
-                    position=len(gpus),
-                    cuda_index=p.cuda_index,
-                    tf_name=p.tf_name,
-                    nvml=cuda[p.cuda_index] if p.cuda_index < len(cuda) else None,
-                    device_name=p.device_name,
-                    tf_compute_capability=p.compute_capability,
-                )
+                TfGpu(len(gpus), p.cuda_index, p.tf_name, nvml, p.device_name, p.compute_capability)
             )
     return gpus
 
