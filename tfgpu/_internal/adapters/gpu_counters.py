@@ -15,9 +15,9 @@ TENSOR_BUSY_UTIL_PCT = 50.0
 # Small kernels: utilization at least this high while SMs are active less than that.
 SMALL_KERNELS_UTIL_PCT = 80.0
 SMALL_KERNELS_SM_ACTIVE_PCT = 50.0
-# Host-device traffic inside the step: PCIe bytes per step above this many batches' bytes.
+# Host-device traffic inside the step: PCIe bytes per step above this many batches' bytes;
+# throttled: mean power below this share of the limit with a throttle reason other than idle.
 PCIE_BATCH_FACTOR = 4.0
-# Throttled: mean power below this share of the limit with a throttle reason other than idle.
 POWER_LOW_SHARE = 0.6
 
 # NVML's clocks-event (throttle) reasons: bit -> (what it says, what to do).
@@ -67,14 +67,11 @@ MULTIPLES_OF_8 = (
     "to multiples of 8, which tensor cores need"
 )
 TENSOR_IDLE_FIX = (
-    'Mixed precision: `tfgpu.configure(precision="mixed_bfloat16")` (`"mixed_float16"` '
-    "before Ampere) before building the model; "
-    + MULTIPLES_OF_8
-    + "; leave TF32 on for float32 matmuls (do not call "
-    "`tf.config.experimental.enable_tensor_float_32_execution(False)`); "
-    + ELEMENTWISE_FIX
-    + ". `tfgpu.diagnose(model, data)` names the layers that keep the matmuls off the tensor "
-    "cores."
+    'Mixed precision: `tfgpu.configure(precision="mixed_bfloat16")` (`"mixed_float16"` before '
+    f"Ampere) before building the model; {MULTIPLES_OF_8}; leave TF32 on for float32 matmuls "
+    "(do not call `tf.config.experimental.enable_tensor_float_32_execution(False)`); "
+    f"{ELEMENTWISE_FIX}. `tfgpu.diagnose(model, data)` names the layers that keep the matmuls "
+    "off the tensor cores."
 )
 PCIE_FIX = (
     "Keep the step on the GPU: ops placed on the CPU (pinned with `tf.device`, or without "
@@ -188,11 +185,10 @@ def small_kernels(c: Counters, fix: str | None = None) -> CounterFinding | None:
 
 def pcie_per_step_bytes(c: Counters, step_time_s: float) -> float:
     """PCIe bytes per step (the mean rate times the step time), NaN when either is unknown."""
-    if not (
-        is_finite_number(c.pcie_mib_s_mean) and is_finite_number(step_time_s) and step_time_s > 0
-    ):
-        return math.nan
-    return float(c.pcie_mib_s_mean) * _MIB * float(step_time_s)
+    rate = c.pcie_mib_s_mean
+    if is_finite_number(rate) and is_finite_number(step_time_s) and step_time_s > 0:
+        return float(rate) * _MIB * float(step_time_s)
+    return math.nan
 
 
 def pcie_measured(c: Counters, step_time_s: float) -> str:
@@ -259,11 +255,9 @@ def clocks_throttled(c: Counters) -> CounterFinding | None:
         return None
     named = throttle_names(reasons)
     names = ", ".join(name for name, _ in named)
-    clock = (
-        f" at {c.sm_clock_mhz_mean:.0f} MHz SM clock (mean)"
-        if is_finite_number(c.sm_clock_mhz_mean)
-        else ""
-    )
+    clock = ""
+    if is_finite_number(c.sm_clock_mhz_mean):
+        clock = f" at {c.sm_clock_mhz_mean:.0f} MHz SM clock (mean)"
     return CounterFinding(
         "clocks_throttled",
         "high" if reasons & THROTTLE_SEVERE else "moderate",
