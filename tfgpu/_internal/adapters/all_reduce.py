@@ -13,8 +13,7 @@ from typing import Any
 
 from tfgpu._internal.helpers.checks import invalid_value
 
-# The TensorFlow version (major, minor) `reach` was checked against.
-CHECKED_TF = (2, 21)
+CHECKED_TF = (2, 21)  # the TensorFlow version (major, minor) `reach` was checked against
 
 # The all-reduce names of `tfgpu.strategy(kind, all_reduce=...)`, by kind.
 MIRRORED = ("nccl", "hierarchical_copy", "reduction_to_one_device")

@@ -25,8 +25,7 @@ from tfgpu._internal.helpers.files import writable_dir
 from tfgpu._internal.helpers.processes import death, die_with_parent
 
 _ADDRESS = "a str 'grpc://host:port' or 'host:port' (the dispatcher's address), or None"
-# The same, as the command line takes it (`--dispatcher`).
-_ADDRESS_FLAG = "host:port or grpc://host:port (the dispatcher's address)"
+_ADDRESS_FLAG = "host:port or grpc://host:port (the dispatcher's address)"  # --dispatcher
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)$")
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -120,13 +119,9 @@ def consumers(cluster: Cluster, *, repeat: bool) -> tuple[int | None, int | None
 # A server that died this many times within the window is given up on (exit status 1).
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 300.0
-# A server stopped with SIGTERM that has not exited after this long is killed.
-_STOP_TIMEOUT_S = 60.0
-# The exit status of a server that could not start (bad arguments, a port in use): starting
-# it again would fail the same way.
-EXIT_CANNOT_START = 2
-# The longest --worker-timeout-s: a worker silent for a day is lost.
-MAX_WORKER_TIMEOUT_S = 86400.0
+_STOP_TIMEOUT_S = 60.0  # a server stopped with SIGTERM still running after this is killed
+EXIT_CANNOT_START = 2  # bad arguments, a port in use: starting it again would fail the same way
+MAX_WORKER_TIMEOUT_S = 86400.0  # the longest --worker-timeout-s: a worker silent for a day
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -18,8 +18,7 @@ from typing import Any
 
 _LOG = logging.getLogger(__name__)
 
-# The Keras version (major, minor) every reach below was checked against.
-CHECKED_KERAS = (3, 15)
+CHECKED_KERAS = (3, 15)  # the Keras version (major, minor) every reach below was checked against
 
 # Marks on the functions tfgpu puts in place of `model.train_function`.
 _OWNER = "_tfgpu_backup"
@@ -41,9 +40,8 @@ def moved(what: str) -> str:
     )
 
 
-def _fit_frame(model: Any, start: FrameType | None) -> FrameType | None:
-    """The frame of the `fit` call (of `model`, when given) that encloses `start`."""
-    frame = start
+def _fit_frame(model: Any, frame: FrameType | None) -> FrameType | None:
+    """The frame of the `fit` call (of `model`, when given) that encloses `frame`."""
     while frame is not None:
         code = frame.f_code
         if (

@@ -15,7 +15,7 @@ import numpy as np
 
 from tfgpu._internal.adapters.all_reduce import kept
 
-# Model attributes put back as they were (compile settings and what `fit` replaces).
+# Put back as they were: the compile settings and what `fit` replaces.
 _ATTRIBUTES = ("steps_per_execution", "jit_compile", "train_function", "history")
 
 

@@ -32,8 +32,7 @@ _STARTUP_NOISE = re.compile(
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
-# How often a child without Linux's parent-death signal checks that its parent is alive.
-_WATCH_INTERVAL_S = 1.0
+_WATCH_INTERVAL_S = 1.0  # how often a child without Linux's parent-death signal checks
 
 
 @contextlib.contextmanager
