@@ -52,12 +52,9 @@ def mean(values: Iterable[Any]) -> float:
     if not v:
         return math.nan
     try:
-        total = math.fsum(v)
-    except OverflowError:  # values near the float maximum
-        total = math.inf
-    if math.isfinite(total):
-        return total / len(v)
-    return math.fsum(x / len(v) for x in v)
+        return math.fsum(v) / len(v)
+    except OverflowError:  # the sum passes the float maximum (fsum raises for finite values)
+        return math.fsum(x / len(v) for x in v)
 
 
 def format_bytes(nbytes: float) -> str:
