@@ -219,14 +219,10 @@ def check_dir(
     if not isinstance(text, str) or not text.strip():
         raise invalid_value(name, value, expected)
     path = Path(text).expanduser()
-    for candidate in (path, *path.parents):
-        if candidate.exists():
-            if not candidate.is_dir():
-                where = (
-                    "is a file" if candidate == path else f"is under the file {str(candidate)!r}"
-                )
-                raise invalid_value(name, value, f"a directory; {str(path)!r} {where}")
-            break
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "is a file" if existing == path else f"is under the file {str(existing)!r}"
+        raise invalid_value(name, value, f"a directory; {str(path)!r} {where}")
     return path
 
 
