@@ -32,14 +32,13 @@ def call_bounded(
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     seen = progress()
-    while True:
-        thread.join(timeout_s)
-        if not thread.is_alive():
-            break
+    thread.join(timeout_s)
+    while thread.is_alive():
         now = progress()
         if now == seen:
             raise timeout_error(now)
         seen = now
+        thread.join(timeout_s)
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]

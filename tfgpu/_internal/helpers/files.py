@@ -102,8 +102,7 @@ def add_session(path: Path, info: dict[str, Any]) -> None:
         except (OSError, ValueError):
             rotate(path)
         else:
-            earlier = list(previous.pop(EARLIER_SESSIONS, None) or [])
-            earlier.append(previous)
+            earlier = [*(previous.pop(EARLIER_SESSIONS, None) or []), previous]
     record = dict(info)
     if earlier:
         record[EARLIER_SESSIONS] = earlier
