@@ -362,14 +362,13 @@ def _start(args: argparse.Namespace, service: Any) -> tuple[Any, Any, str]:
             work_dir = os.path.abspath(os.path.expanduser(args.work_dir)) if args.work_dir else None
             if work_dir:
                 os.makedirs(work_dir, exist_ok=True)
-            server = service.DispatchServer(
-                service.DispatcherConfig(
-                    port=args.port,
-                    work_dir=work_dir,
-                    fault_tolerant_mode=work_dir is not None,
-                    worker_timeout_ms=int(args.worker_timeout_s * 1000),
-                )
+            config = service.DispatcherConfig(
+                port=args.port,
+                work_dir=work_dir,
+                fault_tolerant_mode=work_dir is not None,
+                worker_timeout_ms=int(args.worker_timeout_s * 1000),
             )
+            server = service.DispatchServer(config)
             mode = f"fault tolerant, journal in {work_dir}" if work_dir else "no work dir"
             _log(f"dispatcher serving grpc://{socket.gethostname()}:{args.port} ({mode})")
             count = getattr(server, "_num_workers", None)
@@ -382,13 +381,12 @@ def _start(args: argparse.Namespace, service: Any) -> tuple[Any, Any, str]:
                     f"the dispatcher {dispatcher.target} is not reachable yet: the worker "
                     "starts serving once it is (start it, or check --dispatcher)"
                 )
-            server = service.WorkerServer(
-                service.WorkerConfig(
-                    dispatcher_address=f"{dispatcher.host}:{dispatcher.port}",
-                    worker_address=f"{host}:%port%",
-                    port=args.port,
-                )
+            config = service.WorkerConfig(
+                dispatcher_address=f"{dispatcher.host}:{dispatcher.port}",
+                worker_address=f"{host}:%port%",
+                port=args.port,
             )
+            server = service.WorkerServer(config)
             port = getattr(server, "_address", f"?:{args.port}").rpartition(":")[2]
             _log(f"worker serving {host}:{port} for dispatcher {dispatcher.target}")
             count = getattr(server, "_num_tasks", None)
