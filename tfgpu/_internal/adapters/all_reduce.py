@@ -15,13 +15,11 @@ from tfgpu._internal.helpers.checks import invalid_value
 
 CHECKED_TF = (2, 21)  # the TensorFlow version (major, minor) `reach` was checked against
 
-# The all-reduce names of `tfgpu.strategy(kind, all_reduce=...)`, by kind.
+# The all-reduce names of `tfgpu.strategy(kind, all_reduce=...)`, by kind; then what a
+# MirroredStrategy built without `cross_device_ops` uses, which no such name gives.
 MIRRORED = ("nccl", "hierarchical_copy", "reduction_to_one_device")
 MULTI_WORKER = ("nccl", "ring")
-
-# What a MirroredStrategy built without `cross_device_ops` uses (TensorFlow's collective
-# ops): no `all_reduce` name of `tfgpu.strategy` gives it.
-COLLECTIVE = "collective"
+COLLECTIVE = "collective"  # TensorFlow's collective ops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,18 +79,17 @@ def kind_of(strategy: Any) -> str:
 
 
 def reach(strategy: Any) -> Slot | None:
-    """The one reach into TensorFlow's private attributes: where `strategy` keeps its
-    all-reduce, or None where this TensorFlow keeps it elsewhere (or the strategy has none);
-    read in `mirrored_strategy.py`, `collective_all_reduce_strategy.py`, `cross_device_ops.py`.
+    """The one reach into TensorFlow's private attributes (read in `mirrored_strategy.py`,
+    `collective_all_reduce_strategy.py`, `cross_device_ops.py`): where `strategy` keeps its
+    all-reduce, or None where this TensorFlow keeps it elsewhere (or the strategy has none).
 
     - `MirroredStrategy`: `extended._cross_device_ops`, read at every reduce: a step traced
       after a swap reduces with the new one (one traced before keeps the old one).
     - `MultiWorkerMirroredStrategy`: `extended._communication_options` (merged into every
-      `reduce_to`) and the two `CollectiveAllReduce`s built from it (`_cross_device_ops`,
+      `reduce_to`) and its two `CollectiveAllReduce`s (`_cross_device_ops`,
       `_host_cross_device_ops`), whose launchers keep the options they were built with (the
-      optimizer's all-reduce reads those): a swap builds new ones as the strategy does, with
-      the same devices, group size and collective keys.
-    """
+      optimizer's all-reduce reads those): a swap builds new ones as the strategy does (same
+      devices, group size and collective keys)."""
     kind = kind_of(strategy)
     extended: Any = getattr(strategy, "extended", None)
     if kind == "mirrored":

@@ -122,7 +122,8 @@ def physical_gpus() -> list[PhysicalGpu]:
             details = dict(tf.config.experimental.get_device_details(device))
         except _tf_errors(tf) as e:
             error = f"{type(e).__name__}: {e}"
-        cc = details.get("compute_capability")
+        name, cc = details.get("device_name"), details.get("compute_capability")
+        capability = (int(cc[0]), int(cc[1])) if cc else None
         used = device.name in visible
         logical = 0
         if used:
@@ -131,17 +132,7 @@ def physical_gpus() -> list[PhysicalGpu]:
             except _tf_errors(tf):  # a device TensorFlow does not know (a test's stand-in)
                 split = None
             logical = len(split) if split else 1
-        gpus.append(
-            PhysicalGpu(
-                cuda_index=cuda_index,
-                tf_name=device.name,
-                device_name=details.get("device_name"),
-                compute_capability=(int(cc[0]), int(cc[1])) if cc else None,
-                visible=used,
-                logical_devices=logical,
-                error=error,
-            )
-        )
+        gpus.append(PhysicalGpu(cuda_index, device.name, name, capability, used, logical, error))
     return gpus
 
 

@@ -286,7 +286,7 @@ def _trainer_module() -> Any:
 
 
 def needs_multi_worker_correction(strategy: Any) -> bool:
-    """Whether `strategy` is a `MultiWorkerMirroredStrategy` in multi-worker mode (the bugs above)."""
+    """Whether `strategy` is a `MultiWorkerMirroredStrategy` in multi-worker mode (see above)."""
     import tensorflow as tf
 
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
