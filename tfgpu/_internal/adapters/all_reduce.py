@@ -1,10 +1,8 @@
 """The all-reduce a `tf.distribute` strategy sums gradients with: which one it uses
-(`describe`), and the strategy with another one for a while (`using`), for `tune`'s
-all-reduce candidates. TensorFlow keeps it in private attributes of `strategy.extended`;
-every reach into them is in `reach`, checked against TensorFlow `CHECKED_TF`. Where another
-version keeps them elsewhere, `describe` says so in `missing` and nothing is changed. No
-TensorFlow import at module level.
-"""
+(`describe`), and the strategy with another one for a while (`using`, for `tune`'s candidates).
+TensorFlow keeps it in private attributes of `strategy.extended`, all reached in `reach`
+(checked against `CHECKED_TF`); where another version keeps them elsewhere, `describe` says so
+in `missing` and nothing is changed. No TensorFlow import at module level."""
 
 from __future__ import annotations
 
@@ -15,34 +13,27 @@ from typing import Any
 
 from tfgpu._internal.helpers.checks import invalid_value
 
-# The TensorFlow version (major, minor) `reach` was checked against.
-CHECKED_TF = (2, 21)
+CHECKED_TF = (2, 21)  # the TensorFlow version (major, minor) `reach` was checked against
 
-# The all-reduce names of `tfgpu.strategy(kind, all_reduce=...)`, by kind.
+# The all-reduce names of `tfgpu.strategy(kind, all_reduce=...)`, by kind; then what a
+# MirroredStrategy built without `cross_device_ops` uses, which no such name gives.
 MIRRORED = ("nccl", "hierarchical_copy", "reduction_to_one_device")
 MULTI_WORKER = ("nccl", "ring")
-
-# What a MirroredStrategy built without `cross_device_ops` uses (TensorFlow's collective
-# ops): no `all_reduce` name of `tfgpu.strategy` gives it.
-COLLECTIVE = "collective"
+COLLECTIVE = "collective"  # TensorFlow's collective ops
 
 
 @dataclasses.dataclass(frozen=True)
 class AllReduce:
-    """How a strategy sums its replicas' gradients. Pure data.
+    """How a strategy sums its replicas' gradients. Pure data."""
 
-    `kind`: `"mirrored"`, `"multi_worker"`, or "" for a strategy without a choice (one
-    replica, another strategy). `in_use`: a name from `MIRRORED` or `MULTI_WORKER`,
-    `COLLECTIVE`, `"auto"` (multi-worker, the runtime chooses), or "" when unknown.
-    `missing`: why this TensorFlow's all-reduce cannot be read or swapped ("" when it can).
-    """
-
-    kind: str = ""
+    kind: str = ""  # "mirrored", "multi_worker", or "" (one replica, another strategy)
     replicas: int = 1
     workers: int = 1
     on_gpus: bool = False
+    # A name of `MIRRORED` or `MULTI_WORKER`, `COLLECTIVE`, "auto" (multi-worker: the runtime
+    # chooses), or "" when unknown.
     in_use: str = ""
-    missing: str = ""
+    missing: str = ""  # why this TensorFlow's all-reduce cannot be read or swapped
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,15 +58,11 @@ def mirrored_ops() -> dict[str, type]:
     }
 
 
-def _tf_version() -> str:
+def _moved(what: str) -> str:
     import tensorflow as tf
 
-    return str(tf.__version__)
-
-
-def _moved(what: str) -> str:
     return (
-        f"TensorFlow {_tf_version()} keeps {what} elsewhere than TensorFlow "
+        f"TensorFlow {tf.__version__} keeps {what} elsewhere than TensorFlow "
         f"{CHECKED_TF[0]}.{CHECKED_TF[1]} (tfgpu/_internal/adapters/all_reduce.py)"
     )
 
@@ -92,28 +79,22 @@ def kind_of(strategy: Any) -> str:
 
 
 def reach(strategy: Any) -> Slot | None:
-    """The one reach into TensorFlow's private attributes: where `strategy` keeps its
+    """The one reach into TensorFlow's private attributes (read in `mirrored_strategy.py`,
+    `collective_all_reduce_strategy.py`, `cross_device_ops.py`): where `strategy` keeps its
     all-reduce, or None where this TensorFlow keeps it elsewhere (or the strategy has none).
 
-    - `MirroredStrategy`: `extended._cross_device_ops`, the `CrossDeviceOps` that
-      `MirroredExtended._get_cross_device_ops` reads at every reduce; a step traced after a
-      swap reduces with the new one (a step traced before keeps the old one).
+    - `MirroredStrategy`: `extended._cross_device_ops`, read at every reduce: a step traced
+      after a swap reduces with the new one (one traced before keeps the old one).
     - `MultiWorkerMirroredStrategy`: `extended._communication_options` (merged into every
-      `reduce_to`) and the two `CollectiveAllReduce`s built from it,
-      `extended._cross_device_ops` and `extended._host_cross_device_ops`. Their launchers
-      keep the options they were built with (the optimizer's all-reduce reads those), so a
-      swap builds new ones as the strategy does when it starts: same devices, group size and
-      collective keys.
-
-    Checked against TensorFlow 2.21 (`mirrored_strategy.py`, `collective_all_reduce_strategy.py`,
-    `cross_device_ops.py`).
-    """
+      `reduce_to`) and its two `CollectiveAllReduce`s (`_cross_device_ops`,
+      `_host_cross_device_ops`), whose launchers keep the options they were built with (the
+      optimizer's all-reduce reads those): a swap builds new ones as the strategy does (same
+      devices, group size and collective keys)."""
     kind = kind_of(strategy)
     extended: Any = getattr(strategy, "extended", None)
     if kind == "mirrored":
         if not hasattr(extended, "_cross_device_ops"):
             return None
-
         return Slot(
             get=lambda: extended._cross_device_ops,
             set=lambda value: setattr(extended, "_cross_device_ops", value),
@@ -208,13 +189,9 @@ def kept(strategy: Any) -> Iterator[None]:
 @contextlib.contextmanager
 def using(strategy: Any, name: str) -> Iterator[None]:
     """Runs the body with `strategy` summing gradients by `name` (a `tfgpu.strategy`
-    all-reduce name), then puts the old one back. A train function traced in the body keeps
-    `name`'s reduction.
-
-    Raises:
-        ValueError: if this TensorFlow keeps the all-reduce elsewhere (`describe` says
-            where), or `name` is not one of the strategy kind's names.
-    """
+    all-reduce name), then puts the old one back; a train function traced in the body keeps
+    `name`'s reduction. ValueError where this TensorFlow keeps the all-reduce elsewhere
+    (`describe` says where) or for a `name` the strategy's kind does not have."""
     kind = kind_of(strategy)
     slot = reach(strategy)
     if slot is None:

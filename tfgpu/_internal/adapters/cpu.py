@@ -1,7 +1,6 @@
 """An upper bound of this CPU's FLOP/s (usable cores x max clock x FLOPs per cycle from the
 vector flags), which `diagnose` compares a FLOP count with; None where the machine does not
-say. The sources and the per-cycle table: docs/diagnosis.md, "FLOPs and MFU". No TensorFlow.
-"""
+say. The sources and the per-cycle table: docs/diagnosis.md, "FLOPs and MFU". No TensorFlow."""
 
 from __future__ import annotations
 
@@ -20,17 +19,11 @@ _CGROUP_V1_PERIOD = Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
 
 # dtype (or Keras policy) name -> the rate class used below.
 _DTYPES = {
-    "float32": "fp32",
-    "fp32": "fp32",
-    "tf32": "fp32",
+    "float32": "fp32", "fp32": "fp32", "tf32": "fp32",
     "float64": "fp32",  # half the float32 rate on vector units: float32's stays an upper bound
-    "float16": "fp16",
-    "fp16": "fp16",
-    "mixed_float16": "fp16",
-    "bfloat16": "bf16",
-    "bf16": "bf16",
-    "mixed_bfloat16": "bf16",
-}
+    "float16": "fp16", "fp16": "fp16", "mixed_float16": "fp16",
+    "bfloat16": "bf16", "bf16": "bf16", "mixed_bfloat16": "bf16",
+}  # fmt: skip
 
 _AMX_PER_CYCLE = 1024  # one AMX tile multiply unit: 16x32x(2 bf16) per cycle per core
 
@@ -42,13 +35,29 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _flags(cpuinfo: str) -> set[str]:
-    """The vector feature flags of the first CPU (`flags` on x86, `Features` on Arm)."""
+def _positive(text: str | None) -> float | None:
+    """`text` as a finite number > 0, or None (missing, "max", garbage)."""
+    try:
+        x = float(text) if text is not None else math.nan
+    except ValueError:
+        return None
+    return x if math.isfinite(x) and x > 0 else None
+
+
+def _values(cpuinfo: str, *keys: str) -> list[str]:
+    """The values of the `key : value` lines of a /proc/cpuinfo text whose key is in `keys`."""
+    out = []
     for line in cpuinfo.splitlines():
         key, sep, value = line.partition(":")
-        if sep and key.strip().lower() in ("flags", "features"):
-            return set(value.split())
-    return set()
+        if sep and key.strip().lower() in keys:
+            out.append(value)
+    return out
+
+
+def _flags(cpuinfo: str) -> set[str]:
+    """The vector feature flags of the first CPU (`flags` on x86, `Features` on Arm)."""
+    values = _values(cpuinfo, "flags", "features")
+    return set(values[0].split()) if values else set()
 
 
 def _fp32_per_cycle(flags: set[str]) -> int | None:
@@ -68,39 +77,19 @@ def _fp32_per_cycle(flags: set[str]) -> int | None:
 def _flops_per_cycle(flags: set[str], rate: str) -> int | None:
     """FLOPs per cycle per core for a rate class ('fp32', 'fp16', 'bf16'), or None."""
     fp32 = _fp32_per_cycle(flags)
-    if fp32 is None:
-        return None
-    if rate == "bf16":
-        if "amx_bf16" in flags:
-            return max(_AMX_PER_CYCLE, fp32)
-        if "avx512_bf16" in flags:
-            return 2 * fp32
-    if rate == "fp16":
-        if "amx_fp16" in flags:
-            return max(_AMX_PER_CYCLE, fp32)
-        if "avx512_fp16" in flags:
-            return 2 * fp32
-    return fp32
+    if fp32 is None or rate == "fp32":
+        return fp32
+    if f"amx_{rate}" in flags:  # amx_bf16, amx_fp16
+        return max(_AMX_PER_CYCLE, fp32)
+    return 2 * fp32 if f"avx512_{rate}" in flags else fp32
 
 
 def _max_clock_hz(cpuinfo: str, max_freq_khz: str | None) -> float | None:
     """The max clock: cpufreq's `cpuinfo_max_freq` (kHz), else the highest `cpu MHz`."""
-    if max_freq_khz is not None:
-        try:
-            khz = float(max_freq_khz.strip())
-        except ValueError:
-            khz = math.nan
-        if math.isfinite(khz) and khz > 0:
-            return khz * 1e3
-    mhz = []
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip().lower() == "cpu mhz":
-            try:
-                mhz.append(float(value.strip()))
-            except ValueError:
-                continue
-    mhz = [m for m in mhz if math.isfinite(m) and m > 0]
+    khz = _positive(max_freq_khz)
+    if khz is not None:
+        return khz * 1e3
+    mhz = [m for m in map(_positive, _values(cpuinfo, "cpu mhz")) if m is not None]
     return max(mhz) * 1e6 if mhz else None
 
 
@@ -117,18 +106,13 @@ def _usable_cores(
         return None
     quota = period = None
     if cgroup_v2_max is not None:
-        parts = cgroup_v2_max.split()
-        if len(parts) == 2 and parts[0] != "max":
-            quota, period = parts
-    elif cfs_quota_us is not None and cfs_period_us is not None:
-        quota, period = cfs_quota_us.strip(), cfs_period_us.strip()
+        parts = cgroup_v2_max.split()  # "QUOTA PERIOD", or "max PERIOD": no quota
+        if len(parts) == 2:
+            quota, period = _positive(parts[0]), _positive(parts[1])
+    else:
+        quota, period = _positive(cfs_quota_us), _positive(cfs_period_us)  # -1: no quota
     if quota is not None and period is not None:
-        try:
-            q, p = float(quota), float(period)
-        except ValueError:
-            q = p = math.nan
-        if math.isfinite(q) and math.isfinite(p) and q > 0 and p > 0:
-            cores = min(cores, max(1, math.ceil(q / p)))
+        cores = min(cores, max(1, math.ceil(quota / period)))
     return cores
 
 
@@ -145,25 +129,16 @@ def _peak_from_texts(
     return float(cores) * clock * per_cycle
 
 
-def _rate(dtype: object) -> str:
+def peak_flops(dtype: str = "float32") -> float | None:
+    """An upper bound of this CPU's FLOP/s for a dtype or Keras policy name (`"float32"`,
+    `"mixed_bfloat16"`, `"bf16"`, ...), or None where the machine does not say (e.g. 2 cores
+    x 2.45 GHz x 32 = 1.6e11 with AVX2)."""
     expected = f"one of: {', '.join(repr(d) for d in _DTYPES)}"
     if not isinstance(dtype, str):
         raise invalid_type("dtype", dtype, f"a str, {expected}")
     rate = _DTYPES.get(dtype.lower())
     if rate is None:
         raise invalid_value("dtype", dtype, expected)
-    return rate
-
-
-def peak_flops(dtype: str = "float32") -> float | None:
-    """An upper bound of this CPU's FLOP/s for a dtype or Keras policy name (`"float32"`,
-    `"mixed_bfloat16"`, `"bf16"`, ...), or None where the machine does not say.
-
-    Example:
-
-    >>> peak = peak_flops("float32")  # e.g. 2 cores x 2.45 GHz x 32 = 1.6e11 with AVX2
-    """
-    rate = _rate(dtype)
     if not sys.platform.startswith("linux"):
         return None
     return _peak_from_texts(_read(_CPUINFO), usable_cores(), _read(_MAX_FREQ), rate)

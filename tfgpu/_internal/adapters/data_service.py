@@ -1,10 +1,7 @@
 """The tf.data service's TensorFlow-free part: the rules shared with `tfgpu.data`
-(`parse_address`, `job_name`, `consumers`) and `tfgpu data-service dispatcher|worker`: a
-supervisor without TensorFlow that starts the server in a child process again at the same
-port when it dies, since tf.data never gives a dead worker's task to another; the child dies
-with the supervisor, however it ends, so a restart finds the port free (the behaviour and the
-faults: docs/data_service.md).
-"""
+(`parse_address`, `job_name`, `consumers`) and `tfgpu data-service dispatcher|worker`, whose
+supervisor starts the server again in a child process at the same port when it dies (the
+behaviour and the faults: docs/data_service.md)."""
 
 from __future__ import annotations
 
@@ -28,8 +25,7 @@ from tfgpu._internal.helpers.files import writable_dir
 from tfgpu._internal.helpers.processes import death, die_with_parent
 
 _ADDRESS = "a str 'grpc://host:port' or 'host:port' (the dispatcher's address), or None"
-# The same, as the command line takes it (`--dispatcher`).
-_ADDRESS_FLAG = "host:port or grpc://host:port (the dispatcher's address)"
+_ADDRESS_FLAG = "host:port or grpc://host:port (the dispatcher's address)"  # --dispatcher
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)$")
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -53,16 +49,7 @@ class Address:
 
 def parse_address(value: Any, name: str = "service", *, expected: str = _ADDRESS) -> Address:
     """Checks a dispatcher address, `"grpc://host:port"` or `"host:port"` (`"[::1]:5050"` for
-    IPv6), and returns it parsed; `name` is the argument's name for the message, `expected`
-    the words for what it takes.
-
-    Example:
-
-    >>> parse_address("grpc://localhost:5050").target
-    'grpc://localhost:5050'
-    >>> parse_address("10.0.0.7:5050").port
-    5050
-    """
+    IPv6), and returns it parsed; `name` and `expected`: the argument and what it takes."""
     if not isinstance(value, str):
         raise invalid_type(name, value, expected)
     rest = value.strip()
@@ -81,13 +68,7 @@ def parse_address(value: Any, name: str = "service", *, expected: str = _ADDRESS
 
 
 def check_job_name(value: Any) -> str | None:
-    """Checks `service_job_name`: None, or 1-128 letters, digits, `.`, `_`, `-`.
-
-    Example:
-
-    >>> check_job_name("run-2024-06-01")
-    'run-2024-06-01'
-    """
+    """Checks `service_job_name`: None, or 1-128 letters, digits, `.`, `_`, `-`."""
     expected = "a str of 1 to 128 letters, digits, '.', '_' or '-' (a run id), or None"
     if value is None:
         return None
@@ -99,24 +80,12 @@ def check_job_name(value: Any) -> str | None:
 
 
 def job_name(
-    explicit: str | None,
-    *,
-    cluster: Cluster,
-    environ: Mapping[str, str],
-    serial: int,
-    token: str,
+    explicit: str | None, *, cluster: Cluster, environ: Mapping[str, str], serial: int, token: str
 ) -> str:
     """The job name every trainer of one run agrees on, without talking to the others (the
     rule: docs/data_service.md, "Several trainers"); ValueError for several trainers outside
     Slurm without `service_job_name`. `token` is random per process; `serial` counts this
-    process's service pipelines (the n-th pipeline of every trainer gets the same name). Pure.
-
-    Example:
-
-    >>> from tfgpu._internal.helpers.cluster import Cluster
-    >>> job_name(None, cluster=Cluster("none", 1), environ={}, serial=0, token="ab12")
-    'tfgpu-ab12-0'
-    """
+    process's service pipelines (the n-th pipeline of every trainer gets the same name). Pure."""
     if explicit is not None:
         return explicit if serial == 0 else f"{explicit}-{serial}"
     if cluster.num_tasks <= 1:
@@ -138,14 +107,7 @@ def job_name(
 
 def consumers(cluster: Cluster, *, repeat: bool) -> tuple[int | None, int | None]:
     """`(consumer_index, num_consumers)` for the round-robin reads of several trainers of a
-    repeated dataset, or `(None, None)` (a finite one is read first come, first served). Pure.
-
-    Example:
-
-    >>> from tfgpu._internal.helpers.cluster import Cluster
-    >>> consumers(Cluster("TF_CONFIG", 2, "worker", 1, {"worker": ["a:1", "b:1"]}), repeat=True)
-    (1, 2)
-    """
+    repeated dataset, or `(None, None)` (a finite one is read first come, first served). Pure."""
     if cluster.num_tasks <= 1 or not repeat or cluster.task_type not in ("chief", "worker"):
         return None, None
     index = cluster.task_index or 0
@@ -157,15 +119,9 @@ def consumers(cluster: Cluster, *, repeat: bool) -> tuple[int | None, int | None
 # A server that died this many times within the window is given up on (exit status 1).
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 300.0
-# The wait before the n-th restart within the window: 1, 2, 4, 8, 16 s.
-_FIRST_DELAY_S = 1.0
-# A server stopped with SIGTERM that has not exited after this long is killed.
-_STOP_TIMEOUT_S = 60.0
-# The exit status of a server that could not start (bad arguments, a port in use): starting
-# it again would fail the same way.
-EXIT_CANNOT_START = 2
-# The longest --worker-timeout-s: a worker silent for a day is lost.
-MAX_WORKER_TIMEOUT_S = 86400.0
+_STOP_TIMEOUT_S = 60.0  # a server stopped with SIGTERM still running after this is killed
+EXIT_CANNOT_START = 2  # bad arguments, a port in use: starting it again would fail the same way
+MAX_WORKER_TIMEOUT_S = 86400.0  # the longest --worker-timeout-s: a worker silent for a day
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -177,7 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     restart = argparse.ArgumentParser(add_help=False)
     # The supervisor's process id, given by the supervisor to its server: the server dies with it.
-    restart.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    restart.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     restart.add_argument(
         "--restart",
         action=argparse.BooleanOptionalAction,
@@ -193,7 +149,6 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--port", type=int, default=5050, help="port to serve on (default 5050)")
     d.add_argument(
         "--work-dir",
-        default=None,
         help="directory for the dispatcher's journal: restarted with the same one, it keeps "
         "its jobs (fault tolerant). Default: none, state lost on restart",
     )
@@ -211,9 +166,7 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--dispatcher", required=True, help="the dispatcher's host:port")
     w.add_argument("--port", type=int, default=0, help="port to serve on (default: any free)")
     w.add_argument(
-        "--host",
-        default=None,
-        help="the name trainers reach this worker by (default: this machine's host name)",
+        "--host", help="the name trainers reach this worker by (default: this machine's host name)"
     )
     w.set_defaults(role_parser=w)
     return parser
@@ -223,7 +176,6 @@ def _check(args: argparse.Namespace) -> None:
     """Every argument checked before any work (no TensorFlow): the role's usage line, an
     error that names the flag, exit status 2. Creates the dispatcher's --work-dir (it would
     be at start) to prove it can be written."""
-    parser = args.role_parser
     try:
         if args.role == "dispatcher":
             check_int("--port", args.port, minimum=1, maximum=65535, expected="a port, 1 to 65535")
@@ -248,7 +200,7 @@ def _check(args: argparse.Namespace) -> None:
                     "--host", args.host, "the host name or IP address trainers reach it by"
                 )
     except (TypeError, ValueError) as e:
-        parser.error(str(e))
+        args.role_parser.error(str(e))
 
 
 def _log(message: str) -> None:
@@ -258,18 +210,10 @@ def _log(message: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs a tf.data service dispatcher or worker (`argv` after `tfgpu data-service`) until
     SIGTERM or SIGINT, logging to stderr. Returns the exit status: 0 after a clean stop; 1
-    when the server kept dying; 2 for bad arguments or a server that could not start.
-
-    Example:
-
-    ```python
-    main(["dispatcher", "--port", "5050", "--work-dir", "/shared/dispatcher"])
-    ```
-    """
+    when the server kept dying; 2 for bad arguments or a server that could not start."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        args = _parser().parse_args(argv)
         _check(args)
     except SystemExit as e:  # argparse: usage printed
         return int(e.code or 0)
@@ -300,19 +244,11 @@ def _stop_on_signals(catch: bool = True) -> Iterator[threading.Event]:
 
 def restart_delay(deaths: Sequence[float], now: float) -> float | None:
     """Seconds to wait before starting a dead server again (1, 2, 4, 8, 16 s for the 1st to 5th
-    of the `deaths` within `RESTART_WINDOW_S`), or None to give up. Pure.
-
-    Example:
-
-    >>> restart_delay([100.0], 100.0), restart_delay([10.0, 100.0], 100.0)
-    (1.0, 2.0)
-    >>> restart_delay([96.0, 97.0, 98.0, 99.0, 99.5, 100.0], 100.0) is None
-    True
-    """
+    of the `deaths` within `RESTART_WINDOW_S`), or None to give up (a 6th). Pure."""
     recent = sum(1 for t in deaths if now - t <= RESTART_WINDOW_S)
     if recent > MAX_RESTARTS:
         return None
-    return _FIRST_DELAY_S * 2.0 ** max(0, recent - 1)
+    return 2.0 ** max(0, recent - 1)
 
 
 def supervise(
@@ -324,8 +260,7 @@ def supervise(
     delays: Callable[[Sequence[float], float], float | None] = restart_delay,
 ) -> int:
     """Runs `command` (a server at `port`) until `stop` is set, starting it again when it dies.
-    Returns 0 after a stop, `EXIT_CANNOT_START` when it could not start, 1 when `delays` gave up.
-    """
+    Returns 0 after a stop, `EXIT_CANNOT_START` when it could not start, 1 when `delays` gave up."""
     deaths: list[float] = []
     while True:
         proc = subprocess.Popen(list(command), stdin=subprocess.DEVNULL)
@@ -348,19 +283,15 @@ def supervise(
             _log(f"{what}: process {proc.pid} could not start (its message above); giving up")
             return EXIT_CANNOT_START
         deaths.append(time.monotonic())
-        ran = deaths[-1] - started
+        ended = f"{what}: process {proc.pid} {death(status)} after {deaths[-1] - started:.1f} s"
         delay = delays(deaths, deaths[-1])
         if delay is None:
             _log(
-                f"{what}: process {proc.pid} {death(status)} after {ran:.1f} s, the "
-                f"{len(deaths)}th time; more than {MAX_RESTARTS} deaths in "
+                f"{ended}, the {len(deaths)}th time; more than {MAX_RESTARTS} deaths in "
                 f"{RESTART_WINDOW_S:g} s: giving up"
             )
             return 1
-        _log(
-            f"{what}: process {proc.pid} {death(status)} after {ran:.1f} s; starting it "
-            f"again at port {port} in {delay:g} s"
-        )
+        _log(f"{ended}; starting it again at port {port} in {delay:g} s")
         if stop.wait(delay):
             return 0
 
@@ -405,11 +336,10 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_CANNOT_START
     import tensorflow as tf
 
-    service = tf.data.experimental.service
     # Starting blocks in TensorFlow (a worker waits there for its dispatcher), where no
     # Python handler runs: until the server is up, SIGTERM and Ctrl-C end the process.
     with _stop_on_signals(catch=False):
-        server, count, what = _start(args, service)
+        server, count, what = _start(args, tf.data.experimental.service)
     if server is None:
         return EXIT_CANNOT_START
     with _stop_on_signals() as stop:
@@ -432,14 +362,13 @@ def _start(args: argparse.Namespace, service: Any) -> tuple[Any, Any, str]:
             work_dir = os.path.abspath(os.path.expanduser(args.work_dir)) if args.work_dir else None
             if work_dir:
                 os.makedirs(work_dir, exist_ok=True)
-            server = service.DispatchServer(
-                service.DispatcherConfig(
-                    port=args.port,
-                    work_dir=work_dir,
-                    fault_tolerant_mode=work_dir is not None,
-                    worker_timeout_ms=int(args.worker_timeout_s * 1000),
-                )
+            config = service.DispatcherConfig(
+                port=args.port,
+                work_dir=work_dir,
+                fault_tolerant_mode=work_dir is not None,
+                worker_timeout_ms=int(args.worker_timeout_s * 1000),
             )
+            server = service.DispatchServer(config)
             mode = f"fault tolerant, journal in {work_dir}" if work_dir else "no work dir"
             _log(f"dispatcher serving grpc://{socket.gethostname()}:{args.port} ({mode})")
             count = getattr(server, "_num_workers", None)
@@ -452,13 +381,12 @@ def _start(args: argparse.Namespace, service: Any) -> tuple[Any, Any, str]:
                     f"the dispatcher {dispatcher.target} is not reachable yet: the worker "
                     "starts serving once it is (start it, or check --dispatcher)"
                 )
-            server = service.WorkerServer(
-                service.WorkerConfig(
-                    dispatcher_address=f"{dispatcher.host}:{dispatcher.port}",
-                    worker_address=f"{host}:%port%",
-                    port=args.port,
-                )
+            config = service.WorkerConfig(
+                dispatcher_address=f"{dispatcher.host}:{dispatcher.port}",
+                worker_address=f"{host}:%port%",
+                port=args.port,
             )
+            server = service.WorkerServer(config)
             port = getattr(server, "_address", f"?:{args.port}").rpartition(":")[2]
             _log(f"worker serving {host}:{port} for dispatcher {dispatcher.target}")
             count = getattr(server, "_num_tasks", None)

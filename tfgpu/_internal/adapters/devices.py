@@ -1,10 +1,8 @@
 """The one place that answers "which GPU does TensorFlow train on, and what does NVML say":
 TensorFlow's `/GPU:k`, CUDA's ordinals after `CUDA_VISIBLE_DEVICES` and NVML's PCI-bus order
-differ as soon as GPUs are reordered or hidden. Nothing here imports TensorFlow or starts its
-runtime (`configure()` stays possible) but the allocator's peak memory, read while training;
-where TensorFlow is not imported, nothing has hidden a GPU from it, so the GPUs CUDA shows
-stand in for `/GPU:k` (`tfgpu.monitor` relies on it).
-"""
+differ as soon as GPUs are reordered or hidden. Only the allocator's peak memory, read while
+training, imports TensorFlow or starts its runtime (`configure()` stays possible); where it is
+not imported, the GPUs CUDA shows stand in for `/GPU:k` (`tfgpu.monitor` relies on it)."""
 
 from __future__ import annotations
 
@@ -22,48 +20,30 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class PhysicalGpu:
-    """One GPU as TensorFlow lists it (`tf.config.list_physical_devices("GPU")`).
+    """One GPU as TensorFlow lists it (`tf.config.list_physical_devices("GPU")`); the name and
+    capability from its device details."""
 
-    Attributes:
-        cuda_index: int, its CUDA ordinal in this process (after `CUDA_VISIBLE_DEVICES`).
-        tf_name: str, e.g. `"/physical_device:GPU:1"`.
-        device_name: str or None, TensorFlow's device details, e.g. `"NVIDIA A100-SXM4-80GB"`.
-        compute_capability: tuple or None, from the device details, e.g. `(8, 0)`.
-        visible: bool, whether TensorFlow uses it (not hidden by `set_visible_devices`).
-        logical_devices: int, how many logical `/GPU:k` TensorFlow makes of it (more than one
-            with `tf.config.set_logical_device_configuration`; 0 when not visible).
-        error: str or None, why the device details could not be read.
-    """
-
-    cuda_index: int
-    tf_name: str
-    device_name: str | None
-    compute_capability: tuple[int, int] | None
-    visible: bool
+    cuda_index: int  # its CUDA ordinal in this process (after `CUDA_VISIBLE_DEVICES`)
+    tf_name: str  # e.g. "/physical_device:GPU:1"
+    device_name: str | None  # e.g. "NVIDIA A100-SXM4-80GB"
+    compute_capability: tuple[int, int] | None  # e.g. (8, 0)
+    visible: bool  # whether TensorFlow uses it (not hidden by `set_visible_devices`)
+    # How many logical `/GPU:k` TensorFlow makes of it (several with
+    # `tf.config.set_logical_device_configuration`; 0 when not visible).
     logical_devices: int
-    error: str | None = None
+    error: str | None = None  # why the device details could not be read
 
 
 @dataclasses.dataclass(frozen=True)
 class TfGpu:
-    """One GPU TensorFlow trains on, `/GPU:{position}`, and the physical GPU behind it.
-
-    Attributes:
-        position: int, `k` in TensorFlow's `/GPU:k`.
-        cuda_index: int, the CUDA ordinal of its physical GPU in this process (after
-            `CUDA_VISIBLE_DEVICES`); the `gpus=` numbering of `tfgpu.monitor.Sampler`.
-        tf_name: str or None, TensorFlow's physical device, e.g. `"/physical_device:GPU:1"`;
-            None where TensorFlow is not imported or lists no GPU (the CUDA-visible GPUs
-            stand in, as TensorFlow would number them).
-        nvml: `tfgpu.monitor.nvml.GpuInfo` or None, the NVML record (None without NVML, or
-            where `CUDA_VISIBLE_DEVICES` names a GPU NVML cannot match, e.g. a MIG instance).
-        device_name: str or None, TensorFlow's device details' name.
-        tf_compute_capability: tuple or None, TensorFlow's device details' capability.
-    """
+    """One GPU TensorFlow trains on, `/GPU:{position}`, and the physical GPU behind it (its
+    `PhysicalGpu`'s fields, None where TensorFlow is not imported or lists no GPU: the
+    CUDA-visible GPUs stand in, as TensorFlow would number them)."""
 
     position: int
-    cuda_index: int
+    cuda_index: int  # in this process; the `gpus=` numbering of `tfgpu.monitor.Sampler`
     tf_name: str | None
+    # None without NVML, or where `CUDA_VISIBLE_DEVICES` names a GPU NVML cannot match (MIG).
     nvml: GpuInfo | None
     device_name: str | None = None
     tf_compute_capability: tuple[int, int] | None = None
@@ -92,10 +72,8 @@ class TfGpu:
 
 
 def tf_runtime_initialized() -> bool | None:
-    """Whether TensorFlow's eager context (and so its devices) exists already.
-
-    False where TensorFlow is not imported; None where it is but cannot tell.
-    """
+    """Whether TensorFlow's eager context (and so its devices) exists already: False where
+    TensorFlow is not imported, None where it is but cannot tell."""
     if "tensorflow" not in sys.modules:
         return False
     try:
@@ -144,7 +122,8 @@ def physical_gpus() -> list[PhysicalGpu]:
             details = dict(tf.config.experimental.get_device_details(device))
         except _tf_errors(tf) as e:
             error = f"{type(e).__name__}: {e}"
-        cc = details.get("compute_capability")
+        name, cc = details.get("device_name"), details.get("compute_capability")
+        capability = (int(cc[0]), int(cc[1])) if cc else None
         used = device.name in visible
         logical = 0
         if used:
@@ -153,17 +132,7 @@ def physical_gpus() -> list[PhysicalGpu]:
             except _tf_errors(tf):  # a device TensorFlow does not know (a test's stand-in)
                 split = None
             logical = len(split) if split else 1
-        gpus.append(
-            PhysicalGpu(
-                cuda_index=cuda_index,
-                tf_name=device.name,
-                device_name=details.get("device_name"),
-                compute_capability=(int(cc[0]), int(cc[1])) if cc else None,
-                visible=used,
-                logical_devices=logical,
-                error=error,
-            )
-        )
+        gpus.append(PhysicalGpu(cuda_index, device.name, name, capability, used, logical, error))
     return gpus
 
 
@@ -182,13 +151,8 @@ def _cuda_gpus() -> list[GpuInfo]:
 def tf_gpus() -> list[TfGpu]:
     """TensorFlow's GPUs in `/GPU:k` order (one per logical device), each with its physical
     identity and NVML record; where TensorFlow lists none, the CUDA-visible GPUs stand in
-    (`tf_name` None). Starts no runtime, never raises.
-
-    Example:
-
-    >>> [(g.position, g.cuda_index, g.nvml_index) for g in tf_gpus()]  # doctest: +SKIP
-    [(0, 1, 2)]  # CUDA_VISIBLE_DEVICES=2,0 and configure(gpus=[1])
-    """
+    (`tf_name` None). Starts no runtime, never raises. E.g. with CUDA_VISIBLE_DEVICES=2,0 and
+    `configure(gpus=[1])`, `/GPU:0` is CUDA's 1 and NVML's 0."""
     return _tf_gpus(physical_gpus(), _cuda_gpus())
 
 
@@ -197,16 +161,10 @@ def _tf_gpus(physical: list[PhysicalGpu], cuda: list[GpuInfo]) -> list[TfGpu]:
         return [TfGpu(k, k, None, gpu) for k, gpu in enumerate(cuda)]
     gpus: list[TfGpu] = []
     for p in physical:
+        nvml = cuda[p.cuda_index] if p.cuda_index < len(cuda) else None
         for _ in range(p.logical_devices):
             gpus.append(
-                TfGpu(
-                    position=len(gpus),
-                    cuda_index=p.cuda_index,
-                    tf_name=p.tf_name,
-                    nvml=cuda[p.cuda_index] if p.cuda_index < len(cuda) else None,
-                    device_name=p.device_name,
-                    tf_compute_capability=p.compute_capability,
-                )
+                TfGpu(len(gpus), p.cuda_index, p.tf_name, nvml, p.device_name, p.compute_capability)
             )
     return gpus
 
@@ -240,13 +198,9 @@ def peak_memory(device: str) -> int | None:
         return None
 
 
-def _unique(values: Sequence[int]) -> list[int]:
-    return list(dict.fromkeys(values))
-
-
 def nvml_indices() -> list[int]:
     """NVML indices of the GPUs TensorFlow uses, `/GPU:0`'s first, each once ([] without NVML)."""
-    return _unique([g.nvml_index for g in tf_gpus() if g.nvml_index is not None])
+    return list(dict.fromkeys(g.nvml_index for g in tf_gpus() if g.nvml_index is not None))
 
 
 def cuda_indices(gpus: Sequence[int] | None = None) -> list[int] | None:
@@ -259,12 +213,10 @@ def cuda_indices(gpus: Sequence[int] | None = None) -> list[int] | None:
     # No NVML needed: TensorFlow's physical GPU k is CUDA's ordinal k.
     positions = [g.cuda_index for g in _tf_gpus(physical, [])]
     if gpus is None:
-        return _unique(positions)
-    wrong = [g for g in gpus if not is_int(g)]
-    if wrong:
+        return list(dict.fromkeys(positions))
+    if not all(is_int(g) for g in gpus):
         raise invalid_type("gpus", list(gpus), "a list of int (TensorFlow's /GPU:k indices)")
-    unknown = [g for g in gpus if not 0 <= g < len(positions)]
-    if unknown:
+    if not all(0 <= g < len(positions) for g in gpus):
         raise invalid_value(
             "gpus",
             list(gpus),
@@ -272,7 +224,7 @@ def cuda_indices(gpus: Sequence[int] | None = None) -> list[int] | None:
             "(`tf.config.set_visible_devices` / `tfgpu.configure(gpus=...)`), and `gpus` "
             "numbers them as TensorFlow does (`/GPU:0` is 0)",
         )
-    return _unique([positions[g] for g in gpus])
+    return list(dict.fromkeys(positions[g] for g in gpus))
 
 
 def peak_precision(
@@ -282,28 +234,17 @@ def peak_precision(
 ) -> str | None:
     """The `tfgpu.flops.peak_flops` precision a Keras dtype policy runs at: float32 is `"tf32"`
     when TF32 is on (None: ask TensorFlow) and every GPU has cc >= 8.0; None for policies
-    without a rate (e.g. `"float64"`). `compute_capabilities`: a list, one pair, or None.
-
-    Example:
-
-    >>> peak_precision("float32", [(8, 0), (9, 0)], tf32_enabled=True)
-    'tf32'
-    >>> peak_precision("float32", (7, 0), tf32_enabled=True)
-    'float32'
-    """
+    without a rate (e.g. `"float64"`). `compute_capabilities`: a list, one pair, or None."""
     if policy in ("mixed_bfloat16", "bfloat16"):
         return "bfloat16"
     if policy in ("mixed_float16", "float16"):
         return "float16"
     if policy != "float32":
         return None
-    if compute_capabilities is None:
-        ccs: list[tuple[int, int] | None] = []
-    elif len(compute_capabilities) == 2 and all(is_int(v) for v in compute_capabilities):
-        ccs = [(int(compute_capabilities[0]), int(compute_capabilities[1]))]  # type: ignore[arg-type]
-    else:
-        ccs = [None if cc is None else (int(cc[0]), int(cc[1])) for cc in compute_capabilities]  # type: ignore[index]
+    ccs: Sequence[Any] = compute_capabilities or ()
+    if len(ccs) == 2 and all(is_int(v) for v in ccs):  # one (major, minor) pair
+        ccs = [ccs]
     if tf32_enabled is None:
         tf32_enabled = tf32_execution_enabled()
-    ampere = bool(ccs) and all(cc is not None and cc >= (8, 0) for cc in ccs)
+    ampere = bool(ccs) and all(cc is not None and (int(cc[0]), int(cc[1])) >= (8, 0) for cc in ccs)
     return "tf32" if tf32_enabled and ampere else "float32"

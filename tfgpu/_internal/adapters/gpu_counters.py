@@ -1,7 +1,6 @@
 """What GPU utilization hides: the rules shared by `tfgpu.diagnose` and `tfgpu report`, pure
 functions of one GPU's means over a window (a NaN decides nothing), each returning a
-`CounterFinding` or None. The thresholds and their sources: docs/diagnosis.md.
-"""
+`CounterFinding` or None. The thresholds and their sources: docs/diagnosis.md."""
 
 from __future__ import annotations
 
@@ -16,55 +15,33 @@ TENSOR_BUSY_UTIL_PCT = 50.0
 # Small kernels: utilization at least this high while SMs are active less than that.
 SMALL_KERNELS_UTIL_PCT = 80.0
 SMALL_KERNELS_SM_ACTIVE_PCT = 50.0
-# Host-device traffic inside the step: PCIe bytes per step above this many batches' bytes.
+# Host-device traffic inside the step: PCIe bytes per step above this many batches' bytes;
+# throttled: mean power below this share of the limit with a throttle reason other than idle.
 PCIE_BATCH_FACTOR = 4.0
-# Throttled: mean power below this share of the limit with a throttle reason other than idle.
 POWER_LOW_SHARE = 0.6
 
 # NVML's clocks-event (throttle) reasons: bit -> (what it says, what to do).
 # nvmlClocksEventReason* / nvmlClocksThrottleReason* in nvml.h; nvidia-smi
 # --query-gpu=clocks_throttle_reasons.active.
 THROTTLE_REASONS: dict[int, tuple[str, str]] = {
-    0x2: (
-        "applications clocks setting",
-        "the application clocks are set below the maximum: `nvidia-smi -rac` resets them "
-        "(needs root)",
-    ),
-    0x4: (
-        "SW power cap",
-        "the driver holds clocks down to stay under the power limit: check it with "
-        "`nvidia-smi -q -d POWER` and raise it with `nvidia-smi -pl` (needs root) if it was "
-        "lowered",
-    ),
-    0x8: (
-        "HW slowdown",
-        "the hardware halved the clocks (temperature too high or the power supply cannot "
-        "deliver): check cooling and the power supply (`nvidia-smi -q -d PERFORMANCE`)",
-    ),
-    0x10: (
-        "sync boost",
-        "clocks are held to those of the other GPUs of a sync-boost group: check the slowest one",
-    ),
-    0x20: (
-        "SW thermal slowdown",
-        "the driver lowers clocks to keep the GPU under its temperature target: improve "
-        "cooling and airflow (`nvidia-smi -q -d TEMPERATURE`)",
-    ),
-    0x40: (
-        "HW thermal slowdown",
-        "the GPU reached its hardware temperature limit: fix the cooling (fans, airflow, "
-        "blocked heatsink)",
-    ),
-    0x80: (
-        "HW power brake slowdown",
-        "an external power-brake signal (the power supply or chassis) slows the GPU: check "
-        "the system's power supply",
-    ),
-    0x100: (
-        "display clock setting",
-        "clocks are limited by the display clock setting",
-    ),
-}
+    0x2: ("applications clocks setting", "the application clocks are set below the maximum: "
+          "`nvidia-smi -rac` resets them (needs root)"),
+    0x4: ("SW power cap", "the driver holds clocks down to stay under the power limit: check it "
+          "with `nvidia-smi -q -d POWER` and raise it with `nvidia-smi -pl` (needs root) if it "
+          "was lowered"),
+    0x8: ("HW slowdown", "the hardware halved the clocks (temperature too high or the power "
+          "supply cannot deliver): check cooling and the power supply (`nvidia-smi -q -d "
+          "PERFORMANCE`)"),
+    0x10: ("sync boost", "clocks are held to those of the other GPUs of a sync-boost group: "
+           "check the slowest one"),
+    0x20: ("SW thermal slowdown", "the driver lowers clocks to keep the GPU under its "
+           "temperature target: improve cooling and airflow (`nvidia-smi -q -d TEMPERATURE`)"),
+    0x40: ("HW thermal slowdown", "the GPU reached its hardware temperature limit: fix the "
+           "cooling (fans, airflow, blocked heatsink)"),
+    0x80: ("HW power brake slowdown", "an external power-brake signal (the power supply or "
+           "chassis) slows the GPU: check the system's power supply"),
+    0x100: ("display clock setting", "clocks are limited by the display clock setting"),
+}  # fmt: skip
 THROTTLE_IDLE = 0x1  # "GPU idle": nothing to run, not a throttle
 THROTTLE_SEVERE = 0x8 | 0x40 | 0x80  # hardware slowdowns: high severity
 
@@ -90,14 +67,11 @@ MULTIPLES_OF_8 = (
     "to multiples of 8, which tensor cores need"
 )
 TENSOR_IDLE_FIX = (
-    'Mixed precision: `tfgpu.configure(precision="mixed_bfloat16")` (`"mixed_float16"` '
-    "before Ampere) before building the model; "
-    + MULTIPLES_OF_8
-    + "; leave TF32 on for float32 matmuls (do not call "
-    "`tf.config.experimental.enable_tensor_float_32_execution(False)`); "
-    + ELEMENTWISE_FIX
-    + ". `tfgpu.diagnose(model, data)` names the layers that keep the matmuls off the tensor "
-    "cores."
+    'Mixed precision: `tfgpu.configure(precision="mixed_bfloat16")` (`"mixed_float16"` before '
+    f"Ampere) before building the model; {MULTIPLES_OF_8}; leave TF32 on for float32 matmuls "
+    "(do not call `tf.config.experimental.enable_tensor_float_32_execution(False)`); "
+    f"{ELEMENTWISE_FIX}. `tfgpu.diagnose(model, data)` names the layers that keep the matmuls "
+    "off the tensor cores."
 )
 PCIE_FIX = (
     "Keep the step on the GPU: ops placed on the CPU (pinned with `tf.device`, or without "
@@ -113,49 +87,28 @@ _MIB = 2**20
 
 @dataclass(frozen=True)
 class Counters:
-    """One GPU's counters, means over a monitored window; NaN where not measured.
+    """One GPU's counters, means over a monitored window; NaN where not measured."""
 
-    Args:
-        util_pct_mean: float, NVML utilization (`nvidia-smi --query-gpu=utilization.gpu`).
-        sm_active_pct_mean: float, GPM SM activity.
-        tensor_active_pct_mean: float, GPM tensor-pipe activity.
-        pcie_mib_s_mean: float, PCIe traffic, transmitted + received, MiB/s.
-        power_w_mean: float, power draw.
-        power_limit_w_max: float, the power limit.
-        throttle_reasons_any: float, the bitwise OR of NVML's throttle-reason bitmasks.
-        sm_clock_mhz_mean: float, the SM clock.
-    """
-
-    util_pct_mean: float = math.nan
-    sm_active_pct_mean: float = math.nan
-    tensor_active_pct_mean: float = math.nan
-    pcie_mib_s_mean: float = math.nan
+    util_pct_mean: float = math.nan  # NVML (`nvidia-smi --query-gpu=utilization.gpu`)
+    sm_active_pct_mean: float = math.nan  # GPM
+    tensor_active_pct_mean: float = math.nan  # GPM tensor-pipe activity
+    pcie_mib_s_mean: float = math.nan  # transmitted + received
     power_w_mean: float = math.nan
     power_limit_w_max: float = math.nan
-    throttle_reasons_any: float = math.nan
+    throttle_reasons_any: float = math.nan  # the bitwise OR of NVML's throttle-reason bitmasks
     sm_clock_mhz_mean: float = math.nan
 
 
 @dataclass(frozen=True)
 class CounterFinding:
-    """What one rule found: text pieces that `diagnose` and the report put together.
+    """What one rule found: text pieces that `diagnose` and the report put together."""
 
-    Args:
-        kind: str, `"tensor_cores_idle"`, `"small_kernels"`, `"pcie_traffic"` or
-            `"clocks_throttled"`.
-        severity: str, `"high"`, `"moderate"` or `"info"`.
-        title: str, one line.
-        measured: str, what was measured (a clause, no final period).
-        meaning: str, what that means (a clause, no final period; may be empty).
-        recommendation: str, the generic fix (a sentence).
-    """
-
-    kind: str
-    severity: str
-    title: str
-    measured: str
-    meaning: str
-    recommendation: str
+    kind: str  # "tensor_cores_idle", "small_kernels", "pcie_traffic" or "clocks_throttled"
+    severity: str  # "high", "moderate" or "info"
+    title: str  # one line
+    measured: str  # what was measured (a clause, no final period)
+    meaning: str  # what that means (a clause, no final period; may be empty)
+    recommendation: str  # the generic fix (a sentence)
 
     def detail(self) -> str:
         """`measured: meaning.` as one sentence."""
@@ -232,11 +185,10 @@ def small_kernels(c: Counters, fix: str | None = None) -> CounterFinding | None:
 
 def pcie_per_step_bytes(c: Counters, step_time_s: float) -> float:
     """PCIe bytes per step (the mean rate times the step time), NaN when either is unknown."""
-    if not (
-        is_finite_number(c.pcie_mib_s_mean) and is_finite_number(step_time_s) and step_time_s > 0
-    ):
-        return math.nan
-    return float(c.pcie_mib_s_mean) * _MIB * float(step_time_s)
+    rate = c.pcie_mib_s_mean
+    if is_finite_number(rate) and is_finite_number(step_time_s) and step_time_s > 0:
+        return float(rate) * _MIB * float(step_time_s)
+    return math.nan
 
 
 def pcie_measured(c: Counters, step_time_s: float) -> str:
@@ -296,26 +248,16 @@ def throttle_names(reasons: int) -> list[tuple[str, str]]:
 def clocks_throttled(c: Counters) -> CounterFinding | None:
     """Power far below the limit while NVML names a throttle reason other than idle."""
     power, limit, bits = c.power_w_mean, c.power_limit_w_max, c.throttle_reasons_any
-    if not (
-        is_finite_number(power)
-        and is_finite_number(limit)
-        and limit > 0
-        and is_finite_number(bits)
-        and bits >= 0
-    ):
-        return None
-    if not power < POWER_LOW_SHARE * limit:
+    if not all(is_finite_number(v) for v in (power, limit, bits)) or limit <= 0 or bits < 0:
         return None
     reasons = int(bits) & ~THROTTLE_IDLE
-    if not reasons:
+    if not (power < POWER_LOW_SHARE * limit and reasons):
         return None
     named = throttle_names(reasons)
     names = ", ".join(name for name, _ in named)
-    clock = (
-        f" at {c.sm_clock_mhz_mean:.0f} MHz SM clock (mean)"
-        if is_finite_number(c.sm_clock_mhz_mean)
-        else ""
-    )
+    clock = ""
+    if is_finite_number(c.sm_clock_mhz_mean):
+        clock = f" at {c.sm_clock_mhz_mean:.0f} MHz SM clock (mean)"
     return CounterFinding(
         "clocks_throttled",
         "high" if reasons & THROTTLE_SEVERE else "moderate",

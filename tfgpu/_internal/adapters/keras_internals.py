@@ -2,8 +2,7 @@
 function, the initial epoch, the global seed generator, the multi-worker trainer fix), one
 function each, so the day Keras moves something one module changes. Each returns None (or
 does nothing) where this Keras keeps things elsewhere; `tests/test_keras_internals.py` fails
-loudly, naming what moved, against `CHECKED_KERAS`. No TensorFlow import at module level.
-"""
+loudly, naming what moved, against `CHECKED_KERAS`. No TensorFlow import at module level."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ from typing import Any
 
 _LOG = logging.getLogger(__name__)
 
-# The Keras version (major, minor) every reach below was checked against.
-CHECKED_KERAS = (3, 15)
+CHECKED_KERAS = (3, 15)  # the Keras version (major, minor) every reach below was checked against
 
 # Marks on the functions tfgpu puts in place of `model.train_function`.
 _OWNER = "_tfgpu_backup"
@@ -34,29 +32,16 @@ def keras_version() -> str:
     return str(keras.__version__)
 
 
-def keras_version_tuple() -> tuple[int, int]:
-    """The installed Keras version as (major, minor), e.g. (3, 15)."""
-    major, minor = (int(p) for p in keras_version().split(".")[:2])
-    return major, minor
-
-
 def moved(what: str) -> str:
-    """A sentence for when a reach found nothing: what moved, in which Keras version.
-
-    Example:
-
-    >>> moved("fit's epoch iterator")  # doctest: +ELLIPSIS
-    "Keras ... keeps fit's epoch iterator elsewhere than Keras 3.15 (tfgpu/_internal/adapters/keras_internals.py)"
-    """
+    """A sentence for when a reach found nothing: what moved, in which Keras version."""
     return (
         f"Keras {keras_version()} keeps {what} elsewhere than Keras "
         f"{CHECKED_KERAS[0]}.{CHECKED_KERAS[1]} (tfgpu/_internal/adapters/keras_internals.py)"
     )
 
 
-def _fit_frame(model: Any, start: FrameType | None) -> FrameType | None:
-    """The frame of the `fit` call (of `model`, when given) that encloses `start`."""
-    frame = start
+def _fit_frame(model: Any, frame: FrameType | None) -> FrameType | None:
+    """The frame of the `fit` call (of `model`, when given) that encloses `frame`."""
     while frame is not None:
         code = frame.f_code
         if (
@@ -113,10 +98,8 @@ def training_frame(caller_module: str) -> FrameType | None:
 
 
 class FitWatch:
-    """A wish to be told when a training function has left its thread's stack.
-
-    Made by `when_fit_ends`; `cancel()` withdraws it (a later `fit` has its own).
-    """
+    """A wish to be told when a training function has left its thread's stack, made by
+    `when_fit_ends`; `cancel()` withdraws it (a later `fit` has its own)."""
 
     def __init__(self, thread_id: int, frame: FrameType, callback: Callable[[], None]):
         self.thread_id, self.frame, self.callback = thread_id, frame, callback
@@ -142,8 +125,7 @@ _watcher: threading.Thread | None = None
 def when_fit_ends(callback: Callable[[], None], caller_module: str) -> FitWatch | None:
     """Calls `callback()` (from a daemon thread) once the function driving the hooks has
     returned or raised: Keras skips `on_train_end` when `fit` raises. `callback` must be safe
-    after `on_train_end` and from another thread. Returns the `FitWatch`, or None.
-    """
+    after `on_train_end` and from another thread. Returns the `FitWatch`, or None."""
     global _watcher
     frame = training_frame(caller_module)
     if frame is None:
@@ -198,9 +180,9 @@ def distributed_dataset(epoch_iterator: Any) -> Any:
         from keras.src.backend.tensorflow.trainer import TFEpochIterator
     except ImportError:
         return None
-    if not isinstance(epoch_iterator, TFEpochIterator):
-        return None
-    return getattr(epoch_iterator, "_distributed_dataset", None)
+    if isinstance(epoch_iterator, TFEpochIterator):
+        return getattr(epoch_iterator, "_distributed_dataset", None)
+    return None
 
 
 def set_distributed_dataset(epoch_iterator: Any, dataset: Any) -> None:
@@ -284,12 +266,11 @@ def global_seed_generator(create: bool = False) -> Any:
     return global_state.get_global_attribute("global_seed_generator")
 
 
-# Keras 3 with TensorFlow 2.21 fails in `fit` under a real multi-worker strategy (why, and the
-# fix: docs/distributed.md, "The Keras 3 correction"): `_maybe_symbolic_build` reduces a
-# `PerReplica` batch (the build only needs shapes: build from a local replica's value), and
-# `reduce_per_replica` reduces scalar logs with `axis=0` (tensorflow/tensorflow#72388: reduce
-# rank-0 values with `axis=None`). Both wrappers defer to Keras for every other strategy.
-# `tests/test_multi_worker.py` fails once upstream no longer breaks: delete this section then.
+# Keras 3 with TensorFlow 2.21 fails in `fit` under a real multi-worker strategy: the build
+# reduces a `PerReplica` batch, and scalar logs are reduced with `axis=0` (tensorflow#72388);
+# why and the fix: docs/distributed.md, "The Keras 3 correction". Both wrappers defer to Keras
+# for every other strategy. `tests/test_multi_worker.py` fails once upstream no longer breaks:
+# delete this section then.
 
 _correction_lock = threading.Lock()
 _correction_installed = False
@@ -305,7 +286,7 @@ def _trainer_module() -> Any:
 
 
 def needs_multi_worker_correction(strategy: Any) -> bool:
-    """Whether `strategy` is a `MultiWorkerMirroredStrategy` in multi-worker mode (the bugs above)."""
+    """Whether `strategy` is a `MultiWorkerMirroredStrategy` in multi-worker mode (see above)."""
     import tensorflow as tf
 
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
@@ -317,9 +298,7 @@ def _local_value(value: Any) -> Any:
     """The first local replica's component of a distributed value; other values unchanged."""
     import tensorflow as tf
 
-    if isinstance(value, tf.distribute.DistributedValues):
-        return value.values[0]
-    return value
+    return value.values[0] if isinstance(value, tf.distribute.DistributedValues) else value
 
 
 def install_multi_worker_correction() -> bool:
@@ -329,11 +308,12 @@ def install_multi_worker_correction() -> bool:
     with _correction_lock:
         if _correction_installed:
             return True
-        installed = keras_version_tuple()
+        installed = tuple(int(p) for p in keras_version().split(".")[:2])
+        version = ".".join(map(str, installed))
         if installed[0] != 3:
             _LOG.warning(
                 "tfgpu: Keras %s is not Keras 3; the multi-worker fit correction is not applied.",
-                ".".join(map(str, installed)),
+                version,
             )
             return False
         from keras import tree
@@ -354,7 +334,7 @@ def install_multi_worker_correction() -> bool:
                 "tfgpu: Keras %s is newer than the last version checked (3.%d); applying the "
                 "multi-worker fit correction anyway. Re-run the upstream check in "
                 "tests/test_multi_worker.py to see whether it is still needed.",
-                ".".join(map(str, installed)),
+                version,
                 CHECKED_KERAS[1],
             )
 
@@ -393,11 +373,10 @@ def install_multi_worker_correction() -> bool:
 
 def _has_parameters(function: Any, *names: str) -> bool:
     """Whether `function` (unwrapped) is callable with parameters `names`."""
-    function = inspect.unwrap(function) if callable(function) else None
-    if function is None:
+    if not callable(function):
         return False
     try:
-        parameters = inspect.signature(function).parameters
+        parameters = inspect.signature(inspect.unwrap(function)).parameters
     except (TypeError, ValueError):
         return False
     return all(n in parameters for n in names)
@@ -410,25 +389,16 @@ def problems_in_trainer() -> list[str]:
     if tf_trainer is None:
         return [moved("the TensorFlow trainer (`keras.src.backend.tensorflow.trainer`)")]
     trainer_class = getattr(tf_trainer, "TensorFlowTrainer", None)
-    checks = [
-        (
-            "`trainer.reduce_per_replica(values, strategy, reduction)`",
-            _has_parameters(
-                getattr(tf_trainer, "reduce_per_replica", None), "values", "strategy", "reduction"
-            ),
-        ),
-        (
-            "`TensorFlowTrainer._maybe_symbolic_build(iterator, data_batch)`",
-            _has_parameters(
-                getattr(trainer_class, "_maybe_symbolic_build", None), "iterator", "data_batch"
-            ),
-        ),
-        (
-            "`TensorFlowTrainer._symbolic_build(data_batch)`",
-            _has_parameters(getattr(trainer_class, "_symbolic_build", None), "data_batch"),
-        ),
+    reaches = [
+        ("trainer", tf_trainer, "reduce_per_replica", ("values", "strategy", "reduction")),
+        ("TensorFlowTrainer", trainer_class, "_maybe_symbolic_build", ("iterator", "data_batch")),
+        ("TensorFlowTrainer", trainer_class, "_symbolic_build", ("data_batch",)),
     ]
-    found = [moved(what) for what, ok in checks if not ok]
+    found = [
+        moved(f"`{owner}.{name}({', '.join(parameters)})`")
+        for owner, holder, name, parameters in reaches
+        if not _has_parameters(getattr(holder, name, None), *parameters)
+    ]
     import tensorflow as tf
     from tensorflow.python.distribute import collective_all_reduce_strategy as mwms
 
@@ -444,7 +414,6 @@ def problems_in_trainer() -> list[str]:
 def problems_in_fit(model: Any) -> list[str]:
     """What this Keras no longer has where tfgpu reaches for it ([]: every reach finds its
     target); call it from a hook of `fit`, as `tests/test_keras_internals.py` does."""
-    found: list[str] = []
     frame = _fit_frame(model, sys._getframe(1))
     if frame is None:
         return [moved("`fit`'s frame with a local `epoch_iterator`")]
@@ -458,7 +427,7 @@ def problems_in_fit(model: Any) -> list[str]:
         ("`model._initial_epoch`", hasattr(model, "_initial_epoch")),
         ("the frame of `fit`, driving the hooks", training_frame(__name__) is not None),
     ]
-    found.extend(moved(what) for what, ok in checks if not ok)
+    found = [moved(what) for what, ok in checks if not ok]
     try:
         global_seed_generator()
         global_seed_generator(create=True)

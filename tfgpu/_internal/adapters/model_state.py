@@ -1,8 +1,7 @@
 """`with preserved(model, x): ...`: a Keras model comes back exactly as it went in (every
 variable of the model, its optimizers and metrics; its compile settings, train function and
-history; its strategy's all-reduce), for whatever trains a user's model to measure it. The model and its optimizer are
-built first, so the slots a first step would create are recorded and put back too.
-"""
+history; its strategy's all-reduce), for whatever trains a user's model to measure it. The
+model and its optimizer are built first, so the slots a first step makes are put back too."""
 
 from __future__ import annotations
 
@@ -16,15 +15,14 @@ import numpy as np
 
 from tfgpu._internal.adapters.all_reduce import kept
 
-# Model attributes put back as they were (compile settings and what `fit` replaces).
+# Put back as they were: the compile settings and what `fit` replaces.
 _ATTRIBUTES = ("steps_per_execution", "jit_compile", "train_function", "history")
 
 
 def build(model: Any, x: Any = None) -> None:
     """Builds `model` (on one batch's inputs `x`, if not built yet) and its optimizer, under
     its strategy."""
-    strategy = model.distribute_strategy
-    with strategy.scope():
+    with model.distribute_strategy.scope():
         if not model.built and x is not None:
             model(x, training=False)
         opt = getattr(model, "optimizer", None)
@@ -34,16 +32,12 @@ def build(model: Any, x: Any = None) -> None:
 
 def _state_variables(model: Any) -> list[Any]:
     """Every variable of the model, its optimizer chain and its metrics, each once."""
-    seen: dict[int, Any] = {}
     groups = [getattr(model, "variables", []), getattr(model, "metrics_variables", [])]
     opt = getattr(model, "optimizer", None)
     while opt is not None:
         groups.append(getattr(opt, "variables", []))
         opt = getattr(opt, "inner_optimizer", None)
-    for group in groups:
-        for v in group:
-            seen.setdefault(id(v), v)
-    return list(seen.values())
+    return list({id(v): v for group in groups for v in group}.values())
 
 
 def snapshot(model: Any) -> list[tuple[Any, np.ndarray]]:
@@ -65,13 +59,7 @@ def restore(model: Any, values: list[tuple[Any, np.ndarray]]) -> None:
 @contextlib.contextmanager
 def preserved(model: Any, x: Any = None) -> Iterator[None]:
     """Runs the body, then puts the model's training state back (also on an exception),
-    and its strategy's all-reduce; `x`, one batch's inputs, builds an unbuilt model.
-
-    Example:
-
-    >>> with preserved(model, x[:1]):
-    ...     model.fit(x, y, epochs=1)  # weights, optimizer, metrics, history: as before
-    """
+    and its strategy's all-reduce; `x`, one batch's inputs, builds an unbuilt model."""
     build(model, x)
     values = snapshot(model)
     saved = {name: getattr(model, name, None) for name in _ATTRIBUTES}
@@ -93,14 +81,12 @@ def supports_xla(model: Any) -> bool:
     """Whether Keras accepts `jit_compile` flipped for this model (it refuses some models,
     warning and keeping the old value)."""
     current = model.jit_compile
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
             model.jit_compile = not bool(current)
-        return bool(model.jit_compile) != bool(current)
-    finally:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+            return bool(model.jit_compile) != bool(current)
+        finally:
             model.jit_compile = current
 
 

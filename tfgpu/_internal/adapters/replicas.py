@@ -1,9 +1,6 @@
-"""The parts of a data-parallel step timed apart, on one strategy and its model: the replicas'
-compute alone (forward and backward, nothing reduced), the all-reduce alone (on the model's
-gradient shapes, and on one element per tensor for its latency), and the optimizer's apply
-(the all-reduce and the update). Each a `tf.function` running `STEPS` steps per call, timed
-by the one timing engine's `call_time`. `scaling` and `diagnose` use them.
-"""
+"""The parts of a data-parallel step timed apart, on one strategy and its model (for `scaling`
+and `diagnose`): the replicas' compute, the all-reduce and the optimizer's apply, each a
+`tf.function` running `STEPS` steps per call, timed by the timing engine's `call_time`."""
 
 from __future__ import annotations
 
@@ -26,9 +23,7 @@ def gradient_bytes(model: keras.Model) -> int:
 
 def _per_replica(strategy: tf.distribute.Strategy, batch: Any) -> Any:
     """`batch` (a global batch) cut into one slice per replica, each on its device."""
-    n = strategy.num_replicas_in_sync
-    size = int(tf.nest.flatten(batch)[0].shape[0])
-    per = size // n
+    per = int(tf.nest.flatten(batch)[0].shape[0]) // strategy.num_replicas_in_sync
 
     def value(ctx: tf.distribute.ValueContext) -> Any:
         i = ctx.replica_id_in_sync_group
@@ -80,11 +75,9 @@ def compute_s(strategy: tf.distribute.Strategy, model: keras.Model, batch: Any) 
 
 
 def all_reduce_s(strategy: tf.distribute.Strategy, model: keras.Model, *, tiny: bool) -> float:
-    """Seconds per step of the all-reduce the optimizer makes (the replica context's
-    `all_reduce`, through the strategy's cross-device ops) of tensors shaped as the
-    gradients: each replica's copy of the trainable variables, read in place (nothing filled
-    or summed around the all-reduce); `tiny`: one element per tensor, which times the
-    latency alone."""
+    """Seconds per step of the all-reduce the optimizer makes (the replica context's, through
+    the strategy's cross-device ops) of each replica's copy of the trainable variables, read in
+    place (nothing filled or summed around it); `tiny`: one element per tensor (the latency)."""
     variables = model.trainable_variables
 
     @tf.autograph.experimental.do_not_convert
@@ -100,11 +93,9 @@ def all_reduce_s(strategy: tf.distribute.Strategy, model: keras.Model, *, tiny: 
 
 
 def apply_s(strategy: tf.distribute.Strategy, model: keras.Model) -> float:
-    """Seconds per step of the optimizer's `apply_gradients` on every replica, as `fit`'s
-    step makes it: the all-reduce of the gradients, then the update of every replica's copy
-    of the weights. The gradients are the variables' own values, read in place (nothing
-    computed around the update). It changes the model's weights and optimizer state: call it
-    on a model built for measuring only."""
+    """Seconds per step of the optimizer's `apply_gradients` on every replica as in `fit` (the
+    all-reduce, then the update), the variables' own values as gradients. It changes the
+    model's weights and optimizer state: call it on a model built for measuring only."""
     variables = model.trainable_variables
     optimizer = model.optimizer
 

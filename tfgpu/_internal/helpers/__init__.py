@@ -1,1 +1,1 @@
-"""Generic helpers, TensorFlow-free: checks, files, warn, stats, jsonable, lazy, progress, cluster."""
+"""Generic helpers, TensorFlow-free, one concept each (the list: docs/architecture.md)."""

@@ -1,9 +1,6 @@
-"""A call that may block for ever (reading a dataset that never yields), given a bound.
-
-TensorFlow cannot interrupt a `get_next`: the call runs in a daemon thread, and the caller
-stops waiting when the call made no progress for the bound. The thread goes on until the
-call returns or the process exits.
-"""
+"""A call that may block for ever (reading a dataset that never yields), given a bound: TensorFlow
+cannot interrupt a `get_next`, so the call runs in a daemon thread, which goes on until the call
+returns or the process exits."""
 
 from __future__ import annotations
 
@@ -23,13 +20,7 @@ def call_bounded(
     name: str = "tfgpu-read",
 ) -> T:
     """`fn()`, raising `timeout_error(progress())` when `progress()` did not move for
-    `timeout_s` seconds; an error `fn` raises is raised here, in the caller.
-
-    Example:
-
-    >>> call_bounded(lambda: next(iter(ds)), timeout_s=120,
-    ...              timeout_error=lambda _: TimeoutError("no element in 120 s"))
-    """
+    `timeout_s` seconds; an error `fn` raises is raised here, in the caller."""
     outcome: dict[str, Any] = {}
 
     def run() -> None:
@@ -41,14 +32,13 @@ def call_bounded(
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     seen = progress()
-    while True:
-        thread.join(timeout_s)
-        if not thread.is_alive():
-            break
+    thread.join(timeout_s)
+    while thread.is_alive():
         now = progress()
         if now == seen:
             raise timeout_error(now)
         seen = now
+        thread.join(timeout_s)
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]

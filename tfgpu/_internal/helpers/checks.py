@@ -1,7 +1,6 @@
 """Keras-style argument errors, shared by every module: the wrong type is a `TypeError`, the
 right type out of range a `ValueError`; NumPy scalars count as Python numbers, bools as
-neither. `tfgpu.monitor` uses it: no TensorFlow, no Keras.
-"""
+neither. `tfgpu.monitor` uses it: no TensorFlow, no Keras."""
 
 from __future__ import annotations
 
@@ -16,9 +15,8 @@ from typing import Any, Literal, overload
 def invalid_value(
     name: str, value: Any, expected: str, *, received: str | None = None
 ) -> ValueError:
-    """Returns the ValueError for argument `name` (the caller raises it): the one phrasing of
-    every argument error. `received`: what was received, in words, where `name=value` does
-    not say it (an array, a dataset, a value with the argument it conflicts with).
+    """The ValueError for argument `name` (the caller raises it), in the one phrasing of every
+    argument error; `received`: what was received, in words, where `name=value` does not say it.
 
     Example:
 
@@ -40,8 +38,8 @@ def short_repr(value: Any, limit: int = 80) -> str | None:
 
 
 def invalid_type(name: str, value: Any, expected: str, *, received: str | None = None) -> TypeError:
-    """Returns the TypeError for argument `name`, naming the type received (and the value,
-    when its repr is short); `received`: what was received, in words, instead.
+    """The TypeError for argument `name`, naming the type received (and the value, when its
+    repr is short); `received`: what was received, in words, instead.
 
     Example:
 
@@ -58,27 +56,23 @@ def invalid_type(name: str, value: Any, expected: str, *, received: str | None =
 
 
 def is_int(value: Any) -> bool:
-    """Whether `value` is an integer: Python's `int` or a NumPy integer, not a bool.
-
-    Example:
-
-    >>> import numpy as np
-    >>> is_int(3), is_int(np.int64(3)), is_int(True), is_int(3.0)
-    (True, True, False, False)
-    """
+    """Whether `value` is an integer: Python's `int` or a NumPy integer, not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def is_number(value: Any) -> bool:
-    """Whether `value` is a real number (NumPy scalars included), not a bool.
-
-    Example:
-
-    >>> import numpy as np
-    >>> is_number(0.5), is_number(np.float32(1e-3)), is_number(True), is_number("1")
-    (True, True, False, False)
-    """
+    """Whether `value` is a real number (NumPy scalars included), not a bool."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _bounded(kind: str, low: float | None, high: float | None, strict: bool, none: bool) -> str:
+    """The default `expected` of `check_int` and `check_number`: "an int >= 1 and <= 9 or None"
+    (`strict`: `low` excluded; `none`: None allowed)."""
+    bounds = [] if low is None else [f"{'>' if strict else '>='} {low}"]
+    if high is not None:
+        bounds.append(f"<= {high}")
+    text = f"{kind} {' and '.join(bounds)}" if bounds else kind
+    return f"{text} or None" if none else text
 
 
 @overload
@@ -115,21 +109,11 @@ def check_int(
     expected: str | None = None,
 ) -> int | None:
     """Checks an integer argument (NumPy integers too, bools not) against its bounds; returns
-    it as an int. `expected`: the text after "Expected " (default built from the bounds).
-
-    Example:
-
-    >>> check_int("steps", 3)
-    3
-    """
+    it as an int. `expected`: the text after "Expected " (default built from the bounds)."""
     if allow_none and value is None:
         return None
     if expected is None:
-        expected = f"an int >= {minimum}"
-        if maximum is not None:
-            expected += f" and <= {maximum}"
-        if allow_none:
-            expected += " or None"
+        expected = _bounded("an int", minimum, maximum, False, allow_none)
     if not is_int(value):
         raise invalid_type(name, value, expected)
     if value < minimum or (maximum is not None and value > maximum):
@@ -174,24 +158,11 @@ def check_number(
     expected: str | None = None,
 ) -> float | None:
     """Checks a finite real argument (ints and NumPy scalars too, bools not) against its
-    bounds (`maximum` inclusive); returns it as a float.
-
-    Example:
-
-    >>> check_number("interval", 0.2, minimum=0, exclusive_minimum=True)
-    0.2
-    """
+    bounds (`maximum` inclusive); returns it as a float."""
     if allow_none and value is None:
         return None
     if expected is None:
-        parts = []
-        if minimum is not None:
-            parts.append(f"{'>' if exclusive_minimum else '>='} {minimum}")
-        if maximum is not None:
-            parts.append(f"<= {maximum}")
-        expected = "a finite number" + (f" {' and '.join(parts)}" if parts else "")
-        if allow_none:
-            expected += " or None"
+        expected = _bounded("a finite number", minimum, maximum, exclusive_minimum, allow_none)
     if not is_number(value):
         raise invalid_type(name, value, expected)
     number = float(value)
@@ -202,13 +173,8 @@ def check_number(
 
 
 def check_finite_result(what: str, value: float, inputs: str) -> float:
-    """Returns `value`; a ValueError naming `what` and its `inputs` when it is not finite.
-
-    Example:
-
-    >>> check_finite_result("the global batch size", 256.0, "per_replica=128, replicas=2")
-    256.0
-    """
+    """Returns `value`; a ValueError naming `what` and its `inputs` (e.g. "per_replica=128,
+    replicas=2") when it is not finite."""
     if not math.isfinite(value):
         raise ValueError(
             f"Invalid arguments: {inputs} give {what} = {value!r}, which is not a finite "
@@ -218,13 +184,8 @@ def check_finite_result(what: str, value: float, inputs: str) -> float:
 
 
 def conflicting(first: str, second: str, hint: str = "") -> ValueError:
-    """Returns the one ValueError for two arguments that cannot be given together.
-
-    Example:
-
-    >>> str(conflicting("batch_size=64", "per_replica_batch_size=32"))
-    'Conflicting arguments: batch_size=64 and per_replica_batch_size=32. Pass only one of them.'
-    """
+    """The one ValueError for two arguments that cannot be given together (`first`, `second`:
+    "batch_size=64"); `hint` replaces "Pass only one of them."."""
     return ValueError(
         f"Conflicting arguments: {first} and {second}. {hint or 'Pass only one of them.'}"
     )
@@ -247,13 +208,7 @@ def check_dir(
 ) -> Path | None:
     """Checks a directory argument; returns it as a `Path` (`~` expanded). It need not exist,
     but neither it nor a parent may be a file. `expected`: what a wrong type or an empty path
-    is told is expected (a command line says "a directory path", without Python types).
-
-    Example:
-
-    >>> check_dir("log_dir", "runs/exp1")
-    PosixPath('runs/exp1')
-    """
+    is told is expected (a command line says "a directory path", without Python types)."""
     if allow_none and value is None:
         return None
     if expected is None:
@@ -264,48 +219,27 @@ def check_dir(
     if not isinstance(text, str) or not text.strip():
         raise invalid_value(name, value, expected)
     path = Path(text).expanduser()
-    for candidate in (path, *path.parents):
-        if candidate.exists():
-            if not candidate.is_dir():
-                where = (
-                    "is a file" if candidate == path else f"is under the file {str(candidate)!r}"
-                )
-                raise invalid_value(name, value, f"a directory; {str(path)!r} {where}")
-            break
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "is a file" if existing == path else f"is under the file {str(existing)!r}"
+        raise invalid_value(name, value, f"a directory; {str(path)!r} {where}")
     return path
 
 
 def check_log_dir(value: Any) -> Path | None:
-    """Checks a `log_dir` argument (None: none) by `check_dir`'s rules; use the path it returns.
-
-    Example:
-
-    >>> check_log_dir("runs/exp1"), check_log_dir(None)
-    (PosixPath('runs/exp1'), None)
-    """
+    """Checks a `log_dir` argument (None: none) by `check_dir`'s rules; use the path it returns."""
     return check_dir("log_dir", value, allow_none=True)
 
 
 def check_bool(name: str, value: Any, *, allow_none: bool = False) -> None:
-    """Checks a flag argument; raises TypeError unless it is a bool (or None if allowed).
-
-    Example:
-
-    >>> check_bool("shuffle", True)
-    """
+    """Checks a flag argument; raises TypeError unless it is a bool (or None if allowed)."""
     if isinstance(value, bool) or (allow_none and value is None):
         return
     raise invalid_type(name, value, "True, False or None" if allow_none else "True or False")
 
 
 def is_finite_number(value: Any) -> bool:
-    """Whether `value` is a finite real number (NumPy scalars too; bools and NaN are not).
-
-    Example:
-
-    >>> is_finite_number(0.2), is_finite_number(float("nan")), is_finite_number(True)
-    (True, False, False)
-    """
+    """Whether `value` is a finite real number (NumPy scalars too; bools and NaN are not)."""
     return is_number(value) and math.isfinite(float(value))
 
 

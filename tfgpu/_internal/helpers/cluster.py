@@ -1,9 +1,6 @@
-"""Where this process sits in a training cluster: `TF_CONFIG` and Slurm, parsed once.
-
-Pure and TF-free (`tfgpu.monitor` uses it to name its files). Callers decide what a problem
-means to them: `tfgpu.strategy()` raises it, `tfgpu env` reports it as a finding, the
-monitor quietly treats the process as a lone one.
-"""
+"""Where this process sits in a training cluster: `TF_CONFIG` and Slurm, parsed once, pure and
+TF-free (`tfgpu.monitor` names its files by it). Callers decide what a problem means to them:
+`tfgpu.strategy()` raises it, `tfgpu env` reports it, the monitor treats the process as alone."""
 
 from __future__ import annotations
 
@@ -34,21 +31,13 @@ class TFConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Cluster:
-    """Where this process sits in a training cluster (pure data).
+    """Where this process sits in a training cluster (pure data)."""
 
-    Attributes:
-        source: str, `"TF_CONFIG"`, `"slurm"` or `"none"`.
-        num_tasks: int, the tasks that train (chief + workers).
-        task_type: str or None, this process's job, e.g. `"worker"`.
-        task_index: int or None, this process's index within its job.
-        spec: dict, job name to its `"host:port"` addresses (empty outside `TF_CONFIG`).
-    """
-
-    source: str
-    num_tasks: int
-    task_type: str | None = None
-    task_index: int | None = None
-    spec: dict[str, list[str]] = field(default_factory=dict)
+    source: str  # "TF_CONFIG", "slurm" or "none"
+    num_tasks: int  # the tasks that train (chief + workers)
+    task_type: str | None = None  # this process's job, e.g. "worker"
+    task_index: int | None = None  # its index within its job
+    spec: dict[str, list[str]] = field(default_factory=dict)  # job -> addresses (TF_CONFIG)
 
     @property
     def is_chief(self) -> bool:
@@ -83,16 +72,8 @@ def _addresses(job: str, addresses: Any, raw: str) -> tuple[list[str], list[int]
 
 def parse_tf_config(raw: str | None, *, strict: bool = True) -> Cluster | None:
     """Parses and validates a `TF_CONFIG` value; None when unset or blank. Raises `TFConfigError`.
-
     `strict` requires what `tfgpu.strategy()` needs (a `"task"`, only chief/worker/evaluator,
-    at most one chief); `strict=False` accepts what TensorFlow accepts (`"{}"` too).
-
-    Example:
-
-    >>> parse_tf_config('{"cluster": {"worker": ["a:1", "b:1"]}, '
-    ...                 '"task": {"type": "worker", "index": 1}}').task_index
-    1
-    """
+    at most one chief); `strict=False` accepts what TensorFlow accepts (`"{}"` too)."""
     if raw is None or not raw.strip():
         return None  # TensorFlow treats an empty TF_CONFIG as unset
     try:

@@ -1,7 +1,6 @@
 """Run-directory files that never lose what an earlier run wrote: appended to, rotated to the
 first free `NAME.N.SUFFIX` or refused, never truncated; JSON replaced atomically (the promise:
-docs/guarantees.md). `tfgpu.monitor` uses it: no TensorFlow, no Keras.
-"""
+docs/guarantees.md). `tfgpu.monitor` uses it: no TensorFlow, no Keras."""
 
 from __future__ import annotations
 
@@ -20,13 +19,7 @@ EARLIER_SESSIONS = "earlier_sessions"
 
 
 def free_name(path: Path) -> Path:
-    """The first `STEM.N.SUFFIX` beside `path` (N = 1, 2, ...) that does not exist.
-
-    Example:
-
-    >>> free_name(Path("/nonexistent/timeline.csv"))
-    PosixPath('/nonexistent/timeline.1.csv')
-    """
+    """The first `STEM.N.SUFFIX` beside `path` (N = 1, 2, ...) that does not exist."""
     n = 1
     while True:
         candidate = path.with_name(f"{path.stem}.{n}{path.suffix}")
@@ -45,21 +38,16 @@ def rotate(path: Path) -> Path | None:
 
 
 def write_text_atomic(path: Path, text: str | bytes) -> None:
-    """Writes `text` (or bytes) to `path` through a temporary file and a rename (atomic on
-    POSIX)."""
+    """Writes `text` (or bytes) to `path` through a temporary file and a rename (atomic)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    replaced = False
     try:
         with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
         os.replace(tmp, path)
-        replaced = True
-    finally:
-        if not replaced:  # whatever stopped it, Ctrl-C included: no temporary file is left
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+    except BaseException:  # whatever stopped it, Ctrl-C included: no temporary file is left
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def write_result(
@@ -72,12 +60,7 @@ def write_result(
 ) -> None:
     """Writes a result's `record` as `json_name` into `log_dir`, then `plot(path)` (where
     given) draws `png_name` beside it (older ones rotated aside); a failure of either is a
-    warning naming `who` (`tune`, `scaling`): the result is returned whatever the disk says.
-
-    Example:
-
-    >>> write_result(Path("runs/exp1"), "tune", record, "tune.json", draw, "tune.png")
-    """
+    warning naming `who` (`tune`, `scaling`): the result is returned whatever the disk says."""
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
         path = log_dir / json_name
@@ -119,8 +102,7 @@ def add_session(path: Path, info: dict[str, Any]) -> None:
         except (OSError, ValueError):
             rotate(path)
         else:
-            earlier = list(previous.pop(EARLIER_SESSIONS, None) or [])
-            earlier.append(previous)
+            earlier = [*(previous.pop(EARLIER_SESSIONS, None) or []), previous]
     record = dict(info)
     if earlier:
         record[EARLIER_SESSIONS] = earlier

@@ -7,13 +7,8 @@ from typing import Any
 
 
 def json_safe(value: Any) -> Any:
-    """Returns `value` with only JSON types: NaN/inf -> None, NumPy scalars -> Python, else str.
-
-    Example:
-
-    >>> json_safe({"a": float("nan"), "b": (1, 2.5)})
-    {'a': None, 'b': [1, 2.5]}
-    """
+    """`value` with only JSON types: NaN/inf -> None, tuples -> lists, NumPy scalars -> Python
+    values, dict keys and unknown objects -> str."""
     if isinstance(value, dict):
         return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

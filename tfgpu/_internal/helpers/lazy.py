@@ -5,8 +5,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-# module name -> what to install to get it
-_INSTALL_HINTS = {
+_INSTALL_HINTS = {  # module name -> what to install to get it
     "tensorflow": 'pip install "tfgpu"  (or "tfgpu[and-cuda]" on a machine with an NVIDIA GPU)',
     "keras": 'pip install "keras>=3"',
     "tensorflow_datasets": "pip install tensorflow-datasets",

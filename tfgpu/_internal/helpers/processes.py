@@ -1,9 +1,7 @@
-"""The processes tfgpu runs in and starts: TensorFlow's C++ start-up log held back (the command
-line, `tfgpu tune`'s children), Python children run whole (`run_python`: `tfgpu tune`'s and
-`find_batch_size`'s), and children that never outlive their parent (those and `tfgpu
-data-service`'s servers): `die_with_parent`, called first thing in the child, ends it when its
-parent ends, even by SIGKILL (the promise: docs/guarantees.md). No TensorFlow.
-"""
+"""The processes tfgpu runs in and starts: TensorFlow's C++ start-up log held back, Python
+children run whole (`run_python`: `tfgpu tune`'s and `find_batch_size`'s), and children that
+never outlive their parent, even one killed by SIGKILL (`die_with_parent`, called first thing
+in the child; the promise: docs/guarantees.md). No TensorFlow."""
 
 from __future__ import annotations
 
@@ -34,8 +32,7 @@ _STARTUP_NOISE = re.compile(
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
-# How often a child without Linux's parent-death signal checks that its parent is alive.
-_WATCH_INTERVAL_S = 1.0
+_WATCH_INTERVAL_S = 1.0  # how often a child without Linux's parent-death signal checks
 
 
 @contextlib.contextmanager
@@ -44,11 +41,9 @@ def startup_log_held_back(enabled: bool = True) -> Iterator[None]:
     go to the real stderr, in order, when it ends. Does nothing when `enabled` is False."""
     saved = None
     if enabled:
-        try:
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # no real fd 2 (embedded)
             sys.stderr.flush()
             saved = os.dup(2)
-        except (OSError, ValueError, AttributeError):  # no real fd 2 (embedded): leave it be
-            saved = None
     if saved is None:
         yield
         return
@@ -57,10 +52,8 @@ def startup_log_held_back(enabled: bool = True) -> Iterator[None]:
             os.dup2(sink.fileno(), 2)
             yield
         finally:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 sys.stderr.flush()
-            except (OSError, ValueError):
-                pass
             os.dup2(saved, 2)
             os.close(saved)
             sink.seek(0)
@@ -128,13 +121,8 @@ def _read(pipe: IO[bytes], lines: queue.Queue[bytes]) -> None:
 
 
 def death(status: int) -> str:
-    """How a child with exit status `status` (`Popen.returncode`) ended, in words.
-
-    Example:
-
-    >>> death(3), death(-9)
-    ('exited with status 3', 'was killed by SIGKILL')
-    """
+    """How a child with exit status `status` (`Popen.returncode`) ended, in words: "exited with
+    status 3", "was killed by SIGKILL"."""
     if status < 0:
         try:
             return f"was killed by {signal.Signals(-status).name}"
@@ -144,12 +132,9 @@ def death(status: int) -> str:
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """Ends this process when its parent, `parent_pid`, ends, however it ends.
-
-    On Linux the kernel sends SIGKILL at the parent's death (`prctl(PR_SET_PDEATHSIG)`);
-    on other POSIX systems a daemon thread checks the parent every second. A parent that
-    is already gone ends this process at once (exit status 1). Nothing on Windows.
-    """
+    """Ends this process when its parent, `parent_pid`, ends, however it ends: Linux sends
+    SIGKILL at its death (`prctl(PR_SET_PDEATHSIG)`), elsewhere a daemon thread checks every
+    second; a parent already gone ends it at once (exit status 1). Nothing on Windows."""
     if os.name != "posix":
         return
     if not _parent_death_signal():

@@ -1,11 +1,11 @@
 """Progress lines for long calls (`diagnose`, `find_batch_size`, `tune`), on `sys.stdout` in
 plain text: `verbose` as `model.fit` takes it (1: one line rewritten in place with a carriage
 return; 2: one line per phase; "auto": 1 in a terminal or a notebook, else 2). Each line names
-the call, the phase and the time left: ``diagnose: timing the real data · 41 s left``.
-"""
+the call, the phase and the time left: ``diagnose: timing the real data · 41 s left``."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -25,13 +25,7 @@ _STREAM_ERRORS = (AttributeError, OSError, ValueError)
 
 
 def check_verbose(verbose: Any) -> int | str:
-    """Checks a `verbose` argument as Keras takes it: `"auto"`, 0, 1 or 2; returns it.
-
-    Example:
-
-    >>> check_verbose("auto"), check_verbose(2)
-    ('auto', 2)
-    """
+    """Checks a `verbose` argument as Keras takes it: `"auto"`, 0, 1 or 2; returns it."""
     if isinstance(verbose, str):
         if verbose == "auto":
             return verbose
@@ -58,45 +52,27 @@ def in_ipython_kernel() -> bool:
 def _is_tty(stream: Any) -> bool:
     try:
         return bool(stream.isatty())
-    except _STREAM_ERRORS:  # closed, or no isatty
+    except _STREAM_ERRORS:
         return False
 
 
 def resolve_verbose(verbose: int | str, stream: Any = None) -> int:
     """The mode a checked `verbose` means for `stream` (`sys.stdout` when None): `"auto"` is 1
-    on a terminal or in an IPython kernel, else 2 (also when Keras's interactive logging is off).
-
-    Example:
-
-    >>> import io
-    >>> resolve_verbose("auto", io.StringIO())
-    2
-    """
+    on a terminal or in an IPython kernel, else 2 (also when Keras's interactive logging is off)."""
     if verbose != "auto":
         return int(verbose)
-    stream = sys.stdout if stream is None else stream
-    if not _keras_interactive():
-        return 2
-    return 1 if _is_tty(stream) or in_ipython_kernel() else 2
-
-
-def _keras_interactive() -> bool:
-    """Keras's `is_interactive_logging_enabled()` where Keras is loaded (True otherwise)."""
     keras = sys.modules.get("keras")
     try:
-        return keras is None or bool(keras.config.is_interactive_logging_enabled())
+        interactive = keras is None or bool(keras.config.is_interactive_logging_enabled())
     except AttributeError:  # an odd Keras: keep the default
-        return True
+        interactive = True
+    if not interactive:
+        return 2
+    return 1 if _is_tty(sys.stdout if stream is None else stream) or in_ipython_kernel() else 2
 
 
 def format_seconds(seconds: float) -> str:
-    """A duration as a person reads it: "0.4 s", "41 s", "2 min 05 s", "1 h 02 min". Pure.
-
-    Example:
-
-    >>> format_seconds(41.2), format_seconds(125), format_seconds(0.42)
-    ('41 s', '2 min 05 s', '0.4 s')
-    """
+    """A duration as a person reads it: "0.4 s", "41 s", "2 min 05 s", "1 h 02 min"."""
     if not math.isfinite(seconds):
         return "?"
     seconds = max(0.0, seconds)
@@ -111,19 +87,10 @@ def format_seconds(seconds: float) -> str:
 
 
 class Progress:
-    """Progress lines of one long call: a line per phase, a summary line at the end.
-
-    `budget_s` (None: none) makes each line say the time left, else the time so far;
-    `stream` None is `sys.stdout` at each write; `clock` is the budget's (tests script it).
-
-    Example:
-
-    ```python
-    progress = Progress(verbose, title="diagnose", budget_s=60.0)
-    progress.phase("timing the real data (round 3)")  # diagnose: ... · 41 s left
-    progress.done("bottleneck: input")               # diagnose: done in 19 s · bottleneck: input
-    ```
-    """
+    """Progress lines of one long call: a line per phase (as the module says), a summary line
+    at the end (``diagnose: done in 19 s · bottleneck: input``). `budget_s` (None: none) makes
+    each line say the time left, else the time so far; `stream` None is `sys.stdout` at each
+    write; `clock` is the budget's (tests script it)."""
 
     def __init__(
         self,
@@ -153,17 +120,16 @@ class Progress:
         """Seconds since the progress started (on its clock)."""
         return self._now() - self._start
 
-    def _timing(self) -> str:
-        elapsed = self.elapsed()
-        if self.budget_s is None:
-            return f"{format_seconds(elapsed)} so far"
-        left = self.budget_s - elapsed
-        return "budget spent" if left <= 0 else f"{format_seconds(left)} left"
-
     def phase(self, text: str) -> None:
         """Shows a new phase: "timing the real data, round 3 of at most 12"."""
-        if self.verbose and not self._done:
-            self._show(f"{self.title}: {text} {_DOT} {self._timing()}", final=False)
+        if not self.verbose or self._done:
+            return
+        if self.budget_s is None:
+            timing = f"{format_seconds(self.elapsed())} so far"
+        else:
+            left = self.budget_s - self.elapsed()
+            timing = "budget spent" if left <= 0 else f"{format_seconds(left)} left"
+        self._show(f"{self.title}: {text} {_DOT} {timing}", final=False)
 
     def done(self, text: str = "") -> None:
         """Ends the progress with one summary line ("done in 41 s · `text`"); later calls do
@@ -178,7 +144,10 @@ class Progress:
     def _show(self, line: str, *, final: bool) -> None:
         stream = sys.stdout if self._stream is None else self._stream
         if self.verbose == 1:
-            columns = _columns(stream)
+            columns = None  # a notebook wraps lines itself and redraws them whole
+            if _is_tty(stream):
+                with contextlib.suppress(*_STREAM_ERRORS):
+                    columns = os.get_terminal_size(stream.fileno()).columns
             if columns and len(line) >= columns:  # a wrapped line cannot be rewritten
                 line = line[: columns - 2] + "\u2026"
             padding = " " * max(0, self._width - len(line))
@@ -189,29 +158,14 @@ class Progress:
         _write(stream, text)
 
 
-def _columns(stream: Any) -> int | None:
-    """The terminal's width when `stream` is a terminal, else None (a notebook wraps lines
-    itself and redraws them whole)."""
-    if not _is_tty(stream):
-        return None
-    try:
-        return os.get_terminal_size(stream.fileno()).columns or None
-    except _STREAM_ERRORS:
-        return None
-
-
 def _write(stream: Any, text: str) -> None:
     """Writes and flushes; a stream that cannot take the text is ignored (never raises)."""
     try:
         try:
             stream.write(text)
         except UnicodeEncodeError:  # a stream that takes ASCII only
-            stream.write(
-                text.replace(_DOT, "-")
-                .replace("\u2026", "...")
-                .encode("ascii", "replace")
-                .decode("ascii")
-            )
+            plain = text.replace(_DOT, "-").replace("\u2026", "...")
+            stream.write(plain.encode("ascii", "replace").decode("ascii"))
         stream.flush()
     except Exception:  # the module's one catch-all: a closed, detached or broken stream, or
         pass  # any error of the user's own stream; progress is a side feature, never fatal

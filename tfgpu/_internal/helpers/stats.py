@@ -1,7 +1,6 @@
 """The one definition of each small statistic tfgpu prints, so a figure shown in two places
 agrees. Missing values (None, NaN, infinities) are left out; none at all gives NaN.
-`tfgpu.monitor` uses it: no TensorFlow.
-"""
+`tfgpu.monitor` uses it: no TensorFlow."""
 
 from __future__ import annotations
 
@@ -11,17 +10,9 @@ from typing import Any
 
 from tfgpu._internal.helpers.checks import invalid_value
 
-_NAN = float("nan")
-
 
 def finite(values: Iterable[Any]) -> list[float]:
-    """The finite real numbers among `values`, as floats (None, NaN, inf, bools, str dropped).
-
-    Example:
-
-    >>> finite([1, None, float("nan"), 2.5, float("inf"), True])
-    [1.0, 2.5]
-    """
+    """The finite real numbers among `values`, as floats (None, NaN, inf, bools, str dropped)."""
     out = []
     for v in values:
         if isinstance(v, bool) or v is None:
@@ -37,18 +28,13 @@ def finite(values: Iterable[Any]) -> list[float]:
 
 def percentile(values: Iterable[Any], q: float) -> float:
     """The `q`-th percentile (0 to 100) of the finite `values`, as `numpy.nanpercentile`'s
-    default (`method="linear"`); NaN if none; ValueError for `q` out of range.
-
-    Example:
-
-    >>> percentile([1.0, 2.0, 3.0, 4.0], 50), percentile([1.0, 2.0, 3.0, 4.0], 75)
-    (2.5, 3.25)
-    """
+    default (`method="linear"`: [1, 2, 3, 4] gives 3.25 at 75); NaN if none; ValueError for
+    `q` out of range."""
     if not 0 <= q <= 100:
         raise invalid_value("q", q, "0 to 100")
     ordered = sorted(finite(values))
     if not ordered:
-        return _NAN
+        return math.nan
     position = (len(ordered) - 1) * q / 100.0
     low = math.floor(position)
     high = min(low + 1, len(ordered) - 1)
@@ -56,44 +42,23 @@ def percentile(values: Iterable[Any], q: float) -> float:
 
 
 def median(values: Iterable[Any]) -> float:
-    """The median of the finite `values` (`percentile(values, 50)`); NaN if none.
-
-    Example:
-
-    >>> median([3.0, float("nan"), 1.0, 2.0, 10.0])
-    2.5
-    """
+    """The median of the finite `values` (`percentile(values, 50)`); NaN if none."""
     return percentile(values, 50)
 
 
 def mean(values: Iterable[Any]) -> float:
-    """The mean of the finite `values`; NaN if none. Safe near the float maximum.
-
-    Example:
-
-    >>> mean([1.0, None, 2.0, float("nan")])
-    1.5
-    """
+    """The mean of the finite `values`; NaN if none. Safe near the float maximum."""
     v = finite(values)
     if not v:
-        return _NAN
+        return math.nan
     try:
-        total = math.fsum(v)
-    except OverflowError:  # values near the float maximum
-        total = math.inf
-    if math.isfinite(total):
-        return total / len(v)
-    return math.fsum(x / len(v) for x in v)
+        return math.fsum(v) / len(v)
+    except OverflowError:  # the sum passes the float maximum (fsum raises for finite values)
+        return math.fsum(x / len(v) for x in v)
 
 
 def format_bytes(nbytes: float) -> str:
-    """A byte count for people, in binary units: "512 B", "1.5 KiB", "2.0 MiB", "3.2 GiB".
-
-    Example:
-
-    >>> format_bytes(512), format_bytes(1536), format_bytes(3 * 2**30)
-    ('512 B', '1.5 KiB', '3.0 GiB')
-    """
+    """A byte count for people, in binary units: "512 B", "1.5 KiB", "2.0 MiB", "3.2 GiB"."""
     for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if nbytes >= size:
             return f"{nbytes / size:.1f} {unit}"

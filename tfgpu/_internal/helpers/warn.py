@@ -1,7 +1,6 @@
 """Warnings attributed to the user's line (`model.fit(...)`), not a line inside tfgpu, for
 every kind of `__main__` (a file, `-c`, stdin, a notebook cell); with `once=`, once per
-process. The user's warning filters apply as usual. No TensorFlow, no Keras.
-"""
+process. The user's warning filters apply as usual. No TensorFlow, no Keras."""
 
 from __future__ import annotations
 
@@ -22,10 +21,8 @@ _shown: set[str] = set()
 _lock = threading.Lock()
 
 
-def user_frame(start: FrameType | None = None) -> FrameType | None:
-    """The innermost frame, from `start` (default: the caller's caller) outwards, whose module
-    is not a library's; None when every frame is."""
-    frame: FrameType | None = sys._getframe(2) if start is None else start
+def user_frame(frame: FrameType | None) -> FrameType | None:
+    """The innermost frame from `frame` outwards whose module is not a library's, or None."""
     while frame is not None:
         module = frame.f_globals.get("__name__")
         if not isinstance(module, str) or module.split(".")[0] not in LIBRARIES:
@@ -38,10 +35,8 @@ def warn_at_user_code(
     message: str, category: type[Warning] = UserWarning, *, once: str | None = None
 ) -> None:
     """Issues a warning attributed to the user's line; `once`, a key, issues it once per process.
-
-    It passes the file name and line only, not `module_globals`: the loader of a `__main__`
-    read from stdin or `-c` raises when `warn_explicit` asks it for the source.
-    """
+    Only the file name and line are passed, not `module_globals`: the loader of a `__main__`
+    read from stdin or `-c` raises when `warn_explicit` asks it for the source."""
     if once is not None:
         with _lock:
             if once in _shown:
@@ -56,11 +51,7 @@ def warn_at_user_code(
         module = module_globals.get("__name__")
         registry = module_globals.get("__warningregistry__")
         if not isinstance(registry, dict):
-            registry = {}
-            try:
-                module_globals["__warningregistry__"] = registry
-            except TypeError:  # pragma: no cover (read-only globals)
-                pass
+            registry = module_globals["__warningregistry__"] = {}
         warnings.warn_explicit(
             message,
             category,
@@ -86,16 +77,9 @@ def forget(key: str | None = None) -> None:
             _shown.discard(key)
 
 
-_NOISE_LINES = (
-    "Traceback",
-    "File ",
-    "Detected at node",
-    "Node:",
-    "[[",
-    "{{",
-    "During handling",
-    "<stack traces unavailable>",
-)
+# The starts of the lines of a TensorFlow error that say where, not what.
+_NOISE = "Traceback|File |Detected at node|Node:|[[|{{|During handling|<stack traces unavailable>"
+_NOISE_LINES = tuple(_NOISE.split("|"))
 
 
 def one_line(error: BaseException, limit: int = 200) -> str:
