@@ -12,6 +12,7 @@ import gc
 import itertools
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,8 +85,11 @@ def collected_before() -> Iterator[None]:
 
 
 def _fit(model: Any, dataset: Any, timer: Any, epochs: int = 1, steps: int | None = None) -> None:
-    """One `fit` with `timer` its only callback, garbage collected before."""
-    with collected_before():
+    """One `fit` with `timer` its only callback, garbage collected before. Keras's warning
+    that a whole epoch ran out of data (its last call shorter) is about our fit, not the
+    user's: not shown."""
+    with collected_before(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Your input ran out of data")
         model.fit(
             dataset,
             epochs=epochs,
