@@ -43,14 +43,8 @@ NVLINK_UNKNOWN_GB_S = 20.0
 # PCIe per lane per direction: the transfer rate (GT/s) times the line encoding, over 8 bits
 # (PCI-SIG base specifications): Gen1/2 8b/10b, Gen3-5 128b/130b, Gen6 FLIT mode (242 useful
 # bytes in 256): 0.25, 0.5, 0.985, 1.969, 3.938, 7.563 GB/s. A x16 Gen4 link: 31.5 GB/s.
-PCIE_RATE = {
-    1: (2.5, 8 / 10),
-    2: (5.0, 8 / 10),
-    3: (8.0, 128 / 130),
-    4: (16.0, 128 / 130),
-    5: (32.0, 128 / 130),
-    6: (64.0, 242 / 256),
-}
+PCIE_RATE = {1: (2.5, 8 / 10), 2: (5.0, 8 / 10), 3: (8.0, 128 / 130),
+             4: (16.0, 128 / 130), 5: (32.0, 128 / 130), 6: (64.0, 242 / 256)}  # fmt: skip
 # When NVML says neither: Gen3 x16, the slot of every data-center GPU since 2016 (P100).
 PCIE_ASSUMED = (3, 16)
 
@@ -68,15 +62,10 @@ WITHOUT_P2P_SHARE = 0.5
 # core on DDR4/DDR5), the conservative end; pass a measured figure where there is one.
 HOST_MEMORY_BYTES_S = 10e9
 
-# nvml.h's enums, by name, with their values where a binding lacks one.
-TOPOLOGY = {
-    "NVML_TOPOLOGY_INTERNAL": (0, "the same board"),
-    "NVML_TOPOLOGY_SINGLE": (10, "one PCIe switch"),
-    "NVML_TOPOLOGY_MULTIPLE": (20, "several PCIe switches"),
-    "NVML_TOPOLOGY_HOSTBRIDGE": (30, "a PCIe host bridge"),
-    "NVML_TOPOLOGY_NODE": (40, "host bridges of one CPU socket"),
-    "NVML_TOPOLOGY_SYSTEM": (50, "the link between CPU sockets"),
-}
+# nvml.h's `nvmlGpuTopologyLevel_t`, the closest common ancestor of two GPUs: the same
+# board, one PCIe switch, several, a host bridge, the host bridges of one CPU socket, the link
+# between CPU sockets.
+TOPOLOGY = {"INTERNAL": 0, "SINGLE": 10, "MULTIPLE": 20, "HOSTBRIDGE": 30, "NODE": 40, "SYSTEM": 50}
 # NVML_NVLINK_DEVICE_TYPE_GPU, _IBMNPU, _SWITCH: what an NVLink leads to (nvml.h).
 DEVICE_TYPE_GPU, DEVICE_TYPE_IBMNPU, DEVICE_TYPE_SWITCH = 0x00, 0x01, 0x02
 
@@ -251,10 +240,12 @@ def nvlinks_between(
 
 def ancestor_name(ancestor: int | None) -> str | None:
     """`"SYSTEM"` for NVML_TOPOLOGY_SYSTEM, ...; None when unknown."""
-    for name, (value, _) in TOPOLOGY.items():
-        if value == ancestor:
-            return name.removeprefix("NVML_TOPOLOGY_")
-    return None
+    return next((name for name, value in TOPOLOGY.items() if value == ancestor), None)
+
+
+def _least(*values: int | None) -> int | None:
+    """The smallest of the values NVML answered (None: none)."""
+    return min((v for v in values if v is not None), default=None)
 
 
 def nvlink_generation(version: int) -> int | None:
@@ -268,8 +259,7 @@ def nvlink_generation(version: int) -> int | None:
 def nvlink_link(
     a: GpuFacts, b: GpuFacts, count: int, how: str, versions: list[int], p2p: bool | None
 ) -> Link:
-    known = [g for g in map(nvlink_generation, versions) if g is not None]
-    generation = min(known) if known else None
+    generation = _least(*map(nvlink_generation, versions))
     if generation is None:
         per_link = NVLINK_UNKNOWN_GB_S
         name = "NVLink (version not reported)"
@@ -293,7 +283,7 @@ def nvlink_link(
         facts={
             "gpus": [a.index, b.index],
             "nvlink_generation": generation,
-            "nvlink_version_enum": min(versions) if versions else None,
+            "nvlink_version_enum": _least(*versions),
             "links": count,
             "route": how,
             "per_link_gb_s": per_link,
@@ -304,18 +294,17 @@ def nvlink_link(
 def pcie_link(
     a: GpuFacts, b: GpuFacts, p2p: bool | None, ancestor: int | None, note: str = ""
 ) -> Link:
-    gens = [g for g in (a.pcie_gen_max, b.pcie_gen_max) if g is not None]
-    widths = [w for w in (a.pcie_width_max, b.pcie_width_max) if w is not None]
-    gen = min(gens) if gens else PCIE_ASSUMED[0]
-    width = min(widths) if widths else PCIE_ASSUMED[1]
+    gen_max = _least(a.pcie_gen_max, b.pcie_gen_max)
+    width_max = _least(a.pcie_width_max, b.pcie_width_max)
+    gen, width = gen_max or PCIE_ASSUMED[0], width_max or PCIE_ASSUMED[1]
     rate, encoding = PCIE_RATE.get(gen, PCIE_RATE[max(PCIE_RATE)])
     link_bytes_s = rate * encoding / 8 * width * GB
     name = f"PCIe Gen{gen} x{width}"
-    if not gens or not widths:
-        said = [part for part, seen in (("generation", gens), ("width", widths)) if not seen]
+    if gen_max is None or width_max is None:
+        said = [part for part, told in (("generation", gen_max), ("width", width_max)) if not told]
         name += f" ({' and '.join(said)} not reported: assumed)"
     bandwidth = link_bytes_s if p2p is not False else link_bytes_s * WITHOUT_P2P_SHARE
-    across = ancestor == TOPOLOGY["NVML_TOPOLOGY_SYSTEM"][0]
+    across = ancestor == TOPOLOGY["SYSTEM"]
     if p2p is True:
         text = f"{name} with peer-to-peer access"
         text += " across CPU sockets" if across else ""
@@ -347,16 +336,10 @@ def pcie_link(
         peer_to_peer=p2p,
         facts={
             "gpus": [a.index, b.index],
-            "pcie_generation": gen if gens else None,
-            "pcie_width": width if widths else None,
-            "pcie_generation_current": min(
-                (g for g in (a.pcie_gen_current, b.pcie_gen_current) if g is not None),
-                default=None,
-            ),
-            "pcie_width_current": min(
-                (w for w in (a.pcie_width_current, b.pcie_width_current) if w is not None),
-                default=None,
-            ),
+            "pcie_generation": gen_max,
+            "pcie_width": width_max,
+            "pcie_generation_current": _least(a.pcie_gen_current, b.pcie_gen_current),
+            "pcie_width_current": _least(a.pcie_width_current, b.pcie_width_current),
             "link_bytes_s": link_bytes_s,
             "common_ancestor": ancestor_name(ancestor),
         },

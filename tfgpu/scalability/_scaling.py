@@ -27,10 +27,9 @@ from tfgpu.scalability._cost import (
     RING,
     THROUGH_ONE,
     Calibration,
-    all_reduce_factor,
     compute_at,
     fit_compute,
-    network_all_reduce_s,
+    ring_s,
     step_time,
 )
 from tfgpu.scalability._links import gpu_link, host_link
@@ -172,8 +171,7 @@ def scaling(
         log_dir=log_dir,
         measure_share=ROUNDS_SHARE,
     )
-    if batch_size is not None:
-        check_int("batch_size", batch_size)
+    check_int("batch_size", batch_size, allow_none=True)
     network = check_number(
         "network_gbit_s",
         network_gbit_s,
@@ -230,9 +228,7 @@ def _measure(
     """The interleaved rounds, the split of each step, the points and the prediction."""
     progress, notes = session.progress, session.notes
     base, others = configs[0], configs[1:]
-    if not read_first(
-        variants.dataset_for(base.changes)[0], 1
-    ):  # bounded: a dataset that never yields is named
+    if not read_first(variants.dataset_for(base.changes)[0], 1):  # bounded: never-yielding
         raise invalid_value(
             "data",
             None,
@@ -247,7 +243,6 @@ def _measure(
         max_rounds=MIN_ROUNDS,
         timed_units=STEPS * max(c.global_batch for c in configs),
         clearly_slower=None,
-        done=lambda rounds: True,
         failures=(tf.errors.OpError, ValueError),
     )
     base_s = _base_seconds(comparisons)
@@ -441,10 +436,9 @@ class _Calibrated:
         compute = compute_at(self.mode, self.a, self.b, local if self.mode == WEAK else n)
         reduce_s = self.all_reduce.seconds(local, gradient_bytes)
         if self.link_bytes_s:  # never faster than a ring over the link allows
-            floor = all_reduce_factor(RING, local)[0] * gradient_bytes
-            reduce_s = max(reduce_s, floor / self.link_bytes_s)
+            reduce_s = max(reduce_s, ring_s(local, gradient_bytes, self.link_bytes_s))
         if machines > 1:
-            reduce_s += network_all_reduce_s(machines, gradient_bytes, network_bytes_s)
+            reduce_s += ring_s(machines, gradient_bytes, network_bytes_s)
         input_s = (global_batch / machines) / self.rate
         update = compute_at(WEAK, self.update_a, self.update_b, local)
         step = step_time(compute, reduce_s, update + self.other_s, input_s)
@@ -463,21 +457,16 @@ class _Calibrated:
         )
 
 
-def _calibrate(mode, points, parts, gradient_bytes, ring) -> _Calibrated | None:
-    """The cost model of `mode` from its 1- and 2-replica points and parts; None without
-    them."""
-    by_key = {f"{p.replicas} {p.mode}": p for p in points}
+def _calibrate(mode, by_key, parts, gradient_bytes, ring, link_bytes_s) -> _Calibrated | None:
+    """The cost model of `mode` from its 1- and 2-replica points (`by_key`) and parts; None
+    without them."""
     one, two = parts.get(f"1 {WEAK}", {}), parts.get(f"2 {mode}", {})
     base, second = by_key.get("1 both"), by_key.get(f"2 {mode}")
+    if base is None or second is None or not base.step_s or not second.step_s:
+        return None
     if (
-        base is None
-        or second is None
-        or not base.step_s
-        or not second.step_s
-        or not all(k in one for k in ("compute_s", "update_s", "input_s"))
-        or not all(
-            k in two for k in ("compute_s", "all_reduce_s", "latency_s", "update_s", "input_s")
-        )
+        not {"compute_s", "update_s", "input_s"} <= one.keys()
+        or not {"compute_s", "all_reduce_s", "latency_s", "update_s", "input_s"} <= two.keys()
     ):
         return None
     a, b = fit_compute(mode, one["compute_s"], two["compute_s"])
@@ -497,6 +486,7 @@ def _calibrate(mode, points, parts, gradient_bytes, ring) -> _Calibrated | None:
         rate=second.global_batch / two["input_s"],
         base_batch=base.global_batch,
         base_rate=base.global_batch / base.step_s,
+        link_bytes_s=link_bytes_s,
     )
 
 
@@ -519,10 +509,9 @@ def predict(
     local = max(p.replicas for p in points)
     link_bytes_s = getattr(link, "bandwidth_bytes_s", None) if kind == "GPU" else None
     for mode in (WEAK, STRONG):
-        model = _calibrate(mode, points, parts, gradient_bytes, ring)
+        model = _calibrate(mode, by_key, parts, gradient_bytes, ring, link_bytes_s)
         if model is None:
             continue
-        model = dataclasses.replace(model, link_bytes_s=link_bytes_s)
         for n in sorted({p.replicas for p in points if p.replicas > 2} | {4, 8}):
             p = model.predict(n, gradient_bytes)
             measured = by_key.get(f"{n} {mode}")
