@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,6 +33,9 @@ from tfgpu.precision import choose_policy
 LOSS_TOLERANCE = 0.10
 LOSS_ABS_TOLERANCE = 1e-6
 
+# The gain of nothing kept.
+NONE = Gain(1.0, 1.0, 1.0)
+
 # The `steps_per_execution` ladder; it stops at the first value not kept.
 SPE_LADDER = (4, 16, 64)
 
@@ -41,7 +45,17 @@ SPE_MAX_EXECUTION_S = 1.0
 
 NEEDS_FACTORY = "needs a model factory: pass a function that builds and compiles the model"
 FRESH_PROCESS = "needs a fresh process (`tfgpu tune SCRIPT.py`)"
+NEEDS_GPU = "needs a GPU (TensorFlow saw none in the script's process)"
 HALTED = "tune stopped"  # the data or the model raised: no candidate after it ran
+
+# The settings read once when TensorFlow starts, tried in fresh processes: (name, environment
+# variable, value, whether it needs a GPU).
+PROCESS_SETTINGS = (
+    ("XLA auto-clustering", "TF_XLA_FLAGS", "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit", False),
+    ("thread counts", "TF_NUM_INTEROP_THREADS", "1", False),
+    ("GPU private threads", "TF_GPU_THREAD_MODE", "gpu_private", True),
+    ("async allocator", "TF_GPU_ALLOCATOR", "cuda_malloc_async", True),
+)
 
 
 @dataclasses.dataclass
@@ -329,30 +343,13 @@ def fit_shape(
     return 1, steps
 
 
-def process_settings(has_gpu: bool) -> list[tuple[str, dict[str, str], str]]:
-    """Settings that need a fresh process, tried by `tfgpu tune SCRIPT.py`: (name, environment
-    variables, line). Pure."""
-    out: list[tuple[str, dict[str, str], str]] = [
-        (
-            "XLA auto-clustering",
-            {"TF_XLA_FLAGS": "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit"},
-            "export TF_XLA_FLAGS='--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit'",
-        ),
-        ("thread counts", {"TF_NUM_INTEROP_THREADS": "1"}, "export TF_NUM_INTEROP_THREADS=1"),
-    ]
-    if has_gpu:
-        out += [
-            (
-                "GPU private threads",
-                {"TF_GPU_THREAD_MODE": "gpu_private"},
-                "export TF_GPU_THREAD_MODE=gpu_private",
-            ),
-            (
-                "async allocator",
-                {"TF_GPU_ALLOCATOR": "cuda_malloc_async"},
-                "export TF_GPU_ALLOCATOR=cuda_malloc_async",
-            ),
-        ]
+def process_settings(has_gpu: bool) -> list[tuple[str, dict[str, str], str, str]]:
+    """The settings that need a fresh process, tried by `tfgpu tune SCRIPT.py`: (name,
+    environment variables, line, why not tried here or ""). Pure."""
+    out = []
+    for name, var, value, gpu in PROCESS_SETTINGS:
+        untried = NEEDS_GPU if gpu and not has_gpu else ""
+        out.append((name, {var: value}, f"export {var}={shlex.quote(value)}", untried))
     return out
 
 
@@ -442,7 +439,7 @@ def verify(
             reason = c.error
         elif status == KEPT and g is not None:
             return g
-        elif c.stopped == "budget" and g and min(_ratios(c.rounds), default=0.0) >= MARGIN:
+        elif c.stopped == "budget" and g and all(b / v >= MARGIN for b, v in c.rounds if v > 0):
             notes.append(
                 f"verified over {len(c.rounds)} round(s) only (time budget spent): every round "
                 f"cleared x{MARGIN:.2f}"
@@ -457,14 +454,6 @@ def verify(
         )
         notes.append(f"{weakest.trial.name} dropped at the verification")
     return NONE
-
-
-# The gain of nothing kept.
-NONE = Gain(1.0, 1.0, 1.0)
-
-
-def _ratios(rounds: Sequence[tuple[float, float]]) -> list[float]:
-    return [b / v for b, v in rounds if v > 0]
 
 
 def merged(settings: Mapping[str, Any], change: Mapping[str, Any]) -> dict[str, Any]:

@@ -23,9 +23,6 @@ from typing import Any
 
 from tfgpu._internal.helpers.processes import death, run_python
 
-# Environment variables of the settings that need a GPU.
-_GPU_ONLY = ("TF_GPU_THREAD_MODE", "TF_GPU_ALLOCATOR")
-
 # A child that runs longer than this (and the budget allows) is stopped: its script is
 # doing something other than reaching `fit`.
 CHILD_TIMEOUT_S = 600.0
@@ -34,15 +31,6 @@ _CHILD_FLAG = "--child"
 
 # The most timed (or warm-up) steps per child: more would train for days.
 MAX_STEPS = 1_000_000
-
-# The names `tfgpu tune`'s command line gives the arguments, for its messages.
-_FLAGS = {
-    "script": "SCRIPT.py",
-    "steps": "--steps",
-    "warmup": "--warmup",
-    "time_budget_s": "--time-budget-s",
-    "log_dir": "--log-dir",
-}
 
 
 @dataclasses.dataclass
@@ -79,7 +67,10 @@ def check_arguments(
     )
 
     def name(argument: str) -> str:
-        return _FLAGS[argument] if flags else argument
+        """The argument as the messages name it: `tfgpu tune`'s flag where `flags`."""
+        if not flags:
+            return argument
+        return "SCRIPT.py" if argument == "script" else "--" + argument.replace("_", "-")
 
     if not isinstance(script, (str, os.PathLike)):
         raise invalid_type("script", script, "the path of a Python script (str or os.PathLike)")
@@ -104,19 +95,6 @@ def check_arguments(
         None if log_dir is None else check_dir("--log-dir", log_dir, expected="a directory path")
     )
     return path, list(script_args), budget, log_path
-
-
-def settings(gpus: int) -> list[tuple[str, dict[str, str], str, str]]:
-    """The settings to try: (name, environment variables, line, why untried or ""). Pure."""
-    from tfgpu.tuning._candidates import process_settings
-
-    out = []
-    for name, env, line in process_settings(True):
-        untried = ""
-        if gpus == 0 and any(k in _GPU_ONLY for k in env):
-            untried = "needs a GPU (TensorFlow saw none in the script's process)"
-        out.append((name, dict(env), line, untried))
-    return out
 
 
 def _run_child(
@@ -166,38 +144,28 @@ def child_outcome(status: int, report: str, output: str) -> ChildRun:
     return ChildRun(error=f"the script {death(status)}" + (f": {'; '.join(tail)}" if tail else ""))
 
 
+@dataclasses.dataclass
 class ProcessVariants:
     """The script's variants, each a fresh process with settings in its environment: the
     measuring core's variants of a script (`run_for(change)` is a `timing.Run`)."""
 
-    def __init__(
-        self,
-        script: Path,
-        script_args: list[str],
-        steps: int,
-        warmup: int,
-        budget: Any,
-        progress: Any,
-    ):
-        self.script, self.script_args = script, script_args
-        self.steps, self.warmup = steps, warmup
-        self.budget, self.progress = budget, progress
-        self.batch: int | None = None
-        self.base_times: list[float] = []
-        self.first_base: float | None = None  # the baseline's first run, measured already
+    script: Path
+    script_args: list[str]
+    steps: int
+    warmup: int
+    budget: Any  # timing.Budget
+    progress: Any
+    batch: int | None = None
+    base_times: list[float] = dataclasses.field(default_factory=list)
+    first_base: float | None = None  # the baseline's first run, measured already
 
     def child(self, change: Mapping[str, str]) -> ChildRun:
+        """One child run of the script with `change`, within what is left of the budget."""
         left = self.budget.left()
         if left <= 0:
             return ChildRun(error="time budget spent")
-        run = _run_child(
-            self.script,
-            self.script_args,
-            change,
-            self.steps,
-            self.warmup,
-            None if math.isinf(left) else max(1.0, left),
-        )
+        timeout = None if math.isinf(left) else max(1.0, left)
+        run = _run_child(self.script, self.script_args, change, self.steps, self.warmup, timeout)
         if run.step_s is not None and run.batch:
             self.batch = run.batch
         return run
@@ -303,7 +271,7 @@ def tune_script(
         raise RuntimeError(f"{path} did not reach a timed fit: {first.error}")
     runs.first_base = first.step_s
     runs.base_times.append(first.step_s)
-    plan = settings(first.gpus)
+    plan = cands.process_settings(first.gpus > 0)
     trials: list[Trial] = []
     measured = runs.compare({name: env for name, env, _, untried in plan if not untried})
     kept: list[cands.Kept] = []

@@ -16,11 +16,8 @@ from tfgpu._internal.measure import timing
 from tfgpu._internal.measure.facts import gather
 from tfgpu._internal.measure.rules import (
     BUDGET_SPENT,
-    CLEARLY,
     FAILED,
     KEPT,
-    MARGIN,
-    MAX_ROUNDS,
     MIN_ROUNDS,
     NO_GAIN,
     PIPELINE_KEYS,
@@ -171,7 +168,7 @@ class _Tuner:
         self.variants, self.facts, self.steps = variants, facts, steps
         self.model, self.data = variants.model, variants.dataset
         self.guard = Guard(variants)
-        self.session, self.progress = session, session.progress
+        self.progress = session.progress
         self.budget = session.budget
         self.verify_budget = timing.Budget(
             self.budget.seconds, VERIFY_SHARE, start=self.budget.start
@@ -199,8 +196,9 @@ class _Tuner:
             self._search(plan, step_s)
             if not self.halted:
                 self._batch_size(step_s)
-            for name, _env, line in cands.process_settings(bool(self.facts.on_gpu)):
-                self.trials.append(Trial(name, {}, reason=cands.FRESH_PROCESS, line=line))
+            for name, _env, line, untried in cands.process_settings(bool(self.facts.on_gpu)):
+                if not untried:  # not listed where it cannot run
+                    self.trials.append(Trial(name, {}, reason=cands.FRESH_PROCESS, line=line))
             self.progress.phase("verifying the kept settings together")
             return self._finish()
 
@@ -369,13 +367,8 @@ class _Tuner:
         speeds = {t.batch_size: t.examples_per_s for t in found.trials if t.fits}
         fastest = found.fastest
         if not fastest or fastest == batch or fastest not in speeds:
-            self.trials.append(
-                Trial(
-                    name,
-                    status=NO_GAIN,
-                    reason=f"find_batch_size found no faster batch than {batch}",
-                )
-            )
+            reason = f"find_batch_size found no faster batch than {batch}"
+            self.trials.append(Trial(name, status=NO_GAIN, reason=reason))
             return
         lr_note = self._learning_rate_note(batch, fastest)
         here = speeds.get(batch)
@@ -384,26 +377,18 @@ class _Tuner:
         )
         change = {"batch_size": fastest}
         line = cands.line_for(change, self.facts) + (f"  # {lr_note}" if lr_note else "")
-        if not self.change_batch_size:
-            self.trials.append(
-                Trial(
-                    f"{name} {fastest}",
-                    change,
-                    reason=(
-                        f"changes the optimization; find_batch_size: {figures}"
-                        + (f", {lr_note}" if lr_note else "")
-                        + "; pass change_batch_size=True to try it"
-                    ),
-                    line=line,
-                )
-            )
-            return
         cand = Candidate(f"{name} {fastest}", change, line)
-        budget = self._budget_for(cand, [])
-        if budget is None:
-            self.trials.append(Trial(f"{name} {fastest}", change, reason=BUDGET_SPENT, line=line))
-            return
-        self._try(cand, budget)
+        if self.change_batch_size:
+            budget = self._budget_for(cand, [])
+            if budget is not None:
+                self._try(cand, budget)
+                return
+            reason = BUDGET_SPENT
+        else:
+            lr = f", {lr_note}" if lr_note else ""
+            reason = f"changes the optimization; find_batch_size: {figures}{lr}; pass "
+            reason += "change_batch_size=True to try it"
+        self.trials.append(Trial(cand.name, change, reason=reason, line=line))
 
     def _learning_rate_note(self, old: int, new: int) -> str:
         from tfgpu.distribute import scale_learning_rate
@@ -474,10 +459,7 @@ class _Tuner:
             return timing.compare(
                 v.run_for(base),
                 {"variant": v.run_for(changes)},
-                margin=MARGIN,
                 budget=budget,
-                max_rounds=MAX_ROUNDS,
                 timed_units=self._steps_per_fit() * int(self.facts.batch_size or 1),
                 done=done,
-                clearly_slower=CLEARLY,
             )["variant"]
