@@ -14,19 +14,8 @@ from typing import Any
 
 from tfgpu._internal.adapters.all_reduce import MIRRORED, MULTI_WORKER
 from tfgpu._internal.adapters.datasets import DROP_REMAINDER_MAX_SHARE
+from tfgpu._internal.measure import rules
 from tfgpu._internal.measure.facts import WorkloadFacts
-from tfgpu._internal.measure.rules import (
-    COMPILE_KEYS,
-    KEPT,
-    MARGIN,
-    MODEL_KEYS,
-    NO_GAIN,
-    PIPELINE_KEYS,
-    STRATEGY_KEYS,
-    Gain,
-    bottleneck,
-    verdict,
-)
 from tfgpu.precision import choose_policy
 
 # The numerics guard: a mean loss above the baseline's by more than this share is unsafe.
@@ -34,7 +23,7 @@ LOSS_TOLERANCE = 0.10
 LOSS_ABS_TOLERANCE = 1e-6
 
 # The gain of nothing kept.
-NONE = Gain(1.0, 1.0, 1.0)
+NONE = rules.Gain(1.0, 1.0, 1.0)
 
 # The `steps_per_execution` ladder; it stops at the first value not kept.
 SPE_LADDER = (4, 16, 64)
@@ -97,51 +86,42 @@ def _pipeline_line(change: dict[str, Any], arguments: dict[str, Any]) -> str:
             name = getattr(arguments.get("augment_fn"), "__name__", "augment_fn")
             args.append(f"augment_fn=None, batch_augment_fn={name}")
         elif k == "batch_size" and arguments.get("per_replica_batch_size") is not None:
-            args.append(f"per_replica_batch_size={v // max(1, _replicas(arguments))}")
+            replicas = getattr(arguments.get("strategy"), "num_replicas_in_sync", 1) or 1
+            args.append(f"per_replica_batch_size={v // max(1, int(replicas))}")
         else:
             args.append(f"{k}={v!r}")
     return f"tfgpu.data.pipeline(..., {', '.join(args)})"
 
 
-def _replicas(arguments: dict[str, Any]) -> int:
-    strategy = arguments.get("strategy")
-    return int(getattr(strategy, "num_replicas_in_sync", 1) or 1)
-
-
-def _dataset_line(key: str, value: Any, global_batch: int | None) -> str:
-    if key == "prefetch":
-        return "dataset = dataset.prefetch(tf.data.AUTOTUNE)"
-    if key == "private_threadpool_size":
-        return (
-            "options = tf.data.Options(); options.threading.private_threadpool_size = "
-            f"{value}; dataset = dataset.with_options(options)"
-        )
-    if key == "cache":
-        return "dataset = dataset.cache()  # at the end of your chain, before its prefetch"
-    if key == "drop_remainder":
-        return f"dataset = dataset.batch({global_batch}, drop_remainder=True)  # where you batch"
-    if key == "batch_size":
-        return f"dataset = dataset.batch({value})  # where you batch"
-    raise ValueError(f"no line for {key}")  # pragma: no cover
+# The line of a change to a dataset tfgpu did not build, by its key (`value`: the change's,
+# `batch`: the data's global batch).
+_DATASET_LINES = {
+    "prefetch": "dataset = dataset.prefetch(tf.data.AUTOTUNE)",
+    "private_threadpool_size": "options = tf.data.Options(); options.threading."
+    "private_threadpool_size = {value}; dataset = dataset.with_options(options)",
+    "cache": "dataset = dataset.cache()  # at the end of your chain, before its prefetch",
+    "drop_remainder": "dataset = dataset.batch({batch}, drop_remainder=True)  # where you batch",
+    "batch_size": "dataset = dataset.batch({value})  # where you batch",
+}
 
 
 def line_for(change: dict[str, Any], facts: TuneFacts) -> str:
     """The code line that makes `change` (keys of one kind) in the user's code. Pure."""
     keys = set(change)
-    if keys <= set(COMPILE_KEYS):
+    if keys <= set(rules.COMPILE_KEYS):
         return _compile_line(change)
-    if keys <= set(MODEL_KEYS):
+    if keys <= set(rules.MODEL_KEYS):
         return (
             f"tfgpu.configure(precision={change['precision']!r})  # first, before building "
             "the model"
         )
-    if keys <= set(STRATEGY_KEYS):
+    if keys <= set(rules.STRATEGY_KEYS):
         kind = facts.all_reduce.kind if facts.all_reduce else "mirrored"
         return f"tfgpu.strategy({kind!r}, ..., all_reduce={change['all_reduce']!r})"
     if facts.pipeline is not None:
         return _pipeline_line(change, facts.pipeline)
     (key, value), *_ = change.items()
-    return _dataset_line(key, value, facts.batch_size)
+    return _DATASET_LINES[key].format(value=value, batch=facts.batch_size)
 
 
 def _candidate(name: str, change: dict[str, Any], facts: TuneFacts, **kwargs: Any) -> Candidate:
@@ -202,8 +182,8 @@ def candidates(facts: TuneFacts) -> list[Candidate]:
     without native low precision) comes first; then, on several replicas, the other
     all-reduces (every step pays one, and the settings after are measured on top of the
     faster); then the groups in the order `rules.bottleneck` predicts from the first
-    measurement; `jit_compile=True`
-    last (it gains most from the settings before it, and is often much slower on a CPU).
+    measurement; `jit_compile=True` last (it gains most from the settings before it, and is
+    often much slower on a CPU).
     """
     undo: list[Candidate] = []
     spe: list[Candidate] = []
@@ -212,15 +192,8 @@ def candidates(facts: TuneFacts) -> list[Candidate]:
             continue
         too_many = facts.batches_per_epoch is not None and v > facts.batches_per_epoch
         untried = f"more than the {facts.batches_per_epoch} batches of an epoch" if too_many else ""
-        spe.append(
-            _candidate(
-                f"steps_per_execution={v}",
-                {"steps_per_execution": v},
-                facts,
-                group="steps_per_execution",
-                untried=untried,
-            )
-        )
+        group = "steps_per_execution"
+        spe.append(_candidate(f"{group}={v}", {group: v}, facts, group=group, untried=untried))
     precision: list[Candidate] = []
     policy, why = precision_choice(facts)
     needs = "" if facts.has_factory else NEEDS_FACTORY
@@ -244,19 +217,13 @@ def candidates(facts: TuneFacts) -> list[Candidate]:
             drops = f"drops the last {left:,} of the {examples:,} examples of each epoch"
             if not untried and left >= DROP_REMAINDER_MAX_SHARE * examples:
                 untried = f"it {drops}: {DROP_REMAINDER_MAX_SHARE:.0%} of the data or more"
-        static.append(
-            _candidate(
-                "static batch shape", {"drop_remainder": True}, facts, untried=untried, note=drops
-            )
-        )
+        change = {"drop_remainder": True}
+        static.append(_candidate("static batch shape", change, facts, untried=untried, note=drops))
     data = _data_candidates(facts)
-    xla_untried = "" if facts.xla_supported else "Keras refuses jit_compile for this model"
+    untried = "" if facts.xla_supported else "Keras refuses jit_compile for this model"
+    jit = not facts.jit_compile
     xla = _candidate(
-        f"jit_compile={not facts.jit_compile}",
-        {"jit_compile": not facts.jit_compile},
-        facts,
-        numerics=True,
-        untried=xla_untried,
+        f"jit_compile={jit}", {"jit_compile": jit}, facts, numerics=True, untried=untried
     )
     if facts.jit_compile:
         undo.append(xla)
@@ -265,7 +232,7 @@ def candidates(facts: TuneFacts) -> list[Candidate]:
         "host": (spe, static, data, precision),
         "compute": (precision, spe, static, data),
     }.get(
-        bottleneck(facts.step_time_s, facts.input_time_s, facts.steps_per_execution),
+        rules.bottleneck(facts.step_time_s, facts.input_time_s, facts.steps_per_execution),
         (spe, precision, static, data),
     )
     tail = [] if facts.jit_compile else [xla]
@@ -278,12 +245,8 @@ def _data_candidates(facts: TuneFacts) -> list[Candidate]:
     out: list[Candidate] = []
     p = facts.pipeline
     if p is not None:
-        if (
-            p.get("map_fn") is not None
-            and p.get("cache") == "auto"
-            and facts.cache is None
-            and not p.get("repeat")
-        ):
+        mapped = p.get("map_fn") is not None and p.get("cache") == "auto"
+        if mapped and facts.cache is None and not p.get("repeat"):
             out.append(_candidate("cache in memory", {"cache": "memory"}, facts))
         if p.get("augment_fn") is not None and p.get("batch_augment_fn") is None:
             untried = (
@@ -292,27 +255,20 @@ def _data_candidates(facts: TuneFacts) -> list[Candidate]:
                 if facts.augment_on_batches
                 else ""
             )
-            out.append(
-                _candidate(
-                    "batch-level augmentation",
-                    {"batch_augment": True},
-                    facts,
-                    untried=untried,
-                    note="augment_fn now sees whole batches: a random value it draws once is "
-                    "shared by every example of a batch",
-                )
+            note = (
+                "augment_fn now sees whole batches: a random value it draws once is shared by "
+                "every example of a batch"
             )
+            name = "batch-level augmentation"
+            out.append(_candidate(name, {"batch_augment": True}, facts, untried=untried, note=note))
     else:
         if not facts.prefetch:
             out.append(_candidate("prefetch", {"prefetch": True}, facts))
         if facts.cache_untried is not None and facts.cache is None:
             untried = facts.cache_untried
             out.append(_candidate("cache in memory", {"cache": True}, facts, untried=untried))
-    if (
-        not facts.compute_capabilities
-        and not (p or {}).get("private_threadpool_size")
-        and facts.cpu_count > 1
-    ):
+    on_cpus = not facts.compute_capabilities and facts.cpu_count > 1
+    if on_cpus and not (p or {}).get("private_threadpool_size"):
         # One thread leaves the cores to the model's ops; one per core keeps input apace.
         for size in sorted({1, facts.cpu_count}):
             change = {"private_threadpool_size": size}
@@ -392,9 +348,9 @@ def combined_lines(kept: Sequence[tuple[dict[str, Any], str]], facts: TuneFacts)
     pipeline_change: dict[str, Any] = {}
     lines: list[str] = []
     for change, line in kept:
-        if set(change) <= set(COMPILE_KEYS):
+        if set(change) <= set(rules.COMPILE_KEYS):
             compile_change.update(change)
-        elif facts.pipeline is not None and set(change) <= set(PIPELINE_KEYS):
+        elif facts.pipeline is not None and set(change) <= set(rules.PIPELINE_KEYS):
             pipeline_change.update(change)
         elif line not in lines:
             lines.append(line)
@@ -408,46 +364,45 @@ def combined_lines(kept: Sequence[tuple[dict[str, Any], str]], facts: TuneFacts)
 
 @dataclasses.dataclass
 class Kept:
-    """A setting kept by the search: its trial, what it changes, its rounds, and whether they
-    were measured against the baseline itself."""
+    """A setting kept by the search: its trial (what it changes: `trial.change`), its rounds,
+    and whether they were measured against the baseline itself."""
 
     trial: Any  # tfgpu.tuning.Trial
-    change: dict[str, Any]
     rounds: list[tuple[float, float]]
     against_baseline: bool
 
 
 def verify(
-    kept: list[Kept],
-    together: Callable[[dict[str, Any]], Any],
-    notes: list[str],
-) -> Gain:
+    kept: list[Kept], together: Callable[[dict[str, Any]], Any], notes: list[str]
+) -> rules.Gain:
     """The gain of the kept settings together over the baseline, timed by `together(changes)`
     (a `timing.Comparison`); while they do not clear `MARGIN`, the one that gave the least is
     dropped (its trial and `notes` say so). `kept` is left with the verified settings."""
     while kept:
         if len(kept) == 1 and kept[0].against_baseline:
-            return Gain.of(kept[0].rounds) or NONE
+            return rules.Gain.of(kept[0].rounds) or NONE
         changes: dict[str, Any] = {}
         for k in kept:
-            changes = merged(changes, k.change)
+            changes = merged(changes, k.trial.change)
         c = together(changes)
-        status, reason = verdict(c.rounds, c.stopped)
-        g = Gain.of(c.rounds)
+        status, reason = rules.verdict(c.rounds, c.stopped)
+        g = rules.Gain.of(c.rounds)
         if c.error:
             notes.append(f"the verification failed: {c.error}")
             reason = c.error
-        elif status == KEPT and g is not None:
+        elif status == rules.KEPT and g is not None:
             return g
-        elif c.stopped == "budget" and g and all(b / v >= MARGIN for b, v in c.rounds if v > 0):
+        elif (
+            c.stopped == "budget" and g and all(b / v >= rules.MARGIN for b, v in c.rounds if v > 0)
+        ):
             notes.append(
                 f"verified over {len(c.rounds)} round(s) only (time budget spent): every round "
-                f"cleared x{MARGIN:.2f}"
+                f"cleared x{rules.MARGIN:.2f}"
             )
             return g
         weakest = min(kept, key=lambda k: k.trial.gain.value if k.trial.gain else 0.0)
         kept.remove(weakest)
-        weakest.trial.status = NO_GAIN
+        weakest.trial.status = rules.NO_GAIN
         weakest.trial.reason = (
             f"{weakest.trial.gain_text} alone, but the kept settings together did not clear "
             f"the margin against the baseline ({reason}); this one gave the least"

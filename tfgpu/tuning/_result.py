@@ -8,16 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from tfgpu._internal.helpers.warn import warn_at_user_code
+from tfgpu._internal.measure import rules
 from tfgpu._internal.measure.result import Result, save_figure
-from tfgpu._internal.measure.rules import (
-    BUDGET_SPENT,
-    COMPILE_KEYS,
-    KEPT,
-    MARGIN,
-    STEP_KEYS,
-    Gain,
-    gain_text,
-)
 from tfgpu.tuning._candidates import HALTED, NONE
 
 
@@ -45,7 +37,7 @@ class Trial:
 
     name: str
     change: dict[str, Any] = dataclasses.field(default_factory=dict)
-    gain: Gain | None = None
+    gain: rules.Gain | None = None
     status: str = "untried"
     reason: str = ""
     line: str = ""
@@ -53,7 +45,7 @@ class Trial:
     @property
     def gain_text(self) -> str:
         """The gain with its interval, e.g. `"x1.32 (1.25-1.40)"`, or `"-"`."""
-        return gain_text(self.gain)
+        return rules.gain_text(self.gain)
 
 
 @dataclasses.dataclass
@@ -89,7 +81,7 @@ class TuneResult(Result):
     trials: list[Trial]
     baseline_examples_per_s: float = math.nan
     tuned_examples_per_s: float = math.nan
-    speedup: Gain = NONE
+    speedup: rules.Gain = NONE
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     lines: list[str] = dataclasses.field(default_factory=list)
     dataset: Any = None
@@ -146,7 +138,7 @@ class TuneResult(Result):
         if not isinstance(model, keras.Model):
             raise invalid_type("model", model, "a compiled `keras.Model`")
         applied = False
-        for key in COMPILE_KEYS:
+        for key in rules.COMPILE_KEYS:
             if key in self.settings:
                 setattr(model, key, self.settings[key])
                 applied = True
@@ -154,7 +146,7 @@ class TuneResult(Result):
             model.train_function = None  # the next fit compiles with the new settings
         if math.isfinite(self.tuned_examples_per_s):  # StepTimer compares its epochs with it
             note_tuned(model, self.tuned_examples_per_s)
-        rest = [f"{k}={v!r}" for k, v in self.settings.items() if k not in COMPILE_KEYS]
+        rest = [f"{k}={v!r}" for k, v in self.settings.items() if k not in rules.COMPILE_KEYS]
         if rest:
             precision = self.settings.get("precision")
             how = []
@@ -165,7 +157,7 @@ class TuneResult(Result):
                     "build the model again under tfgpu.strategy(..., "
                     f"all_reduce={self.settings['all_reduce']!r})"
                 )
-            if any(k not in STEP_KEYS for k in self.settings):
+            if any(k not in rules.STEP_KEYS for k in self.settings):
                 how.append("train on result.dataset (or change the pipeline as the lines say)")
             warn_at_user_code(
                 f"TuneResult.apply: {', '.join(rest)} cannot be applied to a model: "
@@ -180,7 +172,7 @@ class TuneResult(Result):
         ]
         w0 = max([len("candidate")] + [len(r[0]) for r in rows])
         w1 = max([len("gain")] + [len(r[1]) for r in rows])
-        out = [f"tune: each setting against {self.compared_with} (kept above x{MARGIN:.2f})"]
+        out = [f"tune: each setting against {self.compared_with} (kept above x{rules.MARGIN:.2f})"]
         out.append(f"  {'candidate':<{w0}}  {'gain':<{w1}}  verdict")
         out += [f"  {a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows]
         base, tuned = self.baseline_examples_per_s, self.tuned_examples_per_s
@@ -211,7 +203,7 @@ class TuneResult(Result):
                 f"not measured: {len(halted)} of {len(self.trials)} candidates untried "
                 f"({HALTED}: see the note)"
             )
-        left = [t for t in self.trials if t.status == "untried" and t.reason == BUDGET_SPENT]
+        left = [t for t in self.trials if t.status == "untried" and t.reason == rules.BUDGET_SPENT]
         if not left:
             return ""
         ran = [t for t in self.trials if t.status != "untried"]
@@ -225,7 +217,7 @@ class TuneResult(Result):
 
     def contributions(self) -> list[tuple[str, float]]:
         """(name, gain) of each kept trial, in order: each against the best before it."""
-        return [(t.name, t.gain.value) for t in self.trials if t.status == KEPT and t.gain]
+        return [(t.name, t.gain.value) for t in self.trials if t.status == rules.KEPT and t.gain]
 
     def plot(self, path: Path) -> None:
         """Draws the waterfall of `waterfall_steps` into `path` (PNG, atomically)."""

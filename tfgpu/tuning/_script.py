@@ -287,7 +287,7 @@ def tune_script(
         trial = Trial(name, dict(env), Gain.of(c.rounds), status, reason, line)
         trials.append(trial)
         if status == KEPT:
-            kept.append(cands.Kept(trial, dict(env), c.rounds, against_baseline=True))
+            kept.append(cands.Kept(trial, c.rounds, against_baseline=True))
     notes = [
         "each setting against the baseline (your environment), in fresh processes; set the "
         "kept ones in the shell before Python starts"
@@ -306,7 +306,7 @@ def tune_script(
         baseline_examples_per_s=base_eps,
         tuned_examples_per_s=base_eps * speedup.value,
         speedup=speedup,
-        settings={k: v for kept_one in kept for k, v in kept_one.change.items()},
+        settings={k: v for kept_one in kept for k, v in kept_one.trial.change.items()},
         lines=[kept_one.trial.line for kept_one in kept],
         notes=notes,
         compared_with="the baseline",

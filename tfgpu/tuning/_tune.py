@@ -12,21 +12,8 @@ import keras
 from tfgpu._internal.adapters.model_state import preserved
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_bool
-from tfgpu._internal.measure import timing
+from tfgpu._internal.measure import rules, timing
 from tfgpu._internal.measure.facts import gather
-from tfgpu._internal.measure.rules import (
-    BUDGET_SPENT,
-    FAILED,
-    KEPT,
-    MIN_ROUNDS,
-    NO_GAIN,
-    PIPELINE_KEYS,
-    STEP_KEYS,
-    UNSAFE,
-    Gain,
-    decided,
-    verdict,
-)
 from tfgpu._internal.measure.session import SEARCH_BUDGET_S, Session, check_steps
 from tfgpu._internal.measure.variants import Epochs, Variants
 from tfgpu._internal.measure.workload import open_workload
@@ -231,13 +218,13 @@ class _Tuner:
             self.budget.measure_share = MEASURE_SHARE if self.kept else VERIFY_SHARE
             budget = self._budget_for(cand, todo)
             if not reason and budget is None:
-                reason = BUDGET_SPENT
+                reason = rules.BUDGET_SPENT
             if reason or budget is None:
                 self.trials.append(Trial(cand.name, cand.change, reason=reason, line=cand.line))
                 continue
             self.progress.phase(f"trying {cand.name} ({i} of {len(plan)})")
             trial = self._try(cand, budget)
-            if cand.group and trial.status != KEPT:
+            if cand.group and trial.status != rules.KEPT:
                 stopped[cand.group] = cand.name
 
     def _shape(self, todo: list[Candidate]) -> None:
@@ -252,7 +239,7 @@ class _Tuner:
         elif math.isinf(self.budget.left()):
             target = FIT_S[0]
         else:
-            fits = (len(todo) + 1) * (2 * MIN_ROUNDS + 1)
+            fits = (len(todo) + 1) * (2 * rules.MIN_ROUNDS + 1)
             target = min(max(self.budget.left() / fits, FIT_S[1]), FIT_S[2])
         epochs, steps = cands.fit_shape(max(step_s, 1e-9), per_epoch, target, unit)
         self.variants.timed = Epochs(epochs, steps)
@@ -280,8 +267,8 @@ class _Tuner:
             self._steps_per_fit() * step_s, stats.median(v.fit_walls) if v.fit_walls else 0.0
         )
         warm_s = max(fit_s, stats.median(v.warm_walls) if v.warm_walls else 0.0)
-        traces = bool(set(cand.change) & set(STEP_KEYS))
-        return (warm_s if traces else 0.0) + 2 * MIN_ROUNDS * fit_s
+        traces = bool(set(cand.change) & set(rules.STEP_KEYS))
+        return (warm_s if traces else 0.0) + 2 * rules.MIN_ROUNDS * fit_s
 
     def _budget_for(self, cand: Candidate, after: list[Candidate]) -> timing.Budget | None:
         """When `cand` should stop taking rounds beyond the first three: what is left, less
@@ -300,37 +287,32 @@ class _Tuner:
         with recorded() as failure:
             c = self._compare(self.best, changes, self.budget, until=budget)
             rounds = c.rounds
-            status, reason = verdict(rounds, c.stopped)
-            if status == KEPT and cand.numerics:  # faster: is the loss still right?
+            status, reason = rules.verdict(rounds, c.stopped)
+            if status == rules.KEPT and cand.numerics:  # faster: is the loss still right?
                 self.progress.phase(f"checking the loss with {cand.name}")
                 with preserved(self.model):
                     base_loss = self.guard.mean_loss(self.best)
                     loss = self.guard.mean_loss(changes)
                 unsafe = cands.numerics_verdict(base_loss, loss)
                 if unsafe:
-                    status, reason = UNSAFE, unsafe
+                    status, reason = rules.UNSAFE, unsafe
         if failure.text is not None:  # a setting that breaks the model or the pipeline ...
             with recorded() as again, preserved(self.model):  # ... or the data itself?
                 self.variants.run_for(self.best)(self.budget.deadline, None)
+            status, reason, rounds = rules.FAILED, failure.text, []
             if again.text is not None:
                 self.halted = (
                     f"{cands.HALTED}: the training raised without any new setting too "
                     f"({again.text}): the data or the model, not a setting"
                 )
                 self.notes.append(self.halted)
-                return self._add(Trial(cand.name, cand.change, reason=self.halted, line=cand.line))
-            return self._add(
-                Trial(cand.name, cand.change, status=FAILED, reason=failure.text, line=cand.line)
-            )
-        if status == KEPT and cand.note:
+                status, reason = rules.UNTRIED, self.halted
+        elif status == rules.KEPT and cand.note:
             reason = f"{reason}; {cand.note}"
-        trial = Trial(cand.name, cand.change, Gain.of(rounds), status, reason, cand.line)
-        if status == KEPT:
-            self.kept.append(cands.Kept(trial, cand.change, rounds, against_baseline=not self.best))
+        trial = Trial(cand.name, cand.change, rules.Gain.of(rounds), status, reason, cand.line)
+        if status == rules.KEPT:
+            self.kept.append(cands.Kept(trial, rounds, against_baseline=not self.best))
             self.best = changes
-        return self._add(trial)
-
-    def _add(self, trial: Trial) -> Trial:
         self.trials.append(trial)
         return trial
 
@@ -346,7 +328,7 @@ class _Tuner:
         trace_s = stats.median(v.warm_walls) if v.warm_walls else 0.0
         estimate = sum(trace_s + 4 * step_s * size / batch for size in sizes)
         if self.budget.left() <= estimate:
-            self.trials.append(Trial(name, reason=BUDGET_SPENT))
+            self.trials.append(Trial(name, reason=rules.BUDGET_SPENT))
             return
         self.progress.phase("finding the batch size")
         from tfgpu import batch_size as batch_size_module
@@ -362,13 +344,13 @@ class _Tuner:
                 verbose=0,
             )
         if failure.text is not None:
-            self.trials.append(Trial(name, status=FAILED, reason=failure.text))
+            self.trials.append(Trial(name, status=rules.FAILED, reason=failure.text))
             return
         speeds = {t.batch_size: t.examples_per_s for t in found.trials if t.fits}
         fastest = found.fastest
         if not fastest or fastest == batch or fastest not in speeds:
             reason = f"find_batch_size found no faster batch than {batch}"
-            self.trials.append(Trial(name, status=NO_GAIN, reason=reason))
+            self.trials.append(Trial(name, status=rules.NO_GAIN, reason=reason))
             return
         lr_note = self._learning_rate_note(batch, fastest)
         here = speeds.get(batch)
@@ -383,7 +365,7 @@ class _Tuner:
             if budget is not None:
                 self._try(cand, budget)
                 return
-            reason = BUDGET_SPENT
+            reason = rules.BUDGET_SPENT
         else:
             lr = f", {lr_note}" if lr_note else ""
             reason = f"changes the optimization; find_batch_size: {figures}{lr}; pass "
@@ -409,7 +391,7 @@ class _Tuner:
     def _finish(self, untried_all: bool = False) -> TuneResult:
         if untried_all:
             self.trials = [
-                Trial(c.name, c.change, reason=c.untried or BUDGET_SPENT, line=c.line)
+                Trial(c.name, c.change, reason=c.untried or rules.BUDGET_SPENT, line=c.line)
                 for c in cands.candidates(self.facts)
             ]
             self.notes.append("the baseline could not be timed within the time budget")
@@ -417,12 +399,14 @@ class _Tuner:
         speedup = cands.verify(self.kept, self._together, self.notes)
         settings: dict[str, Any] = {}
         for k in self.kept:
-            settings.update(k.change)
-        lines = cands.combined_lines([(k.change, k.trial.line) for k in self.kept], self.facts)
+            settings.update(k.trial.change)
+        lines = cands.combined_lines(
+            [(k.trial.change, k.trial.line) for k in self.kept], self.facts
+        )
         base = stats.median(self.variants.base_times)
         base_eps = 1.0 / base if base and math.isfinite(base) and base > 0 else math.nan
         dataset = self.data
-        if any(k in settings for k in PIPELINE_KEYS):
+        if any(k in settings for k in rules.PIPELINE_KEYS):
             dataset = self.variants.dataset_for(settings)[0]
         return TuneResult(
             trials=self.trials,
@@ -453,7 +437,7 @@ class _Tuner:
         v = self.variants
 
         def done(rounds: list[tuple[float, float]]) -> bool:
-            return decided(rounds) or (until is not None and until.left() <= 0)
+            return rules.decided(rounds) or (until is not None and until.left() <= 0)
 
         with preserved(self.model):
             return timing.compare(
