@@ -23,15 +23,7 @@ from tfgpu._internal.measure.rules import MIN_ROUNDS, Gain, medians
 from tfgpu._internal.measure.session import SEARCH_BUDGET_S, Session
 from tfgpu._internal.measure.variants import Steady, Variants
 from tfgpu._internal.measure.workload import DEFAULT_BATCH_SIZE, check_model, open_workload
-from tfgpu.scalability._cost import (
-    RING,
-    THROUGH_ONE,
-    Calibration,
-    compute_at,
-    fit_compute,
-    ring_s,
-    step_time,
-)
+from tfgpu.scalability import _cost as cost
 from tfgpu.scalability._links import gpu_link, host_link
 from tfgpu.scalability._result import Point, Prediction, ScalingResult
 
@@ -118,15 +110,13 @@ def scaling(
 ) -> ScalingResult:
     """Times your model on 1, 2, 4, ... replicas of this machine and says why it scales or not.
 
-    Each replica count is timed both ways: **weak** scaling keeps the per-replica batch (the
-    global batch grows with the replicas) and **strong** scaling keeps the global batch (each
-    replica gets a share). The timed `fit`s run in interleaved rounds, as `tune` runs them;
-    then each step is split into the replicas' compute, the all-reduce of the gradients, the
-    optimizer's update and the input pipeline, timed apart. Each point gets its reason and fix in one line, and a
-    cost model calibrated on 1 and 2 replicas predicts more replicas and machines (its error
-    on the counts measured here is stated). On a CPU host the replicas are logical CPU
-    devices (`tfgpu.configure(cpu_devices=4)`), which share the cores: that checks the
-    mechanics, not a speedup. How to read it, the cost model and the fixes: docs/scaling.md.
+    Each replica count is timed **weak** (the per-replica batch kept) and **strong** (the
+    global batch kept), in interleaved rounds as `tune` runs them; each step is split into the
+    replicas' compute, the all-reduce, the optimizer's update and the input, timed apart, and
+    given its reason and fix. A cost model calibrated on 1 and 2 replicas predicts more
+    replicas and machines. On a CPU host the replicas are logical CPU devices
+    (`tfgpu.configure(cpu_devices=4)`), which share the cores: that checks the mechanics, not
+    a speedup. How to read it, the cost model and the fixes: docs/scaling.md.
 
     Args:
         model: a function without arguments that builds and compiles the model; called
@@ -419,7 +409,7 @@ class _Calibrated:
     mode: str
     a: float
     b: float
-    all_reduce: Calibration
+    all_reduce: cost.Calibration
     update_a: float
     update_b: float
     other_s: float
@@ -433,15 +423,15 @@ class _Calibrated:
     ) -> Prediction:
         local = n // machines
         global_batch = self.base_batch * n if self.mode == WEAK else self.base_batch
-        compute = compute_at(self.mode, self.a, self.b, local if self.mode == WEAK else n)
+        compute = cost.compute_at(self.mode, self.a, self.b, local if self.mode == WEAK else n)
         reduce_s = self.all_reduce.seconds(local, gradient_bytes)
         if self.link_bytes_s:  # never faster than a ring over the link allows
-            reduce_s = max(reduce_s, ring_s(local, gradient_bytes, self.link_bytes_s))
+            reduce_s = max(reduce_s, cost.ring_s(local, gradient_bytes, self.link_bytes_s))
         if machines > 1:
-            reduce_s += ring_s(machines, gradient_bytes, network_bytes_s)
+            reduce_s += cost.ring_s(machines, gradient_bytes, network_bytes_s)
         input_s = (global_batch / machines) / self.rate
-        update = compute_at(WEAK, self.update_a, self.update_b, local)
-        step = step_time(compute, reduce_s, update + self.other_s, input_s)
+        update = cost.compute_at(WEAK, self.update_a, self.update_b, local)
+        step = cost.step_time(compute, reduce_s, update + self.other_s, input_s)
         return Prediction(
             replicas=n,
             machines=machines,
@@ -469,15 +459,15 @@ def _calibrate(mode, by_key, parts, gradient_bytes, ring, link_bytes_s) -> _Cali
         or not {"compute_s", "all_reduce_s", "latency_s", "update_s", "input_s"} <= two.keys()
     ):
         return None
-    a, b = fit_compute(mode, one["compute_s"], two["compute_s"])
+    a, b = cost.fit_compute(mode, one["compute_s"], two["compute_s"])
     # Every replica updates its own copy, whatever the batch: as weak compute in the replicas.
-    update_a, update_b = fit_compute(WEAK, one["update_s"], two["update_s"])
+    update_a, update_b = cost.fit_compute(WEAK, one["update_s"], two["update_s"])
     busy = two["compute_s"] + two["all_reduce_s"] + two["update_s"]
     return _Calibrated(
         mode=mode,
         a=a,
         b=b,
-        all_reduce=Calibration.from_measurements(
+        all_reduce=cost.Calibration.from_measurements(
             ring, 2, gradient_bytes, two["all_reduce_s"], two["latency_s"]
         ),
         update_a=update_a,
@@ -505,7 +495,7 @@ def predict(
     predictions: list[Prediction] = []
     errors: dict[str, float] = {}
     by_key = {f"{p.replicas} {p.mode}": p for p in points}
-    ring = RING if implementation in RING_IMPLEMENTATIONS else THROUGH_ONE
+    ring = cost.RING if implementation in RING_IMPLEMENTATIONS else cost.THROUGH_ONE
     local = max(p.replicas for p in points)
     link_bytes_s = getattr(link, "bandwidth_bytes_s", None) if kind == "GPU" else None
     for mode in (WEAK, STRONG):

@@ -137,12 +137,10 @@ class TuneResult(Result):
 
         if not isinstance(model, keras.Model):
             raise invalid_type("model", model, "a compiled `keras.Model`")
-        applied = False
-        for key in rules.COMPILE_KEYS:
-            if key in self.settings:
-                setattr(model, key, self.settings[key])
-                applied = True
-        if applied:
+        compiled = {k: v for k, v in self.settings.items() if k in rules.COMPILE_KEYS}
+        for key, value in compiled.items():
+            setattr(model, key, value)
+        if compiled:
             model.train_function = None  # the next fit compiles with the new settings
         if math.isfinite(self.tuned_examples_per_s):  # StepTimer compares its epochs with it
             note_tuned(model, self.tuned_examples_per_s)
@@ -221,7 +219,20 @@ class TuneResult(Result):
 
     def plot(self, path: Path) -> None:
         """Draws the waterfall of `waterfall_steps` into `path` (PNG, atomically)."""
-        plot_waterfall(self, path)
+        from matplotlib.figure import Figure  # no pyplot: the user's backend is left alone
+
+        bars = waterfall_steps(self)
+        fig = Figure(figsize=(max(4.0, 1.3 * len(bars) + 1), 3.6))
+        ax = fig.subplots()
+        for i, (label, bottom, top) in enumerate(bars):
+            color = {"baseline": "tab:gray", "tuned": "tab:blue"}.get(label, "tab:green")
+            ax.bar(i, top - bottom, bottom=bottom, color=color)
+            ax.text(i, top, f"{top:,.0f}", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(bars)))
+        ax.set_xticklabels([b[0] for b in bars], rotation=20, ha="right", fontsize=8)
+        ax.set_ylabel("examples/s")
+        ax.set_title(f"tune: x{self.speedup.value:.2f} verified against the baseline", fontsize=10)
+        save_figure(fig, path)
 
 
 def waterfall_steps(result: TuneResult) -> list[tuple[str, float, float]]:
@@ -243,21 +254,3 @@ def waterfall_steps(result: TuneResult) -> list[tuple[str, float, float]]:
         level = top
     bars.append(("tuned", 0.0, result.tuned_examples_per_s))
     return bars
-
-
-def plot_waterfall(result: TuneResult, path: Path) -> None:
-    """Draws the waterfall of `waterfall_steps` into `path` (PNG, atomically)."""
-    from matplotlib.figure import Figure  # no pyplot: the user's backend is left alone
-
-    bars = waterfall_steps(result)
-    fig = Figure(figsize=(max(4.0, 1.3 * len(bars) + 1), 3.6))
-    ax = fig.subplots()
-    for i, (label, bottom, top) in enumerate(bars):
-        color = {"baseline": "tab:gray", "tuned": "tab:blue"}.get(label, "tab:green")
-        ax.bar(i, top - bottom, bottom=bottom, color=color)
-        ax.text(i, top, f"{top:,.0f}", ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(bars)))
-    ax.set_xticklabels([b[0] for b in bars], rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("examples/s")
-    ax.set_title(f"tune: x{result.speedup.value:.2f} verified against the baseline", fontsize=10)
-    save_figure(fig, path)

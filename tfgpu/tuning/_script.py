@@ -83,17 +83,16 @@ def check_arguments(
     check_int(name("warmup"), warmup, minimum=1, maximum=MAX_STEPS)
     if not flags:
         budget = check_time_budget(time_budget_s)
-        return path, list(script_args), budget, check_dir("log_dir", log_dir, allow_none=True)
-    budget = check_number(
-        name("time_budget_s"),
-        time_budget_s,
-        minimum=0,
-        exclusive_minimum=True,
-        expected="a finite number of seconds > 0",
-    )
-    log_path = (
-        None if log_dir is None else check_dir("--log-dir", log_dir, expected="a directory path")
-    )
+    else:  # the command line's value: no None
+        budget = check_number(
+            name("time_budget_s"),
+            time_budget_s,
+            minimum=0,
+            exclusive_minimum=True,
+            expected="a finite number of seconds > 0",
+        )
+    expected = "a directory path" if flags else None
+    log_path = check_dir(name("log_dir"), log_dir, allow_none=True, expected=expected)
     return path, list(script_args), budget, log_path
 
 
@@ -393,13 +392,8 @@ def _child_main(argv: Sequence[str]) -> int:
         timer = timing.Timer(calls_warm)
         for name in ("validation_data", "validation_split", "validation_freq", "callbacks"):
             kwargs.pop(name, None)
-        kwargs.update(
-            epochs=1,
-            initial_epoch=0,
-            steps_per_epoch=(calls_warm + calls_timed) * spe,
-            verbose=0,
-            callbacks=[timer],
-        )
+        kwargs.update(epochs=1, initial_epoch=0, verbose=0, callbacks=[timer])
+        kwargs["steps_per_epoch"] = (calls_warm + calls_timed) * spe
         try:
             original_fit(self, x, y, **kwargs)
         except Exception as e:  # the child's one catch-all: the script's fit failed (any

@@ -9,6 +9,7 @@ from typing import Any
 
 import keras
 
+from tfgpu._internal.adapters.datasets import read_first
 from tfgpu._internal.adapters.model_state import preserved
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_bool
@@ -20,7 +21,7 @@ from tfgpu._internal.measure.workload import open_workload
 from tfgpu.tuning import _candidates as cands
 from tfgpu.tuning._candidates import Candidate, TuneFacts
 from tfgpu.tuning._result import Trial, TuneResult
-from tfgpu.tuning._trial import Guard, augment_on_batches, cache_untried, recorded
+from tfgpu.tuning._trial import augment_on_batches, cache_untried, mean_loss, recorded
 
 # Shares of the time budget: candidates until the first (the second while nothing is kept:
 # nothing to verify), the verification until the second.
@@ -30,6 +31,9 @@ VERIFY_SHARE = 0.95
 # A timed fit lasts about the measuring budget over the fits planned, within these bounds;
 # without a budget, the first.
 FIT_S = (5.0, 0.5, 15.0)
+
+# Batches the numerics guard trains on (with `steps_per_execution=1`), from the same weights.
+GUARD_STEPS = 5
 
 # find_batch_size tries batches up to this multiple of the current one.
 BATCH_GROWTH = 8
@@ -48,17 +52,14 @@ def tune(
 ) -> TuneResult:
     """Tries each speed setting on your model and data, keeps what measurably helps.
 
-    Each candidate (`steps_per_execution`, the mixed precision policy, a static batch shape,
-    the pipeline's settings, `jit_compile`, the batch size; on several replicas the
-    strategy's all-reduce), in the order the measured step predicts gains most, is timed
-    against the best configuration so far in interleaved rounds of `fit`s timed as your own
-    `fit` runs (from the start of an epoch, once the step is traced), and kept when the
-    whole confidence interval of its gain clears x1.05; one whose interval straddles the
-    margin is marked borderline. Settings that can change the loss must also pass a
-    numerics guard, and the kept ones are verified together against the baseline. The
-    model's state, its strategy's all-reduce and the global precision policy are put back:
-    nothing is applied until you apply it. The candidates, the verdicts and the table:
-    docs/tuning.md.
+    Each candidate (`steps_per_execution`, a mixed precision policy, a static batch shape, the
+    pipeline's settings, `jit_compile`, the batch size; on several replicas the all-reduce),
+    in the order the measured step predicts gains most, is timed against the best
+    configuration so far in interleaved rounds of `fit`s, and kept when the whole confidence
+    interval of its gain clears x1.05. Settings that can change the loss must pass a numerics
+    guard; the kept ones are verified together. The model's state, its all-reduce and the
+    precision policy are put back: nothing is applied until you apply it. The candidates, the
+    verdicts and the table: docs/tuning.md.
 
     Args:
         model: a compiled `keras.Model`, or a function without arguments that builds and
@@ -154,22 +155,19 @@ class _Tuner:
     ):
         self.variants, self.facts, self.steps = variants, facts, steps
         self.model, self.data = variants.model, variants.dataset
-        self.guard = Guard(variants)
-        self.progress = session.progress
-        self.budget = session.budget
-        self.verify_budget = timing.Budget(
-            self.budget.seconds, VERIFY_SHARE, start=self.budget.start
-        )
+        self.guard_batches = read_first(variants.dataset, GUARD_STEPS)
+        self.budget, self.progress, self.notes = session.budget, session.progress, session.notes
+        budget = session.budget
+        self.verify_budget = timing.Budget(budget.seconds, VERIFY_SHARE, start=budget.start)
         self.change_batch_size = change_batch_size
         self.trials: list[Trial] = []
         self.kept: list[cands.Kept] = []
         self.best: dict[str, Any] = {}
-        self.notes = session.notes
         self.halted = ""  # why the search stopped: the data or the model raised
 
     # The search.
     def run(self) -> TuneResult:
-        x, _, _ = keras.utils.unpack_x_y_sample_weight(self.guard.batches()[0])
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(self.guard_batches[0])
         with preserved(self.model, x):
             self.progress.phase("timing the baseline")
             with preserved(self.model):
@@ -291,8 +289,8 @@ class _Tuner:
             if status == rules.KEPT and cand.numerics:  # faster: is the loss still right?
                 self.progress.phase(f"checking the loss with {cand.name}")
                 with preserved(self.model):
-                    base_loss = self.guard.mean_loss(self.best)
-                    loss = self.guard.mean_loss(changes)
+                    base_loss = mean_loss(self.variants, self.guard_batches, self.best)
+                    loss = mean_loss(self.variants, self.guard_batches, changes)
                 unsafe = cands.numerics_verdict(base_loss, loss)
                 if unsafe:
                     status, reason = rules.UNSAFE, unsafe
