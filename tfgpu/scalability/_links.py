@@ -128,9 +128,10 @@ class GpuFacts:
 BUS = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.[0-7]$")
 
 
-def bus_key(value: Any) -> tuple[int, int, int] | None:
-    """(domain, bus, device) of a PCI bus id (`"00000000:07:00.0"`, legacy `"0000:07:00.0"`)."""
-    match = BUS.match(decode(value).strip().rstrip("\x00"))
+def bus_key(pci: Any) -> tuple[int, int, int] | None:
+    """(domain, bus, device) of an `nvmlPciInfo_t`'s bus id (`"00000000:07:00.0"`, legacy
+    `"0000:07:00.0"`); None without one."""
+    match = BUS.match(decode(getattr(pci, "busId", b"")).strip().rstrip("\x00"))
     if not match:
         return None
     domain, bus, device = match.groups()
@@ -165,8 +166,7 @@ def read_gpu(nv: ModuleType, index: int, handle: Any) -> GpuFacts:
     def ask(name: str, *args: Any) -> Any:
         return nvml_query(nv, name, handle, *args, default=None)
 
-    pci = ask("nvmlDeviceGetPciInfo")
-    bus = bus_key(getattr(pci, "busId", b"")) if pci is not None else None
+    bus = bus_key(ask("nvmlDeviceGetPciInfo"))
     enabled = constant(nv, "NVML_FEATURE_ENABLED", 1)
     nvlinks = []
     for link in range(constant(nv, "NVML_NVLINK_MAX_LINKS", 18)):
@@ -175,11 +175,10 @@ def read_gpu(nv: ModuleType, index: int, handle: Any) -> GpuFacts:
             break
         if state != enabled:
             continue
-        remote = ask("nvmlDeviceGetNvLinkRemotePciInfo", link)
         nvlinks.append(
             NvLink(
+                remote_bus=bus_key(ask("nvmlDeviceGetNvLinkRemotePciInfo", link)),
                 version=small_int(ask("nvmlDeviceGetNvLinkVersion", link)),
-                remote_bus=bus_key(getattr(remote, "busId", b"")) if remote is not None else None,
                 remote_type=small_int_or_zero(ask("nvmlDeviceGetNvLinkRemoteDeviceType", link)),
             )
         )
@@ -410,11 +409,7 @@ def read_links(nv: ModuleType, chosen: list[int] | None) -> Link | None:
     if any(handles[index] is None for index in chosen):
         return None  # a lost or inaccessible GPU: nothing to say of its links
     try:
-        facts = {
-            index: read_gpu(nv, index, handle)
-            for index, handle in handles.items()
-            if handle is not None
-        }
+        facts = {i: read_gpu(nv, i, handle) for i, handle in handles.items() if handle is not None}
         buses = {f.bus for f in facts.values() if f.bus is not None}
         read = constant(nv, "NVML_P2P_CAPS_INDEX_READ", 0)
         ok = constant(nv, "NVML_P2P_STATUS_OK", 0)
@@ -423,15 +418,9 @@ def read_links(nv: ModuleType, chosen: list[int] | None) -> Link | None:
             pair = (handles[i], handles[j])
             status = nvml_query(nv, "nvmlDeviceGetP2PStatus", *pair, read, default=None)
             ancestor = nvml_query(nv, "nvmlDeviceGetTopologyCommonAncestor", *pair, default=None)
-            links.append(
-                pair_link(
-                    facts[i],
-                    facts[j],
-                    p2p=None if not is_int(status) else status == ok,
-                    ancestor=ancestor if is_int(ancestor) else None,
-                    gpu_buses=buses,
-                )
-            )
+            p2p = None if not is_int(status) else status == ok
+            ancestor = ancestor if is_int(ancestor) else None
+            links.append(pair_link(facts[i], facts[j], p2p=p2p, ancestor=ancestor, gpu_buses=buses))
     except Exception as e:  # the boundary of "never raises": a binding broken in any way
         log.warning("NVML could not describe the links between GPUs (%s).", decode(e))
         return None
@@ -447,12 +436,10 @@ def read_links(nv: ModuleType, chosen: list[int] | None) -> Link | None:
 def gpu_link(indices: Sequence[int] | None = None) -> Link | None:
     """The slowest link between any two of the given GPUs, as an all-reduce ring sees it.
 
-    Reads NVML (never CUDA or TensorFlow): the NVLinks between each pair (their count,
-    version, and whether they go to the other GPU or to an NVSwitch), else the PCIe link
-    (generation and width: the most the GPU and its slot allow, with the current one said
-    when lower), whether the pair has peer-to-peer access (without it, half the PCIe figure:
-    the data goes through host memory) and whether the path crosses CPU sockets. Any query
-    NVML does not support gives a less specific link; NVML errors never escape.
+    Reads NVML (never CUDA or TensorFlow): each pair's NVLinks (to the other GPU or to an
+    NVSwitch), else its PCIe link and peer-to-peer access, and whether the path crosses CPU
+    sockets. A query NVML does not support gives a less specific link; NVML errors never
+    escape. The figures and their sources: docs/scaling.md, "What the hardware allows".
 
     Args:
         indices: list of int or None, NVML indices of the GPUs (PCI bus order, as

@@ -197,13 +197,9 @@ def _check_replicas(replicas: Any, devices: list[str], kind: str) -> Sequence[in
         return None
     if isinstance(replicas, (str, bytes)) or not isinstance(replicas, Sequence):
         raise invalid_type("replicas", replicas, "a list of ints >= 1, or None")
+    expected = f"replica counts between 1 and {len(devices)} (the {kind}s of this process)"
     for n in replicas:
-        check_int(
-            "replicas",
-            n,
-            maximum=len(devices),
-            expected=f"replica counts between 1 and {len(devices)} (the {kind}s of this process)",
-        )
+        check_int("replicas", n, maximum=len(devices), expected=expected)
     return replicas
 
 
@@ -235,7 +231,8 @@ def _measure(
         clearly_slower=None,
         failures=(tf.errors.OpError, ValueError),
     )
-    base_s = _base_seconds(comparisons)
+    base_rounds = [b for c in comparisons.values() for b, _ in c.rounds]
+    base_s = stats.median(base_rounds) if base_rounds else None
     split_budget = timing.Budget(session.budget.seconds, 0.95, start=session.budget.start)
     samples: dict[tuple[str, Any], list[float]] = {}
     for r in range(PART_ROUNDS):
@@ -309,11 +306,6 @@ def _built(variants: Variants, c: _Config) -> Any:
             "asked",
         )
     return model
-
-
-def _base_seconds(comparisons: dict[str, timing.Comparison]) -> float | None:
-    rounds = [b for c in comparisons.values() for b, _ in c.rounds]
-    return stats.median(rounds) if rounds else None
 
 
 def _sample_parts(
