@@ -164,14 +164,13 @@ class TuneResult(Result):
         return model
 
     def __str__(self) -> str:
-        rows = [
+        rows = [("candidate", "gain", "verdict")]
+        rows += [
             (t.name, t.gain_text, t.status + (f": {t.reason}" if t.reason else ""))
             for t in self.trials
         ]
-        w0 = max([len("candidate")] + [len(r[0]) for r in rows])
-        w1 = max([len("gain")] + [len(r[1]) for r in rows])
+        w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
         out = [f"tune: each setting against {self.compared_with} (kept above x{rules.MARGIN:.2f})"]
-        out.append(f"  {'candidate':<{w0}}  {'gain':<{w1}}  verdict")
         out += [f"  {a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows]
         base, tuned = self.baseline_examples_per_s, self.tuned_examples_per_s
         if math.isfinite(base):

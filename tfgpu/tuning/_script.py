@@ -276,17 +276,16 @@ def tune_script(
     kept: list[cands.Kept] = []
     for name, env, line, untried in plan:
         if untried:
-            trials.append(Trial(name, dict(env), reason=untried, line=line))
-            continue
-        c = measured[name]
-        if c.error:
-            trials.append(Trial(name, dict(env), status=FAILED, reason=c.error, line=line))
-            continue
-        status, reason = verdict(c.rounds, c.stopped)
-        trial = Trial(name, dict(env), Gain.of(c.rounds), status, reason, line)
+            trial = Trial(name, env, reason=untried, line=line)
+        elif measured[name].error:
+            trial = Trial(name, env, status=FAILED, reason=measured[name].error, line=line)
+        else:
+            c = measured[name]
+            status, reason = verdict(c.rounds, c.stopped)
+            trial = Trial(name, env, Gain.of(c.rounds), status, reason, line)
+            if status == KEPT:
+                kept.append(cands.Kept(trial, c.rounds, against_baseline=True))
         trials.append(trial)
-        if status == KEPT:
-            kept.append(cands.Kept(trial, c.rounds, against_baseline=True))
     notes = [
         "each setting against the baseline (your environment), in fresh processes; set the "
         "kept ones in the shell before Python starts"

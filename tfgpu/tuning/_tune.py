@@ -115,10 +115,9 @@ def tune(
 
     session.progress.phase("reading the model and the data")
     dataset = work.dataset
+    has_factory = work.factory is not None
     facts = TuneFacts(
-        **gather(
-            work.model, dataset, from_arrays=work.from_arrays, has_factory=work.factory is not None
-        )
+        **gather(work.model, dataset, from_arrays=work.from_arrays, has_factory=has_factory)
     )
     variants = Variants(
         work.model,
@@ -135,11 +134,9 @@ def tune(
         facts.cache_untried = cache_untried(
             dataset, variants.first_batch(), facts.batches_per_epoch
         )
-    tuner = _Tuner(variants, facts, session, change_batch_size, steps)
-    result = tuner.run()
-    return session.finish(
-        result, f"{result.speedup.text()} verified, {len(result.settings)} setting(s) kept"
-    )
+    result = _Tuner(variants, facts, session, change_batch_size, steps).run()
+    summary = f"{result.speedup.text()} verified, {len(result.settings)} setting(s) kept"
+    return session.finish(result, summary)
 
 
 class _Tuner:
@@ -241,11 +238,9 @@ class _Tuner:
             target = min(max(self.budget.left() / fits, FIT_S[1]), FIT_S[2])
         epochs, steps = cands.fit_shape(max(step_s, 1e-9), per_epoch, target, unit)
         self.variants.timed = Epochs(epochs, steps)
-        what = (
-            f"{epochs} whole epoch(s) of {per_epoch} batches"
-            if steps is None
-            else f"the first {steps} steps of an epoch"
-        )
+        what = f"the first {steps} steps of an epoch"
+        if steps is None:
+            what = f"{epochs} whole epoch(s) of {per_epoch} batches"
         self.notes.append(
             f"each timed fit ran {what}, from the epoch's start, once the step was traced "
             f"(steps of {step_s * 1e3:,.1f} ms as measured first; no validation)"
