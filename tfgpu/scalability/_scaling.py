@@ -287,13 +287,13 @@ def _configs(
                 )
                 continue
             c = _Config(n, mode, global_batch, _strategy(devices[:n]))
-            _built(variants, c)
+            _check_built(variants, c)
             configs.append(c)
     return configs
 
 
-def _built(variants: Variants, c: _Config) -> Any:
-    """The model of `c`, built by the factory inside its strategy's scope; a ValueError naming
+def _check_built(variants: Variants, c: _Config) -> None:
+    """Builds the model of `c` by the factory inside its strategy's scope; a ValueError naming
     `model` when it is not compiled or has another replica count (its own strategy)."""
     model = check_model(variants.model_for(c.changes), from_factory=True)
     built = getattr(model.distribute_strategy, "num_replicas_in_sync", 1)
@@ -305,7 +305,6 @@ def _built(variants: Variants, c: _Config) -> Any:
             f"no strategy scope inside it); its model has {built} replica(s) where {c.n} were "
             "asked",
         )
-    return model
 
 
 def _sample_parts(
