@@ -14,13 +14,7 @@ THROUGH_ONE = "through one device"
 
 def all_reduce_factor(kind: str, n: int) -> tuple[float, int]:
     """(gradient bytes moved per device, in units of the gradients; latency steps) of an
-    all-reduce over `n` devices. Pure.
-
-    Example:
-
-    >>> all_reduce_factor("ring", 4)
-    (1.5, 6)
-    """
+    all-reduce over `n` devices. Pure."""
     if n <= 1:
         return 0.0, 0
     if kind == RING:
@@ -63,13 +57,7 @@ class Calibration:
 
 def fit_compute(mode: str, c1: float, c2: float) -> tuple[float, float]:
     """(a, b) of the compute model through the 1- and 2-replica compute times: weak
-    `a + b n`, strong `a + b / n`. Pure.
-
-    Example:
-
-    >>> fit_compute("weak", 1.0, 1.0), fit_compute("strong", 1.0, 0.5)
-    ((1.0, 0.0), (0.0, 1.0))
-    """
+    `a + b n`, strong `a + b / n`. Pure."""
     if mode == "weak":  # the same work per replica never takes less with more replicas:
         b = max(0.0, c2 - c1)  # a 2-replica time below the 1-replica one is noise
         return c1 - b, b
@@ -91,11 +79,5 @@ def ring_s(devices: int, gradient_bytes: float, bandwidth_bytes_s: float) -> flo
 
 def step_time(compute_s: float, all_reduce_s: float, other_s: float, input_s: float) -> float:
     """A step: the replicas' compute, the all-reduce and the update in sequence, the input
-    prefetched beside them. Pure.
-
-    Example:
-
-    >>> step_time(0.010, 0.004, 0.001, 0.020)
-    0.02
-    """
+    prefetched beside them. Pure."""
     return max(compute_s + all_reduce_s + other_s, input_s)

@@ -43,13 +43,7 @@ RING_IMPLEMENTATIONS = ("nccl", "ring", "collective", "auto")
 
 def replica_counts(available: int, asked: Sequence[int] | None) -> list[int]:
     """The replica counts to time: `asked`, or 1, 2, 4, ... up to `available` (and
-    `available` itself). Pure.
-
-    Example:
-
-    >>> replica_counts(6, None)
-    [1, 2, 4, 6]
-    """
+    `available` itself). Pure."""
     if asked is not None:
         return sorted(set(asked) | {1})
     counts, n = [], 1

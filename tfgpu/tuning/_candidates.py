@@ -282,15 +282,7 @@ def fit_shape(
     """(epochs, steps per epoch or None for whole epochs) of a timed `fit` that lasts about
     `target_s` for steps of `step_s`: whole epochs when one fits, else the first steps of an
     epoch, a multiple of `unit` (the largest `steps_per_execution` tried), at least 2 calls.
-    Pure.
-
-    Example:
-
-    >>> fit_shape(0.01, 50, 2.0)
-    (4, None)
-    >>> fit_shape(1.0, 100, 10.0)
-    (1, 10)
-    """
+    Pure."""
     if batches_per_epoch is not None and batches_per_epoch * step_s <= target_s:
         return max(1, round(target_s / (batches_per_epoch * step_s))), None
     steps = max(2 * unit, math.ceil(target_s / step_s / unit) * unit)
@@ -322,13 +314,7 @@ def spe_fits(value: int, step_s: float | None) -> str:
 
 def numerics_verdict(base_loss: float, loss: float) -> str:
     """Why a candidate's mean loss over the guard's steps is unsafe next to the baseline's
-    from the same weights ("" when it is safe). Pure.
-
-    Example:
-
-    >>> numerics_verdict(0.5, float("nan"))
-    'the loss is not finite (nan; baseline 0.5)'
-    """
+    from the same weights ("" when it is safe). Pure."""
     if not math.isfinite(loss):
         return f"the loss is not finite ({loss}; baseline {base_loss:.4g})"
     if not math.isfinite(base_loss):

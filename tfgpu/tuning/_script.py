@@ -121,13 +121,7 @@ def _run_child(
 
 
 def child_outcome(status: int, report: str, output: str) -> ChildRun:
-    """What a child's exit status, report (its stdout) and output (its stderr) say. Pure.
-
-    Example:
-
-    >>> child_outcome(0, "", "").error
-    'the script ended (exit status 0) without calling `fit`'
-    """
+    """What a child's exit status, report (its stdout) and output (its stderr) say. Pure."""
     try:
         data = json.loads(report) if report.strip() else None
     except ValueError:
