@@ -48,13 +48,11 @@ PCIE_RATE = {1: (2.5, 8 / 10), 2: (5.0, 8 / 10), 3: (8.0, 128 / 130),
 # When NVML says neither: Gen3 x16, the slot of every data-center GPU since 2016 (P100).
 PCIE_ASSUMED = (3, 16)
 
-# Without peer-to-peer access, a GPU's data reaches its peer through a staging buffer in
-# host memory: it crosses PCIe twice (up into host memory, then down to the peer), in chunks
-# that each wait for the copy before, and host memory takes every byte in and out. NCCL's
-# shared-memory transport measures about half the peer-to-peer figure, so half is what we
-# count. Across CPU sockets (NVML_TOPOLOGY_SYSTEM) the path also crosses the CPU
-# interconnect (UPI, Infinity Fabric); it is no narrower than one x16 link on current
-# servers, so we keep the PCIe figure and only say so.
+# Without peer-to-peer access a GPU's data reaches its peer through a staging buffer in host
+# memory, crossing PCIe twice in chunks that wait for each other: NCCL's shared-memory
+# transport measures about half the peer-to-peer figure. Across CPU sockets the path also
+# crosses the CPU interconnect (UPI, Infinity Fabric), no narrower than one x16 link on
+# current servers: the PCIe figure is kept, and said.
 WITHOUT_P2P_SHARE = 0.5
 
 # Logical CPU devices in one process: an all-reduce is memory copies between buffers in
@@ -101,8 +99,6 @@ def gb_s(bytes_s: float) -> str:
 
 
 # ---- the facts NVML gives, per GPU and per pair ------------------------------------------
-
-
 @dataclasses.dataclass(frozen=True)
 class NvLink:
     """One active NVLink: its `nvmlNvlinkVersion_t` and where it leads (None: not said)."""
@@ -194,8 +190,6 @@ def read_gpu(nv: ModuleType, index: int, handle: Any) -> GpuFacts:
 
 
 # ---- the decision: pure, from the facts ------------------------------------------------
-
-
 def nvlinks_between(
     a: GpuFacts, b: GpuFacts, gpu_buses: set[tuple[int, int, int]]
 ) -> tuple[int, str, list[int]]:
@@ -370,7 +364,6 @@ def slowest(links: Sequence[Link]) -> Link:
 
 
 # ---- the effects: NVML ------------------------------------------------------------------
-
 INDICES_EXPECTED = "None (all GPUs) or a list of NVML GPU indices (ints), e.g. [0, 1]"
 
 
@@ -431,8 +424,6 @@ def read_links(nv: ModuleType, chosen: list[int] | None) -> Link | None:
 
 
 # ---- the public functions ----------------------------------------------------------------
-
-
 def gpu_link(indices: Sequence[int] | None = None) -> Link | None:
     """The slowest link between any two of the given GPUs, as an all-reduce ring sees it.
 

@@ -19,9 +19,7 @@ SHARED_CORES = (
     "the prediction; it does not show a GPU's speedup"
 )
 
-# A point below this efficiency gets a reason; input-bound when waiting for the input (the
-# pipeline alone beyond the device's work) is the core's `INPUT_SHARE` of the step;
-# all-reduce-bound when the all-reduce takes its `ALL_REDUCE_SHARE`.
+# A point at this efficiency or above scales; below, the first other reason that holds.
 EFFICIENT = 0.9
 
 
@@ -353,12 +351,9 @@ class ScalingResult(Result):
                 effs = [1.0 if p.replicas == 1 else p.efficiency for p in points]
                 for ax, ys in ((rate_ax, rates), (eff_ax, effs)):
                     ax.plot(xs, ys, style, color=color, label=f"{mode}, {what}")
-        rate_ax.set_xlabel("replicas")
-        rate_ax.set_ylabel("examples/s")
-        eff_ax.set_xlabel("replicas")
-        eff_ax.set_ylabel("efficiency (1 = linear)")
         eff_ax.axhline(1.0, color="tab:gray", linewidth=0.8)
-        for ax in (rate_ax, eff_ax):
+        for ax, ylabel in ((rate_ax, "examples/s"), (eff_ax, "efficiency (1 = linear)")):
+            ax.set(xlabel="replicas", ylabel=ylabel)
             ax.legend(fontsize=7)
         fig.suptitle(f"scaling on {self.device_kind}s", fontsize=10)
         save_figure(fig, path)

@@ -373,14 +373,13 @@ def verify(
         c = together(changes)
         status, reason = rules.verdict(c.rounds, c.stopped)
         g = rules.Gain.of(c.rounds)
+        every_round = all(b / v >= rules.MARGIN for b, v in c.rounds if v > 0)
         if c.error:
             notes.append(f"the verification failed: {c.error}")
             reason = c.error
         elif status == rules.KEPT and g is not None:
             return g
-        elif (
-            c.stopped == "budget" and g and all(b / v >= rules.MARGIN for b, v in c.rounds if v > 0)
-        ):
+        elif c.stopped == "budget" and g and every_round:
             notes.append(
                 f"verified over {len(c.rounds)} round(s) only (time budget spent): every round "
                 f"cleared x{rules.MARGIN:.2f}"

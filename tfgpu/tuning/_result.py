@@ -110,11 +110,8 @@ class TuneResult(Result):
         A `tfgpu.callbacks.StepTimer` in the model's next `fit` then logs
         `tuned_examples_per_s` beside `examples_per_s`, and warns when an epoch falls short.
 
-        Settings it cannot apply to a model are named in a warning: the pipeline's (use
-        `result.dataset`, or pass the line's arguments to `tfgpu.data.pipeline`), the
-        precision policy (build the model again after `tfgpu.configure(precision=...)`), the
-        all-reduce (build the model again under `tfgpu.strategy(..., all_reduce=...)`) and
-        the batch size.
+        Settings it cannot apply to a model (the pipeline's, the precision policy, the
+        all-reduce, the batch size) are named in a warning that says how to apply them.
 
         Args:
             model: keras.Model, compiled: the model to train (the one tuned, or one built

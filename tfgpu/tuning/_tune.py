@@ -390,12 +390,9 @@ class _Tuner:
             self.notes.append("the baseline could not be timed within the time budget")
             return TuneResult(trials=self.trials, notes=self.notes, dataset=self.data)
         speedup = cands.verify(self.kept, self._together, self.notes)
-        settings: dict[str, Any] = {}
-        for k in self.kept:
-            settings.update(k.trial.change)
-        lines = cands.combined_lines(
-            [(k.trial.change, k.trial.line) for k in self.kept], self.facts
-        )
+        kept = [k.trial for k in self.kept]
+        settings = {key: value for t in kept for key, value in t.change.items()}
+        lines = cands.combined_lines([(t.change, t.line) for t in kept], self.facts)
         base = stats.median(self.variants.base_times)
         base_eps = 1.0 / base if base and math.isfinite(base) and base > 0 else math.nan
         dataset = self.data
