@@ -133,11 +133,8 @@ def _scales(w: _Why) -> Reason:
 
 def _input_bound(w: _Why) -> Reason:
     p = w.p
-    if not (
-        p.input_s
-        and p.input_wait_s is not None
-        and p.input_wait_s >= INPUT_SHARE * (p.step_s or 0.0)
-    ):
+    waits = p.input_wait_s is not None and p.input_wait_s >= INPUT_SHARE * (p.step_s or 0.0)
+    if not (p.input_s and waits):
         return None
     return (
         f"input-bound ({w.eff}): the pipeline alone delivers {p.global_batch / p.input_s:,.0f} "

@@ -387,54 +387,17 @@ def _point(c: _Config, comparison: Any, base_s: float | None, parts: dict[str, f
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class _Calibrated:
-    """The cost model of one mode, calibrated on its 1- and 2-replica measurements."""
-
-    mode: str
-    a: float
-    b: float
-    all_reduce: cost.Calibration
-    update_a: float
-    update_b: float
-    other_s: float
-    rate: float  # examples/s the host's pipeline gives
-    base_batch: int
-    base_rate: float  # examples/s of one replica, measured
-    link_bytes_s: float | None = None  # between GPUs, per direction (None: unknown)
-
-    def predict(
-        self, n: int, gradient_bytes: int, machines: int = 1, network_bytes_s: float = 0.0
-    ) -> Prediction:
-        local = n // machines
-        global_batch = self.base_batch * n if self.mode == WEAK else self.base_batch
-        compute = cost.compute_at(self.mode, self.a, self.b, local if self.mode == WEAK else n)
-        reduce_s = self.all_reduce.seconds(local, gradient_bytes)
-        if self.link_bytes_s:  # never faster than a ring over the link allows
-            reduce_s = max(reduce_s, cost.ring_s(local, gradient_bytes, self.link_bytes_s))
-        if machines > 1:
-            reduce_s += cost.ring_s(machines, gradient_bytes, network_bytes_s)
-        input_s = (global_batch / machines) / self.rate
-        update = cost.compute_at(WEAK, self.update_a, self.update_b, local)
-        step = cost.step_time(compute, reduce_s, update + self.other_s, input_s)
-        return Prediction(
-            replicas=n,
-            machines=machines,
-            mode=self.mode,
-            global_batch=global_batch,
-            step_s=step,
-            examples_per_s=global_batch / step,
-            efficiency=(global_batch / step) / (n * self.base_rate),
-            compute_s=compute,
-            all_reduce_s=reduce_s,
-            update_s=update,
-            input_s=input_s,
-        )
-
-
-def _calibrate(mode, by_key, parts, gradient_bytes, ring, link_bytes_s) -> _Calibrated | None:
-    """The cost model of `mode` from its 1- and 2-replica points (`by_key`) and parts; None
-    without them."""
+def _calibrate(
+    mode: str,
+    by_key: dict[str, Point],
+    parts: dict[str, dict[str, float]],
+    gradient_bytes: int,
+    ring: str,
+    link_bytes_s: float | None,
+) -> Callable[..., Prediction] | None:
+    """The cost model of `mode`, calibrated on its 1- and 2-replica points (`by_key`) and
+    parts: `model(n, machines=1, network_bytes_s=0.0)` predicts `n` replicas over `machines`;
+    None without the points. `link_bytes_s`: between GPUs, per direction (None: unknown)."""
     one, two = parts.get(f"1 {WEAK}", {}), parts.get(f"2 {mode}", {})
     base, second = by_key.get("1 both"), by_key.get(f"2 {mode}")
     if base is None or second is None or not base.step_s or not second.step_s:
@@ -447,22 +410,41 @@ def _calibrate(mode, by_key, parts, gradient_bytes, ring, link_bytes_s) -> _Cali
     a, b = cost.fit_compute(mode, one["compute_s"], two["compute_s"])
     # Every replica updates its own copy, whatever the batch: as weak compute in the replicas.
     update_a, update_b = cost.fit_compute(WEAK, one["update_s"], two["update_s"])
-    busy = two["compute_s"] + two["all_reduce_s"] + two["update_s"]
-    return _Calibrated(
-        mode=mode,
-        a=a,
-        b=b,
-        all_reduce=cost.Calibration.from_measurements(
-            ring, 2, gradient_bytes, two["all_reduce_s"], two["latency_s"]
-        ),
-        update_a=update_a,
-        update_b=update_b,
-        other_s=max(0.0, second.step_s - busy),
-        rate=second.global_batch / two["input_s"],
-        base_batch=base.global_batch,
-        base_rate=base.global_batch / base.step_s,
-        link_bytes_s=link_bytes_s,
+    all_reduce = cost.Calibration.from_measurements(
+        ring, 2, gradient_bytes, two["all_reduce_s"], two["latency_s"]
     )
+    busy = two["compute_s"] + two["all_reduce_s"] + two["update_s"]
+    other_s = max(0.0, second.step_s - busy)
+    rate = second.global_batch / two["input_s"]  # examples/s the host's pipeline gives
+    base_batch, base_rate = base.global_batch, base.global_batch / base.step_s
+
+    def model(n: int, machines: int = 1, network_bytes_s: float = 0.0) -> Prediction:
+        local = n // machines
+        global_batch = base_batch * n if mode == WEAK else base_batch
+        compute = cost.compute_at(mode, a, b, local if mode == WEAK else n)
+        reduce_s = all_reduce.seconds(local, gradient_bytes)
+        if link_bytes_s:  # never faster than a ring over the link allows
+            reduce_s = max(reduce_s, cost.ring_s(local, gradient_bytes, link_bytes_s))
+        if machines > 1:
+            reduce_s += cost.ring_s(machines, gradient_bytes, network_bytes_s)
+        input_s = (global_batch / machines) / rate
+        update = cost.compute_at(WEAK, update_a, update_b, local)
+        step = cost.step_time(compute, reduce_s, update + other_s, input_s)
+        return Prediction(
+            replicas=n,
+            machines=machines,
+            mode=mode,
+            global_batch=global_batch,
+            step_s=step,
+            examples_per_s=global_batch / step,
+            efficiency=(global_batch / step) / (n * base_rate),
+            compute_s=compute,
+            all_reduce_s=reduce_s,
+            update_s=update,
+            input_s=input_s,
+        )
+
+    return model
 
 
 def predict(
@@ -488,16 +470,12 @@ def predict(
         if model is None:
             continue
         for n in sorted({p.replicas for p in points if p.replicas > 2} | {4, 8}):
-            p = model.predict(n, gradient_bytes)
+            p = model(n)
             measured = by_key.get(f"{n} {mode}")
             if measured is not None and measured.step_s:
                 errors[f"{n} {mode}"] = p.step_s / measured.step_s - 1.0
             predictions.append(p)
         if kind == "GPU":
             for machines in MACHINES:
-                predictions.append(
-                    model.predict(
-                        local * machines, gradient_bytes, machines, network_gbit_s * 1e9 / 8
-                    )
-                )
+                predictions.append(model(local * machines, machines, network_gbit_s * 1e9 / 8))
     return predictions, errors

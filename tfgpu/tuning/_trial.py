@@ -88,20 +88,15 @@ def augment_on_batches(arguments: dict[str, Any] | None, rebuild: Any) -> str:
             batch = read_first(rebuild(**kwargs), 1)[0]
     if failure.text is not None:
         return f"its input batches could not be read: {failure.text}"
-    single = not isinstance(batch, tuple)
-    parts = (batch,) if single else batch
-
-    def call(*xs: Any) -> Any:
-        return fn(xs[0]) if single else fn(*xs)
-
+    parts = batch if isinstance(batch, tuple) else (batch,)  # fn's arguments
     with recorded(lambda e: one_line(e, limit=160)) as failure:
-        out = call(*parts)
+        out = fn(*parts)
         copies = tuple(
             tf.nest.map_structure(lambda t: tf.repeat(t[:1], _COPIES, axis=0), p) for p in parts
         )
-        alike = call(*copies)
+        alike = fn(*copies)
         first = tuple(tf.nest.map_structure(lambda t: t[0], p) for p in parts)
-        one, two = call(*first), call(*first)
+        one, two = fn(*first), fn(*first)
     if failure.text is not None:
         return failure.text
     leaves_in, leaves_out = tf.nest.flatten(parts), tf.nest.flatten(out)
