@@ -358,11 +358,6 @@ def pair_link(
     return pcie_link(a, b, p2p, ancestor, note)
 
 
-def slowest(links: Sequence[Link]) -> Link:
-    """The link of least bandwidth (the first of equals): the one a ring waits on."""
-    return min(links, key=lambda link: link.bandwidth_bytes_s)
-
-
 # ---- the effects: NVML ------------------------------------------------------------------
 INDICES_EXPECTED = "None (all GPUs) or a list of NVML GPU indices (ints), e.g. [0, 1]"
 
@@ -417,7 +412,7 @@ def read_links(nv: ModuleType, chosen: list[int] | None) -> Link | None:
     except Exception as e:  # the boundary of "never raises": a binding broken in any way
         log.warning("NVML could not describe the links between GPUs (%s).", decode(e))
         return None
-    link = slowest(links)
+    link = min(links, key=lambda link: link.bandwidth_bytes_s)  # the one a ring waits on
     if len(chosen) > 2:
         link = dataclasses.replace(link, facts=dict(link.facts, pairs=len(links)))
     return link
