@@ -170,7 +170,12 @@ class _Tuner:
             with preserved(self.model):
                 step_s = self._probe()
             if step_s is None:
-                return self._finish(untried_all=True)
+                self.notes.append("the baseline could not be timed within the time budget")
+                trials = [
+                    Trial(c.name, c.change, reason=c.untried or rules.BUDGET_SPENT, line=c.line)
+                    for c in cands.candidates(self.facts)
+                ]
+                return TuneResult(trials=trials, notes=self.notes, dataset=self.data)
             self.facts.step_time_s = step_s
             self.facts.input_time_s = timing.input_time(self.data)
             plan = cands.candidates(self.facts)
@@ -381,14 +386,7 @@ class _Tuner:
         return f"learning rate {lr:.3g} -> {scaled:.3g} ({rule} rule)"
 
     # The verification and the result.
-    def _finish(self, untried_all: bool = False) -> TuneResult:
-        if untried_all:
-            self.trials = [
-                Trial(c.name, c.change, reason=c.untried or rules.BUDGET_SPENT, line=c.line)
-                for c in cands.candidates(self.facts)
-            ]
-            self.notes.append("the baseline could not be timed within the time budget")
-            return TuneResult(trials=self.trials, notes=self.notes, dataset=self.data)
+    def _finish(self) -> TuneResult:
         speedup = cands.verify(self.kept, self._together, self.notes)
         kept = [k.trial for k in self.kept]
         settings = {key: value for t in kept for key, value in t.change.items()}
