@@ -24,15 +24,9 @@ def all_reduce_factor(kind: str, n: int) -> tuple[float, int]:
 
 @dataclasses.dataclass(frozen=True)
 class Calibration:
-    """The all-reduce's latency per step and bandwidth, from two measurements at `n` replicas:
-    `full_s` (the gradients, `gradient_bytes`) and `latency_s` (one element per tensor).
-    Pure.
-
-    Attributes:
-        kind: `RING` or `THROUGH_ONE`.
-        latency_s: float, seconds per latency step.
-        bandwidth_bytes_s: float, bytes per second per device (inf: too fast to tell).
-    """
+    """An all-reduce of `kind` (`RING`, `THROUGH_ONE`): seconds per latency step and bytes per
+    second per device (inf: too fast to tell), from two measurements at `n` replicas: `full_s`
+    (the gradients, `gradient_bytes`) and `latency_s` (one element per tensor). Pure."""
 
     kind: str
     latency_s: float
