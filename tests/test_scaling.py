@@ -70,7 +70,7 @@ def test_the_compute_model_through_one_and_two_replicas(mode, c1, c2, n, expecte
 def test_a_step_is_the_device_work_in_sequence_or_the_input_when_slower():
     assert cost.step_time(0.010, 0.004, 0.001, 0.002) == pytest.approx(0.015)
     assert cost.step_time(0.010, 0.004, 0.001, 0.020) == pytest.approx(0.020)
-    assert cost.network_all_reduce_s(2, 1e9, 12.5e9) == pytest.approx(0.08)
+    assert cost.ring_s(2, 1e9, 12.5e9) == pytest.approx(0.08)
 
 
 def _point(n=2, mode="weak", step=0.020, compute=0.010, all_reduce=0.001, input_s=0.001, **kw):

@@ -1,28 +1,6 @@
-"""The cost model behind `scaling()`'s predictions: pure arithmetic, written out in
-docs/scaling.md ("The cost model").
-
-A data-parallel step of `n` replicas is the replicas' compute, then the all-reduce of the
-gradients (Keras under `tf.distribute` sums them after the backward pass: they do not
-overlap), then the update of every replica's copy, then `fit`'s host work; the input
-pipeline runs beside them, prefetched:
-
-    step(n) = max(compute(n) + all_reduce(n) + update(n) + other, input(n))
-
-- compute(n), fitted through the 1- and 2-replica measurements: weak scaling (per-replica
-  batch kept) `a + b * n`, strong scaling (global batch kept) `a + b / n`. On GPUs weak
-  compute stays flat (b ~ 0) and strong compute falls as 1/n; logical CPU devices share the
-  cores, so weak compute grows with n and strong compute stays flat. The fit finds which.
-- all_reduce(n) = steps(n) * latency + factor(n) * bytes / bandwidth: a ring (NCCL,
-  collective ring) moves `2 (n-1)/n` of the gradient bytes per device in `2 (n-1)` steps; a
-  reduction through one device (`ReductionToOneDevice`, hierarchical copy, logical CPU
-  devices) moves them `2 (n-1)` times through that device. `latency` and `bandwidth` are
-  calibrated from two measured all-reduces at 2 replicas: the model's gradients, and as many
-  one-element tensors (which time the latency alone).
-- update(n), fitted as weak compute `a + b * n` (every replica updates its whole copy).
-- Across machines (hierarchical): the local all-reduce, then a ring over the machines on the
-  stated network: `2 (m-1)/m * bytes / network bandwidth` more.
-- input(n): the pipeline's examples per second, measured alone, is what the host delivers
-  whatever the replicas: a global batch of `B(n)` examples takes `B(n) / rate`.
+"""The cost model behind `scaling()`'s predictions, pure arithmetic: a step of `n` replicas is
+`max(compute(n) + all_reduce(n) + update(n) + other, input(n))`, each term fitted on the 1- and
+2-replica measurements. The model written out: docs/scaling.md, "The cost model".
 """
 
 from __future__ import annotations
@@ -36,13 +14,7 @@ THROUGH_ONE = "through one device"
 
 def all_reduce_factor(kind: str, n: int) -> tuple[float, int]:
     """(gradient bytes moved per device, in units of the gradients; latency steps) of an
-    all-reduce over `n` devices. Pure.
-
-    Example:
-
-    >>> all_reduce_factor("ring", 4)
-    (1.5, 6)
-    """
+    all-reduce over `n` devices. Pure."""
     if n <= 1:
         return 0.0, 0
     if kind == RING:
@@ -52,15 +24,9 @@ def all_reduce_factor(kind: str, n: int) -> tuple[float, int]:
 
 @dataclasses.dataclass(frozen=True)
 class Calibration:
-    """The all-reduce's latency per step and bandwidth, from two measurements at `n` replicas:
-    `full_s` (the gradients, `gradient_bytes`) and `latency_s` (one element per tensor).
-    Pure.
-
-    Attributes:
-        kind: `RING` or `THROUGH_ONE`.
-        latency_s: float, seconds per latency step.
-        bandwidth_bytes_s: float, bytes per second per device (inf: too fast to tell).
-    """
+    """An all-reduce of `kind` (`RING`, `THROUGH_ONE`): seconds per latency step and bytes per
+    second per device (inf: too fast to tell), from two measurements at `n` replicas: `full_s`
+    (the gradients, `gradient_bytes`) and `latency_s` (one element per tensor). Pure."""
 
     kind: str
     latency_s: float
@@ -85,13 +51,7 @@ class Calibration:
 
 def fit_compute(mode: str, c1: float, c2: float) -> tuple[float, float]:
     """(a, b) of the compute model through the 1- and 2-replica compute times: weak
-    `a + b n`, strong `a + b / n`. Pure.
-
-    Example:
-
-    >>> fit_compute("weak", 1.0, 1.0), fit_compute("strong", 1.0, 0.5)
-    ((1.0, 0.0), (0.0, 1.0))
-    """
+    `a + b n`, strong `a + b / n`. Pure."""
     if mode == "weak":  # the same work per replica never takes less with more replicas:
         b = max(0.0, c2 - c1)  # a 2-replica time below the 1-replica one is noise
         return c1 - b, b
@@ -104,20 +64,14 @@ def compute_at(mode: str, a: float, b: float, n: int) -> float:
     return max(0.0, a + b * n if mode == "weak" else a + b / n)
 
 
-def network_all_reduce_s(machines: int, gradient_bytes: float, bandwidth_bytes_s: float) -> float:
-    """Seconds of a ring all-reduce of `gradient_bytes` across `machines` over a network of
-    `bandwidth_bytes_s` per direction (the second level of a hierarchical all-reduce)."""
-    factor, _ = all_reduce_factor(RING, machines)
+def ring_s(devices: int, gradient_bytes: float, bandwidth_bytes_s: float) -> float:
+    """Seconds of a ring all-reduce of `gradient_bytes` across `devices` (GPUs, or machines on
+    a network) over links of `bandwidth_bytes_s` per direction, latency left out."""
+    factor, _ = all_reduce_factor(RING, devices)
     return factor * gradient_bytes / bandwidth_bytes_s
 
 
 def step_time(compute_s: float, all_reduce_s: float, other_s: float, input_s: float) -> float:
     """A step: the replicas' compute, the all-reduce and the update in sequence, the input
-    prefetched beside them. Pure.
-
-    Example:
-
-    >>> step_time(0.010, 0.004, 0.001, 0.020)
-    0.02
-    """
+    prefetched beside them. Pure."""
     return max(compute_s + all_reduce_s + other_s, input_s)

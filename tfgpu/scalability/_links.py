@@ -43,24 +43,16 @@ NVLINK_UNKNOWN_GB_S = 20.0
 # PCIe per lane per direction: the transfer rate (GT/s) times the line encoding, over 8 bits
 # (PCI-SIG base specifications): Gen1/2 8b/10b, Gen3-5 128b/130b, Gen6 FLIT mode (242 useful
 # bytes in 256): 0.25, 0.5, 0.985, 1.969, 3.938, 7.563 GB/s. A x16 Gen4 link: 31.5 GB/s.
-PCIE_RATE = {
-    1: (2.5, 8 / 10),
-    2: (5.0, 8 / 10),
-    3: (8.0, 128 / 130),
-    4: (16.0, 128 / 130),
-    5: (32.0, 128 / 130),
-    6: (64.0, 242 / 256),
-}
+PCIE_RATE = {1: (2.5, 8 / 10), 2: (5.0, 8 / 10), 3: (8.0, 128 / 130),
+             4: (16.0, 128 / 130), 5: (32.0, 128 / 130), 6: (64.0, 242 / 256)}  # fmt: skip
 # When NVML says neither: Gen3 x16, the slot of every data-center GPU since 2016 (P100).
 PCIE_ASSUMED = (3, 16)
 
-# Without peer-to-peer access, a GPU's data reaches its peer through a staging buffer in
-# host memory: it crosses PCIe twice (up into host memory, then down to the peer), in chunks
-# that each wait for the copy before, and host memory takes every byte in and out. NCCL's
-# shared-memory transport measures about half the peer-to-peer figure, so half is what we
-# count. Across CPU sockets (NVML_TOPOLOGY_SYSTEM) the path also crosses the CPU
-# interconnect (UPI, Infinity Fabric); it is no narrower than one x16 link on current
-# servers, so we keep the PCIe figure and only say so.
+# Without peer-to-peer access a GPU's data reaches its peer through a staging buffer in host
+# memory, crossing PCIe twice in chunks that wait for each other: NCCL's shared-memory
+# transport measures about half the peer-to-peer figure. Across CPU sockets the path also
+# crosses the CPU interconnect (UPI, Infinity Fabric), no narrower than one x16 link on
+# current servers: the PCIe figure is kept, and said.
 WITHOUT_P2P_SHARE = 0.5
 
 # Logical CPU devices in one process: an all-reduce is memory copies between buffers in
@@ -68,15 +60,10 @@ WITHOUT_P2P_SHARE = 0.5
 # core on DDR4/DDR5), the conservative end; pass a measured figure where there is one.
 HOST_MEMORY_BYTES_S = 10e9
 
-# nvml.h's enums, by name, with their values where a binding lacks one.
-TOPOLOGY = {
-    "NVML_TOPOLOGY_INTERNAL": (0, "the same board"),
-    "NVML_TOPOLOGY_SINGLE": (10, "one PCIe switch"),
-    "NVML_TOPOLOGY_MULTIPLE": (20, "several PCIe switches"),
-    "NVML_TOPOLOGY_HOSTBRIDGE": (30, "a PCIe host bridge"),
-    "NVML_TOPOLOGY_NODE": (40, "host bridges of one CPU socket"),
-    "NVML_TOPOLOGY_SYSTEM": (50, "the link between CPU sockets"),
-}
+# nvml.h's `nvmlGpuTopologyLevel_t`, the closest common ancestor of two GPUs: the same
+# board, one PCIe switch, several, a host bridge, the host bridges of one CPU socket, the link
+# between CPU sockets.
+TOPOLOGY = {"INTERNAL": 0, "SINGLE": 10, "MULTIPLE": 20, "HOSTBRIDGE": 30, "NODE": 40, "SYSTEM": 50}
 # NVML_NVLINK_DEVICE_TYPE_GPU, _IBMNPU, _SWITCH: what an NVLink leads to (nvml.h).
 DEVICE_TYPE_GPU, DEVICE_TYPE_IBMNPU, DEVICE_TYPE_SWITCH = 0x00, 0x01, 0x02
 
@@ -112,8 +99,6 @@ def gb_s(bytes_s: float) -> str:
 
 
 # ---- the facts NVML gives, per GPU and per pair ------------------------------------------
-
-
 @dataclasses.dataclass(frozen=True)
 class NvLink:
     """One active NVLink: its `nvmlNvlinkVersion_t` and where it leads (None: not said)."""
@@ -139,9 +124,10 @@ class GpuFacts:
 BUS = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.[0-7]$")
 
 
-def bus_key(value: Any) -> tuple[int, int, int] | None:
-    """(domain, bus, device) of a PCI bus id (`"00000000:07:00.0"`, legacy `"0000:07:00.0"`)."""
-    match = BUS.match(decode(value).strip().rstrip("\x00"))
+def bus_key(pci: Any) -> tuple[int, int, int] | None:
+    """(domain, bus, device) of an `nvmlPciInfo_t`'s bus id (`"00000000:07:00.0"`, legacy
+    `"0000:07:00.0"`); None without one."""
+    match = BUS.match(decode(getattr(pci, "busId", b"")).strip().rstrip("\x00"))
     if not match:
         return None
     domain, bus, device = match.groups()
@@ -176,8 +162,7 @@ def read_gpu(nv: ModuleType, index: int, handle: Any) -> GpuFacts:
     def ask(name: str, *args: Any) -> Any:
         return nvml_query(nv, name, handle, *args, default=None)
 
-    pci = ask("nvmlDeviceGetPciInfo")
-    bus = bus_key(getattr(pci, "busId", b"")) if pci is not None else None
+    bus = bus_key(ask("nvmlDeviceGetPciInfo"))
     enabled = constant(nv, "NVML_FEATURE_ENABLED", 1)
     nvlinks = []
     for link in range(constant(nv, "NVML_NVLINK_MAX_LINKS", 18)):
@@ -186,11 +171,10 @@ def read_gpu(nv: ModuleType, index: int, handle: Any) -> GpuFacts:
             break
         if state != enabled:
             continue
-        remote = ask("nvmlDeviceGetNvLinkRemotePciInfo", link)
         nvlinks.append(
             NvLink(
+                remote_bus=bus_key(ask("nvmlDeviceGetNvLinkRemotePciInfo", link)),
                 version=small_int(ask("nvmlDeviceGetNvLinkVersion", link)),
-                remote_bus=bus_key(getattr(remote, "busId", b"")) if remote is not None else None,
                 remote_type=small_int_or_zero(ask("nvmlDeviceGetNvLinkRemoteDeviceType", link)),
             )
         )
@@ -206,8 +190,6 @@ def read_gpu(nv: ModuleType, index: int, handle: Any) -> GpuFacts:
 
 
 # ---- the decision: pure, from the facts ------------------------------------------------
-
-
 def nvlinks_between(
     a: GpuFacts, b: GpuFacts, gpu_buses: set[tuple[int, int, int]]
 ) -> tuple[int, str, list[int]]:
@@ -251,10 +233,12 @@ def nvlinks_between(
 
 def ancestor_name(ancestor: int | None) -> str | None:
     """`"SYSTEM"` for NVML_TOPOLOGY_SYSTEM, ...; None when unknown."""
-    for name, (value, _) in TOPOLOGY.items():
-        if value == ancestor:
-            return name.removeprefix("NVML_TOPOLOGY_")
-    return None
+    return next((name for name, value in TOPOLOGY.items() if value == ancestor), None)
+
+
+def _least(*values: int | None) -> int | None:
+    """The smallest of the values NVML answered (None: none)."""
+    return min((v for v in values if v is not None), default=None)
 
 
 def nvlink_generation(version: int) -> int | None:
@@ -268,8 +252,7 @@ def nvlink_generation(version: int) -> int | None:
 def nvlink_link(
     a: GpuFacts, b: GpuFacts, count: int, how: str, versions: list[int], p2p: bool | None
 ) -> Link:
-    known = [g for g in map(nvlink_generation, versions) if g is not None]
-    generation = min(known) if known else None
+    generation = _least(*map(nvlink_generation, versions))
     if generation is None:
         per_link = NVLINK_UNKNOWN_GB_S
         name = "NVLink (version not reported)"
@@ -293,7 +276,7 @@ def nvlink_link(
         facts={
             "gpus": [a.index, b.index],
             "nvlink_generation": generation,
-            "nvlink_version_enum": min(versions) if versions else None,
+            "nvlink_version_enum": _least(*versions),
             "links": count,
             "route": how,
             "per_link_gb_s": per_link,
@@ -304,18 +287,17 @@ def nvlink_link(
 def pcie_link(
     a: GpuFacts, b: GpuFacts, p2p: bool | None, ancestor: int | None, note: str = ""
 ) -> Link:
-    gens = [g for g in (a.pcie_gen_max, b.pcie_gen_max) if g is not None]
-    widths = [w for w in (a.pcie_width_max, b.pcie_width_max) if w is not None]
-    gen = min(gens) if gens else PCIE_ASSUMED[0]
-    width = min(widths) if widths else PCIE_ASSUMED[1]
+    gen_max = _least(a.pcie_gen_max, b.pcie_gen_max)
+    width_max = _least(a.pcie_width_max, b.pcie_width_max)
+    gen, width = gen_max or PCIE_ASSUMED[0], width_max or PCIE_ASSUMED[1]
     rate, encoding = PCIE_RATE.get(gen, PCIE_RATE[max(PCIE_RATE)])
     link_bytes_s = rate * encoding / 8 * width * GB
     name = f"PCIe Gen{gen} x{width}"
-    if not gens or not widths:
-        said = [part for part, seen in (("generation", gens), ("width", widths)) if not seen]
+    if gen_max is None or width_max is None:
+        said = [part for part, told in (("generation", gen_max), ("width", width_max)) if not told]
         name += f" ({' and '.join(said)} not reported: assumed)"
     bandwidth = link_bytes_s if p2p is not False else link_bytes_s * WITHOUT_P2P_SHARE
-    across = ancestor == TOPOLOGY["NVML_TOPOLOGY_SYSTEM"][0]
+    across = ancestor == TOPOLOGY["SYSTEM"]
     if p2p is True:
         text = f"{name} with peer-to-peer access"
         text += " across CPU sockets" if across else ""
@@ -347,16 +329,10 @@ def pcie_link(
         peer_to_peer=p2p,
         facts={
             "gpus": [a.index, b.index],
-            "pcie_generation": gen if gens else None,
-            "pcie_width": width if widths else None,
-            "pcie_generation_current": min(
-                (g for g in (a.pcie_gen_current, b.pcie_gen_current) if g is not None),
-                default=None,
-            ),
-            "pcie_width_current": min(
-                (w for w in (a.pcie_width_current, b.pcie_width_current) if w is not None),
-                default=None,
-            ),
+            "pcie_generation": gen_max,
+            "pcie_width": width_max,
+            "pcie_generation_current": _least(a.pcie_gen_current, b.pcie_gen_current),
+            "pcie_width_current": _least(a.pcie_width_current, b.pcie_width_current),
             "link_bytes_s": link_bytes_s,
             "common_ancestor": ancestor_name(ancestor),
         },
@@ -382,13 +358,7 @@ def pair_link(
     return pcie_link(a, b, p2p, ancestor, note)
 
 
-def slowest(links: Sequence[Link]) -> Link:
-    """The link of least bandwidth (the first of equals): the one a ring waits on."""
-    return min(links, key=lambda link: link.bandwidth_bytes_s)
-
-
 # ---- the effects: NVML ------------------------------------------------------------------
-
 INDICES_EXPECTED = "None (all GPUs) or a list of NVML GPU indices (ints), e.g. [0, 1]"
 
 
@@ -427,11 +397,7 @@ def read_links(nv: ModuleType, chosen: list[int] | None) -> Link | None:
     if any(handles[index] is None for index in chosen):
         return None  # a lost or inaccessible GPU: nothing to say of its links
     try:
-        facts = {
-            index: read_gpu(nv, index, handle)
-            for index, handle in handles.items()
-            if handle is not None
-        }
+        facts = {i: read_gpu(nv, i, handle) for i, handle in handles.items() if handle is not None}
         buses = {f.bus for f in facts.values() if f.bus is not None}
         read = constant(nv, "NVML_P2P_CAPS_INDEX_READ", 0)
         ok = constant(nv, "NVML_P2P_STATUS_OK", 0)
@@ -440,36 +406,26 @@ def read_links(nv: ModuleType, chosen: list[int] | None) -> Link | None:
             pair = (handles[i], handles[j])
             status = nvml_query(nv, "nvmlDeviceGetP2PStatus", *pair, read, default=None)
             ancestor = nvml_query(nv, "nvmlDeviceGetTopologyCommonAncestor", *pair, default=None)
-            links.append(
-                pair_link(
-                    facts[i],
-                    facts[j],
-                    p2p=None if not is_int(status) else status == ok,
-                    ancestor=ancestor if is_int(ancestor) else None,
-                    gpu_buses=buses,
-                )
-            )
+            p2p = None if not is_int(status) else status == ok
+            ancestor = ancestor if is_int(ancestor) else None
+            links.append(pair_link(facts[i], facts[j], p2p=p2p, ancestor=ancestor, gpu_buses=buses))
     except Exception as e:  # the boundary of "never raises": a binding broken in any way
         log.warning("NVML could not describe the links between GPUs (%s).", decode(e))
         return None
-    link = slowest(links)
+    link = min(links, key=lambda link: link.bandwidth_bytes_s)  # the one a ring waits on
     if len(chosen) > 2:
         link = dataclasses.replace(link, facts=dict(link.facts, pairs=len(links)))
     return link
 
 
 # ---- the public functions ----------------------------------------------------------------
-
-
 def gpu_link(indices: Sequence[int] | None = None) -> Link | None:
     """The slowest link between any two of the given GPUs, as an all-reduce ring sees it.
 
-    Reads NVML (never CUDA or TensorFlow): the NVLinks between each pair (their count,
-    version, and whether they go to the other GPU or to an NVSwitch), else the PCIe link
-    (generation and width: the most the GPU and its slot allow, with the current one said
-    when lower), whether the pair has peer-to-peer access (without it, half the PCIe figure:
-    the data goes through host memory) and whether the path crosses CPU sockets. Any query
-    NVML does not support gives a less specific link; NVML errors never escape.
+    Reads NVML (never CUDA or TensorFlow): each pair's NVLinks (to the other GPU or to an
+    NVSwitch), else its PCIe link and peer-to-peer access, and whether the path crosses CPU
+    sockets. A query NVML does not support gives a less specific link; NVML errors never
+    escape. The figures and their sources: docs/scaling.md, "What the hardware allows".
 
     Args:
         indices: list of int or None, NVML indices of the GPUs (PCI bus order, as

@@ -11,17 +11,15 @@ from typing import Any
 from tfgpu._internal.helpers.stats import format_bytes
 from tfgpu._internal.measure.result import Result, save_figure
 from tfgpu._internal.measure.rules import ALL_REDUCE_SHARE, INPUT_SHARE, Gain
+from tfgpu.scalability._cost import ring_s
 
 SHARED_CORES = (
     "{kind}s share this machine's cores, so more replicas add no compute: this run checks "
     "the mechanics (the step's parts, the all-reduce, the update, the input) and calibrates "
-    "the "
-    "prediction; it does not show a GPU's speedup"
+    "the prediction; it does not show a GPU's speedup"
 )
 
-# A point below this efficiency gets a reason; input-bound when waiting for the input (the
-# pipeline alone beyond the device's work) is the core's `INPUT_SHARE` of the step;
-# all-reduce-bound when the all-reduce takes its `ALL_REDUCE_SHARE`.
+# A point at this efficiency or above scales; below, the first other reason that holds.
 EFFICIENT = 0.9
 
 
@@ -135,11 +133,8 @@ def _scales(w: _Why) -> Reason:
 
 def _input_bound(w: _Why) -> Reason:
     p = w.p
-    if not (
-        p.input_s
-        and p.input_wait_s is not None
-        and p.input_wait_s >= INPUT_SHARE * (p.step_s or 0.0)
-    ):
+    waits = p.input_wait_s is not None and p.input_wait_s >= INPUT_SHARE * (p.step_s or 0.0)
+    if not (p.input_s and waits):
         return None
     return (
         f"input-bound ({w.eff}): the pipeline alone delivers {p.global_batch / p.input_s:,.0f} "
@@ -266,10 +261,6 @@ class ScalingResult(Result):
     json_name = "scaling.json"
     png_name = "scaling.png"
 
-    def plot(self, path: Path) -> None:
-        """Draws the scaling plot into `path` (PNG, atomically)."""
-        plot(self, path)
-
     def headline(self) -> str:
         """The worst measured efficiency and its reason, in one line."""
         timed = [p for p in self.points if p.replicas > 1 and p.efficiency is not None]
@@ -284,7 +275,7 @@ class ScalingResult(Result):
         bandwidth = getattr(self.link, "bandwidth_bytes_s", None)
         if self.device_kind != "GPU" or not bandwidth or replicas < 2:
             return None
-        return 2.0 * (replicas - 1) / replicas * self.gradient_bytes / bandwidth
+        return ring_s(replicas, self.gradient_bytes, bandwidth)
 
     def __str__(self) -> str:
         link = getattr(self.link, "description", "unknown")
@@ -334,33 +325,32 @@ class ScalingResult(Result):
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
+    def plot(self, path: Path) -> None:
+        """Examples/s and efficiency against replicas, measured and predicted, weak and strong,
+        into `path` (PNG, atomically)."""
+        from matplotlib.figure import Figure  # no pyplot: the user's backend is left alone
 
-def plot(result: ScalingResult, path: Path) -> None:
-    """Examples/s and efficiency against replicas, measured and predicted, weak and strong,
-    into `path` (PNG, atomically). `ScalingResult.plot`."""
-    from matplotlib.figure import Figure  # no pyplot: the user's backend is left alone
-
-    fig = Figure(figsize=(9.0, 3.6))
-    rate_ax, eff_ax = fig.subplots(1, 2)
-    base = next((p for p in result.points if p.replicas == 1), None)
-    for mode, color in (("weak", "tab:blue"), ("strong", "tab:orange")):
-        measured = [base, *(p for p in result.points if p.mode == mode)] if base else []
-        measured = [p for p in measured if p and p.examples_per_s]
-        predicted = [q for q in result.predictions if q.mode == mode and q.machines == 1]
-        for points, style, what in ((measured, "o-", "measured"), (predicted, "x--", "predicted")):
-            if not points:
-                continue
-            xs = [p.replicas for p in points]
-            rates = [p.examples_per_s for p in points]
-            effs = [1.0 if p.replicas == 1 else p.efficiency for p in points]
-            for ax, ys in ((rate_ax, rates), (eff_ax, effs)):
-                ax.plot(xs, ys, style, color=color, label=f"{mode}, {what}")
-    rate_ax.set_xlabel("replicas")
-    rate_ax.set_ylabel("examples/s")
-    eff_ax.set_xlabel("replicas")
-    eff_ax.set_ylabel("efficiency (1 = linear)")
-    eff_ax.axhline(1.0, color="tab:gray", linewidth=0.8)
-    for ax in (rate_ax, eff_ax):
-        ax.legend(fontsize=7)
-    fig.suptitle(f"scaling on {result.device_kind}s", fontsize=10)
-    save_figure(fig, path)
+        fig = Figure(figsize=(9.0, 3.6))
+        rate_ax, eff_ax = fig.subplots(1, 2)
+        base = next((p for p in self.points if p.replicas == 1), None)
+        for mode, color in (("weak", "tab:blue"), ("strong", "tab:orange")):
+            measured = [base, *(p for p in self.points if p.mode == mode)] if base else []
+            measured = [p for p in measured if p and p.examples_per_s]
+            predicted = [q for q in self.predictions if q.mode == mode and q.machines == 1]
+            for points, style, what in (
+                (measured, "o-", "measured"),
+                (predicted, "x--", "predicted"),
+            ):
+                if not points:
+                    continue
+                xs = [p.replicas for p in points]
+                rates = [p.examples_per_s for p in points]
+                effs = [1.0 if p.replicas == 1 else p.efficiency for p in points]
+                for ax, ys in ((rate_ax, rates), (eff_ax, effs)):
+                    ax.plot(xs, ys, style, color=color, label=f"{mode}, {what}")
+        eff_ax.axhline(1.0, color="tab:gray", linewidth=0.8)
+        for ax, ylabel in ((rate_ax, "examples/s"), (eff_ax, "efficiency (1 = linear)")):
+            ax.set(xlabel="replicas", ylabel=ylabel)
+            ax.legend(fontsize=7)
+        fig.suptitle(f"scaling on {self.device_kind}s", fontsize=10)
+        save_figure(fig, path)

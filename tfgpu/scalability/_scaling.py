@@ -23,16 +23,7 @@ from tfgpu._internal.measure.rules import MIN_ROUNDS, Gain, medians
 from tfgpu._internal.measure.session import SEARCH_BUDGET_S, Session
 from tfgpu._internal.measure.variants import Steady, Variants
 from tfgpu._internal.measure.workload import DEFAULT_BATCH_SIZE, check_model, open_workload
-from tfgpu.scalability._cost import (
-    RING,
-    THROUGH_ONE,
-    Calibration,
-    all_reduce_factor,
-    compute_at,
-    fit_compute,
-    network_all_reduce_s,
-    step_time,
-)
+from tfgpu.scalability import _cost as cost
 from tfgpu.scalability._links import gpu_link, host_link
 from tfgpu.scalability._result import Point, Prediction, ScalingResult
 
@@ -52,13 +43,7 @@ RING_IMPLEMENTATIONS = ("nccl", "ring", "collective", "auto")
 
 def replica_counts(available: int, asked: Sequence[int] | None) -> list[int]:
     """The replica counts to time: `asked`, or 1, 2, 4, ... up to `available` (and
-    `available` itself). Pure.
-
-    Example:
-
-    >>> replica_counts(6, None)
-    [1, 2, 4, 6]
-    """
+    `available` itself). Pure."""
     if asked is not None:
         return sorted(set(asked) | {1})
     counts, n = [], 1
@@ -119,15 +104,13 @@ def scaling(
 ) -> ScalingResult:
     """Times your model on 1, 2, 4, ... replicas of this machine and says why it scales or not.
 
-    Each replica count is timed both ways: **weak** scaling keeps the per-replica batch (the
-    global batch grows with the replicas) and **strong** scaling keeps the global batch (each
-    replica gets a share). The timed `fit`s run in interleaved rounds, as `tune` runs them;
-    then each step is split into the replicas' compute, the all-reduce of the gradients, the
-    optimizer's update and the input pipeline, timed apart. Each point gets its reason and fix in one line, and a
-    cost model calibrated on 1 and 2 replicas predicts more replicas and machines (its error
-    on the counts measured here is stated). On a CPU host the replicas are logical CPU
-    devices (`tfgpu.configure(cpu_devices=4)`), which share the cores: that checks the
-    mechanics, not a speedup. How to read it, the cost model and the fixes: docs/scaling.md.
+    Each replica count is timed **weak** (the per-replica batch kept) and **strong** (the
+    global batch kept), in interleaved rounds as `tune` runs them; each step is split into the
+    replicas' compute, the all-reduce, the optimizer's update and the input, timed apart, and
+    given its reason and fix. A cost model calibrated on 1 and 2 replicas predicts more
+    replicas and machines. On a CPU host the replicas are logical CPU devices
+    (`tfgpu.configure(cpu_devices=4)`), which share the cores: that checks the mechanics, not
+    a speedup. How to read it, the cost model and the fixes: docs/scaling.md.
 
     Args:
         model: a function without arguments that builds and compiles the model; called
@@ -172,8 +155,7 @@ def scaling(
         log_dir=log_dir,
         measure_share=ROUNDS_SHARE,
     )
-    if batch_size is not None:
-        check_int("batch_size", batch_size)
+    check_int("batch_size", batch_size, allow_none=True)
     network = check_number(
         "network_gbit_s",
         network_gbit_s,
@@ -209,13 +191,9 @@ def _check_replicas(replicas: Any, devices: list[str], kind: str) -> Sequence[in
         return None
     if isinstance(replicas, (str, bytes)) or not isinstance(replicas, Sequence):
         raise invalid_type("replicas", replicas, "a list of ints >= 1, or None")
+    expected = f"replica counts between 1 and {len(devices)} (the {kind}s of this process)"
     for n in replicas:
-        check_int(
-            "replicas",
-            n,
-            maximum=len(devices),
-            expected=f"replica counts between 1 and {len(devices)} (the {kind}s of this process)",
-        )
+        check_int("replicas", n, maximum=len(devices), expected=expected)
     return replicas
 
 
@@ -230,9 +208,7 @@ def _measure(
     """The interleaved rounds, the split of each step, the points and the prediction."""
     progress, notes = session.progress, session.notes
     base, others = configs[0], configs[1:]
-    if not read_first(
-        variants.dataset_for(base.changes)[0], 1
-    ):  # bounded: a dataset that never yields is named
+    if not read_first(variants.dataset_for(base.changes)[0], 1):  # bounded: never-yielding
         raise invalid_value(
             "data",
             None,
@@ -247,10 +223,10 @@ def _measure(
         max_rounds=MIN_ROUNDS,
         timed_units=STEPS * max(c.global_batch for c in configs),
         clearly_slower=None,
-        done=lambda rounds: True,
         failures=(tf.errors.OpError, ValueError),
     )
-    base_s = _base_seconds(comparisons)
+    base_rounds = [b for c in comparisons.values() for b, _ in c.rounds]
+    base_s = stats.median(base_rounds) if base_rounds else None
     split_budget = timing.Budget(session.budget.seconds, 0.95, start=session.budget.start)
     samples: dict[tuple[str, Any], list[float]] = {}
     for r in range(PART_ROUNDS):
@@ -305,13 +281,13 @@ def _configs(
                 )
                 continue
             c = _Config(n, mode, global_batch, _strategy(devices[:n]))
-            _built(variants, c)
+            _check_built(variants, c)
             configs.append(c)
     return configs
 
 
-def _built(variants: Variants, c: _Config) -> Any:
-    """The model of `c`, built by the factory inside its strategy's scope; a ValueError naming
+def _check_built(variants: Variants, c: _Config) -> None:
+    """Builds the model of `c` by the factory inside its strategy's scope; a ValueError naming
     `model` when it is not compiled or has another replica count (its own strategy)."""
     model = check_model(variants.model_for(c.changes), from_factory=True)
     built = getattr(model.distribute_strategy, "num_replicas_in_sync", 1)
@@ -323,12 +299,6 @@ def _built(variants: Variants, c: _Config) -> Any:
             f"no strategy scope inside it); its model has {built} replica(s) where {c.n} were "
             "asked",
         )
-    return model
-
-
-def _base_seconds(comparisons: dict[str, timing.Comparison]) -> float | None:
-    rounds = [b for c in comparisons.values() for b, _ in c.rounds]
-    return stats.median(rounds) if rounds else None
 
 
 def _sample_parts(
@@ -417,87 +387,64 @@ def _point(c: _Config, comparison: Any, base_s: float | None, parts: dict[str, f
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class _Calibrated:
-    """The cost model of one mode, calibrated on its 1- and 2-replica measurements."""
+def _calibrate(
+    mode: str,
+    by_key: dict[str, Point],
+    parts: dict[str, dict[str, float]],
+    gradient_bytes: int,
+    ring: str,
+    link_bytes_s: float | None,
+) -> Callable[..., Prediction] | None:
+    """The cost model of `mode`, calibrated on its 1- and 2-replica points (`by_key`) and
+    parts: `model(n, machines=1, network_bytes_s=0.0)` predicts `n` replicas over `machines`;
+    None without the points. `link_bytes_s`: between GPUs, per direction (None: unknown)."""
+    one, two = parts.get(f"1 {WEAK}", {}), parts.get(f"2 {mode}", {})
+    base, second = by_key.get("1 both"), by_key.get(f"2 {mode}")
+    if base is None or second is None or not base.step_s or not second.step_s:
+        return None
+    if (
+        not {"compute_s", "update_s", "input_s"} <= one.keys()
+        or not {"compute_s", "all_reduce_s", "latency_s", "update_s", "input_s"} <= two.keys()
+    ):
+        return None
+    a, b = cost.fit_compute(mode, one["compute_s"], two["compute_s"])
+    # Every replica updates its own copy, whatever the batch: as weak compute in the replicas.
+    update_a, update_b = cost.fit_compute(WEAK, one["update_s"], two["update_s"])
+    all_reduce = cost.Calibration.from_measurements(
+        ring, 2, gradient_bytes, two["all_reduce_s"], two["latency_s"]
+    )
+    busy = two["compute_s"] + two["all_reduce_s"] + two["update_s"]
+    other_s = max(0.0, second.step_s - busy)
+    rate = second.global_batch / two["input_s"]  # examples/s the host's pipeline gives
+    base_batch, base_rate = base.global_batch, base.global_batch / base.step_s
 
-    mode: str
-    a: float
-    b: float
-    all_reduce: Calibration
-    update_a: float
-    update_b: float
-    other_s: float
-    rate: float  # examples/s the host's pipeline gives
-    base_batch: int
-    base_rate: float  # examples/s of one replica, measured
-    link_bytes_s: float | None = None  # between GPUs, per direction (None: unknown)
-
-    def predict(
-        self, n: int, gradient_bytes: int, machines: int = 1, network_bytes_s: float = 0.0
-    ) -> Prediction:
+    def model(n: int, machines: int = 1, network_bytes_s: float = 0.0) -> Prediction:
         local = n // machines
-        global_batch = self.base_batch * n if self.mode == WEAK else self.base_batch
-        compute = compute_at(self.mode, self.a, self.b, local if self.mode == WEAK else n)
-        reduce_s = self.all_reduce.seconds(local, gradient_bytes)
-        if self.link_bytes_s:  # never faster than a ring over the link allows
-            floor = all_reduce_factor(RING, local)[0] * gradient_bytes
-            reduce_s = max(reduce_s, floor / self.link_bytes_s)
+        global_batch = base_batch * n if mode == WEAK else base_batch
+        compute = cost.compute_at(mode, a, b, local if mode == WEAK else n)
+        reduce_s = all_reduce.seconds(local, gradient_bytes)
+        if link_bytes_s:  # never faster than a ring over the link allows
+            reduce_s = max(reduce_s, cost.ring_s(local, gradient_bytes, link_bytes_s))
         if machines > 1:
-            reduce_s += network_all_reduce_s(machines, gradient_bytes, network_bytes_s)
-        input_s = (global_batch / machines) / self.rate
-        update = compute_at(WEAK, self.update_a, self.update_b, local)
-        step = step_time(compute, reduce_s, update + self.other_s, input_s)
+            reduce_s += cost.ring_s(machines, gradient_bytes, network_bytes_s)
+        input_s = (global_batch / machines) / rate
+        update = cost.compute_at(WEAK, update_a, update_b, local)
+        step = cost.step_time(compute, reduce_s, update + other_s, input_s)
         return Prediction(
             replicas=n,
             machines=machines,
-            mode=self.mode,
+            mode=mode,
             global_batch=global_batch,
             step_s=step,
             examples_per_s=global_batch / step,
-            efficiency=(global_batch / step) / (n * self.base_rate),
+            efficiency=(global_batch / step) / (n * base_rate),
             compute_s=compute,
             all_reduce_s=reduce_s,
             update_s=update,
             input_s=input_s,
         )
 
-
-def _calibrate(mode, points, parts, gradient_bytes, ring) -> _Calibrated | None:
-    """The cost model of `mode` from its 1- and 2-replica points and parts; None without
-    them."""
-    by_key = {f"{p.replicas} {p.mode}": p for p in points}
-    one, two = parts.get(f"1 {WEAK}", {}), parts.get(f"2 {mode}", {})
-    base, second = by_key.get("1 both"), by_key.get(f"2 {mode}")
-    if (
-        base is None
-        or second is None
-        or not base.step_s
-        or not second.step_s
-        or not all(k in one for k in ("compute_s", "update_s", "input_s"))
-        or not all(
-            k in two for k in ("compute_s", "all_reduce_s", "latency_s", "update_s", "input_s")
-        )
-    ):
-        return None
-    a, b = fit_compute(mode, one["compute_s"], two["compute_s"])
-    # Every replica updates its own copy, whatever the batch: as weak compute in the replicas.
-    update_a, update_b = fit_compute(WEAK, one["update_s"], two["update_s"])
-    busy = two["compute_s"] + two["all_reduce_s"] + two["update_s"]
-    return _Calibrated(
-        mode=mode,
-        a=a,
-        b=b,
-        all_reduce=Calibration.from_measurements(
-            ring, 2, gradient_bytes, two["all_reduce_s"], two["latency_s"]
-        ),
-        update_a=update_a,
-        update_b=update_b,
-        other_s=max(0.0, second.step_s - busy),
-        rate=second.global_batch / two["input_s"],
-        base_batch=base.global_batch,
-        base_rate=base.global_batch / base.step_s,
-    )
+    return model
 
 
 def predict(
@@ -515,25 +462,20 @@ def predict(
     predictions: list[Prediction] = []
     errors: dict[str, float] = {}
     by_key = {f"{p.replicas} {p.mode}": p for p in points}
-    ring = RING if implementation in RING_IMPLEMENTATIONS else THROUGH_ONE
+    ring = cost.RING if implementation in RING_IMPLEMENTATIONS else cost.THROUGH_ONE
     local = max(p.replicas for p in points)
     link_bytes_s = getattr(link, "bandwidth_bytes_s", None) if kind == "GPU" else None
     for mode in (WEAK, STRONG):
-        model = _calibrate(mode, points, parts, gradient_bytes, ring)
+        model = _calibrate(mode, by_key, parts, gradient_bytes, ring, link_bytes_s)
         if model is None:
             continue
-        model = dataclasses.replace(model, link_bytes_s=link_bytes_s)
         for n in sorted({p.replicas for p in points if p.replicas > 2} | {4, 8}):
-            p = model.predict(n, gradient_bytes)
+            p = model(n)
             measured = by_key.get(f"{n} {mode}")
             if measured is not None and measured.step_s:
                 errors[f"{n} {mode}"] = p.step_s / measured.step_s - 1.0
             predictions.append(p)
         if kind == "GPU":
             for machines in MACHINES:
-                predictions.append(
-                    model.predict(
-                        local * machines, gradient_bytes, machines, network_gbit_s * 1e9 / 8
-                    )
-                )
+                predictions.append(model(local * machines, machines, network_gbit_s * 1e9 / 8))
     return predictions, errors

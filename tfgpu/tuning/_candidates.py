@@ -8,29 +8,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tfgpu._internal.adapters.all_reduce import MIRRORED, MULTI_WORKER
 from tfgpu._internal.adapters.datasets import DROP_REMAINDER_MAX_SHARE
+from tfgpu._internal.measure import rules
 from tfgpu._internal.measure.facts import WorkloadFacts
-from tfgpu._internal.measure.rules import (
-    COMPILE_KEYS,
-    KEPT,
-    MARGIN,
-    MODEL_KEYS,
-    NO_GAIN,
-    PIPELINE_KEYS,
-    STRATEGY_KEYS,
-    Gain,
-    bottleneck,
-    verdict,
-)
 from tfgpu.precision import choose_policy
 
 # The numerics guard: a mean loss above the baseline's by more than this share is unsafe.
 LOSS_TOLERANCE = 0.10
 LOSS_ABS_TOLERANCE = 1e-6
+
+# The gain of nothing kept.
+NONE = rules.Gain(1.0, 1.0, 1.0)
 
 # The `steps_per_execution` ladder; it stops at the first value not kept.
 SPE_LADDER = (4, 16, 64)
@@ -41,7 +34,17 @@ SPE_MAX_EXECUTION_S = 1.0
 
 NEEDS_FACTORY = "needs a model factory: pass a function that builds and compiles the model"
 FRESH_PROCESS = "needs a fresh process (`tfgpu tune SCRIPT.py`)"
+NEEDS_GPU = "needs a GPU (TensorFlow saw none in the script's process)"
 HALTED = "tune stopped"  # the data or the model raised: no candidate after it ran
+
+# The settings read once when TensorFlow starts, tried in fresh processes: (name, environment
+# variable, value, whether it needs a GPU).
+PROCESS_SETTINGS = (
+    ("XLA auto-clustering", "TF_XLA_FLAGS", "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit", False),
+    ("thread counts", "TF_NUM_INTEROP_THREADS", "1", False),
+    ("GPU private threads", "TF_GPU_THREAD_MODE", "gpu_private", True),
+    ("async allocator", "TF_GPU_ALLOCATOR", "cuda_malloc_async", True),
+)
 
 
 @dataclasses.dataclass
@@ -83,51 +86,42 @@ def _pipeline_line(change: dict[str, Any], arguments: dict[str, Any]) -> str:
             name = getattr(arguments.get("augment_fn"), "__name__", "augment_fn")
             args.append(f"augment_fn=None, batch_augment_fn={name}")
         elif k == "batch_size" and arguments.get("per_replica_batch_size") is not None:
-            args.append(f"per_replica_batch_size={v // max(1, _replicas(arguments))}")
+            replicas = getattr(arguments.get("strategy"), "num_replicas_in_sync", 1) or 1
+            args.append(f"per_replica_batch_size={v // max(1, int(replicas))}")
         else:
             args.append(f"{k}={v!r}")
     return f"tfgpu.data.pipeline(..., {', '.join(args)})"
 
 
-def _replicas(arguments: dict[str, Any]) -> int:
-    strategy = arguments.get("strategy")
-    return int(getattr(strategy, "num_replicas_in_sync", 1) or 1)
-
-
-def _dataset_line(key: str, value: Any, global_batch: int | None) -> str:
-    if key == "prefetch":
-        return "dataset = dataset.prefetch(tf.data.AUTOTUNE)"
-    if key == "private_threadpool_size":
-        return (
-            "options = tf.data.Options(); options.threading.private_threadpool_size = "
-            f"{value}; dataset = dataset.with_options(options)"
-        )
-    if key == "cache":
-        return "dataset = dataset.cache()  # at the end of your chain, before its prefetch"
-    if key == "drop_remainder":
-        return f"dataset = dataset.batch({global_batch}, drop_remainder=True)  # where you batch"
-    if key == "batch_size":
-        return f"dataset = dataset.batch({value})  # where you batch"
-    raise ValueError(f"no line for {key}")  # pragma: no cover
+# The line of a change to a dataset tfgpu did not build, by its key (`value`: the change's,
+# `batch`: the data's global batch).
+_DATASET_LINES = {
+    "prefetch": "dataset = dataset.prefetch(tf.data.AUTOTUNE)",
+    "private_threadpool_size": "options = tf.data.Options(); options.threading."
+    "private_threadpool_size = {value}; dataset = dataset.with_options(options)",
+    "cache": "dataset = dataset.cache()  # at the end of your chain, before its prefetch",
+    "drop_remainder": "dataset = dataset.batch({batch}, drop_remainder=True)  # where you batch",
+    "batch_size": "dataset = dataset.batch({value})  # where you batch",
+}
 
 
 def line_for(change: dict[str, Any], facts: TuneFacts) -> str:
     """The code line that makes `change` (keys of one kind) in the user's code. Pure."""
     keys = set(change)
-    if keys <= set(COMPILE_KEYS):
+    if keys <= set(rules.COMPILE_KEYS):
         return _compile_line(change)
-    if keys <= set(MODEL_KEYS):
+    if keys <= set(rules.MODEL_KEYS):
         return (
             f"tfgpu.configure(precision={change['precision']!r})  # first, before building "
             "the model"
         )
-    if keys <= set(STRATEGY_KEYS):
+    if keys <= set(rules.STRATEGY_KEYS):
         kind = facts.all_reduce.kind if facts.all_reduce else "mirrored"
         return f"tfgpu.strategy({kind!r}, ..., all_reduce={change['all_reduce']!r})"
     if facts.pipeline is not None:
         return _pipeline_line(change, facts.pipeline)
     (key, value), *_ = change.items()
-    return _dataset_line(key, value, facts.batch_size)
+    return _DATASET_LINES[key].format(value=value, batch=facts.batch_size)
 
 
 def _candidate(name: str, change: dict[str, Any], facts: TuneFacts, **kwargs: Any) -> Candidate:
@@ -188,8 +182,8 @@ def candidates(facts: TuneFacts) -> list[Candidate]:
     without native low precision) comes first; then, on several replicas, the other
     all-reduces (every step pays one, and the settings after are measured on top of the
     faster); then the groups in the order `rules.bottleneck` predicts from the first
-    measurement; `jit_compile=True`
-    last (it gains most from the settings before it, and is often much slower on a CPU).
+    measurement; `jit_compile=True` last (it gains most from the settings before it, and is
+    often much slower on a CPU).
     """
     undo: list[Candidate] = []
     spe: list[Candidate] = []
@@ -198,15 +192,8 @@ def candidates(facts: TuneFacts) -> list[Candidate]:
             continue
         too_many = facts.batches_per_epoch is not None and v > facts.batches_per_epoch
         untried = f"more than the {facts.batches_per_epoch} batches of an epoch" if too_many else ""
-        spe.append(
-            _candidate(
-                f"steps_per_execution={v}",
-                {"steps_per_execution": v},
-                facts,
-                group="steps_per_execution",
-                untried=untried,
-            )
-        )
+        group = "steps_per_execution"
+        spe.append(_candidate(f"{group}={v}", {group: v}, facts, group=group, untried=untried))
     precision: list[Candidate] = []
     policy, why = precision_choice(facts)
     needs = "" if facts.has_factory else NEEDS_FACTORY
@@ -230,19 +217,13 @@ def candidates(facts: TuneFacts) -> list[Candidate]:
             drops = f"drops the last {left:,} of the {examples:,} examples of each epoch"
             if not untried and left >= DROP_REMAINDER_MAX_SHARE * examples:
                 untried = f"it {drops}: {DROP_REMAINDER_MAX_SHARE:.0%} of the data or more"
-        static.append(
-            _candidate(
-                "static batch shape", {"drop_remainder": True}, facts, untried=untried, note=drops
-            )
-        )
+        change = {"drop_remainder": True}
+        static.append(_candidate("static batch shape", change, facts, untried=untried, note=drops))
     data = _data_candidates(facts)
-    xla_untried = "" if facts.xla_supported else "Keras refuses jit_compile for this model"
+    untried = "" if facts.xla_supported else "Keras refuses jit_compile for this model"
+    jit = not facts.jit_compile
     xla = _candidate(
-        f"jit_compile={not facts.jit_compile}",
-        {"jit_compile": not facts.jit_compile},
-        facts,
-        numerics=True,
-        untried=xla_untried,
+        f"jit_compile={jit}", {"jit_compile": jit}, facts, numerics=True, untried=untried
     )
     if facts.jit_compile:
         undo.append(xla)
@@ -251,7 +232,7 @@ def candidates(facts: TuneFacts) -> list[Candidate]:
         "host": (spe, static, data, precision),
         "compute": (precision, spe, static, data),
     }.get(
-        bottleneck(facts.step_time_s, facts.input_time_s, facts.steps_per_execution),
+        rules.bottleneck(facts.step_time_s, facts.input_time_s, facts.steps_per_execution),
         (spe, precision, static, data),
     )
     tail = [] if facts.jit_compile else [xla]
@@ -264,12 +245,8 @@ def _data_candidates(facts: TuneFacts) -> list[Candidate]:
     out: list[Candidate] = []
     p = facts.pipeline
     if p is not None:
-        if (
-            p.get("map_fn") is not None
-            and p.get("cache") == "auto"
-            and facts.cache is None
-            and not p.get("repeat")
-        ):
+        mapped = p.get("map_fn") is not None and p.get("cache") == "auto"
+        if mapped and facts.cache is None and not p.get("repeat"):
             out.append(_candidate("cache in memory", {"cache": "memory"}, facts))
         if p.get("augment_fn") is not None and p.get("batch_augment_fn") is None:
             untried = (
@@ -278,27 +255,20 @@ def _data_candidates(facts: TuneFacts) -> list[Candidate]:
                 if facts.augment_on_batches
                 else ""
             )
-            out.append(
-                _candidate(
-                    "batch-level augmentation",
-                    {"batch_augment": True},
-                    facts,
-                    untried=untried,
-                    note="augment_fn now sees whole batches: a random value it draws once is "
-                    "shared by every example of a batch",
-                )
+            note = (
+                "augment_fn now sees whole batches: a random value it draws once is shared by "
+                "every example of a batch"
             )
+            name = "batch-level augmentation"
+            out.append(_candidate(name, {"batch_augment": True}, facts, untried=untried, note=note))
     else:
         if not facts.prefetch:
             out.append(_candidate("prefetch", {"prefetch": True}, facts))
         if facts.cache_untried is not None and facts.cache is None:
             untried = facts.cache_untried
             out.append(_candidate("cache in memory", {"cache": True}, facts, untried=untried))
-    if (
-        not facts.compute_capabilities
-        and not (p or {}).get("private_threadpool_size")
-        and facts.cpu_count > 1
-    ):
+    on_cpus = not facts.compute_capabilities and facts.cpu_count > 1
+    if on_cpus and not (p or {}).get("private_threadpool_size"):
         # One thread leaves the cores to the model's ops; one per core keeps input apace.
         for size in sorted({1, facts.cpu_count}):
             change = {"private_threadpool_size": size}
@@ -312,15 +282,7 @@ def fit_shape(
     """(epochs, steps per epoch or None for whole epochs) of a timed `fit` that lasts about
     `target_s` for steps of `step_s`: whole epochs when one fits, else the first steps of an
     epoch, a multiple of `unit` (the largest `steps_per_execution` tried), at least 2 calls.
-    Pure.
-
-    Example:
-
-    >>> fit_shape(0.01, 50, 2.0)
-    (4, None)
-    >>> fit_shape(1.0, 100, 10.0)
-    (1, 10)
-    """
+    Pure."""
     if batches_per_epoch is not None and batches_per_epoch * step_s <= target_s:
         return max(1, round(target_s / (batches_per_epoch * step_s))), None
     steps = max(2 * unit, math.ceil(target_s / step_s / unit) * unit)
@@ -329,30 +291,13 @@ def fit_shape(
     return 1, steps
 
 
-def process_settings(has_gpu: bool) -> list[tuple[str, dict[str, str], str]]:
-    """Settings that need a fresh process, tried by `tfgpu tune SCRIPT.py`: (name, environment
-    variables, line). Pure."""
-    out: list[tuple[str, dict[str, str], str]] = [
-        (
-            "XLA auto-clustering",
-            {"TF_XLA_FLAGS": "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit"},
-            "export TF_XLA_FLAGS='--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit'",
-        ),
-        ("thread counts", {"TF_NUM_INTEROP_THREADS": "1"}, "export TF_NUM_INTEROP_THREADS=1"),
-    ]
-    if has_gpu:
-        out += [
-            (
-                "GPU private threads",
-                {"TF_GPU_THREAD_MODE": "gpu_private"},
-                "export TF_GPU_THREAD_MODE=gpu_private",
-            ),
-            (
-                "async allocator",
-                {"TF_GPU_ALLOCATOR": "cuda_malloc_async"},
-                "export TF_GPU_ALLOCATOR=cuda_malloc_async",
-            ),
-        ]
+def process_settings(has_gpu: bool) -> list[tuple[str, dict[str, str], str, str]]:
+    """The settings that need a fresh process, tried by `tfgpu tune SCRIPT.py`: (name,
+    environment variables, line, why not tried here or ""). Pure."""
+    out = []
+    for name, var, value, gpu in PROCESS_SETTINGS:
+        untried = NEEDS_GPU if gpu and not has_gpu else ""
+        out.append((name, {var: value}, f"export {var}={shlex.quote(value)}", untried))
     return out
 
 
@@ -369,13 +314,7 @@ def spe_fits(value: int, step_s: float | None) -> str:
 
 def numerics_verdict(base_loss: float, loss: float) -> str:
     """Why a candidate's mean loss over the guard's steps is unsafe next to the baseline's
-    from the same weights ("" when it is safe). Pure.
-
-    Example:
-
-    >>> numerics_verdict(0.5, float("nan"))
-    'the loss is not finite (nan; baseline 0.5)'
-    """
+    from the same weights ("" when it is safe). Pure."""
     if not math.isfinite(loss):
         return f"the loss is not finite ({loss}; baseline {base_loss:.4g})"
     if not math.isfinite(base_loss):
@@ -395,9 +334,9 @@ def combined_lines(kept: Sequence[tuple[dict[str, Any], str]], facts: TuneFacts)
     pipeline_change: dict[str, Any] = {}
     lines: list[str] = []
     for change, line in kept:
-        if set(change) <= set(COMPILE_KEYS):
+        if set(change) <= set(rules.COMPILE_KEYS):
             compile_change.update(change)
-        elif facts.pipeline is not None and set(change) <= set(PIPELINE_KEYS):
+        elif facts.pipeline is not None and set(change) <= set(rules.PIPELINE_KEYS):
             pipeline_change.update(change)
         elif line not in lines:
             lines.append(line)
@@ -411,60 +350,50 @@ def combined_lines(kept: Sequence[tuple[dict[str, Any], str]], facts: TuneFacts)
 
 @dataclasses.dataclass
 class Kept:
-    """A setting kept by the search: its trial, what it changes, its rounds, and whether they
-    were measured against the baseline itself."""
+    """A setting kept by the search: its trial (what it changes: `trial.change`), its rounds,
+    and whether they were measured against the baseline itself."""
 
     trial: Any  # tfgpu.tuning.Trial
-    change: dict[str, Any]
     rounds: list[tuple[float, float]]
     against_baseline: bool
 
 
 def verify(
-    kept: list[Kept],
-    together: Callable[[dict[str, Any]], Any],
-    notes: list[str],
-) -> Gain:
+    kept: list[Kept], together: Callable[[dict[str, Any]], Any], notes: list[str]
+) -> rules.Gain:
     """The gain of the kept settings together over the baseline, timed by `together(changes)`
     (a `timing.Comparison`); while they do not clear `MARGIN`, the one that gave the least is
     dropped (its trial and `notes` say so). `kept` is left with the verified settings."""
     while kept:
         if len(kept) == 1 and kept[0].against_baseline:
-            return Gain.of(kept[0].rounds) or NONE
+            return rules.Gain.of(kept[0].rounds) or NONE
         changes: dict[str, Any] = {}
         for k in kept:
-            changes = merged(changes, k.change)
+            changes = merged(changes, k.trial.change)
         c = together(changes)
-        status, reason = verdict(c.rounds, c.stopped)
-        g = Gain.of(c.rounds)
+        status, reason = rules.verdict(c.rounds, c.stopped)
+        g = rules.Gain.of(c.rounds)
+        every_round = all(b / v >= rules.MARGIN for b, v in c.rounds if v > 0)
         if c.error:
             notes.append(f"the verification failed: {c.error}")
             reason = c.error
-        elif status == KEPT and g is not None:
+        elif status == rules.KEPT and g is not None:
             return g
-        elif c.stopped == "budget" and g and min(_ratios(c.rounds), default=0.0) >= MARGIN:
+        elif c.stopped == "budget" and g and every_round:
             notes.append(
                 f"verified over {len(c.rounds)} round(s) only (time budget spent): every round "
-                f"cleared x{MARGIN:.2f}"
+                f"cleared x{rules.MARGIN:.2f}"
             )
             return g
         weakest = min(kept, key=lambda k: k.trial.gain.value if k.trial.gain else 0.0)
         kept.remove(weakest)
-        weakest.trial.status = NO_GAIN
+        weakest.trial.status = rules.NO_GAIN
         weakest.trial.reason = (
             f"{weakest.trial.gain_text} alone, but the kept settings together did not clear "
             f"the margin against the baseline ({reason}); this one gave the least"
         )
         notes.append(f"{weakest.trial.name} dropped at the verification")
     return NONE
-
-
-# The gain of nothing kept.
-NONE = Gain(1.0, 1.0, 1.0)
-
-
-def _ratios(rounds: Sequence[tuple[float, float]]) -> list[float]:
-    return [b / v for b, v in rounds if v > 0]
 
 
 def merged(settings: Mapping[str, Any], change: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,16 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from tfgpu._internal.helpers.warn import warn_at_user_code
+from tfgpu._internal.measure import rules
 from tfgpu._internal.measure.result import Result, save_figure
-from tfgpu._internal.measure.rules import (
-    BUDGET_SPENT,
-    COMPILE_KEYS,
-    KEPT,
-    MARGIN,
-    STEP_KEYS,
-    Gain,
-    gain_text,
-)
 from tfgpu.tuning._candidates import HALTED, NONE
 
 
@@ -45,7 +37,7 @@ class Trial:
 
     name: str
     change: dict[str, Any] = dataclasses.field(default_factory=dict)
-    gain: Gain | None = None
+    gain: rules.Gain | None = None
     status: str = "untried"
     reason: str = ""
     line: str = ""
@@ -53,7 +45,7 @@ class Trial:
     @property
     def gain_text(self) -> str:
         """The gain with its interval, e.g. `"x1.32 (1.25-1.40)"`, or `"-"`."""
-        return gain_text(self.gain)
+        return rules.gain_text(self.gain)
 
 
 @dataclasses.dataclass
@@ -89,7 +81,7 @@ class TuneResult(Result):
     trials: list[Trial]
     baseline_examples_per_s: float = math.nan
     tuned_examples_per_s: float = math.nan
-    speedup: Gain = NONE
+    speedup: rules.Gain = NONE
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     lines: list[str] = dataclasses.field(default_factory=list)
     dataset: Any = None
@@ -118,11 +110,8 @@ class TuneResult(Result):
         A `tfgpu.callbacks.StepTimer` in the model's next `fit` then logs
         `tuned_examples_per_s` beside `examples_per_s`, and warns when an epoch falls short.
 
-        Settings it cannot apply to a model are named in a warning: the pipeline's (use
-        `result.dataset`, or pass the line's arguments to `tfgpu.data.pipeline`), the
-        precision policy (build the model again after `tfgpu.configure(precision=...)`), the
-        all-reduce (build the model again under `tfgpu.strategy(..., all_reduce=...)`) and
-        the batch size.
+        Settings it cannot apply to a model (the pipeline's, the precision policy, the
+        all-reduce, the batch size) are named in a warning that says how to apply them.
 
         Args:
             model: keras.Model, compiled: the model to train (the one tuned, or one built
@@ -145,16 +134,14 @@ class TuneResult(Result):
 
         if not isinstance(model, keras.Model):
             raise invalid_type("model", model, "a compiled `keras.Model`")
-        applied = False
-        for key in COMPILE_KEYS:
-            if key in self.settings:
-                setattr(model, key, self.settings[key])
-                applied = True
-        if applied:
+        compiled = {k: v for k, v in self.settings.items() if k in rules.COMPILE_KEYS}
+        for key, value in compiled.items():
+            setattr(model, key, value)
+        if compiled:
             model.train_function = None  # the next fit compiles with the new settings
         if math.isfinite(self.tuned_examples_per_s):  # StepTimer compares its epochs with it
             note_tuned(model, self.tuned_examples_per_s)
-        rest = [f"{k}={v!r}" for k, v in self.settings.items() if k not in COMPILE_KEYS]
+        rest = [f"{k}={v!r}" for k, v in self.settings.items() if k not in rules.COMPILE_KEYS]
         if rest:
             precision = self.settings.get("precision")
             how = []
@@ -165,7 +152,7 @@ class TuneResult(Result):
                     "build the model again under tfgpu.strategy(..., "
                     f"all_reduce={self.settings['all_reduce']!r})"
                 )
-            if any(k not in STEP_KEYS for k in self.settings):
+            if any(k not in rules.STEP_KEYS for k in self.settings):
                 how.append("train on result.dataset (or change the pipeline as the lines say)")
             warn_at_user_code(
                 f"TuneResult.apply: {', '.join(rest)} cannot be applied to a model: "
@@ -174,14 +161,13 @@ class TuneResult(Result):
         return model
 
     def __str__(self) -> str:
-        rows = [
+        rows = [("candidate", "gain", "verdict")]
+        rows += [
             (t.name, t.gain_text, t.status + (f": {t.reason}" if t.reason else ""))
             for t in self.trials
         ]
-        w0 = max([len("candidate")] + [len(r[0]) for r in rows])
-        w1 = max([len("gain")] + [len(r[1]) for r in rows])
-        out = [f"tune: each setting against {self.compared_with} (kept above x{MARGIN:.2f})"]
-        out.append(f"  {'candidate':<{w0}}  {'gain':<{w1}}  verdict")
+        w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+        out = [f"tune: each setting against {self.compared_with} (kept above x{rules.MARGIN:.2f})"]
         out += [f"  {a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows]
         base, tuned = self.baseline_examples_per_s, self.tuned_examples_per_s
         if math.isfinite(base):
@@ -211,7 +197,7 @@ class TuneResult(Result):
                 f"not measured: {len(halted)} of {len(self.trials)} candidates untried "
                 f"({HALTED}: see the note)"
             )
-        left = [t for t in self.trials if t.status == "untried" and t.reason == BUDGET_SPENT]
+        left = [t for t in self.trials if t.status == "untried" and t.reason == rules.BUDGET_SPENT]
         if not left:
             return ""
         ran = [t for t in self.trials if t.status != "untried"]
@@ -225,11 +211,24 @@ class TuneResult(Result):
 
     def contributions(self) -> list[tuple[str, float]]:
         """(name, gain) of each kept trial, in order: each against the best before it."""
-        return [(t.name, t.gain.value) for t in self.trials if t.status == KEPT and t.gain]
+        return [(t.name, t.gain.value) for t in self.trials if t.status == rules.KEPT and t.gain]
 
     def plot(self, path: Path) -> None:
         """Draws the waterfall of `waterfall_steps` into `path` (PNG, atomically)."""
-        plot_waterfall(self, path)
+        from matplotlib.figure import Figure  # no pyplot: the user's backend is left alone
+
+        bars = waterfall_steps(self)
+        fig = Figure(figsize=(max(4.0, 1.3 * len(bars) + 1), 3.6))
+        ax = fig.subplots()
+        for i, (label, bottom, top) in enumerate(bars):
+            color = {"baseline": "tab:gray", "tuned": "tab:blue"}.get(label, "tab:green")
+            ax.bar(i, top - bottom, bottom=bottom, color=color)
+            ax.text(i, top, f"{top:,.0f}", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(bars)))
+        ax.set_xticklabels([b[0] for b in bars], rotation=20, ha="right", fontsize=8)
+        ax.set_ylabel("examples/s")
+        ax.set_title(f"tune: x{self.speedup.value:.2f} verified against the baseline", fontsize=10)
+        save_figure(fig, path)
 
 
 def waterfall_steps(result: TuneResult) -> list[tuple[str, float, float]]:
@@ -251,21 +250,3 @@ def waterfall_steps(result: TuneResult) -> list[tuple[str, float, float]]:
         level = top
     bars.append(("tuned", 0.0, result.tuned_examples_per_s))
     return bars
-
-
-def plot_waterfall(result: TuneResult, path: Path) -> None:
-    """Draws the waterfall of `waterfall_steps` into `path` (PNG, atomically)."""
-    from matplotlib.figure import Figure  # no pyplot: the user's backend is left alone
-
-    bars = waterfall_steps(result)
-    fig = Figure(figsize=(max(4.0, 1.3 * len(bars) + 1), 3.6))
-    ax = fig.subplots()
-    for i, (label, bottom, top) in enumerate(bars):
-        color = {"baseline": "tab:gray", "tuned": "tab:blue"}.get(label, "tab:green")
-        ax.bar(i, top - bottom, bottom=bottom, color=color)
-        ax.text(i, top, f"{top:,.0f}", ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(bars)))
-    ax.set_xticklabels([b[0] for b in bars], rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("examples/s")
-    ax.set_title(f"tune: x{result.speedup.value:.2f} verified against the baseline", fontsize=10)
-    save_figure(fig, path)

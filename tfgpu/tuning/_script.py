@@ -23,9 +23,6 @@ from typing import Any
 
 from tfgpu._internal.helpers.processes import death, run_python
 
-# Environment variables of the settings that need a GPU.
-_GPU_ONLY = ("TF_GPU_THREAD_MODE", "TF_GPU_ALLOCATOR")
-
 # A child that runs longer than this (and the budget allows) is stopped: its script is
 # doing something other than reaching `fit`.
 CHILD_TIMEOUT_S = 600.0
@@ -34,15 +31,6 @@ _CHILD_FLAG = "--child"
 
 # The most timed (or warm-up) steps per child: more would train for days.
 MAX_STEPS = 1_000_000
-
-# The names `tfgpu tune`'s command line gives the arguments, for its messages.
-_FLAGS = {
-    "script": "SCRIPT.py",
-    "steps": "--steps",
-    "warmup": "--warmup",
-    "time_budget_s": "--time-budget-s",
-    "log_dir": "--log-dir",
-}
 
 
 @dataclasses.dataclass
@@ -79,7 +67,10 @@ def check_arguments(
     )
 
     def name(argument: str) -> str:
-        return _FLAGS[argument] if flags else argument
+        """The argument as the messages name it: `tfgpu tune`'s flag where `flags`."""
+        if not flags:
+            return argument
+        return "SCRIPT.py" if argument == "script" else "--" + argument.replace("_", "-")
 
     if not isinstance(script, (str, os.PathLike)):
         raise invalid_type("script", script, "the path of a Python script (str or os.PathLike)")
@@ -92,31 +83,17 @@ def check_arguments(
     check_int(name("warmup"), warmup, minimum=1, maximum=MAX_STEPS)
     if not flags:
         budget = check_time_budget(time_budget_s)
-        return path, list(script_args), budget, check_dir("log_dir", log_dir, allow_none=True)
-    budget = check_number(
-        name("time_budget_s"),
-        time_budget_s,
-        minimum=0,
-        exclusive_minimum=True,
-        expected="a finite number of seconds > 0",
-    )
-    log_path = (
-        None if log_dir is None else check_dir("--log-dir", log_dir, expected="a directory path")
-    )
+    else:  # the command line's value: no None
+        budget = check_number(
+            name("time_budget_s"),
+            time_budget_s,
+            minimum=0,
+            exclusive_minimum=True,
+            expected="a finite number of seconds > 0",
+        )
+    expected = "a directory path" if flags else None
+    log_path = check_dir(name("log_dir"), log_dir, allow_none=True, expected=expected)
     return path, list(script_args), budget, log_path
-
-
-def settings(gpus: int) -> list[tuple[str, dict[str, str], str, str]]:
-    """The settings to try: (name, environment variables, line, why untried or ""). Pure."""
-    from tfgpu.tuning._candidates import process_settings
-
-    out = []
-    for name, env, line in process_settings(True):
-        untried = ""
-        if gpus == 0 and any(k in _GPU_ONLY for k in env):
-            untried = "needs a GPU (TensorFlow saw none in the script's process)"
-        out.append((name, dict(env), line, untried))
-    return out
 
 
 def _run_child(
@@ -144,13 +121,7 @@ def _run_child(
 
 
 def child_outcome(status: int, report: str, output: str) -> ChildRun:
-    """What a child's exit status, report (its stdout) and output (its stderr) say. Pure.
-
-    Example:
-
-    >>> child_outcome(0, "", "").error
-    'the script ended (exit status 0) without calling `fit`'
-    """
+    """What a child's exit status, report (its stdout) and output (its stderr) say. Pure."""
     try:
         data = json.loads(report) if report.strip() else None
     except ValueError:
@@ -166,38 +137,28 @@ def child_outcome(status: int, report: str, output: str) -> ChildRun:
     return ChildRun(error=f"the script {death(status)}" + (f": {'; '.join(tail)}" if tail else ""))
 
 
+@dataclasses.dataclass
 class ProcessVariants:
     """The script's variants, each a fresh process with settings in its environment: the
     measuring core's variants of a script (`run_for(change)` is a `timing.Run`)."""
 
-    def __init__(
-        self,
-        script: Path,
-        script_args: list[str],
-        steps: int,
-        warmup: int,
-        budget: Any,
-        progress: Any,
-    ):
-        self.script, self.script_args = script, script_args
-        self.steps, self.warmup = steps, warmup
-        self.budget, self.progress = budget, progress
-        self.batch: int | None = None
-        self.base_times: list[float] = []
-        self.first_base: float | None = None  # the baseline's first run, measured already
+    script: Path
+    script_args: list[str]
+    steps: int
+    warmup: int
+    budget: Any  # timing.Budget
+    progress: Any
+    batch: int | None = None
+    base_times: list[float] = dataclasses.field(default_factory=list)
+    first_base: float | None = None  # the baseline's first run, measured already
 
     def child(self, change: Mapping[str, str]) -> ChildRun:
+        """One child run of the script with `change`, within what is left of the budget."""
         left = self.budget.left()
         if left <= 0:
             return ChildRun(error="time budget spent")
-        run = _run_child(
-            self.script,
-            self.script_args,
-            change,
-            self.steps,
-            self.warmup,
-            None if math.isinf(left) else max(1.0, left),
-        )
+        timeout = None if math.isinf(left) else max(1.0, left)
+        run = _run_child(self.script, self.script_args, change, self.steps, self.warmup, timeout)
         if run.step_s is not None and run.batch:
             self.batch = run.batch
         return run
@@ -303,23 +264,22 @@ def tune_script(
         raise RuntimeError(f"{path} did not reach a timed fit: {first.error}")
     runs.first_base = first.step_s
     runs.base_times.append(first.step_s)
-    plan = settings(first.gpus)
+    plan = cands.process_settings(first.gpus > 0)
     trials: list[Trial] = []
     measured = runs.compare({name: env for name, env, _, untried in plan if not untried})
     kept: list[cands.Kept] = []
     for name, env, line, untried in plan:
         if untried:
-            trials.append(Trial(name, dict(env), reason=untried, line=line))
-            continue
-        c = measured[name]
-        if c.error:
-            trials.append(Trial(name, dict(env), status=FAILED, reason=c.error, line=line))
-            continue
-        status, reason = verdict(c.rounds, c.stopped)
-        trial = Trial(name, dict(env), Gain.of(c.rounds), status, reason, line)
+            trial = Trial(name, env, reason=untried, line=line)
+        elif measured[name].error:
+            trial = Trial(name, env, status=FAILED, reason=measured[name].error, line=line)
+        else:
+            c = measured[name]
+            status, reason = verdict(c.rounds, c.stopped)
+            trial = Trial(name, env, Gain.of(c.rounds), status, reason, line)
+            if status == KEPT:
+                kept.append(cands.Kept(trial, c.rounds, against_baseline=True))
         trials.append(trial)
-        if status == KEPT:
-            kept.append(cands.Kept(trial, dict(env), c.rounds, against_baseline=True))
     notes = [
         "each setting against the baseline (your environment), in fresh processes; set the "
         "kept ones in the shell before Python starts"
@@ -338,7 +298,7 @@ def tune_script(
         baseline_examples_per_s=base_eps,
         tuned_examples_per_s=base_eps * speedup.value,
         speedup=speedup,
-        settings={k: v for kept_one in kept for k, v in kept_one.change.items()},
+        settings={k: v for kept_one in kept for k, v in kept_one.trial.change.items()},
         lines=[kept_one.trial.line for kept_one in kept],
         notes=notes,
         compared_with="the baseline",
@@ -425,13 +385,8 @@ def _child_main(argv: Sequence[str]) -> int:
         timer = timing.Timer(calls_warm)
         for name in ("validation_data", "validation_split", "validation_freq", "callbacks"):
             kwargs.pop(name, None)
-        kwargs.update(
-            epochs=1,
-            initial_epoch=0,
-            steps_per_epoch=(calls_warm + calls_timed) * spe,
-            verbose=0,
-            callbacks=[timer],
-        )
+        kwargs.update(epochs=1, initial_epoch=0, verbose=0, callbacks=[timer])
+        kwargs["steps_per_epoch"] = (calls_warm + calls_timed) * spe
         try:
             original_fit(self, x, y, **kwargs)
         except Exception as e:  # the child's one catch-all: the script's fit failed (any

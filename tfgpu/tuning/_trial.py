@@ -1,5 +1,5 @@
 """What `tune` reads beyond the workload's facts before it trains: the numerics guard
-(`Guard.mean_loss`: a few steps from the same weights with and without a setting that can
+(`mean_loss`: a few steps from the same weights with and without a setting that can
 change the loss), whether the pipeline's `augment_fn` runs on whole batches, and whether
 another dataset's output may be cached."""
 
@@ -20,9 +20,6 @@ from tfgpu._internal.adapters.datasets import read_first, unrepeatable
 from tfgpu._internal.adapters.model_state import preserved
 from tfgpu._internal.helpers.warn import one_line
 from tfgpu._internal.measure.variants import Variants
-
-# Batches the numerics guard trains on (with `steps_per_execution=1`), from the same weights.
-GUARD_STEPS = 5
 
 # Copies of one example in the batch that tells a per-example draw from a per-batch one: a
 # random flip leaves 16 copies all alike once in 2**15 (4 copies: once in 8, a flaky verdict).
@@ -53,40 +50,26 @@ def recorded(describe: Callable[[Exception], str] = one_line) -> Iterator[Failur
         failure.text = describe(e)
 
 
-class Guard:
-    """The numerics guard on the variants of one workload."""
-
-    def __init__(self, variants: Variants):
-        self.variants = variants
-        self._batches: list[Any] | None = None
-
-    def batches(self) -> list[Any]:
-        """The first `GUARD_STEPS` batches of the user's data (read once)."""
-        if self._batches is None:
-            self._batches = read_first(self.variants.dataset, GUARD_STEPS)
-        return self._batches
-
-    def mean_loss(self, changes: dict[str, Any]) -> float:
-        """Mean training loss over the guard's batches, one step each, from the current
-        weights of the user's model (put back afterwards)."""
-        v = self.variants
-        model = v.model_for(changes)
-        jit = changes.get("jit_compile", v.model.jit_compile)
-        losses = []
-        with preserved(model), v.strategy_for(model, changes), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model.steps_per_execution = 1
-            model.jit_compile = jit
-            model.train_function = None
-            for batch in self.batches():
-                x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
-                logs = model.train_on_batch(x, y, sample_weight=sw, return_dict=True)
-                losses.append(float(logs["loss"]))
-        if not losses:
-            return math.nan
-        if not all(math.isfinite(v) for v in losses):
-            return next(v for v in losses if not math.isfinite(v))
-        return sum(losses) / len(losses)
+def mean_loss(variants: Variants, batches: list[Any], changes: dict[str, Any]) -> float:
+    """The numerics guard: the mean training loss over `batches`, one step each, with
+    `changes`, from the current weights of the user's model (put back afterwards)."""
+    model = variants.model_for(changes)
+    jit = changes.get("jit_compile", variants.model.jit_compile)
+    losses = []
+    with preserved(model), variants.strategy_for(model, changes), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.steps_per_execution = 1
+        model.jit_compile = jit
+        model.train_function = None
+        for batch in batches:
+            x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
+            logs = model.train_on_batch(x, y, sample_weight=sw, return_dict=True)
+            losses.append(float(logs["loss"]))
+    if not losses:
+        return math.nan
+    if not all(math.isfinite(v) for v in losses):
+        return next(v for v in losses if not math.isfinite(v))
+    return sum(losses) / len(losses)
 
 
 def augment_on_batches(arguments: dict[str, Any] | None, rebuild: Any) -> str:
@@ -105,20 +88,15 @@ def augment_on_batches(arguments: dict[str, Any] | None, rebuild: Any) -> str:
             batch = read_first(rebuild(**kwargs), 1)[0]
     if failure.text is not None:
         return f"its input batches could not be read: {failure.text}"
-    single = not isinstance(batch, tuple)
-    parts = (batch,) if single else batch
-
-    def call(*xs: Any) -> Any:
-        return fn(xs[0]) if single else fn(*xs)
-
+    parts = batch if isinstance(batch, tuple) else (batch,)  # fn's arguments
     with recorded(lambda e: one_line(e, limit=160)) as failure:
-        out = call(*parts)
+        out = fn(*parts)
         copies = tuple(
             tf.nest.map_structure(lambda t: tf.repeat(t[:1], _COPIES, axis=0), p) for p in parts
         )
-        alike = call(*copies)
+        alike = fn(*copies)
         first = tuple(tf.nest.map_structure(lambda t: t[0], p) for p in parts)
-        one, two = call(*first), call(*first)
+        one, two = fn(*first), fn(*first)
     if failure.text is not None:
         return failure.text
     leaves_in, leaves_out = tf.nest.flatten(parts), tf.nest.flatten(out)

@@ -9,34 +9,19 @@ from typing import Any
 
 import keras
 
+from tfgpu._internal.adapters.datasets import read_first
 from tfgpu._internal.adapters.model_state import preserved
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_bool
-from tfgpu._internal.measure import timing
+from tfgpu._internal.measure import rules, timing
 from tfgpu._internal.measure.facts import gather
-from tfgpu._internal.measure.rules import (
-    BUDGET_SPENT,
-    CLEARLY,
-    FAILED,
-    KEPT,
-    MARGIN,
-    MAX_ROUNDS,
-    MIN_ROUNDS,
-    NO_GAIN,
-    PIPELINE_KEYS,
-    STEP_KEYS,
-    UNSAFE,
-    Gain,
-    decided,
-    verdict,
-)
 from tfgpu._internal.measure.session import SEARCH_BUDGET_S, Session, check_steps
 from tfgpu._internal.measure.variants import Epochs, Variants
 from tfgpu._internal.measure.workload import open_workload
 from tfgpu.tuning import _candidates as cands
 from tfgpu.tuning._candidates import Candidate, TuneFacts
 from tfgpu.tuning._result import Trial, TuneResult
-from tfgpu.tuning._trial import Guard, augment_on_batches, cache_untried, recorded
+from tfgpu.tuning._trial import augment_on_batches, cache_untried, mean_loss, recorded
 
 # Shares of the time budget: candidates until the first (the second while nothing is kept:
 # nothing to verify), the verification until the second.
@@ -46,6 +31,9 @@ VERIFY_SHARE = 0.95
 # A timed fit lasts about the measuring budget over the fits planned, within these bounds;
 # without a budget, the first.
 FIT_S = (5.0, 0.5, 15.0)
+
+# Batches the numerics guard trains on (with `steps_per_execution=1`), from the same weights.
+GUARD_STEPS = 5
 
 # find_batch_size tries batches up to this multiple of the current one.
 BATCH_GROWTH = 8
@@ -64,17 +52,14 @@ def tune(
 ) -> TuneResult:
     """Tries each speed setting on your model and data, keeps what measurably helps.
 
-    Each candidate (`steps_per_execution`, the mixed precision policy, a static batch shape,
-    the pipeline's settings, `jit_compile`, the batch size; on several replicas the
-    strategy's all-reduce), in the order the measured step predicts gains most, is timed
-    against the best configuration so far in interleaved rounds of `fit`s timed as your own
-    `fit` runs (from the start of an epoch, once the step is traced), and kept when the
-    whole confidence interval of its gain clears x1.05; one whose interval straddles the
-    margin is marked borderline. Settings that can change the loss must also pass a
-    numerics guard, and the kept ones are verified together against the baseline. The
-    model's state, its strategy's all-reduce and the global precision policy are put back:
-    nothing is applied until you apply it. The candidates, the verdicts and the table:
-    docs/tuning.md.
+    Each candidate (`steps_per_execution`, a mixed precision policy, a static batch shape, the
+    pipeline's settings, `jit_compile`, the batch size; on several replicas the all-reduce),
+    in the order the measured step predicts gains most, is timed against the best
+    configuration so far in interleaved rounds of `fit`s, and kept when the whole confidence
+    interval of its gain clears x1.05. Settings that can change the loss must pass a numerics
+    guard; the kept ones are verified together. The model's state, its all-reduce and the
+    precision policy are put back: nothing is applied until you apply it. The candidates, the
+    verdicts and the table: docs/tuning.md.
 
     Args:
         model: a compiled `keras.Model`, or a function without arguments that builds and
@@ -130,10 +115,9 @@ def tune(
 
     session.progress.phase("reading the model and the data")
     dataset = work.dataset
+    has_factory = work.factory is not None
     facts = TuneFacts(
-        **gather(
-            work.model, dataset, from_arrays=work.from_arrays, has_factory=work.factory is not None
-        )
+        **gather(work.model, dataset, from_arrays=work.from_arrays, has_factory=has_factory)
     )
     variants = Variants(
         work.model,
@@ -150,11 +134,9 @@ def tune(
         facts.cache_untried = cache_untried(
             dataset, variants.first_batch(), facts.batches_per_epoch
         )
-    tuner = _Tuner(variants, facts, session, change_batch_size, steps)
-    result = tuner.run()
-    return session.finish(
-        result, f"{result.speedup.text()} verified, {len(result.settings)} setting(s) kept"
-    )
+    result = _Tuner(variants, facts, session, change_batch_size, steps).run()
+    summary = f"{result.speedup.text()} verified, {len(result.settings)} setting(s) kept"
+    return session.finish(result, summary)
 
 
 class _Tuner:
@@ -170,28 +152,30 @@ class _Tuner:
     ):
         self.variants, self.facts, self.steps = variants, facts, steps
         self.model, self.data = variants.model, variants.dataset
-        self.guard = Guard(variants)
-        self.session, self.progress = session, session.progress
-        self.budget = session.budget
-        self.verify_budget = timing.Budget(
-            self.budget.seconds, VERIFY_SHARE, start=self.budget.start
-        )
+        self.guard_batches = read_first(variants.dataset, GUARD_STEPS)
+        self.budget, self.progress, self.notes = session.budget, session.progress, session.notes
+        budget = session.budget
+        self.verify_budget = timing.Budget(budget.seconds, VERIFY_SHARE, start=budget.start)
         self.change_batch_size = change_batch_size
         self.trials: list[Trial] = []
         self.kept: list[cands.Kept] = []
         self.best: dict[str, Any] = {}
-        self.notes = session.notes
         self.halted = ""  # why the search stopped: the data or the model raised
 
     # The search.
     def run(self) -> TuneResult:
-        x, _, _ = keras.utils.unpack_x_y_sample_weight(self.guard.batches()[0])
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(self.guard_batches[0])
         with preserved(self.model, x):
             self.progress.phase("timing the baseline")
             with preserved(self.model):
                 step_s = self._probe()
             if step_s is None:
-                return self._finish(untried_all=True)
+                self.notes.append("the baseline could not be timed within the time budget")
+                trials = [
+                    Trial(c.name, c.change, reason=c.untried or rules.BUDGET_SPENT, line=c.line)
+                    for c in cands.candidates(self.facts)
+                ]
+                return TuneResult(trials=trials, notes=self.notes, dataset=self.data)
             self.facts.step_time_s = step_s
             self.facts.input_time_s = timing.input_time(self.data)
             plan = cands.candidates(self.facts)
@@ -199,8 +183,9 @@ class _Tuner:
             self._search(plan, step_s)
             if not self.halted:
                 self._batch_size(step_s)
-            for name, _env, line in cands.process_settings(bool(self.facts.on_gpu)):
-                self.trials.append(Trial(name, {}, reason=cands.FRESH_PROCESS, line=line))
+            for name, _env, line, untried in cands.process_settings(bool(self.facts.on_gpu)):
+                if not untried:  # not listed where it cannot run
+                    self.trials.append(Trial(name, {}, reason=cands.FRESH_PROCESS, line=line))
             self.progress.phase("verifying the kept settings together")
             return self._finish()
 
@@ -233,13 +218,13 @@ class _Tuner:
             self.budget.measure_share = MEASURE_SHARE if self.kept else VERIFY_SHARE
             budget = self._budget_for(cand, todo)
             if not reason and budget is None:
-                reason = BUDGET_SPENT
+                reason = rules.BUDGET_SPENT
             if reason or budget is None:
                 self.trials.append(Trial(cand.name, cand.change, reason=reason, line=cand.line))
                 continue
             self.progress.phase(f"trying {cand.name} ({i} of {len(plan)})")
             trial = self._try(cand, budget)
-            if cand.group and trial.status != KEPT:
+            if cand.group and trial.status != rules.KEPT:
                 stopped[cand.group] = cand.name
 
     def _shape(self, todo: list[Candidate]) -> None:
@@ -254,15 +239,13 @@ class _Tuner:
         elif math.isinf(self.budget.left()):
             target = FIT_S[0]
         else:
-            fits = (len(todo) + 1) * (2 * MIN_ROUNDS + 1)
+            fits = (len(todo) + 1) * (2 * rules.MIN_ROUNDS + 1)
             target = min(max(self.budget.left() / fits, FIT_S[1]), FIT_S[2])
         epochs, steps = cands.fit_shape(max(step_s, 1e-9), per_epoch, target, unit)
         self.variants.timed = Epochs(epochs, steps)
-        what = (
-            f"{epochs} whole epoch(s) of {per_epoch} batches"
-            if steps is None
-            else f"the first {steps} steps of an epoch"
-        )
+        what = f"the first {steps} steps of an epoch"
+        if steps is None:
+            what = f"{epochs} whole epoch(s) of {per_epoch} batches"
         self.notes.append(
             f"each timed fit ran {what}, from the epoch's start, once the step was traced "
             f"(steps of {step_s * 1e3:,.1f} ms as measured first; no validation)"
@@ -282,8 +265,8 @@ class _Tuner:
             self._steps_per_fit() * step_s, stats.median(v.fit_walls) if v.fit_walls else 0.0
         )
         warm_s = max(fit_s, stats.median(v.warm_walls) if v.warm_walls else 0.0)
-        traces = bool(set(cand.change) & set(STEP_KEYS))
-        return (warm_s if traces else 0.0) + 2 * MIN_ROUNDS * fit_s
+        traces = bool(set(cand.change) & set(rules.STEP_KEYS))
+        return (warm_s if traces else 0.0) + 2 * rules.MIN_ROUNDS * fit_s
 
     def _budget_for(self, cand: Candidate, after: list[Candidate]) -> timing.Budget | None:
         """When `cand` should stop taking rounds beyond the first three: what is left, less
@@ -302,37 +285,32 @@ class _Tuner:
         with recorded() as failure:
             c = self._compare(self.best, changes, self.budget, until=budget)
             rounds = c.rounds
-            status, reason = verdict(rounds, c.stopped)
-            if status == KEPT and cand.numerics:  # faster: is the loss still right?
+            status, reason = rules.verdict(rounds, c.stopped)
+            if status == rules.KEPT and cand.numerics:  # faster: is the loss still right?
                 self.progress.phase(f"checking the loss with {cand.name}")
                 with preserved(self.model):
-                    base_loss = self.guard.mean_loss(self.best)
-                    loss = self.guard.mean_loss(changes)
+                    base_loss = mean_loss(self.variants, self.guard_batches, self.best)
+                    loss = mean_loss(self.variants, self.guard_batches, changes)
                 unsafe = cands.numerics_verdict(base_loss, loss)
                 if unsafe:
-                    status, reason = UNSAFE, unsafe
+                    status, reason = rules.UNSAFE, unsafe
         if failure.text is not None:  # a setting that breaks the model or the pipeline ...
             with recorded() as again, preserved(self.model):  # ... or the data itself?
                 self.variants.run_for(self.best)(self.budget.deadline, None)
+            status, reason, rounds = rules.FAILED, failure.text, []
             if again.text is not None:
                 self.halted = (
                     f"{cands.HALTED}: the training raised without any new setting too "
                     f"({again.text}): the data or the model, not a setting"
                 )
                 self.notes.append(self.halted)
-                return self._add(Trial(cand.name, cand.change, reason=self.halted, line=cand.line))
-            return self._add(
-                Trial(cand.name, cand.change, status=FAILED, reason=failure.text, line=cand.line)
-            )
-        if status == KEPT and cand.note:
+                status, reason = rules.UNTRIED, self.halted
+        elif status == rules.KEPT and cand.note:
             reason = f"{reason}; {cand.note}"
-        trial = Trial(cand.name, cand.change, Gain.of(rounds), status, reason, cand.line)
-        if status == KEPT:
-            self.kept.append(cands.Kept(trial, cand.change, rounds, against_baseline=not self.best))
+        trial = Trial(cand.name, cand.change, rules.Gain.of(rounds), status, reason, cand.line)
+        if status == rules.KEPT:
+            self.kept.append(cands.Kept(trial, rounds, against_baseline=not self.best))
             self.best = changes
-        return self._add(trial)
-
-    def _add(self, trial: Trial) -> Trial:
         self.trials.append(trial)
         return trial
 
@@ -348,7 +326,7 @@ class _Tuner:
         trace_s = stats.median(v.warm_walls) if v.warm_walls else 0.0
         estimate = sum(trace_s + 4 * step_s * size / batch for size in sizes)
         if self.budget.left() <= estimate:
-            self.trials.append(Trial(name, reason=BUDGET_SPENT))
+            self.trials.append(Trial(name, reason=rules.BUDGET_SPENT))
             return
         self.progress.phase("finding the batch size")
         from tfgpu import batch_size as batch_size_module
@@ -364,18 +342,13 @@ class _Tuner:
                 verbose=0,
             )
         if failure.text is not None:
-            self.trials.append(Trial(name, status=FAILED, reason=failure.text))
+            self.trials.append(Trial(name, status=rules.FAILED, reason=failure.text))
             return
         speeds = {t.batch_size: t.examples_per_s for t in found.trials if t.fits}
         fastest = found.fastest
         if not fastest or fastest == batch or fastest not in speeds:
-            self.trials.append(
-                Trial(
-                    name,
-                    status=NO_GAIN,
-                    reason=f"find_batch_size found no faster batch than {batch}",
-                )
-            )
+            reason = f"find_batch_size found no faster batch than {batch}"
+            self.trials.append(Trial(name, status=rules.NO_GAIN, reason=reason))
             return
         lr_note = self._learning_rate_note(batch, fastest)
         here = speeds.get(batch)
@@ -384,26 +357,18 @@ class _Tuner:
         )
         change = {"batch_size": fastest}
         line = cands.line_for(change, self.facts) + (f"  # {lr_note}" if lr_note else "")
-        if not self.change_batch_size:
-            self.trials.append(
-                Trial(
-                    f"{name} {fastest}",
-                    change,
-                    reason=(
-                        f"changes the optimization; find_batch_size: {figures}"
-                        + (f", {lr_note}" if lr_note else "")
-                        + "; pass change_batch_size=True to try it"
-                    ),
-                    line=line,
-                )
-            )
-            return
         cand = Candidate(f"{name} {fastest}", change, line)
-        budget = self._budget_for(cand, [])
-        if budget is None:
-            self.trials.append(Trial(f"{name} {fastest}", change, reason=BUDGET_SPENT, line=line))
-            return
-        self._try(cand, budget)
+        if self.change_batch_size:
+            budget = self._budget_for(cand, [])
+            if budget is not None:
+                self._try(cand, budget)
+                return
+            reason = rules.BUDGET_SPENT
+        else:
+            lr = f", {lr_note}" if lr_note else ""
+            reason = f"changes the optimization; find_batch_size: {figures}{lr}; pass "
+            reason += "change_batch_size=True to try it"
+        self.trials.append(Trial(cand.name, change, reason=reason, line=line))
 
     def _learning_rate_note(self, old: int, new: int) -> str:
         from tfgpu.distribute import scale_learning_rate
@@ -421,23 +386,15 @@ class _Tuner:
         return f"learning rate {lr:.3g} -> {scaled:.3g} ({rule} rule)"
 
     # The verification and the result.
-    def _finish(self, untried_all: bool = False) -> TuneResult:
-        if untried_all:
-            self.trials = [
-                Trial(c.name, c.change, reason=c.untried or BUDGET_SPENT, line=c.line)
-                for c in cands.candidates(self.facts)
-            ]
-            self.notes.append("the baseline could not be timed within the time budget")
-            return TuneResult(trials=self.trials, notes=self.notes, dataset=self.data)
+    def _finish(self) -> TuneResult:
         speedup = cands.verify(self.kept, self._together, self.notes)
-        settings: dict[str, Any] = {}
-        for k in self.kept:
-            settings.update(k.change)
-        lines = cands.combined_lines([(k.change, k.trial.line) for k in self.kept], self.facts)
+        kept = [k.trial for k in self.kept]
+        settings = {key: value for t in kept for key, value in t.change.items()}
+        lines = cands.combined_lines([(t.change, t.line) for t in kept], self.facts)
         base = stats.median(self.variants.base_times)
         base_eps = 1.0 / base if base and math.isfinite(base) and base > 0 else math.nan
         dataset = self.data
-        if any(k in settings for k in PIPELINE_KEYS):
+        if any(k in settings for k in rules.PIPELINE_KEYS):
             dataset = self.variants.dataset_for(settings)[0]
         return TuneResult(
             trials=self.trials,
@@ -468,16 +425,13 @@ class _Tuner:
         v = self.variants
 
         def done(rounds: list[tuple[float, float]]) -> bool:
-            return decided(rounds) or (until is not None and until.left() <= 0)
+            return rules.decided(rounds) or (until is not None and until.left() <= 0)
 
         with preserved(self.model):
             return timing.compare(
                 v.run_for(base),
                 {"variant": v.run_for(changes)},
-                margin=MARGIN,
                 budget=budget,
-                max_rounds=MAX_ROUNDS,
                 timed_units=self._steps_per_fit() * int(self.facts.batch_size or 1),
                 done=done,
-                clearly_slower=CLEARLY,
             )["variant"]
