@@ -393,3 +393,13 @@ def test_the_link_nvml_reports_is_stated_and_bounds_the_predicted_all_reduce(
         max(2 / 2 * 2**30 / link.bandwidth_bytes_s, 2 * 0.00005 + 2**30 / (2**30 / 0.0004))
         + network
     )
+
+
+@pytest.mark.slow
+def test_one_replica_alone_is_timed_not_called_out_of_budget():
+    # Nothing to interleave with: the reference still gets its own rounds.
+    result = tfgpu.scaling(_tiny_model, (X, Y), replicas=[1], steps=3, time_budget_s=30, verbose=0)
+    (point,) = result.points
+    assert point.examples_per_s and point.reason == "the reference: one replica", str(result)
+    with pytest.raises(ValueError, match=r"argument `steps`\. Received: steps=2"):
+        tfgpu.scaling(_tiny_model, (X, Y), steps=2, verbose=0)

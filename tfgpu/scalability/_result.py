@@ -351,6 +351,7 @@ class ScalingResult(Result):
         eff_ax.axhline(1.0, color="tab:gray", linewidth=0.8)
         for ax, ylabel in ((rate_ax, "examples/s"), (eff_ax, "efficiency (1 = linear)")):
             ax.set(xlabel="replicas", ylabel=ylabel)
-            ax.legend(fontsize=7)
+            if ax.get_legend_handles_labels()[0]:  # nothing drawn: no legend to say so
+                ax.legend(fontsize=7)
         fig.suptitle(f"scaling on {self.device_kind}s", fontsize=10)
         save_figure(fig, path)

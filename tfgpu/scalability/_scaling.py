@@ -20,7 +20,7 @@ from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_int, check_number, invalid_type, invalid_value
 from tfgpu._internal.measure import reader, timing
 from tfgpu._internal.measure.rules import MIN_ROUNDS, Gain, medians
-from tfgpu._internal.measure.session import SEARCH_BUDGET_S, Session
+from tfgpu._internal.measure.session import SEARCH_BUDGET_S, Session, check_steps
 from tfgpu._internal.measure.variants import Steady, Variants
 from tfgpu._internal.measure.workload import DEFAULT_BATCH_SIZE, check_model, open_workload
 from tfgpu.scalability import _cost as cost
@@ -97,6 +97,7 @@ def scaling(
     *,
     batch_size: int | None = None,
     replicas: Sequence[int] | None = None,
+    steps: int = STEPS,
     time_budget_s: float | None = SEARCH_BUDGET_S,
     network_gbit_s: float = NETWORK_GBIT_S,
     log_dir: str | os.PathLike[str] | None = None,
@@ -122,6 +123,8 @@ def scaling(
             it, strong scaling splits it. Defaults to None: the data's batch size, else 32.
         replicas: list of int or None, the replica counts to time (1 is always added).
             Defaults to None: 1, 2, 4, ... up to this machine's devices.
+        steps: int, timed steps of each timed `fit` (>= 3), as in `diagnose` and `tune`.
+            Defaults to 8.
         time_budget_s: float or None, seconds for the whole call (None: no limit).
             Defaults to 300.0.
         network_gbit_s: float, the network between machines assumed by the prediction for
@@ -156,6 +159,7 @@ def scaling(
         measure_share=ROUNDS_SHARE,
     )
     check_int("batch_size", batch_size, allow_none=True)
+    check_steps(steps)
     network = check_number(
         "network_gbit_s",
         network_gbit_s,
@@ -173,7 +177,7 @@ def scaling(
     variants = Variants(
         work.model,
         work.dataset,
-        Steady(STEPS, WARMUP),
+        Steady(steps, WARMUP),
         batch_size=base_batch,
         factory=work.factory,
         pipeline=pipeline_arguments(work.dataset),
@@ -182,7 +186,7 @@ def scaling(
     )
     session.progress.phase("building the model on each replica count")
     configs = _configs(variants, devices, counts, base_batch, one, session.notes)
-    result = _measure(session, variants, configs, kind, counts, network)
+    result = _measure(session, variants, configs, steps, kind, counts, network)
     return session.finish(result, result.headline())
 
 
@@ -201,6 +205,7 @@ def _measure(
     session: Session,
     variants: Variants,
     configs: list[_Config],
+    steps: int,
     kind: str,
     counts: list[int],
     network: float,
@@ -216,16 +221,22 @@ def _measure(
             received="a dataset that yields no batch",
         )
     progress.phase(f"timing {len(configs)} configurations in interleaved rounds")
+    base_run = variants.run_for(base.changes)
     comparisons = timing.compare(
-        variants.run_for(base.changes),
+        base_run,
         {c.key: variants.run_for(c.changes) for c in others},
         budget=session.budget,
         max_rounds=MIN_ROUNDS,
-        timed_units=STEPS * max(c.global_batch for c in configs),
+        timed_units=steps * max(c.global_batch for c in configs),
         clearly_slower=None,
         failures=(tf.errors.OpError, ValueError),
     )
     base_rounds = [b for c in comparisons.values() for b, _ in c.rounds]
+    if not others:  # one replica: nothing to interleave with, its own rounds (the first always)
+        runs = [
+            base_run(None if r == 0 else session.budget.deadline, None) for r in range(MIN_ROUNDS)
+        ]
+        base_rounds = [seconds for seconds in runs if seconds is not None]
     base_s = stats.median(base_rounds) if base_rounds else None
     split_budget = timing.Budget(session.budget.seconds, 0.95, start=session.budget.start)
     samples: dict[tuple[str, Any], list[float]] = {}
