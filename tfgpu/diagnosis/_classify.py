@@ -1,9 +1,7 @@
 """The decision: the bottleneck, the input-bound level and the findings from a `Facts`, by a
-table of small rules (`RULES`, as `env/_findings.CHECKS`). Pure: no hardware.
-
-The thresholds shared with `tune` are the measuring core's (`rules`: a probe helps when its
-gain's interval clears the margin); the texts are in `_advice`; the GPU-counter rules in
-`_internal.adapters.gpu_counters`.
+table of small rules (`RULES`, as `env/_findings.CHECKS`). Pure: no hardware. The thresholds
+shared with `tune` are the measuring core's (`rules`), the GPU-counter rules the adapters'
+(`gpu_counters`); long texts are in `_advice`.
 """
 
 from __future__ import annotations
@@ -11,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from tfgpu._internal.adapters import gpu_counters as counters
 from tfgpu._internal.adapters.devices import peak_precision
@@ -33,21 +31,11 @@ from tfgpu.diagnosis._result import Finding
 from tfgpu.diagnosis._rounds import input_level, share_verdict, wait_and_share
 
 
-class Classification(NamedTuple):
-    """What `classify` decided: the bottleneck, the input-bound level, the input wait's share
-    of the step and the findings, most important first."""
-
-    bottleneck: str
-    input_bound: str
-    input_wait_share: float
-    findings: list[Finding]
-
-
 @dataclasses.dataclass(frozen=True)
 class Seen:
     """What the rules read beyond the facts, worked out once: the input level (after the
-    checks that the pipeline can explain the wait), the probes' gains and whether they help,
-    the train-step ops on the CPU."""
+    checks that the pipeline can explain the wait), the probes' gains, the train-step ops on
+    the CPU."""
 
     f: Facts
     level: str
@@ -59,22 +47,6 @@ class Seen:
     cpu_ops: list[tuple[OpFact, str]]
 
     @property
-    def spe_helps(self) -> bool:
-        return self.spe is not None and self.spe.low >= MARGIN
-
-    @property
-    def spe_no_gain(self) -> bool:
-        return self.spe is not None and not self.spe_helps
-
-    @property
-    def xla_helps(self) -> bool:
-        return self.xla is not None and self.xla.low >= MARGIN
-
-    @property
-    def xla_no_gain(self) -> bool:
-        return self.xla is not None and not self.xla_helps
-
-    @property
     def scaling_bound(self) -> bool:
         # Keras under tf.distribute runs the all-reduce after the backward pass, not beside it.
         f = self.f
@@ -84,6 +56,16 @@ class Seen:
             and f.compute_step_time_s > 0
             and f.all_reduce_s >= ALL_REDUCE_SHARE * f.compute_step_time_s
         )
+
+
+def _helps(gain: Gain | None) -> bool:
+    """Whether a probe helps: the low end of its gain's interval clears the margin."""
+    return gain is not None and gain.low >= MARGIN
+
+
+def _no_gain(gain: Gain | None) -> bool:
+    """Whether a probe was measured and does not help (its knob is then advised nowhere)."""
+    return gain is not None and gain.low < MARGIN
 
 
 def seen(f: Facts, verdict: dict[str, Any] | None = None) -> Seen:
@@ -131,7 +113,7 @@ def _input_bound(s: Seen) -> list[Finding]:
             detail=f"{f.step_time_s * 1e3:.2f} ms per step with the pipeline vs "
             f"{f.compute_step_time_s * 1e3:.2f} ms on a device-resident batch; the pipeline "
             f"alone takes {f.input_time_s * 1e3:.2f} ms per batch{busy}",
-            recommendation=advice.input_advice(f, s.spe_no_gain),
+            recommendation=advice.input_advice(f, _no_gain(s.spe)),
             expected_gain=(
                 f.step_time_s / f.compute_step_time_s if f.compute_step_time_s > 0 else None
             ),
@@ -141,7 +123,7 @@ def _input_bound(s: Seen) -> list[Finding]:
 
 
 def _host_overhead(s: Seen) -> list[Finding]:
-    if not s.spe_helps or s.spe is None:
+    if not _helps(s.spe) or s.spe is None:
         return []
     f = s.f
     base, probe = medians(f.spe_rounds)
@@ -171,30 +153,17 @@ def _host_overhead(s: Seen) -> list[Finding]:
 
 def _host_device_traffic(s: Seen) -> list[Finding]:
     f = s.f
-    traffic: list[tuple[str, str]] = []  # (what was seen, the fix)
-    if f.from_arrays:
-        traffic.append(
-            (
-                "the data is fed as NumPy arrays, copied from host memory batch by batch",
-                "`tfgpu.data.pipeline((x, y), batch_size=...)` (cached, prefetched tf.data)",
-            )
-        )
-    if f.python_input:
-        traffic.append(
-            (
-                "the pipeline runs Python every step (`tf.py_function` / a generator), which "
-                "holds the GIL and cannot run in parallel",
-                "rewrite that step with TF ops, or `cache()` after it",
-            )
-        )
-    if not f.prefetch:
-        device_hint = " or `tf.data.experimental.prefetch_to_device('/gpu:0')`" if f.on_gpu else ""
-        traffic.append(
-            (
-                "batches are not prefetched",
-                f"end the pipeline with `.prefetch(tf.data.AUTOTUNE)`{device_hint}",
-            )
-        )
+    device_hint = " or `tf.data.experimental.prefetch_to_device('/gpu:0')`" if f.on_gpu else ""
+    seen_and_fixed = (  # (whether it is seen, what was seen, the fix)
+        (f.from_arrays, "the data is fed as NumPy arrays, copied from host memory batch by batch",
+         "`tfgpu.data.pipeline((x, y), batch_size=...)` (cached, prefetched tf.data)"),
+        (f.python_input, "the pipeline runs Python every step (`tf.py_function` / a generator), "
+         "which holds the GIL and cannot run in parallel",
+         "rewrite that step with TF ops, or `cache()` after it"),
+        (not f.prefetch, "batches are not prefetched",
+         f"end the pipeline with `.prefetch(tf.data.AUTOTUNE)`{device_hint}"),
+    )  # fmt: skip
+    traffic = [(what, fix) for found, what, fix in seen_and_fixed if found]
     if s.cpu_ops:
         traffic.append(advice.cpu_ops_traffic(s.cpu_ops))
     if not traffic:
@@ -268,7 +237,7 @@ def _precision(s: Seen) -> list[Finding]:
 
 
 def _xla(s: Seen) -> list[Finding]:
-    if not s.xla_helps or s.xla is None:
+    if not _helps(s.xla) or s.xla is None:
         return []
     f = s.f
     base, variant = medians(f.xla_rounds)
@@ -310,16 +279,15 @@ def _counter_findings(s: Seen) -> list[Finding]:
     )
     idle = counters.tensor_cores_idle(c) if tensor_gpu else None
     if idle is not None:
-        findings.append(advice.tensor_idle_finding(f, idle, s.xla_no_gain))
-    measured_no_gain = {"steps_per_execution"} if s.spe_no_gain else set()
-    if s.xla_no_gain:
-        measured_no_gain.add("jit_compile")
+        findings.append(advice.tensor_idle_finding(f, idle, _no_gain(s.xla)))
+    probes = {"steps_per_execution": s.spe, "jit_compile": s.xla}
+    measured_no_gain = frozenset(knob for knob, gain in probes.items() if _no_gain(gain))
     fix = counters.small_kernels_fix(
         f.batch_size,
         f.steps_per_execution,
         max(PROBE_STEPS_PER_EXECUTION, 4 * f.steps_per_execution),
         f.jit_compile,
-        measured_no_gain=frozenset(measured_no_gain),
+        measured_no_gain=measured_no_gain,
     )
     small = counters.small_kernels(c, fix)
     if small is not None:
@@ -382,7 +350,7 @@ def bottleneck(s: Seen) -> str:
     on the per-step hand-over of each batch: when the pipeline alone outpaces the step, that
     wait is dispatch cost too), else the input, the all-reduce, noise, or the device."""
     f = s.f
-    if s.spe_helps and (s.level != "high" or f.input_time_s < f.compute_step_time_s):
+    if _helps(s.spe) and (s.level != "high" or f.input_time_s < f.compute_step_time_s):
         return "host_overhead"
     if s.level in ("high", "moderate"):
         return "input"
@@ -391,15 +359,18 @@ def bottleneck(s: Seen) -> str:
     return "inconclusive" if s.level == "inconclusive" else "compute"
 
 
-def classify(f: Facts, verdict: dict[str, Any] | None = None) -> Classification:
-    """The bottleneck, the input level, its share and the findings from the facts, by
-    `RULES`. `verdict` is `share_verdict(f.rounds)` where the caller has it already."""
+def classify(
+    f: Facts, verdict: dict[str, Any] | None = None
+) -> tuple[str, str, float, list[Finding]]:
+    """(the bottleneck, the input-bound level, the input wait's share of the step, the
+    findings, most important first) from the facts, by `RULES`. `verdict` is
+    `share_verdict(f.rounds)` where the caller has it already."""
     s = seen(f, verdict)
     findings = [finding for rule in RULES for finding in rule(s)]
     name = bottleneck(s)
     lead = _LEAD.get(name)
     findings.sort(key=lambda x: (x.kind != lead, _ORDER[x.severity]))
-    return Classification(name, s.level, s.share, findings)
+    return name, s.level, s.share, findings
 
 
 _COUNTERS = tuple(c.name for c in dataclasses.fields(counters.Counters))
