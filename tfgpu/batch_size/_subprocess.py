@@ -38,7 +38,9 @@ def relayed_phase(line: str) -> str | None:
     return None if phase.startswith(("done in ", "reading ")) else phase
 
 
-def find_in_subprocess(model, pool, kwargs, progress: Progress | None = None) -> BatchSizeResult:
+def find_in_subprocess(model, pool, kwargs, progress: Progress) -> BatchSizeResult:
+    """The search with the checked `kwargs` in a fresh process, its phases relayed to
+    `progress`; a RuntimeError with its last output when it fails."""
     if int(model.distribute_strategy.num_replicas_in_sync) > 1:
         raise invalid_value(
             "in_subprocess",
@@ -62,7 +64,6 @@ def find_in_subprocess(model, pool, kwargs, progress: Progress | None = None) ->
         )
         # A fresh TensorFlow: turn on the CPU allocator statistics the memory budget needs.
         env = {"TF_CPU_ALLOCATOR_USE_BFC": "true", **os.environ}
-        progress = progress or Progress(0, title="find_batch_size")
         progress.phase("starting the trials in a subprocess")
 
         def relay(line: str) -> None:

@@ -11,22 +11,21 @@ from tfgpu._internal.adapters.devices import gpu_record, peak_memory, reset_peak
 from tfgpu.batch_size._result import BatchSizeTrial
 
 
-def make_batch(pool, batch_size: int, device: str | None):
+def make_batch(pool, batch_size: int):
+    """`(x, y, sample_weight)` of `batch_size` examples cut from the pool (repeated as needed)."""
     import tensorflow as tf
 
-    n = len(tf.nest.flatten(pool[0])[0])
-    idx = np.arange(batch_size) % n
+    idx = np.arange(batch_size) % len(tf.nest.flatten(pool[0])[0])
 
     def cut(a):
         return tf.constant(a[idx])
 
-    if device is None:
-        return tuple(None if p is None else tf.nest.map_structure(cut, p) for p in pool)
-    with tf.device(device):
-        return tuple(None if p is None else tf.nest.map_structure(cut, p) for p in pool)
+    return tuple(None if p is None else tf.nest.map_structure(cut, p) for p in pool)
 
 
 def memory_device(strategy) -> str:
+    """The device whose memory the trials measure: the strategy's first, else `/GPU:0` or
+    `/CPU:0`, e.g. "GPU:0"."""
     import tensorflow as tf
 
     try:
@@ -34,8 +33,7 @@ def memory_device(strategy) -> str:
     except (RuntimeError, AttributeError):  # the default strategy has none
         devices = []
     if devices:
-        name = devices[0].split("device:")[-1]
-        return name.upper()
+        return devices[0].split("device:")[-1].upper()
     return "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
 
 
@@ -93,7 +91,7 @@ def run_trial(model, pool, batch_size, *, steps, device, budget, replicas) -> Ba
     fits, reason, seconds = True, "ok", nan
     batch = None
     try:
-        batch = make_batch(pool, batch_size, None)
+        batch = make_batch(pool, batch_size)
         x, y, sw = batch
         # train_on_batch returns host values: each call ends when its step has run.
         seconds = timing.call_time(lambda: model.train_on_batch(x, y, sample_weight=sw), steps)
