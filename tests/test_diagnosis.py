@@ -22,10 +22,9 @@ from tfgpu._internal.measure.facts import batch_facts, pipeline_facts
 from tfgpu._internal.measure.rules import MAX_ROUNDS
 from tfgpu._internal.measure.variants import Steady, Variants
 from tfgpu.diagnosis import Diagnosis, _probes
-from tfgpu.diagnosis._classify import classify
+from tfgpu.diagnosis._classify import classify, share_verdict
 from tfgpu.diagnosis._facts import Facts
 from tfgpu.diagnosis._lint import lint_mixed_precision
-from tfgpu.diagnosis._rounds import share_verdict
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(1024, 256)).astype("float32")
@@ -1201,8 +1200,7 @@ def test_a_noisy_wait_the_pipeline_cannot_cause_is_not_input_bound():
         "inconclusive",
     )
     # The note says why (the pipeline's speed), never that a 3 ms wait is "below 1 ms".
-    from tfgpu.diagnosis._classify import wait_notes
-    from tfgpu.diagnosis._rounds import share_verdict
+    from tfgpu.diagnosis._classify import share_verdict, wait_notes
 
     fast = replace(noisy, input_time_s=0.0006)
     notes = wait_notes(fast, share_verdict(rounds), "no", 0.066, [])

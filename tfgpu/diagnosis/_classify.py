@@ -13,8 +13,9 @@ from typing import Any
 
 from tfgpu._internal.adapters import gpu_counters as counters
 from tfgpu._internal.adapters.devices import peak_precision
+from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import is_finite_number
-from tfgpu._internal.measure.rules import ALL_REDUCE_SHARE, MARGIN, MIN_ROUNDS, Gain, medians
+from tfgpu._internal.measure import rules
 from tfgpu.diagnosis import _advice as advice
 from tfgpu.diagnosis._facts import (
     INPUT_BOUND_HIGH,
@@ -28,7 +29,51 @@ from tfgpu.diagnosis._facts import (
     OpFact,
 )
 from tfgpu.diagnosis._result import Finding
-from tfgpu.diagnosis._rounds import input_level, share_verdict, wait_and_share
+
+
+def wait_and_share(compute_s: float, real_s: float) -> tuple[float, float]:
+    """(seconds per step waiting for input, their share of the step) of one pair of steps."""
+    wait = max(0.0, real_s - compute_s)
+    return wait, (wait / real_s if real_s > 0 else 0.0)
+
+
+def share_verdict(rounds: list[tuple[float, float]]) -> dict[str, Any]:
+    """The input-bound level the rounds (device-resident, real) support, with their noise. Pure.
+
+    The level is decided at both ends of the median's confidence interval (of the share and
+    of the wait): `"inconclusive"` when they differ, or with fewer than `MIN_ROUNDS` rounds.
+
+    Returns:
+        dict with `level`, `share` (median), `wait_s` (median), `low`, `high` (the share's
+        interval), `confidence`, `rounds`.
+    """
+    waits = [wait_and_share(c, r)[0] for c, r in rounds]
+    shares = [wait_and_share(c, r)[1] for c, r in rounds]
+    low, high, confidence = rules.median_interval(shares)
+    wait_low, wait_high, _ = rules.median_interval(waits)
+    at_low, at_high = input_level(low, wait_low), input_level(high, wait_high)
+    settled = at_low == at_high and len(rounds) >= rules.MIN_ROUNDS
+    return {
+        "level": at_low if settled else "inconclusive",
+        "share": stats.median(shares),
+        "wait_s": stats.median(waits),
+        "wait_low_s": wait_low,
+        "low": low,
+        "high": high,
+        "confidence": confidence,
+        "rounds": len(rounds),
+    }
+
+
+def input_level(share: float, wait_s: float = math.inf) -> str:
+    """`"high"`, `"moderate"` or `"no"` from the wait's share of the step and its length."""
+    if wait_s < INPUT_WAIT_MIN_S:
+        return "no"
+    if share >= INPUT_BOUND_HIGH:
+        return "high"
+    if share >= INPUT_BOUND_MODERATE:
+        return "moderate"
+    return "no"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +87,8 @@ class Seen:
     share: float
     wait_s: float
     unexplained: bool
-    spe: Gain | None
-    xla: Gain | None
+    spe: rules.Gain | None
+    xla: rules.Gain | None
     cpu_ops: list[tuple[OpFact, str]]
 
     @property
@@ -54,18 +99,18 @@ class Seen:
             f.replicas > 1
             and f.all_reduce_s is not None
             and f.compute_step_time_s > 0
-            and f.all_reduce_s >= ALL_REDUCE_SHARE * f.compute_step_time_s
+            and f.all_reduce_s >= rules.ALL_REDUCE_SHARE * f.compute_step_time_s
         )
 
 
-def _helps(gain: Gain | None) -> bool:
+def _helps(gain: rules.Gain | None) -> bool:
     """Whether a probe helps: the low end of its gain's interval clears the margin."""
-    return gain is not None and gain.low >= MARGIN
+    return gain is not None and gain.low >= rules.MARGIN
 
 
-def _no_gain(gain: Gain | None) -> bool:
+def _no_gain(gain: rules.Gain | None) -> bool:
     """Whether a probe was measured and does not help (its knob is then advised nowhere)."""
-    return gain is not None and gain.low < MARGIN
+    return gain is not None and gain.low < rules.MARGIN
 
 
 def seen(f: Facts, verdict: dict[str, Any] | None = None) -> Seen:
@@ -89,9 +134,8 @@ def seen(f: Facts, verdict: dict[str, Any] | None = None) -> Seen:
     elif level != "no" and f.step_time_s > 0 and input_level(most / f.step_time_s) == "no":
         level = "no"
     cpu_ops = _cpu_placed_ops(f.train_step_ops) if f.on_gpu and not f.jit_compile else []
-    return Seen(
-        f, level, share, wait, unexplained, Gain.of(f.spe_rounds), Gain.of(f.xla_rounds), cpu_ops
-    )
+    spe, xla = rules.Gain.of(f.spe_rounds), rules.Gain.of(f.xla_rounds)
+    return Seen(f, level, share, wait, unexplained, spe, xla, cpu_ops)
 
 
 def _input_bound(s: Seen) -> list[Finding]:
@@ -126,7 +170,7 @@ def _host_overhead(s: Seen) -> list[Finding]:
     if not _helps(s.spe) or s.spe is None:
         return []
     f = s.f
-    base, probe = medians(f.spe_rounds)
+    base, probe = rules.medians(f.spe_rounds)
     rec = (
         f"`model.compile(..., steps_per_execution={PROBE_STEPS_PER_EXECUTION})` (or more) "
         "runs that many steps per call, so Python and dispatch cost is paid once."
@@ -240,7 +284,7 @@ def _xla(s: Seen) -> list[Finding]:
     if not _helps(s.xla) or s.xla is None:
         return []
     f = s.f
-    base, variant = medians(f.xla_rounds)
+    base, variant = rules.medians(f.xla_rounds)
     other = not f.jit_compile
     return [
         Finding(
@@ -395,12 +439,13 @@ def unseen(f: Facts) -> list[str]:
     return notes
 
 
-def monitor_facts(aggregate: dict[str, Any], gpu: int = 0) -> dict[str, float]:
-    """The `Facts` GPU counters from `Sampler.aggregate()` keys `gpu{gpu}_*`; absent or
-    non-finite: NaN. PCIe is transmitted + received (either alone where only one was). Pure."""
+def monitor_facts(aggregate: dict[str, Any]) -> dict[str, float]:
+    """The `Facts` GPU counters from `Sampler.aggregate()` keys `gpu0_*` (TensorFlow's
+    `/GPU:0`); absent or non-finite: NaN. PCIe is transmitted + received (either alone where
+    only one was). Pure."""
 
     def get(key: str) -> float:
-        value = aggregate.get(f"gpu{gpu}_{key}") if isinstance(aggregate, dict) else None
+        value = aggregate.get(f"gpu0_{key}") if isinstance(aggregate, dict) else None
         return float(value) if value is not None and is_finite_number(value) else math.nan
 
     tx, rx = get("pcie_tx_mib_s_mean"), get("pcie_rx_mib_s_mean")
@@ -451,7 +496,7 @@ def wait_notes(
         ]
     if (
         level == "inconclusive"
-        and verdict["rounds"] >= MIN_ROUNDS  # fewer: the budget note says why
+        and verdict["rounds"] >= rules.MIN_ROUNDS  # fewer: the budget note says why
         and all(x.kind != "input_wait_unexplained" for x in findings)
     ):
         return [

@@ -22,12 +22,11 @@ from tfgpu._internal.measure.variants import Steady, Variants
 from tfgpu._internal.measure.workload import Workload, open_workload
 from tfgpu.diagnosis import _probes
 from tfgpu.diagnosis._advice import advise_service
-from tfgpu.diagnosis._classify import classify, monitor_facts, unseen, wait_notes
+from tfgpu.diagnosis._classify import classify, monitor_facts, share_verdict, unseen, wait_notes
 from tfgpu.diagnosis._facts import FIT_SHARE, MEASURE_SHARE, PROBE_STEPS_PER_EXECUTION, Facts
 from tfgpu.diagnosis._graph import batch_nbytes, step_ops
 from tfgpu.diagnosis._lint import lint_mixed_precision, loss_scale, precision_layers
 from tfgpu.diagnosis._result import Diagnosis
-from tfgpu.diagnosis._rounds import share_verdict
 
 
 def full_batch(ds, first, size: int | None, expected: int | None, most: int = 4):
@@ -199,12 +198,8 @@ class _Diagnose:
     def read(self) -> tuple[Facts, Any]:
         work = self.work
         batch, size = full_batch(self.dataset, *work.first_batch(), work.batch_size)
-        has_factory = work.factory is not None
-        facts = Facts(
-            **gather(
-                self.model, self.dataset, from_arrays=work.from_arrays, has_factory=has_factory
-            )
-        )
+        kinds = {"from_arrays": work.from_arrays, "has_factory": work.factory is not None}
+        facts = Facts(**gather(self.model, self.dataset, **kinds))
         facts.batch_size, facts.host_load = size, _probes.host_load()
         facts.batch_bytes = batch_nbytes(batch)
         if facts.on_gpu and facts.memory_capacity_bytes is None:

@@ -20,8 +20,8 @@ from tfgpu._internal.helpers.warn import one_line
 from tfgpu._internal.measure import timing
 from tfgpu._internal.measure.rules import MAX_ROUNDS, MIN_ROUNDS, Gain, medians
 from tfgpu._internal.measure.variants import DEVICE_RESIDENT, Steady, Variants
+from tfgpu.diagnosis._classify import share_verdict
 from tfgpu.diagnosis._facts import FIT_SHARE, ROUNDS_BUDGET_SHARE
-from tfgpu.diagnosis._rounds import share_verdict
 
 # The variant without its input pipeline: one batch held in device memory.
 DEVICE = {DEVICE_RESIDENT: True}
