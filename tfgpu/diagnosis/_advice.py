@@ -7,23 +7,14 @@ import math
 
 from tfgpu._internal.adapters import gpu_counters as counters
 from tfgpu._internal.adapters.datasets import DROP_REMAINDER_MAX_SHARE
-from tfgpu.diagnosis._facts import (
-    PROBE_STEPS_PER_EXECUTION,
-    Facts,
-    OpFact,
-)
+from tfgpu.diagnosis._facts import PROBE_STEPS_PER_EXECUTION, Facts, OpFact
 from tfgpu.diagnosis._result import Finding
 
 
 @dataclasses.dataclass(frozen=True)
 class ServiceAdvice:
-    """What `diagnose` says when the host cannot feed the GPU however the pipeline is set.
-
-    Attributes:
-        workers: int, service workers with as many cores as this host.
-        cores: int, the CPU cores they add up to (for smaller worker machines).
-        text: str, the advice in one paragraph.
-    """
+    """What `diagnose` says when the host cannot feed the GPU however the pipeline is set:
+    how many service workers like this host, the cores they add up to, the advice's text."""
 
     workers: int
     cores: int
@@ -47,11 +38,10 @@ def service_advice(
     step_batches_per_s: float,
 ) -> ServiceAdvice | None:
     """Whether to move the input work to tf.data service workers, and how many; None when
-    the rule does not apply. Pure.
-
-    The rule: input-bound, at least `CPU_SATURATED` of the host's cores busy (`host_cpu_busy`,
-    0 to 1), maps already parallel and cached: no setting is left on this host. One worker like
-    this host makes `pipeline_batches_per_s`; workers = ceil(`HEADROOM` x step rate / that).
+    the rule does not apply: input-bound, at least `CPU_SATURATED` of the host's cores busy
+    (`host_cpu_busy`, 0 to 1), maps already parallel and cached (no setting is left on this
+    host). One worker like this host makes `pipeline_batches_per_s`; workers = ceil(`HEADROOM`
+    x step rate / that).
 
     Example:
 
@@ -283,8 +273,7 @@ def _builder_advice(f: Facts) -> str:
 
 def _tuned_advice(f: Facts) -> str:
     """A pipeline whose steps are set already: what is left, beyond its settings."""
-    caches = {"memory": "caches in memory", "file": "caches to a file"}
-    cached = "" if f.cache is None else caches.get(f.cache, "")
+    cached = {"memory": "caches in memory", "file": "caches to a file"}.get(f.cache or "", "")
     parallel = "maps in parallel" if f.parallel_map else ""
     prefetches = "prefetches" if f.prefetch else ""
     done = ", ".join(x for x in (parallel, cached, prefetches) if x) or "is a tfgpu pipeline"
@@ -367,10 +356,7 @@ def cpu_ops_traffic(cpu_ops: list[tuple[OpFact, str]]) -> tuple[str, str]:
         f"{len(cpu_ops)} train-step op(s) run on the CPU, so tensors cross between host and "
         f"GPU every step: {', '.join(shown)}{more}"
     )
-    reasons = []
-    for _, why in cpu_ops:
-        if why not in reasons:
-            reasons.append(why)
+    reasons = dict.fromkeys(why for _, why in cpu_ops)  # each once, in order
     return seen, "; ".join(_CPU_OP_FIXES[why] for why in reasons)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import keras
 import numpy as np
 
 from tfgpu.diagnosis._result import Finding
@@ -86,13 +85,6 @@ def precision_layers(model) -> tuple[list[str], list[str]]:
             if la is not last and getattr(la, "compute_dtype", None) == "float32"
         ]
     return float32, _odd_dims(mixed or with_kernel)
-
-
-def policy_name(model) -> str:
-    for layer in model._flatten_layers(include_self=False):
-        if layer.weights:
-            return layer.dtype_policy.name
-    return keras.mixed_precision.global_policy().name
 
 
 def loss_scale(model) -> float | None:
