@@ -186,9 +186,7 @@ class _Search:
         """The trials in this process, under the memory budget, and their result."""
         device = memory_device(model.distribute_strategy)
         notes = session.notes
-        memory_source, budget = _memory_budget(
-            device, self.memory_limit_mib, self.memory_fraction, notes
-        )
+        memory_source, budget = self._memory_budget(device, notes)
         trials, ended = self._trials(model, pool, replicas, session, device, budget)
         return build_result(
             trials,
@@ -200,6 +198,36 @@ class _Search:
             memory_source=memory_source,
             stopped_by=ended,
         )
+
+    def _memory_budget(self, device: str, notes: list[str]) -> tuple[str | None, int | None]:
+        """(where peak memory is read: "allocator" or None, the peak-memory budget in bytes or
+        None); a ValueError when `memory_limit_mib` cannot be enforced."""
+        limit_mib = self.memory_limit_mib
+        memory_source: str | None = "allocator"
+        if not allocator_statistics(device):  # none kept, or zeros: the same
+            memory_source = None
+            if limit_mib is not None:
+                raise invalid_value(
+                    "memory_limit_mib",
+                    limit_mib,
+                    "None here; or pass in_subprocess=True (the trials then run with "
+                    "TensorFlow's BFC CPU allocator, which keeps them), or set "
+                    "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts",
+                    received=f"memory_limit_mib={limit_mib:g} while TensorFlow keeps no "
+                    f"allocator statistics for {device} in this process (or only zeros), so a "
+                    "peak-memory limit cannot be enforced",
+                )
+            notes.append(
+                f"TensorFlow keeps no allocator statistics for {device} here (or only zeros), "
+                "so peak memory was not measured and only out-of-memory errors stopped the "
+                "search (set TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts, or pass "
+                "in_subprocess=True, to measure it)"
+            )
+        capacity = device_capacity_bytes(device)
+        budgets = [] if limit_mib is None else [int(limit_mib * 2**20)]
+        if capacity is not None:
+            budgets.append(int(capacity * self.memory_fraction))
+        return memory_source, (min(budgets) if budgets else None)
 
     def _trials(
         self, model: Any, pool: Any, replicas: int, session: Session, device: str, budget: Any
@@ -238,38 +266,6 @@ class _Search:
         done = [(t.per_replica_batch_size, t.fits) for t in trials]
         ended = stopped_by(done, max_batch_size=most, ran_out=bool(ran_out))
         return trials, ran_out if ended == "max_trials" else ended
-
-
-def _memory_budget(
-    device: str, limit_mib: float | None, fraction: float, notes: list[str]
-) -> tuple[str | None, int | None]:
-    """(where peak memory is read: "allocator" or None, the peak-memory budget in bytes or
-    None); a ValueError when `limit_mib` cannot be enforced."""
-    memory_source: str | None = "allocator"
-    if not allocator_statistics(device):  # none kept, or zeros: the same
-        memory_source = None
-        if limit_mib is not None:
-            raise invalid_value(
-                "memory_limit_mib",
-                limit_mib,
-                "None here; or pass in_subprocess=True (the trials then run with "
-                "TensorFlow's BFC CPU allocator, which keeps them), or set "
-                "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts",
-                received=f"memory_limit_mib={limit_mib:g} while TensorFlow keeps no allocator "
-                f"statistics for {device} in this process (or only zeros), so a peak-memory "
-                "limit cannot be enforced",
-            )
-        notes.append(
-            f"TensorFlow keeps no allocator statistics for {device} here (or only zeros), so "
-            "peak memory was not measured and only out-of-memory errors stopped the search (set "
-            "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts, or pass "
-            "in_subprocess=True, to measure it)"
-        )
-    capacity = device_capacity_bytes(device)
-    budgets = [] if limit_mib is None else [int(limit_mib * 2**20)]
-    if capacity is not None:
-        budgets.append(int(capacity * fraction))
-    return memory_source, (min(budgets) if budgets else None)
 
 
 _REASONS = {

@@ -23,9 +23,20 @@ from tfgpu._internal.measure.workload import Workload, open_workload
 from tfgpu.diagnosis import _probes
 from tfgpu.diagnosis._advice import advise_service
 from tfgpu.diagnosis._classify import classify, monitor_facts, share_verdict, unseen, wait_notes
-from tfgpu.diagnosis._facts import FIT_SHARE, MEASURE_SHARE, PROBE_STEPS_PER_EXECUTION, Facts
-from tfgpu.diagnosis._graph import batch_nbytes, step_ops
-from tfgpu.diagnosis._lint import lint_mixed_precision, loss_scale, precision_layers
+from tfgpu.diagnosis._facts import (
+    FIT_SHARE,
+    MEASURE_SHARE,
+    PROBE_STEPS_PER_EXECUTION,
+    ROUNDS_BUDGET_SHARE,
+    Facts,
+)
+from tfgpu.diagnosis._model import (
+    batch_nbytes,
+    lint_mixed_precision,
+    loss_scale,
+    precision_layers,
+    step_ops,
+)
 from tfgpu.diagnosis._result import Diagnosis
 
 
@@ -236,9 +247,7 @@ class _Diagnose:
         undo = xla and f.jit_compile
         look = self._probe("jit_compile", False, first, first_base=first) if undo else None
         with _probes.monitoring(monitor, self.notes) as aggregate:
-            f.rounds = _probes.measure_rounds(
-                self.variants, first, self.steps, self.warmup, self.budget, self.progress
-            )
+            f.rounds = self._rounds(first)
         self.monitor = aggregate
         self._rounds_notes(f)
         f.loss_scale_after = loss_scale(self.model)
@@ -288,6 +297,51 @@ class _Diagnose:
             with _probes.noted(self.notes, "train-step op placement not checked: {error}"):
                 f.train_step_ops = step_ops(self.model, batch)
         return first, first_s
+
+    def _rounds(self, first: float | None) -> list[tuple[float, float]]:
+        """(device-resident, real) seconds per step, round after round, until the input-wait
+        share is clear of the thresholds or `ROUNDS_BUDGET_SHARE` of the budget is spent; each
+        fit as long as `fit_plan` allows for `MIN_ROUNDS` rounds. `first`: the first look's."""
+        budget, progress = self.budget, self.progress
+        progress.phase("warming up on the real data")
+        _probes.warm_real(self.model, self.dataset, budget)
+        fits = 2 * rules.MIN_ROUNDS - (first is not None)
+        warm, timed_s = self._plan(budget.left(), first, fits)
+        self.variants.timed = Steady(self.steps, warm, timed_s)
+        rounds_until = (
+            None if budget.seconds is None else budget.start + ROUNDS_BUDGET_SHARE * budget.seconds
+        )
+        shown: set[int] = set()
+        calls = {"compute": 1 if first is not None else 0, "real": 0}
+
+        def announced(kind: str, run: timing.Run) -> timing.Run:
+            def timed(deadline: float | None, limit: float | None) -> float | None:
+                calls[kind] += 1
+                if calls[kind] not in shown:  # the round's first run says which round it is
+                    shown.add(calls[kind])
+                    progress.phase(
+                        "timing the real data against a batch in memory, "
+                        f"round {calls[kind]} of at most {rules.MAX_ROUNDS}"
+                    )
+                # The first real run, like the first device-resident one, ignores the deadline.
+                first_real = kind == "real" and calls[kind] == 1
+                return run(None if first_real else deadline, limit)
+
+            return timed
+
+        def done(rounds: list[tuple[float, float]]) -> bool:
+            if share_verdict(rounds)["level"] != "inconclusive":
+                return True
+            return rounds_until is not None and timing.now() >= rounds_until
+
+        return timing.compare(
+            announced("compute", self.variants.run_for(_probes.DEVICE)),
+            {"real": announced("real", self.variants.run_for({}))},
+            budget=budget,
+            first_base=first,
+            done=done,
+            clearly_slower=None,
+        )["real"].rounds
 
     def _plan(self, left_s: float, step_s: float | None, fits: int) -> tuple[int, float | None]:
         spe = int(self.model.steps_per_execution)

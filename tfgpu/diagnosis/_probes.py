@@ -1,6 +1,6 @@
-"""The measuring protocol of `diagnose`, on the measuring core's variants and timing engine:
-`measure_rounds` alternates the step on one batch held in device memory with the step on the
-real data; a probe's record and notes; the failures of side checks become notes (`noted`).
+"""The pieces of `diagnose`'s measuring protocol: how long each fit may run (`fit_plan`), the
+warm-up on the real data, a probe's outcome, record and notes, the GPU monitor around the
+rounds, and the failures of side checks as notes (`noted`).
 """
 
 from __future__ import annotations
@@ -15,13 +15,11 @@ from typing import Any
 import tensorflow as tf
 
 from tfgpu._internal.adapters.datasets import cardinality
-from tfgpu._internal.helpers.progress import Progress
 from tfgpu._internal.helpers.warn import one_line
 from tfgpu._internal.measure import timing
-from tfgpu._internal.measure.rules import MAX_ROUNDS, MIN_ROUNDS, Gain, medians
-from tfgpu._internal.measure.variants import DEVICE_RESIDENT, Steady, Variants
-from tfgpu.diagnosis._classify import share_verdict
-from tfgpu.diagnosis._facts import FIT_SHARE, ROUNDS_BUDGET_SHARE
+from tfgpu._internal.measure.rules import Gain, medians
+from tfgpu._internal.measure.variants import DEVICE_RESIDENT
+from tfgpu.diagnosis._facts import FIT_SHARE
 
 # The variant without its input pipeline: one batch held in device memory.
 DEVICE = {DEVICE_RESIDENT: True}
@@ -60,7 +58,7 @@ def host_load() -> float | None:
         return None
 
 
-def _warm_real(model: Any, ds: tf.data.Dataset, budget: timing.Budget) -> None:
+def warm_real(model: Any, ds: tf.data.Dataset, budget: timing.Budget) -> None:
     """One untimed pass over the real data's first epoch (at most 64 batches), so that every
     batch shape is traced outside the timed runs; an infinite dataset is not warmed here."""
     try:
@@ -70,70 +68,12 @@ def _warm_real(model: Any, ds: tf.data.Dataset, budget: timing.Budget) -> None:
     if not n or n < 0:
         return
     spe = max(1, int(model.steps_per_execution))
-    calls = min(64, max(1, math.ceil(n / spe)) + 1)
+    steps = min(64, max(1, math.ceil(n / spe)) + 1) * spe
+    timer = timing.Timer(0, budget.deadline, None)
     model.fit(
-        ds.repeat(),
-        epochs=1,
-        steps_per_epoch=calls * spe,
-        verbose=0,
-        shuffle=False,
-        callbacks=[timing.Timer(0, budget.deadline, None)],
+        ds.repeat(), epochs=1, steps_per_epoch=steps, verbose=0, shuffle=False, callbacks=[timer]
     )
     model.stop_training = False
-
-
-def measure_rounds(
-    variants: Variants,
-    first_compute: float | None,
-    steps: int,
-    warmup: int,
-    budget: timing.Budget,
-    progress: Progress,
-) -> list[tuple[float, float]]:
-    """(device-resident, real) seconds per step, round after round, until the input-wait
-    share is clear of the thresholds or `ROUNDS_BUDGET_SHARE` of the budget is spent; each
-    fit as long as `fit_plan` allows for `MIN_ROUNDS` rounds."""
-    model = variants.model
-    progress.phase("warming up on the real data")
-    _warm_real(model, variants.dataset, budget)
-    spe = max(1, int(model.steps_per_execution))
-    fits = 2 * MIN_ROUNDS - (first_compute is not None)
-    warm, timed_s = fit_plan(budget.left(), budget.seconds, first_compute, fits, warmup, spe)
-    variants.timed = Steady(steps, warm, timed_s)
-    rounds_until = (
-        None if budget.seconds is None else budget.start + ROUNDS_BUDGET_SHARE * budget.seconds
-    )
-    shown: set[int] = set()
-    calls = {"compute": 1 if first_compute is not None else 0, "real": 0}
-
-    def announced(kind: str, run: timing.Run) -> timing.Run:
-        def timed(deadline: float | None, limit: float | None) -> float | None:
-            calls[kind] += 1
-            if calls[kind] not in shown:  # the round's first run says which round it is
-                shown.add(calls[kind])
-                progress.phase(
-                    "timing the real data against a batch in memory, "
-                    f"round {calls[kind]} of at most {MAX_ROUNDS}"
-                )
-            # The first real run, like the first device-resident one, ignores the deadline.
-            first_real = kind == "real" and calls[kind] == 1
-            return run(None if first_real else deadline, limit)
-
-        return timed
-
-    def done(rounds: list[tuple[float, float]]) -> bool:
-        if share_verdict(rounds)["level"] != "inconclusive":
-            return True
-        return rounds_until is not None and timing.now() >= rounds_until
-
-    return timing.compare(
-        announced("compute", variants.run_for(DEVICE)),
-        {"real": announced("real", variants.run_for({}))},
-        budget=budget,
-        first_base=first_compute,
-        done=done,
-        clearly_slower=None,
-    )["real"].rounds
 
 
 @dataclass
