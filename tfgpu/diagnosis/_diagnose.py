@@ -20,7 +20,7 @@ from tfgpu._internal.measure.facts import gather
 from tfgpu._internal.measure.session import OBSERVE_BUDGET_S, Session, check_steps
 from tfgpu._internal.measure.variants import Steady, Variants
 from tfgpu._internal.measure.workload import Workload, open_workload
-from tfgpu.diagnosis import _probes
+from tfgpu.diagnosis import _model, _probes
 from tfgpu.diagnosis._advice import advise_service
 from tfgpu.diagnosis._classify import classify, monitor_facts, share_verdict, unseen, wait_notes
 from tfgpu.diagnosis._facts import (
@@ -29,13 +29,6 @@ from tfgpu.diagnosis._facts import (
     PROBE_STEPS_PER_EXECUTION,
     ROUNDS_BUDGET_SHARE,
     Facts,
-)
-from tfgpu.diagnosis._model import (
-    batch_nbytes,
-    lint_mixed_precision,
-    loss_scale,
-    precision_layers,
-    step_ops,
 )
 from tfgpu.diagnosis._result import Diagnosis
 
@@ -212,7 +205,7 @@ class _Diagnose:
         kinds = {"from_arrays": work.from_arrays, "has_factory": work.factory is not None}
         facts = Facts(**gather(self.model, self.dataset, **kinds))
         facts.batch_size, facts.host_load = size, _probes.host_load()
-        facts.batch_bytes = batch_nbytes(batch)
+        facts.batch_bytes = _model.batch_nbytes(batch)
         if facts.on_gpu and facts.memory_capacity_bytes is None:
             self._nvml_note()
         self.progress.phase("timing the input pipeline alone")
@@ -238,7 +231,7 @@ class _Diagnose:
     def measure(
         self, f: Facts, batch: Any, check_xla: bool, check_spe: bool, monitor: bool
     ) -> None:
-        f.loss_scale_before = loss_scale(self.model)
+        f.loss_scale_before = _model.loss_scale(self.model)
         first, first_s = self._first_look(f, batch)
         xla = check_xla and f.xla_supported
         if check_xla and not xla:
@@ -250,7 +243,7 @@ class _Diagnose:
             f.rounds = self._rounds(first)
         self.monitor = aggregate
         self._rounds_notes(f)
-        f.loss_scale_after = loss_scale(self.model)
+        f.loss_scale_after = _model.loss_scale(self.model)
         f.compute_step_time_s, f.step_time_s = rules.medians(f.rounds)
         # The probes, one that undoes a setting first, each only when the time left is at least
         # what the first run took (its variant traces, or compiles, as that did).
@@ -295,7 +288,7 @@ class _Diagnose:
         if f.on_gpu and not f.jit_compile:  # where ops run matters only beside a GPU
             self.progress.phase("reading where the train step's ops run")
             with _probes.noted(self.notes, "train-step op placement not checked: {error}"):
-                f.train_step_ops = step_ops(self.model, batch)
+                f.train_step_ops = _model.step_ops(self.model, batch)
         return first, first_s
 
     def _rounds(self, first: float | None) -> list[tuple[float, float]]:
@@ -451,7 +444,7 @@ class _Diagnose:
         if f.on_gpu:
             with _probes.noted(self.notes, "tensor-core facts not read: {error}"):
                 f.tf32_enabled = devices.tf32_execution_enabled()
-                f.float32_layers, f.odd_dim_layers = precision_layers(self.model)
+                f.float32_layers, f.odd_dim_layers = _model.precision_layers(self.model)
         verdict = share_verdict(f.rounds)
         bottleneck, level, share, findings = classify(f, verdict)
         service = advise_service(f) if level in ("high", "moderate") else None
@@ -462,10 +455,9 @@ class _Diagnose:
         self.measurements["noise"] = None
         if verdict["rounds"] >= rules.MIN_ROUNDS:  # fewer rounds cannot tell the noise
             noise = verdict["high"] - verdict["low"]
-            self.measurements["noise"] = {
-                k: verdict[k] for k in ("low", "high", "confidence", "rounds")
-            }
-        findings += lint_mixed_precision(self.model, list(f.compute_capabilities))
+            kept = ("low", "high", "confidence", "rounds")
+            self.measurements["noise"] = {k: verdict[k] for k in kept}
+        findings += _model.lint_mixed_precision(self.model, list(f.compute_capabilities))
         flops = achieved = mfu_value = None
         budget = self.budget
         if budget.seconds is not None and budget.elapsed() >= budget.seconds:
