@@ -51,11 +51,9 @@ def service_advice(
     (3, 46)
     """
     rates = (pipeline_batches_per_s, step_batches_per_s)
-    if not all(math.isfinite(r) and r > 0 for r in rates):
-        return None
+    if not all(math.isfinite(r) and r > 0 for r in rates) or rates[0] >= rates[1]:
+        return None  # no shortage
     if not (input_bound and parallel and cached and host_cpu_busy >= CPU_SATURATED):
-        return None
-    if pipeline_batches_per_s >= step_batches_per_s:
         return None
     need = HEADROOM * step_batches_per_s / pipeline_batches_per_s
     workers = max(1, math.ceil(need))
@@ -236,20 +234,17 @@ def input_advice(f: Facts, spe_no_gain: bool = False) -> str:
     if not (f.parallel_map or f.sequential_map or f.python_input):
         return _in_memory_advice(f, spe_no_gain)
     if f.python_input:
-        where = (
-            "in `map_fn`, then let `cache=` keep its output"
-            if f.made_by_pipeline
-            else "before a `cache()`"
-        )
+        where = "before a `cache()`"
+        if f.made_by_pipeline:
+            where = "in `map_fn`, then let `cache=` keep its output"
         return (
             "The pipeline runs Python for every element (`tf.py_function` / a generator), "
             "which holds the GIL and cannot run in parallel: rewrite that step with TF ops "
             f"(`tf.io`, `tf.image`, `tf.strings`), or run it once {where}."
         )
-    tuned = f.prefetch and not f.sequential_map
-    if not tuned and not f.made_by_pipeline:
-        return _builder_advice(f)
-    return _tuned_advice(f)
+    if f.made_by_pipeline or (f.prefetch and not f.sequential_map):
+        return _tuned_advice(f)
+    return _builder_advice(f)
 
 
 def _builder_advice(f: Facts) -> str:
@@ -330,11 +325,8 @@ def _in_memory_advice(f: Facts, spe_no_gain: bool = False) -> str:
         "`tfgpu.data.pipeline(..., repeat=True)` with `model.fit(..., steps_per_epoch=...)`: "
         "one iterator for the whole run instead of a new one every epoch"
     )
-    return (
-        "The pipeline has no map (in-memory data): the wait is per-batch hand-over, so "
-        + "; ".join(left)
-        + "."
-    )
+    intro = "The pipeline has no map (in-memory data): the wait is per-batch hand-over, so "
+    return intro + "; ".join(left) + "."
 
 
 _CPU_OP_FIXES = {
