@@ -144,15 +144,13 @@ def build_result(
         )
     elif stopped_by in ("max_trials", "time_budget"):
         failed = [t.batch_size for t in trials if not t.fits]
-        above = f" and {min(failed)}" if failed else ""
-        why = (
-            f"ran out of trials (max_trials={len(trials)})"
-            if stopped_by == "max_trials"
-            else "ran out of time (time_budget_s)"
-        )
+        above = f"{min(failed)}" if failed else "max_batch_size"
+        why = "ran out of time (time_budget_s)"
+        if stopped_by == "max_trials":
+            why = f"ran out of trials (max_trials={len(trials)})"
         notes.append(
             f"the search {why} before narrowing down: the largest size that fits lies "
-            f"between {largest}{above}" + ("" if failed else " and max_batch_size")
+            f"between {largest} and {above}"
         )
     steps = accumulation = None
     if target is not None and fastest is not None:

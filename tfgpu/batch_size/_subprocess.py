@@ -51,8 +51,7 @@ def find_in_subprocess(model, pool, kwargs, progress: Progress) -> BatchSizeResu
     with tempfile.TemporaryDirectory(prefix="tfgpu-bs-") as tmp:
         tmpdir = Path(tmp)
         model.save(tmpdir / "model.keras")
-        with open(tmpdir / "pool.pkl", "wb") as f:
-            pickle.dump(pool, f)
+        (tmpdir / "pool.pkl").write_bytes(pickle.dumps(pool))
         # The child shows its progress one line per phase; this process relays the phases.
         (tmpdir / "kwargs.json").write_text(json.dumps({**kwargs, "verbose": 2}))
         (tmpdir / "modules.json").write_text(json.dumps(_custom_modules(model)))
@@ -118,8 +117,7 @@ def subprocess_main(tmpdir: str) -> None:
     for name in json.loads((path / "modules.json").read_text()):
         importlib.import_module(name)
     model = keras.models.load_model(path / "model.keras")
-    with open(path / "pool.pkl", "rb") as f:
-        pool = pickle.load(f)
+    pool = pickle.loads((path / "pool.pkl").read_bytes())
     kwargs = json.loads((path / "kwargs.json").read_text())
     result = find_batch_size(model, tuple(pool), **kwargs)
     (path / "result.json").write_text(json.dumps(result.to_dict()))

@@ -90,6 +90,7 @@ class Seen:
     spe: rules.Gain | None
     xla: rules.Gain | None
     cpu_ops: list[tuple[OpFact, str]]
+    gpu: counters.Counters | None  # the GPU counters (None without a GPU)
 
     @property
     def scaling_bound(self) -> bool:
@@ -135,40 +136,39 @@ def seen(f: Facts, verdict: dict[str, Any] | None = None) -> Seen:
         level = "no"
     cpu_ops = _cpu_placed_ops(f.train_step_ops) if f.on_gpu and not f.jit_compile else []
     spe, xla = rules.Gain.of(f.spe_rounds), rules.Gain.of(f.xla_rounds)
-    return Seen(f, level, share, wait, unexplained, spe, xla, cpu_ops)
+    gpu = _counters(f) if f.on_gpu else None
+    return Seen(f, level, share, wait, unexplained, spe, xla, cpu_ops, gpu)
 
 
-def _input_bound(s: Seen) -> list[Finding]:
+def _input_bound(s: Seen) -> Finding | None:
     f = s.f
     if s.unexplained:
-        return [advice.unexplained_wait_finding(f, s.wait_s)]
+        return advice.unexplained_wait_finding(f, s.wait_s)
     if s.level not in ("high", "moderate"):
-        return []
+        return None
     busy = (
         f" and keeps {f.pipeline_cpu_busy:.0%} of {f.cpu_cores} CPU cores busy."
         if math.isfinite(f.pipeline_cpu_busy) and f.cpu_cores
         else "."
     )
-    return [
-        Finding(
-            kind="input_bound",
-            severity=s.level,
-            title=f"Input-bound ({s.level}): {s.share:.0%} of each step waits for input",
-            detail=f"{f.step_time_s * 1e3:.2f} ms per step with the pipeline vs "
-            f"{f.compute_step_time_s * 1e3:.2f} ms on a device-resident batch; the pipeline "
-            f"alone takes {f.input_time_s * 1e3:.2f} ms per batch{busy}",
-            recommendation=advice.input_advice(f, _no_gain(s.spe)),
-            expected_gain=(
-                f.step_time_s / f.compute_step_time_s if f.compute_step_time_s > 0 else None
-            ),
-            gain_measured=True,
-        )
-    ]
+    return Finding(
+        kind="input_bound",
+        severity=s.level,
+        title=f"Input-bound ({s.level}): {s.share:.0%} of each step waits for input",
+        detail=f"{f.step_time_s * 1e3:.2f} ms per step with the pipeline vs "
+        f"{f.compute_step_time_s * 1e3:.2f} ms on a device-resident batch; the pipeline "
+        f"alone takes {f.input_time_s * 1e3:.2f} ms per batch{busy}",
+        recommendation=advice.input_advice(f, _no_gain(s.spe)),
+        expected_gain=(
+            f.step_time_s / f.compute_step_time_s if f.compute_step_time_s > 0 else None
+        ),
+        gain_measured=True,
+    )
 
 
-def _host_overhead(s: Seen) -> list[Finding]:
+def _host_overhead(s: Seen) -> Finding | None:
     if not _helps(s.spe) or s.spe is None:
-        return []
+        return None
     f = s.f
     base, probe = rules.medians(f.spe_rounds)
     rec = (
@@ -180,22 +180,20 @@ def _host_overhead(s: Seen) -> list[Finding]:
             " On GPUs also set the environment variable `TF_GPU_THREAD_MODE=gpu_private` "
             "before TensorFlow starts (dedicated threads launch the kernels)."
         )
-    return [
-        Finding(
-            kind="host_overhead",
-            severity="high",
-            title="Host-overhead-bound: steps are so short that dispatching them dominates",
-            detail=f"{base * 1e3:.2f} ms per step with steps_per_execution="
-            f"{f.steps_per_execution}, {probe * 1e3:.2f} ms with "
-            f"steps_per_execution={PROBE_STEPS_PER_EXECUTION}.",
-            recommendation=rec,
-            expected_gain=s.spe.value,
-            gain_measured=True,
-        )
-    ]
+    return Finding(
+        kind="host_overhead",
+        severity="high",
+        title="Host-overhead-bound: steps are so short that dispatching them dominates",
+        detail=f"{base * 1e3:.2f} ms per step with steps_per_execution="
+        f"{f.steps_per_execution}, {probe * 1e3:.2f} ms with "
+        f"steps_per_execution={PROBE_STEPS_PER_EXECUTION}.",
+        recommendation=rec,
+        expected_gain=s.spe.value,
+        gain_measured=True,
+    )
 
 
-def _host_device_traffic(s: Seen) -> list[Finding]:
+def _host_device_traffic(s: Seen) -> Finding | None:
     f = s.f
     device_hint = " or `tf.data.experimental.prefetch_to_device('/gpu:0')`" if f.on_gpu else ""
     seen_and_fixed = (  # (whether it is seen, what was seen, the fix)
@@ -211,119 +209,109 @@ def _host_device_traffic(s: Seen) -> list[Finding]:
     if s.cpu_ops:
         traffic.append(advice.cpu_ops_traffic(s.cpu_ops))
     if not traffic:
-        return []
+        return None
     if s.cpu_ops:
         title = "Train-step ops placed on the CPU" + (
             " and host-side input work" if len(traffic) > 1 else ""
         )
     else:
         title = "Host-side input work every step"
-    return [
-        Finding(
-            kind="host_device_traffic",
-            severity="moderate" if s.level != "no" or s.cpu_ops else "info",
-            title=title,
-            detail="; ".join(seen for seen, _ in traffic) + ".",
-            recommendation="; ".join(fix for _, fix in traffic) + ".",
-        )
-    ]
+    return Finding(
+        kind="host_device_traffic",
+        severity="moderate" if s.level != "no" or s.cpu_ops else "info",
+        title=title,
+        detail="; ".join(seen for seen, _ in traffic) + ".",
+        recommendation="; ".join(fix for _, fix in traffic) + ".",
+    )
 
 
-def _memory_headroom(s: Seen) -> list[Finding]:
+def _memory_headroom(s: Seen) -> Finding | None:
     f = s.f
     if not (f.on_gpu and f.peak_memory_bytes and f.memory_capacity_bytes):
-        return []
+        return None
     used = f.peak_memory_bytes / f.memory_capacity_bytes
     if used >= MEMORY_HEADROOM_BELOW:
-        return []
+        return None
     room = 0.9 * f.memory_capacity_bytes / f.peak_memory_bytes
-    return [
-        Finding(
-            kind="memory_headroom",
-            severity="info",
-            title=f"Memory headroom: the step peaks at {used:.0%} of device memory",
-            detail=f"Peak {f.peak_memory_bytes / 2**30:.2f} GiB of "
-            f"{f.memory_capacity_bytes / 2**30:.1f} GiB: the batch could grow about {room:.1f}x.",
-            recommendation=f"A larger `batch_size` (now {f.batch_size}); "
-            "`tfgpu.find_batch_size(model, data)` finds the largest and the fastest. Scale the "
-            "learning rate with `tfgpu.scale_learning_rate`.",
-        )
-    ]
+    return Finding(
+        kind="memory_headroom",
+        severity="info",
+        title=f"Memory headroom: the step peaks at {used:.0%} of device memory",
+        detail=f"Peak {f.peak_memory_bytes / 2**30:.2f} GiB of "
+        f"{f.memory_capacity_bytes / 2**30:.1f} GiB: the batch could grow about {room:.1f}x.",
+        recommendation=f"A larger `batch_size` (now {f.batch_size}); "
+        "`tfgpu.find_batch_size(model, data)` finds the largest and the fastest. Scale the "
+        "learning rate with `tfgpu.scale_learning_rate`.",
+    )
 
 
-def _precision(s: Seen) -> list[Finding]:
+def _precision(s: Seen) -> Finding | None:
     from tfgpu.flops import peak_flops
     from tfgpu.precision import choose_policy
 
     f = s.f
     if not (f.on_gpu and f.compute_capabilities and f.policy == "float32"):
-        return []
+        return None
     ccs = list(f.compute_capabilities)
     choice = choose_policy(ccs)
     if choice.policy == "float32":
-        return []
+        return None
     gain = None
     if f.gpu_name:
         now = peak_flops(f.gpu_name, peak_precision("float32", ccs, f.tf32_enabled) or "float32")
         mixed = peak_flops(f.gpu_name, choice.policy)
         gain = mixed / now if now and mixed else None
-    return [
-        Finding(
-            kind="precision",
-            severity="moderate",
-            title="float32 on a tensor-core GPU",
-            detail=f"The policy is float32; {choice.reason}.",
-            recommendation=f'`tfgpu.configure(precision="{choice.policy}")` before building the '
-            f'model (or `keras.mixed_precision.set_global_policy("{choice.policy}")`).',
-            expected_gain=gain,
-        )
-    ]
+    return Finding(
+        kind="precision",
+        severity="moderate",
+        title="float32 on a tensor-core GPU",
+        detail=f"The policy is float32; {choice.reason}.",
+        recommendation=f'`tfgpu.configure(precision="{choice.policy}")` before building the '
+        f'model (or `keras.mixed_precision.set_global_policy("{choice.policy}")`).',
+        expected_gain=gain,
+    )
 
 
-def _xla(s: Seen) -> list[Finding]:
+def _xla(s: Seen) -> Finding | None:
     if not _helps(s.xla) or s.xla is None:
-        return []
+        return None
     f = s.f
     base, variant = rules.medians(f.xla_rounds)
     other = not f.jit_compile
-    return [
-        Finding(
-            kind="xla",
-            severity="moderate",
-            title=f"XLA {'on' if other else 'off'} is faster for this model",
-            detail=f"{base * 1e3:.2f} ms per step with jit_compile={f.jit_compile}, "
-            f"{variant * 1e3:.2f} ms with jit_compile={other}.",
-            recommendation=f"`model.compile(..., jit_compile={other})`.",
-            expected_gain=s.xla.value,
-            gain_measured=True,
-        )
-    ]
+    return Finding(
+        kind="xla",
+        severity="moderate",
+        title=f"XLA {'on' if other else 'off'} is faster for this model",
+        detail=f"{base * 1e3:.2f} ms per step with jit_compile={f.jit_compile}, "
+        f"{variant * 1e3:.2f} ms with jit_compile={other}.",
+        recommendation=f"`model.compile(..., jit_compile={other})`.",
+        expected_gain=s.xla.value,
+        gain_measured=True,
+    )
 
 
-def _loss_scale(s: Seen) -> list[Finding]:
+def _loss_scale(s: Seen) -> Finding | None:
     f = s.f
     if not f.loss_scale_before or f.loss_scale_after is None:
-        return []
+        return None
     halvings = math.log2(f.loss_scale_before / max(f.loss_scale_after, 1e-30))
     if halvings >= LOSS_SCALE_MAX_HALVINGS or f.loss_scale_after < 1:
-        return [advice.loss_scale_finding(f.loss_scale_before, f.loss_scale_after)]
-    return []
+        return advice.loss_scale_finding(f.loss_scale_before, f.loss_scale_after)
+    return None
 
 
-def _counter_findings(s: Seen) -> list[Finding]:
-    """What GPU utilization hides: the shared `gpu_counters` rules, with what only a diagnosis
-    knows (the layers, the policy, TF32, the CPU ops, the batch's bytes)."""
+def _tensor_cores_idle(s: Seen) -> Finding | None:
     f = s.f
-    if not f.on_gpu:
-        return []
-    c = _counters(f)
-    findings = []
-    tensor_gpu = bool(f.compute_capabilities) and all(
-        tuple(cc) >= (7, 0) for cc in f.compute_capabilities
-    )
-    idle = counters.tensor_cores_idle(c) if tensor_gpu else None
-    if idle is not None:
-        findings.append(advice.tensor_idle_finding(f, idle, _no_gain(s.xla)))
+    ccs = f.compute_capabilities
+    tensor_gpu = bool(ccs) and all(tuple(cc) >= (7, 0) for cc in ccs)
+    idle = counters.tensor_cores_idle(s.gpu) if s.gpu and tensor_gpu else None
+    return None if idle is None else advice.tensor_idle_finding(f, idle, _no_gain(s.xla))
+
+
+def _small_kernels(s: Seen) -> Finding | None:
+    f = s.f
+    if s.gpu is None:
+        return None
     probes = {"steps_per_execution": s.spe, "jit_compile": s.xla}
     measured_no_gain = frozenset(knob for knob, gain in probes.items() if _no_gain(gain))
     fix = counters.small_kernels_fix(
@@ -333,41 +321,44 @@ def _counter_findings(s: Seen) -> list[Finding]:
         f.jit_compile,
         measured_no_gain=measured_no_gain,
     )
-    small = counters.small_kernels(c, fix)
-    if small is not None:
-        findings.append(advice.finding(small))
-    pcie = counters.pcie_traffic(c, f.step_time_s, f.batch_bytes)
-    if pcie is not None:
-        findings.append(advice.pcie_finding(f, pcie, s.cpu_ops))
-    throttled = counters.clocks_throttled(c)
-    if throttled is not None:
-        findings.append(advice.finding(throttled))
-    return findings
+    small = counters.small_kernels(s.gpu, fix)
+    return None if small is None else advice.finding(small)
 
 
-def _scaling_bound(s: Seen) -> list[Finding]:
+def _pcie_traffic(s: Seen) -> Finding | None:
+    f = s.f
+    pcie = counters.pcie_traffic(s.gpu, f.step_time_s, f.batch_bytes) if s.gpu else None
+    return None if pcie is None else advice.pcie_finding(f, pcie, s.cpu_ops)
+
+
+def _clocks_throttled(s: Seen) -> Finding | None:
+    throttled = counters.clocks_throttled(s.gpu) if s.gpu else None
+    return None if throttled is None else advice.finding(throttled)
+
+
+def _scaling_bound(s: Seen) -> Finding | None:
     f = s.f
     if not s.scaling_bound or f.all_reduce_s is None:
-        return []
-    return [
-        Finding(
-            kind="scaling_bound",
-            severity="high",
-            title="Scaling-bound: the all-reduce of the gradients holds the step on "
-            f"{f.replicas} replicas",
-            detail=f"{f.gradient_bytes / 2**20:,.1f} MiB of gradients take "
-            f"{f.all_reduce_s * 1e3:.2f} ms of a {f.compute_step_time_s * 1e3:.2f} ms step (the "
-            "all-reduce timed alone).",
-            recommendation="`tfgpu.scaling(build_model, data)` times 1, 2, 4, ... replicas and "
-            "names what to change; more compute per all-reduce (a larger per-replica batch) "
-            "helps, and `tfgpu.tune` tries the other `all_reduce` implementations.",
-            expected_gain=f.compute_step_time_s / max(1e-9, f.compute_step_time_s - f.all_reduce_s),
-        )
-    ]
+        return None
+    return Finding(
+        kind="scaling_bound",
+        severity="high",
+        title="Scaling-bound: the all-reduce of the gradients holds the step on "
+        f"{f.replicas} replicas",
+        detail=f"{f.gradient_bytes / 2**20:,.1f} MiB of gradients take "
+        f"{f.all_reduce_s * 1e3:.2f} ms of a {f.compute_step_time_s * 1e3:.2f} ms step (the "
+        "all-reduce timed alone).",
+        recommendation="`tfgpu.scaling(build_model, data)` times 1, 2, 4, ... replicas and "
+        "names what to change; more compute per all-reduce (a larger per-replica batch) "
+        "helps, and `tfgpu.tune` tries the other `all_reduce` implementations.",
+        expected_gain=f.compute_step_time_s / max(1e-9, f.compute_step_time_s - f.all_reduce_s),
+    )
 
 
-# The rules, each a function of what was seen to the findings it makes (none, one, more).
-RULES: tuple[Callable[[Seen], list[Finding]], ...] = (
+# The rules, each a function of what was seen to the finding it makes (or None). What GPU
+# utilization hides: the shared `gpu_counters` rules, with what only a diagnosis knows (the
+# layers, the policy, TF32, the CPU ops, the batch's bytes).
+RULES: tuple[Callable[[Seen], Finding | None], ...] = (
     _input_bound,
     _host_overhead,
     _host_device_traffic,
@@ -375,7 +366,10 @@ RULES: tuple[Callable[[Seen], list[Finding]], ...] = (
     _precision,
     _xla,
     _loss_scale,
-    _counter_findings,
+    _tensor_cores_idle,
+    _small_kernels,
+    _pcie_traffic,
+    _clocks_throttled,
     _scaling_bound,
 )
 
@@ -410,7 +404,7 @@ def classify(
     findings, most important first) from the facts, by `RULES`. `verdict` is
     `share_verdict(f.rounds)` where the caller has it already."""
     s = seen(f, verdict)
-    findings = [finding for rule in RULES for finding in rule(s)]
+    findings = [finding for finding in (rule(s) for rule in RULES) if finding is not None]
     name = bottleneck(s)
     lead = _LEAD.get(name)
     findings.sort(key=lambda x: (x.kind != lead, _ORDER[x.severity]))
