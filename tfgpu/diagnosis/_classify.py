@@ -140,8 +140,7 @@ def seen(f: Facts, verdict: dict[str, Any] | None = None) -> Seen:
     return Seen(f, level, share, wait, unexplained, spe, xla, cpu_ops, gpu)
 
 
-def _input_bound(s: Seen) -> Finding | None:
-    f = s.f
+def _input_bound(f: Facts, s: Seen) -> Finding | None:
     if s.unexplained:
         return advice.unexplained_wait_finding(f, s.wait_s)
     if s.level not in ("high", "moderate"):
@@ -166,10 +165,9 @@ def _input_bound(s: Seen) -> Finding | None:
     )
 
 
-def _host_overhead(s: Seen) -> Finding | None:
+def _host_overhead(f: Facts, s: Seen) -> Finding | None:
     if not _helps(s.spe) or s.spe is None:
         return None
-    f = s.f
     base, probe = rules.medians(f.spe_rounds)
     rec = (
         f"`model.compile(..., steps_per_execution={PROBE_STEPS_PER_EXECUTION})` (or more) "
@@ -193,8 +191,7 @@ def _host_overhead(s: Seen) -> Finding | None:
     )
 
 
-def _host_device_traffic(s: Seen) -> Finding | None:
-    f = s.f
+def _host_device_traffic(f: Facts, s: Seen) -> Finding | None:
     device_hint = " or `tf.data.experimental.prefetch_to_device('/gpu:0')`" if f.on_gpu else ""
     seen_and_fixed = (  # (whether it is seen, what was seen, the fix)
         (f.from_arrays, "the data is fed as NumPy arrays, copied from host memory batch by batch",
@@ -225,8 +222,7 @@ def _host_device_traffic(s: Seen) -> Finding | None:
     )
 
 
-def _memory_headroom(s: Seen) -> Finding | None:
-    f = s.f
+def _memory_headroom(f: Facts, s: Seen) -> Finding | None:
     if not (f.on_gpu and f.peak_memory_bytes and f.memory_capacity_bytes):
         return None
     used = f.peak_memory_bytes / f.memory_capacity_bytes
@@ -245,11 +241,10 @@ def _memory_headroom(s: Seen) -> Finding | None:
     )
 
 
-def _precision(s: Seen) -> Finding | None:
+def _precision(f: Facts, s: Seen) -> Finding | None:
     from tfgpu.flops import peak_flops
     from tfgpu.precision import choose_policy
 
-    f = s.f
     if not (f.on_gpu and f.compute_capabilities and f.policy == "float32"):
         return None
     ccs = list(f.compute_capabilities)
@@ -272,10 +267,9 @@ def _precision(s: Seen) -> Finding | None:
     )
 
 
-def _xla(s: Seen) -> Finding | None:
+def _xla(f: Facts, s: Seen) -> Finding | None:
     if not _helps(s.xla) or s.xla is None:
         return None
-    f = s.f
     base, variant = rules.medians(f.xla_rounds)
     other = not f.jit_compile
     return Finding(
@@ -290,8 +284,7 @@ def _xla(s: Seen) -> Finding | None:
     )
 
 
-def _loss_scale(s: Seen) -> Finding | None:
-    f = s.f
+def _loss_scale(f: Facts, s: Seen) -> Finding | None:
     if not f.loss_scale_before or f.loss_scale_after is None:
         return None
     halvings = math.log2(f.loss_scale_before / max(f.loss_scale_after, 1e-30))
@@ -300,16 +293,14 @@ def _loss_scale(s: Seen) -> Finding | None:
     return None
 
 
-def _tensor_cores_idle(s: Seen) -> Finding | None:
-    f = s.f
+def _tensor_cores_idle(f: Facts, s: Seen) -> Finding | None:
     ccs = f.compute_capabilities
     tensor_gpu = bool(ccs) and all(tuple(cc) >= (7, 0) for cc in ccs)
     idle = counters.tensor_cores_idle(s.gpu) if s.gpu and tensor_gpu else None
     return None if idle is None else advice.tensor_idle_finding(f, idle, _no_gain(s.xla))
 
 
-def _small_kernels(s: Seen) -> Finding | None:
-    f = s.f
+def _small_kernels(f: Facts, s: Seen) -> Finding | None:
     if s.gpu is None:
         return None
     probes = {"steps_per_execution": s.spe, "jit_compile": s.xla}
@@ -325,19 +316,17 @@ def _small_kernels(s: Seen) -> Finding | None:
     return None if small is None else advice.finding(small)
 
 
-def _pcie_traffic(s: Seen) -> Finding | None:
-    f = s.f
+def _pcie_traffic(f: Facts, s: Seen) -> Finding | None:
     pcie = counters.pcie_traffic(s.gpu, f.step_time_s, f.batch_bytes) if s.gpu else None
     return None if pcie is None else advice.pcie_finding(f, pcie, s.cpu_ops)
 
 
-def _clocks_throttled(s: Seen) -> Finding | None:
+def _clocks_throttled(f: Facts, s: Seen) -> Finding | None:
     throttled = counters.clocks_throttled(s.gpu) if s.gpu else None
     return None if throttled is None else advice.finding(throttled)
 
 
-def _scaling_bound(s: Seen) -> Finding | None:
-    f = s.f
+def _scaling_bound(f: Facts, s: Seen) -> Finding | None:
     if not s.scaling_bound or f.all_reduce_s is None:
         return None
     return Finding(
@@ -355,10 +344,10 @@ def _scaling_bound(s: Seen) -> Finding | None:
     )
 
 
-# The rules, each a function of what was seen to the finding it makes (or None). What GPU
-# utilization hides: the shared `gpu_counters` rules, with what only a diagnosis knows (the
-# layers, the policy, TF32, the CPU ops, the batch's bytes).
-RULES: tuple[Callable[[Seen], Finding | None], ...] = (
+# The rules, each a function of the facts and what was seen beyond them to the finding it
+# makes (or None). What GPU utilization hides: the shared `gpu_counters` rules, with what
+# only a diagnosis knows (the layers, the policy, TF32, the CPU ops, the batch's bytes).
+RULES: tuple[Callable[[Facts, Seen], Finding | None], ...] = (
     _input_bound,
     _host_overhead,
     _host_device_traffic,
@@ -404,7 +393,7 @@ def classify(
     findings, most important first) from the facts, by `RULES`. `verdict` is
     `share_verdict(f.rounds)` where the caller has it already."""
     s = seen(f, verdict)
-    findings = [finding for finding in (rule(s) for rule in RULES) if finding is not None]
+    findings = [finding for finding in (rule(f, s) for rule in RULES) if finding is not None]
     name = bottleneck(s)
     lead = _LEAD.get(name)
     findings.sort(key=lambda x: (x.kind != lead, _ORDER[x.severity]))
