@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import keras
+import tensorflow as tf
 
 from tfgpu._internal.adapters.model_state import preserved
 from tfgpu._internal.helpers.checks import check_bool, check_int, check_number, invalid_value
@@ -21,10 +24,6 @@ from tfgpu.batch_size._trial import (
     memory_device,
     run_trial,
 )
-
-if TYPE_CHECKING:
-    import keras
-    import tensorflow as tf
 
 
 def find_batch_size(
@@ -47,14 +46,12 @@ def find_batch_size(
 ) -> BatchSizeResult:
     """Finds the largest batch size that fits in device memory, and the fastest.
 
-    Grows the batch by powers of two from `start` until a trial runs out of memory or its
-    peak device memory passes the budget (`memory_fraction` of the capacity, capped by
-    `memory_limit_mib`), then binary-searches the boundary. Every trial runs `steps` real
-    training steps on a batch cut from `data` and measures throughput. Batch sizes are
-    global, as `fit(batch_size=)` takes them (under a strategy, multiples of its replicas;
-    each replica's share is in `per_replica_*`). The model's weights, optimizer state and
-    metrics are restored afterwards. The long story (the CPU, multi-worker,
-    `in_subprocess`): docs/diagnosis.md.
+    Grows the batch by powers of two from `start` until a trial runs out of memory or passes
+    the memory budget (`memory_fraction` of the capacity, capped by `memory_limit_mib`), then
+    binary-searches the boundary; each trial times `steps` real training steps on a batch cut
+    from `data`. Batch sizes are global, as `fit(batch_size=)` takes them (under a strategy,
+    multiples of its replicas). The model's weights, optimizer state and metrics are restored
+    afterwards. The guide (the CPU, multi-worker, `in_subprocess`): docs/diagnosis.md.
 
     Args:
         model: keras.Model, compiled (`model.compile(optimizer, loss)`), or a function

@@ -1,13 +1,9 @@
-"""The pure decisions of the batch-size search: the next size to try, why the search ended,
-the fastest size, and the gradient-accumulation plan (no TensorFlow, tested without hardware)."""
+"""The pure decisions of the batch-size search: the next size to try, why the search ended and
+the gradient-accumulation plan (no TensorFlow, tested without hardware)."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from tfgpu.batch_size._result import BatchSizeTrial
 
 
 def next_candidate(
@@ -59,8 +55,3 @@ def accumulation_plan(target: int, max_per_replica: int, replicas: int) -> tuple
         if target % (replicas * s) == 0 and target // (replicas * s) <= max_per_replica:
             return s, target // (replicas * s)
     return steps, math.ceil(target / (replicas * steps))
-
-
-def pick_fastest(trials: list[BatchSizeTrial]) -> int | None:
-    ok = [t for t in trials if t.fits and not math.isnan(t.examples_per_s)]
-    return max(ok, key=lambda t: t.examples_per_s).batch_size if ok else None

@@ -3,11 +3,14 @@ process's device memory stays untouched), and that process's entry point, `subpr
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import pickle
 import tempfile
 from pathlib import Path
+
+import keras
 
 from tfgpu._internal.helpers.checks import invalid_value
 from tfgpu._internal.helpers.processes import run_python
@@ -107,10 +110,6 @@ def _custom_modules(model) -> list[str]:
 def subprocess_main(tmpdir: str) -> None:
     """The child process: loads the model and examples from `tmpdir`, runs the search in
     this process, and writes `result.json` there."""
-    import importlib
-
-    import keras
-
     from tfgpu.batch_size._find import find_batch_size  # _find imports this module
 
     path = Path(tmpdir)

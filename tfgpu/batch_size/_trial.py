@@ -6,15 +6,15 @@ from __future__ import annotations
 import gc
 
 import numpy as np
+import tensorflow as tf
 
 from tfgpu._internal.adapters.devices import gpu_record, peak_memory, reset_peak_memory
+from tfgpu._internal.measure import timing
 from tfgpu.batch_size._result import BatchSizeTrial
 
 
 def make_batch(pool, batch_size: int):
     """`(x, y, sample_weight)` of `batch_size` examples cut from the pool (repeated as needed)."""
-    import tensorflow as tf
-
     idx = np.arange(batch_size) % len(tf.nest.flatten(pool[0])[0])
 
     def cut(a):
@@ -26,8 +26,6 @@ def make_batch(pool, batch_size: int):
 def memory_device(strategy) -> str:
     """The device whose memory the trials measure: the strategy's first, else `/GPU:0` or
     `/CPU:0`, e.g. "GPU:0"."""
-    import tensorflow as tf
-
     try:
         devices = list(strategy.extended.worker_devices)
     except (RuntimeError, AttributeError):  # the default strategy has none
@@ -41,8 +39,6 @@ def allocator_statistics(device: str) -> bool:
     """Whether TensorFlow keeps peak-memory statistics for `device`: they exist and rise when
     a tensor is made there. A CPU allocator without them may answer zeros
     (`TF_CPU_ALLOCATOR_USE_BFC=false`) instead of refusing: that is no statistics either."""
-    import tensorflow as tf
-
     if not reset_peak_memory(device):
         return False
     with tf.device(device):
@@ -66,8 +62,6 @@ def device_capacity_bytes(device: str) -> int | None:
 
 def _agree(strategy, fits: bool, seconds: float) -> tuple[bool, float]:
     """Under multi-worker training, all workers take the same decision for a trial."""
-    import tensorflow as tf
-
     extended = strategy.extended
     multi = getattr(extended, "_in_multi_worker_mode", lambda: False)()
     if not multi:
@@ -82,10 +76,6 @@ def _agree(strategy, fits: bool, seconds: float) -> tuple[bool, float]:
 def run_trial(model, pool, batch_size, *, steps, device, budget, replicas) -> BatchSizeTrial:
     """Trains `steps` steps on a batch of `batch_size` examples per replica (`train_on_batch`
     gives each replica the whole batch) and measures them; the decision is every worker's."""
-    import tensorflow as tf
-
-    from tfgpu._internal.measure import timing
-
     measured = reset_peak_memory(device)
     nan = float("nan")
     fits, reason, seconds = True, "ok", nan

@@ -29,6 +29,8 @@ from tfgpu.diagnosis._facts import (
     OpFact,
 )
 from tfgpu.diagnosis._result import Finding
+from tfgpu.flops import peak_flops
+from tfgpu.precision import choose_policy
 
 
 def wait_and_share(compute_s: float, real_s: float) -> tuple[float, float]:
@@ -242,9 +244,6 @@ def _memory_headroom(f: Facts, s: Seen) -> Finding | None:
 
 
 def _precision(f: Facts, s: Seen) -> Finding | None:
-    from tfgpu.flops import peak_flops
-    from tfgpu.precision import choose_policy
-
     if not (f.on_gpu and f.compute_capabilities and f.policy == "float32"):
         return None
     ccs = list(f.compute_capabilities)

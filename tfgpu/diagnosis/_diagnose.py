@@ -31,6 +31,7 @@ from tfgpu.diagnosis._facts import (
     Facts,
 )
 from tfgpu.diagnosis._result import Diagnosis
+from tfgpu.flops import mfu, peak_flops, train_step_flops
 
 
 def full_batch(ds, first, size: int | None, expected: int | None, most: int = 4):
@@ -53,8 +54,6 @@ def flop_facts(model: Any, x: Any, size: int | None, f: Facts) -> tuple[Any, Any
     rate above the devices' peak is not reported as achieved. The FLOPs are the global
     batch's: on GPUs the peak is one GPU's times the replicas; logical CPU devices share the
     machine's cores, so the CPU's peak is the machine's."""
-    from tfgpu.flops import mfu, peak_flops, train_step_flops
-
     if not size:
         return None, None, None, []
     failure: list[str] = []
@@ -110,13 +109,11 @@ def diagnose(
 ) -> Diagnosis:
     """Measures a short training run and says what holds the GPU back, and what to change.
 
-    Times the input pipeline alone, `fit` on one batch held in device memory and `fit` on
-    the real `data` (sampled by `tfgpu.monitor` on a GPU), alternated in rounds until the
-    input-wait share is clear of noise; then probes `steps_per_execution=16` and
-    `jit_compile` (`jit_compile=False` first, before the rounds, when the model has it on),
-    all within `time_budget_s`. The model's weights, optimizer state, metrics, compile
-    settings and `history` are restored afterwards. The protocol, the findings and their
-    thresholds: docs/diagnosis.md.
+    Times the input pipeline alone, then `fit` on one batch held in device memory against
+    `fit` on the real `data` (sampled by `tfgpu.monitor` on a GPU) in rounds until the input
+    wait is clear of noise, then probes `steps_per_execution=16` and `jit_compile`, all within
+    `time_budget_s`; the model's weights, optimizer state, metrics, compile settings and
+    `history` are restored afterwards. The protocol and the thresholds: docs/diagnosis.md.
 
     Args:
         model: keras.Model, compiled, or a function without arguments that builds and
@@ -133,9 +130,8 @@ def diagnose(
         monitor: bool, sample GPU utilization/memory during the real run. Defaults to True.
         profile: bool, capture a TensorBoard profiler trace into `log_dir/profile`.
             Defaults to False.
-        time_budget_s: float or None, seconds the measurements may take; long steps are
-            timed over fewer steps, probes that do not fit are skipped with a note; None: no
-            limit. Defaults to 60.0.
+        time_budget_s: float or None, seconds the measurements may take (None: no limit);
+            what does not fit is timed shorter or skipped, with a note. Defaults to 60.0.
         verbose: str or int, "auto", 0, 1 or 2: progress lines, as `model.fit` shows them.
             Defaults to "auto".
 

@@ -12,14 +12,13 @@ import tensorflow as tf
 
 from tfgpu.diagnosis._facts import OpFact
 from tfgpu.diagnosis._result import Finding
+from tfgpu.precision import has_tensor_cores
 
 _HALF = ("float16", "bfloat16")  # the compute dtypes of a mixed policy
 
 
 def lint_mixed_precision(model, compute_capabilities) -> list[Finding]:
     """Checks a model for mixed-precision pitfalls (pure: reads the model, changes nothing)."""
-    from tfgpu.precision import has_tensor_cores
-
     mixed = [la for la in _leaf_layers(model) if getattr(la, "compute_dtype", None) in _HALF]
     if not mixed:
         return []
