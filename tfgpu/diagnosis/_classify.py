@@ -82,9 +82,8 @@ def input_level(share: float, wait_s: float = math.inf) -> str:
 class Seen:
     """What the rules read beyond the facts, worked out once: the input level (after the
     checks that the pipeline can explain the wait), the probes' gains, the train-step ops on
-    the CPU."""
+    the CPU, whether the all-reduce holds the step, the GPU counters (None without a GPU)."""
 
-    f: Facts
     level: str
     share: float
     wait_s: float
@@ -92,18 +91,8 @@ class Seen:
     spe: rules.Gain | None
     xla: rules.Gain | None
     cpu_ops: list[tuple[OpFact, str]]
-    gpu: counters.Counters | None  # the GPU counters (None without a GPU)
-
-    @property
-    def scaling_bound(self) -> bool:
-        # Keras under tf.distribute runs the all-reduce after the backward pass, not beside it.
-        f = self.f
-        return (
-            f.replicas > 1
-            and f.all_reduce_s is not None
-            and f.compute_step_time_s > 0
-            and f.all_reduce_s >= rules.ALL_REDUCE_SHARE * f.compute_step_time_s
-        )
+    scaling_bound: bool
+    gpu: counters.Counters | None
 
 
 def _helps(gain: rules.Gain | None) -> bool:
@@ -138,8 +127,11 @@ def seen(f: Facts, verdict: dict[str, Any] | None = None) -> Seen:
         level = "no"
     cpu_ops = _cpu_placed_ops(f.train_step_ops) if f.on_gpu and not f.jit_compile else []
     spe, xla = rules.Gain.of(f.spe_rounds), rules.Gain.of(f.xla_rounds)
+    # Keras under tf.distribute runs the all-reduce after the backward pass, not beside it.
+    reduce_s, step_s = (f.all_reduce_s if f.replicas > 1 else None), f.compute_step_time_s
+    scaling = reduce_s is not None and step_s > 0 and reduce_s >= rules.ALL_REDUCE_SHARE * step_s
     gpu = _counters(f) if f.on_gpu else None
-    return Seen(f, level, share, wait, unexplained, spe, xla, cpu_ops, gpu)
+    return Seen(level, share, wait, unexplained, spe, xla, cpu_ops, scaling, gpu)
 
 
 def _input_bound(f: Facts, s: Seen) -> Finding | None:
@@ -371,11 +363,10 @@ _LEAD = {
 _ORDER = {"high": 0, "moderate": 1, "info": 2}
 
 
-def bottleneck(s: Seen) -> str:
+def bottleneck(f: Facts, s: Seen) -> str:
     """The bottleneck: host overhead where `steps_per_execution` helps (tiny steps also wait
     on the per-step hand-over of each batch: when the pipeline alone outpaces the step, that
     wait is dispatch cost too), else the input, the all-reduce, noise, or the device."""
-    f = s.f
     if _helps(s.spe) and (s.level != "high" or f.input_time_s < f.compute_step_time_s):
         return "host_overhead"
     if s.level in ("high", "moderate"):
@@ -393,7 +384,7 @@ def classify(
     `share_verdict(f.rounds)` where the caller has it already."""
     s = seen(f, verdict)
     findings = [finding for finding in (rule(f, s) for rule in RULES) if finding is not None]
-    name = bottleneck(s)
+    name = bottleneck(f, s)
     lead = _LEAD.get(name)
     findings.sort(key=lambda x: (x.kind != lead, _ORDER[x.severity]))
     return name, s.level, s.share, findings
