@@ -14,15 +14,12 @@ def next_candidate(
         return min(start, max_batch_size)
     fits = [b for b, ok in trials if ok]
     fails = [b for b, ok in trials if not ok]
-    lo = max(fits) if fits else None
-    hi = min(fails) if fails else None
-    if lo is None:  # even the first size failed: halve down
-        nxt = min(fails) // 2  # = hi: trials is not empty, so something failed
-        return nxt if nxt >= 1 else None
-    if hi is None:  # still growing by powers of two
-        if lo >= max_batch_size:
-            return None
-        return min(lo * 2, max_batch_size)
+    if not fits:  # even the first size failed: halve down, to 1
+        return min(fails) // 2 or None
+    lo = max(fits)
+    if not fails:  # still growing by powers of two
+        return None if lo >= max_batch_size else min(lo * 2, max_batch_size)
+    hi = min(fails)
     mid = (lo + hi) // 2
     if multiple_of > 1 and mid >= multiple_of:
         mid = mid // multiple_of * multiple_of

@@ -40,20 +40,19 @@ def lint_mixed_precision(model, compute_capabilities) -> list[Finding]:
     tensor_cores = bool(compute_capabilities) and all(
         has_tensor_cores(tuple(cc)) for cc in compute_capabilities
     )
-    if tensor_cores:
-        odd = _odd_dims(mixed)
-        if odd:
-            findings.append(
-                Finding(
-                    "mixed_precision_dims",
-                    "moderate",
-                    "Matrix dimensions not multiples of 8",
-                    "Tensor cores need input/output sizes that are multiples of 8 in float16/"
-                    "bfloat16; these kernels are not: " + ", ".join(odd[:8]) + ".",
-                    "Round `units` / `filters` / `output_dim` (and input features, e.g. by "
-                    "padding the vocabulary or channels) up to a multiple of 8.",
-                )
+    odd = _odd_dims(mixed) if tensor_cores else []
+    if odd:
+        findings.append(
+            Finding(
+                "mixed_precision_dims",
+                "moderate",
+                "Matrix dimensions not multiples of 8",
+                "Tensor cores need input/output sizes that are multiples of 8 in float16/"
+                "bfloat16; these kernels are not: " + ", ".join(odd[:8]) + ".",
+                "Round `units` / `filters` / `output_dim` (and input features, e.g. by "
+                "padding the vocabulary or channels) up to a multiple of 8.",
             )
+        )
     return findings
 
 
