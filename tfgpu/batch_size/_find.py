@@ -184,7 +184,7 @@ class _Search:
         device = memory_device(model.distribute_strategy)
         notes = session.notes
         memory_source, budget = self._memory_budget(device, notes)
-        trials, ended = self._trials(model, pool, replicas, session, device, budget)
+        trials, ended = self._trials(model, pool, session, device, budget)
         return build_result(
             trials,
             replicas,
@@ -227,9 +227,10 @@ class _Search:
         return memory_source, (min(budgets) if budgets else None)
 
     def _trials(
-        self, model: Any, pool: Any, replicas: int, session: Session, device: str, budget: Any
+        self, model: Any, pool: Any, session: Session, device: str, budget: int | None
     ) -> tuple[list[BatchSizeTrial], str]:
         """The trials at per-replica sizes under `preserved(model)`, and why they ended."""
+        replicas = int(model.distribute_strategy.num_replicas_in_sync)
         start, most = self.start // replicas, self.max_batch_size // replicas
         trials: list[BatchSizeTrial] = []
         progress, ran_out = session.progress, ""
