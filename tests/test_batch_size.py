@@ -145,9 +145,9 @@ class _FakeAllocator:
         monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", self.reset)
         original = trial_module.make_batch
 
-        def make_batch(pool, size, device):
+        def make_batch(pool, size):
             self.batch = size
-            return original(pool, size, device)
+            return original(pool, size)
 
         monkeypatch.setattr(trial_module, "make_batch", make_batch)
 

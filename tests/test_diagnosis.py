@@ -22,10 +22,9 @@ from tfgpu._internal.measure.facts import batch_facts, pipeline_facts
 from tfgpu._internal.measure.rules import MAX_ROUNDS
 from tfgpu._internal.measure.variants import Steady, Variants
 from tfgpu.diagnosis import Diagnosis, _probes
-from tfgpu.diagnosis._classify import classify
+from tfgpu.diagnosis._classify import classify, share_verdict
 from tfgpu.diagnosis._facts import Facts
-from tfgpu.diagnosis._lint import lint_mixed_precision
-from tfgpu.diagnosis._rounds import share_verdict
+from tfgpu.diagnosis._model import lint_mixed_precision
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(1024, 256)).astype("float32")
@@ -141,7 +140,7 @@ def _ScriptedSteps(
         return seconds
 
     monkeypatch.setattr(variants_module, "device_resident", device_resident)
-    monkeypatch.setattr(_probes, "_warm_real", lambda *a, **k: None)
+    monkeypatch.setattr(_probes, "warm_real", lambda *a, **k: None)
     engine = ScriptedTiming(monkeypatch, step, real_fit=True, trace_s=trace_s)
     engine.fits = fits
     return engine
@@ -479,7 +478,7 @@ class _StringLayer(keras.layers.Layer):
 @pytest.mark.slow
 def test_train_step_graph_names_its_ops_their_devices_and_gpu_kernels():
     from tfgpu.diagnosis._classify import _cpu_placed_ops
-    from tfgpu.diagnosis._graph import step_ops
+    from tfgpu.diagnosis._model import step_ops
 
     model = keras.Sequential(
         [
@@ -979,8 +978,7 @@ def test_monitor_facts_read_gpu0_and_absent_or_odd_values_as_nan():
 
 
 def test_batch_bytes_and_the_layers_the_tensor_core_advice_names():
-    from tfgpu.diagnosis._graph import batch_nbytes
-    from tfgpu.diagnosis._lint import precision_layers
+    from tfgpu.diagnosis._model import batch_nbytes, precision_layers
 
     batch = (tf.zeros((4, 3), tf.float32), tf.zeros((4,), tf.int64))
     assert batch_nbytes(batch) == 4 * 3 * 4 + 4 * 8
@@ -1201,8 +1199,7 @@ def test_a_noisy_wait_the_pipeline_cannot_cause_is_not_input_bound():
         "inconclusive",
     )
     # The note says why (the pipeline's speed), never that a 3 ms wait is "below 1 ms".
-    from tfgpu.diagnosis._classify import wait_notes
-    from tfgpu.diagnosis._rounds import share_verdict
+    from tfgpu.diagnosis._classify import share_verdict, wait_notes
 
     fast = replace(noisy, input_time_s=0.0006)
     notes = wait_notes(fast, share_verdict(rounds), "no", 0.066, [])

@@ -74,7 +74,7 @@ def _one_measurement(monkeypatch, *, dispatch_s: float, compute_s: float, input_
     )
     monkeypatch.setattr(variants_module, "device_resident", device_resident)
     monkeypatch.setattr(reader, "read_alone", lambda *a, **k: alone)
-    monkeypatch.setattr(_probes, "_warm_real", lambda *a, **k: None)
+    monkeypatch.setattr(_probes, "warm_real", lambda *a, **k: None)
     monkeypatch.setattr(facts_module, "device_facts", lambda: dict(CPU_FACTS))
     monkeypatch.setattr(model_state, "supports_xla", lambda model: False)
     monkeypatch.setattr(

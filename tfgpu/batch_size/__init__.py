@@ -1,9 +1,6 @@
-"""`tfgpu.find_batch_size()`: the largest per-replica batch that fits, and the fastest one.
-
-Powers of two from `start`, then a binary search, each trial real training steps; a trial
-fails on `ResourceExhaustedError` or a peak device memory over the budget. The guide
-(the memory budget, the CPU's allocator statistics, `in_subprocess`) is the
-`find_batch_size` section of docs/diagnosis.md; the rooms are in docs/architecture.md.
+"""`tfgpu.find_batch_size()`: the largest batch that fits, and the fastest. The guide (the
+memory budget, the CPU's allocator statistics, `in_subprocess`): the `find_batch_size`
+section of docs/diagnosis.md; this package's rooms: docs/architecture.md.
 """
 
 from __future__ import annotations

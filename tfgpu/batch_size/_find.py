@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import keras
+import tensorflow as tf
 
 from tfgpu._internal.adapters.model_state import preserved
 from tfgpu._internal.helpers.checks import check_bool, check_int, check_number, invalid_value
@@ -21,10 +24,6 @@ from tfgpu.batch_size._trial import (
     memory_device,
     run_trial,
 )
-
-if TYPE_CHECKING:
-    import keras
-    import tensorflow as tf
 
 
 def find_batch_size(
@@ -47,14 +46,12 @@ def find_batch_size(
 ) -> BatchSizeResult:
     """Finds the largest batch size that fits in device memory, and the fastest.
 
-    Grows the batch by powers of two from `start` until a trial runs out of memory or its
-    peak device memory passes the budget (`memory_fraction` of the capacity, capped by
-    `memory_limit_mib`), then binary-searches the boundary. Every trial runs `steps` real
-    training steps on a batch cut from `data` and measures throughput. Batch sizes are
-    global, as `fit(batch_size=)` takes them (under a strategy, multiples of its replicas;
-    each replica's share is in `per_replica_*`). The model's weights, optimizer state and
-    metrics are restored afterwards. The long story (the CPU, multi-worker,
-    `in_subprocess`): docs/diagnosis.md.
+    Grows the batch by powers of two from `start` until a trial runs out of memory or passes
+    the memory budget (`memory_fraction` of the capacity, capped by `memory_limit_mib`), then
+    binary-searches the boundary; each trial times `steps` real training steps on a batch cut
+    from `data`. Batch sizes are global, as `fit(batch_size=)` takes them (under a strategy,
+    multiples of its replicas). The model's weights, optimizer state and metrics are restored
+    afterwards. The guide (the CPU, multi-worker, `in_subprocess`): docs/diagnosis.md.
 
     Args:
         model: keras.Model, compiled (`model.compile(optimizer, loss)`), or a function
@@ -123,7 +120,7 @@ def find_batch_size(
     if in_subprocess:
         left = session.budget.left() if session.budget.seconds else None
         kwargs = {**dataclasses.asdict(search), "time_budget_s": left}
-        result = find_in_subprocess(work.model, pool, kwargs, progress=session.progress)
+        result = find_in_subprocess(work.model, pool, kwargs, session.progress)
     else:
         result = search.run(work.model, pool, replicas, session)
     return session.finish(result, _summary(result))
@@ -144,17 +141,13 @@ class _Search:
 
     @classmethod
     def checked(cls, **given: Any) -> _Search:
-        for name in ("start", "max_batch_size", "steps", "multiple_of", "max_trials"):
-            check_int(name, given[name])
-        start, most = given["start"], given["max_batch_size"]
+        ints = ("start", "max_batch_size", "steps", "multiple_of", "max_trials")
+        checked: dict[str, Any] = {name: check_int(name, given[name]) for name in ints}
+        start, most = checked["start"], checked["max_batch_size"]
         if start > most:  # the search would run one trial at `max_batch_size`
-            raise invalid_value(
-                "start",
-                start,
-                "start <= max_batch_size",
-                received=f"start={start} with max_batch_size={most}",
-            )
-        limit = check_number(
+            received = f"start={start} with max_batch_size={most}"
+            raise invalid_value("start", start, "start <= max_batch_size", received=received)
+        checked["memory_limit_mib"] = check_number(
             "memory_limit_mib",
             given["memory_limit_mib"],
             minimum=0,
@@ -162,7 +155,7 @@ class _Search:
             allow_none=True,
             expected="a finite number of MiB > 0, or None",
         )
-        fraction = check_number(
+        checked["memory_fraction"] = check_number(
             "memory_fraction",
             given["memory_fraction"],
             minimum=0,
@@ -170,17 +163,9 @@ class _Search:
             maximum=1,
             expected="a float in (0, 1]",
         )
-        target = check_int("target_batch_size", given["target_batch_size"], allow_none=True)
-        return cls(
-            int(start),
-            int(most),
-            int(given["steps"]),
-            fraction,
-            limit,
-            int(given["multiple_of"]),
-            int(given["max_trials"]),
-            target,
-        )
+        target = given["target_batch_size"]
+        checked["target_batch_size"] = check_int("target_batch_size", target, allow_none=True)
+        return cls(**checked)
 
     def check_replicas(self, replicas: int) -> None:
         """Batch sizes are global: `start` and `max_batch_size` split over the replicas."""
@@ -198,101 +183,87 @@ class _Search:
         """The trials in this process, under the memory budget, and their result."""
         device = memory_device(model.distribute_strategy)
         notes = session.notes
-        memory_source, budget = _memory_budget(
-            device, self.memory_limit_mib, self.memory_fraction, notes
-        )
-        trials = _search(
-            model,
-            pool,
-            session,
-            start=self.start // replicas,
-            max_batch_size=self.max_batch_size // replicas,
-            multiple_of=self.multiple_of,
-            max_trials=self.max_trials,
-            steps=self.steps,
-            device=device,
-            budget=budget,
-        )
+        memory_source, budget = self._memory_budget(device, notes)
+        trials, ended = self._trials(model, pool, session, device, budget)
         return build_result(
-            trials.trials,
+            trials,
             replicas,
             budget,
             device,
             self.target_batch_size,
             notes,
             memory_source=memory_source,
-            stopped_by=trials.stopped_by,
+            stopped_by=ended,
         )
 
-
-def _memory_budget(
-    device: str, limit_mib: float | None, fraction: float, notes: list[str]
-) -> tuple[str | None, int | None]:
-    """(where peak memory is read: "allocator" or None, the peak-memory budget in bytes or
-    None); a ValueError when `limit_mib` cannot be enforced."""
-    memory_source: str | None = "allocator"
-    if not allocator_statistics(device):  # none kept, or zeros: the same
-        memory_source = None
-        if limit_mib is not None:
-            raise invalid_value(
-                "memory_limit_mib",
-                limit_mib,
-                "None here; or pass in_subprocess=True (the trials then run with "
-                "TensorFlow's BFC CPU allocator, which keeps them), or set "
-                "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts",
-                received=f"memory_limit_mib={limit_mib:g} while TensorFlow keeps no allocator "
-                f"statistics for {device} in this process (or only zeros), so a peak-memory "
-                "limit cannot be enforced",
+    def _memory_budget(self, device: str, notes: list[str]) -> tuple[str | None, int | None]:
+        """(where peak memory is read: "allocator" or None, the peak-memory budget in bytes or
+        None); a ValueError when `memory_limit_mib` cannot be enforced."""
+        limit_mib = self.memory_limit_mib
+        memory_source: str | None = "allocator"
+        if not allocator_statistics(device):  # none kept, or zeros: the same
+            memory_source = None
+            if limit_mib is not None:
+                raise invalid_value(
+                    "memory_limit_mib",
+                    limit_mib,
+                    "None here; or pass in_subprocess=True (the trials then run with "
+                    "TensorFlow's BFC CPU allocator, which keeps them), or set "
+                    "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts",
+                    received=f"memory_limit_mib={limit_mib:g} while TensorFlow keeps no "
+                    f"allocator statistics for {device} in this process (or only zeros), so a "
+                    "peak-memory limit cannot be enforced",
+                )
+            notes.append(
+                f"TensorFlow keeps no allocator statistics for {device} here (or only zeros), "
+                "so peak memory was not measured and only out-of-memory errors stopped the "
+                "search (set TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts, or pass "
+                "in_subprocess=True, to measure it)"
             )
-        notes.append(
-            f"TensorFlow keeps no allocator statistics for {device} here (or only zeros), so "
-            "peak memory was not measured and only out-of-memory errors stopped the search (set "
-            "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts, or pass "
-            "in_subprocess=True, to measure it)"
-        )
-    capacity = device_capacity_bytes(device)
-    budgets = [] if limit_mib is None else [int(limit_mib * 2**20)]
-    if capacity is not None:
-        budgets.append(int(capacity * fraction))
-    return memory_source, (min(budgets) if budgets else None)
+        capacity = device_capacity_bytes(device)
+        budgets = [] if limit_mib is None else [int(limit_mib * 2**20)]
+        if capacity is not None:
+            budgets.append(int(capacity * self.memory_fraction))
+        return memory_source, (min(budgets) if budgets else None)
 
-
-@dataclasses.dataclass
-class _Trials:
-    trials: list[BatchSizeTrial]
-    stopped_by: str
-
-
-def _search(
-    model, pool, session: Session, *, start, max_batch_size, multiple_of, max_trials, **trial
-) -> _Trials:
-    """The trials, per-replica sizes from `start`, under `preserved(model)`."""
-    trials: list[BatchSizeTrial] = []
-    replicas = int(model.distribute_strategy.num_replicas_in_sync)
-    progress, ran_out = session.progress, ""
-    with preserved(model, make_batch(pool, 1, None)[0]):
-        while True:
-            done = [(t.per_replica_batch_size, t.fits) for t in trials]
-            nxt = next_candidate(
-                done, start=start, max_batch_size=max_batch_size, multiple_of=multiple_of
-            )
-            if nxt is None:
-                break
-            if len(trials) >= max_trials or (trials and session.budget.left() <= 0):
-                ran_out = "max_trials" if len(trials) >= max_trials else "time_budget"
-                break
-            k = len(trials) + 1
-            progress.phase(f"trial {k} of at most {max_trials}: batch size {nxt * replicas}")
-            t = run_trial(model, pool, nxt, replicas=replicas, **trial)
-            trials.append(t)
-            progress.phase(f"trial {k}: {_outcome(t)}")
-        progress.phase("restoring the model's weights, optimizer and metrics")
-    ended = stopped_by(
-        [(t.per_replica_batch_size, t.fits) for t in trials],
-        max_batch_size=max_batch_size,
-        ran_out=bool(ran_out),
-    )
-    return _Trials(trials, ran_out if ended == "max_trials" else ended)
+    def _trials(
+        self, model: Any, pool: Any, session: Session, device: str, budget: int | None
+    ) -> tuple[list[BatchSizeTrial], str]:
+        """The trials at per-replica sizes under `preserved(model)`, and why they ended."""
+        replicas = int(model.distribute_strategy.num_replicas_in_sync)
+        start, most = self.start // replicas, self.max_batch_size // replicas
+        trials: list[BatchSizeTrial] = []
+        progress, ran_out = session.progress, ""
+        with preserved(model, make_batch(pool, 1)[0]):
+            while True:
+                done = [(t.per_replica_batch_size, t.fits) for t in trials]
+                nxt = next_candidate(
+                    done, start=start, max_batch_size=most, multiple_of=self.multiple_of
+                )
+                if nxt is None:
+                    break
+                if len(trials) >= self.max_trials or (trials and session.budget.left() <= 0):
+                    ran_out = "max_trials" if len(trials) >= self.max_trials else "time_budget"
+                    break
+                k = len(trials) + 1
+                progress.phase(
+                    f"trial {k} of at most {self.max_trials}: batch size {nxt * replicas}"
+                )
+                t = run_trial(
+                    model,
+                    pool,
+                    nxt,
+                    steps=self.steps,
+                    device=device,
+                    budget=budget,
+                    replicas=replicas,
+                )
+                trials.append(t)
+                progress.phase(f"trial {k}: {_outcome(t)}")
+            progress.phase("restoring the model's weights, optimizer and metrics")
+        done = [(t.per_replica_batch_size, t.fits) for t in trials]
+        ended = stopped_by(done, max_batch_size=most, ran_out=bool(ran_out))
+        return trials, ran_out if ended == "max_trials" else ended
 
 
 _REASONS = {

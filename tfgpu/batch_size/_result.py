@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfgpu._internal.measure.result import Result
-from tfgpu.batch_size._search import accumulation_plan, pick_fastest
+from tfgpu.batch_size._search import accumulation_plan
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ def build_result(
     """The result of a search's `trials` (its notes on why it ended included)."""
     fitting = [t.batch_size for t in trials if t.fits]
     largest = max(fitting) if fitting else None
-    fastest = pick_fastest(trials)
+    fastest = _fastest(trials)
     notes = list(notes)
     if largest is None:
         notes.append("no batch size fitted, not even the smallest tried")
@@ -144,15 +144,13 @@ def build_result(
         )
     elif stopped_by in ("max_trials", "time_budget"):
         failed = [t.batch_size for t in trials if not t.fits]
-        above = f" and {min(failed)}" if failed else ""
-        why = (
-            f"ran out of trials (max_trials={len(trials)})"
-            if stopped_by == "max_trials"
-            else "ran out of time (time_budget_s)"
-        )
+        above = f"{min(failed)}" if failed else "max_batch_size"
+        why = "ran out of time (time_budget_s)"
+        if stopped_by == "max_trials":
+            why = f"ran out of trials (max_trials={len(trials)})"
         notes.append(
             f"the search {why} before narrowing down: the largest size that fits lies "
-            f"between {largest}{above}" + ("" if failed else " and max_batch_size")
+            f"between {largest} and {above}"
         )
     steps = accumulation = None
     if target is not None and fastest is not None:
@@ -181,3 +179,9 @@ def trial_from_dict(d: dict[str, Any]) -> BatchSizeTrial:
     """A trial from its `to_dict()` record (null figures are NaN again)."""
     figures = {k: math.nan for k in ("step_time_s", "examples_per_s") if d.get(k) is None}
     return BatchSizeTrial(**{**d, **figures})
+
+
+def _fastest(trials: list[BatchSizeTrial]) -> int | None:
+    """The batch size of the fitting trial with the highest throughput, or None."""
+    ok = [t for t in trials if t.fits and not math.isnan(t.examples_per_s)]
+    return max(ok, key=lambda t: t.examples_per_s).batch_size if ok else None

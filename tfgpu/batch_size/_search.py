@@ -1,13 +1,9 @@
-"""The pure decisions of the batch-size search: the next size to try, why the search ended,
-the fastest size, and the gradient-accumulation plan (no TensorFlow, tested without hardware)."""
+"""The pure decisions of the batch-size search: the next size to try, why the search ended and
+the gradient-accumulation plan (no TensorFlow, tested without hardware)."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from tfgpu.batch_size._result import BatchSizeTrial
 
 
 def next_candidate(
@@ -18,15 +14,12 @@ def next_candidate(
         return min(start, max_batch_size)
     fits = [b for b, ok in trials if ok]
     fails = [b for b, ok in trials if not ok]
-    lo = max(fits) if fits else None
-    hi = min(fails) if fails else None
-    if lo is None:  # even the first size failed: halve down
-        nxt = min(fails) // 2  # = hi: trials is not empty, so something failed
-        return nxt if nxt >= 1 else None
-    if hi is None:  # still growing by powers of two
-        if lo >= max_batch_size:
-            return None
-        return min(lo * 2, max_batch_size)
+    if not fits:  # even the first size failed: halve down, to 1
+        return min(fails) // 2 or None
+    lo = max(fits)
+    if not fails:  # still growing by powers of two
+        return None if lo >= max_batch_size else min(lo * 2, max_batch_size)
+    hi = min(fails)
     mid = (lo + hi) // 2
     if multiple_of > 1 and mid >= multiple_of:
         mid = mid // multiple_of * multiple_of
@@ -59,8 +52,3 @@ def accumulation_plan(target: int, max_per_replica: int, replicas: int) -> tuple
         if target % (replicas * s) == 0 and target // (replicas * s) <= max_per_replica:
             return s, target // (replicas * s)
     return steps, math.ceil(target / (replicas * steps))
-
-
-def pick_fastest(trials: list[BatchSizeTrial]) -> int | None:
-    ok = [t for t in trials if t.fits and not math.isnan(t.examples_per_s)]
-    return max(ok, key=lambda t: t.examples_per_s).batch_size if ok else None

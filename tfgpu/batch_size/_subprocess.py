@@ -3,11 +3,14 @@ process's device memory stays untouched), and that process's entry point, `subpr
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import pickle
 import tempfile
 from pathlib import Path
+
+import keras
 
 from tfgpu._internal.helpers.checks import invalid_value
 from tfgpu._internal.helpers.processes import run_python
@@ -38,7 +41,9 @@ def relayed_phase(line: str) -> str | None:
     return None if phase.startswith(("done in ", "reading ")) else phase
 
 
-def find_in_subprocess(model, pool, kwargs, progress: Progress | None = None) -> BatchSizeResult:
+def find_in_subprocess(model, pool, kwargs, progress: Progress) -> BatchSizeResult:
+    """The search with the checked `kwargs` in a fresh process, its phases relayed to
+    `progress`; a RuntimeError with its last output when it fails."""
     if int(model.distribute_strategy.num_replicas_in_sync) > 1:
         raise invalid_value(
             "in_subprocess",
@@ -49,8 +54,7 @@ def find_in_subprocess(model, pool, kwargs, progress: Progress | None = None) ->
     with tempfile.TemporaryDirectory(prefix="tfgpu-bs-") as tmp:
         tmpdir = Path(tmp)
         model.save(tmpdir / "model.keras")
-        with open(tmpdir / "pool.pkl", "wb") as f:
-            pickle.dump(pool, f)
+        (tmpdir / "pool.pkl").write_bytes(pickle.dumps(pool))
         # The child shows its progress one line per phase; this process relays the phases.
         (tmpdir / "kwargs.json").write_text(json.dumps({**kwargs, "verbose": 2}))
         (tmpdir / "modules.json").write_text(json.dumps(_custom_modules(model)))
@@ -62,7 +66,6 @@ def find_in_subprocess(model, pool, kwargs, progress: Progress | None = None) ->
         )
         # A fresh TensorFlow: turn on the CPU allocator statistics the memory budget needs.
         env = {"TF_CPU_ALLOCATOR_USE_BFC": "true", **os.environ}
-        progress = progress or Progress(0, title="find_batch_size")
         progress.phase("starting the trials in a subprocess")
 
         def relay(line: str) -> None:
@@ -107,18 +110,13 @@ def _custom_modules(model) -> list[str]:
 def subprocess_main(tmpdir: str) -> None:
     """The child process: loads the model and examples from `tmpdir`, runs the search in
     this process, and writes `result.json` there."""
-    import importlib
-
-    import keras
-
     from tfgpu.batch_size._find import find_batch_size  # _find imports this module
 
     path = Path(tmpdir)
     for name in json.loads((path / "modules.json").read_text()):
         importlib.import_module(name)
     model = keras.models.load_model(path / "model.keras")
-    with open(path / "pool.pkl", "rb") as f:
-        pool = pickle.load(f)
+    pool = pickle.loads((path / "pool.pkl").read_bytes())
     kwargs = json.loads((path / "kwargs.json").read_text())
     result = find_batch_size(model, tuple(pool), **kwargs)
     (path / "result.json").write_text(json.dumps(result.to_dict()))

@@ -6,36 +6,32 @@ from __future__ import annotations
 import gc
 
 import numpy as np
+import tensorflow as tf
 
 from tfgpu._internal.adapters.devices import gpu_record, peak_memory, reset_peak_memory
+from tfgpu._internal.measure import timing
 from tfgpu.batch_size._result import BatchSizeTrial
 
 
-def make_batch(pool, batch_size: int, device: str | None):
-    import tensorflow as tf
-
-    n = len(tf.nest.flatten(pool[0])[0])
-    idx = np.arange(batch_size) % n
+def make_batch(pool, batch_size: int):
+    """`(x, y, sample_weight)` of `batch_size` examples cut from the pool (repeated as needed)."""
+    idx = np.arange(batch_size) % len(tf.nest.flatten(pool[0])[0])
 
     def cut(a):
         return tf.constant(a[idx])
 
-    if device is None:
-        return tuple(None if p is None else tf.nest.map_structure(cut, p) for p in pool)
-    with tf.device(device):
-        return tuple(None if p is None else tf.nest.map_structure(cut, p) for p in pool)
+    return tuple(None if p is None else tf.nest.map_structure(cut, p) for p in pool)
 
 
 def memory_device(strategy) -> str:
-    import tensorflow as tf
-
+    """The device whose memory the trials measure: the strategy's first, else `/GPU:0` or
+    `/CPU:0`, e.g. "GPU:0"."""
     try:
         devices = list(strategy.extended.worker_devices)
     except (RuntimeError, AttributeError):  # the default strategy has none
         devices = []
     if devices:
-        name = devices[0].split("device:")[-1]
-        return name.upper()
+        return devices[0].split("device:")[-1].upper()
     return "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
 
 
@@ -43,8 +39,6 @@ def allocator_statistics(device: str) -> bool:
     """Whether TensorFlow keeps peak-memory statistics for `device`: they exist and rise when
     a tensor is made there. A CPU allocator without them may answer zeros
     (`TF_CPU_ALLOCATOR_USE_BFC=false`) instead of refusing: that is no statistics either."""
-    import tensorflow as tf
-
     if not reset_peak_memory(device):
         return False
     with tf.device(device):
@@ -68,8 +62,6 @@ def device_capacity_bytes(device: str) -> int | None:
 
 def _agree(strategy, fits: bool, seconds: float) -> tuple[bool, float]:
     """Under multi-worker training, all workers take the same decision for a trial."""
-    import tensorflow as tf
-
     extended = strategy.extended
     multi = getattr(extended, "_in_multi_worker_mode", lambda: False)()
     if not multi:
@@ -84,16 +76,12 @@ def _agree(strategy, fits: bool, seconds: float) -> tuple[bool, float]:
 def run_trial(model, pool, batch_size, *, steps, device, budget, replicas) -> BatchSizeTrial:
     """Trains `steps` steps on a batch of `batch_size` examples per replica (`train_on_batch`
     gives each replica the whole batch) and measures them; the decision is every worker's."""
-    import tensorflow as tf
-
-    from tfgpu._internal.measure import timing
-
     measured = reset_peak_memory(device)
     nan = float("nan")
     fits, reason, seconds = True, "ok", nan
     batch = None
     try:
-        batch = make_batch(pool, batch_size, None)
+        batch = make_batch(pool, batch_size)
         x, y, sw = batch
         # train_on_batch returns host values: each call ends when its step has run.
         seconds = timing.call_time(lambda: model.train_on_batch(x, y, sample_weight=sw), steps)

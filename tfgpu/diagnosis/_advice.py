@@ -7,23 +7,14 @@ import math
 
 from tfgpu._internal.adapters import gpu_counters as counters
 from tfgpu._internal.adapters.datasets import DROP_REMAINDER_MAX_SHARE
-from tfgpu.diagnosis._facts import (
-    PROBE_STEPS_PER_EXECUTION,
-    Facts,
-    OpFact,
-)
+from tfgpu.diagnosis._facts import PROBE_STEPS_PER_EXECUTION, Facts, OpFact
 from tfgpu.diagnosis._result import Finding
 
 
 @dataclasses.dataclass(frozen=True)
 class ServiceAdvice:
-    """What `diagnose` says when the host cannot feed the GPU however the pipeline is set.
-
-    Attributes:
-        workers: int, service workers with as many cores as this host.
-        cores: int, the CPU cores they add up to (for smaller worker machines).
-        text: str, the advice in one paragraph.
-    """
+    """What `diagnose` says when the host cannot feed the GPU however the pipeline is set:
+    how many service workers like this host, the cores they add up to, the advice's text."""
 
     workers: int
     cores: int
@@ -47,11 +38,10 @@ def service_advice(
     step_batches_per_s: float,
 ) -> ServiceAdvice | None:
     """Whether to move the input work to tf.data service workers, and how many; None when
-    the rule does not apply. Pure.
-
-    The rule: input-bound, at least `CPU_SATURATED` of the host's cores busy (`host_cpu_busy`,
-    0 to 1), maps already parallel and cached: no setting is left on this host. One worker like
-    this host makes `pipeline_batches_per_s`; workers = ceil(`HEADROOM` x step rate / that).
+    the rule does not apply: input-bound, at least `CPU_SATURATED` of the host's cores busy
+    (`host_cpu_busy`, 0 to 1), maps already parallel and cached (no setting is left on this
+    host). One worker like this host makes `pipeline_batches_per_s`; workers = ceil(`HEADROOM`
+    x step rate / that).
 
     Example:
 
@@ -61,11 +51,9 @@ def service_advice(
     (3, 46)
     """
     rates = (pipeline_batches_per_s, step_batches_per_s)
-    if not all(math.isfinite(r) and r > 0 for r in rates):
-        return None
+    if not all(math.isfinite(r) and r > 0 for r in rates) or rates[0] >= rates[1]:
+        return None  # no shortage
     if not (input_bound and parallel and cached and host_cpu_busy >= CPU_SATURATED):
-        return None
-    if pipeline_batches_per_s >= step_batches_per_s:
         return None
     need = HEADROOM * step_batches_per_s / pipeline_batches_per_s
     workers = max(1, math.ceil(need))
@@ -246,20 +234,17 @@ def input_advice(f: Facts, spe_no_gain: bool = False) -> str:
     if not (f.parallel_map or f.sequential_map or f.python_input):
         return _in_memory_advice(f, spe_no_gain)
     if f.python_input:
-        where = (
-            "in `map_fn`, then let `cache=` keep its output"
-            if f.made_by_pipeline
-            else "before a `cache()`"
-        )
+        where = "before a `cache()`"
+        if f.made_by_pipeline:
+            where = "in `map_fn`, then let `cache=` keep its output"
         return (
             "The pipeline runs Python for every element (`tf.py_function` / a generator), "
             "which holds the GIL and cannot run in parallel: rewrite that step with TF ops "
             f"(`tf.io`, `tf.image`, `tf.strings`), or run it once {where}."
         )
-    tuned = f.prefetch and not f.sequential_map
-    if not tuned and not f.made_by_pipeline:
-        return _builder_advice(f)
-    return _tuned_advice(f)
+    if f.made_by_pipeline or (f.prefetch and not f.sequential_map):
+        return _tuned_advice(f)
+    return _builder_advice(f)
 
 
 def _builder_advice(f: Facts) -> str:
@@ -283,8 +268,7 @@ def _builder_advice(f: Facts) -> str:
 
 def _tuned_advice(f: Facts) -> str:
     """A pipeline whose steps are set already: what is left, beyond its settings."""
-    caches = {"memory": "caches in memory", "file": "caches to a file"}
-    cached = "" if f.cache is None else caches.get(f.cache, "")
+    cached = {"memory": "caches in memory", "file": "caches to a file"}.get(f.cache or "", "")
     parallel = "maps in parallel" if f.parallel_map else ""
     prefetches = "prefetches" if f.prefetch else ""
     done = ", ".join(x for x in (parallel, cached, prefetches) if x) or "is a tfgpu pipeline"
@@ -341,11 +325,8 @@ def _in_memory_advice(f: Facts, spe_no_gain: bool = False) -> str:
         "`tfgpu.data.pipeline(..., repeat=True)` with `model.fit(..., steps_per_epoch=...)`: "
         "one iterator for the whole run instead of a new one every epoch"
     )
-    return (
-        "The pipeline has no map (in-memory data): the wait is per-batch hand-over, so "
-        + "; ".join(left)
-        + "."
-    )
+    intro = "The pipeline has no map (in-memory data): the wait is per-batch hand-over, so "
+    return intro + "; ".join(left) + "."
 
 
 _CPU_OP_FIXES = {
@@ -367,10 +348,7 @@ def cpu_ops_traffic(cpu_ops: list[tuple[OpFact, str]]) -> tuple[str, str]:
         f"{len(cpu_ops)} train-step op(s) run on the CPU, so tensors cross between host and "
         f"GPU every step: {', '.join(shown)}{more}"
     )
-    reasons = []
-    for _, why in cpu_ops:
-        if why not in reasons:
-            reasons.append(why)
+    reasons = dict.fromkeys(why for _, why in cpu_ops)  # each once, in order
     return seen, "; ".join(_CPU_OP_FIXES[why] for why in reasons)
 
 

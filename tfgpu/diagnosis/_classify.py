@@ -1,9 +1,7 @@
 """The decision: the bottleneck, the input-bound level and the findings from a `Facts`, by a
-table of small rules (`RULES`, as `env/_findings.CHECKS`). Pure: no hardware.
-
-The thresholds shared with `tune` are the measuring core's (`rules`: a probe helps when its
-gain's interval clears the margin); the texts are in `_advice`; the GPU-counter rules in
-`_internal.adapters.gpu_counters`.
+table of small rules (`RULES`, as `env/_findings.CHECKS`). Pure: no hardware. The thresholds
+shared with `tune` are the measuring core's (`rules`), the GPU-counter rules the adapters'
+(`gpu_counters`); long texts are in `_advice`.
 """
 
 from __future__ import annotations
@@ -11,12 +9,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from tfgpu._internal.adapters import gpu_counters as counters
 from tfgpu._internal.adapters.devices import peak_precision
+from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import is_finite_number
-from tfgpu._internal.measure.rules import ALL_REDUCE_SHARE, MARGIN, MIN_ROUNDS, Gain, medians
+from tfgpu._internal.measure import rules
 from tfgpu.diagnosis import _advice as advice
 from tfgpu.diagnosis._facts import (
     INPUT_BOUND_HIGH,
@@ -30,60 +29,80 @@ from tfgpu.diagnosis._facts import (
     OpFact,
 )
 from tfgpu.diagnosis._result import Finding
-from tfgpu.diagnosis._rounds import input_level, share_verdict, wait_and_share
+from tfgpu.flops import peak_flops
+from tfgpu.precision import choose_policy
 
 
-class Classification(NamedTuple):
-    """What `classify` decided: the bottleneck, the input-bound level, the input wait's share
-    of the step and the findings, most important first."""
+def wait_and_share(compute_s: float, real_s: float) -> tuple[float, float]:
+    """(seconds per step waiting for input, their share of the step) of one pair of steps."""
+    wait = max(0.0, real_s - compute_s)
+    return wait, (wait / real_s if real_s > 0 else 0.0)
 
-    bottleneck: str
-    input_bound: str
-    input_wait_share: float
-    findings: list[Finding]
+
+def share_verdict(rounds: list[tuple[float, float]]) -> dict[str, Any]:
+    """The input-bound level the rounds (device-resident, real) support, with their noise. Pure.
+
+    The level is decided at both ends of the median's confidence interval (of the share and
+    of the wait): `"inconclusive"` when they differ, or with fewer than `MIN_ROUNDS` rounds.
+
+    Returns:
+        dict with `level`, `share` (median), `wait_s` (median), `low`, `high` (the share's
+        interval), `confidence`, `rounds`.
+    """
+    waits = [wait_and_share(c, r)[0] for c, r in rounds]
+    shares = [wait_and_share(c, r)[1] for c, r in rounds]
+    low, high, confidence = rules.median_interval(shares)
+    wait_low, wait_high, _ = rules.median_interval(waits)
+    at_low, at_high = input_level(low, wait_low), input_level(high, wait_high)
+    settled = at_low == at_high and len(rounds) >= rules.MIN_ROUNDS
+    return {
+        "level": at_low if settled else "inconclusive",
+        "share": stats.median(shares),
+        "wait_s": stats.median(waits),
+        "wait_low_s": wait_low,
+        "low": low,
+        "high": high,
+        "confidence": confidence,
+        "rounds": len(rounds),
+    }
+
+
+def input_level(share: float, wait_s: float = math.inf) -> str:
+    """`"high"`, `"moderate"` or `"no"` from the wait's share of the step and its length."""
+    if wait_s < INPUT_WAIT_MIN_S:
+        return "no"
+    if share >= INPUT_BOUND_HIGH:
+        return "high"
+    if share >= INPUT_BOUND_MODERATE:
+        return "moderate"
+    return "no"
 
 
 @dataclasses.dataclass(frozen=True)
 class Seen:
     """What the rules read beyond the facts, worked out once: the input level (after the
-    checks that the pipeline can explain the wait), the probes' gains and whether they help,
-    the train-step ops on the CPU."""
+    checks that the pipeline can explain the wait), the probes' gains, the train-step ops on
+    the CPU, whether the all-reduce holds the step, the GPU counters (None without a GPU)."""
 
-    f: Facts
     level: str
     share: float
     wait_s: float
     unexplained: bool
-    spe: Gain | None
-    xla: Gain | None
+    spe: rules.Gain | None
+    xla: rules.Gain | None
     cpu_ops: list[tuple[OpFact, str]]
+    scaling_bound: bool
+    gpu: counters.Counters | None
 
-    @property
-    def spe_helps(self) -> bool:
-        return self.spe is not None and self.spe.low >= MARGIN
 
-    @property
-    def spe_no_gain(self) -> bool:
-        return self.spe is not None and not self.spe_helps
+def _helps(gain: rules.Gain | None) -> bool:
+    """Whether a probe helps: the low end of its gain's interval clears the margin."""
+    return gain is not None and gain.low >= rules.MARGIN
 
-    @property
-    def xla_helps(self) -> bool:
-        return self.xla is not None and self.xla.low >= MARGIN
 
-    @property
-    def xla_no_gain(self) -> bool:
-        return self.xla is not None and not self.xla_helps
-
-    @property
-    def scaling_bound(self) -> bool:
-        # Keras under tf.distribute runs the all-reduce after the backward pass, not beside it.
-        f = self.f
-        return (
-            f.replicas > 1
-            and f.all_reduce_s is not None
-            and f.compute_step_time_s > 0
-            and f.all_reduce_s >= ALL_REDUCE_SHARE * f.compute_step_time_s
-        )
+def _no_gain(gain: rules.Gain | None) -> bool:
+    """Whether a probe was measured and does not help (its knob is then advised nowhere)."""
+    return gain is not None and gain.low < rules.MARGIN
 
 
 def seen(f: Facts, verdict: dict[str, Any] | None = None) -> Seen:
@@ -107,44 +126,43 @@ def seen(f: Facts, verdict: dict[str, Any] | None = None) -> Seen:
     elif level != "no" and f.step_time_s > 0 and input_level(most / f.step_time_s) == "no":
         level = "no"
     cpu_ops = _cpu_placed_ops(f.train_step_ops) if f.on_gpu and not f.jit_compile else []
-    return Seen(
-        f, level, share, wait, unexplained, Gain.of(f.spe_rounds), Gain.of(f.xla_rounds), cpu_ops
-    )
+    spe, xla = rules.Gain.of(f.spe_rounds), rules.Gain.of(f.xla_rounds)
+    # Keras under tf.distribute runs the all-reduce after the backward pass, not beside it.
+    reduce_s, step_s = (f.all_reduce_s if f.replicas > 1 else None), f.compute_step_time_s
+    scaling = reduce_s is not None and step_s > 0 and reduce_s >= rules.ALL_REDUCE_SHARE * step_s
+    gpu = _counters(f) if f.on_gpu else None
+    return Seen(level, share, wait, unexplained, spe, xla, cpu_ops, scaling, gpu)
 
 
-def _input_bound(s: Seen) -> list[Finding]:
-    f = s.f
+def _input_bound(f: Facts, s: Seen) -> Finding | None:
     if s.unexplained:
-        return [advice.unexplained_wait_finding(f, s.wait_s)]
+        return advice.unexplained_wait_finding(f, s.wait_s)
     if s.level not in ("high", "moderate"):
-        return []
+        return None
     busy = (
         f" and keeps {f.pipeline_cpu_busy:.0%} of {f.cpu_cores} CPU cores busy."
         if math.isfinite(f.pipeline_cpu_busy) and f.cpu_cores
         else "."
     )
-    return [
-        Finding(
-            kind="input_bound",
-            severity=s.level,
-            title=f"Input-bound ({s.level}): {s.share:.0%} of each step waits for input",
-            detail=f"{f.step_time_s * 1e3:.2f} ms per step with the pipeline vs "
-            f"{f.compute_step_time_s * 1e3:.2f} ms on a device-resident batch; the pipeline "
-            f"alone takes {f.input_time_s * 1e3:.2f} ms per batch{busy}",
-            recommendation=advice.input_advice(f, s.spe_no_gain),
-            expected_gain=(
-                f.step_time_s / f.compute_step_time_s if f.compute_step_time_s > 0 else None
-            ),
-            gain_measured=True,
-        )
-    ]
+    return Finding(
+        kind="input_bound",
+        severity=s.level,
+        title=f"Input-bound ({s.level}): {s.share:.0%} of each step waits for input",
+        detail=f"{f.step_time_s * 1e3:.2f} ms per step with the pipeline vs "
+        f"{f.compute_step_time_s * 1e3:.2f} ms on a device-resident batch; the pipeline "
+        f"alone takes {f.input_time_s * 1e3:.2f} ms per batch{busy}",
+        recommendation=advice.input_advice(f, _no_gain(s.spe)),
+        expected_gain=(
+            f.step_time_s / f.compute_step_time_s if f.compute_step_time_s > 0 else None
+        ),
+        gain_measured=True,
+    )
 
 
-def _host_overhead(s: Seen) -> list[Finding]:
-    if not s.spe_helps or s.spe is None:
-        return []
-    f = s.f
-    base, probe = medians(f.spe_rounds)
+def _host_overhead(f: Facts, s: Seen) -> Finding | None:
+    if not _helps(s.spe) or s.spe is None:
+        return None
+    base, probe = rules.medians(f.spe_rounds)
     rec = (
         f"`model.compile(..., steps_per_execution={PROBE_STEPS_PER_EXECUTION})` (or more) "
         "runs that many steps per call, so Python and dispatch cost is paid once."
@@ -154,208 +172,173 @@ def _host_overhead(s: Seen) -> list[Finding]:
             " On GPUs also set the environment variable `TF_GPU_THREAD_MODE=gpu_private` "
             "before TensorFlow starts (dedicated threads launch the kernels)."
         )
-    return [
-        Finding(
-            kind="host_overhead",
-            severity="high",
-            title="Host-overhead-bound: steps are so short that dispatching them dominates",
-            detail=f"{base * 1e3:.2f} ms per step with steps_per_execution="
-            f"{f.steps_per_execution}, {probe * 1e3:.2f} ms with "
-            f"steps_per_execution={PROBE_STEPS_PER_EXECUTION}.",
-            recommendation=rec,
-            expected_gain=s.spe.value,
-            gain_measured=True,
-        )
-    ]
+    return Finding(
+        kind="host_overhead",
+        severity="high",
+        title="Host-overhead-bound: steps are so short that dispatching them dominates",
+        detail=f"{base * 1e3:.2f} ms per step with steps_per_execution="
+        f"{f.steps_per_execution}, {probe * 1e3:.2f} ms with "
+        f"steps_per_execution={PROBE_STEPS_PER_EXECUTION}.",
+        recommendation=rec,
+        expected_gain=s.spe.value,
+        gain_measured=True,
+    )
 
 
-def _host_device_traffic(s: Seen) -> list[Finding]:
-    f = s.f
-    traffic: list[tuple[str, str]] = []  # (what was seen, the fix)
-    if f.from_arrays:
-        traffic.append(
-            (
-                "the data is fed as NumPy arrays, copied from host memory batch by batch",
-                "`tfgpu.data.pipeline((x, y), batch_size=...)` (cached, prefetched tf.data)",
-            )
-        )
-    if f.python_input:
-        traffic.append(
-            (
-                "the pipeline runs Python every step (`tf.py_function` / a generator), which "
-                "holds the GIL and cannot run in parallel",
-                "rewrite that step with TF ops, or `cache()` after it",
-            )
-        )
-    if not f.prefetch:
-        device_hint = " or `tf.data.experimental.prefetch_to_device('/gpu:0')`" if f.on_gpu else ""
-        traffic.append(
-            (
-                "batches are not prefetched",
-                f"end the pipeline with `.prefetch(tf.data.AUTOTUNE)`{device_hint}",
-            )
-        )
+def _host_device_traffic(f: Facts, s: Seen) -> Finding | None:
+    device_hint = " or `tf.data.experimental.prefetch_to_device('/gpu:0')`" if f.on_gpu else ""
+    seen_and_fixed = (  # (whether it is seen, what was seen, the fix)
+        (f.from_arrays, "the data is fed as NumPy arrays, copied from host memory batch by batch",
+         "`tfgpu.data.pipeline((x, y), batch_size=...)` (cached, prefetched tf.data)"),
+        (f.python_input, "the pipeline runs Python every step (`tf.py_function` / a generator), "
+         "which holds the GIL and cannot run in parallel",
+         "rewrite that step with TF ops, or `cache()` after it"),
+        (not f.prefetch, "batches are not prefetched",
+         f"end the pipeline with `.prefetch(tf.data.AUTOTUNE)`{device_hint}"),
+    )  # fmt: skip
+    traffic = [(what, fix) for found, what, fix in seen_and_fixed if found]
     if s.cpu_ops:
         traffic.append(advice.cpu_ops_traffic(s.cpu_ops))
     if not traffic:
-        return []
+        return None
     if s.cpu_ops:
         title = "Train-step ops placed on the CPU" + (
             " and host-side input work" if len(traffic) > 1 else ""
         )
     else:
         title = "Host-side input work every step"
-    return [
-        Finding(
-            kind="host_device_traffic",
-            severity="moderate" if s.level != "no" or s.cpu_ops else "info",
-            title=title,
-            detail="; ".join(seen for seen, _ in traffic) + ".",
-            recommendation="; ".join(fix for _, fix in traffic) + ".",
-        )
-    ]
+    return Finding(
+        kind="host_device_traffic",
+        severity="moderate" if s.level != "no" or s.cpu_ops else "info",
+        title=title,
+        detail="; ".join(seen for seen, _ in traffic) + ".",
+        recommendation="; ".join(fix for _, fix in traffic) + ".",
+    )
 
 
-def _memory_headroom(s: Seen) -> list[Finding]:
-    f = s.f
+def _memory_headroom(f: Facts, s: Seen) -> Finding | None:
     if not (f.on_gpu and f.peak_memory_bytes and f.memory_capacity_bytes):
-        return []
+        return None
     used = f.peak_memory_bytes / f.memory_capacity_bytes
     if used >= MEMORY_HEADROOM_BELOW:
-        return []
+        return None
     room = 0.9 * f.memory_capacity_bytes / f.peak_memory_bytes
-    return [
-        Finding(
-            kind="memory_headroom",
-            severity="info",
-            title=f"Memory headroom: the step peaks at {used:.0%} of device memory",
-            detail=f"Peak {f.peak_memory_bytes / 2**30:.2f} GiB of "
-            f"{f.memory_capacity_bytes / 2**30:.1f} GiB: the batch could grow about {room:.1f}x.",
-            recommendation=f"A larger `batch_size` (now {f.batch_size}); "
-            "`tfgpu.find_batch_size(model, data)` finds the largest and the fastest. Scale the "
-            "learning rate with `tfgpu.scale_learning_rate`.",
-        )
-    ]
+    return Finding(
+        kind="memory_headroom",
+        severity="info",
+        title=f"Memory headroom: the step peaks at {used:.0%} of device memory",
+        detail=f"Peak {f.peak_memory_bytes / 2**30:.2f} GiB of "
+        f"{f.memory_capacity_bytes / 2**30:.1f} GiB: the batch could grow about {room:.1f}x.",
+        recommendation=f"A larger `batch_size` (now {f.batch_size}); "
+        "`tfgpu.find_batch_size(model, data)` finds the largest and the fastest. Scale the "
+        "learning rate with `tfgpu.scale_learning_rate`.",
+    )
 
 
-def _precision(s: Seen) -> list[Finding]:
-    from tfgpu.flops import peak_flops
-    from tfgpu.precision import choose_policy
-
-    f = s.f
+def _precision(f: Facts, s: Seen) -> Finding | None:
     if not (f.on_gpu and f.compute_capabilities and f.policy == "float32"):
-        return []
+        return None
     ccs = list(f.compute_capabilities)
     choice = choose_policy(ccs)
     if choice.policy == "float32":
-        return []
+        return None
     gain = None
     if f.gpu_name:
         now = peak_flops(f.gpu_name, peak_precision("float32", ccs, f.tf32_enabled) or "float32")
         mixed = peak_flops(f.gpu_name, choice.policy)
         gain = mixed / now if now and mixed else None
-    return [
-        Finding(
-            kind="precision",
-            severity="moderate",
-            title="float32 on a tensor-core GPU",
-            detail=f"The policy is float32; {choice.reason}.",
-            recommendation=f'`tfgpu.configure(precision="{choice.policy}")` before building the '
-            f'model (or `keras.mixed_precision.set_global_policy("{choice.policy}")`).',
-            expected_gain=gain,
-        )
-    ]
+    return Finding(
+        kind="precision",
+        severity="moderate",
+        title="float32 on a tensor-core GPU",
+        detail=f"The policy is float32; {choice.reason}.",
+        recommendation=f'`tfgpu.configure(precision="{choice.policy}")` before building the '
+        f'model (or `keras.mixed_precision.set_global_policy("{choice.policy}")`).',
+        expected_gain=gain,
+    )
 
 
-def _xla(s: Seen) -> list[Finding]:
-    if not s.xla_helps or s.xla is None:
-        return []
-    f = s.f
-    base, variant = medians(f.xla_rounds)
+def _xla(f: Facts, s: Seen) -> Finding | None:
+    if not _helps(s.xla) or s.xla is None:
+        return None
+    base, variant = rules.medians(f.xla_rounds)
     other = not f.jit_compile
-    return [
-        Finding(
-            kind="xla",
-            severity="moderate",
-            title=f"XLA {'on' if other else 'off'} is faster for this model",
-            detail=f"{base * 1e3:.2f} ms per step with jit_compile={f.jit_compile}, "
-            f"{variant * 1e3:.2f} ms with jit_compile={other}.",
-            recommendation=f"`model.compile(..., jit_compile={other})`.",
-            expected_gain=s.xla.value,
-            gain_measured=True,
-        )
-    ]
+    return Finding(
+        kind="xla",
+        severity="moderate",
+        title=f"XLA {'on' if other else 'off'} is faster for this model",
+        detail=f"{base * 1e3:.2f} ms per step with jit_compile={f.jit_compile}, "
+        f"{variant * 1e3:.2f} ms with jit_compile={other}.",
+        recommendation=f"`model.compile(..., jit_compile={other})`.",
+        expected_gain=s.xla.value,
+        gain_measured=True,
+    )
 
 
-def _loss_scale(s: Seen) -> list[Finding]:
-    f = s.f
+def _loss_scale(f: Facts, s: Seen) -> Finding | None:
     if not f.loss_scale_before or f.loss_scale_after is None:
-        return []
+        return None
     halvings = math.log2(f.loss_scale_before / max(f.loss_scale_after, 1e-30))
     if halvings >= LOSS_SCALE_MAX_HALVINGS or f.loss_scale_after < 1:
-        return [advice.loss_scale_finding(f.loss_scale_before, f.loss_scale_after)]
-    return []
+        return advice.loss_scale_finding(f.loss_scale_before, f.loss_scale_after)
+    return None
 
 
-def _counter_findings(s: Seen) -> list[Finding]:
-    """What GPU utilization hides: the shared `gpu_counters` rules, with what only a diagnosis
-    knows (the layers, the policy, TF32, the CPU ops, the batch's bytes)."""
-    f = s.f
-    if not f.on_gpu:
-        return []
-    c = _counters(f)
-    findings = []
-    tensor_gpu = bool(f.compute_capabilities) and all(
-        tuple(cc) >= (7, 0) for cc in f.compute_capabilities
-    )
-    idle = counters.tensor_cores_idle(c) if tensor_gpu else None
-    if idle is not None:
-        findings.append(advice.tensor_idle_finding(f, idle, s.xla_no_gain))
-    measured_no_gain = {"steps_per_execution"} if s.spe_no_gain else set()
-    if s.xla_no_gain:
-        measured_no_gain.add("jit_compile")
+def _tensor_cores_idle(f: Facts, s: Seen) -> Finding | None:
+    ccs = f.compute_capabilities
+    tensor_gpu = bool(ccs) and all(tuple(cc) >= (7, 0) for cc in ccs)
+    idle = counters.tensor_cores_idle(s.gpu) if s.gpu and tensor_gpu else None
+    return None if idle is None else advice.tensor_idle_finding(f, idle, _no_gain(s.xla))
+
+
+def _small_kernels(f: Facts, s: Seen) -> Finding | None:
+    if s.gpu is None:
+        return None
+    probes = {"steps_per_execution": s.spe, "jit_compile": s.xla}
+    measured_no_gain = frozenset(knob for knob, gain in probes.items() if _no_gain(gain))
     fix = counters.small_kernels_fix(
         f.batch_size,
         f.steps_per_execution,
         max(PROBE_STEPS_PER_EXECUTION, 4 * f.steps_per_execution),
         f.jit_compile,
-        measured_no_gain=frozenset(measured_no_gain),
+        measured_no_gain=measured_no_gain,
     )
-    small = counters.small_kernels(c, fix)
-    if small is not None:
-        findings.append(advice.finding(small))
-    pcie = counters.pcie_traffic(c, f.step_time_s, f.batch_bytes)
-    if pcie is not None:
-        findings.append(advice.pcie_finding(f, pcie, s.cpu_ops))
-    throttled = counters.clocks_throttled(c)
-    if throttled is not None:
-        findings.append(advice.finding(throttled))
-    return findings
+    small = counters.small_kernels(s.gpu, fix)
+    return None if small is None else advice.finding(small)
 
 
-def _scaling_bound(s: Seen) -> list[Finding]:
-    f = s.f
+def _pcie_traffic(f: Facts, s: Seen) -> Finding | None:
+    pcie = counters.pcie_traffic(s.gpu, f.step_time_s, f.batch_bytes) if s.gpu else None
+    return None if pcie is None else advice.pcie_finding(f, pcie, s.cpu_ops)
+
+
+def _clocks_throttled(f: Facts, s: Seen) -> Finding | None:
+    throttled = counters.clocks_throttled(s.gpu) if s.gpu else None
+    return None if throttled is None else advice.finding(throttled)
+
+
+def _scaling_bound(f: Facts, s: Seen) -> Finding | None:
     if not s.scaling_bound or f.all_reduce_s is None:
-        return []
-    return [
-        Finding(
-            kind="scaling_bound",
-            severity="high",
-            title="Scaling-bound: the all-reduce of the gradients holds the step on "
-            f"{f.replicas} replicas",
-            detail=f"{f.gradient_bytes / 2**20:,.1f} MiB of gradients take "
-            f"{f.all_reduce_s * 1e3:.2f} ms of a {f.compute_step_time_s * 1e3:.2f} ms step (the "
-            "all-reduce timed alone).",
-            recommendation="`tfgpu.scaling(build_model, data)` times 1, 2, 4, ... replicas and "
-            "names what to change; more compute per all-reduce (a larger per-replica batch) "
-            "helps, and `tfgpu.tune` tries the other `all_reduce` implementations.",
-            expected_gain=f.compute_step_time_s / max(1e-9, f.compute_step_time_s - f.all_reduce_s),
-        )
-    ]
+        return None
+    return Finding(
+        kind="scaling_bound",
+        severity="high",
+        title="Scaling-bound: the all-reduce of the gradients holds the step on "
+        f"{f.replicas} replicas",
+        detail=f"{f.gradient_bytes / 2**20:,.1f} MiB of gradients take "
+        f"{f.all_reduce_s * 1e3:.2f} ms of a {f.compute_step_time_s * 1e3:.2f} ms step (the "
+        "all-reduce timed alone).",
+        recommendation="`tfgpu.scaling(build_model, data)` times 1, 2, 4, ... replicas and "
+        "names what to change; more compute per all-reduce (a larger per-replica batch) "
+        "helps, and `tfgpu.tune` tries the other `all_reduce` implementations.",
+        expected_gain=f.compute_step_time_s / max(1e-9, f.compute_step_time_s - f.all_reduce_s),
+    )
 
 
-# The rules, each a function of what was seen to the findings it makes (none, one, more).
-RULES: tuple[Callable[[Seen], list[Finding]], ...] = (
+# The rules, each a function of the facts and what was seen beyond them to the finding it
+# makes (or None). What GPU utilization hides: the shared `gpu_counters` rules, with what
+# only a diagnosis knows (the layers, the policy, TF32, the CPU ops, the batch's bytes).
+RULES: tuple[Callable[[Facts, Seen], Finding | None], ...] = (
     _input_bound,
     _host_overhead,
     _host_device_traffic,
@@ -363,7 +346,10 @@ RULES: tuple[Callable[[Seen], list[Finding]], ...] = (
     _precision,
     _xla,
     _loss_scale,
-    _counter_findings,
+    _tensor_cores_idle,
+    _small_kernels,
+    _pcie_traffic,
+    _clocks_throttled,
     _scaling_bound,
 )
 
@@ -377,12 +363,11 @@ _LEAD = {
 _ORDER = {"high": 0, "moderate": 1, "info": 2}
 
 
-def bottleneck(s: Seen) -> str:
+def bottleneck(f: Facts, s: Seen) -> str:
     """The bottleneck: host overhead where `steps_per_execution` helps (tiny steps also wait
     on the per-step hand-over of each batch: when the pipeline alone outpaces the step, that
     wait is dispatch cost too), else the input, the all-reduce, noise, or the device."""
-    f = s.f
-    if s.spe_helps and (s.level != "high" or f.input_time_s < f.compute_step_time_s):
+    if _helps(s.spe) and (s.level != "high" or f.input_time_s < f.compute_step_time_s):
         return "host_overhead"
     if s.level in ("high", "moderate"):
         return "input"
@@ -391,15 +376,18 @@ def bottleneck(s: Seen) -> str:
     return "inconclusive" if s.level == "inconclusive" else "compute"
 
 
-def classify(f: Facts, verdict: dict[str, Any] | None = None) -> Classification:
-    """The bottleneck, the input level, its share and the findings from the facts, by
-    `RULES`. `verdict` is `share_verdict(f.rounds)` where the caller has it already."""
+def classify(
+    f: Facts, verdict: dict[str, Any] | None = None
+) -> tuple[str, str, float, list[Finding]]:
+    """(the bottleneck, the input-bound level, the input wait's share of the step, the
+    findings, most important first) from the facts, by `RULES`. `verdict` is
+    `share_verdict(f.rounds)` where the caller has it already."""
     s = seen(f, verdict)
-    findings = [finding for rule in RULES for finding in rule(s)]
-    name = bottleneck(s)
+    findings = [finding for finding in (rule(f, s) for rule in RULES) if finding is not None]
+    name = bottleneck(f, s)
     lead = _LEAD.get(name)
     findings.sort(key=lambda x: (x.kind != lead, _ORDER[x.severity]))
-    return Classification(name, s.level, s.share, findings)
+    return name, s.level, s.share, findings
 
 
 _COUNTERS = tuple(c.name for c in dataclasses.fields(counters.Counters))
@@ -424,12 +412,13 @@ def unseen(f: Facts) -> list[str]:
     return notes
 
 
-def monitor_facts(aggregate: dict[str, Any], gpu: int = 0) -> dict[str, float]:
-    """The `Facts` GPU counters from `Sampler.aggregate()` keys `gpu{gpu}_*`; absent or
-    non-finite: NaN. PCIe is transmitted + received (either alone where only one was). Pure."""
+def monitor_facts(aggregate: dict[str, Any]) -> dict[str, float]:
+    """The `Facts` GPU counters from `Sampler.aggregate()` keys `gpu0_*` (TensorFlow's
+    `/GPU:0`); absent or non-finite: NaN. PCIe is transmitted + received (either alone where
+    only one was). Pure."""
 
     def get(key: str) -> float:
-        value = aggregate.get(f"gpu{gpu}_{key}") if isinstance(aggregate, dict) else None
+        value = aggregate.get(f"gpu0_{key}") if isinstance(aggregate, dict) else None
         return float(value) if value is not None and is_finite_number(value) else math.nan
 
     tx, rx = get("pcie_tx_mib_s_mean"), get("pcie_rx_mib_s_mean")
@@ -480,7 +469,7 @@ def wait_notes(
         ]
     if (
         level == "inconclusive"
-        and verdict["rounds"] >= MIN_ROUNDS  # fewer: the budget note says why
+        and verdict["rounds"] >= rules.MIN_ROUNDS  # fewer: the budget note says why
         and all(x.kind != "input_wait_unexplained" for x in findings)
     ):
         return [

@@ -11,38 +11,27 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgpu._internal.adapters import devices, replicas
+from tfgpu._internal.adapters import cpu, devices, replicas
 from tfgpu._internal.adapters.datasets import read_first
 from tfgpu._internal.adapters.model_state import preserved
 from tfgpu._internal.helpers.checks import check_bool, check_int, invalid_value
-from tfgpu._internal.measure import reader, timing
+from tfgpu._internal.measure import reader, rules, timing
 from tfgpu._internal.measure.facts import gather
-from tfgpu._internal.measure.rules import HOST_BOUND_STEP_S, MIN_ROUNDS, medians
 from tfgpu._internal.measure.session import OBSERVE_BUDGET_S, Session, check_steps
 from tfgpu._internal.measure.variants import Steady, Variants
 from tfgpu._internal.measure.workload import Workload, open_workload
+from tfgpu.diagnosis import _model, _probes
 from tfgpu.diagnosis._advice import advise_service
-from tfgpu.diagnosis._classify import classify, monitor_facts, unseen, wait_notes
+from tfgpu.diagnosis._classify import classify, monitor_facts, share_verdict, unseen, wait_notes
 from tfgpu.diagnosis._facts import (
     FIT_SHARE,
     MEASURE_SHARE,
     PROBE_STEPS_PER_EXECUTION,
+    ROUNDS_BUDGET_SHARE,
     Facts,
 )
-from tfgpu.diagnosis._graph import batch_nbytes, step_ops
-from tfgpu.diagnosis._lint import lint_mixed_precision, loss_scale, precision_layers
-from tfgpu.diagnosis._probes import (
-    DEVICE,
-    Probe,
-    fit_plan,
-    host_load,
-    measure_rounds,
-    monitoring,
-    noted,
-    run_probe,
-)
 from tfgpu.diagnosis._result import Diagnosis
-from tfgpu.diagnosis._rounds import share_verdict
+from tfgpu.flops import mfu, peak_flops, train_step_flops
 
 
 def full_batch(ds, first, size: int | None, expected: int | None, most: int = 4):
@@ -62,18 +51,13 @@ def full_batch(ds, first, size: int | None, expected: int | None, most: int = 4)
 
 def flop_facts(model: Any, x: Any, size: int | None, f: Facts) -> tuple[Any, Any, Any, list[str]]:
     """(FLOPs per step, achieved FLOP/s, MFU, notes), counted with the batch's own shapes; a
-    count above the devices' peak is not reported as achieved.
-
-    The FLOPs are the global batch's: on GPUs the peak is one GPU's times the replicas; logical
-    CPU devices share the machine's cores, so the CPU's peak is the machine's.
-    """
-    from tfgpu.flops import mfu, peak_flops, train_step_flops
-
-    notes: list[str] = []
+    rate above the devices' peak is not reported as achieved. The FLOPs are the global
+    batch's: on GPUs the peak is one GPU's times the replicas; logical CPU devices share the
+    machine's cores, so the CPU's peak is the machine's."""
     if not size:
-        return None, None, None, notes
+        return None, None, None, []
     failure: list[str] = []
-    with noted(failure, "{error}"):  # FLOP counting is a side feature
+    with _probes.noted(failure, "{error}"):  # FLOP counting is a side feature
         signature = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), x)
         if isinstance(signature, (list, tuple)) and len(signature) == 1:
             signature = signature[0]
@@ -81,32 +65,31 @@ def flop_facts(model: Any, x: Any, size: int | None, f: Facts) -> tuple[Any, Any
     if failure:
         # Its message may advise arguments of `train_step_flops`; diagnose takes none of them.
         text = ". ".join(p for p in failure[0].split(". ") if "input_signature" not in p)
-        notes.append(f"FLOPs not counted: {text.rstrip('.')}")
-        return None, None, None, notes
-    real, on_gpu = f.step_time_s, f.on_gpu
+        return None, None, None, [f"FLOPs not counted: {text.rstrip('.')}"]
+    real = f.step_time_s
     if not flops or not real or real <= 0:
-        return flops or None, None, None, notes
+        return flops or None, None, None, []
     achieved = flops / real
-    peak = None
     try:
-        if on_gpu:
+        if f.on_gpu:
             precision = devices.peak_precision(f.policy, list(f.compute_capabilities))
             one = peak_flops(f.gpu_name, precision) if f.gpu_name and precision else None
             peak = None if one is None else one * max(1, f.replicas)
         else:
-            from tfgpu._internal.adapters import cpu
-
             peak = cpu.peak_flops(f.policy)
     except (TypeError, ValueError):  # a policy with no peak rate (e.g. "float64")
         peak = None
     if peak and achieved > peak:
-        notes.append(
-            f"FLOP count cannot be right: {achieved / 1e9:,.1f} GFLOP/s counted exceeds this "
-            f"device's peak of about {peak / 1e9:,.1f} GFLOP/s (not reported as achieved)"
+        return (
+            flops,
+            None,
+            None,
+            [
+                f"FLOP count cannot be right: {achieved / 1e9:,.1f} GFLOP/s counted exceeds this "
+                f"device's peak of about {peak / 1e9:,.1f} GFLOP/s (not reported as achieved)"
+            ],
         )
-        return flops, None, None, notes
-    mfu_value = mfu(flops, real, peak) if on_gpu and peak else None
-    return flops, achieved, mfu_value, notes
+    return flops, achieved, (mfu(flops, real, peak) if f.on_gpu and peak else None), []
 
 
 def diagnose(
@@ -126,13 +109,11 @@ def diagnose(
 ) -> Diagnosis:
     """Measures a short training run and says what holds the GPU back, and what to change.
 
-    Times the input pipeline alone, `fit` on one batch held in device memory and `fit` on
-    the real `data` (sampled by `tfgpu.monitor` on a GPU), alternated in rounds until the
-    input-wait share is clear of noise; then probes `steps_per_execution=16` and
-    `jit_compile` (`jit_compile=False` first, before the rounds, when the model has it on),
-    all within `time_budget_s`. The model's weights, optimizer state,
-    metrics, compile settings and `history` are restored afterwards. The protocol, the
-    findings and their thresholds: docs/diagnosis.md.
+    Times the input pipeline alone, then `fit` on one batch held in device memory against
+    `fit` on the real `data` (sampled by `tfgpu.monitor` on a GPU) in rounds until the input
+    wait is clear of noise, then probes `steps_per_execution=16` and `jit_compile`, all within
+    `time_budget_s`; the model's weights, optimizer state, metrics, compile settings and
+    `history` are restored afterwards. The protocol and the thresholds: docs/diagnosis.md.
 
     Args:
         model: keras.Model, compiled, or a function without arguments that builds and
@@ -149,9 +130,8 @@ def diagnose(
         monitor: bool, sample GPU utilization/memory during the real run. Defaults to True.
         profile: bool, capture a TensorBoard profiler trace into `log_dir/profile`.
             Defaults to False.
-        time_budget_s: float or None, seconds the measurements may take; long steps are
-            timed over fewer steps, probes that do not fit are skipped with a note; None: no
-            limit. Defaults to 60.0.
+        time_budget_s: float or None, seconds the measurements may take (None: no limit);
+            what does not fit is timed shorter or skipped, with a note. Defaults to 60.0.
         verbose: str or int, "auto", 0, 1 or 2: progress lines, as `model.fit` shows them.
             Defaults to "auto".
 
@@ -182,24 +162,16 @@ def diagnose(
     check_steps(steps)
     check_int("warmup", warmup, minimum=1)
     if profile and session.log_path is None:
-        raise invalid_value(
-            "profile",
-            profile,
-            "a `log_dir` to write the trace into",
-            received="profile=True with log_dir=None",
-        )
-    for flag, given in (
-        ("check_xla", check_xla),
-        ("check_steps_per_execution", check_steps_per_execution),
-        ("monitor", monitor),
-        ("profile", profile),
-    ):
-        check_bool(flag, given)
-    work = open_workload(model, data, batch_size=batch_size)
-    run = _Diagnose(session, work, steps, warmup)
+        expected = "a `log_dir` to write the trace into"
+        raise invalid_value("profile", profile, expected, received="profile=True with log_dir=None")
+    check_bool("check_xla", check_xla)
+    check_bool("check_steps_per_execution", check_steps_per_execution)
+    check_bool("monitor", monitor)
+    check_bool("profile", profile)
+    run = _Diagnose(session, open_workload(model, data, batch_size=batch_size), steps, warmup)
     facts, batch = run.read()
     x, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
-    with preserved(work.model, x):
+    with preserved(run.model, x):
         run.measure(facts, batch, check_xla, check_steps_per_execution, monitor and facts.on_gpu)
         if profile and session.log_path is not None:
             session.progress.phase("capturing a profiler trace")
@@ -220,24 +192,16 @@ class _Diagnose:
         self.measurements: dict[str, Any] = {}
         self.monitor: dict[str, float] = {}
         self.profile_dir: str | None = None
-        self.size: int | None = None
         self.variants: Variants
 
     # 1. What needs no training: the model, the data's graph, the devices, the pipeline alone.
     def read(self) -> tuple[Facts, Any]:
         work = self.work
-        batch, self.size = full_batch(self.dataset, *work.first_batch(), work.batch_size)
-        facts = Facts(
-            **gather(
-                self.model,
-                self.dataset,
-                from_arrays=work.from_arrays,
-                has_factory=work.factory is not None,
-            )
-        )
-        facts.batch_size = self.size
-        facts.host_load = host_load()
-        facts.batch_bytes = batch_nbytes(batch)
+        batch, size = full_batch(self.dataset, *work.first_batch(), work.batch_size)
+        kinds = {"from_arrays": work.from_arrays, "has_factory": work.factory is not None}
+        facts = Facts(**gather(self.model, self.dataset, **kinds))
+        facts.batch_size, facts.host_load = size, _probes.host_load()
+        facts.batch_bytes = _model.batch_nbytes(batch)
         if facts.on_gpu and facts.memory_capacity_bytes is None:
             self._nvml_note()
         self.progress.phase("timing the input pipeline alone")
@@ -245,13 +209,8 @@ class _Diagnose:
         self.measurements["pipeline"] = pipeline.to_dict()
         facts.input_time_s = 1.0 / pipeline.batches_per_s
         facts.pipeline_cpu_busy, facts.cpu_cores = pipeline.cpu_busy, pipeline.cpu_cores
-        self.variants = Variants(
-            self.model,
-            self.dataset,
-            Steady(self.steps, self.warmup),
-            batch=batch,
-            on_gpu=facts.on_gpu,
-        )
+        timed = Steady(self.steps, self.warmup)
+        self.variants = Variants(self.model, self.dataset, timed, batch=batch, on_gpu=facts.on_gpu)
         return facts, batch
 
     def _nvml_note(self) -> None:
@@ -268,42 +227,34 @@ class _Diagnose:
     def measure(
         self, f: Facts, batch: Any, check_xla: bool, check_spe: bool, monitor: bool
     ) -> None:
-        v = self.variants
-        f.loss_scale_before = loss_scale(self.model)
+        f.loss_scale_before = _model.loss_scale(self.model)
         first, first_s = self._first_look(f, batch)
         xla = check_xla and f.xla_supported
         if check_xla and not xla:
             self.notes.append("XLA not measured: the model does not support jit_compile")
         # Undoing a setting the model has comes first: one round now, `first` its baseline.
-        look = (
-            self._probe("jit_compile", not f.jit_compile, first, first_base=first)
-            if (xla and f.jit_compile)
-            else Probe()
-        )
-        with monitoring(monitor, self.notes) as aggregate:
-            f.rounds = measure_rounds(v, first, self.steps, self.warmup, self.budget, self.progress)
+        undo = xla and f.jit_compile
+        look = self._probe("jit_compile", False, first, first_base=first) if undo else None
+        with _probes.monitoring(monitor, self.notes) as aggregate:
+            f.rounds = self._rounds(first)
         self.monitor = aggregate
         self._rounds_notes(f)
-        f.loss_scale_after = loss_scale(self.model)
-        f.compute_step_time_s, f.step_time_s = medians(f.rounds)
+        f.loss_scale_after = _model.loss_scale(self.model)
+        f.compute_step_time_s, f.step_time_s = rules.medians(f.rounds)
         # The probes, one that undoes a setting first, each only when the time left is at least
         # what the first run took (its variant traces, or compiles, as that did).
         skipped: list[str] = []
-        if xla and f.jit_compile:
-            if not look.final:
-                look = self._probe(
-                    "jit_compile", False, first, needs_s=first_s, earlier=look.rounds
-                )
+        if look is not None:
+            if look.rounds and look.stopped not in ("slower", "faster"):
+                look = self._probe("jit_compile", False, first, first_s, earlier=look.rounds)
             f.xla_rounds = self._record(look, "xla", skipped)
-        if check_spe and f.steps_per_execution == 1 and f.compute_step_time_s < HOST_BOUND_STEP_S:
-            probe = self._probe(
-                "steps_per_execution", PROBE_STEPS_PER_EXECUTION, first, needs_s=first_s
-            )
+        host_bound = f.compute_step_time_s < rules.HOST_BOUND_STEP_S
+        if check_spe and f.steps_per_execution == 1 and host_bound:
+            probe = self._probe("steps_per_execution", PROBE_STEPS_PER_EXECUTION, first, first_s)
             f.spe_rounds = self._record(probe, "steps_per_execution_probe", skipped)
         if xla and not f.jit_compile:
-            f.xla_rounds = self._record(
-                self._probe("jit_compile", True, first, needs_s=first_s), "xla", skipped
-            )
+            probe = self._probe("jit_compile", True, first, first_s)
+            f.xla_rounds = self._record(probe, "xla", skipped)
         if skipped:
             self.notes.append(
                 f"skipped for the time budget of {self.budget.seconds:g} s: {', '.join(skipped)} "
@@ -312,13 +263,14 @@ class _Diagnose:
 
     def _first_look(self, f: Facts, batch: Any) -> tuple[float | None, float]:
         """The first device-resident run (it always runs: a diagnosis needs one step time),
-        its timed steps within `FIT_SHARE` of the budget; the peak memory, the step's ops."""
+        its timed steps within `FIT_SHARE` of the budget, and how long it took; the peak
+        memory, the step's ops."""
         self.progress.phase("warming up and timing the step on one batch held in memory")
         memory_device = "GPU:0" if f.on_gpu else "CPU:0"
         devices.reset_peak_memory(memory_device)
         self.variants.timed = Steady(self.steps, self.warmup, self._plan(0.0, None, 1)[1])
         started = timing.now()
-        first = self.variants.run_for(DEVICE)(None, None)
+        first = self.variants.run_for(_probes.DEVICE)(None, None)
         first_s = timing.now() - started  # about what a probe's first round takes (it traces)
         f.peak_memory_bytes = devices.peak_memory(memory_device)
         self.measurements["peak_memory_bytes"] = f.peak_memory_bytes
@@ -331,33 +283,124 @@ class _Diagnose:
             )
         if f.on_gpu and not f.jit_compile:  # where ops run matters only beside a GPU
             self.progress.phase("reading where the train step's ops run")
-            with noted(self.notes, "train-step op placement not checked: {error}"):
-                f.train_step_ops = step_ops(self.model, batch)
+            with _probes.noted(self.notes, "train-step op placement not checked: {error}"):
+                f.train_step_ops = _model.step_ops(self.model, batch)
         return first, first_s
+
+    def _rounds(self, first: float | None) -> list[tuple[float, float]]:
+        """(device-resident, real) seconds per step, round after round, until the input-wait
+        share is clear of the thresholds or `ROUNDS_BUDGET_SHARE` of the budget is spent; each
+        fit as long as `fit_plan` allows for `MIN_ROUNDS` rounds. `first`: the first look's."""
+        budget, progress = self.budget, self.progress
+        progress.phase("warming up on the real data")
+        _probes.warm_real(self.model, self.dataset, budget)
+        fits = 2 * rules.MIN_ROUNDS - (first is not None)
+        warm, timed_s = self._plan(budget.left(), first, fits)
+        self.variants.timed = Steady(self.steps, warm, timed_s)
+        rounds_until = (
+            None if budget.seconds is None else budget.start + ROUNDS_BUDGET_SHARE * budget.seconds
+        )
+        shown: set[int] = set()
+        calls = {"compute": 1 if first is not None else 0, "real": 0}
+
+        def announced(kind: str, run: timing.Run) -> timing.Run:
+            def timed(deadline: float | None, limit: float | None) -> float | None:
+                calls[kind] += 1
+                if calls[kind] not in shown:  # the round's first run says which round it is
+                    shown.add(calls[kind])
+                    progress.phase(
+                        "timing the real data against a batch in memory, "
+                        f"round {calls[kind]} of at most {rules.MAX_ROUNDS}"
+                    )
+                # The first real run, like the first device-resident one, ignores the deadline.
+                first_real = kind == "real" and calls[kind] == 1
+                return run(None if first_real else deadline, limit)
+
+            return timed
+
+        def done(rounds: list[tuple[float, float]]) -> bool:
+            if share_verdict(rounds)["level"] != "inconclusive":
+                return True
+            return rounds_until is not None and timing.now() >= rounds_until
+
+        return timing.compare(
+            announced("compute", self.variants.run_for(_probes.DEVICE)),
+            {"real": announced("real", self.variants.run_for({}))},
+            budget=budget,
+            first_base=first,
+            done=done,
+            clearly_slower=None,
+        )["real"].rounds
 
     def _plan(self, left_s: float, step_s: float | None, fits: int) -> tuple[int, float | None]:
         spe = int(self.model.steps_per_execution)
-        return fit_plan(left_s, self.budget.seconds, step_s, fits, self.warmup, spe)
+        return _probes.fit_plan(left_s, self.budget.seconds, step_s, fits, self.warmup, spe)
 
-    def _probe(self, setting: str, value: Any, first: float | None, **kw: Any) -> Probe:
-        warm, limit = self._plan(self.budget.left(), first, 2 * MIN_ROUNDS)
+    def _probe(
+        self,
+        setting: str,
+        value: Any,
+        first: float | None,
+        needs_s: float = 0.0,
+        *,
+        first_base: float | None = None,
+        earlier: list[tuple[float, float]] | None = None,
+    ) -> _probes.Probe:
+        """Times the device-resident step with `setting` = `value` against the model's own, in
+        rounds; skipped when less than `needs_s` of the budget is left; an error is a note,
+        never a crash. With `first_base` (the baseline's step, measured already) one round
+        only, final ("faster" or "slower") when it is clear; `earlier`: the rounds of such a
+        first look."""
+        warm, limit = self._plan(self.budget.left(), first, 2 * rules.MIN_ROUNDS)
         self.variants.timed = Steady(self.steps, warm, limit)
-        failed = (
-            "XLA not measured: {name} failed ({error})"
-            if setting == "jit_compile"
-            else "{name} not measured: {error}"
-        )
-        return run_probe(
-            self.variants,
-            setting=setting,
-            value=value,
-            budget=self.budget,
-            failed=failed,
-            progress=self.progress,
-            **kw,
-        )
+        current = getattr(self.model, setting)
+        name = f"{setting}={value}"
+        rounds: list[tuple[float, float]] = []
+        stopped: str | None = None
+        failure: list[str] = []
+        most = 1 if first_base is not None else rules.MAX_ROUNDS
+        if self.budget.left() > max(0.0, needs_s):
+            calls = [0]
+            run = self.variants.run_for({**_probes.DEVICE, setting: value})
 
-    def _record(self, probe: Probe, key: str, skipped: list[str]) -> list[tuple[float, float]]:
+            def announced(deadline: float | None, limit: float | None) -> float | None:
+                calls[0] += 1
+                self.progress.phase(
+                    f"trying {name} against {current}, round {calls[0]} of at most {most}"
+                )
+                return run(deadline, limit)
+
+            if setting == "jit_compile":
+                failed = f"XLA not measured: {name} failed ({{error}})"
+            else:
+                failed = f"{name} not measured: {{error}}"
+            with _probes.noted(failure, failed):
+                c = timing.compare(
+                    self.variants.run_for(_probes.DEVICE),
+                    {"variant": announced},
+                    budget=self.budget,
+                    max_rounds=most,
+                    timed_units=max(6, self.steps),
+                    first_base=first_base,
+                )["variant"]
+                rounds, stopped = c.rounds, c.stopped
+        elif not earlier:
+            return _probes.Probe(skipped=f"the {name} probe")
+        else:
+            stopped = "budget"
+        if failure and not earlier:
+            return _probes.Probe(notes=failure)
+        rounds = (earlier or []) + rounds
+        gain = rules.Gain.of(rounds)
+        if first_base is not None and stopped is None and gain and gain.value >= rules.CLEARLY:
+            stopped = "faster"
+        notes = _probes.probe_notes(name, gain, len(rounds), stopped, self.budget.seconds)
+        record = _probes.probe_record(f"{setting}={current}", name, rounds, stopped)
+        return _probes.Probe(rounds, record, failure + notes, stopped=stopped)
+
+    def _record(
+        self, probe: _probes.Probe, key: str, skipped: list[str]
+    ) -> list[tuple[float, float]]:
         """Files a probe's record, notes and skip; returns its rounds."""
         if probe.record is not None:
             self.measurements[key] = probe.record
@@ -367,9 +410,9 @@ class _Diagnose:
         return probe.rounds
 
     def _rounds_notes(self, f: Facts) -> None:
-        if len(f.rounds) < MIN_ROUNDS:
+        if len(f.rounds) < rules.MIN_ROUNDS:
             self.notes.append(
-                f"only {len(f.rounds)} of {MIN_ROUNDS} rounds ran within the time budget of "
+                f"only {len(f.rounds)} of {rules.MIN_ROUNDS} rounds ran within the time budget of "
                 f"{self.budget.seconds:g} s: pass a larger `time_budget_s`"
             )
         self.measurements["rounds"] = [{"device_resident_s": c, "real_s": r} for c, r in f.rounds]
@@ -379,7 +422,7 @@ class _Diagnose:
     def profile(self, path: str) -> None:
         """A TensorBoard profiler trace of a few steps into `path` (a note if it fails)."""
         steps = max(3, int(self.model.steps_per_execution))
-        with noted(self.notes, "profiler trace failed: {error}"):
+        with _probes.noted(self.notes, "profiler trace failed: {error}"):
             tf.profiler.experimental.start(path)
             try:
                 self.model.fit(
@@ -395,9 +438,9 @@ class _Diagnose:
             setattr(f, name, value)
         self._replica_facts(f)
         if f.on_gpu:
-            with noted(self.notes, "tensor-core facts not read: {error}"):
+            with _probes.noted(self.notes, "tensor-core facts not read: {error}"):
                 f.tf32_enabled = devices.tf32_execution_enabled()
-                f.float32_layers, f.odd_dim_layers = precision_layers(self.model)
+                f.float32_layers, f.odd_dim_layers = _model.precision_layers(self.model)
         verdict = share_verdict(f.rounds)
         bottleneck, level, share, findings = classify(f, verdict)
         service = advise_service(f) if level in ("high", "moderate") else None
@@ -406,12 +449,11 @@ class _Diagnose:
         self.notes.extend(unseen(f) + wait_notes(f, verdict, level, share, findings))
         noise = None
         self.measurements["noise"] = None
-        if verdict["rounds"] >= MIN_ROUNDS:  # fewer rounds cannot tell the noise
+        if verdict["rounds"] >= rules.MIN_ROUNDS:  # fewer rounds cannot tell the noise
             noise = verdict["high"] - verdict["low"]
-            self.measurements["noise"] = {
-                k: verdict[k] for k in ("low", "high", "confidence", "rounds")
-            }
-        findings += lint_mixed_precision(self.model, list(f.compute_capabilities))
+            kept = ("low", "high", "confidence", "rounds")
+            self.measurements["noise"] = {k: verdict[k] for k in kept}
+        findings += _model.lint_mixed_precision(self.model, list(f.compute_capabilities))
         flops = achieved = mfu_value = None
         budget = self.budget
         if budget.seconds is not None and budget.elapsed() >= budget.seconds:
@@ -420,7 +462,7 @@ class _Diagnose:
             )
         else:
             self.progress.phase("counting the FLOPs of a training step")
-            flops, achieved, mfu_value, flop_notes = flop_facts(self.model, x, self.size, f)
+            flops, achieved, mfu_value, flop_notes = flop_facts(self.model, x, f.batch_size, f)
             self.notes.extend(flop_notes)
         self.measurements["time_budget_s"] = budget.seconds
         real = f.step_time_s
@@ -431,8 +473,8 @@ class _Diagnose:
             step_time_s=real,
             compute_step_time_s=f.compute_step_time_s,
             input_batch_time_s=f.input_time_s,
-            batch_size=self.size,
-            examples_per_s=(self.size or 0) / real if real > 0 else math.nan,
+            batch_size=f.batch_size,
+            examples_per_s=(f.batch_size or 0) / real if real > 0 else math.nan,
             findings=findings,
             device=f"GPU:0 ({f.gpu_name})" if f.on_gpu else "CPU",
             flops_per_step=flops,
@@ -453,7 +495,7 @@ class _Diagnose:
             self.notes.append(self.session.budget_note("the all-reduce was not timed alone"))
             return
         self.progress.phase("timing the all-reduce of the gradients alone")
-        with noted(self.notes, "the all-reduce was not timed alone: {error}"):
+        with _probes.noted(self.notes, "the all-reduce was not timed alone: {error}"):
             strategy = self.model.distribute_strategy
             f.all_reduce_s = replicas.all_reduce_s(strategy, self.model, tiny=False)
             f.gradient_bytes = replicas.gradient_bytes(self.model)

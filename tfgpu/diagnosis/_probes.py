@@ -1,7 +1,6 @@
-"""The measuring protocol of `diagnose`, on the measuring core's variants and timing engine:
-`measure_rounds` alternates the step on one batch held in device memory with the step on the
-real data, `run_probe` a compile setting's other value on the device-resident step; the
-failures of side checks become notes (`noted`).
+"""The pieces of `diagnose`'s measuring protocol: how long each fit may run (`fit_plan`), the
+warm-up on the real data, a probe's outcome, record and notes, the GPU monitor around the
+rounds, and the failures of side checks as notes (`noted`).
 """
 
 from __future__ import annotations
@@ -16,13 +15,11 @@ from typing import Any
 import tensorflow as tf
 
 from tfgpu._internal.adapters.datasets import cardinality
-from tfgpu._internal.helpers.progress import Progress
 from tfgpu._internal.helpers.warn import one_line
 from tfgpu._internal.measure import timing
-from tfgpu._internal.measure.rules import CLEARLY, MAX_ROUNDS, MIN_ROUNDS, Gain, medians
-from tfgpu._internal.measure.variants import DEVICE_RESIDENT, Steady, Variants
-from tfgpu.diagnosis._facts import FIT_SHARE, ROUNDS_BUDGET_SHARE
-from tfgpu.diagnosis._rounds import share_verdict
+from tfgpu._internal.measure.rules import Gain, medians
+from tfgpu._internal.measure.variants import DEVICE_RESIDENT
+from tfgpu.diagnosis._facts import FIT_SHARE
 
 # The variant without its input pipeline: one batch held in device memory.
 DEVICE = {DEVICE_RESIDENT: True}
@@ -61,7 +58,7 @@ def host_load() -> float | None:
         return None
 
 
-def _warm_real(model: Any, ds: tf.data.Dataset, budget: timing.Budget) -> None:
+def warm_real(model: Any, ds: tf.data.Dataset, budget: timing.Budget) -> None:
     """One untimed pass over the real data's first epoch (at most 64 batches), so that every
     batch shape is traced outside the timed runs; an infinite dataset is not warmed here."""
     try:
@@ -71,154 +68,28 @@ def _warm_real(model: Any, ds: tf.data.Dataset, budget: timing.Budget) -> None:
     if not n or n < 0:
         return
     spe = max(1, int(model.steps_per_execution))
-    calls = min(64, max(1, math.ceil(n / spe)) + 1)
+    steps = min(64, max(1, math.ceil(n / spe)) + 1) * spe
+    timer = timing.Timer(0, budget.deadline, None)
     model.fit(
-        ds.repeat(),
-        epochs=1,
-        steps_per_epoch=calls * spe,
-        verbose=0,
-        shuffle=False,
-        callbacks=[timing.Timer(0, budget.deadline, None)],
+        ds.repeat(), epochs=1, steps_per_epoch=steps, verbose=0, shuffle=False, callbacks=[timer]
     )
     model.stop_training = False
 
 
-def measure_rounds(
-    variants: Variants,
-    first_compute: float | None,
-    steps: int,
-    warmup: int,
-    budget: timing.Budget,
-    progress: Progress,
-) -> list[tuple[float, float]]:
-    """(device-resident, real) seconds per step, round after round, until the input-wait
-    share is clear of the thresholds or `ROUNDS_BUDGET_SHARE` of the budget is spent; each
-    fit as long as `fit_plan` allows for `MIN_ROUNDS` rounds."""
-    model = variants.model
-    progress.phase("warming up on the real data")
-    _warm_real(model, variants.dataset, budget)
-    spe = max(1, int(model.steps_per_execution))
-    fits = 2 * MIN_ROUNDS - (first_compute is not None)
-    warm, timed_s = fit_plan(budget.left(), budget.seconds, first_compute, fits, warmup, spe)
-    variants.timed = Steady(steps, warm, timed_s)
-    rounds_until = (
-        None if budget.seconds is None else budget.start + ROUNDS_BUDGET_SHARE * budget.seconds
-    )
-    shown: set[int] = set()
-    calls = {"compute": 1 if first_compute is not None else 0, "real": 0}
-
-    def announced(kind: str, run: timing.Run) -> timing.Run:
-        def timed(deadline: float | None, limit: float | None) -> float | None:
-            calls[kind] += 1
-            if calls[kind] not in shown:  # the round's first run says which round it is
-                shown.add(calls[kind])
-                progress.phase(
-                    "timing the real data against a batch in memory, "
-                    f"round {calls[kind]} of at most {MAX_ROUNDS}"
-                )
-            # The first real run, like the first device-resident one, ignores the deadline.
-            first_real = kind == "real" and calls[kind] == 1
-            return run(None if first_real else deadline, limit)
-
-        return timed
-
-    def done(rounds: list[tuple[float, float]]) -> bool:
-        if share_verdict(rounds)["level"] != "inconclusive":
-            return True
-        return rounds_until is not None and timing.now() >= rounds_until
-
-    return timing.compare(
-        announced("compute", variants.run_for(DEVICE)),
-        {"real": announced("real", variants.run_for({}))},
-        budget=budget,
-        first_base=first_compute,
-        done=done,
-        clearly_slower=None,
-    )["real"].rounds
-
-
 @dataclass
 class Probe:
-    """One probe's outcome: its rounds, its record for `measurements`, its notes."""
+    """One probe's outcome: its rounds, its record for `measurements`, its notes, what the
+    budget left out (e.g. "the jit_compile=True probe") and why it stopped early ("slower",
+    "faster", "budget" or None)."""
 
     rounds: list[tuple[float, float]] = field(default_factory=list)
     record: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
-    skipped: str | None = None  # what the budget left out, e.g. "the jit_compile=True probe"
-
-    @property
-    def stopped(self) -> str | None:
-        """Why its comparison stopped early ("slower", "faster", "budget"), or None."""
-        return (self.record or {}).get("stopped")
-
-    @property
-    def final(self) -> bool:
-        """Whether a first look settled it (or nothing more can be measured)."""
-        return not self.rounds or self.stopped in ("slower", "faster")
-
-
-def run_probe(
-    variants: Variants,
-    *,
-    setting: str,
-    value: Any,
-    budget: timing.Budget,
-    failed: str,
-    progress: Progress,
-    needs_s: float = 0.0,
-    first_base: float | None = None,
-    earlier: list[tuple[float, float]] | None = None,
-) -> Probe:
-    """Times the device-resident step with `setting` = `value` against the model's own, in
-    rounds; skipped when less than `needs_s` of the budget is left; an error is the note
-    `failed`, never a crash. With `first_base` (the baseline's step, measured already) one
-    round only, final ("faster" or "slower") when it is clear; `earlier`: rounds of such a
-    first look."""
-    current = getattr(variants.model, setting)
-    base_name, name = f"{setting}={current}", f"{setting}={value}"
-    rounds: list[tuple[float, float]] = []
+    skipped: str | None = None
     stopped: str | None = None
-    failure: list[str] = []
-    most = 1 if first_base is not None else MAX_ROUNDS
-    if budget.left() > max(0.0, needs_s):
-        label = f"trying {name} against {current}"
-        calls = [0]
-        run = variants.run_for({**DEVICE, setting: value})
-
-        def announced(deadline: float | None, limit: float | None) -> float | None:
-            calls[0] += 1
-            progress.phase(f"{label}, round {calls[0]} of at most {most}")
-            return run(deadline, limit)
-
-        t = variants.timed
-        with noted(failure, failed.format(name=name, error="{error}")):
-            c = timing.compare(
-                variants.run_for(DEVICE),
-                {"variant": announced},
-                budget=budget,
-                max_rounds=most,
-                timed_units=max(6, t.steps if isinstance(t, Steady) else 6),
-                first_base=first_base,
-            )["variant"]
-            rounds, stopped = c.rounds, c.stopped
-    elif not earlier:
-        return Probe(skipped=f"the {name} probe")
-    else:
-        stopped = "budget"
-    if failure and not earlier:
-        return Probe(notes=failure)
-    rounds = (earlier or []) + rounds
-    gain = Gain.of(rounds)
-    if first_base is not None and stopped is None and gain and gain.value >= CLEARLY:
-        stopped = "faster"
-    return Probe(
-        rounds=rounds,
-        record=_probe_record(base_name, name, rounds, stopped),
-        notes=failure + _probe_notes(name, gain, len(rounds), stopped, budget.seconds),
-    )
 
 
-def _probe_record(
+def probe_record(
     base_name: str, variant_name: str, rounds: list[tuple[float, float]], stopped: str | None
 ) -> dict[str, Any]:
     """A probe's measurements: median step times, the gain and its interval, the rounds."""
@@ -234,7 +105,7 @@ def _probe_record(
     return record
 
 
-def _probe_notes(
+def probe_notes(
     name: str, gain: Gain | None, rounds: int, stopped: str | None, budget_s: float | None
 ) -> list[str]:
     """One line on a probe that stopped early."""
