@@ -74,7 +74,8 @@ def test_pipeline_slowed_on_purpose_is_measured_slow_and_its_python_step_named()
     # scripted clock below.)
     ds = tf.data.Dataset.from_tensor_slices((X, Y)).batch(256).map(_sleepy)
     diagnosis = tfgpu.diagnose(_heavy_model(), ds, **FAST)
-    assert diagnosis.step_time_s >= 0.1, str(diagnosis)
+    # (the median gap between two calls' ends: 10% below the sleep for a scheduler's jitter)
+    assert diagnosis.step_time_s >= 0.09, str(diagnosis)
     traffic = diagnosis.finding("host_device_traffic")
     assert "py_function" in traffic.detail and "not prefetched" in traffic.detail
 

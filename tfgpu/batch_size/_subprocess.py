@@ -15,7 +15,7 @@ import keras
 from tfgpu._internal.helpers.checks import invalid_value
 from tfgpu._internal.helpers.processes import run_python
 from tfgpu._internal.helpers.progress import Progress
-from tfgpu.batch_size._result import BatchSizeResult, build_result, trial_from_dict
+from tfgpu.batch_size._result import BatchSizeResult, trial_from_dict
 
 # The child's progress lines (verbose=2) start with this; the parent shows their phase.
 _PREFIX = "find_batch_size: "
@@ -82,22 +82,17 @@ def find_in_subprocess(model, pool, kwargs, progress: Progress) -> BatchSizeResu
                 f"output:\n{stderr[-2000:]}"
             )
         d = json.loads(out.read_text())
-    trials = [trial_from_dict(t) for t in d["trials"]]
     note = (
         "trials ran in a subprocess (in_subprocess=True): this process's device memory was "
         "not used by the search"
     )
-    return build_result(
-        trials,
-        d["replicas"],
-        d["memory_budget_bytes"],
-        d["device"],
-        d["target_batch_size"],
-        [note, *d["notes"]],
+    record = {k: v for k, v in d.items() if k in BatchSizeResult.__dataclass_fields__}
+    record.update(
+        trials=[trial_from_dict(t) for t in d["trials"]],
+        notes=[note, *d["notes"]],  # the child's own, its notes on why the search ended too
         in_subprocess=True,
-        memory_source=d.get("memory_source"),
-        stopped_by=d.get("stopped_by", "limit"),
     )
+    return BatchSizeResult(**record)
 
 
 def _custom_modules(model) -> list[str]:
