@@ -1,10 +1,7 @@
-"""Variants of a workload: anything tried on the user's model and data, each a dict of
-changes (compile settings, a rebuilt pipeline, a precision policy, an all-reduce, a strategy
-with other replicas, one batch held in device memory). `Variants.run_for(changes)` is the one
-mechanism that builds a variant (once: models, datasets and traced train steps are kept),
-applies it for its timed run and puts the model back; `timing.compare` times the runs. A
-variant in a fresh process (`tfgpu tune SCRIPT.py`) has its own runner of the same shape.
-"""
+"""Variants of a workload, each a dict of changes: `Variants.run_for(changes)` builds one
+once, applies it for its timed run and puts the model back (docs/architecture.md, "The
+measuring core"). A variant in a fresh process (`tfgpu tune SCRIPT.py`) has its own runner
+of the same shape."""
 
 from __future__ import annotations
 
@@ -89,22 +86,12 @@ def device_resident(batch: Any, on_gpu: bool, spec: Any = None) -> tf.data.Datas
 
 
 class Variants:
-    """The workload and every variant of it, built on demand and kept.
-
-    Args:
-        model: keras.Model, compiled and built: the baseline.
-        dataset: tf.data.Dataset of batches: the user's data.
-        timed: `Steady` or `Epochs`, how each timed fit runs.
-        batch_size: int or None, the data's global batch.
-        factory: callable or None, builds and compiles the model (for a precision policy or
-            a strategy).
-        pipeline: dict or None, the `tfgpu.data.pipeline` arguments that built `dataset`.
-        rebuild: callable or None, `tfgpu.data.pipeline` (this layer imports no feature).
-        per_example: bool, whether runs return seconds per example (variants with other
-            batches compare alike) rather than per step.
-        on_gpu: bool, whether a device-resident batch is prefetched to the GPU.
-        batch: the batch held in device memory (None: the data's first).
-    """
+    """The workload (`model`, compiled and built; `dataset`, its batches; `timed`, how each
+    timed fit runs) and every variant of it, built on demand and kept. `factory` builds the
+    model again (a policy, a strategy); `pipeline` are the `tfgpu.data.pipeline` arguments
+    that built `dataset` and `rebuild` that function (this layer imports no feature);
+    `per_example`: runs give seconds per example, so that other batches compare alike;
+    `batch`: the one held in device memory (None: the data's first)."""
 
     def __init__(
         self,
@@ -309,8 +296,7 @@ class Variants:
         return run
 
     def _step_key(self, changes: dict[str, Any], ds: tf.data.Dataset) -> _Key:
-        """What decides the traced train step: the model, its compile settings, its strategy's
-        all-reduce, the batches' spec. Settings of the pipeline alone share the baseline's."""
+        """What decides the traced step (settings of the pipeline alone share the baseline's)."""
         step = {k: changes[k] for k in STEP_KEYS if k in changes}
         return (*key(step), ("spec", repr(ds.element_spec)))
 

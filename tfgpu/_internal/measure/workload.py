@@ -1,9 +1,6 @@
-"""A compiled model and its data, checked once, in the same words: the one front door of the
-measuring front ends (`open_workload`; what is refused: docs/diagnosis.md, "The model and the
-data: one check"). The model may come as a function that builds it, called once every other
-argument is checked. The data's kind is a class, decided once, as Keras's data adapters:
-`DatasetData` (the user's dataset as it is) or `ArrayData` (arrays batched as `fit` does).
-"""
+"""The measuring core's front door (`open_workload`): a compiled model, or a function that
+builds one, and its data, checked once in the same words (docs/diagnosis.md, "The model and
+the data: one check"); the data's kind is a class decided once, as Keras's data adapters."""
 
 from __future__ import annotations
 
