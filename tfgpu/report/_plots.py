@@ -22,35 +22,12 @@ from tfgpu.report._series import (
 )
 
 
-class Plt:
-    """The pyplot subset used, on Agg-backed Figures: no global state, no GUI."""
-
-    def __init__(self) -> None:
-        from tfgpu._internal.helpers.lazy import import_optional
-
-        import_optional("matplotlib")
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        self._figure, self._canvas = Figure, FigureCanvasAgg
-
-    def subplots(self, figsize):
-        fig = self._figure(figsize=figsize)
-        self._canvas(fig)
-        return fig, fig.add_subplot()
-
-    @staticmethod
-    def close(fig):
-        fig.clear()
-
-
 def _plottable(values: list[float], log: bool = False) -> list[float]:
     """`values` with what a plot cannot show (inf, and <= 0 on a log scale) as NaN."""
     return [v if math.isfinite(v) and not (log and v <= 0) else math.nan for v in values]
 
 
 def _plot_lines(
-    plt,
     out: Path,
     title: str,
     ylabel: str,
@@ -71,7 +48,12 @@ def _plot_lines(
             drawn.append((label, xs, ys, style))
     if not drawn:
         return None
-    fig, ax = plt.subplots(figsize=(9, 3.6))
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 3.6))  # Agg-backed, no pyplot: no global state, no GUI
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     for label, xs, ys, style in drawn:
         ax.plot(xs, ys, style, label=label, linewidth=1.2)
     if log:
@@ -104,22 +86,22 @@ def _plot_lines(
         ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
-    plt.close(fig)
+    fig.clear()
     return out
 
 
-def try_draw(problems: Problems, draw, plt, out: Path, *args, **kw) -> Path | None:
-    """Calls `draw(plt, out, ...)`; a plot that fails is named in `problems`, not raised."""
+def try_draw(problems: Problems, draw, out: Path, *args, **kw) -> Path | None:
+    """Calls `draw(out, ...)`; a plot that fails is named in `problems`, not raised."""
     try:
         with warnings.catch_warnings():  # matplotlib's own, on extreme values: the plot says it
             warnings.simplefilter("ignore")
-            return draw(plt, out, *args, **kw)
+            return draw(out, *args, **kw)
     except Exception as e:  # a plot is one part of the report: the others still get written
         problems.errors.append(f"`{out}` not drawn ({type(e).__name__}: {e}).")
         return None
 
 
-def timeline_plots(plt, table: Table, out_dir: Path, suffix: str, problems: Problems) -> list[Path]:
+def timeline_plots(table: Table, out_dir: Path, suffix: str, problems: Problems) -> list[Path]:
     starts = timeline_sessions(table)
     x = time_axis(table, starts)
     epochs = epoch_starts(x, table.col("epoch"), starts)
@@ -140,7 +122,7 @@ def timeline_plots(plt, table: Table, out_dir: Path, suffix: str, problems: Prob
     def plot(name: str, title: str, ylabel: str, series, **kw) -> Path | None:
         out = out_dir / f"{name}{suffix}.png"
         return try_draw(
-            problems, _plot_lines, plt, out, title, ylabel, series, epochs, sessions=sessions, **kw
+            problems, _plot_lines, out, title, ylabel, series, epochs, sessions=sessions, **kw
         )
 
     gpus = gpu_indices(table)
@@ -179,7 +161,7 @@ def _activity_gpus(table: Table) -> list[int]:
     ]
 
 
-def steps_plot(plt, out: Path, table: Table, t0: float | None) -> Path | None:
+def steps_plot(out: Path, table: Table, t0: float | None) -> Path | None:
     times = table.col("time")
     finite = stats.finite(times)
     if not finite:
@@ -198,7 +180,6 @@ def steps_plot(plt, out: Path, table: Table, t0: float | None) -> Path | None:
     sessions = [begins[k] for k in starts]
     series = [("step time", broken(xs, starts), broken(ms, starts), ".")]
     return _plot_lines(
-        plt,
         out,
         "Training step time (one point per step, or per execution of steps_per_execution)",
         "ms per step (log scale)",

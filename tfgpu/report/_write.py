@@ -10,9 +10,10 @@ from pathlib import Path
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_dir
 from tfgpu._internal.helpers.files import write_text_atomic
+from tfgpu._internal.helpers.lazy import import_optional
 from tfgpu.report._energy import energy_section
 from tfgpu.report._findings import counter_section
-from tfgpu.report._plots import Plt, steps_plot, t0_for, timeline_plots, try_draw
+from tfgpu.report._plots import steps_plot, t0_for, timeline_plots, try_draw
 from tfgpu.report._read import (
     Artifact,
     Problems,
@@ -59,12 +60,11 @@ def write_report_and_problems(
     out_arg = check_dir("out_dir", out_dir, allow_none=True)
     run, names = check_log_dir(log_dir)
     out = run if out_arg is None else out_arg
-    plt = Plt()  # ImportError (with the pip line) before anything is written
+    import_optional("matplotlib")  # ImportError (with the pip line) before anything is written
     out.mkdir(parents=True, exist_ok=True)
     problems = Problems()
 
-    timelines = artifacts(names, "timeline")
-    steps = artifacts(names, "steps")
+    timelines, steps = artifacts(names, "timeline"), artifacts(names, "steps")
     lines = [f"# tfgpu run report: `{run}`", ""]
     run_json = run / "run.json"
     meta = read_record(run_json, problems) if run_json in names else None
@@ -73,12 +73,27 @@ def write_report_and_problems(
     lines += files_section(timelines, steps, names)
 
     body = _worker_lines(worker_records(names), timelines, problems)
-    timeline_lines, images, read_timelines = _timeline_lines(plt, timelines, out, problems)
-    step_lines, step_images, read_steps = _step_lines(
-        plt, steps, out, _first_samples(read_timelines), problems
-    )
-    body += timeline_lines + step_lines
-    images += step_images
+    images: list[Path] = []
+    read_timelines: list[tuple[Artifact, Table]] = []
+    for artifact in timelines:
+        table = read_table(artifact.path, ("time", "elapsed_s"), "timeline", problems)
+        body += _table_lines(problems, artifact, table, "Timeline", timeline_section)
+        if table is not None:
+            read_timelines.append((artifact, table))
+            images += timeline_plots(table, out, artifact.suffix, problems)
+    if not timelines:
+        body += ["No timeline in this run directory (no GPUMonitor / monitor.record).", ""]
+    first_samples = _first_samples(read_timelines)
+    read_steps: dict[str, list[Table]] = {}
+    for artifact in steps:
+        table = read_table(artifact.path, ("step_time_s",), "steps file", problems)
+        body += _table_lines(problems, artifact, table, "Steps", steps_section)
+        if table is not None:
+            read_steps.setdefault(artifact.worker, []).append(table)
+            t0 = t0_for(table, artifact.worker, first_samples)
+            img = try_draw(problems, steps_plot, out / f"step_time{artifact.suffix}.png", table, t0)
+            if img is not None:
+                images.append(img)
     if read_timelines:
         body += _section(problems, run, energy_section, read_timelines, read_steps)
         body += _section(problems, run, counter_section, read_timelines, read_steps)
@@ -115,24 +130,11 @@ def _worker_lines(workers: list[Path], timelines: list[Artifact], problems: Prob
     return lines
 
 
-def _timeline_lines(
-    plt: Plt, timelines: list[Artifact], out: Path, problems: Problems
-) -> tuple[list[str], list[Path], list[tuple[Artifact, Table]]]:
-    """Each timeline's section and plots, and the timelines read."""
-    lines: list[str] = []
-    images: list[Path] = []
-    read: list[tuple[Artifact, Table]] = []
-    for artifact in timelines:
-        table = read_table(artifact.path, ("time", "elapsed_s"), "timeline", problems)
-        if table is None:
-            lines += [f"## Timeline `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
-            continue
-        read.append((artifact, table))
-        lines += _section(problems, artifact.path, timeline_section, table, artifact.path.name)
-        images += timeline_plots(plt, table, out, artifact.suffix, problems)
-    if not timelines:
-        lines += ["No timeline in this run directory (no GPUMonitor / monitor.record).", ""]
-    return lines, images, read
+def _table_lines(problems: Problems, artifact: Artifact, table, heading: str, make) -> list[str]:
+    """A CSV file's section, or its heading and where to read why it was skipped."""
+    if table is None:
+        return [f"## {heading} `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
+    return _section(problems, artifact.path, make, table, artifact.path.name)
 
 
 def _first_samples(read_timelines: list[tuple[Artifact, Table]]) -> dict[str, list[float]]:
@@ -143,33 +145,6 @@ def _first_samples(read_timelines: list[tuple[Artifact, Table]]) -> dict[str, li
         if times:
             first.setdefault(artifact.worker, []).append(times[0])
     return first
-
-
-def _step_lines(
-    plt: Plt,
-    steps: list[Artifact],
-    out: Path,
-    first_samples: dict[str, list[float]],
-    problems: Problems,
-) -> tuple[list[str], list[Path], dict[str, list[Table]]]:
-    """Each steps file's section and plot, and the steps files read, per worker."""
-    lines: list[str] = []
-    images: list[Path] = []
-    read: dict[str, list[Table]] = {}
-    for artifact in steps:
-        table = read_table(artifact.path, ("step_time_s",), "steps file", problems)
-        if table is None:
-            lines += [f"## Steps `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
-            continue
-        read.setdefault(artifact.worker, []).append(table)
-        lines += _section(problems, artifact.path, steps_section, table, artifact.path.name)
-        t0 = t0_for(table, artifact.worker, first_samples)
-        img = try_draw(
-            problems, steps_plot, plt, out / f"step_time{artifact.suffix}.png", table, t0
-        )
-        if img is not None:
-            images.append(img)
-    return lines, images, read
 
 
 def write_report(
