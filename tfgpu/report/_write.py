@@ -27,13 +27,13 @@ from tfgpu.report._read import (
     worker_records,
 )
 from tfgpu.report._sections import (
+    RESULTS,
     diagnosis_section,
     files_section,
-    scaling_section,
+    result_section,
     sessions_section,
     steps_section,
     timeline_section,
-    tune_section,
     workers_heading,
 )
 from tfgpu.report._show import ReportPath
@@ -99,12 +99,9 @@ def write_report_and_problems(
         body += _section(problems, run, counter_section, read_timelines, read_steps)
     for diagnosis in diagnosis_files(names):  # earlier ones (diagnosis.1.json, ...) first
         body += _section(problems, diagnosis, diagnosis_section, diagnosis, problems)
-    tune_json = run / "tune.json"
-    if tune_json.is_file():
-        body += _section(problems, tune_json, tune_section, tune_json, out, problems)
-    scaling_json = run / "scaling.json"
-    if scaling_json.is_file():
-        body += _section(problems, scaling_json, scaling_section, scaling_json, out, problems)
+    for result in (run / name for name in RESULTS):  # tune.json, scaling.json
+        if result.is_file():
+            body += _section(problems, result, result_section, result, out, problems)
     if images:
         body += ["## Plots", ""]
         body += [f"![{p.stem}]({p.name})" for p in images]
