@@ -133,14 +133,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
         from tfgpu.tuning._script import check_arguments as check_tune_arguments
 
         check_tune_arguments(
-            args.script,
-            args.script_args,
-            args.steps,
-            args.warmup,
-            args.time_budget_s,
-            args.log_dir,
-            flags=True,
-        )
+            args.script, args.script_args, args.steps, args.warmup, args.time_budget_s,
+            args.log_dir, flags=True,
+        )  # fmt: skip
 
 
 def _hold_back_startup_log(verbose: bool, environ: Mapping[str, str]) -> bool:
@@ -213,22 +208,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                     file=sys.stderr,
                 )
             return 2 if problems.errors else 0
+        # demo and tune report no environment variables: quiet TensorFlow's own log too.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if args.verbose else "2")
+        with startup_log_held_back(hold_back):
+            _load_tensorflow()
         if args.command == "demo":
             from tfgpu.demo import run_demo
 
-            # The demo reports no environment variables: quiet TensorFlow's own log too.
-            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if args.verbose else "2")
-            with startup_log_held_back(hold_back):
-                _load_tensorflow()
             return run_demo(
                 quick=args.quick, dataset=args.dataset, log_dir=args.log_dir, epochs=args.epochs
             )
         if args.command == "tune":
             from tfgpu.tuning._script import run_command
 
-            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if args.verbose else "2")
-            with startup_log_held_back(hold_back):
-                _load_tensorflow()
             return run_command(args)
     except (ValueError, TypeError, OSError, ImportError) as e:
         print(f"tfgpu {args.command}: error: {e}", file=sys.stderr)
