@@ -62,22 +62,18 @@ def _plot_lines(
         ax.set_ylim(*ylim)
     if xmin is not None:  # no margin before time 0: the axis starts where the data does
         ax.set_xlim(left=xmin)
+
+    def mark(t: float, text: str, y: int, **line) -> None:
+        """A vertical line at time `t`, labelled at the top (`y=1`) or bottom (0) of the axes."""
+        if math.isfinite(t):
+            ax.axvline(t, **line)
+            va = "top" if y else "bottom"
+            ax.annotate(text, (t, y), xycoords=("data", "axes fraction"), fontsize=7, va=va)
+
     for t, e in epochs:
-        if not math.isfinite(t):
-            continue
-        ax.axvline(t, color="grey", linestyle=":", linewidth=0.8)
-        ax.annotate(
-            f" epoch {e + 1}", (t, 1), xycoords=("data", "axes fraction"), fontsize=7, va="top"
-        )
-    if len(sessions) > 1:
-        for number, t in enumerate(sessions, 1):
-            if not math.isfinite(t):
-                continue
-            ax.axvline(t, color="black", linestyle="--", linewidth=1.0)
-            ax.annotate(
-                f" fit {number}", (t, 0), xycoords=("data", "axes fraction"), fontsize=7,
-                va="bottom",
-            )  # fmt: skip
+        mark(t, f" epoch {e + 1}", 1, color="grey", linestyle=":", linewidth=0.8)
+    for number, t in enumerate(sessions if len(sessions) > 1 else [], 1):
+        mark(t, f" fit {number}", 0, color="black", linestyle="--", linewidth=1.0)
     ax.set_title(title)
     ax.set_xlabel(xlabel or "seconds since the first sample")
     ax.set_ylabel(ylabel)
@@ -136,8 +132,10 @@ def timeline_plots(table: Table, out_dir: Path, suffix: str, problems: Problems)
     if gpus:
         power = per_gpu(gpus, ("power draw", "power_w", "-"), ("power limit", "power_limit_w", ":"))
         made.append(plot("power", "Power", "watts", power))
-    active = _activity_gpus(table)
-    if active:  # GPM counters recorded: what utilization hides, next to it
+    # The GPUs with SM or tensor activity values (GPM): what utilization hides, next to it.
+    activity_columns = ("sm_active_pct", "tensor_active_pct")
+    active = [i for i in gpus if any(stats.finite(col(f"gpu{i}_{c}")) for c in activity_columns)]
+    if active:
         activity = per_gpu(
             active,
             ("utilization", "util_pct", "-"),
@@ -147,18 +145,6 @@ def timeline_plots(table: Table, out_dir: Path, suffix: str, problems: Problems)
         title = "What utilization hides: utilization vs SM and tensor-core activity"
         made.append(plot("activity", title, "%", activity, ylim=(0, 105)))
     return [p for p in made if p is not None]
-
-
-_ACTIVITY = ("sm_active_pct", "tensor_active_pct")
-
-
-def _activity_gpus(table: Table) -> list[int]:
-    """The GPUs with SM or tensor activity values (GPM) in the timeline."""
-    return [
-        i
-        for i in gpu_indices(table)
-        if any(stats.finite(table.col(f"gpu{i}_{name}")) for name in _ACTIVITY)
-    ]
 
 
 def steps_plot(out: Path, table: Table, t0: float | None) -> Path | None:

@@ -137,35 +137,21 @@ STRING: Field = (lambda v: isinstance(v, str), "a string")
 NUMBER: Field = (is_number, "a number")
 INTEGER: Field = (is_int, "an integer")
 OBJECT: Field = (lambda v: isinstance(v, dict), "an object")
-OBJECTS: Field = (
-    lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
-    "a list of objects",
-)
-STRINGS: Field = (
-    lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
-    "a list of strings",
-)
 GAIN: Field = (
     lambda v: isinstance(v, dict) and all(is_number(v.get(k)) for k in ("value", "low", "high")),
     'a gain: {"value", "low", "high"}, each a number',
 )
-INTEGERS: Field = (
-    lambda v: isinstance(v, list) and all(is_int(x) for x in v),
-    "a list of integers",
-)
 
 
-def _json_kind(value: Any) -> str:
-    """The JSON name of a value's kind: "a string", "a number", ... (never null here)."""
-    for kind, name in (
-        (bool, "a boolean"),
-        (str, "a string"),
-        (list, "a list"),
-        (dict, "an object"),
-    ):
-        if isinstance(value, kind):
-            return name
-    return "a number"
+def _list_of(item: Field, words: str) -> Field:
+    return (lambda v: isinstance(v, list) and all(item[0](x) for x in v), words)
+
+
+OBJECTS = _list_of(OBJECT, "a list of objects")
+STRINGS = _list_of(STRING, "a list of strings")
+INTEGERS = _list_of(INTEGER, "a list of integers")
+# The JSON name of a value's kind, in the order tested (a bool is no number; never null here).
+_JSON_KINDS = ((bool, "a boolean"), (str, "a string"), (list, "a list"), (dict, "an object"))
 
 
 def damaged_fields(
@@ -184,9 +170,8 @@ def damaged_fields(
             continue
         text = json.dumps(value, default=str)
         text = text if len(text) <= 40 else text[:37] + "..."
-        problems.errors.append(
-            f"`{path}`: `{where}{name}` is {text} ({_json_kind(value)}), not {expected}."
-        )
+        kind = next((words for t, words in _JSON_KINDS if isinstance(value, t)), "a number")
+        problems.errors.append(f"`{path}`: `{where}{name}` is {text} ({kind}), not {expected}.")
 
 
 _ARTIFACT = re.compile(
@@ -202,12 +187,7 @@ class Artifact:
     path: Path
     worker: str  # "" or "-worker1"
     rotation: int | None  # N of `NAME.N.csv` (moved aside by a later session), None: newest
-
-    @property
-    def suffix(self) -> str:
-        """What the file's plots add to their names: "", ".1", "-worker1", "-worker1.2"."""
-        stem = _ARTIFACT.match(self.path.name)
-        return self.path.stem[len(stem["stem"]) :] if stem else ""
+    suffix: str  # what the file's plots add to their names: "", ".1", "-worker1", "-worker1.2"
 
 
 def artifacts(names: list[Path], stem: str) -> list[Artifact]:
@@ -216,7 +196,8 @@ def artifacts(names: list[Path], stem: str) -> list[Artifact]:
     for path in names:
         m = _ARTIFACT.match(path.name)
         if m and m["stem"] == stem:
-            found.append(Artifact(path, m["worker"] or "", int(m["n"]) if m["n"] else None))
+            rotation = int(m["n"]) if m["n"] else None
+            found.append(Artifact(path, m["worker"] or "", rotation, path.stem[len(stem) :]))
     return sorted(found, key=lambda f: (f.worker, math.inf if f.rotation is None else f.rotation))
 
 
