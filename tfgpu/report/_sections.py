@@ -385,14 +385,17 @@ def sessions_section(
     return lines
 
 
+def _listed(names: list[str]) -> str:
+    return ", ".join(f"`{n}`" for n in names)
+
+
 def workers_heading(records: list[Path]) -> list[str]:
     """The heading of the workers' sessions: one subsection per `run-{task}{k}.json` follows."""
-    names = ", ".join(f"`{p.name}`" for p in records)
     return [
         "## Workers",
         "",
-        f"Each task of a multi-worker run records its own sessions: {names}. (The chief's are "
-        "in `run.json` too.)",
+        "Each task of a multi-worker run records its own sessions: "
+        f"{_listed([p.name for p in records])}. (The chief's are in `run.json` too.)",
         "",
     ]
 
@@ -406,23 +409,20 @@ def files_section(timelines: list[Artifact], steps: list[Artifact], names: list[
     if rotated:
         lines += [
             "Earlier files, moved aside when a later session sampled another set of GPUs (the "
-            "plain names hold the newest): " + ", ".join(f"`{n}`" for n in rotated) + ". Each "
-            "has its own section below, oldest first, and its own plots (`utilization.1.png` "
-            "for `timeline.1.csv`).",
+            f"plain names hold the newest): {_listed(rotated)}. Each has its own section below, "
+            "oldest first, and its own plots (`utilization.1.png` for `timeline.1.csv`).",
             "",
         ]
     if diagnoses:
         lines += [
-            "Earlier diagnoses, kept when a later one was saved: "
-            + ", ".join(f"`{n}`" for n in diagnoses)
-            + " (below, before the newest).",
+            f"Earlier diagnoses, kept when a later one was saved: {_listed(diagnoses)} (below, "
+            "before the newest).",
             "",
         ]
     if damaged:
         lines += [
             "Records moved aside because a later session could not read them (damaged): "
-            + ", ".join(f"`{n}`" for n in damaged)
-            + ".",
+            f"{_listed(damaged)}.",
             "",
         ]
     return lines

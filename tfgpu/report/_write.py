@@ -75,15 +75,18 @@ def write_report_and_problems(
     body = _worker_lines(worker_records(names), timelines, problems)
     images: list[Path] = []
     read_timelines: list[tuple[Artifact, Table]] = []
+    first_samples: dict[str, list[float]] = {}  # per worker: each timeline's time 0
     for artifact in timelines:
         table = read_table(artifact.path, ("time", "elapsed_s"), "timeline", problems)
         body += _table_lines(problems, artifact, table, "Timeline", timeline_section)
         if table is not None:
             read_timelines.append((artifact, table))
             images += timeline_plots(table, out, artifact.suffix, problems)
+            times = stats.finite(table.col("time"))
+            if times:
+                first_samples.setdefault(artifact.worker, []).append(times[0])
     if not timelines:
         body += ["No timeline in this run directory (no GPUMonitor / monitor.record).", ""]
-    first_samples = _first_samples(read_timelines)
     read_steps: dict[str, list[Table]] = {}
     for artifact in steps:
         table = read_table(artifact.path, ("step_time_s",), "steps file", problems)
@@ -132,16 +135,6 @@ def _table_lines(problems: Problems, artifact: Artifact, table, heading: str, ma
     if table is None:
         return [f"## {heading} `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
     return _section(problems, artifact.path, make, table, artifact.path.name)
-
-
-def _first_samples(read_timelines: list[tuple[Artifact, Table]]) -> dict[str, list[float]]:
-    """Per worker: each timeline's time 0."""
-    first: dict[str, list[float]] = {}
-    for artifact, table in read_timelines:
-        times = stats.finite(table.col("time"))
-        if times:
-            first.setdefault(artifact.worker, []).append(times[0])
-    return first
 
 
 def write_report(
