@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import bisect
 import datetime
 import math
 import os
@@ -33,7 +34,6 @@ from tfgpu.report._read import (
 from tfgpu.report._series import (
     finite_max,
     gpu_indices,
-    session_of,
     span,
     steps_per_row,
     steps_sessions,
@@ -214,7 +214,8 @@ def steps_section(table: Table, name: str) -> list[str]:
         ("| --- " if fits else "") + "| --- | --- | --- | --- | --- | --- |",
     ]
     by_epoch: dict[tuple[int, int], list[dict[str, float]]] = {}
-    for session, r in zip(session_of(starts, len(table.rows)), table.rows):
+    for k, r in enumerate(table.rows):
+        session = bisect.bisect_right(starts, k) - 1  # starts[0] is row 0
         e = r.get("epoch", math.nan)
         by_epoch.setdefault((session, int(e) if math.isfinite(e) else -1), []).append(r)
     for (session, e), rows in sorted(by_epoch.items()):
