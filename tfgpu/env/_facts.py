@@ -54,12 +54,9 @@ def version_tuple(text: str | None) -> tuple[int, ...] | None:
 def parse_arch(entry: str) -> tuple[str, tuple[int, int]] | None:
     """'sm_80' -> ('sm', (8, 0)); 'compute_90' -> ('compute', (9, 0)); '8.6' -> ('sm', (8, 6))."""
     entry = str(entry).strip().lower()
-    m = re.fullmatch(r"(sm|compute)_(\d+)[a-z]?", entry)
+    m = re.fullmatch(r"(sm|compute)_(\d+)(\d)[a-z]?", entry)  # the last digit: the minor
     if m:
-        digits = m.group(2)
-        if len(digits) < 2:
-            return None
-        return m.group(1), (int(digits[:-1]), int(digits[-1]))
+        return m.group(1), (int(m.group(2)), int(m.group(3)))
     m = re.fullmatch(r"(\d+)\.(\d+)", entry)
     if m:
         return "sm", (int(m.group(1)), int(m.group(2)))

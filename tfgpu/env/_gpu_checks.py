@@ -4,10 +4,10 @@ function, facts in, findings out, run in the order of `_findings.CHECKS`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
-from tfgpu._internal.helpers.checks import is_finite_number
 from tfgpu.env._facts import (
     cc_str,
     cc_support,
@@ -223,7 +223,7 @@ def check_gpu_busy(facts: dict[str, Any]) -> Iterator[Finding]:
         total = g.get("memory_total_mib") or 0
         used = g.get("memory_used_mib") or 0
         util = g.get("utilization_pct")
-        busy_util = is_finite_number(util) and util >= 50
+        busy_util = isinstance(util, int | float) and math.isfinite(util) and util >= 50
         if (total and used / total >= 0.25) or busy_util:
             util_text = f"{util:.0f}%" if busy_util else "n/a"
             yield Finding(

@@ -8,7 +8,7 @@ import io
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,11 +155,7 @@ _JSON_KINDS = ((bool, "a boolean"), (str, "a string"), (list, "a list"), (dict, 
 
 
 def damaged_fields(
-    path: Path,
-    record: Mapping[str, Any],
-    fields: Mapping[str, Field],
-    problems: Problems,
-    where: str = "",
+    path: Path, record: dict, fields: dict[str, Field], problems: Problems, where: str = ""
 ) -> None:
     """Names in `problems.errors` each of `fields` that `record` holds (not null) with the
     wrong kind of value, e.g. `"gpus": "A100"`; `where` prefixes the field's name
