@@ -55,8 +55,7 @@ def _energy(table: Table) -> list[_Energy]:
 
 
 def _examples_in(steps: list[Table], spans: list[tuple[float, float]]) -> float:
-    """Examples trained in steps rows that ended within `spans` (NaN when unknown): each
-    row's `examples_per_s x step_time_s x steps`."""
+    """Examples (examples/s x step time x steps) of the steps rows ending within `spans`, or NaN."""
     total, known = 0.0, False
     for table in steps:
         starts = steps_sessions(table)

@@ -120,8 +120,7 @@ def _counter_lines(table: Table, name: str, steps: list[Table]) -> list[str]:
 def counter_section(
     timelines: list[tuple[Artifact, Table]], steps: dict[str, list[Table]]
 ) -> list[str]:
-    """ "Findings from the GPU counters": what utilization hides, with the rules `diagnose`
-    uses (`tfgpu._internal.adapters.gpu_counters`), from each timeline's per-GPU means."""
+    """The section "Findings from the GPU counters", each timeline's after the other."""
     body: list[str] = []
     for artifact, table in timelines:
         body += _counter_lines(table, artifact.path.name, steps.get(artifact.worker, []))

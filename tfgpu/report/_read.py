@@ -208,8 +208,7 @@ def worker_records(names: list[Path]) -> list[Path]:
 
 
 def diagnosis_files(names: list[Path]) -> list[Path]:
-    """`diagnosis.N.json` (earlier diagnoses, moved aside by later ones), oldest first, then
-    `diagnosis.json`."""
+    """`diagnosis.N.json` (moved aside by later diagnoses), oldest first, then `diagnosis.json`."""
     found = []
     for path in names:
         m = re.match(r"^diagnosis(?:\.(\d+))?\.json$", path.name)

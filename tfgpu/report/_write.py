@@ -40,8 +40,7 @@ from tfgpu.report._show import ReportPath
 
 
 def _section(problems: Problems, path: Path, make, *args) -> list[str]:
-    """`make(*args)`, the lines of one section; values it cannot handle skip that section
-    (named in `problems`) instead of the whole report."""
+    """`make(*args)`, one section's lines; a section that fails is named in `problems`, skipped."""
     try:
         return make(*args)
     except Exception as e:  # one file's odd values must not cost the rest of the report
