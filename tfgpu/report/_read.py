@@ -63,12 +63,10 @@ def read_table(path: Path, required: Sequence[str], what: str, problems: Problem
     read goes to `problems.errors` (the rows before the damage kept), what is worked around
     to `problems.notes`."""
     try:
-        data = path.read_bytes()
+        text = path.read_bytes().decode("utf-8-sig")  # a BOM (saved by a spreadsheet): no data
     except OSError as e:
         problems.errors.append(f"`{path}` cannot be read ({reason(e)}).")
         return None
-    try:
-        text = data.decode("utf-8-sig")  # a BOM (a file saved by a spreadsheet) is not data
     except UnicodeDecodeError as e:
         problems.errors.append(
             f"`{path}` is not a CSV text file (byte {e.start} is not UTF-8: binary data?)."

@@ -386,19 +386,9 @@ def sessions_section(
     return lines
 
 
-def _listed(names: list[str]) -> str:
+def listed(names: list[str]) -> str:
+    """The file names as Markdown code, separated by commas."""
     return ", ".join(f"`{n}`" for n in names)
-
-
-def workers_heading(records: list[Path]) -> list[str]:
-    """The heading of the workers' sessions: one subsection per `run-{task}{k}.json` follows."""
-    return [
-        "## Workers",
-        "",
-        "Each task of a multi-worker run records its own sessions: "
-        f"{_listed([p.name for p in records])}. (The chief's are in `run.json` too.)",
-        "",
-    ]
 
 
 def files_section(timelines: list[Artifact], steps: list[Artifact], names: list[Path]) -> list[str]:
@@ -410,20 +400,20 @@ def files_section(timelines: list[Artifact], steps: list[Artifact], names: list[
     if rotated:
         lines += [
             "Earlier files, moved aside when a later session sampled another set of GPUs (the "
-            f"plain names hold the newest): {_listed(rotated)}. Each has its own section below, "
+            f"plain names hold the newest): {listed(rotated)}. Each has its own section below, "
             "oldest first, and its own plots (`utilization.1.png` for `timeline.1.csv`).",
             "",
         ]
     if diagnoses:
         lines += [
-            f"Earlier diagnoses, kept when a later one was saved: {_listed(diagnoses)} (below, "
+            f"Earlier diagnoses, kept when a later one was saved: {listed(diagnoses)} (below, "
             "before the newest).",
             "",
         ]
     if damaged:
         lines += [
             "Records moved aside because a later session could not read them (damaged): "
-            f"{_listed(damaged)}.",
+            f"{listed(damaged)}.",
             "",
         ]
     return lines

@@ -30,11 +30,11 @@ from tfgpu.report._sections import (
     RESULTS,
     diagnosis_section,
     files_section,
+    listed,
     result_section,
     sessions_section,
     steps_section,
     timeline_section,
-    workers_heading,
 )
 from tfgpu.report._show import ReportPath
 
@@ -118,7 +118,15 @@ def write_report_and_problems(
 
 def _worker_lines(workers: list[Path], timelines: list[Artifact], problems: Problems) -> list[str]:
     """A multi-worker run's sessions: each task's run-{task}{k}.json, like run.json."""
-    lines = workers_heading(workers) if workers else []
+    if not workers:
+        return []
+    lines = [
+        "## Workers",
+        "",
+        "Each task of a multi-worker run records its own sessions: "
+        f"{listed([p.name for p in workers])}. (The chief's are in `run.json` too.)",
+        "",
+    ]
     for record in workers:
         lines += [f"### `{record.name}`", ""]
         meta = read_record(record, problems)
