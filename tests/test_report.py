@@ -955,7 +955,7 @@ def drawn(monkeypatch):
 
     plots = {}
 
-    def record(plt, out, title, ylabel, series, epochs, **kw):
+    def record(out, title, ylabel, series, epochs, **kw):
         plots[out.name] = (series, epochs, kw)
         return None
 

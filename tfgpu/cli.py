@@ -35,39 +35,32 @@ def _build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help
     )
 
-    p = sub.add_parser(
-        "env", parents=[common], help="TensorFlow, CUDA, driver and GPU facts, and what is wrong"
-    )
+    def command(name: str, summary: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], help=summary)
+
+    p = command("env", "TensorFlow, CUDA, driver and GPU facts, and what is wrong")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
-    p = sub.add_parser(
-        "demo",
-        parents=[common],
-        help="train a reference model naively, then with tfgpu, and compare",
-    )
+    p = command("demo", "train a reference model naively, then with tfgpu, and compare")
     p.add_argument("--quick", action="store_true", help="a tiny run for tests (seconds)")
-    p.add_argument("--dataset", default=None, help="a TensorFlow Datasets name, e.g. cifar10")
+    p.add_argument("--dataset", help="a TensorFlow Datasets name, e.g. cifar10")
     p.add_argument(
         "--log-dir",
-        default=None,
         metavar="LOG_DIR",
         help="a new or empty directory for the run (default: runs/demo-TIME); one that "
         "holds an earlier run is refused",
     )
-    p.add_argument("--epochs", type=int, default=None, help="epochs per side (>= 1)")
+    p.add_argument("--epochs", type=int, help="epochs per side (>= 1)")
 
-    p = sub.add_parser(
-        "report", parents=[common], help="plots and a Markdown summary of a run directory"
-    )
+    p = command("report", "plots and a Markdown summary of a run directory")
     p.add_argument(
         "log_dir", metavar="LOG_DIR", help="a run directory written by GPUMonitor / StepTimer"
     )
-    p.add_argument("--out", default=None, help="where to write (default: LOG_DIR)")
+    p.add_argument("--out", help="where to write (default: LOG_DIR)")
 
-    p = sub.add_parser(
+    p = command(
         "tune",
-        parents=[common],
-        help="try the settings that need a fresh process (XLA auto-clustering, threads, GPU "
+        "try the settings that need a fresh process (XLA auto-clustering, threads, GPU "
         "thread mode and allocator) on a training script",
     )
     p.add_argument("script", metavar="SCRIPT.py", help="a script that builds a model and fits")
@@ -86,9 +79,7 @@ def _build_parser() -> argparse.ArgumentParser:
         default=900.0,
         help="seconds for the whole search (each run restarts Python; default 900)",
     )
-    p.add_argument(
-        "--log-dir", default=None, metavar="LOG_DIR", help="write tune.json and tune.png here"
-    )
+    p.add_argument("--log-dir", metavar="LOG_DIR", help="write tune.json and tune.png here")
 
     sub.add_parser(
         "data-service",
@@ -107,8 +98,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
     from tfgpu._internal.helpers.checks import check_dir, check_int, invalid_value
 
     def check_path(flag: str, value: str | None) -> None:
-        if value is not None:
-            check_dir(flag, value, expected="a directory path")
+        check_dir(flag, value, allow_none=True, expected="a directory path")
 
     if args.command == "demo":
         from tfgpu.demo import check_arguments
@@ -133,14 +123,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
         from tfgpu.tuning._script import check_arguments as check_tune_arguments
 
         check_tune_arguments(
-            args.script,
-            args.script_args,
-            args.steps,
-            args.warmup,
-            args.time_budget_s,
-            args.log_dir,
-            flags=True,
-        )
+            args.script, args.script_args, args.steps, args.warmup, args.time_budget_s,
+            args.log_dir, flags=True,
+        )  # fmt: skip
 
 
 def _hold_back_startup_log(verbose: bool, environ: Mapping[str, str]) -> bool:
@@ -213,22 +198,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                     file=sys.stderr,
                 )
             return 2 if problems.errors else 0
+        # demo and tune report no environment variables: quiet TensorFlow's own log too.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if args.verbose else "2")
+        with startup_log_held_back(hold_back):
+            _load_tensorflow()
         if args.command == "demo":
             from tfgpu.demo import run_demo
 
-            # The demo reports no environment variables: quiet TensorFlow's own log too.
-            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if args.verbose else "2")
-            with startup_log_held_back(hold_back):
-                _load_tensorflow()
             return run_demo(
                 quick=args.quick, dataset=args.dataset, log_dir=args.log_dir, epochs=args.epochs
             )
         if args.command == "tune":
             from tfgpu.tuning._script import run_command
 
-            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if args.verbose else "2")
-            with startup_log_held_back(hold_back):
-                _load_tensorflow()
             return run_command(args)
     except (ValueError, TypeError, OSError, ImportError) as e:
         print(f"tfgpu {args.command}: error: {e}", file=sys.stderr)

@@ -11,19 +11,22 @@ LEARNING_RATE = 2e-3
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-    """How big the demo runs. Chosen by `choose_sizes` from the hardware."""
+    """How big the demo runs, chosen by `choose_sizes` from the hardware. The defaults are the
+    CPU's: under a minute per side on 2 cores (8 epochs of 128 steps). The images are stored
+    larger than the model input (as in most datasets) and the model is small next to their
+    decoding, as a GPU's step is short next to a CPU input pipeline."""
 
-    num_train: int  # examples per epoch (a multiple of the largest global batch)
-    num_test: int
-    stored_size: int  # side of the stored JPEGs
-    image_size: int  # side of the model input (random crop of the resized image)
-    per_replica_batch: int
-    width: int  # filters of the first conv layer (then 2x, 4x); a multiple of 8
-    epochs: int
-    diagnose_steps: int
-    diagnose_warmup: int
-    check_xla: bool
-    tune_budget_s: float  # tfgpu.tune's time budget on the tfgpu side
+    num_train: int = 8192  # examples per epoch (a multiple of the largest global batch)
+    num_test: int = 1024
+    stored_size: int = 128  # side of the stored JPEGs
+    image_size: int = 32  # side of the model input (random crop of the resized image)
+    per_replica_batch: int = 64
+    width: int = 8  # filters of the first conv layer (then 2x, 4x); a multiple of 8
+    epochs: int = 8
+    diagnose_steps: int = 20
+    diagnose_warmup: int = 3
+    check_xla: bool = True
+    tune_budget_s: float = 90.0  # tfgpu.tune's time budget on the tfgpu side
 
     @property
     def resize_to(self) -> int:
@@ -34,22 +37,7 @@ class Sizes:
 def choose_sizes(*, quick: bool, num_gpus: int, epochs: int | None = None) -> Sizes:
     """The demo's sizes for the hardware (pure): tiny with `quick`, else by `num_gpus`;
     `num_train` is a multiple of the global batch on up to 8 replicas."""
-    # On the CPU: under a minute per side on 2 cores (8 epochs of 128 steps). The images are
-    # stored larger than the model input (as in most datasets) and the model is small next to
-    # their decoding, as a GPU's step is short next to a CPU input pipeline.
-    sizes = Sizes(
-        num_train=8192,
-        num_test=1024,
-        stored_size=128,
-        image_size=32,
-        per_replica_batch=64,
-        width=8,
-        epochs=8,
-        diagnose_steps=20,
-        diagnose_warmup=3,
-        check_xla=True,
-        tune_budget_s=90.0,
-    )
+    sizes = Sizes()
     if quick:
         sizes = Sizes(
             num_train=512,
@@ -57,7 +45,6 @@ def choose_sizes(*, quick: bool, num_gpus: int, epochs: int | None = None) -> Si
             stored_size=48,
             image_size=24,
             per_replica_batch=32,
-            width=8,
             epochs=2,
             diagnose_steps=3,
             diagnose_warmup=1,
@@ -67,8 +54,7 @@ def choose_sizes(*, quick: bool, num_gpus: int, epochs: int | None = None) -> Si
     elif num_gpus > 0:
         batch = 256
         steps = 80  # per epoch, on all GPUs together
-        sizes = dataclasses.replace(
-            sizes,
+        sizes = Sizes(
             num_train=steps * batch * min(num_gpus, 8),
             num_test=4096,
             image_size=96,

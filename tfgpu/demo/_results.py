@@ -12,8 +12,6 @@ from typing import Any
 
 from tfgpu._internal.helpers.stats import mean, median
 
-NA_GPU = "n/a (no GPU)"
-
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
@@ -111,7 +109,7 @@ _FORMATS: dict[str, Callable[[float], str]] = {
 
 def _fmt(value: float | None, kind: str, on_gpu: bool = True) -> str:
     if kind in ("gpu", "mfu") and not on_gpu:
-        return NA_GPU
+        return "n/a (no GPU)"
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     return _FORMATS[kind](value)

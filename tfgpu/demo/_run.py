@@ -302,11 +302,7 @@ def _tune(factory: Any, train: Any, sizes: Sizes, log_dir: Path) -> TuneResult:
     import tfgpu
 
     result = tfgpu.tune(
-        factory,
-        train,
-        time_budget_s=sizes.tune_budget_s,
-        log_dir=log_dir,
-        verbose=0,
+        factory, train, time_budget_s=sizes.tune_budget_s, log_dir=log_dir, verbose=0
     )
     _say("  " + str(result).replace("\n", "\n  "))
     _say("  what each kept setting gave on this machine:")
@@ -354,27 +350,12 @@ def _compare(
             _say(f"  {side} report: {report}")
 
 
-def _diagnose(
-    model: Any,
-    train: Any,
-    sizes: Sizes,
-    log_dir: Path,
-    *,
-    check_xla: bool,
-    check_steps_per_execution: bool = True,
-) -> Diagnosis:
-    """`tfgpu.diagnose()` with the demo's step counts, printed indented."""
+def _diagnose(model: Any, train: Any, sizes: Sizes, log_dir: Path, **checks: bool) -> Diagnosis:
+    """`tfgpu.diagnose()` with the demo's step counts and `checks`, printed indented."""
     from tfgpu.diagnosis import diagnose
 
-    diagnosis = diagnose(
-        model,
-        train,
-        steps=sizes.diagnose_steps,
-        warmup=sizes.diagnose_warmup,
-        log_dir=log_dir,
-        check_xla=check_xla,
-        check_steps_per_execution=check_steps_per_execution,
-    )
+    steps, warmup = sizes.diagnose_steps, sizes.diagnose_warmup
+    diagnosis = diagnose(model, train, steps=steps, warmup=warmup, log_dir=log_dir, **checks)
     _say("  " + str(diagnosis).replace("\n", "\n  "))
     return diagnosis
 

@@ -13,27 +13,12 @@ from tfgpu.monitor.nvml import visible_gpus
 
 # Variables that change how TensorFlow, CUDA or Keras behave, shown in the report when set.
 ENV_VARS = (
-    "CUDA_VISIBLE_DEVICES",
-    "CUDA_DEVICE_ORDER",
-    "TF_FORCE_GPU_ALLOW_GROWTH",
-    "TF_GPU_ALLOCATOR",
-    "TF_CONFIG",
-    "TF_GPU_THREAD_MODE",
-    "TF_GPU_THREAD_COUNT",
-    "XLA_FLAGS",
-    "TF_XLA_FLAGS",
-    "TF_CPP_MIN_LOG_LEVEL",
-    "TF_CPP_MAX_VLOG_LEVEL",
-    "TF_ENABLE_ONEDNN_OPTS",
-    "TF_DETERMINISTIC_OPS",
-    "TF_CUDNN_DETERMINISTIC",
-    "TF_USE_LEGACY_KERAS",
-    "KERAS_BACKEND",
-    "CUDA_CACHE_MAXSIZE",
-    "CUDA_CACHE_DISABLE",
-    "OMP_NUM_THREADS",
-    "LD_LIBRARY_PATH",
-)
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR",
+    "TF_CONFIG", "TF_GPU_THREAD_MODE", "TF_GPU_THREAD_COUNT", "XLA_FLAGS", "TF_XLA_FLAGS",
+    "TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS",
+    "TF_DETERMINISTIC_OPS", "TF_CUDNN_DETERMINISTIC", "TF_USE_LEGACY_KERAS", "KERAS_BACKEND",
+    "CUDA_CACHE_MAXSIZE", "CUDA_CACHE_DISABLE", "OMP_NUM_THREADS", "LD_LIBRARY_PATH",
+)  # fmt: skip
 
 
 def section(facts: dict[str, Any], name: str) -> dict[str, Any]:
@@ -69,12 +54,9 @@ def version_tuple(text: str | None) -> tuple[int, ...] | None:
 def parse_arch(entry: str) -> tuple[str, tuple[int, int]] | None:
     """'sm_80' -> ('sm', (8, 0)); 'compute_90' -> ('compute', (9, 0)); '8.6' -> ('sm', (8, 6))."""
     entry = str(entry).strip().lower()
-    m = re.fullmatch(r"(sm|compute)_(\d+)[a-z]?", entry)
+    m = re.fullmatch(r"(sm|compute)_(\d+)(\d)[a-z]?", entry)  # the last digit: the minor
     if m:
-        digits = m.group(2)
-        if len(digits) < 2:
-            return None
-        return m.group(1), (int(digits[:-1]), int(digits[-1]))
+        return m.group(1), (int(m.group(2)), int(m.group(3)))
     m = re.fullmatch(r"(\d+)\.(\d+)", entry)
     if m:
         return "sm", (int(m.group(1)), int(m.group(2)))

@@ -2,50 +2,32 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from tfgpu.env._gpu_checks import (
-    check_compute_capability,
-    check_cuda_build,
-    check_cuda_visible_devices,
-    check_driver,
-    check_driver_cuda_version,
-    check_gpu_busy,
-    check_mixed_gpus,
-    check_tf_sees_no_gpu,
-)
+from tfgpu.env import _gpu_checks as gpu
+from tfgpu.env import _setup_checks as setup
 from tfgpu.env._result import Finding
-from tfgpu.env._setup_checks import (
-    check_allocator,
-    check_allow_growth,
-    check_determinism_env,
-    check_keras,
-    check_tensorflow,
-    check_tf_config,
-    check_thread_mode,
-    check_windows,
-)
 
 _SEVERITIES = ("error", "warning", "info")
 
-CHECKS: tuple[Callable[[dict[str, Any]], list[Finding]], ...] = (
-    check_tensorflow,
-    check_keras,
-    check_driver,
-    check_cuda_build,
-    check_tf_sees_no_gpu,
-    check_cuda_visible_devices,
-    check_compute_capability,
-    check_driver_cuda_version,
-    check_tf_config,
-    check_allow_growth,
-    check_allocator,
-    check_thread_mode,
-    check_windows,
-    check_gpu_busy,
-    check_mixed_gpus,
-    check_determinism_env,
+CHECKS: tuple[Callable[[dict[str, Any]], Iterable[Finding]], ...] = (
+    setup.check_tensorflow,
+    setup.check_keras,
+    gpu.check_driver,
+    gpu.check_cuda_build,
+    gpu.check_tf_sees_no_gpu,
+    gpu.check_cuda_visible_devices,
+    gpu.check_compute_capability,
+    gpu.check_driver_cuda_version,
+    setup.check_tf_config,
+    setup.check_allow_growth,
+    setup.check_allocator,
+    setup.check_thread_mode,
+    setup.check_windows,
+    gpu.check_gpu_busy,
+    gpu.check_mixed_gpus,
+    setup.check_determinism_env,
 )
 
 
@@ -54,7 +36,7 @@ def findings(facts: dict[str, Any]) -> list[Finding]:
     out: list[Finding] = []
     for check in CHECKS:
         try:
-            out.extend(check(facts))
+            out += list(check(facts))  # all of a check's findings, or none if it fails
         except Exception as e:  # odd facts, any error: `tfgpu env` never crashes on a check
             out.append(
                 Finding(

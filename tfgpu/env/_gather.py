@@ -4,6 +4,7 @@ of `env` with effects. TensorFlow's GPUs are listed without creating its runtime
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import os
@@ -118,10 +119,8 @@ def _tensorflow_facts() -> dict[str, Any]:
 
 def _keras_facts() -> dict[str, Any]:
     facts: dict[str, Any] = {"version": None, "backend": None}
-    try:
+    with contextlib.suppress(PackageNotFoundError):
         facts["version"] = version("keras")
-    except PackageNotFoundError:
-        pass
 
     def read() -> None:
         import keras

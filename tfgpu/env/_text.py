@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
+from tfgpu._internal.helpers.checks import is_finite_number
 from tfgpu.env._facts import ENV_VARS, cc_str, section
 
 if TYPE_CHECKING:
@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 
 def _fmt_mib(mib: Any) -> str:
-    if not isinstance(mib, int | float) or not math.isfinite(mib):
+    if not is_finite_number(mib):
         return "n/a"
     return f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib:.0f} MiB"
 
@@ -45,16 +45,13 @@ def _software(f: dict[str, Any]) -> list[tuple[str, str]]:
     tfgpu_, py, os_ = section(f, "tfgpu"), section(f, "python"), section(f, "os")
     keras = section(f, "keras")
     keras_text = f"{keras.get('version')} (backend: {keras.get('backend')})"
+    wsl = " (WSL)" if os_.get("wsl") else ""
     if keras.get("error"):
         keras_text += f"; import failed: {keras['error']}"
     return [
         ("tfgpu", str(tfgpu_.get("version"))),
         ("Python", f"{py.get('version')} ({py.get('implementation')}, {py.get('executable')})"),
-        (
-            "OS",
-            f"{os_.get('system')} {os_.get('release')} {os_.get('machine')}"
-            + (" (WSL)" if os_.get("wsl") else ""),
-        ),
+        ("OS", f"{os_.get('system')} {os_.get('release')} {os_.get('machine')}{wsl}"),
         ("TensorFlow", _tensorflow(section(f, "tensorflow"))),
         ("Keras", keras_text),
     ]
@@ -94,11 +91,7 @@ def _driver(nvml: dict[str, Any]) -> list[tuple[str, str]]:
     rows = [("Driver", f"{nvml.get('driver_version')} (CUDA {nvml.get('cuda_driver_version')})")]
     for g in nvml.get("gpus") or []:
         util = g.get("utilization_pct")
-        util_text = (
-            f"{util:.0f}% util"
-            if isinstance(util, int | float) and math.isfinite(util)
-            else "util n/a"
-        )
+        util_text = f"{util:.0f}% util" if is_finite_number(util) else "util n/a"
         rows.append(
             (
                 f"GPU {g.get('index')}",

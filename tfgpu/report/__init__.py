@@ -1,11 +1,8 @@
-"""`tfgpu report LOG_DIR`: plots and a Markdown summary of a run directory.
+"""`tfgpu report LOG_DIR`: plots and a Markdown summary of a run directory (`write_report`).
 
-`write_report` reads what `GPUMonitor`, `StepTimer`, `tfgpu.monitor.record(log_dir)` and
-`tfgpu.diagnose(..., log_dir=...)` wrote there and writes `report.md` with its PNG plots into
-the same directory or `out_dir`, covering every session, moved-aside file and worker; a
-damaged file is named in the report, never raised. What each plot and section shows:
-`docs/diagnosis.md`, "tfgpu report LOG_DIR"; sessions, moved-aside files and workers:
-`docs/metrics.md`, "Reading the files"; damaged files: `docs/guarantees.md`.
+What each plot and section shows: `docs/diagnosis.md`, "tfgpu report LOG_DIR"; sessions,
+moved-aside files and workers: `docs/metrics.md`, "Reading the files"; damaged files:
+`docs/guarantees.md`.
 """
 
 from __future__ import annotations

@@ -55,8 +55,7 @@ def _energy(table: Table) -> list[_Energy]:
 
 
 def _examples_in(steps: list[Table], spans: list[tuple[float, float]]) -> float:
-    """Examples trained in steps rows that ended within `spans` (NaN when unknown): each
-    row's `examples_per_s x step_time_s x steps`."""
+    """Examples (examples/s x step time x steps) of the steps rows ending within `spans`, or NaN."""
     total, known = 0.0, False
     for table in steps:
         starts = steps_sessions(table)
@@ -76,18 +75,26 @@ def energy_section(
     timelines: list[tuple[Artifact, Table]], steps: dict[str, list[Table]]
 ) -> list[str]:
     """Energy used per GPU and per example, for timelines with `gpu{i}_energy_j` values."""
-    rows = []
+    rows: list[str] = []
+    resets = 0
     for artifact, table in timelines:
         energies = _energy(table)
         if not energies:
             continue
         spans = sorted({s for e in energies for s in e.spans})
         examples = _examples_in(steps.get(artifact.worker, []), spans)
-        for e in energies:
-            rows.append((artifact.path.name, str(e.gpu), e.joules, e.seconds, examples, e.resets))
+        each = [(str(e.gpu), e.joules, e.seconds) for e in energies]
         if len(energies) > 1:
-            total = math.fsum(e.joules for e in energies)
-            rows.append((artifact.path.name, "all", total, math.nan, examples, 0))
+            each.append(("all", math.fsum(e.joules for e in energies), math.nan))
+        for gpu, joules, seconds in each:
+            power = joules / seconds if seconds > 0 else math.nan
+            per_example = joules / examples if examples > 0 else math.nan
+            rows.append(
+                f"| `{artifact.path.name}` | {gpu} | {fmt(joules / 1e3, '.3f')} | "
+                f"{fmt(seconds, '.1f')} | {fmt(power)} | {fmt(examples, ',.0f')} | "
+                f"{fmt(per_example, '.4g')} |"
+            )
+        resets += sum(e.resets for e in energies)
     if not rows:
         return []  # no energy counter recorded (an older timeline, an old driver)
     lines = [
@@ -95,17 +102,7 @@ def energy_section(
         "",
         "| timeline | GPU | energy used kJ | over s | mean power W | examples | J per example |",
         "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    resets = 0
-    for name, gpu, joules, seconds, examples, reset in rows:
-        power = joules / seconds if seconds > 0 else math.nan
-        per_example = joules / examples if examples > 0 else math.nan
-        lines.append(
-            f"| `{name}` | {gpu} | {fmt(joules / 1e3, '.3f')} | {fmt(seconds, '.1f')} | "
-            f"{fmt(power)} | {fmt(examples, ',.0f')} | {fmt(per_example, '.4g')} |"
-        )
-        resets += reset
-    lines += [
+        *rows,
         "",
         "Energy used: the GPU's energy counter (NVML, cumulative) at the last sample minus the "
         "first, per session. Examples: the rows of `steps.csv` (StepTimer) that ended in the "

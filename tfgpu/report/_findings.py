@@ -81,7 +81,7 @@ def _counter_lines(table: Table, name: str, steps: list[Table]) -> list[str]:
     ends = [*starts[1:], len(table.rows)]
     times = table.col("time")
     items: list[str] = []
-    unseen: dict[str, list[int]] = {}
+    unseen: dict[str, dict[int, None]] = {}  # note -> the GPUs it is about, in order
     fixes: set[str] = set()  # each fix written out once per file
     for number, (a, b) in enumerate(zip(starts, ends), 1):
         span = stats.finite(times[a:b])
@@ -95,20 +95,17 @@ def _counter_lines(table: Table, name: str, steps: list[Table]) -> list[str]:
                 counters.clocks_throttled(c),
                 counters.pcie_unjudged(c, step_time),
             ]
-            for f in found:
-                if f is not None:
-                    fix = "the same as above" if f.recommendation in fixes else f.recommendation
-                    fixes.add(f.recommendation)
-                    items += [
-                        f"- **GPU {i}**{where}, {f.severity}: **{f.title}**. {f.detail()}",
-                        f"  Fix: {fix}",
-                    ]
+            for f in filter(None, found):
+                fix = "the same as above" if f.recommendation in fixes else f.recommendation
+                fixes.add(f.recommendation)
+                items += [
+                    f"- **GPU {i}**{where}, {f.severity}: **{f.title}**. {f.detail()}",
+                    f"  Fix: {fix}",
+                ]
             for note in counters.unseen(c, with_util=False) if recorded else []:
                 columns = _UNSEEN_COLUMNS.get(note, ())
                 if any(f"gpu{i}_{col}" in table.columns for col in columns):
-                    seen_on = unseen.setdefault(note, [])
-                    if i not in seen_on:
-                        seen_on.append(i)
+                    unseen.setdefault(note, {})[i] = None
     if not (items or recorded):
         return []  # an older timeline with nothing to say: as before
     lines = [f"### `{name}`", ""]
@@ -116,15 +113,14 @@ def _counter_lines(table: Table, name: str, steps: list[Table]) -> list[str]:
         lines.append(f"No finding on GPU {_gpu_list(gpus)}.")
         lines.append("")
     lines += items
-    lines += [f"- Not seen on GPU {_gpu_list(g)}: {note}." for note, g in unseen.items()]
+    lines += [f"- Not seen on GPU {_gpu_list(list(g))}: {note}." for note, g in unseen.items()]
     return [*lines, ""]
 
 
 def counter_section(
     timelines: list[tuple[Artifact, Table]], steps: dict[str, list[Table]]
 ) -> list[str]:
-    """ "Findings from the GPU counters": what utilization hides, with the rules `diagnose`
-    uses (`tfgpu._internal.adapters.gpu_counters`), from each timeline's per-GPU means."""
+    """The section "Findings from the GPU counters", each timeline's after the other."""
     body: list[str] = []
     for artifact, table in timelines:
         body += _counter_lines(table, artifact.path.name, steps.get(artifact.worker, []))

@@ -22,35 +22,12 @@ from tfgpu.report._series import (
 )
 
 
-class Plt:
-    """The pyplot subset used, on Agg-backed Figures: no global state, no GUI."""
-
-    def __init__(self) -> None:
-        from tfgpu._internal.helpers.lazy import import_optional
-
-        import_optional("matplotlib")
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        self._figure, self._canvas = Figure, FigureCanvasAgg
-
-    def subplots(self, figsize):
-        fig = self._figure(figsize=figsize)
-        self._canvas(fig)
-        return fig, fig.add_subplot()
-
-    @staticmethod
-    def close(fig):
-        fig.clear()
-
-
 def _plottable(values: list[float], log: bool = False) -> list[float]:
     """`values` with what a plot cannot show (inf, and <= 0 on a log scale) as NaN."""
     return [v if math.isfinite(v) and not (log and v <= 0) else math.nan for v in values]
 
 
 def _plot_lines(
-    plt,
     out: Path,
     title: str,
     ylabel: str,
@@ -71,7 +48,12 @@ def _plot_lines(
             drawn.append((label, xs, ys, style))
     if not drawn:
         return None
-    fig, ax = plt.subplots(figsize=(9, 3.6))
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 3.6))  # Agg-backed, no pyplot: no global state, no GUI
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     for label, xs, ys, style in drawn:
         ax.plot(xs, ys, style, label=label, linewidth=1.2)
     if log:
@@ -80,22 +62,18 @@ def _plot_lines(
         ax.set_ylim(*ylim)
     if xmin is not None:  # no margin before time 0: the axis starts where the data does
         ax.set_xlim(left=xmin)
+
+    def mark(t: float, text: str, y: int, **line) -> None:
+        """A vertical line at time `t`, labelled at the top (`y=1`) or bottom (0) of the axes."""
+        if math.isfinite(t):
+            ax.axvline(t, **line)
+            va = "top" if y else "bottom"
+            ax.annotate(text, (t, y), xycoords=("data", "axes fraction"), fontsize=7, va=va)
+
     for t, e in epochs:
-        if not math.isfinite(t):
-            continue
-        ax.axvline(t, color="grey", linestyle=":", linewidth=0.8)
-        ax.annotate(
-            f" epoch {e + 1}", (t, 1), xycoords=("data", "axes fraction"), fontsize=7, va="top"
-        )
-    if len(sessions) > 1:
-        for number, t in enumerate(sessions, 1):
-            if not math.isfinite(t):
-                continue
-            ax.axvline(t, color="black", linestyle="--", linewidth=1.0)
-            ax.annotate(
-                f" fit {number}", (t, 0), xycoords=("data", "axes fraction"), fontsize=7,
-                va="bottom",
-            )  # fmt: skip
+        mark(t, f" epoch {e + 1}", 1, color="grey", linestyle=":", linewidth=0.8)
+    for number, t in enumerate(sessions if len(sessions) > 1 else [], 1):
+        mark(t, f" fit {number}", 0, color="black", linestyle="--", linewidth=1.0)
     ax.set_title(title)
     ax.set_xlabel(xlabel or "seconds since the first sample")
     ax.set_ylabel(ylabel)
@@ -104,22 +82,22 @@ def _plot_lines(
         ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
-    plt.close(fig)
+    fig.clear()
     return out
 
 
-def try_draw(problems: Problems, draw, plt, out: Path, *args, **kw) -> Path | None:
-    """Calls `draw(plt, out, ...)`; a plot that fails is named in `problems`, not raised."""
+def try_draw(problems: Problems, draw, out: Path, *args, **kw) -> Path | None:
+    """Calls `draw(out, ...)`; a plot that fails is named in `problems`, not raised."""
     try:
         with warnings.catch_warnings():  # matplotlib's own, on extreme values: the plot says it
             warnings.simplefilter("ignore")
-            return draw(plt, out, *args, **kw)
+            return draw(out, *args, **kw)
     except Exception as e:  # a plot is one part of the report: the others still get written
         problems.errors.append(f"`{out}` not drawn ({type(e).__name__}: {e}).")
         return None
 
 
-def timeline_plots(plt, table: Table, out_dir: Path, suffix: str, problems: Problems) -> list[Path]:
+def timeline_plots(table: Table, out_dir: Path, suffix: str, problems: Problems) -> list[Path]:
     starts = timeline_sessions(table)
     x = time_axis(table, starts)
     epochs = epoch_starts(x, table.col("epoch"), starts)
@@ -140,7 +118,7 @@ def timeline_plots(plt, table: Table, out_dir: Path, suffix: str, problems: Prob
     def plot(name: str, title: str, ylabel: str, series, **kw) -> Path | None:
         out = out_dir / f"{name}{suffix}.png"
         return try_draw(
-            problems, _plot_lines, plt, out, title, ylabel, series, epochs, sessions=sessions, **kw
+            problems, _plot_lines, out, title, ylabel, series, epochs, sessions=sessions, **kw
         )
 
     gpus = gpu_indices(table)
@@ -154,8 +132,10 @@ def timeline_plots(plt, table: Table, out_dir: Path, suffix: str, problems: Prob
     if gpus:
         power = per_gpu(gpus, ("power draw", "power_w", "-"), ("power limit", "power_limit_w", ":"))
         made.append(plot("power", "Power", "watts", power))
-    active = _activity_gpus(table)
-    if active:  # GPM counters recorded: what utilization hides, next to it
+    # The GPUs with SM or tensor activity values (GPM): what utilization hides, next to it.
+    activity_columns = ("sm_active_pct", "tensor_active_pct")
+    active = [i for i in gpus if any(stats.finite(col(f"gpu{i}_{c}")) for c in activity_columns)]
+    if active:
         activity = per_gpu(
             active,
             ("utilization", "util_pct", "-"),
@@ -167,19 +147,7 @@ def timeline_plots(plt, table: Table, out_dir: Path, suffix: str, problems: Prob
     return [p for p in made if p is not None]
 
 
-_ACTIVITY = ("sm_active_pct", "tensor_active_pct")
-
-
-def _activity_gpus(table: Table) -> list[int]:
-    """The GPUs with SM or tensor activity values (GPM) in the timeline."""
-    return [
-        i
-        for i in gpu_indices(table)
-        if any(stats.finite(table.col(f"gpu{i}_{name}")) for name in _ACTIVITY)
-    ]
-
-
-def steps_plot(plt, out: Path, table: Table, t0: float | None) -> Path | None:
+def steps_plot(out: Path, table: Table, t0: float | None) -> Path | None:
     times = table.col("time")
     finite = stats.finite(times)
     if not finite:
@@ -198,7 +166,6 @@ def steps_plot(plt, out: Path, table: Table, t0: float | None) -> Path | None:
     sessions = [begins[k] for k in starts]
     series = [("step time", broken(xs, starts), broken(ms, starts), ".")]
     return _plot_lines(
-        plt,
         out,
         "Training step time (one point per step, or per execution of steps_per_execution)",
         "ms per step (log scale)",

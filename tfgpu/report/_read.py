@@ -8,7 +8,7 @@ import io
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,12 +63,10 @@ def read_table(path: Path, required: Sequence[str], what: str, problems: Problem
     read goes to `problems.errors` (the rows before the damage kept), what is worked around
     to `problems.notes`."""
     try:
-        data = path.read_bytes()
+        text = path.read_bytes().decode("utf-8-sig")  # a BOM (saved by a spreadsheet): no data
     except OSError as e:
         problems.errors.append(f"`{path}` cannot be read ({reason(e)}).")
         return None
-    try:
-        text = data.decode("utf-8-sig")  # a BOM (a file saved by a spreadsheet) is not data
     except UnicodeDecodeError as e:
         problems.errors.append(
             f"`{path}` is not a CSV text file (byte {e.start} is not UTF-8: binary data?)."
@@ -137,43 +135,25 @@ STRING: Field = (lambda v: isinstance(v, str), "a string")
 NUMBER: Field = (is_number, "a number")
 INTEGER: Field = (is_int, "an integer")
 OBJECT: Field = (lambda v: isinstance(v, dict), "an object")
-OBJECTS: Field = (
-    lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
-    "a list of objects",
-)
-STRINGS: Field = (
-    lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
-    "a list of strings",
-)
 GAIN: Field = (
     lambda v: isinstance(v, dict) and all(is_number(v.get(k)) for k in ("value", "low", "high")),
     'a gain: {"value", "low", "high"}, each a number',
 )
-INTEGERS: Field = (
-    lambda v: isinstance(v, list) and all(is_int(x) for x in v),
-    "a list of integers",
-)
 
 
-def _json_kind(value: Any) -> str:
-    """The JSON name of a value's kind: "a string", "a number", ... (never null here)."""
-    for kind, name in (
-        (bool, "a boolean"),
-        (str, "a string"),
-        (list, "a list"),
-        (dict, "an object"),
-    ):
-        if isinstance(value, kind):
-            return name
-    return "a number"
+def _list_of(item: Field, words: str) -> Field:
+    return (lambda v: isinstance(v, list) and all(item[0](x) for x in v), words)
+
+
+OBJECTS = _list_of(OBJECT, "a list of objects")
+STRINGS = _list_of(STRING, "a list of strings")
+INTEGERS = _list_of(INTEGER, "a list of integers")
+# The JSON name of a value's kind, in the order tested (a bool is no number; never null here).
+_JSON_KINDS = ((bool, "a boolean"), (str, "a string"), (list, "a list"), (dict, "an object"))
 
 
 def damaged_fields(
-    path: Path,
-    record: Mapping[str, Any],
-    fields: Mapping[str, Field],
-    problems: Problems,
-    where: str = "",
+    path: Path, record: dict, fields: dict[str, Field], problems: Problems, where: str = ""
 ) -> None:
     """Names in `problems.errors` each of `fields` that `record` holds (not null) with the
     wrong kind of value, e.g. `"gpus": "A100"`; `where` prefixes the field's name
@@ -184,9 +164,8 @@ def damaged_fields(
             continue
         text = json.dumps(value, default=str)
         text = text if len(text) <= 40 else text[:37] + "..."
-        problems.errors.append(
-            f"`{path}`: `{where}{name}` is {text} ({_json_kind(value)}), not {expected}."
-        )
+        kind = next((words for t, words in _JSON_KINDS if isinstance(value, t)), "a number")
+        problems.errors.append(f"`{path}`: `{where}{name}` is {text} ({kind}), not {expected}.")
 
 
 _ARTIFACT = re.compile(
@@ -202,12 +181,7 @@ class Artifact:
     path: Path
     worker: str  # "" or "-worker1"
     rotation: int | None  # N of `NAME.N.csv` (moved aside by a later session), None: newest
-
-    @property
-    def suffix(self) -> str:
-        """What the file's plots add to their names: "", ".1", "-worker1", "-worker1.2"."""
-        stem = _ARTIFACT.match(self.path.name)
-        return self.path.stem[len(stem["stem"]) :] if stem else ""
+    suffix: str  # what the file's plots add to their names: "", ".1", "-worker1", "-worker1.2"
 
 
 def artifacts(names: list[Path], stem: str) -> list[Artifact]:
@@ -216,7 +190,8 @@ def artifacts(names: list[Path], stem: str) -> list[Artifact]:
     for path in names:
         m = _ARTIFACT.match(path.name)
         if m and m["stem"] == stem:
-            found.append(Artifact(path, m["worker"] or "", int(m["n"]) if m["n"] else None))
+            rotation = int(m["n"]) if m["n"] else None
+            found.append(Artifact(path, m["worker"] or "", rotation, path.stem[len(stem) :]))
     return sorted(found, key=lambda f: (f.worker, math.inf if f.rotation is None else f.rotation))
 
 
@@ -231,8 +206,7 @@ def worker_records(names: list[Path]) -> list[Path]:
 
 
 def diagnosis_files(names: list[Path]) -> list[Path]:
-    """`diagnosis.N.json` (earlier diagnoses, moved aside by later ones), oldest first, then
-    `diagnosis.json`."""
+    """`diagnosis.N.json` (moved aside by later diagnoses), oldest first, then `diagnosis.json`."""
     found = []
     for path in names:
         m = re.match(r"^diagnosis(?:\.(\d+))?\.json$", path.name)

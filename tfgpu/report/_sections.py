@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import bisect
 import datetime
 import math
 import os
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tfgpu._internal.helpers import stats
-from tfgpu._internal.helpers.checks import is_number
+from tfgpu._internal.helpers.checks import is_finite_number, is_number
 from tfgpu._internal.helpers.files import EARLIER_SESSIONS
 from tfgpu.report._read import (
     GAIN,
@@ -33,7 +34,6 @@ from tfgpu.report._read import (
 from tfgpu.report._series import (
     finite_max,
     gpu_indices,
-    session_of,
     span,
     steps_per_row,
     steps_sessions,
@@ -57,66 +57,50 @@ def _when(timestamp) -> str:
 # The fields of the JSON records that the report reads, and what each must hold.
 _TIME: Field = (lambda v: is_number(v) and _when(v) != "?", "a Unix time in seconds (a number)")
 _SESSION = {
-    "tfgpu_version": STRING,
-    "hostname": STRING,
-    "start_time": _TIME,
-    "interval": NUMBER,
-    "worker": INTEGER,
-    "task_type": STRING,
-    "timeline": STRING,
-    "gpus": OBJECTS,
-}
+    "tfgpu_version": STRING, "hostname": STRING, "start_time": _TIME, "interval": NUMBER,
+    "worker": INTEGER, "task_type": STRING, "timeline": STRING, "gpus": OBJECTS,
+}  # fmt: skip
 _GPU = {
-    "index": INTEGER,
-    "name": STRING,
-    "memory_total_mib": NUMBER,
-    "compute_capability": INTEGERS,
-}
+    "index": INTEGER, "name": STRING, "memory_total_mib": NUMBER, "compute_capability": INTEGERS
+}  # fmt: skip
 _DIAGNOSIS = {"text": STRING, "bottleneck": STRING, "findings": OBJECTS}
 _FINDING = {"kind": STRING, "title": STRING, "recommendation": STRING}
 _TUNE = {
-    "text": STRING,
-    "trials": OBJECTS,
-    "speedup": GAIN,
-    "baseline_examples_per_s": NUMBER,
-    "tuned_examples_per_s": NUMBER,
-    "settings": OBJECT,
-    "lines": STRINGS,
-    "notes": STRINGS,
-    "time_s": NUMBER,
-    "compared_with": STRING,
-}
+    "text": STRING, "trials": OBJECTS, "speedup": GAIN, "baseline_examples_per_s": NUMBER,
+    "tuned_examples_per_s": NUMBER, "settings": OBJECT, "lines": STRINGS, "notes": STRINGS,
+    "time_s": NUMBER, "compared_with": STRING,
+}  # fmt: skip
 _TRIAL = {
-    "name": STRING,
-    "change": OBJECT,
-    "gain": GAIN,
-    "status": STRING,
-    "reason": STRING,
+    "name": STRING, "change": OBJECT, "gain": GAIN, "status": STRING, "reason": STRING,
     "line": STRING,
-}
-
-
+}  # fmt: skip
 _SCALING = {
-    "text": STRING,
-    "points": OBJECTS,
-    "predictions": OBJECTS,
-    "prediction_errors": OBJECT,
-    "gradient_bytes": NUMBER,
-    "device_kind": STRING,
-    "all_reduce": STRING,
-    "notes": STRINGS,
+    "text": STRING, "points": OBJECTS, "predictions": OBJECTS, "prediction_errors": OBJECT,
+    "gradient_bytes": NUMBER, "device_kind": STRING, "all_reduce": STRING, "notes": STRINGS,
     "time_s": NUMBER,
-}
+}  # fmt: skip
 _POINT = {
-    "replicas": NUMBER,
-    "mode": STRING,
-    "global_batch": NUMBER,
-    "step_s": NUMBER,
-    "examples_per_s": NUMBER,
-    "efficiency": NUMBER,
-    "reason": STRING,
-    "fix": STRING,
+    "replicas": NUMBER, "mode": STRING, "global_batch": NUMBER, "step_s": NUMBER,
+    "examples_per_s": NUMBER, "efficiency": NUMBER, "reason": STRING, "fix": STRING,
+}  # fmt: skip
+# The result records beside the run (written by `tfgpu.tune` and `tfgpu.scaling`): their
+# section's title, their fields, and their list of objects with its fields.
+RESULTS = {
+    "tune.json": ("Tuning", _TUNE, "trials", _TRIAL),
+    "scaling.json": ("Scaling", _SCALING, "points", _POINT),
 }
+
+
+def _record(
+    path: Path, problems: Problems, fields: dict, items: str, item_fields: dict
+) -> dict[str, Any] | None:
+    """The JSON record at `path` (None if it cannot be read), its fields of the wrong kind and
+    those of each object in its list `items` named in `problems`."""
+    d = read_record(path, problems)
+    if d is not None:
+        damaged_fields(path, d, fields, problems)
+        _damaged_list(path, d.get(items), item_fields, problems, items)
+    return d
 
 
 def _damaged_list(
@@ -135,10 +119,17 @@ def _damaged_session(
     _damaged_list(path, session.get("gpus"), _GPU, problems, f"{where}gpus")
 
 
+def _printed(d: dict[str, Any]) -> list[str]:
+    """A record's printed `text` as a code block ([] when it has none)."""
+    text = d.get("text")
+    if not (isinstance(text, str) and text.strip()):
+        return []
+    return ["```", text.rstrip().replace("```", "'''"), "```", ""]
+
+
 def fmt(value: Any, spec: str = ".1f") -> str:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        return "n/a"
-    return format(value, spec)
+    """`value` formatted with `spec`, or "n/a" when it is not a finite number."""
+    return format(value, spec) if is_finite_number(value) else "n/a"
 
 
 def _text(value: Any) -> str:
@@ -223,7 +214,8 @@ def steps_section(table: Table, name: str) -> list[str]:
         ("| --- " if fits else "") + "| --- | --- | --- | --- | --- | --- |",
     ]
     by_epoch: dict[tuple[int, int], list[dict[str, float]]] = {}
-    for session, r in zip(session_of(starts, len(table.rows)), table.rows):
+    for k, r in enumerate(table.rows):
+        session = bisect.bisect_right(starts, k) - 1  # starts[0] is row 0
         e = r.get("epoch", math.nan)
         by_epoch.setdefault((session, int(e) if math.isfinite(e) else -1), []).append(r)
     for (session, e), rows in sorted(by_epoch.items()):
@@ -286,16 +278,13 @@ def diagnosis_section(path: Path, problems: Problems) -> list[str]:
     title = (
         "## Diagnosis" if path.name == "diagnosis.json" else f"## Earlier diagnosis `{path.name}`"
     )
-    d = read_record(path, problems)
+    d = _record(path, problems, _DIAGNOSIS, "findings", _FINDING)
     if d is None:
         return [title, "", f"`{path.name}` could not be read (see Problems above).", ""]
-    damaged_fields(path, d, _DIAGNOSIS, problems)
-    _damaged_list(path, d.get("findings"), _FINDING, problems, "findings")
-    lines = [title, ""]
-    text = d.get("text")
-    if isinstance(text, str) and text.strip():
-        return [*lines, "```", text.rstrip().replace("```", "'''"), "```", ""]
-    lines += [f"Bottleneck: **{_text(d.get('bottleneck', 'unknown'))}**", ""]
+    printed = _printed(d)
+    if printed:
+        return [title, "", *printed]
+    lines = [title, "", f"Bottleneck: **{_text(d.get('bottleneck', 'unknown'))}**", ""]
     findings = d.get("findings")
     for f in findings if isinstance(findings, list) else []:
         if isinstance(f, dict):
@@ -304,37 +293,23 @@ def diagnosis_section(path: Path, problems: Problems) -> list[str]:
     return [*lines, ""]
 
 
-def _result_section(
-    path: Path, out: Path, problems: Problems, title: str, fields: Any, items: tuple[str, Any]
-) -> list[str]:
-    """A result's record (`tune.json`, `scaling.json`): its damaged fields as problems, its
-    printed text, and its plot (`NAME.png` beside it), linked relative to `out`."""
+def result_section(path: Path, out: Path, problems: Problems) -> list[str]:
+    """A result's record (`RESULTS`: `tune.json`, `scaling.json`): its printed text (its table
+    and reasons), and its plot (`NAME.png` beside it), linked relative to `out`."""
+    title, fields, items, item_fields = RESULTS[path.name]
     lines = [f"## {title}", ""]
-    d = read_record(path, problems)
+    d = _record(path, problems, fields, items, item_fields)
     if d is None:
         return [*lines, f"`{path.name}` could not be read (see Problems above).", ""]
-    damaged_fields(path, d, fields, problems)
-    _damaged_list(path, d.get(items[0]), items[1], problems, items[0])
-    text = d.get("text")
-    if isinstance(text, str) and text.strip():
-        lines += ["```", text.rstrip().replace("```", "'''"), "```", ""]
+    printed = _printed(d)
+    if printed:
+        lines += printed
     elif isinstance(d.get("speedup"), dict):
         lines += [f"Verified speedup: x{fmt(d['speedup'].get('value'), '.2f')}", ""]
     plot = path.with_suffix(".png")
     if plot.is_file():
         lines += [f"![{path.stem}]({Path(os.path.relpath(plot, out)).as_posix()})", ""]
     return lines
-
-
-def tune_section(path: Path, out: Path, problems: Problems) -> list[str]:
-    """`tune.json` (written by `tfgpu.tune`): its table and lines, and its waterfall plot."""
-    return _result_section(path, out, problems, "Tuning", _TUNE, ("trials", _TRIAL))
-
-
-def scaling_section(path: Path, out: Path, problems: Problems) -> list[str]:
-    """`scaling.json` (written by `tfgpu.scaling`): its table, prediction and reasons, and
-    its plot."""
-    return _result_section(path, out, problems, "Scaling", _SCALING, ("points", _POINT))
 
 
 def _gpu_line(g: Any) -> str:
@@ -411,16 +386,9 @@ def sessions_section(
     return lines
 
 
-def workers_heading(records: list[Path]) -> list[str]:
-    """The heading of the workers' sessions: one subsection per `run-{task}{k}.json` follows."""
-    names = ", ".join(f"`{p.name}`" for p in records)
-    return [
-        "## Workers",
-        "",
-        f"Each task of a multi-worker run records its own sessions: {names}. (The chief's are "
-        "in `run.json` too.)",
-        "",
-    ]
+def listed(names: list[str]) -> str:
+    """The file names as Markdown code, separated by commas."""
+    return ", ".join(f"`{n}`" for n in names)
 
 
 def files_section(timelines: list[Artifact], steps: list[Artifact], names: list[Path]) -> list[str]:
@@ -432,23 +400,20 @@ def files_section(timelines: list[Artifact], steps: list[Artifact], names: list[
     if rotated:
         lines += [
             "Earlier files, moved aside when a later session sampled another set of GPUs (the "
-            "plain names hold the newest): " + ", ".join(f"`{n}`" for n in rotated) + ". Each "
-            "has its own section below, oldest first, and its own plots (`utilization.1.png` "
-            "for `timeline.1.csv`).",
+            f"plain names hold the newest): {listed(rotated)}. Each has its own section below, "
+            "oldest first, and its own plots (`utilization.1.png` for `timeline.1.csv`).",
             "",
         ]
     if diagnoses:
         lines += [
-            "Earlier diagnoses, kept when a later one was saved: "
-            + ", ".join(f"`{n}`" for n in diagnoses)
-            + " (below, before the newest).",
+            f"Earlier diagnoses, kept when a later one was saved: {listed(diagnoses)} (below, "
+            "before the newest).",
             "",
         ]
     if damaged:
         lines += [
             "Records moved aside because a later session could not read them (damaged): "
-            + ", ".join(f"`{n}`" for n in damaged)
-            + ".",
+            f"{listed(damaged)}.",
             "",
         ]
     return lines

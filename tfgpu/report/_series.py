@@ -64,17 +64,6 @@ def steps_sessions(table: Table) -> list[int]:
     return starts
 
 
-def session_of(starts: list[int], n: int) -> list[int]:
-    """The session number (0-based) of each of `n` rows."""
-    out, session = [], -1
-    firsts = set(starts)
-    for k in range(n):
-        if k in firsts:
-            session += 1
-        out.append(max(session, 0))
-    return out
-
-
 def steps_per_row(last_steps: list[float], starts: Sequence[int] = ()) -> list[int]:
     """Steps each `steps.csv` row covers, from the last step of each row within an epoch."""
     counts, previous = [], -1

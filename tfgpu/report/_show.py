@@ -47,14 +47,6 @@ def _inlined(text: str, folder: Path) -> str:
     return "\n\n".join(out) + "\n"
 
 
-def _plain(text: str, folder: Path) -> str:
-    """`report.md`'s text for a terminal: each plot line says where the PNG file is."""
-    parts = _parts(text, folder)
-    return (
-        "\n".join(f"[plot: {value}]" if kind == "image" else value for kind, value in parts) + "\n"
-    )
-
-
 def _notebook_display():
     """IPython's `display` when this runs in a kernel that shows rich output, else None."""
     if not in_ipython_kernel():  # plain Python or a terminal IPython
@@ -105,11 +97,10 @@ class ReportPath(_ConcretePath):
         """
         text = self.read_text()
         display = _notebook_display()
-        if display is None:
-            print(_plain(text, self.parent), end="")
-            return
         for kind, value in _parts(text, self.parent):
-            if kind == "image":
+            if display is None:  # a terminal: each plot as the path of its file
+                print(f"[plot: {value}]" if kind == "image" else value)
+            elif kind == "image":
                 display.display(display.Image(filename=value))
             else:
                 display.display(display.Markdown(value))

@@ -10,9 +10,10 @@ from pathlib import Path
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_dir
 from tfgpu._internal.helpers.files import write_text_atomic
+from tfgpu._internal.helpers.lazy import import_optional
 from tfgpu.report._energy import energy_section
 from tfgpu.report._findings import counter_section
-from tfgpu.report._plots import Plt, steps_plot, t0_for, timeline_plots, try_draw
+from tfgpu.report._plots import steps_plot, t0_for, timeline_plots, try_draw
 from tfgpu.report._read import (
     Artifact,
     Problems,
@@ -26,21 +27,20 @@ from tfgpu.report._read import (
     worker_records,
 )
 from tfgpu.report._sections import (
+    RESULTS,
     diagnosis_section,
     files_section,
-    scaling_section,
+    listed,
+    result_section,
     sessions_section,
     steps_section,
     timeline_section,
-    tune_section,
-    workers_heading,
 )
 from tfgpu.report._show import ReportPath
 
 
 def _section(problems: Problems, path: Path, make, *args) -> list[str]:
-    """`make(*args)`, the lines of one section; values it cannot handle skip that section
-    (named in `problems`) instead of the whole report."""
+    """`make(*args)`, one section's lines; a section that fails is named in `problems`, skipped."""
     try:
         return make(*args)
     except Exception as e:  # one file's odd values must not cost the rest of the report
@@ -59,12 +59,11 @@ def write_report_and_problems(
     out_arg = check_dir("out_dir", out_dir, allow_none=True)
     run, names = check_log_dir(log_dir)
     out = run if out_arg is None else out_arg
-    plt = Plt()  # ImportError (with the pip line) before anything is written
+    import_optional("matplotlib")  # ImportError (with the pip line) before anything is written
     out.mkdir(parents=True, exist_ok=True)
     problems = Problems()
 
-    timelines = artifacts(names, "timeline")
-    steps = artifacts(names, "steps")
+    timelines, steps = artifacts(names, "timeline"), artifacts(names, "steps")
     lines = [f"# tfgpu run report: `{run}`", ""]
     run_json = run / "run.json"
     meta = read_record(run_json, problems) if run_json in names else None
@@ -73,23 +72,38 @@ def write_report_and_problems(
     lines += files_section(timelines, steps, names)
 
     body = _worker_lines(worker_records(names), timelines, problems)
-    timeline_lines, images, read_timelines = _timeline_lines(plt, timelines, out, problems)
-    step_lines, step_images, read_steps = _step_lines(
-        plt, steps, out, _first_samples(read_timelines), problems
-    )
-    body += timeline_lines + step_lines
-    images += step_images
+    images: list[Path] = []
+    read_timelines: list[tuple[Artifact, Table]] = []
+    first_samples: dict[str, list[float]] = {}  # per worker: each timeline's time 0
+    for artifact in timelines:
+        table = read_table(artifact.path, ("time", "elapsed_s"), "timeline", problems)
+        body += _table_lines(problems, artifact, table, "Timeline", timeline_section)
+        if table is not None:
+            read_timelines.append((artifact, table))
+            images += timeline_plots(table, out, artifact.suffix, problems)
+            times = stats.finite(table.col("time"))
+            if times:
+                first_samples.setdefault(artifact.worker, []).append(times[0])
+    if not timelines:
+        body += ["No timeline in this run directory (no GPUMonitor / monitor.record).", ""]
+    read_steps: dict[str, list[Table]] = {}
+    for artifact in steps:
+        table = read_table(artifact.path, ("step_time_s",), "steps file", problems)
+        body += _table_lines(problems, artifact, table, "Steps", steps_section)
+        if table is not None:
+            read_steps.setdefault(artifact.worker, []).append(table)
+            t0 = t0_for(table, artifact.worker, first_samples)
+            img = try_draw(problems, steps_plot, out / f"step_time{artifact.suffix}.png", table, t0)
+            if img is not None:
+                images.append(img)
     if read_timelines:
         body += _section(problems, run, energy_section, read_timelines, read_steps)
         body += _section(problems, run, counter_section, read_timelines, read_steps)
     for diagnosis in diagnosis_files(names):  # earlier ones (diagnosis.1.json, ...) first
         body += _section(problems, diagnosis, diagnosis_section, diagnosis, problems)
-    tune_json = run / "tune.json"
-    if tune_json.is_file():
-        body += _section(problems, tune_json, tune_section, tune_json, out, problems)
-    scaling_json = run / "scaling.json"
-    if scaling_json.is_file():
-        body += _section(problems, scaling_json, scaling_section, scaling_json, out, problems)
+    for result in (run / name for name in RESULTS):  # tune.json, scaling.json
+        if result.is_file():
+            body += _section(problems, result, result_section, result, out, problems)
     if images:
         body += ["## Plots", ""]
         body += [f"![{p.stem}]({p.name})" for p in images]
@@ -104,7 +118,15 @@ def write_report_and_problems(
 
 def _worker_lines(workers: list[Path], timelines: list[Artifact], problems: Problems) -> list[str]:
     """A multi-worker run's sessions: each task's run-{task}{k}.json, like run.json."""
-    lines = workers_heading(workers) if workers else []
+    if not workers:
+        return []
+    lines = [
+        "## Workers",
+        "",
+        "Each task of a multi-worker run records its own sessions: "
+        f"{listed([p.name for p in workers])}. (The chief's are in `run.json` too.)",
+        "",
+    ]
     for record in workers:
         lines += [f"### `{record.name}`", ""]
         meta = read_record(record, problems)
@@ -115,61 +137,11 @@ def _worker_lines(workers: list[Path], timelines: list[Artifact], problems: Prob
     return lines
 
 
-def _timeline_lines(
-    plt: Plt, timelines: list[Artifact], out: Path, problems: Problems
-) -> tuple[list[str], list[Path], list[tuple[Artifact, Table]]]:
-    """Each timeline's section and plots, and the timelines read."""
-    lines: list[str] = []
-    images: list[Path] = []
-    read: list[tuple[Artifact, Table]] = []
-    for artifact in timelines:
-        table = read_table(artifact.path, ("time", "elapsed_s"), "timeline", problems)
-        if table is None:
-            lines += [f"## Timeline `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
-            continue
-        read.append((artifact, table))
-        lines += _section(problems, artifact.path, timeline_section, table, artifact.path.name)
-        images += timeline_plots(plt, table, out, artifact.suffix, problems)
-    if not timelines:
-        lines += ["No timeline in this run directory (no GPUMonitor / monitor.record).", ""]
-    return lines, images, read
-
-
-def _first_samples(read_timelines: list[tuple[Artifact, Table]]) -> dict[str, list[float]]:
-    """Per worker: each timeline's time 0."""
-    first: dict[str, list[float]] = {}
-    for artifact, table in read_timelines:
-        times = stats.finite(table.col("time"))
-        if times:
-            first.setdefault(artifact.worker, []).append(times[0])
-    return first
-
-
-def _step_lines(
-    plt: Plt,
-    steps: list[Artifact],
-    out: Path,
-    first_samples: dict[str, list[float]],
-    problems: Problems,
-) -> tuple[list[str], list[Path], dict[str, list[Table]]]:
-    """Each steps file's section and plot, and the steps files read, per worker."""
-    lines: list[str] = []
-    images: list[Path] = []
-    read: dict[str, list[Table]] = {}
-    for artifact in steps:
-        table = read_table(artifact.path, ("step_time_s",), "steps file", problems)
-        if table is None:
-            lines += [f"## Steps `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
-            continue
-        read.setdefault(artifact.worker, []).append(table)
-        lines += _section(problems, artifact.path, steps_section, table, artifact.path.name)
-        t0 = t0_for(table, artifact.worker, first_samples)
-        img = try_draw(
-            problems, steps_plot, plt, out / f"step_time{artifact.suffix}.png", table, t0
-        )
-        if img is not None:
-            images.append(img)
-    return lines, images, read
+def _table_lines(problems: Problems, artifact: Artifact, table, heading: str, make) -> list[str]:
+    """A CSV file's section, or its heading and where to read why it was skipped."""
+    if table is None:
+        return [f"## {heading} `{artifact.path.name}`", "", "Skipped (see Problems).", ""]
+    return _section(problems, artifact.path, make, table, artifact.path.name)
 
 
 def write_report(
