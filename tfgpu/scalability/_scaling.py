@@ -105,45 +105,37 @@ def scaling(
 ) -> ScalingResult:
     """Times your model on 1, 2, 4, ... replicas of this machine and says why it scales or not.
 
-    Each replica count is timed **weak** (the per-replica batch kept) and **strong** (the
-    global batch kept), in interleaved rounds as `tune` runs them; each step is split into the
-    replicas' compute, the all-reduce, the optimizer's update and the input, timed apart, and
-    given its reason and fix. A cost model calibrated on 1 and 2 replicas predicts more
-    replicas and machines. On a CPU host the replicas are logical CPU devices
-    (`tfgpu.configure(cpu_devices=4)`), which share the cores: that checks the mechanics, not
-    a speedup. How to read it, the cost model and the fixes: docs/scaling.md.
+    Each count runs weak (the per-replica batch kept) and strong (the global batch kept) in
+    interleaved rounds; each step is split into compute, all-reduce, update and input; a cost
+    model calibrated on 1 and 2 replicas predicts more. The guide: docs/scaling.md (logical
+    CPU devices on a CPU host: "Limits").
 
     Args:
-        model: a function without arguments that builds and compiles the model; called
-            inside each strategy's scope (it must not open a strategy of its own). A model
-            built already is refused: it cannot be built again under each strategy.
-        data: `tf.data.Dataset` (of batches or examples; a `tfgpu.data.pipeline` one is
-            rebuilt for each strategy) or arrays `x`, `(x, y)` or `(x, y, sample_weight)`.
-        batch_size: int or None, the global batch of one replica: weak scaling multiplies
-            it, strong scaling splits it. Defaults to None: the data's batch size, else 32.
-        replicas: list of int or None, the replica counts to time (1 is always added).
-            Defaults to None: 1, 2, 4, ... up to this machine's devices.
-        steps: int, timed steps of each timed `fit` (>= 3), as in `diagnose` and `tune`.
-            Defaults to 8.
+        model: a function without arguments that builds and compiles the model, called
+            inside each strategy's scope (a model built already is refused).
+        data: `tf.data.Dataset` (of batches or examples) or arrays `x`, `(x, y)` or
+            `(x, y, sample_weight)`.
+        batch_size: int or None, the global batch of one replica. Defaults to None: the
+            data's batch size, else 32.
+        replicas: list of int or None, the replica counts (1 always added). Defaults to
+            None: 1, 2, 4, ... up to this process's devices.
+        steps: int, timed steps of each timed `fit` (>= 3). Defaults to 8.
         time_budget_s: float or None, seconds for the whole call (None: no limit).
             Defaults to 300.0.
-        network_gbit_s: float, the network between machines assumed by the prediction for
-            several machines, in Gbit/s. Defaults to 100.0.
-        log_dir: str, os.PathLike or None, a run directory: `scaling.json` and the plot
-            `scaling.png` are written there (older ones rotated aside). Defaults to None.
-        verbose: `"auto"`, 0, 1 or 2, progress lines as `model.fit` shows them.
-            Defaults to `"auto"`.
+        network_gbit_s: float, the network between machines the prediction assumes, in
+            Gbit/s. Defaults to 100.0.
+        log_dir: str, os.PathLike or None, where `scaling.json` and `scaling.png` go.
+            Defaults to None.
+        verbose: `"auto"`, 0, 1 or 2, progress lines as `fit`'s. Defaults to `"auto"`.
 
     Returns:
-        A `ScalingResult`: print it for the table (examples/s, efficiency, the step's parts,
-        the reason) and the prediction.
+        A `ScalingResult`: print it for the table, the reasons and the prediction.
 
     Raises:
-        TypeError: if `model` is not a function, `data` is neither a dataset nor
-            arrays, or an argument has the wrong type.
+        TypeError: if `model` is not a function, `data` neither a dataset nor arrays, or
+            an argument of the wrong type.
         ValueError: if a number is out of range, `replicas` asks for more devices than this
-            process has, or the factory's model is not compiled or was built under a
-            strategy of its own. All raised before any timing.
+            process has, or the factory's model is not compiled or opens its own strategy.
 
     Example:
 
@@ -343,10 +335,8 @@ def _sample_parts(
 
 
 def _parts_of(c: _Config, samples: dict[tuple[str, Any], list[float]]) -> dict[str, float]:
-    """The medians of `c`'s parts over the rounds (the parts never sampled left out). The
-    input is its global batch over the pipeline's examples per second, the median of every
-    rate measured: the host's pipeline makes examples at one rate whatever the batch, and
-    one reading on a loaded host can be half or twice the others."""
+    """The medians of `c`'s parts over the rounds (those never sampled left out); the input
+    at the median of every rate measured, whatever the batch (docs/scaling.md says why)."""
     out = {"all_reduce_s": 0.0, "latency_s": 0.0} if c.n == 1 else {}
     keys = {"compute_s": c.key, "all_reduce_s": c.n, "latency_s": c.n, "apply_s": c.n}
     for name, key in keys.items():
