@@ -1,8 +1,5 @@
-"""Which candidates `tune` tries, in which order (`candidates`), the numerics guard's verdict
-(`numerics_verdict`), the lines to change (`combined_lines`) and the verification of the kept
-ones together (`verify`); the verdicts themselves are the measuring core's (`rules`). Pure:
-no TensorFlow, no Keras, no clock.
-"""
+"""`tune`'s candidates in their order, the numerics guard's verdict, the lines to change and
+the verification of the kept ones together (the verdicts are the core's `rules`). Pure."""
 
 from __future__ import annotations
 
@@ -49,28 +46,22 @@ PROCESS_SETTINGS = (
 
 @dataclasses.dataclass
 class TuneFacts(WorkloadFacts):
-    """The workload's facts and what only `tune` reads: why the pipeline's `augment_fn`
-    cannot run on whole batches ("": it can), and for another dataset why caching its output
-    would change the training or not fit ("": it would not; None: not known)."""
+    """The workload's facts and what only `tune` reads."""
 
-    augment_on_batches: str = ""
-    cache_untried: str | None = None
+    augment_on_batches: str = ""  # why `augment_fn` cannot run on whole batches ("": it can)
+    cache_untried: str | None = None  # why another dataset's output is not cached (None: unknown)
 
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    """One setting to try: what changes, the code line, and how to judge it. Pure data.
-
-    `untried`: never run, for that reason. `group`: a ladder, tried until one is not kept.
-    `numerics`: the setting can change the loss, so the numerics guard checks it.
-    """
+    """One setting to try: what changes, the code line, and how to judge it. Pure data."""
 
     name: str
     change: dict[str, Any]
     line: str
-    numerics: bool = False
-    group: str = ""
-    untried: str = ""
+    numerics: bool = False  # it can change the loss: the numerics guard checks it
+    group: str = ""  # a ladder, tried until one is not kept
+    untried: str = ""  # never run, for that reason
     note: str = ""  # added to the reason when it is kept
 
 
@@ -142,13 +133,8 @@ def precision_choice(facts: TuneFacts) -> tuple[str | None, str]:
 
 
 def all_reduce_candidates(facts: TuneFacts) -> list[Candidate]:
-    """The all-reduce settings of `tfgpu.strategy` that apply to the model's replicas, but
-    the one in use; none on one replica. Pure.
-
-    Mirrored: NCCL, hierarchical copy and a reduction to one device on GPUs; on CPU devices
-    the two that run there (NCCL has no CPU kernel). Multi-worker: NCCL and ring on GPUs;
-    nothing on CPUs (ring is the only one there).
-    """
+    """The all-reduces that apply to the model's replicas but the one in use (none on one
+    replica; which: docs/tuning.md, "What it tries")."""
     ar = facts.all_reduce
     if ar is None or not ar.kind or ar.replicas <= 1:
         return []
@@ -176,15 +162,8 @@ def all_reduce_candidates(facts: TuneFacts) -> list[Candidate]:
 
 
 def candidates(facts: TuneFacts) -> list[Candidate]:
-    """The ordered candidates for `facts` (untried ones with their reason). Pure.
-
-    A candidate that undoes a setting the model has (XLA on, a mixed policy on hardware
-    without native low precision) comes first; then, on several replicas, the other
-    all-reduces (every step pays one, and the settings after are measured on top of the
-    faster); then the groups in the order `rules.bottleneck` predicts from the first
-    measurement; `jit_compile=True` last (it gains most from the settings before it, and is
-    often much slower on a CPU).
-    """
+    """The ordered candidates for `facts`, untried ones with their reason (the order and why:
+    docs/tuning.md, "What it tries"). Pure."""
     undo: list[Candidate] = []
     spe: list[Candidate] = []
     for v in SPE_LADDER:  # a ladder, each value at most the batches of an epoch
