@@ -127,9 +127,8 @@ def nvml_int(value: Any, least: int = 1) -> int | None:
 
 
 def read_gpu(nv: ModuleType, index: int, handle: Any) -> GpuFacts:
-    """Reads one GPU's PCI bus, active NVLinks and PCIe link. A query NVML answers with an
-    error reads None: NOT_SUPPORTED (no NVLink), INVALID_ARGUMENT (past a GPU's last link),
-    FUNCTION_NOT_FOUND (an older driver, or binding), GPU_IS_LOST."""
+    """Reads one GPU's PCI bus, active NVLinks and PCIe link; a query NVML answers with an
+    error (FUNCTION_NOT_FOUND: an older driver or binding; GPU_IS_LOST, ...) reads None."""
 
     def ask(name: str, *args: Any) -> Any:
         return nvml_query(nv, name, handle, *args, default=None)
@@ -316,8 +315,7 @@ def pair_link(
     ancestor: int | None,
     gpu_buses: set[tuple[int, int, int]],
 ) -> Link:
-    """The link between two GPUs from their facts: NVLink where links join them (and
-    peer-to-peer access is not refused), else PCIe."""
+    """NVLink where links join the GPUs (and peer-to-peer access is not refused), else PCIe."""
     count, how, versions = nvlinks_between(a, b, gpu_buses)
     if count and p2p is not False:
         link = nvlink_link(a, b, count, how, versions, p2p)

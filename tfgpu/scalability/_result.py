@@ -261,8 +261,7 @@ class ScalingResult(Result):
         return f"{worst.replicas} replicas, {worst.mode}: {worst.reason}"
 
     def all_reduce_floor_s(self, replicas: int) -> float | None:
-        """The least all-reduce time per step the link allows for `replicas` GPUs (a ring
-        over the link's bandwidth), or None where the link is unknown."""
+        """The least all-reduce seconds per step a ring over the link allows (None: unknown)."""
         bandwidth = getattr(self.link, "bandwidth_bytes_s", None)
         if self.device_kind != "GPU" or not bandwidth or replicas < 2:
             return None
@@ -297,16 +296,14 @@ class ScalingResult(Result):
         if self.predictions:
             lines += ["", "Predicted (cost model calibrated on 1 and 2 replicas; docs/scaling.md):"]
             for q in self.predictions:
-                where = f"{q.replicas} replicas" + (
-                    f" on {q.machines} machines" if q.machines > 1 else ""
-                )
+                machines = f" on {q.machines} machines" if q.machines > 1 else ""
                 floor = self.all_reduce_floor_s(q.replicas) if q.machines == 1 else None
                 bound = "" if floor is None else f", the link allows >= {_ms(floor)} ms"
                 lines.append(
-                    f"  {where}, {q.mode}: {q.examples_per_s:,.0f} examples/s, "
-                    f"{q.efficiency:.0%} of linear (step {_ms(q.step_s)} ms: compute "
-                    f"{_ms(q.compute_s)}, all-reduce {_ms(q.all_reduce_s)}{bound}, update "
-                    f"{_ms(q.update_s)}, input {_ms(q.input_s)})"
+                    f"  {q.replicas} replicas{machines}, {q.mode}: {q.examples_per_s:,.0f} "
+                    f"examples/s, {q.efficiency:.0%} of linear (step {_ms(q.step_s)} ms: "
+                    f"compute {_ms(q.compute_s)}, all-reduce {_ms(q.all_reduce_s)}{bound}, "
+                    f"update {_ms(q.update_s)}, input {_ms(q.input_s)})"
                 )
         if self.prediction_errors:
             errors = ", ".join(f"{k} {v:+.0%}" for k, v in self.prediction_errors.items())
@@ -317,8 +314,7 @@ class ScalingResult(Result):
         return "\n".join(lines)
 
     def plot(self, path: Path) -> None:
-        """Examples/s and efficiency against replicas, measured and predicted, weak and strong,
-        into `path` (PNG, atomically)."""
+        """Examples/s and efficiency against replicas, measured and predicted, into `path`."""
         from matplotlib.figure import Figure  # no pyplot: the user's backend is left alone
 
         fig = Figure(figsize=(9.0, 3.6))
@@ -335,9 +331,8 @@ class ScalingResult(Result):
                 if not points:
                     continue
                 xs = [p.replicas for p in points]
-                rates = [p.examples_per_s for p in points]
                 effs = [1.0 if p.replicas == 1 else p.efficiency for p in points]
-                for ax, ys in ((rate_ax, rates), (eff_ax, effs)):
+                for ax, ys in ((rate_ax, [p.examples_per_s for p in points]), (eff_ax, effs)):
                     ax.plot(xs, ys, style, color=color, label=f"{mode}, {what}")
         eff_ax.axhline(1.0, color="tab:gray", linewidth=0.8)
         for ax, ylabel in ((rate_ax, "examples/s"), (eff_ax, "efficiency (1 = linear)")):

@@ -1,6 +1,5 @@
-"""`scaling()`: the same model and data on 1, 2, 4, ... replicas of this machine, weak and
-strong, timed in interleaved rounds; each step split into compute, all-reduce, update and
-input; the reason in one line; a prediction for more replicas from the cost model (`_cost`)."""
+"""`scaling()`: the same model on 1, 2, 4, ... replicas, weak and strong, in interleaved rounds;
+each step split into its parts; a prediction from the cost model (`_cost`)."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ RING_IMPLEMENTATIONS = ("nccl", "ring", "collective", "auto")
 
 
 def replica_counts(available: int, asked: Sequence[int] | None) -> list[int]:
-    """The replica counts to time: `asked`, or 1, 2, 4, ... up to `available` (and
-    `available` itself). Pure."""
+    """`asked` and 1, or 1, 2, 4, ... up to `available` and `available` itself. Pure."""
     if asked is not None:
         return sorted(set(asked) | {1})
     counts, n = [], 1
@@ -74,8 +72,7 @@ def _strategy(devices: list[str]) -> tf.distribute.Strategy:
 
 @dataclasses.dataclass(frozen=True)
 class _Config:
-    """One replica count and mode: its strategy and global batch, a variant of the workload
-    (the model built by the factory inside the strategy's scope, the data at that batch)."""
+    """One replica count and mode, a variant of the workload: its strategy and global batch."""
 
     n: int
     mode: str
@@ -113,7 +110,7 @@ def scaling(
     Args:
         model: a function without arguments that builds and compiles the model, called
             inside each strategy's scope (a model built already is refused).
-        data: `tf.data.Dataset` (of batches or examples) or arrays `x`, `(x, y)` or
+        data: `tf.data.Dataset` of batches or examples, or arrays `x`, `(x, y)` or
             `(x, y, sample_weight)`.
         batch_size: int or None, the global batch of one replica. Defaults to None: the
             data's batch size, else 32.
@@ -132,10 +129,9 @@ def scaling(
         A `ScalingResult`: print it for the table, the reasons and the prediction.
 
     Raises:
-        TypeError: if `model` is not a function, `data` neither a dataset nor arrays, or
-            an argument of the wrong type.
-        ValueError: if a number is out of range, `replicas` asks for more devices than this
-            process has, or the factory's model is not compiled or opens its own strategy.
+        TypeError: if an argument has the wrong type (`model` not a function, for one).
+        ValueError: if a value is out of range (more `replicas` than devices, for one), or
+            the factory's model is not compiled or opens its own strategy.
 
     Example:
 
@@ -178,7 +174,7 @@ def scaling(
     )
     session.progress.phase("building the model on each replica count")
     configs = _configs(variants, devices, counts, base_batch, one, session.notes)
-    result = _measure(session, variants, configs, steps, kind, counts, network)
+    result = _measure(session, variants, configs, steps, kind, network)
     return session.finish(result, result.headline())
 
 
@@ -199,7 +195,6 @@ def _measure(
     configs: list[_Config],
     steps: int,
     kind: str,
-    counts: list[int],
     network: float,
 ) -> ScalingResult:
     """The interleaved rounds, the split of each step, the points and the prediction."""
@@ -244,7 +239,7 @@ def _measure(
     if any(("compute_s", c.key) not in samples for c in configs):
         notes.append("the budget ran out before every step was split into its parts")
     parts = {c.key: _parts_of(c, samples) for c in configs}
-    link = _link(kind, counts)
+    link = _link(kind, max(c.n for c in configs))
     grad_bytes = measure.gradient_bytes(variants.model)
     points = [_point(c, comparisons.get(c.key), base_s, parts.get(c.key, {})) for c in configs]
     for p in points:
@@ -350,27 +345,25 @@ def _parts_of(c: _Config, samples: dict[tuple[str, Any], list[float]]) -> dict[s
     return out
 
 
-def _link(kind: str, counts: list[int]) -> Any:
+def _link(kind: str, replicas: int) -> Any:
     """What links the devices: NVML's view between the GPUs TensorFlow trains on (mapped to
     NVML's indices), else host memory; None where NVML cannot say."""
     if kind != "GPU":
         return host_link()
-    gpus = tf_gpus()[: max(counts)]
+    gpus = tf_gpus()[:replicas]
     if any(g.nvml is None for g in gpus):
         return None
     return gpu_link(sorted({g.nvml.index for g in gpus if g.nvml is not None}))
 
 
 def _point(c: _Config, comparison: Any, base_s: float | None, parts: dict[str, float]) -> Point:
-    if c.n == 1:
+    if c.n == 1:  # no comparison: the baseline of the others
         seconds = base_s
         gain = Gain(1.0, 1.0, 1.0) if base_s else None
-        error = ""
     else:
         rounds = comparison.rounds if comparison else []
         seconds = medians(rounds)[1] if rounds else None
         gain = Gain.of(rounds)
-        error = comparison.error if comparison else ""
     step = None if seconds is None else seconds * c.global_batch
     return Point(
         replicas=c.n,
@@ -384,7 +377,7 @@ def _point(c: _Config, comparison: Any, base_s: float | None, parts: dict[str, f
         all_reduce_s=parts.get("all_reduce_s"),
         update_s=parts.get("update_s"),
         input_s=parts.get("input_s"),
-        error=error,
+        error=comparison.error if comparison else "",
     )
 
 

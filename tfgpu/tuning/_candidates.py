@@ -18,22 +18,18 @@ from tfgpu.precision import choose_policy
 # The numerics guard: a mean loss above the baseline's by more than this share is unsafe.
 LOSS_TOLERANCE = 0.10
 LOSS_ABS_TOLERANCE = 1e-6
-
 # The gain of nothing kept.
 NONE = rules.Gain(1.0, 1.0, 1.0)
-
 # The `steps_per_execution` ladder; it stops at the first value not kept.
 SPE_LADDER = (4, 16, 64)
-
 # One execution of `steps_per_execution` steps should take at most this long: longer steps
 # leave no host overhead worth saving, and a fit would run for minutes.
 SPE_MAX_EXECUTION_S = 1.0
-
+# The untried reasons several places give.
 NEEDS_FACTORY = "needs a model factory: pass a function that builds and compiles the model"
 FRESH_PROCESS = "needs a fresh process (`tfgpu tune SCRIPT.py`)"
 NEEDS_GPU = "needs a GPU (TensorFlow saw none in the script's process)"
 HALTED = "tune stopped"  # the data or the model raised: no candidate after it ran
-
 # The settings read once when TensorFlow starts, tried in fresh processes: (name, environment
 # variable, value, whether it needs a GPU).
 PROCESS_SETTINGS = (
@@ -219,8 +215,7 @@ def candidates(facts: TuneFacts) -> list[Candidate]:
 
 
 def _data_candidates(facts: TuneFacts) -> list[Candidate]:
-    """The pipeline's settings (a tfgpu pipeline is built again with them), or what applies
-    to any dataset."""
+    """The pipeline's settings (a tfgpu pipeline built again), or those of any dataset."""
     out: list[Candidate] = []
     p = facts.pipeline
     if p is not None:
@@ -281,8 +276,7 @@ def process_settings(has_gpu: bool) -> list[tuple[str, dict[str, str], str, str]
 
 
 def spe_fits(value: int, step_s: float | None) -> str:
-    """Why `steps_per_execution=value` is not tried for steps of `step_s` seconds ("" when
-    it is). Pure."""
+    """Why `steps_per_execution=value` is not tried for steps of `step_s` ("": it is). Pure."""
     if step_s is not None and math.isfinite(step_s) and value * step_s > SPE_MAX_EXECUTION_S:
         return (
             f"steps of {step_s * 1e3:.0f} ms leave little host overhead to save "
@@ -292,8 +286,7 @@ def spe_fits(value: int, step_s: float | None) -> str:
 
 
 def numerics_verdict(base_loss: float, loss: float) -> str:
-    """Why a candidate's mean loss over the guard's steps is unsafe next to the baseline's
-    from the same weights ("" when it is safe). Pure."""
+    """Why a mean loss is unsafe next to the baseline's from the same weights ("": safe). Pure."""
     if not math.isfinite(loss):
         return f"the loss is not finite ({loss}; baseline {base_loss:.4g})"
     if not math.isfinite(base_loss):

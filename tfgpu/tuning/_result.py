@@ -91,9 +91,6 @@ class TuneResult(Result):
 
         Args:
             name: str, a trial's name, e.g. `"jit_compile=True"`.
-
-        Returns:
-            `Trial` or None.
         """
         return next((t for t in self.trials if t.name == name), None)
 
@@ -105,8 +102,7 @@ class TuneResult(Result):
         (docs/tuning.md, "How it decides").
 
         Args:
-            model: keras.Model, compiled: the model to train (the one tuned, or one built
-                the same way).
+            model: keras.Model, compiled: the one tuned, or one built the same way.
 
         Returns:
             The same model, so that `result.apply(model).fit(...)` reads well.
@@ -180,8 +176,7 @@ class TuneResult(Result):
         return "\n".join(out)
 
     def unmeasured(self) -> str:
-        """What the time budget or a stop left untried, and about how long would try it ("" if
-        none)."""
+        """What the budget or a stop left untried, and about how long would try it ("": none)."""
         halted = [t for t in self.trials if t.status == "untried" and t.reason.startswith(HALTED)]
         if halted:
             return (

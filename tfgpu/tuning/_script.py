@@ -21,17 +21,14 @@ from tfgpu._internal.helpers.processes import death, run_python
 # A child that runs longer than this (and the budget allows) is stopped: its script is
 # doing something other than reaching `fit`.
 CHILD_TIMEOUT_S = 600.0
-
 _CHILD_FLAG = "--child"
-
 # The most timed (or warm-up) steps per child: more would train for days.
 MAX_STEPS = 1_000_000
 
 
 @dataclasses.dataclass
 class ChildRun:
-    """What one child reported: seconds per training step, examples per step (None:
-    unknown), the GPUs TensorFlow saw; or `error` (with the stderr tail) when it failed."""
+    """What one child reported (None: unknown), or `error` with its stderr's tail."""
 
     step_s: float | None = None
     batch: int | None = None
@@ -133,8 +130,7 @@ def child_outcome(status: int, report: str, output: str) -> ChildRun:
 
 @dataclasses.dataclass
 class ProcessVariants:
-    """The script's variants, each a fresh process with settings in its environment: the
-    measuring core's variants of a script (`run_for(change)` is a `timing.Run`)."""
+    """The core's variants of a script: each a fresh process, its settings in its environment."""
 
     script: Path
     script_args: list[str]
@@ -176,8 +172,7 @@ class ProcessVariants:
         return run
 
     def compare(self, variants: dict[str, dict[str, str]]) -> dict[str, Any]:
-        """Each variant against the baseline in the timing engine's rounds: a
-        `timing.Comparison` per variant (a child that failed is its `error`)."""
+        """A `timing.Comparison` of each variant against the baseline (a failed child: `error`)."""
         from tfgpu._internal.measure import timing
 
         return timing.compare(
@@ -274,8 +269,7 @@ def tune_script(
 
 
 def run_command(args: Any) -> int:
-    """Runs `tfgpu tune` from parsed arguments; prints the table. Returns the exit status.
-    SIGTERM and SIGHUP stop it as Ctrl-C does: the running child is ended with its group."""
+    """`tfgpu tune SCRIPT.py` from parsed arguments: prints the table, returns the exit status."""
     with _signals_exit():
         try:
             result = tune_script(

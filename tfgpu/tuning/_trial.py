@@ -22,7 +22,6 @@ from tfgpu._internal.measure.variants import Variants
 # Copies of one example in the batch that tells a per-example draw from a per-batch one: a
 # random flip leaves 16 copies all alike once in 2**15 (4 copies: once in 8, a flaky verdict).
 _COPIES = 16
-
 # A user's dataset is cached only when its output takes at most this share of free memory.
 CACHE_MEMORY_SHARE = 0.25
 
@@ -36,8 +35,7 @@ class Failure:
 
 @contextlib.contextmanager
 def recorded(describe: Callable[[Exception], str] = one_line) -> Iterator[Failure]:
-    """Runs the body; an error in it does not propagate: `describe(error)` goes into the
-    `Failure` given, for the caller to record."""
+    """Runs the body; an error in it goes into the `Failure` given, as `describe(error)`."""
     failure = Failure()
     try:
         yield failure
@@ -117,8 +115,7 @@ def augment_on_batches(arguments: dict[str, Any] | None, rebuild: Any) -> str:
 
 
 def cache_untried(data: tf.data.Dataset, first: Any, batches: int | None) -> str:
-    """Why caching the output of a dataset tfgpu did not build is not tried ("": it is);
-    `first`: its first batch."""
+    """Why caching another dataset's output is not tried ("": it is); `first`: its first batch."""
     why = unrepeatable(data)
     if why:
         return f"{why}: a cache would replay its first epoch"

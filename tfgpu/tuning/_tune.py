@@ -25,16 +25,12 @@ from tfgpu.tuning._trial import augment_on_batches, cache_untried, mean_loss, re
 
 # Shares of the time budget: candidates until the first (the second while nothing is kept:
 # nothing to verify), the verification until the second.
-MEASURE_SHARE = 0.75
-VERIFY_SHARE = 0.95
-
+MEASURE_SHARE, VERIFY_SHARE = 0.75, 0.95
 # A timed fit lasts about the measuring budget over the fits planned, within these bounds;
 # without a budget, the first.
 FIT_S = (5.0, 0.5, 15.0)
-
 # Batches the numerics guard trains on (with `steps_per_execution=1`), from the same weights.
 GUARD_STEPS = 5
-
 # find_batch_size tries batches up to this multiple of the current one.
 BATCH_GROWTH = 8
 
@@ -79,10 +75,9 @@ def tune(
         change; `result.apply(model)` applies the compile settings.
 
     Raises:
-        TypeError: if `model` is neither a Keras model nor a callable, `data` neither a
-            dataset nor arrays, or an argument of the wrong type.
+        TypeError: if an argument has the wrong type (`data` neither a dataset nor arrays).
         ValueError: if the model is not compiled, `data` yields single examples or holds
-            arrays of different lengths, or a number is out of range (before any training).
+            arrays of different lengths, or a number is out of range.
 
     Example:
 
@@ -243,9 +238,8 @@ class _Tuner:
         return t.epochs * (t.steps_per_epoch or self.facts.batches_per_epoch or 1)
 
     def _min_cost(self, cand: Candidate) -> float:
-        """About how long `cand` takes at least: three rounds of two timed fits (their steps,
-        or as long as such fits took so far), and an untimed fit that traces where it
-        changes the step (settings of the pipeline alone share the baseline's)."""
+        """The least `cand` takes: three rounds of two timed fits (their steps, or as long as
+        fits took so far), and a fit that traces where it changes the step (not the pipeline)."""
         v, step_s = self.variants, float(self.facts.step_time_s or 0.0)
         fit_s = max(
             self._steps_per_fit() * step_s, stats.median(v.fit_walls) if v.fit_walls else 0.0
@@ -255,9 +249,8 @@ class _Tuner:
         return (warm_s if traces else 0.0) + 2 * rules.MIN_ROUNDS * fit_s
 
     def _budget_for(self, cand: Candidate, after: list[Candidate]) -> timing.Budget | None:
-        """When `cand` should stop taking rounds beyond the first three: what is left, less
-        the least the candidates `after` it need, so that each of them is tried; None when
-        what is left cannot measure it."""
+        """When `cand` stops taking rounds beyond three: what is left less the least the ones
+        `after` it need, so that each is tried; None when what is left cannot measure it."""
         left, cost = self.budget.left(), self._min_cost(cand)
         if math.isinf(left):
             return self.budget
@@ -334,9 +327,8 @@ class _Tuner:
             return Trial(name, status=rules.NO_GAIN, reason=reason)
         lr_note = self._learning_rate_note(batch, fastest)
         here = speeds.get(batch)
-        figures = f"{speeds[fastest]:,.0f} examples/s at {fastest}" + (
-            f" vs {here:,.0f} at {batch}" if here else ""
-        )
+        vs = f" vs {here:,.0f} at {batch}" if here else ""
+        figures = f"{speeds[fastest]:,.0f} examples/s at {fastest}{vs}"
         change = {"batch_size": fastest}
         line = cands.line_for(change, self.facts) + (f"  # {lr_note}" if lr_note else "")
         cand = Candidate(f"{name} {fastest}", change, line)
