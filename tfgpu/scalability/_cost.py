@@ -13,8 +13,7 @@ THROUGH_ONE = "through one device"
 
 
 def all_reduce_factor(kind: str, n: int) -> tuple[float, int]:
-    """(gradient bytes moved per device, in units of the gradients; latency steps) of an
-    all-reduce over `n` devices. Pure."""
+    """(bytes moved per device, in gradients; latency steps) of an all-reduce over `n`. Pure."""
     if n <= 1:
         return 0.0, 0
     if kind == RING:
@@ -50,12 +49,10 @@ class Calibration:
 
 
 def fit_compute(mode: str, c1: float, c2: float) -> tuple[float, float]:
-    """(a, b) of the compute model through the 1- and 2-replica compute times: weak
-    `a + b n`, strong `a + b / n`. Pure."""
-    if mode == "weak":  # the same work per replica never takes less with more replicas:
-        b = max(0.0, c2 - c1)  # a 2-replica time below the 1-replica one is noise
-        return c1 - b, b
-    b = 2.0 * (c1 - c2)
+    """(a, b) through the 1- and 2-replica compute: weak `a + b n`, strong `a + b / n`. Pure."""
+    # Weak: the same work per replica never takes less with more replicas, so a 2-replica
+    # time below the 1-replica one is noise.
+    b = max(0.0, c2 - c1) if mode == "weak" else 2.0 * (c1 - c2)
     return c1 - b, b
 
 
@@ -72,6 +69,5 @@ def ring_s(devices: int, gradient_bytes: float, bandwidth_bytes_s: float) -> flo
 
 
 def step_time(compute_s: float, all_reduce_s: float, other_s: float, input_s: float) -> float:
-    """A step: the replicas' compute, the all-reduce and the update in sequence, the input
-    prefetched beside them. Pure."""
+    """Compute, all-reduce and update in sequence, the input prefetched beside them. Pure."""
     return max(compute_s + all_reduce_s + other_s, input_s)

@@ -1,12 +1,6 @@
 """What the hardware allows an all-reduce: the link between two GPUs as NVML describes it
-(NVLink, or PCIe with or without peer-to-peer access), host memory between logical CPU
-devices, and a stated network between machines.
-
-A `Link`'s bandwidth is per direction, the link's rate after line encoding (what vendors
-print as "GB/s each way", decimal GB): an upper bound that NCCL's measured bus bandwidth
-approaches (~80-90% on NVLink and PCIe). No TensorFlow here; NVML through the binding that
-`tfgpu.monitor` loads.
-"""
+(never CUDA or TensorFlow), host memory between logical CPU devices, a stated network. The
+figures, their units and sources: docs/scaling.md, "What the hardware allows"."""
 
 from __future__ import annotations
 
@@ -26,43 +20,29 @@ log = logging.getLogger(__name__)
 GB = 1e9
 
 # nvmlDeviceGetNvLinkVersion answers an `nvmlNvlinkVersion_t`, not the generation (nvml.h;
-# NVML's docs say so since 2025, hwloc issue #658: an A100 answers 5, NVLink 3.1):
-# NVML_NVLINK_VERSION_1_0 = 1, 2_0 = 2, 2_2 = 3, 3_0 = 4, 3_1 = 5, 4_0 = 6, 5_0 = 7, 6_0 = 8.
+# hwloc issue #658: an A100 answers 5, NVLink 3.1): the enum's value -> the generation.
 NVLINK_GENERATION = {1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 5, 8: 6}
 
-# NVLink bandwidth per link per direction, GB/s, by generation (NVIDIA's product pages and
-# the V100/A100/H100/B200 architecture whitepapers; hwloc issue #574 derives the same):
-# NVLink 1 (P100, 4 links = 80 GB/s each way), 2 (V100, 6 links = 150), 3 (A100, 12 links =
-# 300), 4 (H100, 18 links = 450), 5 (B200, 18 links = 900). Newer generations use the newest
-# figure here (a lower bound); NVLink 3.1 bridges of GA102 cards run at about 14 GB/s per
-# link, which NVML does not tell apart from A100's 3.1: they read as 25.
+# GB/s per link per direction by generation (NVIDIA's whitepapers; sources in docs/); a newer
+# generation counts at the newest figure here (a lower bound).
 NVLINK_GB_S = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
 # When NVML does not say the version: the slowest generation's figure, said in the text.
 NVLINK_UNKNOWN_GB_S = 20.0
 
-# PCIe per lane per direction: the transfer rate (GT/s) times the line encoding, over 8 bits
-# (PCI-SIG base specifications): Gen1/2 8b/10b, Gen3-5 128b/130b, Gen6 FLIT mode (242 useful
-# bytes in 256): 0.25, 0.5, 0.985, 1.969, 3.938, 7.563 GB/s. A x16 Gen4 link: 31.5 GB/s.
+# PCIe per lane per direction: the transfer rate (GT/s) and the line encoding (PCI-SIG).
 PCIE_RATE = {1: (2.5, 8 / 10), 2: (5.0, 8 / 10), 3: (8.0, 128 / 130),
              4: (16.0, 128 / 130), 5: (32.0, 128 / 130), 6: (64.0, 242 / 256)}  # fmt: skip
 # When NVML says neither: Gen3 x16, the slot of every data-center GPU since 2016 (P100).
 PCIE_ASSUMED = (3, 16)
 
-# Without peer-to-peer access a GPU's data reaches its peer through a staging buffer in host
-# memory, crossing PCIe twice in chunks that wait for each other: NCCL's shared-memory
-# transport measures about half the peer-to-peer figure. Across CPU sockets the path also
-# crosses the CPU interconnect (UPI, Infinity Fabric), no narrower than one x16 link on
-# current servers: the PCIe figure is kept, and said.
+# Without peer-to-peer access the data is staged through host memory: NCCL's shared-memory
+# transport measures about half the peer-to-peer figure.
 WITHOUT_P2P_SHARE = 0.5
 
-# Logical CPU devices in one process: an all-reduce is memory copies between buffers in
-# DRAM. 10 GB/s is what one core copies on a current server (large memcpy: ~10-20 GB/s per
-# core on DDR4/DDR5), the conservative end; pass a measured figure where there is one.
+# Logical CPU devices: one core's large memcpy on a current server, the conservative end.
 HOST_MEMORY_BYTES_S = 10e9
 
-# nvml.h's `nvmlGpuTopologyLevel_t`, the closest common ancestor of two GPUs: the same
-# board, one PCIe switch, several, a host bridge, the host bridges of one CPU socket, the link
-# between CPU sockets.
+# nvml.h's `nvmlGpuTopologyLevel_t`: the closest common ancestor of two GPUs.
 TOPOLOGY = {"INTERNAL": 0, "SINGLE": 10, "MULTIPLE": 20, "HOSTBRIDGE": 30, "NODE": 40, "SYSTEM": 50}
 # NVML_NVLINK_DEVICE_TYPE_GPU, _IBMNPU, _SWITCH: what an NVLink leads to (nvml.h).
 DEVICE_TYPE_GPU, DEVICE_TYPE_IBMNPU, DEVICE_TYPE_SWITCH = 0x00, 0x01, 0x02
@@ -73,16 +53,12 @@ class Link:
     """A link between devices, as an all-reduce ring between two of them would see it.
 
     Attributes:
-        kind: str, `"nvlink"`, `"pcie"`, `"host memory"` (logical CPU devices, or no GPU) or
-            `"network"` (between machines).
-        description: str, for people, e.g. `"NVLink 4, 18 links through NVSwitch (450 GB/s
-            each way)"`.
-        bandwidth_bytes_s: float, bytes per second per direction that a ring between two
-            of these devices can use.
-        peer_to_peer: bool or None, whether the devices read each other's memory directly;
-            None: unknown.
-        facts: dict, JSON-ready, what the figure was derived from (generation, width, link
-            count, common ancestor, the GPUs of the pair).
+        kind: str, `"nvlink"`, `"pcie"`, `"host memory"` or `"network"`.
+        description: str, for people, e.g. `"PCIe Gen4 x16 with peer-to-peer access (31.5
+            GB/s each way)"`.
+        bandwidth_bytes_s: float, bytes per second per direction a ring can use.
+        peer_to_peer: bool or None, whether the devices read each other's memory directly.
+        facts: dict, JSON-ready, what the figure was derived from.
     """
 
     kind: str
@@ -144,20 +120,15 @@ def constant(nv: ModuleType, name: str, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
-def small_int(value: Any) -> int | None:
-    """A positive count or generation NVML answered, else None (0 means "not known")."""
-    return int(value) if is_int(value) and value > 0 else None
-
-
-def small_int_or_zero(value: Any) -> int | None:
-    """An enum value NVML answered (0 included), else None."""
-    return int(value) if is_int(value) and value >= 0 else None
+def nvml_int(value: Any, least: int = 1) -> int | None:
+    """An int NVML answered, at least `least`, else None (a count or generation of 0 means
+    "not known"; an enum's 0 is a value)."""
+    return int(value) if is_int(value) and value >= least else None
 
 
 def read_gpu(nv: ModuleType, index: int, handle: Any) -> GpuFacts:
-    """Reads one GPU's PCI bus, active NVLinks and PCIe link. A query NVML answers with an
-    error reads None: NOT_SUPPORTED (no NVLink), INVALID_ARGUMENT (past a GPU's last link),
-    FUNCTION_NOT_FOUND (an older driver, or binding), GPU_IS_LOST."""
+    """Reads one GPU's PCI bus, active NVLinks and PCIe link; a query NVML answers with an
+    error (FUNCTION_NOT_FOUND: an older driver or binding; GPU_IS_LOST, ...) reads None."""
 
     def ask(name: str, *args: Any) -> Any:
         return nvml_query(nv, name, handle, *args, default=None)
@@ -174,18 +145,18 @@ def read_gpu(nv: ModuleType, index: int, handle: Any) -> GpuFacts:
         nvlinks.append(
             NvLink(
                 remote_bus=bus_key(ask("nvmlDeviceGetNvLinkRemotePciInfo", link)),
-                version=small_int(ask("nvmlDeviceGetNvLinkVersion", link)),
-                remote_type=small_int_or_zero(ask("nvmlDeviceGetNvLinkRemoteDeviceType", link)),
+                version=nvml_int(ask("nvmlDeviceGetNvLinkVersion", link)),
+                remote_type=nvml_int(ask("nvmlDeviceGetNvLinkRemoteDeviceType", link), 0),
             )
         )
     return GpuFacts(
         index=index,
         bus=bus,
         nvlinks=tuple(nvlinks),
-        pcie_gen_max=small_int(ask("nvmlDeviceGetMaxPcieLinkGeneration")),
-        pcie_width_max=small_int(ask("nvmlDeviceGetMaxPcieLinkWidth")),
-        pcie_gen_current=small_int(ask("nvmlDeviceGetCurrPcieLinkGeneration")),
-        pcie_width_current=small_int(ask("nvmlDeviceGetCurrPcieLinkWidth")),
+        pcie_gen_max=nvml_int(ask("nvmlDeviceGetMaxPcieLinkGeneration")),
+        pcie_width_max=nvml_int(ask("nvmlDeviceGetMaxPcieLinkWidth")),
+        pcie_gen_current=nvml_int(ask("nvmlDeviceGetCurrPcieLinkGeneration")),
+        pcie_width_current=nvml_int(ask("nvmlDeviceGetCurrPcieLinkWidth")),
     )
 
 
@@ -219,8 +190,7 @@ def nvlinks_between(
         how = "direct" if direct and not switched else "nvswitch" if not direct else "mixed"
         count = direct + switched
     else:
-        used = {"unknown"}
-        how = "unknown"
+        used, how = {"unknown"}, "unknown"
         count = min(ends_a.count("unknown"), ends_b.count("unknown"))
     versions = [
         link.version
@@ -261,11 +231,9 @@ def nvlink_link(
         name = f"NVLink {generation}"
     bandwidth = count * per_link * GB
     route = {"nvswitch": " through NVSwitch", "mixed": " (direct and through NVSwitch)"}
+    assumed = "" if generation else f", at NVLink 1's {per_link:g} GB/s per link"
     text = f"{name}, {count} link{'s' if count != 1 else ''}{route.get(how, '')}"
-    text += f" ({gb_s(bandwidth)} each way"
-    if generation is None:
-        text += f", at NVLink 1's {per_link:g} GB/s per link"
-    text += ")"
+    text += f" ({gb_s(bandwidth)} each way{assumed})"
     if how == "unknown":
         text += "; NVML does not say where the links lead: assumed to the other GPU"
     return Link(
@@ -347,8 +315,7 @@ def pair_link(
     ancestor: int | None,
     gpu_buses: set[tuple[int, int, int]],
 ) -> Link:
-    """The link between two GPUs from their facts: NVLink where links join them (and
-    peer-to-peer access is not refused), else PCIe."""
+    """NVLink where links join the GPUs (and peer-to-peer access is not refused), else PCIe."""
     count, how, versions = nvlinks_between(a, b, gpu_buses)
     if count and p2p is not False:
         link = nvlink_link(a, b, count, how, versions, p2p)
@@ -420,31 +387,9 @@ def read_links(nv: ModuleType, chosen: list[int] | None) -> Link | None:
 
 # ---- the public functions ----------------------------------------------------------------
 def gpu_link(indices: Sequence[int] | None = None) -> Link | None:
-    """The slowest link between any two of the given GPUs, as an all-reduce ring sees it.
-
-    Reads NVML (never CUDA or TensorFlow): each pair's NVLinks (to the other GPU or to an
-    NVSwitch), else its PCIe link and peer-to-peer access, and whether the path crosses CPU
-    sockets. A query NVML does not support gives a less specific link; NVML errors never
-    escape. The figures and their sources: docs/scaling.md, "What the hardware allows".
-
-    Args:
-        indices: list of int or None, NVML indices of the GPUs (PCI bus order, as
-            `nvidia-smi`); each pair among them is checked. Defaults to `None` (all GPUs).
-
-    Returns:
-        A `Link` (kind `"nvlink"` or `"pcie"`), or None when NVML is missing, lists or is
-        given fewer than 2 GPUs, or cannot open one of them.
-
-    Raises:
-        TypeError: `indices` is not a list of ints.
-        ValueError: an index is negative or not below NVML's GPU count.
-
-    Example:
-
-    >>> link = gpu_link([0, 1])  # on an H100 HGX board
-    >>> link.description
-    'NVLink 4, 18 links through NVSwitch (450 GB/s each way)'
-    """
+    """The slowest link between any two of the GPUs of NVML `indices` (None: all), as an
+    all-reduce ring sees it; None when NVML is missing, lists or is given fewer than 2 GPUs,
+    or cannot open one. NVML errors never escape; a wrong `indices` raises."""
     chosen = check_indices(indices)
     nv, _ = import_pynvml()
     if nv is None or start(nv) is not None:
@@ -456,24 +401,7 @@ def gpu_link(indices: Sequence[int] | None = None) -> Link | None:
 
 
 def network_link(gbit_s: float) -> Link:
-    """A stated network between machines, e.g. 100 Gb/s Ethernet or InfiniBand.
-
-    Args:
-        gbit_s: float, the network's rate per direction in Gbit/s (as NICs are sold: 25,
-            100, 200, 400), > 0.
-
-    Returns:
-        A `Link` of kind `"network"` with `gbit_s * 1e9 / 8` bytes per second.
-
-    Raises:
-        TypeError: `gbit_s` is not a number.
-        ValueError: `gbit_s` is not finite and > 0.
-
-    Example:
-
-    >>> network_link(100).bandwidth_bytes_s
-    12500000000.0
-    """
+    """A stated network between machines, `gbit_s` per direction (as NICs are sold)."""
     rate = check_number("gbit_s", gbit_s, minimum=0, exclusive_minimum=True)
     bandwidth = rate * 1e9 / 8
     return Link(
@@ -486,25 +414,8 @@ def network_link(gbit_s: float) -> Link:
 
 
 def host_link(bandwidth_bytes_s: float | None = None) -> Link:
-    """Host memory, shared by logical CPU devices (or replicas on a machine without GPUs).
-
-    Args:
-        bandwidth_bytes_s: float or None, bytes per second the caller measured, > 0.
-            Defaults to `None`: `HOST_MEMORY_BYTES_S` (10 GB/s, one core's copy rate on a
-            current server, the conservative end).
-
-    Returns:
-        A `Link` of kind `"host memory"`; `peer_to_peer` is True (one address space).
-
-    Raises:
-        TypeError: `bandwidth_bytes_s` is not a number.
-        ValueError: `bandwidth_bytes_s` is not finite and > 0.
-
-    Example:
-
-    >>> host_link().description
-    'Host memory shared by logical CPU devices (10 GB/s each way, assumed)'
-    """
+    """Host memory, shared by logical CPU devices: `bandwidth_bytes_s` as measured, else
+    `HOST_MEMORY_BYTES_S` assumed; peer to peer (one address space)."""
     measured = check_number(
         "bandwidth_bytes_s", bandwidth_bytes_s, minimum=0, exclusive_minimum=True, allow_none=True
     )

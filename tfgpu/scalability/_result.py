@@ -29,29 +29,21 @@ def _ms(seconds: float | None) -> str:
 
 @dataclasses.dataclass
 class Point:
-    """One replica count and mode, measured.
+    """One replica count and mode, measured: the table's row (its columns: docs/scaling.md,
+    "Reading the table"); seconds per step, None where not measured.
 
     Attributes:
         replicas: int, replicas in sync.
-        mode: str, `"weak"` (per-replica batch kept), `"strong"` (global batch kept), or
-            `"both"` (one replica: the reference of both).
+        mode: str, `"weak"`, `"strong"`, or `"both"` (one replica: the reference of both).
         global_batch: int, examples per step, all replicas together.
         per_replica_batch: int, examples per replica per step.
-        step_s: float or None, seconds per step of `fit` (the median of the rounds).
-        examples_per_s: float or None, examples per second of `fit`.
-        speedup: `Gain` or None, examples/s against one replica (the ratio of the rounds'
-            medians), with its interval.
+        step_s, examples_per_s: float or None, of `fit` (the median of the rounds).
+        speedup: `Gain` or None, examples/s against one replica, with its interval.
         efficiency: float or None, speedup / replicas (1.0: linear).
-        compute_s: float or None, every replica's forward and backward pass, nothing reduced.
-        all_reduce_s: float or None, the all-reduce of the gradients alone.
-        update_s: float or None, the optimizer's update of every replica's copy of the
-            weights (its `apply_gradients` timed alone, less the all-reduce in it).
-        input_s: float or None, the input pipeline alone, per global batch.
-        input_wait_s: float or None, how long a step waits for its batch: the pipeline's time
-            beyond compute, all-reduce and update.
-        other_s: float or None, the rest of the step: `fit`'s host work, launches.
-        reason: str, why it scales as it does, in one line; `fix`: what to change ("" when
-            nothing).
+        compute_s, all_reduce_s, update_s, input_s: float or None, the step's parts, timed
+            apart.
+        input_wait_s, other_s: float or None, the wait for the input; the rest of the step.
+        reason, fix: str, why it scales as it does, in one line; what to change ("": nothing).
         error: str, why it could not be timed ("" when it was).
     """
 
@@ -181,8 +173,7 @@ def _host_bound(w: _Why) -> Reason:
 
 
 def _compute(w: _Why) -> Reason:
-    """What is left: logical CPU devices share the cores; GPUs scale too little work or slow
-    each other."""
+    """What is left: shared cores, too little work per GPU, or GPUs that slow each other."""
     p = w.p
     if w.device_kind != "GPU":
         return f"shared cores ({w.eff}): see the note", ""
@@ -233,15 +224,15 @@ class Prediction:
 class ScalingResult(Result):
     """What `tfgpu.scaling()` measured and predicted; print it for the table.
 
+    The guide: docs/scaling.md, "Reading the table" and "The cost model".
+
     Attributes:
         points: list of `Point`, one replica first, then each count weak and strong.
         predictions: list of `Prediction` (more replicas, more machines).
-        prediction_errors: dict, `"4 weak"` -> predicted / measured step - 1, for the counts
-            measured here beyond the two the model is calibrated on.
+        prediction_errors: dict, `"4 weak"` -> predicted / measured step - 1.
         gradient_bytes: int, bytes of one step's gradients.
         device_kind: str, `"GPU"` or `"logical CPU device"`.
-        all_reduce: str, the all-reduce in use, as `tfgpu.strategy(all_reduce=)` names it
-            (`"nccl"`, `"reduction_to_one_device"`, ...; "" when unknown).
+        all_reduce: str, the all-reduce in use, as `tfgpu.strategy(all_reduce=)` names it.
         link: the link between the devices (`kind`, `description`, `bandwidth_bytes_s`,
             `peer_to_peer`), or None where NVML cannot say.
         notes: list of str, what was skipped and why.
@@ -270,8 +261,7 @@ class ScalingResult(Result):
         return f"{worst.replicas} replicas, {worst.mode}: {worst.reason}"
 
     def all_reduce_floor_s(self, replicas: int) -> float | None:
-        """The least all-reduce time per step the link allows for `replicas` GPUs (a ring
-        over the link's bandwidth), or None where the link is unknown."""
+        """The least all-reduce seconds per step a ring over the link allows (None: unknown)."""
         bandwidth = getattr(self.link, "bandwidth_bytes_s", None)
         if self.device_kind != "GPU" or not bandwidth or replicas < 2:
             return None
@@ -306,16 +296,14 @@ class ScalingResult(Result):
         if self.predictions:
             lines += ["", "Predicted (cost model calibrated on 1 and 2 replicas; docs/scaling.md):"]
             for q in self.predictions:
-                where = f"{q.replicas} replicas" + (
-                    f" on {q.machines} machines" if q.machines > 1 else ""
-                )
+                machines = f" on {q.machines} machines" if q.machines > 1 else ""
                 floor = self.all_reduce_floor_s(q.replicas) if q.machines == 1 else None
                 bound = "" if floor is None else f", the link allows >= {_ms(floor)} ms"
                 lines.append(
-                    f"  {where}, {q.mode}: {q.examples_per_s:,.0f} examples/s, "
-                    f"{q.efficiency:.0%} of linear (step {_ms(q.step_s)} ms: compute "
-                    f"{_ms(q.compute_s)}, all-reduce {_ms(q.all_reduce_s)}{bound}, update "
-                    f"{_ms(q.update_s)}, input {_ms(q.input_s)})"
+                    f"  {q.replicas} replicas{machines}, {q.mode}: {q.examples_per_s:,.0f} "
+                    f"examples/s, {q.efficiency:.0%} of linear (step {_ms(q.step_s)} ms: "
+                    f"compute {_ms(q.compute_s)}, all-reduce {_ms(q.all_reduce_s)}{bound}, "
+                    f"update {_ms(q.update_s)}, input {_ms(q.input_s)})"
                 )
         if self.prediction_errors:
             errors = ", ".join(f"{k} {v:+.0%}" for k, v in self.prediction_errors.items())
@@ -326,8 +314,7 @@ class ScalingResult(Result):
         return "\n".join(lines)
 
     def plot(self, path: Path) -> None:
-        """Examples/s and efficiency against replicas, measured and predicted, weak and strong,
-        into `path` (PNG, atomically)."""
+        """Examples/s and efficiency against replicas, measured and predicted, into `path`."""
         from matplotlib.figure import Figure  # no pyplot: the user's backend is left alone
 
         fig = Figure(figsize=(9.0, 3.6))
@@ -344,9 +331,8 @@ class ScalingResult(Result):
                 if not points:
                     continue
                 xs = [p.replicas for p in points]
-                rates = [p.examples_per_s for p in points]
                 effs = [1.0 if p.replicas == 1 else p.efficiency for p in points]
-                for ax, ys in ((rate_ax, rates), (eff_ax, effs)):
+                for ax, ys in ((rate_ax, [p.examples_per_s for p in points]), (eff_ax, effs)):
                     ax.plot(xs, ys, style, color=color, label=f"{mode}, {what}")
         eff_ax.axhline(1.0, color="tab:gray", linewidth=0.8)
         for ax, ylabel in ((rate_ax, "examples/s"), (eff_ax, "efficiency (1 = linear)")):

@@ -1,6 +1,5 @@
-"""`scaling()`: the same model and data on 1, 2, 4, ... replicas of this machine, weak and
-strong, timed in interleaved rounds; each step split into compute, all-reduce, update and
-input; the reason in one line; a prediction for more replicas from the cost model (`_cost`)."""
+"""`scaling()`: the same model on 1, 2, 4, ... replicas, weak and strong, in interleaved rounds;
+each step split into its parts; a prediction from the cost model (`_cost`)."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ RING_IMPLEMENTATIONS = ("nccl", "ring", "collective", "auto")
 
 
 def replica_counts(available: int, asked: Sequence[int] | None) -> list[int]:
-    """The replica counts to time: `asked`, or 1, 2, 4, ... up to `available` (and
-    `available` itself). Pure."""
+    """`asked` and 1, or 1, 2, 4, ... up to `available` and `available` itself. Pure."""
     if asked is not None:
         return sorted(set(asked) | {1})
     counts, n = [], 1
@@ -74,8 +72,7 @@ def _strategy(devices: list[str]) -> tf.distribute.Strategy:
 
 @dataclasses.dataclass(frozen=True)
 class _Config:
-    """One replica count and mode: its strategy and global batch, a variant of the workload
-    (the model built by the factory inside the strategy's scope, the data at that batch)."""
+    """One replica count and mode, a variant of the workload: its strategy and global batch."""
 
     n: int
     mode: str
@@ -105,45 +102,36 @@ def scaling(
 ) -> ScalingResult:
     """Times your model on 1, 2, 4, ... replicas of this machine and says why it scales or not.
 
-    Each replica count is timed **weak** (the per-replica batch kept) and **strong** (the
-    global batch kept), in interleaved rounds as `tune` runs them; each step is split into the
-    replicas' compute, the all-reduce, the optimizer's update and the input, timed apart, and
-    given its reason and fix. A cost model calibrated on 1 and 2 replicas predicts more
-    replicas and machines. On a CPU host the replicas are logical CPU devices
-    (`tfgpu.configure(cpu_devices=4)`), which share the cores: that checks the mechanics, not
-    a speedup. How to read it, the cost model and the fixes: docs/scaling.md.
+    Each count runs weak (the per-replica batch kept) and strong (the global batch kept) in
+    interleaved rounds; each step is split into compute, all-reduce, update and input; a cost
+    model calibrated on 1 and 2 replicas predicts more. The guide: docs/scaling.md (logical
+    CPU devices on a CPU host: "Limits").
 
     Args:
-        model: a function without arguments that builds and compiles the model; called
-            inside each strategy's scope (it must not open a strategy of its own). A model
-            built already is refused: it cannot be built again under each strategy.
-        data: `tf.data.Dataset` (of batches or examples; a `tfgpu.data.pipeline` one is
-            rebuilt for each strategy) or arrays `x`, `(x, y)` or `(x, y, sample_weight)`.
-        batch_size: int or None, the global batch of one replica: weak scaling multiplies
-            it, strong scaling splits it. Defaults to None: the data's batch size, else 32.
-        replicas: list of int or None, the replica counts to time (1 is always added).
-            Defaults to None: 1, 2, 4, ... up to this machine's devices.
-        steps: int, timed steps of each timed `fit` (>= 3), as in `diagnose` and `tune`.
-            Defaults to 8.
+        model: a function without arguments that builds and compiles the model, called
+            inside each strategy's scope (a model built already is refused).
+        data: `tf.data.Dataset` of batches or examples, or arrays `x`, `(x, y)` or
+            `(x, y, sample_weight)`.
+        batch_size: int or None, the global batch of one replica. Defaults to None: the
+            data's batch size, else 32.
+        replicas: list of int or None, the replica counts (1 always added). Defaults to
+            None: 1, 2, 4, ... up to this process's devices.
+        steps: int, timed steps of each timed `fit` (>= 3). Defaults to 8.
         time_budget_s: float or None, seconds for the whole call (None: no limit).
             Defaults to 300.0.
-        network_gbit_s: float, the network between machines assumed by the prediction for
-            several machines, in Gbit/s. Defaults to 100.0.
-        log_dir: str, os.PathLike or None, a run directory: `scaling.json` and the plot
-            `scaling.png` are written there (older ones rotated aside). Defaults to None.
-        verbose: `"auto"`, 0, 1 or 2, progress lines as `model.fit` shows them.
-            Defaults to `"auto"`.
+        network_gbit_s: float, the network between machines the prediction assumes, in
+            Gbit/s. Defaults to 100.0.
+        log_dir: str, os.PathLike or None, where `scaling.json` and `scaling.png` go.
+            Defaults to None.
+        verbose: `"auto"`, 0, 1 or 2, progress lines as `fit`'s. Defaults to `"auto"`.
 
     Returns:
-        A `ScalingResult`: print it for the table (examples/s, efficiency, the step's parts,
-        the reason) and the prediction.
+        A `ScalingResult`: print it for the table, the reasons and the prediction.
 
     Raises:
-        TypeError: if `model` is not a function, `data` is neither a dataset nor
-            arrays, or an argument has the wrong type.
-        ValueError: if a number is out of range, `replicas` asks for more devices than this
-            process has, or the factory's model is not compiled or was built under a
-            strategy of its own. All raised before any timing.
+        TypeError: if an argument has the wrong type (`model` not a function, for one).
+        ValueError: if a value is out of range (more `replicas` than devices, for one), or
+            the factory's model is not compiled or opens its own strategy.
 
     Example:
 
@@ -186,7 +174,7 @@ def scaling(
     )
     session.progress.phase("building the model on each replica count")
     configs = _configs(variants, devices, counts, base_batch, one, session.notes)
-    result = _measure(session, variants, configs, steps, kind, counts, network)
+    result = _measure(session, variants, configs, steps, kind, network)
     return session.finish(result, result.headline())
 
 
@@ -207,7 +195,6 @@ def _measure(
     configs: list[_Config],
     steps: int,
     kind: str,
-    counts: list[int],
     network: float,
 ) -> ScalingResult:
     """The interleaved rounds, the split of each step, the points and the prediction."""
@@ -252,7 +239,7 @@ def _measure(
     if any(("compute_s", c.key) not in samples for c in configs):
         notes.append("the budget ran out before every step was split into its parts")
     parts = {c.key: _parts_of(c, samples) for c in configs}
-    link = _link(kind, counts)
+    link = _link(kind, max(c.n for c in configs))
     grad_bytes = measure.gradient_bytes(variants.model)
     points = [_point(c, comparisons.get(c.key), base_s, parts.get(c.key, {})) for c in configs]
     for p in points:
@@ -343,10 +330,8 @@ def _sample_parts(
 
 
 def _parts_of(c: _Config, samples: dict[tuple[str, Any], list[float]]) -> dict[str, float]:
-    """The medians of `c`'s parts over the rounds (the parts never sampled left out). The
-    input is its global batch over the pipeline's examples per second, the median of every
-    rate measured: the host's pipeline makes examples at one rate whatever the batch, and
-    one reading on a loaded host can be half or twice the others."""
+    """The medians of `c`'s parts over the rounds (those never sampled left out); the input
+    at the median of every rate measured, whatever the batch (docs/scaling.md says why)."""
     out = {"all_reduce_s": 0.0, "latency_s": 0.0} if c.n == 1 else {}
     keys = {"compute_s": c.key, "all_reduce_s": c.n, "latency_s": c.n, "apply_s": c.n}
     for name, key in keys.items():
@@ -360,27 +345,25 @@ def _parts_of(c: _Config, samples: dict[tuple[str, Any], list[float]]) -> dict[s
     return out
 
 
-def _link(kind: str, counts: list[int]) -> Any:
+def _link(kind: str, replicas: int) -> Any:
     """What links the devices: NVML's view between the GPUs TensorFlow trains on (mapped to
     NVML's indices), else host memory; None where NVML cannot say."""
     if kind != "GPU":
         return host_link()
-    gpus = tf_gpus()[: max(counts)]
+    gpus = tf_gpus()[:replicas]
     if any(g.nvml is None for g in gpus):
         return None
     return gpu_link(sorted({g.nvml.index for g in gpus if g.nvml is not None}))
 
 
 def _point(c: _Config, comparison: Any, base_s: float | None, parts: dict[str, float]) -> Point:
-    if c.n == 1:
+    if c.n == 1:  # no comparison: the baseline of the others
         seconds = base_s
         gain = Gain(1.0, 1.0, 1.0) if base_s else None
-        error = ""
     else:
         rounds = comparison.rounds if comparison else []
         seconds = medians(rounds)[1] if rounds else None
         gain = Gain.of(rounds)
-        error = comparison.error if comparison else ""
     step = None if seconds is None else seconds * c.global_batch
     return Point(
         replicas=c.n,
@@ -394,7 +377,7 @@ def _point(c: _Config, comparison: Any, base_s: float | None, parts: dict[str, f
         all_reduce_s=parts.get("all_reduce_s"),
         update_s=parts.get("update_s"),
         input_s=parts.get("input_s"),
-        error=error,
+        error=comparison.error if comparison else "",
     )
 
 

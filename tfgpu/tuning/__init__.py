@@ -1,8 +1,5 @@
-"""`tfgpu.tune()`: try each speed setting on your model and data, keep what measurably helps.
-
-The guide is docs/tuning.md; the rooms of this package are in docs/architecture.md. The
-names load on first use (PEP 562), so `tfgpu tune` checks its arguments without TensorFlow.
-"""
+"""`tfgpu.tune()`: try each speed setting, keep what measurably helps (docs/tuning.md). The
+names load on first use (PEP 562): `tfgpu tune` checks its arguments without TensorFlow."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Which candidates `tune` tries, in which order (`candidates`), the numerics guard's verdict
-(`numerics_verdict`), the lines to change (`combined_lines`) and the verification of the kept
-ones together (`verify`); the verdicts themselves are the measuring core's (`rules`). Pure:
-no TensorFlow, no Keras, no clock.
-"""
+"""`tune`'s candidates in their order, the numerics guard's verdict, the lines to change and
+the verification of the kept ones together (the verdicts are the core's `rules`). Pure."""
 
 from __future__ import annotations
 
@@ -21,22 +18,18 @@ from tfgpu.precision import choose_policy
 # The numerics guard: a mean loss above the baseline's by more than this share is unsafe.
 LOSS_TOLERANCE = 0.10
 LOSS_ABS_TOLERANCE = 1e-6
-
 # The gain of nothing kept.
 NONE = rules.Gain(1.0, 1.0, 1.0)
-
 # The `steps_per_execution` ladder; it stops at the first value not kept.
 SPE_LADDER = (4, 16, 64)
-
 # One execution of `steps_per_execution` steps should take at most this long: longer steps
 # leave no host overhead worth saving, and a fit would run for minutes.
 SPE_MAX_EXECUTION_S = 1.0
-
+# The untried reasons several places give.
 NEEDS_FACTORY = "needs a model factory: pass a function that builds and compiles the model"
 FRESH_PROCESS = "needs a fresh process (`tfgpu tune SCRIPT.py`)"
 NEEDS_GPU = "needs a GPU (TensorFlow saw none in the script's process)"
 HALTED = "tune stopped"  # the data or the model raised: no candidate after it ran
-
 # The settings read once when TensorFlow starts, tried in fresh processes: (name, environment
 # variable, value, whether it needs a GPU).
 PROCESS_SETTINGS = (
@@ -49,28 +42,22 @@ PROCESS_SETTINGS = (
 
 @dataclasses.dataclass
 class TuneFacts(WorkloadFacts):
-    """The workload's facts and what only `tune` reads: why the pipeline's `augment_fn`
-    cannot run on whole batches ("": it can), and for another dataset why caching its output
-    would change the training or not fit ("": it would not; None: not known)."""
+    """The workload's facts and what only `tune` reads."""
 
-    augment_on_batches: str = ""
-    cache_untried: str | None = None
+    augment_on_batches: str = ""  # why `augment_fn` cannot run on whole batches ("": it can)
+    cache_untried: str | None = None  # why another dataset's output is not cached (None: unknown)
 
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    """One setting to try: what changes, the code line, and how to judge it. Pure data.
-
-    `untried`: never run, for that reason. `group`: a ladder, tried until one is not kept.
-    `numerics`: the setting can change the loss, so the numerics guard checks it.
-    """
+    """One setting to try: what changes, the code line, and how to judge it. Pure data."""
 
     name: str
     change: dict[str, Any]
     line: str
-    numerics: bool = False
-    group: str = ""
-    untried: str = ""
+    numerics: bool = False  # it can change the loss: the numerics guard checks it
+    group: str = ""  # a ladder, tried until one is not kept
+    untried: str = ""  # never run, for that reason
     note: str = ""  # added to the reason when it is kept
 
 
@@ -142,13 +129,8 @@ def precision_choice(facts: TuneFacts) -> tuple[str | None, str]:
 
 
 def all_reduce_candidates(facts: TuneFacts) -> list[Candidate]:
-    """The all-reduce settings of `tfgpu.strategy` that apply to the model's replicas, but
-    the one in use; none on one replica. Pure.
-
-    Mirrored: NCCL, hierarchical copy and a reduction to one device on GPUs; on CPU devices
-    the two that run there (NCCL has no CPU kernel). Multi-worker: NCCL and ring on GPUs;
-    nothing on CPUs (ring is the only one there).
-    """
+    """The all-reduces that apply to the model's replicas but the one in use (none on one
+    replica; which: docs/tuning.md, "What it tries")."""
     ar = facts.all_reduce
     if ar is None or not ar.kind or ar.replicas <= 1:
         return []
@@ -176,15 +158,8 @@ def all_reduce_candidates(facts: TuneFacts) -> list[Candidate]:
 
 
 def candidates(facts: TuneFacts) -> list[Candidate]:
-    """The ordered candidates for `facts` (untried ones with their reason). Pure.
-
-    A candidate that undoes a setting the model has (XLA on, a mixed policy on hardware
-    without native low precision) comes first; then, on several replicas, the other
-    all-reduces (every step pays one, and the settings after are measured on top of the
-    faster); then the groups in the order `rules.bottleneck` predicts from the first
-    measurement; `jit_compile=True` last (it gains most from the settings before it, and is
-    often much slower on a CPU).
-    """
+    """The ordered candidates for `facts`, untried ones with their reason (the order and why:
+    docs/tuning.md, "What it tries"). Pure."""
     undo: list[Candidate] = []
     spe: list[Candidate] = []
     for v in SPE_LADDER:  # a ladder, each value at most the batches of an epoch
@@ -240,8 +215,7 @@ def candidates(facts: TuneFacts) -> list[Candidate]:
 
 
 def _data_candidates(facts: TuneFacts) -> list[Candidate]:
-    """The pipeline's settings (a tfgpu pipeline is built again with them), or what applies
-    to any dataset."""
+    """The pipeline's settings (a tfgpu pipeline built again), or those of any dataset."""
     out: list[Candidate] = []
     p = facts.pipeline
     if p is not None:
@@ -302,8 +276,7 @@ def process_settings(has_gpu: bool) -> list[tuple[str, dict[str, str], str, str]
 
 
 def spe_fits(value: int, step_s: float | None) -> str:
-    """Why `steps_per_execution=value` is not tried for steps of `step_s` seconds ("" when
-    it is). Pure."""
+    """Why `steps_per_execution=value` is not tried for steps of `step_s` ("": it is). Pure."""
     if step_s is not None and math.isfinite(step_s) and value * step_s > SPE_MAX_EXECUTION_S:
         return (
             f"steps of {step_s * 1e3:.0f} ms leave little host overhead to save "
@@ -313,8 +286,7 @@ def spe_fits(value: int, step_s: float | None) -> str:
 
 
 def numerics_verdict(base_loss: float, loss: float) -> str:
-    """Why a candidate's mean loss over the guard's steps is unsafe next to the baseline's
-    from the same weights ("" when it is safe). Pure."""
+    """Why a mean loss is unsafe next to the baseline's from the same weights ("": safe). Pure."""
     if not math.isfinite(loss):
         return f"the loss is not finite ({loss}; baseline {base_loss:.4g})"
     if not math.isfinite(base_loss):

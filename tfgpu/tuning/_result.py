@@ -15,15 +15,13 @@ from tfgpu.tuning._candidates import HALTED, NONE
 
 @dataclasses.dataclass
 class Trial:
-    """One candidate setting and what its measurement said.
+    """One candidate setting and what its measurement said (docs/tuning.md, "How it decides").
 
     Args:
         name: str, the candidate, e.g. `"steps_per_execution=16"`.
-        change: dict, the setting it changes, e.g. `{"steps_per_execution": 16}`.
-            Defaults to `{}`.
-        gain: `Gain` or None, the measured gain (`value`, `low`, `high`: its confidence
-            interval): the current best configuration's time per example over the
-            candidate's (2.0: twice as fast). None when not measured. Defaults to None.
+        change: dict, the setting it changes. Defaults to `{}`.
+        gain: `Gain` or None, the best so far's time per example over the candidate's, with
+            its interval (`value`, `low`, `high`); None when not measured. Defaults to None.
         status: str, `"kept"`, `"borderline"`, `"slower"`, `"no measurable gain"`,
             `"unsafe numerics"`, `"untried"` or `"failed"`. Defaults to `"untried"`.
         reason: str, why, with the numbers. Defaults to `""`.
@@ -50,26 +48,21 @@ class Trial:
 
 @dataclasses.dataclass
 class TuneResult(Result):
-    """What `tfgpu.tune` measured and kept.
-
-    Printing it shows the table, the verified speedup and the lines to change (how to read
-    them: docs/tuning.md).
+    """What `tfgpu.tune` measured and kept: print it for the table, the verified speedup and
+    the lines to change (how to read them: docs/tuning.md, "Reading the table").
 
     Args:
         trials: list of `Trial`, in the order they ran (untried ones too).
-        baseline_examples_per_s: float, the training throughput as it was (NaN: not
-            measured).
+        baseline_examples_per_s: float, the throughput as it was (NaN: not measured).
         tuned_examples_per_s: float, with every kept setting (the baseline's when none).
-        speedup: `Gain`, the verified gain of all kept settings together over the baseline,
-            with its interval (1.0 when nothing was kept).
+        speedup: `Gain`, the verified gain of the kept settings together (1.0: none kept).
         settings: dict, the kept settings, e.g. `{"steps_per_execution": 16}`.
         lines: list of str, the lines to change in your code.
         dataset: the tuned dataset when pipeline settings were kept, else the data passed in.
         notes: list of str, remarks (e.g. a setting dropped at the verification).
         time_s: float, seconds `tune` took.
-        compared_with: str, what each trial's gain is relative to: `"the best so far"`
-            (`tune`: each setting on top of those kept before it) or `"the baseline"`
-            (`tfgpu tune SCRIPT.py`: each setting alone).
+        compared_with: str, `"the best so far"` (`tune`) or `"the baseline"` (`tfgpu tune
+            SCRIPT.py`: each setting alone): what each trial's gain is against.
 
     Example:
 
@@ -98,24 +91,18 @@ class TuneResult(Result):
 
         Args:
             name: str, a trial's name, e.g. `"jit_compile=True"`.
-
-        Returns:
-            `Trial` or None.
         """
         return next((t for t in self.trials if t.name == name), None)
 
     def apply(self, model: Any) -> Any:
         """Applies the kept compile settings (`steps_per_execution`, `jit_compile`) to `model`.
 
-        A `tfgpu.callbacks.StepTimer` in the model's next `fit` then logs
-        `tuned_examples_per_s` beside `examples_per_s`, and warns when an epoch falls short.
-
-        Settings it cannot apply to a model (the pipeline's, the precision policy, the
-        all-reduce, the batch size) are named in a warning that says how to apply them.
+        The others (the pipeline's, the precision policy, the all-reduce, the batch size) are
+        named in a warning that says how; a `StepTimer` in the next `fit` checks the claim
+        (docs/tuning.md, "How it decides").
 
         Args:
-            model: keras.Model, compiled: the model to train (the one tuned, or one built
-                the same way).
+            model: keras.Model, compiled: the one tuned, or one built the same way.
 
         Returns:
             The same model, so that `result.apply(model).fit(...)` reads well.
@@ -189,8 +176,7 @@ class TuneResult(Result):
         return "\n".join(out)
 
     def unmeasured(self) -> str:
-        """What the time budget or a stop left untried, and about how long would try it ("" if
-        none)."""
+        """What the budget or a stop left untried, and about how long would try it ("": none)."""
         halted = [t for t in self.trials if t.status == "untried" and t.reason.startswith(HALTED)]
         if halted:
             return (

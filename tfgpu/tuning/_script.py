@@ -1,11 +1,6 @@
-"""`tfgpu tune SCRIPT.py`: the settings read once when TensorFlow starts, tried in child processes.
-
-The parent (`tune_script`) runs the script with each setting in its environment, in the timing
-engine's rounds, and judges them as `tfgpu.tune` does; in the child (`_child_main`) the
-replaced `keras.Model.fit` times the first `fit` and exits. Each child runs in a process group
-of its own, ended whole when it returns (what the script started too), and dies with its
-parent; it reports on its stdout into an anonymous temporary file, so nothing is left behind
-however the parent stops. The guide: docs/tuning.md.
+"""`tfgpu tune SCRIPT.py`: the settings read once when TensorFlow starts, tried in child
+processes (`tune_script` the parent, `_child_main` the child, whose replaced `fit` times the
+first `fit` and exits). The guide: docs/tuning.md; what is never left behind: docs/guarantees.md.
 """
 
 from __future__ import annotations
@@ -26,17 +21,14 @@ from tfgpu._internal.helpers.processes import death, run_python
 # A child that runs longer than this (and the budget allows) is stopped: its script is
 # doing something other than reaching `fit`.
 CHILD_TIMEOUT_S = 600.0
-
 _CHILD_FLAG = "--child"
-
 # The most timed (or warm-up) steps per child: more would train for days.
 MAX_STEPS = 1_000_000
 
 
 @dataclasses.dataclass
 class ChildRun:
-    """What one child reported: seconds per training step, examples per step (None:
-    unknown), the GPUs TensorFlow saw; or `error` (with the stderr tail) when it failed."""
+    """What one child reported (None: unknown), or `error` with its stderr's tail."""
 
     step_s: float | None = None
     batch: int | None = None
@@ -67,7 +59,6 @@ def check_arguments(
     )
 
     def name(argument: str) -> str:
-        """The argument as the messages name it: `tfgpu tune`'s flag where `flags`."""
         if not flags:
             return argument
         return "SCRIPT.py" if argument == "script" else "--" + argument.replace("_", "-")
@@ -139,8 +130,7 @@ def child_outcome(status: int, report: str, output: str) -> ChildRun:
 
 @dataclasses.dataclass
 class ProcessVariants:
-    """The script's variants, each a fresh process with settings in its environment: the
-    measuring core's variants of a script (`run_for(change)` is a `timing.Run`)."""
+    """The core's variants of a script: each a fresh process, its settings in its environment."""
 
     script: Path
     script_args: list[str]
@@ -182,8 +172,7 @@ class ProcessVariants:
         return run
 
     def compare(self, variants: dict[str, dict[str, str]]) -> dict[str, Any]:
-        """Each variant against the baseline in the timing engine's rounds: a
-        `timing.Comparison` per variant (a child that failed is its `error`)."""
+        """A `timing.Comparison` of each variant against the baseline (a failed child: `error`)."""
         from tfgpu._internal.measure import timing
 
         return timing.compare(
@@ -210,38 +199,11 @@ def tune_script(
     log_dir: str | os.PathLike[str] | None = None,
     verbose: int | str = "auto",
 ) -> Any:
-    """Tries the settings that need a fresh process on your script, in child processes.
-
-    Each child runs `script` with one setting in its environment; its first `model.fit` is
-    timed and the child stops there. The settings and verdicts: docs/tuning.md.
-
-    Args:
-        script: str or os.PathLike, a Python script that builds, compiles and fits a model.
-        script_args: sequence of str, the script's arguments. Defaults to `()`.
-        steps: int, timed steps of the first `fit` in each child (>= 3). Defaults to 30.
-        warmup: int, steps before the timing (>= 1). Defaults to 5.
-        time_budget_s: float or None, seconds for the whole call (each child starts Python
-            and TensorFlow again: allow 10-30 s per child). Defaults to 900.0.
-        log_dir: str, os.PathLike or None, where to write `tune.json` and `tune.png`.
-            Defaults to None.
-        verbose: `"auto"`, 0, 1 or 2, progress lines. Defaults to `"auto"`.
-
-    Returns:
-        A `tfgpu.tuning.TuneResult`; its `lines` are the `export ...` lines to set.
-
-    Raises:
-        TypeError: if an argument has the wrong type.
-        ValueError: if `script` is not a file, or a number is out of range.
-        RuntimeError: if the script fails (or never calls `fit`) with the environment as it
-            is, with the end of its error output.
-
-    Example:
-
-    ```python
-    from tfgpu.tuning._script import tune_script
-    print(tune_script("train.py", ["--epochs", "1"], time_budget_s=300))
-    ```
-    """
+    """Tries the settings that need a fresh process on `script` (a Python script that calls
+    `fit`, with `script_args`), each in a child process whose first `fit` trains `warmup` +
+    `steps` steps; returns a `TuneResult` whose `lines` are the `export ...` lines. A
+    RuntimeError when the script fails (or never fits) as it is. The guide: docs/tuning.md,
+    "Settings that need a fresh process"."""
     from tfgpu._internal.helpers import stats
     from tfgpu._internal.measure.rules import FAILED, KEPT, Gain, verdict
     from tfgpu._internal.measure.session import Session
@@ -307,8 +269,7 @@ def tune_script(
 
 
 def run_command(args: Any) -> int:
-    """Runs `tfgpu tune` from parsed arguments; prints the table. Returns the exit status.
-    SIGTERM and SIGHUP stop it as Ctrl-C does: the running child is ended with its group."""
+    """`tfgpu tune SCRIPT.py` from parsed arguments: prints the table, returns the exit status."""
     with _signals_exit():
         try:
             result = tune_script(

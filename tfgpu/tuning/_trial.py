@@ -1,7 +1,5 @@
-"""What `tune` reads beyond the workload's facts before it trains: the numerics guard
-(`mean_loss`: a few steps from the same weights with and without a setting that can
-change the loss), whether the pipeline's `augment_fn` runs on whole batches, and whether
-another dataset's output may be cached."""
+"""What `tune` reads beyond the workload's facts: the numerics guard's loss, whether
+`augment_fn` runs on whole batches, whether another dataset's output may be cached."""
 
 from __future__ import annotations
 
@@ -24,9 +22,7 @@ from tfgpu._internal.measure.variants import Variants
 # Copies of one example in the batch that tells a per-example draw from a per-batch one: a
 # random flip leaves 16 copies all alike once in 2**15 (4 copies: once in 8, a flaky verdict).
 _COPIES = 16
-
-# A user's dataset is cached only when its output takes at most this share of the memory
-# available.
+# A user's dataset is cached only when its output takes at most this share of free memory.
 CACHE_MEMORY_SHARE = 0.25
 
 
@@ -39,14 +35,12 @@ class Failure:
 
 @contextlib.contextmanager
 def recorded(describe: Callable[[Exception], str] = one_line) -> Iterator[Failure]:
-    """Runs the body; an error in it does not propagate: `describe(error)` goes into the
-    `Failure` given, for the caller to record."""
+    """Runs the body; an error in it goes into the `Failure` given, as `describe(error)`."""
     failure = Failure()
     try:
         yield failure
-    except Exception as e:  # tune's one catch-all: a setting that breaks the user's model
-        # or pipeline (any error, from their code or TensorFlow) is recorded, never a crash
-        # of the search
+    except Exception as e:  # tune's one catch-all: a setting that breaks the model or the
+        # pipeline (any error, theirs or TensorFlow's) is recorded, never a crash of the search
         failure.text = describe(e)
 
 
@@ -121,8 +115,7 @@ def augment_on_batches(arguments: dict[str, Any] | None, rebuild: Any) -> str:
 
 
 def cache_untried(data: tf.data.Dataset, first: Any, batches: int | None) -> str:
-    """Why caching the output of a dataset tfgpu did not build is not tried ("": it is);
-    `first`: its first batch."""
+    """Why caching another dataset's output is not tried ("": it is); `first`: its first batch."""
     why = unrepeatable(data)
     if why:
         return f"{why}: a cache would replay its first epoch"

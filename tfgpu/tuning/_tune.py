@@ -25,16 +25,12 @@ from tfgpu.tuning._trial import augment_on_batches, cache_untried, mean_loss, re
 
 # Shares of the time budget: candidates until the first (the second while nothing is kept:
 # nothing to verify), the verification until the second.
-MEASURE_SHARE = 0.75
-VERIFY_SHARE = 0.95
-
+MEASURE_SHARE, VERIFY_SHARE = 0.75, 0.95
 # A timed fit lasts about the measuring budget over the fits planned, within these bounds;
 # without a budget, the first.
 FIT_S = (5.0, 0.5, 15.0)
-
 # Batches the numerics guard trains on (with `steps_per_execution=1`), from the same weights.
 GUARD_STEPS = 5
-
 # find_batch_size tries batches up to this multiple of the current one.
 BATCH_GROWTH = 8
 
@@ -52,46 +48,36 @@ def tune(
 ) -> TuneResult:
     """Tries each speed setting on your model and data, keeps what measurably helps.
 
-    Each candidate (`steps_per_execution`, a mixed precision policy, a static batch shape, the
-    pipeline's settings, `jit_compile`, the batch size; on several replicas the all-reduce),
-    in the order the measured step predicts gains most, is timed against the best
-    configuration so far in interleaved rounds of `fit`s, and kept when the whole confidence
-    interval of its gain clears x1.05. Settings that can change the loss must pass a numerics
-    guard; the kept ones are verified together. The model's state, its all-reduce and the
-    precision policy are put back: nothing is applied until you apply it. The candidates, the
-    verdicts and the table: docs/tuning.md.
+    Each candidate is timed against the best configuration so far in interleaved rounds of
+    `fit`s and kept when the whole confidence interval of its gain clears x1.05; the kept
+    ones are verified together, and nothing is applied until you apply it. The guide:
+    docs/tuning.md, "What it tries" and "How it decides".
 
     Args:
         model: a compiled `keras.Model`, or a function without arguments that builds and
             compiles one (needed to try a precision policy).
-        data: `tf.data.Dataset` of batches (a `tfgpu.data.pipeline` one is rebuilt for the
-            pipeline's candidates), or arrays `x`, `(x, y)` or `(x, y, sample_weight)`
-            (batched by `batch_size`, as `fit` does).
+        data: `tf.data.Dataset` of batches, or arrays `x`, `(x, y)` or
+            `(x, y, sample_weight)`.
         batch_size: int or None, the global batch of array data, as `fit(batch_size=)`
-            takes it (ignored for a dataset, as `fit` ignores it). Defaults to None (32).
-        steps: int or None, timed steps of each timed `fit`, from the start of an epoch
-            (>= 3; whole epochs when an epoch is shorter). None: chosen from the measured
-            step time, so that every candidate can be measured within the budget.
-            Defaults to None.
-        time_budget_s: float or None, seconds for the whole call (None: no limit; 60 is the
-            quick mode). Defaults to 300.0.
+            (ignored for a dataset). Defaults to None (32).
+        steps: int or None, timed steps of each timed `fit` (>= 3; None: chosen from the
+            measured step so that every candidate fits the budget). Defaults to None.
+        time_budget_s: float or None, seconds for the whole call (None: no limit).
+            Defaults to 300.0.
         change_batch_size: bool, whether a faster batch size may be kept (it changes the
             optimization). Defaults to False.
-        log_dir: str, os.PathLike or None, a run directory: `tune.json` and the waterfall
-            plot `tune.png` are written there (older ones rotated aside). Defaults to None.
-        verbose: `"auto"`, 0, 1 or 2, progress lines as `model.fit` shows them.
-            Defaults to `"auto"`.
+        log_dir: str, os.PathLike or None, where `tune.json` and `tune.png` go.
+            Defaults to None.
+        verbose: `"auto"`, 0, 1 or 2, progress lines as `fit`'s. Defaults to `"auto"`.
 
     Returns:
         A `TuneResult`: print it for the table, the verified speedup and the lines to
         change; `result.apply(model)` applies the compile settings.
 
     Raises:
-        TypeError: if `model` is neither a Keras model nor a callable, `data` is neither a
-            `tf.data.Dataset` nor arrays, or an argument has the wrong type.
+        TypeError: if an argument has the wrong type (`data` neither a dataset nor arrays).
         ValueError: if the model is not compiled, `data` yields single examples or holds
-            arrays of different lengths, or a number is out of range. All raised before
-            any training.
+            arrays of different lengths, or a number is out of range.
 
     Example:
 
@@ -167,8 +153,13 @@ class _Tuner:
         x, _, _ = keras.utils.unpack_x_y_sample_weight(self.guard_batches[0])
         with preserved(self.model, x):
             self.progress.phase("timing the baseline")
-            with preserved(self.model):
-                step_s = self._probe()
+            start = timing.now()
+            with preserved(self.model):  # a fit that traces: the baseline's runs share its step
+                step_s = timing.probe_step_time(
+                    self.model, self.data.repeat(), self.budget.deadline
+                )
+                self.variants.warm_walls.append(timing.now() - start)  # as a guide
+                self.variants.share_step()
             if step_s is None:
                 self.notes.append("the baseline could not be timed within the time budget")
                 trials = [
@@ -182,22 +173,12 @@ class _Tuner:
             self._shape([c for c in plan if not c.untried])
             self._search(plan, step_s)
             if not self.halted:
-                self._batch_size(step_s)
+                self.trials.append(self._batch_size(step_s))
             for name, _env, line, untried in cands.process_settings(bool(self.facts.on_gpu)):
                 if not untried:  # not listed where it cannot run
                     self.trials.append(Trial(name, {}, reason=cands.FRESH_PROCESS, line=line))
             self.progress.phase("verifying the kept settings together")
             return self._finish()
-
-    def _probe(self) -> float | None:
-        """Seconds per step of the model as it is, from a short fit whose traced step the
-        baseline's runs then share; None when the deadline came first."""
-        v = self.variants
-        start = timing.now()
-        seconds = timing.probe_step_time(self.model, self.data.repeat(), self.budget.deadline)
-        v.warm_walls.append(timing.now() - start)  # a fit that traces, as a guide
-        v.share_step()
-        return seconds
 
     def _search(self, plan: list[Candidate], step_s: float) -> None:
         stopped: dict[str, str] = {}
@@ -217,13 +198,13 @@ class _Tuner:
             # Until a setting is kept there is nothing to verify: its share is the search's.
             self.budget.measure_share = MEASURE_SHARE if self.kept else VERIFY_SHARE
             budget = self._budget_for(cand, todo)
-            if not reason and budget is None:
-                reason = rules.BUDGET_SPENT
             if reason or budget is None:
+                reason = reason or rules.BUDGET_SPENT
                 self.trials.append(Trial(cand.name, cand.change, reason=reason, line=cand.line))
                 continue
             self.progress.phase(f"trying {cand.name} ({i} of {len(plan)})")
             trial = self._try(cand, budget)
+            self.trials.append(trial)
             if cand.group and trial.status != rules.KEPT:
                 stopped[cand.group] = cand.name
 
@@ -257,9 +238,8 @@ class _Tuner:
         return t.epochs * (t.steps_per_epoch or self.facts.batches_per_epoch or 1)
 
     def _min_cost(self, cand: Candidate) -> float:
-        """About how long `cand` takes at least: three rounds of two timed fits (their steps,
-        or as long as such fits took so far), and an untimed fit that traces where it
-        changes the step (settings of the pipeline alone share the baseline's)."""
+        """The least `cand` takes: three rounds of two timed fits (their steps, or as long as
+        fits took so far), and a fit that traces where it changes the step (not the pipeline)."""
         v, step_s = self.variants, float(self.facts.step_time_s or 0.0)
         fit_s = max(
             self._steps_per_fit() * step_s, stats.median(v.fit_walls) if v.fit_walls else 0.0
@@ -269,9 +249,8 @@ class _Tuner:
         return (warm_s if traces else 0.0) + 2 * rules.MIN_ROUNDS * fit_s
 
     def _budget_for(self, cand: Candidate, after: list[Candidate]) -> timing.Budget | None:
-        """When `cand` should stop taking rounds beyond the first three: what is left, less
-        the least the candidates `after` it need, so that each of them is tried; None when
-        what is left cannot measure it."""
+        """When `cand` stops taking rounds beyond three: what is left less the least the ones
+        `after` it need, so that each is tried; None when what is left cannot measure it."""
         left, cost = self.budget.left(), self._min_cost(cand)
         if math.isinf(left):
             return self.budget
@@ -280,6 +259,7 @@ class _Tuner:
         return timing.Budget(max(left - sum(self._min_cost(c) for c in after), cost))
 
     def _try(self, cand: Candidate, budget: timing.Budget) -> Trial:
+        """`cand` on top of the best so far: its trial (the caller records it)."""
         changes = {**self.best, **cand.change}
         rounds: list[tuple[float, float]] = []
         with recorded() as failure:
@@ -311,23 +291,20 @@ class _Tuner:
         if status == rules.KEPT:
             self.kept.append(cands.Kept(trial, rounds, against_baseline=not self.best))
             self.best = changes
-        self.trials.append(trial)
         return trial
 
     # The batch size.
-    def _batch_size(self, step_s: float) -> None:
+    def _batch_size(self, step_s: float) -> Trial:
         name, batch = "batch size", self.facts.batch_size
         if not batch:
-            self.trials.append(Trial(name, reason="the batch size of the data is unknown"))
-            return
+            return Trial(name, reason="the batch size of the data is unknown")
         sizes = [batch * 2**i for i in range(int(math.log2(BATCH_GROWTH)) + 1)]
         # Each size traces its step once and runs a few steps, longer as the batch grows.
         v = self.variants
         trace_s = stats.median(v.warm_walls) if v.warm_walls else 0.0
         estimate = sum(trace_s + 4 * step_s * size / batch for size in sizes)
         if self.budget.left() <= estimate:
-            self.trials.append(Trial(name, reason=rules.BUDGET_SPENT))
-            return
+            return Trial(name, reason=rules.BUDGET_SPENT)
         self.progress.phase("finding the batch size")
         from tfgpu import batch_size as batch_size_module
 
@@ -342,33 +319,29 @@ class _Tuner:
                 verbose=0,
             )
         if failure.text is not None:
-            self.trials.append(Trial(name, status=rules.FAILED, reason=failure.text))
-            return
+            return Trial(name, status=rules.FAILED, reason=failure.text)
         speeds = {t.batch_size: t.examples_per_s for t in found.trials if t.fits}
         fastest = found.fastest
         if not fastest or fastest == batch or fastest not in speeds:
             reason = f"find_batch_size found no faster batch than {batch}"
-            self.trials.append(Trial(name, status=rules.NO_GAIN, reason=reason))
-            return
+            return Trial(name, status=rules.NO_GAIN, reason=reason)
         lr_note = self._learning_rate_note(batch, fastest)
         here = speeds.get(batch)
-        figures = f"{speeds[fastest]:,.0f} examples/s at {fastest}" + (
-            f" vs {here:,.0f} at {batch}" if here else ""
-        )
+        vs = f" vs {here:,.0f} at {batch}" if here else ""
+        figures = f"{speeds[fastest]:,.0f} examples/s at {fastest}{vs}"
         change = {"batch_size": fastest}
         line = cands.line_for(change, self.facts) + (f"  # {lr_note}" if lr_note else "")
         cand = Candidate(f"{name} {fastest}", change, line)
         if self.change_batch_size:
             budget = self._budget_for(cand, [])
             if budget is not None:
-                self._try(cand, budget)
-                return
+                return self._try(cand, budget)
             reason = rules.BUDGET_SPENT
         else:
             lr = f", {lr_note}" if lr_note else ""
             reason = f"changes the optimization; find_batch_size: {figures}{lr}; pass "
             reason += "change_batch_size=True to try it"
-        self.trials.append(Trial(cand.name, change, reason=reason, line=line))
+        return Trial(cand.name, change, reason=reason, line=line)
 
     def _learning_rate_note(self, old: int, new: int) -> str:
         from tfgpu.distribute import scale_learning_rate
