@@ -1,8 +1,5 @@
-"""Data parallelism: pick a `tf.distribute.Strategy`, resolve the cluster, scale batch and LR.
-
-`strategy()` decides in pure functions from facts (the environment, the visible GPUs), then
-builds the strategy. The guide is `docs/distributed.md`.
-"""
+"""Data parallelism: pick a `tf.distribute.Strategy` (pure choices from the cluster and the
+GPUs, then built), scale batch and learning rate. The guide: docs/distributed.md."""
 
 from __future__ import annotations
 
@@ -128,16 +125,16 @@ def _num_replicas(strategy: Any) -> int:
 def global_batch_size(per_replica: int, strategy: Any = None) -> int:
     """Returns the global batch size: `per_replica` examples on each replica of `strategy`.
 
-    Keras and `tf.data` take the *global* batch, which the strategy splits evenly across its
-    replicas (see `docs/distributed.md`).
+    Keras and `tf.data` take the *global* batch, which the strategy splits across its
+    replicas. The guide: docs/distributed.md, "Batch size and learning rate".
 
     Args:
         per_replica: int (a NumPy integer too), examples each replica processes per step.
         strategy: `tf.distribute.Strategy`, an int number of replicas, or None for the
-            strategy currently in scope (`tf.distribute.get_strategy()`). Defaults to None.
+            strategy in scope. Defaults to None.
 
     Returns:
-        int (a Python int), `per_replica * strategy.num_replicas_in_sync`.
+        int, `per_replica * strategy.num_replicas_in_sync`.
 
     Raises:
         TypeError: if `per_replica` is not an int, or `strategy` is not a strategy or int.
@@ -161,25 +158,22 @@ def scale_learning_rate(
 ) -> float:
     """Scales a learning rate tuned on `base_replicas` replicas to the replicas of `strategy`.
 
-    `"linear"` (Goyal et al., 2017) multiplies the rate by the growth of the global batch
-    (SGD with momentum), `"sqrt"` by its square root (Adam and friends). See
-    `docs/distributed.md`.
+    `"linear"` multiplies the rate by the growth of the global batch (SGD with momentum),
+    `"sqrt"` by its square root (Adam). The guide: docs/distributed.md.
 
     Args:
         learning_rate: float, the rate that works with `base_replicas` replicas.
         strategy: `tf.distribute.Strategy`, an int number of replicas, or None for the
             strategy in scope. Defaults to None.
         rule: str, `"linear"` or `"sqrt"`. Defaults to `"linear"`.
-        base_replicas: int (a NumPy integer too), how many replicas `learning_rate` was
-            tuned on. Defaults to 1.
+        base_replicas: int, how many replicas `learning_rate` was tuned on. Defaults to 1.
 
     Returns:
         float, the scaled learning rate.
 
     Raises:
-        TypeError: if `learning_rate` is not a number or `strategy` is not a strategy or int.
-        ValueError: if `learning_rate` is not a positive finite number, `rule` is unknown,
-            or `base_replicas` is not positive.
+        TypeError: if `learning_rate` is not a number or `strategy` not a strategy or int.
+        ValueError: for a `learning_rate` not > 0, an unknown `rule`, `base_replicas` < 1.
 
     Example:
 
@@ -212,8 +206,8 @@ def scale_learning_rate(
 
 
 def _check_devices(devices: list[str], available: Sequence[str]) -> list[str]:
-    """Canonical names (`/device:GPU:1`) of `devices`, in any spelling TensorFlow accepts
-    (no index: 0); ValueError for one malformed, repeated or not among `available` (pure)."""
+    """Canonical names (`/device:GPU:1`) of `devices` in any spelling TensorFlow accepts (no
+    index: 0); ValueError for one malformed, repeated or not among `available`."""
     import tensorflow as tf
 
     have = ", ".join(repr(d) for d in available) or "none"
@@ -310,32 +304,26 @@ def strategy(
     """Returns a `tf.distribute.Strategy` for this machine or cluster.
 
     Create it before any model, build the model and optimizer inside `strategy.scope()`, and
-    call it again for each new model (each has collective keys of its own). What `"auto"`
-    picks and the guide, with what `"multi_worker"` corrects in Keras 3: `docs/distributed.md`.
+    call it again for each new model. The guide: docs/distributed.md, "What `strategy()`
+    picks".
 
     Args:
-        kind: str, one of `"auto"`, `"default"`, `"one_device"`, `"mirrored"`,
-            `"multi_worker"` (case-insensitive). `"mirrored"` without a GPU replicates on
-            the logical CPU devices and warns. Defaults to `"auto"`.
-        devices: list of str, the devices to replicate on, e.g. `["/gpu:0", "/gpu:1"]`;
-            for `"one_device"` a single device; not for `"multi_worker"`. Defaults to
-            `None`: all GPUs (or the CPU).
-        all_reduce: str, how gradients are summed: `"auto"` (NCCL on GPUs, else a reduction
-            that works on the CPU), `"nccl"`, `"hierarchical_copy"` or
-            `"reduction_to_one_device"` for `"mirrored"`; `"nccl"` or `"ring"` for
-            `"multi_worker"`. Defaults to `"auto"`.
-        timeout_s: float or None, multi-worker only: abort a collective that takes longer,
-            e.g. a worker that hangs while alive. Defaults to `None`: wait forever.
-        slurm_port_base: int, first port a Slurm task listens on (tasks on one node take
-            consecutive ports). Defaults to 8888.
+        kind: str, `"auto"`, `"default"`, `"one_device"`, `"mirrored"` or `"multi_worker"`
+            (case-insensitive). Defaults to `"auto"`.
+        devices: list of str, the devices to replicate on (`["/gpu:0", "/gpu:1"]`; one for
+            `"one_device"`; none for `"multi_worker"`). Defaults to `None`: all GPUs.
+        all_reduce: str, how gradients are summed: `"auto"`, or a reduction of the kind
+            (`"nccl"`, `"hierarchical_copy"`, `"ring"`, ...). Defaults to `"auto"`.
+        timeout_s: float or None, multi-worker only: abort a collective that takes longer.
+            Defaults to `None`: wait forever.
+        slurm_port_base: int, the first port of a node's Slurm tasks. Defaults to 8888.
 
     Returns:
         `tf.distribute.Strategy`.
 
     Raises:
-        TypeError: if `kind` is not a str.
-        ValueError: if `kind`, `devices` or `all_reduce` is invalid, or `TF_CONFIG` is
-            malformed (the message names what is wrong in it).
+        TypeError: if an argument has the wrong type.
+        ValueError: if `kind`, `devices` or `all_reduce` is invalid, or `TF_CONFIG` malformed.
 
     Example:
 
@@ -380,8 +368,7 @@ def strategy(
 
 
 def _check_device_names(devices: Any, kind: str) -> None:
-    """Checks the form of a `devices` argument: a non-empty list of names (one name for
-    `one_device`); the names themselves are checked against the devices later."""
+    """Checks the form of `devices` (its names are checked against the devices later)."""
     if devices is None:
         return
     expected = 'a non-empty list of device names, e.g. ["/gpu:0", "/gpu:1"]'
@@ -397,8 +384,7 @@ def _check_device_names(devices: Any, kind: str) -> None:
 def _one_device_strategy(
     devices: Sequence[str] | None, all_reduce: str, gpus: int
 ) -> tf.distribute.Strategy:
-    """`OneDeviceStrategy` on the device given, else on the first of the `gpus` physical GPUs
-    (or the CPU)."""
+    """`OneDeviceStrategy` on the device given, else on the first GPU (or the CPU)."""
     import tensorflow as tf
 
     _choose_all_reduce("one_device", all_reduce, on_gpus=bool(gpus))
@@ -423,8 +409,7 @@ def _one_device_strategy(
 def _mirrored_strategy(
     devices: Sequence[str] | None, all_reduce: str, gpus: int
 ) -> tf.distribute.Strategy:
-    """`MirroredStrategy` on the devices given, else on every GPU (`gpus`: how many physical
-    GPUs; none: on the logical CPU devices, with a warning)."""
+    """`MirroredStrategy` on the devices given, else on every GPU (none: the logical CPUs)."""
     import tensorflow as tf
 
     if devices is None:
@@ -458,8 +443,7 @@ def _multi_worker_strategy(
     timeout_s: float | None,
     slurm_port_base: int,
 ) -> tf.distribute.Strategy:
-    """`MultiWorkerMirroredStrategy` over `cluster`, each worker on its `gpus` GPUs, and
-    Keras 3 corrected for it where it needs it."""
+    """`MultiWorkerMirroredStrategy` over `cluster`, Keras 3 corrected where it needs it."""
     import tensorflow as tf
 
     if devices is not None:

@@ -35,8 +35,7 @@ class Arguments(types.SimpleNamespace):
 
 
 def check_arguments(given: Mapping[str, Any]) -> Arguments:
-    """Checks every argument of `pipeline()` (`given`: `data` and every keyword by name);
-    raises the errors its docstring lists."""
+    """Checks every argument of `pipeline()` (`given`: `data` and every keyword by name)."""
     a = Arguments(**given)
     if a.batch_size is not None and a.per_replica_batch_size is not None:
         raise conflicting(

@@ -49,9 +49,8 @@ def _check_arity(name: str, fn: Callable, spec: Any, what: str) -> None:
 def parallel_map(
     ds: tf.data.Dataset, name: str, fn: Callable, deterministic: bool | None, called_on: str
 ) -> Any:
-    """`ds.map(fn)` in parallel, once `_check_arity` let `fn` through (tf.data calls it on
-    `called_on`); an error while tracing `fn` names the argument, and so does the `TypeError`
-    for a function that returns nothing (not tf.data's "Length for attr 'output_types' of 0")."""
+    """`ds.map(fn)` in parallel, `fn` checked to take `called_on`; an error while tracing `fn`
+    names the argument, as does the TypeError for a `fn` that returns nothing."""
     _check_arity(name, fn, ds.element_spec, called_on)
     what = "batch" if name.startswith("batch_") else "example"
     empty: list[Any] = []  # what `fn` returned when it returned nothing

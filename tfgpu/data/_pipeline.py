@@ -1,7 +1,5 @@
-"""`pipeline()` and its phases, in order: `check_arguments` (the source's adapter chosen once),
-`_batching`, `source.read` (the validation split taken off), `_decode` (`map_fn`),
-`_gather_facts` (read without side effects) and the pure `decide`, then `_assemble` (the
-steps; the validation side without the random ones)."""
+"""`pipeline()` and its phases, in order: `check_arguments`, `_batching`, `source.read`,
+`_decode` (`map_fn`), `_gather_facts` and the pure `decide`, then `_assemble` (the steps)."""
 
 from __future__ import annotations
 
@@ -58,71 +56,54 @@ def pipeline(
     """Builds an input pipeline that keeps the GPU fed, with the steps in the right order.
 
     read -> `map_fn` -> cache -> shuffle -> [repeat] -> `augment_fn` -> batch -> `batch_map_fn`
-    -> `batch_augment_fn` -> prefetch: decoding runs once, augmentation every epoch. For `fit`,
-    leave `repeat=False`. The order, the defaults and each source: docs/data.md.
+    -> `batch_augment_fn` -> prefetch: decoding runs once, augmentation every epoch. The guide:
+    docs/data.md (the order, the "Options" table, each source, "Validation data").
 
     Args:
         data: arrays or tensors, or a tuple/dict of them (e.g. `(x, y)`); a `tf.data.Dataset`
-            of examples or of batches (kept, or unbatched and batched again, never batched
-            twice); a TFRecord file pattern or a list of them; or a TFDS name such as "mnist".
-        batch_size: int, the global batch size (all replicas): it or `per_replica_batch_size`,
-            or neither to keep a batched dataset's batches. Defaults to None.
-        per_replica_batch_size: int, the batch size per replica (times
-            `strategy.num_replicas_in_sync`). Defaults to None.
-        strategy: `tf.distribute.Strategy` the model trains under: the replica count, the
-            sharding, `drop_remainder=True` by default when shuffling. Defaults to None.
-        map_fn: callable, deterministic per-example decode/preprocess, before the cache;
-            `map_fn(*example)` for a tuple, `map_fn(example)` otherwise. Defaults to None.
+            of examples or of batches; TFRecord file pattern(s); or a TFDS name ("mnist").
+        batch_size: int, the global batch size: it or `per_replica_batch_size`, or neither
+            to keep a batched dataset's batches. Defaults to None.
+        per_replica_batch_size: int, the batch size per replica. Defaults to None.
+        strategy: `tf.distribute.Strategy`, the one the model trains under. Defaults to None.
+        map_fn: callable, deterministic per-example decode, before the cache. Defaults to None.
         augment_fn: callable, per-example random augmentation, after the cache and the
-            shuffle; called like `map_fn` on what it returned. Defaults to None.
-        batch_map_fn: callable, deterministic vectorized preprocessing of each batch (e.g.
-            `TextVectorization`), also on the validation side. Defaults to None.
-        batch_augment_fn: callable, vectorized augmentation of each batch, after
-            `batch_map_fn`. Defaults to None.
-        validation_split: float in (0, 1), the fraction held out for validation; then
-            `(train, validation)` is returned. Defaults to None.
-        cache: `"auto"` (in memory when it fits and helps), True/`"memory"`, a file path
-            prefix, or False. Defaults to `"auto"`.
+            shuffle. Defaults to None.
+        batch_map_fn: callable, deterministic vectorized preprocessing of each batch, also on
+            the validation side. Defaults to None.
+        batch_augment_fn: callable, vectorized augmentation of each batch. Defaults to None.
+        validation_split: float in (0, 1), the fraction held out; then `(train, validation)`
+            is returned. Defaults to None.
+        cache: `"auto"`, True/`"memory"`, a file path prefix, or False. Defaults to `"auto"`.
         shuffle: bool, shuffle the examples (and the files' order). Defaults to True.
         shuffle_buffer: int, the shuffle buffer in examples. Defaults to None: sized from the
-            data, the cache and the RAM budget (docs/data.md, "Options").
+            data, the cache and the RAM budget.
         drop_remainder: bool, drop the last partial batch. Defaults to None: True under a
-            strategy when shuffling, else False (every example is evaluated).
-        deterministic: bool, a fixed order through parallel steps. Defaults to None: True
-            with `shuffle=False`, a `seed`, or workers sharding in-memory data by example.
+            strategy when shuffling, else False.
+        deterministic: bool, a fixed order through parallel steps. Defaults to None.
         repeat: bool, repeat indefinitely, after the shuffle (custom loops). Defaults to False.
-        distribute: bool, return `strategy.experimental_distribute_dataset(...)` for a
-            custom training loop; needs `strategy`. Defaults to False.
+        distribute: bool, return `strategy.experimental_distribute_dataset(...)`.
+            Defaults to False.
         seed: int, the seed of the file and example shuffles. Defaults to None.
-        ram_budget_mib: float, RAM tf.data may use (autotune, cache, shuffle buffer).
-            Defaults to None: half of the available host memory.
+        ram_budget_mib: float, RAM tf.data may use. Defaults to None: half of what is free.
         private_threadpool_size: int, a thread pool for this pipeline only (0 shares
             TensorFlow's). Defaults to None: the CPU count on GPU hosts, else 0.
-        split: str, the TFDS split (TFDS names only), e.g. `"train[:90%]"`. Defaults to None
-            (`"train"`).
+        split: str, the TFDS split (TFDS names only). Defaults to None (`"train"`).
         data_dir: path, the TFDS data directory (TFDS names only). Defaults to None.
         compression_type: str, `"GZIP"` or `"ZLIB"` for TFRecord files. Defaults to None.
-        service: str, a tf.data service dispatcher address (`"host:port"`) whose workers run
-            the training side up to the batches; see docs/data_service.md. Defaults to None.
-        service_job_name: str, the service job this run's trainers share. Defaults to None:
-            a fresh name, or the Slurm job and step ids under Slurm.
+        service: str, a tf.data service dispatcher address (`"host:port"`), see
+            docs/data_service.md. Defaults to None.
+        service_job_name: str, the service job this run's trainers share. Defaults to None.
 
     Returns:
-        A `tf.data.Dataset` of batches (a `tf.distribute.DistributedDataset` with
-        `distribute=True`), or `(train, validation)` with `validation_split`. The training
-        `tf.data.Dataset` carries `pipeline_arguments`, this call's arguments (a dict), to
-        build it again with other settings; the validation one `pipeline_arguments=None`.
+        A `tf.data.Dataset` of batches (distributed with `distribute=True`), or `(train,
+        validation)`; the training one carries `pipeline_arguments`, this call's arguments.
 
     Raises:
-        TypeError: an argument of the wrong type, an unsupported source, or a function that
-            cannot take the elements tf.data passes it (or returns nothing).
-        ValueError: a value out of range, conflicting arguments, a source or split that
-            cannot work (empty, mismatched lengths, no full batch, a cache that cannot fit),
-            or a `map_fn` written for batches; all before any data is read.
-        ConnectionError: with `service`, a dispatcher not reachable within 3 s, or no
-            dispatcher answering there within 5 s more (a worker's port, another server).
-        FileNotFoundError: a file pattern that matches nothing, or a TFDS dataset not
-            prepared in `data_dir`.
+        TypeError: an argument of the wrong type, or a function that cannot take its elements.
+        ValueError: a value out of range, conflicting arguments, or a source that cannot work.
+        ConnectionError: with `service`, no dispatcher answering at that address.
+        FileNotFoundError: a file pattern that matches nothing, or a TFDS dataset not prepared.
 
     Example:
 
@@ -157,11 +138,9 @@ def pipeline(
     for text in plan.warnings:
         warn_at_user_code(f"tfgpu.data.pipeline: {text}.")
     train, validation = _assemble(args, batching, read, facts, plan)
-    mark_pipeline(train, given)
-    sides = [train]
+    sides = [mark_pipeline(train, given)]
     if validation is not None:
-        mark_pipeline(validation, None)
-        sides.append(validation)
+        sides.append(mark_pipeline(validation, None))
     if args.distribute:  # `strategy` is set: checked with distribute=True
         sides = [args.strategy.experimental_distribute_dataset(ds) for ds in sides]
     return sides[0] if validation is None else tuple(sides)
@@ -188,9 +167,7 @@ def _batching(args: Arguments) -> Batching:
     if args.validation_split is not None:
         total = args.source.count(batched, args.validation_split)
         if total is not None:
-            split_counts = check_split_counts(
-                total, args.validation_split, global_batch, drop, args.drop_remainder is True
-            )
+            split_counts = check_split_counts(total, args, global_batch, drop)
     return Batching(num_replicas, batched, keep, batch_size, global_batch, drop, split_counts)
 
 
@@ -275,8 +252,7 @@ def _worker_count(strategy: Any) -> int:
 def _assemble(
     args: Arguments, batching: Batching, read: Read, facts: Facts, plan: Plan
 ) -> tuple[tf.data.Dataset, tf.data.Dataset | None]:
-    """The training side's steps from the cache on; the validation side's without augmentation,
-    shuffle or repeat, always in one order."""
+    """The training side's steps from the cache on, and the validation side's (in one order)."""
     ds = cached(read.ds, plan.cache)
     if plan.shuffle_buffer:
         ds = ds.shuffle(plan.shuffle_buffer, seed=plan.shuffle_seed, reshuffle_each_iteration=True)

@@ -65,9 +65,8 @@ class Plan:
 
 
 def drop_remainder_default(drop_remainder: bool | None, has_strategy: bool, shuffle: bool) -> bool:
-    """`drop_remainder` as given, else True for a shuffled (training) pipeline under a strategy:
-    even splits, one shape for XLA. An unshuffled one is for validation or prediction, which must
-    see every example; Keras evaluates a partial batch under a strategy."""
+    """`drop_remainder` as given, else True for a shuffled (training) pipeline under a strategy
+    (even splits, one XLA shape); an unshuffled one is for validation: every example counts."""
     if drop_remainder is not None:
         return drop_remainder
     return has_strategy and shuffle
@@ -88,8 +87,7 @@ def decide(
     private_threadpool_size: int | None,
     repeat: bool = False,
 ) -> Plan:
-    """Turns facts about the data and machine plus the user's wishes into a `Plan`. Pure.
-    Raises `ValueError` for a batch or a cache that cannot work."""
+    """The `Plan` from facts and wishes (pure); ValueError for a batch or a cache that fails."""
     drop_remainder = drop_remainder_default(drop_remainder, has_strategy, shuffle)
     global_batch = _global_batch(
         facts, batch_size, per_replica_batch_size, has_strategy, drop_remainder and not repeat
@@ -278,8 +276,7 @@ def _check_cache_fits(facts: Facts, cache: Any, target: str, cache_bytes: int | 
 def _shuffle_buffer(
     facts: Facts, shuffle: bool, shuffle_buffer: int | None, *, cached: bool, global_batch: int
 ) -> tuple[int | None, str]:
-    """The shuffle buffer (None: no shuffle), with a note when the dataset passed in shuffles
-    itself ("": none)."""
+    """The shuffle buffer (None: no shuffle), with a note ("": none)."""
     if not shuffle or facts.batched:  # a kept source's order and shuffling are its own
         return None, ""
     if shuffle_buffer is not None:
@@ -311,9 +308,7 @@ def validation_plan(
     num_examples: int | None,
     element_bytes: int | None,
 ) -> Plan:
-    """The validation side's plan from the training side's (pure; docs/data.md, "Validation
-    data"): no shuffle, in order, the same cache at `<prefix>-validation`, else in memory
-    with `cache="auto"` when it fits."""
+    """The validation side's plan from the training side's (docs/data.md, "Validation data")."""
     val_cache = plan.cache if plan.cache in (None, "memory") else f"{plan.cache}-validation"
     if (
         val_cache is None

@@ -107,8 +107,7 @@ def memory_source(value: Any, num_examples: int) -> tf.data.Dataset:
 def distributed(
     ds: tf.data.Dataset, address: Address, explicit_name: str | None, *, repeat: bool
 ) -> tf.data.Dataset:
-    """`ds` run by the service's workers (dynamic sharding), read by this process, as the job
-    named `explicit_name` or the next job name of this process, with coordinated reads."""
+    """`ds` run by the service's workers (dynamic sharding) as one job, read by this process."""
     cluster = resolve_cluster(os.environ, strict=False)
     name = job_name(
         explicit_name, cluster=cluster, environ=os.environ, serial=next(_serial), token=_TOKEN

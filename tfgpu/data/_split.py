@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
 
 from tfgpu._internal.helpers.checks import invalid_type, invalid_value, is_number
 
+if TYPE_CHECKING:
+    from tfgpu.data._arguments import Arguments
+
 # Hash buckets of the TFRecord split: a record is validation when its bucket (of its bytes) is
-# below `validation_split * SPLIT_BUCKETS`, the same every epoch, file order and worker.
-SPLIT_BUCKETS = 1 << 20
+# below `validation_split * _BUCKETS`, the same every epoch, file order and worker.
+_BUCKETS = 1 << 20
 _VALIDATION_SPLIT = "a float in (0, 1), e.g. 0.1, or None"
 
 
@@ -38,14 +41,11 @@ def _split_counts(n: int, validation_split: float) -> tuple[int, int]:
 
 
 def check_split_counts(
-    n: int,
-    validation_split: float,
-    global_batch: int | None,
-    drop_remainder: bool,
-    validation_drop_remainder: bool,
+    n: int, args: Arguments, global_batch: int | None, drop_remainder: bool
 ) -> tuple[int, int]:
-    """Raises ValueError when a side of the split has no example, or no full batch to keep
-    (`validation_drop_remainder`: True only when the user passed `drop_remainder=True`)."""
+    """(train, validation) of `n` examples; ValueError for a side with no example, or no full
+    batch to keep (the validation side drops one only with the user's `drop_remainder=True`)."""
+    validation_split = args.validation_split
     train, validation = _split_counts(n, validation_split)
     shown = (
         f"validation_split={validation_split} of {n} examples gives {train} for training "
@@ -72,7 +72,7 @@ def check_split_counts(
             f"{side} ({count} examples)"
             for side, count, drops in (
                 ("training", train, drop_remainder),
-                ("validation", validation, validation_drop_remainder),
+                ("validation", validation, args.drop_remainder is True),
             )
             if drops and count < global_batch
         ]
@@ -104,11 +104,12 @@ def refuse_dataset_split(reason: str, validation_split: float) -> ValueError:
     )
 
 
-def validation_filter(threshold: int) -> Callable:
+def validation_filter(validation_split: float) -> Callable:
     """A `filter` predicate on serialized records: True for the validation share."""
+    threshold = min(max(round(validation_split * _BUCKETS), 1), _BUCKETS - 1)
 
     def predicate(record: tf.Tensor) -> tf.Tensor:
-        return tf.strings.to_hash_bucket_fast(record, SPLIT_BUCKETS) < threshold
+        return tf.strings.to_hash_bucket_fast(record, _BUCKETS) < threshold
 
     return predicate
 

@@ -1,5 +1,5 @@
-"""TensorFlow Datasets: `load_tfds()`, and the name and preparation checks that make an
-offline machine fail within seconds, with a hint, instead of retrying the network."""
+"""TensorFlow Datasets: `load_tfds()`, and the checks that make an offline machine fail
+within seconds, with a hint, instead of retrying the network."""
 
 from __future__ import annotations
 
@@ -77,36 +77,28 @@ def load_tfds(
 ) -> tf.data.Dataset | tuple[tf.data.Dataset, Any]:
     """Loads a TensorFlow Datasets dataset for training, with fast reading options.
 
-    Reads and decodes in parallel, shuffles the file order every epoch, and returns
-    `(input, label)` pairs when the dataset defines them. Without `download=True`, a dataset
-    not prepared in `data_dir` fails at once, saying how to get it, instead of TFDS's minutes
-    of network retries. See docs/data.md, "load_tfds".
+    Reads and decodes in parallel, shuffles the file order every epoch, returns `(input,
+    label)` pairs where defined, and fails at once for a dataset not prepared in `data_dir`
+    (saying how to get it). The guide: docs/data.md, "load_tfds".
 
     Args:
-        name: str, the TFDS name, optionally with config and version: `"mnist"`,
-            `"cifar10:3.0.2"`, `"imagenet2012/subset"`.
-        split: str, the split or split expression, e.g. `"train"`, `"test"`,
-            `"train[:90%]"`. Defaults to `"train"`.
-        data_dir: path, where prepared datasets live. Defaults to None: TFDS's default
-            (`$TFDS_DATA_DIR` or `~/tensorflow_datasets`).
-        download: bool, download and prepare the dataset if it is not in `data_dir` (needs
-            internet). Defaults to False.
-        shuffle_files: bool, shuffle the order of the dataset's files every epoch. Defaults to
-            True.
-        as_supervised: bool, return `(input, label)` tuples instead of feature dicts.
-            Defaults to None: True when the dataset defines supervised keys.
+        name: str, the TFDS name, with an optional config and version (`"cifar10:3.0.2"`).
+        split: str, the split or split expression (`"train[:90%]"`). Defaults to `"train"`.
+        data_dir: path, where prepared datasets live. Defaults to None: TFDS's default.
+        download: bool, download and prepare a dataset not in `data_dir`. Defaults to False.
+        shuffle_files: bool, shuffle the files' order every epoch. Defaults to True.
+        as_supervised: bool, `(input, label)` tuples instead of feature dicts. Defaults to
+            None: True when the dataset defines supervised keys.
         seed: int, seed for the file shuffle. Defaults to None.
         with_info: bool, also return the `tfds.core.DatasetInfo`. Defaults to False.
 
     Returns:
-        A `tf.data.Dataset` of unbatched examples, or `(dataset, info)` when `with_info=True`.
+        A `tf.data.Dataset` of unbatched examples, or `(dataset, info)` with `with_info=True`.
 
     Raises:
         TypeError: for a `name`, `split`, flag or `seed` of the wrong type.
-        ValueError: for a name that is not a TFDS dataset (with close matches), a split the
-            dataset does not have, a negative seed, or a `data_dir` that is (under) a file.
-        FileNotFoundError: when the dataset is not prepared in `data_dir` and
-            `download=False`; the message says how to get it onto an offline machine.
+        ValueError: for an unknown name (with close matches) or split, a bad seed or data_dir.
+        FileNotFoundError: for a dataset not prepared in `data_dir`, with `download=False`.
         ImportError: when `tensorflow-datasets` is not installed (with the pip line).
 
     Example:
