@@ -150,11 +150,7 @@ def global_batch_size(per_replica: int, strategy: Any = None) -> int:
 
 
 def scale_learning_rate(
-    learning_rate: float,
-    strategy: Any = None,
-    *,
-    rule: str = "linear",
-    base_replicas: int = 1,
+    learning_rate: float, strategy: Any = None, *, rule: str = "linear", base_replicas: int = 1
 ) -> float:
     """Scales a learning rate tuned on `base_replicas` replicas to the replicas of `strategy`.
 

@@ -177,11 +177,11 @@ def _decode(args: Arguments, read: Read) -> Read:
     if map_fn is None:
         return read
     spec_in = ds.element_spec
-    ds = parallel_map(ds, "map_fn", map_fn, args.deterministic, "an example")
+    ds = parallel_map(ds, "map_fn", map_fn, args.deterministic)
     random_ops = random_op_types(map_fn, spec_in)
     ragged = check_map_output(map_fn, spec_in, ds.element_spec)
     if val_ds is not None:
-        val_ds = parallel_map(val_ds, "map_fn", map_fn, True, "an example")
+        val_ds = parallel_map(val_ds, "map_fn", map_fn, True)
     return dataclasses.replace(read, ds=ds, val_ds=val_ds, random_ops=random_ops, ragged=ragged)
 
 
@@ -209,16 +209,12 @@ def _gather_facts(args: Arguments, batching: Batching, read: Read) -> Facts:
 
 def _bytes_per_example(spec: Any) -> int | None:
     """Bytes of one element of `spec`; None when a size is not static."""
-    total = 0
-    for s in tf.nest.flatten(spec):
-        if (
-            not isinstance(s, tf.TensorSpec)
-            or not s.shape.is_fully_defined()
-            or s.dtype in (tf.string, tf.variant, tf.resource)
-        ):
-            return None
-        total += s.shape.num_elements() * s.dtype.size
-    return total
+    specs = tf.nest.flatten(spec)
+    if not all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in specs):
+        return None
+    if any(s.dtype in (tf.string, tf.variant, tf.resource) for s in specs):
+        return None
+    return sum(s.shape.num_elements() * s.dtype.size for s in specs)
 
 
 def _ram_budget(ram_budget_mib: float | None) -> int:
@@ -236,78 +232,62 @@ def _worker_count(strategy: Any) -> int:
     if n is not None and is_int(n) and n > 0:
         return int(n)
     resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is not None:
-        try:
-            spec = resolver.cluster_spec()
-            return max(
-                1, sum(spec.num_tasks(job) for job in ("worker", "chief") if job in spec.jobs)
-            )
-        # TF_CONFIG that is not JSON or not a cluster (ValueError, KeyError, TypeError), a
-        # resolver that cannot ask the scheduler (OSError, RuntimeError): one worker.
-        except (KeyError, OSError, RuntimeError, TypeError, ValueError):
-            return 1
-    return 1
+    if resolver is None:
+        return 1
+    try:
+        spec = resolver.cluster_spec()
+        return max(1, sum(spec.num_tasks(job) for job in ("worker", "chief") if job in spec.jobs))
+    # TF_CONFIG that is not JSON or not a cluster (ValueError, KeyError, TypeError), a
+    # resolver that cannot ask the scheduler (OSError, RuntimeError): one worker.
+    except (KeyError, OSError, RuntimeError, TypeError, ValueError):
+        return 1
 
 
 def _assemble(
     args: Arguments, batching: Batching, read: Read, facts: Facts, plan: Plan
 ) -> tuple[tf.data.Dataset, tf.data.Dataset | None]:
     """The training side's steps from the cache on, and the validation side's (in one order)."""
+
+    def batched(ds: tf.data.Dataset, side: Plan, *, training: bool, batch: bool) -> Any:
+        """batch (ragged again after a `map_fn` that got a ragged feature's rows) ->
+        `batch_map_fn` -> on the training side, `batch_augment_fn` and the service -> prefetch."""
+        if batch:
+            # A plain batch, on purpose: it fuses with `map(augment_fn)` into MapAndBatchDataset
+            # (a parallel one would not: 12-18% slower; docs/data.md, "Why a plain `batch`").
+            batch_step = ds.ragged_batch if read.ragged else ds.batch
+            ds = batch_step(side.global_batch_size, drop_remainder=side.drop_remainder)
+        for name in ("batch_map_fn", "batch_augment_fn") if training else ("batch_map_fn",):
+            fn = getattr(args, name)
+            if fn is not None:
+                ds = parallel_map(ds, name, fn, side.deterministic)
+        if training and args.service is not None:
+            # All so far runs on the service's workers, with options for their machine (their
+            # own memory, TF's shared pool); the trainer reads whole batches and prefetches them.
+            ds = ds.with_options(_options(side, 0, keep_shard=True))
+            ds = distributed(ds, args.service, args.service_job_name, repeat=args.repeat)
+        ds = ds.prefetch(tf.data.AUTOTUNE)
+        return ds.with_options(_options(side, facts.ram_budget_bytes, keep_shard=side.keep_shard))
+
     ds = cached(read.ds, plan.cache)
     if plan.shuffle_buffer:
         ds = ds.shuffle(plan.shuffle_buffer, seed=plan.shuffle_seed, reshuffle_each_iteration=True)
     if args.repeat:
         ds = ds.repeat()
     if args.augment_fn is not None:
-        what = "an example after `map_fn`"
-        ds = parallel_map(ds, "augment_fn", args.augment_fn, plan.deterministic, what)
-    ds = _batched(ds, plan, args, read, facts, training=True, batch=not batching.keep_batches)
+        ds = parallel_map(ds, "augment_fn", args.augment_fn, plan.deterministic)
+    ds = batched(ds, plan, training=True, batch=not batching.keep_batches)
     val_ds = read.val_ds
     if val_ds is not None:
-        split_counts = read.split_counts
         val_plan = validation_plan(
             plan,
             facts,
             cache=args.cache,
             drop_remainder=args.drop_remainder,
-            num_examples=split_counts[1] if split_counts is not None else None,
+            num_examples=read.split_counts[1] if read.split_counts is not None else None,
             element_bytes=_bytes_per_example(val_ds.element_spec),
         )
-        val_ds = cached(val_ds, val_plan.cache)
-        val_ds = _batched(val_ds, val_plan, args, read, facts, training=False, batch=True)
+        val_ds = batched(cached(val_ds, val_plan.cache), val_plan, training=False, batch=True)
     return ds, val_ds
-
-
-def _batched(
-    ds: tf.data.Dataset,
-    plan: Plan,
-    args: Arguments,
-    read: Read,
-    facts: Facts,
-    *,
-    training: bool,
-    batch: bool,
-) -> tf.data.Dataset:
-    """batch (ragged again after a `map_fn` that got a ragged feature's rows) -> `batch_map_fn`
-    -> on the training side, `batch_augment_fn` and the tf.data service -> prefetch."""
-    if batch:
-        # A plain batch, on purpose: it fuses with `map(augment_fn)` into MapAndBatchDataset
-        # (a parallel one would not: 12-18% slower; docs/data.md, "Why a plain `batch`").
-        if read.ragged:
-            ds = ds.ragged_batch(plan.global_batch_size, drop_remainder=plan.drop_remainder)
-        else:
-            ds = ds.batch(plan.global_batch_size, drop_remainder=plan.drop_remainder)
-    for name in ("batch_map_fn", "batch_augment_fn") if training else ("batch_map_fn",):
-        fn = getattr(args, name)
-        if fn is not None:
-            ds = parallel_map(ds, name, fn, plan.deterministic, "a batch")
-    if training and args.service is not None:
-        # All so far runs on the service's workers, with options for their machine (their own
-        # memory, TF's shared pool); the trainer reads whole batches and prefetches them.
-        ds = ds.with_options(_options(plan, 0, keep_shard=True))
-        ds = distributed(ds, args.service, args.service_job_name, repeat=args.repeat)
-    ds = ds.prefetch(tf.data.AUTOTUNE)
-    return ds.with_options(_options(plan, facts.ram_budget_bytes, keep_shard=plan.keep_shard))
 
 
 def _options(plan: Plan, ram_budget_bytes: int, *, keep_shard: bool) -> tf.data.Options:
@@ -316,11 +296,8 @@ def _options(plan: Plan, ram_budget_bytes: int, *, keep_shard: bool) -> tf.data.
     if ram_budget_bytes:  # 0: tf.data's own budget (a service worker's memory)
         options.autotune.ram_budget = int(ram_budget_bytes)
     options.deterministic = plan.deterministic
-    opt = options.experimental_optimization
-    opt.map_parallelization = True
-    opt.map_fusion = True
-    opt.filter_fusion = True
-    opt.parallel_batch = True
+    for name in ("map_parallelization", "map_fusion", "filter_fusion", "parallel_batch"):
+        setattr(options.experimental_optimization, name, True)
     if plan.private_threadpool_size:
         options.threading.private_threadpool_size = plan.private_threadpool_size
     if not keep_shard:

@@ -1,6 +1,5 @@
-"""The pipeline's decisions, pure (no TensorFlow work): `decide()` makes a `Plan` (batch,
-shuffle buffer, cache, determinism, sharding, thread pool) from `Facts` and the user's wishes,
-`validation_plan()` the validation side's from it."""
+"""The pipeline's decisions, pure (no TensorFlow work): `decide()` makes a `Plan` from `Facts`
+and the user's wishes, `validation_plan()` the validation side's from it."""
 
 from __future__ import annotations
 
@@ -14,10 +13,8 @@ from tfgpu.data._sources import SOURCES
 
 # Shuffle buffer when nothing else limits it: large enough to mix well, small enough to fill fast.
 _MAX_SHUFFLE_BUFFER = 10_000
-# ... when what fills it is computed every epoch (map_fn, reads; not a cache): a shuffle gives no
-# batch until its buffer is full, so a whole epoch's buffer decodes the epoch while the model
-# waits (issue 27, benchmarks/pipeline_vs_keras.py). Keras's loaders shuffle 1,024 file paths,
-# its TFRecord example 2,048 decoded images.
+# ... when what fills it is computed every epoch (not a cache), as Keras's loaders shuffle 1,024
+# paths (docs/data.md, "How large a shuffle buffer"; issue 27).
 _UNCACHED_SHUFFLE_BUFFER = 1_024
 _SHUFFLE_RAM_FRACTION = 0.1  # of the RAM budget, at most
 _SHARED_SEED = 0  # for shuffles that must agree across workers (DATA sharding)
@@ -108,8 +105,7 @@ def decide(
     data_sharded = facts.workers > 1 and shard_policy in ("DATA", "AUTO")
 
     # DATA sharding keeps every k-th element: all workers need one order (deterministic, one
-    # seed). Unshuffled data keeps its order (predictions line up with labels); a seed asks
-    # for a reproducible run; the service's batches come first come, first served.
+    # seed); so do unshuffled data and a seed. The service serves first come, first served.
     if deterministic is None:
         deterministic = not facts.service and (data_sharded or not shuffle or seed is not None)
     if data_sharded and seed is None and shuffle:

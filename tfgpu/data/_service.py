@@ -1,6 +1,5 @@
 """The trainer's part of `pipeline(..., service=...)` (docs/data_service.md): the dispatcher
-checked reachable, in-memory arrays in chunks, the job name, the `distribute` step. The
-servers are in `tfgpu/_internal/adapters/data_service.py`."""
+checked, in-memory arrays in chunks, the `distribute` step (servers: `_internal/adapters`)."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ from tfgpu._internal.helpers.checks import invalid_value
 from tfgpu._internal.helpers.cluster import resolve_cluster
 
 # A wrong address fails in seconds, naming it, instead of a hang; then the longest wait for the
-# dispatcher's answer to one small RPC: a port that accepts the connection but is no dispatcher
-# (a worker's, an HTTP server's) is named, not hung on.
+# dispatcher's answer to one small RPC (a port that accepts it may be no dispatcher's).
 _CONNECT_TIMEOUT_S, _ANSWER_TIMEOUT_S = 3.0, 5.0
 # The dispatcher's cheapest RPC (tensorflow/core/data/service/dispatcher.proto); its request is
 # an empty message, serialized as no bytes.
@@ -66,18 +64,15 @@ def check_dispatcher(address: Address) -> None:
     else:
         name = code.name if code is not None else "no status"
         answered = f"no dispatcher answered the call ({name}: {details})"
-    # What answered is learnt by connecting: a ConnectionError, as for no answer at all.
-    raise ConnectionError(
-        str(
-            invalid_value(
-                "service",
-                address.target,
-                f"the address of a tf.data service dispatcher (`tfgpu data-service dispatcher "
-                f"--port {address.port}` on {address.host}), not a worker's",
-                received=f"service={address.target!r}, where {answered}",
-            )
-        )
+    refused = invalid_value(
+        "service",
+        address.target,
+        f"the address of a tf.data service dispatcher (`tfgpu data-service dispatcher "
+        f"--port {address.port}` on {address.host}), not a worker's",
+        received=f"service={address.target!r}, where {answered}",
     )
+    # What answered is learnt by connecting: a ConnectionError, as for no answer at all.
+    raise ConnectionError(str(refused))
 
 
 def chunk_size(num_examples: int) -> int:
