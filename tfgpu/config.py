@@ -381,20 +381,15 @@ def configure(
     "Configure TensorFlow".
 
     Args:
-        memory_growth: bool or None, allocate GPU memory as needed, on every GPU. Defaults to
-            `None`: True unless `memory_limit_mib` is given.
+        memory_growth: bool or None, allocate GPU memory as needed. Defaults to `None`: True
+            unless `memory_limit_mib` is given.
         memory_limit_mib: int or None, a fixed memory limit per GPU in MiB. Defaults to `None`.
-        gpus: list of int or None, indices of the GPUs TensorFlow should use; `[]` runs on the
-            CPU. Defaults to `None`: all.
-        precision: str, the Keras global policy: `"auto"`, `"float32"`, `"mixed_float16"` or
-            `"mixed_bfloat16"`. Defaults to `"auto"`: chosen from the GPUs.
-        deterministic: bool, enable op determinism and seed everything (`seed`, or 0).
-            Defaults to `False`: left as it is.
+        gpus: list of int or None, the GPUs to use (`[]`: the CPU). Defaults to `None`: all.
+        precision: str, the Keras global policy, or `"auto"`. Defaults to `"auto"`.
+        deterministic: bool, op determinism, seeded (`seed`, or 0). Defaults to `False`.
         seed: int or None, `keras.utils.set_random_seed(seed)`. Defaults to `None`.
-        async_allocator: bool, `TF_GPU_ALLOCATOR=cuda_malloc_async`, before the GPUs
-            initialize. Defaults to `False`.
-        cpu_devices: int or None, split the CPU into this many logical devices. Defaults to
-            `None`: left as it is.
+        async_allocator: bool, `TF_GPU_ALLOCATOR=cuda_malloc_async`. Defaults to `False`.
+        cpu_devices: int or None, this many logical CPU devices. Defaults to `None`.
 
     Returns:
         `Configuration`, the record of what was decided and applied; print it to read it.

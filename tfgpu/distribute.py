@@ -129,9 +129,8 @@ def global_batch_size(per_replica: int, strategy: Any = None) -> int:
     replicas. The guide: docs/distributed.md, "Batch size and learning rate".
 
     Args:
-        per_replica: int (a NumPy integer too), examples each replica processes per step.
-        strategy: `tf.distribute.Strategy`, an int number of replicas, or None for the
-            strategy in scope. Defaults to None.
+        per_replica: int, examples each replica processes per step.
+        strategy: `tf.distribute.Strategy`, a number of replicas, or None. Defaults to None.
 
     Returns:
         int, `per_replica * strategy.num_replicas_in_sync`.
@@ -159,8 +158,7 @@ def scale_learning_rate(
 
     Args:
         learning_rate: float, the rate that works with `base_replicas` replicas.
-        strategy: `tf.distribute.Strategy`, an int number of replicas, or None for the
-            strategy in scope. Defaults to None.
+        strategy: `tf.distribute.Strategy`, a number of replicas, or None. Defaults to None.
         rule: str, `"linear"` or `"sqrt"`. Defaults to `"linear"`.
         base_replicas: int, how many replicas `learning_rate` was tuned on. Defaults to 1.
 
@@ -306,12 +304,11 @@ def strategy(
     Args:
         kind: str, `"auto"`, `"default"`, `"one_device"`, `"mirrored"` or `"multi_worker"`
             (case-insensitive). Defaults to `"auto"`.
-        devices: list of str, the devices to replicate on (`["/gpu:0", "/gpu:1"]`; one for
-            `"one_device"`; none for `"multi_worker"`). Defaults to `None`: all GPUs.
-        all_reduce: str, how gradients are summed: `"auto"`, or a reduction of the kind
-            (`"nccl"`, `"hierarchical_copy"`, `"ring"`, ...). Defaults to `"auto"`.
-        timeout_s: float or None, multi-worker only: abort a collective that takes longer.
-            Defaults to `None`: wait forever.
+        devices: list of str, the devices to replicate on (`["/gpu:0", "/gpu:1"]`). Defaults
+            to `None`: all GPUs.
+        all_reduce: str, how gradients are summed (`"nccl"`, `"ring"`, ...). Defaults to
+            `"auto"`.
+        timeout_s: float or None, multi-worker: a collective's longest wait. Defaults to `None`.
         slurm_port_base: int, the first port of a node's Slurm tasks. Defaults to 8888.
 
     Returns:

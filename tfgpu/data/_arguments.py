@@ -1,5 +1,4 @@
-"""The checks of `pipeline()`'s arguments before any work (type, range, conflicts, then the
-source adapter's own); their result, `Arguments`, is all the later phases read."""
+"""`pipeline()`'s arguments checked before any work; `Arguments` is what later phases read."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""`benchmark()`: the measuring core's reader of a pipeline alone
-(`_internal.measure.reader`), its arguments checked."""
+"""`benchmark()`: the measuring core's reader of a pipeline alone, its arguments checked."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The file cache: checking a cache argument, caching a dataset, and the leftovers of a first
-pass that was killed (removed, with a warning, so the next run does not fail)."""
+"""The file cache: its argument checked, a dataset cached, leftovers of a killed pass removed."""
 
 from __future__ import annotations
 

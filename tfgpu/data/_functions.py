@@ -1,5 +1,4 @@
-"""The user's functions (`map_fn`, `augment_fn`, `batch_map_fn`, `batch_augment_fn`): their
-arity and output checked, their random ops, and the parallel map that names them."""
+"""`map_fn`, `augment_fn`, `batch_map_fn`, `batch_augment_fn`: checked, mapped, random ops."""
 
 from __future__ import annotations
 

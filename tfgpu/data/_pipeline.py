@@ -62,37 +62,29 @@ def pipeline(
     Args:
         data: arrays or tensors, or a tuple/dict of them (e.g. `(x, y)`); a `tf.data.Dataset`
             of examples or of batches; TFRecord file pattern(s); or a TFDS name ("mnist").
-        batch_size: int, the global batch size: it or `per_replica_batch_size`, or neither
-            to keep a batched dataset's batches. Defaults to None.
+        batch_size: int, the global batch size (or `per_replica_batch_size`). Defaults to None.
         per_replica_batch_size: int, the batch size per replica. Defaults to None.
         strategy: `tf.distribute.Strategy`, the one the model trains under. Defaults to None.
         map_fn: callable, deterministic per-example decode, before the cache. Defaults to None.
-        augment_fn: callable, per-example random augmentation, after the cache and the
-            shuffle. Defaults to None.
-        batch_map_fn: callable, deterministic vectorized preprocessing of each batch, also on
-            the validation side. Defaults to None.
+        augment_fn: callable, per-example random augmentation, after the cache. Defaults to None.
+        batch_map_fn: callable, deterministic vectorized work on each batch. Defaults to None.
         batch_augment_fn: callable, vectorized augmentation of each batch. Defaults to None.
-        validation_split: float in (0, 1), the fraction held out; then `(train, validation)`
-            is returned. Defaults to None.
+        validation_split: float, the fraction held out: `(train, validation)`. Defaults to None.
         cache: `"auto"`, True/`"memory"`, a file path prefix, or False. Defaults to `"auto"`.
         shuffle: bool, shuffle the examples (and the files' order). Defaults to True.
-        shuffle_buffer: int, the shuffle buffer in examples. Defaults to None: sized from the
-            data, the cache and the RAM budget.
-        drop_remainder: bool, drop the last partial batch. Defaults to None: True under a
-            strategy when shuffling, else False.
+        shuffle_buffer: int, the shuffle buffer in examples. Defaults to None: sized here.
+        drop_remainder: bool, drop the last partial batch. Defaults to None: when shuffling
+            under a strategy.
         deterministic: bool, a fixed order through parallel steps. Defaults to None.
         repeat: bool, repeat indefinitely, after the shuffle (custom loops). Defaults to False.
-        distribute: bool, return `strategy.experimental_distribute_dataset(...)`.
-            Defaults to False.
+        distribute: bool, return `strategy.experimental_distribute_dataset(...)`. Defaults to False.
         seed: int, the seed of the file and example shuffles. Defaults to None.
         ram_budget_mib: float, RAM tf.data may use. Defaults to None: half of what is free.
-        private_threadpool_size: int, a thread pool for this pipeline only (0 shares
-            TensorFlow's). Defaults to None: the CPU count on GPU hosts, else 0.
+        private_threadpool_size: int, a thread pool of its own (0: TensorFlow's). Defaults to None.
         split: str, the TFDS split (TFDS names only). Defaults to None (`"train"`).
         data_dir: path, the TFDS data directory (TFDS names only). Defaults to None.
         compression_type: str, `"GZIP"` or `"ZLIB"` for TFRecord files. Defaults to None.
-        service: str, a tf.data service dispatcher address (`"host:port"`), see
-            docs/data_service.md. Defaults to None.
+        service: str, a tf.data service dispatcher's `"host:port"`. Defaults to None.
         service_job_name: str, the service job this run's trainers share. Defaults to None.
 
     Returns:

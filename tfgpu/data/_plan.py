@@ -1,5 +1,4 @@
-"""The pipeline's decisions, pure (no TensorFlow work): `decide()` makes a `Plan` from `Facts`
-and the user's wishes, `validation_plan()` the validation side's from it."""
+"""The pipeline's pure decisions: `decide()` (a `Plan` from `Facts`), `validation_plan()`."""
 
 from __future__ import annotations
 

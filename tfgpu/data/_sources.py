@@ -30,7 +30,6 @@ from tfgpu.data._service import memory_source
 from tfgpu.data._split import (
     check_split_counts,
     refuse_dataset_split,
-    tfds_slices,
     validation_filter,
 )
 from tfgpu.data._tfds import check_tfds_name, load_tfds_dataset, tfds_split_info
@@ -438,7 +437,7 @@ class TfdsSource(Source):
                 f"{name!r} split {split!r} is unknown",
             )
         counts = check_split_counts(int(examples), args, batching.global_batch, batching.drop)
-        train, val = tfds_slices(split, int(examples), validation_split)
+        train, val = f"{split}[:{counts[0]}]", f"{split}[{counts[0]}:]"  # the last examples
         return Read(load(train, args.shuffle)[0], load(val, False)[0], num_files, counts)
 
 

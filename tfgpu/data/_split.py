@@ -1,5 +1,4 @@
-"""`validation_split`: its check, each side's count, and the helpers of the sources' splits
-(by position, by record hash, by TFDS counts; docs/data.md, "Validation data")."""
+"""`validation_split`: its check, the counts, the split of records by hash (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -34,19 +33,14 @@ def check_validation_split(value: Any) -> float | None:
     return number
 
 
-def _split_counts(n: int, validation_split: float) -> tuple[int, int]:
-    """(train, validation) examples: the last `validation_split` of `n`, as Keras `fit` takes it."""
-    split_at = math.floor(n * (1.0 - validation_split))
-    return split_at, n - split_at
-
-
 def check_split_counts(
     n: int, args: Arguments, global_batch: int | None, drop_remainder: bool
 ) -> tuple[int, int]:
     """(train, validation) of `n` examples; ValueError for a side with no example, or no full
     batch to keep (the validation side drops one only with the user's `drop_remainder=True`)."""
     validation_split = args.validation_split
-    train, validation = _split_counts(n, validation_split)
+    train = math.floor(n * (1.0 - validation_split))  # the last fraction, as Keras `fit` takes it
+    validation = n - train
     shown = (
         f"validation_split={validation_split} of {n} examples gives {train} for training "
         f"and {validation} for validation"
@@ -112,9 +106,3 @@ def validation_filter(validation_split: float) -> Callable:
         return tf.strings.to_hash_bucket_fast(record, _BUCKETS) < threshold
 
     return predicate
-
-
-def tfds_slices(split: str, num_examples: int, validation_split: float) -> tuple[str, str]:
-    """TFDS split strings for (train, validation): the last `validation_split` by count."""
-    train, _ = _split_counts(num_examples, validation_split)
-    return f"{split}[:{train}]", f"{split}[{train}:]"

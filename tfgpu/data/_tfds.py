@@ -1,5 +1,4 @@
-"""TensorFlow Datasets: `load_tfds()`, and the checks that make an offline machine fail
-within seconds, with a hint, instead of retrying the network."""
+"""TensorFlow Datasets: `load_tfds()`, failing in seconds offline instead of retrying."""
 
 from __future__ import annotations
 
