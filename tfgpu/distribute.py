@@ -70,8 +70,7 @@ def _choose_kind(kind: str, *, num_gpus: int, num_tasks: int) -> str:
 
 
 def _choose_all_reduce(kind: str, all_reduce: str, *, on_gpus: bool) -> str | None:
-    """The cross-device reduction: a name from `_ALL_REDUCE[kind]` (`auto` resolved as
-    docs/distributed.md says), or None where there is nothing to reduce."""
+    """The reduction, a name of `_ALL_REDUCE[kind]` (`auto` resolved); None with one replica."""
     if not isinstance(all_reduce, str):
         raise invalid_type("all_reduce", all_reduce, "a str")
     all_reduce = all_reduce.strip().lower()
@@ -211,22 +210,20 @@ def _check_devices(devices: list[str], available: Sequence[str]) -> list[str]:
             spec = tf.DeviceSpec.from_string(device)
         except ValueError:
             spec = None
+        shown = devices if len(devices) > 1 else device
         if spec is None or spec.device_type is None or spec.job not in (None, "localhost"):
             raise invalid_value(
                 "devices",
-                devices if len(devices) > 1 else device,
+                shown,
                 f"local device names such as '/gpu:0' or '/cpu:0'; {device!r} is not one",
             )
         name = f"/device:{spec.device_type.upper()}:{spec.device_index or 0}"
         if name not in available:
-            hint = (
-                ". TensorFlow sees no GPU here (run `tfgpu env` to see why)"
-                if spec.device_type.upper() == "GPU" and not any("GPU" in d for d in available)
-                else ""
-            )
+            no_gpu = spec.device_type.upper() == "GPU" and not any("GPU" in d for d in available)
+            hint = ". TensorFlow sees no GPU here (run `tfgpu env` to see why)" if no_gpu else ""
             raise invalid_value(
                 "devices",
-                devices if len(devices) > 1 else device,
+                shown,
                 f"devices this process has: {have}; {device!r} is not one of them{hint}",
             )
         if name in names:

@@ -139,8 +139,7 @@ def pipeline(
 
 
 def _batching(args: Arguments) -> Batching:
-    """The global batch, whether a batched source keeps its batches (`Source.batching`), and
-    the validation split's counts where the source knows them before reading."""
+    """The global batch, whether a batched source keeps its batches, the split's counts if known."""
     strategy, requested = args.strategy, args.batch_size
     num_replicas = strategy.num_replicas_in_sync if strategy is not None else 1
     if args.per_replica_batch_size is not None:

@@ -36,10 +36,8 @@ class Facts:
     ram_budget_bytes: int
     free_disk_bytes: int | None  # at the cache path, when caching to a file
     batched: bool = False  # the source's batches are kept: num_examples counts batches
-    # Validation examples split off by position (take/skip): every worker must read it all.
-    split_by_position: bool = False
-    # tf.data service workers run the work up to the batches (dynamic sharding).
-    service: bool = False
+    split_by_position: bool = False  # validation by take/skip: every worker reads it all
+    service: bool = False  # tf.data service workers run the work up to the batches
     reshuffled: bool = False  # the dataset passed in reshuffles every pass (a Keras loader)
 
 
@@ -141,8 +139,7 @@ def _global_batch(
     has_strategy: bool,
     drops_partial: bool,
 ) -> int:
-    """The global batch; raises for a `batch_size` that does not split evenly over the
-    replicas, and for a batch larger than a finite source whose partial batch is dropped."""
+    """The global batch; ValueError if it splits unevenly or a dropped partial batch leaves none."""
     replicas = facts.replicas
     if per_replica_batch_size is not None:
         global_batch = per_replica_batch_size * replicas
@@ -204,8 +201,7 @@ def _in_memory(facts: Facts) -> bool:
 
 
 def _cache(facts: Facts, cache: Any) -> tuple[str | None, str, str]:
-    """Where to cache (None: nowhere), with a note or a warning that says why ("": none);
-    raises for a cache asked for that cannot work."""
+    """Where to cache (None: nowhere), a note, a warning ("": none); raises for one that fails."""
     if cache is None or cache is False:
         return None, "", ""
     cache_bytes = _cache_bytes(facts)
@@ -236,36 +232,30 @@ def _cache(facts: Facts, cache: Any) -> tuple[str | None, str, str]:
 
 def _check_cache_fits(facts: Facts, cache: Any, target: str, cache_bytes: int | None) -> None:
     """Raises for a cache asked for that would never complete or not fit where it goes."""
+
+    def refused(expected: str, received: str) -> ValueError:
+        return invalid_value("cache", cache, expected, received=f"cache={cache!r}{received}")
+
     if _infinite(facts):
-        raise invalid_value(
-            "cache",
-            cache,
+        raise refused(
             "cache=False, or a finite source (repeat with `repeat=True`, which comes after "
             "the cache)",
-            received=f"cache={cache!r} for an infinite source: the cache would never complete",
+            " for an infinite source: the cache would never complete",
         )
     if cache_bytes is None:
         return
+    size = f", but the cache would take about {format_bytes(cache_bytes)}"
     if target == "memory" and cache_bytes > facts.ram_budget_bytes:
-        raise invalid_value(
-            "cache",
-            cache,
+        raise refused(
             "a cache that fits: pass a file path (cache='/fast/disk/cache'), raise "
             "`ram_budget_mib`, or cache smaller decoded examples (e.g. resize in map_fn)",
-            received=f"cache={cache!r}, but the cache would take about "
-            f"{format_bytes(cache_bytes)} ({facts.num_examples} examples x "
-            f"{format_bytes(facts.element_bytes or 0)}), more than the RAM budget of "
-            f"{format_bytes(facts.ram_budget_bytes)}",
+            f"{size} ({facts.num_examples} examples x {format_bytes(facts.element_bytes or 0)}), "
+            f"more than the RAM budget of {format_bytes(facts.ram_budget_bytes)}",
         )
     free = facts.free_disk_bytes
     if target != "memory" and free is not None and cache_bytes > free:
-        raise invalid_value(
-            "cache",
-            cache,
-            "a path on a disk with enough free space",
-            received=f"cache={cache!r}, but the cache would take about "
-            f"{format_bytes(cache_bytes)} and only {format_bytes(free)} is free there",
-        )
+        enough = "a path on a disk with enough free space"
+        raise refused(enough, f"{size} and only {format_bytes(free)} is free there")
 
 
 def _shuffle_buffer(

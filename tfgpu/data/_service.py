@@ -31,8 +31,7 @@ _TOKEN = uuid.uuid4().hex[:12]
 
 
 def check_dispatcher(address: Address) -> None:
-    """Raises `ConnectionError` naming `address` unless its port accepts a connection, and
-    naming what answered there unless a dispatcher answers its `GetVersion` RPC in time."""
+    """Raises `ConnectionError` unless a dispatcher at `address` answers `GetVersion` in time."""
     try:
         with socket.create_connection((address.connect_host, address.port), _CONNECT_TIMEOUT_S):
             pass

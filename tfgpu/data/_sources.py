@@ -27,11 +27,7 @@ from tfgpu._internal.helpers.checks import conflicting, invalid_type, invalid_va
 from tfgpu._internal.helpers.warn import warn_at_user_code
 from tfgpu._internal.measure.workload import check_arrays
 from tfgpu.data._service import memory_source
-from tfgpu.data._split import (
-    check_split_counts,
-    refuse_dataset_split,
-    validation_filter,
-)
+from tfgpu.data._split import check_split_counts, refuse_dataset_split, validation_filter
 from tfgpu.data._tfds import check_tfds_name, load_tfds_dataset, tfds_split_info
 
 if TYPE_CHECKING:
