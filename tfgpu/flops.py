@@ -191,12 +191,10 @@ def _op_flops(op) -> float | None:
     (output, or incoming gradient, elements) x (kernel elements per output element), any layout."""
     t, x = op.type, op.inputs
     try:
-        if t == "MatMul":
+        if t == "MatMul" or t.startswith("BatchMatMul"):
             a, out = _shape(x[0]), _shape(op.outputs[0])
-            return 2.0 * out[0] * out[1] * (a[0] if op.get_attr("transpose_a") else a[1])
-        if t.startswith("BatchMatMul"):
-            a, out = _shape(x[0]), _shape(op.outputs[0])
-            return 2.0 * math.prod(out) * (a[-2] if op.get_attr("adj_x") else a[-1])
+            transposed = op.get_attr("transpose_a" if t == "MatMul" else "adj_x")
+            return 2.0 * math.prod(out) * (a[-2] if transposed else a[-1])
         if t == "Einsum":
             return _einsum_flops(op.get_attr("equation").decode(), [_shape(i) for i in x])
         if t in ("Conv2D", "Conv3D"):

@@ -97,7 +97,12 @@ def decide(
     # Under the tf.data service the job shares the data among trainers: no auto-sharding on
     # top (tf.distribute turns it off for a named job too). AUTO: as the user set it.
     policy = SOURCES[facts.kind].shard_policy(facts)
-    notes = [_file_sharding_note(facts, policy)]
+    notes = []
+    if policy == "DATA" and facts.num_files is not None and facts.workers > 1:
+        notes.append(
+            f"{facts.num_files} file(s) for {facts.workers} workers: sharding by example (DATA), "
+            "each worker reads every file"
+        )
     shard_policy = "OFF" if facts.service else policy
     data_sharded = facts.workers > 1 and shard_policy in ("DATA", "AUTO")
 
@@ -171,16 +176,6 @@ def _global_batch(
             "batch at all",
         )
     return global_batch
-
-
-def _file_sharding_note(facts: Facts, policy: str) -> str:
-    """A note when sharding by example makes every worker read every file ("": none)."""
-    if policy == "DATA" and facts.num_files is not None and facts.workers > 1:
-        return (
-            f"{facts.num_files} file(s) for {facts.workers} workers: sharding by "
-            "example (DATA), each worker reads every file"
-        )
-    return ""
 
 
 def _infinite(facts: Facts) -> bool:

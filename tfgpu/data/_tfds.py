@@ -108,16 +108,9 @@ def load_tfds(
     ```
     """
     check_bool("with_info", with_info)
-    ds, info = load_tfds_dataset(
-        name,
-        split,
-        data_dir=data_dir,
-        download=download,
-        shuffle_files=shuffle_files,
-        as_supervised=as_supervised,
-        seed=seed,
-        prefetch=True,
-    )
+    options = dict(locals())  # every argument, by name, as `load_tfds_dataset` takes them
+    del options["with_info"]
+    ds, info = load_tfds_dataset(**options, prefetch=True)
     return (ds, info) if with_info else ds
 
 
