@@ -76,9 +76,7 @@ class Source:
     kind: ClassVar[str]
     takes: ClassVar[tuple[str, ...]] = ()  # the source-only arguments this kind accepts
     in_memory: ClassVar[bool] = False  # a cache gains nothing without `map_fn` (arrays)
-    # cache="auto" caches what is read even without `map_fn` (not arrays, nor a dataset
-    # passed in, which may hold the user's own randomness).
-    cache_unmapped: ClassVar[bool] = True
+    cache_unmapped: ClassVar[bool] = True  # cache="auto" caches it even without `map_fn`
 
     def __init__(self, value: Any) -> None:
         self.value = value
@@ -291,9 +289,8 @@ class DatasetSource(Source):
 
     @staticmethod
     def shard_policy(facts: Facts) -> str:
-        # Left as the user set it (AUTO), unless split by position: take/skip count examples
-        # of the whole dataset, and under FILE sharding (what AUTO becomes for a dataset that
-        # reads files) each worker would apply them to its own files.
+        # As the user set it (AUTO), but DATA where take/skip count the whole dataset's examples
+        # (under FILE each worker would split its own files; docs/data.md, "Sharding").
         return "DATA" if facts.split_by_position else "AUTO"
 
 

@@ -158,8 +158,7 @@ def load_tfds_dataset(
     root = _data_root(data_dir)
     if not builder.is_prepared():
         if not download:
-            # TFDS's own `tfds build` command imports apache-beam, which tfgpu does not
-            # install: the command given first works with what tfgpu installs.
+            # First the command that works with what tfgpu installs (`tfds build` needs beam).
             raise FileNotFoundError(
                 f"TensorFlow Datasets dataset {name!r} is not prepared in {root} (looked for "
                 f"{builder.data_dir}). To get it: on a machine with internet run "
