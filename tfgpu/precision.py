@@ -111,15 +111,12 @@ def choose_policy(compute_capabilities: Sequence[tuple[int, int]]) -> PolicyChoi
     >>> choose_policy([(9, 0)])
     PolicyChoice(policy='mixed_bfloat16', reason='every GPU has compute capability >= 8.0 (9.0): bfloat16 tensor cores, float32 range, no loss scaling needed')
     """
-    if isinstance(compute_capabilities, str | bytes) or not isinstance(
-        compute_capabilities, Sequence
-    ):
+    given = compute_capabilities
+    if isinstance(given, str | bytes) or not isinstance(given, Sequence):
         raise invalid_type(
-            "compute_capabilities",
-            compute_capabilities,
-            "a list of (major, minor) tuples, e.g. [(8, 0), (8, 0)]",
+            "compute_capabilities", given, "a list of (major, minor) tuples, e.g. [(8, 0), (8, 0)]"
         )
-    ccs = [_check_cc(cc, "compute_capabilities") for cc in compute_capabilities]
+    ccs = [_check_cc(cc, "compute_capabilities") for cc in given]
     if not ccs:
         return PolicyChoice(
             "float32", "no GPU: mixed precision has no tensor cores to use and is slower on the CPU"

@@ -40,11 +40,15 @@ def check_cache(cache: Any) -> tuple[Any, str | None]:
         if os.path.exists(parent) and not os.path.isdir(parent):
             raise refused("a path prefix in a directory", f"which is under the file {parent!r}")
     if not os.path.isdir(directory):
-        missing = f"but the directory {directory} does not exist"
-        raise refused("a path prefix in an existing directory", missing)
+        raise refused(
+            "a path prefix in an existing directory",
+            f"but the directory {directory} does not exist",
+        )
     if not os.access(directory, os.W_OK | os.X_OK):
-        read_only = f"but the directory {directory} is not writable"
-        raise refused("a path prefix in a directory this process can write to", read_only)
+        raise refused(
+            "a path prefix in a directory this process can write to",
+            f"but the directory {directory} is not writable",
+        )
     return prefix, directory
 
 

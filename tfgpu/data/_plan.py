@@ -249,8 +249,10 @@ def _check_cache_fits(facts: Facts, cache: Any, target: str, cache_bytes: int | 
         )
     free = facts.free_disk_bytes
     if target != "memory" and free is not None and cache_bytes > free:
-        enough = "a path on a disk with enough free space"
-        raise refused(enough, f"{size} and only {format_bytes(free)} is free there")
+        raise refused(
+            "a path on a disk with enough free space",
+            f"{size} and only {format_bytes(free)} is free there",
+        )
 
 
 def _shuffle_buffer(
