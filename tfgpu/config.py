@@ -1,8 +1,5 @@
-"""`tfgpu.configure()`: memory, visible GPUs, precision and determinism, set once before training.
-
-`_plan(facts, wishes)`, pure, makes every decision and every message from the device facts and
-the checked arguments; `_apply(plan)` is the thin layer that calls `tf.config` and Keras.
-"""
+"""`tfgpu.configure()`: memory, GPUs, precision and determinism, set once before training; a
+pure `_plan(facts, wishes)` makes every decision, `_apply(plan)` calls `tf.config` and Keras."""
 
 from __future__ import annotations
 
@@ -27,10 +24,8 @@ class Configuration:
     Args:
         precision: str, the Keras global precision policy now in effect.
         precision_reason: str, why this policy.
-        gpus: tuple of str, the GPUs TensorFlow will use, e.g.
-            `("GPU:0 NVIDIA A100-SXM4-80GB (cc 8.0)",)`; empty on the CPU.
-        memory_growth: bool or None, memory growth on every used GPU; None when it was not
-            set (no GPU, or a memory limit instead).
+        gpus: tuple of str, the GPUs TensorFlow will use (`"GPU:0 NVIDIA A100 (cc 8.0)"`).
+        memory_growth: bool or None, memory growth on every used GPU; None: not set.
         memory_limit_mib: int or None, the memory limit per GPU in MiB.
         cpu_devices: int or None, the number of logical CPU devices, if split.
         deterministic: bool, whether op determinism was enabled.
@@ -266,9 +261,8 @@ def _precision(wishes: _Wishes, used: tuple[_Gpu, ...]) -> tuple[str, str, str]:
 def _async_allocator(
     facts: _Facts, wishes: _Wishes, used: tuple[_Gpu, ...]
 ) -> tuple[bool, bool, str]:
-    """Whether to set TF_GPU_ALLOCATOR, whether the async allocator is in effect, and a note
-    when the wish has no effect or replaces a setting ("": none). It is read when the GPUs
-    initialize."""
+    """Whether to set TF_GPU_ALLOCATOR (read when the GPUs initialize), whether the async
+    allocator is in effect, and a note when the wish has no effect or replaces a setting."""
     current = facts.env.get("TF_GPU_ALLOCATOR")
     if not wishes.async_allocator:
         return False, current == _ASYNC, ""  # in effect when the environment chose it
@@ -382,40 +376,28 @@ def configure(
 ) -> Configuration:
     """Sets up TensorFlow's devices, memory, precision and determinism. Call it first.
 
-    Run it before any tensor or model exists (right after the imports): TensorFlow fixes its
-    devices when its runtime starts. Calling it again with the same arguments does nothing.
-    Every argument is checked before anything changes. The guide: `docs/setup.md`.
+    Run it before any tensor or model exists: TensorFlow fixes its devices when its runtime
+    starts. Calling it again with the same arguments does nothing. The guide: docs/setup.md,
+    "Configure TensorFlow".
 
     Args:
-        memory_growth: bool or None, allocate GPU memory as needed instead of reserving
-            (almost) all of it at start, on every GPU. Defaults to `None`: True unless
-            `memory_limit_mib` is given.
-        memory_limit_mib: int or None, a fixed memory limit per GPU in MiB, e.g. to share a
-            GPU; excludes `memory_growth=True`. Defaults to `None`.
-        gpus: list of int or None, indices of the GPUs TensorFlow should use among those it
-            sees; `[]` runs on the CPU. Defaults to `None`: all.
-        precision: str, the Keras global policy: `"auto"` (chosen from the GPUs' compute
-            capabilities, see `tfgpu.precision`), `"float32"`, `"mixed_float16"` or
-            `"mixed_bfloat16"`. Defaults to `"auto"`.
-        deterministic: bool, enable TensorFlow's op determinism (reproducible, slower) and
-            seed everything (`seed`, or 0). Defaults to `False`: left as it is.
-        seed: int or None, seed for Python, NumPy, TensorFlow and Keras
-            (`keras.utils.set_random_seed`). Defaults to `None`: no seeding.
-        async_allocator: bool, use CUDA's asynchronous allocator
-            (`TF_GPU_ALLOCATOR=cuda_malloc_async`); only before the GPUs initialize, else a
-            note says it was too late. Defaults to `False`.
-        cpu_devices: int or None, split the CPU into this many logical devices, e.g. to try
-            `MirroredStrategy` without GPUs. Defaults to `None`: left as it is.
+        memory_growth: bool or None, allocate GPU memory as needed. Defaults to `None`: True
+            unless `memory_limit_mib` is given.
+        memory_limit_mib: int or None, a fixed memory limit per GPU in MiB. Defaults to `None`.
+        gpus: list of int or None, the GPUs to use (`[]`: the CPU). Defaults to `None`: all.
+        precision: str, the Keras global policy, or `"auto"`. Defaults to `"auto"`.
+        deterministic: bool, op determinism, seeded (`seed`, or 0). Defaults to `False`.
+        seed: int or None, `keras.utils.set_random_seed(seed)`. Defaults to `None`.
+        async_allocator: bool, `TF_GPU_ALLOCATOR=cuda_malloc_async`. Defaults to `False`.
+        cpu_devices: int or None, this many logical CPU devices. Defaults to `None`.
 
     Returns:
         `Configuration`, the record of what was decided and applied; print it to read it.
 
     Raises:
         TypeError: if an argument has the wrong type.
-        ValueError: if a value is out of range, a GPU index does not exist, or both
-            `memory_growth=True` and `memory_limit_mib` are given.
-        RuntimeError: if TensorFlow already initialized its devices and a device setting
-            (gpus, memory growth or limit, cpu_devices) differs from what is in effect.
+        ValueError: for a value out of range, an unknown GPU index, or growth with a limit.
+        RuntimeError: if a device setting differs from what TensorFlow already initialized.
 
     Example:
 

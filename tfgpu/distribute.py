@@ -1,8 +1,5 @@
-"""Data parallelism: pick a `tf.distribute.Strategy`, resolve the cluster, scale batch and LR.
-
-`strategy()` decides in pure functions from facts (the environment, the visible GPUs), then
-builds the strategy. The guide is `docs/distributed.md`.
-"""
+"""Data parallelism: pick a `tf.distribute.Strategy` (pure choices from the cluster and the
+GPUs, then built), scale batch and learning rate. The guide: docs/distributed.md."""
 
 from __future__ import annotations
 
@@ -73,8 +70,7 @@ def _choose_kind(kind: str, *, num_gpus: int, num_tasks: int) -> str:
 
 
 def _choose_all_reduce(kind: str, all_reduce: str, *, on_gpus: bool) -> str | None:
-    """The cross-device reduction: a name from `_ALL_REDUCE[kind]` (`auto` resolved as
-    docs/distributed.md says), or None where there is nothing to reduce."""
+    """The reduction, a name of `_ALL_REDUCE[kind]` (`auto` resolved); None with one replica."""
     if not isinstance(all_reduce, str):
         raise invalid_type("all_reduce", all_reduce, "a str")
     all_reduce = all_reduce.strip().lower()
@@ -128,16 +124,15 @@ def _num_replicas(strategy: Any) -> int:
 def global_batch_size(per_replica: int, strategy: Any = None) -> int:
     """Returns the global batch size: `per_replica` examples on each replica of `strategy`.
 
-    Keras and `tf.data` take the *global* batch, which the strategy splits evenly across its
-    replicas (see `docs/distributed.md`).
+    Keras and `tf.data` take the *global* batch, which the strategy splits across its
+    replicas. The guide: docs/distributed.md, "Batch size and learning rate".
 
     Args:
-        per_replica: int (a NumPy integer too), examples each replica processes per step.
-        strategy: `tf.distribute.Strategy`, an int number of replicas, or None for the
-            strategy currently in scope (`tf.distribute.get_strategy()`). Defaults to None.
+        per_replica: int, examples each replica processes per step.
+        strategy: `tf.distribute.Strategy`, a number of replicas, or None. Defaults to None.
 
     Returns:
-        int (a Python int), `per_replica * strategy.num_replicas_in_sync`.
+        int, `per_replica * strategy.num_replicas_in_sync`.
 
     Raises:
         TypeError: if `per_replica` is not an int, or `strategy` is not a strategy or int.
@@ -153,33 +148,25 @@ def global_batch_size(per_replica: int, strategy: Any = None) -> int:
 
 
 def scale_learning_rate(
-    learning_rate: float,
-    strategy: Any = None,
-    *,
-    rule: str = "linear",
-    base_replicas: int = 1,
+    learning_rate: float, strategy: Any = None, *, rule: str = "linear", base_replicas: int = 1
 ) -> float:
     """Scales a learning rate tuned on `base_replicas` replicas to the replicas of `strategy`.
 
-    `"linear"` (Goyal et al., 2017) multiplies the rate by the growth of the global batch
-    (SGD with momentum), `"sqrt"` by its square root (Adam and friends). See
-    `docs/distributed.md`.
+    `"linear"` multiplies the rate by the growth of the global batch (SGD with momentum),
+    `"sqrt"` by its square root (Adam). The guide: docs/distributed.md.
 
     Args:
         learning_rate: float, the rate that works with `base_replicas` replicas.
-        strategy: `tf.distribute.Strategy`, an int number of replicas, or None for the
-            strategy in scope. Defaults to None.
+        strategy: `tf.distribute.Strategy`, a number of replicas, or None. Defaults to None.
         rule: str, `"linear"` or `"sqrt"`. Defaults to `"linear"`.
-        base_replicas: int (a NumPy integer too), how many replicas `learning_rate` was
-            tuned on. Defaults to 1.
+        base_replicas: int, how many replicas `learning_rate` was tuned on. Defaults to 1.
 
     Returns:
         float, the scaled learning rate.
 
     Raises:
-        TypeError: if `learning_rate` is not a number or `strategy` is not a strategy or int.
-        ValueError: if `learning_rate` is not a positive finite number, `rule` is unknown,
-            or `base_replicas` is not positive.
+        TypeError: if `learning_rate` is not a number or `strategy` not a strategy or int.
+        ValueError: for a `learning_rate` not > 0, an unknown `rule`, `base_replicas` < 1.
 
     Example:
 
@@ -212,8 +199,8 @@ def scale_learning_rate(
 
 
 def _check_devices(devices: list[str], available: Sequence[str]) -> list[str]:
-    """Canonical names (`/device:GPU:1`) of `devices`, in any spelling TensorFlow accepts
-    (no index: 0); ValueError for one malformed, repeated or not among `available` (pure)."""
+    """Canonical names (`/device:GPU:1`) of `devices` in any spelling TensorFlow accepts (no
+    index: 0); ValueError for one malformed, repeated or not among `available`."""
     import tensorflow as tf
 
     have = ", ".join(repr(d) for d in available) or "none"
@@ -223,22 +210,20 @@ def _check_devices(devices: list[str], available: Sequence[str]) -> list[str]:
             spec = tf.DeviceSpec.from_string(device)
         except ValueError:
             spec = None
+        shown = devices if len(devices) > 1 else device
         if spec is None or spec.device_type is None or spec.job not in (None, "localhost"):
             raise invalid_value(
                 "devices",
-                devices if len(devices) > 1 else device,
+                shown,
                 f"local device names such as '/gpu:0' or '/cpu:0'; {device!r} is not one",
             )
         name = f"/device:{spec.device_type.upper()}:{spec.device_index or 0}"
         if name not in available:
-            hint = (
-                ". TensorFlow sees no GPU here (run `tfgpu env` to see why)"
-                if spec.device_type.upper() == "GPU" and not any("GPU" in d for d in available)
-                else ""
-            )
+            no_gpu = spec.device_type.upper() == "GPU" and not any("GPU" in d for d in available)
+            hint = ". TensorFlow sees no GPU here (run `tfgpu env` to see why)" if no_gpu else ""
             raise invalid_value(
                 "devices",
-                devices if len(devices) > 1 else device,
+                shown,
                 f"devices this process has: {have}; {device!r} is not one of them{hint}",
             )
         if name in names:
@@ -310,32 +295,25 @@ def strategy(
     """Returns a `tf.distribute.Strategy` for this machine or cluster.
 
     Create it before any model, build the model and optimizer inside `strategy.scope()`, and
-    call it again for each new model (each has collective keys of its own). What `"auto"`
-    picks and the guide, with what `"multi_worker"` corrects in Keras 3: `docs/distributed.md`.
+    call it again for each new model. The guide: docs/distributed.md, "What `strategy()`
+    picks".
 
     Args:
-        kind: str, one of `"auto"`, `"default"`, `"one_device"`, `"mirrored"`,
-            `"multi_worker"` (case-insensitive). `"mirrored"` without a GPU replicates on
-            the logical CPU devices and warns. Defaults to `"auto"`.
-        devices: list of str, the devices to replicate on, e.g. `["/gpu:0", "/gpu:1"]`;
-            for `"one_device"` a single device; not for `"multi_worker"`. Defaults to
-            `None`: all GPUs (or the CPU).
-        all_reduce: str, how gradients are summed: `"auto"` (NCCL on GPUs, else a reduction
-            that works on the CPU), `"nccl"`, `"hierarchical_copy"` or
-            `"reduction_to_one_device"` for `"mirrored"`; `"nccl"` or `"ring"` for
-            `"multi_worker"`. Defaults to `"auto"`.
-        timeout_s: float or None, multi-worker only: abort a collective that takes longer,
-            e.g. a worker that hangs while alive. Defaults to `None`: wait forever.
-        slurm_port_base: int, first port a Slurm task listens on (tasks on one node take
-            consecutive ports). Defaults to 8888.
+        kind: str, `"auto"`, `"default"`, `"one_device"`, `"mirrored"` or `"multi_worker"`
+            (case-insensitive). Defaults to `"auto"`.
+        devices: list of str, the devices to replicate on (`["/gpu:0", "/gpu:1"]`). Defaults
+            to `None`: all GPUs.
+        all_reduce: str, how gradients are summed (`"nccl"`, `"ring"`, ...). Defaults to
+            `"auto"`.
+        timeout_s: float or None, multi-worker: a collective's longest wait. Defaults to `None`.
+        slurm_port_base: int, the first port of a node's Slurm tasks. Defaults to 8888.
 
     Returns:
         `tf.distribute.Strategy`.
 
     Raises:
-        TypeError: if `kind` is not a str.
-        ValueError: if `kind`, `devices` or `all_reduce` is invalid, or `TF_CONFIG` is
-            malformed (the message names what is wrong in it).
+        TypeError: if an argument has the wrong type.
+        ValueError: if `kind`, `devices` or `all_reduce` is invalid, or `TF_CONFIG` malformed.
 
     Example:
 
@@ -380,8 +358,7 @@ def strategy(
 
 
 def _check_device_names(devices: Any, kind: str) -> None:
-    """Checks the form of a `devices` argument: a non-empty list of names (one name for
-    `one_device`); the names themselves are checked against the devices later."""
+    """Checks the form of `devices` (its names are checked against the devices later)."""
     if devices is None:
         return
     expected = 'a non-empty list of device names, e.g. ["/gpu:0", "/gpu:1"]'
@@ -397,8 +374,7 @@ def _check_device_names(devices: Any, kind: str) -> None:
 def _one_device_strategy(
     devices: Sequence[str] | None, all_reduce: str, gpus: int
 ) -> tf.distribute.Strategy:
-    """`OneDeviceStrategy` on the device given, else on the first of the `gpus` physical GPUs
-    (or the CPU)."""
+    """`OneDeviceStrategy` on the device given, else on the first GPU (or the CPU)."""
     import tensorflow as tf
 
     _choose_all_reduce("one_device", all_reduce, on_gpus=bool(gpus))
@@ -423,8 +399,7 @@ def _one_device_strategy(
 def _mirrored_strategy(
     devices: Sequence[str] | None, all_reduce: str, gpus: int
 ) -> tf.distribute.Strategy:
-    """`MirroredStrategy` on the devices given, else on every GPU (`gpus`: how many physical
-    GPUs; none: on the logical CPU devices, with a warning)."""
+    """`MirroredStrategy` on the devices given, else on every GPU (none: the logical CPUs)."""
     import tensorflow as tf
 
     if devices is None:
@@ -458,8 +433,7 @@ def _multi_worker_strategy(
     timeout_s: float | None,
     slurm_port_base: int,
 ) -> tf.distribute.Strategy:
-    """`MultiWorkerMirroredStrategy` over `cluster`, each worker on its `gpus` GPUs, and
-    Keras 3 corrected for it where it needs it."""
+    """`MultiWorkerMirroredStrategy` over `cluster`, Keras 3 corrected where it needs it."""
     import tensorflow as tf
 
     if devices is not None:

@@ -1,9 +1,5 @@
-"""FLOPs per training step, peak FLOP/s per GPU model, and model FLOPs utilization (MFU).
-
-`mfu = train_step_flops / step_time_s / peak_flops`. Only matrix multiplications and
-convolutions count, a multiply-add as 2 FLOPs, read from the step's traced gradient graph.
-The counting rules and the peak table with its sources: `docs/diagnosis.md`, "FLOPs and MFU".
-"""
+"""FLOPs per training step, peak FLOP/s per GPU model, and model FLOPs utilization (MFU);
+the counting rules and the peak table with its sources: docs/diagnosis.md, "FLOPs and MFU"."""
 
 from __future__ import annotations
 
@@ -43,46 +39,44 @@ _LOOP_OPS = ("While", "StatelessWhile")
 @dataclass(frozen=True)
 class _Peak:
     pattern: str  # regex matched against the lower-cased NVML name
-    label: str
     fp32: float  # TFLOP/s on CUDA cores
     tf32: float | None  # TFLOP/s, tensor cores, dense
     fp16: float | None  # TFLOP/s, tensor cores, FP32 accumulate, dense
     bf16: float | None
-    source: str
 
 
 # Dense peak TFLOP/s. Order matters: the first matching pattern wins, so specific names
 # (PCIe, NVL, S, Ti) come before the generic one.
 _PEAKS: tuple[_Peak, ...] = (
     # NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200): SXM / NVL.
-    _Peak(r"h200.*nvl", "H200 NVL", 60.0, 417.5, 835.5, 835.5, "NVIDIA H200 datasheet (NVL)"),
-    _Peak(r"h200", "H200 SXM", 67.0, 494.5, 989.5, 989.5, "NVIDIA H200 datasheet (SXM)"),
+    _Peak(r"h200.*nvl", 60.0, 417.5, 835.5, 835.5),
+    _Peak(r"h200", 67.0, 494.5, 989.5, 989.5),
     # NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100).
-    _Peak(r"h100.*nvl", "H100 NVL", 60.0, 417.5, 835.5, 835.5, "NVIDIA H100 datasheet (NVL)"),
-    _Peak(r"h100.*pcie", "H100 PCIe", 51.0, 378.0, 756.0, 756.0, "NVIDIA H100 datasheet (PCIe)"),
-    _Peak(r"h100", "H100 SXM", 67.0, 494.5, 989.5, 989.5, "NVIDIA H100 datasheet (SXM)"),
+    _Peak(r"h100.*nvl", 60.0, 417.5, 835.5, 835.5),
+    _Peak(r"h100.*pcie", 51.0, 378.0, 756.0, 756.0),
+    _Peak(r"h100", 67.0, 494.5, 989.5, 989.5),
     # NVIDIA A100 Tensor Core GPU datasheet; SXM4 and PCIe share the peak rates.
-    _Peak(r"a100", "A100", 19.5, 156.0, 312.0, 312.0, "NVIDIA A100 datasheet"),
-    _Peak(r"\ba30\b", "A30", 10.3, 82.0, 165.0, 165.0, "NVIDIA A30 datasheet"),
-    _Peak(r"l40s", "L40S", 91.6, 183.0, 362.05, 362.05, "NVIDIA L40S datasheet"),
-    _Peak(r"\bl40\b", "L40", 90.5, 90.5, 181.0, 181.0, "NVIDIA L40 datasheet"),
-    _Peak(r"\bl4\b", "L4", 30.3, 60.0, 121.0, 121.0, "NVIDIA L4 datasheet"),
-    _Peak(r"\ba10\b", "A10", 31.2, 62.5, 125.0, 125.0, "NVIDIA A10 datasheet"),
+    _Peak(r"a100", 19.5, 156.0, 312.0, 312.0),
+    _Peak(r"\ba30\b", 10.3, 82.0, 165.0, 165.0),
+    _Peak(r"l40s", 91.6, 183.0, 362.05, 362.05),
+    _Peak(r"\bl40\b", 90.5, 90.5, 181.0, 181.0),
+    _Peak(r"\bl4\b", 30.3, 60.0, 121.0, 121.0),
+    _Peak(r"\ba10\b", 31.2, 62.5, 125.0, 125.0),
     # NVIDIA T4 Tensor Core GPU datasheet (Turing: no TF32, no bfloat16).
-    _Peak(r"\bt4\b", "T4", 8.1, None, 65.0, None, "NVIDIA T4 datasheet"),
+    _Peak(r"\bt4\b", 8.1, None, 65.0, None),
     # NVIDIA V100 Tensor Core GPU datasheet (Volta: no TF32, no bfloat16).
-    _Peak(r"v100s", "V100S PCIe", 16.4, None, 130.0, None, "NVIDIA V100 datasheet (V100S)"),
-    _Peak(r"v100.*pcie", "V100 PCIe", 14.0, None, 112.0, None, "NVIDIA V100 datasheet (PCIe)"),
-    _Peak(r"v100", "V100 SXM2", 15.7, None, 125.0, None, "NVIDIA V100 datasheet (SXM2)"),
-    _Peak(r"rtx a6000", "RTX A6000", 38.7, 77.4, 154.8, 154.8, "NVIDIA RTX A6000 datasheet"),
+    _Peak(r"v100s", 16.4, None, 130.0, None),
+    _Peak(r"v100.*pcie", 14.0, None, 112.0, None),
+    _Peak(r"v100", 15.7, None, 125.0, None),
+    _Peak(r"rtx a6000", 38.7, 77.4, 154.8, 154.8),
     # NVIDIA Ada GPU architecture whitepaper (v2.1), appendix table for GeForce RTX 4090/4080;
     # GeForce cards run FP16/BF16 with FP32 accumulate at half the FP16-accumulate rate.
-    _Peak(r"rtx 4090", "RTX 4090", 82.6, 82.6, 165.2, 165.2, "NVIDIA Ada whitepaper"),
-    _Peak(r"rtx 4080", "RTX 4080", 48.7, 48.7, 97.5, 97.5, "NVIDIA Ada whitepaper"),
+    _Peak(r"rtx 4090", 82.6, 82.6, 165.2, 165.2),
+    _Peak(r"rtx 4080", 48.7, 48.7, 97.5, 97.5),
     # NVIDIA Ampere GA102 GPU architecture whitepaper (v2.0), GeForce RTX 3090 / 3080.
-    _Peak(r"rtx 3090 ti", "RTX 3090 Ti", 40.0, 40.0, 80.0, 80.0, "NVIDIA GA102 whitepaper"),
-    _Peak(r"rtx 3090", "RTX 3090", 35.6, 35.6, 71.0, 71.0, "NVIDIA GA102 whitepaper"),
-    _Peak(r"rtx 3080", "RTX 3080", 29.8, 29.8, 59.5, 59.5, "NVIDIA GA102 whitepaper"),
+    _Peak(r"rtx 3090 ti", 40.0, 40.0, 80.0, 80.0),
+    _Peak(r"rtx 3090", 35.6, 35.6, 71.0, 71.0),
+    _Peak(r"rtx 3080", 29.8, 29.8, 59.5, 59.5),
 )
 
 # The precision names `peak_flops` accepts -> the `_Peak` field of their rate.
@@ -97,18 +91,16 @@ _PRECISIONS = {
 def peak_flops(gpu_name: str, precision: str) -> float | None:
     """Returns the GPU's dense peak FLOP/s for a precision, from the datasheet table.
 
-    Dense rates, FP16/BF16 with FP32 accumulation; for a float32 model on Ampere or newer
-    pass `"tf32"` (TensorFlow's default). The table and its sources: `docs/diagnosis.md`.
+    For a float32 model on Ampere or newer pass `"tf32"` (TensorFlow's default). The table:
+    docs/diagnosis.md, "Peak table".
 
     Args:
-        gpu_name: str, the GPU model name as NVML or `nvidia-smi --query-gpu=name` gives it,
-            e.g. `"NVIDIA H100 80GB HBM3"`, `"Tesla T4"`.
-        precision: str, one of `"float32"`/`"fp32"`, `"tf32"`, `"float16"`/`"fp16"`/
-            `"mixed_float16"`, `"bfloat16"`/`"bf16"`/`"mixed_bfloat16"`.
+        gpu_name: str, the name as `nvidia-smi --query-gpu=name` gives it, e.g. `"Tesla T4"`.
+        precision: str, `"float32"`/`"fp32"`, `"tf32"`, `"float16"`/`"fp16"`/`"mixed_float16"`
+            or `"bfloat16"`/`"bf16"`/`"mixed_bfloat16"`.
 
     Returns:
-        float, peak FLOP/s, or `None` when the GPU is not in the table or lacks that precision
-        (e.g. bfloat16 on a T4).
+        float, peak FLOP/s, or `None` for a GPU not in the table or without that precision.
 
     Raises:
         TypeError: if `gpu_name` is not a string.
@@ -136,19 +128,15 @@ def mfu(flops_per_step: float, step_time_s: float, peak: float | None) -> float 
     """Returns model FLOPs utilization: achieved FLOP/s divided by peak FLOP/s.
 
     Args:
-        flops_per_step: float, FLOPs of one training step (see `train_step_flops`); NaN
-            (not measured) gives None.
-        step_time_s: float, seconds per training step; zero or NaN (not measured) gives None.
-        peak: float or None, the device's peak FLOP/s (see `peak_flops`); None or zero when
-            the device is not in the peak table.
+        flops_per_step: float, FLOPs of one training step (`train_step_flops`); NaN: None.
+        step_time_s: float, seconds per training step; zero or NaN: None.
+        peak: float or None, the device's peak FLOP/s (`peak_flops`); None or zero: None.
 
     Returns:
-        float in [0, 1] for a sane measurement, or `None` when `peak` is unknown or the step
-        time or FLOPs are not measured.
+        float in [0, 1] for a sane measurement, or `None` where a figure is unknown.
 
     Raises:
-        TypeError: if an argument is not a real number (bools are not), or `peak` is neither a
-            number nor None.
+        TypeError: if an argument is not a real number (bools are not; `peak` may be None).
         ValueError: if an argument is negative or infinite.
 
     Example:
@@ -203,12 +191,10 @@ def _op_flops(op) -> float | None:
     (output, or incoming gradient, elements) x (kernel elements per output element), any layout."""
     t, x = op.type, op.inputs
     try:
-        if t == "MatMul":
+        if t == "MatMul" or t.startswith("BatchMatMul"):
             a, out = _shape(x[0]), _shape(op.outputs[0])
-            return 2.0 * out[0] * out[1] * (a[0] if op.get_attr("transpose_a") else a[1])
-        if t.startswith("BatchMatMul"):
-            a, out = _shape(x[0]), _shape(op.outputs[0])
-            return 2.0 * math.prod(out) * (a[-2] if op.get_attr("adj_x") else a[-1])
+            transposed = op.get_attr("transpose_a" if t == "MatMul" else "adj_x")
+            return 2.0 * math.prod(out) * (a[-2] if transposed else a[-1])
         if t == "Einsum":
             return _einsum_flops(op.get_attr("equation").decode(), [_shape(i) for i in x])
         if t in ("Conv2D", "Conv3D"):
@@ -249,8 +235,7 @@ def _called_functions(op) -> list[str]:
     return names
 
 
-def _function_graph(graph, name: str):
-    g = graph
+def _function_graph(g, name: str):
     while g is not None:
         function = g._get_function(name)
         if function is not None:
@@ -397,26 +382,21 @@ def _train_counts(model, specs) -> dict[str, float]:
 def train_step_flops(model: Any, batch_size: int, *, input_signature: Any = None) -> float:
     """Returns the matmul/conv FLOPs of one training step, as the step really computes them.
 
-    The forward pass, the weight gradients of trainable layers and the input gradients down
-    to the first trainable layer, from the traced gradient graph (else 3x the forward pass,
-    1x with nothing trainable, with a warning). See `docs/diagnosis.md`, "FLOPs and MFU".
+    Read from the traced gradient graph (else 3x the forward pass, 1x with nothing trainable,
+    with a warning). The guide: docs/diagnosis.md, "FLOPs and MFU".
 
     Args:
-        model: keras.Model, a built model (Functional/Sequential, or any model when
-            `input_signature` is given).
+        model: keras.Model, a built Functional/Sequential model (any with `input_signature`).
         batch_size: int, the (global) batch size of one step.
-        input_signature: optional `tf.TensorSpec` (or array), or nested structure of them,
-            giving the input shapes and dtypes; the batch dimension is ignored. Defaults to
-            `None`: `model.inputs`.
+        input_signature: `tf.TensorSpec` (or array), or a nested structure of them: the input
+            shapes and dtypes, the batch dimension ignored. Defaults to None: `model.inputs`.
 
     Returns:
         float, FLOPs per training step.
 
     Raises:
-        TypeError: if `batch_size` is not an int, `model` is not a Keras model, or
-            `input_signature` holds something without a shape and dtype.
-        ValueError: if `batch_size` < 1, the inputs are unknown (a subclassed model without
-            `input_signature`), or input sizes are unknown (None dims besides the batch).
+        TypeError: for a `batch_size` not an int, no Keras model, or a spec without a shape.
+        ValueError: for `batch_size` < 1, unknown inputs, or unknown sizes (None dims).
 
     Example:
 

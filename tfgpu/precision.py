@@ -1,8 +1,5 @@
-"""Which Keras precision policy fits the GPUs: the decision behind `configure(precision="auto")`.
-
-Mixed precision pays off only on tensor cores; GPUs that train together get the policy all of
-them support. The rules: `docs/setup.md`, "How `precision="auto"` chooses".
-"""
+"""Which Keras precision policy fits the GPUs, behind `configure(precision="auto")`; the rules:
+docs/setup.md, "How `precision="auto"` chooses"."""
 
 from __future__ import annotations
 
@@ -13,7 +10,6 @@ from tfgpu._internal.helpers.checks import invalid_type, invalid_value
 
 __all__ = ["PolicyChoice", "choose_policy", "has_tensor_cores", "supports_bfloat16"]
 
-
 _TENSOR_CORES = (7, 0)
 _BFLOAT16 = (8, 0)
 
@@ -23,8 +19,7 @@ class PolicyChoice:
     """A chosen Keras precision policy and why it was chosen.
 
     Args:
-        policy: str, a Keras policy name: `"float32"`, `"mixed_float16"` or
-            `"mixed_bfloat16"`.
+        policy: str, `"float32"`, `"mixed_float16"` or `"mixed_bfloat16"`.
         reason: str, one sentence naming the facts behind the choice.
     """
 
@@ -53,8 +48,7 @@ def has_tensor_cores(cc: tuple[int, int]) -> bool:
     """Tells whether a GPU of compute capability `cc` has tensor cores (Volta and newer).
 
     Args:
-        cc: tuple of two ints, the compute capability `(major, minor)`, e.g. `(7, 5)` for a
-            T4. Same as `nvidia-smi --query-gpu=compute_cap`.
+        cc: tuple of two ints, `(major, minor)` as `nvidia-smi --query-gpu=compute_cap`.
 
     Returns:
         bool, True if `cc >= (7, 0)`.
@@ -75,8 +69,7 @@ def supports_bfloat16(cc: tuple[int, int]) -> bool:
     """Tells whether a GPU of compute capability `cc` computes bfloat16 on tensor cores.
 
     Args:
-        cc: tuple of two ints, the compute capability `(major, minor)`, e.g. `(8, 0)` for an
-            A100.
+        cc: tuple of two ints, `(major, minor)`, e.g. `(8, 0)` for an A100.
 
     Returns:
         bool, True if `cc >= (8, 0)` (Ampere and newer).
@@ -101,11 +94,10 @@ def choose_policy(compute_capabilities: Sequence[tuple[int, int]]) -> PolicyChoi
     """Chooses the Keras precision policy for GPUs that train together.
 
     bfloat16 where every GPU has it, float16 with loss scaling where every GPU has tensor
-    cores, float32 otherwise (and with no GPU); see `docs/setup.md`.
+    cores, float32 otherwise. The guide: docs/setup.md, "How `precision="auto"` chooses".
 
     Args:
-        compute_capabilities: sequence of `(major, minor)` tuples, one per GPU that will
-            train. Empty for the CPU.
+        compute_capabilities: sequence of `(major, minor)` tuples, one per GPU (none: CPU).
 
     Returns:
         `PolicyChoice`, the policy name and the reason.
@@ -119,15 +111,12 @@ def choose_policy(compute_capabilities: Sequence[tuple[int, int]]) -> PolicyChoi
     >>> choose_policy([(9, 0)])
     PolicyChoice(policy='mixed_bfloat16', reason='every GPU has compute capability >= 8.0 (9.0): bfloat16 tensor cores, float32 range, no loss scaling needed')
     """
-    if isinstance(compute_capabilities, str | bytes) or not isinstance(
-        compute_capabilities, Sequence
-    ):
+    given = compute_capabilities
+    if isinstance(given, str | bytes) or not isinstance(given, Sequence):
         raise invalid_type(
-            "compute_capabilities",
-            compute_capabilities,
-            "a list of (major, minor) tuples, e.g. [(8, 0), (8, 0)]",
+            "compute_capabilities", given, "a list of (major, minor) tuples, e.g. [(8, 0), (8, 0)]"
         )
-    ccs = [_check_cc(cc, "compute_capabilities") for cc in compute_capabilities]
+    ccs = [_check_cc(cc, "compute_capabilities") for cc in given]
     if not ccs:
         return PolicyChoice(
             "float32", "no GPU: mixed precision has no tensor cores to use and is slower on the CPU"

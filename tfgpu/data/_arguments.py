@@ -1,5 +1,4 @@
-"""The checks of `pipeline()`'s arguments before any work (type, range, conflicts, then the
-source adapter's own); their result, `Arguments`, is all the later phases read."""
+"""`pipeline()`'s arguments checked before any work; `Arguments` is what later phases read."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ class Arguments(types.SimpleNamespace):
 
 
 def check_arguments(given: Mapping[str, Any]) -> Arguments:
-    """Checks every argument of `pipeline()` (`given`: `data` and every keyword by name);
-    raises the errors its docstring lists."""
+    """Checks every argument of `pipeline()` (`given`: `data` and every keyword by name)."""
     a = Arguments(**given)
     if a.batch_size is not None and a.per_replica_batch_size is not None:
         raise conflicting(

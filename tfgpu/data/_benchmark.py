@@ -1,5 +1,4 @@
-"""`benchmark()`: the speed of an input pipeline alone, no model, after warm-up (the
-measuring core's reader, `_internal.measure.reader`, with its arguments checked)."""
+"""`benchmark()`: the measuring core's reader of a pipeline alone, its arguments checked."""
 
 from __future__ import annotations
 
@@ -10,44 +9,32 @@ from tfgpu._internal.helpers.checks import check_int, check_number, invalid_type
 from tfgpu._internal.measure.reader import PipelineBenchmark, read_alone
 from tfgpu.data._limits import MAX_COUNT, POSITIVE
 
-# The longest wait for one batch: a dataset that stops yielding (a `filter` nothing passes, a
-# source that waits forever) is reported instead of blocking `benchmark` for ever.
-TIMEOUT_S = READ_TIMEOUT_S
-
-__all__ = ["PipelineBenchmark", "benchmark"]
-
 
 def benchmark(
     data: tf.data.Dataset | tf.distribute.DistributedDataset,
     *,
     steps: int = 50,
     warmup: int = 5,
-    timeout_s: float = TIMEOUT_S,
+    timeout_s: float = READ_TIMEOUT_S,
 ) -> PipelineBenchmark:
     """Measures an input pipeline alone: examples/s and batches/s after warm-up.
 
-    Consumes `warmup` batches untimed, then times `steps` batches inside TensorFlow; a short
-    finite dataset is read as `data.repeat()` reads it. See docs/data.md, "benchmark".
+    Consumes `warmup` batches untimed, then times `steps` batches inside TensorFlow (a short
+    finite dataset is read as `data.repeat()`). The guide: docs/data.md, "benchmark".
 
     Args:
-        data: `tf.data.Dataset` of batches (e.g. from `pipeline()`), or a distributed
-            dataset from `distribute=True`.
+        data: `tf.data.Dataset` of batches (e.g. from `pipeline()`), or a distributed dataset.
         steps: int, batches to time. Defaults to 50.
         warmup: int, batches to consume before timing. Defaults to 5.
-        timeout_s: float, the longest wait for one batch (the first one included) before
-            giving up. Defaults to 120.
+        timeout_s: float, the longest wait for one batch, the first included. Defaults to 120.
 
     Returns:
         A `PipelineBenchmark`.
 
     Raises:
         TypeError: if `data` is not a dataset, or `steps`/`warmup` is not an int.
-        ValueError: if `steps` is < 1, `warmup` is negative, `timeout_s` is not a finite
-            number > 0, or the dataset yields no batches. An infinite dataset is fine: only
-            `warmup + steps` are taken.
-        TimeoutError: if no batch came in `timeout_s` seconds (a dataset that never
-            yields, e.g. a `filter` that nothing passes); its reading thread is left to end
-            on its own.
+        ValueError: for `steps` < 1, `warmup` < 0, `timeout_s` not > 0, or no batch at all.
+        TimeoutError: if no batch came in `timeout_s` seconds (its reading thread lives on).
 
     Example:
 

@@ -1,5 +1,4 @@
-"""The file cache: checking a cache argument, caching a dataset, and the leftovers of a first
-pass that was killed (removed, with a warning, so the next run does not fail)."""
+"""The file cache: its argument checked, a dataset cached, leftovers of a killed pass removed."""
 
 from __future__ import annotations
 
@@ -25,37 +24,30 @@ def check_cache(cache: Any) -> tuple[Any, str | None]:
     if not text.strip():
         raise invalid_value("cache", cache, expected)
     prefix = os.path.expanduser(text)
+
+    def refused(expected: str, received: str) -> ValueError:
+        return invalid_value("cache", cache, expected, received=f"cache={text!r}, {received}")
+
     if prefix.endswith(os.sep) or os.path.isdir(prefix):
-        raise invalid_value(
-            "cache",
-            cache,
-            "a file path prefix inside a directory, e.g. "
-            f"{os.path.join(prefix, 'train-cache')!r} (TensorFlow writes PREFIX.index and "
-            "PREFIX.data-*)",
-            received=f"cache={text!r}, which is a directory",
+        example = os.path.join(prefix, "train-cache")
+        raise refused(
+            f"a file path prefix inside a directory, e.g. {example!r} (TensorFlow writes "
+            "PREFIX.index and PREFIX.data-*)",
+            "which is a directory",
         )
     directory = os.path.dirname(os.path.abspath(prefix))
     for parent in (directory, *(str(p) for p in Path(directory).parents)):
         if os.path.exists(parent) and not os.path.isdir(parent):
-            raise invalid_value(
-                "cache",
-                cache,
-                "a path prefix in a directory",
-                received=f"cache={text!r}, which is under the file {parent!r}",
-            )
+            raise refused("a path prefix in a directory", f"which is under the file {parent!r}")
     if not os.path.isdir(directory):
-        raise invalid_value(
-            "cache",
-            cache,
+        raise refused(
             "a path prefix in an existing directory",
-            received=f"cache={text!r}, but the directory {directory} does not exist",
+            f"but the directory {directory} does not exist",
         )
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise invalid_value(
-            "cache",
-            cache,
+        raise refused(
             "a path prefix in a directory this process can write to",
-            received=f"cache={text!r}, but the directory {directory} is not writable",
+            f"but the directory {directory} is not writable",
         )
     return prefix, directory
 

@@ -1,6 +1,4 @@
-"""The user's functions (`map_fn`, `augment_fn`, `batch_map_fn`, `batch_augment_fn`): how
-tf.data calls them, checks of their arity and output, their random ops, and the parallel map
-that names the argument when one fails."""
+"""`map_fn`, `augment_fn`, `batch_map_fn`, `batch_augment_fn`: checked, mapped, random ops."""
 
 from __future__ import annotations
 
@@ -13,6 +11,9 @@ import tensorflow as tf
 from tfgpu._internal.helpers.checks import invalid_type, invalid_value
 from tfgpu._internal.helpers.warn import warn_at_user_code
 from tfgpu._internal.measure.workload import flatten_with_paths
+
+# What tf.data calls each function on (the others: a batch), as the arity error says it.
+_CALLED_ON = {"map_fn": "an example", "augment_fn": "an example after `map_fn`"}
 
 
 def _call_text(name: str, spec: Any) -> tuple[int, str]:
@@ -46,13 +47,10 @@ def _check_arity(name: str, fn: Callable, spec: Any, what: str) -> None:
         ) from None
 
 
-def parallel_map(
-    ds: tf.data.Dataset, name: str, fn: Callable, deterministic: bool | None, called_on: str
-) -> Any:
-    """`ds.map(fn)` in parallel, once `_check_arity` let `fn` through (tf.data calls it on
-    `called_on`); an error while tracing `fn` names the argument, and so does the `TypeError`
-    for a function that returns nothing (not tf.data's "Length for attr 'output_types' of 0")."""
-    _check_arity(name, fn, ds.element_spec, called_on)
+def parallel_map(ds: tf.data.Dataset, name: str, fn: Callable, deterministic: bool | None) -> Any:
+    """`ds.map(fn)` in parallel, `fn`'s arity checked; an error while tracing `fn` names the
+    argument `name`, as does the TypeError for a `fn` that returns nothing."""
+    _check_arity(name, fn, ds.element_spec, _CALLED_ON.get(name, "a batch"))
     what = "batch" if name.startswith("batch_") else "example"
     empty: list[Any] = []  # what `fn` returned when it returned nothing
 
@@ -180,7 +178,5 @@ def random_op_types(fn: Callable, spec: Any) -> tuple[str, ...]:
     if traced is None:
         return ()
     graph_def = traced.graph.as_graph_def()
-    ops = {node.op for node in graph_def.node}
-    for function in graph_def.library.function:
-        ops.update(node.op for node in function.node_def)
-    return tuple(sorted(op for op in ops if "Random" in op))
+    nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
+    return tuple(sorted({n.op for n in nodes if "Random" in n.op}))

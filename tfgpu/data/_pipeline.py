@@ -1,7 +1,5 @@
-"""`pipeline()` and its phases, in order: `check_arguments` (the source's adapter chosen once),
-`_batching`, `source.read` (the validation split taken off), `_decode` (`map_fn`),
-`_gather_facts` (read without side effects) and the pure `decide`, then `_assemble` (the
-steps; the validation side without the random ones)."""
+"""`pipeline()` and its phases, in order: `check_arguments`, `_batching`, `source.read`,
+`_decode` (`map_fn`), `_gather_facts` and the pure `decide`, then `_assemble` (the steps)."""
 
 from __future__ import annotations
 
@@ -58,71 +56,46 @@ def pipeline(
     """Builds an input pipeline that keeps the GPU fed, with the steps in the right order.
 
     read -> `map_fn` -> cache -> shuffle -> [repeat] -> `augment_fn` -> batch -> `batch_map_fn`
-    -> `batch_augment_fn` -> prefetch: decoding runs once, augmentation every epoch. For `fit`,
-    leave `repeat=False`. The order, the defaults and each source: docs/data.md.
+    -> `batch_augment_fn` -> prefetch: decoding runs once, augmentation every epoch. The guide:
+    docs/data.md (the order, the "Options" table, each source, "Validation data").
 
     Args:
         data: arrays or tensors, or a tuple/dict of them (e.g. `(x, y)`); a `tf.data.Dataset`
-            of examples or of batches (kept, or unbatched and batched again, never batched
-            twice); a TFRecord file pattern or a list of them; or a TFDS name such as "mnist".
-        batch_size: int, the global batch size (all replicas): it or `per_replica_batch_size`,
-            or neither to keep a batched dataset's batches. Defaults to None.
-        per_replica_batch_size: int, the batch size per replica (times
-            `strategy.num_replicas_in_sync`). Defaults to None.
-        strategy: `tf.distribute.Strategy` the model trains under: the replica count, the
-            sharding, `drop_remainder=True` by default when shuffling. Defaults to None.
-        map_fn: callable, deterministic per-example decode/preprocess, before the cache;
-            `map_fn(*example)` for a tuple, `map_fn(example)` otherwise. Defaults to None.
-        augment_fn: callable, per-example random augmentation, after the cache and the
-            shuffle; called like `map_fn` on what it returned. Defaults to None.
-        batch_map_fn: callable, deterministic vectorized preprocessing of each batch (e.g.
-            `TextVectorization`), also on the validation side. Defaults to None.
-        batch_augment_fn: callable, vectorized augmentation of each batch, after
-            `batch_map_fn`. Defaults to None.
-        validation_split: float in (0, 1), the fraction held out for validation; then
-            `(train, validation)` is returned. Defaults to None.
-        cache: `"auto"` (in memory when it fits and helps), True/`"memory"`, a file path
-            prefix, or False. Defaults to `"auto"`.
+            of examples or of batches; TFRecord file pattern(s); or a TFDS name ("mnist").
+        batch_size: int, the global batch size (or `per_replica_batch_size`). Defaults to None.
+        per_replica_batch_size: int, the batch size per replica. Defaults to None.
+        strategy: `tf.distribute.Strategy`, the one the model trains under. Defaults to None.
+        map_fn: callable, deterministic per-example decode, before the cache. Defaults to None.
+        augment_fn: callable, per-example random augmentation, after the cache. Defaults to None.
+        batch_map_fn: callable, deterministic vectorized work on each batch. Defaults to None.
+        batch_augment_fn: callable, vectorized augmentation of each batch. Defaults to None.
+        validation_split: float, the fraction held out: `(train, validation)`. Defaults to None.
+        cache: `"auto"`, True/`"memory"`, a file path prefix, or False. Defaults to `"auto"`.
         shuffle: bool, shuffle the examples (and the files' order). Defaults to True.
-        shuffle_buffer: int, the shuffle buffer in examples. Defaults to None: sized from the
-            data, the cache and the RAM budget (docs/data.md, "Options").
-        drop_remainder: bool, drop the last partial batch. Defaults to None: True under a
-            strategy when shuffling, else False (every example is evaluated).
-        deterministic: bool, a fixed order through parallel steps. Defaults to None: True
-            with `shuffle=False`, a `seed`, or workers sharding in-memory data by example.
+        shuffle_buffer: int, the shuffle buffer in examples. Defaults to None: sized here.
+        drop_remainder: bool, drop the last partial batch. Defaults to None: when shuffling
+            under a strategy.
+        deterministic: bool, a fixed order through parallel steps. Defaults to None.
         repeat: bool, repeat indefinitely, after the shuffle (custom loops). Defaults to False.
-        distribute: bool, return `strategy.experimental_distribute_dataset(...)` for a
-            custom training loop; needs `strategy`. Defaults to False.
+        distribute: bool, return `strategy.experimental_distribute_dataset(...)`. Defaults to False.
         seed: int, the seed of the file and example shuffles. Defaults to None.
-        ram_budget_mib: float, RAM tf.data may use (autotune, cache, shuffle buffer).
-            Defaults to None: half of the available host memory.
-        private_threadpool_size: int, a thread pool for this pipeline only (0 shares
-            TensorFlow's). Defaults to None: the CPU count on GPU hosts, else 0.
-        split: str, the TFDS split (TFDS names only), e.g. `"train[:90%]"`. Defaults to None
-            (`"train"`).
+        ram_budget_mib: float, RAM tf.data may use. Defaults to None: half of what is free.
+        private_threadpool_size: int, a thread pool of its own (0: TensorFlow's). Defaults to None.
+        split: str, the TFDS split (TFDS names only). Defaults to None (`"train"`).
         data_dir: path, the TFDS data directory (TFDS names only). Defaults to None.
         compression_type: str, `"GZIP"` or `"ZLIB"` for TFRecord files. Defaults to None.
-        service: str, a tf.data service dispatcher address (`"host:port"`) whose workers run
-            the training side up to the batches; see docs/data_service.md. Defaults to None.
-        service_job_name: str, the service job this run's trainers share. Defaults to None:
-            a fresh name, or the Slurm job and step ids under Slurm.
+        service: str, a tf.data service dispatcher's `"host:port"`. Defaults to None.
+        service_job_name: str, the service job this run's trainers share. Defaults to None.
 
     Returns:
-        A `tf.data.Dataset` of batches (a `tf.distribute.DistributedDataset` with
-        `distribute=True`), or `(train, validation)` with `validation_split`. The training
-        `tf.data.Dataset` carries `pipeline_arguments`, this call's arguments (a dict), to
-        build it again with other settings; the validation one `pipeline_arguments=None`.
+        A `tf.data.Dataset` of batches (distributed with `distribute=True`), or `(train,
+        validation)`; the training one carries `pipeline_arguments`, this call's arguments.
 
     Raises:
-        TypeError: an argument of the wrong type, an unsupported source, or a function that
-            cannot take the elements tf.data passes it (or returns nothing).
-        ValueError: a value out of range, conflicting arguments, a source or split that
-            cannot work (empty, mismatched lengths, no full batch, a cache that cannot fit),
-            or a `map_fn` written for batches; all before any data is read.
-        ConnectionError: with `service`, a dispatcher not reachable within 3 s, or no
-            dispatcher answering there within 5 s more (a worker's port, another server).
-        FileNotFoundError: a file pattern that matches nothing, or a TFDS dataset not
-            prepared in `data_dir`.
+        TypeError: an argument of the wrong type, or a function that cannot take its elements.
+        ValueError: a value out of range, conflicting arguments, or a source that cannot work.
+        ConnectionError: with `service`, no dispatcher answering at that address.
+        FileNotFoundError: a file pattern that matches nothing, or a TFDS dataset not prepared.
 
     Example:
 
@@ -157,19 +130,16 @@ def pipeline(
     for text in plan.warnings:
         warn_at_user_code(f"tfgpu.data.pipeline: {text}.")
     train, validation = _assemble(args, batching, read, facts, plan)
-    mark_pipeline(train, given)
-    sides = [train]
+    sides = [mark_pipeline(train, given)]
     if validation is not None:
-        mark_pipeline(validation, None)
-        sides.append(validation)
+        sides.append(mark_pipeline(validation, None))
     if args.distribute:  # `strategy` is set: checked with distribute=True
         sides = [args.strategy.experimental_distribute_dataset(ds) for ds in sides]
     return sides[0] if validation is None else tuple(sides)
 
 
 def _batching(args: Arguments) -> Batching:
-    """The global batch, whether a batched source keeps its batches (`Source.batching`), and
-    the validation split's counts where the source knows them before reading."""
+    """The global batch, whether a batched source keeps its batches, the split's counts if known."""
     strategy, requested = args.strategy, args.batch_size
     num_replicas = strategy.num_replicas_in_sync if strategy is not None else 1
     if args.per_replica_batch_size is not None:
@@ -188,9 +158,7 @@ def _batching(args: Arguments) -> Batching:
     if args.validation_split is not None:
         total = args.source.count(batched, args.validation_split)
         if total is not None:
-            split_counts = check_split_counts(
-                total, args.validation_split, global_batch, drop, args.drop_remainder is True
-            )
+            split_counts = check_split_counts(total, args, global_batch, drop)
     return Batching(num_replicas, batched, keep, batch_size, global_batch, drop, split_counts)
 
 
@@ -200,11 +168,11 @@ def _decode(args: Arguments, read: Read) -> Read:
     if map_fn is None:
         return read
     spec_in = ds.element_spec
-    ds = parallel_map(ds, "map_fn", map_fn, args.deterministic, "an example")
+    ds = parallel_map(ds, "map_fn", map_fn, args.deterministic)
     random_ops = random_op_types(map_fn, spec_in)
     ragged = check_map_output(map_fn, spec_in, ds.element_spec)
     if val_ds is not None:
-        val_ds = parallel_map(val_ds, "map_fn", map_fn, True, "an example")
+        val_ds = parallel_map(val_ds, "map_fn", map_fn, True)
     return dataclasses.replace(read, ds=ds, val_ds=val_ds, random_ops=random_ops, ragged=ragged)
 
 
@@ -232,16 +200,12 @@ def _gather_facts(args: Arguments, batching: Batching, read: Read) -> Facts:
 
 def _bytes_per_example(spec: Any) -> int | None:
     """Bytes of one element of `spec`; None when a size is not static."""
-    total = 0
-    for s in tf.nest.flatten(spec):
-        if (
-            not isinstance(s, tf.TensorSpec)
-            or not s.shape.is_fully_defined()
-            or s.dtype in (tf.string, tf.variant, tf.resource)
-        ):
-            return None
-        total += s.shape.num_elements() * s.dtype.size
-    return total
+    specs = tf.nest.flatten(spec)
+    if not all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in specs):
+        return None
+    if any(s.dtype in (tf.string, tf.variant, tf.resource) for s in specs):
+        return None
+    return sum(s.shape.num_elements() * s.dtype.size for s in specs)
 
 
 def _ram_budget(ram_budget_mib: float | None) -> int:
@@ -259,79 +223,62 @@ def _worker_count(strategy: Any) -> int:
     if n is not None and is_int(n) and n > 0:
         return int(n)
     resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is not None:
-        try:
-            spec = resolver.cluster_spec()
-            return max(
-                1, sum(spec.num_tasks(job) for job in ("worker", "chief") if job in spec.jobs)
-            )
-        # TF_CONFIG that is not JSON or not a cluster (ValueError, KeyError, TypeError), a
-        # resolver that cannot ask the scheduler (OSError, RuntimeError): one worker.
-        except (KeyError, OSError, RuntimeError, TypeError, ValueError):
-            return 1
-    return 1
+    if resolver is None:
+        return 1
+    try:
+        spec = resolver.cluster_spec()
+        return max(1, sum(spec.num_tasks(job) for job in ("worker", "chief") if job in spec.jobs))
+    # TF_CONFIG that is not JSON or not a cluster (ValueError, KeyError, TypeError), a
+    # resolver that cannot ask the scheduler (OSError, RuntimeError): one worker.
+    except (KeyError, OSError, RuntimeError, TypeError, ValueError):
+        return 1
 
 
 def _assemble(
     args: Arguments, batching: Batching, read: Read, facts: Facts, plan: Plan
 ) -> tuple[tf.data.Dataset, tf.data.Dataset | None]:
-    """The training side's steps from the cache on; the validation side's without augmentation,
-    shuffle or repeat, always in one order."""
+    """The training side's steps from the cache on, and the validation side's (in one order)."""
+
+    def batched(ds: tf.data.Dataset, side: Plan, *, training: bool, batch: bool) -> Any:
+        """batch (ragged again after a `map_fn` that got a ragged feature's rows) ->
+        `batch_map_fn` -> on the training side, `batch_augment_fn` and the service -> prefetch."""
+        if batch:
+            # A plain batch, on purpose: it fuses with `map(augment_fn)` into MapAndBatchDataset
+            # (a parallel one would not: 12-18% slower; docs/data.md, "Why a plain `batch`").
+            batch_step = ds.ragged_batch if read.ragged else ds.batch
+            ds = batch_step(side.global_batch_size, drop_remainder=side.drop_remainder)
+        for name in ("batch_map_fn", "batch_augment_fn") if training else ("batch_map_fn",):
+            fn = getattr(args, name)
+            if fn is not None:
+                ds = parallel_map(ds, name, fn, side.deterministic)
+        if training and args.service is not None:
+            # All so far runs on the service's workers, with options for their machine (their
+            # own memory, TF's shared pool); the trainer reads whole batches and prefetches them.
+            ds = ds.with_options(_options(side, 0, keep_shard=True))
+            ds = distributed(ds, args.service, args.service_job_name, repeat=args.repeat)
+        ds = ds.prefetch(tf.data.AUTOTUNE)
+        return ds.with_options(_options(side, facts.ram_budget_bytes, keep_shard=side.keep_shard))
+
     ds = cached(read.ds, plan.cache)
     if plan.shuffle_buffer:
         ds = ds.shuffle(plan.shuffle_buffer, seed=plan.shuffle_seed, reshuffle_each_iteration=True)
     if args.repeat:
         ds = ds.repeat()
     if args.augment_fn is not None:
-        what = "an example after `map_fn`"
-        ds = parallel_map(ds, "augment_fn", args.augment_fn, plan.deterministic, what)
-    ds = _batched(ds, plan, args, read, facts, training=True, batch=not batching.keep_batches)
+        ds = parallel_map(ds, "augment_fn", args.augment_fn, plan.deterministic)
+    ds = batched(ds, plan, training=True, batch=not batching.keep_batches)
     val_ds = read.val_ds
     if val_ds is not None:
-        split_counts = read.split_counts
         val_plan = validation_plan(
             plan,
             facts,
             cache=args.cache,
             drop_remainder=args.drop_remainder,
-            num_examples=split_counts[1] if split_counts is not None else None,
+            num_examples=read.split_counts[1] if read.split_counts is not None else None,
             element_bytes=_bytes_per_example(val_ds.element_spec),
         )
-        val_ds = cached(val_ds, val_plan.cache)
-        val_ds = _batched(val_ds, val_plan, args, read, facts, training=False, batch=True)
+        val_ds = batched(cached(val_ds, val_plan.cache), val_plan, training=False, batch=True)
     return ds, val_ds
-
-
-def _batched(
-    ds: tf.data.Dataset,
-    plan: Plan,
-    args: Arguments,
-    read: Read,
-    facts: Facts,
-    *,
-    training: bool,
-    batch: bool,
-) -> tf.data.Dataset:
-    """batch (ragged again after a `map_fn` that got a ragged feature's rows) -> `batch_map_fn`
-    -> on the training side, `batch_augment_fn` and the tf.data service -> prefetch."""
-    if batch:
-        # A plain batch, on purpose: it fuses with `map(augment_fn)` into MapAndBatchDataset
-        # (a parallel one would not: 12-18% slower; docs/data.md, "Why a plain `batch`").
-        if read.ragged:
-            ds = ds.ragged_batch(plan.global_batch_size, drop_remainder=plan.drop_remainder)
-        else:
-            ds = ds.batch(plan.global_batch_size, drop_remainder=plan.drop_remainder)
-    for name in ("batch_map_fn", "batch_augment_fn") if training else ("batch_map_fn",):
-        fn = getattr(args, name)
-        if fn is not None:
-            ds = parallel_map(ds, name, fn, plan.deterministic, "a batch")
-    if training and args.service is not None:
-        # All so far runs on the service's workers, with options for their machine (their own
-        # memory, TF's shared pool); the trainer reads whole batches and prefetches them.
-        ds = ds.with_options(_options(plan, 0, keep_shard=True))
-        ds = distributed(ds, args.service, args.service_job_name, repeat=args.repeat)
-    ds = ds.prefetch(tf.data.AUTOTUNE)
-    return ds.with_options(_options(plan, facts.ram_budget_bytes, keep_shard=plan.keep_shard))
 
 
 def _options(plan: Plan, ram_budget_bytes: int, *, keep_shard: bool) -> tf.data.Options:
@@ -340,11 +287,8 @@ def _options(plan: Plan, ram_budget_bytes: int, *, keep_shard: bool) -> tf.data.
     if ram_budget_bytes:  # 0: tf.data's own budget (a service worker's memory)
         options.autotune.ram_budget = int(ram_budget_bytes)
     options.deterministic = plan.deterministic
-    opt = options.experimental_optimization
-    opt.map_parallelization = True
-    opt.map_fusion = True
-    opt.filter_fusion = True
-    opt.parallel_batch = True
+    for name in ("map_parallelization", "map_fusion", "filter_fusion", "parallel_batch"):
+        setattr(options.experimental_optimization, name, True)
     if plan.private_threadpool_size:
         options.threading.private_threadpool_size = plan.private_threadpool_size
     if not keep_shard:

@@ -1,6 +1,4 @@
-"""The pipeline's decisions, pure (no TensorFlow work): `decide()` makes a `Plan` (batch,
-shuffle buffer, cache, determinism, sharding, thread pool) from `Facts` and the user's wishes,
-`validation_plan()` the validation side's from it."""
+"""The pipeline's pure decisions: `decide()` (a `Plan` from `Facts`), `validation_plan()`."""
 
 from __future__ import annotations
 
@@ -14,10 +12,8 @@ from tfgpu.data._sources import SOURCES
 
 # Shuffle buffer when nothing else limits it: large enough to mix well, small enough to fill fast.
 _MAX_SHUFFLE_BUFFER = 10_000
-# ... when what fills it is computed every epoch (map_fn, reads; not a cache): a shuffle gives no
-# batch until its buffer is full, so a whole epoch's buffer decodes the epoch while the model
-# waits (issue 27, benchmarks/pipeline_vs_keras.py). Keras's loaders shuffle 1,024 file paths,
-# its TFRecord example 2,048 decoded images.
+# ... when what fills it is computed every epoch (not a cache), as Keras's loaders shuffle 1,024
+# paths (docs/data.md, "How large a shuffle buffer"; issue 27).
 _UNCACHED_SHUFFLE_BUFFER = 1_024
 _SHUFFLE_RAM_FRACTION = 0.1  # of the RAM budget, at most
 _SHARED_SEED = 0  # for shuffles that must agree across workers (DATA sharding)
@@ -40,10 +36,8 @@ class Facts:
     ram_budget_bytes: int
     free_disk_bytes: int | None  # at the cache path, when caching to a file
     batched: bool = False  # the source's batches are kept: num_examples counts batches
-    # Validation examples split off by position (take/skip): every worker must read it all.
-    split_by_position: bool = False
-    # tf.data service workers run the work up to the batches (dynamic sharding).
-    service: bool = False
+    split_by_position: bool = False  # validation by take/skip: every worker reads it all
+    service: bool = False  # tf.data service workers run the work up to the batches
     reshuffled: bool = False  # the dataset passed in reshuffles every pass (a Keras loader)
 
 
@@ -65,9 +59,8 @@ class Plan:
 
 
 def drop_remainder_default(drop_remainder: bool | None, has_strategy: bool, shuffle: bool) -> bool:
-    """`drop_remainder` as given, else True for a shuffled (training) pipeline under a strategy:
-    even splits, one shape for XLA. An unshuffled one is for validation or prediction, which must
-    see every example; Keras evaluates a partial batch under a strategy."""
+    """`drop_remainder` as given, else True for a shuffled (training) pipeline under a strategy
+    (even splits, one XLA shape); an unshuffled one is for validation: every example counts."""
     if drop_remainder is not None:
         return drop_remainder
     return has_strategy and shuffle
@@ -88,8 +81,7 @@ def decide(
     private_threadpool_size: int | None,
     repeat: bool = False,
 ) -> Plan:
-    """Turns facts about the data and machine plus the user's wishes into a `Plan`. Pure.
-    Raises `ValueError` for a batch or a cache that cannot work."""
+    """The `Plan` from facts and wishes (pure); ValueError for a batch or a cache that fails."""
     drop_remainder = drop_remainder_default(drop_remainder, has_strategy, shuffle)
     global_batch = _global_batch(
         facts, batch_size, per_replica_batch_size, has_strategy, drop_remainder and not repeat
@@ -105,13 +97,17 @@ def decide(
     # Under the tf.data service the job shares the data among trainers: no auto-sharding on
     # top (tf.distribute turns it off for a named job too). AUTO: as the user set it.
     policy = SOURCES[facts.kind].shard_policy(facts)
-    notes = [_file_sharding_note(facts, policy)]
+    notes = []
+    if policy == "DATA" and facts.num_files is not None and facts.workers > 1:
+        notes.append(
+            f"{facts.num_files} file(s) for {facts.workers} workers: sharding by example (DATA), "
+            "each worker reads every file"
+        )
     shard_policy = "OFF" if facts.service else policy
     data_sharded = facts.workers > 1 and shard_policy in ("DATA", "AUTO")
 
     # DATA sharding keeps every k-th element: all workers need one order (deterministic, one
-    # seed). Unshuffled data keeps its order (predictions line up with labels); a seed asks
-    # for a reproducible run; the service's batches come first come, first served.
+    # seed); so do unshuffled data and a seed. The service serves first come, first served.
     if deterministic is None:
         deterministic = not facts.service and (data_sharded or not shuffle or seed is not None)
     if data_sharded and seed is None and shuffle:
@@ -148,8 +144,7 @@ def _global_batch(
     has_strategy: bool,
     drops_partial: bool,
 ) -> int:
-    """The global batch; raises for a `batch_size` that does not split evenly over the
-    replicas, and for a batch larger than a finite source whose partial batch is dropped."""
+    """The global batch; ValueError if it splits unevenly or a dropped partial batch leaves none."""
     replicas = facts.replicas
     if per_replica_batch_size is not None:
         global_batch = per_replica_batch_size * replicas
@@ -183,16 +178,6 @@ def _global_batch(
     return global_batch
 
 
-def _file_sharding_note(facts: Facts, policy: str) -> str:
-    """A note when sharding by example makes every worker read every file ("": none)."""
-    if policy == "DATA" and facts.num_files is not None and facts.workers > 1:
-        return (
-            f"{facts.num_files} file(s) for {facts.workers} workers: sharding by "
-            "example (DATA), each worker reads every file"
-        )
-    return ""
-
-
 def _infinite(facts: Facts) -> bool:
     """Whether the source is known to be infinite."""
     return facts.num_examples is not None and facts.num_examples < 0
@@ -211,8 +196,7 @@ def _in_memory(facts: Facts) -> bool:
 
 
 def _cache(facts: Facts, cache: Any) -> tuple[str | None, str, str]:
-    """Where to cache (None: nowhere), with a note or a warning that says why ("": none);
-    raises for a cache asked for that cannot work."""
+    """Where to cache (None: nowhere), a note, a warning ("": none); raises for one that fails."""
     if cache is None or cache is False:
         return None, "", ""
     cache_bytes = _cache_bytes(facts)
@@ -243,43 +227,38 @@ def _cache(facts: Facts, cache: Any) -> tuple[str | None, str, str]:
 
 def _check_cache_fits(facts: Facts, cache: Any, target: str, cache_bytes: int | None) -> None:
     """Raises for a cache asked for that would never complete or not fit where it goes."""
+
+    def refused(expected: str, received: str) -> ValueError:
+        return invalid_value("cache", cache, expected, received=f"cache={cache!r}{received}")
+
     if _infinite(facts):
-        raise invalid_value(
-            "cache",
-            cache,
+        raise refused(
             "cache=False, or a finite source (repeat with `repeat=True`, which comes after "
             "the cache)",
-            received=f"cache={cache!r} for an infinite source: the cache would never complete",
+            " for an infinite source: the cache would never complete",
         )
     if cache_bytes is None:
         return
+    size = f", but the cache would take about {format_bytes(cache_bytes)}"
     if target == "memory" and cache_bytes > facts.ram_budget_bytes:
-        raise invalid_value(
-            "cache",
-            cache,
+        raise refused(
             "a cache that fits: pass a file path (cache='/fast/disk/cache'), raise "
             "`ram_budget_mib`, or cache smaller decoded examples (e.g. resize in map_fn)",
-            received=f"cache={cache!r}, but the cache would take about "
-            f"{format_bytes(cache_bytes)} ({facts.num_examples} examples x "
-            f"{format_bytes(facts.element_bytes or 0)}), more than the RAM budget of "
-            f"{format_bytes(facts.ram_budget_bytes)}",
+            f"{size} ({facts.num_examples} examples x {format_bytes(facts.element_bytes or 0)}), "
+            f"more than the RAM budget of {format_bytes(facts.ram_budget_bytes)}",
         )
     free = facts.free_disk_bytes
     if target != "memory" and free is not None and cache_bytes > free:
-        raise invalid_value(
-            "cache",
-            cache,
+        raise refused(
             "a path on a disk with enough free space",
-            received=f"cache={cache!r}, but the cache would take about "
-            f"{format_bytes(cache_bytes)} and only {format_bytes(free)} is free there",
+            f"{size} and only {format_bytes(free)} is free there",
         )
 
 
 def _shuffle_buffer(
     facts: Facts, shuffle: bool, shuffle_buffer: int | None, *, cached: bool, global_batch: int
 ) -> tuple[int | None, str]:
-    """The shuffle buffer (None: no shuffle), with a note when the dataset passed in shuffles
-    itself ("": none)."""
+    """The shuffle buffer (None: no shuffle), with a note ("": none)."""
     if not shuffle or facts.batched:  # a kept source's order and shuffling are its own
         return None, ""
     if shuffle_buffer is not None:
@@ -311,9 +290,7 @@ def validation_plan(
     num_examples: int | None,
     element_bytes: int | None,
 ) -> Plan:
-    """The validation side's plan from the training side's (pure; docs/data.md, "Validation
-    data"): no shuffle, in order, the same cache at `<prefix>-validation`, else in memory
-    with `cache="auto"` when it fits."""
+    """The validation side's plan from the training side's (docs/data.md, "Validation data")."""
     val_cache = plan.cache if plan.cache in (None, "memory") else f"{plan.cache}-validation"
     if (
         val_cache is None

@@ -1,6 +1,5 @@
 """The trainer's part of `pipeline(..., service=...)` (docs/data_service.md): the dispatcher
-checked reachable, in-memory arrays in chunks, the job name, the `distribute` step. The
-servers are in `tfgpu/_internal/adapters/data_service.py`."""
+checked, in-memory arrays in chunks, the `distribute` step (servers: `_internal/adapters`)."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ from tfgpu._internal.helpers.checks import invalid_value
 from tfgpu._internal.helpers.cluster import resolve_cluster
 
 # A wrong address fails in seconds, naming it, instead of a hang; then the longest wait for the
-# dispatcher's answer to one small RPC: a port that accepts the connection but is no dispatcher
-# (a worker's, an HTTP server's) is named, not hung on.
+# dispatcher's answer to one small RPC (a port that accepts it may be no dispatcher's).
 _CONNECT_TIMEOUT_S, _ANSWER_TIMEOUT_S = 3.0, 5.0
 # The dispatcher's cheapest RPC (tensorflow/core/data/service/dispatcher.proto); its request is
 # an empty message, serialized as no bytes.
@@ -33,8 +31,7 @@ _TOKEN = uuid.uuid4().hex[:12]
 
 
 def check_dispatcher(address: Address) -> None:
-    """Raises `ConnectionError` naming `address` unless its port accepts a connection, and
-    naming what answered there unless a dispatcher answers its `GetVersion` RPC in time."""
+    """Raises `ConnectionError` unless a dispatcher at `address` answers `GetVersion` in time."""
     try:
         with socket.create_connection((address.connect_host, address.port), _CONNECT_TIMEOUT_S):
             pass
@@ -66,18 +63,15 @@ def check_dispatcher(address: Address) -> None:
     else:
         name = code.name if code is not None else "no status"
         answered = f"no dispatcher answered the call ({name}: {details})"
-    # What answered is learnt by connecting: a ConnectionError, as for no answer at all.
-    raise ConnectionError(
-        str(
-            invalid_value(
-                "service",
-                address.target,
-                f"the address of a tf.data service dispatcher (`tfgpu data-service dispatcher "
-                f"--port {address.port}` on {address.host}), not a worker's",
-                received=f"service={address.target!r}, where {answered}",
-            )
-        )
+    refused = invalid_value(
+        "service",
+        address.target,
+        f"the address of a tf.data service dispatcher (`tfgpu data-service dispatcher "
+        f"--port {address.port}` on {address.host}), not a worker's",
+        received=f"service={address.target!r}, where {answered}",
     )
+    # What answered is learnt by connecting: a ConnectionError, as for no answer at all.
+    raise ConnectionError(str(refused))
 
 
 def chunk_size(num_examples: int) -> int:
@@ -107,8 +101,7 @@ def memory_source(value: Any, num_examples: int) -> tf.data.Dataset:
 def distributed(
     ds: tf.data.Dataset, address: Address, explicit_name: str | None, *, repeat: bool
 ) -> tf.data.Dataset:
-    """`ds` run by the service's workers (dynamic sharding), read by this process, as the job
-    named `explicit_name` or the next job name of this process, with coordinated reads."""
+    """`ds` run by the service's workers (dynamic sharding) as one job, read by this process."""
     cluster = resolve_cluster(os.environ, strict=False)
     name = job_name(
         explicit_name, cluster=cluster, environ=os.environ, serial=next(_serial), token=_TOKEN

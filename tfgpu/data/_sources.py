@@ -1,7 +1,5 @@
 """What `pipeline()` was given: one adapter per kind of `data`, chosen once by `classify()`
-(no TensorFlow work), as Keras's data adapters. Each carries what differs for its kind: its
-own checks, batches, count, reading (the validation split off before any shuffle), and the
-pure facts the plan needs (`shard_policy`, what a cache gains)."""
+(as Keras's data adapters), with its own checks, batches, count, reading and plan facts."""
 
 from __future__ import annotations
 
@@ -29,13 +27,7 @@ from tfgpu._internal.helpers.checks import conflicting, invalid_type, invalid_va
 from tfgpu._internal.helpers.warn import warn_at_user_code
 from tfgpu._internal.measure.workload import check_arrays
 from tfgpu.data._service import memory_source
-from tfgpu.data._split import (
-    SPLIT_BUCKETS,
-    check_split_counts,
-    refuse_dataset_split,
-    tfds_slices,
-    validation_filter,
-)
+from tfgpu.data._split import check_split_counts, refuse_dataset_split, validation_filter
 from tfgpu.data._tfds import check_tfds_name, load_tfds_dataset, tfds_split_info
 
 if TYPE_CHECKING:
@@ -66,8 +58,7 @@ class Batching:
 
 @dataclasses.dataclass(frozen=True)
 class Read:
-    """The source read (then decoded by `map_fn`): the training examples, the validation
-    ones, and what was learned."""
+    """The source read (then decoded by `map_fn`): both sides' examples, and what was learned."""
 
     ds: tf.data.Dataset
     val_ds: tf.data.Dataset | None = None
@@ -85,9 +76,7 @@ class Source:
     kind: ClassVar[str]
     takes: ClassVar[tuple[str, ...]] = ()  # the source-only arguments this kind accepts
     in_memory: ClassVar[bool] = False  # a cache gains nothing without `map_fn` (arrays)
-    # cache="auto" caches what is read even without `map_fn` (not arrays, nor a dataset
-    # passed in, which may hold the user's own randomness).
-    cache_unmapped: ClassVar[bool] = True
+    cache_unmapped: ClassVar[bool] = True  # cache="auto" caches it even without `map_fn`
 
     def __init__(self, value: Any) -> None:
         self.value = value
@@ -187,10 +176,8 @@ class DatasetSource(Source):
                 "deterministic=False (tf.data's default keeps the order)",
                 args.validation_split,
             )
-        # The split takes the dataset's last examples, so the steps before it (the loader's
-        # own parallel maps) must keep their order: tf.data options reach the whole chain
-        # (the pipeline's `deterministic=True` overrides a source's options), but not a step
-        # built with `deterministic=False`, checked above.
+        # The split takes the last examples: the pipeline's `deterministic=True` orders the
+        # steps before it (not one built with `deterministic=False`, refused above).
         if args.deterministic is False:
             raise conflicting(
                 "deterministic=False",
@@ -204,9 +191,8 @@ class DatasetSource(Source):
     def batching(
         self, args: Arguments, requested: int | None, num_replicas: int
     ) -> tuple[Batches | None, bool, int | None]:
-        """Batches are kept when they already are what was asked for: no batch size given or
-        the same one, no per-example work, and no `drop_remainder=True` that partial batches
-        would break. Else the source is unbatched and batched again; never batched twice."""
+        """Batches are kept when they are what was asked for (docs/data.md, "Datasets that are
+        already batched"); else the source is unbatched and batched again."""
         batches, ambiguous = source_batches(self.value)
         if ambiguous:
             warn_at_user_code(
@@ -246,16 +232,13 @@ class DatasetSource(Source):
                 shown,
             )
             return batches, True, size
-        batch_size = args.batch_size
-        if requested is None:
-            if size is None:
-                raise ValueError(
-                    "Invalid arguments `batch_size` and `per_replica_batch_size`. Received: "
-                    f"batch_size=None, per_replica_batch_size=None with {', '.join(per_example)} "
-                    "for a dataset that is already batched in batches of unknown size. Expected "
-                    "a `batch_size`: the source is unbatched and batched again at that size."
-                )
-            batch_size = size
+        if requested is None and size is None:
+            raise ValueError(
+                "Invalid arguments `batch_size` and `per_replica_batch_size`. Received: "
+                f"batch_size=None, per_replica_batch_size=None with {', '.join(per_example)} "
+                "for a dataset that is already batched in batches of unknown size. Expected "
+                "a `batch_size`: the source is unbatched and batched again at that size."
+            )
         reason = (
             f"batch_size {requested} asked for"
             if requested is not None and requested != size
@@ -264,15 +247,14 @@ class DatasetSource(Source):
             else "drop_remainder=True"
         )
         known = batches.num_examples is not None
-        examples = f"{batches.num_examples} examples" if known else "its examples"
         _LOG.info(
             "tfgpu.data.pipeline: the dataset passed in is already batched (batches %s); it is "
             "unbatched and %s are batched again (%s).",
             shown,
-            examples,
+            f"{batches.num_examples} examples" if known else "its examples",
             reason,
         )
-        return batches, False, batch_size if args.per_replica_batch_size is None else None
+        return batches, False, size if requested is None else args.batch_size
 
     def count(self, batches: Batches | None, validation_split: float) -> int | None:
         total = batches.num_examples if batches is not None else cardinality(self.value)
@@ -307,19 +289,15 @@ class DatasetSource(Source):
 
     @staticmethod
     def shard_policy(facts: Facts) -> str:
-        # Left as the user set it (AUTO), unless split by position: take/skip count examples
-        # of the whole dataset, and under FILE sharding (what AUTO becomes for a dataset that
-        # reads files) each worker would apply them to its own files.
+        # As the user set it (AUTO), but DATA where take/skip count the whole dataset's examples
+        # (under FILE each worker would split its own files; docs/data.md, "Sharding").
         return "DATA" if facts.split_by_position else "AUTO"
 
 
 def unordered_step(ds: tf.data.Dataset) -> str:
-    """A step of `ds`'s input chain (every input of a zip or concatenate too) built with
-    `deterministic=False`, as "ParallelMapDataset(deterministic=False)"; "" when none is.
-
-    Options do not count: the pipeline's own `deterministic=True` overrides them. A parallel
-    `map` or `batch` keeps the flag on its Python object; a parallel `interleave` only in its
-    op, so its graph is read (in-memory tensors upstream make that slower, never wrong)."""
+    """A step of `ds`'s input chain (every input of a zip too) built with `deterministic=False`,
+    as "ParallelMapDataset(deterministic=False)"; "" when none is. A parallel `map` or `batch`
+    keeps the flag on its Python object, a parallel `interleave` only in its op (graph read)."""
     stack, seen = [ds], 0
     while stack and seen < 10_000:
         step = stack.pop()
@@ -334,8 +312,7 @@ def unordered_step(ds: tf.data.Dataset) -> str:
 
 
 def _graph_unordered(ds: tf.data.Dataset) -> bool:
-    """Whether an interleave op of `ds`'s dataset graph (its functions' too) has the attribute
-    deterministic="false"; the other steps upstream are the walk's."""
+    """Whether an interleave op of `ds`'s graph (its functions' too) has deterministic="false"."""
     graph = tf.compat.v1.GraphDef()
     graph.ParseFromString(ds._as_serialized_graph().numpy())
     nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]
@@ -348,13 +325,9 @@ def _graph_unordered(ds: tf.data.Dataset) -> bool:
 
 # Steps that yield one element for each of their input's (class names, lowercase, no "_").
 _ONE_FOR_ONE = (
-    "mapdataset",
-    "parallelmapdataset",
-    "prefetchdataset",
-    "optionsdataset",
-    "shuffledataset",
+    "mapdataset", "parallelmapdataset", "prefetchdataset", "optionsdataset", "shuffledataset",
     "cachedataset",
-)
+)  # fmt: skip
 
 
 def _count_unbatched(ds: tf.data.Dataset) -> tf.data.Dataset:
@@ -398,8 +371,7 @@ class RecordSource(Source):
         ds = read_files(self.value, args.shuffle, args.deterministic, args.seed, compression)
         if args.validation_split is None:
             return Read(ds, num_files=len(self.value))
-        threshold = min(max(round(args.validation_split * SPLIT_BUCKETS), 1), SPLIT_BUCKETS - 1)
-        in_validation = validation_filter(threshold)
+        in_validation = validation_filter(args.validation_split)
         return Read(
             ds.filter(lambda record: tf.logical_not(in_validation(record))),
             read_files(self.value, False, True, None, compression).filter(in_validation),
@@ -427,8 +399,7 @@ class TfdsSource(Source):
             )
 
     def read(self, args: Arguments, batching: Batching) -> Read:
-        """The split read without prefetch; with `validation_split`, sliced in two by counts
-        (checked here, where its size is first known)."""
+        """The split read; with `validation_split`, sliced by counts (its size known here)."""
         name, validation_split, split = self.value, args.validation_split, args.split or "train"
 
         def load(part: str, shuffled: bool) -> tuple[tf.data.Dataset, Any]:
@@ -458,14 +429,8 @@ class TfdsSource(Source):
                 received=f"validation_split={validation_split}, but the number of examples in "
                 f"{name!r} split {split!r} is unknown",
             )
-        counts = check_split_counts(
-            int(examples),
-            validation_split,
-            batching.global_batch,
-            batching.drop,
-            args.drop_remainder is True,
-        )
-        train, val = tfds_slices(split, int(examples), validation_split)
+        counts = check_split_counts(int(examples), args, batching.global_batch, batching.drop)
+        train, val = f"{split}[:{counts[0]}]", f"{split}[{counts[0]}:]"  # the last examples
         return Read(load(train, args.shuffle)[0], load(val, False)[0], num_files, counts)
 
 
@@ -499,31 +464,20 @@ def classify(data: Any) -> Source:
             return RecordSource(files)
         if _TFDS_NAME.match(text) and not os.path.splitext(text)[1]:
             return TfdsSource(text)
-        # A missing file is a FileNotFoundError (docs/data.md), in the one phrasing.
-        raise FileNotFoundError(
-            str(
-                invalid_value(
-                    "data",
-                    data,
-                    "an existing TFRecord file or glob pattern such as 'data/train-*.tfrecord'",
-                    received=f"data={text!r}, a file pattern that matches no files (looked in "
-                    f"{os.path.abspath(os.path.dirname(text) or '.')})",
-                )
-            )
+        raise _not_found(
+            data,
+            "an existing TFRecord file or glob pattern such as 'data/train-*.tfrecord'",
+            f"data={text!r}, a file pattern that matches no files (looked in "
+            f"{os.path.abspath(os.path.dirname(text) or '.')})",
         )
     if isinstance(data, list) and data and all(isinstance(s, (str, os.PathLike)) for s in data):
         patterns = [os.fspath(s) for s in data]
         missing = [p for p in patterns if not _expand_patterns([p])]
         if missing:
-            raise FileNotFoundError(
-                str(
-                    invalid_value(
-                        "data",
-                        data,
-                        "existing TFRecord files or glob patterns",
-                        received=f"file patterns that match no files: {missing}",
-                    )
-                )
+            raise _not_found(
+                data,
+                "existing TFRecord files or glob patterns",
+                f"file patterns that match no files: {missing}",
             )
         return RecordSource(_expand_patterns(patterns))
     if isinstance(
@@ -540,6 +494,11 @@ def classify(data: Any) -> Source:
     )
 
 
+def _not_found(data: Any, expected: str, received: str) -> FileNotFoundError:
+    """A missing file is a FileNotFoundError (docs/data.md), in the one phrasing."""
+    return FileNotFoundError(str(invalid_value("data", data, expected, received=received)))
+
+
 def _expand_patterns(patterns: list[str]) -> list[str]:
     files: list[str] = []
     for pattern in patterns:
@@ -548,11 +507,8 @@ def _expand_patterns(patterns: list[str]) -> list[str]:
 
 
 def check_compression(files: list[str], compression_type: str) -> None:
-    """Raises ValueError when the first file's bytes contradict `compression_type`.
-
-    Reading a GZIP file as plain TFRecords (or the reverse) fails only when iterated, with a
-    `DataLossError` that names neither the file nor the argument.
-    """
+    """ValueError when the first file's bytes contradict `compression_type` (TensorFlow fails
+    only when reading, with a `DataLossError` that names neither the file nor the argument)."""
     path = files[0]
     try:
         with open(path, "rb") as f:

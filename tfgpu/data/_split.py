@@ -1,20 +1,22 @@
-"""`validation_split`: its check, each side's count, and the helpers of the sources' splits
-(by position, by record hash, by TFDS counts; docs/data.md, "Validation data")."""
+"""`validation_split`: its check, the counts, the split of records by hash (docs/data.md)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
 
 from tfgpu._internal.helpers.checks import invalid_type, invalid_value, is_number
 
+if TYPE_CHECKING:
+    from tfgpu.data._arguments import Arguments
+
 # Hash buckets of the TFRecord split: a record is validation when its bucket (of its bytes) is
-# below `validation_split * SPLIT_BUCKETS`, the same every epoch, file order and worker.
-SPLIT_BUCKETS = 1 << 20
+# below `validation_split * _BUCKETS`, the same every epoch, file order and worker.
+_BUCKETS = 1 << 20
 _VALIDATION_SPLIT = "a float in (0, 1), e.g. 0.1, or None"
 
 
@@ -31,22 +33,14 @@ def check_validation_split(value: Any) -> float | None:
     return number
 
 
-def _split_counts(n: int, validation_split: float) -> tuple[int, int]:
-    """(train, validation) examples: the last `validation_split` of `n`, as Keras `fit` takes it."""
-    split_at = math.floor(n * (1.0 - validation_split))
-    return split_at, n - split_at
-
-
 def check_split_counts(
-    n: int,
-    validation_split: float,
-    global_batch: int | None,
-    drop_remainder: bool,
-    validation_drop_remainder: bool,
+    n: int, args: Arguments, global_batch: int | None, drop_remainder: bool
 ) -> tuple[int, int]:
-    """Raises ValueError when a side of the split has no example, or no full batch to keep
-    (`validation_drop_remainder`: True only when the user passed `drop_remainder=True`)."""
-    train, validation = _split_counts(n, validation_split)
+    """(train, validation) of `n` examples; ValueError for a side with no example, or no full
+    batch to keep (the validation side drops one only with the user's `drop_remainder=True`)."""
+    validation_split = args.validation_split
+    train = math.floor(n * (1.0 - validation_split))  # the last fraction, as Keras `fit` takes it
+    validation = n - train
     shown = (
         f"validation_split={validation_split} of {n} examples gives {train} for training "
         f"and {validation} for validation"
@@ -72,7 +66,7 @@ def check_split_counts(
             f"{side} ({count} examples)"
             for side, count, drops in (
                 ("training", train, drop_remainder),
-                ("validation", validation, validation_drop_remainder),
+                ("validation", validation, args.drop_remainder is True),
             )
             if drops and count < global_batch
         ]
@@ -104,16 +98,11 @@ def refuse_dataset_split(reason: str, validation_split: float) -> ValueError:
     )
 
 
-def validation_filter(threshold: int) -> Callable:
+def validation_filter(validation_split: float) -> Callable:
     """A `filter` predicate on serialized records: True for the validation share."""
+    threshold = min(max(round(validation_split * _BUCKETS), 1), _BUCKETS - 1)
 
     def predicate(record: tf.Tensor) -> tf.Tensor:
-        return tf.strings.to_hash_bucket_fast(record, SPLIT_BUCKETS) < threshold
+        return tf.strings.to_hash_bucket_fast(record, _BUCKETS) < threshold
 
     return predicate
-
-
-def tfds_slices(split: str, num_examples: int, validation_split: float) -> tuple[str, str]:
-    """TFDS split strings for (train, validation): the last `validation_split` by count."""
-    train, _ = _split_counts(num_examples, validation_split)
-    return f"{split}[:{train}]", f"{split}[{train}:]"

@@ -1,5 +1,4 @@
-"""TensorFlow Datasets: `load_tfds()`, and the name and preparation checks that make an
-offline machine fail within seconds, with a hint, instead of retrying the network."""
+"""TensorFlow Datasets: `load_tfds()`, failing in seconds offline instead of retrying."""
 
 from __future__ import annotations
 
@@ -77,36 +76,28 @@ def load_tfds(
 ) -> tf.data.Dataset | tuple[tf.data.Dataset, Any]:
     """Loads a TensorFlow Datasets dataset for training, with fast reading options.
 
-    Reads and decodes in parallel, shuffles the file order every epoch, and returns
-    `(input, label)` pairs when the dataset defines them. Without `download=True`, a dataset
-    not prepared in `data_dir` fails at once, saying how to get it, instead of TFDS's minutes
-    of network retries. See docs/data.md, "load_tfds".
+    Reads and decodes in parallel, shuffles the file order every epoch, returns `(input,
+    label)` pairs where defined, and fails at once for a dataset not prepared in `data_dir`
+    (saying how to get it). The guide: docs/data.md, "load_tfds".
 
     Args:
-        name: str, the TFDS name, optionally with config and version: `"mnist"`,
-            `"cifar10:3.0.2"`, `"imagenet2012/subset"`.
-        split: str, the split or split expression, e.g. `"train"`, `"test"`,
-            `"train[:90%]"`. Defaults to `"train"`.
-        data_dir: path, where prepared datasets live. Defaults to None: TFDS's default
-            (`$TFDS_DATA_DIR` or `~/tensorflow_datasets`).
-        download: bool, download and prepare the dataset if it is not in `data_dir` (needs
-            internet). Defaults to False.
-        shuffle_files: bool, shuffle the order of the dataset's files every epoch. Defaults to
-            True.
-        as_supervised: bool, return `(input, label)` tuples instead of feature dicts.
-            Defaults to None: True when the dataset defines supervised keys.
+        name: str, the TFDS name, with an optional config and version (`"cifar10:3.0.2"`).
+        split: str, the split or split expression (`"train[:90%]"`). Defaults to `"train"`.
+        data_dir: path, where prepared datasets live. Defaults to None: TFDS's default.
+        download: bool, download and prepare a dataset not in `data_dir`. Defaults to False.
+        shuffle_files: bool, shuffle the files' order every epoch. Defaults to True.
+        as_supervised: bool, `(input, label)` tuples instead of feature dicts. Defaults to
+            None: True when the dataset defines supervised keys.
         seed: int, seed for the file shuffle. Defaults to None.
         with_info: bool, also return the `tfds.core.DatasetInfo`. Defaults to False.
 
     Returns:
-        A `tf.data.Dataset` of unbatched examples, or `(dataset, info)` when `with_info=True`.
+        A `tf.data.Dataset` of unbatched examples, or `(dataset, info)` with `with_info=True`.
 
     Raises:
         TypeError: for a `name`, `split`, flag or `seed` of the wrong type.
-        ValueError: for a name that is not a TFDS dataset (with close matches), a split the
-            dataset does not have, a negative seed, or a `data_dir` that is (under) a file.
-        FileNotFoundError: when the dataset is not prepared in `data_dir` and
-            `download=False`; the message says how to get it onto an offline machine.
+        ValueError: for an unknown name (with close matches) or split, a bad seed or data_dir.
+        FileNotFoundError: for a dataset not prepared in `data_dir`, with `download=False`.
         ImportError: when `tensorflow-datasets` is not installed (with the pip line).
 
     Example:
@@ -117,16 +108,9 @@ def load_tfds(
     ```
     """
     check_bool("with_info", with_info)
-    ds, info = load_tfds_dataset(
-        name,
-        split,
-        data_dir=data_dir,
-        download=download,
-        shuffle_files=shuffle_files,
-        as_supervised=as_supervised,
-        seed=seed,
-        prefetch=True,
-    )
+    options = dict(locals())  # every argument, by name, as `load_tfds_dataset` takes them
+    del options["with_info"]
+    ds, info = load_tfds_dataset(**options, prefetch=True)
     return (ds, info) if with_info else ds
 
 
@@ -174,8 +158,7 @@ def load_tfds_dataset(
     root = _data_root(data_dir)
     if not builder.is_prepared():
         if not download:
-            # TFDS's own `tfds build` command imports apache-beam, which tfgpu does not
-            # install: the command given first works with what tfgpu installs.
+            # First the command that works with what tfgpu installs (`tfds build` needs beam).
             raise FileNotFoundError(
                 f"TensorFlow Datasets dataset {name!r} is not prepared in {root} (looked for "
                 f"{builder.data_dir}). To get it: on a machine with internet run "
