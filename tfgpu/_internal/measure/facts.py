@@ -1,8 +1,6 @@
 """The one set of workload facts of the measuring core: what the model, its data and the
-devices are (`gather`, reading no batch and training nothing), and what a first measurement
-says (`step_time_s`, `input_time_s`, filled by the caller). `diagnose` and `tune` extend the
-class with their own facts; every field has one name.
-"""
+devices are (`gather`: no batch read, nothing trained) and what a first measurement says;
+`diagnose` and `tune` extend the class (docs/architecture.md, "The measuring core")."""
 
 from __future__ import annotations
 
@@ -68,13 +66,8 @@ class WorkloadFacts:
 def gather(
     model: Any, dataset: tf.data.Dataset, *, from_arrays: bool = False, has_factory: bool = False
 ) -> dict[str, Any]:
-    """The facts of a compiled model and its batches (no batch read, nothing trained), as
-    keyword arguments of `WorkloadFacts` or a subclass.
-
-    Example:
-
-    >>> facts = WorkloadFacts(**gather(model, dataset))
-    """
+    """The facts of a compiled model and its batches, as keyword arguments of
+    `WorkloadFacts` or a subclass: `WorkloadFacts(**gather(model, dataset))`."""
     from tfgpu._internal.adapters.model_state import supports_xla
 
     strategy = model.distribute_strategy

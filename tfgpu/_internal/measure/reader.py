@@ -1,7 +1,6 @@
 """The one bounded reader of the measuring core: a dataset's batches read alone, no model,
-in a graph loop, timed after warm-up (`read_alone`); given up when no batch comes for a
-bound. `tfgpu.data.benchmark` is its public face; `diagnose`, `tune` and `scaling` time the
-input with it."""
+in a graph loop, timed after warm-up, given up when no batch comes for a bound (`read_alone`,
+behind `tfgpu.data.benchmark`; `diagnose`, `tune` and `scaling` time the input with it)."""
 
 from __future__ import annotations
 
@@ -114,14 +113,8 @@ def _consume(
             k = _batch_examples(value)
             with tf.control_dependencies([progress.assign_add(1)]):
                 k = tf.identity(k)
-            return (
-                i + 1,
-                count + 1,
-                examples + k,
-                tf.minimum(low, k),
-                tf.maximum(high, k),
-                starts + start,
-            )
+            smallest, largest = tf.minimum(low, k), tf.maximum(high, k)
+            return i + 1, count + 1, examples + k, smallest, largest, starts + start
 
         def exhausted():
             return n, count, examples, low, high, starts

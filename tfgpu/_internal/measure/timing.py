@@ -1,13 +1,11 @@
-"""The one timing engine of the measuring core: a timed `fit` (the steady step,
-`fit_step_time`; whole epochs as the user's `fit` sees them, `epoch_time`; a first look,
-`probe_step_time`) under a `Budget`, and variants compared with a baseline in interleaved
-rounds (`compare`) until `rules.decided`. `now` and the timed fits are module attributes: the
-tests' one scripted engine (tests/conftest.py, `ScriptedTiming`) replaces them.
-"""
+"""The one timing engine of the measuring core: the timed fits, the `Budget`, and `compare`
+(docs/architecture.md, "The measuring core"). `now` and the timed fits are module attributes:
+the tests' scripted engine (tests/conftest.py, `ScriptedTiming`) replaces them."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
 import math
@@ -70,10 +68,8 @@ def call_counts(spe: int, steps: int, warmup: int) -> tuple[int, int]:
 @contextlib.contextmanager
 def collected_before() -> Iterator[None]:
     """A full garbage collection now and none inside the body; the user's setting put back.
-
     Earlier fits leave cycles (distributed iterators: tens of thousands of objects) whose
-    collection takes seconds: inside a timed window that noise can flip a decision.
-    """
+    collection takes seconds: inside a timed window that noise can flip a decision."""
     gc.collect()
     enabled = gc.isenabled()
     gc.disable()
@@ -85,9 +81,8 @@ def collected_before() -> Iterator[None]:
 
 
 def _fit(model: Any, dataset: Any, timer: Any, epochs: int = 1, steps: int | None = None) -> None:
-    """One `fit` with `timer` its only callback, garbage collected before. Keras's warning
-    that a whole epoch ran out of data (its last call shorter) is about our fit, not the
-    user's: not shown."""
+    """One `fit` with `timer` its only callback, garbage collected before; Keras's warning
+    that an epoch ran out of data is about our fit, not the user's: not shown."""
     with collected_before(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Your input ran out of data")
         model.fit(
@@ -155,11 +150,10 @@ def epoch_time(
     deadline=None,
     timed_limit_s=None,
 ) -> float | None:
-    """Seconds per training step over `epochs` epochs of `fit` (whole, or their first
-    `steps_per_epoch` steps), each timed from its start to its end: the iterator's creation,
-    the pipeline's first batches and a last partial call included, as the user's own `fit`
-    sees them once the step is traced (no validation). `steps_in_epoch`: the batches of a
-    whole epoch, when known. Garbage collected before; None when the deadline cut it."""
+    """Seconds per step over `epochs` epochs of `fit` (or their first `steps_per_epoch`
+    steps), each timed from its start (the iterator made, a last partial call included), as
+    the user's `fit` sees them; `steps_in_epoch`: a whole epoch's batches, when known. None
+    when the deadline cut it."""
     timer = _EpochTimer(deadline, timed_limit_s, steps_in_epoch)
     _fit(model, dataset, timer, epochs, steps_per_epoch)
     if timer.cut or not timer.steps:
@@ -222,15 +216,9 @@ Run = Callable[[float | None, float | None], float | None]
 
 @dataclass
 class Comparison:
-    """One variant against the baseline: its rounds, and why it stopped early.
-
-    Attributes:
-        rounds: list of (baseline s, variant s), one pair per round, measured side by side.
-        stopped: `"slower"` (clearly slower after the first round), `"budget"` (the budget
-            was spent, or a run was cut before one timed step), or None (settled, or out of
-            rounds).
-        error: str, the variant's run failed with one of `compare`'s `failures`; "" if not.
-    """
+    """One variant against the baseline: its rounds (baseline s, variant s), why it stopped
+    early (`"slower"` after round one, `"budget"`: spent, or a run cut before one timed step;
+    None: settled or out of rounds), and its run's `error` (one of `compare`'s `failures`)."""
 
     rounds: list[tuple[float, float]] = field(default_factory=list)
     stopped: str | None = None
@@ -261,18 +249,14 @@ def compare(
     time of round one, already measured.
     """
     budget = budget or Budget(None)
+    settled = done or functools.partial(decided, margin=margin)
     out = {name: Comparison() for name in variants}
     limit: float | None = None
     for i in range(max_rounds):
         active = [
             name
             for name, c in out.items()
-            if c.stopped is None
-            and not c.error
-            and not (
-                i >= MIN_ROUNDS
-                and (done(c.rounds) if done is not None else decided(c.rounds, margin))
-            )
+            if c.stopped is None and not c.error and not (i >= MIN_ROUNDS and settled(c.rounds))
         ]
         if not active:
             break
@@ -285,9 +269,8 @@ def compare(
         times: dict[str | None, float | None] = {}
         for name in order:
             if name is None:
-                times[None] = first_base if i == 0 and first_base is not None else None
-                if times[None] is None:
-                    times[None] = base(budget.deadline, None)
+                given = first_base if i == 0 else None
+                times[None] = base(budget.deadline, None) if given is None else given
                 continue
             try:
                 times[name] = variants[name](budget.deadline, limit)

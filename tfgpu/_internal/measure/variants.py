@@ -1,14 +1,13 @@
 """Variants of a workload, each a dict of changes: `Variants.run_for(changes)` builds one
 once, applies it for its timed run and puts the model back (docs/architecture.md, "The
-measuring core"). A variant in a fresh process (`tfgpu tune SCRIPT.py`) has its own runner
-of the same shape."""
+measuring core")."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -212,16 +211,13 @@ class Variants:
         build(model, x)
         return model
 
-    @contextlib.contextmanager
-    def strategy_for(self, model: Any, changes: dict[str, Any]) -> Iterator[None]:
-        """Runs the body with the all-reduce in `changes` on `model`'s strategy, put back
+    def strategy_for(
+        self, model: Any, changes: dict[str, Any]
+    ) -> contextlib.AbstractContextManager[None]:
+        """The body runs with the all-reduce in `changes` on `model`'s strategy, put back
         afterwards; a step traced in the body keeps it."""
         name = changes.get("all_reduce")
-        if name is None:
-            yield
-            return
-        with using(model.distribute_strategy, name):
-            yield
+        return contextlib.nullcontext() if name is None else using(model.distribute_strategy, name)
 
     # Runs.
     def run_for(self, changes: dict[str, Any]) -> timing.Run:

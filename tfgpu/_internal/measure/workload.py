@@ -35,12 +35,8 @@ def check_model(model: Any, *, from_factory: bool = False) -> keras.Model:
     """Returns `model` if it is a compiled Keras model: else TypeError, or ValueError with the
     fix; `from_factory`: the messages say it came from the user's function."""
     if not isinstance(model, keras.Model):
-        expected = (
-            "a function that returns a compiled `keras.Model`"
-            if from_factory
-            else "a compiled `keras.Model`"
-        )
-        raise invalid_type("model", model, expected)
+        returns = "a function that returns " if from_factory else ""
+        raise invalid_type("model", model, returns + "a compiled `keras.Model`")
     if not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None:
         where = "the model the factory returned" if from_factory else "a model"
         fix = "in the factory, before returning it" if from_factory else "before passing it"
@@ -81,8 +77,7 @@ class DatasetData:
         read = read_first(ds.take(limit).batch(limit), 1)
         if not read:
             raise _empty("example")
-        element = read[0]
-        element = tf.nest.map_structure(lambda t: t.numpy(), element)
+        element = tf.nest.map_structure(lambda t: t.numpy(), read[0])
         return keras.utils.unpack_x_y_sample_weight(element)
 
     def check_batches(self, model: keras.Model) -> None:
@@ -302,12 +297,7 @@ def _arrays_only(value: Any) -> bool:
 def _fit_arrays(data: Any) -> tuple[Any, Any, Any, int]:
     """(x, y, sample_weight, number of examples) of array data as `fit` takes it: `x`,
     `(x, y)` or `(x, y, sample_weight)` (a list as a tuple)."""
-    if isinstance(data, (list, tuple)):
-        parts = tuple(data)
-    elif isinstance(data, Mapping) or hasattr(data, "shape"):
-        parts = (data,)
-    else:
-        raise invalid_type("data", data, DATA_EXPECTED)
+    parts = tuple(data) if isinstance(data, (list, tuple)) else (data,)
     if not parts or parts[0] is None or not all(p is None or _arrays_only(p) for p in parts):
         raise invalid_type("data", data, DATA_EXPECTED)
     if len(parts) > 3:
@@ -315,8 +305,7 @@ def _fit_arrays(data: Any) -> tuple[Any, Any, Any, int]:
             "data",
             data,
             "`x`, `(x, y)` or `(x, y, sample_weight)`",
-            received=f"a {type(data).__name__} of {len(parts)} part"
-            + ("s" if len(parts) != 1 else ""),
+            received=f"a {type(data).__name__} of {len(parts)} parts",
         )
     named = {name: part for name, part in zip(_PARTS, parts) if part is not None}
     checked, n = check_arrays(named)
@@ -326,12 +315,7 @@ def _fit_arrays(data: Any) -> tuple[Any, Any, Any, int]:
 
 def check_data(data: Any, *, batch_size: Any = None) -> DatasetData | ArrayData:
     """Decides the kind of `data` once and checks it, before any work; reads nothing.
-    `batch_size` (None: 32) batches arrays and is ignored for a dataset, as `fit` does.
-
-    Example:
-
-    >>> check_data((x, y), batch_size=64).dataset  # batches of 64
-    """
+    `batch_size` (None: 32) batches arrays and is ignored for a dataset, as `fit` does."""
     size = check_int("batch_size", batch_size, allow_none=True, expected="a positive int or None")
     if isinstance(data, tf.data.Dataset):
         return DatasetData(data)
@@ -440,19 +424,10 @@ def open_workload(
     factory_only: bool = False,
     strategy: Any = None,
 ) -> Workload:
-    """Checks a model (or a function that builds one) and its data together, before any
-    work; reads no data. The function is called once, after the model's type and the data's
-    kind are checked. `examples_ok`: a dataset of single examples is valid (the batch-size
-    finder cuts its own batches); `factory_only`: a built model is refused (`scaling` builds
-    one per strategy); `strategy`: the scope the function is called in. The global precision
-    policy is put back after the function ran.
-
-    Example:
-
-    >>> work = open_workload(model, (x, y), batch_size=64)
-    >>> work.dataset, work.batch_size, work.from_arrays
-    (<_BatchDataset ...>, 64, True)
-    """
+    """Checks a model (or a function that builds one, called last, in `strategy`'s scope,
+    the global policy put back) and its data together, before any work; reads no data.
+    `examples_ok`: single examples are valid (the batch-size finder cuts its own batches);
+    `factory_only`: a built model is refused (`scaling` builds one per strategy)."""
     if factory_only and (isinstance(model, keras.Model) or not callable(model)):
         raise invalid_type(
             "model",
