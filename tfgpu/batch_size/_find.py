@@ -47,32 +47,28 @@ def find_batch_size(
     """Finds the largest batch size that fits in device memory, and the fastest.
 
     Grows the batch by powers of two from `start` until a trial runs out of memory or passes
-    the memory budget (`memory_fraction` of the capacity, capped by `memory_limit_mib`), then
-    binary-searches the boundary; each trial times `steps` real training steps on a batch cut
-    from `data`. Batch sizes are global, as `fit(batch_size=)` takes them (under a strategy,
-    multiples of its replicas). The model's weights, optimizer state and metrics are restored
-    afterwards. The guide (the CPU, multi-worker, `in_subprocess`): docs/diagnosis.md.
+    the memory budget, then binary-searches the boundary, timing `steps` training steps per
+    trial; batch sizes are global, as `fit(batch_size=)` takes them; the model is put back
+    afterwards. The guide: docs/diagnosis.md, section `tfgpu.find_batch_size`.
 
     Args:
         model: keras.Model, compiled (`model.compile(optimizer, loss)`), or a function
             without arguments that builds and compiles one.
         data: `tf.data.Dataset` (batched or not) or arrays `(x, y)` /
-            `(x, y, sample_weight)` (NumPy arrays or tensors, or dicts of them): examples
-            to train on; the first `pool_size` are used.
+            `(x, y, sample_weight)`: examples to train on; the first `pool_size` are used.
         start: int, the first batch size. Defaults to 8.
         max_batch_size: int, the largest batch size to try. Defaults to 4096.
         steps: int, timed training steps per trial (after one warm-up step). Defaults to 3.
         memory_fraction: float in (0, 1], share of device capacity allowed. Defaults to 0.9.
-        memory_limit_mib: float or None, an absolute peak-memory limit in MiB (2**20
-            bytes; `configure(memory_limit_mib=)` counts in the same unit). Defaults to None.
+        memory_limit_mib: float or None, a peak-memory limit in MiB (2**20 bytes, as
+            `configure(memory_limit_mib=)`). Defaults to None.
         multiple_of: int, binary-search midpoints are rounded down to a multiple of this.
             Defaults to 8.
         max_trials: int, the most trials to run. Defaults to 16.
         target_batch_size: int or None, a batch per optimizer update to reach with gradient
-            accumulation; the result gives `gradient_accumulation_steps` and the batch size
-            to fit with (based on the fastest size). Defaults to None.
-        in_subprocess: bool, run the trials in a fresh process (TensorFlow keeps GPU memory
-            after an OOM; custom layers must be registered serializable). Defaults to False.
+            accumulation from the fastest size. Defaults to None.
+        in_subprocess: bool, run the trials in a fresh process (custom layers must be
+            registered serializable). Defaults to False.
         pool_size: int, how many examples to read from `data`. Defaults to 1024.
         time_budget_s: float or None, seconds the trials may take: no trial starts after
             it (None: no limit). Defaults to 300.0.
@@ -85,11 +81,10 @@ def find_batch_size(
         A `BatchSizeResult`.
 
     Raises:
-        ValueError: on invalid arguments (e.g. `start` above `max_batch_size`), a model
-            that is not compiled, arrays of different lengths, or data without labels for
-            the model's loss; before any trial.
-        TypeError: if `model` is not a Keras model, `data` is neither a dataset nor
-            arrays, or `verbose` is neither a str nor an int.
+        ValueError: on invalid arguments (e.g. `start` above `max_batch_size`), an
+            uncompiled model or invalid data (docs/diagnosis.md); before any trial.
+        TypeError: if `model` is not a Keras model, `data` is neither a dataset nor arrays,
+            or an argument has the wrong type.
 
     Example:
 

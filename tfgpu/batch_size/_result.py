@@ -125,7 +125,6 @@ def build_result(
     device: str,
     target: int | None,
     notes: list[str],
-    in_subprocess: bool = False,
     *,
     memory_source: str | None = None,
     stopped_by: str = "limit",
@@ -133,7 +132,8 @@ def build_result(
     """The result of a search's `trials` (its notes on why it ended included)."""
     fitting = [t.batch_size for t in trials if t.fits]
     largest = max(fitting) if fitting else None
-    fastest = _fastest(trials)
+    timed = [t for t in trials if t.fits and not math.isnan(t.examples_per_s)]
+    fastest = max(timed, key=lambda t: t.examples_per_s).batch_size if timed else None
     notes = list(notes)
     if largest is None:
         notes.append("no batch size fitted, not even the smallest tried")
@@ -168,7 +168,6 @@ def build_result(
         target_batch_size=target,
         gradient_accumulation_steps=steps,
         accumulation_batch_size=accumulation,
-        in_subprocess=in_subprocess,
         notes=notes,
         memory_source=memory_source,
         stopped_by=stopped_by,
@@ -179,9 +178,3 @@ def trial_from_dict(d: dict[str, Any]) -> BatchSizeTrial:
     """A trial from its `to_dict()` record (null figures are NaN again)."""
     figures = {k: math.nan for k in ("step_time_s", "examples_per_s") if d.get(k) is None}
     return BatchSizeTrial(**{**d, **figures})
-
-
-def _fastest(trials: list[BatchSizeTrial]) -> int | None:
-    """The batch size of the fitting trial with the highest throughput, or None."""
-    ok = [t for t in trials if t.fits and not math.isnan(t.examples_per_s)]
-    return max(ok, key=lambda t: t.examples_per_s).batch_size if ok else None

@@ -27,13 +27,7 @@ _TIMEOUT_S = 3600.0
 
 def relayed_phase(line: str) -> str | None:
     """The phase of one of the child's progress lines, without the title and the time; None
-    for other lines, and for the child's reading and summary (this process shows its own).
-
-    Example:
-
-    >>> relayed_phase("find_batch_size: trial 2 of at most 16: batch size 16 \u00b7 3 s so far")
-    'trial 2 of at most 16: batch size 16'
-    """
+    for other lines, and for the child's reading and summary (this process shows its own)."""
     line = line.rstrip("\r\n")
     if not line.startswith(_PREFIX):
         return None

@@ -41,15 +41,7 @@ def service_advice(
     the rule does not apply: input-bound, at least `CPU_SATURATED` of the host's cores busy
     (`host_cpu_busy`, 0 to 1), maps already parallel and cached (no setting is left on this
     host). One worker like this host makes `pipeline_batches_per_s`; workers = ceil(`HEADROOM`
-    x step rate / that).
-
-    Example:
-
-    >>> a = service_advice(input_bound=True, host_cpu_busy=0.97, cpu_count=16, parallel=True,
-    ...                    cached=True, pipeline_batches_per_s=40.0, step_batches_per_s=100.0)
-    >>> a.workers, a.cores
-    (3, 46)
-    """
+    x step rate / that)."""
     rates = (pipeline_batches_per_s, step_batches_per_s)
     if not all(math.isfinite(r) and r > 0 for r in rates) or rates[0] >= rates[1]:
         return None  # no shortage

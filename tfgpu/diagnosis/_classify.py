@@ -1,8 +1,6 @@
 """The decision: the bottleneck, the input-bound level and the findings from a `Facts`, by a
-table of small rules (`RULES`, as `env/_findings.CHECKS`). Pure: no hardware. The thresholds
-shared with `tune` are the measuring core's (`rules`), the GPU-counter rules the adapters'
-(`gpu_counters`); long texts are in `_advice`.
-"""
+table of small rules (`RULES`, as `env/_findings.CHECKS`). Pure. Thresholds shared with `tune`
+are the core's (`rules`), the GPU-counter rules `gpu_counters`'; long texts are in `_advice`."""
 
 from __future__ import annotations
 
@@ -40,15 +38,9 @@ def wait_and_share(compute_s: float, real_s: float) -> tuple[float, float]:
 
 
 def share_verdict(rounds: list[tuple[float, float]]) -> dict[str, Any]:
-    """The input-bound level the rounds (device-resident, real) support, with their noise. Pure.
-
-    The level is decided at both ends of the median's confidence interval (of the share and
-    of the wait): `"inconclusive"` when they differ, or with fewer than `MIN_ROUNDS` rounds.
-
-    Returns:
-        dict with `level`, `share` (median), `wait_s` (median), `low`, `high` (the share's
-        interval), `confidence`, `rounds`.
-    """
+    """The input-bound level the rounds (device-resident, real) support, decided at both ends
+    of the median's confidence interval of the share and of the wait (`"inconclusive"` when
+    they differ, or below `MIN_ROUNDS` rounds), with the medians and the share's interval."""
     waits = [wait_and_share(c, r)[0] for c, r in rounds]
     shares = [wait_and_share(c, r)[1] for c, r in rounds]
     low, high, confidence = rules.median_interval(shares)
@@ -339,27 +331,14 @@ def _scaling_bound(f: Facts, s: Seen) -> Finding | None:
 # makes (or None). What GPU utilization hides: the shared `gpu_counters` rules, with what
 # only a diagnosis knows (the layers, the policy, TF32, the CPU ops, the batch's bytes).
 RULES: tuple[Callable[[Facts, Seen], Finding | None], ...] = (
-    _input_bound,
-    _host_overhead,
-    _host_device_traffic,
-    _memory_headroom,
-    _precision,
-    _xla,
-    _loss_scale,
-    _tensor_cores_idle,
-    _small_kernels,
-    _pcie_traffic,
-    _clocks_throttled,
+    _input_bound, _host_overhead, _host_device_traffic, _memory_headroom, _precision, _xla,
+    _loss_scale, _tensor_cores_idle, _small_kernels, _pcie_traffic, _clocks_throttled,
     _scaling_bound,
-)
+)  # fmt: skip
 
 # The finding that leads for each bottleneck.
-_LEAD = {
-    "input": "input_bound",
-    "host_overhead": "host_overhead",
-    "inconclusive": "input_wait_unexplained",
-    "scaling": "scaling_bound",
-}
+_LEAD = {"input": "input_bound", "host_overhead": "host_overhead",
+         "inconclusive": "input_wait_unexplained", "scaling": "scaling_bound"}  # fmt: skip
 _ORDER = {"high": 0, "moderate": 1, "info": 2}
 
 

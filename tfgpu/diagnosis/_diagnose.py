@@ -80,15 +80,11 @@ def flop_facts(model: Any, x: Any, size: int | None, f: Facts) -> tuple[Any, Any
     except (TypeError, ValueError):  # a policy with no peak rate (e.g. "float64")
         peak = None
     if peak and achieved > peak:
-        return (
-            flops,
-            None,
-            None,
-            [
-                f"FLOP count cannot be right: {achieved / 1e9:,.1f} GFLOP/s counted exceeds this "
-                f"device's peak of about {peak / 1e9:,.1f} GFLOP/s (not reported as achieved)"
-            ],
+        note = (
+            f"FLOP count cannot be right: {achieved / 1e9:,.1f} GFLOP/s counted exceeds this "
+            f"device's peak of about {peak / 1e9:,.1f} GFLOP/s (not reported as achieved)"
         )
+        return flops, None, None, [note]
     return flops, achieved, (mfu(flops, real, peak) if f.on_gpu and peak else None), []
 
 
@@ -110,10 +106,9 @@ def diagnose(
     """Measures a short training run and says what holds the GPU back, and what to change.
 
     Times the input pipeline alone, then `fit` on one batch held in device memory against
-    `fit` on the real `data` (sampled by `tfgpu.monitor` on a GPU) in rounds until the input
-    wait is clear of noise, then probes `steps_per_execution=16` and `jit_compile`, all within
-    `time_budget_s`; the model's weights, optimizer state, metrics, compile settings and
-    `history` are restored afterwards. The protocol and the thresholds: docs/diagnosis.md.
+    `fit` on `data` in rounds until the input wait is clear of noise, then probes
+    `steps_per_execution=16` and `jit_compile`, within `time_budget_s`; the model is put back
+    afterwards. The guide: docs/diagnosis.md, section `tfgpu.diagnose`.
 
     Args:
         model: keras.Model, compiled, or a function without arguments that builds and
