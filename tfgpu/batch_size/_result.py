@@ -20,9 +20,8 @@ class BatchSizeTrial:
         batch_size: int, the global batch size tried (what `fit(batch_size=)` takes).
         per_replica_batch_size: int, `batch_size` over the strategy's replicas.
         fits: bool, whether the steps ran without OOM and within the memory budget.
-        reason: str, `"ok"`, `"oom"` (`ResourceExhaustedError`), `"host_oom"` (the host
-            ran out of memory building the batch: `MemoryError`), `"over_budget"` or
-            `"oom_on_another_worker"`.
+        reason: str, `"ok"`, `"oom"`, `"host_oom"` (a `MemoryError` building the batch),
+            `"over_budget"` or `"oom_on_another_worker"`.
         peak_memory_bytes: int or None, peak device memory during the trial (None where
             TensorFlow keeps no allocator statistics for the device).
         step_time_s: float, median seconds per step (NaN when it did not fit).
@@ -57,11 +56,9 @@ class BatchSizeResult(Result):
         accumulation_batch_size: int or None, the batch size to `fit` with it.
         in_subprocess: bool, whether the trials ran in a separate Python process.
         notes: list of str, remarks (e.g. that a subprocess was used, and why).
-        memory_source: str or None, `"allocator"` (TensorFlow's allocator statistics) or
-            None (not measured: the search stopped at out-of-memory errors only).
+        memory_source: str or None, `"allocator"`, or None: not measured (out of memory only).
         stopped_by: str, why the search ended: `"limit"` (it found the boundary),
-            `"max_batch_size"` (every size fitted: the limit lies above), `"max_trials"`,
-            `"time_budget"` or `"nothing_fits"` (even the smallest batch failed).
+            `"max_batch_size"`, `"max_trials"`, `"time_budget"` or `"nothing_fits"`.
         time_s: float, seconds the call took.
     """
 

@@ -105,8 +105,7 @@ def seen(f: Facts, verdict: dict[str, Any] | None = None) -> Seen:
         wait_low = verdict["wait_low_s"]
     else:
         wait, share = wait_and_share(f.compute_step_time_s, f.step_time_s)
-        wait_low = wait
-        level = input_level(share, wait)
+        level, wait_low = input_level(share, wait), wait
     # A finding must agree with the figures it prints. The most the pipeline can add to a
     # step is about its own time per batch (measured far more steadily than a difference of
     # two step times): a wait above that in every round is not the pipeline's doing...

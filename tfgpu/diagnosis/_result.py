@@ -15,15 +15,13 @@ class Finding:
     """One finding of a diagnosis (every kind, its rule and its fix: docs/diagnosis.md).
 
     Args:
-        kind: str, a stable key, e.g. `"input_bound"`, `"host_overhead"`, `"xla"`,
-            `"tensor_cores_idle"`.
+        kind: str, a stable key, e.g. `"input_bound"`, `"host_overhead"`, `"xla"`.
         severity: str, `"high"`, `"moderate"` or `"info"`.
         title: str, one line.
         detail: str, what was measured or seen.
         recommendation: str, the exact argument to change.
         expected_gain: float or None, the speed-up factor (measured or expected).
-        gain_measured: bool, whether `expected_gain` was measured here (else from a
-            datasheet or a rule of thumb).
+        gain_measured: bool, whether `expected_gain` was measured here (else expected).
     """
 
     kind: str
@@ -39,14 +37,14 @@ class Finding:
 class Diagnosis(Result):
     """The result of `tfgpu.diagnose()`: measurements, a bottleneck, and findings.
 
-    `print(diagnosis)` gives a short report; `to_dict()` is JSON-ready. How each field is
-    decided: docs/diagnosis.md.
+    `print(diagnosis)` gives a short report; `to_dict()` is JSON-ready. The guide (each field
+    and how it is decided): docs/diagnosis.md, section `tfgpu.diagnose`.
 
     Args:
         bottleneck: str, `"input"`, `"host_overhead"`, `"scaling"` (the gradients'
             all-reduce), `"compute"` (the device is the limit) or `"inconclusive"`.
-        input_bound: str, `"high"` (>= 20% of step time waits for input), `"moderate"`
-            (>= 5%), `"no"` or `"inconclusive"`.
+        input_bound: str, `"high"` (>= 20% of the step waits), `"moderate"` (>= 5%), `"no"`
+            or `"inconclusive"`.
         input_wait_share: float, share of the step spent waiting for input (median of rounds).
         step_time_s: float, seconds per step with the real input, as `fit` runs it.
         compute_step_time_s: float, seconds per step on a device-resident batch.
@@ -60,11 +58,9 @@ class Diagnosis(Result):
         mfu: float or None, model FLOPs utilization (needs a GPU in the peak table).
         monitor: dict, GPU/host aggregates sampled during step 3 (empty without a GPU).
         measurements: dict, the raw results: `"rounds"`, the probes, `"pipeline"`, ...
-            (docs/diagnosis.md).
         notes: list of str, what was skipped and why (one line each).
         profile_dir: str or None, where a profiler trace was written.
-        noise: float or None, the width of the confidence interval of `input_wait_share`
-            (0.12: 12 percentage points).
+        noise: float or None, the width of `input_wait_share`'s confidence interval.
         time_s: float, seconds the call took.
     """
 

@@ -136,17 +136,13 @@ def device_facts() -> dict[str, Any]:
     from tfgpu._internal.adapters import devices
 
     gpus = devices.tf_gpus() if tf.config.get_visible_devices("GPU") else []
-    ccs: list[tuple[int, int]] = []
-    seen: set[int] = set()
-    for g in gpus:  # one capability per physical GPU (a split GPU counts once)
-        if g.cuda_index not in seen and g.compute_capability:
-            seen.add(g.cuda_index)
-            ccs.append(tuple(g.compute_capability))  # type: ignore[arg-type]
+    # One capability per physical GPU (a split GPU counts once).
+    ccs = {g.cuda_index: tuple(g.compute_capability) for g in gpus if g.compute_capability}
     first = gpus[0] if gpus else None
     return {
         "on_gpu": bool(tf.config.list_logical_devices("GPU")),
         "gpu_name": None if first is None else first.name,
-        "compute_capabilities": tuple(ccs),
+        "compute_capabilities": tuple(ccs.values()),
         "memory_capacity_bytes": None if first is None else first.memory_total_bytes,
         "cpu_native_bf16": cpu_native_bf16(),
         "cpu_count": os.cpu_count() or 1,

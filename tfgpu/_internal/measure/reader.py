@@ -35,9 +35,8 @@ class PipelineBenchmark:
         warmup_seconds: float, wall time of the warm-up (pipeline start, buffers filling).
         epochs: int, passes over the dataset that provided the batches.
         cpu_busy: float, the share of the `cpu_cores` kept busy during the timed batches
-            (about 1.0: every core is used). NaN when not measured.
-        cpu_cores: int, the CPU cores this process can use (its affinity, capped by a
-            container's CPU quota). 0 when not measured.
+            (about 1.0: every core is used; docs/data.md). NaN when not measured.
+        cpu_cores: int, the CPU cores this process can use. 0 when not measured.
     """
 
     examples_per_s: float

@@ -117,8 +117,7 @@ class _EpochTimer(keras.callbacks.Callback):
         self.deadline, self.timed_limit_s = deadline, timed_limit_s
         self.steps_in_epoch = steps_in_epoch
         self.seconds, self.steps, self.cut = 0.0, 0, False
-        self.begin = self.started = 0.0
-        self.epoch_steps = 0
+        self.begin, self.started, self.epoch_steps = 0.0, 0.0, 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self.begin = time.perf_counter()

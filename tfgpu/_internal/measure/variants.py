@@ -197,11 +197,9 @@ class Variants:
                 raise ValueError(f"{', '.join(change)} needs a model factory")
             self._models[k] = self._built(change)
         model = self._models[k]
-        if "strategy" not in change:
-            try:
-                model.set_weights(self.model.get_weights())  # the same start as the baseline
-            except ValueError:
-                pass  # another structure: its own weights (the guard still checks finiteness)
+        if "strategy" not in change:  # the same start as the baseline, where the structure is
+            with contextlib.suppress(ValueError):  # another: its own (the guard checks them)
+                model.set_weights(self.model.get_weights())
         return model
 
     def _built(self, change: dict[str, Any]) -> Any:
@@ -231,9 +229,8 @@ class Variants:
         model = self.model_for(changes)
         ds, batch = self.dataset_for(changes)
         attrs = {k: changes.get(k, getattr(self.model, k)) for k in COMPILE_KEYS}
-        measure = self._timed(model, ds, changes)
         store = self._functions.setdefault(self._step_key(changes, ds), {"fn": None})
-        timed = _with_attrs(model, attrs, measure, store)
+        timed = _with_attrs(model, attrs, self._timed(model, ds, changes), store)
         filled = {"cache": "cache" not in changes}
         is_base = not changes
 

@@ -87,16 +87,9 @@ class DatasetData:
         shapes = [getattr(t, "shape", None) for t in tf.nest.flatten(x)]
         ranks = [None if s is None else s.rank for s in shapes]
         inputs = tf.nest.flatten(getattr(model, "inputs", None) or [])
-        expected = [len(t.shape) for t in inputs]
-        if (
-            0 in ranks
-            or chain_state(self.dataset)[0] == "examples"
-            or (
-                expected
-                and len(expected) == len(ranks)
-                and all(r is not None and r == e - 1 for r, e in zip(ranks, expected))
-            )
-        ):
+        example_ranks = [len(t.shape) - 1 for t in inputs]  # one example per model input
+        by_rank = bool(example_ranks) and ranks == example_ranks
+        if 0 in ranks or chain_state(self.dataset)[0] == "examples" or by_rank:
             shown = [tuple(s) if s is not None and s.rank is not None else s for s in shapes]
             raise invalid_value(
                 "data",
@@ -116,8 +109,7 @@ class ArrayData:
 
     def __init__(self, x: Any, y: Any, sample_weight: Any, num_examples: int, batch_size: int):
         self.x, self.y, self.sample_weight = x, y, sample_weight
-        self.num_examples = num_examples
-        self.batch_size = batch_size
+        self.num_examples, self.batch_size = num_examples, batch_size
 
     def _element(self) -> Any:
         """One example's structure: `x`, `(x, y)` or `(x, y, sample_weight)`."""
@@ -380,10 +372,8 @@ class Workload:
         read = read_first(self.dataset, 1)
         if not read:
             raise _empty()
-        batch = read[0]
-        first = tf.nest.flatten(batch)[0]
-        size = int(first.shape[0]) if first.shape.rank else None
-        return batch, size
+        first = tf.nest.flatten(read[0])[0]
+        return read[0], (int(first.shape[0]) if first.shape.rank else None)
 
     def examples(self, limit: int) -> tuple[Any, Any, Any]:
         """The first `limit` examples as NumPy `(x, y, sample_weight)`; reads them."""
