@@ -52,8 +52,7 @@ def find_batch_size(
     afterwards. The guide: docs/diagnosis.md, section `tfgpu.find_batch_size`.
 
     Args:
-        model: keras.Model, compiled (`model.compile(optimizer, loss)`), or a function
-            without arguments that builds and compiles one.
+        model: keras.Model, compiled, or a function without arguments that returns one.
         data: `tf.data.Dataset` (batched or not) or arrays `(x, y)` /
             `(x, y, sample_weight)`: examples to train on; the first `pool_size` are used.
         start: int, the first batch size. Defaults to 8.
@@ -62,8 +61,7 @@ def find_batch_size(
         memory_fraction: float in (0, 1], share of device capacity allowed. Defaults to 0.9.
         memory_limit_mib: float or None, a peak-memory limit in MiB (2**20 bytes, as
             `configure(memory_limit_mib=)`). Defaults to None.
-        multiple_of: int, binary-search midpoints are rounded down to a multiple of this.
-            Defaults to 8.
+        multiple_of: int, binary-search midpoints round down to a multiple of it. Defaults to 8.
         max_trials: int, the most trials to run. Defaults to 16.
         target_batch_size: int or None, a batch per optimizer update to reach with gradient
             accumulation from the fastest size. Defaults to None.

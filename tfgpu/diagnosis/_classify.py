@@ -188,16 +188,13 @@ def _host_device_traffic(f: Facts, s: Seen) -> Finding | None:
          f"end the pipeline with `.prefetch(tf.data.AUTOTUNE)`{device_hint}"),
     )  # fmt: skip
     traffic = [(what, fix) for found, what, fix in seen_and_fixed if found]
+    title = "Host-side input work every step"
     if s.cpu_ops:
         traffic.append(advice.cpu_ops_traffic(s.cpu_ops))
+        both = " and host-side input work" if len(traffic) > 1 else ""
+        title = "Train-step ops placed on the CPU" + both
     if not traffic:
         return None
-    if s.cpu_ops:
-        title = "Train-step ops placed on the CPU" + (
-            " and host-side input work" if len(traffic) > 1 else ""
-        )
-    else:
-        title = "Host-side input work every step"
     return Finding(
         kind="host_device_traffic",
         severity="moderate" if s.level != "no" or s.cpu_ops else "info",
@@ -286,13 +283,10 @@ def _small_kernels(f: Facts, s: Seen) -> Finding | None:
     if s.gpu is None:
         return None
     probes = {"steps_per_execution": s.spe, "jit_compile": s.xla}
-    measured_no_gain = frozenset(knob for knob, gain in probes.items() if _no_gain(gain))
+    no_gain = frozenset(knob for knob, gain in probes.items() if _no_gain(gain))
+    more = max(PROBE_STEPS_PER_EXECUTION, 4 * f.steps_per_execution)
     fix = counters.small_kernels_fix(
-        f.batch_size,
-        f.steps_per_execution,
-        max(PROBE_STEPS_PER_EXECUTION, 4 * f.steps_per_execution),
-        f.jit_compile,
-        measured_no_gain=measured_no_gain,
+        f.batch_size, f.steps_per_execution, more, f.jit_compile, measured_no_gain=no_gain
     )
     small = counters.small_kernels(s.gpu, fix)
     return None if small is None else advice.finding(small)

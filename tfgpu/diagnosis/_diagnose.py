@@ -111,10 +111,9 @@ def diagnose(
     afterwards. The guide: docs/diagnosis.md, section `tfgpu.diagnose`.
 
     Args:
-        model: keras.Model, compiled, or a function without arguments that builds and
-            compiles one.
+        model: keras.Model, compiled, or a function without arguments that returns one.
         data: `tf.data.Dataset` of batches (what you pass to `fit`), or arrays `(x, y)` /
-            `(x, y, sample_weight)` (NumPy arrays or tensors, or dicts of them).
+            `(x, y, sample_weight)`.
         steps: int, timed steps per measurement (>= 3). Defaults to 20.
         warmup: int, untimed steps first (tracing, buffers). Defaults to 3.
         batch_size: int or None, the batch for array input. Defaults to None (32).
@@ -123,8 +122,7 @@ def diagnose(
         check_xla: bool, measure `jit_compile` both ways. Defaults to True.
         check_steps_per_execution: bool, probe `steps_per_execution=16`. Defaults to True.
         monitor: bool, sample GPU utilization/memory during the real run. Defaults to True.
-        profile: bool, capture a TensorBoard profiler trace into `log_dir/profile`.
-            Defaults to False.
+        profile: bool, a TensorBoard profiler trace into `log_dir/profile`. Defaults to False.
         time_budget_s: float or None, seconds the measurements may take (None: no limit);
             what does not fit is timed shorter or skipped, with a note. Defaults to 60.0.
         verbose: str or int, "auto", 0, 1 or 2: progress lines, as `model.fit` shows them.
@@ -134,11 +132,10 @@ def diagnose(
         A `Diagnosis`.
 
     Raises:
-        ValueError: on invalid arguments, an uncompiled model, arrays of different
-            lengths, data without labels for the model's loss, a dataset of single examples,
-            or an empty dataset; before any measurement.
-        TypeError: if `model` is not a Keras model, `data` is neither a dataset nor
-            arrays, a flag is not a bool, or `verbose` is neither a str nor an int.
+        ValueError: on invalid arguments, an uncompiled model or invalid data (docs/diagnosis.md,
+            "The model and the data: one check"); before any measurement.
+        TypeError: if `model` is not a Keras model, `data` is neither a dataset nor arrays,
+            or an argument has the wrong type.
 
     Example:
 

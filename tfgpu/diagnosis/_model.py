@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import kernels
 
 from tfgpu.diagnosis._facts import OpFact
 from tfgpu.diagnosis._result import Finding
@@ -116,8 +117,6 @@ def batch_nbytes(batch) -> int | None:
 
 def _has_gpu_kernel(node, registry: dict[str, list | None]) -> bool:
     """Whether a GPU (or device-agnostic) kernel is registered for `node`'s op and dtypes."""
-    from tensorflow.python.framework import kernels
-
     if node.op not in registry:
         try:
             found = kernels.get_registered_kernels_for_op(node.op).kernel

@@ -7,12 +7,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import tensorflow as tf
+
+from tfgpu._internal.adapters import cpu, datasets, devices, model_state
 from tfgpu._internal.adapters.all_reduce import AllReduce, describe
-
-if TYPE_CHECKING:
-    import tensorflow as tf
 
 
 @dataclasses.dataclass
@@ -68,13 +68,11 @@ def gather(
 ) -> dict[str, Any]:
     """The facts of a compiled model and its batches, as keyword arguments of
     `WorkloadFacts` or a subclass: `WorkloadFacts(**gather(model, dataset))`."""
-    from tfgpu._internal.adapters.model_state import supports_xla
-
     strategy = model.distribute_strategy
     return {
         "steps_per_execution": max(1, int(model.steps_per_execution or 1)),
         "jit_compile": bool(model.jit_compile),
-        "xla_supported": supports_xla(model),
+        "xla_supported": model_state.supports_xla(model),
         "policy": str(getattr(getattr(model, "dtype_policy", None), "name", "float32")),
         "replicas": int(getattr(strategy, "num_replicas_in_sync", 1) or 1),
         "all_reduce": describe(strategy),
@@ -89,17 +87,13 @@ def gather(
 def batch_facts(ds: tf.data.Dataset) -> dict[str, Any]:
     """The batches' facts: size, static shape, a shape that varies, a partial last batch
     (and what it holds), batches and examples per epoch, read from the input chain."""
-    import tensorflow as tf
-
-    from tfgpu._internal.adapters.datasets import cardinality, source_batches
-
     try:
-        batches, _ = source_batches(ds)
+        batches, _ = datasets.source_batches(ds)
     except tf.errors.OpError:
         batches = None
     leaves = [leaf for leaf in tf.nest.flatten(ds.element_spec) if hasattr(leaf, "shape")]
     static = bool(leaves) and all(leaf.shape.rank and leaf.shape[0] is not None for leaf in leaves)
-    n = cardinality(ds)
+    n = datasets.cardinality(ds)
     size = None if batches is None else batches.batch_size
     examples = None if batches is None else batches.num_examples
     partial = bool(
@@ -131,10 +125,6 @@ def batch_facts(ds: tf.data.Dataset) -> dict[str, Any]:
 def device_facts() -> dict[str, Any]:
     """The devices' facts: the GPUs TensorFlow uses (name, compute capabilities, /GPU:0's
     memory) and the CPU (native bfloat16, cores). Starts no runtime."""
-    import tensorflow as tf
-
-    from tfgpu._internal.adapters import devices
-
     gpus = devices.tf_gpus() if tf.config.get_visible_devices("GPU") else []
     # One capability per physical GPU (a split GPU counts once).
     ccs = {g.cuda_index: tuple(g.compute_capability) for g in gpus if g.compute_capability}
@@ -151,8 +141,6 @@ def device_facts() -> dict[str, Any]:
 
 def cpu_native_bf16() -> bool:
     """Whether this CPU computes bfloat16 faster than float32 (AMX, AVX-512 BF16)."""
-    from tfgpu._internal.adapters import cpu
-
     bf16, fp32 = cpu.peak_flops("bfloat16"), cpu.peak_flops("float32")
     return bf16 is not None and fp32 is not None and bf16 > fp32
 
@@ -181,14 +169,10 @@ def pipeline_facts(ds: tf.data.Dataset) -> dict[str, Any]:
     """What the dataset's graph says about its pipeline, read from the output back along each
     stage's first input (Python ops, maps, cache, the final prefetch, thread pool), and who
     built it. Where TensorFlow cannot serialize the graph, its input chain's steps say."""
-    import tensorflow as tf
-
-    from tfgpu._internal.adapters.datasets import has_step, made_by_pipeline, pipeline_arguments
-
     out: dict[str, Any] = {
-        "pipeline": pipeline_arguments(ds),
-        "made_by_pipeline": made_by_pipeline(ds),
-        "service": has_step(ds, "dataservice"),
+        "pipeline": datasets.pipeline_arguments(ds),
+        "made_by_pipeline": datasets.made_by_pipeline(ds),
+        "service": datasets.has_step(ds, "dataservice"),
     }
     try:
         serialized = tf.raw_ops.DatasetToGraphV2(
@@ -197,8 +181,8 @@ def pipeline_facts(ds: tf.data.Dataset) -> dict[str, Any]:
         graph = tf.compat.v1.GraphDef()
         graph.ParseFromString(serialized.numpy())
     except tf.errors.OpError:  # a dataset TF cannot serialize: its steps' names
-        cache = "memory" if has_step(ds, "cache") else None
-        return {**out, "prefetch": has_step(ds, "prefetch"), "cache": cache}
+        cache = "memory" if datasets.has_step(ds, "cache") else None
+        return {**out, "prefetch": datasets.has_step(ds, "prefetch"), "cache": cache}
     ops = [n.op for n in graph.node]
     for fn in graph.library.function:
         ops += [n.op for n in fn.node_def]

@@ -19,6 +19,7 @@ import keras
 
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.warn import one_line
+from tfgpu._internal.measure.reader import read_alone
 from tfgpu._internal.measure.rules import CLEARLY, MARGIN, MAX_ROUNDS, MIN_ROUNDS, decided
 
 # A variant's timed steps run at most this many times as long as the baseline's.
@@ -294,8 +295,6 @@ def compare(
 def input_time(dataset: Any, batches: int = 10) -> float | None:
     """Seconds per batch of `dataset` read alone, no model (the bounded pipeline benchmark
     over `batches` batches after one); None when it cannot be read."""
-    from tfgpu._internal.measure.reader import read_alone
-
     try:
         result = read_alone(dataset, batches, 1)
     except ValueError:  # no batch at all
