@@ -39,12 +39,8 @@ def find_in_subprocess(model, pool, kwargs, progress: Progress) -> BatchSizeResu
     """The search with the checked `kwargs` in a fresh process, its phases relayed to
     `progress`; a RuntimeError with its last output when it fails."""
     if int(model.distribute_strategy.num_replicas_in_sync) > 1:
-        raise invalid_value(
-            "in_subprocess",
-            True,
-            "in_subprocess=False there",
-            received="in_subprocess=True for a model under a distribution strategy",
-        )
+        received = "in_subprocess=True for a model under a distribution strategy"
+        raise invalid_value("in_subprocess", True, "in_subprocess=False there", received=received)
     with tempfile.TemporaryDirectory(prefix="tfgpu-bs-") as tmp:
         tmpdir = Path(tmp)
         model.save(tmpdir / "model.keras")

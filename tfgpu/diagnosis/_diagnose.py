@@ -339,10 +339,9 @@ class _Diagnose:
         earlier: list[tuple[float, float]] | None = None,
     ) -> _probes.Probe:
         """Times the device-resident step with `setting` = `value` against the model's own, in
-        rounds; skipped when less than `needs_s` of the budget is left; an error is a note,
-        never a crash. With `first_base` (the baseline's step, measured already) one round
-        only, final ("faster" or "slower") when it is clear; `earlier`: the rounds of such a
-        first look."""
+        rounds, unless less than `needs_s` of the budget is left; an error is a note. With
+        `first_base` (the baseline's step, measured) one round, final when clear; `earlier`:
+        that round's rounds."""
         warm, limit = self._plan(self.budget.left(), first, 2 * rules.MIN_ROUNDS)
         self.variants.timed = Steady(self.steps, warm, limit)
         current = getattr(self.model, setting)

@@ -158,12 +158,8 @@ class _Reader:
             n -= count
             if n:
                 if self.fresh:
-                    raise invalid_value(
-                        "data",
-                        None,
-                        "at least one batch",
-                        received="a dataset that yields no batches",
-                    )
+                    empty = "a dataset that yields no batches"
+                    raise invalid_value("data", None, "at least one batch", received=empty)
                 self.epochs += 1
                 self.iterator = iter(self.source)
                 self.fresh = True

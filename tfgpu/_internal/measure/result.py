@@ -24,11 +24,9 @@ def plain(value: Any) -> Any:
 
 
 class Result:
-    """A measuring front end's result (a dataclass): `to_dict()` and `write(log_dir)`.
-
-    Subclasses name their files (`json_name`, `png_name`: "" for none, with `plot(path)`
-    drawing it) and the fields left out of the record (`unsaved`: a dataset).
-    """
+    """A measuring front end's result (a dataclass): `to_dict()` and `write(log_dir)`; its
+    files (`json_name`, `png_name` drawn by `plot(path)`: "" for none), the fields left out of
+    the record (`unsaved`: a dataset)."""
 
     json_name: ClassVar[str] = ""
     png_name: ClassVar[str] = ""

@@ -85,12 +85,10 @@ def device_resident(batch: Any, on_gpu: bool, spec: Any = None) -> tf.data.Datas
 
 
 class Variants:
-    """The workload (`model`, compiled and built; `dataset`, its batches; `timed`, how each
-    timed fit runs) and every variant of it, built on demand and kept. `factory` builds the
-    model again (a policy, a strategy); `pipeline` are the `tfgpu.data.pipeline` arguments
-    that built `dataset` and `rebuild` that function (this layer imports no feature);
-    `per_example`: runs give seconds per example, so that other batches compare alike;
-    `batch`: the one held in device memory (None: the data's first)."""
+    """The workload (`model`, `dataset`, `timed`: how each timed fit runs) and every variant of
+    it, built on demand and kept. `factory` builds the model again; `pipeline` and `rebuild`:
+    the `tfgpu.data.pipeline` arguments and that function (this layer imports no feature);
+    `per_example`: seconds per example; `batch`: the one held in device memory."""
 
     def __init__(
         self,

@@ -210,12 +210,8 @@ def _array(path: str, value: Any, expected: str) -> Any:
                 f"{type(odd).__name__})",
             )
     elif value.dtype.kind not in "biufcSU":
-        raise invalid_type(
-            "data",
-            value,
-            "arrays of numbers, bools or strings",
-            received=f"a NumPy array of dtype {value.dtype} at {path}",
-        )
+        received = f"a NumPy array of dtype {value.dtype} at {path}"
+        raise invalid_type("data", value, "arrays of numbers, bools or strings", received=received)
     return value
 
 
@@ -229,12 +225,8 @@ def checked_structure(path: str, value: Any, expected: str = DATA_EXPECTED) -> A
         )
     if isinstance(value, Mapping):
         if not all(isinstance(k, str) for k in value):
-            raise invalid_type(
-                "data",
-                value,
-                "str keys (feature names)",
-                received=f"a dict at {path} with keys {list(value)!r}",
-            )
+            received = f"a dict at {path} with keys {list(value)!r}"
+            raise invalid_type("data", value, "str keys (feature names)", received=received)
         return {k: checked_structure(f"{path}[{k!r}]", v, expected) for k, v in value.items()}
     if isinstance(value, tuple):
         items = tuple(checked_structure(f"{path}[{i}]", v, expected) for i, v in enumerate(value))
@@ -293,11 +285,9 @@ def _fit_arrays(data: Any) -> tuple[Any, Any, Any, int]:
     if not parts or parts[0] is None or not all(p is None or _arrays_only(p) for p in parts):
         raise invalid_type("data", data, DATA_EXPECTED)
     if len(parts) > 3:
+        received = f"a {type(data).__name__} of {len(parts)} parts"
         raise invalid_value(
-            "data",
-            data,
-            "`x`, `(x, y)` or `(x, y, sample_weight)`",
-            received=f"a {type(data).__name__} of {len(parts)} parts",
+            "data", data, "`x`, `(x, y)` or `(x, y, sample_weight)`", received=received
         )
     named = {name: part for name, part in zip(_PARTS, parts) if part is not None}
     checked, n = check_arrays(named)
