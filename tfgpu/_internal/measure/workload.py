@@ -202,13 +202,9 @@ def _array(path: str, value: Any, expected: str) -> Any:
     if value.dtype.kind == "O":
         odd = next((v for v in value.reshape(-1) if not isinstance(v, (str, bytes))), None)
         if odd is not None or value.size == 0:
-            raise invalid_type(
-                "data",
-                value,
-                "arrays of numbers, bools or strings; convert it with `.astype(...)` first",
-                received=f"a NumPy array of Python objects at {path} (holding a "
-                f"{type(odd).__name__})",
-            )
+            received = f"a NumPy array of Python objects at {path} (holding a {type(odd).__name__})"
+            expected = "arrays of numbers, bools or strings; convert it with `.astype(...)` first"
+            raise invalid_type("data", value, expected, received=received)
     elif value.dtype.kind not in "biufcSU":
         received = f"a NumPy array of dtype {value.dtype} at {path}"
         raise invalid_type("data", value, "arrays of numbers, bools or strings", received=received)
@@ -247,23 +243,17 @@ def check_arrays(parts: dict[str, Any], expected: str = DATA_EXPECTED) -> tuple[
     ]
     scalars = [path for path, n in lengths if n is None]
     if scalars:
-        raise invalid_value(
-            "data",
-            None,
-            "arrays whose first dimension indexes the examples",
-            received=f"a scalar (no first dimension) at {', '.join(scalars)}",
-        )
+        received = f"a scalar (no first dimension) at {', '.join(scalars)}"
+        expected = "arrays whose first dimension indexes the examples"
+        raise invalid_value("data", None, expected, received=received)
     distinct = sorted({n for _, n in lengths if n is not None})
     if len(distinct) > 1:
         each = ", ".join(f"{path} has {n}" for path, n in lengths[:_SHOWN_LENGTHS])
         if len(lengths) > _SHOWN_LENGTHS:
             each += f", ... ({len(lengths)} arrays)"
+        received = f"arrays of different lengths ({', '.join(map(str, distinct))} examples): {each}"
         raise invalid_value(
-            "data",
-            None,
-            "every array with one entry per example",
-            received=f"arrays of different lengths ({', '.join(map(str, distinct))} examples): "
-            f"{each}",
+            "data", None, "every array with one entry per example", received=received
         )
     if distinct[0] == 0:
         raise invalid_value("data", None, "at least one example", received="arrays of 0 examples")
@@ -319,12 +309,11 @@ def _check_labels(model: keras.Model, data: DatasetData | ArrayData) -> None:
     _, y, _ = keras.utils.unpack_x_y_sample_weight(data.spec())
     custom_step = type(model).train_step is not keras.Model.train_step
     if y is None and getattr(model, "loss", None) is not None and not custom_step:
-        raise invalid_value(
-            "data",
-            None,
-            "`(x, y)` or `(x, y, sample_weight)` (the model is trained as `fit` would train it)",
-            received=f"inputs without labels while the model was compiled with loss={model.loss!r}",
+        expected = (
+            "`(x, y)` or `(x, y, sample_weight)` (the model is trained as `fit` would train it)"
         )
+        received = f"inputs without labels while the model was compiled with loss={model.loss!r}"
+        raise invalid_value("data", None, expected, received=received)
 
 
 MODEL_EXPECTED = (
