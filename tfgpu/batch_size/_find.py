@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any
 
@@ -140,21 +141,15 @@ class _Search:
         if start > most:  # the search would run one trial at `max_batch_size`
             received = f"start={start} with max_batch_size={most}"
             raise invalid_value("start", start, "start <= max_batch_size", received=received)
-        checked["memory_limit_mib"] = check_number(
+        positive = functools.partial(check_number, minimum=0, exclusive_minimum=True)
+        checked["memory_limit_mib"] = positive(
             "memory_limit_mib",
             given["memory_limit_mib"],
-            minimum=0,
-            exclusive_minimum=True,
             allow_none=True,
             expected="a finite number of MiB > 0, or None",
         )
-        checked["memory_fraction"] = check_number(
-            "memory_fraction",
-            given["memory_fraction"],
-            minimum=0,
-            exclusive_minimum=True,
-            maximum=1,
-            expected="a float in (0, 1]",
+        checked["memory_fraction"] = positive(
+            "memory_fraction", given["memory_fraction"], maximum=1, expected="a float in (0, 1]"
         )
         target = given["target_batch_size"]
         checked["target_batch_size"] = check_int("target_batch_size", target, allow_none=True)
@@ -175,8 +170,7 @@ class _Search:
     def run(self, model: Any, pool: Any, replicas: int, session: Session) -> BatchSizeResult:
         """The trials in this process, under the memory budget, and their result."""
         device = memory_device(model.distribute_strategy)
-        notes = session.notes
-        memory_source, budget = self._memory_budget(device, notes)
+        memory_source, budget = self._memory_budget(device, session.notes)
         trials, ended = self._trials(model, pool, session, device, budget)
         return build_result(
             trials,
@@ -184,7 +178,7 @@ class _Search:
             budget,
             device,
             self.target_batch_size,
-            notes,
+            session.notes,
             memory_source=memory_source,
             stopped_by=ended,
         )
@@ -227,6 +221,7 @@ class _Search:
         start, most = self.start // replicas, self.max_batch_size // replicas
         trials: list[BatchSizeTrial] = []
         progress, ran_out = session.progress, ""
+        fixed = {"steps": self.steps, "device": device, "budget": budget, "replicas": replicas}
         with preserved(model, make_batch(pool, 1)[0]):
             while True:
                 done = [(t.per_replica_batch_size, t.fits) for t in trials]
@@ -242,15 +237,7 @@ class _Search:
                 progress.phase(
                     f"trial {k} of at most {self.max_trials}: batch size {nxt * replicas}"
                 )
-                t = run_trial(
-                    model,
-                    pool,
-                    nxt,
-                    steps=self.steps,
-                    device=device,
-                    budget=budget,
-                    replicas=replicas,
-                )
+                t = run_trial(model, pool, nxt, **fixed)  # only the size changes
                 trials.append(t)
                 progress.phase(f"trial {k}: {_outcome(t)}")
             progress.phase("restoring the model's weights, optimizer and metrics")
