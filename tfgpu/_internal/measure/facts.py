@@ -108,8 +108,7 @@ def batch_facts(ds: tf.data.Dataset) -> dict[str, Any]:
     for leaf in leaves:
         dims = leaf.shape.as_list() if leaf.shape.rank else []
         if dims and (any(d is None for d in dims[1:]) or (dims[0] is None and partial)):
-            dynamic = "(" + ", ".join("None" if d is None else str(d) for d in dims)
-            dynamic += ",)" if leaf.shape.rank == 1 else ")"
+            dynamic = str(tuple(dims))  # e.g. "(None, 32)"
             break
     return {
         "batch_size": size,

@@ -69,9 +69,8 @@ class DatasetData:
         return self.dataset.element_spec
 
     def examples(self, limit: int) -> tuple[Any, Any, Any]:
-        """The first `limit` examples as NumPy `(x, y, sample_weight)` (None where absent),
-        unbatched from a batched dataset; ValueError if it is empty, TimeoutError if it yields
-        nothing for `READ_TIMEOUT_S`."""
+        """The first `limit` examples as NumPy `(x, y, sample_weight)`, unbatched; ValueError
+        if it is empty, TimeoutError if it yields nothing for `READ_TIMEOUT_S`."""
         batched, ambiguous = source_batches(self.dataset)
         ds = self.dataset.unbatch() if batched is not None or ambiguous else self.dataset
         read = read_first(ds.take(limit).batch(limit), 1)
@@ -174,13 +173,11 @@ def _array(path: str, value: Any, expected: str) -> Any:
     if isinstance(value, list) and any(
         isinstance(v, (np.ndarray, tf.Tensor, tf.RaggedTensor)) for v in value
     ):
-        raise invalid_type(
-            "data",
-            value,
+        expected = (
             "a tuple of arrays (e.g. `(x, y)`, one array per feature), or one array "
-            "(np.stack the list first)",
-            received=f"a list of arrays at {path}",
+            "(np.stack the list first)"
         )
+        raise invalid_type("data", value, expected, received=f"a list of arrays at {path}")
     if isinstance(value, (list, np.generic)) or (
         hasattr(value, "__array__") and not isinstance(value, np.ndarray)
     ):
