@@ -93,8 +93,7 @@ def _custom_modules(model) -> list[str]:
 
 
 def subprocess_main(tmpdir: str) -> None:
-    """The child process: loads the model and examples from `tmpdir`, runs the search in
-    this process, and writes `result.json` there."""
+    """The child: the search on the model and examples in `tmpdir`, its result written there."""
     from tfgpu.batch_size._find import find_batch_size  # _find imports this module
 
     path = Path(tmpdir)

@@ -13,8 +13,7 @@ from tfgpu.diagnosis._result import Finding
 
 @dataclasses.dataclass(frozen=True)
 class ServiceAdvice:
-    """What `diagnose` says when the host cannot feed the GPU however the pipeline is set:
-    how many service workers like this host, the cores they add up to, the advice's text."""
+    """The tf.data service advice: workers like this host, the cores they add up to, its text."""
 
     workers: int
     cores: int
@@ -275,14 +274,12 @@ def _tuned_advice(f: Facts) -> str:
             "file), with the deterministic work in `map_fn` before it"
         )
     pool = f.private_threadpool_size
-    left.append(
+    left += [
         "give tf.data more CPU cores (a host with more cores per GPU; "
-        f"`private_threadpool_size=` sized to them, now {pool or 'the shared pool'})"
-    )
-    left.append(
+        f"`private_threadpool_size=` sized to them, now {pool or 'the shared pool'})",
         "preprocess offline: write the decoded, resized examples to TFRecord files once and "
-        'read them with `tfgpu.data.pipeline("data-*.tfrecord", map_fn=parse, ...)`'
-    )
+        'read them with `tfgpu.data.pipeline("data-*.tfrecord", map_fn=parse, ...)`',
+    ]
     return f"The pipeline already {done}: what is left is to " + "; ".join(left) + "."
 
 

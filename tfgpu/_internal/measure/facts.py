@@ -17,8 +17,7 @@ from tfgpu._internal.adapters.all_reduce import AllReduce, describe
 
 @dataclasses.dataclass
 class WorkloadFacts:
-    """What is known about a compiled model, its data and the devices. Pure data: filled by
-    `gather` and the caller's first measurement, or by hand in tests."""
+    """What is known about a compiled model, its data and the devices: pure data."""
 
     # The model.
     steps_per_execution: int = 1
@@ -66,8 +65,7 @@ class WorkloadFacts:
 def gather(
     model: Any, dataset: tf.data.Dataset, *, from_arrays: bool = False, has_factory: bool = False
 ) -> dict[str, Any]:
-    """The facts of a compiled model and its batches, as keyword arguments of
-    `WorkloadFacts` or a subclass: `WorkloadFacts(**gather(model, dataset))`."""
+    """The facts of a compiled model and its batches, as keyword arguments of `WorkloadFacts`."""
     strategy = model.distribute_strategy
     return {
         "steps_per_execution": max(1, int(model.steps_per_execution or 1)),
@@ -85,8 +83,7 @@ def gather(
 
 
 def batch_facts(ds: tf.data.Dataset) -> dict[str, Any]:
-    """The batches' facts: size, static shape, a shape that varies, a partial last batch
-    (and what it holds), batches and examples per epoch, read from the input chain."""
+    """The batches' facts (size, shapes, a partial last batch, an epoch), from the input chain."""
     try:
         batches, _ = datasets.source_batches(ds)
     except tf.errors.OpError:
@@ -122,8 +119,7 @@ def batch_facts(ds: tf.data.Dataset) -> dict[str, Any]:
 
 
 def device_facts() -> dict[str, Any]:
-    """The devices' facts: the GPUs TensorFlow uses (name, compute capabilities, /GPU:0's
-    memory) and the CPU (native bfloat16, cores). Starts no runtime."""
+    """The devices' facts: the GPUs TensorFlow uses and the CPU; starts no runtime."""
     gpus = devices.tf_gpus() if tf.config.get_visible_devices("GPU") else []
     # One capability per physical GPU (a split GPU counts once).
     ccs = {g.cuda_index: tuple(g.compute_capability) for g in gpus if g.compute_capability}

@@ -29,8 +29,7 @@ def check_steps(steps: Any, *, allow_none: bool = False, maximum: int | None = N
 
 @dataclasses.dataclass
 class Session:
-    """A measuring call, opened by `Session.open`: its `budget` (on `timing.now`'s clock),
-    its `progress` line, its run directory (`log_path`, None: no files) and its `notes`."""
+    """A measuring call, opened by `Session.open`: budget, progress line, run directory, notes."""
 
     title: str
     budget: timing.Budget
@@ -65,8 +64,7 @@ class Session:
         )
 
     def finish(self, result: Any, summary: str) -> Any:
-        """Closes the call: `result.time_s` (where it has one), its files into the run
-        directory, the last progress line; returns `result`."""
+        """Closes the call (`time_s`, the result's files, the last progress line); returns it."""
         if hasattr(result, "time_s"):
             result.time_s = self.budget.elapsed()
         if self.log_path is not None:

@@ -54,8 +54,7 @@ class Timer(keras.callbacks.Callback):
             self.model.stop_training = True
 
     def step_time(self, spe: int) -> float | None:
-        """Seconds per step: the median time of the calls after warm-up over their `spe`
-        steps each; None when no call was timed."""
+        """Seconds per step: the median timed call over its `spe` steps (None: no call timed)."""
         gaps = [b - a for a, b in itertools.pairwise(self.times[self.calls_warm - 1 :])]
         return stats.median(gaps) / spe if gaps else None
 
@@ -100,8 +99,7 @@ def _fit(model: Any, dataset: Any, timer: Any, epochs: int = 1, steps: int | Non
 def fit_step_time(
     model, dataset, steps: int, warmup: int, deadline=None, timed_limit_s=None
 ) -> float | None:
-    """Seconds per training step from `fit`, the median over the timed calls that ran after
-    warm-up (garbage collected before); None when the deadline came before one."""
+    """Seconds per step from `fit`: the median timed call after warm-up; None if cut before one."""
     spe = max(1, int(model.steps_per_execution))
     calls_warm, calls_timed = call_counts(spe, steps, warmup)
     timer = Timer(calls_warm, deadline, timed_limit_s)
@@ -162,8 +160,7 @@ def epoch_time(
 
 
 def probe_step_time(model, dataset, deadline=None) -> float | None:
-    """Seconds per step of a short `fit` on `dataset` (repeated): the median of two calls
-    after one that traces; None when the deadline came first."""
+    """Seconds per step of a short `fit`: the median of two calls after the tracing one, or None."""
     spe = max(1, int(model.steps_per_execution))
     timer = Timer(1, deadline)
     _fit(model, dataset, timer, steps=3 * spe)
@@ -293,8 +290,7 @@ def compare(
 
 
 def input_time(dataset: Any, batches: int = 10) -> float | None:
-    """Seconds per batch of `dataset` read alone, no model (the bounded pipeline benchmark
-    over `batches` batches after one); None when it cannot be read."""
+    """Seconds per batch of `dataset` read alone (the bounded reader); None if it is unreadable."""
     try:
         result = read_alone(dataset, batches, 1)
     except ValueError:  # no batch at all

@@ -33,8 +33,7 @@ def key(changes: dict[str, Any]) -> _Key:
 
 @dataclasses.dataclass(frozen=True)
 class Steady:
-    """Timed fits of the steady step: `steps` timed after `warmup`, seconds per step the
-    median call (`timing.fit_step_time`); the timed steps stop after `limit_s` too."""
+    """Timed fits of the steady step (`timing.fit_step_time`), timed steps cut after `limit_s`."""
 
     steps: int
     warmup: int
@@ -158,8 +157,7 @@ class Variants:
         return ds, batch
 
     def _rebuilt(self, change: dict[str, Any]) -> tf.data.Dataset:
-        """The `tfgpu.data.pipeline` dataset built again with `change` (not distributed: the
-        model's `fit` distributes it)."""
+        """The `tfgpu.data.pipeline` dataset again with `change`, undistributed (`fit` does it)."""
         kwargs = dict(self.pipeline or {})
         for k, v in change.items():
             if k == "batch_augment":
@@ -210,8 +208,7 @@ class Variants:
     def strategy_for(
         self, model: Any, changes: dict[str, Any]
     ) -> contextlib.AbstractContextManager[None]:
-        """The body runs with the all-reduce in `changes` on `model`'s strategy, put back
-        afterwards; a step traced in the body keeps it."""
+        """The body runs with the all-reduce in `changes` (a step traced there keeps it)."""
         name = changes.get("all_reduce")
         return contextlib.nullcontext() if name is None else using(model.distribute_strategy, name)
 

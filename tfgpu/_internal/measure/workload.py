@@ -101,8 +101,7 @@ class DatasetData:
 
 
 class ArrayData:
-    """Arrays `x`, `(x, y)` or `(x, y, sample_weight)` (each an array, a tensor, or a dict, list
-    or tuple of them), batched as `fit` batches them; built by `check_data`."""
+    """Arrays `x`, `(x, y)` or `(x, y, sample_weight)`, batched as `fit` batches them."""
 
     from_arrays = True
 
@@ -266,8 +265,7 @@ def _arrays_only(value: Any) -> bool:
 
 
 def _fit_arrays(data: Any) -> tuple[Any, Any, Any, int]:
-    """(x, y, sample_weight, number of examples) of array data as `fit` takes it: `x`,
-    `(x, y)` or `(x, y, sample_weight)` (a list as a tuple)."""
+    """(x, y, sample_weight, examples) of array data as `fit` takes it (a list as a tuple)."""
     parts = tuple(data) if isinstance(data, (list, tuple)) else (data,)
     if not parts or parts[0] is None or not all(p is None or _arrays_only(p) for p in parts):
         raise invalid_type("data", data, DATA_EXPECTED)
@@ -320,8 +318,7 @@ MODEL_EXPECTED = (
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """A compiled model and its data (`DatasetData` or `ArrayData`), checked; `factory`: the
-    function that built the model, when one was given."""
+    """A compiled model and its data, checked; `factory`: the function that built it, if given."""
 
     model: keras.Model
     data: DatasetData | ArrayData
