@@ -1,6 +1,5 @@
-"""What `find_batch_size` returns: `BatchSizeTrial`, `BatchSizeResult` (text, JSON), and
-`build_result`, which assembles one from the trials. Every batch size is global, as `fit`
-takes it; per-replica figures are named `per_replica_*`."""
+"""What `find_batch_size` returns (`BatchSizeTrial`, `BatchSizeResult`), built by `build_result`;
+every batch size is global, as `fit` takes it, per-replica figures are `per_replica_*`."""
 
 from __future__ import annotations
 

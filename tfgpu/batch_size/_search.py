@@ -23,9 +23,7 @@ def next_candidate(
     mid = (lo + hi) // 2
     if multiple_of > 1 and mid >= multiple_of:
         mid = mid // multiple_of * multiple_of
-    if mid <= lo or mid >= hi:
-        return None
-    return mid
+    return None if mid <= lo or mid >= hi else mid
 
 
 def stopped_by(trials: list[tuple[int, bool]], *, max_batch_size: int, ran_out: bool) -> str:

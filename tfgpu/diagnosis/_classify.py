@@ -72,9 +72,8 @@ def input_level(share: float, wait_s: float = math.inf) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Seen:
-    """What the rules read beyond the facts, worked out once: the input level (after the
-    checks that the pipeline can explain the wait), the probes' gains, the train-step ops on
-    the CPU, whether the all-reduce holds the step, the GPU counters (None without a GPU)."""
+    """What the rules read beyond the facts, worked out once: the input level (checked against
+    what the pipeline can explain), the probes' gains, the CPU ops, the all-reduce, the GPU."""
 
     level: str
     share: float
@@ -377,24 +376,20 @@ def unseen(f: Facts) -> list[str]:
     notes = counters.unseen(_counters(f))
     measured = is_finite_number(f.util_pct_mean) and is_finite_number(f.pcie_mib_s_mean)
     if measured and not f.batch_bytes:
-        notes.insert(
-            len(notes) - (counters.POWER_UNSEEN in notes),
-            "PCIe traffic per step not compared: the batch's size in bytes is unknown",
-        )
+        at = len(notes) - (counters.POWER_UNSEEN in notes)  # before the power note, if any
+        notes.insert(at, "PCIe traffic per step not compared: the batch's size in bytes is unknown")
     return notes
 
 
 def monitor_facts(aggregate: dict[str, Any]) -> dict[str, float]:
-    """The `Facts` GPU counters from `Sampler.aggregate()` keys `gpu0_*` (TensorFlow's
-    `/GPU:0`); absent or non-finite: NaN. PCIe is transmitted + received (either alone where
-    only one was). Pure."""
+    """The `Facts` GPU counters from `Sampler.aggregate()`'s `gpu0_*` (`/GPU:0`), NaN where
+    absent; PCIe is transmitted + received (either alone where only one was). Pure."""
 
     def get(key: str) -> float:
         value = aggregate.get(f"gpu0_{key}") if isinstance(aggregate, dict) else None
         return float(value) if value is not None and is_finite_number(value) else math.nan
 
-    tx, rx = get("pcie_tx_mib_s_mean"), get("pcie_rx_mib_s_mean")
-    pcie = [v for v in (tx, rx) if math.isfinite(v)]
+    pcie = [v for v in (get("pcie_tx_mib_s_mean"), get("pcie_rx_mib_s_mean")) if math.isfinite(v)]
     facts = {name: get(name) for name in (*_COUNTERS, "energy_j")}
     facts["pcie_mib_s_mean"] = sum(pcie) if pcie else math.nan
     return facts

@@ -254,9 +254,8 @@ class _Diagnose:
             )
 
     def _first_look(self, f: Facts, batch: Any) -> tuple[float | None, float]:
-        """The first device-resident run (it always runs: a diagnosis needs one step time),
-        its timed steps within `FIT_SHARE` of the budget, and how long it took; the peak
-        memory, the step's ops."""
+        """The first device-resident run, always (a diagnosis needs one step time), timed within
+        `FIT_SHARE` of the budget, and how long it took; the peak memory, the step's ops."""
         self.progress.phase("warming up and timing the step on one batch held in memory")
         memory_device = "GPU:0" if f.on_gpu else "CPU:0"
         devices.reset_peak_memory(memory_device)

@@ -71,9 +71,8 @@ def warm_real(model: Any, ds: tf.data.Dataset, budget: timing.Budget) -> None:
 
 @dataclass
 class Probe:
-    """One probe's outcome: its rounds, its record for `measurements`, its notes, what the
-    budget left out (e.g. "the jit_compile=True probe") and why it stopped early ("slower",
-    "faster", "budget" or None)."""
+    """One probe's outcome: its rounds, its record, its notes, what the budget left out (e.g.
+    "the jit_compile=True probe") and why it stopped early ("slower", "faster", "budget")."""
 
     rounds: list[tuple[float, float]] = field(default_factory=list)
     record: dict[str, Any] | None = None

@@ -161,9 +161,8 @@ _PYTHON_OPS = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless", "GeneratorD
 
 
 def pipeline_facts(ds: tf.data.Dataset) -> dict[str, Any]:
-    """What the dataset's graph says about its pipeline, read from the output back along each
-    stage's first input (Python ops, maps, cache, the final prefetch, thread pool), and who
-    built it. Where TensorFlow cannot serialize the graph, its input chain's steps say."""
+    """What the dataset's graph says of its pipeline (from the output back along each stage's
+    first input), and who built it; where TF cannot serialize the graph, the chain's steps."""
     out: dict[str, Any] = {
         "pipeline": datasets.pipeline_arguments(ds),
         "made_by_pipeline": datasets.made_by_pipeline(ds),

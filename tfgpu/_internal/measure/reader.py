@@ -129,9 +129,8 @@ def _consume(
 
 
 class _Reader:
-    """Batches of `data` from one iterator whatever the passes (as `diagnose`'s timed `fit`
-    reads `data.repeat()`): a short dataset is not timed restarting; the index within each
-    pass counts the passes. A finite distributed dataset is restarted when it ends."""
+    """Batches of `data` from one iterator whatever the passes, as `fit` reads `data.repeat()`
+    (the index in each pass counts them); a finite distributed dataset is started again."""
 
     def __init__(self, data: Any, progress: tf.Variable) -> None:
         self.indexed = isinstance(data, tf.data.Dataset) and cardinality(data) != -1

@@ -35,9 +35,7 @@ class Timer(keras.callbacks.Callback):
     def __init__(self, calls_warm: int = 0, deadline=None, timed_limit_s=None):
         super().__init__()
         self.times: list[float] = []
-        self.calls_warm = calls_warm
-        self.deadline = deadline
-        self.timed_limit_s = timed_limit_s
+        self.calls_warm, self.deadline, self.timed_limit_s = calls_warm, deadline, timed_limit_s
         self.warm_at: float | None = None
 
     def on_train_batch_end(self, batch, logs=None):

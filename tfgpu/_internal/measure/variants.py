@@ -42,9 +42,9 @@ class Steady:
 
 @dataclasses.dataclass
 class Epochs:
-    """Timed fits as the user's `fit` runs them: `epochs` whole epochs (or their first
-    `steps_per_epoch` steps) from each epoch's start, after an untimed fit that traces
-    (`timing.epoch_time`). Set once the step is measured, before the first run."""
+    """Timed fits as the user's `fit` runs them (`timing.epoch_time`), after an untimed fit that
+    traces: `epochs` from each one's start (or their first `steps_per_epoch` steps). Set once
+    the step is measured, before the first run."""
 
     epochs: int = 1
     steps_per_epoch: int | None = None
@@ -62,9 +62,8 @@ def batched_at(ds: tf.data.Dataset, global_batch: int, drop_remainder: bool) -> 
 
 
 def device_resident(batch: Any, on_gpu: bool, spec: Any = None) -> tf.data.Dataset:
-    """`batch` repeated (prefetched to the GPU on GPUs), its shapes as the real data's `spec`
-    has them (`None` dims), so that the real data's fits run the step traced here (and under
-    XLA reuse the shapes compiled here)."""
+    """`batch` repeated (prefetched to the GPU on GPUs) in the real data's `spec` shapes (`None`
+    dims): the real data runs the step traced here (under XLA, the shapes compiled here)."""
     ds = tf.data.Dataset.from_tensors(batch).repeat()
     if spec is not None:
 
@@ -299,9 +298,8 @@ class Variants:
 def _with_attrs(
     model: Any, attrs: dict[str, Any], measure: timing.Run, functions: dict[str, Any]
 ) -> timing.Run:
-    """`measure` with `attrs` set on `model` for the run; each setting keeps its own compiled
-    train function (nothing traced twice: `functions`, a store the runs of one setting share,
-    its "fn" None until traced); the model's put back."""
+    """`measure` with `attrs` set on `model` for the run, each setting with its own traced train
+    function (`functions`: the store its runs share, "fn" None until traced); the model put back."""
 
     def run(deadline: float | None, limit: float | None) -> float | None:
         saved = {k: getattr(model, k) for k in attrs}
