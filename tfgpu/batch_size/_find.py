@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any
 
@@ -47,32 +48,26 @@ def find_batch_size(
     """Finds the largest batch size that fits in device memory, and the fastest.
 
     Grows the batch by powers of two from `start` until a trial runs out of memory or passes
-    the memory budget (`memory_fraction` of the capacity, capped by `memory_limit_mib`), then
-    binary-searches the boundary; each trial times `steps` real training steps on a batch cut
-    from `data`. Batch sizes are global, as `fit(batch_size=)` takes them (under a strategy,
-    multiples of its replicas). The model's weights, optimizer state and metrics are restored
-    afterwards. The guide (the CPU, multi-worker, `in_subprocess`): docs/diagnosis.md.
+    the memory budget, then binary-searches the boundary, timing `steps` training steps per
+    trial; batch sizes are global, as `fit(batch_size=)` takes them; the model is put back
+    afterwards. The guide: docs/diagnosis.md, section `tfgpu.find_batch_size`.
 
     Args:
-        model: keras.Model, compiled (`model.compile(optimizer, loss)`), or a function
-            without arguments that builds and compiles one.
+        model: keras.Model, compiled, or a function without arguments that returns one.
         data: `tf.data.Dataset` (batched or not) or arrays `(x, y)` /
-            `(x, y, sample_weight)` (NumPy arrays or tensors, or dicts of them): examples
-            to train on; the first `pool_size` are used.
+            `(x, y, sample_weight)`: examples to train on; the first `pool_size` are used.
         start: int, the first batch size. Defaults to 8.
         max_batch_size: int, the largest batch size to try. Defaults to 4096.
         steps: int, timed training steps per trial (after one warm-up step). Defaults to 3.
         memory_fraction: float in (0, 1], share of device capacity allowed. Defaults to 0.9.
-        memory_limit_mib: float or None, an absolute peak-memory limit in MiB (2**20
-            bytes; `configure(memory_limit_mib=)` counts in the same unit). Defaults to None.
-        multiple_of: int, binary-search midpoints are rounded down to a multiple of this.
-            Defaults to 8.
+        memory_limit_mib: float or None, a peak-memory limit in MiB (2**20 bytes, as
+            `configure(memory_limit_mib=)`). Defaults to None.
+        multiple_of: int, binary-search midpoints round down to a multiple of it. Defaults to 8.
         max_trials: int, the most trials to run. Defaults to 16.
         target_batch_size: int or None, a batch per optimizer update to reach with gradient
-            accumulation; the result gives `gradient_accumulation_steps` and the batch size
-            to fit with (based on the fastest size). Defaults to None.
-        in_subprocess: bool, run the trials in a fresh process (TensorFlow keeps GPU memory
-            after an OOM; custom layers must be registered serializable). Defaults to False.
+            accumulation from the fastest size. Defaults to None.
+        in_subprocess: bool, run the trials in a fresh process (custom layers must be
+            registered serializable). Defaults to False.
         pool_size: int, how many examples to read from `data`. Defaults to 1024.
         time_budget_s: float or None, seconds the trials may take: no trial starts after
             it (None: no limit). Defaults to 300.0.
@@ -85,11 +80,10 @@ def find_batch_size(
         A `BatchSizeResult`.
 
     Raises:
-        ValueError: on invalid arguments (e.g. `start` above `max_batch_size`), a model
-            that is not compiled, arrays of different lengths, or data without labels for
-            the model's loss; before any trial.
-        TypeError: if `model` is not a Keras model, `data` is neither a dataset nor
-            arrays, or `verbose` is neither a str nor an int.
+        ValueError: on invalid arguments (e.g. `start` above `max_batch_size`), an
+            uncompiled model or invalid data (docs/diagnosis.md); before any trial.
+        TypeError: if `model` is not a Keras model, `data` is neither a dataset nor arrays,
+            or an argument has the wrong type.
 
     Example:
 
@@ -147,21 +141,15 @@ class _Search:
         if start > most:  # the search would run one trial at `max_batch_size`
             received = f"start={start} with max_batch_size={most}"
             raise invalid_value("start", start, "start <= max_batch_size", received=received)
-        checked["memory_limit_mib"] = check_number(
+        positive = functools.partial(check_number, minimum=0, exclusive_minimum=True)
+        checked["memory_limit_mib"] = positive(
             "memory_limit_mib",
             given["memory_limit_mib"],
-            minimum=0,
-            exclusive_minimum=True,
             allow_none=True,
             expected="a finite number of MiB > 0, or None",
         )
-        checked["memory_fraction"] = check_number(
-            "memory_fraction",
-            given["memory_fraction"],
-            minimum=0,
-            exclusive_minimum=True,
-            maximum=1,
-            expected="a float in (0, 1]",
+        checked["memory_fraction"] = positive(
+            "memory_fraction", given["memory_fraction"], maximum=1, expected="a float in (0, 1]"
         )
         target = given["target_batch_size"]
         checked["target_batch_size"] = check_int("target_batch_size", target, allow_none=True)
@@ -182,8 +170,7 @@ class _Search:
     def run(self, model: Any, pool: Any, replicas: int, session: Session) -> BatchSizeResult:
         """The trials in this process, under the memory budget, and their result."""
         device = memory_device(model.distribute_strategy)
-        notes = session.notes
-        memory_source, budget = self._memory_budget(device, notes)
+        memory_source, budget = self._memory_budget(device, session.notes)
         trials, ended = self._trials(model, pool, session, device, budget)
         return build_result(
             trials,
@@ -191,7 +178,7 @@ class _Search:
             budget,
             device,
             self.target_batch_size,
-            notes,
+            session.notes,
             memory_source=memory_source,
             stopped_by=ended,
         )
@@ -234,6 +221,7 @@ class _Search:
         start, most = self.start // replicas, self.max_batch_size // replicas
         trials: list[BatchSizeTrial] = []
         progress, ran_out = session.progress, ""
+        fixed = {"steps": self.steps, "device": device, "budget": budget, "replicas": replicas}
         with preserved(model, make_batch(pool, 1)[0]):
             while True:
                 done = [(t.per_replica_batch_size, t.fits) for t in trials]
@@ -249,15 +237,7 @@ class _Search:
                 progress.phase(
                     f"trial {k} of at most {self.max_trials}: batch size {nxt * replicas}"
                 )
-                t = run_trial(
-                    model,
-                    pool,
-                    nxt,
-                    steps=self.steps,
-                    device=device,
-                    budget=budget,
-                    replicas=replicas,
-                )
+                t = run_trial(model, pool, nxt, **fixed)  # only the size changes
                 trials.append(t)
                 progress.phase(f"trial {k}: {_outcome(t)}")
             progress.phase("restoring the model's weights, optimizer and metrics")

@@ -1,6 +1,5 @@
-"""What `find_batch_size` returns: `BatchSizeTrial`, `BatchSizeResult` (text, JSON), and
-`build_result`, which assembles one from the trials. Every batch size is global, as `fit`
-takes it; per-replica figures are named `per_replica_*`."""
+"""What `find_batch_size` returns (`BatchSizeTrial`, `BatchSizeResult`), built by `build_result`;
+every batch size is global, as `fit` takes it, per-replica figures are `per_replica_*`."""
 
 from __future__ import annotations
 
@@ -20,9 +19,8 @@ class BatchSizeTrial:
         batch_size: int, the global batch size tried (what `fit(batch_size=)` takes).
         per_replica_batch_size: int, `batch_size` over the strategy's replicas.
         fits: bool, whether the steps ran without OOM and within the memory budget.
-        reason: str, `"ok"`, `"oom"` (`ResourceExhaustedError`), `"host_oom"` (the host
-            ran out of memory building the batch: `MemoryError`), `"over_budget"` or
-            `"oom_on_another_worker"`.
+        reason: str, `"ok"`, `"oom"`, `"host_oom"` (a `MemoryError` building the batch),
+            `"over_budget"` or `"oom_on_another_worker"`.
         peak_memory_bytes: int or None, peak device memory during the trial (None where
             TensorFlow keeps no allocator statistics for the device).
         step_time_s: float, median seconds per step (NaN when it did not fit).
@@ -57,11 +55,9 @@ class BatchSizeResult(Result):
         accumulation_batch_size: int or None, the batch size to `fit` with it.
         in_subprocess: bool, whether the trials ran in a separate Python process.
         notes: list of str, remarks (e.g. that a subprocess was used, and why).
-        memory_source: str or None, `"allocator"` (TensorFlow's allocator statistics) or
-            None (not measured: the search stopped at out-of-memory errors only).
+        memory_source: str or None, `"allocator"`, or None: not measured (out of memory only).
         stopped_by: str, why the search ended: `"limit"` (it found the boundary),
-            `"max_batch_size"` (every size fitted: the limit lies above), `"max_trials"`,
-            `"time_budget"` or `"nothing_fits"` (even the smallest batch failed).
+            `"max_batch_size"`, `"max_trials"`, `"time_budget"` or `"nothing_fits"`.
         time_s: float, seconds the call took.
     """
 
@@ -125,7 +121,6 @@ def build_result(
     device: str,
     target: int | None,
     notes: list[str],
-    in_subprocess: bool = False,
     *,
     memory_source: str | None = None,
     stopped_by: str = "limit",
@@ -133,7 +128,8 @@ def build_result(
     """The result of a search's `trials` (its notes on why it ended included)."""
     fitting = [t.batch_size for t in trials if t.fits]
     largest = max(fitting) if fitting else None
-    fastest = _fastest(trials)
+    timed = [t for t in trials if t.fits and not math.isnan(t.examples_per_s)]
+    fastest = max(timed, key=lambda t: t.examples_per_s).batch_size if timed else None
     notes = list(notes)
     if largest is None:
         notes.append("no batch size fitted, not even the smallest tried")
@@ -168,7 +164,6 @@ def build_result(
         target_batch_size=target,
         gradient_accumulation_steps=steps,
         accumulation_batch_size=accumulation,
-        in_subprocess=in_subprocess,
         notes=notes,
         memory_source=memory_source,
         stopped_by=stopped_by,
@@ -179,9 +174,3 @@ def trial_from_dict(d: dict[str, Any]) -> BatchSizeTrial:
     """A trial from its `to_dict()` record (null figures are NaN again)."""
     figures = {k: math.nan for k in ("step_time_s", "examples_per_s") if d.get(k) is None}
     return BatchSizeTrial(**{**d, **figures})
-
-
-def _fastest(trials: list[BatchSizeTrial]) -> int | None:
-    """The batch size of the fitting trial with the highest throughput, or None."""
-    ok = [t for t in trials if t.fits and not math.isnan(t.examples_per_s)]
-    return max(ok, key=lambda t: t.examples_per_s).batch_size if ok else None

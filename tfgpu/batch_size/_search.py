@@ -23,9 +23,7 @@ def next_candidate(
     mid = (lo + hi) // 2
     if multiple_of > 1 and mid >= multiple_of:
         mid = mid // multiple_of * multiple_of
-    if mid <= lo or mid >= hi:
-        return None
-    return mid
+    return None if mid <= lo or mid >= hi else mid
 
 
 def stopped_by(trials: list[tuple[int, bool]], *, max_batch_size: int, ran_out: bool) -> str:
@@ -41,11 +39,8 @@ def stopped_by(trials: list[tuple[int, bool]], *, max_batch_size: int, ran_out: 
 
 
 def accumulation_plan(target: int, max_per_replica: int, replicas: int) -> tuple[int, int]:
-    """(steps, per-replica batch) reaching `target` global examples per optimizer update.
-
-    Prefers an exact split (target divisible by replicas * steps); otherwise rounds the
-    per-replica batch up so that each update sees at least `target` examples.
-    """
+    """(steps, per-replica batch) reaching `target` global examples per optimizer update: an
+    exact split where one exists, else the per-replica batch rounded up (at least `target`)."""
     per_step = max_per_replica * replicas
     steps = max(1, math.ceil(target / per_step))
     for s in range(steps, steps * 2 + 1):

@@ -27,13 +27,7 @@ _TIMEOUT_S = 3600.0
 
 def relayed_phase(line: str) -> str | None:
     """The phase of one of the child's progress lines, without the title and the time; None
-    for other lines, and for the child's reading and summary (this process shows its own).
-
-    Example:
-
-    >>> relayed_phase("find_batch_size: trial 2 of at most 16: batch size 16 \u00b7 3 s so far")
-    'trial 2 of at most 16: batch size 16'
-    """
+    for other lines, and for the child's reading and summary (this process shows its own)."""
     line = line.rstrip("\r\n")
     if not line.startswith(_PREFIX):
         return None
@@ -45,12 +39,8 @@ def find_in_subprocess(model, pool, kwargs, progress: Progress) -> BatchSizeResu
     """The search with the checked `kwargs` in a fresh process, its phases relayed to
     `progress`; a RuntimeError with its last output when it fails."""
     if int(model.distribute_strategy.num_replicas_in_sync) > 1:
-        raise invalid_value(
-            "in_subprocess",
-            True,
-            "in_subprocess=False there",
-            received="in_subprocess=True for a model under a distribution strategy",
-        )
+        received = "in_subprocess=True for a model under a distribution strategy"
+        raise invalid_value("in_subprocess", True, "in_subprocess=False there", received=received)
     with tempfile.TemporaryDirectory(prefix="tfgpu-bs-") as tmp:
         tmpdir = Path(tmp)
         model.save(tmpdir / "model.keras")
@@ -103,8 +93,7 @@ def _custom_modules(model) -> list[str]:
 
 
 def subprocess_main(tmpdir: str) -> None:
-    """The child process: loads the model and examples from `tmpdir`, runs the search in
-    this process, and writes `result.json` there."""
+    """The child: the search on the model and examples in `tmpdir`, its result written there."""
     from tfgpu.batch_size._find import find_batch_size  # _find imports this module
 
     path = Path(tmpdir)

@@ -62,9 +62,7 @@ def device_capacity_bytes(device: str) -> int | None:
 
 def _agree(strategy, fits: bool, seconds: float) -> tuple[bool, float]:
     """Under multi-worker training, all workers take the same decision for a trial."""
-    extended = strategy.extended
-    multi = getattr(extended, "_in_multi_worker_mode", lambda: False)()
-    if not multi:
+    if not getattr(strategy.extended, "_in_multi_worker_mode", lambda: False)():
         return fits, seconds
     value = tf.constant([0.0 if fits else 1.0, seconds], tf.float32)
     per_replica = strategy.run(lambda: tf.identity(value))

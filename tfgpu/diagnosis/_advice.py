@@ -13,8 +13,7 @@ from tfgpu.diagnosis._result import Finding
 
 @dataclasses.dataclass(frozen=True)
 class ServiceAdvice:
-    """What `diagnose` says when the host cannot feed the GPU however the pipeline is set:
-    how many service workers like this host, the cores they add up to, the advice's text."""
+    """The tf.data service advice: workers like this host, the cores they add up to, its text."""
 
     workers: int
     cores: int
@@ -41,15 +40,7 @@ def service_advice(
     the rule does not apply: input-bound, at least `CPU_SATURATED` of the host's cores busy
     (`host_cpu_busy`, 0 to 1), maps already parallel and cached (no setting is left on this
     host). One worker like this host makes `pipeline_batches_per_s`; workers = ceil(`HEADROOM`
-    x step rate / that).
-
-    Example:
-
-    >>> a = service_advice(input_bound=True, host_cpu_busy=0.97, cpu_count=16, parallel=True,
-    ...                    cached=True, pipeline_batches_per_s=40.0, step_batches_per_s=100.0)
-    >>> a.workers, a.cores
-    (3, 46)
-    """
+    x step rate / that)."""
     rates = (pipeline_batches_per_s, step_batches_per_s)
     if not all(math.isfinite(r) and r > 0 for r in rates) or rates[0] >= rates[1]:
         return None  # no shortage
@@ -74,13 +65,9 @@ def service_advice(
 
 def finding(found: counters.CounterFinding, detail: str | None = None, fix: str | None = None):
     """A `Finding` from a shared rule's text pieces (`detail`, `fix`: what the model adds)."""
-    return Finding(
-        found.kind,
-        found.severity,
-        found.title,
-        found.detail() if detail is None else detail,
-        found.recommendation if fix is None else fix,
-    )
+    detail = found.detail() if detail is None else detail
+    fix = found.recommendation if fix is None else fix
+    return Finding(found.kind, found.severity, found.title, detail, fix)
 
 
 def tensor_idle_finding(
@@ -88,6 +75,7 @@ def tensor_idle_finding(
 ) -> Finding:
     mixed = f.policy in ("mixed_float16", "mixed_bfloat16")
     tf32_capable = all(tuple(cc) >= (8, 0) for cc in f.compute_capabilities)
+    tf32_off = f.tf32_enabled is False and tf32_capable
     fixes = []
     if mixed and f.float32_layers:
         fixes.append(
@@ -97,7 +85,7 @@ def tensor_idle_finding(
         )
     if f.odd_dim_layers:
         fixes.append(counters.MULTIPLES_OF_8 + ": " + ", ".join(f.odd_dim_layers[:8]))
-    if f.tf32_enabled is False and tf32_capable:
+    if tf32_off:
         fixes.append(
             "TF32 is off, so float32 matmuls run on the CUDA cores: remove "
             "`tf.config.experimental.enable_tensor_float_32_execution(False)` (or call it "
@@ -111,11 +99,9 @@ def tensor_idle_finding(
         )
     if not xla_no_gain:  # never advise what its own probe measured as no gain
         fixes.append(counters.ELEMENTWISE_FIX)
+    detail = f"{found.measured} under the {f.policy} policy: {found.meaning}."
     return finding(
-        found,
-        f"{found.measured} under the {f.policy} policy: {found.meaning}."
-        + (" TF32 is off." if f.tf32_enabled is False and tf32_capable else ""),
-        _sentence("; ".join(fixes)),
+        found, detail + (" TF32 is off." if tf32_off else ""), _sentence("; ".join(fixes))
     )
 
 
@@ -126,9 +112,7 @@ def _sentence(text: str) -> str:
 def pcie_finding(
     f: Facts, found: counters.CounterFinding, cpu_ops: list[tuple[OpFact, str]]
 ) -> Finding:
-    seen = []
-    if cpu_ops:
-        seen.append(cpu_ops_traffic(cpu_ops)[0])
+    seen = [cpu_ops_traffic(cpu_ops)[0]] if cpu_ops else []
     if f.from_arrays:
         seen.append("the data is fed as NumPy arrays")
     if f.python_input:
@@ -249,13 +233,10 @@ def input_advice(f: Facts, spe_no_gain: bool = False) -> str:
 
 def _builder_advice(f: Facts) -> str:
     """A hand-made chain that is not tuned: build it with the pipeline, or tune its steps."""
-    missing = []
-    if f.sequential_map:
-        missing.append("a map runs one element at a time")
-    if f.cache is None:
-        missing.append("nothing is cached")
-    if not f.prefetch:
-        missing.append("batches are not prefetched")
+    seen = ((f.sequential_map, "a map runs one element at a time"),
+            (f.cache is None, "nothing is cached"),
+            (not f.prefetch, "batches are not prefetched"))  # fmt: skip
+    missing = [what for found, what in seen if found]
     return (
         "Build the input with `tfgpu.data.pipeline(ds, batch_size=...)` (it takes a Keras "
         "loader's dataset too: parallel `map(num_parallel_calls=tf.data.AUTOTUNE)`, "
@@ -293,14 +274,12 @@ def _tuned_advice(f: Facts) -> str:
             "file), with the deterministic work in `map_fn` before it"
         )
     pool = f.private_threadpool_size
-    left.append(
+    left += [
         "give tf.data more CPU cores (a host with more cores per GPU; "
-        f"`private_threadpool_size=` sized to them, now {pool or 'the shared pool'})"
-    )
-    left.append(
+        f"`private_threadpool_size=` sized to them, now {pool or 'the shared pool'})",
         "preprocess offline: write the decoded, resized examples to TFRecord files once and "
-        'read them with `tfgpu.data.pipeline("data-*.tfrecord", map_fn=parse, ...)`'
-    )
+        'read them with `tfgpu.data.pipeline("data-*.tfrecord", map_fn=parse, ...)`',
+    ]
     return f"The pipeline already {done}: what is left is to " + "; ".join(left) + "."
 
 

@@ -1,8 +1,6 @@
 """The decision: the bottleneck, the input-bound level and the findings from a `Facts`, by a
-table of small rules (`RULES`, as `env/_findings.CHECKS`). Pure: no hardware. The thresholds
-shared with `tune` are the measuring core's (`rules`), the GPU-counter rules the adapters'
-(`gpu_counters`); long texts are in `_advice`.
-"""
+table of small rules (`RULES`, as `env/_findings.CHECKS`). Pure. Thresholds shared with `tune`
+are the core's (`rules`), the GPU-counter rules `gpu_counters`'; long texts are in `_advice`."""
 
 from __future__ import annotations
 
@@ -40,15 +38,9 @@ def wait_and_share(compute_s: float, real_s: float) -> tuple[float, float]:
 
 
 def share_verdict(rounds: list[tuple[float, float]]) -> dict[str, Any]:
-    """The input-bound level the rounds (device-resident, real) support, with their noise. Pure.
-
-    The level is decided at both ends of the median's confidence interval (of the share and
-    of the wait): `"inconclusive"` when they differ, or with fewer than `MIN_ROUNDS` rounds.
-
-    Returns:
-        dict with `level`, `share` (median), `wait_s` (median), `low`, `high` (the share's
-        interval), `confidence`, `rounds`.
-    """
+    """The input-bound level the rounds (device-resident, real) support, decided at both ends
+    of the median's confidence interval of the share and of the wait (`"inconclusive"` when
+    they differ, or below `MIN_ROUNDS` rounds), with the medians and the share's interval."""
     waits = [wait_and_share(c, r)[0] for c, r in rounds]
     shares = [wait_and_share(c, r)[1] for c, r in rounds]
     low, high, confidence = rules.median_interval(shares)
@@ -80,9 +72,8 @@ def input_level(share: float, wait_s: float = math.inf) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Seen:
-    """What the rules read beyond the facts, worked out once: the input level (after the
-    checks that the pipeline can explain the wait), the probes' gains, the train-step ops on
-    the CPU, whether the all-reduce holds the step, the GPU counters (None without a GPU)."""
+    """What the rules read beyond the facts, worked out once: the input level (checked against
+    what the pipeline can explain), the probes' gains, the CPU ops, the all-reduce, the GPU."""
 
     level: str
     share: float
@@ -113,8 +104,7 @@ def seen(f: Facts, verdict: dict[str, Any] | None = None) -> Seen:
         wait_low = verdict["wait_low_s"]
     else:
         wait, share = wait_and_share(f.compute_step_time_s, f.step_time_s)
-        wait_low = wait
-        level = input_level(share, wait)
+        level, wait_low = input_level(share, wait), wait
     # A finding must agree with the figures it prints. The most the pipeline can add to a
     # step is about its own time per batch (measured far more steadily than a difference of
     # two step times): a wait above that in every round is not the pipeline's doing...
@@ -197,16 +187,13 @@ def _host_device_traffic(f: Facts, s: Seen) -> Finding | None:
          f"end the pipeline with `.prefetch(tf.data.AUTOTUNE)`{device_hint}"),
     )  # fmt: skip
     traffic = [(what, fix) for found, what, fix in seen_and_fixed if found]
+    title = "Host-side input work every step"
     if s.cpu_ops:
         traffic.append(advice.cpu_ops_traffic(s.cpu_ops))
+        both = " and host-side input work" if len(traffic) > 1 else ""
+        title = "Train-step ops placed on the CPU" + both
     if not traffic:
         return None
-    if s.cpu_ops:
-        title = "Train-step ops placed on the CPU" + (
-            " and host-side input work" if len(traffic) > 1 else ""
-        )
-    else:
-        title = "Host-side input work every step"
     return Finding(
         kind="host_device_traffic",
         severity="moderate" if s.level != "no" or s.cpu_ops else "info",
@@ -295,13 +282,10 @@ def _small_kernels(f: Facts, s: Seen) -> Finding | None:
     if s.gpu is None:
         return None
     probes = {"steps_per_execution": s.spe, "jit_compile": s.xla}
-    measured_no_gain = frozenset(knob for knob, gain in probes.items() if _no_gain(gain))
+    no_gain = frozenset(knob for knob, gain in probes.items() if _no_gain(gain))
+    more = max(PROBE_STEPS_PER_EXECUTION, 4 * f.steps_per_execution)
     fix = counters.small_kernels_fix(
-        f.batch_size,
-        f.steps_per_execution,
-        max(PROBE_STEPS_PER_EXECUTION, 4 * f.steps_per_execution),
-        f.jit_compile,
-        measured_no_gain=measured_no_gain,
+        f.batch_size, f.steps_per_execution, more, f.jit_compile, measured_no_gain=no_gain
     )
     small = counters.small_kernels(s.gpu, fix)
     return None if small is None else advice.finding(small)
@@ -339,27 +323,14 @@ def _scaling_bound(f: Facts, s: Seen) -> Finding | None:
 # makes (or None). What GPU utilization hides: the shared `gpu_counters` rules, with what
 # only a diagnosis knows (the layers, the policy, TF32, the CPU ops, the batch's bytes).
 RULES: tuple[Callable[[Facts, Seen], Finding | None], ...] = (
-    _input_bound,
-    _host_overhead,
-    _host_device_traffic,
-    _memory_headroom,
-    _precision,
-    _xla,
-    _loss_scale,
-    _tensor_cores_idle,
-    _small_kernels,
-    _pcie_traffic,
-    _clocks_throttled,
+    _input_bound, _host_overhead, _host_device_traffic, _memory_headroom, _precision, _xla,
+    _loss_scale, _tensor_cores_idle, _small_kernels, _pcie_traffic, _clocks_throttled,
     _scaling_bound,
-)
+)  # fmt: skip
 
 # The finding that leads for each bottleneck.
-_LEAD = {
-    "input": "input_bound",
-    "host_overhead": "host_overhead",
-    "inconclusive": "input_wait_unexplained",
-    "scaling": "scaling_bound",
-}
+_LEAD = {"input": "input_bound", "host_overhead": "host_overhead",
+         "inconclusive": "input_wait_unexplained", "scaling": "scaling_bound"}  # fmt: skip
 _ORDER = {"high": 0, "moderate": 1, "info": 2}
 
 
@@ -405,24 +376,20 @@ def unseen(f: Facts) -> list[str]:
     notes = counters.unseen(_counters(f))
     measured = is_finite_number(f.util_pct_mean) and is_finite_number(f.pcie_mib_s_mean)
     if measured and not f.batch_bytes:
-        notes.insert(
-            len(notes) - (counters.POWER_UNSEEN in notes),
-            "PCIe traffic per step not compared: the batch's size in bytes is unknown",
-        )
+        at = len(notes) - (counters.POWER_UNSEEN in notes)  # before the power note, if any
+        notes.insert(at, "PCIe traffic per step not compared: the batch's size in bytes is unknown")
     return notes
 
 
 def monitor_facts(aggregate: dict[str, Any]) -> dict[str, float]:
-    """The `Facts` GPU counters from `Sampler.aggregate()` keys `gpu0_*` (TensorFlow's
-    `/GPU:0`); absent or non-finite: NaN. PCIe is transmitted + received (either alone where
-    only one was). Pure."""
+    """The `Facts` GPU counters from `Sampler.aggregate()`'s `gpu0_*` (`/GPU:0`), NaN where
+    absent; PCIe is transmitted + received (either alone where only one was). Pure."""
 
     def get(key: str) -> float:
         value = aggregate.get(f"gpu0_{key}") if isinstance(aggregate, dict) else None
         return float(value) if value is not None and is_finite_number(value) else math.nan
 
-    tx, rx = get("pcie_tx_mib_s_mean"), get("pcie_rx_mib_s_mean")
-    pcie = [v for v in (tx, rx) if math.isfinite(v)]
+    pcie = [v for v in (get("pcie_tx_mib_s_mean"), get("pcie_rx_mib_s_mean")) if math.isfinite(v)]
     facts = {name: get(name) for name in (*_COUNTERS, "energy_j")}
     facts["pcie_mib_s_mean"] = sum(pcie) if pcie else math.nan
     return facts

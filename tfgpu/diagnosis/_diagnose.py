@@ -80,15 +80,11 @@ def flop_facts(model: Any, x: Any, size: int | None, f: Facts) -> tuple[Any, Any
     except (TypeError, ValueError):  # a policy with no peak rate (e.g. "float64")
         peak = None
     if peak and achieved > peak:
-        return (
-            flops,
-            None,
-            None,
-            [
-                f"FLOP count cannot be right: {achieved / 1e9:,.1f} GFLOP/s counted exceeds this "
-                f"device's peak of about {peak / 1e9:,.1f} GFLOP/s (not reported as achieved)"
-            ],
+        note = (
+            f"FLOP count cannot be right: {achieved / 1e9:,.1f} GFLOP/s counted exceeds this "
+            f"device's peak of about {peak / 1e9:,.1f} GFLOP/s (not reported as achieved)"
         )
+        return flops, None, None, [note]
     return flops, achieved, (mfu(flops, real, peak) if f.on_gpu and peak else None), []
 
 
@@ -110,16 +106,14 @@ def diagnose(
     """Measures a short training run and says what holds the GPU back, and what to change.
 
     Times the input pipeline alone, then `fit` on one batch held in device memory against
-    `fit` on the real `data` (sampled by `tfgpu.monitor` on a GPU) in rounds until the input
-    wait is clear of noise, then probes `steps_per_execution=16` and `jit_compile`, all within
-    `time_budget_s`; the model's weights, optimizer state, metrics, compile settings and
-    `history` are restored afterwards. The protocol and the thresholds: docs/diagnosis.md.
+    `fit` on `data` in rounds until the input wait is clear of noise, then probes
+    `steps_per_execution=16` and `jit_compile`, within `time_budget_s`; the model is put back
+    afterwards. The guide: docs/diagnosis.md, section `tfgpu.diagnose`.
 
     Args:
-        model: keras.Model, compiled, or a function without arguments that builds and
-            compiles one.
+        model: keras.Model, compiled, or a function without arguments that returns one.
         data: `tf.data.Dataset` of batches (what you pass to `fit`), or arrays `(x, y)` /
-            `(x, y, sample_weight)` (NumPy arrays or tensors, or dicts of them).
+            `(x, y, sample_weight)`.
         steps: int, timed steps per measurement (>= 3). Defaults to 20.
         warmup: int, untimed steps first (tracing, buffers). Defaults to 3.
         batch_size: int or None, the batch for array input. Defaults to None (32).
@@ -128,8 +122,7 @@ def diagnose(
         check_xla: bool, measure `jit_compile` both ways. Defaults to True.
         check_steps_per_execution: bool, probe `steps_per_execution=16`. Defaults to True.
         monitor: bool, sample GPU utilization/memory during the real run. Defaults to True.
-        profile: bool, capture a TensorBoard profiler trace into `log_dir/profile`.
-            Defaults to False.
+        profile: bool, a TensorBoard profiler trace into `log_dir/profile`. Defaults to False.
         time_budget_s: float or None, seconds the measurements may take (None: no limit);
             what does not fit is timed shorter or skipped, with a note. Defaults to 60.0.
         verbose: str or int, "auto", 0, 1 or 2: progress lines, as `model.fit` shows them.
@@ -139,11 +132,10 @@ def diagnose(
         A `Diagnosis`.
 
     Raises:
-        ValueError: on invalid arguments, an uncompiled model, arrays of different
-            lengths, data without labels for the model's loss, a dataset of single examples,
-            or an empty dataset; before any measurement.
-        TypeError: if `model` is not a Keras model, `data` is neither a dataset nor
-            arrays, a flag is not a bool, or `verbose` is neither a str nor an int.
+        ValueError: on invalid arguments, an uncompiled model or invalid data (docs/diagnosis.md,
+            "The model and the data: one check"); before any measurement.
+        TypeError: if `model` is not a Keras model, `data` is neither a dataset nor arrays,
+            or an argument has the wrong type.
 
     Example:
 
@@ -262,9 +254,8 @@ class _Diagnose:
             )
 
     def _first_look(self, f: Facts, batch: Any) -> tuple[float | None, float]:
-        """The first device-resident run (it always runs: a diagnosis needs one step time),
-        its timed steps within `FIT_SHARE` of the budget, and how long it took; the peak
-        memory, the step's ops."""
+        """The first device-resident run, always (a diagnosis needs one step time), timed within
+        `FIT_SHARE` of the budget, and how long it took; the peak memory, the step's ops."""
         self.progress.phase("warming up and timing the step on one batch held in memory")
         memory_device = "GPU:0" if f.on_gpu else "CPU:0"
         devices.reset_peak_memory(memory_device)
@@ -347,10 +338,9 @@ class _Diagnose:
         earlier: list[tuple[float, float]] | None = None,
     ) -> _probes.Probe:
         """Times the device-resident step with `setting` = `value` against the model's own, in
-        rounds; skipped when less than `needs_s` of the budget is left; an error is a note,
-        never a crash. With `first_base` (the baseline's step, measured already) one round
-        only, final ("faster" or "slower") when it is clear; `earlier`: the rounds of such a
-        first look."""
+        rounds, unless less than `needs_s` of the budget is left; an error is a note. With
+        `first_base` (the baseline's step, measured) one round, final when clear; `earlier`:
+        that round's rounds."""
         warm, limit = self._plan(self.budget.left(), first, 2 * rules.MIN_ROUNDS)
         self.variants.timed = Steady(self.steps, warm, limit)
         current = getattr(self.model, setting)

@@ -1,7 +1,6 @@
-"""What a diagnosis decides from: the workload's facts (the measuring core's), extended with
-what only `diagnose` measures (`Facts`, `OpFact`), and the thresholds of its own decisions
-(their sources: docs/diagnosis.md, "Thresholds"). The thresholds it shares with `tune` (the
-margin, host-bound, clearly, the rounds) are the core's, in `_internal.measure.rules`."""
+"""What a diagnosis decides from: the core's workload facts extended with what only `diagnose`
+measures (`Facts`, `OpFact`), and its own thresholds (sources: docs/diagnosis.md, "Thresholds
+and their sources"; those it shares with `tune` are the core's, `_internal.measure.rules`)."""
 
 from __future__ import annotations
 
@@ -43,9 +42,8 @@ FIT_SHARE = 0.05
 
 @dataclass
 class Facts(WorkloadFacts):
-    """Everything `classify` decides from: the workload's facts (`step_time_s` is the step
-    on the real data, `input_time_s` the pipeline alone per batch) and what `diagnose`
-    measured beside them. Filled by measurement or by hand in tests."""
+    """Everything `classify` decides from: the workload's facts (`step_time_s` on the real data,
+    `input_time_s` the pipeline alone per batch) and what `diagnose` measured beside them."""
 
     step_time_s: float = 0.0  # measured here: always a number
     input_time_s: float = 0.0

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import kernels
 
 from tfgpu.diagnosis._facts import OpFact
 from tfgpu.diagnosis._result import Finding
@@ -90,8 +91,7 @@ def precision_layers(model) -> tuple[list[str], list[str]]:
 
 
 def loss_scale(model) -> float | None:
-    opt = getattr(model, "optimizer", None)
-    scale = getattr(opt, "dynamic_scale", None)
+    scale = getattr(getattr(model, "optimizer", None), "dynamic_scale", None)
     if scale is None:
         return None
     try:
@@ -116,8 +116,6 @@ def batch_nbytes(batch) -> int | None:
 
 def _has_gpu_kernel(node, registry: dict[str, list | None]) -> bool:
     """Whether a GPU (or device-agnostic) kernel is registered for `node`'s op and dtypes."""
-    from tensorflow.python.framework import kernels
-
     if node.op not in registry:
         try:
             found = kernels.get_registered_kernels_for_op(node.op).kernel
@@ -148,9 +146,8 @@ def _fits(attr, allowed) -> bool:
 
 
 def step_ops(model, batch) -> list[OpFact]:
-    """Traces the model's train step on `batch` (no step runs) and lists the ops of its graph
-    and its functions. Under several replicas the strategy places ops itself: the devices
-    asked for are not kept there."""
+    """The ops of the model's train step traced on `batch` (no step runs); under several
+    replicas the strategy places them, so the devices asked for are not kept."""
     strategy = model.distribute_strategy
     keep_devices = int(strategy.num_replicas_in_sync) == 1
 

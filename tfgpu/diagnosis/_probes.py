@@ -1,7 +1,6 @@
 """The pieces of `diagnose`'s measuring protocol: how long each fit may run (`fit_plan`), the
 warm-up on the real data, a probe's outcome, record and notes, the GPU monitor around the
-rounds, and the failures of side checks as notes (`noted`).
-"""
+rounds, and the failures of side checks as notes (`noted`)."""
 
 from __future__ import annotations
 
@@ -31,13 +30,7 @@ def fit_plan(
     """(warm-up steps, seconds of timed steps) for each of the next `fits` fits of steps of
     `step_s` (None: not known yet): timed for at most `FIT_SHARE` of the budget; where such
     fits would not end within `left_s`, one warm-up step (the engine's least: two calls of
-    `spe` steps) and fewer timed steps, at least one call. Pure.
-
-    Example:
-
-    >>> fit_plan(20.0, 60.0, 1.0, 5, 3, 1)  # 5 fits of 3 + 3 s do not fit in 20 s
-    (1, 2.0)
-    """
+    `spe` steps) and fewer timed steps, at least one call. Pure."""
     if budget_s is None:
         return warmup, None
     most = FIT_SHARE * budget_s
@@ -78,9 +71,8 @@ def warm_real(model: Any, ds: tf.data.Dataset, budget: timing.Budget) -> None:
 
 @dataclass
 class Probe:
-    """One probe's outcome: its rounds, its record for `measurements`, its notes, what the
-    budget left out (e.g. "the jit_compile=True probe") and why it stopped early ("slower",
-    "faster", "budget" or None)."""
+    """One probe's outcome: its rounds, its record, its notes, what the budget left out (e.g.
+    "the jit_compile=True probe") and why it stopped early ("slower", "faster", "budget")."""
 
     rounds: list[tuple[float, float]] = field(default_factory=list)
     record: dict[str, Any] | None = None

@@ -15,15 +15,13 @@ class Finding:
     """One finding of a diagnosis (every kind, its rule and its fix: docs/diagnosis.md).
 
     Args:
-        kind: str, a stable key, e.g. `"input_bound"`, `"host_overhead"`, `"xla"`,
-            `"tensor_cores_idle"`.
+        kind: str, a stable key, e.g. `"input_bound"`, `"host_overhead"`, `"xla"`.
         severity: str, `"high"`, `"moderate"` or `"info"`.
         title: str, one line.
         detail: str, what was measured or seen.
         recommendation: str, the exact argument to change.
         expected_gain: float or None, the speed-up factor (measured or expected).
-        gain_measured: bool, whether `expected_gain` was measured here (else from a
-            datasheet or a rule of thumb).
+        gain_measured: bool, whether `expected_gain` was measured here (else expected).
     """
 
     kind: str
@@ -39,16 +37,14 @@ class Finding:
 class Diagnosis(Result):
     """The result of `tfgpu.diagnose()`: measurements, a bottleneck, and findings.
 
-    `print(diagnosis)` gives a short report; `to_dict()` is JSON-ready. How each field is
-    decided: docs/diagnosis.md.
+    `print(diagnosis)` gives a short report; `to_dict()` is JSON-ready. The guide (each field
+    and how it is decided): docs/diagnosis.md, section `tfgpu.diagnose`.
 
     Args:
-        bottleneck: str, `"input"`, `"host_overhead"`, `"scaling"` (several replicas: the
-            all-reduce of the gradients holds the step), `"compute"` (the device is the
-            limit: the good case) or `"inconclusive"` (noise, or a wait the pipeline cannot
-            explain).
-        input_bound: str, `"high"` (>= 20% of step time waits for input), `"moderate"`
-            (>= 5%), `"no"` or `"inconclusive"`.
+        bottleneck: str, `"input"`, `"host_overhead"`, `"scaling"` (the gradients'
+            all-reduce), `"compute"` (the device is the limit) or `"inconclusive"`.
+        input_bound: str, `"high"` (>= 20% of the step waits), `"moderate"` (>= 5%), `"no"`
+            or `"inconclusive"`.
         input_wait_share: float, share of the step spent waiting for input (median of rounds).
         step_time_s: float, seconds per step with the real input, as `fit` runs it.
         compute_step_time_s: float, seconds per step on a device-resident batch.
@@ -61,13 +57,10 @@ class Diagnosis(Result):
         achieved_flops_per_s: float or None.
         mfu: float or None, model FLOPs utilization (needs a GPU in the peak table).
         monitor: dict, GPU/host aggregates sampled during step 3 (empty without a GPU).
-        measurements: dict, the raw results: `"rounds"`, the probes
-            (`"steps_per_execution_probe"`, `"xla"`), `"pipeline"`, `"data_service"`,
-            `"noise"`, `"time_budget_s"` (see docs/diagnosis.md).
+        measurements: dict, the raw results: `"rounds"`, the probes, `"pipeline"`, ...
         notes: list of str, what was skipped and why (one line each).
         profile_dir: str or None, where a profiler trace was written.
-        noise: float or None, the width of the confidence interval of `input_wait_share`
-            (0.12: 12 percentage points).
+        noise: float or None, the width of `input_wait_share`'s confidence interval.
         time_s: float, seconds the call took.
     """
 
@@ -126,12 +119,8 @@ class Diagnosis(Result):
                 f"  {_flop_rate(self.achieved_flops_per_s)} achieved (MFU needs a GPU "
                 "from the peak table)"
             )
-        for key in (
-            "gpu0_util_pct_mean",
-            "gpu0_sm_active_pct_mean",
-            "gpu0_tensor_active_pct_mean",
-            "gpu0_mem_used_mib_max",
-        ):
+        for key in ("gpu0_util_pct_mean", "gpu0_sm_active_pct_mean", "gpu0_tensor_active_pct_mean",
+                    "gpu0_mem_used_mib_max"):  # fmt: skip
             if is_finite_number(self.monitor.get(key)):
                 lines.append(f"  {key}: {self.monitor[key]:.1f}")
         if not self.findings and self.bottleneck == "inconclusive":
@@ -150,13 +139,7 @@ class Diagnosis(Result):
 
 
 def _flop_rate(flops_per_second: float) -> str:
-    """A FLOP rate in the unit that shows it: "1.23 TFLOP/s", "45.6 GFLOP/s", "7.89 MFLOP/s".
-
-    Example:
-
-    >>> _flop_rate(3.2e6), _flop_rate(2.5e9), _flop_rate(4e12)
-    ('3.20 MFLOP/s', '2.50 GFLOP/s', '4.00 TFLOP/s')
-    """
+    """A FLOP rate in the unit that shows it: "1.23 TFLOP/s", "45.6 GFLOP/s", "7.89 MFLOP/s"."""
     for unit, size in (("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6)):
         if flops_per_second >= size:
             return f"{flops_per_second / size:.2f} {unit}"

@@ -1,26 +1,23 @@
 """The one set of workload facts of the measuring core: what the model, its data and the
-devices are (`gather`, reading no batch and training nothing), and what a first measurement
-says (`step_time_s`, `input_time_s`, filled by the caller). `diagnose` and `tune` extend the
-class with their own facts; every field has one name.
-"""
+devices are (`gather`: no batch read, nothing trained) and what a first measurement says;
+`diagnose` and `tune` extend the class (docs/architecture.md, "The measuring core")."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import tensorflow as tf
+
+from tfgpu._internal.adapters import cpu, datasets, devices, model_state
 from tfgpu._internal.adapters.all_reduce import AllReduce, describe
-
-if TYPE_CHECKING:
-    import tensorflow as tf
 
 
 @dataclasses.dataclass
 class WorkloadFacts:
-    """What is known about a compiled model, its data and the devices. Pure data: filled by
-    `gather` and the caller's first measurement, or by hand in tests."""
+    """What is known about a compiled model, its data and the devices: pure data."""
 
     # The model.
     steps_per_execution: int = 1
@@ -68,20 +65,12 @@ class WorkloadFacts:
 def gather(
     model: Any, dataset: tf.data.Dataset, *, from_arrays: bool = False, has_factory: bool = False
 ) -> dict[str, Any]:
-    """The facts of a compiled model and its batches (no batch read, nothing trained), as
-    keyword arguments of `WorkloadFacts` or a subclass.
-
-    Example:
-
-    >>> facts = WorkloadFacts(**gather(model, dataset))
-    """
-    from tfgpu._internal.adapters.model_state import supports_xla
-
+    """The facts of a compiled model and its batches, as keyword arguments of `WorkloadFacts`."""
     strategy = model.distribute_strategy
     return {
         "steps_per_execution": max(1, int(model.steps_per_execution or 1)),
         "jit_compile": bool(model.jit_compile),
-        "xla_supported": supports_xla(model),
+        "xla_supported": model_state.supports_xla(model),
         "policy": str(getattr(getattr(model, "dtype_policy", None), "name", "float32")),
         "replicas": int(getattr(strategy, "num_replicas_in_sync", 1) or 1),
         "all_reduce": describe(strategy),
@@ -94,19 +83,14 @@ def gather(
 
 
 def batch_facts(ds: tf.data.Dataset) -> dict[str, Any]:
-    """The batches' facts: size, static shape, a shape that varies, a partial last batch
-    (and what it holds), batches and examples per epoch, read from the input chain."""
-    import tensorflow as tf
-
-    from tfgpu._internal.adapters.datasets import cardinality, source_batches
-
+    """The batches' facts (size, shapes, a partial last batch, an epoch), from the input chain."""
     try:
-        batches, _ = source_batches(ds)
+        batches, _ = datasets.source_batches(ds)
     except tf.errors.OpError:
         batches = None
     leaves = [leaf for leaf in tf.nest.flatten(ds.element_spec) if hasattr(leaf, "shape")]
     static = bool(leaves) and all(leaf.shape.rank and leaf.shape[0] is not None for leaf in leaves)
-    n = cardinality(ds)
+    n = datasets.cardinality(ds)
     size = None if batches is None else batches.batch_size
     examples = None if batches is None else batches.num_examples
     partial = bool(
@@ -121,8 +105,7 @@ def batch_facts(ds: tf.data.Dataset) -> dict[str, Any]:
     for leaf in leaves:
         dims = leaf.shape.as_list() if leaf.shape.rank else []
         if dims and (any(d is None for d in dims[1:]) or (dims[0] is None and partial)):
-            dynamic = "(" + ", ".join("None" if d is None else str(d) for d in dims)
-            dynamic += ",)" if leaf.shape.rank == 1 else ")"
+            dynamic = str(tuple(dims))  # e.g. "(None, 32)"
             break
     return {
         "batch_size": size,
@@ -136,24 +119,15 @@ def batch_facts(ds: tf.data.Dataset) -> dict[str, Any]:
 
 
 def device_facts() -> dict[str, Any]:
-    """The devices' facts: the GPUs TensorFlow uses (name, compute capabilities, /GPU:0's
-    memory) and the CPU (native bfloat16, cores). Starts no runtime."""
-    import tensorflow as tf
-
-    from tfgpu._internal.adapters import devices
-
+    """The devices' facts: the GPUs TensorFlow uses and the CPU; starts no runtime."""
     gpus = devices.tf_gpus() if tf.config.get_visible_devices("GPU") else []
-    ccs: list[tuple[int, int]] = []
-    seen: set[int] = set()
-    for g in gpus:  # one capability per physical GPU (a split GPU counts once)
-        if g.cuda_index not in seen and g.compute_capability:
-            seen.add(g.cuda_index)
-            ccs.append(tuple(g.compute_capability))  # type: ignore[arg-type]
+    # One capability per physical GPU (a split GPU counts once).
+    ccs = {g.cuda_index: tuple(g.compute_capability) for g in gpus if g.compute_capability}
     first = gpus[0] if gpus else None
     return {
         "on_gpu": bool(tf.config.list_logical_devices("GPU")),
         "gpu_name": None if first is None else first.name,
-        "compute_capabilities": tuple(ccs),
+        "compute_capabilities": tuple(ccs.values()),
         "memory_capacity_bytes": None if first is None else first.memory_total_bytes,
         "cpu_native_bf16": cpu_native_bf16(),
         "cpu_count": os.cpu_count() or 1,
@@ -162,8 +136,6 @@ def device_facts() -> dict[str, Any]:
 
 def cpu_native_bf16() -> bool:
     """Whether this CPU computes bfloat16 faster than float32 (AMX, AVX-512 BF16)."""
-    from tfgpu._internal.adapters import cpu
-
     bf16, fp32 = cpu.peak_flops("bfloat16"), cpu.peak_flops("float32")
     return bf16 is not None and fp32 is not None and bf16 > fp32
 
@@ -189,17 +161,12 @@ _PYTHON_OPS = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless", "GeneratorD
 
 
 def pipeline_facts(ds: tf.data.Dataset) -> dict[str, Any]:
-    """What the dataset's graph says about its pipeline, read from the output back along each
-    stage's first input (Python ops, maps, cache, the final prefetch, thread pool), and who
-    built it. Where TensorFlow cannot serialize the graph, its input chain's steps say."""
-    import tensorflow as tf
-
-    from tfgpu._internal.adapters.datasets import has_step, made_by_pipeline, pipeline_arguments
-
+    """What the dataset's graph says of its pipeline (from the output back along each stage's
+    first input), and who built it; where TF cannot serialize the graph, the chain's steps."""
     out: dict[str, Any] = {
-        "pipeline": pipeline_arguments(ds),
-        "made_by_pipeline": made_by_pipeline(ds),
-        "service": has_step(ds, "dataservice"),
+        "pipeline": datasets.pipeline_arguments(ds),
+        "made_by_pipeline": datasets.made_by_pipeline(ds),
+        "service": datasets.has_step(ds, "dataservice"),
     }
     try:
         serialized = tf.raw_ops.DatasetToGraphV2(
@@ -208,8 +175,8 @@ def pipeline_facts(ds: tf.data.Dataset) -> dict[str, Any]:
         graph = tf.compat.v1.GraphDef()
         graph.ParseFromString(serialized.numpy())
     except tf.errors.OpError:  # a dataset TF cannot serialize: its steps' names
-        cache = "memory" if has_step(ds, "cache") else None
-        return {**out, "prefetch": has_step(ds, "prefetch"), "cache": cache}
+        cache = "memory" if datasets.has_step(ds, "cache") else None
+        return {**out, "prefetch": datasets.has_step(ds, "prefetch"), "cache": cache}
     ops = [n.op for n in graph.node]
     for fn in graph.library.function:
         ops += [n.op for n in fn.node_def]

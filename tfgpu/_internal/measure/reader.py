@@ -1,7 +1,6 @@
 """The one bounded reader of the measuring core: a dataset's batches read alone, no model,
-in a graph loop, timed after warm-up (`read_alone`); given up when no batch comes for a
-bound. `tfgpu.data.benchmark` is its public face; `diagnose`, `tune` and `scaling` time the
-input with it."""
+in a graph loop, timed after warm-up, given up when no batch comes for a bound (`read_alone`,
+behind `tfgpu.data.benchmark`; `diagnose`, `tune` and `scaling` time the input with it)."""
 
 from __future__ import annotations
 
@@ -36,9 +35,8 @@ class PipelineBenchmark:
         warmup_seconds: float, wall time of the warm-up (pipeline start, buffers filling).
         epochs: int, passes over the dataset that provided the batches.
         cpu_busy: float, the share of the `cpu_cores` kept busy during the timed batches
-            (about 1.0: every core is used). NaN when not measured.
-        cpu_cores: int, the CPU cores this process can use (its affinity, capped by a
-            container's CPU quota). 0 when not measured.
+            (about 1.0: every core is used; docs/data.md). NaN when not measured.
+        cpu_cores: int, the CPU cores this process can use. 0 when not measured.
     """
 
     examples_per_s: float
@@ -114,14 +112,8 @@ def _consume(
             k = _batch_examples(value)
             with tf.control_dependencies([progress.assign_add(1)]):
                 k = tf.identity(k)
-            return (
-                i + 1,
-                count + 1,
-                examples + k,
-                tf.minimum(low, k),
-                tf.maximum(high, k),
-                starts + start,
-            )
+            smallest, largest = tf.minimum(low, k), tf.maximum(high, k)
+            return i + 1, count + 1, examples + k, smallest, largest, starts + start
 
         def exhausted():
             return n, count, examples, low, high, starts
@@ -137,9 +129,8 @@ def _consume(
 
 
 class _Reader:
-    """Batches of `data` from one iterator whatever the passes (as `diagnose`'s timed `fit`
-    reads `data.repeat()`): a short dataset is not timed restarting; the index within each
-    pass counts the passes. A finite distributed dataset is restarted when it ends."""
+    """Batches of `data` from one iterator whatever the passes, as `fit` reads `data.repeat()`
+    (the index in each pass counts them); a finite distributed dataset is started again."""
 
     def __init__(self, data: Any, progress: tf.Variable) -> None:
         self.indexed = isinstance(data, tf.data.Dataset) and cardinality(data) != -1
@@ -166,12 +157,8 @@ class _Reader:
             n -= count
             if n:
                 if self.fresh:
-                    raise invalid_value(
-                        "data",
-                        None,
-                        "at least one batch",
-                        received="a dataset that yields no batches",
-                    )
+                    empty = "a dataset that yields no batches"
+                    raise invalid_value("data", None, "at least one batch", received=empty)
                 self.epochs += 1
                 self.iterator = iter(self.source)
                 self.fresh = True

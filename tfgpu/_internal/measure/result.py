@@ -1,8 +1,5 @@
-"""The one result base of the measuring front ends (`Diagnosis`, `TuneResult`,
-`ScalingResult`, `BatchSizeResult`): `to_dict` through one JSON policy (NaN and infinities
-are null, NumPy scalars plain numbers, dataclasses dicts), and one writer for their files
-(the record with its printed text as JSON, a plot beside it, older ones rotated aside, a
-failure a warning: the result is returned whatever the disk says)."""
+"""The one result base of the measuring front ends: `to_dict` through one JSON policy, and
+one writer for their files, a failure a warning (docs/architecture.md, "The measuring core")."""
 
 from __future__ import annotations
 
@@ -27,11 +24,9 @@ def plain(value: Any) -> Any:
 
 
 class Result:
-    """A measuring front end's result (a dataclass): `to_dict()` and `write(log_dir)`.
-
-    Subclasses name their files (`json_name`, `png_name`: "" for none, with `plot(path)`
-    drawing it) and the fields left out of the record (`unsaved`: a dataset).
-    """
+    """A measuring front end's result (a dataclass): `to_dict()` and `write(log_dir)`; its
+    files (`json_name`, `png_name` drawn by `plot(path)`: "" for none), the fields left out of
+    the record (`unsaved`: a dataset)."""
 
     json_name: ClassVar[str] = ""
     png_name: ClassVar[str] = ""
@@ -52,15 +47,8 @@ class Result:
         """Writes the record (`to_dict()` with the printed text as `"text"`, which
         `tfgpu report` shows) and the plot into `log_dir`; returns the names written to."""
         record = {**self.to_dict(), "text": str(self)}
-        who = self.json_name.split(".")[0]
-        write_result(
-            log_dir,
-            who,
-            record,
-            self.json_name,
-            self.plot if self.png_name else None,
-            self.png_name,
-        )
+        who, plot = self.json_name.split(".")[0], self.plot if self.png_name else None
+        write_result(log_dir, who, record, self.json_name, plot, self.png_name)
         return [n for n in (self.json_name, self.png_name) if n]
 
 

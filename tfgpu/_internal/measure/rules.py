@@ -1,9 +1,6 @@
-"""The measuring core's thresholds and verdicts, defined once for `diagnose`, `tune`,
-`tfgpu tune SCRIPT.py`, `scaling` and `find_batch_size`: a `Gain` with its confidence
-interval, when more rounds cannot change a verdict (`decided`), the verdict itself
-(`verdict`), and what the measured step predicts holds it back (`bottleneck`). Pure: no
-TensorFlow, no clock. Each threshold's source: docs/architecture.md, "The measuring core".
-"""
+"""The measuring core's thresholds and verdicts, defined once for every front end: a `Gain`
+with its interval, the stop rule (`decided`), the `verdict`, the predicted `bottleneck`. Pure;
+each threshold's source: docs/architecture.md, "The measuring core", and docs/diagnosis.md."""
 
 from __future__ import annotations
 
@@ -73,13 +70,6 @@ class Gain:
         value: float, the gain: the ratio of the two median times.
         low: float, the low end of its interval (`CONFIDENCE` coverage).
         high: float, its high end.
-
-    Example:
-
-    >>> Gain.of([(2.0, 1.0)] * 3)
-    Gain(value=2.0, low=2.0, high=2.0)
-    >>> Gain(1.32, 1.25, 1.4).text()
-    'x1.32 (1.25-1.40)'
     """
 
     value: float
@@ -112,26 +102,14 @@ def gain_text(gain: Gain | None) -> str:
 
 
 def medians(rounds: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """(median of the first values, median of the second) of paired rounds.
-
-    Example:
-
-    >>> medians([(1.0, 4.0), (3.0, 2.0), (2.0, 3.0)])
-    (2.0, 3.0)
-    """
+    """(median of the first values, median of the second) of paired rounds."""
     return stats.median(a for a, _ in rounds), stats.median(b for _, b in rounds)
 
 
 def median_interval(values: Sequence[float]) -> tuple[float, float, float]:
     """(low, high, confidence) of a distribution-free confidence interval of the median: the
     k-th smallest to the k-th largest value, k the largest with binomial coverage >=
-    `CONFIDENCE` (the full range below 5 values).
-
-    Example:
-
-    >>> median_interval([3.0, 1.0, 2.0])
-    (1.0, 3.0, 0.75)
-    """
+    `CONFIDENCE` (the full range below 5 values)."""
     xs = sorted(values)
     n = len(xs)
     if n == 0:
@@ -149,13 +127,7 @@ def median_interval(values: Sequence[float]) -> tuple[float, float, float]:
 def decided(rounds: Sequence[tuple[float, float]], margin: float = MARGIN) -> bool:
     """Whether more rounds cannot change a variant's verdict much: its interval clears
     `margin` or lies below it, or its median gain is below it (the interval could then clear
-    the margin only by luck). The stop rule of every comparison.
-
-    Example:
-
-    >>> decided([(2.0, 1.0)] * 3), decided([(1.0, 1.0), (1.2, 1.0), (1.0, 1.1)])
-    (True, True)
-    """
+    the margin only by luck). The stop rule of every comparison."""
     g = Gain.of(rounds)
     return g is None or g.low >= margin or g.high < margin or g.value < margin
 
@@ -165,13 +137,7 @@ def verdict(
 ) -> tuple[str, str]:
     """(status, reason) of a variant measured in `rounds` (baseline, variant seconds) that
     `compare` stopped for `stopped` ("slower", "faster", "budget" or None). The verdicts:
-    docs/tuning.md.
-
-    Example:
-
-    >>> verdict([(2.0, 1.0)] * 3, None)
-    ('kept', 'over 3 rounds')
-    """
+    docs/tuning.md."""
     g, n = Gain.of(rounds), len(rounds)
     if stopped == "slower" and n >= 1:
         return SLOWER, "the first round was clearly slower"
@@ -202,13 +168,7 @@ def bottleneck(
     """What a measured step predicts holds it back: `"input"` (the pipeline alone takes
     `INPUT_SHARE` of a step or more), `"host"` (a call of the train function is shorter than
     `HOST_BOUND_STEP_S`), `"compute"`, or "" before the step is measured. `tune` orders its
-    candidates by it and `diagnose` probes by it.
-
-    Example:
-
-    >>> bottleneck(0.002), bottleneck(0.05, input_s=0.04), bottleneck(0.05, input_s=0.001)
-    ('host', 'input', 'compute')
-    """
+    candidates by it and `diagnose` probes by it."""
     if step_s is None or not math.isfinite(step_s):
         return ""
     if input_s is not None and input_s >= INPUT_SHARE * step_s:

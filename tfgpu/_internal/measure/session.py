@@ -1,15 +1,6 @@
-"""One call of a measuring front end (`diagnose`, `tune`, `tfgpu tune SCRIPT.py`, `scaling`,
-`find_batch_size`), opened and closed the same way: the common arguments checked before any
-work (`verbose`, `time_budget_s`, `log_dir`, `steps`), the run directory proved writable, the
-budget started, the progress line shown; at the end the time taken, the result's files
-written, the last progress line.
-
-The default budgets follow one rule, by what a call runs: observing one configuration
-(`diagnose`: the step, its input and two probes) takes `OBSERVE_BUDGET_S`; trying variants
-in this process (`tune`, `scaling`, `find_batch_size`) `SEARCH_BUDGET_S`; trying them in fresh
-processes (`tfgpu tune SCRIPT.py`: Python and TensorFlow start again for each)
-`PROCESS_BUDGET_S`. None is no limit everywhere.
-"""
+"""One call of a measuring front end, opened and closed the same way: its arguments checked,
+the run directory proved writable, the budget and the progress line (docs/architecture.md,
+"The measuring core"; the default budgets by what a call runs, there too)."""
 
 from __future__ import annotations
 
@@ -22,6 +13,7 @@ from tfgpu._internal.helpers.files import writable_dir
 from tfgpu._internal.helpers.progress import Progress, check_verbose
 from tfgpu._internal.measure import timing
 
+# Default budgets: observing one configuration, trying variants here, or in fresh processes.
 OBSERVE_BUDGET_S = 60.0
 SEARCH_BUDGET_S = 300.0
 PROCESS_BUDGET_S = 900.0
@@ -31,15 +23,13 @@ MIN_STEPS = 3
 
 
 def check_steps(steps: Any, *, allow_none: bool = False, maximum: int | None = None) -> int | None:
-    """Checks a `steps` argument: timed steps per timed fit, >= `MIN_STEPS` (None where
-    allowed: chosen from the measured step)."""
+    """Checks `steps`: timed steps per timed fit, >= `MIN_STEPS` (None: from the step)."""
     return check_int("steps", steps, minimum=MIN_STEPS, maximum=maximum, allow_none=allow_none)
 
 
 @dataclasses.dataclass
 class Session:
-    """A measuring call, opened by `Session.open`: its `budget` (on `timing.now`'s clock),
-    its `progress` line, its run directory (`log_path`, None: no files) and its `notes`."""
+    """A measuring call, opened by `Session.open`: budget, progress line, run directory, notes."""
 
     title: str
     budget: timing.Budget
@@ -58,12 +48,7 @@ class Session:
         measure_share: float = 1.0,
     ) -> Session:
         """Checks `verbose`, `time_budget_s` and `log_dir` (created and proved writable),
-        then starts the budget and the progress line; raises before any work.
-
-        Example:
-
-        >>> session = Session.open("tune", verbose=0, time_budget_s=60, log_dir=None)
-        """
+        then starts the budget and the progress line; raises before any work."""
         check_verbose(verbose)
         budget_s = check_time_budget(time_budget_s)
         log_path = None if log_dir is None else writable_dir(log_dir)
@@ -79,8 +64,7 @@ class Session:
         )
 
     def finish(self, result: Any, summary: str) -> Any:
-        """Closes the call: `result.time_s` (where it has one), its files into the run
-        directory, the last progress line; returns `result`."""
+        """Closes the call (`time_s`, the result's files, the last progress line); returns it."""
         if hasattr(result, "time_s"):
             result.time_s = self.budget.elapsed()
         if self.log_path is not None:

@@ -1,13 +1,11 @@
-"""The one timing engine of the measuring core: a timed `fit` (the steady step,
-`fit_step_time`; whole epochs as the user's `fit` sees them, `epoch_time`; a first look,
-`probe_step_time`) under a `Budget`, and variants compared with a baseline in interleaved
-rounds (`compare`) until `rules.decided`. `now` and the timed fits are module attributes: the
-tests' one scripted engine (tests/conftest.py, `ScriptedTiming`) replaces them.
-"""
+"""The one timing engine of the measuring core: the timed fits, the `Budget`, and `compare`
+(docs/architecture.md, "The measuring core"). `now` and the timed fits are module attributes:
+the tests' scripted engine (tests/conftest.py, `ScriptedTiming`) replaces them."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
 import math
@@ -21,6 +19,7 @@ import keras
 
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.warn import one_line
+from tfgpu._internal.measure.reader import read_alone
 from tfgpu._internal.measure.rules import CLEARLY, MARGIN, MAX_ROUNDS, MIN_ROUNDS, decided
 
 # A variant's timed steps run at most this many times as long as the baseline's.
@@ -36,9 +35,7 @@ class Timer(keras.callbacks.Callback):
     def __init__(self, calls_warm: int = 0, deadline=None, timed_limit_s=None):
         super().__init__()
         self.times: list[float] = []
-        self.calls_warm = calls_warm
-        self.deadline = deadline
-        self.timed_limit_s = timed_limit_s
+        self.calls_warm, self.deadline, self.timed_limit_s = calls_warm, deadline, timed_limit_s
         self.warm_at: float | None = None
 
     def on_train_batch_end(self, batch, logs=None):
@@ -55,8 +52,7 @@ class Timer(keras.callbacks.Callback):
             self.model.stop_training = True
 
     def step_time(self, spe: int) -> float | None:
-        """Seconds per step: the median time of the calls after warm-up over their `spe`
-        steps each; None when no call was timed."""
+        """Seconds per step: the median timed call over its `spe` steps (None: no call timed)."""
         gaps = [b - a for a, b in itertools.pairwise(self.times[self.calls_warm - 1 :])]
         return stats.median(gaps) / spe if gaps else None
 
@@ -70,10 +66,8 @@ def call_counts(spe: int, steps: int, warmup: int) -> tuple[int, int]:
 @contextlib.contextmanager
 def collected_before() -> Iterator[None]:
     """A full garbage collection now and none inside the body; the user's setting put back.
-
     Earlier fits leave cycles (distributed iterators: tens of thousands of objects) whose
-    collection takes seconds: inside a timed window that noise can flip a decision.
-    """
+    collection takes seconds: inside a timed window that noise can flip a decision."""
     gc.collect()
     enabled = gc.isenabled()
     gc.disable()
@@ -85,9 +79,8 @@ def collected_before() -> Iterator[None]:
 
 
 def _fit(model: Any, dataset: Any, timer: Any, epochs: int = 1, steps: int | None = None) -> None:
-    """One `fit` with `timer` its only callback, garbage collected before. Keras's warning
-    that a whole epoch ran out of data (its last call shorter) is about our fit, not the
-    user's: not shown."""
+    """One `fit` with `timer` its only callback, garbage collected before; Keras's warning
+    that an epoch ran out of data is about our fit, not the user's: not shown."""
     with collected_before(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Your input ran out of data")
         model.fit(
@@ -104,8 +97,7 @@ def _fit(model: Any, dataset: Any, timer: Any, epochs: int = 1, steps: int | Non
 def fit_step_time(
     model, dataset, steps: int, warmup: int, deadline=None, timed_limit_s=None
 ) -> float | None:
-    """Seconds per training step from `fit`, the median over the timed calls that ran after
-    warm-up (garbage collected before); None when the deadline came before one."""
+    """Seconds per step from `fit`: the median timed call after warm-up; None if cut before one."""
     spe = max(1, int(model.steps_per_execution))
     calls_warm, calls_timed = call_counts(spe, steps, warmup)
     timer = Timer(calls_warm, deadline, timed_limit_s)
@@ -122,8 +114,7 @@ class _EpochTimer(keras.callbacks.Callback):
         self.deadline, self.timed_limit_s = deadline, timed_limit_s
         self.steps_in_epoch = steps_in_epoch
         self.seconds, self.steps, self.cut = 0.0, 0, False
-        self.begin = self.started = 0.0
-        self.epoch_steps = 0
+        self.begin, self.started, self.epoch_steps = 0.0, 0.0, 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self.begin = time.perf_counter()
@@ -155,11 +146,10 @@ def epoch_time(
     deadline=None,
     timed_limit_s=None,
 ) -> float | None:
-    """Seconds per training step over `epochs` epochs of `fit` (whole, or their first
-    `steps_per_epoch` steps), each timed from its start to its end: the iterator's creation,
-    the pipeline's first batches and a last partial call included, as the user's own `fit`
-    sees them once the step is traced (no validation). `steps_in_epoch`: the batches of a
-    whole epoch, when known. Garbage collected before; None when the deadline cut it."""
+    """Seconds per step over `epochs` epochs of `fit` (or their first `steps_per_epoch`
+    steps), each timed from its start (the iterator made, a last partial call included), as
+    the user's `fit` sees them; `steps_in_epoch`: a whole epoch's batches, when known. None
+    when the deadline cut it."""
     timer = _EpochTimer(deadline, timed_limit_s, steps_in_epoch)
     _fit(model, dataset, timer, epochs, steps_per_epoch)
     if timer.cut or not timer.steps:
@@ -168,8 +158,7 @@ def epoch_time(
 
 
 def probe_step_time(model, dataset, deadline=None) -> float | None:
-    """Seconds per step of a short `fit` on `dataset` (repeated): the median of two calls
-    after one that traces; None when the deadline came first."""
+    """Seconds per step of a short `fit`: the median of two calls after the tracing one, or None."""
     spe = max(1, int(model.steps_per_execution))
     timer = Timer(1, deadline)
     _fit(model, dataset, timer, steps=3 * spe)
@@ -222,15 +211,9 @@ Run = Callable[[float | None, float | None], float | None]
 
 @dataclass
 class Comparison:
-    """One variant against the baseline: its rounds, and why it stopped early.
-
-    Attributes:
-        rounds: list of (baseline s, variant s), one pair per round, measured side by side.
-        stopped: `"slower"` (clearly slower after the first round), `"budget"` (the budget
-            was spent, or a run was cut before one timed step), or None (settled, or out of
-            rounds).
-        error: str, the variant's run failed with one of `compare`'s `failures`; "" if not.
-    """
+    """One variant against the baseline: its rounds (baseline s, variant s), why it stopped
+    early (`"slower"` after round one, `"budget"`: spent, or a run cut before one timed step;
+    None: settled or out of rounds), and its run's `error` (one of `compare`'s `failures`)."""
 
     rounds: list[tuple[float, float]] = field(default_factory=list)
     stopped: str | None = None
@@ -261,18 +244,14 @@ def compare(
     time of round one, already measured.
     """
     budget = budget or Budget(None)
+    settled = done or functools.partial(decided, margin=margin)
     out = {name: Comparison() for name in variants}
     limit: float | None = None
     for i in range(max_rounds):
         active = [
             name
             for name, c in out.items()
-            if c.stopped is None
-            and not c.error
-            and not (
-                i >= MIN_ROUNDS
-                and (done(c.rounds) if done is not None else decided(c.rounds, margin))
-            )
+            if c.stopped is None and not c.error and not (i >= MIN_ROUNDS and settled(c.rounds))
         ]
         if not active:
             break
@@ -285,9 +264,8 @@ def compare(
         times: dict[str | None, float | None] = {}
         for name in order:
             if name is None:
-                times[None] = first_base if i == 0 and first_base is not None else None
-                if times[None] is None:
-                    times[None] = base(budget.deadline, None)
+                given = first_base if i == 0 else None
+                times[None] = base(budget.deadline, None) if given is None else given
                 continue
             try:
                 times[name] = variants[name](budget.deadline, limit)
@@ -310,10 +288,7 @@ def compare(
 
 
 def input_time(dataset: Any, batches: int = 10) -> float | None:
-    """Seconds per batch of `dataset` read alone, no model (the bounded pipeline benchmark
-    over `batches` batches after one); None when it cannot be read."""
-    from tfgpu._internal.measure.reader import read_alone
-
+    """Seconds per batch of `dataset` read alone (the bounded reader); None if it is unreadable."""
     try:
         result = read_alone(dataset, batches, 1)
     except ValueError:  # no batch at all

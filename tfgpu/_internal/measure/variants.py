@@ -1,14 +1,13 @@
 """Variants of a workload, each a dict of changes: `Variants.run_for(changes)` builds one
 once, applies it for its timed run and puts the model back (docs/architecture.md, "The
-measuring core"). A variant in a fresh process (`tfgpu tune SCRIPT.py`) has its own runner
-of the same shape."""
+measuring core")."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -34,8 +33,7 @@ def key(changes: dict[str, Any]) -> _Key:
 
 @dataclasses.dataclass(frozen=True)
 class Steady:
-    """Timed fits of the steady step: `steps` timed after `warmup`, seconds per step the
-    median call (`timing.fit_step_time`); the timed steps stop after `limit_s` too."""
+    """Timed fits of the steady step (`timing.fit_step_time`), timed steps cut after `limit_s`."""
 
     steps: int
     warmup: int
@@ -44,9 +42,9 @@ class Steady:
 
 @dataclasses.dataclass
 class Epochs:
-    """Timed fits as the user's `fit` runs them: `epochs` whole epochs (or their first
-    `steps_per_epoch` steps) from each epoch's start, after an untimed fit that traces
-    (`timing.epoch_time`). Set once the step is measured, before the first run."""
+    """Timed fits as the user's `fit` runs them (`timing.epoch_time`), after an untimed fit that
+    traces: `epochs` from each one's start (or their first `steps_per_epoch` steps). Set once
+    the step is measured, before the first run."""
 
     epochs: int = 1
     steps_per_epoch: int | None = None
@@ -64,9 +62,8 @@ def batched_at(ds: tf.data.Dataset, global_batch: int, drop_remainder: bool) -> 
 
 
 def device_resident(batch: Any, on_gpu: bool, spec: Any = None) -> tf.data.Dataset:
-    """`batch` repeated (prefetched to the GPU on GPUs), its shapes as the real data's `spec`
-    has them (`None` dims), so that the real data's fits run the step traced here (and under
-    XLA reuse the shapes compiled here)."""
+    """`batch` repeated (prefetched to the GPU on GPUs) in the real data's `spec` shapes (`None`
+    dims): the real data runs the step traced here (under XLA, the shapes compiled here)."""
     ds = tf.data.Dataset.from_tensors(batch).repeat()
     if spec is not None:
 
@@ -86,12 +83,10 @@ def device_resident(batch: Any, on_gpu: bool, spec: Any = None) -> tf.data.Datas
 
 
 class Variants:
-    """The workload (`model`, compiled and built; `dataset`, its batches; `timed`, how each
-    timed fit runs) and every variant of it, built on demand and kept. `factory` builds the
-    model again (a policy, a strategy); `pipeline` are the `tfgpu.data.pipeline` arguments
-    that built `dataset` and `rebuild` that function (this layer imports no feature);
-    `per_example`: runs give seconds per example, so that other batches compare alike;
-    `batch`: the one held in device memory (None: the data's first)."""
+    """The workload (`model`, `dataset`, `timed`: how each timed fit runs) and every variant of
+    it, built on demand and kept. `factory` builds the model again; `pipeline` and `rebuild`:
+    the `tfgpu.data.pipeline` arguments and that function (this layer imports no feature);
+    `per_example`: seconds per example; `batch`: the one held in device memory."""
 
     def __init__(
         self,
@@ -161,8 +156,7 @@ class Variants:
         return ds, batch
 
     def _rebuilt(self, change: dict[str, Any]) -> tf.data.Dataset:
-        """The `tfgpu.data.pipeline` dataset built again with `change` (not distributed: the
-        model's `fit` distributes it)."""
+        """The `tfgpu.data.pipeline` dataset again with `change`, undistributed (`fit` does it)."""
         kwargs = dict(self.pipeline or {})
         for k, v in change.items():
             if k == "batch_augment":
@@ -198,11 +192,9 @@ class Variants:
                 raise ValueError(f"{', '.join(change)} needs a model factory")
             self._models[k] = self._built(change)
         model = self._models[k]
-        if "strategy" not in change:
-            try:
-                model.set_weights(self.model.get_weights())  # the same start as the baseline
-            except ValueError:
-                pass  # another structure: its own weights (the guard still checks finiteness)
+        if "strategy" not in change:  # the same start as the baseline, where the structure is
+            with contextlib.suppress(ValueError):  # another: its own (the guard checks them)
+                model.set_weights(self.model.get_weights())
         return model
 
     def _built(self, change: dict[str, Any]) -> Any:
@@ -212,16 +204,12 @@ class Variants:
         build(model, x)
         return model
 
-    @contextlib.contextmanager
-    def strategy_for(self, model: Any, changes: dict[str, Any]) -> Iterator[None]:
-        """Runs the body with the all-reduce in `changes` on `model`'s strategy, put back
-        afterwards; a step traced in the body keeps it."""
+    def strategy_for(
+        self, model: Any, changes: dict[str, Any]
+    ) -> contextlib.AbstractContextManager[None]:
+        """The body runs with the all-reduce in `changes` (a step traced there keeps it)."""
         name = changes.get("all_reduce")
-        if name is None:
-            yield
-            return
-        with using(model.distribute_strategy, name):
-            yield
+        return contextlib.nullcontext() if name is None else using(model.distribute_strategy, name)
 
     # Runs.
     def run_for(self, changes: dict[str, Any]) -> timing.Run:
@@ -235,9 +223,8 @@ class Variants:
         model = self.model_for(changes)
         ds, batch = self.dataset_for(changes)
         attrs = {k: changes.get(k, getattr(self.model, k)) for k in COMPILE_KEYS}
-        measure = self._timed(model, ds, changes)
         store = self._functions.setdefault(self._step_key(changes, ds), {"fn": None})
-        timed = _with_attrs(model, attrs, measure, store)
+        timed = _with_attrs(model, attrs, self._timed(model, ds, changes), store)
         filled = {"cache": "cache" not in changes}
         is_base = not changes
 
@@ -311,9 +298,8 @@ class Variants:
 def _with_attrs(
     model: Any, attrs: dict[str, Any], measure: timing.Run, functions: dict[str, Any]
 ) -> timing.Run:
-    """`measure` with `attrs` set on `model` for the run; each setting keeps its own compiled
-    train function (nothing traced twice: `functions`, a store the runs of one setting share,
-    its "fn" None until traced); the model's put back."""
+    """`measure` with `attrs` set on `model` for the run, each setting with its own traced train
+    function (`functions`: the store its runs share, "fn" None until traced); the model put back."""
 
     def run(deadline: float | None, limit: float | None) -> float | None:
         saved = {k: getattr(model, k) for k in attrs}

@@ -35,12 +35,8 @@ def check_model(model: Any, *, from_factory: bool = False) -> keras.Model:
     """Returns `model` if it is a compiled Keras model: else TypeError, or ValueError with the
     fix; `from_factory`: the messages say it came from the user's function."""
     if not isinstance(model, keras.Model):
-        expected = (
-            "a function that returns a compiled `keras.Model`"
-            if from_factory
-            else "a compiled `keras.Model`"
-        )
-        raise invalid_type("model", model, expected)
+        returns = "a function that returns " if from_factory else ""
+        raise invalid_type("model", model, returns + "a compiled `keras.Model`")
     if not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None:
         where = "the model the factory returned" if from_factory else "a model"
         fix = "in the factory, before returning it" if from_factory else "before passing it"
@@ -73,16 +69,14 @@ class DatasetData:
         return self.dataset.element_spec
 
     def examples(self, limit: int) -> tuple[Any, Any, Any]:
-        """The first `limit` examples as NumPy `(x, y, sample_weight)` (None where absent),
-        unbatched from a batched dataset; ValueError if it is empty, TimeoutError if it yields
-        nothing for `READ_TIMEOUT_S`."""
+        """The first `limit` examples as NumPy `(x, y, sample_weight)`, unbatched; ValueError
+        if it is empty, TimeoutError if it yields nothing for `READ_TIMEOUT_S`."""
         batched, ambiguous = source_batches(self.dataset)
         ds = self.dataset.unbatch() if batched is not None or ambiguous else self.dataset
         read = read_first(ds.take(limit).batch(limit), 1)
         if not read:
             raise _empty("example")
-        element = read[0]
-        element = tf.nest.map_structure(lambda t: t.numpy(), element)
+        element = tf.nest.map_structure(lambda t: t.numpy(), read[0])
         return keras.utils.unpack_x_y_sample_weight(element)
 
     def check_batches(self, model: keras.Model) -> None:
@@ -92,16 +86,9 @@ class DatasetData:
         shapes = [getattr(t, "shape", None) for t in tf.nest.flatten(x)]
         ranks = [None if s is None else s.rank for s in shapes]
         inputs = tf.nest.flatten(getattr(model, "inputs", None) or [])
-        expected = [len(t.shape) for t in inputs]
-        if (
-            0 in ranks
-            or chain_state(self.dataset)[0] == "examples"
-            or (
-                expected
-                and len(expected) == len(ranks)
-                and all(r is not None and r == e - 1 for r, e in zip(ranks, expected))
-            )
-        ):
+        example_ranks = [len(t.shape) - 1 for t in inputs]  # one example per model input
+        by_rank = bool(example_ranks) and ranks == example_ranks
+        if 0 in ranks or chain_state(self.dataset)[0] == "examples" or by_rank:
             shown = [tuple(s) if s is not None and s.rank is not None else s for s in shapes]
             raise invalid_value(
                 "data",
@@ -114,15 +101,13 @@ class DatasetData:
 
 
 class ArrayData:
-    """Arrays `x`, `(x, y)` or `(x, y, sample_weight)` (each an array, a tensor, or a dict, list
-    or tuple of them), batched as `fit` batches them; built by `check_data`."""
+    """Arrays `x`, `(x, y)` or `(x, y, sample_weight)`, batched as `fit` batches them."""
 
     from_arrays = True
 
     def __init__(self, x: Any, y: Any, sample_weight: Any, num_examples: int, batch_size: int):
         self.x, self.y, self.sample_weight = x, y, sample_weight
-        self.num_examples = num_examples
-        self.batch_size = batch_size
+        self.num_examples, self.batch_size = num_examples, batch_size
 
     def _element(self) -> Any:
         """One example's structure: `x`, `(x, y)` or `(x, y, sample_weight)`."""
@@ -187,13 +172,11 @@ def _array(path: str, value: Any, expected: str) -> Any:
     if isinstance(value, list) and any(
         isinstance(v, (np.ndarray, tf.Tensor, tf.RaggedTensor)) for v in value
     ):
-        raise invalid_type(
-            "data",
-            value,
+        expected = (
             "a tuple of arrays (e.g. `(x, y)`, one array per feature), or one array "
-            "(np.stack the list first)",
-            received=f"a list of arrays at {path}",
+            "(np.stack the list first)"
         )
+        raise invalid_type("data", value, expected, received=f"a list of arrays at {path}")
     if isinstance(value, (list, np.generic)) or (
         hasattr(value, "__array__") and not isinstance(value, np.ndarray)
     ):
@@ -215,20 +198,12 @@ def _array(path: str, value: Any, expected: str) -> Any:
     if value.dtype.kind == "O":
         odd = next((v for v in value.reshape(-1) if not isinstance(v, (str, bytes))), None)
         if odd is not None or value.size == 0:
-            raise invalid_type(
-                "data",
-                value,
-                "arrays of numbers, bools or strings; convert it with `.astype(...)` first",
-                received=f"a NumPy array of Python objects at {path} (holding a "
-                f"{type(odd).__name__})",
-            )
+            received = f"a NumPy array of Python objects at {path} (holding a {type(odd).__name__})"
+            expected = "arrays of numbers, bools or strings; convert it with `.astype(...)` first"
+            raise invalid_type("data", value, expected, received=received)
     elif value.dtype.kind not in "biufcSU":
-        raise invalid_type(
-            "data",
-            value,
-            "arrays of numbers, bools or strings",
-            received=f"a NumPy array of dtype {value.dtype} at {path}",
-        )
+        received = f"a NumPy array of dtype {value.dtype} at {path}"
+        raise invalid_type("data", value, "arrays of numbers, bools or strings", received=received)
     return value
 
 
@@ -242,12 +217,8 @@ def checked_structure(path: str, value: Any, expected: str = DATA_EXPECTED) -> A
         )
     if isinstance(value, Mapping):
         if not all(isinstance(k, str) for k in value):
-            raise invalid_type(
-                "data",
-                value,
-                "str keys (feature names)",
-                received=f"a dict at {path} with keys {list(value)!r}",
-            )
+            received = f"a dict at {path} with keys {list(value)!r}"
+            raise invalid_type("data", value, "str keys (feature names)", received=received)
         return {k: checked_structure(f"{path}[{k!r}]", v, expected) for k, v in value.items()}
     if isinstance(value, tuple):
         items = tuple(checked_structure(f"{path}[{i}]", v, expected) for i, v in enumerate(value))
@@ -268,23 +239,17 @@ def check_arrays(parts: dict[str, Any], expected: str = DATA_EXPECTED) -> tuple[
     ]
     scalars = [path for path, n in lengths if n is None]
     if scalars:
-        raise invalid_value(
-            "data",
-            None,
-            "arrays whose first dimension indexes the examples",
-            received=f"a scalar (no first dimension) at {', '.join(scalars)}",
-        )
+        received = f"a scalar (no first dimension) at {', '.join(scalars)}"
+        expected = "arrays whose first dimension indexes the examples"
+        raise invalid_value("data", None, expected, received=received)
     distinct = sorted({n for _, n in lengths if n is not None})
     if len(distinct) > 1:
         each = ", ".join(f"{path} has {n}" for path, n in lengths[:_SHOWN_LENGTHS])
         if len(lengths) > _SHOWN_LENGTHS:
             each += f", ... ({len(lengths)} arrays)"
+        received = f"arrays of different lengths ({', '.join(map(str, distinct))} examples): {each}"
         raise invalid_value(
-            "data",
-            None,
-            "every array with one entry per example",
-            received=f"arrays of different lengths ({', '.join(map(str, distinct))} examples): "
-            f"{each}",
+            "data", None, "every array with one entry per example", received=received
         )
     if distinct[0] == 0:
         raise invalid_value("data", None, "at least one example", received="arrays of 0 examples")
@@ -300,23 +265,14 @@ def _arrays_only(value: Any) -> bool:
 
 
 def _fit_arrays(data: Any) -> tuple[Any, Any, Any, int]:
-    """(x, y, sample_weight, number of examples) of array data as `fit` takes it: `x`,
-    `(x, y)` or `(x, y, sample_weight)` (a list as a tuple)."""
-    if isinstance(data, (list, tuple)):
-        parts = tuple(data)
-    elif isinstance(data, Mapping) or hasattr(data, "shape"):
-        parts = (data,)
-    else:
-        raise invalid_type("data", data, DATA_EXPECTED)
+    """(x, y, sample_weight, examples) of array data as `fit` takes it (a list as a tuple)."""
+    parts = tuple(data) if isinstance(data, (list, tuple)) else (data,)
     if not parts or parts[0] is None or not all(p is None or _arrays_only(p) for p in parts):
         raise invalid_type("data", data, DATA_EXPECTED)
     if len(parts) > 3:
+        received = f"a {type(data).__name__} of {len(parts)} parts"
         raise invalid_value(
-            "data",
-            data,
-            "`x`, `(x, y)` or `(x, y, sample_weight)`",
-            received=f"a {type(data).__name__} of {len(parts)} part"
-            + ("s" if len(parts) != 1 else ""),
+            "data", data, "`x`, `(x, y)` or `(x, y, sample_weight)`", received=received
         )
     named = {name: part for name, part in zip(_PARTS, parts) if part is not None}
     checked, n = check_arrays(named)
@@ -326,12 +282,7 @@ def _fit_arrays(data: Any) -> tuple[Any, Any, Any, int]:
 
 def check_data(data: Any, *, batch_size: Any = None) -> DatasetData | ArrayData:
     """Decides the kind of `data` once and checks it, before any work; reads nothing.
-    `batch_size` (None: 32) batches arrays and is ignored for a dataset, as `fit` does.
-
-    Example:
-
-    >>> check_data((x, y), batch_size=64).dataset  # batches of 64
-    """
+    `batch_size` (None: 32) batches arrays and is ignored for a dataset, as `fit` does."""
     size = check_int("batch_size", batch_size, allow_none=True, expected="a positive int or None")
     if isinstance(data, tf.data.Dataset):
         return DatasetData(data)
@@ -353,12 +304,11 @@ def _check_labels(model: keras.Model, data: DatasetData | ArrayData) -> None:
     _, y, _ = keras.utils.unpack_x_y_sample_weight(data.spec())
     custom_step = type(model).train_step is not keras.Model.train_step
     if y is None and getattr(model, "loss", None) is not None and not custom_step:
-        raise invalid_value(
-            "data",
-            None,
-            "`(x, y)` or `(x, y, sample_weight)` (the model is trained as `fit` would train it)",
-            received=f"inputs without labels while the model was compiled with loss={model.loss!r}",
+        expected = (
+            "`(x, y)` or `(x, y, sample_weight)` (the model is trained as `fit` would train it)"
         )
+        received = f"inputs without labels while the model was compiled with loss={model.loss!r}"
+        raise invalid_value("data", None, expected, received=received)
 
 
 MODEL_EXPECTED = (
@@ -368,8 +318,7 @@ MODEL_EXPECTED = (
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """A compiled model and its data (`DatasetData` or `ArrayData`), checked; `factory`: the
-    function that built the model, when one was given."""
+    """A compiled model and its data, checked; `factory`: the function that built it, if given."""
 
     model: keras.Model
     data: DatasetData | ArrayData
@@ -396,10 +345,8 @@ class Workload:
         read = read_first(self.dataset, 1)
         if not read:
             raise _empty()
-        batch = read[0]
-        first = tf.nest.flatten(batch)[0]
-        size = int(first.shape[0]) if first.shape.rank else None
-        return batch, size
+        first = tf.nest.flatten(read[0])[0]
+        return read[0], (int(first.shape[0]) if first.shape.rank else None)
 
     def examples(self, limit: int) -> tuple[Any, Any, Any]:
         """The first `limit` examples as NumPy `(x, y, sample_weight)`; reads them."""
@@ -440,19 +387,10 @@ def open_workload(
     factory_only: bool = False,
     strategy: Any = None,
 ) -> Workload:
-    """Checks a model (or a function that builds one) and its data together, before any
-    work; reads no data. The function is called once, after the model's type and the data's
-    kind are checked. `examples_ok`: a dataset of single examples is valid (the batch-size
-    finder cuts its own batches); `factory_only`: a built model is refused (`scaling` builds
-    one per strategy); `strategy`: the scope the function is called in. The global precision
-    policy is put back after the function ran.
-
-    Example:
-
-    >>> work = open_workload(model, (x, y), batch_size=64)
-    >>> work.dataset, work.batch_size, work.from_arrays
-    (<_BatchDataset ...>, 64, True)
-    """
+    """Checks a model (or a function that builds one, called last, in `strategy`'s scope,
+    the global policy put back) and its data together, before any work; reads no data.
+    `examples_ok`: single examples are valid (the batch-size finder cuts its own batches);
+    `factory_only`: a built model is refused (`scaling` builds one per strategy)."""
     if factory_only and (isinstance(model, keras.Model) or not callable(model)):
         raise invalid_type(
             "model",
