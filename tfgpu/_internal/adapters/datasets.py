@@ -1,12 +1,6 @@
-"""What a `tf.data.Dataset` yields: batches or examples, how many, and in what order.
-
-Shared by `tfgpu.data` (which must never batch a batched source again), the batch-size
-finder (which cuts its own batches from examples) and `diagnose` (which needs batches).
-The decision reads the dataset's input chain and its element spec, never only the type of
-its last step. Also the attribute `tfgpu.data.pipeline` sets on what it returns, read by
-`tune` (to build it again) and `diagnose` (to fit its advice). Whether it reshuffles every
-pass: read by the validation split of `tfgpu.data` and by `BackupAndRestore`.
-"""
+"""What a `tf.data.Dataset` yields (batches or examples, how many), whether it reshuffles, and
+which ones `tfgpu.data.pipeline` built. Batches are told by the input chain and the element
+spec, never by the type of the last step alone (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -18,23 +12,14 @@ import tensorflow as tf
 
 from tfgpu._internal.helpers.bounded import call_bounded
 
-# The longest wait for an element of the user's data read before any training (`diagnose`,
-# `tune`, the batch-size finder): a dataset that never yields one (a `filter` that nothing
-# passes, a source that waits for ever) is reported instead of waited on for ever.
+# The longest wait for an element of the user's data read before any training: a dataset that
+# never yields one (a `filter` nothing passes) is reported instead of waited on for ever.
 READ_TIMEOUT_S = 120.0
 
 
 def read_first(ds: tf.data.Dataset, n: int) -> list[Any]:
-    """The first `n` elements of `ds` (fewer when it ends first); TimeoutError when no
-    element came for `READ_TIMEOUT_S` seconds.
-
-    Example:
-
-    >>> read_first(tf.data.Dataset.range(5), 2)
-    [<tf.Tensor: ... numpy=0>, <tf.Tensor: ... numpy=1>]
-    """
+    """The first `n` elements of `ds` (fewer if it ends); TimeoutError past `READ_TIMEOUT_S`."""
     elements: list[Any] = []
-    timeout = READ_TIMEOUT_S
 
     def read() -> list[Any]:
         for element in ds.take(n):
@@ -43,9 +28,9 @@ def read_first(ds: tf.data.Dataset, n: int) -> list[Any]:
 
     return call_bounded(
         read,
-        timeout_s=timeout,
+        timeout_s=READ_TIMEOUT_S,
         progress=lambda: len(elements),
-        timeout_error=lambda got: stalled(timeout, f"after {got} of the first {n}"),
+        timeout_error=lambda got: stalled(READ_TIMEOUT_S, f"after {got} of the first {n}"),
     )
 
 
@@ -103,8 +88,7 @@ def spec_looks_batched(spec: Any) -> bool:
 
 
 def dataset_inputs(ds: Any) -> list[Any] | None:
-    """The datasets `ds` reads from (tf.data's private `_inputs()`), or None where it has no
-    such accessor (not a dataset, or a dataset class without it)."""
+    """The datasets `ds` reads from (tf.data's private `_inputs()`), or None without it."""
     try:
         return list(ds._inputs())
     except (AttributeError, NotImplementedError):
@@ -112,12 +96,9 @@ def dataset_inputs(ds: Any) -> list[Any] | None:
 
 
 def chain_state(ds: tf.data.Dataset, depth: int = 0) -> tuple[str, tf.data.Dataset | None]:
-    """Walks a dataset's input chain back to the step that decides its elements.
-
-    Returns ("batched", the batching step or None), ("examples", None) when the chain reaches
-    an unbatch or a source of examples first, or ("unknown", None) when a step makes new
-    elements (flat_map, interleave, from_generator, ...) or the chain cannot be read.
-    """
+    """Walks `ds`'s input chain back to the step that decides its elements: ("batched", that
+    step), ("examples", None) at an unbatch or a source of examples, ("unknown", None) at a step
+    that makes new elements (flat_map, from_generator, ...) or a chain that cannot be read."""
     for _ in range(10_000):
         name = type(ds).__name__.lower().replace("_", "")
         if _UNBATCH_STEP in name:
@@ -150,39 +131,26 @@ def _static_int(value: Any) -> int | None:
 
 
 def source_batches(ds: tf.data.Dataset) -> tuple[Batches | None, bool]:
-    """Decides whether a dataset passed in yields batches, from its input chain and element spec.
-
-    Returns (the batches' facts or None when its elements are examples, whether it was
-    ambiguous: the chain is unreadable but every component has an unknown first dimension).
-    """
+    """The facts of a dataset's batches (None: it yields examples), from its input chain and
+    element spec, and whether that was ambiguous (the chain unreadable, every first dimension
+    unknown)."""
     state, step = chain_state(ds)
+    leaves = tf.nest.flatten(ds.element_spec)
     looks_batched = spec_looks_batched(ds.element_spec)
     if state != "batched" or not looks_batched:
-        leaves = tf.nest.flatten(ds.element_spec)
-        ambiguous = (
-            state == "unknown"
-            and looks_batched
-            and len(leaves) > 1
-            and all(leaf.shape[0] is None for leaf in leaves)
-        )
-        return None, ambiguous
-    static = {leaf.shape[0] for leaf in tf.nest.flatten(ds.element_spec)} - {None}
+        ambiguous = state == "unknown" and looks_batched and len(leaves) > 1
+        return None, ambiguous and all(leaf.shape[0] is None for leaf in leaves)
+    static = {leaf.shape[0] for leaf in leaves} - {None}
     drop_remainder: bool | None = True if static else None
     batch_size: int | None = static.pop() if static else None
-    if step is not None and batch_size is None:
+    if batch_size is None:  # from the batching step (`chain_state` returns it when "batched")
         batch_size = _static_int(getattr(step, "_batch_size", None))
         drop = getattr(step, "_drop_remainder", None)
         drop_remainder = None if drop is None else bool(_static_int(drop))
     num_examples = None
     batches = cardinality(ds)
     # Counted only when nothing after the batch step drops or adds batches.
-    if (
-        step is not None
-        and batch_size
-        and batches is not None
-        and batches >= 0
-        and cardinality(step) == batches
-    ):
+    if batch_size and batches is not None and batches >= 0 and cardinality(step) == batches:
         if drop_remainder:
             num_examples = batches * batch_size
         else:
@@ -199,8 +167,7 @@ ATTRIBUTE = "pipeline_arguments"
 
 
 def mark_pipeline(ds: tf.data.Dataset, arguments: dict[str, Any] | None) -> tf.data.Dataset:
-    """Sets `ds.pipeline_arguments` to the arguments of the `tfgpu.data.pipeline` call that
-    returned it (`data` and every keyword), or None (a validation side); returns `ds`."""
+    """Sets `ds.pipeline_arguments` (`data` and every keyword, or None); returns `ds`."""
     setattr(ds, ATTRIBUTE, arguments)
     return ds
 
@@ -213,8 +180,7 @@ def pipeline_arguments(ds: Any) -> dict[str, Any] | None:
 
 
 def _single_input_chain(ds: Any) -> Iterator[Any]:
-    """`ds`, then its input, its input's input, ... while each step has exactly one input
-    (stops at a zip, a source, or a dataset class without the private accessor)."""
+    """`ds`, then its input, its input's input, ... while each step has exactly one input."""
     for _ in range(10_000):
         yield ds
         inputs = dataset_inputs(ds)
