@@ -1,7 +1,6 @@
-"""The tf.data service's TensorFlow-free part: the rules shared with `tfgpu.data`
-(`parse_address`, `job_name`, `consumers`) and `tfgpu data-service dispatcher|worker`, whose
-supervisor starts the server again in a child process at the same port when it dies (the
-behaviour and the faults: docs/data_service.md)."""
+"""The tf.data service's TensorFlow-free part: the rules shared with `tfgpu.data` and `tfgpu
+data-service dispatcher|worker`, whose supervisor starts the server again in a child process at
+the same port when it dies (the behaviour and the faults: docs/data_service.md)."""
 
 from __future__ import annotations
 
@@ -82,10 +81,9 @@ def check_job_name(value: Any) -> str | None:
 def job_name(
     explicit: str | None, *, cluster: Cluster, environ: Mapping[str, str], serial: int, token: str
 ) -> str:
-    """The job name every trainer of one run agrees on, without talking to the others (the
-    rule: docs/data_service.md, "Several trainers"); ValueError for several trainers outside
-    Slurm without `service_job_name`. `token` is random per process; `serial` counts this
-    process's service pipelines (the n-th pipeline of every trainer gets the same name). Pure."""
+    """The job name every trainer of one run agrees on alone (docs/data_service.md, "Several
+    trainers"). `token`: random per process; `serial`: this process's service pipelines so far
+    (the n-th pipeline of every trainer gets the same name)."""
     if explicit is not None:
         return explicit if serial == 0 else f"{explicit}-{serial}"
     if cluster.num_tasks <= 1:
@@ -107,7 +105,7 @@ def job_name(
 
 def consumers(cluster: Cluster, *, repeat: bool) -> tuple[int | None, int | None]:
     """`(consumer_index, num_consumers)` for the round-robin reads of several trainers of a
-    repeated dataset, or `(None, None)` (a finite one is read first come, first served). Pure."""
+    repeated dataset, or `(None, None)` (a finite one is read first come, first served)."""
     if cluster.num_tasks <= 1 or not repeat or cluster.task_type not in ("chief", "worker"):
         return None, None
     index = cluster.task_index or 0
@@ -173,9 +171,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check(args: argparse.Namespace) -> None:
-    """Every argument checked before any work (no TensorFlow): the role's usage line, an
-    error that names the flag, exit status 2. Creates the dispatcher's --work-dir (it would
-    be at start) to prove it can be written."""
+    """Every argument checked before any work (no TensorFlow): an error naming the flag under the
+    role's usage line, exit status 2. Creates the dispatcher's --work-dir to prove it writable."""
     try:
         if args.role == "dispatcher":
             check_int("--port", args.port, minimum=1, maximum=65535, expected="a port, 1 to 65535")
@@ -208,9 +205,8 @@ def _log(message: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs a tf.data service dispatcher or worker (`argv` after `tfgpu data-service`) until
-    SIGTERM or SIGINT, logging to stderr. Returns the exit status: 0 after a clean stop; 1
-    when the server kept dying; 2 for bad arguments or a server that could not start."""
+    """Runs a dispatcher or worker (`argv` after `tfgpu data-service`) until SIGTERM or SIGINT;
+    returns 0 after a clean stop, 1 when it kept dying, 2 when it could not start."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = _parser().parse_args(argv)
@@ -244,7 +240,7 @@ def _stop_on_signals(catch: bool = True) -> Iterator[threading.Event]:
 
 def restart_delay(deaths: Sequence[float], now: float) -> float | None:
     """Seconds to wait before starting a dead server again (1, 2, 4, 8, 16 s for the 1st to 5th
-    of the `deaths` within `RESTART_WINDOW_S`), or None to give up (a 6th). Pure."""
+    of the `deaths` within `RESTART_WINDOW_S`), or None to give up (a 6th)."""
     recent = sum(1 for t in deaths if now - t <= RESTART_WINDOW_S)
     if recent > MAX_RESTARTS:
         return None

@@ -1,20 +1,19 @@
-"""Every reach into Keras's private internals (`fit`'s frame and epoch iterator, the train
-function, the initial epoch, the global seed generator, the multi-worker trainer fix), one
-function each, so the day Keras moves something one module changes. Each returns None (or
-does nothing) where this Keras keeps things elsewhere; `tests/test_keras_internals.py` fails
-loudly, naming what moved, against `CHECKED_KERAS`. No TensorFlow import at module level."""
+"""Every reach into Keras's private internals, one function each, so the day Keras moves
+something one module changes: each returns None (or does nothing) where this Keras keeps it
+elsewhere, and `tests/test_keras_internals.py` names what moved. No TensorFlow imported here."""
 
 from __future__ import annotations
 
 import inspect
 import logging
-import numbers
 import sys
 import threading
 import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
+
+from tfgpu._internal.helpers.checks import is_int
 
 _LOG = logging.getLogger(__name__)
 
@@ -55,8 +54,7 @@ def _fit_frame(model: Any, frame: FrameType | None) -> FrameType | None:
 
 
 def fit_epoch_iterator(model: Any = None) -> Any:
-    """The epoch iterator of the `fit` running now (of `model` when given), or None: the local
-    `epoch_iterator` of `fit`, found up the call stack from a callback hook."""
+    """The epoch iterator of the running `fit` (of `model` if given), seen from a hook, or None."""
     frame = _fit_frame(model, sys._getframe(1))
     return None if frame is None else frame.f_locals.get("epoch_iterator")
 
@@ -80,9 +78,7 @@ def fit_batch_size(model: Any = None) -> int | None:
             size = None if batches is None else batches.batch_size
         except (AttributeError, TypeError, ValueError):  # not a tf.data.Dataset
             size = None
-    if isinstance(size, numbers.Integral) and not isinstance(size, bool) and int(size) > 0:
-        return int(size)
-    return None
+    return int(size) if is_int(size) and size > 0 else None
 
 
 def training_frame(caller_module: str) -> FrameType | None:
@@ -156,11 +152,9 @@ def check_fit_watches() -> None:
 
 
 def _on_stack(target: FrameType | None, frame: FrameType | None) -> bool:
-    while frame is not None:
-        if frame is target:
-            return True
+    while frame is not None and frame is not target:
         frame = frame.f_back
-    return False
+    return frame is not None
 
 
 def _watch_loop() -> None:
@@ -176,13 +170,10 @@ def _watch_loop() -> None:
 
 def distributed_dataset(epoch_iterator: Any) -> Any:
     """What each epoch's iterator is made from (`TFEpochIterator._distributed_dataset`)."""
-    try:
-        from keras.src.backend.tensorflow.trainer import TFEpochIterator
-    except ImportError:
+    iterator_class = getattr(_trainer_module(), "TFEpochIterator", None)
+    if iterator_class is None or not isinstance(epoch_iterator, iterator_class):
         return None
-    if isinstance(epoch_iterator, TFEpochIterator):
-        return getattr(epoch_iterator, "_distributed_dataset", None)
-    return None
+    return getattr(epoch_iterator, "_distributed_dataset", None)
 
 
 def set_distributed_dataset(epoch_iterator: Any, dataset: Any) -> None:
@@ -266,11 +257,9 @@ def global_seed_generator(create: bool = False) -> Any:
     return global_state.get_global_attribute("global_seed_generator")
 
 
-# Keras 3 with TensorFlow 2.21 fails in `fit` under a real multi-worker strategy: the build
-# reduces a `PerReplica` batch, and scalar logs are reduced with `axis=0` (tensorflow#72388);
-# why and the fix: docs/distributed.md, "The Keras 3 correction". Both wrappers defer to Keras
-# for every other strategy. `tests/test_multi_worker.py` fails once upstream no longer breaks:
-# delete this section then.
+# Keras 3 with TensorFlow 2.21 fails in `fit` under a real multi-worker strategy (tensorflow#72388;
+# why and the fix: docs/distributed.md, "The Keras 3 correction"). Delete this section once
+# `tests/test_multi_worker.py` fails: upstream no longer breaks.
 
 _correction_lock = threading.Lock()
 _correction_installed = False

@@ -66,8 +66,7 @@ def is_number(value: Any) -> bool:
 
 
 def _bounded(kind: str, low: float | None, high: float | None, strict: bool, none: bool) -> str:
-    """The default `expected` of `check_int` and `check_number`: "an int >= 1 and <= 9 or None"
-    (`strict`: `low` excluded; `none`: None allowed)."""
+    """The default `expected` of `check_int` and `check_number`: "an int >= 1 and <= 9 or None"."""
     bounds = [] if low is None else [f"{'>' if strict else '>='} {low}"]
     if high is not None:
         bounds.append(f"<= {high}")
@@ -108,8 +107,7 @@ def check_int(
     allow_none: bool = False,
     expected: str | None = None,
 ) -> int | None:
-    """Checks an integer argument (NumPy integers too, bools not) against its bounds; returns
-    it as an int. `expected`: the text after "Expected " (default built from the bounds)."""
+    """Checks an integer argument (NumPy's too, not bools) against its bounds; returns an int."""
     if allow_none and value is None:
         return None
     if expected is None:
@@ -157,8 +155,7 @@ def check_number(
     allow_none: bool = False,
     expected: str | None = None,
 ) -> float | None:
-    """Checks a finite real argument (ints and NumPy scalars too, bools not) against its
-    bounds (`maximum` inclusive); returns it as a float."""
+    """Checks a finite real argument (NumPy's too, not bools) against bounds; returns a float."""
     if allow_none and value is None:
         return None
     if expected is None:
@@ -173,8 +170,7 @@ def check_number(
 
 
 def check_finite_result(what: str, value: float, inputs: str) -> float:
-    """Returns `value`; a ValueError naming `what` and its `inputs` (e.g. "per_replica=128,
-    replicas=2") when it is not finite."""
+    """Returns `value`; a ValueError naming `what` and its `inputs` ("a=1, b=2") if not finite."""
     if not math.isfinite(value):
         raise ValueError(
             f"Invalid arguments: {inputs} give {what} = {value!r}, which is not a finite "
@@ -207,8 +203,7 @@ def check_dir(
     name: str, value: Any, *, allow_none: bool = False, expected: str | None = None
 ) -> Path | None:
     """Checks a directory argument; returns it as a `Path` (`~` expanded). It need not exist,
-    but neither it nor a parent may be a file. `expected`: what a wrong type or an empty path
-    is told is expected (a command line says "a directory path", without Python types)."""
+    but neither it nor a parent may be a file (`expected`: a command line's words)."""
     if allow_none and value is None:
         return None
     if expected is None:
@@ -255,10 +250,9 @@ def check_time_budget(value: Any) -> float | None:
     )
 
 
-# The sampling arguments of `Sampler`, `record` and `GPUMonitor`.
+# The shortest sampling interval of `Sampler`, `record` and `GPUMonitor`, in seconds: NVML
+# refreshes every 1/6 s to 1 s, and below this the sampler thread would take a core.
 MIN_INTERVAL = 0.01
-"""The shortest sampling interval, in seconds. NVML refreshes its readings every 1/6 s to 1 s,
-so shorter intervals only repeat values, and below this the sampler thread would take a core."""
 
 
 def check_interval(interval: Any) -> float:
