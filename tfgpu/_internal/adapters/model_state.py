@@ -40,38 +40,26 @@ def _state_variables(model: Any) -> list[Any]:
     return list({id(v): v for group in groups for v in group}.values())
 
 
-def snapshot(model: Any) -> list[tuple[Any, np.ndarray]]:
-    """Copies of every variable of the model, its optimizer and its metrics."""
-    return [(v, np.array(v.numpy(), copy=True)) for v in _state_variables(model)]
-
-
-def restore(model: Any, values: list[tuple[Any, np.ndarray]]) -> None:
-    """Puts back the values from `snapshot`; resets metrics whose variables came since."""
-    known = set()
-    for v, value in values:
-        v.assign(value)
-        known.add(id(v))
-    for m in getattr(model, "metrics", []):
-        if any(id(v) not in known for v in getattr(m, "variables", [])):
-            m.reset_state()
-
-
 @contextlib.contextmanager
 def preserved(model: Any, x: Any = None) -> Iterator[None]:
     """Runs the body, then puts the model's training state back (also on an exception),
     and its strategy's all-reduce; `x`, one batch's inputs, builds an unbuilt model."""
     build(model, x)
-    values = snapshot(model)
+    values = [(v, np.array(v.numpy(), copy=True)) for v in _state_variables(model)]
     saved = {name: getattr(model, name, None) for name in _ATTRIBUTES}
     with kept(getattr(model, "distribute_strategy", None)):
         try:
             yield
         finally:
-            restore(model, values)
-            model.steps_per_execution = saved["steps_per_execution"]
-            model.jit_compile = saved["jit_compile"]
-            # The train function compiled for these settings (None: the next fit makes one).
-            model.train_function = saved["train_function"]
+            for v, value in values:
+                v.assign(value)
+            known = {id(v) for v, _ in values}
+            for m in getattr(model, "metrics", []):  # a metric with variables made since: reset
+                if any(id(v) not in known for v in getattr(m, "variables", [])):
+                    m.reset_state()
+            # With the train function compiled for these settings (None: the next fit makes one).
+            for name in ("steps_per_execution", "jit_compile", "train_function"):
+                setattr(model, name, saved[name])
             if saved["history"] is not None:
                 model.history = saved["history"]
             model.stop_training = False

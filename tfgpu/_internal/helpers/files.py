@@ -92,9 +92,8 @@ def read_json_object(path: Path) -> dict[str, Any]:
 
 
 def add_session(path: Path, info: dict[str, Any]) -> None:
-    """Writes `info` as the newest session of the record at `path` (e.g. `run.json`), the
-    earlier ones kept under `"earlier_sessions"`; a file that is not a JSON object is rotated
-    aside first."""
+    """Writes `info` as the newest session of the record at `path` (`run.json`), the earlier ones
+    under `"earlier_sessions"`; a file that is not a JSON object is rotated aside first."""
     earlier: list[Any] = []
     if path.exists():
         try:

@@ -1,7 +1,6 @@
 """The processes tfgpu runs in and starts: TensorFlow's C++ start-up log held back, Python
-children run whole (`run_python`: `tfgpu tune`'s and `find_batch_size`'s), and children that
-never outlive their parent, even one killed by SIGKILL (`die_with_parent`, called first thing
-in the child; the promise: docs/guarantees.md). No TensorFlow."""
+children run whole (`run_python`), and children that never outlive their parent, even one
+killed by SIGKILL (`die_with_parent`; the promise: docs/guarantees.md). No TensorFlow."""
 
 from __future__ import annotations
 

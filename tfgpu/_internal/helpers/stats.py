@@ -1,6 +1,5 @@
 """The one definition of each small statistic tfgpu prints, so a figure shown in two places
-agrees. Missing values (None, NaN, infinities) are left out; none at all gives NaN.
-`tfgpu.monitor` uses it: no TensorFlow."""
+agrees: missing values (None, NaN, infinities) are left out, none at all gives NaN."""
 
 from __future__ import annotations
 

@@ -78,39 +78,20 @@ def forget(key: str | None = None) -> None:
 
 
 # The starts of the lines of a TensorFlow error that say where, not what.
-_NOISE = "Traceback|File |Detected at node|Node:|[[|{{|During handling|<stack traces unavailable>"
-_NOISE_LINES = tuple(_NOISE.split("|"))
+_NOISE = ("Traceback", "File ", "Detected at node", "Node:", "[[", "{{", "During handling",
+          "<stack traces unavailable>")  # fmt: skip
 
 
 def one_line(error: BaseException, limit: int = 200) -> str:
     """An exception as one line: its type and the first line of its message that says what
     failed (TensorFlow's "Graph execution error:" and traceback lines skipped), and the graph
-    node it names. Pure.
-
-    Example:
-
-    >>> one_line(ValueError("Graph execution error:\\n\\nDetected at node PyFunc defined at "
-    ...     "(most recent call last):\\n<stack traces unavailable>\\nValueError: bad record"))
-    'ValueError: ValueError: bad record (node PyFunc)'
-    """
-    text = str(error)
-    lines = [line for line in text.splitlines() if line.strip()]
-    node = next(
-        (
-            line.split("Detected at node ", 1)[1].split(" defined at")[0].strip("'\" ")
-            for line in lines
-            if "Detected at node " in line
-        ),
-        "",
-    )
-    meaningful = [
-        line.strip()
-        for line in lines
-        if not line[:1].isspace()
-        and not line.strip().startswith(_NOISE_LINES)
-        and line.strip() not in ("Graph execution error:",)
-    ]
-    first = meaningful[0] if meaningful else (lines[0].strip() if lines else "")
+    node it names."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    nodes = [line.split("Detected at node ", 1)[1] for line in lines if "Detected at node " in line]
+    node = nodes[0].split(" defined at")[0].strip("'\" ") if nodes else ""
+    unindented = [line.strip() for line in lines if not line[:1].isspace()]
+    said = [s for s in unindented if s != "Graph execution error:" and not s.startswith(_NOISE)]
+    first = said[0] if said else (lines[0].strip() if lines else "")
     out = f"{type(error).__name__}: {first}" if first else type(error).__name__
     if node and node not in out:
         out += f" (node {node})"
