@@ -117,8 +117,7 @@ def _peak_from_texts(
 
 
 def peak_flops(dtype: str = "float32") -> float | None:
-    """An upper bound of this CPU's FLOP/s for a dtype or Keras policy name (`"float32"`,
-    `"mixed_bfloat16"`, `"bf16"`, ...), or None where the machine does not say."""
+    """An upper bound of this CPU's FLOP/s for a dtype or policy name ("bf16", ...), or None."""
     expected = f"one of: {', '.join(repr(d) for d in _DTYPES)}"
     if not isinstance(dtype, str):
         raise invalid_type("dtype", dtype, f"a str, {expected}")
@@ -131,8 +130,7 @@ def peak_flops(dtype: str = "float32") -> float | None:
 
 
 def usable_cores() -> int:
-    """The CPU cores this process can use: its affinity set (else `os.cpu_count()`), capped
-    by a cgroup CPU quota (a container given 2 of a host's 64 cores has 2). At least 1."""
+    """The cores this process may use: its affinity set (else `os.cpu_count()`) within a quota."""
     try:
         affinity: int | None = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # macOS, Windows

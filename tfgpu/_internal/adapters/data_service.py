@@ -47,8 +47,7 @@ class Address:
 
 
 def parse_address(value: Any, name: str = "service", *, expected: str = _ADDRESS) -> Address:
-    """Checks a dispatcher address, `"grpc://host:port"` or `"host:port"` (`"[::1]:5050"` for
-    IPv6), and returns it parsed; `name` and `expected`: the argument and what it takes."""
+    """Checks a dispatcher address ("grpc://host:port", "host:port", "[::1]:5050"); parses it."""
     if not isinstance(value, str):
         raise invalid_type(name, value, expected)
     rest = value.strip()
@@ -226,8 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 @contextlib.contextmanager
 def _stop_on_signals(catch: bool = True) -> Iterator[threading.Event]:
-    """An event that SIGTERM and SIGINT set while the block runs (`catch=False`: they end
-    the process, as by default); their handlers are restored after it."""
+    """An event SIGTERM and SIGINT set during the block (`catch=False`: they end the process)."""
     stop = threading.Event()
     handler = (lambda *_: stop.set()) if catch else signal.SIG_DFL
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -272,14 +270,13 @@ def supervise(
                 proc.kill()
                 proc.wait()
             return 0
-        status = proc.returncode
         if stop.is_set():
             return 0
-        if status == EXIT_CANNOT_START:
+        if proc.returncode == EXIT_CANNOT_START:
             _log(f"{what}: process {proc.pid} could not start (its message above); giving up")
             return EXIT_CANNOT_START
         deaths.append(time.monotonic())
-        ended = f"{what}: process {proc.pid} {death(status)} after {deaths[-1] - started:.1f} s"
+        ended = f"{what}: process {proc.pid} {death(proc.returncode)} after {deaths[-1] - started:.1f} s"
         delay = delays(deaths, deaths[-1])
         if delay is None:
             _log(
@@ -367,8 +364,7 @@ def _start(args: argparse.Namespace, service: Any) -> tuple[Any, Any, str]:
             server = service.DispatchServer(config)
             mode = f"fault tolerant, journal in {work_dir}" if work_dir else "no work dir"
             _log(f"dispatcher serving grpc://{socket.gethostname()}:{args.port} ({mode})")
-            count = getattr(server, "_num_workers", None)
-            what = "worker(s) registered"
+            return server, getattr(server, "_num_workers", None), "worker(s) registered"
         else:
             dispatcher = parse_address(args.dispatcher, "--dispatcher")
             host = args.host or socket.gethostname()
@@ -385,14 +381,12 @@ def _start(args: argparse.Namespace, service: Any) -> tuple[Any, Any, str]:
             server = service.WorkerServer(config)
             port = getattr(server, "_address", f"?:{args.port}").rpartition(":")[2]
             _log(f"worker serving {host}:{port} for dispatcher {dispatcher.target}")
-            count = getattr(server, "_num_tasks", None)
-            what = "task(s) running"
+            return server, getattr(server, "_num_tasks", None), "task(s) running"
     # A bad --dispatcher (TypeError, ValueError), a work dir it cannot make (OSError), a port
     # taken since the check or a dispatcher's journal it cannot read (TensorFlow's errors).
     except (OSError, TypeError, ValueError, RuntimeError, tf.errors.OpError) as e:
         _log(f"error: {args.role} could not start: {type(e).__name__}: {e}")
         return None, None, ""
-    return server, count, what
 
 
 def _log_until(stop: threading.Event, count: Any, what: str) -> None:

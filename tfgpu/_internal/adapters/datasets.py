@@ -131,9 +131,8 @@ def _static_int(value: Any) -> int | None:
 
 
 def source_batches(ds: tf.data.Dataset) -> tuple[Batches | None, bool]:
-    """The facts of a dataset's batches (None: it yields examples), from its input chain and
-    element spec, and whether that was ambiguous (the chain unreadable, every first dimension
-    unknown)."""
+    """The facts of `ds`'s batches (None: it yields examples), and whether that was ambiguous
+    (the chain unreadable, every first dimension unknown)."""
     state, step = chain_state(ds)
     leaves = tf.nest.flatten(ds.element_spec)
     looks_batched = spec_looks_batched(ds.element_spec)
@@ -196,8 +195,7 @@ def has_step(ds: Any, step: str) -> bool:
 
 
 def reshuffles(ds: Any) -> bool:
-    """Whether a step in `ds`'s input chain (every input of a zip or concatenate too) is a
-    shuffle with `reshuffle_each_iteration=True`, as a Keras loader's is."""
+    """Whether a step of `ds`'s input graph is a shuffle with `reshuffle_each_iteration=True`."""
     stack, seen = [ds], 0
     while stack and seen < 10_000:
         step = stack.pop()
@@ -221,9 +219,8 @@ _FUNCTIONS = ("_map_func", "_predicate", "_scan_func", "_reduce_func", "_key_fun
 
 
 def unrepeatable(ds: Any) -> str:
-    """Why an epoch of `ds` may differ from the one before ("" when every epoch yields the
-    same elements in the same order: no shuffle, no random op and no Python function
-    anywhere in its input chain), i.e. why caching its output would change the training."""
+    """Why an epoch of `ds` may differ from the one before, so caching it would change the
+    training: a shuffle, a random op or a Python function in its input graph ("" if none)."""
     stack, seen = [ds], 0
     while stack and seen < 10_000:
         step = stack.pop()
@@ -248,8 +245,7 @@ def unrepeatable(ds: Any) -> str:
 
 
 def made_by_pipeline(ds: Any) -> bool:
-    """Whether `ds`, or a dataset in its single-input chain (`.repeat()`, `.take(n)` after
-    it), was built by `tfgpu.data.pipeline`."""
+    """Whether `ds` or a dataset in its single-input chain was built by `tfgpu.data.pipeline`."""
     return any(
         isinstance(d, tf.data.Dataset) and hasattr(d, ATTRIBUTE) for d in _single_input_chain(ds)
     )

@@ -60,12 +60,11 @@ def fit_epoch_iterator(model: Any = None) -> Any:
 
 
 def fit_batch_size(model: Any = None) -> int | None:
-    """The batch size of the running `fit` (its data adapter's, else the batching step in the
-    dataset's chain), or None where nothing can tell."""
+    """The batch size of the running `fit` (its adapter's, else its dataset's), or None."""
     iterator = fit_epoch_iterator(model)
     adapter = getattr(iterator, "data_adapter", None)
     try:
-        size = adapter.batch_size if adapter is not None else None
+        size: Any = adapter.batch_size if adapter is not None else None
     # DataAdapter's own NotImplementedError; TFDatasetAdapter's IndexError (an element with no
     # component, or a scalar one) or AttributeError (a dataset without an element spec)
     except (AttributeError, IndexError, NotImplementedError):  # an adapter that cannot tell
@@ -187,8 +186,7 @@ def source_dataset(epoch_iterator: Any) -> Any:
 
 
 def current_iterator(epoch_iterator: Any) -> Any:
-    """The input iterator the epoch iterator holds now (kept across epochs with
-    `steps_per_epoch`), or None."""
+    """The input iterator the epoch iterator holds (kept across epochs with `steps_per_epoch`)."""
     return getattr(epoch_iterator, "_current_iterator", None)
 
 
@@ -236,8 +234,7 @@ def set_initial_epoch(model: Any, epoch: int) -> None:
 
 
 def clear_initial_epoch(model: Any) -> None:
-    """Undoes a `set_initial_epoch` that a raising `fit` left (every later `fit` would skip
-    those epochs too)."""
+    """Undoes a `set_initial_epoch` a raising `fit` left (every later `fit` would skip them too)."""
     ours = getattr(model, "_tfgpu_initial_epoch", None)
     if ours is not None:
         if getattr(model, "_initial_epoch", None) == ours:
@@ -246,8 +243,7 @@ def clear_initial_epoch(model: Any) -> None:
 
 
 def global_seed_generator(create: bool = False) -> Any:
-    """Keras's global `SeedGenerator` (used by layers without a seed), or None if not made;
-    `create=True` makes it, as Keras does on first use."""
+    """Keras's global `SeedGenerator` (for layers with no seed) or None; `create=True` makes it."""
     if create:
         from keras.src.random.seed_generator import global_seed_generator as make
 
@@ -372,8 +368,7 @@ def _has_parameters(function: Any, *names: str) -> bool:
 
 
 def problems_in_trainer() -> list[str]:
-    """What the multi-worker `fit` correction reaches for and this Keras (or TensorFlow) lacks
-    ([] when it finds every function, with the same parameters)."""
+    """What the multi-worker `fit` correction reaches for that this Keras or TensorFlow lacks."""
     tf_trainer = _trainer_module()
     if tf_trainer is None:
         return [moved("the TensorFlow trainer (`keras.src.backend.tensorflow.trainer`)")]

@@ -20,8 +20,7 @@ _ATTRIBUTES = ("steps_per_execution", "jit_compile", "train_function", "history"
 
 
 def build(model: Any, x: Any = None) -> None:
-    """Builds `model` (on one batch's inputs `x`, if not built yet) and its optimizer, under
-    its strategy."""
+    """Builds `model` (on one batch's inputs `x` if unbuilt) and its optimizer, in its strategy."""
     with model.distribute_strategy.scope():
         if not model.built and x is not None:
             model(x, training=False)

@@ -56,8 +56,7 @@ def _first(t: Any) -> tf.Tensor:
 
 
 def compute_s(strategy: tf.distribute.Strategy, model: keras.Model, batch: Any) -> float:
-    """Seconds per step of every replica's forward and backward pass on its slice of `batch`,
-    with nothing reduced across replicas and no update."""
+    """Seconds per step of every replica's forward and backward pass, nothing reduced or updated."""
     values = _per_replica(strategy, batch)
 
     @tf.autograph.experimental.do_not_convert  # no Python control flow to convert

@@ -84,8 +84,6 @@ def check_int(
     allow_none: Literal[False] = ...,
     expected: str | None = ...,
 ) -> int: ...
-
-
 @overload
 def check_int(
     name: str,
@@ -96,8 +94,6 @@ def check_int(
     allow_none: bool,
     expected: str | None = ...,
 ) -> int | None: ...
-
-
 def check_int(
     name: str,
     value: Any,
@@ -130,8 +126,6 @@ def check_number(
     allow_none: Literal[False] = ...,
     expected: str | None = ...,
 ) -> float: ...
-
-
 @overload
 def check_number(
     name: str,
@@ -143,8 +137,6 @@ def check_number(
     allow_none: bool,
     expected: str | None = ...,
 ) -> float | None: ...
-
-
 def check_number(
     name: str,
     value: Any,
@@ -191,14 +183,10 @@ def conflicting(first: str, second: str, hint: str = "") -> ValueError:
 def check_dir(
     name: str, value: Any, *, allow_none: Literal[False] = ..., expected: str | None = ...
 ) -> Path: ...
-
-
 @overload
 def check_dir(
     name: str, value: Any, *, allow_none: bool, expected: str | None = ...
 ) -> Path | None: ...
-
-
 def check_dir(
     name: str, value: Any, *, allow_none: bool = False, expected: str | None = None
 ) -> Path | None:

@@ -149,8 +149,7 @@ def parse_tf_config(raw: str | None, *, strict: bool = True) -> Cluster | None:
 
 
 def slurm_num_tasks(environ: Mapping[str, str]) -> int:
-    """Tasks in the current Slurm job step (`srun`), 0 outside a step; ValueError if Slurm's
-    count is not an integer."""
+    """Tasks in the current Slurm job step (`srun`), 0 outside one; ValueError if not an int."""
     if "SLURM_PROCID" not in environ:
         return 0
     raw = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or "1"

@@ -5,6 +5,7 @@ docs/guarantees.md). `tfgpu.monitor` uses it: no TensorFlow, no Keras."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import tempfile
@@ -20,12 +21,8 @@ EARLIER_SESSIONS = "earlier_sessions"
 
 def free_name(path: Path) -> Path:
     """The first `STEM.N.SUFFIX` beside `path` (N = 1, 2, ...) that does not exist."""
-    n = 1
-    while True:
-        candidate = path.with_name(f"{path.stem}.{n}{path.suffix}")
-        if not candidate.exists():
-            return candidate
-        n += 1
+    candidates = (path.with_name(f"{path.stem}.{n}{path.suffix}") for n in itertools.count(1))
+    return next(c for c in candidates if not c.exists())
 
 
 def rotate(path: Path) -> Path | None:
