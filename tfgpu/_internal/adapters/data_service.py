@@ -87,10 +87,9 @@ def job_name(
         return explicit if serial == 0 else f"{explicit}-{serial}"
     if cluster.num_tasks <= 1:
         return f"tfgpu-{token}-{serial}"
-    slurm_job = environ.get("SLURM_JOB_ID")
-    if slurm_job:
+    if environ.get("SLURM_JOB_ID"):
         step = environ.get("SLURM_STEP_ID", "0")
-        return f"tfgpu-slurm-{slurm_job}.{step}-{serial}"
+        return f"tfgpu-slurm-{environ['SLURM_JOB_ID']}.{step}-{serial}"
     raise invalid_value(
         "service_job_name",
         None,
@@ -308,9 +307,9 @@ def _port_in_use(port: int) -> OSError | None:
     return None
 
 
-def _reachable(host: str, port: int, timeout_s: float = 3.0) -> bool:
+def _reachable(host: str, port: int) -> bool:
     try:
-        with socket.create_connection((host, port), timeout=timeout_s):
+        with socket.create_connection((host, port), timeout=3.0):
             return True
     except OSError:
         return False
@@ -402,13 +401,3 @@ def _log_until(stop: threading.Event, count: Any, what: str) -> None:
         if now is not None and now != last:
             _log(f"{now} {what}")
             last = now
-
-
-def wait_for_port(host: str, port: int, timeout_s: float) -> bool:
-    """Whether `host:port` accepts a connection within `timeout_s` (for scripts and tests)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if _reachable(host, port, timeout_s=1.0):
-            return True
-        time.sleep(0.2)
-    return False

@@ -1,7 +1,6 @@
-"""`with preserved(model, x): ...`: a Keras model comes back exactly as it went in (every
-variable of the model, its optimizers and metrics; its compile settings, train function and
-history; its strategy's all-reduce), for whatever trains a user's model to measure it. The
-model and its optimizer are built first, so the slots a first step makes are put back too."""
+"""`with preserved(model, x): ...`: a Keras model comes back as it went in (its variables, its
+optimizers' and metrics'; its compile settings, train function, history and all-reduce), built
+first so that the slots a first step makes are put back too."""
 
 from __future__ import annotations
 

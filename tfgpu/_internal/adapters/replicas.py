@@ -1,6 +1,5 @@
-"""The parts of a data-parallel step timed apart, on one strategy and its model (for `scaling`
-and `diagnose`): the replicas' compute, the all-reduce and the optimizer's apply, each a
-`tf.function` running `STEPS` steps per call, timed by the timing engine's `call_time`."""
+"""A data-parallel step's parts timed apart (`scaling`, `diagnose`): the replicas' compute, the
+all-reduce and the optimizer's apply, each a `tf.function` of `STEPS` steps per timed call."""
 
 from __future__ import annotations
 

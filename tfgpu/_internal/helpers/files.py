@@ -1,6 +1,5 @@
 """Run-directory files that never lose what an earlier run wrote: appended to, rotated to the
-first free `NAME.N.SUFFIX` or refused, never truncated; JSON replaced atomically (the promise:
-docs/guarantees.md). `tfgpu.monitor` uses it: no TensorFlow, no Keras."""
+first free `NAME.N.SUFFIX` or refused, never truncated (docs/guarantees.md). No TensorFlow."""
 
 from __future__ import annotations
 
@@ -99,9 +98,7 @@ def add_session(path: Path, info: dict[str, Any]) -> None:
             rotate(path)
         else:
             earlier = [*(previous.pop(EARLIER_SESSIONS, None) or []), previous]
-    record = dict(info)
-    if earlier:
-        record[EARLIER_SESSIONS] = earlier
+    record = {**info, EARLIER_SESSIONS: earlier} if earlier else dict(info)
     write_text_atomic(path, json.dumps(record, indent=2, default=str) + "\n")
 
 
@@ -121,9 +118,7 @@ def _can_continue(path: Path, header: bytes) -> bool:
 def open_csv(path: Path, header: str) -> tuple[Any, Path | None]:
     """Opens `path` for appending (header, with its newline, written if new), after moving a
     file that cannot be continued aside to `NAME.N.csv`; returns it and where that went."""
-    rotated = None
-    if path.exists() and not _can_continue(path, header.encode()):
-        rotated = rotate(path)
+    rotated = rotate(path) if path.exists() and not _can_continue(path, header.encode()) else None
     with contextlib.ExitStack() as on_error:
         f = on_error.enter_context(open(path, "a", encoding="utf-8"))
         if f.tell() == 0:

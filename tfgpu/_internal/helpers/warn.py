@@ -1,6 +1,5 @@
-"""Warnings attributed to the user's line (`model.fit(...)`), not a line inside tfgpu, for
-every kind of `__main__` (a file, `-c`, stdin, a notebook cell); with `once=`, once per
-process. The user's warning filters apply as usual. No TensorFlow, no Keras."""
+"""Warnings attributed to the user's line (`model.fit(...)`), not tfgpu's, whatever `__main__` is
+(a file, `-c`, stdin, a notebook cell); with `once=`, once per process. No TensorFlow."""
 
 from __future__ import annotations
 
