@@ -44,8 +44,7 @@ class Slot:
 
 
 def mirrored_ops() -> dict[str, type]:
-    """The `tfgpu.strategy("mirrored", all_reduce=...)` names and TensorFlow's cross-device
-    ops classes they build, subclasses first (NCCL and hierarchical copy share a base)."""
+    """The "mirrored" `all_reduce=` names -> TensorFlow's ops classes, subclasses first."""
     import tensorflow as tf
 
     return {
@@ -176,9 +175,8 @@ def kept(strategy: Any) -> Iterator[None]:
 
 @contextlib.contextmanager
 def using(strategy: Any, name: str) -> Iterator[None]:
-    """Runs the body with `strategy` summing gradients by `name` (a `tfgpu.strategy` all-reduce
-    name), then puts the old one back; a train function traced in the body keeps `name`'s. A
-    ValueError where this TensorFlow keeps the all-reduce elsewhere, or for an unknown `name`."""
+    """Runs the body with `strategy` summing gradients by `name` (a step traced in it keeps it),
+    then the old one back; ValueError where TensorFlow keeps it elsewhere, or an unknown `name`."""
     kind = kind_of(strategy)
     slot = reach(strategy)
     if slot is None:

@@ -102,8 +102,7 @@ def job_name(
 
 
 def consumers(cluster: Cluster, *, repeat: bool) -> tuple[int | None, int | None]:
-    """`(consumer_index, num_consumers)` for the round-robin reads of several trainers of a
-    repeated dataset, or `(None, None)` (a finite one is read first come, first served)."""
+    """`(consumer_index, num_consumers)` of trainers' round-robin reads (`repeat`), else Nones."""
     if cluster.num_tasks <= 1 or not repeat or cluster.task_type not in ("chief", "worker"):
         return None, None
     index = cluster.task_index or 0
@@ -269,13 +268,14 @@ def supervise(
                 proc.kill()
                 proc.wait()
             return 0
+        status = proc.returncode
         if stop.is_set():
             return 0
-        if proc.returncode == EXIT_CANNOT_START:
+        if status == EXIT_CANNOT_START:
             _log(f"{what}: process {proc.pid} could not start (its message above); giving up")
             return EXIT_CANNOT_START
         deaths.append(time.monotonic())
-        ended = f"{what}: process {proc.pid} {death(proc.returncode)} after {deaths[-1] - started:.1f} s"
+        ended = f"{what}: process {proc.pid} {death(status)} after {deaths[-1] - started:.1f} s"
         delay = delays(deaths, deaths[-1])
         if delay is None:
             _log(

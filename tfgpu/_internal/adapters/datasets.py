@@ -172,8 +172,7 @@ def mark_pipeline(ds: tf.data.Dataset, arguments: dict[str, Any] | None) -> tf.d
 
 
 def pipeline_arguments(ds: Any) -> dict[str, Any] | None:
-    """The arguments of the `tfgpu.data.pipeline` call that returned `ds` itself (a copy), or
-    None for any other dataset (also one made from it, such as `ds.repeat()`)."""
+    """The arguments of the `pipeline` call that returned this very `ds` (a copy), or None."""
     arguments = getattr(ds, ATTRIBUTE, None) if isinstance(ds, tf.data.Dataset) else None
     return dict(arguments) if isinstance(arguments, dict) else None
 
@@ -189,8 +188,7 @@ def _single_input_chain(ds: Any) -> Iterator[Any]:
 
 
 def has_step(ds: Any, step: str) -> bool:
-    """Whether a step whose class name contains `step` (lowercase, no underscores, e.g.
-    `"cache"`, `"prefetch"`) is in `ds`'s single-input chain."""
+    """Whether a step whose class name (lowered, no "_") has `step` is in the single-input chain."""
     return any(step in type(d).__name__.lower().replace("_", "") for d in _single_input_chain(ds))
 
 

@@ -66,8 +66,7 @@ class TfGpu:
 
 
 def tf_runtime_initialized() -> bool | None:
-    """Whether TensorFlow's eager context (and so its devices) exists already: False where
-    TensorFlow is not imported, None where it is but cannot tell."""
+    """Whether TensorFlow's eager context exists already: False if not imported, None if unknown."""
     if "tensorflow" not in sys.modules:
         return False
     try:

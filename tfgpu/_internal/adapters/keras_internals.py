@@ -227,8 +227,7 @@ def restore_train_function(model: Any, owner: Any, original: Any) -> None:
 
 
 def set_initial_epoch(model: Any, epoch: int) -> None:
-    """Makes the running `fit` start at `epoch` (read right after `on_train_begin`), marked as
-    tfgpu's for `clear_initial_epoch`."""
+    """Makes the running `fit` start at `epoch` (read after `on_train_begin`), marked as tfgpu's."""
     model._initial_epoch = epoch
     model._tfgpu_initial_epoch = epoch
 

@@ -20,17 +20,6 @@ def gradient_bytes(model: keras.Model) -> int:
     return int(sum(np.prod(v.shape) * tf.as_dtype(v.dtype).size for v in model.trainable_variables))
 
 
-def _per_replica(strategy: tf.distribute.Strategy, batch: Any) -> Any:
-    """`batch` (a global batch) cut into one slice per replica, each on its device."""
-    per = int(tf.nest.flatten(batch)[0].shape[0]) // strategy.num_replicas_in_sync
-
-    def value(ctx: tf.distribute.ValueContext) -> Any:
-        i = ctx.replica_id_in_sync_group
-        return tf.nest.map_structure(lambda t: t[i * per : (i + 1) * per], batch)
-
-    return strategy.experimental_distribute_values_from_function(value)
-
-
 def _timed(strategy: tf.distribute.Strategy, step: Any, args: Any = ()) -> float:
     """Seconds per step of `strategy.run(step, (i, *args))`, `STEPS` steps per call."""
 
@@ -56,7 +45,11 @@ def _first(t: Any) -> tf.Tensor:
 
 def compute_s(strategy: tf.distribute.Strategy, model: keras.Model, batch: Any) -> float:
     """Seconds per step of every replica's forward and backward pass, nothing reduced or updated."""
-    values = _per_replica(strategy, batch)
+    per = int(tf.nest.flatten(batch)[0].shape[0]) // strategy.num_replicas_in_sync
+
+    def value(ctx: tf.distribute.ValueContext) -> Any:  # this replica's slice of `batch`
+        i = ctx.replica_id_in_sync_group
+        return tf.nest.map_structure(lambda t: t[i * per : (i + 1) * per], batch)
 
     @tf.autograph.experimental.do_not_convert  # no Python control flow to convert
     def step(i: tf.Tensor, element: Any) -> tf.Tensor:
@@ -69,7 +62,7 @@ def compute_s(strategy: tf.distribute.Strategy, model: keras.Model, batch: Any) 
         grads = tape.gradient(loss, model.trainable_variables)
         return tf.add_n([_first(g) for g in grads if g is not None])
 
-    return _timed(strategy, step, (values,))
+    return _timed(strategy, step, (strategy.experimental_distribute_values_from_function(value),))
 
 
 def all_reduce_s(strategy: tf.distribute.Strategy, model: keras.Model, *, tiny: bool) -> float:

@@ -54,9 +54,8 @@ def write_result(
     plot: Any = None,
     png_name: str = "",
 ) -> None:
-    """Writes a result's `record` as `json_name` into `log_dir`, then `plot(path)` (where
-    given) draws `png_name` beside it (older ones rotated aside); a failure of either is a
-    warning naming `who` (`tune`, `scaling`): the result is returned whatever the disk says."""
+    """Writes `record` as `json_name` into `log_dir`, then `plot(path)` (if any) draws `png_name`
+    (older ones rotated aside); a failure is a warning naming `who`: the result returns anyway."""
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
         path = log_dir / json_name

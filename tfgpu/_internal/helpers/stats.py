@@ -26,9 +26,8 @@ def finite(values: Iterable[Any]) -> list[float]:
 
 
 def percentile(values: Iterable[Any], q: float) -> float:
-    """The `q`-th percentile (0 to 100) of the finite `values`, as `numpy.nanpercentile`'s
-    default (`method="linear"`: [1, 2, 3, 4] gives 3.25 at 75); NaN if none; ValueError for
-    `q` out of range."""
+    """The `q`-th percentile (0 to 100) of the finite `values`, linear as `numpy.nanpercentile`'s
+    default ([1, 2, 3, 4]: 3.25 at 75); NaN if none; ValueError for `q` out of range."""
     if not 0 <= q <= 100:
         raise invalid_value("q", q, "0 to 100")
     ordered = sorted(finite(values))

@@ -82,9 +82,8 @@ _NOISE = ("Traceback", "File ", "Detected at node", "Node:", "[[", "{{", "During
 
 
 def one_line(error: BaseException, limit: int = 200) -> str:
-    """An exception as one line: its type and the first line of its message that says what
-    failed (TensorFlow's "Graph execution error:" and traceback lines skipped), and the graph
-    node it names."""
+    """An exception as one line: its type, the first line of its message that says what failed
+    (not TensorFlow's "Graph execution error:" or a traceback's) and the graph node it names."""
     lines = [line for line in str(error).splitlines() if line.strip()]
     nodes = [line.split("Detected at node ", 1)[1] for line in lines if "Detected at node " in line]
     node = nodes[0].split(" defined at")[0].strip("'\" ") if nodes else ""
