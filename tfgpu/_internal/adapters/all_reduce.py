@@ -76,10 +76,9 @@ def kind_of(strategy: Any) -> str:
 
 def reach(strategy: Any) -> Slot | None:
     """The one reach into TensorFlow's private attributes: where `strategy` keeps its all-reduce,
-    or None where this TensorFlow keeps it elsewhere (or it has none). `MirroredStrategy`:
-    `extended._cross_device_ops`, read at every reduce (a step traced after a swap uses the new
-    one). `MultiWorkerMirroredStrategy`: `extended._communication_options` and its two
-    `CollectiveAllReduce`s, whose launchers keep the options they were built with (the
+    or None. `MirroredStrategy`: `extended._cross_device_ops`, read at every reduce (a step traced
+    after a swap uses the new one). `MultiWorkerMirroredStrategy`: `_communication_options` and
+    two `CollectiveAllReduce`s, whose launchers keep the options they were built with (the
     optimizer's all-reduce reads those): a swap builds new ones as the strategy does."""
     kind = kind_of(strategy)
     extended: Any = getattr(strategy, "extended", None)

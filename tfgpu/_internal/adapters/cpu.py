@@ -1,6 +1,5 @@
-"""An upper bound of this CPU's FLOP/s (usable cores x max clock x FLOPs per cycle from the
-vector flags), which `diagnose` compares a FLOP count with; None where the machine does not
-say. The sources and the per-cycle table: docs/diagnosis.md, "FLOPs and MFU". No TensorFlow."""
+"""An upper bound of this CPU's FLOP/s (usable cores x max clock x FLOPs per cycle of its vector
+flags) for `diagnose`, or None (the sources: docs/diagnosis.md, "FLOPs and MFU"). No TensorFlow."""
 
 from __future__ import annotations
 
@@ -55,14 +54,10 @@ def _values(cpuinfo: str, *keys: str) -> list[str]:
     return [value for key, sep, value in lines if sep and key.strip().lower() in keys]
 
 
-def _flags(cpuinfo: str) -> set[str]:
-    """The vector feature flags of the first CPU (`flags` on x86, `Features` on Arm)."""
+def _flops_per_cycle(cpuinfo: str, rate: str) -> int | None:
+    """FLOPs per cycle per core for a rate class ('fp32', 'fp16', 'bf16') by cpuinfo's flags."""
     values = _values(cpuinfo, "flags", "features")
-    return set(values[0].split()) if values else set()
-
-
-def _flops_per_cycle(flags: set[str], rate: str) -> int | None:
-    """FLOPs per cycle per core for a rate class ('fp32', 'fp16', 'bf16'), or None."""
+    flags = set(values[0].split()) if values else set()
     fp32 = next((n for needed, n in _FP32_PER_CYCLE if needed <= flags), None)
     if fp32 is None or rate == "fp32":
         return fp32
@@ -109,7 +104,7 @@ def _peak_from_texts(
     """The pure part of `peak_flops`: cores x clock x FLOPs per cycle, or None."""
     if not cpuinfo or not cores:
         return None
-    per_cycle = _flops_per_cycle(_flags(cpuinfo), rate)
+    per_cycle = _flops_per_cycle(cpuinfo, rate)
     clock = _max_clock_hz(cpuinfo, max_freq_khz)
     if per_cycle is None or clock is None:
         return None

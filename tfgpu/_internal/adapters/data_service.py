@@ -1,6 +1,5 @@
-"""The tf.data service's TensorFlow-free part: the rules shared with `tfgpu.data` and `tfgpu
-data-service dispatcher|worker`, whose supervisor starts the server again in a child process at
-the same port when it dies (the behaviour and the faults: docs/data_service.md)."""
+"""The tf.data service's TensorFlow-free part: the rules shared with `tfgpu.data`, and `tfgpu
+data-service` whose supervisor restarts a dead server at its port (docs/data_service.md)."""
 
 from __future__ import annotations
 
@@ -81,8 +80,7 @@ def job_name(
     explicit: str | None, *, cluster: Cluster, environ: Mapping[str, str], serial: int, token: str
 ) -> str:
     """The job name every trainer of one run agrees on alone (docs/data_service.md, "Several
-    trainers"). `token`: random per process; `serial`: this process's service pipelines so far
-    (the n-th pipeline of every trainer gets the same name)."""
+    trainers"); `serial`: this process's service pipelines so far, `token`: random per process."""
     if explicit is not None:
         return explicit if serial == 0 else f"{explicit}-{serial}"
     if cluster.num_tasks <= 1:
@@ -127,8 +125,7 @@ def _parser() -> argparse.ArgumentParser:
         "port when it dies (--no-restart: no child, no restarts).",
     )
     restart = argparse.ArgumentParser(add_help=False)
-    # The supervisor's process id, given by the supervisor to its server: the server dies with it.
-    restart.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    restart.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # its supervisor's
     restart.add_argument(
         "--restart",
         action=argparse.BooleanOptionalAction,
@@ -235,8 +232,7 @@ def _stop_on_signals(catch: bool = True) -> Iterator[threading.Event]:
 
 
 def restart_delay(deaths: Sequence[float], now: float) -> float | None:
-    """Seconds to wait before starting a dead server again (1, 2, 4, 8, 16 s for the 1st to 5th
-    of the `deaths` within `RESTART_WINDOW_S`), or None to give up (a 6th)."""
+    """Seconds to wait before a restart: 1, 2, 4, 8, 16 for 1 to 5 recent `deaths`, else None."""
     recent = sum(1 for t in deaths if now - t <= RESTART_WINDOW_S)
     if recent > MAX_RESTARTS:
         return None

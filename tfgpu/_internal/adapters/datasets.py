@@ -1,6 +1,5 @@
-"""What a `tf.data.Dataset` yields (batches or examples, how many), whether it reshuffles, and
-which ones `tfgpu.data.pipeline` built. Batches are told by the input chain and the element
-spec, never by the type of the last step alone (docs/architecture.md)."""
+"""What a `tf.data.Dataset` yields (batches or examples, how many: told by its input chain and
+element spec), whether it reshuffles, and which ones `tfgpu.data.pipeline` built."""
 
 from __future__ import annotations
 
@@ -53,10 +52,9 @@ def cardinality(ds: tf.data.Dataset) -> int | None:
     return n
 
 
-# Steps of a dataset's input chain, recognized by their (private) class names, lowercased and
-# without underscores. Only the steps that make, undo or replace batches matter: every other
-# step with one input (prefetch, map, cache, shuffle, options, take, filter, ...) passes the
-# batched-ness of its input through, and the element spec has the last word.
+# Steps of an input chain by their (private) class names, lowercased, without underscores. Only
+# the steps that make, undo or replace batches matter: every other step with one input (prefetch,
+# map, cache, ...) passes its input's batched-ness through; the element spec has the last word.
 _UNBATCH_STEP = "unbatch"
 _BATCH_STEP = "batch"  # batch, padded_batch, rebatch, ragged/sparse batch, map_and_batch
 _NEW_ELEMENT_STEPS = ("flatmap", "interleave", "window", "groupby", "bucket", "generator")

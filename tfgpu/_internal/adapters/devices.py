@@ -141,10 +141,9 @@ def _cuda_gpus() -> list[GpuInfo]:
 
 
 def tf_gpus() -> list[TfGpu]:
-    """TensorFlow's GPUs in `/GPU:k` order (one per logical device), each with its physical
-    identity and NVML record; where TensorFlow lists none, the CUDA-visible GPUs stand in
-    (`tf_name` None). Starts no runtime, never raises. E.g. with CUDA_VISIBLE_DEVICES=2,0 and
-    `configure(gpus=[1])`, `/GPU:0` is CUDA's 1 and NVML's 0."""
+    """TensorFlow's `/GPU:k` (one per logical device) with their physical GPU and NVML record, else
+    the CUDA-visible GPUs (`tf_name` None); starts no runtime, never raises. With
+    CUDA_VISIBLE_DEVICES=2,0 and `configure(gpus=[1])`, `/GPU:0` is CUDA's 1 and NVML's 0."""
     return _tf_gpus(physical_gpus(), _cuda_gpus())
 
 

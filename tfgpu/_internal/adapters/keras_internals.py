@@ -93,8 +93,7 @@ def training_frame(caller_module: str) -> FrameType | None:
 
 
 class FitWatch:
-    """A wish to be told when a training function has left its thread's stack, made by
-    `when_fit_ends`; `cancel()` withdraws it (a later `fit` has its own)."""
+    """A wish, made by `when_fit_ends`, to be told when a training function left its thread."""
 
     def __init__(self, thread_id: int, frame: FrameType, callback: Callable[[], None]):
         self.thread_id, self.frame, self.callback = thread_id, frame, callback
@@ -118,9 +117,8 @@ _watcher: threading.Thread | None = None
 
 
 def when_fit_ends(callback: Callable[[], None], caller_module: str) -> FitWatch | None:
-    """Calls `callback()` (from a daemon thread) once the function driving the hooks has
-    returned or raised: Keras skips `on_train_end` when `fit` raises. `callback` must be safe
-    after `on_train_end` and from another thread. Returns the `FitWatch`, or None."""
+    """Calls `callback()` from a daemon thread once the function driving the hooks has returned
+    or raised (Keras skips `on_train_end` when `fit` raises): it must be safe after that."""
     global _watcher
     frame = training_frame(caller_module)
     if frame is None:
@@ -213,8 +211,7 @@ def wrapper_owner(function: Any) -> Any:
 
 
 def install_train_function(model: Any, wrapper: Callable, owner: Any, original: Any) -> None:
-    """Makes `fit` call `wrapper` instead of `original` (Keras's function), marked with both
-    so that `keras_train_function` and `restore_train_function` find them."""
+    """Makes `fit` call `wrapper`, marked with its `owner` and `original` (Keras's function)."""
     setattr(wrapper, _OWNER, owner)
     setattr(wrapper, _ORIGINAL, original)
     model.train_function = wrapper

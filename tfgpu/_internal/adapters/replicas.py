@@ -66,9 +66,8 @@ def compute_s(strategy: tf.distribute.Strategy, model: keras.Model, batch: Any) 
 
 
 def all_reduce_s(strategy: tf.distribute.Strategy, model: keras.Model, *, tiny: bool) -> float:
-    """Seconds per step of the all-reduce the optimizer makes (the replica context's, through
-    the strategy's cross-device ops) of each replica's copy of the trainable variables, read in
-    place (nothing filled or summed around it); `tiny`: one element per tensor (the latency)."""
+    """Seconds per step of the optimizer's all-reduce (the replica context's) of each replica's
+    trainable variables, read in place; `tiny`: one element per tensor (the latency)."""
     variables = model.trainable_variables
 
     @tf.autograph.experimental.do_not_convert
@@ -84,9 +83,8 @@ def all_reduce_s(strategy: tf.distribute.Strategy, model: keras.Model, *, tiny: 
 
 
 def apply_s(strategy: tf.distribute.Strategy, model: keras.Model) -> float:
-    """Seconds per step of the optimizer's `apply_gradients` on every replica as in `fit` (the
-    all-reduce, then the update), the variables' own values as gradients. It changes the
-    model's weights and optimizer state: call it on a model built for measuring only."""
+    """Seconds per step of `apply_gradients` on every replica as in `fit` (all-reduce and update),
+    the variables as gradients: it changes the model, so call it on one built for measuring."""
     variables = model.trainable_variables
     optimizer = model.optimizer
 

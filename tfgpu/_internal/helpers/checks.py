@@ -1,6 +1,5 @@
-"""Keras-style argument errors, shared by every module: the wrong type is a `TypeError`, the
-right type out of range a `ValueError`; NumPy scalars count as Python numbers, bools as
-neither. `tfgpu.monitor` uses it: no TensorFlow, no Keras."""
+"""Keras-style argument errors: a wrong type is a `TypeError`, the right type out of range a
+`ValueError`; NumPy scalars count as numbers, bools do not. No TensorFlow (the monitor uses it)."""
 
 from __future__ import annotations
 
@@ -226,32 +225,23 @@ def is_finite_number(value: Any) -> bool:
     return is_number(value) and math.isfinite(float(value))
 
 
-def check_time_budget(value: Any) -> float | None:
-    """Checks a `time_budget_s` argument: seconds > 0, or None (no limit); returns it."""
-    return check_number(
-        "time_budget_s",
-        value,
-        minimum=0,
-        exclusive_minimum=True,
-        allow_none=True,
-        expected="a finite number of seconds > 0, or None (no limit)",
-    )
-
-
 # The shortest sampling interval of `Sampler`, `record` and `GPUMonitor`, in seconds: NVML
 # refreshes every 1/6 s to 1 s, and below this the sampler thread would take a core.
 MIN_INTERVAL = 0.01
+_INTERVAL = f"a number of seconds >= {MIN_INTERVAL} (NVML refreshes every 1/6 s to 1 s), e.g. 0.2"
+_BUDGET = "a finite number of seconds > 0, or None (no limit)"
+
+
+def check_time_budget(value: Any) -> float | None:
+    """Checks a `time_budget_s` argument: seconds > 0, or None (no limit); returns it."""
+    return check_number(
+        "time_budget_s", value, minimum=0, exclusive_minimum=True, allow_none=True, expected=_BUDGET
+    )
 
 
 def check_interval(interval: Any) -> float:
     """Checks a sampling interval (seconds, >= `MIN_INTERVAL`); returns it as a float."""
-    return check_number(
-        "interval",
-        interval,
-        minimum=MIN_INTERVAL,
-        expected=f"a number of seconds >= {MIN_INTERVAL} (NVML refreshes every 1/6 s to 1 s), "
-        "e.g. 0.2",
-    )
+    return check_number("interval", interval, minimum=MIN_INTERVAL, expected=_INTERVAL)
 
 
 _GPUS_EXPECTED = "None (all GPUs this process uses) or a list of GPU indices (ints), e.g. [0, 1]"

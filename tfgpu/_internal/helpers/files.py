@@ -115,8 +115,7 @@ def _can_continue(path: Path, header: bytes) -> bool:
 
 
 def open_csv(path: Path, header: str) -> tuple[Any, Path | None]:
-    """Opens `path` for appending (header, with its newline, written if new), after moving a
-    file that cannot be continued aside to `NAME.N.csv`; returns it and where that went."""
+    """Opens `path` to append (`header` written if new), moving aside a file it cannot continue."""
     rotated = rotate(path) if path.exists() and not _can_continue(path, header.encode()) else None
     with contextlib.ExitStack() as on_error:
         f = on_error.enter_context(open(path, "a", encoding="utf-8"))

@@ -1,6 +1,5 @@
-"""Progress lines of long calls on `sys.stdout`, `verbose` as `model.fit` takes it: each names
-the call, the phase and the time left (``diagnose: timing the real data · 41 s left``; the modes:
-docs/diagnosis.md, "Knobs")."""
+"""Progress lines of long calls (`verbose` as `fit`'s: docs/diagnosis.md, "Knobs"), each with the
+call, the phase and the time left: ``diagnose: timing the real data · 41 s left``."""
 
 from __future__ import annotations
 

@@ -33,9 +33,8 @@ def user_frame(frame: FrameType | None) -> FrameType | None:
 def warn_at_user_code(
     message: str, category: type[Warning] = UserWarning, *, once: str | None = None
 ) -> None:
-    """Issues a warning attributed to the user's line; `once`, a key, issues it once per process.
-    Only the file name and line are passed, not `module_globals`: the loader of a `__main__`
-    read from stdin or `-c` raises when `warn_explicit` asks it for the source."""
+    """Issues a warning attributed to the user's line (`once`, a key: once per process), without
+    `module_globals`: the loader of a `__main__` from stdin or `-c` raises when asked its source."""
     if once is not None:
         with _lock:
             if once in _shown:
