@@ -1,6 +1,5 @@
-"""The all-reduce a `tf.distribute` strategy sums gradients with: which one (`describe`), and
-another one for a while (`using`, `tune`'s candidates), all reached in `reach` (checked against
-`CHECKED_TF`; elsewhere `describe` says so in `missing`). No TensorFlow import at module level."""
+"""The all-reduce a strategy sums gradients with: which one (`describe`), another for a while
+(`using`, for `tune`), all reached in `reach` (checked against `CHECKED_TF`). No TensorFlow here."""
 
 from __future__ import annotations
 
@@ -75,11 +74,10 @@ def kind_of(strategy: Any) -> str:
 
 
 def reach(strategy: Any) -> Slot | None:
-    """The one reach into TensorFlow's private attributes: where `strategy` keeps its all-reduce,
-    or None. `MirroredStrategy`: `extended._cross_device_ops`, read at every reduce (a step traced
-    after a swap uses the new one). `MultiWorkerMirroredStrategy`: `_communication_options` and
-    two `CollectiveAllReduce`s, whose launchers keep the options they were built with (the
-    optimizer's all-reduce reads those): a swap builds new ones as the strategy does."""
+    """The one reach into TensorFlow's privates: where `strategy` keeps its all-reduce, or None.
+    Mirrored: `extended._cross_device_ops`, read at every reduce (a step traced after a swap uses
+    the new one). Multi-worker: `_communication_options` and two `CollectiveAllReduce`s whose
+    launchers, which the optimizer's all-reduce uses, keep their options: a swap builds new ones."""
     kind = kind_of(strategy)
     extended: Any = getattr(strategy, "extended", None)
     if kind == "mirrored":

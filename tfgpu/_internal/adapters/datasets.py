@@ -45,11 +45,9 @@ def stalled(timeout_s: float, progress: str) -> TimeoutError:
 def cardinality(ds: tf.data.Dataset) -> int | None:
     """Elements in `ds`: a count, -1 when infinite, None when TensorFlow cannot tell."""
     n = int(ds.cardinality().numpy())
-    if n == tf.data.INFINITE_CARDINALITY:
-        return -1
     if n == tf.data.UNKNOWN_CARDINALITY:
         return None
-    return n
+    return -1 if n == tf.data.INFINITE_CARDINALITY else n
 
 
 # Steps of an input chain by their (private) class names, lowercased, without underscores. Only
@@ -94,9 +92,8 @@ def dataset_inputs(ds: Any) -> list[Any] | None:
 
 
 def chain_state(ds: tf.data.Dataset, depth: int = 0) -> tuple[str, tf.data.Dataset | None]:
-    """Walks `ds`'s input chain back to the step that decides its elements: ("batched", that
-    step), ("examples", None) at an unbatch or a source of examples, ("unknown", None) at a step
-    that makes new elements (flat_map, from_generator, ...) or a chain that cannot be read."""
+    """Walks back to the step that decides `ds`'s elements: ("batched", that step), ("examples",
+    None) at an unbatch or a source of examples, ("unknown", None) at flat_map & co. or no chain."""
     for _ in range(10_000):
         name = type(ds).__name__.lower().replace("_", "")
         if _UNBATCH_STEP in name:

@@ -1,6 +1,5 @@
-"""Which GPU TensorFlow trains on, and what NVML says of it: TensorFlow's `/GPU:k`, CUDA's
-ordinals after `CUDA_VISIBLE_DEVICES` and NVML's PCI-bus order differ once GPUs are reordered or
-hidden. Only the allocator's peak memory imports TensorFlow (`configure()` stays possible)."""
+"""Which GPU TensorFlow trains on and what NVML says of it (`/GPU:k`, CUDA's ordinals after
+`CUDA_VISIBLE_DEVICES` and NVML's differ); only the peak memory imports TensorFlow itself."""
 
 from __future__ import annotations
 
@@ -198,8 +197,7 @@ def cuda_indices(gpus: Sequence[int] | None = None) -> list[int] | None:
     physical = physical_gpus()
     if not physical:
         return None if gpus is None else list(gpus)
-    # No NVML needed: TensorFlow's physical GPU k is CUDA's ordinal k.
-    positions = [g.cuda_index for g in _tf_gpus(physical, [])]
+    positions = [g.cuda_index for g in _tf_gpus(physical, [])]  # no NVML needed for CUDA's
     if gpus is None:
         return list(dict.fromkeys(positions))
     if not all(is_int(g) for g in gpus):
@@ -220,9 +218,8 @@ def peak_precision(
     compute_capabilities: Sequence[tuple[int, int] | None] | tuple[int, int] | None,
     tf32_enabled: bool | None = None,
 ) -> str | None:
-    """The `tfgpu.flops.peak_flops` precision a Keras dtype policy runs at: float32 is `"tf32"`
-    when TF32 is on (None: ask TensorFlow) and every GPU has cc >= 8.0; None for policies
-    without a rate (e.g. `"float64"`). `compute_capabilities`: a list, one pair, or None."""
+    """The `peak_flops` precision a policy runs at: float32 is "tf32" with TF32 on (None: ask) and
+    every cc >= 8.0; None without a rate ("float64"); `compute_capabilities`: a list, pair, None."""
     if policy in ("mixed_bfloat16", "bfloat16"):
         return "bfloat16"
     if policy in ("mixed_float16", "float16"):

@@ -1,6 +1,5 @@
-"""Every reach into Keras's private internals, one function each, so the day Keras moves
-something one module changes: each returns None (or does nothing) where this Keras keeps it
-elsewhere, and `tests/test_keras_internals.py` names what moved. No TensorFlow imported here."""
+"""Every reach into Keras's private internals, one function each (None, or nothing done, where this
+Keras keeps it elsewhere; `tests/test_keras_internals.py` names what moved). No TensorFlow here."""
 
 from __future__ import annotations
 
@@ -249,9 +248,8 @@ def global_seed_generator(create: bool = False) -> Any:
     return global_state.get_global_attribute("global_seed_generator")
 
 
-# Keras 3 with TensorFlow 2.21 fails in `fit` under a real multi-worker strategy (tensorflow#72388;
-# why and the fix: docs/distributed.md, "The Keras 3 correction"). Delete this section once
-# `tests/test_multi_worker.py` fails: upstream no longer breaks.
+# Keras 3 with TensorFlow 2.21 fails in a real multi-worker `fit` (docs/distributed.md, "The Keras 3
+# correction"): delete this section once `tests/test_multi_worker.py` says upstream works.
 
 _correction_lock = threading.Lock()
 _correction_installed = False

@@ -171,8 +171,7 @@ def check_finite_result(what: str, value: float, inputs: str) -> float:
 
 
 def conflicting(first: str, second: str, hint: str = "") -> ValueError:
-    """The one ValueError for two arguments that cannot be given together (`first`, `second`:
-    "batch_size=64"); `hint` replaces "Pass only one of them."."""
+    """The one ValueError for two arguments given together ("batch_size=64"); `hint`: the advice."""
     return ValueError(
         f"Conflicting arguments: {first} and {second}. {hint or 'Pass only one of them.'}"
     )

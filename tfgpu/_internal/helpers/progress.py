@@ -37,14 +37,8 @@ def check_verbose(verbose: Any) -> int | str:
 
 def in_ipython_kernel() -> bool:
     """Whether this code runs in an IPython kernel (Jupyter, Colab), whose stream is no TTY."""
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return False
-    try:
-        shell = ipython.get_ipython()
-    except AttributeError:  # a module by that name without `get_ipython`
-        return False
-    return getattr(shell, "kernel", None) is not None
+    get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)  # None: not imported
+    return get_ipython is not None and getattr(get_ipython(), "kernel", None) is not None
 
 
 def _is_tty(stream: Any) -> bool:
@@ -85,9 +79,8 @@ def format_seconds(seconds: float) -> str:
 
 
 class Progress:
-    """Progress lines of one long call: a line per phase, a summary line at the end (``diagnose:
-    done in 19 s · bottleneck: input``), each with the time left of `budget_s` on `clock` (None:
-    the time so far); `stream` None is `sys.stdout` at each write."""
+    """A line per phase, then a summary (``diagnose: done in 19 s · bottleneck: input``), each with
+    the time left of `budget_s` on `clock` (None: the time so far); `stream` None: `sys.stdout`."""
 
     def __init__(
         self,
