@@ -1,5 +1,5 @@
 """The all-reduce a strategy sums gradients with: which one (`describe`), another for a while
-(`using`, for `tune`), all reached in `reach` (checked against `CHECKED_TF`). No TensorFlow here."""
+(`using`, for `tune`), all reached in `reach` (checked against `CHECKED_TF`); TF imported lazily."""
 
 from __future__ import annotations
 

@@ -100,7 +100,7 @@ def job_name(
 
 
 def consumers(cluster: Cluster, *, repeat: bool) -> tuple[int | None, int | None]:
-    """`(consumer_index, num_consumers)` of trainers' round-robin reads (`repeat`), else Nones."""
+    """`(consumer_index, num_consumers)` of trainers' round-robin reads (`repeat`), or Nones."""
     if cluster.num_tasks <= 1 or not repeat or cluster.task_type not in ("chief", "worker"):
         return None, None
     index = cluster.task_index or 0
@@ -200,7 +200,7 @@ def _log(message: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs a dispatcher or worker (`argv` after `tfgpu data-service`) until SIGTERM or SIGINT;
-    returns 0 after a clean stop, 1 when it kept dying, 2 when it could not start."""
+    returns 0 after a clean stop, 1 when it kept dying, 2 for bad arguments or a failed start."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = _parser().parse_args(argv)

@@ -1,5 +1,6 @@
-"""Which GPU TensorFlow trains on and what NVML says of it (`/GPU:k`, CUDA's ordinals after
-`CUDA_VISIBLE_DEVICES` and NVML's differ); only the peak memory imports TensorFlow itself."""
+"""Which GPU TensorFlow trains on and what NVML says of it: `/GPU:k`, CUDA's ordinals after
+`CUDA_VISIBLE_DEVICES` and NVML's PCI-bus order differ once GPUs are reordered or hidden. Only the
+peak memory imports TensorFlow; nothing here starts its runtime (`configure()` stays possible)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Every reach into Keras's private internals, one function each (None, or nothing done, where this
-Keras keeps it elsewhere; `tests/test_keras_internals.py` names what moved). No TensorFlow here."""
+Keras keeps it elsewhere; `tests/test_keras_internals.py` names what moved); TF imported lazily."""
 
 from __future__ import annotations
 

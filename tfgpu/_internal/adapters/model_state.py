@@ -55,7 +55,7 @@ def preserved(model: Any, x: Any = None) -> Iterator[None]:
             for m in getattr(model, "metrics", []):  # a metric with variables made since: reset
                 if any(id(v) not in known for v in getattr(m, "variables", [])):
                     m.reset_state()
-            # With the train function compiled for these settings (None: the next fit makes one).
+            # The compile settings and the train function made for them (None: fit makes one).
             for name in ("steps_per_execution", "jit_compile", "train_function"):
                 setattr(model, name, saved[name])
             if saved["history"] is not None:

@@ -115,7 +115,8 @@ def _can_continue(path: Path, header: bytes) -> bool:
 
 
 def open_csv(path: Path, header: str) -> tuple[Any, Path | None]:
-    """Opens `path` to append (`header` written if new), moving aside a file it cannot continue."""
+    """Opens `path` to append (`header`, newline included, written if new), after moving aside a
+    file it cannot continue; returns it and where that file went."""
     rotated = rotate(path) if path.exists() and not _can_continue(path, header.encode()) else None
     with contextlib.ExitStack() as on_error:
         f = on_error.enter_context(open(path, "a", encoding="utf-8"))
