@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -38,7 +39,6 @@ from tfgpu._internal.adapters.data_service import (
     parse_address,
     restart_delay,
     supervise,
-    wait_for_port,
 )
 from tfgpu._internal.helpers.cluster import Cluster
 from tfgpu.data._plan import Facts, decide
@@ -53,6 +53,18 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_for_port(host: str, port: int, timeout_s: float) -> bool:
+    """Whether `host:port` accepts a connection within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return True
+        except OSError:
+            time.sleep(0.2)
+    return False
 
 
 # ------------------------------------------------------------------ pure rules (fast)

@@ -1,8 +1,5 @@
-"""The all-reduce a `tf.distribute` strategy sums gradients with: which one it uses
-(`describe`), and the strategy with another one for a while (`using`, for `tune`'s candidates).
-TensorFlow keeps it in private attributes of `strategy.extended`, all reached in `reach`
-(checked against `CHECKED_TF`); where another version keeps them elsewhere, `describe` says so
-in `missing` and nothing is changed. No TensorFlow import at module level."""
+"""The all-reduce a strategy sums gradients with: which one (`describe`), another for a while
+(`using`, for `tune`), all reached in `reach` (checked against `CHECKED_TF`); TF imported lazily."""
 
 from __future__ import annotations
 
@@ -38,8 +35,7 @@ class AllReduce:
 
 @dataclasses.dataclass(frozen=True)
 class Slot:
-    """Where a strategy keeps its all-reduce: `get()` the current value, `set(value)` put one
-    (a value `get` returned) in place, `make(name)` a value for the name."""
+    """Where a strategy keeps its all-reduce: `get()` it, `set()` one `get` gave, `make(name)`."""
 
     get: Callable[[], Any]
     set: Callable[[Any], None]
@@ -47,8 +43,7 @@ class Slot:
 
 
 def mirrored_ops() -> dict[str, type]:
-    """The `tfgpu.strategy("mirrored", all_reduce=...)` names and TensorFlow's cross-device
-    ops classes they build, subclasses first (NCCL and hierarchical copy share a base)."""
+    """The "mirrored" `all_reduce=` names -> TensorFlow's ops classes, subclasses first."""
     import tensorflow as tf
 
     return {
@@ -79,17 +74,10 @@ def kind_of(strategy: Any) -> str:
 
 
 def reach(strategy: Any) -> Slot | None:
-    """The one reach into TensorFlow's private attributes (read in `mirrored_strategy.py`,
-    `collective_all_reduce_strategy.py`, `cross_device_ops.py`): where `strategy` keeps its
-    all-reduce, or None where this TensorFlow keeps it elsewhere (or the strategy has none).
-
-    - `MirroredStrategy`: `extended._cross_device_ops`, read at every reduce: a step traced
-      after a swap reduces with the new one (one traced before keeps the old one).
-    - `MultiWorkerMirroredStrategy`: `extended._communication_options` (merged into every
-      `reduce_to`) and its two `CollectiveAllReduce`s (`_cross_device_ops`,
-      `_host_cross_device_ops`), whose launchers keep the options they were built with (the
-      optimizer's all-reduce reads those): a swap builds new ones as the strategy does (same
-      devices, group size and collective keys)."""
+    """The one reach into TensorFlow's privates: where `strategy` keeps its all-reduce, or None.
+    Mirrored: `extended._cross_device_ops`, read at every reduce (a step traced after a swap uses
+    the new one). Multi-worker: `_communication_options` and two `CollectiveAllReduce`s whose
+    launchers, which the optimizer's all-reduce uses, keep their options: a swap builds new ones."""
     kind = kind_of(strategy)
     extended: Any = getattr(strategy, "extended", None)
     if kind == "mirrored":
@@ -102,13 +90,10 @@ def reach(strategy: Any) -> Slot | None:
         )
     if kind == "multi_worker":
         names = ("_communication_options", "_cross_device_ops", "_host_cross_device_ops")
-        if not all(hasattr(extended, n) for n in names):
-            return None
-        ops = extended._cross_device_ops
-        if not all(
-            hasattr(o, a)
-            for o in (ops, extended._host_cross_device_ops)
-            for a in ("_devices", "_group_size", "_collective_keys")
+        launchers = [getattr(extended, n, None) for n in names[1:]]  # the two CollectiveAllReduce
+        held = ("_devices", "_group_size", "_collective_keys")
+        if not hasattr(extended, names[0]) or not all(
+            hasattr(o, a) for o in launchers for a in held
         ):
             return None
 
@@ -140,7 +125,7 @@ def reach(strategy: Any) -> Slot | None:
                     canonicalize_devices=getattr(o, "_canonicalize_devices", True),
                 )
 
-            return (options, like(ops), like(extended._host_cross_device_ops))
+            return (options, *(like(o) for o in launchers))
 
         return Slot(get=get_multi, set=set_multi, make=make_multi)
     return None
@@ -175,8 +160,7 @@ def describe(strategy: Any) -> AllReduce:
 
 @contextlib.contextmanager
 def kept(strategy: Any) -> Iterator[None]:
-    """Runs the body, then puts `strategy`'s all-reduce back as it was (also on an
-    exception); nothing for a strategy without one."""
+    """Runs the body, then puts `strategy`'s all-reduce back (also on an exception), if any."""
     slot = reach(strategy)
     saved = None if slot is None else slot.get()
     try:
@@ -188,10 +172,8 @@ def kept(strategy: Any) -> Iterator[None]:
 
 @contextlib.contextmanager
 def using(strategy: Any, name: str) -> Iterator[None]:
-    """Runs the body with `strategy` summing gradients by `name` (a `tfgpu.strategy`
-    all-reduce name), then puts the old one back; a train function traced in the body keeps
-    `name`'s reduction. ValueError where this TensorFlow keeps the all-reduce elsewhere
-    (`describe` says where) or for a `name` the strategy's kind does not have."""
+    """Runs the body with `strategy` summing gradients by `name` (a step traced in it keeps it),
+    then the old one back; ValueError where TensorFlow keeps it elsewhere, or an unknown `name`."""
     kind = kind_of(strategy)
     slot = reach(strategy)
     if slot is None:

@@ -1,6 +1,5 @@
-"""An upper bound of this CPU's FLOP/s (usable cores x max clock x FLOPs per cycle from the
-vector flags), which `diagnose` compares a FLOP count with; None where the machine does not
-say. The sources and the per-cycle table: docs/diagnosis.md, "FLOPs and MFU". No TensorFlow."""
+"""An upper bound of this CPU's FLOP/s (usable cores x max clock x FLOPs per cycle of its vector
+flags) for `diagnose`, or None (the sources: docs/diagnosis.md, "FLOPs and MFU"). No TensorFlow."""
 
 from __future__ import annotations
 
@@ -26,6 +25,11 @@ _DTYPES = {
 }  # fmt: skip
 
 _AMX_PER_CYCLE = 1024  # one AMX tile multiply unit: 16x32x(2 bf16) per cycle per core
+# float32 FLOPs per cycle per core for the best vector flags present (docs/diagnosis.md).
+_FP32_PER_CYCLE = (
+    ({"avx512f"}, 2 * 16 * 2), ({"avx2", "fma"}, 2 * 8 * 2), ({"avx"}, 2 * 8),
+    ({"sse"}, 2 * 4 * 2), ({"sse2"}, 2 * 4 * 2), ({"asimd"}, 4 * 4 * 2),
+)  # fmt: skip
 
 
 def _read(path: Path) -> str | None:
@@ -46,37 +50,15 @@ def _positive(text: str | None) -> float | None:
 
 def _values(cpuinfo: str, *keys: str) -> list[str]:
     """The values of the `key : value` lines of a /proc/cpuinfo text whose key is in `keys`."""
-    out = []
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip().lower() in keys:
-            out.append(value)
-    return out
+    lines = (line.partition(":") for line in cpuinfo.splitlines())
+    return [value for key, sep, value in lines if sep and key.strip().lower() in keys]
 
 
-def _flags(cpuinfo: str) -> set[str]:
-    """The vector feature flags of the first CPU (`flags` on x86, `Features` on Arm)."""
+def _flops_per_cycle(cpuinfo: str, rate: str) -> int | None:
+    """FLOPs per cycle per core for a rate class ('fp32', 'fp16', 'bf16') by cpuinfo's flags."""
     values = _values(cpuinfo, "flags", "features")
-    return set(values[0].split()) if values else set()
-
-
-def _fp32_per_cycle(flags: set[str]) -> int | None:
-    if "avx512f" in flags:
-        return 2 * 16 * 2
-    if "avx2" in flags and "fma" in flags:
-        return 2 * 8 * 2
-    if "avx" in flags:
-        return 2 * 8
-    if "sse" in flags or "sse2" in flags:
-        return 2 * 4 * 2
-    if "asimd" in flags:
-        return 4 * 4 * 2
-    return None
-
-
-def _flops_per_cycle(flags: set[str], rate: str) -> int | None:
-    """FLOPs per cycle per core for a rate class ('fp32', 'fp16', 'bf16'), or None."""
-    fp32 = _fp32_per_cycle(flags)
+    flags = set(values[0].split()) if values else set()
+    fp32 = next((n for needed, n in _FP32_PER_CYCLE if needed <= flags), None)
     if fp32 is None or rate == "fp32":
         return fp32
     if f"amx_{rate}" in flags:  # amx_bf16, amx_fp16
@@ -122,7 +104,7 @@ def _peak_from_texts(
     """The pure part of `peak_flops`: cores x clock x FLOPs per cycle, or None."""
     if not cpuinfo or not cores:
         return None
-    per_cycle = _flops_per_cycle(_flags(cpuinfo), rate)
+    per_cycle = _flops_per_cycle(cpuinfo, rate)
     clock = _max_clock_hz(cpuinfo, max_freq_khz)
     if per_cycle is None or clock is None:
         return None
@@ -130,9 +112,7 @@ def _peak_from_texts(
 
 
 def peak_flops(dtype: str = "float32") -> float | None:
-    """An upper bound of this CPU's FLOP/s for a dtype or Keras policy name (`"float32"`,
-    `"mixed_bfloat16"`, `"bf16"`, ...), or None where the machine does not say (e.g. 2 cores
-    x 2.45 GHz x 32 = 1.6e11 with AVX2)."""
+    """An upper bound of this CPU's FLOP/s for a dtype or policy name ("bf16", ...), or None."""
     expected = f"one of: {', '.join(repr(d) for d in _DTYPES)}"
     if not isinstance(dtype, str):
         raise invalid_type("dtype", dtype, f"a str, {expected}")
@@ -145,17 +125,10 @@ def peak_flops(dtype: str = "float32") -> float | None:
 
 
 def usable_cores() -> int:
-    """The CPU cores this process can use: its affinity set (else `os.cpu_count()`), capped
-    by a cgroup CPU quota (a container given 2 of a host's 64 cores has 2). At least 1."""
+    """The cores this process may use: its affinity set (else `os.cpu_count()`) within a quota."""
     try:
         affinity: int | None = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # macOS, Windows
         affinity = None
-    cores = _usable_cores(
-        affinity,
-        os.cpu_count(),
-        _read(_CGROUP_V2_MAX),
-        _read(_CGROUP_V1_QUOTA),
-        _read(_CGROUP_V1_PERIOD),
-    )
-    return cores or 1
+    cgroup = [_read(path) for path in (_CGROUP_V2_MAX, _CGROUP_V1_QUOTA, _CGROUP_V1_PERIOD)]
+    return _usable_cores(affinity, os.cpu_count(), *cgroup) or 1

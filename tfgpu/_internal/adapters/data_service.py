@@ -1,7 +1,5 @@
-"""The tf.data service's TensorFlow-free part: the rules shared with `tfgpu.data`
-(`parse_address`, `job_name`, `consumers`) and `tfgpu data-service dispatcher|worker`, whose
-supervisor starts the server again in a child process at the same port when it dies (the
-behaviour and the faults: docs/data_service.md)."""
+"""The tf.data service's TensorFlow-free part: the rules shared with `tfgpu.data`, and `tfgpu
+data-service` whose supervisor restarts a dead server at its port (docs/data_service.md)."""
 
 from __future__ import annotations
 
@@ -48,8 +46,7 @@ class Address:
 
 
 def parse_address(value: Any, name: str = "service", *, expected: str = _ADDRESS) -> Address:
-    """Checks a dispatcher address, `"grpc://host:port"` or `"host:port"` (`"[::1]:5050"` for
-    IPv6), and returns it parsed; `name` and `expected`: the argument and what it takes."""
+    """Checks a dispatcher address ("grpc://host:port", "host:port", "[::1]:5050"); parses it."""
     if not isinstance(value, str):
         raise invalid_type(name, value, expected)
     rest = value.strip()
@@ -82,18 +79,15 @@ def check_job_name(value: Any) -> str | None:
 def job_name(
     explicit: str | None, *, cluster: Cluster, environ: Mapping[str, str], serial: int, token: str
 ) -> str:
-    """The job name every trainer of one run agrees on, without talking to the others (the
-    rule: docs/data_service.md, "Several trainers"); ValueError for several trainers outside
-    Slurm without `service_job_name`. `token` is random per process; `serial` counts this
-    process's service pipelines (the n-th pipeline of every trainer gets the same name). Pure."""
+    """The job name every trainer of one run agrees on alone (docs/data_service.md, "Several
+    trainers"); `serial`: this process's service pipelines so far, `token`: random per process."""
     if explicit is not None:
         return explicit if serial == 0 else f"{explicit}-{serial}"
     if cluster.num_tasks <= 1:
         return f"tfgpu-{token}-{serial}"
-    slurm_job = environ.get("SLURM_JOB_ID")
-    if slurm_job:
+    if environ.get("SLURM_JOB_ID"):
         step = environ.get("SLURM_STEP_ID", "0")
-        return f"tfgpu-slurm-{slurm_job}.{step}-{serial}"
+        return f"tfgpu-slurm-{environ['SLURM_JOB_ID']}.{step}-{serial}"
     raise invalid_value(
         "service_job_name",
         None,
@@ -106,8 +100,7 @@ def job_name(
 
 
 def consumers(cluster: Cluster, *, repeat: bool) -> tuple[int | None, int | None]:
-    """`(consumer_index, num_consumers)` for the round-robin reads of several trainers of a
-    repeated dataset, or `(None, None)` (a finite one is read first come, first served). Pure."""
+    """`(consumer_index, num_consumers)` of trainers' round-robin reads (`repeat`), or Nones."""
     if cluster.num_tasks <= 1 or not repeat or cluster.task_type not in ("chief", "worker"):
         return None, None
     index = cluster.task_index or 0
@@ -132,8 +125,7 @@ def _parser() -> argparse.ArgumentParser:
         "port when it dies (--no-restart: no child, no restarts).",
     )
     restart = argparse.ArgumentParser(add_help=False)
-    # The supervisor's process id, given by the supervisor to its server: the server dies with it.
-    restart.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    restart.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # its supervisor's
     restart.add_argument(
         "--restart",
         action=argparse.BooleanOptionalAction,
@@ -173,9 +165,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check(args: argparse.Namespace) -> None:
-    """Every argument checked before any work (no TensorFlow): the role's usage line, an
-    error that names the flag, exit status 2. Creates the dispatcher's --work-dir (it would
-    be at start) to prove it can be written."""
+    """Every argument checked before any work (no TensorFlow): an error naming the flag under the
+    role's usage line, exit status 2. Creates the dispatcher's --work-dir to prove it writable."""
     try:
         if args.role == "dispatcher":
             check_int("--port", args.port, minimum=1, maximum=65535, expected="a port, 1 to 65535")
@@ -208,9 +199,8 @@ def _log(message: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs a tf.data service dispatcher or worker (`argv` after `tfgpu data-service`) until
-    SIGTERM or SIGINT, logging to stderr. Returns the exit status: 0 after a clean stop; 1
-    when the server kept dying; 2 for bad arguments or a server that could not start."""
+    """Runs a dispatcher or worker (`argv` after `tfgpu data-service`) until SIGTERM or SIGINT;
+    returns 0 after a clean stop, 1 when it kept dying, 2 for bad arguments or a failed start."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = _parser().parse_args(argv)
@@ -230,8 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 @contextlib.contextmanager
 def _stop_on_signals(catch: bool = True) -> Iterator[threading.Event]:
-    """An event that SIGTERM and SIGINT set while the block runs (`catch=False`: they end
-    the process, as by default); their handlers are restored after it."""
+    """An event SIGTERM and SIGINT set during the block (`catch=False`: they end the process)."""
     stop = threading.Event()
     handler = (lambda *_: stop.set()) if catch else signal.SIG_DFL
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -243,8 +232,7 @@ def _stop_on_signals(catch: bool = True) -> Iterator[threading.Event]:
 
 
 def restart_delay(deaths: Sequence[float], now: float) -> float | None:
-    """Seconds to wait before starting a dead server again (1, 2, 4, 8, 16 s for the 1st to 5th
-    of the `deaths` within `RESTART_WINDOW_S`), or None to give up (a 6th). Pure."""
+    """Seconds to wait before a restart: 1, 2, 4, 8, 16 for 1 to 5 recent `deaths`, else None."""
     recent = sum(1 for t in deaths if now - t <= RESTART_WINDOW_S)
     if recent > MAX_RESTARTS:
         return None
@@ -315,9 +303,9 @@ def _port_in_use(port: int) -> OSError | None:
     return None
 
 
-def _reachable(host: str, port: int, timeout_s: float = 3.0) -> bool:
+def _reachable(host: str, port: int) -> bool:
     try:
-        with socket.create_connection((host, port), timeout=timeout_s):
+        with socket.create_connection((host, port), timeout=3.0):
             return True
     except OSError:
         return False
@@ -371,8 +359,7 @@ def _start(args: argparse.Namespace, service: Any) -> tuple[Any, Any, str]:
             server = service.DispatchServer(config)
             mode = f"fault tolerant, journal in {work_dir}" if work_dir else "no work dir"
             _log(f"dispatcher serving grpc://{socket.gethostname()}:{args.port} ({mode})")
-            count = getattr(server, "_num_workers", None)
-            what = "worker(s) registered"
+            return server, getattr(server, "_num_workers", None), "worker(s) registered"
         else:
             dispatcher = parse_address(args.dispatcher, "--dispatcher")
             host = args.host or socket.gethostname()
@@ -389,14 +376,12 @@ def _start(args: argparse.Namespace, service: Any) -> tuple[Any, Any, str]:
             server = service.WorkerServer(config)
             port = getattr(server, "_address", f"?:{args.port}").rpartition(":")[2]
             _log(f"worker serving {host}:{port} for dispatcher {dispatcher.target}")
-            count = getattr(server, "_num_tasks", None)
-            what = "task(s) running"
+            return server, getattr(server, "_num_tasks", None), "task(s) running"
     # A bad --dispatcher (TypeError, ValueError), a work dir it cannot make (OSError), a port
     # taken since the check or a dispatcher's journal it cannot read (TensorFlow's errors).
     except (OSError, TypeError, ValueError, RuntimeError, tf.errors.OpError) as e:
         _log(f"error: {args.role} could not start: {type(e).__name__}: {e}")
         return None, None, ""
-    return server, count, what
 
 
 def _log_until(stop: threading.Event, count: Any, what: str) -> None:
@@ -412,13 +397,3 @@ def _log_until(stop: threading.Event, count: Any, what: str) -> None:
         if now is not None and now != last:
             _log(f"{now} {what}")
             last = now
-
-
-def wait_for_port(host: str, port: int, timeout_s: float) -> bool:
-    """Whether `host:port` accepts a connection within `timeout_s` (for scripts and tests)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if _reachable(host, port, timeout_s=1.0):
-            return True
-        time.sleep(0.2)
-    return False

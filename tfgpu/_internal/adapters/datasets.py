@@ -1,12 +1,5 @@
-"""What a `tf.data.Dataset` yields: batches or examples, how many, and in what order.
-
-Shared by `tfgpu.data` (which must never batch a batched source again), the batch-size
-finder (which cuts its own batches from examples) and `diagnose` (which needs batches).
-The decision reads the dataset's input chain and its element spec, never only the type of
-its last step. Also the attribute `tfgpu.data.pipeline` sets on what it returns, read by
-`tune` (to build it again) and `diagnose` (to fit its advice). Whether it reshuffles every
-pass: read by the validation split of `tfgpu.data` and by `BackupAndRestore`.
-"""
+"""What a `tf.data.Dataset` yields (batches or examples, how many: told by its input chain and
+element spec), whether it reshuffles, and which ones `tfgpu.data.pipeline` built."""
 
 from __future__ import annotations
 
@@ -18,23 +11,14 @@ import tensorflow as tf
 
 from tfgpu._internal.helpers.bounded import call_bounded
 
-# The longest wait for an element of the user's data read before any training (`diagnose`,
-# `tune`, the batch-size finder): a dataset that never yields one (a `filter` that nothing
-# passes, a source that waits for ever) is reported instead of waited on for ever.
+# The longest wait for an element of the user's data read before any training: a dataset that
+# never yields one (a `filter` nothing passes) is reported instead of waited on for ever.
 READ_TIMEOUT_S = 120.0
 
 
 def read_first(ds: tf.data.Dataset, n: int) -> list[Any]:
-    """The first `n` elements of `ds` (fewer when it ends first); TimeoutError when no
-    element came for `READ_TIMEOUT_S` seconds.
-
-    Example:
-
-    >>> read_first(tf.data.Dataset.range(5), 2)
-    [<tf.Tensor: ... numpy=0>, <tf.Tensor: ... numpy=1>]
-    """
+    """The first `n` elements of `ds` (fewer if it ends); TimeoutError past `READ_TIMEOUT_S`."""
     elements: list[Any] = []
-    timeout = READ_TIMEOUT_S
 
     def read() -> list[Any]:
         for element in ds.take(n):
@@ -43,9 +27,9 @@ def read_first(ds: tf.data.Dataset, n: int) -> list[Any]:
 
     return call_bounded(
         read,
-        timeout_s=timeout,
+        timeout_s=READ_TIMEOUT_S,
         progress=lambda: len(elements),
-        timeout_error=lambda got: stalled(timeout, f"after {got} of the first {n}"),
+        timeout_error=lambda got: stalled(READ_TIMEOUT_S, f"after {got} of the first {n}"),
     )
 
 
@@ -61,17 +45,14 @@ def stalled(timeout_s: float, progress: str) -> TimeoutError:
 def cardinality(ds: tf.data.Dataset) -> int | None:
     """Elements in `ds`: a count, -1 when infinite, None when TensorFlow cannot tell."""
     n = int(ds.cardinality().numpy())
-    if n == tf.data.INFINITE_CARDINALITY:
-        return -1
     if n == tf.data.UNKNOWN_CARDINALITY:
         return None
-    return n
+    return -1 if n == tf.data.INFINITE_CARDINALITY else n
 
 
-# Steps of a dataset's input chain, recognized by their (private) class names, lowercased and
-# without underscores. Only the steps that make, undo or replace batches matter: every other
-# step with one input (prefetch, map, cache, shuffle, options, take, filter, ...) passes the
-# batched-ness of its input through, and the element spec has the last word.
+# Steps of an input chain by their (private) class names, lowercased, without underscores. Only
+# the steps that make, undo or replace batches matter: every other step with one input (prefetch,
+# map, cache, ...) passes its input's batched-ness through; the element spec has the last word.
 _UNBATCH_STEP = "unbatch"
 _BATCH_STEP = "batch"  # batch, padded_batch, rebatch, ragged/sparse batch, map_and_batch
 _NEW_ELEMENT_STEPS = ("flatmap", "interleave", "window", "groupby", "bucket", "generator")
@@ -103,8 +84,7 @@ def spec_looks_batched(spec: Any) -> bool:
 
 
 def dataset_inputs(ds: Any) -> list[Any] | None:
-    """The datasets `ds` reads from (tf.data's private `_inputs()`), or None where it has no
-    such accessor (not a dataset, or a dataset class without it)."""
+    """The datasets `ds` reads from (tf.data's private `_inputs()`), or None without it."""
     try:
         return list(ds._inputs())
     except (AttributeError, NotImplementedError):
@@ -112,12 +92,8 @@ def dataset_inputs(ds: Any) -> list[Any] | None:
 
 
 def chain_state(ds: tf.data.Dataset, depth: int = 0) -> tuple[str, tf.data.Dataset | None]:
-    """Walks a dataset's input chain back to the step that decides its elements.
-
-    Returns ("batched", the batching step or None), ("examples", None) when the chain reaches
-    an unbatch or a source of examples first, or ("unknown", None) when a step makes new
-    elements (flat_map, interleave, from_generator, ...) or the chain cannot be read.
-    """
+    """Walks back to the step that decides `ds`'s elements: ("batched", that step), ("examples",
+    None) at an unbatch or a source of examples, ("unknown", None) at flat_map & co. or no chain."""
     for _ in range(10_000):
         name = type(ds).__name__.lower().replace("_", "")
         if _UNBATCH_STEP in name:
@@ -150,39 +126,25 @@ def _static_int(value: Any) -> int | None:
 
 
 def source_batches(ds: tf.data.Dataset) -> tuple[Batches | None, bool]:
-    """Decides whether a dataset passed in yields batches, from its input chain and element spec.
-
-    Returns (the batches' facts or None when its elements are examples, whether it was
-    ambiguous: the chain is unreadable but every component has an unknown first dimension).
-    """
+    """The facts of `ds`'s batches (None: it yields examples), and whether that was ambiguous
+    (the chain unreadable, every first dimension unknown)."""
     state, step = chain_state(ds)
+    leaves = tf.nest.flatten(ds.element_spec)
     looks_batched = spec_looks_batched(ds.element_spec)
     if state != "batched" or not looks_batched:
-        leaves = tf.nest.flatten(ds.element_spec)
-        ambiguous = (
-            state == "unknown"
-            and looks_batched
-            and len(leaves) > 1
-            and all(leaf.shape[0] is None for leaf in leaves)
-        )
-        return None, ambiguous
-    static = {leaf.shape[0] for leaf in tf.nest.flatten(ds.element_spec)} - {None}
+        ambiguous = state == "unknown" and looks_batched and len(leaves) > 1
+        return None, ambiguous and all(leaf.shape[0] is None for leaf in leaves)
+    static = {leaf.shape[0] for leaf in leaves} - {None}
     drop_remainder: bool | None = True if static else None
     batch_size: int | None = static.pop() if static else None
-    if step is not None and batch_size is None:
+    if batch_size is None:  # from the batching step (`chain_state` returns it when "batched")
         batch_size = _static_int(getattr(step, "_batch_size", None))
         drop = getattr(step, "_drop_remainder", None)
         drop_remainder = None if drop is None else bool(_static_int(drop))
     num_examples = None
     batches = cardinality(ds)
     # Counted only when nothing after the batch step drops or adds batches.
-    if (
-        step is not None
-        and batch_size
-        and batches is not None
-        and batches >= 0
-        and cardinality(step) == batches
-    ):
+    if batch_size and batches is not None and batches >= 0 and cardinality(step) == batches:
         if drop_remainder:
             num_examples = batches * batch_size
         else:
@@ -199,22 +161,19 @@ ATTRIBUTE = "pipeline_arguments"
 
 
 def mark_pipeline(ds: tf.data.Dataset, arguments: dict[str, Any] | None) -> tf.data.Dataset:
-    """Sets `ds.pipeline_arguments` to the arguments of the `tfgpu.data.pipeline` call that
-    returned it (`data` and every keyword), or None (a validation side); returns `ds`."""
+    """Sets `ds.pipeline_arguments` (`data` and every keyword, or None); returns `ds`."""
     setattr(ds, ATTRIBUTE, arguments)
     return ds
 
 
 def pipeline_arguments(ds: Any) -> dict[str, Any] | None:
-    """The arguments of the `tfgpu.data.pipeline` call that returned `ds` itself (a copy), or
-    None for any other dataset (also one made from it, such as `ds.repeat()`)."""
+    """The arguments of the `pipeline` call that returned this very `ds` (a copy), or None."""
     arguments = getattr(ds, ATTRIBUTE, None) if isinstance(ds, tf.data.Dataset) else None
     return dict(arguments) if isinstance(arguments, dict) else None
 
 
 def _single_input_chain(ds: Any) -> Iterator[Any]:
-    """`ds`, then its input, its input's input, ... while each step has exactly one input
-    (stops at a zip, a source, or a dataset class without the private accessor)."""
+    """`ds`, then its input, its input's input, ... while each step has exactly one input."""
     for _ in range(10_000):
         yield ds
         inputs = dataset_inputs(ds)
@@ -224,14 +183,12 @@ def _single_input_chain(ds: Any) -> Iterator[Any]:
 
 
 def has_step(ds: Any, step: str) -> bool:
-    """Whether a step whose class name contains `step` (lowercase, no underscores, e.g.
-    `"cache"`, `"prefetch"`) is in `ds`'s single-input chain."""
+    """Whether a step whose class name (lowered, no "_") has `step` is in the single-input chain."""
     return any(step in type(d).__name__.lower().replace("_", "") for d in _single_input_chain(ds))
 
 
 def reshuffles(ds: Any) -> bool:
-    """Whether a step in `ds`'s input chain (every input of a zip or concatenate too) is a
-    shuffle with `reshuffle_each_iteration=True`, as a Keras loader's is."""
+    """Whether a step of `ds`'s input graph is a shuffle with `reshuffle_each_iteration=True`."""
     stack, seen = [ds], 0
     while stack and seen < 10_000:
         step = stack.pop()
@@ -255,9 +212,8 @@ _FUNCTIONS = ("_map_func", "_predicate", "_scan_func", "_reduce_func", "_key_fun
 
 
 def unrepeatable(ds: Any) -> str:
-    """Why an epoch of `ds` may differ from the one before ("" when every epoch yields the
-    same elements in the same order: no shuffle, no random op and no Python function
-    anywhere in its input chain), i.e. why caching its output would change the training."""
+    """Why an epoch of `ds` may differ from the one before, so caching it would change the
+    training: a shuffle, a random op or a Python function in its input graph ("" if none)."""
     stack, seen = [ds], 0
     while stack and seen < 10_000:
         step = stack.pop()
@@ -282,8 +238,7 @@ def unrepeatable(ds: Any) -> str:
 
 
 def made_by_pipeline(ds: Any) -> bool:
-    """Whether `ds`, or a dataset in its single-input chain (`.repeat()`, `.take(n)` after
-    it), was built by `tfgpu.data.pipeline`."""
+    """Whether `ds` or a dataset in its single-input chain was built by `tfgpu.data.pipeline`."""
     return any(
         isinstance(d, tf.data.Dataset) and hasattr(d, ATTRIBUTE) for d in _single_input_chain(ds)
     )

@@ -1,8 +1,6 @@
-"""The one place that answers "which GPU does TensorFlow train on, and what does NVML say":
-TensorFlow's `/GPU:k`, CUDA's ordinals after `CUDA_VISIBLE_DEVICES` and NVML's PCI-bus order
-differ as soon as GPUs are reordered or hidden. Only the allocator's peak memory, read while
-training, imports TensorFlow or starts its runtime (`configure()` stays possible); where it is
-not imported, the GPUs CUDA shows stand in for `/GPU:k` (`tfgpu.monitor` relies on it)."""
+"""Which GPU TensorFlow trains on and what NVML says of it: `/GPU:k`, CUDA's ordinals after
+`CUDA_VISIBLE_DEVICES` and NVML's PCI-bus order differ once GPUs are reordered or hidden. Only the
+peak memory imports TensorFlow; nothing here starts its runtime (`configure()` stays possible)."""
 
 from __future__ import annotations
 
@@ -20,25 +18,21 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class PhysicalGpu:
-    """One GPU as TensorFlow lists it (`tf.config.list_physical_devices("GPU")`); the name and
-    capability from its device details."""
+    """One GPU as `tf.config.list_physical_devices("GPU")` lists it, with its device details."""
 
     cuda_index: int  # its CUDA ordinal in this process (after `CUDA_VISIBLE_DEVICES`)
     tf_name: str  # e.g. "/physical_device:GPU:1"
     device_name: str | None  # e.g. "NVIDIA A100-SXM4-80GB"
     compute_capability: tuple[int, int] | None  # e.g. (8, 0)
     visible: bool  # whether TensorFlow uses it (not hidden by `set_visible_devices`)
-    # How many logical `/GPU:k` TensorFlow makes of it (several with
-    # `tf.config.set_logical_device_configuration`; 0 when not visible).
-    logical_devices: int
+    logical_devices: int  # the `/GPU:k` made of it (several: split in logical devices; 0: hidden)
     error: str | None = None  # why the device details could not be read
 
 
 @dataclasses.dataclass(frozen=True)
 class TfGpu:
-    """One GPU TensorFlow trains on, `/GPU:{position}`, and the physical GPU behind it (its
-    `PhysicalGpu`'s fields, None where TensorFlow is not imported or lists no GPU: the
-    CUDA-visible GPUs stand in, as TensorFlow would number them)."""
+    """`/GPU:{position}` and the physical GPU behind it (its `PhysicalGpu`'s fields are None where
+    TensorFlow lists no GPU: the CUDA-visible GPUs stand in, as TensorFlow would number them)."""
 
     position: int
     cuda_index: int  # in this process; the `gpus=` numbering of `tfgpu.monitor.Sampler`
@@ -72,8 +66,7 @@ class TfGpu:
 
 
 def tf_runtime_initialized() -> bool | None:
-    """Whether TensorFlow's eager context (and so its devices) exists already: False where
-    TensorFlow is not imported, None where it is but cannot tell."""
+    """Whether TensorFlow's eager context exists already: False if not imported, None if unknown."""
     if "tensorflow" not in sys.modules:
         return False
     try:
@@ -85,8 +78,7 @@ def tf_runtime_initialized() -> bool | None:
 
 
 def _tf_errors(tf: Any) -> tuple[type[Exception], ...]:
-    """What TensorFlow's device queries raise where they cannot answer: its `OpError`s, a
-    broken runtime, a device it does not know, a stub without `tf.config`."""
+    """What TensorFlow's device queries raise where they cannot answer (a stub's too)."""
     op_error = getattr(getattr(tf, "errors", None), "OpError", RuntimeError)
     return (AttributeError, RuntimeError, ValueError, op_error)
 
@@ -149,10 +141,9 @@ def _cuda_gpus() -> list[GpuInfo]:
 
 
 def tf_gpus() -> list[TfGpu]:
-    """TensorFlow's GPUs in `/GPU:k` order (one per logical device), each with its physical
-    identity and NVML record; where TensorFlow lists none, the CUDA-visible GPUs stand in
-    (`tf_name` None). Starts no runtime, never raises. E.g. with CUDA_VISIBLE_DEVICES=2,0 and
-    `configure(gpus=[1])`, `/GPU:0` is CUDA's 1 and NVML's 0."""
+    """TensorFlow's `/GPU:k` (one per logical device) with their physical GPU and NVML record, else
+    the CUDA-visible GPUs (`tf_name` None); starts no runtime, never raises. With
+    CUDA_VISIBLE_DEVICES=2,0 and `configure(gpus=[1])`, `/GPU:0` is CUDA's 1 and NVML's 0."""
     return _tf_gpus(physical_gpus(), _cuda_gpus())
 
 
@@ -176,8 +167,7 @@ def gpu_record(k: int = 0) -> TfGpu | None:
 
 
 def reset_peak_memory(device: str) -> bool:
-    """Resets TensorFlow's peak-memory statistic of `device` (e.g. `"GPU:0"`); False where it
-    keeps no allocator statistics for it. For callers that run TensorFlow already."""
+    """Resets TensorFlow's peak memory of `device` ("GPU:0"); False without allocator statistics."""
     import tensorflow as tf
 
     try:
@@ -188,8 +178,7 @@ def reset_peak_memory(device: str) -> bool:
 
 
 def peak_memory(device: str) -> int | None:
-    """TensorFlow's peak memory of `device` in bytes since its last reset, or None where it
-    keeps no allocator statistics for it. For callers that run TensorFlow already."""
+    """TensorFlow's peak memory of `device` in bytes since its reset; None without statistics."""
     import tensorflow as tf
 
     try:
@@ -204,14 +193,12 @@ def nvml_indices() -> list[int]:
 
 
 def cuda_indices(gpus: Sequence[int] | None = None) -> list[int] | None:
-    """The CUDA ordinals (`Sampler`'s `gpus=` numbering) of TensorFlow's `/GPU:k` in `gpus`
-    (None: all), each once; `gpus` itself where TensorFlow lists no GPU. ValueError for an
-    index that names no GPU TensorFlow uses."""
+    """The CUDA ordinals (`Sampler`'s `gpus=` numbering) of TensorFlow's `/GPU:k` in `gpus` (None:
+    all), each once; `gpus` itself where TensorFlow lists no GPU."""
     physical = physical_gpus()
     if not physical:
         return None if gpus is None else list(gpus)
-    # No NVML needed: TensorFlow's physical GPU k is CUDA's ordinal k.
-    positions = [g.cuda_index for g in _tf_gpus(physical, [])]
+    positions = [g.cuda_index for g in _tf_gpus(physical, [])]  # no NVML needed for CUDA's
     if gpus is None:
         return list(dict.fromkeys(positions))
     if not all(is_int(g) for g in gpus):
@@ -232,9 +219,8 @@ def peak_precision(
     compute_capabilities: Sequence[tuple[int, int] | None] | tuple[int, int] | None,
     tf32_enabled: bool | None = None,
 ) -> str | None:
-    """The `tfgpu.flops.peak_flops` precision a Keras dtype policy runs at: float32 is `"tf32"`
-    when TF32 is on (None: ask TensorFlow) and every GPU has cc >= 8.0; None for policies
-    without a rate (e.g. `"float64"`). `compute_capabilities`: a list, one pair, or None."""
+    """The `peak_flops` precision a policy runs at: float32 is "tf32" with TF32 on (None: ask) and
+    every cc >= 8.0; None without a rate ("float64"); `compute_capabilities`: a list, pair, None."""
     if policy in ("mixed_bfloat16", "bfloat16"):
         return "bfloat16"
     if policy in ("mixed_float16", "float16"):

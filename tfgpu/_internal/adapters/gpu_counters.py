@@ -1,6 +1,5 @@
-"""What GPU utilization hides: the rules shared by `tfgpu.diagnose` and `tfgpu report`, pure
-functions of one GPU's means over a window (a NaN decides nothing), each returning a
-`CounterFinding` or None. The thresholds and their sources: docs/diagnosis.md."""
+"""What GPU utilization hides: rules shared by `diagnose` and `tfgpu report`, pure functions of
+one GPU's means over a window (a NaN decides nothing); thresholds and sources: docs/diagnosis.md."""
 
 from __future__ import annotations
 
@@ -20,9 +19,8 @@ SMALL_KERNELS_SM_ACTIVE_PCT = 50.0
 PCIE_BATCH_FACTOR = 4.0
 POWER_LOW_SHARE = 0.6
 
-# NVML's clocks-event (throttle) reasons: bit -> (what it says, what to do).
-# nvmlClocksEventReason* / nvmlClocksThrottleReason* in nvml.h; nvidia-smi
-# --query-gpu=clocks_throttle_reasons.active.
+# NVML's clocks-event (throttle) reasons, bit -> (what it says, what to do): nvmlClocksEventReason*
+# / nvmlClocksThrottleReason* in nvml.h; nvidia-smi --query-gpu=clocks_throttle_reasons.active.
 THROTTLE_REASONS: dict[int, tuple[str, str]] = {
     0x2: ("applications clocks setting", "the application clocks are set below the maximum: "
           "`nvidia-smi -rac` resets them (needs root)"),

@@ -1,20 +1,18 @@
-"""Every reach into Keras's private internals (`fit`'s frame and epoch iterator, the train
-function, the initial epoch, the global seed generator, the multi-worker trainer fix), one
-function each, so the day Keras moves something one module changes. Each returns None (or
-does nothing) where this Keras keeps things elsewhere; `tests/test_keras_internals.py` fails
-loudly, naming what moved, against `CHECKED_KERAS`. No TensorFlow import at module level."""
+"""Every reach into Keras's private internals, one function each (None, or nothing done, where this
+Keras keeps it elsewhere; `tests/test_keras_internals.py` names what moved); TF imported lazily."""
 
 from __future__ import annotations
 
 import inspect
 import logging
-import numbers
 import sys
 import threading
 import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
+
+from tfgpu._internal.helpers.checks import is_int
 
 _LOG = logging.getLogger(__name__)
 
@@ -55,19 +53,17 @@ def _fit_frame(model: Any, frame: FrameType | None) -> FrameType | None:
 
 
 def fit_epoch_iterator(model: Any = None) -> Any:
-    """The epoch iterator of the `fit` running now (of `model` when given), or None: the local
-    `epoch_iterator` of `fit`, found up the call stack from a callback hook."""
+    """The epoch iterator of the running `fit` (of `model` if given), seen from a hook, or None."""
     frame = _fit_frame(model, sys._getframe(1))
     return None if frame is None else frame.f_locals.get("epoch_iterator")
 
 
 def fit_batch_size(model: Any = None) -> int | None:
-    """The batch size of the running `fit` (its data adapter's, else the batching step in the
-    dataset's chain), or None where nothing can tell."""
+    """The batch size of the running `fit` (its adapter's, else its dataset's), or None."""
     iterator = fit_epoch_iterator(model)
     adapter = getattr(iterator, "data_adapter", None)
     try:
-        size = adapter.batch_size if adapter is not None else None
+        size: Any = adapter.batch_size if adapter is not None else None
     # DataAdapter's own NotImplementedError; TFDatasetAdapter's IndexError (an element with no
     # component, or a scalar one) or AttributeError (a dataset without an element spec)
     except (AttributeError, IndexError, NotImplementedError):  # an adapter that cannot tell
@@ -80,9 +76,7 @@ def fit_batch_size(model: Any = None) -> int | None:
             size = None if batches is None else batches.batch_size
         except (AttributeError, TypeError, ValueError):  # not a tf.data.Dataset
             size = None
-    if isinstance(size, numbers.Integral) and not isinstance(size, bool) and int(size) > 0:
-        return int(size)
-    return None
+    return int(size) if is_int(size) and size > 0 else None
 
 
 def training_frame(caller_module: str) -> FrameType | None:
@@ -98,8 +92,7 @@ def training_frame(caller_module: str) -> FrameType | None:
 
 
 class FitWatch:
-    """A wish to be told when a training function has left its thread's stack, made by
-    `when_fit_ends`; `cancel()` withdraws it (a later `fit` has its own)."""
+    """A wish, made by `when_fit_ends`, to be told when a training function left its thread."""
 
     def __init__(self, thread_id: int, frame: FrameType, callback: Callable[[], None]):
         self.thread_id, self.frame, self.callback = thread_id, frame, callback
@@ -123,9 +116,8 @@ _watcher: threading.Thread | None = None
 
 
 def when_fit_ends(callback: Callable[[], None], caller_module: str) -> FitWatch | None:
-    """Calls `callback()` (from a daemon thread) once the function driving the hooks has
-    returned or raised: Keras skips `on_train_end` when `fit` raises. `callback` must be safe
-    after `on_train_end` and from another thread. Returns the `FitWatch`, or None."""
+    """Calls `callback()` from a daemon thread once the function driving the hooks has returned
+    or raised (Keras skips `on_train_end` when `fit` raises): it must be safe after that."""
     global _watcher
     frame = training_frame(caller_module)
     if frame is None:
@@ -156,11 +148,9 @@ def check_fit_watches() -> None:
 
 
 def _on_stack(target: FrameType | None, frame: FrameType | None) -> bool:
-    while frame is not None:
-        if frame is target:
-            return True
+    while frame is not None and frame is not target:
         frame = frame.f_back
-    return False
+    return frame is not None
 
 
 def _watch_loop() -> None:
@@ -176,13 +166,10 @@ def _watch_loop() -> None:
 
 def distributed_dataset(epoch_iterator: Any) -> Any:
     """What each epoch's iterator is made from (`TFEpochIterator._distributed_dataset`)."""
-    try:
-        from keras.src.backend.tensorflow.trainer import TFEpochIterator
-    except ImportError:
+    iterator_class = getattr(_trainer_module(), "TFEpochIterator", None)
+    if iterator_class is None or not isinstance(epoch_iterator, iterator_class):
         return None
-    if isinstance(epoch_iterator, TFEpochIterator):
-        return getattr(epoch_iterator, "_distributed_dataset", None)
-    return None
+    return getattr(epoch_iterator, "_distributed_dataset", None)
 
 
 def set_distributed_dataset(epoch_iterator: Any, dataset: Any) -> None:
@@ -196,8 +183,7 @@ def source_dataset(epoch_iterator: Any) -> Any:
 
 
 def current_iterator(epoch_iterator: Any) -> Any:
-    """The input iterator the epoch iterator holds now (kept across epochs with
-    `steps_per_epoch`), or None."""
+    """The input iterator the epoch iterator holds (kept across epochs with `steps_per_epoch`)."""
     return getattr(epoch_iterator, "_current_iterator", None)
 
 
@@ -224,8 +210,7 @@ def wrapper_owner(function: Any) -> Any:
 
 
 def install_train_function(model: Any, wrapper: Callable, owner: Any, original: Any) -> None:
-    """Makes `fit` call `wrapper` instead of `original` (Keras's function), marked with both
-    so that `keras_train_function` and `restore_train_function` find them."""
+    """Makes `fit` call `wrapper`, marked with its `owner` and `original` (Keras's function)."""
     setattr(wrapper, _OWNER, owner)
     setattr(wrapper, _ORIGINAL, original)
     model.train_function = wrapper
@@ -238,15 +223,13 @@ def restore_train_function(model: Any, owner: Any, original: Any) -> None:
 
 
 def set_initial_epoch(model: Any, epoch: int) -> None:
-    """Makes the running `fit` start at `epoch` (read right after `on_train_begin`), marked as
-    tfgpu's for `clear_initial_epoch`."""
+    """Makes the running `fit` start at `epoch` (read after `on_train_begin`), marked as tfgpu's."""
     model._initial_epoch = epoch
     model._tfgpu_initial_epoch = epoch
 
 
 def clear_initial_epoch(model: Any) -> None:
-    """Undoes a `set_initial_epoch` that a raising `fit` left (every later `fit` would skip
-    those epochs too)."""
+    """Undoes a `set_initial_epoch` a raising `fit` left (every later `fit` would skip them too)."""
     ours = getattr(model, "_tfgpu_initial_epoch", None)
     if ours is not None:
         if getattr(model, "_initial_epoch", None) == ours:
@@ -255,8 +238,7 @@ def clear_initial_epoch(model: Any) -> None:
 
 
 def global_seed_generator(create: bool = False) -> Any:
-    """Keras's global `SeedGenerator` (used by layers without a seed), or None if not made;
-    `create=True` makes it, as Keras does on first use."""
+    """Keras's global `SeedGenerator` (for layers with no seed) or None; `create=True` makes it."""
     if create:
         from keras.src.random.seed_generator import global_seed_generator as make
 
@@ -266,11 +248,8 @@ def global_seed_generator(create: bool = False) -> Any:
     return global_state.get_global_attribute("global_seed_generator")
 
 
-# Keras 3 with TensorFlow 2.21 fails in `fit` under a real multi-worker strategy: the build
-# reduces a `PerReplica` batch, and scalar logs are reduced with `axis=0` (tensorflow#72388);
-# why and the fix: docs/distributed.md, "The Keras 3 correction". Both wrappers defer to Keras
-# for every other strategy. `tests/test_multi_worker.py` fails once upstream no longer breaks:
-# delete this section then.
+# Keras 3 with TensorFlow 2.21 fails in a real multi-worker `fit` (docs/distributed.md, "The Keras 3
+# correction"): delete this section once `tests/test_multi_worker.py` says upstream works.
 
 _correction_lock = threading.Lock()
 _correction_installed = False
@@ -383,8 +362,7 @@ def _has_parameters(function: Any, *names: str) -> bool:
 
 
 def problems_in_trainer() -> list[str]:
-    """What the multi-worker `fit` correction reaches for and this Keras (or TensorFlow) lacks
-    ([] when it finds every function, with the same parameters)."""
+    """What the multi-worker `fit` correction reaches for that this Keras or TensorFlow lacks."""
     tf_trainer = _trainer_module()
     if tf_trainer is None:
         return [moved("the TensorFlow trainer (`keras.src.backend.tensorflow.trainer`)")]

@@ -1,7 +1,6 @@
-"""`with preserved(model, x): ...`: a Keras model comes back exactly as it went in (every
-variable of the model, its optimizers and metrics; its compile settings, train function and
-history; its strategy's all-reduce), for whatever trains a user's model to measure it. The
-model and its optimizer are built first, so the slots a first step makes are put back too."""
+"""`with preserved(model, x): ...`: a Keras model comes back as it went in (its variables, its
+optimizers' and metrics'; its compile settings, train function, history and all-reduce), built
+first so that the slots a first step makes are put back too."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ _ATTRIBUTES = ("steps_per_execution", "jit_compile", "train_function", "history"
 
 
 def build(model: Any, x: Any = None) -> None:
-    """Builds `model` (on one batch's inputs `x`, if not built yet) and its optimizer, under
-    its strategy."""
+    """Builds `model` (on one batch's inputs `x` if unbuilt) and its optimizer, in its strategy."""
     with model.distribute_strategy.scope():
         if not model.built and x is not None:
             model(x, training=False)
@@ -40,38 +38,26 @@ def _state_variables(model: Any) -> list[Any]:
     return list({id(v): v for group in groups for v in group}.values())
 
 
-def snapshot(model: Any) -> list[tuple[Any, np.ndarray]]:
-    """Copies of every variable of the model, its optimizer and its metrics."""
-    return [(v, np.array(v.numpy(), copy=True)) for v in _state_variables(model)]
-
-
-def restore(model: Any, values: list[tuple[Any, np.ndarray]]) -> None:
-    """Puts back the values from `snapshot`; resets metrics whose variables came since."""
-    known = set()
-    for v, value in values:
-        v.assign(value)
-        known.add(id(v))
-    for m in getattr(model, "metrics", []):
-        if any(id(v) not in known for v in getattr(m, "variables", [])):
-            m.reset_state()
-
-
 @contextlib.contextmanager
 def preserved(model: Any, x: Any = None) -> Iterator[None]:
     """Runs the body, then puts the model's training state back (also on an exception),
     and its strategy's all-reduce; `x`, one batch's inputs, builds an unbuilt model."""
     build(model, x)
-    values = snapshot(model)
+    values = [(v, np.array(v.numpy(), copy=True)) for v in _state_variables(model)]
     saved = {name: getattr(model, name, None) for name in _ATTRIBUTES}
     with kept(getattr(model, "distribute_strategy", None)):
         try:
             yield
         finally:
-            restore(model, values)
-            model.steps_per_execution = saved["steps_per_execution"]
-            model.jit_compile = saved["jit_compile"]
-            # The train function compiled for these settings (None: the next fit makes one).
-            model.train_function = saved["train_function"]
+            for v, value in values:
+                v.assign(value)
+            known = {id(v) for v, _ in values}
+            for m in getattr(model, "metrics", []):  # a metric with variables made since: reset
+                if any(id(v) not in known for v in getattr(m, "variables", [])):
+                    m.reset_state()
+            # The compile settings and the train function made for them (None: fit makes one).
+            for name in ("steps_per_execution", "jit_compile", "train_function"):
+                setattr(model, name, saved[name])
             if saved["history"] is not None:
                 model.history = saved["history"]
             model.stop_training = False

@@ -1,6 +1,5 @@
-"""The parts of a data-parallel step timed apart, on one strategy and its model (for `scaling`
-and `diagnose`): the replicas' compute, the all-reduce and the optimizer's apply, each a
-`tf.function` running `STEPS` steps per call, timed by the timing engine's `call_time`."""
+"""A data-parallel step's parts timed apart (`scaling`, `diagnose`): the replicas' compute, the
+all-reduce and the optimizer's apply, each a `tf.function` of `STEPS` steps per timed call."""
 
 from __future__ import annotations
 
@@ -19,17 +18,6 @@ CALLS = 5  # timed calls, after one untimed call that traces
 def gradient_bytes(model: keras.Model) -> int:
     """Bytes of one step's gradients: the trainable variables' sizes in their dtypes."""
     return int(sum(np.prod(v.shape) * tf.as_dtype(v.dtype).size for v in model.trainable_variables))
-
-
-def _per_replica(strategy: tf.distribute.Strategy, batch: Any) -> Any:
-    """`batch` (a global batch) cut into one slice per replica, each on its device."""
-    per = int(tf.nest.flatten(batch)[0].shape[0]) // strategy.num_replicas_in_sync
-
-    def value(ctx: tf.distribute.ValueContext) -> Any:
-        i = ctx.replica_id_in_sync_group
-        return tf.nest.map_structure(lambda t: t[i * per : (i + 1) * per], batch)
-
-    return strategy.experimental_distribute_values_from_function(value)
 
 
 def _timed(strategy: tf.distribute.Strategy, step: Any, args: Any = ()) -> float:
@@ -56,9 +44,12 @@ def _first(t: Any) -> tf.Tensor:
 
 
 def compute_s(strategy: tf.distribute.Strategy, model: keras.Model, batch: Any) -> float:
-    """Seconds per step of every replica's forward and backward pass on its slice of `batch`,
-    with nothing reduced across replicas and no update."""
-    values = _per_replica(strategy, batch)
+    """Seconds per step of every replica's forward and backward pass, nothing reduced or updated."""
+    per = int(tf.nest.flatten(batch)[0].shape[0]) // strategy.num_replicas_in_sync
+
+    def value(ctx: tf.distribute.ValueContext) -> Any:  # this replica's slice of `batch`
+        i = ctx.replica_id_in_sync_group
+        return tf.nest.map_structure(lambda t: t[i * per : (i + 1) * per], batch)
 
     @tf.autograph.experimental.do_not_convert  # no Python control flow to convert
     def step(i: tf.Tensor, element: Any) -> tf.Tensor:
@@ -71,13 +62,12 @@ def compute_s(strategy: tf.distribute.Strategy, model: keras.Model, batch: Any) 
         grads = tape.gradient(loss, model.trainable_variables)
         return tf.add_n([_first(g) for g in grads if g is not None])
 
-    return _timed(strategy, step, (values,))
+    return _timed(strategy, step, (strategy.experimental_distribute_values_from_function(value),))
 
 
 def all_reduce_s(strategy: tf.distribute.Strategy, model: keras.Model, *, tiny: bool) -> float:
-    """Seconds per step of the all-reduce the optimizer makes (the replica context's, through
-    the strategy's cross-device ops) of each replica's copy of the trainable variables, read in
-    place (nothing filled or summed around it); `tiny`: one element per tensor (the latency)."""
+    """Seconds per step of the optimizer's all-reduce (the replica context's) of each replica's
+    trainable variables, read in place; `tiny`: one element per tensor (the latency)."""
     variables = model.trainable_variables
 
     @tf.autograph.experimental.do_not_convert
@@ -93,9 +83,8 @@ def all_reduce_s(strategy: tf.distribute.Strategy, model: keras.Model, *, tiny: 
 
 
 def apply_s(strategy: tf.distribute.Strategy, model: keras.Model) -> float:
-    """Seconds per step of the optimizer's `apply_gradients` on every replica as in `fit` (the
-    all-reduce, then the update), the variables' own values as gradients. It changes the
-    model's weights and optimizer state: call it on a model built for measuring only."""
+    """Seconds per step of `apply_gradients` on every replica as in `fit` (all-reduce and update),
+    the variables as gradients: it changes the model, so call it on one built for measuring."""
     variables = model.trainable_variables
     optimizer = model.optimizer
 

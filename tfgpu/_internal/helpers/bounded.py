@@ -1,6 +1,5 @@
-"""A call that may block for ever (reading a dataset that never yields), given a bound: TensorFlow
-cannot interrupt a `get_next`, so the call runs in a daemon thread, which goes on until the call
-returns or the process exits."""
+"""A call that may block for ever (a dataset that never yields), given a bound: TensorFlow cannot
+interrupt a `get_next`, so it runs in a daemon thread, left to end with the call or the process."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Keras-style argument errors, shared by every module: the wrong type is a `TypeError`, the
-right type out of range a `ValueError`; NumPy scalars count as Python numbers, bools as
-neither. `tfgpu.monitor` uses it: no TensorFlow, no Keras."""
+"""Keras-style argument errors: a wrong type is a `TypeError`, the right type out of range a
+`ValueError`; NumPy scalars count as numbers, bools do not. No TensorFlow (the monitor uses it)."""
 
 from __future__ import annotations
 
@@ -66,8 +65,7 @@ def is_number(value: Any) -> bool:
 
 
 def _bounded(kind: str, low: float | None, high: float | None, strict: bool, none: bool) -> str:
-    """The default `expected` of `check_int` and `check_number`: "an int >= 1 and <= 9 or None"
-    (`strict`: `low` excluded; `none`: None allowed)."""
+    """The default `expected` of `check_int` and `check_number`: "an int >= 1 and <= 9 or None"."""
     bounds = [] if low is None else [f"{'>' if strict else '>='} {low}"]
     if high is not None:
         bounds.append(f"<= {high}")
@@ -85,8 +83,6 @@ def check_int(
     allow_none: Literal[False] = ...,
     expected: str | None = ...,
 ) -> int: ...
-
-
 @overload
 def check_int(
     name: str,
@@ -97,8 +93,6 @@ def check_int(
     allow_none: bool,
     expected: str | None = ...,
 ) -> int | None: ...
-
-
 def check_int(
     name: str,
     value: Any,
@@ -108,8 +102,7 @@ def check_int(
     allow_none: bool = False,
     expected: str | None = None,
 ) -> int | None:
-    """Checks an integer argument (NumPy integers too, bools not) against its bounds; returns
-    it as an int. `expected`: the text after "Expected " (default built from the bounds)."""
+    """Checks an integer argument (NumPy's too, not bools) against its bounds; returns an int."""
     if allow_none and value is None:
         return None
     if expected is None:
@@ -132,8 +125,6 @@ def check_number(
     allow_none: Literal[False] = ...,
     expected: str | None = ...,
 ) -> float: ...
-
-
 @overload
 def check_number(
     name: str,
@@ -145,8 +136,6 @@ def check_number(
     allow_none: bool,
     expected: str | None = ...,
 ) -> float | None: ...
-
-
 def check_number(
     name: str,
     value: Any,
@@ -157,8 +146,7 @@ def check_number(
     allow_none: bool = False,
     expected: str | None = None,
 ) -> float | None:
-    """Checks a finite real argument (ints and NumPy scalars too, bools not) against its
-    bounds (`maximum` inclusive); returns it as a float."""
+    """Checks a finite real argument (NumPy's too, not bools) against bounds; returns a float."""
     if allow_none and value is None:
         return None
     if expected is None:
@@ -173,8 +161,7 @@ def check_number(
 
 
 def check_finite_result(what: str, value: float, inputs: str) -> float:
-    """Returns `value`; a ValueError naming `what` and its `inputs` (e.g. "per_replica=128,
-    replicas=2") when it is not finite."""
+    """Returns `value`; a ValueError naming `what` and its `inputs` ("a=1, b=2") if not finite."""
     if not math.isfinite(value):
         raise ValueError(
             f"Invalid arguments: {inputs} give {what} = {value!r}, which is not a finite "
@@ -184,8 +171,7 @@ def check_finite_result(what: str, value: float, inputs: str) -> float:
 
 
 def conflicting(first: str, second: str, hint: str = "") -> ValueError:
-    """The one ValueError for two arguments that cannot be given together (`first`, `second`:
-    "batch_size=64"); `hint` replaces "Pass only one of them."."""
+    """The one ValueError for two arguments given together ("batch_size=64"); `hint`: the advice."""
     return ValueError(
         f"Conflicting arguments: {first} and {second}. {hint or 'Pass only one of them.'}"
     )
@@ -195,20 +181,15 @@ def conflicting(first: str, second: str, hint: str = "") -> ValueError:
 def check_dir(
     name: str, value: Any, *, allow_none: Literal[False] = ..., expected: str | None = ...
 ) -> Path: ...
-
-
 @overload
 def check_dir(
     name: str, value: Any, *, allow_none: bool, expected: str | None = ...
 ) -> Path | None: ...
-
-
 def check_dir(
     name: str, value: Any, *, allow_none: bool = False, expected: str | None = None
 ) -> Path | None:
     """Checks a directory argument; returns it as a `Path` (`~` expanded). It need not exist,
-    but neither it nor a parent may be a file. `expected`: what a wrong type or an empty path
-    is told is expected (a command line says "a directory path", without Python types)."""
+    but neither it nor a parent may be a file (`expected`: a command line's words)."""
     if allow_none and value is None:
         return None
     if expected is None:
@@ -243,33 +224,23 @@ def is_finite_number(value: Any) -> bool:
     return is_number(value) and math.isfinite(float(value))
 
 
+# The shortest sampling interval of `Sampler`, `record` and `GPUMonitor`, in seconds: NVML
+# refreshes every 1/6 s to 1 s, and below this the sampler thread would take a core.
+MIN_INTERVAL = 0.01
+_INTERVAL = f"a number of seconds >= {MIN_INTERVAL} (NVML refreshes every 1/6 s to 1 s), e.g. 0.2"
+_BUDGET = "a finite number of seconds > 0, or None (no limit)"
+
+
 def check_time_budget(value: Any) -> float | None:
     """Checks a `time_budget_s` argument: seconds > 0, or None (no limit); returns it."""
     return check_number(
-        "time_budget_s",
-        value,
-        minimum=0,
-        exclusive_minimum=True,
-        allow_none=True,
-        expected="a finite number of seconds > 0, or None (no limit)",
+        "time_budget_s", value, minimum=0, exclusive_minimum=True, allow_none=True, expected=_BUDGET
     )
-
-
-# The sampling arguments of `Sampler`, `record` and `GPUMonitor`.
-MIN_INTERVAL = 0.01
-"""The shortest sampling interval, in seconds. NVML refreshes its readings every 1/6 s to 1 s,
-so shorter intervals only repeat values, and below this the sampler thread would take a core."""
 
 
 def check_interval(interval: Any) -> float:
     """Checks a sampling interval (seconds, >= `MIN_INTERVAL`); returns it as a float."""
-    return check_number(
-        "interval",
-        interval,
-        minimum=MIN_INTERVAL,
-        expected=f"a number of seconds >= {MIN_INTERVAL} (NVML refreshes every 1/6 s to 1 s), "
-        "e.g. 0.2",
-    )
+    return check_number("interval", interval, minimum=MIN_INTERVAL, expected=_INTERVAL)
 
 
 _GPUS_EXPECTED = "None (all GPUs this process uses) or a list of GPU indices (ints), e.g. [0, 1]"

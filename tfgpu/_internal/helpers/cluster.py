@@ -42,11 +42,9 @@ class Cluster:
     @property
     def is_chief(self) -> bool:
         """Whether this process writes what only one task should (TensorFlow's rule)."""
-        if self.task_type is None or self.task_type == "chief":
+        if self.task_type in (None, "chief"):
             return True  # a lone process, or the chief
-        if "chief" in self.spec:
-            return False
-        return self.task_type == "worker" and self.task_index == 0  # never an evaluator
+        return "chief" not in self.spec and self.task_type == "worker" and self.task_index == 0
 
 
 def _addresses(job: str, addresses: Any, raw: str) -> tuple[list[str], list[int]]:
@@ -71,9 +69,8 @@ def _addresses(job: str, addresses: Any, raw: str) -> tuple[list[str], list[int]
 
 
 def parse_tf_config(raw: str | None, *, strict: bool = True) -> Cluster | None:
-    """Parses and validates a `TF_CONFIG` value; None when unset or blank. Raises `TFConfigError`.
-    `strict` requires what `tfgpu.strategy()` needs (a `"task"`, only chief/worker/evaluator,
-    at most one chief); `strict=False` accepts what TensorFlow accepts (`"{}"` too)."""
+    """Parses a `TF_CONFIG` (None: unset or blank) or raises `TFConfigError`; `strict`: what
+    `strategy()` needs (a "task", chief/worker/evaluator jobs, one chief), else what TF accepts."""
     if raw is None or not raw.strip():
         return None  # TensorFlow treats an empty TF_CONFIG as unset
     try:
@@ -149,8 +146,7 @@ def parse_tf_config(raw: str | None, *, strict: bool = True) -> Cluster | None:
 
 
 def slurm_num_tasks(environ: Mapping[str, str]) -> int:
-    """Tasks in the current Slurm job step (`srun`), 0 outside a step; ValueError if Slurm's
-    count is not an integer."""
+    """Tasks in the current Slurm job step (`srun`), 0 outside one; ValueError if not an int."""
     if "SLURM_PROCID" not in environ:
         return 0
     raw = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or "1"

@@ -1,10 +1,10 @@
 """Run-directory files that never lose what an earlier run wrote: appended to, rotated to the
-first free `NAME.N.SUFFIX` or refused, never truncated; JSON replaced atomically (the promise:
-docs/guarantees.md). `tfgpu.monitor` uses it: no TensorFlow, no Keras."""
+first free `NAME.N.SUFFIX` or refused, never truncated (docs/guarantees.md). No TensorFlow."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import tempfile
@@ -20,12 +20,8 @@ EARLIER_SESSIONS = "earlier_sessions"
 
 def free_name(path: Path) -> Path:
     """The first `STEM.N.SUFFIX` beside `path` (N = 1, 2, ...) that does not exist."""
-    n = 1
-    while True:
-        candidate = path.with_name(f"{path.stem}.{n}{path.suffix}")
-        if not candidate.exists():
-            return candidate
-        n += 1
+    candidates = (path.with_name(f"{path.stem}.{n}{path.suffix}") for n in itertools.count(1))
+    return next(c for c in candidates if not c.exists())
 
 
 def rotate(path: Path) -> Path | None:
@@ -58,9 +54,8 @@ def write_result(
     plot: Any = None,
     png_name: str = "",
 ) -> None:
-    """Writes a result's `record` as `json_name` into `log_dir`, then `plot(path)` (where
-    given) draws `png_name` beside it (older ones rotated aside); a failure of either is a
-    warning naming `who` (`tune`, `scaling`): the result is returned whatever the disk says."""
+    """Writes `record` as `json_name` into `log_dir`, then `plot(path)` (if any) draws `png_name`
+    (older ones rotated aside); a failure is a warning naming `who`: the result returns anyway."""
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
         path = log_dir / json_name
@@ -92,9 +87,8 @@ def read_json_object(path: Path) -> dict[str, Any]:
 
 
 def add_session(path: Path, info: dict[str, Any]) -> None:
-    """Writes `info` as the newest session of the record at `path` (e.g. `run.json`), the
-    earlier ones kept under `"earlier_sessions"`; a file that is not a JSON object is rotated
-    aside first."""
+    """Writes `info` as the newest session of the record at `path` (`run.json`), the earlier ones
+    under `"earlier_sessions"`; a file that is not a JSON object is rotated aside first."""
     earlier: list[Any] = []
     if path.exists():
         try:
@@ -103,9 +97,7 @@ def add_session(path: Path, info: dict[str, Any]) -> None:
             rotate(path)
         else:
             earlier = [*(previous.pop(EARLIER_SESSIONS, None) or []), previous]
-    record = dict(info)
-    if earlier:
-        record[EARLIER_SESSIONS] = earlier
+    record = {**info, EARLIER_SESSIONS: earlier} if earlier else dict(info)
     write_text_atomic(path, json.dumps(record, indent=2, default=str) + "\n")
 
 
@@ -123,11 +115,9 @@ def _can_continue(path: Path, header: bytes) -> bool:
 
 
 def open_csv(path: Path, header: str) -> tuple[Any, Path | None]:
-    """Opens `path` for appending (header, with its newline, written if new), after moving a
-    file that cannot be continued aside to `NAME.N.csv`; returns it and where that went."""
-    rotated = None
-    if path.exists() and not _can_continue(path, header.encode()):
-        rotated = rotate(path)
+    """Opens `path` to append (`header`, newline included, written if new), after moving aside a
+    file it cannot continue; returns it and where that file went."""
+    rotated = rotate(path) if path.exists() and not _can_continue(path, header.encode()) else None
     with contextlib.ExitStack() as on_error:
         f = on_error.enter_context(open(path, "a", encoding="utf-8"))
         if f.tell() == 0:

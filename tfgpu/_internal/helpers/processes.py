@@ -1,7 +1,5 @@
-"""The processes tfgpu runs in and starts: TensorFlow's C++ start-up log held back, Python
-children run whole (`run_python`: `tfgpu tune`'s and `find_batch_size`'s), and children that
-never outlive their parent, even one killed by SIGKILL (`die_with_parent`, called first thing
-in the child; the promise: docs/guarantees.md). No TensorFlow."""
+"""The processes tfgpu runs in and starts: TensorFlow's C++ start-up log held back, Python children
+run whole, children that never outlive their parent (docs/guarantees.md). No TensorFlow."""
 
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ from typing import IO
 _STARTUP_NOISE = re.compile(
     r"^(WARNING: All log messages before absl::InitializeLog\(\) is called"
     r"|I\d{4} [\d:.]+\s+\d+ \S+:\d+\] "
-    r"|E\d{4} [\d:.]+\s+\d+ \S+:\d+\] (failed call to cuInit|Unable to register cu\w+ "
-    r"factory)"
+    r"|E\d{4} [\d:.]+\s+\d+ \S+:\d+\] (failed call to cuInit|Unable to register cu\w+ factory)"
     r"|To enable the following instructions: .* rebuild TensorFlow with the appropriate)"
 )
 
@@ -121,8 +118,7 @@ def _read(pipe: IO[bytes], lines: queue.Queue[bytes]) -> None:
 
 
 def death(status: int) -> str:
-    """How a child with exit status `status` (`Popen.returncode`) ended, in words: "exited with
-    status 3", "was killed by SIGKILL"."""
+    """How a child ended by its `returncode`: "exited with status 3", "was killed by SIGKILL"."""
     if status < 0:
         try:
             return f"was killed by {signal.Signals(-status).name}"
@@ -132,9 +128,8 @@ def death(status: int) -> str:
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """Ends this process when its parent, `parent_pid`, ends, however it ends: Linux sends
-    SIGKILL at its death (`prctl(PR_SET_PDEATHSIG)`), elsewhere a daemon thread checks every
-    second; a parent already gone ends it at once (exit status 1). Nothing on Windows."""
+    """Ends this process when its parent `parent_pid` ends, however: Linux's parent-death SIGKILL,
+    else a thread checks every second; a parent gone already ends it at once. Not on Windows."""
     if os.name != "posix":
         return
     if not _parent_death_signal():

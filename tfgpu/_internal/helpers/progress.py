@@ -1,7 +1,5 @@
-"""Progress lines for long calls (`diagnose`, `find_batch_size`, `tune`), on `sys.stdout` in
-plain text: `verbose` as `model.fit` takes it (1: one line rewritten in place with a carriage
-return; 2: one line per phase; "auto": 1 in a terminal or a notebook, else 2). Each line names
-the call, the phase and the time left: ``diagnose: timing the real data · 41 s left``."""
+"""Progress lines of long calls (`verbose` as `fit`'s: docs/diagnosis.md, "Knobs"), each with the
+call, the phase and the time left: ``diagnose: timing the real data · 41 s left``."""
 
 from __future__ import annotations
 
@@ -39,14 +37,8 @@ def check_verbose(verbose: Any) -> int | str:
 
 def in_ipython_kernel() -> bool:
     """Whether this code runs in an IPython kernel (Jupyter, Colab), whose stream is no TTY."""
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return False
-    try:
-        shell = ipython.get_ipython()
-    except AttributeError:  # a module by that name without `get_ipython`
-        return False
-    return getattr(shell, "kernel", None) is not None
+    get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)  # None: not imported
+    return get_ipython is not None and getattr(get_ipython(), "kernel", None) is not None
 
 
 def _is_tty(stream: Any) -> bool:
@@ -87,10 +79,8 @@ def format_seconds(seconds: float) -> str:
 
 
 class Progress:
-    """Progress lines of one long call: a line per phase (as the module says), a summary line
-    at the end (``diagnose: done in 19 s · bottleneck: input``). `budget_s` (None: none) makes
-    each line say the time left, else the time so far; `stream` None is `sys.stdout` at each
-    write; `clock` is the budget's (tests script it)."""
+    """A line per phase, then a summary (``diagnose: done in 19 s · bottleneck: input``), each with
+    the time left of `budget_s` on `clock` (None: the time so far); `stream` None: `sys.stdout`."""
 
     def __init__(
         self,
@@ -132,11 +122,8 @@ class Progress:
         self._show(f"{self.title}: {text} {_DOT} {timing}", final=False)
 
     def done(self, text: str = "") -> None:
-        """Ends the progress with one summary line ("done in 41 s · `text`"); later calls do
-        nothing."""
-        if self._done:
-            return
-        if self.verbose:
+        """Ends the progress with one summary line ("done in 41 s · `text`"), once."""
+        if self.verbose and not self._done:
             line = f"{self.title}: done in {format_seconds(self.elapsed())}"
             self._show(f"{line} {_DOT} {text}" if text else line, final=True)
         self._done = True
@@ -150,9 +137,8 @@ class Progress:
                     columns = os.get_terminal_size(stream.fileno()).columns
             if columns and len(line) >= columns:  # a wrapped line cannot be rewritten
                 line = line[: columns - 2] + "\u2026"
-            padding = " " * max(0, self._width - len(line))
+            text = "\r" + line.ljust(self._width) + ("\n" if final else "")
             self._width = len(line)
-            text = "\r" + line + padding + ("\n" if final else "")
         else:
             text = line + "\n"
         _write(stream, text)

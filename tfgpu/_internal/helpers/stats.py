@@ -1,6 +1,5 @@
 """The one definition of each small statistic tfgpu prints, so a figure shown in two places
-agrees. Missing values (None, NaN, infinities) are left out; none at all gives NaN.
-`tfgpu.monitor` uses it: no TensorFlow."""
+agrees: missing values (None, NaN, infinities) are left out, none at all gives NaN."""
 
 from __future__ import annotations
 
@@ -27,9 +26,8 @@ def finite(values: Iterable[Any]) -> list[float]:
 
 
 def percentile(values: Iterable[Any], q: float) -> float:
-    """The `q`-th percentile (0 to 100) of the finite `values`, as `numpy.nanpercentile`'s
-    default (`method="linear"`: [1, 2, 3, 4] gives 3.25 at 75); NaN if none; ValueError for
-    `q` out of range."""
+    """The `q`-th percentile (0 to 100) of the finite `values`, linear as `numpy.nanpercentile`'s
+    default ([1, 2, 3, 4]: 3.25 at 75); NaN if none; ValueError for `q` out of range."""
     if not 0 <= q <= 100:
         raise invalid_value("q", q, "0 to 100")
     ordered = sorted(finite(values))

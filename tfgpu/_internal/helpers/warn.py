@@ -1,6 +1,5 @@
-"""Warnings attributed to the user's line (`model.fit(...)`), not a line inside tfgpu, for
-every kind of `__main__` (a file, `-c`, stdin, a notebook cell); with `once=`, once per
-process. The user's warning filters apply as usual. No TensorFlow, no Keras."""
+"""Warnings attributed to the user's line (`model.fit(...)`), not tfgpu's, whatever `__main__` is
+(a file, `-c`, stdin, a notebook cell); with `once=`, once per process. No TensorFlow."""
 
 from __future__ import annotations
 
@@ -34,9 +33,8 @@ def user_frame(frame: FrameType | None) -> FrameType | None:
 def warn_at_user_code(
     message: str, category: type[Warning] = UserWarning, *, once: str | None = None
 ) -> None:
-    """Issues a warning attributed to the user's line; `once`, a key, issues it once per process.
-    Only the file name and line are passed, not `module_globals`: the loader of a `__main__`
-    read from stdin or `-c` raises when `warn_explicit` asks it for the source."""
+    """Issues a warning attributed to the user's line (`once`, a key: once per process), without
+    `module_globals`: the loader of a `__main__` from stdin or `-c` raises when asked its source."""
     if once is not None:
         with _lock:
             if once in _shown:
@@ -78,39 +76,19 @@ def forget(key: str | None = None) -> None:
 
 
 # The starts of the lines of a TensorFlow error that say where, not what.
-_NOISE = "Traceback|File |Detected at node|Node:|[[|{{|During handling|<stack traces unavailable>"
-_NOISE_LINES = tuple(_NOISE.split("|"))
+_NOISE = ("Traceback", "File ", "Detected at node", "Node:", "[[", "{{", "During handling",
+          "<stack traces unavailable>")  # fmt: skip
 
 
 def one_line(error: BaseException, limit: int = 200) -> str:
-    """An exception as one line: its type and the first line of its message that says what
-    failed (TensorFlow's "Graph execution error:" and traceback lines skipped), and the graph
-    node it names. Pure.
-
-    Example:
-
-    >>> one_line(ValueError("Graph execution error:\\n\\nDetected at node PyFunc defined at "
-    ...     "(most recent call last):\\n<stack traces unavailable>\\nValueError: bad record"))
-    'ValueError: ValueError: bad record (node PyFunc)'
-    """
-    text = str(error)
-    lines = [line for line in text.splitlines() if line.strip()]
-    node = next(
-        (
-            line.split("Detected at node ", 1)[1].split(" defined at")[0].strip("'\" ")
-            for line in lines
-            if "Detected at node " in line
-        ),
-        "",
-    )
-    meaningful = [
-        line.strip()
-        for line in lines
-        if not line[:1].isspace()
-        and not line.strip().startswith(_NOISE_LINES)
-        and line.strip() not in ("Graph execution error:",)
-    ]
-    first = meaningful[0] if meaningful else (lines[0].strip() if lines else "")
+    """An exception as one line: its type, the first line of its message that says what failed
+    (not TensorFlow's "Graph execution error:" or a traceback's) and the graph node it names."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    nodes = [line.split("Detected at node ", 1)[1] for line in lines if "Detected at node " in line]
+    node = nodes[0].split(" defined at")[0].strip("'\" ") if nodes else ""
+    unindented = [line.strip() for line in lines if not line[:1].isspace()]
+    said = [s for s in unindented if s != "Graph execution error:" and not s.startswith(_NOISE)]
+    first = said[0] if said else (lines[0].strip() if lines else "")
     out = f"{type(error).__name__}: {first}" if first else type(error).__name__
     if node and node not in out:
         out += f" (node {node})"
