@@ -41,41 +41,32 @@ _RATE_MIN_SHARE = 0.5
 class Sampler:
     """Samples this process's GPUs and the host in a background thread.
 
-    Every `interval` seconds, and once as it starts and once at `stop()`, it reads the metrics
-    of `tfgpu.monitor.METRICS` into one row, always on its own thread (`start()` never waits on
-    NVML); what a GPU does not offer is NaN, and without NVML one warning is given and the host
-    is still recorded. With `log_dir`, writes `run.json` and `timeline.csv` there. Every
-    column, its source and its `nvidia-smi` equivalent, and the files: `docs/metrics.md`.
+    A row of `tfgpu.monitor.METRICS` as it starts, every `interval` seconds and at `stop()`,
+    NaN where a GPU or NVML gives nothing; with `log_dir`, `run.json` and `timeline.csv` there.
+    The guide: docs/metrics.md, "Arguments" (the sampler) and "Timeline columns".
 
     Args:
-        interval: float, seconds between samples, at least `MIN_INTERVAL` (0.01); NVML
-            refreshes utilization every 1/6 s to 1 s. Defaults to `0.2`.
-        gpus: list of int or None, the GPUs to sample, numbered as CUDA lists them to this
-            process (after `CUDA_VISIBLE_DEVICES`). Defaults to `None`: all it can use.
+        interval: float, seconds between samples, at least 0.01. Defaults to `0.2`.
+        gpus: list of int or None, the GPUs to sample, numbered after `CUDA_VISIBLE_DEVICES`.
+            Defaults to `None`: all this process can use.
         log_dir: str, os.PathLike or None, the run directory (created if missing).
             Defaults to `None`: samples in memory only.
-        host: bool, whether to read host metrics (else their columns are NaN). Defaults to
-            `True`.
+        host: bool, whether to read host metrics (else NaN). Defaults to `True`.
 
     Raises:
-        ValueError: if `interval` is below 0.01 or not finite, a GPU index is negative or
-            repeated or (when NVML is available) names no GPU this process can see, or
-            `log_dir` is a file, under a file, or cannot be created or written.
-        TypeError: if `interval` is not a number, `gpus` not a list of ints, `host` not a
-            bool, or `log_dir` not a path.
+        ValueError: for an `interval` below 0.01 or not finite, a GPU index negative, repeated
+            or not seen (checked where NVML is available), a `log_dir` that cannot be written.
+        TypeError: for an argument of the wrong type.
 
     Warns:
         RuntimeWarning: when `gpus` is given and NVML is not available to check it.
 
     Example:
 
-    ```python
-    sampler = tfgpu.monitor.Sampler(interval=0.5, log_dir="runs/exp1")
-    sampler.start()
-    train()
-    sampler.stop()
-    print(sampler.aggregate())  # {'gpu0_util_pct_mean': 87.5, ...}
-    ```
+    >>> sampler = tfgpu.monitor.Sampler(interval=0.5, log_dir="runs/exp1").start()
+    >>> train()
+    >>> sampler.stop()
+    >>> sampler.aggregate()["gpu0_util_pct_mean"]  # 87.5
     """
 
     def __init__(
@@ -123,10 +114,8 @@ class Sampler:
         self._first_row = threading.Event()  # set by the thread once its first row is in
         self._thread: threading.Thread | None = None
         self._file: Any = None
-        self._file_failed = False
-        self._sample_failed = False
-        self._epoch = _NAN
-        self._step = _NAN
+        self._file_failed = self._sample_failed = False
+        self._epoch = self._step = _NAN
         self._t0 = 0.0
         self._nv: Any = None
         self._readers: list[GpuReader] = []
@@ -157,14 +146,7 @@ class Sampler:
         return self.samples_from(0)
 
     def samples_from(self, start: int) -> list[dict[str, float]]:
-        """A copy of the rows from number `start` (0-based) on, e.g. those not yet seen.
-
-        Args:
-            start: int, the index of the first row to return.
-
-        Returns:
-            A list of row dicts, oldest first.
-        """
+        """A copy of the rows from number `start` (0-based) on, e.g. those not yet seen."""
         with self._lock:
             columns = {c: v[start:] for c, v in self._data.items()}
         n = len(columns["time"])
@@ -172,8 +154,6 @@ class Sampler:
 
     def mark(self, epoch: int | None = None, step: int | None = None) -> None:
         """Sets the epoch and/or step written on the rows that follow; None leaves it as is.
-
-        Cheap (no NVML call), so it can run at every batch.
 
         Raises:
             TypeError: if `epoch` or `step` is neither None nor a number.
@@ -188,12 +168,8 @@ class Sampler:
             self._step = step
 
     def start(self) -> Sampler:
-        """Starts sampling: the thread takes a sample at once, then one per interval; a no-op
-        if running. Returns without waiting on NVML: every NVML call is the thread's.
-
-        Returns:
-            The sampler itself.
-        """
+        """Starts the thread (a no-op if running) and returns the sampler, without waiting on
+        NVML: the thread takes the first row."""
         if self.running:
             return self
         if not self._gpus and not self._inventory.available:
@@ -234,10 +210,8 @@ class Sampler:
         self.stop()
 
     def aggregate(self, since: float | None = None) -> dict[str, float]:
-        """Returns the epoch-aggregate metrics over the rows with `time >= since`.
-
-        The newest row stands in if none is that recent; means and maxima ignore NaN (a
-        metric without any value is NaN).
+        """Returns the epoch aggregates over the rows with `time >= since` (the newest row if
+        none is that recent). The guide: docs/metrics.md, "Epoch aggregates".
 
         Args:
             since: float or None, a unix time. Defaults to `None`: all rows.
@@ -340,30 +314,26 @@ def record(
 ) -> Sampler:
     """Samples GPUs and host for the duration of a `with` block; works without Keras.
 
+    The guide: docs/metrics.md, "Arguments".
+
     Args:
-        log_dir: str, os.PathLike or None, the run directory for `run.json` and
-            `timeline.csv`. Defaults to `None`: samples in memory only.
+        log_dir: str, os.PathLike or None, the run directory. Defaults to `None`: in memory.
         interval: float, seconds between samples. Defaults to `0.2`.
-        gpus: list of int or None, GPUs to sample, numbered after `CUDA_VISIBLE_DEVICES`
-            (see `Sampler`). Defaults to `None`: all this process can use.
+        gpus: list of int or None, as `Sampler`'s. Defaults to `None`: all this process uses.
 
     Returns:
-        A `Sampler`, checked but not started: `with` starts it and stops it on exit, also
-        when the block raises.
+        A `Sampler`, checked but not started: `with` starts it and stops it on exit.
 
     Raises:
-        ValueError: for an `interval` below 0.01, an unknown GPU index (checked when NVML is
-            available), a `log_dir` that is or lies under a file or cannot be written.
-        TypeError: for arguments of the wrong type.
+        ValueError: as `Sampler` (an `interval` below 0.01, an unseen GPU, a bad `log_dir`).
+        TypeError: for an argument of the wrong type.
 
     Example:
 
-    ```python
-    with tfgpu.monitor.record("runs/exp1", interval=0.5) as run:
-        for step, batch in enumerate(data):
-            run.mark(step=step)
-            train_step(batch)
-    print(run.aggregate()["gpu0_util_pct_mean"])
-    ```
+    >>> with tfgpu.monitor.record("runs/exp1", interval=0.5) as run:
+    ...     for step, batch in enumerate(data):
+    ...         run.mark(step=step)
+    ...         train_step(batch)
+    >>> run.aggregate()["gpu0_util_pct_mean"]
     """
     return Sampler(interval=interval, gpus=gpus, log_dir=log_dir)
