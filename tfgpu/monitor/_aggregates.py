@@ -9,50 +9,43 @@ from tfgpu._internal.helpers import stats
 
 _NAN = float("nan")
 
-# (key suffix, source column, statistic). mean/max ignore NaN; "delta": a cumulative counter's
-# increase (last finite value minus the first, NaN with fewer than two or if it went back);
-# "or": the bitwise OR of the finite bitmasks, as a float.
+# (column, statistic), keyed `<column>_<statistic>` ("delta": by the column alone). mean/max
+# ignore NaN; "delta": a counter's increase (last finite value minus the first, NaN with fewer
+# than two or if it went back); "any": the bitwise OR of the finite bitmasks, as a float.
 _GPU_AGGREGATES = (
-    ("util_pct_mean", "util_pct", "mean"),
-    ("util_pct_max", "util_pct", "max"),
-    ("mem_used_mib_mean", "mem_used_mib", "mean"),
-    ("mem_used_mib_max", "mem_used_mib", "max"),
-    ("power_w_mean", "power_w", "mean"),
-    ("power_w_max", "power_w", "max"),
-    ("sm_active_pct_mean", "sm_active_pct", "mean"),
-    ("sm_occupancy_pct_mean", "sm_occupancy_pct", "mean"),
-    ("tensor_active_pct_mean", "tensor_active_pct", "mean"),
-    ("dram_active_pct_mean", "dram_active_pct", "mean"),
-    ("pcie_tx_mib_s_mean", "pcie_tx_mib_s", "mean"),
-    ("pcie_rx_mib_s_mean", "pcie_rx_mib_s", "mean"),
-    ("energy_j", "energy_j", "delta"),
-    ("power_limit_w_max", "power_limit_w", "max"),
-    ("sm_clock_mhz_mean", "sm_clock_mhz", "mean"),
-    ("throttle_reasons_any", "throttle_reasons", "or"),
-)
-_HOST_AGGREGATES = (
-    ("host_cpu_pct_mean", "host_cpu_pct", "mean"),
-    ("host_rss_mib_max", "host_rss_mib", "max"),
-)
+    ("util_pct", "mean"), ("util_pct", "max"), ("mem_used_mib", "mean"), ("mem_used_mib", "max"),
+    ("power_w", "mean"), ("power_w", "max"), ("sm_active_pct", "mean"),
+    ("sm_occupancy_pct", "mean"), ("tensor_active_pct", "mean"), ("dram_active_pct", "mean"),
+    ("pcie_tx_mib_s", "mean"), ("pcie_rx_mib_s", "mean"), ("energy_j", "delta"),
+    ("power_limit_w", "max"), ("sm_clock_mhz", "mean"), ("throttle_reasons", "any"),
+)  # fmt: skip
+_HOST_AGGREGATES = (("host_cpu_pct", "mean"), ("host_rss_mib", "max"))
+
+
+def _aggregates(num_gpus: int) -> list[tuple[str, str, str]]:
+    """(key, column, statistic) of every aggregate, in order."""
+    columns = [(f"gpu{i}_{c}", stat) for i in range(num_gpus) for c, stat in _GPU_AGGREGATES]
+    return [
+        (column if stat == "delta" else f"{column}_{stat}", column, stat)
+        for column, stat in [*columns, *_HOST_AGGREGATES]
+    ]
 
 
 def aggregate_keys(num_gpus: int) -> list[str]:
-    """Returns the keys of `Sampler.aggregate()`, in order (see `docs/metrics.md`).
+    """Returns the keys of `Sampler.aggregate()`, in order. The guide: docs/metrics.md.
 
     Args:
         num_gpus: int, how many GPUs are sampled.
 
     Returns:
-        list of str, each GPU's keys (`gpu0_util_pct_mean`, ..., `gpu0_throttle_reasons_any`),
-        then `host_cpu_pct_mean`, `host_rss_mib_max`.
+        list of str, each GPU's keys (`gpu0_util_pct_mean`, ...), then the host's.
 
     Example:
 
     >>> aggregate_keys(0)
     ['host_cpu_pct_mean', 'host_rss_mib_max']
     """
-    keys = [f"gpu{i}_{suffix}" for i in range(num_gpus) for suffix, _, _ in _GPU_AGGREGATES]
-    return keys + [key for key, _, _ in _HOST_AGGREGATES]
+    return [key for key, _, _ in _aggregates(num_gpus)]
 
 
 def _stat(values: Sequence[float], stat: str) -> float:
@@ -64,7 +57,7 @@ def _stat(values: Sequence[float], stat: str) -> float:
     if stat == "delta":
         change = finite[-1] - finite[0]
         return change if len(finite) >= 2 and change >= 0 else _NAN
-    bits = 0  # "or"
+    bits = 0  # "any"
     for v in finite:
         bits |= int(v) if v >= 0 else 0
     return float(bits)
@@ -72,10 +65,6 @@ def _stat(values: Sequence[float], stat: str) -> float:
 
 def aggregate_columns(columns: Mapping[str, Sequence[float]], num_gpus: int) -> dict[str, float]:
     """Pure: epoch aggregates (NaN-ignoring mean/max) of the given column values."""
-    result: dict[str, float] = {}
-    for i in range(num_gpus):
-        for suffix, source, stat in _GPU_AGGREGATES:
-            result[f"gpu{i}_{suffix}"] = _stat(columns.get(f"gpu{i}_{source}", ()), stat)
-    for key, source, stat in _HOST_AGGREGATES:
-        result[key] = _stat(columns.get(source, ()), stat)
-    return result
+    return {
+        key: _stat(columns.get(column, ()), stat) for key, column, stat in _aggregates(num_gpus)
+    }
