@@ -44,32 +44,25 @@ _ITERATED: weakref.WeakSet = weakref.WeakSet()
 class BackupAndRestore(keras.callbacks.Callback):
     """Backs up the training state and resumes exactly where a killed run stopped.
 
-    A drop-in replacement for `keras.callbacks.BackupAndRestore`, with the same arguments:
-    when a run dies (SIGKILL, preemption, a lost worker) or `fit` raises, run the same `fit`
-    again, and the weights end equal to an uninterrupted run's up to float rounding, given
-    an input that yields the same batches for a given epoch (a dataset reshuffled every
-    epoch needs a seed). Needs the TensorFlow backend; adds no key to `logs`. What is
-    restored, shuffled data, workers, damaged backups: `docs/distributed.md` and
-    `docs/guarantees.md`.
+    A drop-in replacement for `keras.callbacks.BackupAndRestore`: run the same `fit` again
+    after a kill or a raise, and the weights end as an uninterrupted run's (a dataset
+    reshuffled every epoch needs a seed). TensorFlow backend; no key in `logs`. The guide:
+    docs/distributed.md, "Resuming exactly"; docs/guarantees.md, "Backups and resume".
 
     Args:
-        backup_dir: str or path-like, a directory used only by this callback (`~` is
-            expanded). Created, and checked that it can be written, when the callback is
-            made (with `save_freq=False`, only read).
-        save_freq: `"epoch"`, int or False: save at the end of every epoch, every
-            `save_freq` batches (best a multiple of `steps_per_execution`), or never
-            (restore only). Defaults to `"epoch"`.
-        double_checkpoint: bool, also keep the previous backup (`backup.prev.npz`) and fall
-            back to it if the newest cannot be used. Defaults to False.
+        backup_dir: str or path-like, a directory used only by this callback, created and
+            checked writable now (with `save_freq=False`, only read).
+        save_freq: `"epoch"`, int or False: save at every epoch end, every `save_freq`
+            batches (best a multiple of `steps_per_execution`), or never. Defaults to `"epoch"`.
+        double_checkpoint: bool, also keep the previous backup (`backup.prev.npz`) to fall
+            back to. Defaults to False.
         delete_checkpoint: bool, delete the backups when `fit` completes. Defaults to True.
 
     Raises:
         TypeError: if an argument has the wrong type (`save_freq=2.5`, `backup_dir=123`).
-        ValueError: if `backup_dir` is empty, is a file or is under a file, or cannot be
-            created or written (unless `save_freq=False`), or `save_freq` is out of range or
-            unknown (`0`, `"batch"`); at the start of `fit`, if the model is unbuilt, two
-            BackupAndRestore callbacks are given, or no backup in `backup_dir` can be resumed
-            from (the message names each file and why).
+        ValueError: for a `backup_dir` that cannot be used or `save_freq` out of range
+            (`0`, `"batch"`); at the start of `fit`, for an unbuilt model, two
+            BackupAndRestore callbacks, or no usable backup (each file named, with why).
 
     Example:
 

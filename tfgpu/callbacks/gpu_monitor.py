@@ -34,51 +34,40 @@ _NAN = float("nan")
 class GPUMonitor(keras.callbacks.Callback):
     """Records GPU and host metrics during `fit`; epoch aggregates go into `logs`.
 
-    A `tfgpu.monitor.Sampler` thread samples every `interval` seconds during `fit` (the
-    training thread makes no NVML call); a failure is logged once and recorded as NaN. List
-    it before the callbacks that read `logs` (`CSVLogger`, `TensorBoard`, `EarlyStopping`).
-
-    Logs at each epoch end, across the sampled GPUs: `gpu_util_pct_mean`,
-    `gpu_util_pct_min` (two GPUs or more), `gpu_mem_used_mib_max`, `gpu_power_w_total`,
-    `host_cpu_pct_mean`, `host_rss_mib_max`, and where known `gpu_sm_active_pct_mean`,
-    `gpu_tensor_active_pct_mean`, `gpu_pcie_mib_per_step`, `joules_per_example`. With
-    `per_gpu_logs=True`, also every GPU's own keys (`gpu{i}_util_pct_mean`, ..., and where
-    known `gpu{i}_sm_active_pct_mean`, `gpu{i}_tensor_active_pct_mean`,
-    `gpu{i}_pcie_mib_per_step`). With `log_dir`, writes `run.json` and `timeline.csv`
-    there. Every key with its unit and source, the files and their multi-worker names:
-    `docs/metrics.md`; what survives a kill or a full disk: `docs/guarantees.md`.
+    A `tfgpu.monitor.Sampler` thread samples during `fit` (never the training thread). Logs
+    `gpu_util_pct_mean`, `gpu_util_pct_min`, `gpu_mem_used_mib_max`, `gpu_power_w_total`,
+    `gpu_sm_active_pct_mean`, `gpu_tensor_active_pct_mean`, `gpu_pcie_mib_per_step`,
+    `joules_per_example`, `host_cpu_pct_mean`, `host_rss_mib_max` (some only where known);
+    with `per_gpu_logs`, `gpu{i}_util_pct_mean`, ..., `gpu{i}_sm_active_pct_mean`,
+    `gpu{i}_tensor_active_pct_mean`, `gpu{i}_pcie_mib_per_step`. List it before the callbacks
+    that read `logs`. The guide: docs/metrics.md, "In the Keras logs" and "Arguments".
 
     Args:
-        log_dir: str, os.PathLike or None, the run directory (created if missing).
-            Defaults to `None`: `logs` only, no files.
+        log_dir: str, os.PathLike or None, the run directory for `run.json` and
+            `timeline.csv`. Defaults to `None`: `logs` only.
         interval: float, seconds between samples, at least 0.01. Defaults to `0.2`.
         gpus: list of int or None, the GPUs to sample as TensorFlow numbers them
             (`/GPU:i`). Defaults to `None`: every GPU TensorFlow uses.
-        tensorboard: bool or path, also write every sample as TensorBoard scalars
-            (`monitor/<column>`): `True` into `<log_dir>/tensorboard`, a path there.
-            Defaults to `False`.
-        host: bool, whether to read the host's CPU and memory (else the host keys are
-            NaN). Defaults to `True`.
+        tensorboard: bool or path, also write the samples as TensorBoard scalars: `True`
+            into `<log_dir>/tensorboard`, a path there. Defaults to `False`.
+        host: bool, whether to read the host's CPU and memory. Defaults to `True`.
         per_gpu_logs: bool, whether to put every GPU's keys into `logs` too. Defaults to
-            `False`: the summary only (the files and TensorBoard keep every GPU anyway).
+            `False`.
 
     Raises:
-        ValueError: at construction, for an `interval` below 0.01, a GPU index that is
-            negative, repeated or not seen by this process, a `log_dir` under a file or
-            not writable, or `tensorboard=True` without `log_dir`.
+        ValueError: at construction, for an `interval` below 0.01, a GPU index negative,
+            repeated or not seen, a `log_dir` that cannot be written, or `tensorboard=True`
+            without `log_dir`.
         TypeError: for an argument of the wrong type (`per_gpu_logs="yes"`).
 
     Warns:
-        RuntimeWarning: at construction, when `gpus` is given and NVML is not available to
-            check it (no GPU is sampled then).
+        RuntimeWarning: when `gpus` is given and NVML is not available to check it.
 
     Example:
 
-    ```python
-    monitor = tfgpu.callbacks.GPUMonitor("runs/exp1")
-    history = model.fit(x, y, epochs=3, callbacks=[monitor])
-    history.history["host_cpu_pct_mean"]  # one value per epoch
-    ```
+    >>> monitor = tfgpu.callbacks.GPUMonitor("runs/exp1")
+    >>> history = model.fit(x, y, epochs=3, callbacks=[monitor])
+    >>> history.history["host_cpu_pct_mean"]  # one value per epoch
     """
 
     def __init__(
@@ -252,28 +241,18 @@ class GPUMonitor(keras.callbacks.Callback):
 
 # Per-GPU keys, with `per_gpu_logs=True`: always these ...
 _PER_GPU = (
-    "util_pct_mean",
-    "util_pct_max",
-    "mem_used_mib_mean",
-    "mem_used_mib_max",
-    "power_w_mean",
+    "util_pct_mean", "util_pct_max", "mem_used_mib_mean", "mem_used_mib_max", "power_w_mean",
     "power_w_max",
-)
+)  # fmt: skip
 # ... and these where at least one GPU has a value (GPM: Hopper or newer).
 _PER_GPU_WHERE_KNOWN = ("sm_active_pct_mean", "tensor_active_pct_mean")
 _HOST = ("host_cpu_pct_mean", "host_rss_mib_max")
 
 _SUMMARY_KEYS = (
-    "gpu_util_pct_mean",
-    "gpu_util_pct_min",
-    "gpu_mem_used_mib_max",
-    "gpu_power_w_total",
-    "gpu_sm_active_pct_mean",
-    "gpu_tensor_active_pct_mean",
-    "gpu_pcie_mib_per_step",
-    "joules_per_example",
-    *_HOST,
-)
+    "gpu_util_pct_mean", "gpu_util_pct_min", "gpu_mem_used_mib_max", "gpu_power_w_total",
+    "gpu_sm_active_pct_mean", "gpu_tensor_active_pct_mean", "gpu_pcie_mib_per_step",
+    "joules_per_example", *_HOST,
+)  # fmt: skip
 """Every key `GPUMonitor` may log by default, in order (some only where known)."""
 
 

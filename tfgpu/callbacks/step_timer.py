@@ -61,39 +61,30 @@ def _epoch_summary(
 class StepTimer(keras.callbacks.Callback):
     """Measures train step time and throughput; per-epoch figures go into `logs`.
 
-    The batch hooks only note the time (almost nothing even on a sub-millisecond step); an
-    execution of `steps_per_execution` steps is divided by the steps that really ran in it.
-
-    Logs at each epoch end: `step_time_median_s` and `step_time_p90_s` (over the epoch's
-    steps but its first execution), `first_step_time_s` (epoch 0's includes tracing and
-    compilation), `examples_per_s`, `epoch_time_s`, and `mfu` where the FLOPs per step and
-    the GPU's peak are known (given, or worked out when `fit` starts). With `log_dir`,
-    writes `steps.csv`, one row per execution, at least once a second. Every key and column,
-    and when rows are written: `docs/metrics.md`.
+    Logs `step_time_median_s`, `step_time_p90_s`, `first_step_time_s`, `examples_per_s`,
+    `epoch_time_s`, and `mfu` where the FLOPs per step and the peak are known; with `log_dir`,
+    `steps.csv`, one row per execution. The batch hooks only note the time. The guide:
+    docs/metrics.md, "Step timing" and "Arguments".
 
     Args:
-        log_dir: str, os.PathLike or None, the run directory (created if missing), positional
-            or by keyword, as `GPUMonitor`'s. Defaults to `None`: no file.
+        log_dir: str, os.PathLike or None, the run directory (created if missing).
+            Defaults to `None`: no file.
         batch_size: int or None, the global batch size. Defaults to `None`: read from the
-            data `fit` was given (arrays, or a batched `tf.data` dataset).
+            data `fit` was given.
         flops_per_step: float or None, FLOPs of one train step. Defaults to `None`:
             `tfgpu.flops.train_step_flops(model, batch_size)` when `fit` starts.
-        peak_flops: float or None, the hardware's peak FLOP/s for the precision used,
-            summed over replicas. Defaults to `None`: looked up for this process's GPU.
+        peak_flops: float or None, the peak FLOP/s for the precision used, summed over
+            replicas. Defaults to `None`: looked up for this process's GPU.
 
     Raises:
-        ValueError: for numbers <= 0 or not finite, or a `log_dir` that is or lies under a
-            file or cannot be written.
-        TypeError: for a `batch_size` that is not an int (2.5, True, "32"), a FLOPs
-            figure that is not a number, a `log_dir` that is not a path.
+        ValueError: for numbers <= 0 or not finite, or a `log_dir` that cannot be written.
+        TypeError: for an argument of the wrong type (`batch_size=2.5`, `True`, `"32"`).
 
     Example:
 
-    ```python
-    timer = tfgpu.callbacks.StepTimer(log_dir="runs/exp1")
-    history = model.fit(dataset, epochs=3, callbacks=[timer])
-    history.history["examples_per_s"]
-    ```
+    >>> timer = tfgpu.callbacks.StepTimer(log_dir="runs/exp1")
+    >>> history = model.fit(dataset, epochs=3, callbacks=[timer])
+    >>> history.history["examples_per_s"]
     """
 
     def __init__(
@@ -142,9 +133,7 @@ class StepTimer(keras.callbacks.Callback):
         self._optimizer_at_begin: int | None = None  # only when the epoch length is unknown
 
     def on_train_begin(self, logs=None):
-        self._forget_fit()
-        self._sync(final=True)  # rows of a previous fit that raised
-        self._close_file()
+        self.on_train_end()  # the rows and file of a previous fit that raised
         self._batch_size = self.batch_size or keras_internals.fit_batch_size(self.model)
         if self._batch_size is None:
             _log.warning(
@@ -193,15 +182,18 @@ class StepTimer(keras.callbacks.Callback):
             logs.update(summary)
 
     def on_train_end(self, logs=None):
-        self._forget_fit()
+        if self._fit_over is not None:  # the watch on this fit (the next fit has its own)
+            self._fit_over.cancel()
+            self._fit_over = None
         self._sync(final=True)
-        self._close_file()
+        if self._closer is not None:
+            self._closer()  # closes the file, once
+            self._closer = None
+        self._file = None
 
     def _mfu_inputs(self) -> tuple[float | None, float | None]:
         """FLOPs per step and peak FLOP/s: as given, else worked out; never raises."""
         flops, peak = self.flops_per_step, self.peak_flops
-        if flops is not None and peak is not None:
-            return flops, peak
         try:
             if peak is None:
                 peak = auto_peak_flops(self.model)
@@ -226,12 +218,6 @@ class StepTimer(keras.callbacks.Callback):
         if not self._reported:
             self._reported = True
             _log.warning("StepTimer failed (%r); training goes on. (Logged once.)", error)
-
-    def _forget_fit(self) -> None:
-        """Drops the watch on the previous `fit` (this fit has its own)."""
-        if self._fit_over is not None:
-            self._fit_over.cancel()
-            self._fit_over = None
 
     def _sync(
         self, final: bool, timeout: float | None = None, epoch_end: bool = False
@@ -334,12 +320,11 @@ class StepTimer(keras.callbacks.Callback):
             wall, _, end_step, _, _ = self._rows[-1]
             self._rows[-1] = self._row(wall, end_step - steps + 1, last, seconds)
 
-    def _flush(self, final: bool = True) -> None:
+    def _flush(self, final: bool) -> None:
         """Writes the rows made so far; a write that is not `final`, in an epoch of unknown length,
         holds back the newest, which `_correct_last_execution` may still correct."""
-        held = (
-            self._rows[-1:] if not final and _steps.known_epoch_steps(self.params) is None else []
-        )
+        unknown = _steps.known_epoch_steps(self.params) is None
+        held = self._rows[-1:] if not final and unknown else []
         rows = self._rows[: len(self._rows) - len(held)]
         self._rows = held
         if self._file is None or not rows:
@@ -352,12 +337,6 @@ class StepTimer(keras.callbacks.Callback):
         except (OSError, ValueError) as e:
             _log.warning("StepTimer: writing steps.csv failed (%s); training goes on.", e)
             self._file = None
-
-    def _close_file(self) -> None:
-        if self._closer is not None:
-            self._closer()  # closes the file, once
-            self._closer = None
-        self._file = None
 
 
 _SYNC_EVERY_S = 1.0  # StepTimer turns noted times into steps.csv rows at most this often
