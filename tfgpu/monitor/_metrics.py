@@ -8,15 +8,8 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class Metric:
-    """One recorded quantity: its key, unit, where it comes from, and its `nvidia-smi` twin.
-
-    Attributes:
-        name: str, the key (per-GPU metrics appear as `gpu{i}_<name>` in the timeline).
-        unit: str, e.g. `"%"`, `"MiB"`, `"W"`.
-        source: str, the library call that produces it (NVML or psutil).
-        nvidia_smi: str or None, the equivalent `nvidia-smi` query, when there is one.
-        description: str, what the number means.
-    """
+    """One recorded quantity: its key (`gpu{i}_<name>` in the timeline for a GPU's), unit, the
+    NVML or psutil call that produces it, its `nvidia-smi` query (or None) and what it means."""
 
     name: str
     unit: str
@@ -29,7 +22,6 @@ def _by_name(*metrics: Metric) -> dict[str, Metric]:
     return {m.name: m for m in metrics}
 
 
-# A table, one `Metric(name, unit, source, nvidia_smi, description)` per quantity.
 BASE_METRICS: dict[str, Metric] = _by_name(
     Metric("time", "s", "time.time()", "--query-gpu=timestamp", "Unix time of the sample."),
     Metric("elapsed_s", "s", "time.time() - start", None, "Seconds since the sampler started."),
@@ -151,14 +143,12 @@ def timeline_columns(num_gpus: int) -> list[str]:
         num_gpus: int, how many GPUs are sampled (`len(sampler.gpus)`).
 
     Returns:
-        `time, elapsed_s, epoch, step`, the host columns, then `gpu{i}_<metric>` for each GPU.
+        list of str: `time, elapsed_s, epoch, step`, the host's, then each GPU's.
 
     Example:
 
-    >>> timeline_columns(1)[:8]
-    ['time', 'elapsed_s', 'epoch', 'step', 'host_cpu_pct', 'host_rss_mib', 'host_mem_used_pct', 'gpu0_util_pct']
+    >>> timeline_columns(1)[7:9]
+    ['gpu0_util_pct', 'gpu0_mem_util_pct']
     """
-    columns = [*BASE_METRICS, *HOST_METRICS]
-    for i in range(num_gpus):
-        columns.extend(f"gpu{i}_{name}" for name in GPU_METRICS)
-    return columns
+    gpus = [f"gpu{i}_{name}" for i in range(num_gpus) for name in GPU_METRICS]
+    return [*BASE_METRICS, *HOST_METRICS, *gpus]

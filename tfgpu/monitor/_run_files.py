@@ -39,12 +39,11 @@ def artifact_name(
     Args:
         stem: str, e.g. `"timeline"` or `"steps"`.
         suffix: str, the extension with its dot. Defaults to `".csv"`.
-        environ: mapping or None, the environment to read `TF_CONFIG` / Slurm from.
-            Defaults to `os.environ`.
+        environ: mapping or None, where to read `TF_CONFIG` or Slurm's variables. Defaults
+            to `os.environ`.
 
     Returns:
-        `"timeline.csv"` for a lone process; `"timeline-worker1.csv"` for worker 1 of a
-        multi-worker cluster (`"timeline-chief0.csv"` for a chief).
+        `"timeline.csv"` alone; `"timeline-worker1.csv"` for worker 1 of a cluster.
 
     Example:
 
@@ -124,11 +123,9 @@ def _rename_timeline(record: Path, old: str, new: str) -> None:
         data = files.read_json_object(record)
     except (OSError, ValueError):
         return
-    changed = False
     sessions = [data, *(data.get(files.EARLIER_SESSIONS) or [])]
-    for session in sessions:
-        if isinstance(session, dict) and session.get("timeline") == old:
-            session["timeline"] = new
-            changed = True
-    if changed:
+    named = [s for s in sessions if isinstance(s, dict) and s.get("timeline") == old]
+    for session in named:
+        session["timeline"] = new
+    if named:
         files.write_text_atomic(record, json.dumps(data, indent=2, default=str) + "\n")
