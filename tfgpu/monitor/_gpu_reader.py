@@ -51,9 +51,12 @@ all GPUs together make at most one such call per `PCIE_THROUGHPUT_PERIOD / (2 * 
 
 
 @dataclasses.dataclass
-class BlockingCalls:
-    """Shared by a session's readers: when the next blocking NVML call may be made."""
+class Session:
+    """What a session's readers share: the clock, the shortest window of a rate from two
+    counter readings, and when the next blocking NVML call may be made."""
 
+    clock: Callable[[], float]
+    min_window: float
     spacing: float
     next_call: float = -math.inf
     served: dict[tuple[int, int], float] = dataclasses.field(default_factory=dict)
@@ -66,20 +69,12 @@ class GpuReader:
     row, and nothing read before is carried past it. A rate from two counter readings needs
     `min_window` seconds between them (else NaN, the older reading staying the base)."""
 
-    def __init__(
-        self,
-        nv: ModuleType,
-        gpu: GpuInfo,
-        position: int,
-        clock: Callable[[], float],
-        blocking: BlockingCalls,
-        min_window: float,
-    ):
+    def __init__(self, nv: ModuleType, gpu: GpuInfo, position: int, session: Session) -> None:
         self._nv = nv
         self._gpu = gpu
         self._position = position
         self._pid = os.getpid()
-        self._clock = clock
+        self._clock = session.clock
         self._handle: Any = None
         self._unsupported: set[str] = set()
         self._reported: set[str] = set()
@@ -97,18 +92,17 @@ class GpuReader:
             constant(nv, "NVML_ERROR_RESET_REQUIRED", 16),
             constant(nv, "NVML_ERROR_UNINITIALIZED", 1),
         )
-        self._min_window = min_window
+        self._min_window = session.min_window
         self._reasons_names = exported(nv, *_REASONS)
         self._process_names = exported(nv, *_PROCESSES)
         self._memory_v2 = hasattr(nv, "nvmlMemory_v2")
-        # GPM state: None undecided, True on, False off for good.
-        self._gpm: bool | None = None
+        self._gpm: bool | None = None  # None undecided, True on, False off for good
         self._gpm_samples: list[Any] = []
         self._gpm_request: Any = None
         self._gpm_ids: list[int] = []
-        # PCIe fallbacks: byte-counter field values, then the blocking throughput call.
+        # PCIe without GPM: byte-counter field values (None: untried), else the blocking call.
         self._fields_ok: bool | None = None
-        self._blocking = blocking
+        self._blocking = session
         self._proc_last_ts = 0
         self._forget()
 
@@ -168,14 +162,8 @@ class GpuReader:
         processes = self._newest(self._process_names, h)
         if isinstance(processes, Failure):
             return processes
-        total = 0.0
-        for proc in processes:
-            if proc.pid == self._pid:
-                used = proc.usedGpuMemory
-                if used is None:
-                    return (_NAN,)
-                total += used / _MIB
-        return (total,)
+        used = [proc.usedGpuMemory for proc in processes if proc.pid == self._pid]
+        return (_NAN,) if None in used else (sum((u / _MIB for u in used), 0.0),)
 
     def _number(self, h: Any, name: str, *constants: str, per: float = 1.0) -> Values:
         """NVML's number `name(h, *constants)`, divided by `per` (its milliwatts, millijoules)."""
@@ -362,17 +350,14 @@ class GpuReader:
         mine = ((self._position, 0), (self._position, 1))
         for key in mine:
             shared.served.setdefault(key, -math.inf)
-        now = self._clock()
-        if now < shared.next_call:
-            return tuple(self._throughput)
-        oldest = min(shared.served, key=lambda key: shared.served[key])
-        if oldest not in mine or now - shared.served[oldest] < PCIE_THROUGHPUT_PERIOD:
-            return tuple(self._throughput)
+        now, oldest = self._clock(), min(shared.served, key=lambda key: shared.served[key])
+        waited = now - shared.served[oldest]
+        if now < shared.next_call or oldest not in mine or waited < PCIE_THROUGHPUT_PERIOD:
+            return tuple(self._throughput)  # not this counter's turn: its value carried
         shared.next_call = now + shared.spacing
         shared.served[oldest] = now
-        k = oldest[1]
-        name, default = ("NVML_PCIE_UTIL_TX_BYTES", 0) if k == 0 else ("NVML_PCIE_UTIL_RX_BYTES", 1)
-        counter = getattr(self._nv, name, default)
+        k = oldest[1]  # 0: TX, 1: RX (NVML's own values of the two constants)
+        counter = getattr(self._nv, ("NVML_PCIE_UTIL_TX_BYTES", "NVML_PCIE_UTIL_RX_BYTES")[k], k)
         self._throughput[k] = _NAN  # what a failed call leaves, whatever it raises
         kb_s = nvml_query(self._nv, "nvmlDeviceGetPcieThroughput", h, counter)
         if isinstance(kb_s, Failure):
@@ -422,9 +407,7 @@ class GpuReader:
             if not isinstance(result, Failure):
                 values.extend(result)
                 continue
-            if result.code in self._gone:
-                # Lost (or NVML shut down): the rest would fail too, and nothing read before,
-                # in this row or carried from earlier ones, stands.
+            if result.code in self._gone:  # the rest would fail too; nothing read before stands
                 self._report(result.kind.__name__, list(GPU_METRICS), result)
                 self._forget()
                 return [_NAN] * len(GPU_METRICS)
@@ -476,11 +459,8 @@ def open_readers(
     nv, _ = _nvml_lib.import_pynvml()
     if nv is None or _nvml_lib.start(nv) is not None:
         return None, []
-    blocking = BlockingCalls(PCIE_THROUGHPUT_PERIOD / (2 * len(gpus)))
-    return nv, [
-        GpuReader(nv, gpu, position, clock, blocking, min_window)
-        for position, gpu in enumerate(gpus)
-    ]
+    session = Session(clock, min_window, PCIE_THROUGHPUT_PERIOD / (2 * len(gpus)))
+    return nv, [GpuReader(nv, gpu, position, session) for position, gpu in enumerate(gpus)]
 
 
 def close_readers(nv: ModuleType | None, readers: Sequence[GpuReader]) -> None:

@@ -173,8 +173,7 @@ class Sampler:
         if self.running:
             return self
         if not self._gpus and not self._inventory.available:
-            # A fact of the machine: said once per process, at the user's line.
-            warn.warn_at_user_code(
+            warn.warn_at_user_code(  # a fact of the machine: once per process
                 f"tfgpu.monitor records no GPU metrics: {self._inventory.error} "
                 "Host metrics are still recorded.",
                 RuntimeWarning,
