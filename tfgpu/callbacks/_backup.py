@@ -11,7 +11,7 @@ import shutil
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
 import keras
 import numpy as np
@@ -124,6 +124,10 @@ def _is_count(value: Any) -> bool:
     return is_int(value) and value >= 0
 
 
+def _is_list(value: Any, length: int) -> TypeGuard[list[Any]]:
+    return isinstance(value, list) and len(value) == length
+
+
 def _malformed(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> str | None:
     """What is missing or inconsistent in a backup's record and arrays, or None if complete."""
     for key, default in (("epoch", None), ("step", None), ("position", None), ("iterators", 0)):
@@ -138,8 +142,7 @@ def _malformed(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> str | Non
             return f"its record lists no {group} variables"
         for i, entry in enumerate(saved):
             if not (
-                isinstance(entry, list)
-                and len(entry) == 2
+                _is_list(entry, 2)
                 and isinstance(entry[0], str)
                 and isinstance(entry[1], list)
                 and all(_is_count(d) for d in entry[1])
@@ -158,19 +161,16 @@ def _malformed(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> str | Non
     if keys is None or keys.shape != (624,) or keys.dtype.kind not in "iu":
         return "its NumPy random state is missing or malformed"
     if not (
-        isinstance(numpy_rng, list)
-        and len(numpy_rng) == 4
+        _is_list(numpy_rng, 4)
         and isinstance(numpy_rng[0], str)
-        and all(is_number(x) for x in numpy_rng[1:])
+        and all(map(is_number, numpy_rng[1:]))
     ):
         return "its NumPy random state is malformed"
     if not (
-        isinstance(python_rng, list)
-        and len(python_rng) == 3
+        _is_list(python_rng, 3)
         and is_int(python_rng[0])
-        and isinstance(python_rng[1], list)
-        and len(python_rng[1]) == len(random.getstate()[1])
-        and all(is_int(x) for x in python_rng[1])
+        and _is_list(python_rng[1], len(random.getstate()[1]))
+        and all(map(is_int, python_rng[1]))
     ):
         return "its Python random state is malformed"
     if not isinstance(meta.get("logs", {}), dict):
