@@ -43,21 +43,17 @@ class GPUMonitor(keras.callbacks.Callback):
     that read `logs`. The guide: docs/metrics.md, "In the Keras logs" and "Arguments".
 
     Args:
-        log_dir: str, os.PathLike or None, the run directory for `run.json` and
-            `timeline.csv`. Defaults to `None`: `logs` only.
+        log_dir: str, os.PathLike or None, the run directory. Defaults to `None`: `logs` only.
         interval: float, seconds between samples, at least 0.01. Defaults to `0.2`.
-        gpus: list of int or None, the GPUs to sample as TensorFlow numbers them
-            (`/GPU:i`). Defaults to `None`: every GPU TensorFlow uses.
-        tensorboard: bool or path, also write the samples as TensorBoard scalars: `True`
-            into `<log_dir>/tensorboard`, a path there. Defaults to `False`.
+        gpus: list of int or None, the GPUs to sample, as `/GPU:i`. Defaults to `None`: all.
+        tensorboard: bool or path, also write TensorBoard scalars: `True` into
+            `<log_dir>/tensorboard`, a path there. Defaults to `False`.
         host: bool, whether to read the host's CPU and memory. Defaults to `True`.
-        per_gpu_logs: bool, whether to put every GPU's keys into `logs` too. Defaults to
-            `False`.
+        per_gpu_logs: bool, whether to log every GPU's keys too. Defaults to `False`.
 
     Raises:
-        ValueError: at construction, for an `interval` below 0.01, a GPU index negative,
-            repeated or not seen, a `log_dir` that cannot be written, or `tensorboard=True`
-            without `log_dir`.
+        ValueError: for an `interval` below 0.01, an unseen or repeated GPU, a bad `log_dir`,
+            or `tensorboard=True` without `log_dir`.
         TypeError: for an argument of the wrong type (`per_gpu_logs="yes"`).
 
     Warns:
@@ -264,17 +260,17 @@ def _epoch_logs(
     batch_size: int | None,
     per_gpu: bool = False,
 ) -> dict[str, float]:
-    """Pure: the keys `GPUMonitor` logs from the epoch's `Sampler.aggregate()`: the summary,
-    then with `per_gpu` every GPU's keys (which, when: docs/metrics.md)."""
+    """Pure: what `GPUMonitor` logs from the epoch's aggregates (which, when: docs/metrics.md)."""
     gpus = range(num_gpus)
 
     def column(key: str) -> list[float]:
         return [aggregates.get(f"gpu{i}_{key}", _NAN) for i in gpus]
 
-    pcie = [
-        (tx + rx) * seconds / steps if steps > 0 and seconds == seconds and seconds > 0 else _NAN
-        for tx, rx in zip(column("pcie_tx_mib_s_mean"), column("pcie_rx_mib_s_mean"))
-    ]
+    timed = steps > 0 and seconds == seconds and seconds > 0
+    traffic = zip(column("pcie_tx_mib_s_mean"), column("pcie_rx_mib_s_mean"))
+    pcie = [(tx + rx) * seconds / steps if timed else _NAN for tx, rx in traffic]
+    known = {key: column(key) for key in _PER_GPU_WHERE_KNOWN}
+    known = {k: v for k, v in {**known, "pcie_mib_per_step": pcie}.items() if stats.finite(v)}
     logs: dict[str, float] = {}
     if num_gpus:
         util = column("util_pct_mean")
@@ -285,21 +281,14 @@ def _epoch_logs(
         # A total is only a total over every GPU: one without a power reading makes it NaN.
         power = stats.finite(column("power_w_mean"))
         logs["gpu_power_w_total"] = math.fsum(power) if len(power) == num_gpus else _NAN
-        for key in _PER_GPU_WHERE_KNOWN:
-            if stats.finite(column(key)):
-                logs[f"gpu_{key}"] = stats.mean(column(key))
-        if stats.finite(pcie):
-            logs["gpu_pcie_mib_per_step"] = math.fsum(stats.finite(pcie))  # all GPUs' traffic
+        for key, values in known.items():  # PCIe: all GPUs' traffic; the others a mean
+            total = key == "pcie_mib_per_step"
+            logs[f"gpu_{key}"] = math.fsum(stats.finite(values)) if total else stats.mean(values)
     energy = column("energy_j")
     if batch_size and steps > 0 and energy and all(e == e for e in energy):
         logs["joules_per_example"] = math.fsum(energy) / (batch_size * steps)
     if per_gpu:
         logs.update({f"gpu{i}_{key}": column(key)[i] for i in gpus for key in _PER_GPU})
-        for key in _PER_GPU_WHERE_KNOWN:
-            values = column(key)
-            if any(v == v for v in values):
-                logs.update({f"gpu{i}_{key}": values[i] for i in gpus})
-        if any(v == v for v in pcie):
-            logs.update({f"gpu{i}_pcie_mib_per_step": pcie[i] for i in gpus})
+        logs.update({f"gpu{i}_{key}": values[i] for key, values in known.items() for i in gpus})
     logs.update({key: aggregates.get(key, _NAN) for key in _HOST})
     return logs
