@@ -198,13 +198,9 @@ def _to_numpy(variable) -> np.ndarray:
 
 def collect_state(model) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Reads every piece of training state into NumPy arrays plus a JSON-able description."""
-    arrays: dict[str, np.ndarray] = {}
-    paths: dict[str, list] = {}
-    for group, variables in variable_groups(model).items():
-        paths[group] = []
-        for i, v in enumerate(variables):
-            arrays[f"{group}/{i:05d}"] = _to_numpy(v)
-            paths[group].append([v.path, list(v.shape)])
+    groups = variable_groups(model)
+    arrays = {f"{g}/{i:05d}": _to_numpy(v) for g, vs in groups.items() for i, v in enumerate(vs)}
+    paths = {group: [[v.path, list(v.shape)] for v in vs] for group, vs in groups.items()}
     seed = keras_internals.global_seed_generator()
     if seed is not None:
         arrays["rng/keras_global"] = _to_numpy(seed.state)

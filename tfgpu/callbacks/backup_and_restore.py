@@ -54,8 +54,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             checked writable now (with `save_freq=False`, only read).
         save_freq: `"epoch"`, int or False: save at every epoch end, every `save_freq`
             batches (best a multiple of `steps_per_execution`), or never. Defaults to `"epoch"`.
-        double_checkpoint: bool, also keep the previous backup (`backup.prev.npz`) to fall
-            back to. Defaults to False.
+        double_checkpoint: bool, also keep the previous backup to fall back to. Defaults to False.
         delete_checkpoint: bool, delete the backups when `fit` completes. Defaults to True.
 
     Raises:

@@ -44,13 +44,12 @@ def _epoch_summary(
     total_steps = sum(steps for steps, _ in steady)
     total_seconds = sum(seconds for _, seconds in steady)
     median = stats.median(per_step)
+    rate = batch_size * total_steps / total_seconds if batch_size and total_seconds > 0 else _NAN
     logs = {
         "step_time_median_s": median,
         "step_time_p90_s": stats.percentile(per_step, 90),
         "first_step_time_s": first,
-        "examples_per_s": batch_size * total_steps / total_seconds
-        if batch_size and total_seconds > 0
-        else _NAN,
+        "examples_per_s": rate,
         "epoch_time_s": epoch_time,
     }
     if flops_per_step is not None and peak_flops is not None:
@@ -67,10 +66,8 @@ class StepTimer(keras.callbacks.Callback):
     docs/metrics.md, "Step timing" and "Arguments".
 
     Args:
-        log_dir: str, os.PathLike or None, the run directory (created if missing).
-            Defaults to `None`: no file.
-        batch_size: int or None, the global batch size. Defaults to `None`: read from the
-            data `fit` was given.
+        log_dir: str, os.PathLike or None, the run directory. Defaults to `None`: no file.
+        batch_size: int or None, the global batch size. Defaults to `None`: read from `fit`.
         flops_per_step: float or None, FLOPs of one train step. Defaults to `None`:
             `tfgpu.flops.train_step_flops(model, batch_size)` when `fit` starts.
         peak_flops: float or None, the peak FLOP/s for the precision used, summed over

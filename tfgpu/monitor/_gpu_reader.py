@@ -107,8 +107,7 @@ class GpuReader:
         self._forget()
 
     def _forget(self) -> None:
-        """Drops every value and reading kept from earlier samples (at start, and when the GPU
-        is lost): GPM and counter rates start again from fresh readings."""
+        """Drops the values and readings kept from earlier samples (at start, and for a lost GPU)."""
         self._gpm_prev: int | None = None  # index in _gpm_samples of the previous sample
         self._gpm_done = -math.inf  # clock when the last nvmlGpmSampleGet returned
         self._gpm_values = [_NAN] * len(GPM_METRICS)
@@ -242,8 +241,7 @@ class GpuReader:
             failure = self._gpm_start(h)
             if not self._gpm:
                 return failure or tuple(self._gpm_values[:6])
-        current = 0 if self._gpm_prev != 0 else 1
-        previous = self._gpm_prev
+        previous, current = self._gpm_prev, 0 if self._gpm_prev != 0 else 1
         # What a failed call leaves, whatever it raises; a call that succeeds sets them anew.
         self._gpm_prev = None
         self._gpm_values = [_NAN] * len(GPM_METRICS)
@@ -270,19 +268,17 @@ class GpuReader:
         if previous is None:
             return tuple(self._gpm_values[:6])  # the first sample: values come at the next
         request = self._gpm_request
-        request.sample1 = self._gpm_samples[previous]
-        request.sample2 = self._gpm_samples[current]
+        request.sample1, request.sample2 = self._gpm_samples[previous], self._gpm_samples[current]
         got = nvml_query(self._nv, "nvmlGpmMetricsGet", request)
         if isinstance(got, Failure):
             return got
-        values = []
+        values = [_NAN] * len(GPM_METRICS)
         success = getattr(self._nv, "NVML_SUCCESS", 0)
         for k, (name, source) in enumerate(GPM_METRICS):
             metric = request.metrics[k]
             if self._gpm_ids[k] >= 0 and metric.nvmlReturn == success:
-                values.append(float(metric.value))
+                values[k] = float(metric.value)
             else:
-                values.append(_NAN)
                 self._note(f"gpm:{name}", "GPM metric %s not supported; %s is NaN.", source, name)
         self._gpm_values = values
         return tuple(values[:6])

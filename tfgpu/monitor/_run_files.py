@@ -39,8 +39,7 @@ def artifact_name(
     Args:
         stem: str, e.g. `"timeline"` or `"steps"`.
         suffix: str, the extension with its dot. Defaults to `".csv"`.
-        environ: mapping or None, where to read `TF_CONFIG` or Slurm's variables. Defaults
-            to `os.environ`.
+        environ: mapping or None, holding `TF_CONFIG` or Slurm's. Defaults to `os.environ`.
 
     Returns:
         `"timeline.csv"` alone; `"timeline-worker1.csv"` for worker 1 of a cluster.

@@ -55,8 +55,7 @@ class NvmlInventory:
 
 
 def _memory_info(nv: ModuleType, handle: Any) -> Any:
-    """The memory struct as `nvidia-smi` reports it where the driver and binding allow (the
-    v2 struct, without reserved memory), else v1."""
+    """The v2 memory struct (without reserved memory, as `nvidia-smi`) where allowed, else v1."""
     version = getattr(nv, "nvmlMemory_v2", None)
     memory = None
     if version is not None:
@@ -167,16 +166,15 @@ def _match_token(token: str, gpus: Sequence[_G]) -> _G | None:
 def visible_gpus(gpus: Sequence[_G], cuda_visible_devices: str | None) -> list[_G]:
     """Maps `CUDA_VISIBLE_DEVICES` onto NVML's GPUs, in the order this process sees them.
 
-    Position `i` is the GPU that CUDA (and so TensorFlow's `/GPU:i`) calls `i`; as CUDA does,
-    parsing stops at the first entry that names no GPU, and repeats are dropped. The guide:
-    docs/setup.md, "Which GPU is which".
+    As CUDA does, parsing stops at the first entry that names no GPU, and repeats are dropped.
+    The guide: docs/setup.md, "Which GPU is which".
 
     Args:
         gpus: sequence of `GpuInfo`, all GPUs in NVML order (`inventory().gpus`).
         cuda_visible_devices: str or None, the variable's value; None: unset (all GPUs).
 
     Returns:
-        The list of `GpuInfo` this process uses.
+        The `GpuInfo` of this process's GPUs: position `i` is CUDA's `i`.
 
     Example:
 

@@ -47,15 +47,12 @@ class Sampler:
 
     Args:
         interval: float, seconds between samples, at least 0.01. Defaults to `0.2`.
-        gpus: list of int or None, the GPUs to sample, numbered after `CUDA_VISIBLE_DEVICES`.
-            Defaults to `None`: all this process can use.
-        log_dir: str, os.PathLike or None, the run directory (created if missing).
-            Defaults to `None`: samples in memory only.
+        gpus: list of int or None, the GPUs to sample, as CUDA numbers them. Defaults to `None`.
+        log_dir: str, os.PathLike or None, the run directory. Defaults to `None`: in memory.
         host: bool, whether to read host metrics (else NaN). Defaults to `True`.
 
     Raises:
-        ValueError: for an `interval` below 0.01 or not finite, a GPU index negative, repeated
-            or not seen (checked where NVML is available), a `log_dir` that cannot be written.
+        ValueError: for an `interval` below 0.01, an unseen or repeated GPU, a bad `log_dir`.
         TypeError: for an argument of the wrong type.
 
     Warns:
@@ -156,7 +153,7 @@ class Sampler:
         """Sets the epoch and/or step written on the rows that follow; None leaves it as is.
 
         Raises:
-            TypeError: if `epoch` or `step` is neither None nor a number.
+            TypeError: for a label that is neither None nor a number.
         """
         if epoch is not None:
             if not is_number(epoch):
@@ -209,11 +206,11 @@ class Sampler:
         self.stop()
 
     def aggregate(self, since: float | None = None) -> dict[str, float]:
-        """Returns the epoch aggregates over the rows with `time >= since` (the newest row if
-        none is that recent). The guide: docs/metrics.md, "Epoch aggregates".
+        """Returns the epoch aggregates (docs/metrics.md) over the rows with `time >= since`.
 
         Args:
-            since: float or None, a unix time. Defaults to `None`: all rows.
+            since: float or None, a unix time (the newest row if none is that recent).
+                Defaults to `None`: all rows.
 
         Returns:
             A dict keyed by `aggregate_keys(len(self.gpus))`.
@@ -272,8 +269,7 @@ class Sampler:
                 _log.exception("tfgpu.monitor: a sample failed; sampling goes on. (Logged once.)")
 
     def _run(self, stop: threading.Event) -> None:
-        """The sampler thread: opens the readers, takes the first row at once, one per interval
-        until `stop` is set, a last one, then closes the readers and the timeline."""
+        """The sampler thread: a row at once, one per interval until `stop` is set, a last one."""
         try:  # _sample never raises: it is the boundary of each tick
             clock, window = (lambda: self._monotonic()), self._interval * _RATE_MIN_SHARE
             self._nv, self._readers = open_readers(self._gpus, clock, window)
@@ -294,9 +290,7 @@ class Sampler:
                 self._file.close()
             self._file = None
         close_readers(self._nv, self._readers)
-        self._nv = None
-        self._readers = []
-        self._host_reader = None
+        self._nv, self._readers, self._host_reader = None, [], None
 
 
 def _next_deadline(deadline: float, now: float, interval: float) -> float:
@@ -311,9 +305,7 @@ def record(
     interval: float = 0.2,
     gpus: Sequence[int] | None = None,
 ) -> Sampler:
-    """Samples GPUs and host for the duration of a `with` block; works without Keras.
-
-    The guide: docs/metrics.md, "Arguments".
+    """Samples GPUs and host for the duration of a `with` block (docs/metrics.md, "Arguments").
 
     Args:
         log_dir: str, os.PathLike or None, the run directory. Defaults to `None`: in memory.
@@ -324,7 +316,7 @@ def record(
         A `Sampler`, checked but not started: `with` starts it and stops it on exit.
 
     Raises:
-        ValueError: as `Sampler` (an `interval` below 0.01, an unseen GPU, a bad `log_dir`).
+        ValueError: for an `interval` below 0.01, an unseen or repeated GPU, a bad `log_dir`.
         TypeError: for an argument of the wrong type.
 
     Example:
