@@ -110,17 +110,14 @@ class BackupAndRestore(keras.callbacks.Callback):
         own = canonical / private if private else None
         return canonical, own, is_chief
 
-    def _candidates(self) -> list[Path]:
-        canonical, own, _ = self._paths()
-        names = [_backup.FILE, _backup.PREV] if self.double_checkpoint else [_backup.FILE]
-        folders = [canonical] if own is None else [canonical, own]
-        return [folder / name for folder in folders for name in names]
-
     def _load(self) -> tuple[dict[str, Any], dict[str, np.ndarray], Path] | None:
         """The newest backup that reads completely and fits this model and optimizer, after
         moving unusable newer ones (that this worker writes) aside to `backup.N.npz` with a
         warning; if none is usable, raises naming every file and touches nothing."""
-        present = [p for p in self._candidates() if os.path.lexists(p)]
+        canonical, own, _ = self._paths()
+        names = [_backup.FILE, _backup.PREV] if self.double_checkpoint else [_backup.FILE]
+        folders = [canonical] if own is None else [canonical, own]
+        present = [f / name for f in folders for name in names if os.path.lexists(f / name)]
         if not present:
             return None
         model = self.model

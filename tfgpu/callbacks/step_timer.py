@@ -68,10 +68,9 @@ class StepTimer(keras.callbacks.Callback):
     Args:
         log_dir: str, os.PathLike or None, the run directory. Defaults to `None`: no file.
         batch_size: int or None, the global batch size. Defaults to `None`: read from `fit`.
-        flops_per_step: float or None, FLOPs of one train step. Defaults to `None`:
-            `tfgpu.flops.train_step_flops(model, batch_size)` when `fit` starts.
-        peak_flops: float or None, the peak FLOP/s for the precision used, summed over
-            replicas. Defaults to `None`: looked up for this process's GPU.
+        flops_per_step: float or None, FLOPs of one train step. Defaults to `None`: counted.
+        peak_flops: float or None, the peak FLOP/s, summed over replicas. Defaults to `None`:
+            looked up for this process's GPU.
 
     Raises:
         ValueError: for numbers <= 0 or not finite, or a `log_dir` that cannot be written.

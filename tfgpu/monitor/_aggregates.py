@@ -9,9 +9,8 @@ from tfgpu._internal.helpers import stats
 
 _NAN = float("nan")
 
-# (column, statistic), keyed `<column>_<statistic>` ("delta": by the column alone). mean/max
-# ignore NaN; "delta": a counter's increase (last finite value minus the first, NaN with fewer
-# than two or if it went back); "any": the bitwise OR of the finite bitmasks, as a float.
+# (column, statistic), keyed `<column>_<statistic>` (a "delta" by the column alone); what each
+# statistic is: docs/metrics.md, "Epoch aggregates".
 _GPU_AGGREGATES = (
     ("util_pct", "mean"), ("util_pct", "max"), ("mem_used_mib", "mean"), ("mem_used_mib", "max"),
     ("power_w", "mean"), ("power_w", "max"), ("sm_active_pct", "mean"),

@@ -41,13 +41,12 @@ GPM_METRICS = (
 """The GPM metrics read, with the NVML constant of each (the last two feed the PCIe columns)."""
 
 GPM_MIN_PERIOD = 0.1
-"""NVML computes GPM metrics only from samples more than this many seconds apart: a sample is
-taken only once more than this has passed since the previous `nvmlGpmSampleGet` returned (so
-the window exceeds it however long the calls take); reads in between carry values."""
+"""NVML's least seconds between two GPM samples, counted from when the previous
+`nvmlGpmSampleGet` returned (docs/metrics.md, "What GPU utilization hides")."""
 
 PCIE_THROUGHPUT_PERIOD = 1.0
-"""Seconds between two reads of one blocking `nvmlDeviceGetPcieThroughput` counter at the least;
-all GPUs together make at most one such call per `PCIE_THROUGHPUT_PERIOD / (2 * GPUs)` s."""
+"""The least seconds between two reads of one `nvmlDeviceGetPcieThroughput` counter (it blocks):
+all GPUs together make one such call per `PCIE_THROUGHPUT_PERIOD / (2 * GPUs)` s at most."""
 
 
 @dataclasses.dataclass
@@ -63,11 +62,8 @@ class Session:
 
 
 class GpuReader:
-    """Reads one GPU's `GPU_METRICS`; never raises. An unsupported query reads NaN from then on
-    (noted once at INFO); other failures read NaN, are logged once per (GPU, error kind) and
-    retried each sample. A lost GPU (or NVML shut down under it) reads NaN throughout that
-    row, and nothing read before is carried past it. A rate from two counter readings needs
-    `min_window` seconds between them (else NaN, the older reading staying the base)."""
+    """Reads one GPU's `GPU_METRICS`; never raises: what fails how, docs/metrics.md ("Sources by
+    driver generation"); a query the GPU lacks is never asked again."""
 
     def __init__(self, nv: ModuleType, gpu: GpuInfo, position: int, session: Session) -> None:
         self._nv = nv
@@ -107,7 +103,7 @@ class GpuReader:
         self._forget()
 
     def _forget(self) -> None:
-        """Drops the values and readings kept from earlier samples (at start, and for a lost GPU)."""
+        """Drops the values and readings kept from earlier samples (at start; for a lost GPU)."""
         self._gpm_prev: int | None = None  # index in _gpm_samples of the previous sample
         self._gpm_done = -math.inf  # clock when the last nvmlGpmSampleGet returned
         self._gpm_values = [_NAN] * len(GPM_METRICS)

@@ -24,11 +24,8 @@ def _cluster(environ: Mapping[str, str]) -> Cluster | None:
         cluster = resolve_cluster(environ, strict=False)
     except ValueError:
         return None
-    if cluster.task_type is None or cluster.task_index is None:
-        return None
-    if cluster.source == "TF_CONFIG" and sum(map(len, cluster.spec.values())) <= 1:
-        return None
-    return cluster
+    lone = cluster.source == "TF_CONFIG" and sum(map(len, cluster.spec.values())) <= 1
+    return None if lone or cluster.task_type is None or cluster.task_index is None else cluster
 
 
 def artifact_name(

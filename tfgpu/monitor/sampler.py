@@ -32,9 +32,7 @@ from tfgpu.monitor.nvml import GpuInfo, inventory, visible_gpus
 
 _log = logging.getLogger(__name__)
 _NAN = float("nan")
-# A rate from two counter readings (PCIe bytes, host CPU time) needs a window of at least this
-# share of the interval: shorter ones (the last sample at stop(), one right after a stall) give
-# NaN, and the next row's rate spans both.
+# A rate from two counter readings needs a window of this share of an interval (docs/metrics.md).
 _RATE_MIN_SHARE = 0.5
 
 
@@ -322,9 +320,7 @@ def record(
     Example:
 
     >>> with tfgpu.monitor.record("runs/exp1", interval=0.5) as run:
-    ...     for step, batch in enumerate(data):
-    ...         run.mark(step=step)
-    ...         train_step(batch)
+    ...     train()  # any code; run.mark(step=...) labels the rows that follow
     >>> run.aggregate()["gpu0_util_pct_mean"]
     """
     return Sampler(interval=interval, gpus=gpus, log_dir=log_dir)
