@@ -4,8 +4,7 @@ records. The guide: docs/metrics.md; the rooms: docs/architecture.md."""
 
 from __future__ import annotations
 
-from tfgpu.monitor._aggregates import aggregate_keys
-from tfgpu.monitor._metrics import METRICS, Metric, timeline_columns
+from tfgpu.monitor._metrics import METRICS, Metric, aggregate_keys, timeline_columns
 from tfgpu.monitor._run_files import artifact_name
 from tfgpu.monitor.sampler import Sampler, record
 

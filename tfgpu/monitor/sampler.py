@@ -23,9 +23,8 @@ from tfgpu._internal.helpers.checks import (
     is_number,
 )
 from tfgpu._internal.helpers.files import open_csv, writable_dir
-from tfgpu.monitor._aggregates import aggregate_columns
 from tfgpu.monitor._gpu_reader import GpuReader, close_readers, open_readers
-from tfgpu.monitor._metrics import HOST_METRICS, timeline_columns
+from tfgpu.monitor._metrics import HOST_METRICS, aggregate_columns, timeline_columns
 from tfgpu.monitor._run_files import add_session, format_row, session_record
 from tfgpu.monitor.host import HostReader
 from tfgpu.monitor.nvml import GpuInfo, inventory, visible_gpus
