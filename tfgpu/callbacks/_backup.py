@@ -1,5 +1,4 @@
-"""`BackupAndRestore`'s backup file (what it holds: docs/distributed.md, "Resuming exactly") and
-training state, and `CountingDataset`, which counts the iterators `fit` makes."""
+"""`BackupAndRestore`'s backup file and saved state (docs/distributed.md); `CountingDataset`."""
 
 from __future__ import annotations
 

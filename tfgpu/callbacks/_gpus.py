@@ -1,5 +1,4 @@
-"""The peak FLOP/s of the GPUs a model trains on, for `StepTimer`'s `mfu` (which GPU `/GPU:0`
-is: `tfgpu._internal.adapters.devices`)."""
+"""The peak FLOP/s of the GPUs a model trains on, for `StepTimer`'s `mfu`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""How many steps an epoch really ran: Keras's epoch length, else the optimizer's step counter
-(why: docs/metrics.md, "Step timing")."""
+"""How many steps an epoch really ran (why: docs/metrics.md, "Step timing")."""
 
 from __future__ import annotations
 

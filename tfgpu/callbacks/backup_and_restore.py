@@ -1,5 +1,4 @@
-"""`BackupAndRestore`: exact resume after a kill, at epoch or step granularity, multi-worker safe
-(what Keras's does not: `docs/distributed.md`, "Resuming exactly")."""
+"""`BackupAndRestore`: exact resume after a kill (docs/distributed.md, "Resuming exactly")."""
 
 from __future__ import annotations
 

@@ -140,7 +140,6 @@ class StepTimer(keras.callbacks.Callback):
         if self.log_dir is not None:
             try:
                 path = self.log_dir / artifact_name("steps", ".csv")
-                # Same header: appended to; other columns or a cut last row: moved aside.
                 self._file, _ = open_csv(path, _STEPS_HEADER)
                 # Keras skips on_train_end when fit raises: close it when this callback goes.
                 self._closer = weakref.finalize(self, _close_quietly, self._file)
@@ -239,8 +238,7 @@ class StepTimer(keras.callbacks.Callback):
                 )
                 self._against_tune(summary)
                 return summary
-        # The boundary of every hook's work on the steps: never let it fail `fit`.
-        except Exception as e:
+        except Exception as e:  # the boundary of every hook's work on the steps: `fit` goes on
             self._report(e)
         finally:
             self._lock.release()

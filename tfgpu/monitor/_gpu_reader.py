@@ -1,5 +1,4 @@
-"""The sampler thread's per-GPU readers: every `GPU_METRICS` value per sample, with the fallbacks
-of older drivers (the sources, GPM and the PCIe fallbacks: docs/metrics.md)."""
+"""The sampler thread's per-GPU readers, with older drivers' fallbacks (docs/metrics.md)."""
 
 from __future__ import annotations
 
@@ -81,9 +80,7 @@ class GpuReader:
         self._in_use = constant(nv, "NVML_ERROR_IN_USE", 19)
         version = constant(nv, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25)
         self._no_v2 = (self._function_not_found, self._not_supported, version)
-        # The GPU (or NVML) is gone: no value of the row stands, carried ones included. A GPU
-        # that asks for a reset (Xid 48/79 and the like) answers nothing until it gets one.
-        self._gone = (
+        self._gone = (  # the GPU (or NVML) is gone: no value of its row stands (docs/metrics.md)
             constant(nv, "NVML_ERROR_GPU_IS_LOST", 15),
             constant(nv, "NVML_ERROR_RESET_REQUIRED", 16),
             constant(nv, "NVML_ERROR_UNINITIALIZED", 1),
@@ -96,8 +93,7 @@ class GpuReader:
         self._gpm_samples: list[Any] = []
         self._gpm_request: Any = None
         self._gpm_ids: list[int] = []
-        # PCIe without GPM: byte-counter field values (None: untried), else the blocking call.
-        self._fields_ok: bool | None = None
+        self._fields_ok: bool | None = None  # PCIe byte counters: None untried, then worked?
         self._blocking = session
         self._proc_last_ts = 0
         self._forget()

@@ -1,5 +1,4 @@
-"""The NVML binding for `nvml`, `_gpu_reader` and `tfgpu.scalability`: importing `pynvml` (when
-a function runs), starting and stopping NVML, and `nvml_query`, where every call is made."""
+"""The NVML binding (`pynvml`, imported when a function runs); `nvml_query` makes every call."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The sampler's run-directory files: names (one set per worker), `run.json` sessions, the
-timeline's rows; appended, rotated or refused, never truncated (docs/guarantees.md)."""
+"""The sampler's run-directory files, one set per worker, never truncated (docs/guarantees.md)."""
 
 from __future__ import annotations
 

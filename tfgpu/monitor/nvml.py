@@ -1,5 +1,4 @@
-"""Which GPUs the machine has (`inventory()`) and which of them this process uses (`visible_gpus`),
-through `pynvml`, imported when a function runs. `GPU_METRICS`: the per-GPU `METRICS`."""
+"""The machine's GPUs (`inventory()`) and this process's (`visible_gpus`), as NVML tells."""
 
 from __future__ import annotations
 
