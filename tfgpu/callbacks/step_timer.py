@@ -15,12 +15,11 @@ from typing import Any
 
 import keras
 
-from tfgpu._internal.adapters import keras_internals, model_state
+from tfgpu._internal.adapters import devices, keras_internals, model_state
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_int, check_number
 from tfgpu._internal.helpers.files import open_csv, writable_dir
 from tfgpu.callbacks import _steps
-from tfgpu.callbacks._gpus import auto_peak_flops
 from tfgpu.monitor import artifact_name
 
 _log = logging.getLogger(__name__)
@@ -191,7 +190,7 @@ class StepTimer(keras.callbacks.Callback):
         flops, peak = self.flops_per_step, self.peak_flops
         try:
             if peak is None:
-                peak = auto_peak_flops(self.model)
+                peak = _auto_peak_flops(self.model)
             if peak is not None and flops is None:
                 if not self._batch_size:
                     self._note_mfu("the batch size is unknown")
@@ -346,6 +345,40 @@ def _check_positive_number(name: str, value: Any, example: str) -> float | None:
         allow_none=True,
         expected=f"a finite number > 0 or None, e.g. {example}",
     )
+
+
+def _trains_on_gpu() -> bool:
+    """Whether TensorFlow places this process's ops on a GPU (after `fit` started it)."""
+    try:
+        import tensorflow as tf
+    except ImportError:  # another Keras backend, without TensorFlow
+        return False
+    try:
+        return bool(tf.config.list_logical_devices("GPU"))
+    except (RuntimeError, tf.errors.OpError):  # a runtime that failed to start its devices
+        return False
+
+
+def _auto_peak_flops(model: Any) -> float | None:
+    """Peak FLOP/s of `/GPU:0` for the model's dtype policy times the strategy's replicas (one
+    GPU each, assumed alike), or None off the GPU or if unknown (docs/metrics.md, `mfu`)."""
+    if not _trains_on_gpu():
+        return None
+    from tfgpu.flops import peak_flops
+
+    gpu = devices.gpu_record(0)
+    if gpu is None or gpu.name is None:
+        return None
+    policy = getattr(getattr(model, "dtype_policy", None), "name", None)
+    precision = devices.peak_precision(
+        str(policy or keras.config.dtype_policy().name), gpu.compute_capability
+    )
+    peak = None if precision is None else peak_flops(gpu.name, precision)
+    if peak is None:
+        return None
+    strategy = getattr(model, "distribute_strategy", None)
+    replicas = getattr(strategy, "num_replicas_in_sync", 1)
+    return peak * (replicas if isinstance(replicas, int) and replicas > 0 else 1)
 
 
 def _sync_after_fit(timer: weakref.ref[StepTimer]) -> None:
