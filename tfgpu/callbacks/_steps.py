@@ -27,8 +27,7 @@ def optimizer_steps(model: Any) -> int | None:
                 return None
         import keras
 
-        value = keras.ops.convert_to_numpy(optimizer.iterations)
-        return int(value)
+        return int(keras.ops.convert_to_numpy(optimizer.iterations))
     except Exception:  # a side figure: an optimizer we cannot read counts nothing
         return None
 

@@ -97,8 +97,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._last_logs: dict[str, float] = {}
         self._pending: dict[str, Any] | None = None  # a restore still to apply in fit
         self._original_train_function: Callable | None = None
-        self._set_initial_epoch = False
-        self._last_call_skipped = False
+        self._set_initial_epoch = self._last_call_skipped = False
         self._epoch_iterator = None  # Keras's EpochIterator of this fit, when found
         self._dataset: _backup.CountingDataset | None = None
         self._reused_source = None  # the user's tf.data dataset, if an earlier fit iterated it
@@ -198,9 +197,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._count_iterators()
         self._wrap_train_function()
         loaded = self._load()
-        strategy = model.distribute_strategy
         position = [0, 0] if loaded is None else [loaded[0]["epoch"], loaded[0]["step"]]
-        self._check_workers_agree(strategy, position)
+        self._check_workers_agree(model.distribute_strategy, position)
         if loaded is None:
             return
         meta, arrays, path = loaded
@@ -316,10 +314,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._steps_in_epoch = 0
         pending = self._pending
         if pending and pending["metrics"] is not None:
-            saved_paths, arrays = pending["metrics"]
-            _backup.assign_metrics(
-                _backup.variable_groups(self.model)["metrics"], saved_paths, arrays
-            )
+            variables = _backup.variable_groups(self.model)["metrics"]
+            _backup.assign_metrics(variables, *pending["metrics"])  # the saved paths, arrays
             pending["metrics"] = None
 
     def _wrap_train_function(self) -> None:
@@ -437,6 +433,5 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self._epoch_iterator is not None and self._dataset is not None:
             keras_internals.set_distributed_dataset(self._epoch_iterator, self._dataset._dataset)
         self._epoch_iterator = self._dataset = None
-        if not self.delete_checkpoint:
-            return
-        _backup.delete_backups(*self._paths())
+        if self.delete_checkpoint:
+            _backup.delete_backups(*self._paths())

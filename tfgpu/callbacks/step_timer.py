@@ -107,10 +107,8 @@ class StepTimer(keras.callbacks.Callback):
         self._fit_over: keras_internals.FitWatch | None = None
         self._batch_size: int | None = self.batch_size
         self._epoch = 0
-        self._reported = False
-        self._mfu_noted = False
-        self._flops: float | None = self.flops_per_step
-        self._peak: float | None = self.peak_flops
+        self._reported = self._mfu_noted = False
+        self._flops, self._peak = self.flops_per_step, self.peak_flops
         self._reset_epoch()
 
     def _reset_epoch(self) -> None:

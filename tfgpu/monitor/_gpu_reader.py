@@ -284,11 +284,8 @@ class GpuReader:
     def _pcie(self, h: Any) -> Values:
         if all(v == v for v in self._gpm_values[6:]):  # GPM gave PCIe rates at its last read
             return self._gpm_values[6], self._gpm_values[7]
-        if self._fields_ok is not False:
-            values = self._pcie_fields(h)
-            if values is not None:
-                return values
-        return self._pcie_throughput(h)
+        values = self._pcie_fields(h) if self._fields_ok is not False else None
+        return self._pcie_throughput(h) if values is None else values
 
     def _pcie_fields(self, h: Any) -> tuple[float, float] | Failure | None:
         """PCIe rates from the byte counters (non-blocking); None when the driver does not give

@@ -69,9 +69,7 @@ def _gpu_info(nv: ModuleType, index: int, handle: Any) -> GpuInfo:
     util = nvml_query(nv, "nvmlDeviceGetUtilizationRates", handle, default=None)
     pci = nvml_query(nv, "nvmlDeviceGetPciInfo", handle, default=None)
     cc = nvml_query(nv, "nvmlDeviceGetCudaComputeCapability", handle, default=None)
-    bus_id = ""
-    if pci is not None:
-        bus_id = decode(getattr(pci, "busId", b"") or getattr(pci, "busIdLegacy", b""))
+    bus_id = decode(getattr(pci, "busId", b"") or getattr(pci, "busIdLegacy", b""))  # or ""
     return GpuInfo(
         index=index,
         name=decode(nvml_query(nv, "nvmlDeviceGetName", handle, default="unknown")),
@@ -150,8 +148,7 @@ def _parse_pci(bus_id: str) -> tuple[int, int, int, int] | None:
 
 def _match_token(token: str, gpus: Sequence[_G]) -> _G | None:
     if re.fullmatch(r"[0-9]+", token):  # ASCII digits only, as CUDA reads them
-        position = int(token)
-        return gpus[position] if position < len(gpus) else None
+        return gpus[int(token)] if int(token) < len(gpus) else None
     if token.upper().startswith("GPU-"):
         hits = [g for g in gpus if g.uuid.lower().startswith(token.lower())]
         return hits[0] if len(hits) == 1 else None  # CUDA rejects ambiguous prefixes too
