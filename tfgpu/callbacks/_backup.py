@@ -39,8 +39,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _create(path: Path, attempts: int = 5):
-    """Opens `path` for writing, creating its directories again if a peer worker cleaning up
-    removed the shared, empty `backup_dir` in between."""
+    """Opens `path` for writing, making its directories again if a peer removed `backup_dir`."""
     for _ in range(attempts - 1):
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
@@ -296,10 +295,7 @@ class CountingDataset:
 
     def index_of(self, iterator) -> int | None:
         """The creation index of `iterator` (0 for the first made here), or None if unknown."""
-        for ref, index in self._made:
-            if ref() is iterator:
-                return index
-        return None
+        return next((index for ref, index in self._made if ref() is iterator), None)
 
     def __iter__(self):
         while self.created < self._skip_to:

@@ -34,9 +34,7 @@ def optimizer_steps(model: Any) -> int | None:
 
 def steps_between(begin: int | None, end: int | None) -> int | None:
     """Steps the optimizer counted from `begin` to `end`, or None when either is unknown."""
-    if begin is None or end is None or end < begin:
-        return None
-    return end - begin
+    return None if begin is None or end is None or end < begin else end - begin
 
 
 def true_last_steps(counted: list[int], true_total: int | None) -> int | None:

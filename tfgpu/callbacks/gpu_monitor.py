@@ -163,21 +163,15 @@ class GPUMonitor(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         try:
-            aggregates = self.sampler.aggregate(since=self._epoch_start)
+            agg = self.sampler.aggregate(since=self._epoch_start)
             seconds = time.time() - self._epoch_start if self._epoch_start else _NAN
-            aggregates = _epoch_logs(
-                aggregates,
-                len(self.sampler.gpus),
-                seconds,
-                self._epoch_steps(),
-                self._batch_size,
-                per_gpu=self.per_gpu_logs,
-            )
+            gpus, steps = len(self.sampler.gpus), self._epoch_steps()
+            keys = _epoch_logs(agg, gpus, seconds, steps, self._batch_size, self.per_gpu_logs)
         except Exception as e:  # the hook's boundary: side features never kill training
             self._report("could not aggregate the samples", e)
-            aggregates = {}
+            keys = {}
         if logs is not None:
-            logs.update(aggregates)
+            logs.update(keys)
         self._write_tensorboard()
 
     def on_train_end(self, logs=None):
@@ -195,8 +189,7 @@ class GPUMonitor(keras.callbacks.Callback):
                 self._report("could not flush TensorBoard", e)
 
     def _epoch_steps(self) -> int:
-        """The steps the epoch ran: Keras's epoch length, else the optimizer's count, else the
-        batches begun (the last may be an execution the data cut short)."""
+        """The steps the epoch ran: Keras's length, else the optimizer's count, else the batches."""
         steps = known_epoch_steps(self.params)
         if steps is None and self._optimizer_at_begin is not None:
             steps = steps_between(self._optimizer_at_begin, optimizer_steps(self.model))

@@ -143,9 +143,8 @@ class StepTimer(keras.callbacks.Callback):
             except (OSError, ValueError) as e:  # a full disk, a lost mount, a path it refuses
                 _log.warning("StepTimer cannot write steps.csv (%s); training goes on.", e)
         # ... and write the rows as soon as fit is over, also when it raised.
-        self._fit_over = keras_internals.when_fit_ends(
-            functools.partial(_sync_after_fit, weakref.ref(self)), __name__
-        )
+        sync = functools.partial(_sync_after_fit, weakref.ref(self))
+        self._fit_over = keras_internals.when_fit_ends(sync, __name__)
 
     def on_epoch_begin(self, epoch, logs=None):
         # An epoch of unknown length may end inside an execution: the optimizer will tell.
@@ -214,9 +213,9 @@ class StepTimer(keras.callbacks.Callback):
     def _sync(
         self, final: bool, timeout: float | None = None, epoch_end: bool = False
     ) -> dict[str, float] | None:
-        """Turns the noted times into rows and writes them; never raises. `final`: the batches
-        are over (a begin without an end is dropped); `timeout`: how long to wait for a thread
-        already at it (None: wait). Returns the epoch's logs at `epoch_end`, else None."""
+        """Turns the noted times into rows and writes them (and returns the epoch's logs at
+        `epoch_end`); never raises. `final`: a begin without an end is dropped; `timeout`: None
+        waits for a thread already at it."""
         if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
             return None
         try:
@@ -242,8 +241,7 @@ class StepTimer(keras.callbacks.Callback):
         return None
 
     def _against_tune(self, summary: dict[str, float]) -> None:
-        """Adds what `tune` measured for a model set up by `TuneResult.apply`; warns once, at the
-        first epoch, when it fell short by more than a fifth."""
+        """Adds what `tune` measured (`TuneResult.apply`); warns at epoch 0 if a fifth short."""
         tuned = model_state.tuned_examples_per_s(self.model)
         if tuned is None:
             return
@@ -299,9 +297,8 @@ class StepTimer(keras.callbacks.Callback):
         row was held back by `_flush`, so steps.csv never holds the wrong count)."""
         if self._optimizer_at_begin is None or not self._executions:
             return
-        true_total = _steps.steps_between(
-            self._optimizer_at_begin, _steps.optimizer_steps(self.model)
-        )
+        end = _steps.optimizer_steps(self.model)
+        true_total = _steps.steps_between(self._optimizer_at_begin, end)
         last = _steps.true_last_steps([steps for steps, _ in self._executions], true_total)
         if last is None:
             return
@@ -368,9 +365,8 @@ def _auto_peak_flops(model: Any) -> float | None:
     if gpu is None or gpu.name is None:
         return None
     policy = getattr(getattr(model, "dtype_policy", None), "name", None)
-    precision = devices.peak_precision(
-        str(policy or keras.config.dtype_policy().name), gpu.compute_capability
-    )
+    policy = str(policy or keras.config.dtype_policy().name)  # the model's, else the global one
+    precision = devices.peak_precision(policy, gpu.compute_capability)
     peak = None if precision is None else peak_flops(gpu.name, precision)
     if peak is None:
         return None

@@ -9,11 +9,5 @@ from tfgpu.monitor._run_files import artifact_name
 from tfgpu.monitor.sampler import Sampler, record
 
 __all__ = [
-    "METRICS",
-    "Metric",
-    "Sampler",
-    "aggregate_keys",
-    "artifact_name",
-    "record",
-    "timeline_columns",
-]
+    "METRICS", "Metric", "Sampler", "aggregate_keys", "artifact_name", "record", "timeline_columns",
+]  # fmt: skip

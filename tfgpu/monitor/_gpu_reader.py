@@ -50,8 +50,7 @@ all GPUs together make one such call per `PCIE_THROUGHPUT_PERIOD / (2 * GPUs)` s
 
 @dataclasses.dataclass
 class Session:
-    """What a session's readers share: the clock, the shortest window of a rate from two
-    counter readings, and when the next blocking NVML call may be made."""
+    """What a session's readers share: the clock, a rate's least window, blocking calls' turns."""
 
     clock: Callable[[], float]
     min_window: float

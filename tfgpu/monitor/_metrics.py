@@ -214,6 +214,4 @@ def _stat(values: Sequence[float], stat: str) -> float:
 
 def aggregate_columns(columns: Mapping[str, Sequence[float]], num_gpus: int) -> dict[str, float]:
     """Pure: epoch aggregates (NaN-ignoring mean/max) of the given column values."""
-    return {
-        key: _stat(columns.get(column, ()), stat) for key, column, stat in _aggregates(num_gpus)
-    }
+    return {key: _stat(columns.get(col, ()), stat) for key, col, stat in _aggregates(num_gpus)}

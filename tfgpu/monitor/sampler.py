@@ -143,8 +143,7 @@ class Sampler:
         """A copy of the rows from number `start` (0-based) on, e.g. those not yet seen."""
         with self._lock:
             columns = {c: v[start:] for c, v in self._data.items()}
-        n = len(columns["time"])
-        return [{c: columns[c][k] for c in self._columns} for k in range(n)]
+        return [{c: columns[c][k] for c in self._columns} for k in range(len(columns["time"]))]
 
     def mark(self, epoch: int | None = None, step: int | None = None) -> None:
         """Sets the epoch and/or step written on the rows that follow; None leaves it as is.
@@ -291,8 +290,7 @@ class Sampler:
 
 
 def _next_deadline(deadline: float, now: float, interval: float) -> float:
-    """When the next sample is due: on the rhythm, but after a stall at least a tenth of an
-    interval away (never a busy loop)."""
+    """When the next sample is due: on the rhythm, after a stall a tenth of an interval away."""
     return max(deadline + interval, now + 0.1 * interval)
 
 
