@@ -27,6 +27,7 @@ _NAN = float("nan")
 
 # An epoch below this share of what `tune` measured for the model's settings is named.
 TUNED_SHORTFALL = 0.8
+_Row = tuple[float, int, int, float, float]  # a steps.csv row: time, epoch, step, step time, rate
 
 
 def _epoch_summary(
@@ -119,7 +120,7 @@ class StepTimer(keras.callbacks.Callback):
         self._ends: list[tuple[int, float]] = []  # heap of (end_step, perf) not yet matched
         self._prev_end: float | None = None
         self._executions: list[tuple[int, float]] = []
-        self._rows: list[tuple[float, int, int, float, float]] = []
+        self._rows: list[_Row] = []
         self._epoch_start = self._perf()
         self._to_unix = self._wall() - self._epoch_start  # perf + this = unix time
         self._synced_at = self._epoch_start
@@ -286,9 +287,7 @@ class StepTimer(keras.callbacks.Callback):
             # The step that really ran last, not Keras's begin + steps_per_execution - 1.
             self._rows.append(self._row(self._to_unix + t_end, begin_step, steps, seconds))
 
-    def _row(
-        self, wall: float, begin_step: int, steps: int, seconds: float
-    ) -> tuple[float, int, int, float, float]:
+    def _row(self, wall: float, begin_step: int, steps: int, seconds: float) -> _Row:
         rate = self._batch_size * steps / seconds if self._batch_size and seconds else _NAN
         return (wall, self._epoch, begin_step + steps - 1, seconds / steps, rate)
 

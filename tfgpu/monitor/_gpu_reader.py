@@ -172,11 +172,8 @@ class GpuReader:
                 return samples
             # No sample newer than the last one: carry it for a second, then idle.
             return (self._proc_value if now - self._proc_seen < 1.0 else 0.0,)
-        mine = []
-        for sample in samples:
-            self._proc_last_ts = max(self._proc_last_ts, int(sample.timeStamp))
-            if sample.pid == self._pid:
-                mine.append(float(sample.smUtil))
+        self._proc_last_ts = max([self._proc_last_ts, *(int(s.timeStamp) for s in samples)])
+        mine = [float(s.smUtil) for s in samples if s.pid == self._pid]
         self._proc_value = math.fsum(mine) / len(mine) if mine else 0.0
         self._proc_seen = now
         return (self._proc_value,)
@@ -207,7 +204,7 @@ class GpuReader:
         for _ in range(2):
             sample = nvml_query(nv, "nvmlGpmSampleAlloc")
             if isinstance(sample, Failure):
-                self._free_gpm()  # what was allocated: tried again at the next read
+                self.free_gpm()  # what was allocated: tried again at the next read
                 return sample
             self._gpm_samples.append(sample)
         self._gpm_request = request
@@ -223,7 +220,7 @@ class GpuReader:
             "counters where the driver has them.",
             why,
         )
-        self._free_gpm()
+        self.free_gpm()
 
     def _gpm_read(self, h: Any) -> Values:
         if self._gpm is False or self._clock() - self._gpm_done <= GPM_MIN_PERIOD:
@@ -274,7 +271,8 @@ class GpuReader:
         self._gpm_values = values
         return tuple(values[:6])
 
-    def _free_gpm(self) -> None:
+    def free_gpm(self) -> None:
+        """Frees the GPM samples (at the session's end: before `nvmlShutdown`). Never raises."""
         samples, self._gpm_samples = self._gpm_samples, []
         self._gpm_prev = None
         for sample in samples:  # nothing useful to do about a failed free at shutdown
@@ -407,10 +405,6 @@ class GpuReader:
                 self._report(result.kind.__name__, metrics, result)
         return values
 
-    def close(self) -> None:
-        """Frees the GPM samples (before `nvmlShutdown`). Never raises."""
-        self._free_gpm()
-
 
 def _number(name: str, *constants: str, per: float = 1.0) -> Query:
     return lambda reader, h: reader._number(h, name, *constants, per=per)
@@ -449,6 +443,6 @@ def open_readers(
 
 def close_readers(nv: ModuleType | None, readers: Sequence[GpuReader]) -> None:
     for reader in readers:
-        reader.close()
+        reader.free_gpm()
     if nv is not None:
         _nvml_lib.stop(nv)
