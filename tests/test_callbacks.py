@@ -28,7 +28,7 @@ from tests import fake_pynvml
 from tfgpu import flops, monitor
 from tfgpu._internal.adapters import devices, keras_internals
 from tfgpu._internal.helpers import warn
-from tfgpu.callbacks import GPUMonitor, StepTimer, _gpus, _steps
+from tfgpu.callbacks import GPUMonitor, StepTimer, _steps, step_timer
 from tfgpu.callbacks.gpu_monitor import _SUMMARY_KEYS, _epoch_logs
 from tfgpu.callbacks.step_timer import _epoch_summary
 
@@ -370,7 +370,7 @@ def test_peak_precision_follows_the_dtype_policy(policy, cc, tf32, expected):
 @pytest.mark.slow  # over 0.4 s: out of the edit loop (make test-fast)
 def test_step_timer_works_out_mfu_from_the_gpu_and_the_model(fake, monkeypatch, policy, precision):
     # NVML names an A100 (cc 8.0); TensorFlow is told it trains on a GPU (this CPU stands in).
-    monkeypatch.setattr(_gpus, "_trains_on_gpu", lambda: True)
+    monkeypatch.setattr(step_timer, "_trains_on_gpu", lambda: True)
     keras.mixed_precision.set_global_policy(policy)
     x, y = _data(128)
     model = _model()
@@ -387,7 +387,7 @@ def test_step_timer_works_out_mfu_from_the_gpu_and_the_model(fake, monkeypatch, 
 
 
 def test_step_timer_keeps_given_numbers_and_fills_in_the_missing_one(fake, monkeypatch):
-    monkeypatch.setattr(_gpus, "_trains_on_gpu", lambda: True)
+    monkeypatch.setattr(step_timer, "_trains_on_gpu", lambda: True)
     x, y = _data(64)
     history = _model().fit(
         x, y, batch_size=32, epochs=1, verbose=0, callbacks=[StepTimer(flops_per_step=1e9)]
@@ -400,14 +400,14 @@ def test_step_timer_keeps_given_numbers_and_fills_in_the_missing_one(fake, monke
 def test_auto_peak_counts_every_replica(fake, monkeypatch):
     import tensorflow as tf
 
-    monkeypatch.setattr(_gpus, "_trains_on_gpu", lambda: True)
+    monkeypatch.setattr(step_timer, "_trains_on_gpu", lambda: True)
     with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
         model = _model()
     one = flops.peak_flops("NVIDIA A100-SXM4-80GB", "tf32")
-    assert _gpus.auto_peak_flops(model) == pytest.approx(2 * one)
+    assert step_timer._auto_peak_flops(model) == pytest.approx(2 * one)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # the V100 (cc 7.0): no TF32
     v100 = flops.peak_flops("Tesla V100-SXM2-16GB", "float32")
-    assert _gpus.auto_peak_flops(model) == pytest.approx(2 * v100)
+    assert step_timer._auto_peak_flops(model) == pytest.approx(2 * v100)
 
 
 def test_no_mfu_without_nvml_or_off_the_gpu(monkeypatch, fake):
@@ -415,14 +415,14 @@ def test_no_mfu_without_nvml_or_off_the_gpu(monkeypatch, fake):
     # NVML lists an A100 but TensorFlow trains on the CPU: a GPU peak would be meaningless
     history = _model().fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[StepTimer()])
     assert "mfu" not in history.history and history.history["step_time_median_s"][0] > 0
-    monkeypatch.setattr(_gpus, "_trains_on_gpu", lambda: True)
+    monkeypatch.setattr(step_timer, "_trains_on_gpu", lambda: True)
     monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML: no GPU to look up
     history = _model().fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[StepTimer()])
     assert "mfu" not in history.history and history.history["step_time_median_s"][0] > 0
 
 
 def test_mfu_failures_never_break_training(fake, monkeypatch, caplog):
-    monkeypatch.setattr(_gpus, "_trains_on_gpu", lambda: True)
+    monkeypatch.setattr(step_timer, "_trains_on_gpu", lambda: True)
 
     class Subclassed(keras.Model):  # no `inputs`: its FLOPs cannot be counted
         def __init__(self):
@@ -680,11 +680,11 @@ def test_gpu_numbering_is_cuda_s_without_tensorflow(fake, monkeypatch):
 
 
 def test_auto_peak_reads_tensorflow_s_first_gpu(fake, monkeypatch, tf_sees):
-    monkeypatch.setattr(_gpus, "_trains_on_gpu", lambda: True)
+    monkeypatch.setattr(step_timer, "_trains_on_gpu", lambda: True)
     tf_sees(physical=2, visible=[1])  # TensorFlow's /GPU:0 is the V100 (cc 7.0: no TF32)
     model = _model()
     v100 = flops.peak_flops("Tesla V100-SXM2-16GB", "float32")
-    assert _gpus.auto_peak_flops(model) == pytest.approx(v100)
+    assert step_timer._auto_peak_flops(model) == pytest.approx(v100)
 
 
 @pytest.mark.slow

@@ -562,7 +562,7 @@ def test_demo_callbacks_take_mfu_from_step_timer_for_the_visible_gpu(tmp_path, m
 
     from tests import fake_pynvml
     from tfgpu import flops
-    from tfgpu.callbacks import _gpus
+    from tfgpu.callbacks import step_timer
 
     # NVML: GPU 0 an A100, GPU 1 a V100; this process is given only the V100, which
     # TensorFlow lists as its one GPU (this CPU stands in for it).
@@ -580,7 +580,7 @@ def test_demo_callbacks_take_mfu_from_step_timer_for_the_visible_gpu(tmp_path, m
         "get_visible_devices",
         lambda kind=None: [gpu] if kind == "GPU" else get_visible(kind),
     )
-    monkeypatch.setattr(_gpus, "_trains_on_gpu", lambda: True)
+    monkeypatch.setattr(step_timer, "_trains_on_gpu", lambda: True)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     x = np.random.default_rng(0).random((128, 8), dtype="float32")

@@ -24,7 +24,7 @@ from tests import fake_pynvml
 from tests.conftest import run_python
 from tfgpu import monitor
 from tfgpu._internal.helpers import checks, warn
-from tfgpu.monitor import _aggregates, host, nvml, sampler
+from tfgpu.monitor import _metrics, host, nvml, sampler
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -457,7 +457,7 @@ def test_aggregate_ignores_nan_and_is_nan_when_nothing_is_known():
         "gpu0_power_w": [float("nan")] * 3,
         "host_cpu_pct": [],
     }
-    agg = _aggregates.aggregate_columns(columns, 1)
+    agg = _metrics.aggregate_columns(columns, 1)
     assert agg["gpu0_util_pct_mean"] == 50.0 and agg["gpu0_util_pct_max"] == 60.0
     assert math.isnan(agg["gpu0_power_w_max"]) and math.isnan(agg["host_cpu_pct_mean"])
 

@@ -19,7 +19,7 @@ import pytest
 from tests import fake_pynvml
 from tfgpu import monitor
 from tfgpu._internal.helpers import warn
-from tfgpu.monitor import _aggregates, _gpu_reader, host, nvml
+from tfgpu.monitor import _gpu_reader, _metrics, host, nvml
 
 NAN = float("nan")
 GPM_KEYS = ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct")
@@ -672,16 +672,16 @@ def test_aggregates_of_counters_and_bitmasks():
         "gpu0_sm_clock_mhz": [1000.0, 2000.0],
         "gpu0_sm_active_pct": [NAN, 20.0, 40.0],
     }
-    agg = _aggregates.aggregate_columns(columns, 1)
+    agg = _metrics.aggregate_columns(columns, 1)
     assert agg["gpu0_energy_j"] == 300.0
     assert agg["gpu0_throttle_reasons_any"] == 36.0
     assert agg["gpu0_power_limit_w_max"] == 700.0
     assert agg["gpu0_sm_clock_mhz_mean"] == 1500.0
     assert agg["gpu0_sm_active_pct_mean"] == 30.0
     assert math.isnan(agg["gpu0_tensor_active_pct_mean"])
-    one = _aggregates.aggregate_columns({"gpu0_energy_j": [5.0], "gpu0_throttle_reasons": [NAN]}, 1)
+    one = _metrics.aggregate_columns({"gpu0_energy_j": [5.0], "gpu0_throttle_reasons": [NAN]}, 1)
     assert math.isnan(one["gpu0_energy_j"]) and math.isnan(one["gpu0_throttle_reasons_any"])
-    reset = _aggregates.aggregate_columns({"gpu0_energy_j": [500.0, 10.0]}, 1)  # driver reloaded
+    reset = _metrics.aggregate_columns({"gpu0_energy_j": [500.0, 10.0]}, 1)  # driver reloaded
     assert math.isnan(reset["gpu0_energy_j"])
 
 

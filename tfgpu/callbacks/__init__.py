@@ -5,11 +5,10 @@ from __future__ import annotations
 from tfgpu.callbacks.gpu_monitor import GPUMonitor
 from tfgpu.callbacks.step_timer import StepTimer
 
-__all__ = ["BackupAndRestore", "GPUMonitor", "StepTimer"]  # BackupAndRestore: lazy
+__all__ = ["BackupAndRestore", "GPUMonitor", "StepTimer"]  # BackupAndRestore: loaded on first use
 
 
 def __getattr__(name: str):
-    # BackupAndRestore (and the backup file code under it) is loaded on first use.
     if name == "BackupAndRestore":
         from tfgpu.callbacks.backup_and_restore import BackupAndRestore
 

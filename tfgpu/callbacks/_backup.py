@@ -1,5 +1,4 @@
-"""`BackupAndRestore`'s backup file (what it holds: docs/distributed.md, "Resuming exactly") and
-training state, and `CountingDataset`, which counts the iterators `fit` makes."""
+"""`BackupAndRestore`'s backup file and saved state (docs/distributed.md); `CountingDataset`."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import shutil
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
 import keras
 import numpy as np
@@ -40,8 +39,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _create(path: Path, attempts: int = 5):
-    """Opens `path` for writing, creating its directories again if a peer worker cleaning up
-    removed the shared, empty `backup_dir` in between."""
+    """Opens `path` for writing, making its directories again if a peer removed `backup_dir`."""
     for _ in range(attempts - 1):
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
@@ -124,6 +122,10 @@ def _is_count(value: Any) -> bool:
     return is_int(value) and value >= 0
 
 
+def _is_list(value: Any, length: int) -> TypeGuard[list[Any]]:
+    return isinstance(value, list) and len(value) == length
+
+
 def _malformed(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> str | None:
     """What is missing or inconsistent in a backup's record and arrays, or None if complete."""
     for key, default in (("epoch", None), ("step", None), ("position", None), ("iterators", 0)):
@@ -138,8 +140,7 @@ def _malformed(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> str | Non
             return f"its record lists no {group} variables"
         for i, entry in enumerate(saved):
             if not (
-                isinstance(entry, list)
-                and len(entry) == 2
+                _is_list(entry, 2)
                 and isinstance(entry[0], str)
                 and isinstance(entry[1], list)
                 and all(_is_count(d) for d in entry[1])
@@ -158,19 +159,16 @@ def _malformed(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> str | Non
     if keys is None or keys.shape != (624,) or keys.dtype.kind not in "iu":
         return "its NumPy random state is missing or malformed"
     if not (
-        isinstance(numpy_rng, list)
-        and len(numpy_rng) == 4
+        _is_list(numpy_rng, 4)
         and isinstance(numpy_rng[0], str)
-        and all(is_number(x) for x in numpy_rng[1:])
+        and all(map(is_number, numpy_rng[1:]))
     ):
         return "its NumPy random state is malformed"
     if not (
-        isinstance(python_rng, list)
-        and len(python_rng) == 3
+        _is_list(python_rng, 3)
         and is_int(python_rng[0])
-        and isinstance(python_rng[1], list)
-        and len(python_rng[1]) == len(random.getstate()[1])
-        and all(is_int(x) for x in python_rng[1])
+        and _is_list(python_rng[1], len(random.getstate()[1]))
+        and all(map(is_int, python_rng[1]))
     ):
         return "its Python random state is malformed"
     if not isinstance(meta.get("logs", {}), dict):
@@ -198,13 +196,9 @@ def _to_numpy(variable) -> np.ndarray:
 
 def collect_state(model) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Reads every piece of training state into NumPy arrays plus a JSON-able description."""
-    arrays: dict[str, np.ndarray] = {}
-    paths: dict[str, list] = {}
-    for group, variables in variable_groups(model).items():
-        paths[group] = []
-        for i, v in enumerate(variables):
-            arrays[f"{group}/{i:05d}"] = _to_numpy(v)
-            paths[group].append([v.path, list(v.shape)])
+    groups = variable_groups(model)
+    arrays = {f"{g}/{i:05d}": _to_numpy(v) for g, vs in groups.items() for i, v in enumerate(vs)}
+    paths = {group: [[v.path, list(v.shape)] for v in vs] for group, vs in groups.items()}
     seed = keras_internals.global_seed_generator()
     if seed is not None:
         arrays["rng/keras_global"] = _to_numpy(seed.state)
@@ -301,10 +295,7 @@ class CountingDataset:
 
     def index_of(self, iterator) -> int | None:
         """The creation index of `iterator` (0 for the first made here), or None if unknown."""
-        for ref, index in self._made:
-            if ref() is iterator:
-                return index
-        return None
+        return next((index for ref, index in self._made if ref() is iterator), None)
 
     def __iter__(self):
         while self.created < self._skip_to:

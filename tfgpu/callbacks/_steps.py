@@ -1,5 +1,4 @@
-"""How many steps an epoch really ran: Keras's epoch length, else the optimizer's step counter
-(why: docs/metrics.md, "Step timing")."""
+"""How many steps an epoch really ran (why: docs/metrics.md, "Step timing")."""
 
 from __future__ import annotations
 
@@ -28,17 +27,14 @@ def optimizer_steps(model: Any) -> int | None:
                 return None
         import keras
 
-        value = keras.ops.convert_to_numpy(optimizer.iterations)
-        return int(value)
+        return int(keras.ops.convert_to_numpy(optimizer.iterations))
     except Exception:  # a side figure: an optimizer we cannot read counts nothing
         return None
 
 
 def steps_between(begin: int | None, end: int | None) -> int | None:
     """Steps the optimizer counted from `begin` to `end`, or None when either is unknown."""
-    if begin is None or end is None or end < begin:
-        return None
-    return end - begin
+    return None if begin is None or end is None or end < begin else end - begin
 
 
 def true_last_steps(counted: list[int], true_total: int | None) -> int | None:

@@ -1,5 +1,4 @@
-"""`BackupAndRestore`: exact resume after a kill, at epoch or step granularity, multi-worker safe
-(what Keras's does not: `docs/distributed.md`, "Resuming exactly")."""
+"""`BackupAndRestore`: exact resume after a kill (docs/distributed.md, "Resuming exactly")."""
 
 from __future__ import annotations
 
@@ -44,32 +43,24 @@ _ITERATED: weakref.WeakSet = weakref.WeakSet()
 class BackupAndRestore(keras.callbacks.Callback):
     """Backs up the training state and resumes exactly where a killed run stopped.
 
-    A drop-in replacement for `keras.callbacks.BackupAndRestore`, with the same arguments:
-    when a run dies (SIGKILL, preemption, a lost worker) or `fit` raises, run the same `fit`
-    again, and the weights end equal to an uninterrupted run's up to float rounding, given
-    an input that yields the same batches for a given epoch (a dataset reshuffled every
-    epoch needs a seed). Needs the TensorFlow backend; adds no key to `logs`. What is
-    restored, shuffled data, workers, damaged backups: `docs/distributed.md` and
-    `docs/guarantees.md`.
+    A drop-in replacement for `keras.callbacks.BackupAndRestore`: run the same `fit` again
+    after a kill or a raise, and the weights end as an uninterrupted run's (a dataset
+    reshuffled every epoch needs a seed). TensorFlow backend; no key in `logs`. The guide:
+    docs/distributed.md, "Resuming exactly"; docs/guarantees.md, "Backups and resume".
 
     Args:
-        backup_dir: str or path-like, a directory used only by this callback (`~` is
-            expanded). Created, and checked that it can be written, when the callback is
-            made (with `save_freq=False`, only read).
-        save_freq: `"epoch"`, int or False: save at the end of every epoch, every
-            `save_freq` batches (best a multiple of `steps_per_execution`), or never
-            (restore only). Defaults to `"epoch"`.
-        double_checkpoint: bool, also keep the previous backup (`backup.prev.npz`) and fall
-            back to it if the newest cannot be used. Defaults to False.
+        backup_dir: str or path-like, a directory used only by this callback, created and
+            checked writable now (with `save_freq=False`, only read).
+        save_freq: `"epoch"`, int or False: save at every epoch end, every `save_freq`
+            batches (best a multiple of `steps_per_execution`), or never. Defaults to `"epoch"`.
+        double_checkpoint: bool, also keep the previous backup to fall back to. Defaults to False.
         delete_checkpoint: bool, delete the backups when `fit` completes. Defaults to True.
 
     Raises:
         TypeError: if an argument has the wrong type (`save_freq=2.5`, `backup_dir=123`).
-        ValueError: if `backup_dir` is empty, is a file or is under a file, or cannot be
-            created or written (unless `save_freq=False`), or `save_freq` is out of range or
-            unknown (`0`, `"batch"`); at the start of `fit`, if the model is unbuilt, two
-            BackupAndRestore callbacks are given, or no backup in `backup_dir` can be resumed
-            from (the message names each file and why).
+        ValueError: for a `backup_dir` that cannot be used or `save_freq` out of range
+            (`0`, `"batch"`); at the start of `fit`, for an unbuilt model, two
+            BackupAndRestore callbacks, or no usable backup (each file named, with why).
 
     Example:
 
@@ -106,8 +97,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._last_logs: dict[str, float] = {}
         self._pending: dict[str, Any] | None = None  # a restore still to apply in fit
         self._original_train_function: Callable | None = None
-        self._set_initial_epoch = False
-        self._last_call_skipped = False
+        self._set_initial_epoch = self._last_call_skipped = False
         self._epoch_iterator = None  # Keras's EpochIterator of this fit, when found
         self._dataset: _backup.CountingDataset | None = None
         self._reused_source = None  # the user's tf.data dataset, if an earlier fit iterated it
@@ -118,17 +108,14 @@ class BackupAndRestore(keras.callbacks.Callback):
         own = canonical / private if private else None
         return canonical, own, is_chief
 
-    def _candidates(self) -> list[Path]:
-        canonical, own, _ = self._paths()
-        names = [_backup.FILE, _backup.PREV] if self.double_checkpoint else [_backup.FILE]
-        folders = [canonical] if own is None else [canonical, own]
-        return [folder / name for folder in folders for name in names]
-
     def _load(self) -> tuple[dict[str, Any], dict[str, np.ndarray], Path] | None:
         """The newest backup that reads completely and fits this model and optimizer, after
         moving unusable newer ones (that this worker writes) aside to `backup.N.npz` with a
         warning; if none is usable, raises naming every file and touches nothing."""
-        present = [p for p in self._candidates() if os.path.lexists(p)]
+        canonical, own, _ = self._paths()
+        names = [_backup.FILE, _backup.PREV] if self.double_checkpoint else [_backup.FILE]
+        folders = [canonical] if own is None else [canonical, own]
+        present = [f / name for f in folders for name in names if os.path.lexists(f / name)]
         if not present:
             return None
         model = self.model
@@ -210,9 +197,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._count_iterators()
         self._wrap_train_function()
         loaded = self._load()
-        strategy = model.distribute_strategy
         position = [0, 0] if loaded is None else [loaded[0]["epoch"], loaded[0]["step"]]
-        self._check_workers_agree(strategy, position)
+        self._check_workers_agree(model.distribute_strategy, position)
         if loaded is None:
             return
         meta, arrays, path = loaded
@@ -328,10 +314,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._steps_in_epoch = 0
         pending = self._pending
         if pending and pending["metrics"] is not None:
-            saved_paths, arrays = pending["metrics"]
-            _backup.assign_metrics(
-                _backup.variable_groups(self.model)["metrics"], saved_paths, arrays
-            )
+            variables = _backup.variable_groups(self.model)["metrics"]
+            _backup.assign_metrics(variables, *pending["metrics"])  # the saved paths, arrays
             pending["metrics"] = None
 
     def _wrap_train_function(self) -> None:
@@ -449,6 +433,5 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self._epoch_iterator is not None and self._dataset is not None:
             keras_internals.set_distributed_dataset(self._epoch_iterator, self._dataset._dataset)
         self._epoch_iterator = self._dataset = None
-        if not self.delete_checkpoint:
-            return
-        _backup.delete_backups(*self._paths())
+        if self.delete_checkpoint:
+            _backup.delete_backups(*self._paths())

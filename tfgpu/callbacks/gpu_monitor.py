@@ -34,51 +34,36 @@ _NAN = float("nan")
 class GPUMonitor(keras.callbacks.Callback):
     """Records GPU and host metrics during `fit`; epoch aggregates go into `logs`.
 
-    A `tfgpu.monitor.Sampler` thread samples every `interval` seconds during `fit` (the
-    training thread makes no NVML call); a failure is logged once and recorded as NaN. List
-    it before the callbacks that read `logs` (`CSVLogger`, `TensorBoard`, `EarlyStopping`).
-
-    Logs at each epoch end, across the sampled GPUs: `gpu_util_pct_mean`,
-    `gpu_util_pct_min` (two GPUs or more), `gpu_mem_used_mib_max`, `gpu_power_w_total`,
-    `host_cpu_pct_mean`, `host_rss_mib_max`, and where known `gpu_sm_active_pct_mean`,
-    `gpu_tensor_active_pct_mean`, `gpu_pcie_mib_per_step`, `joules_per_example`. With
-    `per_gpu_logs=True`, also every GPU's own keys (`gpu{i}_util_pct_mean`, ..., and where
-    known `gpu{i}_sm_active_pct_mean`, `gpu{i}_tensor_active_pct_mean`,
-    `gpu{i}_pcie_mib_per_step`). With `log_dir`, writes `run.json` and `timeline.csv`
-    there. Every key with its unit and source, the files and their multi-worker names:
-    `docs/metrics.md`; what survives a kill or a full disk: `docs/guarantees.md`.
+    A `tfgpu.monitor.Sampler` thread samples during `fit` (never the training thread). Logs
+    `gpu_util_pct_mean`, `gpu_util_pct_min`, `gpu_mem_used_mib_max`, `gpu_power_w_total`,
+    `gpu_sm_active_pct_mean`, `gpu_tensor_active_pct_mean`, `gpu_pcie_mib_per_step`,
+    `joules_per_example`, `host_cpu_pct_mean`, `host_rss_mib_max` (some only where known);
+    with `per_gpu_logs`, `gpu{i}_util_pct_mean`, ..., `gpu{i}_sm_active_pct_mean`,
+    `gpu{i}_tensor_active_pct_mean`, `gpu{i}_pcie_mib_per_step`. List it before the callbacks
+    that read `logs`. The guide: docs/metrics.md, "In the Keras logs" and "Arguments".
 
     Args:
-        log_dir: str, os.PathLike or None, the run directory (created if missing).
-            Defaults to `None`: `logs` only, no files.
+        log_dir: str, os.PathLike or None, the run directory. Defaults to `None`: `logs` only.
         interval: float, seconds between samples, at least 0.01. Defaults to `0.2`.
-        gpus: list of int or None, the GPUs to sample as TensorFlow numbers them
-            (`/GPU:i`). Defaults to `None`: every GPU TensorFlow uses.
-        tensorboard: bool or path, also write every sample as TensorBoard scalars
-            (`monitor/<column>`): `True` into `<log_dir>/tensorboard`, a path there.
-            Defaults to `False`.
-        host: bool, whether to read the host's CPU and memory (else the host keys are
-            NaN). Defaults to `True`.
-        per_gpu_logs: bool, whether to put every GPU's keys into `logs` too. Defaults to
-            `False`: the summary only (the files and TensorBoard keep every GPU anyway).
+        gpus: list of int or None, the GPUs to sample, as `/GPU:i`. Defaults to `None`: all.
+        tensorboard: bool or path, also write TensorBoard scalars: `True` into
+            `<log_dir>/tensorboard`, a path there. Defaults to `False`.
+        host: bool, whether to read the host's CPU and memory. Defaults to `True`.
+        per_gpu_logs: bool, whether to log every GPU's keys too. Defaults to `False`.
 
     Raises:
-        ValueError: at construction, for an `interval` below 0.01, a GPU index that is
-            negative, repeated or not seen by this process, a `log_dir` under a file or
-            not writable, or `tensorboard=True` without `log_dir`.
+        ValueError: for an `interval` below 0.01, an unseen or repeated GPU, a bad `log_dir`,
+            or `tensorboard=True` without `log_dir`.
         TypeError: for an argument of the wrong type (`per_gpu_logs="yes"`).
 
     Warns:
-        RuntimeWarning: at construction, when `gpus` is given and NVML is not available to
-            check it (no GPU is sampled then).
+        RuntimeWarning: when `gpus` is given and NVML is not available to check it.
 
     Example:
 
-    ```python
-    monitor = tfgpu.callbacks.GPUMonitor("runs/exp1")
-    history = model.fit(x, y, epochs=3, callbacks=[monitor])
-    history.history["host_cpu_pct_mean"]  # one value per epoch
-    ```
+    >>> monitor = tfgpu.callbacks.GPUMonitor("runs/exp1")
+    >>> history = model.fit(x, y, epochs=3, callbacks=[monitor])
+    >>> history.history["host_cpu_pct_mean"]  # one value per epoch
     """
 
     def __init__(
@@ -178,21 +163,15 @@ class GPUMonitor(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         try:
-            aggregates = self.sampler.aggregate(since=self._epoch_start)
+            agg = self.sampler.aggregate(since=self._epoch_start)
             seconds = time.time() - self._epoch_start if self._epoch_start else _NAN
-            aggregates = _epoch_logs(
-                aggregates,
-                len(self.sampler.gpus),
-                seconds,
-                self._epoch_steps(),
-                self._batch_size,
-                per_gpu=self.per_gpu_logs,
-            )
+            gpus, steps = len(self.sampler.gpus), self._epoch_steps()
+            keys = _epoch_logs(agg, gpus, seconds, steps, self._batch_size, self.per_gpu_logs)
         except Exception as e:  # the hook's boundary: side features never kill training
             self._report("could not aggregate the samples", e)
-            aggregates = {}
+            keys = {}
         if logs is not None:
-            logs.update(aggregates)
+            logs.update(keys)
         self._write_tensorboard()
 
     def on_train_end(self, logs=None):
@@ -210,8 +189,7 @@ class GPUMonitor(keras.callbacks.Callback):
                 self._report("could not flush TensorBoard", e)
 
     def _epoch_steps(self) -> int:
-        """The steps the epoch ran: Keras's epoch length, else the optimizer's count, else the
-        batches begun (the last may be an execution the data cut short)."""
+        """The steps the epoch ran: Keras's length, else the optimizer's count, else the batches."""
         steps = known_epoch_steps(self.params)
         if steps is None and self._optimizer_at_begin is not None:
             steps = steps_between(self._optimizer_at_begin, optimizer_steps(self.model))
@@ -252,28 +230,18 @@ class GPUMonitor(keras.callbacks.Callback):
 
 # Per-GPU keys, with `per_gpu_logs=True`: always these ...
 _PER_GPU = (
-    "util_pct_mean",
-    "util_pct_max",
-    "mem_used_mib_mean",
-    "mem_used_mib_max",
-    "power_w_mean",
+    "util_pct_mean", "util_pct_max", "mem_used_mib_mean", "mem_used_mib_max", "power_w_mean",
     "power_w_max",
-)
+)  # fmt: skip
 # ... and these where at least one GPU has a value (GPM: Hopper or newer).
 _PER_GPU_WHERE_KNOWN = ("sm_active_pct_mean", "tensor_active_pct_mean")
 _HOST = ("host_cpu_pct_mean", "host_rss_mib_max")
 
 _SUMMARY_KEYS = (
-    "gpu_util_pct_mean",
-    "gpu_util_pct_min",
-    "gpu_mem_used_mib_max",
-    "gpu_power_w_total",
-    "gpu_sm_active_pct_mean",
-    "gpu_tensor_active_pct_mean",
-    "gpu_pcie_mib_per_step",
-    "joules_per_example",
-    *_HOST,
-)
+    "gpu_util_pct_mean", "gpu_util_pct_min", "gpu_mem_used_mib_max", "gpu_power_w_total",
+    "gpu_sm_active_pct_mean", "gpu_tensor_active_pct_mean", "gpu_pcie_mib_per_step",
+    "joules_per_example", *_HOST,
+)  # fmt: skip
 """Every key `GPUMonitor` may log by default, in order (some only where known)."""
 
 
@@ -285,17 +253,17 @@ def _epoch_logs(
     batch_size: int | None,
     per_gpu: bool = False,
 ) -> dict[str, float]:
-    """Pure: the keys `GPUMonitor` logs from the epoch's `Sampler.aggregate()`: the summary,
-    then with `per_gpu` every GPU's keys (which, when: docs/metrics.md)."""
+    """Pure: what `GPUMonitor` logs from the epoch's aggregates (which, when: docs/metrics.md)."""
     gpus = range(num_gpus)
 
     def column(key: str) -> list[float]:
         return [aggregates.get(f"gpu{i}_{key}", _NAN) for i in gpus]
 
-    pcie = [
-        (tx + rx) * seconds / steps if steps > 0 and seconds == seconds and seconds > 0 else _NAN
-        for tx, rx in zip(column("pcie_tx_mib_s_mean"), column("pcie_rx_mib_s_mean"))
-    ]
+    timed = steps > 0 and seconds == seconds and seconds > 0
+    traffic = zip(column("pcie_tx_mib_s_mean"), column("pcie_rx_mib_s_mean"))
+    pcie = [(tx + rx) * seconds / steps if timed else _NAN for tx, rx in traffic]
+    known = {key: column(key) for key in _PER_GPU_WHERE_KNOWN}
+    known = {k: v for k, v in {**known, "pcie_mib_per_step": pcie}.items() if stats.finite(v)}
     logs: dict[str, float] = {}
     if num_gpus:
         util = column("util_pct_mean")
@@ -306,21 +274,14 @@ def _epoch_logs(
         # A total is only a total over every GPU: one without a power reading makes it NaN.
         power = stats.finite(column("power_w_mean"))
         logs["gpu_power_w_total"] = math.fsum(power) if len(power) == num_gpus else _NAN
-        for key in _PER_GPU_WHERE_KNOWN:
-            if stats.finite(column(key)):
-                logs[f"gpu_{key}"] = stats.mean(column(key))
-        if stats.finite(pcie):
-            logs["gpu_pcie_mib_per_step"] = math.fsum(stats.finite(pcie))  # all GPUs' traffic
+        for key, values in known.items():  # PCIe: all GPUs' traffic; the others a mean
+            total = key == "pcie_mib_per_step"
+            logs[f"gpu_{key}"] = math.fsum(stats.finite(values)) if total else stats.mean(values)
     energy = column("energy_j")
     if batch_size and steps > 0 and energy and all(e == e for e in energy):
         logs["joules_per_example"] = math.fsum(energy) / (batch_size * steps)
     if per_gpu:
         logs.update({f"gpu{i}_{key}": column(key)[i] for i in gpus for key in _PER_GPU})
-        for key in _PER_GPU_WHERE_KNOWN:
-            values = column(key)
-            if any(v == v for v in values):
-                logs.update({f"gpu{i}_{key}": values[i] for i in gpus})
-        if any(v == v for v in pcie):
-            logs.update({f"gpu{i}_pcie_mib_per_step": pcie[i] for i in gpus})
+        logs.update({f"gpu{i}_{key}": values[i] for key, values in known.items() for i in gpus})
     logs.update({key: aggregates.get(key, _NAN) for key in _HOST})
     return logs

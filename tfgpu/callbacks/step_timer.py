@@ -15,12 +15,11 @@ from typing import Any
 
 import keras
 
-from tfgpu._internal.adapters import keras_internals, model_state
+from tfgpu._internal.adapters import devices, keras_internals, model_state
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_int, check_number
 from tfgpu._internal.helpers.files import open_csv, writable_dir
 from tfgpu.callbacks import _steps
-from tfgpu.callbacks._gpus import auto_peak_flops
 from tfgpu.monitor import artifact_name
 
 _log = logging.getLogger(__name__)
@@ -28,6 +27,7 @@ _NAN = float("nan")
 
 # An epoch below this share of what `tune` measured for the model's settings is named.
 TUNED_SHORTFALL = 0.8
+_Row = tuple[float, int, int, float, float]  # a steps.csv row: time, epoch, step, step time, rate
 
 
 def _epoch_summary(
@@ -44,13 +44,12 @@ def _epoch_summary(
     total_steps = sum(steps for steps, _ in steady)
     total_seconds = sum(seconds for _, seconds in steady)
     median = stats.median(per_step)
+    rate = batch_size * total_steps / total_seconds if batch_size and total_seconds > 0 else _NAN
     logs = {
         "step_time_median_s": median,
         "step_time_p90_s": stats.percentile(per_step, 90),
         "first_step_time_s": first,
-        "examples_per_s": batch_size * total_steps / total_seconds
-        if batch_size and total_seconds > 0
-        else _NAN,
+        "examples_per_s": rate,
         "epoch_time_s": epoch_time,
     }
     if flops_per_step is not None and peak_flops is not None:
@@ -61,39 +60,27 @@ def _epoch_summary(
 class StepTimer(keras.callbacks.Callback):
     """Measures train step time and throughput; per-epoch figures go into `logs`.
 
-    The batch hooks only note the time (almost nothing even on a sub-millisecond step); an
-    execution of `steps_per_execution` steps is divided by the steps that really ran in it.
-
-    Logs at each epoch end: `step_time_median_s` and `step_time_p90_s` (over the epoch's
-    steps but its first execution), `first_step_time_s` (epoch 0's includes tracing and
-    compilation), `examples_per_s`, `epoch_time_s`, and `mfu` where the FLOPs per step and
-    the GPU's peak are known (given, or worked out when `fit` starts). With `log_dir`,
-    writes `steps.csv`, one row per execution, at least once a second. Every key and column,
-    and when rows are written: `docs/metrics.md`.
+    Logs `step_time_median_s`, `step_time_p90_s`, `first_step_time_s`, `examples_per_s`,
+    `epoch_time_s`, and `mfu` where the FLOPs per step and the peak are known; with `log_dir`,
+    `steps.csv`, one row per execution. The batch hooks only note the time. The guide:
+    docs/metrics.md, "Step timing" and "Arguments".
 
     Args:
-        log_dir: str, os.PathLike or None, the run directory (created if missing), positional
-            or by keyword, as `GPUMonitor`'s. Defaults to `None`: no file.
-        batch_size: int or None, the global batch size. Defaults to `None`: read from the
-            data `fit` was given (arrays, or a batched `tf.data` dataset).
-        flops_per_step: float or None, FLOPs of one train step. Defaults to `None`:
-            `tfgpu.flops.train_step_flops(model, batch_size)` when `fit` starts.
-        peak_flops: float or None, the hardware's peak FLOP/s for the precision used,
-            summed over replicas. Defaults to `None`: looked up for this process's GPU.
+        log_dir: str, os.PathLike or None, the run directory. Defaults to `None`: no file.
+        batch_size: int or None, the global batch size. Defaults to `None`: read from `fit`.
+        flops_per_step: float or None, FLOPs of one train step. Defaults to `None`: counted.
+        peak_flops: float or None, the peak FLOP/s, summed over replicas. Defaults to `None`:
+            looked up for this process's GPU.
 
     Raises:
-        ValueError: for numbers <= 0 or not finite, or a `log_dir` that is or lies under a
-            file or cannot be written.
-        TypeError: for a `batch_size` that is not an int (2.5, True, "32"), a FLOPs
-            figure that is not a number, a `log_dir` that is not a path.
+        ValueError: for numbers <= 0 or not finite, or a `log_dir` that cannot be written.
+        TypeError: for an argument of the wrong type (`batch_size=2.5`, `True`, `"32"`).
 
     Example:
 
-    ```python
-    timer = tfgpu.callbacks.StepTimer(log_dir="runs/exp1")
-    history = model.fit(dataset, epochs=3, callbacks=[timer])
-    history.history["examples_per_s"]
-    ```
+    >>> timer = tfgpu.callbacks.StepTimer(log_dir="runs/exp1")
+    >>> history = model.fit(dataset, epochs=3, callbacks=[timer])
+    >>> history.history["examples_per_s"]
     """
 
     def __init__(
@@ -121,10 +108,8 @@ class StepTimer(keras.callbacks.Callback):
         self._fit_over: keras_internals.FitWatch | None = None
         self._batch_size: int | None = self.batch_size
         self._epoch = 0
-        self._reported = False
-        self._mfu_noted = False
-        self._flops: float | None = self.flops_per_step
-        self._peak: float | None = self.peak_flops
+        self._reported = self._mfu_noted = False
+        self._flops, self._peak = self.flops_per_step, self.peak_flops
         self._reset_epoch()
 
     def _reset_epoch(self) -> None:
@@ -135,16 +120,14 @@ class StepTimer(keras.callbacks.Callback):
         self._ends: list[tuple[int, float]] = []  # heap of (end_step, perf) not yet matched
         self._prev_end: float | None = None
         self._executions: list[tuple[int, float]] = []
-        self._rows: list[tuple[float, int, int, float, float]] = []
+        self._rows: list[_Row] = []
         self._epoch_start = self._perf()
         self._to_unix = self._wall() - self._epoch_start  # perf + this = unix time
         self._synced_at = self._epoch_start
         self._optimizer_at_begin: int | None = None  # only when the epoch length is unknown
 
     def on_train_begin(self, logs=None):
-        self._forget_fit()
-        self._sync(final=True)  # rows of a previous fit that raised
-        self._close_file()
+        self.on_train_end()  # the rows and file of a previous fit that raised
         self._batch_size = self.batch_size or keras_internals.fit_batch_size(self.model)
         if self._batch_size is None:
             _log.warning(
@@ -155,16 +138,14 @@ class StepTimer(keras.callbacks.Callback):
         if self.log_dir is not None:
             try:
                 path = self.log_dir / artifact_name("steps", ".csv")
-                # Same header: appended to; other columns or a cut last row: moved aside.
                 self._file, _ = open_csv(path, _STEPS_HEADER)
                 # Keras skips on_train_end when fit raises: close it when this callback goes.
                 self._closer = weakref.finalize(self, _close_quietly, self._file)
             except (OSError, ValueError) as e:  # a full disk, a lost mount, a path it refuses
                 _log.warning("StepTimer cannot write steps.csv (%s); training goes on.", e)
         # ... and write the rows as soon as fit is over, also when it raised.
-        self._fit_over = keras_internals.when_fit_ends(
-            functools.partial(_sync_after_fit, weakref.ref(self)), __name__
-        )
+        sync = functools.partial(_sync_after_fit, weakref.ref(self))
+        self._fit_over = keras_internals.when_fit_ends(sync, __name__)
 
     def on_epoch_begin(self, epoch, logs=None):
         # An epoch of unknown length may end inside an execution: the optimizer will tell.
@@ -193,18 +174,21 @@ class StepTimer(keras.callbacks.Callback):
             logs.update(summary)
 
     def on_train_end(self, logs=None):
-        self._forget_fit()
+        if self._fit_over is not None:  # the watch on this fit (the next fit has its own)
+            self._fit_over.cancel()
+            self._fit_over = None
         self._sync(final=True)
-        self._close_file()
+        if self._closer is not None:
+            self._closer()  # closes the file, once
+            self._closer = None
+        self._file = None
 
     def _mfu_inputs(self) -> tuple[float | None, float | None]:
         """FLOPs per step and peak FLOP/s: as given, else worked out; never raises."""
         flops, peak = self.flops_per_step, self.peak_flops
-        if flops is not None and peak is not None:
-            return flops, peak
         try:
             if peak is None:
-                peak = auto_peak_flops(self.model)
+                peak = _auto_peak_flops(self.model)
             if peak is not None and flops is None:
                 if not self._batch_size:
                     self._note_mfu("the batch size is unknown")
@@ -227,18 +211,12 @@ class StepTimer(keras.callbacks.Callback):
             self._reported = True
             _log.warning("StepTimer failed (%r); training goes on. (Logged once.)", error)
 
-    def _forget_fit(self) -> None:
-        """Drops the watch on the previous `fit` (this fit has its own)."""
-        if self._fit_over is not None:
-            self._fit_over.cancel()
-            self._fit_over = None
-
     def _sync(
         self, final: bool, timeout: float | None = None, epoch_end: bool = False
     ) -> dict[str, float] | None:
-        """Turns the noted times into rows and writes them; never raises. `final`: the batches
-        are over (a begin without an end is dropped); `timeout`: how long to wait for a thread
-        already at it (None: wait). Returns the epoch's logs at `epoch_end`, else None."""
+        """Turns the noted times into rows and writes them (and returns the epoch's logs at
+        `epoch_end`); never raises. `final`: a begin without an end is dropped; `timeout`: None
+        waits for a thread already at it."""
         if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
             return None
         try:
@@ -257,16 +235,14 @@ class StepTimer(keras.callbacks.Callback):
                 )
                 self._against_tune(summary)
                 return summary
-        # The boundary of every hook's work on the steps: never let it fail `fit`.
-        except Exception as e:
+        except Exception as e:  # the boundary of every hook's work on the steps: `fit` goes on
             self._report(e)
         finally:
             self._lock.release()
         return None
 
     def _against_tune(self, summary: dict[str, float]) -> None:
-        """Adds what `tune` measured for a model set up by `TuneResult.apply`; warns once, at the
-        first epoch, when it fell short by more than a fifth."""
+        """Adds what `tune` measured (`TuneResult.apply`); warns at epoch 0 if a fifth short."""
         tuned = model_state.tuned_examples_per_s(self.model)
         if tuned is None:
             return
@@ -311,9 +287,7 @@ class StepTimer(keras.callbacks.Callback):
             # The step that really ran last, not Keras's begin + steps_per_execution - 1.
             self._rows.append(self._row(self._to_unix + t_end, begin_step, steps, seconds))
 
-    def _row(
-        self, wall: float, begin_step: int, steps: int, seconds: float
-    ) -> tuple[float, int, int, float, float]:
+    def _row(self, wall: float, begin_step: int, steps: int, seconds: float) -> _Row:
         rate = self._batch_size * steps / seconds if self._batch_size and seconds else _NAN
         return (wall, self._epoch, begin_step + steps - 1, seconds / steps, rate)
 
@@ -322,9 +296,8 @@ class StepTimer(keras.callbacks.Callback):
         row was held back by `_flush`, so steps.csv never holds the wrong count)."""
         if self._optimizer_at_begin is None or not self._executions:
             return
-        true_total = _steps.steps_between(
-            self._optimizer_at_begin, _steps.optimizer_steps(self.model)
-        )
+        end = _steps.optimizer_steps(self.model)
+        true_total = _steps.steps_between(self._optimizer_at_begin, end)
         last = _steps.true_last_steps([steps for steps, _ in self._executions], true_total)
         if last is None:
             return
@@ -334,12 +307,11 @@ class StepTimer(keras.callbacks.Callback):
             wall, _, end_step, _, _ = self._rows[-1]
             self._rows[-1] = self._row(wall, end_step - steps + 1, last, seconds)
 
-    def _flush(self, final: bool = True) -> None:
+    def _flush(self, final: bool) -> None:
         """Writes the rows made so far; a write that is not `final`, in an epoch of unknown length,
         holds back the newest, which `_correct_last_execution` may still correct."""
-        held = (
-            self._rows[-1:] if not final and _steps.known_epoch_steps(self.params) is None else []
-        )
+        unknown = _steps.known_epoch_steps(self.params) is None
+        held = self._rows[-1:] if not final and unknown else []
         rows = self._rows[: len(self._rows) - len(held)]
         self._rows = held
         if self._file is None or not rows:
@@ -352,12 +324,6 @@ class StepTimer(keras.callbacks.Callback):
         except (OSError, ValueError) as e:
             _log.warning("StepTimer: writing steps.csv failed (%s); training goes on.", e)
             self._file = None
-
-    def _close_file(self) -> None:
-        if self._closer is not None:
-            self._closer()  # closes the file, once
-            self._closer = None
-        self._file = None
 
 
 _SYNC_EVERY_S = 1.0  # StepTimer turns noted times into steps.csv rows at most this often
@@ -373,6 +339,39 @@ def _check_positive_number(name: str, value: Any, example: str) -> float | None:
         allow_none=True,
         expected=f"a finite number > 0 or None, e.g. {example}",
     )
+
+
+def _trains_on_gpu() -> bool:
+    """Whether TensorFlow places this process's ops on a GPU (after `fit` started it)."""
+    try:
+        import tensorflow as tf
+    except ImportError:  # another Keras backend, without TensorFlow
+        return False
+    try:
+        return bool(tf.config.list_logical_devices("GPU"))
+    except (RuntimeError, tf.errors.OpError):  # a runtime that failed to start its devices
+        return False
+
+
+def _auto_peak_flops(model: Any) -> float | None:
+    """Peak FLOP/s of `/GPU:0` for the model's dtype policy times the strategy's replicas (one
+    GPU each, assumed alike), or None off the GPU or if unknown (docs/metrics.md, `mfu`)."""
+    if not _trains_on_gpu():
+        return None
+    from tfgpu.flops import peak_flops
+
+    gpu = devices.gpu_record(0)
+    if gpu is None or gpu.name is None:
+        return None
+    policy = getattr(getattr(model, "dtype_policy", None), "name", None)
+    policy = str(policy or keras.config.dtype_policy().name)  # the model's, else the global one
+    precision = devices.peak_precision(policy, gpu.compute_capability)
+    peak = None if precision is None else peak_flops(gpu.name, precision)
+    if peak is None:
+        return None
+    strategy = getattr(model, "distribute_strategy", None)
+    replicas = getattr(strategy, "num_replicas_in_sync", 1)
+    return peak * (replicas if isinstance(replicas, int) and replicas > 0 else 1)
 
 
 def _sync_after_fit(timer: weakref.ref[StepTimer]) -> None:

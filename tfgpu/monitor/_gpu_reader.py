@@ -1,5 +1,4 @@
-"""The sampler thread's per-GPU readers: every `GPU_METRICS` value per sample, with the fallbacks
-of older drivers (the sources, GPM and the PCIe fallbacks: docs/metrics.md)."""
+"""The sampler thread's per-GPU readers, with older drivers' fallbacks (docs/metrics.md)."""
 
 from __future__ import annotations
 
@@ -41,45 +40,35 @@ GPM_METRICS = (
 """The GPM metrics read, with the NVML constant of each (the last two feed the PCIe columns)."""
 
 GPM_MIN_PERIOD = 0.1
-"""NVML computes GPM metrics only from samples more than this many seconds apart: a sample is
-taken only once more than this has passed since the previous `nvmlGpmSampleGet` returned (so
-the window exceeds it however long the calls take); reads in between carry values."""
+"""NVML's least seconds between two GPM samples, counted from when the previous
+`nvmlGpmSampleGet` returned (docs/metrics.md, "What GPU utilization hides")."""
 
 PCIE_THROUGHPUT_PERIOD = 1.0
-"""Seconds between two reads of one blocking `nvmlDeviceGetPcieThroughput` counter at the least;
-all GPUs together make at most one such call per `PCIE_THROUGHPUT_PERIOD / (2 * GPUs)` s."""
+"""The least seconds between two reads of one `nvmlDeviceGetPcieThroughput` counter (it blocks):
+all GPUs together make one such call per `PCIE_THROUGHPUT_PERIOD / (2 * GPUs)` s at most."""
 
 
 @dataclasses.dataclass
-class BlockingCalls:
-    """Shared by a session's readers: when the next blocking NVML call may be made."""
+class Session:
+    """What a session's readers share: the clock, a rate's least window, blocking calls' turns."""
 
+    clock: Callable[[], float]
+    min_window: float
     spacing: float
     next_call: float = -math.inf
     served: dict[tuple[int, int], float] = dataclasses.field(default_factory=dict)
 
 
 class GpuReader:
-    """Reads one GPU's `GPU_METRICS`; never raises. An unsupported query reads NaN from then on
-    (noted once at INFO); other failures read NaN, are logged once per (GPU, error kind) and
-    retried each sample. A lost GPU (or NVML shut down under it) reads NaN throughout that
-    row, and nothing read before is carried past it. A rate from two counter readings needs
-    `min_window` seconds between them (else NaN, the older reading staying the base)."""
+    """Reads one GPU's `GPU_METRICS`; never raises: what fails how, docs/metrics.md ("Sources by
+    driver generation"); a query the GPU lacks is never asked again."""
 
-    def __init__(
-        self,
-        nv: ModuleType,
-        gpu: GpuInfo,
-        position: int,
-        clock: Callable[[], float],
-        blocking: BlockingCalls,
-        min_window: float,
-    ):
+    def __init__(self, nv: ModuleType, gpu: GpuInfo, position: int, session: Session) -> None:
         self._nv = nv
         self._gpu = gpu
         self._position = position
         self._pid = os.getpid()
-        self._clock = clock
+        self._clock = session.clock
         self._handle: Any = None
         self._unsupported: set[str] = set()
         self._reported: set[str] = set()
@@ -90,31 +79,26 @@ class GpuReader:
         self._in_use = constant(nv, "NVML_ERROR_IN_USE", 19)
         version = constant(nv, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25)
         self._no_v2 = (self._function_not_found, self._not_supported, version)
-        # The GPU (or NVML) is gone: no value of the row stands, carried ones included. A GPU
-        # that asks for a reset (Xid 48/79 and the like) answers nothing until it gets one.
-        self._gone = (
+        self._gone = (  # the GPU (or NVML) is gone: no value of its row stands (docs/metrics.md)
             constant(nv, "NVML_ERROR_GPU_IS_LOST", 15),
             constant(nv, "NVML_ERROR_RESET_REQUIRED", 16),
             constant(nv, "NVML_ERROR_UNINITIALIZED", 1),
         )
-        self._min_window = min_window
+        self._min_window = session.min_window
         self._reasons_names = exported(nv, *_REASONS)
         self._process_names = exported(nv, *_PROCESSES)
         self._memory_v2 = hasattr(nv, "nvmlMemory_v2")
-        # GPM state: None undecided, True on, False off for good.
-        self._gpm: bool | None = None
+        self._gpm: bool | None = None  # None undecided, True on, False off for good
         self._gpm_samples: list[Any] = []
         self._gpm_request: Any = None
         self._gpm_ids: list[int] = []
-        # PCIe fallbacks: byte-counter field values, then the blocking throughput call.
-        self._fields_ok: bool | None = None
-        self._blocking = blocking
+        self._fields_ok: bool | None = None  # PCIe byte counters: None untried, then worked?
+        self._blocking = session
         self._proc_last_ts = 0
         self._forget()
 
     def _forget(self) -> None:
-        """Drops every value and reading kept from earlier samples (at start, and when the GPU
-        is lost): GPM and counter rates start again from fresh readings."""
+        """Drops the values and readings kept from earlier samples (at start; for a lost GPU)."""
         self._gpm_prev: int | None = None  # index in _gpm_samples of the previous sample
         self._gpm_done = -math.inf  # clock when the last nvmlGpmSampleGet returned
         self._gpm_values = [_NAN] * len(GPM_METRICS)
@@ -168,14 +152,8 @@ class GpuReader:
         processes = self._newest(self._process_names, h)
         if isinstance(processes, Failure):
             return processes
-        total = 0.0
-        for proc in processes:
-            if proc.pid == self._pid:
-                used = proc.usedGpuMemory
-                if used is None:
-                    return (_NAN,)
-                total += used / _MIB
-        return (total,)
+        used = [proc.usedGpuMemory for proc in processes if proc.pid == self._pid]
+        return (_NAN,) if None in used else (sum((u / _MIB for u in used), 0.0),)
 
     def _number(self, h: Any, name: str, *constants: str, per: float = 1.0) -> Values:
         """NVML's number `name(h, *constants)`, divided by `per` (its milliwatts, millijoules)."""
@@ -194,11 +172,8 @@ class GpuReader:
                 return samples
             # No sample newer than the last one: carry it for a second, then idle.
             return (self._proc_value if now - self._proc_seen < 1.0 else 0.0,)
-        mine = []
-        for sample in samples:
-            self._proc_last_ts = max(self._proc_last_ts, int(sample.timeStamp))
-            if sample.pid == self._pid:
-                mine.append(float(sample.smUtil))
+        self._proc_last_ts = max([self._proc_last_ts, *(int(s.timeStamp) for s in samples)])
+        mine = [float(s.smUtil) for s in samples if s.pid == self._pid]
         self._proc_value = math.fsum(mine) / len(mine) if mine else 0.0
         self._proc_seen = now
         return (self._proc_value,)
@@ -229,7 +204,7 @@ class GpuReader:
         for _ in range(2):
             sample = nvml_query(nv, "nvmlGpmSampleAlloc")
             if isinstance(sample, Failure):
-                self._free_gpm()  # what was allocated: tried again at the next read
+                self.free_gpm()  # what was allocated: tried again at the next read
                 return sample
             self._gpm_samples.append(sample)
         self._gpm_request = request
@@ -245,7 +220,7 @@ class GpuReader:
             "counters where the driver has them.",
             why,
         )
-        self._free_gpm()
+        self.free_gpm()
 
     def _gpm_read(self, h: Any) -> Values:
         if self._gpm is False or self._clock() - self._gpm_done <= GPM_MIN_PERIOD:
@@ -254,8 +229,7 @@ class GpuReader:
             failure = self._gpm_start(h)
             if not self._gpm:
                 return failure or tuple(self._gpm_values[:6])
-        current = 0 if self._gpm_prev != 0 else 1
-        previous = self._gpm_prev
+        previous, current = self._gpm_prev, 0 if self._gpm_prev != 0 else 1
         # What a failed call leaves, whatever it raises; a call that succeeds sets them anew.
         self._gpm_prev = None
         self._gpm_values = [_NAN] * len(GPM_METRICS)
@@ -282,24 +256,23 @@ class GpuReader:
         if previous is None:
             return tuple(self._gpm_values[:6])  # the first sample: values come at the next
         request = self._gpm_request
-        request.sample1 = self._gpm_samples[previous]
-        request.sample2 = self._gpm_samples[current]
+        request.sample1, request.sample2 = self._gpm_samples[previous], self._gpm_samples[current]
         got = nvml_query(self._nv, "nvmlGpmMetricsGet", request)
         if isinstance(got, Failure):
             return got
-        values = []
+        values = [_NAN] * len(GPM_METRICS)
         success = getattr(self._nv, "NVML_SUCCESS", 0)
         for k, (name, source) in enumerate(GPM_METRICS):
             metric = request.metrics[k]
             if self._gpm_ids[k] >= 0 and metric.nvmlReturn == success:
-                values.append(float(metric.value))
+                values[k] = float(metric.value)
             else:
-                values.append(_NAN)
                 self._note(f"gpm:{name}", "GPM metric %s not supported; %s is NaN.", source, name)
         self._gpm_values = values
         return tuple(values[:6])
 
-    def _free_gpm(self) -> None:
+    def free_gpm(self) -> None:
+        """Frees the GPM samples (at the session's end: before `nvmlShutdown`). Never raises."""
         samples, self._gpm_samples = self._gpm_samples, []
         self._gpm_prev = None
         for sample in samples:  # nothing useful to do about a failed free at shutdown
@@ -308,11 +281,8 @@ class GpuReader:
     def _pcie(self, h: Any) -> Values:
         if all(v == v for v in self._gpm_values[6:]):  # GPM gave PCIe rates at its last read
             return self._gpm_values[6], self._gpm_values[7]
-        if self._fields_ok is not False:
-            values = self._pcie_fields(h)
-            if values is not None:
-                return values
-        return self._pcie_throughput(h)
+        values = self._pcie_fields(h) if self._fields_ok is not False else None
+        return self._pcie_throughput(h) if values is None else values
 
     def _pcie_fields(self, h: Any) -> tuple[float, float] | Failure | None:
         """PCIe rates from the byte counters (non-blocking); None when the driver does not give
@@ -362,17 +332,14 @@ class GpuReader:
         mine = ((self._position, 0), (self._position, 1))
         for key in mine:
             shared.served.setdefault(key, -math.inf)
-        now = self._clock()
-        if now < shared.next_call:
-            return tuple(self._throughput)
-        oldest = min(shared.served, key=lambda key: shared.served[key])
-        if oldest not in mine or now - shared.served[oldest] < PCIE_THROUGHPUT_PERIOD:
-            return tuple(self._throughput)
+        now, oldest = self._clock(), min(shared.served, key=lambda key: shared.served[key])
+        waited = now - shared.served[oldest]
+        if now < shared.next_call or oldest not in mine or waited < PCIE_THROUGHPUT_PERIOD:
+            return tuple(self._throughput)  # not this counter's turn: its value carried
         shared.next_call = now + shared.spacing
         shared.served[oldest] = now
-        k = oldest[1]
-        name, default = ("NVML_PCIE_UTIL_TX_BYTES", 0) if k == 0 else ("NVML_PCIE_UTIL_RX_BYTES", 1)
-        counter = getattr(self._nv, name, default)
+        k = oldest[1]  # 0: TX, 1: RX (NVML's own values of the two constants)
+        counter = getattr(self._nv, ("NVML_PCIE_UTIL_TX_BYTES", "NVML_PCIE_UTIL_RX_BYTES")[k], k)
         self._throughput[k] = _NAN  # what a failed call leaves, whatever it raises
         kb_s = nvml_query(self._nv, "nvmlDeviceGetPcieThroughput", h, counter)
         if isinstance(kb_s, Failure):
@@ -422,9 +389,7 @@ class GpuReader:
             if not isinstance(result, Failure):
                 values.extend(result)
                 continue
-            if result.code in self._gone:
-                # Lost (or NVML shut down): the rest would fail too, and nothing read before,
-                # in this row or carried from earlier ones, stands.
+            if result.code in self._gone:  # the rest would fail too; nothing read before stands
                 self._report(result.kind.__name__, list(GPU_METRICS), result)
                 self._forget()
                 return [_NAN] * len(GPU_METRICS)
@@ -439,10 +404,6 @@ class GpuReader:
             else:
                 self._report(result.kind.__name__, metrics, result)
         return values
-
-    def close(self) -> None:
-        """Frees the GPM samples (before `nvmlShutdown`). Never raises."""
-        self._free_gpm()
 
 
 def _number(name: str, *constants: str, per: float = 1.0) -> Query:
@@ -476,15 +437,12 @@ def open_readers(
     nv, _ = _nvml_lib.import_pynvml()
     if nv is None or _nvml_lib.start(nv) is not None:
         return None, []
-    blocking = BlockingCalls(PCIE_THROUGHPUT_PERIOD / (2 * len(gpus)))
-    return nv, [
-        GpuReader(nv, gpu, position, clock, blocking, min_window)
-        for position, gpu in enumerate(gpus)
-    ]
+    session = Session(clock, min_window, PCIE_THROUGHPUT_PERIOD / (2 * len(gpus)))
+    return nv, [GpuReader(nv, gpu, position, session) for position, gpu in enumerate(gpus)]
 
 
 def close_readers(nv: ModuleType | None, readers: Sequence[GpuReader]) -> None:
     for reader in readers:
-        reader.close()
+        reader.free_gpm()
     if nv is not None:
         _nvml_lib.stop(nv)

@@ -1,22 +1,20 @@
-"""Every quantity the monitor records (`tfgpu.monitor.METRICS`); a test keeps docs/metrics.md in
-step."""
+"""Every quantity the monitor records (`tfgpu.monitor.METRICS`, in step with docs/metrics.md by
+a test) and the epoch aggregates over them (`Sampler.aggregate()`, summed up by `GPUMonitor`)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
+
+from tfgpu._internal.helpers import stats
+
+_NAN = float("nan")
 
 
 @dataclasses.dataclass(frozen=True)
 class Metric:
-    """One recorded quantity: its key, unit, where it comes from, and its `nvidia-smi` twin.
-
-    Attributes:
-        name: str, the key (per-GPU metrics appear as `gpu{i}_<name>` in the timeline).
-        unit: str, e.g. `"%"`, `"MiB"`, `"W"`.
-        source: str, the library call that produces it (NVML or psutil).
-        nvidia_smi: str or None, the equivalent `nvidia-smi` query, when there is one.
-        description: str, what the number means.
-    """
+    """One recorded quantity: its key (`gpu{i}_<name>` in the timeline for a GPU's), unit, the
+    NVML or psutil call that produces it, its `nvidia-smi` query (or None) and what it means."""
 
     name: str
     unit: str
@@ -29,7 +27,6 @@ def _by_name(*metrics: Metric) -> dict[str, Metric]:
     return {m.name: m for m in metrics}
 
 
-# A table, one `Metric(name, unit, source, nvidia_smi, description)` per quantity.
 BASE_METRICS: dict[str, Metric] = _by_name(
     Metric("time", "s", "time.time()", "--query-gpu=timestamp", "Unix time of the sample."),
     Metric("elapsed_s", "s", "time.time() - start", None, "Seconds since the sampler started."),
@@ -151,14 +148,70 @@ def timeline_columns(num_gpus: int) -> list[str]:
         num_gpus: int, how many GPUs are sampled (`len(sampler.gpus)`).
 
     Returns:
-        `time, elapsed_s, epoch, step`, the host columns, then `gpu{i}_<metric>` for each GPU.
+        list of str: `time, elapsed_s, epoch, step`, the host's, then each GPU's.
 
     Example:
 
-    >>> timeline_columns(1)[:8]
-    ['time', 'elapsed_s', 'epoch', 'step', 'host_cpu_pct', 'host_rss_mib', 'host_mem_used_pct', 'gpu0_util_pct']
+    >>> timeline_columns(1)[7:9]
+    ['gpu0_util_pct', 'gpu0_mem_util_pct']
     """
-    columns = [*BASE_METRICS, *HOST_METRICS]
-    for i in range(num_gpus):
-        columns.extend(f"gpu{i}_{name}" for name in GPU_METRICS)
-    return columns
+    gpus = [f"gpu{i}_{name}" for i in range(num_gpus) for name in GPU_METRICS]
+    return [*BASE_METRICS, *HOST_METRICS, *gpus]
+
+
+# (column, statistic), keyed `<column>_<statistic>` (a "delta" by the column alone); what each
+# statistic is: docs/metrics.md, "Epoch aggregates".
+_GPU_AGGREGATES = (
+    ("util_pct", "mean"), ("util_pct", "max"), ("mem_used_mib", "mean"), ("mem_used_mib", "max"),
+    ("power_w", "mean"), ("power_w", "max"), ("sm_active_pct", "mean"),
+    ("sm_occupancy_pct", "mean"), ("tensor_active_pct", "mean"), ("dram_active_pct", "mean"),
+    ("pcie_tx_mib_s", "mean"), ("pcie_rx_mib_s", "mean"), ("energy_j", "delta"),
+    ("power_limit_w", "max"), ("sm_clock_mhz", "mean"), ("throttle_reasons", "any"),
+)  # fmt: skip
+_HOST_AGGREGATES = (("host_cpu_pct", "mean"), ("host_rss_mib", "max"))
+
+
+def _aggregates(num_gpus: int) -> list[tuple[str, str, str]]:
+    """(key, column, statistic) of every aggregate, in order."""
+    columns = [(f"gpu{i}_{c}", stat) for i in range(num_gpus) for c, stat in _GPU_AGGREGATES]
+    return [
+        (column if stat == "delta" else f"{column}_{stat}", column, stat)
+        for column, stat in [*columns, *_HOST_AGGREGATES]
+    ]
+
+
+def aggregate_keys(num_gpus: int) -> list[str]:
+    """Returns the keys of `Sampler.aggregate()`, in order. The guide: docs/metrics.md.
+
+    Args:
+        num_gpus: int, how many GPUs are sampled.
+
+    Returns:
+        list of str, each GPU's keys (`gpu0_util_pct_mean`, ...), then the host's.
+
+    Example:
+
+    >>> aggregate_keys(0)
+    ['host_cpu_pct_mean', 'host_rss_mib_max']
+    """
+    return [key for key, _, _ in _aggregates(num_gpus)]
+
+
+def _stat(values: Sequence[float], stat: str) -> float:
+    finite = stats.finite(values)
+    if not finite or stat == "mean":
+        return stats.mean(finite)
+    if stat == "max":
+        return max(finite)
+    if stat == "delta":
+        change = finite[-1] - finite[0]
+        return change if len(finite) >= 2 and change >= 0 else _NAN
+    bits = 0  # "any"
+    for v in finite:
+        bits |= int(v) if v >= 0 else 0
+    return float(bits)
+
+
+def aggregate_columns(columns: Mapping[str, Sequence[float]], num_gpus: int) -> dict[str, float]:
+    """Pure: epoch aggregates (NaN-ignoring mean/max) of the given column values."""
+    return {key: _stat(columns.get(col, ()), stat) for key, col, stat in _aggregates(num_gpus)}

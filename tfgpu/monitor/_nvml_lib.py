@@ -1,5 +1,4 @@
-"""The NVML binding for `nvml`, `_gpu_reader` and `tfgpu.scalability`: importing `pynvml` (when
-a function runs), starting and stopping NVML, and `nvml_query`, where every call is made."""
+"""The NVML binding (`pynvml`, imported when a function runs); `nvml_query` makes every call."""
 
 from __future__ import annotations
 
@@ -37,10 +36,9 @@ def import_pynvml() -> tuple[ModuleType | None, str | None]:
 
 @dataclasses.dataclass(frozen=True)
 class Failure:
-    """What `nvml_query` answers for a failed call: the exception's class and text (not the
-    exception: its traceback would hold the caller's frames in a reference cycle), NVML's
-    error code (None for an error not NVML's), and whether the driver or the binding lacks
-    the function (an older one may answer instead)."""
+    """A failed call: the exception's class and text (not the exception: its traceback would hold
+    the caller's frames in a reference cycle), NVML's error code (None for another error), and
+    whether the driver or the binding lacks the function (an older one may answer instead)."""
 
     kind: type
     text: str
@@ -58,10 +56,9 @@ def nvml_failure(nv: ModuleType, code: int) -> Failure:
 
 
 def nvml_query(nv: ModuleType, name: str, *args: Any, default: Any = Failure, **kwargs: Any) -> Any:
-    """`nv.<name>(*args, **kwargs)`, or `default` where it fails (`Failure`: the `Failure` that
-    says how); a function the binding lacks fails as FUNCTION_NOT_FOUND. Which errors are
-    caught and why: docs/architecture.md, "Exceptions"; anything else goes to the caller's
-    boundary."""
+    """`nv.<name>(*args, **kwargs)`, or `default` where it fails (`Failure`: the `Failure`); a
+    function the binding lacks fails as FUNCTION_NOT_FOUND. Which errors are caught and why:
+    docs/architecture.md, "Exceptions"; anything else goes to the caller's boundary."""
     fn = getattr(nv, name, None)
     if not callable(fn):
         return nvml_failure(nv, _function_not_found(nv)) if default is Failure else default

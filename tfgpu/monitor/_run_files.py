@@ -1,5 +1,4 @@
-"""The sampler's run-directory files: names (one set per worker), `run.json` sessions, the
-timeline's rows; appended, rotated or refused, never truncated (docs/guarantees.md)."""
+"""The sampler's run-directory files, one set per worker, never truncated (docs/guarantees.md)."""
 
 from __future__ import annotations
 
@@ -24,11 +23,8 @@ def _cluster(environ: Mapping[str, str]) -> Cluster | None:
         cluster = resolve_cluster(environ, strict=False)
     except ValueError:
         return None
-    if cluster.task_type is None or cluster.task_index is None:
-        return None
-    if cluster.source == "TF_CONFIG" and sum(map(len, cluster.spec.values())) <= 1:
-        return None
-    return cluster
+    lone = cluster.source == "TF_CONFIG" and sum(map(len, cluster.spec.values())) <= 1
+    return None if lone or cluster.task_type is None or cluster.task_index is None else cluster
 
 
 def artifact_name(
@@ -39,12 +35,10 @@ def artifact_name(
     Args:
         stem: str, e.g. `"timeline"` or `"steps"`.
         suffix: str, the extension with its dot. Defaults to `".csv"`.
-        environ: mapping or None, the environment to read `TF_CONFIG` / Slurm from.
-            Defaults to `os.environ`.
+        environ: mapping or None, holding `TF_CONFIG` or Slurm's. Defaults to `os.environ`.
 
     Returns:
-        `"timeline.csv"` for a lone process; `"timeline-worker1.csv"` for worker 1 of a
-        multi-worker cluster (`"timeline-chief0.csv"` for a chief).
+        `"timeline.csv"` alone; `"timeline-worker1.csv"` for worker 1 of a cluster.
 
     Example:
 
@@ -124,11 +118,9 @@ def _rename_timeline(record: Path, old: str, new: str) -> None:
         data = files.read_json_object(record)
     except (OSError, ValueError):
         return
-    changed = False
     sessions = [data, *(data.get(files.EARLIER_SESSIONS) or [])]
-    for session in sessions:
-        if isinstance(session, dict) and session.get("timeline") == old:
-            session["timeline"] = new
-            changed = True
-    if changed:
+    named = [s for s in sessions if isinstance(s, dict) and s.get("timeline") == old]
+    for session in named:
+        session["timeline"] = new
+    if named:
         files.write_text_atomic(record, json.dumps(data, indent=2, default=str) + "\n")

@@ -34,10 +34,9 @@ def _cpu_pct(previous: Any, current: Any) -> float:
 
 
 class HostReader:
-    """Reads `HOST_METRICS` in the sampler thread; NaN (one warning) if psutil fails. CPU percent
-    comes from this reader's own `cpu_times()` deltas (`psutil.cpu_percent()` users cannot
-    disturb it), over at least `min_window` seconds of `clock`: the first read and a read
-    sooner than that give NaN, and the older reading stays the base."""
+    """Reads `HOST_METRICS` (NaN, one warning, if psutil fails). CPU percent from its own
+    `cpu_times()` deltas (`psutil.cpu_percent()` callers cannot disturb it), over at least
+    `min_window` seconds of `clock` (docs/metrics.md, "Rates from two counter readings")."""
 
     def __init__(self, clock: Callable[[], float], min_window: float = 0.0) -> None:
         self._psutil: Any = None

@@ -1,7 +1,4 @@
-"""Which GPUs the machine has (`inventory()`) and which of them this process uses (`visible_gpus`),
-through `pynvml` (imported when a function runs; NVML ships with the NVIDIA driver). The per-GPU
-metrics (`GPU_METRICS`, importable from here too) are in `tfgpu.monitor.METRICS`.
-"""
+"""The machine's GPUs (`inventory()`) and this process's (`visible_gpus`), as NVML tells."""
 
 from __future__ import annotations
 
@@ -24,18 +21,10 @@ _NAN = float("nan")
 
 @dataclasses.dataclass(frozen=True)
 class GpuInfo:
-    """One GPU as NVML reports it at the moment of the query.
-
-    Attributes:
-        index: int, the NVML index (PCI bus order; not necessarily CUDA's or TensorFlow's).
-        name: str, the product name, e.g. `"NVIDIA A100-SXM4-80GB"`.
-        uuid: str, e.g. `"GPU-1a2b..."`; what `CUDA_VISIBLE_DEVICES` may name.
-        pci_bus_id: str, e.g. `"00000000:07:00.0"`.
-        memory_total_mib: float, installed memory (`nvidia-smi --query-gpu=memory.total`).
-        memory_used_mib: float, memory in use (`--query-gpu=memory.used`).
-        compute_capability: tuple or None, e.g. `(8, 0)`; None when NVML cannot tell.
-        utilization_pct: float, `--query-gpu=utilization.gpu`; NaN if unsupported.
-    """
+    """One GPU as NVML reports it at the moment of the query: memory in MiB as `nvidia-smi`'s
+    `memory.total` and `memory.used`, `utilization_pct` as its `utilization.gpu`, NaN or None
+    where NVML cannot tell. `index` is NVML's (PCI bus order), not necessarily CUDA's or
+    TensorFlow's: docs/setup.md, "Which GPU is which"."""
 
     index: int
     name: str
@@ -49,16 +38,9 @@ class GpuInfo:
 
 @dataclasses.dataclass(frozen=True)
 class NvmlInventory:
-    """What NVML says about the machine; `available=False` (with `error`) when it cannot.
-
-    Attributes:
-        available: bool, whether NVML could be loaded and queried.
-        error: str or None, why not, with the hint that NVML ships with the NVIDIA driver.
-        driver_version: str or None, e.g. `"550.54.15"`.
-        cuda_driver_version: str or None, the newest CUDA the driver supports, e.g. `"12.4"`.
-        gpus: list of `GpuInfo`, every GPU on the machine in NVML order, whatever
-            `CUDA_VISIBLE_DEVICES` says (see `visible_gpus` for this process's share).
-    """
+    """What NVML says about the machine: `available=False` with an `error` (why, and the
+    fix) when it cannot; `cuda_driver_version` is the newest CUDA the driver supports
+    (`"12.4"`); `gpus`, every GPU in NVML order, whatever `CUDA_VISIBLE_DEVICES` says."""
 
     available: bool
     error: str | None
@@ -72,8 +54,7 @@ class NvmlInventory:
 
 
 def _memory_info(nv: ModuleType, handle: Any) -> Any:
-    """The memory struct as `nvidia-smi` reports it where the driver and binding allow (the
-    v2 struct, without reserved memory), else v1."""
+    """The v2 memory struct (without reserved memory, as `nvidia-smi`) where allowed, else v1."""
     version = getattr(nv, "nvmlMemory_v2", None)
     memory = None
     if version is not None:
@@ -88,9 +69,7 @@ def _gpu_info(nv: ModuleType, index: int, handle: Any) -> GpuInfo:
     util = nvml_query(nv, "nvmlDeviceGetUtilizationRates", handle, default=None)
     pci = nvml_query(nv, "nvmlDeviceGetPciInfo", handle, default=None)
     cc = nvml_query(nv, "nvmlDeviceGetCudaComputeCapability", handle, default=None)
-    bus_id = ""
-    if pci is not None:
-        bus_id = decode(getattr(pci, "busId", b"") or getattr(pci, "busIdLegacy", b""))
+    bus_id = decode(getattr(pci, "busId", b"") or getattr(pci, "busIdLegacy", b""))  # or ""
     return GpuInfo(
         index=index,
         name=decode(nvml_query(nv, "nvmlDeviceGetName", handle, default="unknown")),
@@ -110,19 +89,13 @@ def _failed(why: str) -> NvmlInventory:
 def inventory() -> NvmlInventory:
     """Lists the machine's GPUs through NVML, without touching CUDA or TensorFlow.
 
-    Never raises: where NVML is missing or broken, the result has `available=False` and an
-    `error` that says why and how to fix it.
-
     Returns:
-        A `NvmlInventory`.
+        A `NvmlInventory`; where NVML is missing or broken (it never raises), one with
+        `available=False` and an `error` that says why and how to fix it.
 
     Example:
 
-    ```python
-    inv = tfgpu.monitor.nvml.inventory()
-    for gpu in inv.gpus:
-        print(gpu.index, gpu.name, gpu.memory_total_mib)
-    ```
+    >>> [(gpu.index, gpu.name) for gpu in tfgpu.monitor.nvml.inventory().gpus]
     """
     nv, error = _nvml_lib.import_pynvml()
     if nv is not None:
@@ -156,7 +129,6 @@ class _GpuIds(Protocol):
 
     @property
     def uuid(self) -> str: ...
-
     @property
     def pci_bus_id(self) -> str: ...
 
@@ -176,8 +148,7 @@ def _parse_pci(bus_id: str) -> tuple[int, int, int, int] | None:
 
 def _match_token(token: str, gpus: Sequence[_G]) -> _G | None:
     if re.fullmatch(r"[0-9]+", token):  # ASCII digits only, as CUDA reads them
-        position = int(token)
-        return gpus[position] if position < len(gpus) else None
+        return gpus[int(token)] if int(token) < len(gpus) else None
     if token.upper().startswith("GPU-"):
         hits = [g for g in gpus if g.uuid.lower().startswith(token.lower())]
         return hits[0] if len(hits) == 1 else None  # CUDA rejects ambiguous prefixes too
@@ -191,16 +162,15 @@ def _match_token(token: str, gpus: Sequence[_G]) -> _G | None:
 def visible_gpus(gpus: Sequence[_G], cuda_visible_devices: str | None) -> list[_G]:
     """Maps `CUDA_VISIBLE_DEVICES` onto NVML's GPUs, in the order this process sees them.
 
-    Position `i` of the result is the GPU that CUDA, and so TensorFlow's `/GPU:i`, calls `i`
-    (the numberings: `docs/setup.md`, "Which GPU is which"). As CUDA does, parsing stops at
-    the first entry that names no GPU, and repeats are dropped.
+    As CUDA does, parsing stops at the first entry that names no GPU, and repeats are dropped.
+    The guide: docs/setup.md, "Which GPU is which".
 
     Args:
         gpus: sequence of `GpuInfo`, all GPUs in NVML order (`inventory().gpus`).
-        cuda_visible_devices: str or None, the variable's value; None means unset (all GPUs).
+        cuda_visible_devices: str or None, the variable's value; None: unset (all GPUs).
 
     Returns:
-        The list of `GpuInfo` this process uses.
+        The `GpuInfo` of this process's GPUs: position `i` is CUDA's `i`.
 
     Example:
 

@@ -23,59 +23,44 @@ from tfgpu._internal.helpers.checks import (
     is_number,
 )
 from tfgpu._internal.helpers.files import open_csv, writable_dir
-from tfgpu.monitor._aggregates import aggregate_columns
 from tfgpu.monitor._gpu_reader import GpuReader, close_readers, open_readers
-from tfgpu.monitor._metrics import HOST_METRICS, timeline_columns
+from tfgpu.monitor._metrics import HOST_METRICS, aggregate_columns, timeline_columns
 from tfgpu.monitor._run_files import add_session, format_row, session_record
 from tfgpu.monitor.host import HostReader
 from tfgpu.monitor.nvml import GpuInfo, inventory, visible_gpus
 
 _log = logging.getLogger(__name__)
 _NAN = float("nan")
-# A rate from two counter readings (PCIe bytes, host CPU time) needs a window of at least this
-# share of the interval: shorter ones (the last sample at stop(), one right after a stall) give
-# NaN, and the next row's rate spans both.
+# A rate from two counter readings needs a window of this share of an interval (docs/metrics.md).
 _RATE_MIN_SHARE = 0.5
 
 
 class Sampler:
     """Samples this process's GPUs and the host in a background thread.
 
-    Every `interval` seconds, and once as it starts and once at `stop()`, it reads the metrics
-    of `tfgpu.monitor.METRICS` into one row, always on its own thread (`start()` never waits on
-    NVML); what a GPU does not offer is NaN, and without NVML one warning is given and the host
-    is still recorded. With `log_dir`, writes `run.json` and `timeline.csv` there. Every
-    column, its source and its `nvidia-smi` equivalent, and the files: `docs/metrics.md`.
+    A row of `tfgpu.monitor.METRICS` as it starts, every `interval` seconds and at `stop()`,
+    NaN where a GPU or NVML gives nothing; with `log_dir`, `run.json` and `timeline.csv` there.
+    The guide: docs/metrics.md, "Arguments" (the sampler) and "Timeline columns".
 
     Args:
-        interval: float, seconds between samples, at least `MIN_INTERVAL` (0.01); NVML
-            refreshes utilization every 1/6 s to 1 s. Defaults to `0.2`.
-        gpus: list of int or None, the GPUs to sample, numbered as CUDA lists them to this
-            process (after `CUDA_VISIBLE_DEVICES`). Defaults to `None`: all it can use.
-        log_dir: str, os.PathLike or None, the run directory (created if missing).
-            Defaults to `None`: samples in memory only.
-        host: bool, whether to read host metrics (else their columns are NaN). Defaults to
-            `True`.
+        interval: float, seconds between samples, at least 0.01. Defaults to `0.2`.
+        gpus: list of int or None, the GPUs to sample, as CUDA numbers them. Defaults to `None`.
+        log_dir: str, os.PathLike or None, the run directory. Defaults to `None`: in memory.
+        host: bool, whether to read host metrics (else NaN). Defaults to `True`.
 
     Raises:
-        ValueError: if `interval` is below 0.01 or not finite, a GPU index is negative or
-            repeated or (when NVML is available) names no GPU this process can see, or
-            `log_dir` is a file, under a file, or cannot be created or written.
-        TypeError: if `interval` is not a number, `gpus` not a list of ints, `host` not a
-            bool, or `log_dir` not a path.
+        ValueError: for an `interval` below 0.01, an unseen or repeated GPU, a bad `log_dir`.
+        TypeError: for an argument of the wrong type.
 
     Warns:
         RuntimeWarning: when `gpus` is given and NVML is not available to check it.
 
     Example:
 
-    ```python
-    sampler = tfgpu.monitor.Sampler(interval=0.5, log_dir="runs/exp1")
-    sampler.start()
-    train()
-    sampler.stop()
-    print(sampler.aggregate())  # {'gpu0_util_pct_mean': 87.5, ...}
-    ```
+    >>> sampler = tfgpu.monitor.Sampler(interval=0.5, log_dir="runs/exp1").start()
+    >>> train()
+    >>> sampler.stop()
+    >>> sampler.aggregate()["gpu0_util_pct_mean"]  # 87.5
     """
 
     def __init__(
@@ -123,10 +108,8 @@ class Sampler:
         self._first_row = threading.Event()  # set by the thread once its first row is in
         self._thread: threading.Thread | None = None
         self._file: Any = None
-        self._file_failed = False
-        self._sample_failed = False
-        self._epoch = _NAN
-        self._step = _NAN
+        self._file_failed = self._sample_failed = False
+        self._epoch = self._step = _NAN
         self._t0 = 0.0
         self._nv: Any = None
         self._readers: list[GpuReader] = []
@@ -157,26 +140,16 @@ class Sampler:
         return self.samples_from(0)
 
     def samples_from(self, start: int) -> list[dict[str, float]]:
-        """A copy of the rows from number `start` (0-based) on, e.g. those not yet seen.
-
-        Args:
-            start: int, the index of the first row to return.
-
-        Returns:
-            A list of row dicts, oldest first.
-        """
+        """A copy of the rows from number `start` (0-based) on, e.g. those not yet seen."""
         with self._lock:
             columns = {c: v[start:] for c, v in self._data.items()}
-        n = len(columns["time"])
-        return [{c: columns[c][k] for c in self._columns} for k in range(n)]
+        return [{c: columns[c][k] for c in self._columns} for k in range(len(columns["time"]))]
 
     def mark(self, epoch: int | None = None, step: int | None = None) -> None:
         """Sets the epoch and/or step written on the rows that follow; None leaves it as is.
 
-        Cheap (no NVML call), so it can run at every batch.
-
         Raises:
-            TypeError: if `epoch` or `step` is neither None nor a number.
+            TypeError: for a label that is neither None nor a number.
         """
         if epoch is not None:
             if not is_number(epoch):
@@ -188,17 +161,12 @@ class Sampler:
             self._step = step
 
     def start(self) -> Sampler:
-        """Starts sampling: the thread takes a sample at once, then one per interval; a no-op
-        if running. Returns without waiting on NVML: every NVML call is the thread's.
-
-        Returns:
-            The sampler itself.
-        """
+        """Starts the thread (a no-op if running) and returns the sampler, without waiting on
+        NVML: the thread takes the first row."""
         if self.running:
             return self
         if not self._gpus and not self._inventory.available:
-            # A fact of the machine: said once per process, at the user's line.
-            warn.warn_at_user_code(
+            warn.warn_at_user_code(  # a fact of the machine: once per process
                 f"tfgpu.monitor records no GPU metrics: {self._inventory.error} "
                 "Host metrics are still recorded.",
                 RuntimeWarning,
@@ -234,13 +202,11 @@ class Sampler:
         self.stop()
 
     def aggregate(self, since: float | None = None) -> dict[str, float]:
-        """Returns the epoch-aggregate metrics over the rows with `time >= since`.
-
-        The newest row stands in if none is that recent; means and maxima ignore NaN (a
-        metric without any value is NaN).
+        """Returns the epoch aggregates (docs/metrics.md) over the rows with `time >= since`.
 
         Args:
-            since: float or None, a unix time. Defaults to `None`: all rows.
+            since: float or None, a unix time (the newest row if none is that recent).
+                Defaults to `None`: all rows.
 
         Returns:
             A dict keyed by `aggregate_keys(len(self.gpus))`.
@@ -299,8 +265,7 @@ class Sampler:
                 _log.exception("tfgpu.monitor: a sample failed; sampling goes on. (Logged once.)")
 
     def _run(self, stop: threading.Event) -> None:
-        """The sampler thread: opens the readers, takes the first row at once, one per interval
-        until `stop` is set, a last one, then closes the readers and the timeline."""
+        """The sampler thread: a row at once, one per interval until `stop` is set, a last one."""
         try:  # _sample never raises: it is the boundary of each tick
             clock, window = (lambda: self._monotonic()), self._interval * _RATE_MIN_SHARE
             self._nv, self._readers = open_readers(self._gpus, clock, window)
@@ -321,14 +286,11 @@ class Sampler:
                 self._file.close()
             self._file = None
         close_readers(self._nv, self._readers)
-        self._nv = None
-        self._readers = []
-        self._host_reader = None
+        self._nv, self._readers, self._host_reader = None, [], None
 
 
 def _next_deadline(deadline: float, now: float, interval: float) -> float:
-    """When the next sample is due: on the rhythm, but after a stall at least a tenth of an
-    interval away (never a busy loop)."""
+    """When the next sample is due: on the rhythm, after a stall a tenth of an interval away."""
     return max(deadline + interval, now + 0.1 * interval)
 
 
@@ -338,32 +300,24 @@ def record(
     interval: float = 0.2,
     gpus: Sequence[int] | None = None,
 ) -> Sampler:
-    """Samples GPUs and host for the duration of a `with` block; works without Keras.
+    """Samples GPUs and host for the duration of a `with` block (docs/metrics.md, "Arguments").
 
     Args:
-        log_dir: str, os.PathLike or None, the run directory for `run.json` and
-            `timeline.csv`. Defaults to `None`: samples in memory only.
+        log_dir: str, os.PathLike or None, the run directory. Defaults to `None`: in memory.
         interval: float, seconds between samples. Defaults to `0.2`.
-        gpus: list of int or None, GPUs to sample, numbered after `CUDA_VISIBLE_DEVICES`
-            (see `Sampler`). Defaults to `None`: all this process can use.
+        gpus: list of int or None, as `Sampler`'s. Defaults to `None`: all this process uses.
 
     Returns:
-        A `Sampler`, checked but not started: `with` starts it and stops it on exit, also
-        when the block raises.
+        A `Sampler`, checked but not started: `with` starts it and stops it on exit.
 
     Raises:
-        ValueError: for an `interval` below 0.01, an unknown GPU index (checked when NVML is
-            available), a `log_dir` that is or lies under a file or cannot be written.
-        TypeError: for arguments of the wrong type.
+        ValueError: for an `interval` below 0.01, an unseen or repeated GPU, a bad `log_dir`.
+        TypeError: for an argument of the wrong type.
 
     Example:
 
-    ```python
-    with tfgpu.monitor.record("runs/exp1", interval=0.5) as run:
-        for step, batch in enumerate(data):
-            run.mark(step=step)
-            train_step(batch)
-    print(run.aggregate()["gpu0_util_pct_mean"])
-    ```
+    >>> with tfgpu.monitor.record("runs/exp1", interval=0.5) as run:
+    ...     train()  # any code; run.mark(step=...) labels the rows that follow
+    >>> run.aggregate()["gpu0_util_pct_mean"]
     """
     return Sampler(interval=interval, gpus=gpus, log_dir=log_dir)
