@@ -1,8 +1,5 @@
-"""The "Energy" section: energy used per GPU and per example, from `gpu{i}_energy_j`.
-
-The GPU's energy counter is cumulative since the driver loaded: only differences within a
-session count. Examples come from the `steps.csv` rows that ended in the same span.
-"""
+"""The "Energy" section: energy used per GPU and per example, from `gpu{i}_energy_j` (cumulative
+since the driver loaded: only differences within a session count; docs/diagnosis.md)."""
 
 from __future__ import annotations
 

@@ -163,17 +163,15 @@ def steps_plot(out: Path, table: Table, t0: float | None) -> Path | None:
     xs = [_not_before_0(v - base) for v in ends]  # when each row's step(s) ended
     begins = [_not_before_0(v - base) for v in begin_times]
     epochs = epoch_starts(begins, table.col("epoch"), starts)
-    sessions = [begins[k] for k in starts]
-    series = [("step time", broken(xs, starts), broken(ms, starts), ".")]
     return _plot_lines(
         out,
         "Training step time (one point per step, or per execution of steps_per_execution)",
         "ms per step (log scale)",
-        series,
+        [("step time", broken(xs, starts), broken(ms, starts), ".")],
         epochs,
         log=True,
         legend=False,
-        sessions=sessions,
+        sessions=[begins[k] for k in starts],
         xmin=0.0,
         xlabel=None if t0 is not None else "seconds since the first step began",
     )

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tfgpu._internal.helpers.checks import check_dir, invalid_value, is_int, is_number
 from tfgpu._internal.helpers.files import read_json_object
@@ -128,26 +128,38 @@ def read_record(path: Path, problems: Problems) -> dict[str, Any] | None:
     return None
 
 
-# What a field of a JSON record must hold: a test, and the words for it.
-Field = tuple[Callable[[Any], bool], str]
+class Field(NamedTuple):
+    """What a field of a JSON record must hold: a test, the words for it, and for a list of
+    objects (`objects`), the fields of each."""
 
-STRING: Field = (lambda v: isinstance(v, str), "a string")
-NUMBER: Field = (is_number, "a number")
-INTEGER: Field = (is_int, "an integer")
-OBJECT: Field = (lambda v: isinstance(v, dict), "an object")
-GAIN: Field = (
+    ok: Callable[[Any], bool]
+    expected: str
+    items: dict[str, Field] | None = None
+
+
+STRING = Field(lambda v: isinstance(v, str), "a string")
+NUMBER = Field(is_number, "a number")
+INTEGER = Field(is_int, "an integer")
+OBJECT = Field(lambda v: isinstance(v, dict), "an object")
+GAIN = Field(
     lambda v: isinstance(v, dict) and all(is_number(v.get(k)) for k in ("value", "low", "high")),
     'a gain: {"value", "low", "high"}, each a number',
 )
 
 
 def _list_of(item: Field, words: str) -> Field:
-    return (lambda v: isinstance(v, list) and all(item[0](x) for x in v), words)
+    return Field(lambda v: isinstance(v, list) and all(item.ok(x) for x in v), words)
 
 
 OBJECTS = _list_of(OBJECT, "a list of objects")
 STRINGS = _list_of(STRING, "a list of strings")
 INTEGERS = _list_of(INTEGER, "a list of integers")
+
+
+def objects(fields: dict[str, Field]) -> Field:
+    return OBJECTS._replace(items=fields)
+
+
 # The JSON name of a value's kind, in the order tested (a bool is no number; never null here).
 _JSON_KINDS = ((bool, "a boolean"), (str, "a string"), (list, "a list"), (dict, "an object"))
 
@@ -156,9 +168,10 @@ def damaged_fields(
     path: Path, record: dict, fields: dict[str, Field], problems: Problems, where: str = ""
 ) -> None:
     """Names in `problems.errors` each of `fields` that `record` holds (not null) with the
-    wrong kind of value, e.g. `"gpus": "A100"`; `where` prefixes the field's name
-    (`"earlier_sessions[0]."`). The report shows such a field as `?`, or leaves it out."""
-    for name, (ok, expected) in fields.items():
+    wrong kind of value, e.g. `"gpus": "A100"`, then those inside each list of objects;
+    `where` prefixes the field's name (`"earlier_sessions[0]."`). The report shows such a
+    field as `?`, or leaves it out."""
+    for name, (ok, expected, _) in fields.items():
         value = record.get(name)
         if value is None or ok(value):
             continue
@@ -166,6 +179,12 @@ def damaged_fields(
         text = text if len(text) <= 40 else text[:37] + "..."
         kind = next((words for t, words in _JSON_KINDS if isinstance(value, t)), "a number")
         problems.errors.append(f"`{path}`: `{where}{name}` is {text} ({kind}), not {expected}.")
+    for name, spec in fields.items():
+        items = record.get(name)
+        if spec.items and isinstance(items, list):
+            for k, item in enumerate(items):
+                if isinstance(item, dict):
+                    damaged_fields(path, item, spec.items, problems, f"{where}{name}[{k}].")
 
 
 _ARTIFACT = re.compile(
@@ -188,8 +207,7 @@ def artifacts(names: list[Path], stem: str) -> list[Artifact]:
     """The `stem` CSV files among `names`, per worker oldest first (`.1`, `.2`, ..., plain)."""
     found = []
     for path in names:
-        m = _ARTIFACT.match(path.name)
-        if m and m["stem"] == stem:
+        if (m := _ARTIFACT.match(path.name)) and m["stem"] == stem:
             rotation = int(m["n"]) if m["n"] else None
             found.append(Artifact(path, m["worker"] or "", rotation, path.stem[len(stem) :]))
     return sorted(found, key=lambda f: (f.worker, math.inf if f.rotation is None else f.rotation))
@@ -209,8 +227,7 @@ def diagnosis_files(names: list[Path]) -> list[Path]:
     """`diagnosis.N.json` (moved aside by later diagnoses), oldest first, then `diagnosis.json`."""
     found = []
     for path in names:
-        m = re.match(r"^diagnosis(?:\.(\d+))?\.json$", path.name)
-        if m:
+        if m := re.match(r"^diagnosis(?:\.(\d+))?\.json$", path.name):
             found.append((int(m[1]) if m[1] else math.inf, path))
     return [path for _, path in sorted(found)]
 

@@ -29,6 +29,7 @@ from tfgpu.report._read import (
     Table,
     damaged_fields,
     diagnosis_files,
+    objects,
     read_record,
 )
 from tfgpu.report._series import (
@@ -55,68 +56,45 @@ def _when(timestamp) -> str:
 
 
 # The fields of the JSON records that the report reads, and what each must hold.
-_TIME: Field = (lambda v: is_number(v) and _when(v) != "?", "a Unix time in seconds (a number)")
-_SESSION = {
-    "tfgpu_version": STRING, "hostname": STRING, "start_time": _TIME, "interval": NUMBER,
-    "worker": INTEGER, "task_type": STRING, "timeline": STRING, "gpus": OBJECTS,
-}  # fmt: skip
+_TIME = Field(lambda v: is_number(v) and _when(v) != "?", "a Unix time in seconds (a number)")
 _GPU = {
     "index": INTEGER, "name": STRING, "memory_total_mib": NUMBER, "compute_capability": INTEGERS
 }  # fmt: skip
-_DIAGNOSIS = {"text": STRING, "bottleneck": STRING, "findings": OBJECTS}
-_FINDING = {"kind": STRING, "title": STRING, "recommendation": STRING}
-_TUNE = {
-    "text": STRING, "trials": OBJECTS, "speedup": GAIN, "baseline_examples_per_s": NUMBER,
-    "tuned_examples_per_s": NUMBER, "settings": OBJECT, "lines": STRINGS, "notes": STRINGS,
-    "time_s": NUMBER, "compared_with": STRING,
+_SESSION = {
+    "tfgpu_version": STRING, "hostname": STRING, "start_time": _TIME, "interval": NUMBER,
+    "worker": INTEGER, "task_type": STRING, "timeline": STRING, "gpus": objects(_GPU),
 }  # fmt: skip
+_FINDING = {"kind": STRING, "title": STRING, "recommendation": STRING}
+_DIAGNOSIS = {"text": STRING, "bottleneck": STRING, "findings": objects(_FINDING)}
 _TRIAL = {
     "name": STRING, "change": OBJECT, "gain": GAIN, "status": STRING, "reason": STRING,
     "line": STRING,
 }  # fmt: skip
-_SCALING = {
-    "text": STRING, "points": OBJECTS, "predictions": OBJECTS, "prediction_errors": OBJECT,
-    "gradient_bytes": NUMBER, "device_kind": STRING, "all_reduce": STRING, "notes": STRINGS,
-    "time_s": NUMBER,
+_TUNE = {
+    "text": STRING, "trials": objects(_TRIAL), "speedup": GAIN, "baseline_examples_per_s": NUMBER,
+    "tuned_examples_per_s": NUMBER, "settings": OBJECT, "lines": STRINGS, "notes": STRINGS,
+    "time_s": NUMBER, "compared_with": STRING,
 }  # fmt: skip
 _POINT = {
     "replicas": NUMBER, "mode": STRING, "global_batch": NUMBER, "step_s": NUMBER,
     "examples_per_s": NUMBER, "efficiency": NUMBER, "reason": STRING, "fix": STRING,
 }  # fmt: skip
+_SCALING = {
+    "text": STRING, "points": objects(_POINT), "predictions": OBJECTS, "prediction_errors": OBJECT,
+    "gradient_bytes": NUMBER, "device_kind": STRING, "all_reduce": STRING, "notes": STRINGS,
+    "time_s": NUMBER,
+}  # fmt: skip
 # The result records beside the run (written by `tfgpu.tune` and `tfgpu.scaling`): their
-# section's title, their fields, and their list of objects with its fields.
-RESULTS = {
-    "tune.json": ("Tuning", _TUNE, "trials", _TRIAL),
-    "scaling.json": ("Scaling", _SCALING, "points", _POINT),
-}
+# section's title and their fields.
+RESULTS = {"tune.json": ("Tuning", _TUNE), "scaling.json": ("Scaling", _SCALING)}
 
 
-def _record(
-    path: Path, problems: Problems, fields: dict, items: str, item_fields: dict
-) -> dict[str, Any] | None:
-    """The JSON record at `path` (None if it cannot be read), its fields of the wrong kind and
-    those of each object in its list `items` named in `problems`."""
+def _record(path: Path, problems: Problems, fields: dict[str, Field]) -> dict[str, Any] | None:
+    """The JSON record at `path` (None if it cannot be read), its damaged fields in `problems`."""
     d = read_record(path, problems)
     if d is not None:
         damaged_fields(path, d, fields, problems)
-        _damaged_list(path, d.get(items), item_fields, problems, items)
     return d
-
-
-def _damaged_list(
-    path: Path, items: Any, fields: dict[str, Field], problems: Problems, where: str
-) -> None:
-    """`damaged_fields` of each object in the list `items` (`where[0].`, `where[1].`, ...)."""
-    for k, item in enumerate(items if isinstance(items, list) else []):
-        if isinstance(item, dict):
-            damaged_fields(path, item, fields, problems, f"{where}[{k}].")
-
-
-def _damaged_session(
-    path: Path, session: dict[str, Any], problems: Problems, where: str = ""
-) -> None:
-    damaged_fields(path, session, _SESSION, problems, where)
-    _damaged_list(path, session.get("gpus"), _GPU, problems, f"{where}gpus")
 
 
 def _printed(d: dict[str, Any]) -> list[str]:
@@ -235,13 +213,10 @@ def steps_section(table: Table, name: str) -> list[str]:
 
 # (column, header) of the activity table: GPM counters and PCIe, where recorded.
 _ACTIVITY_TABLE = (
-    ("sm_active_pct", "SM active mean %"),
-    ("sm_occupancy_pct", "SM occupancy mean %"),
-    ("tensor_active_pct", "tensor active mean %"),
-    ("dram_active_pct", "DRAM active mean %"),
-    ("pcie_tx_mib_s", "PCIe tx mean MiB/s"),
-    ("pcie_rx_mib_s", "PCIe rx mean MiB/s"),
-)
+    ("sm_active_pct", "SM active mean %"), ("sm_occupancy_pct", "SM occupancy mean %"),
+    ("tensor_active_pct", "tensor active mean %"), ("dram_active_pct", "DRAM active mean %"),
+    ("pcie_tx_mib_s", "PCIe tx mean MiB/s"), ("pcie_rx_mib_s", "PCIe rx mean MiB/s"),
+)  # fmt: skip
 
 
 def _activity_lines(table: Table, gpus: list[int]) -> list[str]:
@@ -257,13 +232,10 @@ def _activity_lines(table: Table, gpus: list[int]) -> list[str]:
         "| GPU | util mean % | " + " | ".join(h for _, h in shown) + " |",
         "| --- | --- | " + " | ".join("---" for _ in shown) + " |",
     ]
+    names = ["util_pct", *(name for name, _ in shown)]
     for i in gpus:
-        cells = [fmt(stats.mean(table.col(f"gpu{i}_{name}"))) for name, _ in shown]
-        lines.append(
-            f"| {i} | {fmt(stats.mean(table.col(f'gpu{i}_util_pct')))} | "
-            + " | ".join(cells)
-            + " |"
-        )
+        cells = [fmt(stats.mean(table.col(f"gpu{i}_{name}"))) for name in names]
+        lines.append(f"| {i} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "Utilization is the share of time a kernel was running, however few SMs it used; SM "
@@ -278,15 +250,14 @@ def diagnosis_section(path: Path, problems: Problems) -> list[str]:
     title = (
         "## Diagnosis" if path.name == "diagnosis.json" else f"## Earlier diagnosis `{path.name}`"
     )
-    d = _record(path, problems, _DIAGNOSIS, "findings", _FINDING)
+    d = _record(path, problems, _DIAGNOSIS)
     if d is None:
         return [title, "", f"`{path.name}` could not be read (see Problems above).", ""]
     printed = _printed(d)
     if printed:
         return [title, "", *printed]
     lines = [title, "", f"Bottleneck: **{_text(d.get('bottleneck', 'unknown'))}**", ""]
-    findings = d.get("findings")
-    for f in findings if isinstance(findings, list) else []:
+    for f in _list(d.get("findings")):
         if isinstance(f, dict):
             name = f.get("title", f.get("kind"))
             lines.append(f"- **{_text(name)}**: {_text(f.get('recommendation', ''))}")
@@ -296,9 +267,9 @@ def diagnosis_section(path: Path, problems: Problems) -> list[str]:
 def result_section(path: Path, out: Path, problems: Problems) -> list[str]:
     """A result's record (`RESULTS`: `tune.json`, `scaling.json`): its printed text (its table
     and reasons), and its plot (`NAME.png` beside it), linked relative to `out`."""
-    title, fields, items, item_fields = RESULTS[path.name]
+    title, fields = RESULTS[path.name]
     lines = [f"## {title}", ""]
-    d = _record(path, problems, fields, items, item_fields)
+    d = _record(path, problems, fields)
     if d is None:
         return [*lines, f"`{path.name}` could not be read (see Problems above).", ""]
     printed = _printed(d)
@@ -323,9 +294,9 @@ def _gpu_line(g: Any) -> str:
     )
 
 
-def _gpus_of(session: dict[str, Any]) -> list[Any]:
-    gpus = session.get("gpus")
-    return gpus if isinstance(gpus, list) else []
+def _list(value: Any) -> list[Any]:
+    """A record's list, or [] for what is missing or not a list."""
+    return value if isinstance(value, list) else []
 
 
 def _session_line(meta: dict[str, Any]) -> str:
@@ -344,14 +315,9 @@ def sessions_section(
     """The sessions recorded in `run.json` (the newest, and `earlier_sessions`); a field of the
     wrong kind is named in `problems` and shown as `?`."""
     newest = {k: v for k, v in meta.items() if k != EARLIER_SESSIONS}
-    damaged_fields(run_json, meta, {EARLIER_SESSIONS: OBJECTS}, problems)
-    earlier_raw = meta.get(EARLIER_SESSIONS)
-    earlier: list[dict[str, Any]] = []
-    for k, s in enumerate(earlier_raw if isinstance(earlier_raw, list) else []):
-        if isinstance(s, dict):
-            _damaged_session(run_json, s, problems, f"{EARLIER_SESSIONS}[{k}].")
-            earlier.append(s)
-    _damaged_session(run_json, newest, problems)
+    damaged_fields(run_json, meta, {EARLIER_SESSIONS: objects(_SESSION)}, problems)
+    damaged_fields(run_json, newest, _SESSION, problems)
+    earlier = [s for s in _list(meta.get(EARLIER_SESSIONS)) if isinstance(s, dict)]
     lines: list[str] = []
     if earlier:
         sessions = [*earlier, newest]
@@ -362,7 +328,7 @@ def sessions_section(
             "| --- | --- | --- | --- | --- |",
         ]
         for number, s in enumerate(sessions, 1):
-            gpus = _gpus_of(s)
+            gpus = _list(s.get("gpus"))
             names = sorted({_text(g.get("name")) for g in gpus if isinstance(g, dict)})
             label = f"{number} (newest)" if number == len(sessions) else str(number)
             lines.append(
@@ -379,7 +345,7 @@ def sessions_section(
                 present.add(name)
     else:
         lines += [_session_line(newest), ""]
-    gpus = _gpus_of(newest)
+    gpus = _list(newest.get("gpus"))
     lines += [_gpu_line(g) for g in gpus]  # none: the timeline section says host only
     if gpus:
         lines.append("")

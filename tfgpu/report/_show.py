@@ -68,7 +68,8 @@ else:
 class ReportPath(_ConcretePath):
     """The path of `report.md`, as `write_report` returns it, with a way to look at it.
 
-    A `pathlib.Path` in every other respect (`read_text()`, `parent`, `str()`).
+    A `pathlib.Path` in every other respect (`read_text()`, `parent`, `str()`). The guide:
+    docs/metrics.md, section "Reading the files".
 
     Example:
 
@@ -83,12 +84,10 @@ class ReportPath(_ConcretePath):
         """Shows the report: rendered with its plots in a notebook, as text elsewhere.
 
         In an IPython kernel (Jupyter, VS Code, Colab) the summary is rendered and each plot
-        shown, in the order of `report.md`; elsewhere the Markdown text is printed, each plot
-        as the path of its file.
+        shown in order; elsewhere the text is printed, each plot as the path of its file.
 
         Raises:
-            FileNotFoundError: if `report.md` is no longer there.
-            OSError: if it cannot be read.
+            OSError: if `report.md` is gone (`FileNotFoundError`) or cannot be read.
 
         Example:
 

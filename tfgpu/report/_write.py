@@ -149,9 +149,9 @@ def write_report(
 ) -> ReportPath:
     """Writes PNG plots and a Markdown summary of a run directory; returns the summary's path.
 
-    Covers every session, moved-aside file and worker. A damaged file is skipped (or read up
-    to the damage), named in a "Problems" section at the top of `report.md`, and warned
-    about. What the report shows: `docs/diagnosis.md`, "tfgpu report LOG_DIR".
+    Covers every session, moved-aside file and worker; a damaged file is named in a
+    "Problems" section at the top of `report.md` and warned about (`UserWarning`), and the
+    rest is written. The guide: docs/diagnosis.md, section "tfgpu report LOG_DIR".
 
     Args:
         log_dir: str or os.PathLike, a directory written by `GPUMonitor`, `StepTimer`,
@@ -160,20 +160,14 @@ def write_report(
             if missing). Defaults to `None`: `log_dir` itself.
 
     Returns:
-        `tfgpu.report.ReportPath`, the `pathlib.Path` of `report.md`, whose `show()`
-        displays it in a notebook (plots included) and prints it elsewhere.
+        `tfgpu.report.ReportPath`, the path of `report.md`; its `show()` displays it.
 
     Raises:
         TypeError: if `log_dir` or `out_dir` is not a path.
-        ValueError: if `log_dir` or `out_dir` is (or is under) a file, or `log_dir` holds no
-            tfgpu run.
+        ValueError: if a path is (or is under) a file, or `log_dir` holds no tfgpu run.
         FileNotFoundError: if `log_dir` does not exist.
         ImportError: if matplotlib is not installed (with the pip line).
         OSError: if `out_dir` or `report.md` cannot be written.
-
-    Warns:
-        UserWarning: for each file that could not be read, or plot that could not be drawn
-            (the rest of the report is written).
 
     Example:
 
