@@ -1,10 +1,7 @@
 """The `tfgpu` command: `tfgpu env`, `tfgpu demo`, `tfgpu report LOG_DIR`, `tfgpu tune SCRIPT.py`.
 
-Arguments are checked before TensorFlow is imported (a malformed one: argparse's `usage:` and
-`error:`, exit status 2); a failure once the command runs prints `tfgpu COMMAND: error: ...`
-and exits 2, never a traceback. TensorFlow's C++ start-up log is held back unless `--verbose`
-or `TF_CPP_MIN_LOG_LEVEL=0` asks for it.
-"""
+Arguments are checked before TensorFlow is imported; errors exit 2, never with a traceback
+(docs/guarantees.md, "Errors: one rule, raised before any work")."""
 
 from __future__ import annotations
 
@@ -156,8 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         of the run directory could not be read.
 
     Raises:
-        SystemExit: with status 2 (after the usage and an `error:` line) for a malformed
-            argument, and 0 for `--help` / `--version`; argparse's convention.
+        SystemExit: 2 for a malformed argument (after argparse's usage and `error:` line),
+            0 for `--help` / `--version`.
 
     Example:
 

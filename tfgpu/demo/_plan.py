@@ -40,28 +40,16 @@ def choose_sizes(*, quick: bool, num_gpus: int, epochs: int | None = None) -> Si
     sizes = Sizes()
     if quick:
         sizes = Sizes(
-            num_train=512,
-            num_test=256,
-            stored_size=48,
-            image_size=24,
-            per_replica_batch=32,
-            epochs=2,
-            diagnose_steps=3,
-            diagnose_warmup=1,
-            check_xla=False,
-            tune_budget_s=20.0,
-        )
+            num_train=512, num_test=256, stored_size=48, image_size=24, per_replica_batch=32,
+            epochs=2, diagnose_steps=3, diagnose_warmup=1, check_xla=False, tune_budget_s=20.0,
+        )  # fmt: skip
     elif num_gpus > 0:
         batch = 256
         steps = 80  # per epoch, on all GPUs together
         sizes = Sizes(
-            num_train=steps * batch * min(num_gpus, 8),
-            num_test=4096,
-            image_size=96,
-            per_replica_batch=batch,
-            width=32,
-            epochs=5,
-        )
+            num_train=steps * batch * min(num_gpus, 8), num_test=4096, image_size=96,
+            per_replica_batch=batch, width=32, epochs=5,
+        )  # fmt: skip
     if epochs is not None:
         sizes = dataclasses.replace(sizes, epochs=epochs)
     return sizes

@@ -1,7 +1,5 @@
 """The demo's figures: what each side measured, what must be equal, and the printed table.
-
-Pure: nothing here touches TensorFlow, Keras or the disk.
-"""
+Pure: nothing here touches TensorFlow, Keras or the disk."""
 
 from __future__ import annotations
 
@@ -95,16 +93,10 @@ def speedups(naive: Figures, tuned: Figures) -> Speedups:
 
 # How the table shows each kind of figure.
 _FORMATS: dict[str, Callable[[float], str]] = {
-    "rate": "{:,.0f}".format,
-    "ms": lambda value: f"{value * 1e3:.1f} ms",
-    "share": "{:.0%}".format,
-    "gpu": "{:.0f}%".format,
-    "pct": "{:.0f}%".format,
-    "mfu": "{:.1%}".format,
-    "s": "{:.1f} s".format,
-    "acc": "{:.3f}".format,
-    "x": "{:.2f}x".format,
-}
+    "rate": "{:,.0f}".format, "ms": lambda value: f"{value * 1e3:.1f} ms",
+    "share": "{:.0%}".format, "gpu": "{:.0f}%".format, "pct": "{:.0f}%".format,
+    "mfu": "{:.1%}".format, "s": "{:.1f} s".format, "acc": "{:.3f}".format, "x": "{:.2f}x".format,
+}  # fmt: skip
 
 
 def _fmt(value: float | None, kind: str, on_gpu: bool = True) -> str:
@@ -143,12 +135,8 @@ def format_table(naive: Figures, tuned: Figures, *, on_gpu: bool, epochs: int) -
 
 def waterfall_lines(result: Any, *, width: int = 30) -> list[str]:
     """`tfgpu.tune`'s waterfall (a `TuneResult`) as text, one line per bar of `width` at most:
-    the baseline, each kept setting's step and the verified total. Pure.
-
-    Each kept gain was measured against the best configuration before it; gains do not
-    multiply, so the steps are scaled (by their log-gains) to end at the verified total, as
-    in `tune.png`, and each line also gives the gain as measured.
-    """
+    the baseline, each kept setting's step (scaled by its log-gain to end at the verified
+    total, as in `tune.png`: docs/tuning.md) with its gain as measured, and the total."""
     base = result.baseline_examples_per_s
     if base is None or not math.isfinite(base) or base <= 0:
         return ["(tune could not time the baseline within its budget: nothing measured)"]

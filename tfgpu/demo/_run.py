@@ -1,6 +1,5 @@
-"""`run_demo`: the demo's phases, in order (check arguments, set up, build the data, the naive
-side with its diagnosis, the tfgpu side: `tfgpu.tune`, training and a diagnosis, write and
-print the comparison)."""
+"""`run_demo`: the demo's phases, in order (set up, build the data, the naive side and its
+diagnosis, the tfgpu side: tune, train and diagnose; write and print the comparison)."""
 
 from __future__ import annotations
 
@@ -53,7 +52,11 @@ class _Run:
     sizes: Sizes
     num_gpus: int
     global_batch: int  # both sides
-    total_steps: int  # both sides: the learning-rate schedule decays to 0 over them
+
+    @property
+    def total_steps(self) -> int:
+        """Both sides': the learning-rate schedule decays to 0 over them."""
+        return self.sizes.epochs * (self.sizes.num_train // self.global_batch)
 
     @property
     def on_gpu(self) -> bool:
@@ -61,9 +64,9 @@ class _Run:
 
     @property
     def device(self) -> str:
-        if self.on_gpu:
-            return f"{self.num_gpus} GPU(s)"
-        return "CPU only (no GPU visible to TensorFlow)"
+        return (
+            f"{self.num_gpus} GPU(s)" if self.on_gpu else "CPU only (no GPU visible to TensorFlow)"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,16 +92,13 @@ def run_demo(
 ) -> int:
     """Trains a reference image classifier naively, then with tfgpu, and compares them.
 
-    The naive side is what a typical Keras user writes; the tfgpu side uses `configure()`,
-    `strategy()`, `data.pipeline(...)` and what `tune()` kept, with the naive side's batch,
-    steps and learning rate. Prints a side-by-side table and writes the run directory, sized
-    for the hardware. The whole story: `docs/demo.md`.
+    The same model and recipe on both sides; only how the work is done differs. Prints a
+    side-by-side table and writes the run directory. The guide: docs/demo.md.
 
     Args:
         quick: bool, a tiny run (seconds) to check that everything works. Defaults to False.
-        dataset: str or None, a TensorFlow Datasets image classification dataset (e.g.
-            `"cifar10"`), which must be prepared in `$TFDS_DATA_DIR` or
-            `~/tensorflow_datasets`. Defaults to None: synthetic data made offline.
+        dataset: str or None, a prepared TensorFlow Datasets image classification dataset
+            (e.g. `"cifar10"`). Defaults to None: synthetic data made offline.
         log_dir: str, os.PathLike or None, a new or empty directory for the run.
             Defaults to None: a new `runs/demo-YYYYmmdd-HHMMSS` in the current directory.
         epochs: int or None, epochs per side. Defaults to None (8 on the CPU, 5 on GPUs,
@@ -108,11 +108,9 @@ def run_demo(
         int, 0 when both sides trained and the run directory is written.
 
     Raises:
-        TypeError: if an argument has the wrong type (`epochs=2.5`, `quick="yes"`,
-            `log_dir=123`, `dataset=10`).
-        ValueError: if `epochs` is not positive, `log_dir` is (or is under) a file or is a
-            directory that is not empty (an earlier run is never written into), or
-            `dataset` is empty or not an image classification dataset.
+        TypeError: if an argument has the wrong type.
+        ValueError: if `epochs` is not positive, `log_dir` is (or is under) a file or is not
+            empty, or `dataset` is empty or not an image classification dataset.
         FileNotFoundError: if `dataset` is not prepared on this machine (with how to get it).
 
     Example:
@@ -148,14 +146,7 @@ def _set_up(*, quick: bool, epochs: int | None) -> _Run:
     strategy = tfgpu.strategy()
     sizes = choose_sizes(quick=quick, num_gpus=num_gpus, epochs=epochs)
     global_batch = tfgpu.global_batch_size(sizes.per_replica_batch, strategy)
-    run = _Run(
-        config=config,
-        strategy=strategy,
-        sizes=sizes,
-        num_gpus=num_gpus,
-        global_batch=global_batch,
-        total_steps=sizes.epochs * (sizes.num_train // global_batch),
-    )
+    run = _Run(config, strategy, sizes, num_gpus, global_batch)
     _say(f"tfgpu demo on {run.device}; precision for the tfgpu side: {config.precision}")
     return run
 
@@ -214,18 +205,14 @@ def _naive_side(run: _Run, data: Data, log_dir: Path) -> _Side:
 def _tfgpu_changes(run: _Run, result: TuneResult) -> list[str]:
     """What the tfgpu side does differently, as printed and stored (`tfgpu_settings`)."""
     precision = result.settings.get("precision")
+    chosen_by = "tfgpu.tune" if precision else "tfgpu.configure"
     kept = [f"{k}={v!r}" for k, v in result.settings.items() if k != "precision"]
+    batched = result.settings.get("batch_augment")
+    augment = "batch -> batch augment" if batched else "parallel augment -> batch"
     return [
-        f"precision {precision} (tfgpu.tune)"
-        if precision
-        else f"precision {run.config.precision} (tfgpu.configure)",
+        f"precision {precision or run.config.precision} ({chosen_by})",
         f"{_strategy_name(run.strategy)}, global batch {run.global_batch} (tfgpu.strategy)",
-        "tfgpu.data.pipeline: parallel decode -> cache -> shuffle -> "
-        + (
-            "batch -> batch augment -> prefetch"
-            if result.settings.get("batch_augment")
-            else "parallel augment -> batch -> prefetch"
-        ),
+        f"tfgpu.data.pipeline: parallel decode -> cache -> shuffle -> {augment} -> prefetch",
         (f"tfgpu.tune kept: {', '.join(kept)}" if kept else "tfgpu.tune kept no other setting")
         + f" ({result.speedup.text()} verified in {result.time_s:.0f} s)",
     ]

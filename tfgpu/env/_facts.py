@@ -1,6 +1,5 @@
 """Pure readings of the facts dict `_gather` fills, for the checks and the text: sections
-(missing or malformed ones read empty), versions, compute capabilities, visible GPUs.
-"""
+(missing or malformed ones read empty), versions, compute capabilities, visible GPUs."""
 
 from __future__ import annotations
 

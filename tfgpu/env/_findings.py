@@ -12,23 +12,12 @@ from tfgpu.env._result import Finding
 _SEVERITIES = ("error", "warning", "info")
 
 CHECKS: tuple[Callable[[dict[str, Any]], Iterable[Finding]], ...] = (
-    setup.check_tensorflow,
-    setup.check_keras,
-    gpu.check_driver,
-    gpu.check_cuda_build,
-    gpu.check_tf_sees_no_gpu,
-    gpu.check_cuda_visible_devices,
-    gpu.check_compute_capability,
-    gpu.check_driver_cuda_version,
-    setup.check_tf_config,
-    setup.check_allow_growth,
-    setup.check_allocator,
-    setup.check_thread_mode,
-    setup.check_windows,
-    gpu.check_gpu_busy,
-    gpu.check_mixed_gpus,
-    setup.check_determinism_env,
-)
+    setup.check_tensorflow, setup.check_keras, gpu.check_driver, gpu.check_cuda_build,
+    gpu.check_tf_sees_no_gpu, gpu.check_cuda_visible_devices, gpu.check_compute_capability,
+    gpu.check_driver_cuda_version, setup.check_tf_config, setup.check_allow_growth,
+    setup.check_allocator, setup.check_thread_mode, setup.check_windows, gpu.check_gpu_busy,
+    gpu.check_mixed_gpus, setup.check_determinism_env,
+)  # fmt: skip
 
 
 def findings(facts: dict[str, Any]) -> list[Finding]:

@@ -1,6 +1,5 @@
 """Checks about the driver, TensorFlow's CUDA build and the GPUs: each `check_*` is a pure
-function, facts in, findings out, run in the order of `_findings.CHECKS`.
-"""
+function, facts in, findings out, run in the order of `_findings.CHECKS`."""
 
 from __future__ import annotations
 
@@ -118,20 +117,10 @@ def check_tf_sees_no_gpu(facts: dict[str, Any]) -> Iterator[Finding]:
     tf_count = len(tf_gpu_facts(facts))
     if visible == 0:
         return  # CUDA_VISIBLE_DEVICES explains it: its own finding
-    compiled = tf.get("cuda_compute_capabilities") or []
-    unsupported = {
-        cc for _, cc in _all_gpu_ccs(facts) if cc_support(cc, compiled)[0] == "unsupported"
-    }
     if tf_count == 0:
-        if (
-            compiled
-            and unsupported
-            and all(
-                tuple(g["compute_capability"]) in unsupported
-                for g in nvml_gpus
-                if g.get("compute_capability")
-            )
-        ):
+        compiled = tf.get("cuda_compute_capabilities") or []
+        ccs = [tuple(g["compute_capability"]) for g in nvml_gpus if g.get("compute_capability")]
+        if compiled and ccs and all(cc_support(cc, compiled)[0] == "unsupported" for cc in ccs):
             return  # the compute-capability finding explains it
         yield Finding(
             "error",

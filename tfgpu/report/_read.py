@@ -1,19 +1,18 @@
-"""Reading a run directory: its timeline and steps files, its JSON records and their fields,
-and `Problems` (what could not be read or was worked around: a damaged file is never raised)."""
+"""Reading a run directory: its timeline and steps files, its JSON records, and `Problems`
+(what could not be read or was worked around: a damaged file is never raised)."""
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from tfgpu._internal.helpers.checks import check_dir, invalid_value, is_int, is_number
+from tfgpu._internal.helpers.checks import check_dir, invalid_value
 from tfgpu._internal.helpers.files import read_json_object
 
 
@@ -126,65 +125,6 @@ def read_record(path: Path, problems: Problems) -> dict[str, Any] | None:
     except ValueError as e:
         problems.errors.append(f"{e}.".replace(str(path), f"`{path}`", 1))
     return None
-
-
-class Field(NamedTuple):
-    """What a field of a JSON record must hold: a test, the words for it, and for a list of
-    objects (`objects`), the fields of each."""
-
-    ok: Callable[[Any], bool]
-    expected: str
-    items: dict[str, Field] | None = None
-
-
-STRING = Field(lambda v: isinstance(v, str), "a string")
-NUMBER = Field(is_number, "a number")
-INTEGER = Field(is_int, "an integer")
-OBJECT = Field(lambda v: isinstance(v, dict), "an object")
-GAIN = Field(
-    lambda v: isinstance(v, dict) and all(is_number(v.get(k)) for k in ("value", "low", "high")),
-    'a gain: {"value", "low", "high"}, each a number',
-)
-
-
-def _list_of(item: Field, words: str) -> Field:
-    return Field(lambda v: isinstance(v, list) and all(item.ok(x) for x in v), words)
-
-
-OBJECTS = _list_of(OBJECT, "a list of objects")
-STRINGS = _list_of(STRING, "a list of strings")
-INTEGERS = _list_of(INTEGER, "a list of integers")
-
-
-def objects(fields: dict[str, Field]) -> Field:
-    return OBJECTS._replace(items=fields)
-
-
-# The JSON name of a value's kind, in the order tested (a bool is no number; never null here).
-_JSON_KINDS = ((bool, "a boolean"), (str, "a string"), (list, "a list"), (dict, "an object"))
-
-
-def damaged_fields(
-    path: Path, record: dict, fields: dict[str, Field], problems: Problems, where: str = ""
-) -> None:
-    """Names in `problems.errors` each of `fields` that `record` holds (not null) with the
-    wrong kind of value, e.g. `"gpus": "A100"`, then those inside each list of objects;
-    `where` prefixes the field's name (`"earlier_sessions[0]."`). The report shows such a
-    field as `?`, or leaves it out."""
-    for name, (ok, expected, _) in fields.items():
-        value = record.get(name)
-        if value is None or ok(value):
-            continue
-        text = json.dumps(value, default=str)
-        text = text if len(text) <= 40 else text[:37] + "..."
-        kind = next((words for t, words in _JSON_KINDS if isinstance(value, t)), "a number")
-        problems.errors.append(f"`{path}`: `{where}{name}` is {text} ({kind}), not {expected}.")
-    for name, spec in fields.items():
-        items = record.get(name)
-        if spec.items and isinstance(items, list):
-            for k, item in enumerate(items):
-                if isinstance(item, dict):
-                    damaged_fields(path, item, spec.items, problems, f"{where}{name}[{k}].")
 
 
 _ARTIFACT = re.compile(

@@ -1,37 +1,22 @@
-"""The report's sections as Markdown lines: sessions, files, timelines, steps, diagnoses, tuning
-(energy and GPU counters: `_energy`, `_findings`). Each takes what was read, returns lines."""
+"""The report's sections as Markdown lines (energy and GPU counters: `_energy`, `_findings`),
+and what each field of the JSON records they read must hold (`damaged_fields`)."""
 
 from __future__ import annotations
 
 import bisect
 import datetime
+import json
 import math
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tfgpu._internal.helpers import stats
-from tfgpu._internal.helpers.checks import is_finite_number, is_number
+from tfgpu._internal.helpers.checks import is_finite_number, is_int, is_number
 from tfgpu._internal.helpers.files import EARLIER_SESSIONS
-from tfgpu.report._read import (
-    GAIN,
-    INTEGER,
-    INTEGERS,
-    NUMBER,
-    OBJECT,
-    OBJECTS,
-    STRING,
-    STRINGS,
-    Artifact,
-    Field,
-    Problems,
-    Table,
-    damaged_fields,
-    diagnosis_files,
-    objects,
-    read_record,
-)
+from tfgpu.report._read import Artifact, Problems, Table, diagnosis_files, read_record
 from tfgpu.report._series import (
     finite_max,
     gpu_indices,
@@ -53,6 +38,65 @@ def _when(timestamp) -> str:
     except (TypeError, ValueError, OverflowError, OSError):
         return "?"
     return moment.isoformat(sep=" ", timespec="seconds")
+
+
+class Field(NamedTuple):
+    """What a field of a JSON record must hold: a test, the words for it, and for a list of
+    objects (`objects`), the fields of each."""
+
+    ok: Callable[[Any], bool]
+    expected: str
+    items: dict[str, Field] | None = None
+
+
+STRING = Field(lambda v: isinstance(v, str), "a string")
+NUMBER = Field(is_number, "a number")
+INTEGER = Field(is_int, "an integer")
+OBJECT = Field(lambda v: isinstance(v, dict), "an object")
+GAIN = Field(
+    lambda v: isinstance(v, dict) and all(is_number(v.get(k)) for k in ("value", "low", "high")),
+    'a gain: {"value", "low", "high"}, each a number',
+)
+
+
+def _list_of(item: Field, words: str) -> Field:
+    return Field(lambda v: isinstance(v, list) and all(item.ok(x) for x in v), words)
+
+
+OBJECTS = _list_of(OBJECT, "a list of objects")
+STRINGS = _list_of(STRING, "a list of strings")
+INTEGERS = _list_of(INTEGER, "a list of integers")
+
+
+def objects(fields: dict[str, Field]) -> Field:
+    return OBJECTS._replace(items=fields)
+
+
+# The JSON name of a value's kind, in the order tested (a bool is no number; never null here).
+_JSON_KINDS = ((bool, "a boolean"), (str, "a string"), (list, "a list"), (dict, "an object"))
+
+
+def damaged_fields(
+    path: Path, record: dict, fields: dict[str, Field], problems: Problems, where: str = ""
+) -> None:
+    """Names in `problems.errors` each of `fields` that `record` holds (not null) with the
+    wrong kind of value, e.g. `"gpus": "A100"`, then those inside each list of objects;
+    `where` prefixes the field's name (`"earlier_sessions[0]."`). The report shows such a
+    field as `?`, or leaves it out."""
+    for name, (ok, expected, _) in fields.items():
+        value = record.get(name)
+        if value is None or ok(value):
+            continue
+        text = json.dumps(value, default=str)
+        text = text if len(text) <= 40 else text[:37] + "..."
+        kind = next((words for t, words in _JSON_KINDS if isinstance(value, t)), "a number")
+        problems.errors.append(f"`{path}`: `{where}{name}` is {text} ({kind}), not {expected}.")
+    for name, spec in fields.items():
+        items = record.get(name)
+        if spec.items and isinstance(items, list):
+            for k, item in enumerate(items):
+                if isinstance(item, dict):
+                    damaged_fields(path, item, spec.items, problems, f"{where}{name}[{k}].")
 
 
 # The fields of the JSON records that the report reads, and what each must hold.
