@@ -26,13 +26,6 @@ class Table:
         return [r.get(name, math.nan) for r in self.rows]
 
 
-def _float(value: str) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
 @dataclass
 class Problems:
     """What the report could not read (`errors`: the CLI exits 2) or worked around (`notes`)."""
@@ -53,7 +46,7 @@ def reason(error: OSError) -> str:
     return error.strerror or str(error)
 
 
-_MISSING = {"", "nan", "-nan", "+nan", "none", "null"}  # cells that mean "no value", not damage
+_MISSING = {"", "none", "null"}  # cells that mean "no value", not damage (as `nan` does)
 
 
 def read_table(path: Path, required: Sequence[str], what: str, problems: Problems):
@@ -95,10 +88,12 @@ def read_table(path: Path, required: Sequence[str], what: str, problems: Problem
                 continue
             row = {}
             for name, cell in zip(columns, raw):
-                value = _float(cell)
-                if math.isnan(value) and cell.strip().lower() not in _MISSING:
-                    not_numbers += 1
-                row[name] = value
+                try:
+                    row[name] = float(cell)
+                except (TypeError, ValueError):
+                    row[name] = math.nan
+                    if cell.strip().lower() not in _MISSING:
+                        not_numbers += 1
             rows.append(row)
     except csv.Error as e:
         problems.errors.append(

@@ -22,17 +22,14 @@ def _parts(text: str, folder: Path) -> list[tuple[str, str]]:
     lines: list[str] = []
     for line in text.splitlines():
         m = _IMAGE_LINE.match(line)
-        image = folder / m.group(2) if m else None
-        if image is None or not image.is_file():
+        if m and (folder / m.group(2)).is_file():
+            parts += [("markdown", "\n".join(lines)), ("image", str(folder / m.group(2)))]
+            lines = []
+        else:
             lines.append(line)
-            continue
-        if "".join(lines).strip():
-            parts.append(("markdown", "\n".join(lines).strip("\n")))
-        lines = []
-        parts.append(("image", str(image)))
-    if "".join(lines).strip():
-        parts.append(("markdown", "\n".join(lines).strip("\n")))
-    return parts
+    parts.append(("markdown", "\n".join(lines)))
+    # No blank Markdown between two plots or at either end.
+    return [(kind, value.strip("\n")) for kind, value in parts if value.strip()]
 
 
 def _inlined(text: str, folder: Path) -> str:

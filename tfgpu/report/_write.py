@@ -105,9 +105,7 @@ def write_report_and_problems(
         if result.is_file():
             body += _section(problems, result, result_section, result, out, problems)
     if images:
-        body += ["## Plots", ""]
-        body += [f"![{p.stem}]({p.name})" for p in images]
-        body.append("")
+        body += ["## Plots", "", *(f"![{p.stem}]({p.name})" for p in images), ""]
     summary = out / "report.md"
     try:
         write_text_atomic(summary, "\n".join(lines + problems.section() + body))
