@@ -190,14 +190,8 @@ def _naive_side(run: _Run, data: Data, log_dir: Path) -> _Side:
     _say("[2/5] tfgpu.diagnose(naive model, naive pipeline): what holds it back")
     before = _diagnose(model, train, sizes, log_dir, check_xla=sizes.check_xla)
     _say(f"  training the naive side ({sizes.epochs} epochs):")
-    history, seconds, accuracy = _train(model, train, data.test, run=run, log_dir=log_dir)
-    figures = side_figures(
-        history,
-        wall_time_s=seconds,
-        test_accuracy=accuracy,
-        input_wait_share=before.input_wait_share,
-        on_gpu=run.on_gpu,
-    )
+    trained = _train(model, train, data.test, run=run, log_dir=log_dir)
+    figures = side_figures(**trained, input_wait_share=before.input_wait_share, on_gpu=run.on_gpu)
     recipe = read_recipe(model, global_batch=run.global_batch, initial_digest=digest)
     return _Side(figures, recipe, before)
 
@@ -252,19 +246,13 @@ def _tfgpu_side(run: _Run, data: Data, log_dir: Path) -> tuple[_Side, list[str]]
     model = build_compiled(**{k: v for k, v in result.settings.items() if k in _COMPILE_SETTINGS})
     digest = weights_digest(model)
     train = result.dataset  # the pipeline rebuilt with the kept settings, or as it was
-    history, seconds, accuracy = _train(model, train, data.test, run=run, log_dir=log_dir)
+    trained = _train(model, train, data.test, run=run, log_dir=log_dir)
     recipe = read_recipe(model, global_batch=run.global_batch, initial_digest=digest)
     _say("[5/5] tfgpu.diagnose(tfgpu model, tfgpu pipeline) again, after training")
     after = _diagnose(
         model, train, sizes, log_dir, check_xla=False, check_steps_per_execution=False
     )
-    figures = side_figures(
-        history,
-        wall_time_s=seconds,
-        test_accuracy=accuracy,
-        input_wait_share=after.input_wait_share,
-        on_gpu=run.on_gpu,
-    )
+    figures = side_figures(**trained, input_wait_share=after.input_wait_share, on_gpu=run.on_gpu)
     return _Side(figures, recipe, after, result), changes
 
 
@@ -354,10 +342,8 @@ def _callbacks(log_dir: Path, global_batch: int) -> list[Any]:
     return [GPUMonitor(log_dir=log_dir), StepTimer(batch_size=global_batch, log_dir=log_dir)]
 
 
-def _train(
-    model: Any, train: Any, test: Any, *, run: _Run, log_dir: Path
-) -> tuple[dict[str, list[float]], float, float]:
-    """Fits (one progress line per epoch) and evaluates; returns (history, seconds, test acc)."""
+def _train(model: Any, train: Any, test: Any, *, run: _Run, log_dir: Path) -> dict[str, Any]:
+    """Fits (one progress line per epoch) and evaluates: what `side_figures` takes of it."""
     callbacks = _callbacks(log_dir, run.global_batch)
     start = time.perf_counter()
     with warnings.catch_warnings():
@@ -370,7 +356,7 @@ def _train(
         )
     seconds = time.perf_counter() - start
     _, accuracy = model.evaluate(test, verbose=0)
-    return history.history, seconds, float(accuracy)
+    return {"history": history.history, "wall_time_s": seconds, "test_accuracy": float(accuracy)}
 
 
 def _write_report(log_dir: Path) -> str | None:
