@@ -23,11 +23,8 @@ class Recipe:
 
 @dataclasses.dataclass(frozen=True)
 class Figures:
-    """One side's figures, as stored in `demo.json` and printed in the table.
-
-    Steady-state figures leave out the first epoch (tracing, cache filling) when there are
-    more; a figure that was not measured (no GPU, no samples) is None.
-    """
+    """One side's figures, as stored in `demo.json` and printed in the table. Steady-state ones
+    leave out the first epoch (tracing, cache filling) if there are more; one not measured: None."""
 
     examples_per_s: float | None
     step_time_s: float | None

@@ -53,11 +53,9 @@ def version_tuple(text: str | None) -> tuple[int, ...] | None:
 def parse_arch(entry: str) -> tuple[str, tuple[int, int]] | None:
     """'sm_80' -> ('sm', (8, 0)); 'compute_90' -> ('compute', (9, 0)); '8.6' -> ('sm', (8, 6))."""
     entry = str(entry).strip().lower()
-    m = re.fullmatch(r"(sm|compute)_(\d+)(\d)[a-z]?", entry)  # the last digit: the minor
-    if m:
+    if m := re.fullmatch(r"(sm|compute)_(\d+)(\d)[a-z]?", entry):  # the last digit: the minor
         return m.group(1), (int(m.group(2)), int(m.group(3)))
-    m = re.fullmatch(r"(\d+)\.(\d+)", entry)
-    if m:
+    if m := re.fullmatch(r"(\d+)\.(\d+)", entry):
         return "sm", (int(m.group(1)), int(m.group(2)))
     return None
 
@@ -69,12 +67,10 @@ def cc_support(cc: tuple[int, int], compiled: list[str]) -> tuple[str, str | Non
     archs = [a for a in (parse_arch(e) for e in compiled) if a]
     sass = [c for kind, c in archs if kind == "sm" and c[0] == cc[0] and c[1] <= cc[1]]
     if sass:
-        best = max(sass)
-        return "native", f"sm_{best[0]}{best[1]}"
+        return "native", "sm_{}{}".format(*max(sass))
     ptx = [c for kind, c in archs if kind == "compute" and c <= cc]
     if ptx:
-        best = max(ptx)
-        return "ptx", f"compute_{best[0]}{best[1]}"
+        return "ptx", "compute_{}{}".format(*max(ptx))
     return "unsupported", None
 
 

@@ -27,13 +27,8 @@ def findings(facts: dict[str, Any]) -> list[Finding]:
         try:
             out += list(check(facts))  # all of a check's findings, or none if it fails
         except Exception as e:  # odd facts, any error: `tfgpu env` never crashes on a check
-            out.append(
-                Finding(
-                    "info",
-                    "check-failed",
-                    f"The check {check.__name__.removeprefix('check_')} failed: "
-                    f"{type(e).__name__}: {e}",
-                    "Please report this with the output of `tfgpu env --json`.",
-                )
-            )
+            name = check.__name__.removeprefix("check_")
+            detail = f"The check {name} failed: {type(e).__name__}: {e}"
+            fix = "Please report this with the output of `tfgpu env --json`."
+            out.append(Finding("info", "check-failed", detail, fix))
     return sorted(out, key=lambda f: _SEVERITIES.index(f.severity))

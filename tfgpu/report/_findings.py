@@ -95,8 +95,7 @@ def _counter_lines(table: Table, name: str, steps: list[Table]) -> list[str]:
                     f"  Fix: {fix}",
                 ]
             for note in counters.unseen(c, with_util=False) if recorded else []:
-                columns = _UNSEEN_COLUMNS.get(note, ())
-                if any(f"gpu{i}_{col}" in table.columns for col in columns):
+                if any(f"gpu{i}_{col}" in table.columns for col in _UNSEEN_COLUMNS.get(note, ())):
                     unseen.setdefault(note, {})[i] = None
     if not (items or recorded):
         return []  # an older timeline with nothing to say: as before

@@ -50,10 +50,8 @@ _MISSING = {"", "none", "null"}  # cells that mean "no value", not damage (as `n
 
 
 def read_table(path: Path, required: Sequence[str], what: str, problems: Problems):
-    """A tfgpu CSV file (`required`: one of these columns must be in the header; `what` names
-    the file in messages) as a `Table`, or None when nothing of it can be used. What cannot be
-    read goes to `problems.errors` (the rows before the damage kept), what is worked around
-    to `problems.notes`."""
+    """A tfgpu CSV file (with one of the `required` columns; `what` names it) as a `Table`, or
+    None; damage goes to `problems.errors` (rows before it kept), what is worked around to notes."""
     try:
         text = path.read_bytes().decode("utf-8-sig")  # a BOM (saved by a spreadsheet): no data
     except OSError as e:

@@ -16,16 +16,8 @@ from typing import Any, NamedTuple
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import is_finite_number, is_int, is_number
 from tfgpu._internal.helpers.files import EARLIER_SESSIONS
+from tfgpu.report import _series as series
 from tfgpu.report._read import Artifact, Problems, Table, diagnosis_files, read_record
-from tfgpu.report._series import (
-    finite_max,
-    gpu_indices,
-    span,
-    steps_per_row,
-    steps_sessions,
-    time_axis,
-    timeline_sessions,
-)
 
 IDLE_UTIL_PCT = 5.0
 """A sample whose GPU utilization is below this is counted as idle."""
@@ -79,10 +71,9 @@ _JSON_KINDS = ((bool, "a boolean"), (str, "a string"), (list, "a list"), (dict, 
 def damaged_fields(
     path: Path, record: dict, fields: dict[str, Field], problems: Problems, where: str = ""
 ) -> None:
-    """Names in `problems.errors` each of `fields` that `record` holds (not null) with the
-    wrong kind of value, e.g. `"gpus": "A100"`, then those inside each list of objects;
-    `where` prefixes the field's name (`"earlier_sessions[0]."`). The report shows such a
-    field as `?`, or leaves it out."""
+    """Names in `problems.errors` each of `fields` that `record` holds (not null) with the wrong
+    kind of value (`"gpus": "A100"`), then those inside each list of objects; `where` prefixes
+    the field's name (`"earlier_sessions[0]."`). The report shows such a field as `?`, or not."""
     for name, (ok, expected, _) in fields.items():
         value = record.get(name)
         if value is None or ok(value):
@@ -160,16 +151,16 @@ def _text(value: Any) -> str:
 
 
 def timeline_section(table: Table, name: str) -> list[str]:
-    gpus = gpu_indices(table)
-    starts = timeline_sessions(table)
-    x = time_axis(table, starts)
+    gpus = series.gpu_indices(table)
+    starts = series.timeline_sessions(table)
+    x = series.time_axis(table, starts)
     lines = [f"## Timeline `{name}`", ""]
     if not table.rows:
         return [*lines, "No samples: the file has a header only (a run stopped at once).", ""]
-    text = f"{len(table.rows)} samples over {fmt(span(x), '.2f')} s"
+    text = f"{len(table.rows)} samples over {fmt(series.span(x), '.2f')} s"
     if len(starts) > 1:
         ends = [*starts[1:], len(x)]
-        sampled = sum(span(x[a:b]) for a, b in zip(starts, ends) if stats.finite(x[a:b]))
+        sampled = sum(series.span(x[a:b]) for a, b in zip(starts, ends) if stats.finite(x[a:b]))
         text += (
             f" in {len(starts)} sessions (one per `fit` or `record`, appended to this file), "
             f"{fmt(sampled, '.2f')} s of them sampled; the plots mark where each began"
@@ -190,13 +181,13 @@ def timeline_section(table: Table, name: str) -> list[str]:
         for i in gpus:
             util = stats.finite(table.col(f"gpu{i}_util_pct"))
             idle = sum(v < IDLE_UTIL_PCT for v in util) / len(util) if util else math.nan
+            mem, power = table.col(f"gpu{i}_mem_used_mib"), table.col(f"gpu{i}_power_w")
             lines.append(
-                f"| {i} | {fmt(stats.mean(util))} | {fmt(finite_max(util))} | {fmt(idle, '.0%')} | "
-                f"{fmt(stats.mean(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
-                f"{fmt(finite_max(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
-                f"{fmt(finite_max(table.col(f'gpu{i}_mem_total_mib')), '.0f')} | "
-                f"{fmt(stats.mean(table.col(f'gpu{i}_power_w')))} | "
-                f"{fmt(finite_max(table.col(f'gpu{i}_power_w')))} |"
+                f"| {i} | {fmt(stats.mean(util))} | {fmt(series.finite_max(util))} | "
+                f"{fmt(idle, '.0%')} | {fmt(stats.mean(mem), '.0f')} | "
+                f"{fmt(series.finite_max(mem), '.0f')} | "
+                f"{fmt(series.finite_max(table.col(f'gpu{i}_mem_total_mib')), '.0f')} | "
+                f"{fmt(stats.mean(power))} | {fmt(series.finite_max(power))} |"
             )
         lines += [
             "",
@@ -206,8 +197,8 @@ def timeline_section(table: Table, name: str) -> list[str]:
         lines += _activity_lines(table, gpus)
     lines += [
         f"Host: CPU mean {fmt(stats.mean(table.col('host_cpu_pct')))}%, process RSS max "
-        f"{fmt(finite_max(table.col('host_rss_mib')), '.0f')} MiB, system memory max "
-        f"{fmt(finite_max(table.col('host_mem_used_pct')))}%.",
+        f"{fmt(series.finite_max(table.col('host_rss_mib')), '.0f')} MiB, system memory max "
+        f"{fmt(series.finite_max(table.col('host_mem_used_pct')))}%.",
         "",
     ]
     return lines
@@ -217,7 +208,7 @@ def steps_section(table: Table, name: str) -> list[str]:
     if not table.rows:
         return [f"## Steps `{name}`", "", "No steps: the file has a header only.", ""]
     st = [v * 1e3 for v in table.col("step_time_s")]
-    starts = steps_sessions(table)
+    starts = series.steps_sessions(table)
     fits = len(starts) > 1
     lines = [
         f"## Steps `{name}`",
@@ -242,7 +233,7 @@ def steps_section(table: Table, name: str) -> list[str]:
         by_epoch.setdefault((session, int(e) if math.isfinite(e) else -1), []).append(r)
     for (session, e), rows in sorted(by_epoch.items()):
         times = [r.get("step_time_s", math.nan) * 1e3 for r in rows]
-        counts = steps_per_row([r.get("step", math.nan) for r in rows])
+        counts = series.steps_per_row([r.get("step", math.nan) for r in rows])
         spent = sum(stats.finite([t * n / 1e3 for t, n in zip(times, counts)]))
         steady = times[1:] or times  # StepTimer's rule: the first execution is not steady
         lines.append(

@@ -11,6 +11,7 @@ from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_dir
 from tfgpu._internal.helpers.files import write_text_atomic
 from tfgpu._internal.helpers.lazy import import_optional
+from tfgpu.report import _sections as sections
 from tfgpu.report._energy import energy_section
 from tfgpu.report._findings import counter_section
 from tfgpu.report._plots import steps_plot, t0_for, timeline_plots, try_draw
@@ -25,16 +26,6 @@ from tfgpu.report._read import (
     read_table,
     reason,
     worker_records,
-)
-from tfgpu.report._sections import (
-    RESULTS,
-    diagnosis_section,
-    files_section,
-    listed,
-    result_section,
-    sessions_section,
-    steps_section,
-    timeline_section,
 )
 from tfgpu.report._show import ReportPath
 
@@ -68,8 +59,10 @@ def write_report_and_problems(
     run_json = run / "run.json"
     meta = read_record(run_json, problems) if run_json in names else None
     if meta is not None:
-        lines += _section(problems, run_json, sessions_section, meta, run_json, timelines, problems)
-    lines += files_section(timelines, steps, names)
+        lines += _section(
+            problems, run_json, sections.sessions_section, meta, run_json, timelines, problems
+        )
+    lines += sections.files_section(timelines, steps, names)
 
     body = _worker_lines(worker_records(names), timelines, problems)
     images: list[Path] = []
@@ -77,7 +70,7 @@ def write_report_and_problems(
     first_samples: dict[str, list[float]] = {}  # per worker: each timeline's time 0
     for artifact in timelines:
         table = read_table(artifact.path, ("time", "elapsed_s"), "timeline", problems)
-        body += _table_lines(problems, artifact, table, "Timeline", timeline_section)
+        body += _table_lines(problems, artifact, table, "Timeline", sections.timeline_section)
         if table is not None:
             read_timelines.append((artifact, table))
             images += timeline_plots(table, out, artifact.suffix, problems)
@@ -89,7 +82,7 @@ def write_report_and_problems(
     read_steps: dict[str, list[Table]] = {}
     for artifact in steps:
         table = read_table(artifact.path, ("step_time_s",), "steps file", problems)
-        body += _table_lines(problems, artifact, table, "Steps", steps_section)
+        body += _table_lines(problems, artifact, table, "Steps", sections.steps_section)
         if table is not None:
             read_steps.setdefault(artifact.worker, []).append(table)
             t0 = t0_for(table, artifact.worker, first_samples)
@@ -100,10 +93,10 @@ def write_report_and_problems(
         body += _section(problems, run, energy_section, read_timelines, read_steps)
         body += _section(problems, run, counter_section, read_timelines, read_steps)
     for diagnosis in diagnosis_files(names):  # earlier ones (diagnosis.1.json, ...) first
-        body += _section(problems, diagnosis, diagnosis_section, diagnosis, problems)
-    for result in (run / name for name in RESULTS):  # tune.json, scaling.json
+        body += _section(problems, diagnosis, sections.diagnosis_section, diagnosis, problems)
+    for result in (run / name for name in sections.RESULTS):  # tune.json, scaling.json
         if result.is_file():
-            body += _section(problems, result, result_section, result, out, problems)
+            body += _section(problems, result, sections.result_section, result, out, problems)
     if images:
         body += ["## Plots", "", *(f"![{p.stem}]({p.name})" for p in images), ""]
     summary = out / "report.md"
@@ -122,7 +115,7 @@ def _worker_lines(workers: list[Path], timelines: list[Artifact], problems: Prob
         "## Workers",
         "",
         "Each task of a multi-worker run records its own sessions: "
-        f"{listed([p.name for p in workers])}. (The chief's are in `run.json` too.)",
+        f"{sections.listed([p.name for p in workers])}. (The chief's are in `run.json` too.)",
         "",
     ]
     for record in workers:
@@ -131,7 +124,9 @@ def _worker_lines(workers: list[Path], timelines: list[Artifact], problems: Prob
         if meta is None:
             lines += ["Skipped (see Problems).", ""]
             continue
-        lines += _section(problems, record, sessions_section, meta, record, timelines, problems)
+        lines += _section(
+            problems, record, sections.sessions_section, meta, record, timelines, problems
+        )
     return lines
 
 
