@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tfgpu._internal.helpers.jsonable import json_safe
+from tfgpu.demo import _workload as workload
 from tfgpu.demo._args import check_arguments, claim_log_dir
 from tfgpu.demo._plan import SEED, Sizes, choose_sizes
 from tfgpu.demo._results import (
@@ -22,16 +23,6 @@ from tfgpu.demo._results import (
     side_figures,
     speedups,
     waterfall_lines,
-)
-from tfgpu.demo._workload import (
-    Data,
-    augment_fn,
-    build_data,
-    build_model,
-    decode_fn,
-    learning_rate,
-    read_recipe,
-    weights_digest,
 )
 
 if TYPE_CHECKING:
@@ -151,9 +142,9 @@ def _set_up(*, quick: bool, epochs: int | None) -> _Run:
     return run
 
 
-def _build_data(run: _Run, dataset: str | None) -> Data:
+def _build_data(run: _Run, dataset: str | None) -> workload.Data:
     start = time.perf_counter()
-    data = build_data(dataset, run.sizes)
+    data = workload.build_data(dataset, run.sizes)
     sizes = run.sizes
     _say(
         f"data: {data.source}, {sizes.num_train} training + {sizes.num_test} test images as "
@@ -163,7 +154,7 @@ def _build_data(run: _Run, dataset: str | None) -> Data:
     return data
 
 
-def _naive_side(run: _Run, data: Data, log_dir: Path) -> _Side:
+def _naive_side(run: _Run, data: workload.Data, log_dir: Path) -> _Side:
     """Diagnoses, then trains, what a typical Keras user writes."""
     import keras
     import tensorflow as tf
@@ -175,8 +166,8 @@ def _naive_side(run: _Run, data: Data, log_dir: Path) -> _Side:
     )
     keras.mixed_precision.set_global_policy("float32")
     model = _compiled_model(run, data)
-    digest = weights_digest(model)
-    decode, augment = decode_fn(sizes.resize_to), augment_fn(sizes.image_size)
+    digest = workload.weights_digest(model)
+    decode, augment = workload.decode_fn(sizes.resize_to), workload.augment_fn(sizes.image_size)
 
     def decode_and_augment(jpeg, label):
         return augment(*decode(jpeg, label))
@@ -192,7 +183,7 @@ def _naive_side(run: _Run, data: Data, log_dir: Path) -> _Side:
     _say(f"  training the naive side ({sizes.epochs} epochs):")
     trained = _train(model, train, data.test, run=run, log_dir=log_dir)
     figures = side_figures(**trained, input_wait_share=before.input_wait_share, on_gpu=run.on_gpu)
-    recipe = read_recipe(model, global_batch=run.global_batch, initial_digest=digest)
+    recipe = workload.read_recipe(model, global_batch=run.global_batch, initial_digest=digest)
     return _Side(figures, recipe, before)
 
 
@@ -212,7 +203,7 @@ def _tfgpu_changes(run: _Run, result: TuneResult) -> list[str]:
     ]
 
 
-def _tfgpu_side(run: _Run, data: Data, log_dir: Path) -> tuple[_Side, list[str]]:
+def _tfgpu_side(run: _Run, data: workload.Data, log_dir: Path) -> tuple[_Side, list[str]]:
     """Tunes, trains with what `tfgpu.tune` kept, then diagnoses what is left."""
     import keras
 
@@ -229,8 +220,8 @@ def _tfgpu_side(run: _Run, data: Data, log_dir: Path) -> tuple[_Side, list[str]]
         (data.train_x, data.train_y),
         batch_size=run.global_batch,
         strategy=run.strategy,
-        map_fn=decode_fn(sizes.resize_to),
-        augment_fn=augment_fn(sizes.image_size),
+        map_fn=workload.decode_fn(sizes.resize_to),
+        augment_fn=workload.augment_fn(sizes.image_size),
         seed=SEED,
     )
 
@@ -244,10 +235,10 @@ def _tfgpu_side(run: _Run, data: Data, log_dir: Path) -> tuple[_Side, list[str]]
     _say("[4/5] tfgpu: " + "; ".join(changes))
     keras.mixed_precision.set_global_policy(result.settings.get("precision", run.config.precision))
     model = build_compiled(**{k: v for k, v in result.settings.items() if k in _COMPILE_SETTINGS})
-    digest = weights_digest(model)
+    digest = workload.weights_digest(model)
     train = result.dataset  # the pipeline rebuilt with the kept settings, or as it was
     trained = _train(model, train, data.test, run=run, log_dir=log_dir)
-    recipe = read_recipe(model, global_batch=run.global_batch, initial_digest=digest)
+    recipe = workload.read_recipe(model, global_batch=run.global_batch, initial_digest=digest)
     _say("[5/5] tfgpu.diagnose(tfgpu model, tfgpu pipeline) again, after training")
     after = _diagnose(
         model, train, sizes, log_dir, check_xla=False, check_steps_per_execution=False
@@ -256,15 +247,15 @@ def _tfgpu_side(run: _Run, data: Data, log_dir: Path) -> tuple[_Side, list[str]]
     return _Side(figures, recipe, after, result), changes
 
 
-def _compiled_model(run: _Run, data: Data, **compile_settings: Any) -> Any:
+def _compiled_model(run: _Run, data: workload.Data, **compile_settings: Any) -> Any:
     """The reference model with its seeded initial weights, compiled as on both sides: the
     naive side's global batch, hence its learning rate (no replica scaling)."""
     import keras
 
     keras.utils.set_random_seed(SEED)
-    model = build_model(run.sizes, data.num_classes)
+    model = workload.build_model(run.sizes, data.num_classes)
     model.compile(
-        keras.optimizers.Adam(learning_rate(run.total_steps)),
+        keras.optimizers.Adam(workload.learning_rate(run.total_steps)),
         "sparse_categorical_crossentropy",
         metrics=["accuracy"],
         **compile_settings,
@@ -286,7 +277,7 @@ def _tune(factory: Any, train: Any, sizes: Sizes, log_dir: Path) -> TuneResult:
 
 
 def _compare(
-    run: _Run, data: Data, naive: _Side, tuned: _Side, changes: list[str], path: Path
+    run: _Run, data: workload.Data, naive: _Side, tuned: _Side, changes: list[str], path: Path
 ) -> None:
     """Writes the reports and `demo.json`, then prints the table and where the run is."""
     import tfgpu
