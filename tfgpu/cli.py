@@ -89,9 +89,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
-    """Checks a command's arguments (no TensorFlow), filling in what the checks resolve (the
-    demo's default run directory); raises TypeError/ValueError. The messages name the flags
-    and the values a command line can pass (`--out`, never `out_dir` or None)."""
+    """Checks a command's arguments (no TensorFlow), filling in the demo's default run directory;
+    raises TypeError/ValueError naming the flags and values a command line can pass (`--out`)."""
     from tfgpu._internal.helpers.checks import check_dir, check_int, invalid_value
 
     def check_path(flag: str, value: str | None) -> None:

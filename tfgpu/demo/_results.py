@@ -81,7 +81,6 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def speedups(naive: Figures, tuned: Figures) -> Speedups:
-    """tfgpu over naive: by wall time of all epochs, and by steady-state examples/s."""
     return Speedups(
         wall_time=_ratio(naive.train_time_s, tuned.train_time_s),
         examples_per_s=_ratio(tuned.examples_per_s, naive.examples_per_s),
@@ -120,8 +119,7 @@ def format_table(naive: Figures, tuned: Figures, *, on_gpu: bool, epochs: int) -
     width = max(len(r[0]) for r in rows) + 2
     lines = [f"{'':<{width}}{'naive':>16}{'tfgpu':>16}"]
     for label, key, kind in rows:
-        a = _fmt(getattr(naive, key), kind, on_gpu)
-        b = _fmt(getattr(tuned, key), kind, on_gpu)
+        a, b = (_fmt(getattr(side, key), kind, on_gpu) for side in (naive, tuned))
         lines.append(f"{label:<{width}}{a:>16}{b:>16}")
     lines.append(
         f"{'speedup':<{width}}{'1.00x':>16}{_fmt(speed.wall_time, 'x'):>16}"

@@ -94,8 +94,8 @@ def _tensorflow_facts() -> dict[str, Any]:
         "cudnn_version": build.get("cudnn_version"),
         "cuda_compute_capabilities": list(build.get("cuda_compute_capabilities") or []),
         "runtime_initialized": devices.tf_runtime_initialized(),
+        "gpus": [],
     }
-    gpus = []
     for device in devices.physical_gpus():
         cc = device.compute_capability
         gpu: dict[str, Any] = {
@@ -105,8 +105,7 @@ def _tensorflow_facts() -> dict[str, Any]:
         }
         if device.error is not None:
             gpu["error"] = device.error
-        gpus.append(gpu)
-    facts["gpus"] = gpus
+        facts["gpus"].append(gpu)
     return facts
 
 

@@ -55,8 +55,7 @@ def _examples_in(steps: list[Table], spans: list[tuple[float, float]]) -> float:
     """Examples (examples/s x step time x steps) of the steps rows ending within `spans`, or NaN."""
     total, known = 0.0, False
     for table in steps:
-        starts = steps_sessions(table)
-        counts = steps_per_row(table.col("step"), starts)
+        counts = steps_per_row(table.col("step"), steps_sessions(table))
         for r, n in zip(table.rows, counts):
             t = r.get("time", math.nan)
             if not any(a <= t <= b for a, b in spans):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tfgpu._internal.helpers import stats
 from tfgpu.report import _series as series
-from tfgpu.report._read import Problems, Table
+from tfgpu.report._read import Artifact, Problems, Table
 
 
 def _plottable(values: list[float], log: bool = False) -> list[float]:
@@ -173,10 +173,9 @@ def _not_before_0(t: float) -> float:
     return 0.0 if t < 0 else t
 
 
-def t0_for(table: Table, worker: str, starts: dict[str, list[float]]) -> float | None:
-    """Time 0 for a steps file's plot: the first sample of the timeline it falls in."""
+def t0_for(table: Table, worker: str, timelines: list[tuple[Artifact, Table]]) -> float | None:
+    """Time 0 for a steps file's plot: the first sample of the worker's timeline it falls in."""
     times = stats.finite(table.col("time"))
-    if not times:
-        return None
-    before = [t for t in starts.get(worker, []) if t <= times[0]]
+    samples = [stats.finite(t.col("time")) for a, t in timelines if a.worker == worker]
+    before = [s[0] for s in samples if s and times and s[0] <= times[0]]
     return max(before) if before else None

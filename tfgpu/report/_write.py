@@ -7,7 +7,6 @@ import os
 import warnings
 from pathlib import Path
 
-from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_dir
 from tfgpu._internal.helpers.files import write_text_atomic
 from tfgpu._internal.helpers.lazy import import_optional
@@ -67,16 +66,12 @@ def write_report_and_problems(
     body = _worker_lines(worker_records(names), timelines, problems)
     images: list[Path] = []
     read_timelines: list[tuple[Artifact, Table]] = []
-    first_samples: dict[str, list[float]] = {}  # per worker: each timeline's time 0
     for artifact in timelines:
         table = read_table(artifact.path, ("time", "elapsed_s"), "timeline", problems)
         body += _table_lines(problems, artifact, table, "Timeline", sections.timeline_section)
         if table is not None:
             read_timelines.append((artifact, table))
             images += timeline_plots(table, out, artifact.suffix, problems)
-            times = stats.finite(table.col("time"))
-            if times:
-                first_samples.setdefault(artifact.worker, []).append(times[0])
     if not timelines:
         body += ["No timeline in this run directory (no GPUMonitor / monitor.record).", ""]
     read_steps: dict[str, list[Table]] = {}
@@ -85,7 +80,7 @@ def write_report_and_problems(
         body += _table_lines(problems, artifact, table, "Steps", sections.steps_section)
         if table is not None:
             read_steps.setdefault(artifact.worker, []).append(table)
-            t0 = t0_for(table, artifact.worker, first_samples)
+            t0 = t0_for(table, artifact.worker, read_timelines)
             img = try_draw(problems, steps_plot, out / f"step_time{artifact.suffix}.png", table, t0)
             if img is not None:
                 images.append(img)
