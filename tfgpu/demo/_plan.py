@@ -11,10 +11,8 @@ LEARNING_RATE = 2e-3
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-    """How big the demo runs, chosen by `choose_sizes` from the hardware. The defaults are the
-    CPU's: under a minute per side on 2 cores (8 epochs of 128 steps). The images are stored
-    larger than the model input (as in most datasets) and the model is small next to their
-    decoding, as a GPU's step is short next to a CPU input pipeline."""
+    """How big the demo runs, chosen by `choose_sizes` from the hardware; the defaults are the
+    CPU's (why these: docs/demo.md, section "Data and sizes")."""
 
     num_train: int = 8192  # examples per epoch (a multiple of the largest global batch)
     num_test: int = 1024

@@ -126,13 +126,12 @@ def _set_up(*, quick: bool, epochs: int | None) -> _Run:
     """Configures tfgpu (before any tensor exists), picks the strategy and the sizes."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+    import tensorflow as tf
+
     import tfgpu
 
     # The naive side runs in float32 anyway; configure() must come before any tensor.
     config = tfgpu.configure(seed=SEED)
-
-    import tensorflow as tf
-
     num_gpus = len(tf.config.list_physical_devices("GPU"))
     strategy = tfgpu.strategy()
     sizes = choose_sizes(quick=quick, num_gpus=num_gpus, epochs=epochs)

@@ -19,8 +19,7 @@ def environment() -> EnvironmentReport:
     The guide: docs/setup.md, section 1.
 
     Returns:
-        `EnvironmentReport`; `str(report)` is the `tfgpu env` output, `report.to_dict()`
-        the `tfgpu env --json` output.
+        `EnvironmentReport`: `str(report)` is the `tfgpu env` output, `to_dict()` its `--json`.
 
     Example:
 

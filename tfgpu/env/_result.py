@@ -35,13 +35,12 @@ class Finding:
 class EnvironmentReport:
     """Facts about TensorFlow, CUDA, the driver, the GPUs and the host, with findings.
 
-    Print it for the human-readable report (`tfgpu env`), or call `to_dict()` for JSON
-    (`tfgpu env --json`).
+    Print it for `tfgpu env`'s text, or call `to_dict()` for `tfgpu env --json`'s. The guide:
+    docs/setup.md, section 1.
 
     Args:
-        facts: dict, sections `tfgpu`, `python`, `os`, `host`, `tensorflow`, `keras`,
-            `nvml`, `env` (see `docs/setup.md`).
-        findings: list of `Finding`, errors first.
+        facts: dict, one section per kind of fact (the table in docs/setup.md).
+        findings: list of `Finding`, errors first. Defaults to `[]`.
 
     Example:
 

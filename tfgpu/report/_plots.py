@@ -1,6 +1,5 @@
-"""The report's PNG plots (matplotlib, Agg figures): utilization, memory, power, activity,
-step time. One time axis (seconds since the first sample), epochs and sessions marked; a plot
-that fails is named in the problems, never raised."""
+"""The report's PNG plots (Agg figures): utilization, memory, power, activity, step time, on one
+time axis with epochs and sessions marked; a plot that fails is named in the problems."""
 
 from __future__ import annotations
 

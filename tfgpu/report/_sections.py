@@ -19,8 +19,7 @@ from tfgpu._internal.helpers.files import EARLIER_SESSIONS
 from tfgpu.report import _series as series
 from tfgpu.report._read import Artifact, Problems, Table, diagnosis_files, read_record
 
-IDLE_UTIL_PCT = 5.0
-"""A sample whose GPU utilization is below this is counted as idle."""
+IDLE_UTIL_PCT = 5.0  # a sample whose GPU utilization is below this counts as idle
 
 
 def _when(timestamp) -> str:

@@ -1,6 +1,5 @@
-"""`ReportPath`: what `write_report` returns, the path of `report.md` that shows itself (in a
-notebook rendered with its plots, also as a cell's value; elsewhere printed). Reading the
-report is pure (`_parts`); only `show` has effects."""
+"""`ReportPath`: the path of `report.md` that shows itself (in a notebook rendered with its
+plots, also as a cell's value; elsewhere printed); only `show` has effects."""
 
 from __future__ import annotations
 

@@ -161,8 +161,6 @@ def write_report(
 
     >>> from tfgpu.report import write_report
     >>> report = write_report("runs/exp1")  # doctest: +SKIP
-    >>> report  # doctest: +SKIP
-    ReportPath('runs/exp1/report.md')
     >>> report.show()  # doctest: +SKIP
     """
     summary, problems = write_report_and_problems(log_dir, out_dir=out_dir)
