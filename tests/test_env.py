@@ -13,7 +13,7 @@ import pytest
 
 import tfgpu
 from tests.conftest import run_python
-from tfgpu.env import EnvironmentReport, Finding, _facts, _findings, _gather
+from tfgpu.env import EnvironmentReport, Finding, _facts, _findings, _gather, _gpu_checks
 from tfgpu.monitor.nvml import GpuInfo, NvmlInventory
 
 
@@ -104,13 +104,13 @@ def _one(facts, kind):
 )
 def test_cc_support(cc, kind, arch):
     compiled = ["sm_60", "sm_70", "sm_80", "sm_89", "compute_90"]
-    assert _facts.cc_support(cc, compiled) == (kind, arch)
+    assert _gpu_checks.cc_support(cc, compiled) == (kind, arch)
 
 
 def test_cc_support_parses_other_spellings():
-    assert _facts.cc_support((10, 0), ["sm_100a", "compute_120"]) == ("native", "sm_100")
-    assert _facts.cc_support((7, 5), ["7.0", "8.0"]) == ("native", "sm_70")
-    assert _facts.cc_support((7, 5), ["bogus", "sm_8"]) == ("unsupported", None)
+    assert _gpu_checks.cc_support((10, 0), ["sm_100a", "compute_120"]) == ("native", "sm_100")
+    assert _gpu_checks.cc_support((7, 5), ["7.0", "8.0"]) == ("native", "sm_70")
+    assert _gpu_checks.cc_support((7, 5), ["bogus", "sm_8"]) == ("unsupported", None)
 
 
 @pytest.mark.parametrize(
@@ -132,7 +132,7 @@ def test_cc_support_parses_other_spellings():
     ],
 )
 def test_visible_gpu_count_follows_cuda_rules(value, count):
-    assert _facts.visible_gpu_count(value, [_a100(0), _a100(1)]) == count
+    assert _gpu_checks.visible_gpu_count(value, [_a100(0), _a100(1)]) == count
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,7 @@
 """The `tfgpu` command: `tfgpu env`, `tfgpu demo`, `tfgpu report LOG_DIR`, `tfgpu tune SCRIPT.py`.
 
-Arguments are checked before TensorFlow is imported (a malformed one: argparse's `usage:` and
-`error:`, exit status 2); a failure once the command runs prints `tfgpu COMMAND: error: ...`
-and exits 2, never a traceback. TensorFlow's C++ start-up log is held back unless `--verbose`
-or `TF_CPP_MIN_LOG_LEVEL=0` asks for it.
-"""
+Arguments are checked before TensorFlow is imported; errors exit 2, never with a traceback
+(docs/guarantees.md, "Errors: one rule, raised before any work")."""
 
 from __future__ import annotations
 
@@ -92,9 +89,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
-    """Checks a command's arguments (no TensorFlow), filling in what the checks resolve (the
-    demo's default run directory); raises TypeError/ValueError. The messages name the flags
-    and the values a command line can pass (`--out`, never `out_dir` or None)."""
+    """Checks a command's arguments (no TensorFlow), filling in the demo's default run directory;
+    raises TypeError/ValueError naming the flags and values a command line can pass (`--out`)."""
     from tfgpu._internal.helpers.checks import check_dir, check_int, invalid_value
 
     def check_path(flag: str, value: str | None) -> None:
@@ -156,8 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         of the run directory could not be read.
 
     Raises:
-        SystemExit: with status 2 (after the usage and an `error:` line) for a malformed
-            argument, and 0 for `--help` / `--version`; argparse's convention.
+        SystemExit: 2 for a malformed argument (after argparse's usage and `error:` line),
+            0 for `--help` / `--version`.
 
     Example:
 

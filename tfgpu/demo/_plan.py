@@ -11,10 +11,8 @@ LEARNING_RATE = 2e-3
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-    """How big the demo runs, chosen by `choose_sizes` from the hardware. The defaults are the
-    CPU's: under a minute per side on 2 cores (8 epochs of 128 steps). The images are stored
-    larger than the model input (as in most datasets) and the model is small next to their
-    decoding, as a GPU's step is short next to a CPU input pipeline."""
+    """How big the demo runs, chosen by `choose_sizes` from the hardware; the defaults are the
+    CPU's (why these: docs/demo.md, section "Data and sizes")."""
 
     num_train: int = 8192  # examples per epoch (a multiple of the largest global batch)
     num_test: int = 1024
@@ -40,28 +38,16 @@ def choose_sizes(*, quick: bool, num_gpus: int, epochs: int | None = None) -> Si
     sizes = Sizes()
     if quick:
         sizes = Sizes(
-            num_train=512,
-            num_test=256,
-            stored_size=48,
-            image_size=24,
-            per_replica_batch=32,
-            epochs=2,
-            diagnose_steps=3,
-            diagnose_warmup=1,
-            check_xla=False,
-            tune_budget_s=20.0,
-        )
+            num_train=512, num_test=256, stored_size=48, image_size=24, per_replica_batch=32,
+            epochs=2, diagnose_steps=3, diagnose_warmup=1, check_xla=False, tune_budget_s=20.0,
+        )  # fmt: skip
     elif num_gpus > 0:
         batch = 256
         steps = 80  # per epoch, on all GPUs together
         sizes = Sizes(
-            num_train=steps * batch * min(num_gpus, 8),
-            num_test=4096,
-            image_size=96,
-            per_replica_batch=batch,
-            width=32,
-            epochs=5,
-        )
+            num_train=steps * batch * min(num_gpus, 8), num_test=4096, image_size=96,
+            per_replica_batch=batch, width=32, epochs=5,
+        )  # fmt: skip
     if epochs is not None:
         sizes = dataclasses.replace(sizes, epochs=epochs)
     return sizes

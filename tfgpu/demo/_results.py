@@ -1,7 +1,5 @@
 """The demo's figures: what each side measured, what must be equal, and the printed table.
-
-Pure: nothing here touches TensorFlow, Keras or the disk.
-"""
+Pure: nothing here touches TensorFlow, Keras or the disk."""
 
 from __future__ import annotations
 
@@ -25,11 +23,8 @@ class Recipe:
 
 @dataclasses.dataclass(frozen=True)
 class Figures:
-    """One side's figures, as stored in `demo.json` and printed in the table.
-
-    Steady-state figures leave out the first epoch (tracing, cache filling) when there are
-    more; a figure that was not measured (no GPU, no samples) is None.
-    """
+    """One side's figures, as stored in `demo.json` and printed in the table. Steady-state ones
+    leave out the first epoch (tracing, cache filling) if there are more; one not measured: None."""
 
     examples_per_s: float | None
     step_time_s: float | None
@@ -86,7 +81,6 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def speedups(naive: Figures, tuned: Figures) -> Speedups:
-    """tfgpu over naive: by wall time of all epochs, and by steady-state examples/s."""
     return Speedups(
         wall_time=_ratio(naive.train_time_s, tuned.train_time_s),
         examples_per_s=_ratio(tuned.examples_per_s, naive.examples_per_s),
@@ -95,16 +89,10 @@ def speedups(naive: Figures, tuned: Figures) -> Speedups:
 
 # How the table shows each kind of figure.
 _FORMATS: dict[str, Callable[[float], str]] = {
-    "rate": "{:,.0f}".format,
-    "ms": lambda value: f"{value * 1e3:.1f} ms",
-    "share": "{:.0%}".format,
-    "gpu": "{:.0f}%".format,
-    "pct": "{:.0f}%".format,
-    "mfu": "{:.1%}".format,
-    "s": "{:.1f} s".format,
-    "acc": "{:.3f}".format,
-    "x": "{:.2f}x".format,
-}
+    "rate": "{:,.0f}".format, "ms": lambda value: f"{value * 1e3:.1f} ms",
+    "share": "{:.0%}".format, "gpu": "{:.0f}%".format, "pct": "{:.0f}%".format,
+    "mfu": "{:.1%}".format, "s": "{:.1f} s".format, "acc": "{:.3f}".format, "x": "{:.2f}x".format,
+}  # fmt: skip
 
 
 def _fmt(value: float | None, kind: str, on_gpu: bool = True) -> str:
@@ -131,8 +119,7 @@ def format_table(naive: Figures, tuned: Figures, *, on_gpu: bool, epochs: int) -
     width = max(len(r[0]) for r in rows) + 2
     lines = [f"{'':<{width}}{'naive':>16}{'tfgpu':>16}"]
     for label, key, kind in rows:
-        a = _fmt(getattr(naive, key), kind, on_gpu)
-        b = _fmt(getattr(tuned, key), kind, on_gpu)
+        a, b = (_fmt(getattr(side, key), kind, on_gpu) for side in (naive, tuned))
         lines.append(f"{label:<{width}}{a:>16}{b:>16}")
     lines.append(
         f"{'speedup':<{width}}{'1.00x':>16}{_fmt(speed.wall_time, 'x'):>16}"
@@ -143,12 +130,8 @@ def format_table(naive: Figures, tuned: Figures, *, on_gpu: bool, epochs: int) -
 
 def waterfall_lines(result: Any, *, width: int = 30) -> list[str]:
     """`tfgpu.tune`'s waterfall (a `TuneResult`) as text, one line per bar of `width` at most:
-    the baseline, each kept setting's step and the verified total. Pure.
-
-    Each kept gain was measured against the best configuration before it; gains do not
-    multiply, so the steps are scaled (by their log-gains) to end at the verified total, as
-    in `tune.png`, and each line also gives the gain as measured.
-    """
+    the baseline, each kept setting's step (scaled by its log-gain to end at the verified
+    total, as in `tune.png`: docs/tuning.md) with its gain as measured, and the total."""
     base = result.baseline_examples_per_s
     if base is None or not math.isfinite(base) or base <= 0:
         return ["(tune could not time the baseline within its budget: nothing measured)"]

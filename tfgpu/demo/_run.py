@@ -1,6 +1,5 @@
-"""`run_demo`: the demo's phases, in order (check arguments, set up, build the data, the naive
-side with its diagnosis, the tfgpu side: `tfgpu.tune`, training and a diagnosis, write and
-print the comparison)."""
+"""`run_demo`: the demo's phases, in order (set up, build the data, the naive side and its
+diagnosis, the tfgpu side: tune, train and diagnose; write and print the comparison)."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tfgpu._internal.helpers.jsonable import json_safe
+from tfgpu.demo import _workload as workload
 from tfgpu.demo._args import check_arguments, claim_log_dir
 from tfgpu.demo._plan import SEED, Sizes, choose_sizes
 from tfgpu.demo._results import (
@@ -23,16 +23,6 @@ from tfgpu.demo._results import (
     side_figures,
     speedups,
     waterfall_lines,
-)
-from tfgpu.demo._workload import (
-    Data,
-    augment_fn,
-    build_data,
-    build_model,
-    decode_fn,
-    learning_rate,
-    read_recipe,
-    weights_digest,
 )
 
 if TYPE_CHECKING:
@@ -53,7 +43,11 @@ class _Run:
     sizes: Sizes
     num_gpus: int
     global_batch: int  # both sides
-    total_steps: int  # both sides: the learning-rate schedule decays to 0 over them
+
+    @property
+    def total_steps(self) -> int:
+        """Both sides': the learning-rate schedule decays to 0 over them."""
+        return self.sizes.epochs * (self.sizes.num_train // self.global_batch)
 
     @property
     def on_gpu(self) -> bool:
@@ -61,9 +55,9 @@ class _Run:
 
     @property
     def device(self) -> str:
-        if self.on_gpu:
-            return f"{self.num_gpus} GPU(s)"
-        return "CPU only (no GPU visible to TensorFlow)"
+        return (
+            f"{self.num_gpus} GPU(s)" if self.on_gpu else "CPU only (no GPU visible to TensorFlow)"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,16 +83,13 @@ def run_demo(
 ) -> int:
     """Trains a reference image classifier naively, then with tfgpu, and compares them.
 
-    The naive side is what a typical Keras user writes; the tfgpu side uses `configure()`,
-    `strategy()`, `data.pipeline(...)` and what `tune()` kept, with the naive side's batch,
-    steps and learning rate. Prints a side-by-side table and writes the run directory, sized
-    for the hardware. The whole story: `docs/demo.md`.
+    The same model and recipe on both sides; only how the work is done differs. Prints a
+    side-by-side table and writes the run directory. The guide: docs/demo.md.
 
     Args:
         quick: bool, a tiny run (seconds) to check that everything works. Defaults to False.
-        dataset: str or None, a TensorFlow Datasets image classification dataset (e.g.
-            `"cifar10"`), which must be prepared in `$TFDS_DATA_DIR` or
-            `~/tensorflow_datasets`. Defaults to None: synthetic data made offline.
+        dataset: str or None, a prepared TensorFlow Datasets image classification dataset
+            (e.g. `"cifar10"`). Defaults to None: synthetic data made offline.
         log_dir: str, os.PathLike or None, a new or empty directory for the run.
             Defaults to None: a new `runs/demo-YYYYmmdd-HHMMSS` in the current directory.
         epochs: int or None, epochs per side. Defaults to None (8 on the CPU, 5 on GPUs,
@@ -108,11 +99,9 @@ def run_demo(
         int, 0 when both sides trained and the run directory is written.
 
     Raises:
-        TypeError: if an argument has the wrong type (`epochs=2.5`, `quick="yes"`,
-            `log_dir=123`, `dataset=10`).
-        ValueError: if `epochs` is not positive, `log_dir` is (or is under) a file or is a
-            directory that is not empty (an earlier run is never written into), or
-            `dataset` is empty or not an image classification dataset.
+        TypeError: if an argument has the wrong type.
+        ValueError: if `epochs` is not positive, `log_dir` is (or is under) a file or is not
+            empty, or `dataset` is empty or not an image classification dataset.
         FileNotFoundError: if `dataset` is not prepared on this machine (with how to get it).
 
     Example:
@@ -137,32 +126,24 @@ def _set_up(*, quick: bool, epochs: int | None) -> _Run:
     """Configures tfgpu (before any tensor exists), picks the strategy and the sizes."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+    import tensorflow as tf
+
     import tfgpu
 
     # The naive side runs in float32 anyway; configure() must come before any tensor.
     config = tfgpu.configure(seed=SEED)
-
-    import tensorflow as tf
-
     num_gpus = len(tf.config.list_physical_devices("GPU"))
     strategy = tfgpu.strategy()
     sizes = choose_sizes(quick=quick, num_gpus=num_gpus, epochs=epochs)
     global_batch = tfgpu.global_batch_size(sizes.per_replica_batch, strategy)
-    run = _Run(
-        config=config,
-        strategy=strategy,
-        sizes=sizes,
-        num_gpus=num_gpus,
-        global_batch=global_batch,
-        total_steps=sizes.epochs * (sizes.num_train // global_batch),
-    )
+    run = _Run(config, strategy, sizes, num_gpus, global_batch)
     _say(f"tfgpu demo on {run.device}; precision for the tfgpu side: {config.precision}")
     return run
 
 
-def _build_data(run: _Run, dataset: str | None) -> Data:
+def _build_data(run: _Run, dataset: str | None) -> workload.Data:
     start = time.perf_counter()
-    data = build_data(dataset, run.sizes)
+    data = workload.build_data(dataset, run.sizes)
     sizes = run.sizes
     _say(
         f"data: {data.source}, {sizes.num_train} training + {sizes.num_test} test images as "
@@ -172,7 +153,7 @@ def _build_data(run: _Run, dataset: str | None) -> Data:
     return data
 
 
-def _naive_side(run: _Run, data: Data, log_dir: Path) -> _Side:
+def _naive_side(run: _Run, data: workload.Data, log_dir: Path) -> _Side:
     """Diagnoses, then trains, what a typical Keras user writes."""
     import keras
     import tensorflow as tf
@@ -184,8 +165,8 @@ def _naive_side(run: _Run, data: Data, log_dir: Path) -> _Side:
     )
     keras.mixed_precision.set_global_policy("float32")
     model = _compiled_model(run, data)
-    digest = weights_digest(model)
-    decode, augment = decode_fn(sizes.resize_to), augment_fn(sizes.image_size)
+    digest = workload.weights_digest(model)
+    decode, augment = workload.decode_fn(sizes.resize_to), workload.augment_fn(sizes.image_size)
 
     def decode_and_augment(jpeg, label):
         return augment(*decode(jpeg, label))
@@ -199,39 +180,29 @@ def _naive_side(run: _Run, data: Data, log_dir: Path) -> _Side:
     _say("[2/5] tfgpu.diagnose(naive model, naive pipeline): what holds it back")
     before = _diagnose(model, train, sizes, log_dir, check_xla=sizes.check_xla)
     _say(f"  training the naive side ({sizes.epochs} epochs):")
-    history, seconds, accuracy = _train(model, train, data.test, run=run, log_dir=log_dir)
-    figures = side_figures(
-        history,
-        wall_time_s=seconds,
-        test_accuracy=accuracy,
-        input_wait_share=before.input_wait_share,
-        on_gpu=run.on_gpu,
-    )
-    recipe = read_recipe(model, global_batch=run.global_batch, initial_digest=digest)
+    trained = _train(model, train, data.test, run=run, log_dir=log_dir)
+    figures = side_figures(**trained, input_wait_share=before.input_wait_share, on_gpu=run.on_gpu)
+    recipe = workload.read_recipe(model, global_batch=run.global_batch, initial_digest=digest)
     return _Side(figures, recipe, before)
 
 
 def _tfgpu_changes(run: _Run, result: TuneResult) -> list[str]:
     """What the tfgpu side does differently, as printed and stored (`tfgpu_settings`)."""
     precision = result.settings.get("precision")
+    chosen_by = "tfgpu.tune" if precision else "tfgpu.configure"
     kept = [f"{k}={v!r}" for k, v in result.settings.items() if k != "precision"]
+    batched = result.settings.get("batch_augment")
+    augment = "batch -> batch augment" if batched else "parallel augment -> batch"
     return [
-        f"precision {precision} (tfgpu.tune)"
-        if precision
-        else f"precision {run.config.precision} (tfgpu.configure)",
+        f"precision {precision or run.config.precision} ({chosen_by})",
         f"{_strategy_name(run.strategy)}, global batch {run.global_batch} (tfgpu.strategy)",
-        "tfgpu.data.pipeline: parallel decode -> cache -> shuffle -> "
-        + (
-            "batch -> batch augment -> prefetch"
-            if result.settings.get("batch_augment")
-            else "parallel augment -> batch -> prefetch"
-        ),
+        f"tfgpu.data.pipeline: parallel decode -> cache -> shuffle -> {augment} -> prefetch",
         (f"tfgpu.tune kept: {', '.join(kept)}" if kept else "tfgpu.tune kept no other setting")
         + f" ({result.speedup.text()} verified in {result.time_s:.0f} s)",
     ]
 
 
-def _tfgpu_side(run: _Run, data: Data, log_dir: Path) -> tuple[_Side, list[str]]:
+def _tfgpu_side(run: _Run, data: workload.Data, log_dir: Path) -> tuple[_Side, list[str]]:
     """Tunes, trains with what `tfgpu.tune` kept, then diagnoses what is left."""
     import keras
 
@@ -248,8 +219,8 @@ def _tfgpu_side(run: _Run, data: Data, log_dir: Path) -> tuple[_Side, list[str]]
         (data.train_x, data.train_y),
         batch_size=run.global_batch,
         strategy=run.strategy,
-        map_fn=decode_fn(sizes.resize_to),
-        augment_fn=augment_fn(sizes.image_size),
+        map_fn=workload.decode_fn(sizes.resize_to),
+        augment_fn=workload.augment_fn(sizes.image_size),
         seed=SEED,
     )
 
@@ -263,33 +234,27 @@ def _tfgpu_side(run: _Run, data: Data, log_dir: Path) -> tuple[_Side, list[str]]
     _say("[4/5] tfgpu: " + "; ".join(changes))
     keras.mixed_precision.set_global_policy(result.settings.get("precision", run.config.precision))
     model = build_compiled(**{k: v for k, v in result.settings.items() if k in _COMPILE_SETTINGS})
-    digest = weights_digest(model)
+    digest = workload.weights_digest(model)
     train = result.dataset  # the pipeline rebuilt with the kept settings, or as it was
-    history, seconds, accuracy = _train(model, train, data.test, run=run, log_dir=log_dir)
-    recipe = read_recipe(model, global_batch=run.global_batch, initial_digest=digest)
+    trained = _train(model, train, data.test, run=run, log_dir=log_dir)
+    recipe = workload.read_recipe(model, global_batch=run.global_batch, initial_digest=digest)
     _say("[5/5] tfgpu.diagnose(tfgpu model, tfgpu pipeline) again, after training")
     after = _diagnose(
         model, train, sizes, log_dir, check_xla=False, check_steps_per_execution=False
     )
-    figures = side_figures(
-        history,
-        wall_time_s=seconds,
-        test_accuracy=accuracy,
-        input_wait_share=after.input_wait_share,
-        on_gpu=run.on_gpu,
-    )
+    figures = side_figures(**trained, input_wait_share=after.input_wait_share, on_gpu=run.on_gpu)
     return _Side(figures, recipe, after, result), changes
 
 
-def _compiled_model(run: _Run, data: Data, **compile_settings: Any) -> Any:
+def _compiled_model(run: _Run, data: workload.Data, **compile_settings: Any) -> Any:
     """The reference model with its seeded initial weights, compiled as on both sides: the
     naive side's global batch, hence its learning rate (no replica scaling)."""
     import keras
 
     keras.utils.set_random_seed(SEED)
-    model = build_model(run.sizes, data.num_classes)
+    model = workload.build_model(run.sizes, data.num_classes)
     model.compile(
-        keras.optimizers.Adam(learning_rate(run.total_steps)),
+        keras.optimizers.Adam(workload.learning_rate(run.total_steps)),
         "sparse_categorical_crossentropy",
         metrics=["accuracy"],
         **compile_settings,
@@ -311,7 +276,7 @@ def _tune(factory: Any, train: Any, sizes: Sizes, log_dir: Path) -> TuneResult:
 
 
 def _compare(
-    run: _Run, data: Data, naive: _Side, tuned: _Side, changes: list[str], path: Path
+    run: _Run, data: workload.Data, naive: _Side, tuned: _Side, changes: list[str], path: Path
 ) -> None:
     """Writes the reports and `demo.json`, then prints the table and where the run is."""
     import tfgpu
@@ -367,10 +332,8 @@ def _callbacks(log_dir: Path, global_batch: int) -> list[Any]:
     return [GPUMonitor(log_dir=log_dir), StepTimer(batch_size=global_batch, log_dir=log_dir)]
 
 
-def _train(
-    model: Any, train: Any, test: Any, *, run: _Run, log_dir: Path
-) -> tuple[dict[str, list[float]], float, float]:
-    """Fits (one progress line per epoch) and evaluates; returns (history, seconds, test acc)."""
+def _train(model: Any, train: Any, test: Any, *, run: _Run, log_dir: Path) -> dict[str, Any]:
+    """Fits (one progress line per epoch) and evaluates: what `side_figures` takes of it."""
     callbacks = _callbacks(log_dir, run.global_batch)
     start = time.perf_counter()
     with warnings.catch_warnings():
@@ -383,7 +346,7 @@ def _train(
         )
     seconds = time.perf_counter() - start
     _, accuracy = model.evaluate(test, verbose=0)
-    return history.history, seconds, float(accuracy)
+    return {"history": history.history, "wall_time_s": seconds, "test_accuracy": float(accuracy)}
 
 
 def _write_report(log_dir: Path) -> str | None:

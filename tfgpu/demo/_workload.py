@@ -133,14 +133,12 @@ def _test_dataset(jpegs: Any, labels: Any, sizes: Sizes) -> Any:
     import tensorflow as tf
 
     decode = decode_fn(sizes.resize_to)
-    offset = (sizes.resize_to - sizes.image_size) // 2
+    size = sizes.image_size
+    offset = (sizes.resize_to - size) // 2
 
     def center(jpeg, label):
         image, label = decode(jpeg, label)
-        crop = tf.image.crop_to_bounding_box(
-            image, offset, offset, sizes.image_size, sizes.image_size
-        )
-        return crop, label
+        return tf.image.crop_to_bounding_box(image, offset, offset, size, size), label
 
     ds = tf.data.Dataset.from_tensor_slices((jpegs, labels))
     return ds.map(center, num_parallel_calls=tf.data.AUTOTUNE).batch(256).cache()

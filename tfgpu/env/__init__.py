@@ -1,13 +1,9 @@
 """Environment facts and findings: what `tfgpu env` prints and `tfgpu.environment()` returns.
 
-Facts are read without initializing TensorFlow's devices; each finding is a pure function
-of the facts, and a check that fails is reported, never raised. The findings and what they
-mean: `docs/setup.md`.
-"""
+Each finding is a pure function of the facts (docs/setup.md, section 1)."""
 
 from __future__ import annotations
 
-# The private modules, one job each: docs/architecture.md, "The rooms".
 from tfgpu.env._findings import findings
 from tfgpu.env._gather import gather_facts
 from tfgpu.env._result import EnvironmentReport, Finding
@@ -20,10 +16,10 @@ def environment() -> EnvironmentReport:
 
     Does not initialize TensorFlow's devices: `tfgpu.configure()` still works afterwards.
     Never raises for a broken environment; what could not be read is a fact and a finding.
+    The guide: docs/setup.md, section 1.
 
     Returns:
-        `EnvironmentReport`; `str(report)` is the `tfgpu env` output, `report.to_dict()`
-        the `tfgpu env --json` output.
+        `EnvironmentReport`: `str(report)` is the `tfgpu env` output, `to_dict()` its `--json`.
 
     Example:
 

@@ -1,15 +1,12 @@
 """Pure readings of the facts dict `_gather` fills, for the checks and the text: sections
-(missing or malformed ones read empty), versions, compute capabilities, visible GPUs.
-"""
+(missing or malformed ones read empty), the GPUs each side lists, versions, TF_CONFIG."""
 
 from __future__ import annotations
 
 import re
-import types
 from typing import Any
 
 from tfgpu._internal.helpers.cluster import TFConfigError, parse_tf_config
-from tfgpu.monitor.nvml import visible_gpus
 
 # Variables that change how TensorFlow, CUDA or Keras behave, shown in the report when set.
 ENV_VARS = (
@@ -49,46 +46,6 @@ def version_tuple(text: str | None) -> tuple[int, ...] | None:
         return None
     m = re.match(r"^\s*(\d+(?:\.\d+)*)", str(text))
     return tuple(int(p) for p in m.group(1).split(".")) if m else None
-
-
-def parse_arch(entry: str) -> tuple[str, tuple[int, int]] | None:
-    """'sm_80' -> ('sm', (8, 0)); 'compute_90' -> ('compute', (9, 0)); '8.6' -> ('sm', (8, 6))."""
-    entry = str(entry).strip().lower()
-    m = re.fullmatch(r"(sm|compute)_(\d+)(\d)[a-z]?", entry)  # the last digit: the minor
-    if m:
-        return m.group(1), (int(m.group(2)), int(m.group(3)))
-    m = re.fullmatch(r"(\d+)\.(\d+)", entry)
-    if m:
-        return "sm", (int(m.group(1)), int(m.group(2)))
-    return None
-
-
-def cc_support(cc: tuple[int, int], compiled: list[str]) -> tuple[str, str | None]:
-    """How TensorFlow runs on a GPU of compute capability `cc`: ("native", "sm_80") from a
-    binary (sm_XY runs on every X.Z, Z >= Y), ("ptx", "compute_90") from PTX of an equal or
-    older architecture JIT-compiled by the driver, else ("unsupported", None)."""
-    archs = [a for a in (parse_arch(e) for e in compiled) if a]
-    sass = [c for kind, c in archs if kind == "sm" and c[0] == cc[0] and c[1] <= cc[1]]
-    if sass:
-        best = max(sass)
-        return "native", f"sm_{best[0]}{best[1]}"
-    ptx = [c for kind, c in archs if kind == "compute" and c <= cc]
-    if ptx:
-        best = max(ptx)
-        return "ptx", f"compute_{best[0]}{best[1]}"
-    return "unsupported", None
-
-
-def visible_gpu_count(cuda_visible_devices: str | None, gpus: list[dict[str, Any]]) -> int:
-    """How many of the GPUs NVML lists survive `CUDA_VISIBLE_DEVICES`, by CUDA's rules
-    (`tfgpu.monitor.nvml.visible_gpus`: `""`, `"-1"` or `"none"` hide all)."""
-    ids = [
-        types.SimpleNamespace(
-            uuid=str(g.get("uuid") or ""), pci_bus_id=str(g.get("pci_bus_id") or "")
-        )
-        for g in gpus
-    ]
-    return len(visible_gpus(ids, cuda_visible_devices))
 
 
 def tf_config_problem(raw: str) -> str | None:

@@ -12,23 +12,12 @@ from tfgpu.env._result import Finding
 _SEVERITIES = ("error", "warning", "info")
 
 CHECKS: tuple[Callable[[dict[str, Any]], Iterable[Finding]], ...] = (
-    setup.check_tensorflow,
-    setup.check_keras,
-    gpu.check_driver,
-    gpu.check_cuda_build,
-    gpu.check_tf_sees_no_gpu,
-    gpu.check_cuda_visible_devices,
-    gpu.check_compute_capability,
-    gpu.check_driver_cuda_version,
-    setup.check_tf_config,
-    setup.check_allow_growth,
-    setup.check_allocator,
-    setup.check_thread_mode,
-    setup.check_windows,
-    gpu.check_gpu_busy,
-    gpu.check_mixed_gpus,
-    setup.check_determinism_env,
-)
+    setup.check_tensorflow, setup.check_keras, gpu.check_driver, gpu.check_cuda_build,
+    gpu.check_tf_sees_no_gpu, gpu.check_cuda_visible_devices, gpu.check_compute_capability,
+    gpu.check_driver_cuda_version, setup.check_tf_config, setup.check_allow_growth,
+    setup.check_allocator, setup.check_thread_mode, setup.check_windows, gpu.check_gpu_busy,
+    gpu.check_mixed_gpus, setup.check_determinism_env,
+)  # fmt: skip
 
 
 def findings(facts: dict[str, Any]) -> list[Finding]:
@@ -38,13 +27,8 @@ def findings(facts: dict[str, Any]) -> list[Finding]:
         try:
             out += list(check(facts))  # all of a check's findings, or none if it fails
         except Exception as e:  # odd facts, any error: `tfgpu env` never crashes on a check
-            out.append(
-                Finding(
-                    "info",
-                    "check-failed",
-                    f"The check {check.__name__.removeprefix('check_')} failed: "
-                    f"{type(e).__name__}: {e}",
-                    "Please report this with the output of `tfgpu env --json`.",
-                )
-            )
+            name = check.__name__.removeprefix("check_")
+            detail = f"The check {name} failed: {type(e).__name__}: {e}"
+            fix = "Please report this with the output of `tfgpu env --json`."
+            out.append(Finding("info", "check-failed", detail, fix))
     return sorted(out, key=lambda f: _SEVERITIES.index(f.severity))

@@ -1,6 +1,5 @@
 """Reading the facts from this process and machine, one function per section: the only module
-of `env` with effects. TensorFlow's GPUs are listed without creating its runtime's context.
-"""
+of `env` with effects. TensorFlow's GPUs are listed without creating its runtime's context."""
 
 from __future__ import annotations
 
@@ -22,15 +21,10 @@ def gather_facts() -> dict[str, Any]:
     """Every section of the facts, read now; a section that fails holds `{"error": ...}`."""
     facts: dict[str, Any] = {}
     for name, read in (
-        ("tfgpu", _tfgpu_facts),
-        ("python", _python_facts),
-        ("os", _os_facts),
-        ("host", _host_facts),
-        ("tensorflow", _tensorflow_facts),
-        ("keras", _keras_facts),
-        ("nvml", _nvml_facts),
-        ("env", _env_facts),
-    ):
+        ("tfgpu", _tfgpu_facts), ("python", _python_facts), ("os", _os_facts),
+        ("host", _host_facts), ("tensorflow", _tensorflow_facts), ("keras", _keras_facts),
+        ("nvml", _nvml_facts), ("env", _env_facts),
+    ):  # fmt: skip
         value, error = _attempt(read)
         facts[name] = value if error is None else {"error": error}
     return facts
@@ -100,9 +94,8 @@ def _tensorflow_facts() -> dict[str, Any]:
         "cudnn_version": build.get("cudnn_version"),
         "cuda_compute_capabilities": list(build.get("cuda_compute_capabilities") or []),
         "runtime_initialized": devices.tf_runtime_initialized(),
+        "gpus": [],
     }
-    # Listed without creating the runtime's context: configure() still works after.
-    gpus = []
     for device in devices.physical_gpus():
         cc = device.compute_capability
         gpu: dict[str, Any] = {
@@ -112,8 +105,7 @@ def _tensorflow_facts() -> dict[str, Any]:
         }
         if device.error is not None:
             gpu["error"] = device.error
-        gpus.append(gpu)
-    facts["gpus"] = gpus
+        facts["gpus"].append(gpu)
     return facts
 
 

@@ -1,24 +1,53 @@
-"""Checks about the driver, TensorFlow's CUDA build and the GPUs: each `check_*` is a pure
-function, facts in, findings out, run in the order of `_findings.CHECKS`.
-"""
+"""Checks about the driver, TensorFlow's CUDA build and the GPUs, with the pure rules they
+apply: each `check_*` takes the facts and yields findings, in the order of `_findings.CHECKS`."""
 
 from __future__ import annotations
 
 import math
+import re
+import types
 from collections.abc import Iterator
 from typing import Any
 
-from tfgpu.env._facts import (
-    cc_str,
-    cc_support,
-    env_value,
-    nvml_gpu_facts,
-    section,
-    tf_gpu_facts,
-    version_tuple,
-    visible_gpu_count,
-)
+from tfgpu.env._facts import cc_str, env_value, nvml_gpu_facts, section, tf_gpu_facts, version_tuple
 from tfgpu.env._result import AND_CUDA, Finding
+from tfgpu.monitor.nvml import visible_gpus
+
+
+def parse_arch(entry: str) -> tuple[str, tuple[int, int]] | None:
+    """'sm_80' -> ('sm', (8, 0)); 'compute_90' -> ('compute', (9, 0)); '8.6' -> ('sm', (8, 6))."""
+    entry = str(entry).strip().lower()
+    if m := re.fullmatch(r"(sm|compute)_(\d+)(\d)[a-z]?", entry):  # the last digit: the minor
+        return m.group(1), (int(m.group(2)), int(m.group(3)))
+    if m := re.fullmatch(r"(\d+)\.(\d+)", entry):
+        return "sm", (int(m.group(1)), int(m.group(2)))
+    return None
+
+
+def cc_support(cc: tuple[int, int], compiled: list[str]) -> tuple[str, str | None]:
+    """How TensorFlow runs on a GPU of compute capability `cc`: ("native", "sm_80") from a
+    binary (sm_XY runs on every X.Z, Z >= Y), ("ptx", "compute_90") from PTX of an equal or
+    older architecture JIT-compiled by the driver, else ("unsupported", None)."""
+    archs = [a for a in (parse_arch(e) for e in compiled) if a]
+    sass = [c for kind, c in archs if kind == "sm" and c[0] == cc[0] and c[1] <= cc[1]]
+    if sass:
+        return "native", "sm_{}{}".format(*max(sass))
+    ptx = [c for kind, c in archs if kind == "compute" and c <= cc]
+    if ptx:
+        return "ptx", "compute_{}{}".format(*max(ptx))
+    return "unsupported", None
+
+
+def visible_gpu_count(cuda_visible_devices: str | None, gpus: list[dict[str, Any]]) -> int:
+    """How many of the GPUs NVML lists survive `CUDA_VISIBLE_DEVICES`, by CUDA's rules
+    (`tfgpu.monitor.nvml.visible_gpus`: `""`, `"-1"` or `"none"` hide all)."""
+    ids = [
+        types.SimpleNamespace(
+            uuid=str(g.get("uuid") or ""), pci_bus_id=str(g.get("pci_bus_id") or "")
+        )
+        for g in gpus
+    ]
+    return len(visible_gpus(ids, cuda_visible_devices))
 
 
 def check_driver(facts: dict[str, Any]) -> Iterator[Finding]:
@@ -118,20 +147,10 @@ def check_tf_sees_no_gpu(facts: dict[str, Any]) -> Iterator[Finding]:
     tf_count = len(tf_gpu_facts(facts))
     if visible == 0:
         return  # CUDA_VISIBLE_DEVICES explains it: its own finding
-    compiled = tf.get("cuda_compute_capabilities") or []
-    unsupported = {
-        cc for _, cc in _all_gpu_ccs(facts) if cc_support(cc, compiled)[0] == "unsupported"
-    }
     if tf_count == 0:
-        if (
-            compiled
-            and unsupported
-            and all(
-                tuple(g["compute_capability"]) in unsupported
-                for g in nvml_gpus
-                if g.get("compute_capability")
-            )
-        ):
+        compiled = tf.get("cuda_compute_capabilities") or []
+        ccs = [tuple(g["compute_capability"]) for g in nvml_gpus if g.get("compute_capability")]
+        if compiled and ccs and all(cc_support(cc, compiled)[0] == "unsupported" for cc in ccs):
             return  # the compute-capability finding explains it
         yield Finding(
             "error",

@@ -1,6 +1,5 @@
 """Checks about the installation and the settings (TensorFlow, Keras, variables, OS): each
-`check_*` is a pure function, facts in, findings out, run in the order of `_findings.CHECKS`.
-"""
+`check_*` is a pure function, facts in, findings out, run in the order of `_findings.CHECKS`."""
 
 from __future__ import annotations
 

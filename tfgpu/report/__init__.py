@@ -1,9 +1,6 @@
 """`tfgpu report LOG_DIR`: plots and a Markdown summary of a run directory (`write_report`).
 
-What each plot and section shows: `docs/diagnosis.md`, "tfgpu report LOG_DIR"; sessions,
-moved-aside files and workers: `docs/metrics.md`, "Reading the files"; damaged files:
-`docs/guarantees.md`.
-"""
+The guide: docs/diagnosis.md, "tfgpu report LOG_DIR"; damaged files: docs/guarantees.md."""
 
 from __future__ import annotations
 

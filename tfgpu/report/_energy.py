@@ -1,8 +1,5 @@
-"""The "Energy" section: energy used per GPU and per example, from `gpu{i}_energy_j`.
-
-The GPU's energy counter is cumulative since the driver loaded: only differences within a
-session count. Examples come from the `steps.csv` rows that ended in the same span.
-"""
+"""The "Energy" section: energy used per GPU and per example, from `gpu{i}_energy_j` (cumulative
+since the driver loaded: only differences within a session count; docs/diagnosis.md)."""
 
 from __future__ import annotations
 
@@ -58,8 +55,7 @@ def _examples_in(steps: list[Table], spans: list[tuple[float, float]]) -> float:
     """Examples (examples/s x step time x steps) of the steps rows ending within `spans`, or NaN."""
     total, known = 0.0, False
     for table in steps:
-        starts = steps_sessions(table)
-        counts = steps_per_row(table.col("step"), starts)
+        counts = steps_per_row(table.col("step"), steps_sessions(table))
         for r, n in zip(table.rows, counts):
             t = r.get("time", math.nan)
             if not any(a <= t <= b for a, b in spans):

@@ -1,8 +1,5 @@
-"""The "Findings from the GPU counters" section: what utilization hides, per session and GPU.
-
-Each timeline session's per-GPU counters, aggregated as the sampler does for `diagnose`, go
-through the same rules (`tfgpu._internal.adapters.gpu_counters`).
-"""
+"""The "Findings from the GPU counters" section: each timeline session's per-GPU counters, as
+the sampler aggregates them, through `diagnose`'s rules (`_internal.adapters.gpu_counters`)."""
 
 from __future__ import annotations
 
@@ -25,6 +22,7 @@ _UNSEEN_COLUMNS = {
     counters.POWER_UNSEEN: ("power_limit_w", "throttle_reasons"),
 }
 _NO_BITMASK = 2.0**64  # NVML's throttle reasons are an unsigned 64-bit mask
+_RULES = (counters.tensor_cores_idle, counters.small_kernels, counters.clocks_throttled)
 
 
 def _bits_or(values: list[float]) -> float:
@@ -34,8 +32,7 @@ def _bits_or(values: list[float]) -> float:
 
 
 def _window_counters(table: Table, gpu: int, a: int, b: int) -> counters.Counters:
-    """GPU `gpu`'s counters over rows `a:b` of a timeline: means, the power limit's maximum
-    and the throttle reasons' OR, as the sampler aggregates them for `diagnose`."""
+    """GPU `gpu`'s counters over rows `a:b` of a timeline, aggregated as for `diagnose`."""
 
     def col(name: str) -> list[float]:
         return table.col(f"gpu{gpu}_{name}")[a:b]
@@ -89,12 +86,7 @@ def _counter_lines(table: Table, name: str, steps: list[Table]) -> list[str]:
         where = f" (session {number})" if len(starts) > 1 else ""
         for i in gpus:
             c = _window_counters(table, i, a, b)
-            found = [
-                counters.tensor_cores_idle(c),
-                counters.small_kernels(c),
-                counters.clocks_throttled(c),
-                counters.pcie_unjudged(c, step_time),
-            ]
+            found = [rule(c) for rule in _RULES] + [counters.pcie_unjudged(c, step_time)]
             for f in filter(None, found):
                 fix = "the same as above" if f.recommendation in fixes else f.recommendation
                 fixes.add(f.recommendation)
@@ -103,15 +95,13 @@ def _counter_lines(table: Table, name: str, steps: list[Table]) -> list[str]:
                     f"  Fix: {fix}",
                 ]
             for note in counters.unseen(c, with_util=False) if recorded else []:
-                columns = _UNSEEN_COLUMNS.get(note, ())
-                if any(f"gpu{i}_{col}" in table.columns for col in columns):
+                if any(f"gpu{i}_{col}" in table.columns for col in _UNSEEN_COLUMNS.get(note, ())):
                     unseen.setdefault(note, {})[i] = None
     if not (items or recorded):
         return []  # an older timeline with nothing to say: as before
     lines = [f"### `{name}`", ""]
     if not any(line.startswith("- **GPU") and ", info:" not in line for line in items):
-        lines.append(f"No finding on GPU {_gpu_list(gpus)}.")
-        lines.append("")
+        lines += [f"No finding on GPU {_gpu_list(gpus)}.", ""]
     lines += items
     lines += [f"- Not seen on GPU {_gpu_list(list(g))}: {note}." for note, g in unseen.items()]
     return [*lines, ""]

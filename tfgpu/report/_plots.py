@@ -1,6 +1,5 @@
-"""The report's PNG plots (matplotlib, Agg figures): utilization, memory, power, activity,
-step time. One time axis (seconds since the first sample), epochs and sessions marked; a plot
-that fails is named in the problems, never raised."""
+"""The report's PNG plots (Agg figures): utilization, memory, power, activity, step time, on one
+time axis with epochs and sessions marked; a plot that fails is named in the problems."""
 
 from __future__ import annotations
 
@@ -9,17 +8,8 @@ import warnings
 from pathlib import Path
 
 from tfgpu._internal.helpers import stats
-from tfgpu.report._read import Problems, Table
-from tfgpu.report._series import (
-    broken,
-    epoch_starts,
-    gpu_indices,
-    step_begins,
-    steps_per_row,
-    steps_sessions,
-    time_axis,
-    timeline_sessions,
-)
+from tfgpu.report import _series as series
+from tfgpu.report._read import Artifact, Problems, Table
 
 
 def _plottable(values: list[float], log: bool = False) -> list[float]:
@@ -31,7 +21,7 @@ def _plot_lines(
     out: Path,
     title: str,
     ylabel: str,
-    series,
+    curves,
     epochs,
     *,
     ylim=None,
@@ -42,7 +32,7 @@ def _plot_lines(
     xlabel=None,
 ) -> Path | None:
     drawn = []
-    for label, xs, ys, style in series:
+    for label, xs, ys, style in curves:
         xs, ys = _plottable(xs), _plottable(ys, log)
         if any(math.isfinite(x) and math.isfinite(y) for x, y in zip(xs, ys)):
             drawn.append((label, xs, ys, style))
@@ -98,30 +88,30 @@ def try_draw(problems: Problems, draw, out: Path, *args, **kw) -> Path | None:
 
 
 def timeline_plots(table: Table, out_dir: Path, suffix: str, problems: Problems) -> list[Path]:
-    starts = timeline_sessions(table)
-    x = time_axis(table, starts)
-    epochs = epoch_starts(x, table.col("epoch"), starts)
+    starts = series.timeline_sessions(table)
+    x = series.time_axis(table, starts)
+    epochs = series.epoch_starts(x, table.col("epoch"), starts)
     sessions = [x[k] for k in starts]
-    t = broken(x, starts)
+    t = series.broken(x, starts)
 
     def col(name: str) -> list[float]:  # with the same breaks as the time axis
-        return broken(table.col(name), starts)
+        return series.broken(table.col(name), starts)
 
     def per_gpu(gpus: list[int], *lines: tuple[str, str, str]) -> list:
-        """Each GPU's series, GPU by GPU, from the (label, column, style) of each line."""
+        """Each GPU's curves, GPU by GPU, from the (label, column, style) of each line."""
         return [
             (f"GPU {i} {label}", t, col(f"gpu{i}_{name}"), style)
             for i in gpus
             for label, name, style in lines
         ]
 
-    def plot(name: str, title: str, ylabel: str, series, **kw) -> Path | None:
+    def plot(name: str, title: str, ylabel: str, curves, **kw) -> Path | None:
         out = out_dir / f"{name}{suffix}.png"
         return try_draw(
-            problems, _plot_lines, out, title, ylabel, series, epochs, sessions=sessions, **kw
+            problems, _plot_lines, out, title, ylabel, curves, epochs, sessions=sessions, **kw
         )
 
-    gpus = gpu_indices(table)
+    gpus = series.gpu_indices(table)
     host_only = "" if gpus else " (no GPU sampled: host only)"
     util = per_gpu(gpus, ("utilization", "util_pct", "-"))
     util.append(("host CPU, all cores", t, col("host_cpu_pct"), "--"))
@@ -152,28 +142,26 @@ def steps_plot(out: Path, table: Table, t0: float | None) -> Path | None:
     finite = stats.finite(times)
     if not finite:
         return None
-    starts = steps_sessions(table)
+    starts = series.steps_sessions(table)
     ms = [v * 1e3 for v in table.col("step_time_s")]
-    counts = steps_per_row(table.col("step"), starts)
+    counts = series.steps_per_row(table.col("step"), starts)
     ends = [v - (t0 if t0 is not None else 0.0) for v in times]
-    begin_times = step_begins(ends, ms, counts, starts)
+    begin_times = series.step_begins(ends, ms, counts, starts)
     base = 0.0 if t0 is not None else (stats.finite(begin_times) or finite)[0]
     # Time 0: the timeline's first sample or the first step's begin; nothing is drawn before
     # it, whatever the rows claim (an overstated step count began epoch 1 at -1.6 s).
     xs = [_not_before_0(v - base) for v in ends]  # when each row's step(s) ended
     begins = [_not_before_0(v - base) for v in begin_times]
-    epochs = epoch_starts(begins, table.col("epoch"), starts)
-    sessions = [begins[k] for k in starts]
-    series = [("step time", broken(xs, starts), broken(ms, starts), ".")]
+    epochs = series.epoch_starts(begins, table.col("epoch"), starts)
     return _plot_lines(
         out,
         "Training step time (one point per step, or per execution of steps_per_execution)",
         "ms per step (log scale)",
-        series,
+        [("step time", series.broken(xs, starts), series.broken(ms, starts), ".")],
         epochs,
         log=True,
         legend=False,
-        sessions=sessions,
+        sessions=[begins[k] for k in starts],
         xmin=0.0,
         xlabel=None if t0 is not None else "seconds since the first step began",
     )
@@ -184,10 +172,9 @@ def _not_before_0(t: float) -> float:
     return 0.0 if t < 0 else t
 
 
-def t0_for(table: Table, worker: str, starts: dict[str, list[float]]) -> float | None:
-    """Time 0 for a steps file's plot: the first sample of the timeline it falls in."""
+def t0_for(table: Table, worker: str, timelines: list[tuple[Artifact, Table]]) -> float | None:
+    """Time 0 for a steps file's plot: the first sample of the worker's timeline it falls in."""
     times = stats.finite(table.col("time"))
-    if not times:
-        return None
-    before = [t for t in starts.get(worker, []) if t <= times[0]]
+    samples = [stats.finite(t.col("time")) for a, t in timelines if a.worker == worker]
+    before = [s[0] for s in samples if s and times and s[0] <= times[0]]
     return max(before) if before else None

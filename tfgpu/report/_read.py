@@ -1,19 +1,18 @@
-"""Reading a run directory: its timeline and steps files, its JSON records and their fields,
-and `Problems` (what could not be read or was worked around: a damaged file is never raised)."""
+"""Reading a run directory: its timeline and steps files, its JSON records, and `Problems`
+(what could not be read or was worked around: a damaged file is never raised)."""
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tfgpu._internal.helpers.checks import check_dir, invalid_value, is_int, is_number
+from tfgpu._internal.helpers.checks import check_dir, invalid_value
 from tfgpu._internal.helpers.files import read_json_object
 
 
@@ -25,13 +24,6 @@ class Table:
 
     def col(self, name: str) -> list[float]:
         return [r.get(name, math.nan) for r in self.rows]
-
-
-def _float(value: str) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 @dataclass
@@ -54,14 +46,12 @@ def reason(error: OSError) -> str:
     return error.strerror or str(error)
 
 
-_MISSING = {"", "nan", "-nan", "+nan", "none", "null"}  # cells that mean "no value", not damage
+_MISSING = {"", "none", "null"}  # cells that mean "no value", not damage (as `nan` does)
 
 
 def read_table(path: Path, required: Sequence[str], what: str, problems: Problems):
-    """A tfgpu CSV file (`required`: one of these columns must be in the header; `what` names
-    the file in messages) as a `Table`, or None when nothing of it can be used. What cannot be
-    read goes to `problems.errors` (the rows before the damage kept), what is worked around
-    to `problems.notes`."""
+    """A tfgpu CSV file (with one of the `required` columns; `what` names it) as a `Table`, or
+    None; damage goes to `problems.errors` (rows before it kept), what is worked around to notes."""
     try:
         text = path.read_bytes().decode("utf-8-sig")  # a BOM (saved by a spreadsheet): no data
     except OSError as e:
@@ -96,10 +86,12 @@ def read_table(path: Path, required: Sequence[str], what: str, problems: Problem
                 continue
             row = {}
             for name, cell in zip(columns, raw):
-                value = _float(cell)
-                if math.isnan(value) and cell.strip().lower() not in _MISSING:
-                    not_numbers += 1
-                row[name] = value
+                try:
+                    row[name] = float(cell)
+                except (TypeError, ValueError):
+                    row[name] = math.nan
+                    if cell.strip().lower() not in _MISSING:
+                        not_numbers += 1
             rows.append(row)
     except csv.Error as e:
         problems.errors.append(
@@ -128,46 +120,6 @@ def read_record(path: Path, problems: Problems) -> dict[str, Any] | None:
     return None
 
 
-# What a field of a JSON record must hold: a test, and the words for it.
-Field = tuple[Callable[[Any], bool], str]
-
-STRING: Field = (lambda v: isinstance(v, str), "a string")
-NUMBER: Field = (is_number, "a number")
-INTEGER: Field = (is_int, "an integer")
-OBJECT: Field = (lambda v: isinstance(v, dict), "an object")
-GAIN: Field = (
-    lambda v: isinstance(v, dict) and all(is_number(v.get(k)) for k in ("value", "low", "high")),
-    'a gain: {"value", "low", "high"}, each a number',
-)
-
-
-def _list_of(item: Field, words: str) -> Field:
-    return (lambda v: isinstance(v, list) and all(item[0](x) for x in v), words)
-
-
-OBJECTS = _list_of(OBJECT, "a list of objects")
-STRINGS = _list_of(STRING, "a list of strings")
-INTEGERS = _list_of(INTEGER, "a list of integers")
-# The JSON name of a value's kind, in the order tested (a bool is no number; never null here).
-_JSON_KINDS = ((bool, "a boolean"), (str, "a string"), (list, "a list"), (dict, "an object"))
-
-
-def damaged_fields(
-    path: Path, record: dict, fields: dict[str, Field], problems: Problems, where: str = ""
-) -> None:
-    """Names in `problems.errors` each of `fields` that `record` holds (not null) with the
-    wrong kind of value, e.g. `"gpus": "A100"`; `where` prefixes the field's name
-    (`"earlier_sessions[0]."`). The report shows such a field as `?`, or leaves it out."""
-    for name, (ok, expected) in fields.items():
-        value = record.get(name)
-        if value is None or ok(value):
-            continue
-        text = json.dumps(value, default=str)
-        text = text if len(text) <= 40 else text[:37] + "..."
-        kind = next((words for t, words in _JSON_KINDS if isinstance(value, t)), "a number")
-        problems.errors.append(f"`{path}`: `{where}{name}` is {text} ({kind}), not {expected}.")
-
-
 _ARTIFACT = re.compile(
     r"^(?P<stem>timeline|steps)(?P<worker>-[A-Za-z_]+\d+)?(?:\.(?P<n>\d+))?\.csv$"
 )
@@ -188,8 +140,7 @@ def artifacts(names: list[Path], stem: str) -> list[Artifact]:
     """The `stem` CSV files among `names`, per worker oldest first (`.1`, `.2`, ..., plain)."""
     found = []
     for path in names:
-        m = _ARTIFACT.match(path.name)
-        if m and m["stem"] == stem:
+        if (m := _ARTIFACT.match(path.name)) and m["stem"] == stem:
             rotation = int(m["n"]) if m["n"] else None
             found.append(Artifact(path, m["worker"] or "", rotation, path.stem[len(stem) :]))
     return sorted(found, key=lambda f: (f.worker, math.inf if f.rotation is None else f.rotation))
@@ -209,8 +160,7 @@ def diagnosis_files(names: list[Path]) -> list[Path]:
     """`diagnosis.N.json` (moved aside by later diagnoses), oldest first, then `diagnosis.json`."""
     found = []
     for path in names:
-        m = re.match(r"^diagnosis(?:\.(\d+))?\.json$", path.name)
-        if m:
+        if m := re.match(r"^diagnosis(?:\.(\d+))?\.json$", path.name):
             found.append((int(m[1]) if m[1] else math.inf, path))
     return [path for _, path in sorted(found)]
 

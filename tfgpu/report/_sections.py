@@ -1,48 +1,25 @@
-"""The report's sections as Markdown lines: sessions, files, timelines, steps, diagnoses, tuning
-(energy and GPU counters: `_energy`, `_findings`). Each takes what was read, returns lines."""
+"""The report's sections as Markdown lines (energy and GPU counters: `_energy`, `_findings`),
+and what each field of the JSON records they read must hold (`damaged_fields`)."""
 
 from __future__ import annotations
 
 import bisect
 import datetime
+import json
 import math
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tfgpu._internal.helpers import stats
-from tfgpu._internal.helpers.checks import is_finite_number, is_number
+from tfgpu._internal.helpers.checks import is_finite_number, is_int, is_number
 from tfgpu._internal.helpers.files import EARLIER_SESSIONS
-from tfgpu.report._read import (
-    GAIN,
-    INTEGER,
-    INTEGERS,
-    NUMBER,
-    OBJECT,
-    OBJECTS,
-    STRING,
-    STRINGS,
-    Artifact,
-    Field,
-    Problems,
-    Table,
-    damaged_fields,
-    diagnosis_files,
-    read_record,
-)
-from tfgpu.report._series import (
-    finite_max,
-    gpu_indices,
-    span,
-    steps_per_row,
-    steps_sessions,
-    time_axis,
-    timeline_sessions,
-)
+from tfgpu.report import _series as series
+from tfgpu.report._read import Artifact, Problems, Table, diagnosis_files, read_record
 
-IDLE_UTIL_PCT = 5.0
-"""A sample whose GPU utilization is below this is counted as idle."""
+IDLE_UTIL_PCT = 5.0  # a sample whose GPU utilization is below this counts as idle
 
 
 def _when(timestamp) -> str:
@@ -54,69 +31,104 @@ def _when(timestamp) -> str:
     return moment.isoformat(sep=" ", timespec="seconds")
 
 
+class Field(NamedTuple):
+    """What a field of a JSON record must hold: a test, the words for it, and for a list of
+    objects (`objects`), the fields of each."""
+
+    ok: Callable[[Any], bool]
+    expected: str
+    items: dict[str, Field] | None = None
+
+
+STRING = Field(lambda v: isinstance(v, str), "a string")
+NUMBER = Field(is_number, "a number")
+INTEGER = Field(is_int, "an integer")
+OBJECT = Field(lambda v: isinstance(v, dict), "an object")
+GAIN = Field(
+    lambda v: isinstance(v, dict) and all(is_number(v.get(k)) for k in ("value", "low", "high")),
+    'a gain: {"value", "low", "high"}, each a number',
+)
+
+
+def _list_of(item: Field, words: str) -> Field:
+    return Field(lambda v: isinstance(v, list) and all(item.ok(x) for x in v), words)
+
+
+OBJECTS = _list_of(OBJECT, "a list of objects")
+STRINGS = _list_of(STRING, "a list of strings")
+INTEGERS = _list_of(INTEGER, "a list of integers")
+
+
+def objects(fields: dict[str, Field]) -> Field:
+    return OBJECTS._replace(items=fields)
+
+
+# The JSON name of a value's kind, in the order tested (a bool is no number; never null here).
+_JSON_KINDS = ((bool, "a boolean"), (str, "a string"), (list, "a list"), (dict, "an object"))
+
+
+def damaged_fields(
+    path: Path, record: dict, fields: dict[str, Field], problems: Problems, where: str = ""
+) -> None:
+    """Names in `problems.errors` each of `fields` that `record` holds (not null) with the wrong
+    kind of value (`"gpus": "A100"`), then those inside each list of objects; `where` prefixes
+    the field's name (`"earlier_sessions[0]."`). The report shows such a field as `?`, or not."""
+    for name, (ok, expected, _) in fields.items():
+        value = record.get(name)
+        if value is None or ok(value):
+            continue
+        text = json.dumps(value, default=str)
+        text = text if len(text) <= 40 else text[:37] + "..."
+        kind = next((words for t, words in _JSON_KINDS if isinstance(value, t)), "a number")
+        problems.errors.append(f"`{path}`: `{where}{name}` is {text} ({kind}), not {expected}.")
+    for name, spec in fields.items():
+        items = record.get(name)
+        if spec.items and isinstance(items, list):
+            for k, item in enumerate(items):
+                if isinstance(item, dict):
+                    damaged_fields(path, item, spec.items, problems, f"{where}{name}[{k}].")
+
+
 # The fields of the JSON records that the report reads, and what each must hold.
-_TIME: Field = (lambda v: is_number(v) and _when(v) != "?", "a Unix time in seconds (a number)")
-_SESSION = {
-    "tfgpu_version": STRING, "hostname": STRING, "start_time": _TIME, "interval": NUMBER,
-    "worker": INTEGER, "task_type": STRING, "timeline": STRING, "gpus": OBJECTS,
-}  # fmt: skip
+_TIME = Field(lambda v: is_number(v) and _when(v) != "?", "a Unix time in seconds (a number)")
 _GPU = {
     "index": INTEGER, "name": STRING, "memory_total_mib": NUMBER, "compute_capability": INTEGERS
 }  # fmt: skip
-_DIAGNOSIS = {"text": STRING, "bottleneck": STRING, "findings": OBJECTS}
-_FINDING = {"kind": STRING, "title": STRING, "recommendation": STRING}
-_TUNE = {
-    "text": STRING, "trials": OBJECTS, "speedup": GAIN, "baseline_examples_per_s": NUMBER,
-    "tuned_examples_per_s": NUMBER, "settings": OBJECT, "lines": STRINGS, "notes": STRINGS,
-    "time_s": NUMBER, "compared_with": STRING,
+_SESSION = {
+    "tfgpu_version": STRING, "hostname": STRING, "start_time": _TIME, "interval": NUMBER,
+    "worker": INTEGER, "task_type": STRING, "timeline": STRING, "gpus": objects(_GPU),
 }  # fmt: skip
+_FINDING = {"kind": STRING, "title": STRING, "recommendation": STRING}
+_DIAGNOSIS = {"text": STRING, "bottleneck": STRING, "findings": objects(_FINDING)}
 _TRIAL = {
     "name": STRING, "change": OBJECT, "gain": GAIN, "status": STRING, "reason": STRING,
     "line": STRING,
 }  # fmt: skip
-_SCALING = {
-    "text": STRING, "points": OBJECTS, "predictions": OBJECTS, "prediction_errors": OBJECT,
-    "gradient_bytes": NUMBER, "device_kind": STRING, "all_reduce": STRING, "notes": STRINGS,
-    "time_s": NUMBER,
+_TUNE = {
+    "text": STRING, "trials": objects(_TRIAL), "speedup": GAIN, "baseline_examples_per_s": NUMBER,
+    "tuned_examples_per_s": NUMBER, "settings": OBJECT, "lines": STRINGS, "notes": STRINGS,
+    "time_s": NUMBER, "compared_with": STRING,
 }  # fmt: skip
 _POINT = {
     "replicas": NUMBER, "mode": STRING, "global_batch": NUMBER, "step_s": NUMBER,
     "examples_per_s": NUMBER, "efficiency": NUMBER, "reason": STRING, "fix": STRING,
 }  # fmt: skip
+_SCALING = {
+    "text": STRING, "points": objects(_POINT), "predictions": OBJECTS, "prediction_errors": OBJECT,
+    "gradient_bytes": NUMBER, "device_kind": STRING, "all_reduce": STRING, "notes": STRINGS,
+    "time_s": NUMBER,
+}  # fmt: skip
 # The result records beside the run (written by `tfgpu.tune` and `tfgpu.scaling`): their
-# section's title, their fields, and their list of objects with its fields.
-RESULTS = {
-    "tune.json": ("Tuning", _TUNE, "trials", _TRIAL),
-    "scaling.json": ("Scaling", _SCALING, "points", _POINT),
-}
+# section's title and their fields.
+RESULTS = {"tune.json": ("Tuning", _TUNE), "scaling.json": ("Scaling", _SCALING)}
 
 
-def _record(
-    path: Path, problems: Problems, fields: dict, items: str, item_fields: dict
-) -> dict[str, Any] | None:
-    """The JSON record at `path` (None if it cannot be read), its fields of the wrong kind and
-    those of each object in its list `items` named in `problems`."""
+def _record(path: Path, problems: Problems, fields: dict[str, Field]) -> dict[str, Any] | None:
+    """The JSON record at `path` (None if it cannot be read), its damaged fields in `problems`."""
     d = read_record(path, problems)
     if d is not None:
         damaged_fields(path, d, fields, problems)
-        _damaged_list(path, d.get(items), item_fields, problems, items)
     return d
-
-
-def _damaged_list(
-    path: Path, items: Any, fields: dict[str, Field], problems: Problems, where: str
-) -> None:
-    """`damaged_fields` of each object in the list `items` (`where[0].`, `where[1].`, ...)."""
-    for k, item in enumerate(items if isinstance(items, list) else []):
-        if isinstance(item, dict):
-            damaged_fields(path, item, fields, problems, f"{where}[{k}].")
-
-
-def _damaged_session(
-    path: Path, session: dict[str, Any], problems: Problems, where: str = ""
-) -> None:
-    damaged_fields(path, session, _SESSION, problems, where)
-    _damaged_list(path, session.get("gpus"), _GPU, problems, f"{where}gpus")
 
 
 def _printed(d: dict[str, Any]) -> list[str]:
@@ -138,16 +150,16 @@ def _text(value: Any) -> str:
 
 
 def timeline_section(table: Table, name: str) -> list[str]:
-    gpus = gpu_indices(table)
-    starts = timeline_sessions(table)
-    x = time_axis(table, starts)
+    gpus = series.gpu_indices(table)
+    starts = series.timeline_sessions(table)
+    x = series.time_axis(table, starts)
     lines = [f"## Timeline `{name}`", ""]
     if not table.rows:
         return [*lines, "No samples: the file has a header only (a run stopped at once).", ""]
-    text = f"{len(table.rows)} samples over {fmt(span(x), '.2f')} s"
+    text = f"{len(table.rows)} samples over {fmt(series.span(x), '.2f')} s"
     if len(starts) > 1:
         ends = [*starts[1:], len(x)]
-        sampled = sum(span(x[a:b]) for a, b in zip(starts, ends) if stats.finite(x[a:b]))
+        sampled = sum(series.span(x[a:b]) for a, b in zip(starts, ends) if stats.finite(x[a:b]))
         text += (
             f" in {len(starts)} sessions (one per `fit` or `record`, appended to this file), "
             f"{fmt(sampled, '.2f')} s of them sampled; the plots mark where each began"
@@ -168,13 +180,13 @@ def timeline_section(table: Table, name: str) -> list[str]:
         for i in gpus:
             util = stats.finite(table.col(f"gpu{i}_util_pct"))
             idle = sum(v < IDLE_UTIL_PCT for v in util) / len(util) if util else math.nan
+            mem, power = table.col(f"gpu{i}_mem_used_mib"), table.col(f"gpu{i}_power_w")
             lines.append(
-                f"| {i} | {fmt(stats.mean(util))} | {fmt(finite_max(util))} | {fmt(idle, '.0%')} | "
-                f"{fmt(stats.mean(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
-                f"{fmt(finite_max(table.col(f'gpu{i}_mem_used_mib')), '.0f')} | "
-                f"{fmt(finite_max(table.col(f'gpu{i}_mem_total_mib')), '.0f')} | "
-                f"{fmt(stats.mean(table.col(f'gpu{i}_power_w')))} | "
-                f"{fmt(finite_max(table.col(f'gpu{i}_power_w')))} |"
+                f"| {i} | {fmt(stats.mean(util))} | {fmt(series.finite_max(util))} | "
+                f"{fmt(idle, '.0%')} | {fmt(stats.mean(mem), '.0f')} | "
+                f"{fmt(series.finite_max(mem), '.0f')} | "
+                f"{fmt(series.finite_max(table.col(f'gpu{i}_mem_total_mib')), '.0f')} | "
+                f"{fmt(stats.mean(power))} | {fmt(series.finite_max(power))} |"
             )
         lines += [
             "",
@@ -184,8 +196,8 @@ def timeline_section(table: Table, name: str) -> list[str]:
         lines += _activity_lines(table, gpus)
     lines += [
         f"Host: CPU mean {fmt(stats.mean(table.col('host_cpu_pct')))}%, process RSS max "
-        f"{fmt(finite_max(table.col('host_rss_mib')), '.0f')} MiB, system memory max "
-        f"{fmt(finite_max(table.col('host_mem_used_pct')))}%.",
+        f"{fmt(series.finite_max(table.col('host_rss_mib')), '.0f')} MiB, system memory max "
+        f"{fmt(series.finite_max(table.col('host_mem_used_pct')))}%.",
         "",
     ]
     return lines
@@ -195,7 +207,7 @@ def steps_section(table: Table, name: str) -> list[str]:
     if not table.rows:
         return [f"## Steps `{name}`", "", "No steps: the file has a header only.", ""]
     st = [v * 1e3 for v in table.col("step_time_s")]
-    starts = steps_sessions(table)
+    starts = series.steps_sessions(table)
     fits = len(starts) > 1
     lines = [
         f"## Steps `{name}`",
@@ -220,7 +232,7 @@ def steps_section(table: Table, name: str) -> list[str]:
         by_epoch.setdefault((session, int(e) if math.isfinite(e) else -1), []).append(r)
     for (session, e), rows in sorted(by_epoch.items()):
         times = [r.get("step_time_s", math.nan) * 1e3 for r in rows]
-        counts = steps_per_row([r.get("step", math.nan) for r in rows])
+        counts = series.steps_per_row([r.get("step", math.nan) for r in rows])
         spent = sum(stats.finite([t * n / 1e3 for t, n in zip(times, counts)]))
         steady = times[1:] or times  # StepTimer's rule: the first execution is not steady
         lines.append(
@@ -235,13 +247,10 @@ def steps_section(table: Table, name: str) -> list[str]:
 
 # (column, header) of the activity table: GPM counters and PCIe, where recorded.
 _ACTIVITY_TABLE = (
-    ("sm_active_pct", "SM active mean %"),
-    ("sm_occupancy_pct", "SM occupancy mean %"),
-    ("tensor_active_pct", "tensor active mean %"),
-    ("dram_active_pct", "DRAM active mean %"),
-    ("pcie_tx_mib_s", "PCIe tx mean MiB/s"),
-    ("pcie_rx_mib_s", "PCIe rx mean MiB/s"),
-)
+    ("sm_active_pct", "SM active mean %"), ("sm_occupancy_pct", "SM occupancy mean %"),
+    ("tensor_active_pct", "tensor active mean %"), ("dram_active_pct", "DRAM active mean %"),
+    ("pcie_tx_mib_s", "PCIe tx mean MiB/s"), ("pcie_rx_mib_s", "PCIe rx mean MiB/s"),
+)  # fmt: skip
 
 
 def _activity_lines(table: Table, gpus: list[int]) -> list[str]:
@@ -257,13 +266,10 @@ def _activity_lines(table: Table, gpus: list[int]) -> list[str]:
         "| GPU | util mean % | " + " | ".join(h for _, h in shown) + " |",
         "| --- | --- | " + " | ".join("---" for _ in shown) + " |",
     ]
+    names = ["util_pct", *(name for name, _ in shown)]
     for i in gpus:
-        cells = [fmt(stats.mean(table.col(f"gpu{i}_{name}"))) for name, _ in shown]
-        lines.append(
-            f"| {i} | {fmt(stats.mean(table.col(f'gpu{i}_util_pct')))} | "
-            + " | ".join(cells)
-            + " |"
-        )
+        cells = [fmt(stats.mean(table.col(f"gpu{i}_{name}"))) for name in names]
+        lines.append(f"| {i} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "Utilization is the share of time a kernel was running, however few SMs it used; SM "
@@ -278,15 +284,14 @@ def diagnosis_section(path: Path, problems: Problems) -> list[str]:
     title = (
         "## Diagnosis" if path.name == "diagnosis.json" else f"## Earlier diagnosis `{path.name}`"
     )
-    d = _record(path, problems, _DIAGNOSIS, "findings", _FINDING)
+    d = _record(path, problems, _DIAGNOSIS)
     if d is None:
         return [title, "", f"`{path.name}` could not be read (see Problems above).", ""]
     printed = _printed(d)
     if printed:
         return [title, "", *printed]
     lines = [title, "", f"Bottleneck: **{_text(d.get('bottleneck', 'unknown'))}**", ""]
-    findings = d.get("findings")
-    for f in findings if isinstance(findings, list) else []:
+    for f in _list(d.get("findings")):
         if isinstance(f, dict):
             name = f.get("title", f.get("kind"))
             lines.append(f"- **{_text(name)}**: {_text(f.get('recommendation', ''))}")
@@ -296,9 +301,9 @@ def diagnosis_section(path: Path, problems: Problems) -> list[str]:
 def result_section(path: Path, out: Path, problems: Problems) -> list[str]:
     """A result's record (`RESULTS`: `tune.json`, `scaling.json`): its printed text (its table
     and reasons), and its plot (`NAME.png` beside it), linked relative to `out`."""
-    title, fields, items, item_fields = RESULTS[path.name]
+    title, fields = RESULTS[path.name]
     lines = [f"## {title}", ""]
-    d = _record(path, problems, fields, items, item_fields)
+    d = _record(path, problems, fields)
     if d is None:
         return [*lines, f"`{path.name}` could not be read (see Problems above).", ""]
     printed = _printed(d)
@@ -323,9 +328,9 @@ def _gpu_line(g: Any) -> str:
     )
 
 
-def _gpus_of(session: dict[str, Any]) -> list[Any]:
-    gpus = session.get("gpus")
-    return gpus if isinstance(gpus, list) else []
+def _list(value: Any) -> list[Any]:
+    """A record's list, or [] for what is missing or not a list."""
+    return value if isinstance(value, list) else []
 
 
 def _session_line(meta: dict[str, Any]) -> str:
@@ -344,14 +349,9 @@ def sessions_section(
     """The sessions recorded in `run.json` (the newest, and `earlier_sessions`); a field of the
     wrong kind is named in `problems` and shown as `?`."""
     newest = {k: v for k, v in meta.items() if k != EARLIER_SESSIONS}
-    damaged_fields(run_json, meta, {EARLIER_SESSIONS: OBJECTS}, problems)
-    earlier_raw = meta.get(EARLIER_SESSIONS)
-    earlier: list[dict[str, Any]] = []
-    for k, s in enumerate(earlier_raw if isinstance(earlier_raw, list) else []):
-        if isinstance(s, dict):
-            _damaged_session(run_json, s, problems, f"{EARLIER_SESSIONS}[{k}].")
-            earlier.append(s)
-    _damaged_session(run_json, newest, problems)
+    damaged_fields(run_json, meta, {EARLIER_SESSIONS: objects(_SESSION)}, problems)
+    damaged_fields(run_json, newest, _SESSION, problems)
+    earlier = [s for s in _list(meta.get(EARLIER_SESSIONS)) if isinstance(s, dict)]
     lines: list[str] = []
     if earlier:
         sessions = [*earlier, newest]
@@ -362,7 +362,7 @@ def sessions_section(
             "| --- | --- | --- | --- | --- |",
         ]
         for number, s in enumerate(sessions, 1):
-            gpus = _gpus_of(s)
+            gpus = _list(s.get("gpus"))
             names = sorted({_text(g.get("name")) for g in gpus if isinstance(g, dict)})
             label = f"{number} (newest)" if number == len(sessions) else str(number)
             lines.append(
@@ -379,7 +379,7 @@ def sessions_section(
                 present.add(name)
     else:
         lines += [_session_line(newest), ""]
-    gpus = _gpus_of(newest)
+    gpus = _list(newest.get("gpus"))
     lines += [_gpu_line(g) for g in gpus]  # none: the timeline section says host only
     if gpus:
         lines.append("")

@@ -1,6 +1,5 @@
-"""A table's columns as series (pure): NaN-aware reductions, the sessions (each `fit` or
-`record` appended to a file restarts `elapsed_s` or `(epoch, step)`), one time axis, epoch
-starts and the steps each row covers."""
+"""A table's columns as series (pure): NaN-aware reductions, the sessions (a `fit` or `record`
+appended to a file restarts `elapsed_s` or `(epoch, step)`), one time axis, epochs, steps."""
 
 from __future__ import annotations
 
@@ -25,11 +24,11 @@ def gpu_indices(table: Table) -> list[int]:
 
 
 def epoch_starts(
-    times: list[float], epochs: list[float], sessions: list[int] | None = None
+    times: list[float], epochs: list[float], sessions: list[int]
 ) -> list[tuple[float, int]]:
     """(time, epoch) where each epoch begins; a new session starts its epochs afresh."""
     starts, last = [], None
-    firsts = set(sessions or ())
+    firsts = set(sessions)
     for k, (t, e) in enumerate(zip(times, epochs)):
         if k in firsts:
             last = None

@@ -1,6 +1,5 @@
-"""`ReportPath`: what `write_report` returns, the path of `report.md` that shows itself (in a
-notebook rendered with its plots, also as a cell's value; elsewhere printed). Reading the
-report is pure (`_parts`); only `show` has effects."""
+"""`ReportPath`: the path of `report.md` that shows itself (in a notebook rendered with its
+plots, also as a cell's value; elsewhere printed); only `show` has effects."""
 
 from __future__ import annotations
 
@@ -22,17 +21,14 @@ def _parts(text: str, folder: Path) -> list[tuple[str, str]]:
     lines: list[str] = []
     for line in text.splitlines():
         m = _IMAGE_LINE.match(line)
-        image = folder / m.group(2) if m else None
-        if image is None or not image.is_file():
+        if m and (folder / m.group(2)).is_file():
+            parts += [("markdown", "\n".join(lines)), ("image", str(folder / m.group(2)))]
+            lines = []
+        else:
             lines.append(line)
-            continue
-        if "".join(lines).strip():
-            parts.append(("markdown", "\n".join(lines).strip("\n")))
-        lines = []
-        parts.append(("image", str(image)))
-    if "".join(lines).strip():
-        parts.append(("markdown", "\n".join(lines).strip("\n")))
-    return parts
+    parts.append(("markdown", "\n".join(lines)))
+    # No blank Markdown between two plots or at either end.
+    return [(kind, value.strip("\n")) for kind, value in parts if value.strip()]
 
 
 def _inlined(text: str, folder: Path) -> str:
@@ -68,7 +64,8 @@ else:
 class ReportPath(_ConcretePath):
     """The path of `report.md`, as `write_report` returns it, with a way to look at it.
 
-    A `pathlib.Path` in every other respect (`read_text()`, `parent`, `str()`).
+    A `pathlib.Path` in every other respect (`read_text()`, `parent`, `str()`). The guide:
+    docs/metrics.md, section "Reading the files".
 
     Example:
 
@@ -83,12 +80,10 @@ class ReportPath(_ConcretePath):
         """Shows the report: rendered with its plots in a notebook, as text elsewhere.
 
         In an IPython kernel (Jupyter, VS Code, Colab) the summary is rendered and each plot
-        shown, in the order of `report.md`; elsewhere the Markdown text is printed, each plot
-        as the path of its file.
+        shown in order; elsewhere the text is printed, each plot as the path of its file.
 
         Raises:
-            FileNotFoundError: if `report.md` is no longer there.
-            OSError: if it cannot be read.
+            OSError: if `report.md` is gone (`FileNotFoundError`) or cannot be read.
 
         Example:
 

@@ -7,10 +7,10 @@ import os
 import warnings
 from pathlib import Path
 
-from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_dir
 from tfgpu._internal.helpers.files import write_text_atomic
 from tfgpu._internal.helpers.lazy import import_optional
+from tfgpu.report import _sections as sections
 from tfgpu.report._energy import energy_section
 from tfgpu.report._findings import counter_section
 from tfgpu.report._plots import steps_plot, t0_for, timeline_plots, try_draw
@@ -25,16 +25,6 @@ from tfgpu.report._read import (
     read_table,
     reason,
     worker_records,
-)
-from tfgpu.report._sections import (
-    RESULTS,
-    diagnosis_section,
-    files_section,
-    listed,
-    result_section,
-    sessions_section,
-    steps_section,
-    timeline_section,
 )
 from tfgpu.report._show import ReportPath
 
@@ -68,31 +58,29 @@ def write_report_and_problems(
     run_json = run / "run.json"
     meta = read_record(run_json, problems) if run_json in names else None
     if meta is not None:
-        lines += _section(problems, run_json, sessions_section, meta, run_json, timelines, problems)
-    lines += files_section(timelines, steps, names)
+        lines += _section(
+            problems, run_json, sections.sessions_section, meta, run_json, timelines, problems
+        )
+    lines += sections.files_section(timelines, steps, names)
 
     body = _worker_lines(worker_records(names), timelines, problems)
     images: list[Path] = []
     read_timelines: list[tuple[Artifact, Table]] = []
-    first_samples: dict[str, list[float]] = {}  # per worker: each timeline's time 0
     for artifact in timelines:
         table = read_table(artifact.path, ("time", "elapsed_s"), "timeline", problems)
-        body += _table_lines(problems, artifact, table, "Timeline", timeline_section)
+        body += _table_lines(problems, artifact, table, "Timeline", sections.timeline_section)
         if table is not None:
             read_timelines.append((artifact, table))
             images += timeline_plots(table, out, artifact.suffix, problems)
-            times = stats.finite(table.col("time"))
-            if times:
-                first_samples.setdefault(artifact.worker, []).append(times[0])
     if not timelines:
         body += ["No timeline in this run directory (no GPUMonitor / monitor.record).", ""]
     read_steps: dict[str, list[Table]] = {}
     for artifact in steps:
         table = read_table(artifact.path, ("step_time_s",), "steps file", problems)
-        body += _table_lines(problems, artifact, table, "Steps", steps_section)
+        body += _table_lines(problems, artifact, table, "Steps", sections.steps_section)
         if table is not None:
             read_steps.setdefault(artifact.worker, []).append(table)
-            t0 = t0_for(table, artifact.worker, first_samples)
+            t0 = t0_for(table, artifact.worker, read_timelines)
             img = try_draw(problems, steps_plot, out / f"step_time{artifact.suffix}.png", table, t0)
             if img is not None:
                 images.append(img)
@@ -100,14 +88,12 @@ def write_report_and_problems(
         body += _section(problems, run, energy_section, read_timelines, read_steps)
         body += _section(problems, run, counter_section, read_timelines, read_steps)
     for diagnosis in diagnosis_files(names):  # earlier ones (diagnosis.1.json, ...) first
-        body += _section(problems, diagnosis, diagnosis_section, diagnosis, problems)
-    for result in (run / name for name in RESULTS):  # tune.json, scaling.json
+        body += _section(problems, diagnosis, sections.diagnosis_section, diagnosis, problems)
+    for result in (run / name for name in sections.RESULTS):  # tune.json, scaling.json
         if result.is_file():
-            body += _section(problems, result, result_section, result, out, problems)
+            body += _section(problems, result, sections.result_section, result, out, problems)
     if images:
-        body += ["## Plots", ""]
-        body += [f"![{p.stem}]({p.name})" for p in images]
-        body.append("")
+        body += ["## Plots", "", *(f"![{p.stem}]({p.name})" for p in images), ""]
     summary = out / "report.md"
     try:
         write_text_atomic(summary, "\n".join(lines + problems.section() + body))
@@ -124,7 +110,7 @@ def _worker_lines(workers: list[Path], timelines: list[Artifact], problems: Prob
         "## Workers",
         "",
         "Each task of a multi-worker run records its own sessions: "
-        f"{listed([p.name for p in workers])}. (The chief's are in `run.json` too.)",
+        f"{sections.listed([p.name for p in workers])}. (The chief's are in `run.json` too.)",
         "",
     ]
     for record in workers:
@@ -133,7 +119,9 @@ def _worker_lines(workers: list[Path], timelines: list[Artifact], problems: Prob
         if meta is None:
             lines += ["Skipped (see Problems).", ""]
             continue
-        lines += _section(problems, record, sessions_section, meta, record, timelines, problems)
+        lines += _section(
+            problems, record, sections.sessions_section, meta, record, timelines, problems
+        )
     return lines
 
 
@@ -149,9 +137,9 @@ def write_report(
 ) -> ReportPath:
     """Writes PNG plots and a Markdown summary of a run directory; returns the summary's path.
 
-    Covers every session, moved-aside file and worker. A damaged file is skipped (or read up
-    to the damage), named in a "Problems" section at the top of `report.md`, and warned
-    about. What the report shows: `docs/diagnosis.md`, "tfgpu report LOG_DIR".
+    Covers every session, moved-aside file and worker; a damaged file is named in a
+    "Problems" section at the top of `report.md` and warned about (`UserWarning`), and the
+    rest is written. The guide: docs/diagnosis.md, section "tfgpu report LOG_DIR".
 
     Args:
         log_dir: str or os.PathLike, a directory written by `GPUMonitor`, `StepTimer`,
@@ -160,27 +148,19 @@ def write_report(
             if missing). Defaults to `None`: `log_dir` itself.
 
     Returns:
-        `tfgpu.report.ReportPath`, the `pathlib.Path` of `report.md`, whose `show()`
-        displays it in a notebook (plots included) and prints it elsewhere.
+        `tfgpu.report.ReportPath`, the path of `report.md`; its `show()` displays it.
 
     Raises:
         TypeError: if `log_dir` or `out_dir` is not a path.
-        ValueError: if `log_dir` or `out_dir` is (or is under) a file, or `log_dir` holds no
-            tfgpu run.
+        ValueError: if a path is (or is under) a file, or `log_dir` holds no tfgpu run.
         FileNotFoundError: if `log_dir` does not exist.
         ImportError: if matplotlib is not installed (with the pip line).
         OSError: if `out_dir` or `report.md` cannot be written.
-
-    Warns:
-        UserWarning: for each file that could not be read, or plot that could not be drawn
-            (the rest of the report is written).
 
     Example:
 
     >>> from tfgpu.report import write_report
     >>> report = write_report("runs/exp1")  # doctest: +SKIP
-    >>> report  # doctest: +SKIP
-    ReportPath('runs/exp1/report.md')
     >>> report.show()  # doctest: +SKIP
     """
     summary, problems = write_report_and_problems(log_dir, out_dir=out_dir)
