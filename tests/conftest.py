@@ -260,3 +260,39 @@ class ScriptedTiming:
 
 def _never_called(*args):  # what a scripted fit leaves as the model's train function
     raise AssertionError("a scripted train function is never called")
+
+
+def prepare_tfds(data_dir, name, *, side, classes, splits, level=1, ids=False) -> str:
+    """The suite's one TFDS builder: a tiny image dataset `name` built and prepared in
+    `data_dir` from examples made here (no download). `splits` maps each split to its
+    example indices; image i is `side` x `side` x 1, flat at `level * i`; its label is
+    `i % classes` (and its "id" i where `ids`). Returns `data_dir` as a str."""
+    tfds = pytest.importorskip("tensorflow_datasets")
+    import numpy as np
+
+    features = {
+        "image": tfds.features.Image(shape=(side, side, 1)),
+        "label": tfds.features.ClassLabel(num_classes=classes),
+        **({"id": np.int64} if ids else {}),
+    }
+    dataset_name = name
+
+    class TinyImages(tfds.core.GeneratorBasedBuilder):
+        name = dataset_name
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return self.dataset_info_from_configs(
+                features=tfds.features.FeaturesDict(features), supervised_keys=("image", "label")
+            )
+
+        def _split_generators(self, dl_manager):
+            return {split: self._generate_examples(indices) for split, indices in splits.items()}
+
+        def _generate_examples(self, indices):
+            for i in indices:
+                image = np.full((side, side, 1), level * i, np.uint8)
+                yield i, {"image": image, "label": i % classes, **({"id": i} if ids else {})}
+
+    TinyImages(data_dir=str(data_dir)).download_and_prepare()
+    return str(data_dir)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.conftest import prepare_tfds
 from tfgpu import data as tfdata
 from tfgpu._internal.adapters.datasets import made_by_pipeline, pipeline_arguments, source_batches
 from tfgpu.data import _pipeline
@@ -1444,31 +1445,8 @@ def test_validation_side_is_cached_not_repeated_and_distributed_too(tmp_path, mi
 @pytest.fixture(scope="module")
 def split_tfds(tmp_path_factory):
     """A TFDS dataset prepared here: 40 train 4x4 images, image i is flat at level i."""
-    tfds = pytest.importorskip("tensorflow_datasets")
-
-    class TfgpuSplitDigits(tfds.core.GeneratorBasedBuilder):
-        VERSION = tfds.core.Version("1.0.0")
-
-        def _info(self):
-            return self.dataset_info_from_configs(
-                features=tfds.features.FeaturesDict(
-                    {
-                        "image": tfds.features.Image(shape=(4, 4, 1)),
-                        "label": tfds.features.ClassLabel(num_classes=2),
-                    }
-                ),
-                supervised_keys=("image", "label"),
-            )
-
-        def _split_generators(self, dl_manager):
-            return {"train": self._generate_examples()}
-
-        def _generate_examples(self):
-            for i in range(40):
-                yield i, {"image": np.full((4, 4, 1), i, np.uint8), "label": i % 2}
-
     data_dir = tmp_path_factory.mktemp("tfds_split")
-    TfgpuSplitDigits(data_dir=str(data_dir)).download_and_prepare()
+    prepare_tfds(data_dir, "tfgpu_split_digits", side=4, classes=2, splits={"train": range(40)})
     return data_dir
 
 

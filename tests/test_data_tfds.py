@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.conftest import prepare_tfds
 from tfgpu import data as tfdata
 
 NAME = "tfgpu_tiny_digits"
@@ -14,36 +14,9 @@ NAME = "tfgpu_tiny_digits"
 @pytest.fixture(scope="module")
 def tiny_tfds(tmp_path_factory):
     """A tiny TFDS dataset prepared locally: 40 train / 10 test 8x8 images, label = id % 10."""
-    tfds = pytest.importorskip("tensorflow_datasets")
-
-    class TfgpuTinyDigits(tfds.core.GeneratorBasedBuilder):
-        VERSION = tfds.core.Version("1.0.0")
-
-        def _info(self):
-            return self.dataset_info_from_configs(
-                features=tfds.features.FeaturesDict(
-                    {
-                        "image": tfds.features.Image(shape=(8, 8, 1)),
-                        "label": tfds.features.ClassLabel(num_classes=10),
-                        "id": np.int64,
-                    }
-                ),
-                supervised_keys=("image", "label"),
-            )
-
-        def _split_generators(self, dl_manager):
-            return {
-                "train": self._generate_examples(0, 40),
-                "test": self._generate_examples(40, 50),
-            }
-
-        def _generate_examples(self, start, stop):
-            for i in range(start, stop):
-                image = np.full((8, 8, 1), i, dtype=np.uint8)
-                yield i, {"image": image, "label": i % 10, "id": i}
-
     data_dir = tmp_path_factory.mktemp("tfds")
-    TfgpuTinyDigits(data_dir=str(data_dir)).download_and_prepare()
+    splits = {"train": range(40), "test": range(40, 50)}
+    prepare_tfds(data_dir, NAME, side=8, classes=10, splits=splits, ids=True)
     return data_dir
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, prepare_tfds
 from tfgpu import demo
 from tfgpu._internal.measure.rules import Gain
 from tfgpu.demo import _args, _plan, _results, _run, _workload
@@ -377,31 +377,10 @@ def test_cli_argument_errors_never_import_tensorflow(tmp_path):
 
 
 def test_tfds_examples_become_jpegs_of_one_size(tmp_path):
-    tfds = pytest.importorskip("tensorflow_datasets")
     import tensorflow as tf
 
-    class TfgpuDemoShapes(tfds.core.GeneratorBasedBuilder):
-        VERSION = tfds.core.Version("1.0.0")
-
-        def _info(self):
-            return self.dataset_info_from_configs(
-                features=tfds.features.FeaturesDict(
-                    {
-                        "image": tfds.features.Image(shape=(20, 20, 1)),
-                        "label": tfds.features.ClassLabel(num_classes=3),
-                    }
-                ),
-                supervised_keys=("image", "label"),
-            )
-
-        def _split_generators(self, dl_manager):
-            return {"train": self._generate_examples()}
-
-        def _generate_examples(self):
-            for i in range(12):
-                yield i, {"image": np.full((20, 20, 1), 20 * i, np.uint8), "label": i % 3}
-
-    TfgpuDemoShapes(data_dir=str(tmp_path)).download_and_prepare()
+    splits = {"train": range(12)}
+    prepare_tfds(tmp_path, "tfgpu_demo_shapes", side=20, classes=3, splits=splits, level=20)
     jpegs, labels, num_classes = _workload.tfds_jpegs(
         "tfgpu_demo_shapes", 10, 16, data_dir=str(tmp_path)
     )
