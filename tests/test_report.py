@@ -1153,3 +1153,27 @@ def test_the_report_shows_scaling_json_and_its_plot_and_names_a_damaged_field(tm
     (run / "scaling.json").write_text(json.dumps(record))
     with pytest.warns(UserWarning, match=r"`points\[1\]\.efficiency` is \"60%\" \(a string\)"):
         write_report(run)
+
+
+def test_a_batch_size_record_gets_its_section_and_alone_is_a_run(tmp_path, capsys, no_plots):
+    from tfgpu.batch_size._result import BatchSizeResult, BatchSizeTrial
+
+    trials = [
+        BatchSizeTrial(64, 64, True, "ok", None, 0.01, 6400.0),
+        BatchSizeTrial(128, 128, False, "oom", None, math.nan, math.nan),
+    ]
+    result = BatchSizeResult(64, 64, 64, 64, 1, trials, None, "CPU:0", time_s=2.0)
+    run = tmp_path / "run"
+    run.mkdir()
+    result.write(run)
+    assert (run / "batch_size.json").exists()
+    assert main(["report", str(run)]) == 0, capsys.readouterr().err
+    text = (run / "report.md").read_text()
+    assert "## Batch size" in text and "largest that fits: 64" in text
+    assert "Problems reading" not in text
+
+    record = json.loads((run / "batch_size.json").read_text())
+    (run / "batch_size.json").write_text(json.dumps({**record, "largest": "64"}))
+    assert main(["report", str(run)]) == 2  # the damaged field is named, the rest written
+    assert '`largest` is "64" (a string), not an integer' in capsys.readouterr().err
+    assert "## Batch size" in (run / "report.md").read_text()

@@ -123,7 +123,7 @@ def read_record(path: Path, problems: Problems) -> dict[str, Any] | None:
 _ARTIFACT = re.compile(
     r"^(?P<stem>timeline|steps)(?P<worker>-[A-Za-z_]+\d+)?(?:\.(?P<n>\d+))?\.csv$"
 )
-_RECORD = re.compile(r"^(run|diagnosis|tune|scaling)(-[A-Za-z_]+\d+)?(\.\d+)?\.json$")
+_RECORD = re.compile(r"^(run|diagnosis|tune|scaling|batch_size)(-[A-Za-z_]+\d+)?(\.\d+)?\.json$")
 
 
 @dataclass(frozen=True)
@@ -179,8 +179,9 @@ def check_log_dir(log_dir) -> tuple[Path, list[Path]]:
             "log_dir",
             log_dir,
             "a directory written by GPUMonitor / StepTimer / tfgpu.monitor.record, or the "
-            "log_dir of diagnose, tune or scaling",
+            "log_dir of diagnose, tune, scaling or find_batch_size",
             received=f"log_dir={str(path)!r}, which holds no tfgpu run (no run.json, "
-            "timeline.csv, steps.csv, diagnosis.json, tune.json or scaling.json)",
+            "timeline.csv, steps.csv, diagnosis.json, tune.json, scaling.json or "
+            "batch_size.json)",
         )
     return path, names

@@ -44,6 +44,7 @@ STRING = Field(lambda v: isinstance(v, str), "a string")
 NUMBER = Field(is_number, "a number")
 INTEGER = Field(is_int, "an integer")
 OBJECT = Field(lambda v: isinstance(v, dict), "an object")
+BOOLEAN = Field(lambda v: isinstance(v, bool), "true or false")
 GAIN = Field(
     lambda v: isinstance(v, dict) and all(is_number(v.get(k)) for k in ("value", "low", "high")),
     'a gain: {"value", "low", "high"}, each a number',
@@ -118,9 +119,18 @@ _SCALING = {
     "gradient_bytes": NUMBER, "device_kind": STRING, "all_reduce": STRING, "notes": STRINGS,
     "time_s": NUMBER,
 }  # fmt: skip
-# The result records beside the run (written by `tfgpu.tune` and `tfgpu.scaling`): their
-# section's title and their fields.
-RESULTS = {"tune.json": ("Tuning", _TUNE), "scaling.json": ("Scaling", _SCALING)}
+_BATCH_TRIAL = {"batch_size": INTEGER, "fits": BOOLEAN, "reason": STRING, "examples_per_s": NUMBER}
+_BATCH_SIZE = {
+    "text": STRING, "trials": objects(_BATCH_TRIAL), "largest": INTEGER, "fastest": INTEGER,
+    "notes": STRINGS, "time_s": NUMBER,
+}  # fmt: skip
+# The result records beside the run (written by `tfgpu.tune`, `tfgpu.scaling` and
+# `tfgpu.find_batch_size`): their section's title and their fields.
+RESULTS = {
+    "tune.json": ("Tuning", _TUNE),
+    "scaling.json": ("Scaling", _SCALING),
+    "batch_size.json": ("Batch size", _BATCH_SIZE),
+}
 
 
 def _record(path: Path, problems: Problems, fields: dict[str, Field]) -> dict[str, Any] | None:
