@@ -23,7 +23,7 @@ from tfgpu._internal.measure.rules import MAX_ROUNDS
 from tfgpu._internal.measure.variants import Steady, Variants
 from tfgpu.diagnosis import Diagnosis, _probes
 from tfgpu.diagnosis._classify import classify, share_verdict
-from tfgpu.diagnosis._facts import Facts
+from tfgpu.diagnosis._facts import DiagnoseFacts
 from tfgpu.diagnosis._model import lint_mixed_precision
 
 RNG = np.random.default_rng(0)
@@ -223,7 +223,7 @@ def test_a_real_diagnosis_probes_restores_the_model_and_its_files_agree(tmp_path
 
 def _facts(**kw):
     base = dict(step_time_s=0.1, compute_step_time_s=0.1, input_time_s=0.01, batch_size=64)
-    return Facts(**{**base, **kw})
+    return DiagnoseFacts(**{**base, **kw})
 
 
 @pytest.mark.parametrize(
@@ -559,7 +559,7 @@ def test_input_bound_advice_for_a_tfgpu_pipeline_is_what_is_left():
     def augment(x, y):
         return x + tf.random.uniform(tf.shape(x), 0, 0.1), y
 
-    def timings(facts: SimpleNamespace) -> Facts:  # highly input-bound, with these facts
+    def timings(facts: SimpleNamespace) -> DiagnoseFacts:  # highly input-bound, with these facts
         return _facts(
             compute_step_time_s=0.05,
             input_time_s=0.05,  # the pipeline explains the 50 ms wait
@@ -1424,8 +1424,8 @@ def test_mfu_under_several_gpus_divides_by_all_their_peaks():
     x = X[:16]
     a100 = dict(policy="mixed_bfloat16", gpu_name="NVIDIA A100-SXM4-80GB", on_gpu=True)
     a100.update(compute_capabilities=[(8, 0)], step_time_s=0.01)
-    one = flop_facts(model, x, 16, Facts(**a100))
-    two = flop_facts(model, x, 16, Facts(**a100, replicas=2))
+    one = flop_facts(model, x, 16, DiagnoseFacts(**a100))
+    two = flop_facts(model, x, 16, DiagnoseFacts(**a100, replicas=2))
     peak = peak_flops("NVIDIA A100-SXM4-80GB", "bfloat16")
     assert one[2] == pytest.approx(one[0] / 0.01 / peak)
     assert two[2] == pytest.approx(one[2] / 2)

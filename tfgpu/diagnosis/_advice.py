@@ -7,7 +7,7 @@ import math
 
 from tfgpu._internal.adapters import gpu_counters as counters
 from tfgpu._internal.adapters.datasets import DROP_REMAINDER_MAX_SHARE
-from tfgpu.diagnosis._facts import PROBE_STEPS_PER_EXECUTION, Facts, OpFact
+from tfgpu.diagnosis._facts import PROBE_STEPS_PER_EXECUTION, DiagnoseFacts, OpFact
 from tfgpu.diagnosis._result import Finding
 
 
@@ -71,7 +71,7 @@ def finding(found: counters.CounterFinding, detail: str | None = None, fix: str 
 
 
 def tensor_idle_finding(
-    f: Facts, found: counters.CounterFinding, xla_no_gain: bool = False
+    f: DiagnoseFacts, found: counters.CounterFinding, xla_no_gain: bool = False
 ) -> Finding:
     mixed = f.policy in ("mixed_float16", "mixed_bfloat16")
     tf32_capable = all(tuple(cc) >= (8, 0) for cc in f.compute_capabilities)
@@ -110,7 +110,7 @@ def _sentence(text: str) -> str:
 
 
 def pcie_finding(
-    f: Facts, found: counters.CounterFinding, cpu_ops: list[tuple[OpFact, str]]
+    f: DiagnoseFacts, found: counters.CounterFinding, cpu_ops: list[tuple[OpFact, str]]
 ) -> Finding:
     seen = [cpu_ops_traffic(cpu_ops)[0]] if cpu_ops else []
     if f.from_arrays:
@@ -120,7 +120,7 @@ def pcie_finding(
     return finding(found, found.measured + (f"; seen: {'; '.join(seen)}" if seen else "") + ".")
 
 
-def unexplained_wait_finding(f: Facts, wait: float) -> Finding:
+def unexplained_wait_finding(f: DiagnoseFacts, wait: float) -> Finding:
     """The input wait is far longer than the pipeline's own time per batch: what to check. Pure."""
     causes = []
     if f.dynamic_shape:
@@ -159,7 +159,7 @@ def unexplained_wait_finding(f: Facts, wait: float) -> Finding:
     )
 
 
-def remainder_fix(f: Facts) -> str:
+def remainder_fix(f: DiagnoseFacts) -> str:
     """How to end a partial last batch, with what `drop_remainder=True` drops: advised only
     below `DROP_REMAINDER_MAX_SHARE` of an epoch, else a batch size that divides it. Pure."""
     n, size = f.epoch_examples, f.batch_size
@@ -180,7 +180,7 @@ def remainder_fix(f: Facts) -> str:
     )
 
 
-def advise_service(f: Facts) -> ServiceAdvice | None:
+def advise_service(f: DiagnoseFacts) -> ServiceAdvice | None:
     """`service_advice` on these facts, for an input-bound run. Pure."""
     if f.service or f.input_time_s <= 0 or f.compute_step_time_s <= 0:
         return None
@@ -195,7 +195,7 @@ def advise_service(f: Facts) -> ServiceAdvice | None:
     )
 
 
-def input_advice(f: Facts, spe_no_gain: bool = False) -> str:
+def input_advice(f: DiagnoseFacts, spe_no_gain: bool = False) -> str:
     """What to change in an input-bound pipeline, given what it already does and who built
     it (a `tfgpu.data.pipeline`, a Keras loader or hand-made chain, a generator). Pure."""
     if f.service:
@@ -231,7 +231,7 @@ def input_advice(f: Facts, spe_no_gain: bool = False) -> str:
     return _builder_advice(f)
 
 
-def _builder_advice(f: Facts) -> str:
+def _builder_advice(f: DiagnoseFacts) -> str:
     """A hand-made chain that is not tuned: build it with the pipeline, or tune its steps."""
     seen = ((f.sequential_map, "a map runs one element at a time"),
             (f.cache is None, "nothing is cached"),
@@ -247,7 +247,7 @@ def _builder_advice(f: Facts) -> str:
     )
 
 
-def _tuned_advice(f: Facts) -> str:
+def _tuned_advice(f: DiagnoseFacts) -> str:
     """A pipeline whose steps are set already: what is left, beyond its settings."""
     cached = {"memory": "caches in memory", "file": "caches to a file"}.get(f.cache or "", "")
     parallel = "maps in parallel" if f.parallel_map else ""
@@ -283,7 +283,7 @@ def _tuned_advice(f: Facts) -> str:
     return f"The pipeline already {done}: what is left is to " + "; ".join(left) + "."
 
 
-def _in_memory_advice(f: Facts, spe_no_gain: bool = False) -> str:
+def _in_memory_advice(f: DiagnoseFacts, spe_no_gain: bool = False) -> str:
     """What helps a pipeline without a map (in-memory arrays): fewer, larger hand-overs (the
     cost is per batch and per host round trip, not in maps or caches). Pure."""
     left = []

@@ -1,4 +1,4 @@
-"""The decision: the bottleneck, the input-bound level and the findings from a `Facts`, by a
+"""The decision: the bottleneck, the input-bound level and the findings from a `DiagnoseFacts`, by a
 table of small rules (`RULES`, as `env/_findings.CHECKS`). Pure. Thresholds shared with `tune`
 are the core's (`rules`), the GPU-counter rules `gpu_counters`'; long texts are in `_advice`."""
 
@@ -23,7 +23,7 @@ from tfgpu.diagnosis._facts import (
     MEMORY_HEADROOM_BELOW,
     PROBE_STEPS_PER_EXECUTION,
     WAIT_UNEXPLAINED_FACTOR,
-    Facts,
+    DiagnoseFacts,
     OpFact,
 )
 from tfgpu.diagnosis._result import Finding
@@ -96,7 +96,7 @@ def _no_gain(gain: rules.Gain | None) -> bool:
     return gain is not None and gain.low < rules.MARGIN
 
 
-def seen(f: Facts, verdict: dict[str, Any] | None = None) -> Seen:
+def seen(f: DiagnoseFacts, verdict: dict[str, Any] | None = None) -> Seen:
     """The input level, checked against what the pipeline alone can cost, and the probes."""
     if f.rounds:
         verdict = verdict or share_verdict(f.rounds)
@@ -124,7 +124,7 @@ def seen(f: Facts, verdict: dict[str, Any] | None = None) -> Seen:
     return Seen(level, share, wait, unexplained, spe, xla, cpu_ops, scaling, gpu)
 
 
-def _input_bound(f: Facts, s: Seen) -> Finding | None:
+def _input_bound(f: DiagnoseFacts, s: Seen) -> Finding | None:
     if s.unexplained:
         return advice.unexplained_wait_finding(f, s.wait_s)
     if s.level not in ("high", "moderate"):
@@ -149,7 +149,7 @@ def _input_bound(f: Facts, s: Seen) -> Finding | None:
     )
 
 
-def _host_overhead(f: Facts, s: Seen) -> Finding | None:
+def _host_overhead(f: DiagnoseFacts, s: Seen) -> Finding | None:
     if not _helps(s.spe) or s.spe is None:
         return None
     base, probe = rules.medians(f.spe_rounds)
@@ -175,7 +175,7 @@ def _host_overhead(f: Facts, s: Seen) -> Finding | None:
     )
 
 
-def _host_device_traffic(f: Facts, s: Seen) -> Finding | None:
+def _host_device_traffic(f: DiagnoseFacts, s: Seen) -> Finding | None:
     device_hint = " or `tf.data.experimental.prefetch_to_device('/gpu:0')`" if f.on_gpu else ""
     seen_and_fixed = (  # (whether it is seen, what was seen, the fix)
         (f.from_arrays, "the data is fed as NumPy arrays, copied from host memory batch by batch",
@@ -203,7 +203,7 @@ def _host_device_traffic(f: Facts, s: Seen) -> Finding | None:
     )
 
 
-def _memory_headroom(f: Facts, s: Seen) -> Finding | None:
+def _memory_headroom(f: DiagnoseFacts, s: Seen) -> Finding | None:
     if not (f.on_gpu and f.peak_memory_bytes and f.memory_capacity_bytes):
         return None
     used = f.peak_memory_bytes / f.memory_capacity_bytes
@@ -222,7 +222,7 @@ def _memory_headroom(f: Facts, s: Seen) -> Finding | None:
     )
 
 
-def _precision(f: Facts, s: Seen) -> Finding | None:
+def _precision(f: DiagnoseFacts, s: Seen) -> Finding | None:
     if not (f.on_gpu and f.compute_capabilities and f.policy == "float32"):
         return None
     ccs = list(f.compute_capabilities)
@@ -245,7 +245,7 @@ def _precision(f: Facts, s: Seen) -> Finding | None:
     )
 
 
-def _xla(f: Facts, s: Seen) -> Finding | None:
+def _xla(f: DiagnoseFacts, s: Seen) -> Finding | None:
     if not _helps(s.xla) or s.xla is None:
         return None
     base, variant = rules.medians(f.xla_rounds)
@@ -262,7 +262,7 @@ def _xla(f: Facts, s: Seen) -> Finding | None:
     )
 
 
-def _loss_scale(f: Facts, s: Seen) -> Finding | None:
+def _loss_scale(f: DiagnoseFacts, s: Seen) -> Finding | None:
     if not f.loss_scale_before or f.loss_scale_after is None:
         return None
     halvings = math.log2(f.loss_scale_before / max(f.loss_scale_after, 1e-30))
@@ -271,14 +271,14 @@ def _loss_scale(f: Facts, s: Seen) -> Finding | None:
     return None
 
 
-def _tensor_cores_idle(f: Facts, s: Seen) -> Finding | None:
+def _tensor_cores_idle(f: DiagnoseFacts, s: Seen) -> Finding | None:
     ccs = f.compute_capabilities
     tensor_gpu = bool(ccs) and all(tuple(cc) >= (7, 0) for cc in ccs)
     idle = counters.tensor_cores_idle(s.gpu) if s.gpu and tensor_gpu else None
     return None if idle is None else advice.tensor_idle_finding(f, idle, _no_gain(s.xla))
 
 
-def _small_kernels(f: Facts, s: Seen) -> Finding | None:
+def _small_kernels(f: DiagnoseFacts, s: Seen) -> Finding | None:
     if s.gpu is None:
         return None
     probes = {"steps_per_execution": s.spe, "jit_compile": s.xla}
@@ -291,17 +291,17 @@ def _small_kernels(f: Facts, s: Seen) -> Finding | None:
     return None if small is None else advice.finding(small)
 
 
-def _pcie_traffic(f: Facts, s: Seen) -> Finding | None:
+def _pcie_traffic(f: DiagnoseFacts, s: Seen) -> Finding | None:
     pcie = counters.pcie_traffic(s.gpu, f.step_time_s, f.batch_bytes) if s.gpu else None
     return None if pcie is None else advice.pcie_finding(f, pcie, s.cpu_ops)
 
 
-def _clocks_throttled(f: Facts, s: Seen) -> Finding | None:
+def _clocks_throttled(f: DiagnoseFacts, s: Seen) -> Finding | None:
     throttled = counters.clocks_throttled(s.gpu) if s.gpu else None
     return None if throttled is None else advice.finding(throttled)
 
 
-def _scaling_bound(f: Facts, s: Seen) -> Finding | None:
+def _scaling_bound(f: DiagnoseFacts, s: Seen) -> Finding | None:
     if not s.scaling_bound or f.all_reduce_s is None:
         return None
     return Finding(
@@ -322,7 +322,7 @@ def _scaling_bound(f: Facts, s: Seen) -> Finding | None:
 # The rules, each a function of the facts and what was seen beyond them to the finding it
 # makes (or None). What GPU utilization hides: the shared `gpu_counters` rules, with what
 # only a diagnosis knows (the layers, the policy, TF32, the CPU ops, the batch's bytes).
-RULES: tuple[Callable[[Facts, Seen], Finding | None], ...] = (
+RULES: tuple[Callable[[DiagnoseFacts, Seen], Finding | None], ...] = (
     _input_bound, _host_overhead, _host_device_traffic, _memory_headroom, _precision, _xla,
     _loss_scale, _tensor_cores_idle, _small_kernels, _pcie_traffic, _clocks_throttled,
     _scaling_bound,
@@ -334,7 +334,7 @@ _LEAD = {"input": "input_bound", "host_overhead": "host_overhead",
 _ORDER = {"high": 0, "moderate": 1, "info": 2}
 
 
-def bottleneck(f: Facts, s: Seen) -> str:
+def bottleneck(f: DiagnoseFacts, s: Seen) -> str:
     """The bottleneck: host overhead where `steps_per_execution` helps (tiny steps also wait
     on the per-step hand-over of each batch: when the pipeline alone outpaces the step, that
     wait is dispatch cost too), else the input, the all-reduce, noise, or the device."""
@@ -348,7 +348,7 @@ def bottleneck(f: Facts, s: Seen) -> str:
 
 
 def classify(
-    f: Facts, verdict: dict[str, Any] | None = None
+    f: DiagnoseFacts, verdict: dict[str, Any] | None = None
 ) -> tuple[str, str, float, list[Finding]]:
     """(the bottleneck, the input-bound level, the input wait's share of the step, the
     findings, most important first) from the facts, by `RULES`. `verdict` is
@@ -364,12 +364,12 @@ def classify(
 _COUNTERS = tuple(c.name for c in dataclasses.fields(counters.Counters))
 
 
-def _counters(f: Facts) -> counters.Counters:
-    """The GPU counters among the facts (`Facts` has every field of `Counters`)."""
+def _counters(f: DiagnoseFacts) -> counters.Counters:
+    """The GPU counters among the facts (`DiagnoseFacts` has every field of `Counters`)."""
     return counters.Counters(**{name: getattr(f, name) for name in _COUNTERS})
 
 
-def unseen(f: Facts) -> list[str]:
+def unseen(f: DiagnoseFacts) -> list[str]:
     """Notes on what the GPU counters could not show (NaN where the monitor ran). Pure."""
     if not f.on_gpu:
         return []  # no GPU: its own note says so
@@ -382,7 +382,7 @@ def unseen(f: Facts) -> list[str]:
 
 
 def monitor_facts(aggregate: dict[str, Any]) -> dict[str, float]:
-    """The `Facts` GPU counters from `Sampler.aggregate()`'s `gpu0_*` (`/GPU:0`), NaN where
+    """The `DiagnoseFacts` GPU counters from `Sampler.aggregate()`'s `gpu0_*` (`/GPU:0`), NaN where
     absent; PCIe is transmitted + received (either alone where only one was). Pure."""
 
     def get(key: str) -> float:
@@ -418,7 +418,7 @@ def _cpu_placed_ops(ops: list[OpFact]) -> list[tuple[OpFact, str]]:
 
 
 def wait_notes(
-    f: Facts, verdict: dict[str, Any], level: str, share: float, findings: list[Finding]
+    f: DiagnoseFacts, verdict: dict[str, Any], level: str, share: float, findings: list[Finding]
 ) -> list[str]:
     """The notes on an input wait that was noisy, or too short to be the pipeline's. Pure."""
     if verdict["level"] != "no" and level == "no":  # the pipeline is too fast to be the cause

@@ -28,7 +28,7 @@ from tfgpu.diagnosis._facts import (
     MEASURE_SHARE,
     PROBE_STEPS_PER_EXECUTION,
     ROUNDS_BUDGET_SHARE,
-    Facts,
+    DiagnoseFacts,
 )
 from tfgpu.diagnosis._result import Diagnosis
 from tfgpu.flops import mfu, peak_flops, train_step_flops
@@ -49,7 +49,9 @@ def full_batch(ds, first, size: int | None, expected: int | None, most: int = 4)
     return first, size
 
 
-def flop_facts(model: Any, x: Any, size: int | None, f: Facts) -> tuple[Any, Any, Any, list[str]]:
+def flop_facts(
+    model: Any, x: Any, size: int | None, f: DiagnoseFacts
+) -> tuple[Any, Any, Any, list[str]]:
     """(FLOPs per step, achieved FLOP/s, MFU, notes), counted with the batch's own shapes; a
     rate above the devices' peak is not reported as achieved. The FLOPs are the global
     batch's: on GPUs the peak is one GPU's times the replicas; logical CPU devices share the
@@ -187,11 +189,11 @@ class _Diagnose:
         self.variants: Variants
 
     # 1. What needs no training: the model, the data's graph, the devices, the pipeline alone.
-    def read(self) -> tuple[Facts, Any]:
+    def read(self) -> tuple[DiagnoseFacts, Any]:
         work = self.work
         batch, size = full_batch(self.dataset, *work.first_batch(), work.batch_size)
         kinds = {"from_arrays": work.from_arrays, "has_factory": work.factory is not None}
-        facts = Facts(**gather(self.model, self.dataset, **kinds))
+        facts = DiagnoseFacts(**gather(self.model, self.dataset, **kinds))
         facts.batch_size, facts.host_load = size, _probes.host_load()
         facts.batch_bytes = _model.batch_nbytes(batch)
         if facts.on_gpu and facts.memory_capacity_bytes is None:
@@ -217,7 +219,7 @@ class _Diagnose:
 
     # 2. The measurements (the model's state is the caller's to put back).
     def measure(
-        self, f: Facts, batch: Any, check_xla: bool, check_spe: bool, monitor: bool
+        self, f: DiagnoseFacts, batch: Any, check_xla: bool, check_spe: bool, monitor: bool
     ) -> None:
         f.loss_scale_before = _model.loss_scale(self.model)
         first, first_s = self._first_look(f, batch)
@@ -253,7 +255,7 @@ class _Diagnose:
                 "(pass a larger `time_budget_s`, or None for no limit)"
             )
 
-    def _first_look(self, f: Facts, batch: Any) -> tuple[float | None, float]:
+    def _first_look(self, f: DiagnoseFacts, batch: Any) -> tuple[float | None, float]:
         """The first device-resident run, always (a diagnosis needs one step time), timed within
         `FIT_SHARE` of the budget, and how long it took; the peak memory, the step's ops."""
         self.progress.phase("warming up and timing the step on one batch held in memory")
@@ -399,7 +401,7 @@ class _Diagnose:
             skipped.append(probe.skipped)
         return probe.rounds
 
-    def _rounds_notes(self, f: Facts) -> None:
+    def _rounds_notes(self, f: DiagnoseFacts) -> None:
         if len(f.rounds) < rules.MIN_ROUNDS:
             self.notes.append(
                 f"only {len(f.rounds)} of {rules.MIN_ROUNDS} rounds ran within the time budget of "
@@ -423,7 +425,7 @@ class _Diagnose:
             self.profile_dir = path
 
     # 3. The classification and the result.
-    def diagnosis(self, f: Facts, x: Any) -> Diagnosis:
+    def diagnosis(self, f: DiagnoseFacts, x: Any) -> Diagnosis:
         for name, value in monitor_facts(self.monitor).items():
             setattr(f, name, value)
         self._replica_facts(f)
@@ -477,7 +479,7 @@ class _Diagnose:
             noise=noise,
         )
 
-    def _replica_facts(self, f: Facts) -> None:
+    def _replica_facts(self, f: DiagnoseFacts) -> None:
         """On several replicas, the all-reduce of the gradients timed alone."""
         if f.replicas <= 1:
             return

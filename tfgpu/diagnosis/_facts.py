@@ -1,5 +1,5 @@
 """What a diagnosis decides from: the core's workload facts extended with what only `diagnose`
-measures (`Facts`, `OpFact`), and its own thresholds (sources: docs/diagnosis.md, "Thresholds
+measures (`DiagnoseFacts`, `OpFact`), and its own thresholds (sources: docs/diagnosis.md, "Thresholds
 and their sources"; those it shares with `tune` are the core's, `_internal.measure.rules`)."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ FIT_SHARE = 0.05
 
 
 @dataclass
-class Facts(WorkloadFacts):
+class DiagnoseFacts(WorkloadFacts):
     """Everything `classify` decides from: the workload's facts (`step_time_s` on the real data,
     `input_time_s` the pipeline alone per batch) and what `diagnose` measured beside them."""
 
