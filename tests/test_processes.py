@@ -58,6 +58,27 @@ def _wait_for(path: Path, proc: subprocess.Popen, polls: int = 1200) -> None:
     assert path.exists(), f"{path.name} never written (exit status {proc.poll()})"
 
 
+def _kill_the_parent_and_see_the_child_end(
+    parent: subprocess.Popen, pid_file: Path, polls: int = 1200
+) -> None:
+    """Once the child wrote its pid to `pid_file`, SIGKILLs `parent` and asserts the child
+    ends too; neither outlives the test."""
+    child = None
+    try:
+        _wait_for(pid_file, parent, polls=polls)
+        child = int(pid_file.read_text())
+        assert not ended(child)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        assert ended_within(child)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if child is not None and not ended(child):
+            os.kill(child, signal.SIGKILL)
+
+
 _CHILD = """
 import os, sys, time
 from tfgpu._internal.helpers import processes
@@ -85,20 +106,7 @@ def test_a_child_ends_when_its_parent_is_killed(tmp_path, how):
     parent = subprocess.Popen(
         [sys.executable, "-c", _PARENT, _CHILD, str(pid_file), how.split()[0]], env=env
     )
-    child = None
-    try:
-        _wait_for(pid_file, parent)
-        child = int(pid_file.read_text())
-        assert not ended(child)
-        parent.send_signal(signal.SIGKILL)
-        parent.wait()
-        assert ended_within(child)
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait()
-        if child is not None and not ended(child):
-            os.kill(child, signal.SIGKILL)
+    _kill_the_parent_and_see_the_child_end(parent, pid_file)
 
 
 def test_a_child_whose_parent_is_already_gone_ends_at_once():
@@ -214,17 +222,6 @@ def test_the_find_batch_size_child_ends_when_its_parent_is_killed(tmp_path):
         parent = subprocess.Popen(
             [sys.executable, "-c", _FINDER, str(pid_file)], env=env, stdout=log, stderr=log
         )
-    child = None
-    try:
-        _wait_for(pid_file, parent, polls=3600)  # both processes import TensorFlow first
-        child = int(pid_file.read_text())
-        assert not ended(child)
-        parent.send_signal(signal.SIGKILL)
-        parent.wait()
-        assert ended_within(child)  # by the death signal: the parent ran no code
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait()
-        if child is not None and not ended(child):
-            os.kill(child, signal.SIGKILL)
+    # both processes import TensorFlow first; the death signal ends the child: the parent
+    # runs no code once killed
+    _kill_the_parent_and_see_the_child_end(parent, pid_file, polls=3600)
