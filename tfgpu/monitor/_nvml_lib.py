@@ -96,6 +96,10 @@ def exported(nv: ModuleType, *names: str) -> list[str]:
 
 
 def constant(nv: ModuleType, name: str, default: int) -> int:
-    """The binding's int constant `name` (an error code, a metric id), else `default`."""
+    """The binding's int constant `name` (an error code, a metric id, an index), else
+    `default`. nvidia-ml-py writes some as `NVML_P2P_CAPS_INDEX_READ = 0,` (copied from
+    nvml.h's enum): a tuple, which ctypes refuses as an argument; its one element is the value."""
     value = getattr(nv, name, default)
-    return value if isinstance(value, int) else default
+    if isinstance(value, tuple) and len(value) == 1:
+        value = value[0]
+    return value if isinstance(value, int) and not isinstance(value, bool) else default

@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Any
 
 from tfgpu._internal.helpers.checks import check_number, invalid_type, invalid_value, is_int
-from tfgpu.monitor._nvml_lib import decode, import_pynvml, nvml_query, start, stop
+from tfgpu.monitor._nvml_lib import constant, decode, import_pynvml, nvml_query, start, stop
 
 log = logging.getLogger(__name__)
 
@@ -108,16 +108,6 @@ def bus_key(pci: Any) -> tuple[int, int, int] | None:
         return None
     domain, bus, device = match.groups()
     return int(domain or "0", 16), int(bus, 16), int(device, 16)
-
-
-def constant(nv: ModuleType, name: str, default: int) -> int:
-    """The binding's value of an NVML constant, else `default`. nvidia-ml-py writes
-    `NVML_P2P_CAPS_INDEX_READ = 0,` (copied from nvml.h's enum): a tuple, which ctypes
-    refuses as an argument; its one element is the value."""
-    value = getattr(nv, name, default)
-    if isinstance(value, tuple) and len(value) == 1:
-        value = value[0]
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def nvml_int(value: Any, least: int = 1) -> int | None:
