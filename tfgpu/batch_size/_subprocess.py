@@ -13,7 +13,7 @@ from pathlib import Path
 import keras
 
 from tfgpu._internal.helpers.checks import invalid_value
-from tfgpu._internal.helpers.processes import run_python
+from tfgpu._internal.helpers.processes import death, run_python
 from tfgpu._internal.helpers.progress import Progress
 from tfgpu.batch_size._result import BatchSizeResult, trial_from_dict
 
@@ -66,9 +66,9 @@ def find_in_subprocess(model, pool, kwargs, progress: Progress) -> BatchSizeResu
         status, _, stderr = run_python(["-c", code], env, _TIMEOUT_S, relay)
         out = tmpdir / "result.json"
         if status != 0 or not out.exists():
-            how = f"timed out after {_TIMEOUT_S:g} s" if status is None else f"exit status {status}"
+            how = f"timed out after {_TIMEOUT_S:g} s" if status is None else death(status)
             raise RuntimeError(
-                f"The batch-size search in a subprocess failed ({how}). Its last "
+                f"The batch-size search in a subprocess failed (it {how}). Its last "
                 f"output:\n{stderr[-2000:]}"
             )
         d = json.loads(out.read_text())
