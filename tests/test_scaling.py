@@ -226,8 +226,10 @@ def test_a_python_generator_is_named_input_bound_and_everything_is_put_back(tmp_
         return model
 
     before = keras.mixed_precision.global_policy().name
+    # 16 timed steps a fit: the batches the generator buffered while the first step traced
+    # (seconds on a loaded machine) must not make up half of them and hide the input wait.
     result = tfgpu.scaling(
-        factory, data, replicas=[2], time_budget_s=60, verbose=0, log_dir=tmp_path
+        factory, data, replicas=[2], steps=16, time_budget_s=60, verbose=0, log_dir=tmp_path
     )
     assert keras.mixed_precision.global_policy().name == before
     assert not tf.distribute.has_strategy()
