@@ -62,11 +62,7 @@ def warm_real(model: Any, ds: tf.data.Dataset, budget: timing.Budget) -> None:
         return
     spe = max(1, int(model.steps_per_execution))
     steps = min(64, max(1, math.ceil(n / spe)) + 1) * spe
-    timer = timing.Timer(0, budget.deadline, None)
-    model.fit(
-        ds.repeat(), epochs=1, steps_per_epoch=steps, verbose=0, shuffle=False, callbacks=[timer]
-    )
-    model.stop_training = False
+    timing.fit_once(model, ds.repeat(), timing.Timer(0, budget.deadline, None), steps=steps)
 
 
 @dataclass

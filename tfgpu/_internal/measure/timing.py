@@ -78,7 +78,9 @@ def collected_before() -> Iterator[None]:
             gc.enable()
 
 
-def _fit(model: Any, dataset: Any, timer: Any, epochs: int = 1, steps: int | None = None) -> None:
+def fit_once(
+    model: Any, dataset: Any, timer: Any, epochs: int = 1, steps: int | None = None
+) -> None:
     """One `fit` with `timer` its only callback, garbage collected before; Keras's warning
     that an epoch ran out of data is about our fit, not the user's: not shown."""
     with collected_before(), warnings.catch_warnings():
@@ -101,7 +103,7 @@ def fit_step_time(
     spe = max(1, int(model.steps_per_execution))
     calls_warm, calls_timed = call_counts(spe, steps, warmup)
     timer = Timer(calls_warm, deadline, timed_limit_s)
-    _fit(model, dataset, timer, steps=(calls_warm + calls_timed) * spe)
+    fit_once(model, dataset, timer, steps=(calls_warm + calls_timed) * spe)
     return timer.step_time(spe)
 
 
@@ -151,7 +153,7 @@ def epoch_time(
     the user's `fit` sees them; `steps_in_epoch`: a whole epoch's batches, when known. None
     when the deadline cut it."""
     timer = _EpochTimer(deadline, timed_limit_s, steps_in_epoch)
-    _fit(model, dataset, timer, epochs, steps_per_epoch)
+    fit_once(model, dataset, timer, epochs, steps_per_epoch)
     if timer.cut or not timer.steps:
         return None
     return timer.seconds / timer.steps
@@ -161,7 +163,7 @@ def probe_step_time(model, dataset, deadline=None) -> float | None:
     """Seconds per step of a short `fit`: the median of two calls after the tracing one, or None."""
     spe = max(1, int(model.steps_per_execution))
     timer = Timer(1, deadline)
-    _fit(model, dataset, timer, steps=3 * spe)
+    fit_once(model, dataset, timer, steps=3 * spe)
     return timer.step_time(spe)
 
 
