@@ -979,7 +979,8 @@ def test_monitor_facts_read_gpu0_and_absent_or_odd_values_as_nan():
 
 
 def test_batch_bytes_and_the_layers_the_tensor_core_advice_names():
-    from tfgpu.diagnosis._model import batch_nbytes, precision_layers
+    from tfgpu._internal.measure.facts import batch_nbytes
+    from tfgpu.diagnosis._model import precision_layers
 
     batch = (tf.zeros((4, 3), tf.float32), tf.zeros((4,), tf.int64))
     assert batch_nbytes(batch) == 4 * 3 * 4 + 4 * 8

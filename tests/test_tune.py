@@ -707,3 +707,16 @@ def test_a_log_dir_that_cannot_be_written_is_refused_before_any_work(monkeypatch
         with pytest.raises(ValueError, match=r"argument `log_dir`.*can create and write to"):
             tfgpu.tune(_build()(), _train(), log_dir=where, verbose=0)
     assert script.calls == 0
+
+
+def test_caching_another_dataset_is_weighed_against_the_memory_available(monkeypatch):
+    from types import SimpleNamespace
+
+    from tfgpu.tuning import _trial
+
+    monkeypatch.setattr(_trial.psutil, "virtual_memory", lambda: SimpleNamespace(available=1000))
+    data = tf.data.Dataset.from_tensor_slices((np.zeros((8, 3), "float32"), np.zeros(8))).batch(4)
+    first = next(iter(data))  # 4 * 3 * 4 + 4 * 8 = 80 bytes a batch
+    assert _trial.cache_untried(data, first, 2) == ""  # 160 bytes: under a quarter of 1000
+    why = _trial.cache_untried(data, first, 4)  # 320 bytes: over it
+    assert why == "about 0 MiB: more than a quarter of the memory available"

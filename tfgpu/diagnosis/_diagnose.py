@@ -16,7 +16,7 @@ from tfgpu._internal.adapters.datasets import read_first
 from tfgpu._internal.adapters.model_state import preserved
 from tfgpu._internal.helpers.checks import check_bool, check_int, invalid_value
 from tfgpu._internal.measure import reader, rules, timing
-from tfgpu._internal.measure.facts import gather
+from tfgpu._internal.measure.facts import batch_nbytes, gather
 from tfgpu._internal.measure.session import OBSERVE_BUDGET_S, Session, check_steps
 from tfgpu._internal.measure.variants import Steady, Variants
 from tfgpu._internal.measure.workload import Workload, open_workload
@@ -195,7 +195,7 @@ class _Diagnose:
         kinds = {"from_arrays": work.from_arrays, "has_factory": work.factory is not None}
         facts = DiagnoseFacts(**gather(self.model, self.dataset, **kinds))
         facts.batch_size, facts.host_load = size, _probes.host_load()
-        facts.batch_bytes = _model.batch_nbytes(batch)
+        facts.batch_bytes = batch_nbytes(batch)
         if facts.on_gpu and facts.memory_capacity_bytes is None:
             self._nvml_note()
         self.progress.phase("timing the input pipeline alone")

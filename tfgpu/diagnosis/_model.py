@@ -100,20 +100,6 @@ def loss_scale(model) -> float | None:
         return None
 
 
-def batch_nbytes(batch) -> int | None:
-    """Bytes of one batch's tensors (inputs, labels, weights), or None if unknown."""
-    total = 0
-    try:
-        for t in tf.nest.flatten(batch, expand_composites=True):
-            n = t.shape.num_elements()
-            if n is None:
-                return None
-            total += int(n) * int(t.dtype.size)
-    except AttributeError:  # an element that is not a tensor (None in the batch): unknown
-        return None
-    return total or None
-
-
 def _has_gpu_kernel(node, registry: dict[str, list | None]) -> bool:
     """Whether a GPU (or device-agnostic) kernel is registered for `node`'s op and dtypes."""
     if node.op not in registry:

@@ -17,6 +17,7 @@ import tensorflow as tf
 from tfgpu._internal.adapters.datasets import read_first, unrepeatable
 from tfgpu._internal.adapters.model_state import preserved
 from tfgpu._internal.helpers.warn import one_line
+from tfgpu._internal.measure.facts import batch_nbytes
 from tfgpu._internal.measure.variants import Variants
 
 # Copies of one example in the batch that tells a per-example draw from a per-batch one: a
@@ -121,7 +122,7 @@ def cache_untried(data: tf.data.Dataset, first: Any, batches: int | None) -> str
         return f"{why}: a cache would replay its first epoch"
     if batches is None:
         return "its length is unknown or infinite"
-    size = batches * sum(int(getattr(t, "nbytes", 0)) for t in tf.nest.flatten(first))
+    size = batches * (batch_nbytes(first) or 0)
     available = psutil.virtual_memory().available
     if size > CACHE_MEMORY_SHARE * available:
         return f"about {size / 2**20:,.0f} MiB: more than a quarter of the memory available"

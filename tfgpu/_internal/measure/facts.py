@@ -118,6 +118,20 @@ def batch_facts(ds: tf.data.Dataset) -> dict[str, Any]:
     }
 
 
+def batch_nbytes(batch: Any) -> int | None:
+    """Bytes of one batch's tensors (inputs, labels, weights), or None if unknown."""
+    total = 0
+    try:
+        for t in tf.nest.flatten(batch, expand_composites=True):
+            n = t.shape.num_elements()
+            if n is None:
+                return None
+            total += int(n) * int(t.dtype.size)
+    except AttributeError:  # an element that is not a tensor (None in the batch): unknown
+        return None
+    return total or None
+
+
 def device_facts() -> dict[str, Any]:
     """The devices' facts: the GPUs TensorFlow uses and the CPU; starts no runtime."""
     gpus = devices.tf_gpus() if tf.config.get_visible_devices("GPU") else []
