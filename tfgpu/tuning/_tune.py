@@ -105,22 +105,24 @@ def tune(
     facts = TuneFacts(
         **gather(work.model, dataset, from_arrays=work.from_arrays, has_factory=has_factory)
     )
+    guard_batches = read_first(dataset, GUARD_STEPS)  # the numerics guard's, the first builds
     variants = Variants(
         work.model,
         dataset,
         Epochs(),
-        batch_size=facts.batch_size or work.batch_size,
+        batch_size=facts.batch_size,
         factory=work.factory,
         pipeline=facts.pipeline,
         rebuild=pipeline,
         per_example=True,
+        batch=guard_batches[0] if guard_batches else None,
     )
     facts.augment_on_batches = augment_on_batches(facts.pipeline, pipeline)
     if facts.pipeline is None:  # another dataset: would caching its output change anything?
         facts.cache_untried = cache_untried(
             dataset, variants.first_batch(), facts.batches_per_epoch
         )
-    result = _Tuner(variants, facts, session, change_batch_size, steps).run()
+    result = _Tuner(variants, facts, session, guard_batches, change_batch_size, steps).run()
     summary = f"{result.speedup.text()} verified, {len(result.settings)} setting(s) kept"
     return session.finish(result, summary)
 
@@ -133,12 +135,13 @@ class _Tuner:
         variants: Variants,
         facts: TuneFacts,
         session: Session,
+        guard_batches: list[Any],
         change_batch_size: bool,
         steps: int | None = None,
     ):
         self.variants, self.facts, self.steps = variants, facts, steps
         self.model, self.data = variants.model, variants.dataset
-        self.guard_batches = read_first(variants.dataset, GUARD_STEPS)
+        self.guard_batches = guard_batches  # the first batches: the loss check's
         self.budget, self.progress, self.notes = session.budget, session.progress, session.notes
         budget = session.budget
         self.verify_budget = timing.Budget(budget.seconds, VERIFY_SHARE, start=budget.start)
@@ -268,9 +271,8 @@ class _Tuner:
             status, reason = rules.verdict(rounds, c.stopped)
             if status == rules.KEPT and cand.numerics:  # faster: is the loss still right?
                 self.progress.phase(f"checking the loss with {cand.name}")
-                with preserved(self.model):
-                    base_loss = mean_loss(self.variants, self.guard_batches, self.best)
-                    loss = mean_loss(self.variants, self.guard_batches, changes)
+                base_loss = mean_loss(self.variants, self.guard_batches, self.best)
+                loss = mean_loss(self.variants, self.guard_batches, changes)
                 unsafe = cands.numerics_verdict(base_loss, loss)
                 if unsafe:
                     status, reason = rules.UNSAFE, unsafe
