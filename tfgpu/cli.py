@@ -12,6 +12,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from tfgpu._internal.helpers.processes import startup_log_held_back
+from tfgpu._internal.measure.rules import PROCESS_BUDGET_S
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -73,8 +74,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--time-budget-s",
         type=float,
-        default=900.0,
-        help="seconds for the whole search (each run restarts Python; default 900)",
+        default=PROCESS_BUDGET_S,
+        help=f"seconds for the whole search (each run restarts Python; default {PROCESS_BUDGET_S:g})",
     )
     p.add_argument("--log-dir", metavar="LOG_DIR", help="write tune.json and tune.png here")
 

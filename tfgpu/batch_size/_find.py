@@ -13,7 +13,8 @@ import tensorflow as tf
 
 from tfgpu._internal.adapters.model_state import preserved
 from tfgpu._internal.helpers.checks import check_bool, check_int, check_number, invalid_value
-from tfgpu._internal.measure.session import SEARCH_BUDGET_S, Session
+from tfgpu._internal.measure import rules
+from tfgpu._internal.measure.session import Session
 from tfgpu._internal.measure.workload import open_workload
 from tfgpu.batch_size._result import BatchSizeResult, BatchSizeTrial, build_result
 from tfgpu.batch_size._search import next_candidate, stopped_by
@@ -41,7 +42,7 @@ def find_batch_size(
     target_batch_size: int | None = None,
     in_subprocess: bool = False,
     pool_size: int = 1024,
-    time_budget_s: float | None = SEARCH_BUDGET_S,
+    time_budget_s: float | None = rules.SEARCH_BUDGET_S,
     log_dir: str | os.PathLike[str] | None = None,
     verbose: int | str = "auto",
 ) -> BatchSizeResult:

@@ -17,7 +17,7 @@ from tfgpu._internal.adapters.model_state import preserved
 from tfgpu._internal.helpers.checks import check_bool, check_int, invalid_value
 from tfgpu._internal.measure import reader, rules, timing
 from tfgpu._internal.measure.facts import batch_nbytes, gather
-from tfgpu._internal.measure.session import OBSERVE_BUDGET_S, Session, check_steps
+from tfgpu._internal.measure.session import Session, check_steps
 from tfgpu._internal.measure.variants import Steady, Variants
 from tfgpu._internal.measure.workload import Workload, open_workload
 from tfgpu.diagnosis import _model, _probes
@@ -102,7 +102,7 @@ def diagnose(
     check_steps_per_execution: bool = True,
     monitor: bool = True,
     profile: bool = False,
-    time_budget_s: float | None = OBSERVE_BUDGET_S,
+    time_budget_s: float | None = rules.OBSERVE_BUDGET_S,
     verbose: int | str = "auto",
 ) -> Diagnosis:
     """Measures a short training run and says what holds the GPU back, and what to change.

@@ -18,8 +18,8 @@ from tfgpu._internal.adapters.devices import tf_gpus
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_int, check_number, invalid_type, invalid_value
 from tfgpu._internal.measure import reader, timing
-from tfgpu._internal.measure.rules import MIN_ROUNDS, Gain, medians
-from tfgpu._internal.measure.session import SEARCH_BUDGET_S, Session, check_steps
+from tfgpu._internal.measure.rules import MIN_ROUNDS, SEARCH_BUDGET_S, Gain, medians
+from tfgpu._internal.measure.session import Session, check_steps
 from tfgpu._internal.measure.variants import Steady, Variants
 from tfgpu._internal.measure.workload import DEFAULT_BATCH_SIZE, check_model, open_workload
 from tfgpu.scalability import _cost as cost

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tfgpu._internal.helpers.processes import death, run_python
+from tfgpu._internal.measure.rules import PROCESS_BUDGET_S
 
 # A child that runs longer than this (and the budget allows) is stopped: its script is
 # doing something other than reaching `fit`.
@@ -195,7 +196,7 @@ def tune_script(
     *,
     steps: int = 30,
     warmup: int = 5,
-    time_budget_s: float | None = 900.0,
+    time_budget_s: float | None = PROCESS_BUDGET_S,
     log_dir: str | os.PathLike[str] | None = None,
     verbose: int | str = "auto",
 ) -> Any:

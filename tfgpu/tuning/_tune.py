@@ -15,7 +15,7 @@ from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_bool
 from tfgpu._internal.measure import rules, timing
 from tfgpu._internal.measure.facts import gather
-from tfgpu._internal.measure.session import SEARCH_BUDGET_S, Session, check_steps
+from tfgpu._internal.measure.session import Session, check_steps
 from tfgpu._internal.measure.variants import Epochs, Variants
 from tfgpu._internal.measure.workload import open_workload
 from tfgpu.tuning import _candidates as cands
@@ -41,7 +41,7 @@ def tune(
     *,
     batch_size: int | None = None,
     steps: int | None = None,
-    time_budget_s: float | None = SEARCH_BUDGET_S,
+    time_budget_s: float | None = rules.SEARCH_BUDGET_S,
     change_batch_size: bool = False,
     log_dir: str | os.PathLike[str] | None = None,
     verbose: int | str = "auto",

@@ -43,13 +43,12 @@ class Result:
         """Draws the result's figure into `path` (PNG); only where `png_name` is set."""
         raise NotImplementedError
 
-    def write(self, log_dir: Path) -> list[str]:
+    def write(self, log_dir: Path) -> None:
         """Writes the record (`to_dict()` with the printed text as `"text"`, which
-        `tfgpu report` shows) and the plot into `log_dir`; returns the names written to."""
+        `tfgpu report` shows) and the plot into `log_dir`."""
         record = {**self.to_dict(), "text": str(self)}
         who, plot = self.json_name.split(".")[0], self.plot if self.png_name else None
         write_result(log_dir, who, record, self.json_name, plot, self.png_name)
-        return [n for n in (self.json_name, self.png_name) if n]
 
 
 def save_figure(fig: Any, path: Path) -> None:

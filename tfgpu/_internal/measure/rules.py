@@ -38,6 +38,12 @@ INPUT_SHARE = 0.5
 # The all-reduce of the gradients holds the step when it takes this share of it.
 ALL_REDUCE_SHARE = 0.25
 
+# Default budgets (seconds): observing one configuration (`diagnose`), trying variants in this
+# process (`tune`, `scaling`, `find_batch_size`), or in fresh processes (`tfgpu tune SCRIPT`).
+OBSERVE_BUDGET_S = 60.0
+SEARCH_BUDGET_S = 300.0
+PROCESS_BUDGET_S = 900.0
+
 # The verdicts, one vocabulary (docs/tuning.md, "Verdicts").
 KEPT = "kept"
 BORDERLINE = "borderline"

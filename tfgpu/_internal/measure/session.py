@@ -13,11 +13,6 @@ from tfgpu._internal.helpers.files import writable_dir
 from tfgpu._internal.helpers.progress import Progress, check_verbose
 from tfgpu._internal.measure import timing
 
-# Default budgets: observing one configuration, trying variants here, or in fresh processes.
-OBSERVE_BUDGET_S = 60.0
-SEARCH_BUDGET_S = 300.0
-PROCESS_BUDGET_S = 900.0
-
 # Timed steps: fewer cannot take a median over calls.
 MIN_STEPS = 3
 
