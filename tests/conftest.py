@@ -238,7 +238,8 @@ class ScriptedTiming:
         steps = epochs * (steps_per_epoch or steps_in_epoch or 1)
         return self._fit(model, dataset, steps, deadline)
 
-    def probe_step_time(self, model, dataset, deadline=None):
+    def probe_step_time(self, model, dataset, deadline=None, timed_limit_s=None):
+        """A first look: the call that traces and two more (`timed_limit_s` not scripted)."""
         return self._fit(model, dataset, 3, deadline)
 
     def runs(self, name, times, log, seconds_per_run=10.0):

@@ -28,6 +28,7 @@ from tfgpu._internal.measure.facts import WorkloadFacts, gather
 from tfgpu._internal.measure.reader import PipelineBenchmark
 from tfgpu._internal.measure.rules import Gain
 from tfgpu._internal.measure.session import Session
+from tfgpu._internal.measure.workload import open_workload
 from tfgpu.diagnosis import _probes
 
 X = np.random.default_rng(0).random((512, 8)).astype("float32")
@@ -138,25 +139,49 @@ def test_the_verdicts_and_the_stop_rule_use_the_one_margin():
     keep = [(rules.MARGIN * 1.1, 1.0)] * rules.MIN_ROUNDS
     assert rules.verdict(keep, None)[0] == rules.KEPT and rules.decided(keep)
     assert rules.verdict([(1.0, 1.0)] * rules.MIN_ROUNDS, None)[0] == rules.NO_GAIN
-    assert rules.verdict([(1.0, 1.0)], "faster") == (
+    assert rules.verdict([(3.0, 1.0)], "faster") == (
         rules.KEPT,
-        "the first round was clearly faster",
+        "the first round was clearly faster (x3.00)",
     )
     assert rules.verdict([(1.0, 3.0)], "slower")[0] == rules.SLOWER
     assert math.isclose(rules.CLEARLY, 2.0) and rules.MIN_ROUNDS <= rules.MAX_ROUNDS
+    # No verdict from fewer rounds than the docs promise, unless the first was clear.
+    two_slower = [(1.0, 1.1), (1.0, 1.08)]
+    assert rules.verdict(two_slower, "budget") == (
+        rules.UNTRIED,
+        "time budget spent after 2 of 3 rounds (x0.92 (0.91-0.93))",
+    )
+
+
+def test_a_gain_the_baselines_own_drift_explains_is_not_kept():
+    # Every round agrees on about x1.09, but the baseline itself moved x1.4 between rounds.
+    drifting = [(1.0, 0.92), (1.4, 1.28), (1.0, 0.91)]
+    assert rules.drift([b for b, _ in drifting]) == pytest.approx(1.4)
+    assert rules.Gain.of(drifting).low >= rules.MARGIN
+    status, reason = rules.verdict(drifting, None)
+    assert status == rules.BORDERLINE and "the baseline itself moved x1.40" in reason
+    assert not rules.decided(drifting)  # more rounds, while the drift can explain the gain
+    steady = [(1.0, 0.92), (1.01, 0.93), (1.0, 0.91)]  # the same gain on a steady baseline
+    assert rules.verdict(steady, None)[0] == rules.KEPT and rules.decided(steady)
+    large = [(1.0, 0.4), (1.4, 0.6), (1.0, 0.45)]  # a gain far beyond the drift
+    assert rules.verdict(large, None)[0] == rules.KEPT
 
 
 def test_the_facts_of_a_model_and_its_batches_are_read_once_without_training():
     model = _model()
-    facts = WorkloadFacts(**gather(model, _data()))
+    facts = WorkloadFacts(**gather(open_workload(model, _data())))
     assert (facts.batch_size, facts.batches_per_epoch, facts.epoch_examples) == (64, 8, 512)
     assert not facts.prefetch and facts.cache is None and facts.sequential_map
     assert facts.replicas == 1 and facts.steps_per_execution == 1 and facts.pipeline is None
     assert not model.optimizer.built  # nothing was trained
     partial = WorkloadFacts(
-        **gather(model, tf.data.Dataset.from_tensor_slices((X[:100], Y[:100])).batch(64))
+        **gather(
+            open_workload(model, tf.data.Dataset.from_tensor_slices((X[:100], Y[:100])).batch(64))
+        )
     )
     assert partial.remainder == (36, 100) and partial.partial_batches
+    arrays = WorkloadFacts(**gather(open_workload(model, (X[:100], Y[:100]), batch_size=64)))
+    assert arrays.from_arrays and arrays.remainder == (36, 100) and arrays.batches_per_epoch == 2
 
 
 def test_a_session_checks_its_arguments_before_any_work(tmp_path, unwritable):

@@ -14,6 +14,7 @@ from tfgpu._internal.helpers.checks import (
     check_dir,
     check_int,
     check_number,
+    check_validation_split,
     conflicting,
     invalid_type,
     invalid_value,
@@ -21,7 +22,6 @@ from tfgpu._internal.helpers.checks import (
 from tfgpu.data._cache import check_cache
 from tfgpu.data._limits import MAX_COUNT, MAX_RAM_BUDGET_MIB, MAX_SEED, POSITIVE, SEED
 from tfgpu.data._sources import Source, classify
-from tfgpu.data._split import check_validation_split
 
 
 class Arguments(types.SimpleNamespace):

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import numpy as np
 import tensorflow as tf
 
-from tfgpu._internal.helpers.checks import invalid_type, invalid_value, is_number
+from tfgpu._internal.helpers.checks import invalid_value
 
 if TYPE_CHECKING:
     from tfgpu.data._arguments import Arguments
@@ -17,20 +16,6 @@ if TYPE_CHECKING:
 # Hash buckets of the TFRecord split: a record is validation when its bucket (of its bytes) is
 # below `validation_split * _BUCKETS`, the same every epoch, file order and worker.
 _BUCKETS = 1 << 20
-_VALIDATION_SPLIT = "a float in (0, 1), e.g. 0.1, or None"
-
-
-def check_validation_split(value: Any) -> float | None:
-    """Checks `validation_split`: None, or a finite number strictly between 0 and 1."""
-    if value is None:
-        return None
-    if not is_number(value):
-        raise invalid_type("validation_split", value, _VALIDATION_SPLIT)
-    # A NumPy float as the user wrote it: np.float32(0.2) is 0.2, not 0.20000000298.
-    number = float(str(value)) if isinstance(value, np.floating) else float(value)
-    if not math.isfinite(number) or not 0.0 < number < 1.0:
-        raise invalid_value("validation_split", value, _VALIDATION_SPLIT)
-    return number
 
 
 def check_split_counts(

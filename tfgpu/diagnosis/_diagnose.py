@@ -192,8 +192,7 @@ class _Diagnose:
     def read(self) -> tuple[DiagnoseFacts, Any]:
         work = self.work
         batch, size = full_batch(self.dataset, *work.first_batch(), work.batch_size)
-        kinds = {"from_arrays": work.from_arrays, "has_factory": work.factory is not None}
-        facts = DiagnoseFacts(**gather(self.model, self.dataset, **kinds))
+        facts = DiagnoseFacts(**gather(work))
         facts.batch_size, facts.host_load = size, _probes.host_load()
         facts.batch_bytes = batch_nbytes(batch)
         if facts.on_gpu and facts.memory_capacity_bytes is None:

@@ -56,7 +56,8 @@ class Candidate:
     change: dict[str, Any]
     line: str
     numerics: bool = False  # it can change the loss: the numerics guard checks it
-    group: str = ""  # a ladder, tried until one is not kept
+    probe: bool = False  # may be worth x2 or more: a first look decides its place in the order
+    group: str = ""  # a ladder, tried until one is slower or gives nothing
     untried: str = ""  # never run, for that reason
     note: str = ""  # added to the reason when it is kept
 
@@ -97,6 +98,12 @@ def line_for(change: dict[str, Any], facts: TuneFacts) -> str:
     keys = set(change)
     if keys <= set(rules.COMPILE_KEYS):
         return _compile_line(change)
+    if keys == {"strategy"}:
+        was = facts.one_replica_strategy or "the strategy"
+        return (
+            f"strategy = tfgpu.strategy()  # in place of {was}(): one replica here, its "
+            "distribution is only overhead"
+        )
     if keys <= set(rules.MODEL_KEYS):
         return (
             f"tfgpu.configure(precision={change['precision']!r})  # first, before building "
@@ -159,7 +166,9 @@ def all_reduce_candidates(facts: TuneFacts) -> list[Candidate]:
 
 def candidates(facts: TuneFacts) -> list[Candidate]:
     """The ordered candidates for `facts`, untried ones with their reason (the order and why:
-    docs/tuning.md, "What it tries"). Pure."""
+    docs/tuning.md, "What it tries"). Those that may be worth x2 or more are marked `probe`.
+    Pure."""
+    bottleneck = rules.bottleneck(facts.step_time_s, facts.input_time_s, facts.steps_per_execution)
     undo: list[Candidate] = []
     spe: list[Candidate] = []
     for v in SPE_LADDER:  # a ladder, each value at most the batches of an epoch
@@ -167,18 +176,22 @@ def candidates(facts: TuneFacts) -> list[Candidate]:
             continue
         too_many = facts.batches_per_epoch is not None and v > facts.batches_per_epoch
         untried = f"more than the {facts.batches_per_epoch} batches of an epoch" if too_many else ""
-        group = "steps_per_execution"
-        spe.append(_candidate(f"{group}={v}", {group: v}, facts, group=group, untried=untried))
+        group, probe = "steps_per_execution", bottleneck == "host"  # its largest that runs
+        spe.append(
+            _candidate(f"{group}={v}", {group: v}, facts, group=group, untried=untried, probe=probe)
+        )
     precision: list[Candidate] = []
     policy, why = precision_choice(facts)
     needs = "" if facts.has_factory else NEEDS_FACTORY
     if facts.policy.startswith("mixed_") and policy is None:  # casts without native units
-        undo.append(_candidate("precision float32", {"precision": "float32"}, facts, untried=needs))
+        change: dict[str, Any] = {"precision": "float32"}
+        undo.append(_candidate("precision float32", change, facts, untried=needs, probe=True))
     elif not facts.policy.startswith("mixed_"):
         name = f"precision {policy}" if policy else "mixed precision"
-        change: dict[str, Any] = {"precision": policy or "mixed_bfloat16"}
+        change = {"precision": policy or "mixed_bfloat16"}
         untried = why if policy is None else needs
-        precision.append(_candidate(name, change, facts, numerics=True, untried=untried))
+        kwargs = {"numerics": True, "probe": policy is not None}
+        precision.append(_candidate(name, change, facts, untried=untried, **kwargs))
     static: list[Candidate] = []
     if not facts.static_shape:  # the step traced for one batch size
         untried = ""
@@ -196,22 +209,40 @@ def candidates(facts: TuneFacts) -> list[Candidate]:
         static.append(_candidate("static batch shape", change, facts, untried=untried, note=drops))
     data = _data_candidates(facts)
     untried = "" if facts.xla_supported else "Keras refuses jit_compile for this model"
-    jit = not facts.jit_compile
-    xla = _candidate(
-        f"jit_compile={jit}", {"jit_compile": jit}, facts, numerics=True, untried=untried
-    )
-    if facts.jit_compile:
-        undo.append(xla)
+    if facts.jit_compile:  # an undo: XLA off changes no arithmetic precision
+        undo.append(
+            _candidate(
+                "jit_compile=False", {"jit_compile": False}, facts, untried=untried, probe=True
+            )
+        )
     order = {
         "input": (data, spe, precision, static),
         "host": (spe, static, data, precision),
         "compute": (precision, spe, static, data),
-    }.get(
-        rules.bottleneck(facts.step_time_s, facts.input_time_s, facts.steps_per_execution),
-        (spe, precision, static, data),
+    }.get(bottleneck, (spe, precision, static, data))
+    tail = []
+    if not facts.jit_compile:  # last: it gains most from the settings before it
+        tail.append(
+            _candidate(
+                "jit_compile=True", {"jit_compile": True}, facts, numerics=True, untried=untried
+            )
+        )
+    return (
+        undo
+        + strategy_candidates(facts)
+        + all_reduce_candidates(facts)
+        + [c for group in order for c in group]
+        + tail
     )
-    tail = [] if facts.jit_compile else [xla]
-    return undo + all_reduce_candidates(facts) + [c for group in order for c in group] + tail
+
+
+def strategy_candidates(facts: TuneFacts) -> list[Candidate]:
+    """`tfgpu.strategy()` in place of a strategy made for several replicas that has one, on a
+    machine where it would pick one device: its distribution is pure overhead."""
+    if not facts.one_replica_strategy or len(facts.compute_capabilities) > 1:
+        return []
+    change = {"strategy": "auto"}  # `tfgpu.strategy(kind)`, built by the tuner
+    return [_candidate("tfgpu.strategy() (one replica)", change, facts, probe=True)]
 
 
 def _data_candidates(facts: TuneFacts) -> list[Candidate]:
@@ -332,13 +363,16 @@ class Kept:
 
 def verify(
     kept: list[Kept], together: Callable[[dict[str, Any]], Any], notes: list[str]
-) -> rules.Gain:
+) -> tuple[rules.Gain, bool]:
     """The gain of the kept settings together over the baseline, timed by `together(changes)`
-    (a `timing.Comparison`); while they do not clear `MARGIN`, the one that gave the least is
-    dropped (its trial and `notes` say so). `kept` is left with the verified settings."""
+    (a `timing.Comparison`), and whether it was verified. While they do not clear the margin
+    over the rounds the rules ask, the one that gave the least is dropped (its trial, now
+    borderline, and `notes` say so); a verification the budget cut first drops nothing: the
+    search's gains multiplied are returned, unverified. `kept` is left with what holds."""
     while kept:
-        if len(kept) == 1 and kept[0].against_baseline:
-            return rules.Gain.of(kept[0].rounds) or NONE
+        one = kept[0]
+        if len(kept) == 1 and one.against_baseline and len(one.rounds) >= rules.MIN_ROUNDS:
+            return rules.Gain.of(one.rounds) or NONE, True
         changes: dict[str, Any] = {}
         for k in kept:
             changes = merged(changes, k.trial.change)
@@ -350,22 +384,42 @@ def verify(
             notes.append(f"the verification failed: {c.error}")
             reason = c.error
         elif status == rules.KEPT and g is not None:
-            return g
-        elif c.stopped == "budget" and g and every_round:
+            return g, True
+        elif c.stopped == "budget" and g and every_round and len(c.rounds) >= 2:
             notes.append(
                 f"verified over {len(c.rounds)} round(s) only (time budget spent): every round "
                 f"cleared x{rules.MARGIN:.2f}"
             )
-            return g
+            return g, True
+        elif status == rules.UNTRIED:  # cut by the budget before the rounds the rules ask
+            notes.append(
+                "the kept settings were not verified together (the time budget ran out first): "
+                "the speedup is the search's gains multiplied, each measured against the best "
+                "before it; a larger time_budget_s verifies them"
+            )
+            return estimate(kept), False
         weakest = min(kept, key=lambda k: k.trial.gain.value if k.trial.gain else 0.0)
         kept.remove(weakest)
-        weakest.trial.status = rules.NO_GAIN
+        weakest.trial.status = rules.BORDERLINE
         weakest.trial.reason = (
-            f"{weakest.trial.gain_text} alone, but the kept settings together did not clear "
-            f"the margin against the baseline ({reason}); this one gave the least"
+            f"measured {weakest.trial.gain_text} against the best before it, but the kept "
+            f"settings together against the baseline did not hold the gain ({reason}); "
+            "this one gave the least: not kept, and it may come and go from run to run"
         )
         notes.append(f"{weakest.trial.name} dropped at the verification")
-    return NONE
+    return NONE, True
+
+
+def estimate(kept: list[Kept]) -> rules.Gain:
+    """The search's gain of `kept` together: each one's gain (and interval ends) multiplied."""
+    gains = [k.trial.gain for k in kept if k.trial.gain is not None]
+    if not gains:
+        return NONE
+    return rules.Gain(
+        math.prod(g.value for g in gains),
+        math.prod(g.low for g in gains),
+        math.prod(g.high for g in gains),
+    )
 
 
 def merged(settings: Mapping[str, Any], change: Mapping[str, Any]) -> dict[str, Any]:

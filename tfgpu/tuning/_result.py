@@ -63,6 +63,10 @@ class TuneResult(Result):
         time_s: float, seconds `tune` took.
         compared_with: str, `"the best so far"` (`tune`) or `"the baseline"` (`tfgpu tune
             SCRIPT.py`: each setting alone): what each trial's gain is against.
+        verified: bool, whether `speedup` was measured with the kept settings together
+            (False: the budget ran out first, and it is the search's gains multiplied).
+        validation_data: the arrays `validation_split` held out, as `fit(validation_data=)`
+            takes them (None: none held out).
 
     Example:
 
@@ -81,10 +85,12 @@ class TuneResult(Result):
     notes: list[str] = dataclasses.field(default_factory=list)
     time_s: float = math.nan
     compared_with: str = "the best so far"
+    verified: bool = True
+    validation_data: Any = None
 
     json_name = "tune.json"
     png_name = "tune.png"
-    unsaved = ("dataset",)
+    unsaved = ("dataset", "validation_data")
 
     def trial(self, name: str) -> Trial | None:
         """The trial named `name`, or None.
@@ -134,6 +140,8 @@ class TuneResult(Result):
             how = []
             if precision:
                 how.append(f"build the model again after tfgpu.configure(precision={precision!r})")
+            if "strategy" in self.settings:
+                how.append("build the model again under strategy = tfgpu.strategy()")
             if "all_reduce" in self.settings:
                 how.append(
                     "build the model again under tfgpu.strategy(..., "
@@ -158,9 +166,10 @@ class TuneResult(Result):
         out += [f"  {a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows]
         base, tuned = self.baseline_examples_per_s, self.tuned_examples_per_s
         if math.isfinite(base):
+            how = "verified together" if self.verified else "not verified together (see the note)"
             out.append(
                 f"baseline {base:,.1f} examples/s -> tuned {tuned:,.1f} examples/s: "
-                f"{self.speedup.text()}, verified together"
+                f"{self.speedup.text()}, {how}"
             )
         elif not any(t.reason.startswith(HALTED) for t in self.trials):
             out.append("baseline not measured (time budget spent)")

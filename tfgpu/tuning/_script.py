@@ -253,7 +253,7 @@ def tune_script(
         runs.first_base = None
         return runs.compare({"together": changes})["together"]
 
-    speedup = cands.verify(kept, together, notes)
+    speedup, verified = cands.verify(kept, together, notes)
     base, batch = stats.median(runs.base_times), runs.batch
     base_eps = batch / base if batch and base and math.isfinite(base) else math.nan
     result = TuneResult(
@@ -265,6 +265,7 @@ def tune_script(
         lines=[kept_one.trial.line for kept_one in kept],
         notes=notes,
         compared_with="the baseline",
+        verified=verified,
     )
     return session.finish(result, f"{speedup.text()} verified, {len(kept)} setting(s) kept")
 

@@ -192,6 +192,23 @@ def steps_per_epoch(epoch_iterator: Any) -> int | None:
     return getattr(epoch_iterator, "steps_per_epoch", None)
 
 
+def array_batches(x: Any, y: Any, sample_weight: Any, batch_size: int) -> Any:
+    """The batches `fit(x, y, batch_size=..., shuffle=True)` trains on: Keras's own array
+    adapter's `tf.data.Dataset` (reshuffled every epoch, one vectorized gather per batch), or
+    None where this Keras keeps it elsewhere."""
+    try:
+        from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+    except ImportError:
+        return None
+    try:
+        adapter = ArrayDataAdapter(
+            x, y=y, sample_weight=sample_weight, batch_size=batch_size, shuffle=True
+        )
+        return adapter.get_tf_dataset()
+    except (TypeError, AttributeError):  # another signature
+        return None
+
+
 def train_function(model: Any) -> Callable | None:
     """The function `fit` calls for each execution (`model.train_function`), or None."""
     return getattr(model, "train_function", None)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from tfgpu._internal.adapters.all_reduce import kept
+from tfgpu._internal.helpers.warn import one_line
 
 # Put back as they were: the compile settings and what `fit` replaces.
 _ATTRIBUTES = ("steps_per_execution", "jit_compile", "train_function", "history")
@@ -61,6 +62,21 @@ def preserved(model: Any, x: Any = None) -> Iterator[None]:
             if saved["history"] is not None:
                 model.history = saved["history"]
             model.stop_training = False
+
+
+def clone_under(model: Any, strategy: Any) -> Any:
+    """`model` built again inside `strategy`'s scope and compiled as it was (Keras's
+    `clone_model` and the model's compile config); ValueError naming why where Keras cannot
+    (a subclassed model without `get_config`, a loss or metric it cannot serialize)."""
+    import keras
+
+    try:
+        with strategy.scope():
+            clone = keras.models.clone_model(model)
+            clone.compile_from_config(model.get_compile_config())
+    except (TypeError, ValueError, NotImplementedError) as e:
+        raise ValueError(f"Keras could not clone the model ({one_line(e, limit=160)})") from e
+    return clone
 
 
 def supports_xla(model: Any) -> bool:

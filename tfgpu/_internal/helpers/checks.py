@@ -238,6 +238,22 @@ def check_time_budget(value: Any) -> float | None:
     )
 
 
+_VALIDATION_SPLIT = "a float in (0, 1), e.g. 0.1, or None"
+
+
+def check_validation_split(value: Any) -> float | None:
+    """Checks `validation_split`: None, or a finite number strictly between 0 and 1."""
+    if value is None:
+        return None
+    if not is_number(value):
+        raise invalid_type("validation_split", value, _VALIDATION_SPLIT)
+    # A NumPy float as the user wrote it: np.float32(0.2) is 0.2, not 0.20000000298.
+    number = float(str(value)) if type(value).__module__ == "numpy" else float(value)
+    if not math.isfinite(number) or not 0.0 < number < 1.0:
+        raise invalid_value("validation_split", value, _VALIDATION_SPLIT)
+    return number
+
+
 def check_interval(interval: Any) -> float:
     """Checks a sampling interval (seconds, >= `MIN_INTERVAL`); returns it as a float."""
     return check_number("interval", interval, minimum=MIN_INTERVAL, expected=_INTERVAL)

@@ -7,12 +7,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
 from tfgpu._internal.adapters import cpu, datasets, devices, model_state
-from tfgpu._internal.adapters.all_reduce import AllReduce, describe
+from tfgpu._internal.adapters.all_reduce import AllReduce, describe, kind_of
+
+if TYPE_CHECKING:
+    from tfgpu._internal.measure.workload import Workload
 
 
 @dataclasses.dataclass
@@ -25,6 +28,9 @@ class WorkloadFacts:
     xla_supported: bool = True  # Keras accepts jit_compile flipped for this model
     policy: str = "float32"  # its dtype policy
     replicas: int = 1  # its strategy's replicas in sync
+    # The class of a strategy made for several replicas that has one ("MirroredStrategy"): its
+    # distribution is pure overhead; "" for any other.
+    one_replica_strategy: str = ""
     all_reduce: AllReduce | None = None  # how its strategy sums gradients
     has_factory: bool = False  # a function that builds it again was given
     # The data.
@@ -62,32 +68,37 @@ class WorkloadFacts:
     cpu_cores: int = 0
 
 
-def gather(
-    model: Any, dataset: tf.data.Dataset, *, from_arrays: bool = False, has_factory: bool = False
-) -> dict[str, Any]:
-    """The facts of a compiled model and its batches, as keyword arguments of `WorkloadFacts`."""
+def gather(work: Workload) -> dict[str, Any]:
+    """The facts of a workload (a compiled model and its batches), as keyword arguments of
+    `WorkloadFacts`."""
+    model = work.model
     strategy = model.distribute_strategy
+    replicas = int(getattr(strategy, "num_replicas_in_sync", 1) or 1)
     return {
         "steps_per_execution": max(1, int(model.steps_per_execution or 1)),
         "jit_compile": bool(model.jit_compile),
         "xla_supported": model_state.supports_xla(model),
         "policy": str(getattr(getattr(model, "dtype_policy", None), "name", "float32")),
-        "replicas": int(getattr(strategy, "num_replicas_in_sync", 1) or 1),
+        "replicas": replicas,
+        "one_replica_strategy": type(strategy).__name__
+        if kind_of(strategy) and replicas == 1
+        else "",
         "all_reduce": describe(strategy),
-        "has_factory": has_factory,
-        "from_arrays": from_arrays,
-        **batch_facts(dataset),
-        **pipeline_facts(dataset),
+        "has_factory": work.factory is not None,
+        "from_arrays": work.from_arrays,
+        **work.data.facts(),
         **device_facts(),
     }
 
 
-def batch_facts(ds: tf.data.Dataset) -> dict[str, Any]:
-    """The batches' facts (size, shapes, a partial last batch, an epoch), from the input chain."""
-    try:
-        batches, _ = datasets.source_batches(ds)
-    except tf.errors.OpError:
-        batches = None
+def batch_facts(ds: tf.data.Dataset, batches: datasets.Batches | None = None) -> dict[str, Any]:
+    """The batches' facts (size, shapes, a partial last batch, an epoch), from the input chain
+    (`batches`: what is known of them already, for batches made here)."""
+    if batches is None:
+        try:
+            batches, _ = datasets.source_batches(ds)
+        except tf.errors.OpError:
+            batches = None
     leaves = [leaf for leaf in tf.nest.flatten(ds.element_spec) if hasattr(leaf, "shape")]
     static = bool(leaves) and all(leaf.shape.rank and leaf.shape[0] is not None for leaf in leaves)
     n = datasets.cardinality(ds)

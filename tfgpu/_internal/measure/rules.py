@@ -5,6 +5,7 @@ each threshold's source: docs/architecture.md, "The measuring core", and docs/di
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -130,37 +131,60 @@ def median_interval(values: Sequence[float]) -> tuple[float, float, float]:
     return xs[k - 1], xs[n - k], coverage(k)
 
 
+def drift(base_seconds: Sequence[float]) -> float:
+    """How far the baseline itself moved between adjacent rounds: the median, over adjacent
+    pairs of its own runs, of the larger time over the smaller (1.0 below two runs). A gain
+    the baseline's own drift can explain is not shown by the rounds, however they agree."""
+    pairs = [max(a, b) / min(a, b) for a, b in itertools.pairwise(base_seconds) if min(a, b) > 0]
+    return stats.median(pairs) if pairs else 1.0
+
+
+def keep_bar(rounds: Sequence[tuple[float, float]], margin: float = MARGIN) -> float:
+    """The least low end of a gain's interval that keeps a variant: `margin`, or the
+    baseline's own drift over these rounds when it is larger."""
+    return max(margin, drift([b for b, _ in rounds]))
+
+
 def decided(rounds: Sequence[tuple[float, float]], margin: float = MARGIN) -> bool:
-    """Whether more rounds cannot change a variant's verdict much: its interval clears
-    `margin` or lies below it, or its median gain is below it (the interval could then clear
-    the margin only by luck). The stop rule of every comparison."""
+    """Whether more rounds cannot change a variant's verdict much: its interval clears the
+    keep bar (`margin`, or the baseline's drift) or lies below `margin`, or its median gain is
+    below it (the interval could then clear the margin only by luck). The stop rule of every
+    comparison: while the rounds disagree, or agree only within the drift, more rounds run."""
     g = Gain.of(rounds)
-    return g is None or g.low >= margin or g.high < margin or g.value < margin
+    if g is None or g.high < margin or g.value < margin:
+        return True
+    return g.low >= keep_bar(rounds, margin)
 
 
 def verdict(
     rounds: Sequence[tuple[float, float]], stopped: str | None, margin: float = MARGIN
 ) -> tuple[str, str]:
     """(status, reason) of a variant measured in `rounds` (baseline, variant seconds) that
-    `compare` stopped for `stopped` ("slower", "faster", "budget" or None). The verdicts:
-    docs/tuning.md."""
+    `compare` stopped for `stopped` ("slower", "faster", "budget" or None). No verdict but
+    untried from fewer than `MIN_ROUNDS` rounds, unless the first one was clear (`CLEARLY`).
+    The verdicts: docs/tuning.md, "How it decides"."""
     g, n = Gain.of(rounds), len(rounds)
     if stopped == "slower" and n >= 1:
-        return SLOWER, "the first round was clearly slower"
+        return SLOWER, f"the first round was clearly slower ({gain_text(g)})"
     if stopped == "faster" and n >= 1:
-        return KEPT, "the first round was clearly faster"
+        return KEPT, f"the first round was clearly faster ({gain_text(g)})"
     if g is None:
         return UNTRIED, BUDGET_SPENT
     if n < MIN_ROUNDS:
-        if g.high < 1.0 and n >= 2:
-            return SLOWER, f"over {n} rounds"
-        return UNTRIED, f"{BUDGET_SPENT} after {n} round(s) ({g.text()})"
-    if g.low >= margin:
+        return UNTRIED, f"{BUDGET_SPENT} after {n} of {MIN_ROUNDS} rounds ({g.text()})"
+    bar = keep_bar(rounds, margin)
+    if g.low >= bar:
         return KEPT, f"over {n} rounds"
     if g.high < 1.0:
         return SLOWER, f"over {n} rounds"
     if g.value < margin:
         return NO_GAIN, f"over {n} rounds, the median gain is below the x{margin:.2f} margin"
+    if g.low >= margin:
+        return BORDERLINE, (
+            f"over {n} rounds its interval clears the x{margin:.2f} margin, but the baseline "
+            f"itself moved x{bar:.2f} between rounds, which explains a gain this small: not "
+            "kept (a quieter machine or a larger time_budget_s settles it)"
+        )
     return BORDERLINE, (
         f"over {n} rounds the median gain clears the x{margin:.2f} margin, its interval does "
         "not: not kept, and it may come and go from run to run (a larger time_budget_s "

@@ -159,10 +159,11 @@ def epoch_time(
     return timer.seconds / timer.steps
 
 
-def probe_step_time(model, dataset, deadline=None) -> float | None:
-    """Seconds per step of a short `fit`: the median of two calls after the tracing one, or None."""
+def probe_step_time(model, dataset, deadline=None, timed_limit_s=None) -> float | None:
+    """Seconds per step of a short `fit`: the median of the (at most two) calls after the one
+    that traces, those past `timed_limit_s` after it not run; None when cut before one."""
     spe = max(1, int(model.steps_per_execution))
-    timer = Timer(1, deadline)
+    timer = Timer(1, deadline, timed_limit_s)
     fit_once(model, dataset, timer, steps=3 * spe)
     return timer.step_time(spe)
 
@@ -233,6 +234,7 @@ def compare(
     first_base: float | None = None,
     done: Callable[[list[tuple[float, float]]], bool] | None = None,
     clearly_slower: float | None = CLEARLY,
+    clearly_faster: float | None = None,
     failures: tuple[type[BaseException], ...] = (),
     describe: Callable[[BaseException], str] = one_line,
 ) -> dict[str, Comparison]:
@@ -240,7 +242,8 @@ def compare(
     `Comparison` per variant.
 
     A variant closes after `MIN_ROUNDS` once `done` (default: `rules.decided` on `margin`), after
-    round one when `clearly_slower` (None: never), when the budget is spent, or when its run
+    round one when it is `clearly_slower` or `clearly_faster` (None: never; its `stopped` says
+    which), when the budget is spent, or when its run
     raises one of `failures` (its `error`). Its timed part is limited to `FIT_LIMIT_FACTOR`
     times the baseline's (`timed_units` of it, plus a second). `first_base`: the baseline's
     time of round one, already measured.
@@ -284,6 +287,8 @@ def compare(
             out[name].rounds.append((b, v))
             if i == 0 and clearly_slower is not None and v > clearly_slower * b:
                 out[name].stopped = "slower"
+            elif i == 0 and clearly_faster is not None and b > clearly_faster * v:
+                out[name].stopped = "faster"
         if limit is None and b is not None:
             limit = FIT_LIMIT_FACTOR * (b * timed_units + 1.0)
     return out

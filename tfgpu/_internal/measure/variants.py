@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from tfgpu._internal.adapters.all_reduce import using
 from tfgpu._internal.adapters.datasets import cardinality, read_first, source_batches
-from tfgpu._internal.adapters.model_state import build
+from tfgpu._internal.adapters.model_state import build, clone_under
 from tfgpu._internal.measure import timing
 from tfgpu._internal.measure.rules import COMPILE_KEYS, MODEL_KEYS, PIPELINE_KEYS, STEP_KEYS
 from tfgpu._internal.measure.workload import call_factory
@@ -40,6 +40,14 @@ class Steady:
     limit_s: float | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """A first look at a step (`timing.probe_step_time`): the fit that traces it, then at most
+    two calls, those past `limit_s` after the first not run."""
+
+    limit_s: float | None = None
+
+
 @dataclasses.dataclass
 class Epochs:
     """Timed fits as the user's `fit` runs them (`timing.epoch_time`), after an untimed fit that
@@ -52,13 +60,41 @@ class Epochs:
 
 def batched_at(ds: tf.data.Dataset, global_batch: int, drop_remainder: bool) -> tf.data.Dataset:
     """`ds` in batches of `global_batch`: its own batches cut again (`rebatch`), or its
-    examples batched (the upstream, a generator included, kept: its cost is measured)."""
+    examples batched (the upstream, a generator included, kept: its cost is measured); with
+    `drop_remainder`, only full batches, of a static shape (`full_batches`)."""
     batches, ambiguous = source_batches(ds)
-    if batches is not None or ambiguous:
-        ds = ds.rebatch(global_batch, drop_remainder=drop_remainder)
-    else:
-        ds = ds.batch(global_batch, drop_remainder=drop_remainder)
+    if batches is None and not ambiguous:
+        ds = ds.batch(global_batch)
+    elif batches is None or batches.batch_size != global_batch:
+        ds = ds.rebatch(global_batch)
+    if drop_remainder:
+        ds = full_batches(ds, global_batch)
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def full_batches(ds: tf.data.Dataset, size: int) -> tf.data.Dataset:
+    """The batches of `ds` that hold `size` examples, with `size` in their spec (a partial
+    one left out). Not `rebatch(drop_remainder=True)`: `tf.distribute` batches such a dataset
+    again by its first batch step's settings, and a partial batch then meets a spec of full
+    ones ("The given optional does not match the expected shape")."""
+    single = not isinstance(ds.element_spec, tuple)
+
+    def parts_of(args: tuple[Any, ...]) -> Any:
+        return args[0] if single else args
+
+    def is_full(*args: Any) -> Any:
+        first = tf.nest.flatten(parts_of(args))[0]
+        return tf.equal(tf.shape(first)[0], size)
+
+    def shaped(*args: Any) -> Any:
+        def fix(t: Any) -> Any:
+            if not isinstance(t, tf.Tensor) or t.shape.rank is None or t.shape.rank == 0:
+                return t
+            return tf.ensure_shape(t, [size, *t.shape[1:]])
+
+        return tf.nest.map_structure(fix, parts_of(args))
+
+    return ds.filter(is_full).map(shaped)
 
 
 def device_resident(batch: Any, on_gpu: bool, spec: Any = None) -> tf.data.Dataset:
@@ -92,7 +128,7 @@ class Variants:
         self,
         model: Any,
         dataset: tf.data.Dataset,
-        timed: Steady | Epochs,
+        timed: Steady | Epochs | Probe,
         *,
         batch_size: int | None = None,
         factory: Callable[[], Any] | None = None,
@@ -180,7 +216,8 @@ class Variants:
     # Models.
     def model_for(self, changes: dict[str, Any]) -> Any:
         """The user's model, or the factory's under the precision policy or inside the
-        strategy in `changes` (built once, from the baseline's weights where they fit)."""
+        strategy in `changes` (built once, from the baseline's weights where they fit); a
+        strategy alone without a factory: the model cloned under it (Keras's `clone_model`)."""
         change = {k: changes[k] for k in MODEL_KEYS if k in changes}
         if change.get("strategy") is getattr(self.model, "distribute_strategy", None):
             del change["strategy"]  # the model's own
@@ -188,18 +225,20 @@ class Variants:
             return self.model
         k = key(change)
         if k not in self._models:
-            if self.factory is None:
+            if self.factory is None and set(change) != {"strategy"}:
                 raise ValueError(f"{', '.join(change)} needs a model factory")
             self._models[k] = self._built(change)
         model = self._models[k]
-        if "strategy" not in change:  # the same start as the baseline, where the structure is
-            with contextlib.suppress(ValueError):  # another: its own (the guard checks them)
-                model.set_weights(self.model.get_weights())
+        with contextlib.suppress(ValueError):  # the same start as the baseline, where it fits
+            model.set_weights(self.model.get_weights())
         return model
 
     def _built(self, change: dict[str, Any]) -> Any:
-        assert self.factory is not None
-        model = call_factory(self.factory, change.get("strategy"), change.get("precision"))
+        strategy = change.get("strategy")
+        if self.factory is None:
+            model = clone_under(self.model, strategy)
+        else:
+            model = call_factory(self.factory, strategy, change.get("precision"))
         x, _, _ = keras.utils.unpack_x_y_sample_weight(self.first_batch())
         build(model, x)
         return model
@@ -239,7 +278,7 @@ class Variants:
                 return None
             if self.per_example:
                 seconds /= float(batch or 1)
-            if is_base:
+            if is_base and not isinstance(self.timed, Probe):  # a first look: another unit
                 self.base_times.append(seconds)
             return seconds
 
@@ -254,6 +293,11 @@ class Variants:
         def run(deadline: float | None, limit: float | None) -> float | None:
             t = self.timed
             with self.strategy_for(model, changes):
+                if isinstance(t, Probe):
+                    start = timing.now()
+                    seconds = timing.probe_step_time(model, repeated, deadline, t.limit_s)
+                    self.warm_walls.append(timing.now() - start)
+                    return seconds
                 if isinstance(t, Steady):
                     if t.limit_s is not None:
                         limit = t.limit_s if limit is None else min(limit, t.limit_s)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -13,9 +14,16 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgpu._internal.adapters.datasets import chain_state, read_first, source_batches
-from tfgpu._internal.helpers.checks import check_int, invalid_type, invalid_value, short_repr
+from tfgpu._internal.adapters.datasets import Batches, chain_state, read_first, source_batches
+from tfgpu._internal.helpers.checks import (
+    check_int,
+    check_validation_split,
+    invalid_type,
+    invalid_value,
+    short_repr,
+)
 from tfgpu._internal.helpers.warn import one_line
+from tfgpu._internal.measure.facts import batch_facts, pipeline_facts
 
 # What `fit` batches arrays by when no `batch_size` is given.
 DEFAULT_BATCH_SIZE = 32
@@ -68,6 +76,10 @@ class DatasetData:
         """The element spec: what one element (a batch, or an example) is made of."""
         return self.dataset.element_spec
 
+    def facts(self) -> dict[str, Any]:
+        """Its batches' and its pipeline's facts, from its input chain and graph."""
+        return {**batch_facts(self.dataset), **pipeline_facts(self.dataset)}
+
     def examples(self, limit: int) -> tuple[Any, Any, Any]:
         """The first `limit` examples as NumPy `(x, y, sample_weight)`, unbatched; ValueError
         if it is empty, TimeoutError if it yields nothing for `READ_TIMEOUT_S`."""
@@ -100,12 +112,54 @@ class DatasetData:
             )
 
 
+def _split_at(n: int, validation_split: float) -> int:
+    """The examples kept for training of `n` with the last `validation_split` held out, as
+    `fit` splits them; ValueError when a side would be empty."""
+    train = math.floor(n * (1.0 - validation_split))
+    if not 0 < train < n:
+        raise invalid_value(
+            "validation_split",
+            validation_split,
+            "a split that leaves at least one example on each side: pass a validation_split "
+            f"between {1 / n:.3g} and {1 - 1 / n:.3g}, or more data"
+            if n > 1
+            else "more data",
+            received=f"validation_split={validation_split} of {n} examples gives {train} for "
+            f"training and {n - train} for validation",
+        )
+    return train
+
+
+def _rows(part: Any, start: int, stop: int | None) -> Any:
+    """Examples `start` to `stop` of every array of `part` (a structure of arrays)."""
+    return tf.nest.map_structure(lambda a: a[start:stop], part)
+
+
 class ArrayData:
-    """Arrays `x`, `(x, y)` or `(x, y, sample_weight)`, batched as `fit` batches them."""
+    """Arrays `x`, `(x, y)` or `(x, y, sample_weight)`, batched as `fit` batches them: the last
+    `validation_split` of the examples held out (`validation`, as `fit` holds them out), the
+    rest reshuffled every epoch by Keras's own array adapter."""
 
     from_arrays = True
 
-    def __init__(self, x: Any, y: Any, sample_weight: Any, num_examples: int, batch_size: int):
+    def __init__(
+        self,
+        x: Any,
+        y: Any,
+        sample_weight: Any,
+        num_examples: int,
+        batch_size: int,
+        validation_split: float | None = None,
+    ):
+        self.validation: tuple[Any, ...] | None = None  # `fit`'s `validation_data`
+        if validation_split:
+            train = _split_at(num_examples, validation_split)
+            parts = [p for p in (x, y, sample_weight) if p is not None]
+            self.validation = tuple(_rows(p, train, None) for p in parts)
+            x, y, sample_weight = (
+                None if p is None else _rows(p, 0, train) for p in (x, y, sample_weight)
+            )
+            num_examples = train
         self.x, self.y, self.sample_weight = x, y, sample_weight
         self.num_examples, self.batch_size = num_examples, batch_size
 
@@ -117,8 +171,29 @@ class ArrayData:
 
     @functools.cached_property
     def dataset(self) -> tf.data.Dataset:
-        """The batches, built on first use (it copies the arrays into a tensor)."""
-        return tf.data.Dataset.from_tensor_slices(self._element()).batch(self.batch_size)
+        """The batches `fit` makes of the arrays (reshuffled every epoch), built on first use;
+        where Keras keeps its adapter elsewhere, the same from a shuffle buffer."""
+        from tfgpu._internal.adapters.keras_internals import array_batches
+
+        n, size = self.num_examples, self.batch_size
+        ds = array_batches(self.x, self.y, self.sample_weight, size)
+        if ds is None:
+            ds = tf.data.Dataset.from_tensor_slices(self._element())
+            ds = ds.shuffle(n, reshuffle_each_iteration=True).batch(size).prefetch(2)
+        return ds.apply(tf.data.experimental.assert_cardinality(-(-n // size)))
+
+    def facts(self) -> dict[str, Any]:
+        """Its batches' facts (known: made here) and its pipeline's, Keras's array adapter's
+        (a parallel gather per batch, prefetched; nothing read from its graph, which holds
+        the arrays)."""
+        batches = Batches(self.batch_size, False, self.num_examples)
+        pipeline = {
+            "pipeline": None, "made_by_pipeline": False, "service": False,
+            "python_input": False, "prefetch": True, "parallel_map": True,
+            "sequential_map": False, "cache": None, "map_after_cache": False,
+            "private_threadpool_size": None,
+        }  # fmt: skip
+        return {**batch_facts(self.dataset, batches), **pipeline}
 
     def spec(self) -> Any:
         """The structure of one batch, as `tf.TensorSpec`s of its shapes (dtypes not read)."""
@@ -280,11 +355,24 @@ def _fit_arrays(data: Any) -> tuple[Any, Any, Any, int]:
     return by_name["x"], by_name.get("y"), by_name.get("sample_weight"), n
 
 
-def check_data(data: Any, *, batch_size: Any = None) -> DatasetData | ArrayData:
+def check_data(
+    data: Any, *, batch_size: Any = None, validation_split: Any = None
+) -> DatasetData | ArrayData:
     """Decides the kind of `data` once and checks it, before any work; reads nothing.
-    `batch_size` (None: 32) batches arrays and is ignored for a dataset, as `fit` does."""
+    `batch_size` (None: 32) batches arrays and is ignored for a dataset, as `fit` does;
+    `validation_split` holds out the last share of arrays, and is refused for a dataset, as
+    `fit` refuses it."""
     size = check_int("batch_size", batch_size, allow_none=True, expected="a positive int or None")
+    split = check_validation_split(validation_split)
     if isinstance(data, tf.data.Dataset):
+        if split is not None:
+            raise invalid_value(
+                "validation_split",
+                validation_split,
+                "None with a dataset (`fit` takes `validation_split` only for arrays): split "
+                "the dataset yourself, or pass arrays",
+                received=f"validation_split={validation_split!r} with a tf.data.Dataset",
+            )
         return DatasetData(data)
     if isinstance(data, tf.distribute.DistributedDataset):
         raise invalid_type(
@@ -295,7 +383,7 @@ def check_data(data: Any, *, batch_size: Any = None) -> DatasetData | ArrayData:
             "`distribute=True`)",
         )
     x, y, sample_weight, n = _fit_arrays(data)
-    return ArrayData(x, y, sample_weight, n, size or DEFAULT_BATCH_SIZE)
+    return ArrayData(x, y, sample_weight, n, size or DEFAULT_BATCH_SIZE, split)
 
 
 def _check_labels(model: keras.Model, data: DatasetData | ArrayData) -> None:
@@ -338,6 +426,11 @@ class Workload:
     def from_arrays(self) -> bool:
         """Whether the data came as arrays (batched here) rather than a dataset."""
         return self.data.from_arrays
+
+    @property
+    def validation(self) -> tuple[Any, ...] | None:
+        """The arrays `validation_split` held out, as `fit(validation_data=)` takes them."""
+        return getattr(self.data, "validation", None)
 
     def first_batch(self) -> tuple[Any, int | None]:
         """(the first batch, its size); reads one batch; ValueError if the dataset is empty,
@@ -383,6 +476,7 @@ def open_workload(
     data: Any,
     *,
     batch_size: Any = None,
+    validation_split: Any = None,
     examples_ok: bool = False,
     factory_only: bool = False,
     strategy: Any = None,
@@ -401,7 +495,7 @@ def open_workload(
         )
     if not isinstance(model, keras.Model) and not callable(model):
         raise invalid_type("model", model, MODEL_EXPECTED)
-    checked = check_data(data, batch_size=batch_size)
+    checked = check_data(data, batch_size=batch_size, validation_split=validation_split)
     factory = None if isinstance(model, keras.Model) else model
     built = model if factory is None else call_factory(factory, strategy)
     built = check_model(built, from_factory=factory is not None)
