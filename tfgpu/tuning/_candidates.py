@@ -93,6 +93,16 @@ _DATASET_LINES = {
 }
 
 
+# What `result.dataset` changes for array data, by the change's key.
+_ARRAY_CHANGES = {
+    "drop_remainder": "the partial batch left out",
+    "prefetch": "batches prefetched",
+    "private_threadpool_size": "a private thread pool",
+    "cache": "the batches cached",
+    "batch_size": "another batch size",
+}
+
+
 def line_for(change: dict[str, Any], facts: TuneFacts) -> str:
     """The code line that makes `change` (keys of one kind) in the user's code. Pure."""
     keys = set(change)
@@ -114,6 +124,12 @@ def line_for(change: dict[str, Any], facts: TuneFacts) -> str:
         return f"tfgpu.strategy({kind!r}, ..., all_reduce={change['all_reduce']!r})"
     if facts.pipeline is not None:
         return _pipeline_line(change, facts.pipeline)
+    if facts.from_arrays:  # `fit(x, y)` has no such setting: the batches tune made, changed
+        what = ", ".join(_ARRAY_CHANGES[k] for k in change)
+        return (
+            "model.fit(result.dataset, validation_data=result.validation_data, ...)  # in "
+            f"place of fit(x, y, batch_size={facts.batch_size}, ...): {what}"
+        )
     (key, value), *_ = change.items()
     return _DATASET_LINES[key].format(value=value, batch=facts.batch_size)
 
@@ -339,15 +355,17 @@ def combined_lines(kept: Sequence[tuple[dict[str, Any], str]], facts: TuneFacts)
     for change, line in kept:
         if set(change) <= set(rules.COMPILE_KEYS):
             compile_change.update(change)
-        elif facts.pipeline is not None and set(change) <= set(rules.PIPELINE_KEYS):
+        elif (facts.pipeline is not None or facts.from_arrays) and set(change) <= set(
+            rules.PIPELINE_KEYS
+        ):
             pipeline_change.update(change)
         elif line not in lines:
             lines.append(line)
     head = []
     if compile_change:
         head.append(_compile_line(compile_change))
-    if pipeline_change and facts.pipeline is not None:
-        head.append(_pipeline_line(pipeline_change, facts.pipeline))
+    if pipeline_change:
+        head.append(line_for(pipeline_change, facts))
     return head + lines
 
 
