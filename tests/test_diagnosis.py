@@ -1580,6 +1580,17 @@ def test_the_real_data_runs_the_step_traced_on_the_device_resident_batch():
     assert variants_module.device_resident(next(iter(named)), False, spec).element_spec == spec
 
 
+def test_a_one_replica_mirrored_strategy_is_named_with_the_line_that_replaces_it():
+    facts = _facts(one_replica_strategy="MirroredStrategy")
+    _, _, _, findings = classify(facts)
+    found = next(f for f in findings if f.kind == "one_replica_strategy")
+    assert found.title.startswith("A MirroredStrategy of one replica")
+    assert "`strategy = tfgpu.strategy()` in its place" in found.recommendation
+    # Several GPUs: tfgpu.strategy() would mirror them, a question for tfgpu.scaling.
+    facts = _facts(one_replica_strategy="MirroredStrategy", compute_capabilities=((8, 0),) * 2)
+    assert all(f.kind != "one_replica_strategy" for f in classify(facts)[3])
+
+
 def test_an_all_reduce_that_holds_the_step_is_named_scaling_bound_and_points_to_scaling():
     facts = _facts(replicas=4, all_reduce_s=0.04, gradient_bytes=64 * 2**20)
     bottleneck, _, _, findings = classify(facts)

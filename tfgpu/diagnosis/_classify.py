@@ -322,10 +322,27 @@ def _scaling_bound(f: DiagnoseFacts, s: Seen) -> Finding | None:
 # The rules, each a function of the facts and what was seen beyond them to the finding it
 # makes (or None). What GPU utilization hides: the shared `gpu_counters` rules, with what
 # only a diagnosis knows (the layers, the policy, TF32, the CPU ops, the batch's bytes).
+def _one_replica_strategy(f: DiagnoseFacts, s: Seen) -> Finding | None:
+    if not f.one_replica_strategy or len(f.compute_capabilities) > 1:
+        return None
+    return Finding(
+        kind="one_replica_strategy",
+        severity="moderate",
+        title=f"A {f.one_replica_strategy} of one replica: its distribution is only overhead",
+        detail=f"The model was built under a {f.one_replica_strategy}, which this machine gives "
+        "one replica: every step and batch still go through its distribution (the dataset "
+        "distributed, the step run per replica, the gradients reduced) with nothing to "
+        "share.",
+        recommendation="`strategy = tfgpu.strategy()` in its place (the default strategy on a "
+        "CPU, `OneDeviceStrategy` on one GPU; `MirroredStrategy` where there are several), "
+        "then build the model in its scope; `tfgpu.tune` measures the gain on your model.",
+    )
+
+
 RULES: tuple[Callable[[DiagnoseFacts, Seen], Finding | None], ...] = (
     _input_bound, _host_overhead, _host_device_traffic, _memory_headroom, _precision, _xla,
     _loss_scale, _tensor_cores_idle, _small_kernels, _pcie_traffic, _clocks_throttled,
-    _scaling_bound,
+    _scaling_bound, _one_replica_strategy,
 )  # fmt: skip
 
 # The finding that leads for each bottleneck.
