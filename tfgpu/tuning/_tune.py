@@ -228,8 +228,8 @@ class _Tuner:
         wall = self.variants.warm_walls[-1] if self.variants.warm_walls else self.budget.elapsed()
         self.notes.append(
             "the baseline could not be timed within the time budget: its first call (which "
-            f"traces the step) had not ended after {wall:,.0f} s of the "
-            f"{self.budget.seconds:g} s; give tune at least about {10 * wall:,.0f} s"
+            f"traces the step) took {wall:,.0f} s of the {self.budget.seconds or 0:g} s; give "
+            f"tune at least about {10 * wall:,.0f} s"
         )
         trials = [
             Trial(c.name, c.change, reason=c.untried or rules.BUDGET_SPENT, line=c.line)
