@@ -171,6 +171,7 @@ def scaling(
         pipeline=pipeline_arguments(work.dataset),
         rebuild=pipeline,
         per_example=True,
+        batches=work.batches,
     )
     session.progress.phase("building the model on each replica count")
     configs = _configs(variants, devices, counts, base_batch, one, session.notes)

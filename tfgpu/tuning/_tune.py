@@ -136,6 +136,7 @@ def tune(
         rebuild=pipeline,
         per_example=True,
         batch=guard_batches[0] if guard_batches else None,
+        batches=work.batches,
     )
     facts.augment_on_batches = augment_on_batches(facts.pipeline, pipeline)
     if facts.pipeline is None and not work.from_arrays:  # would caching its output help?

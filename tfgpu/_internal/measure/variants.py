@@ -14,7 +14,7 @@ import keras
 import tensorflow as tf
 
 from tfgpu._internal.adapters.all_reduce import using
-from tfgpu._internal.adapters.datasets import cardinality, read_first, source_batches
+from tfgpu._internal.adapters.datasets import Batches, cardinality, read_first, source_batches
 from tfgpu._internal.adapters.model_state import build, clone_under
 from tfgpu._internal.measure import timing
 from tfgpu._internal.measure.rules import COMPILE_KEYS, MODEL_KEYS, PIPELINE_KEYS, STEP_KEYS
@@ -58,11 +58,19 @@ class Epochs:
     steps_per_epoch: int | None = None
 
 
-def batched_at(ds: tf.data.Dataset, global_batch: int, drop_remainder: bool) -> tf.data.Dataset:
+def batched_at(
+    ds: tf.data.Dataset,
+    global_batch: int,
+    drop_remainder: bool,
+    batches: Batches | None = None,
+) -> tf.data.Dataset:
     """`ds` in batches of `global_batch`: its own batches cut again (`rebatch`), or its
     examples batched (the upstream, a generator included, kept: its cost is measured); with
-    `drop_remainder`, only full batches, of a static shape (`full_batches`)."""
-    batches, ambiguous = source_batches(ds)
+    `drop_remainder`, only full batches, of a static shape (`full_batches`). `batches`: what
+    is known of its batches already (arrays batched here), else read from its input chain."""
+    ambiguous = False
+    if batches is None:
+        batches, ambiguous = source_batches(ds)
     if batches is None and not ambiguous:
         ds = ds.batch(global_batch)
     elif batches is None or batches.batch_size != global_batch:
@@ -122,7 +130,8 @@ class Variants:
     """The workload (`model`, `dataset`, `timed`: how each timed fit runs) and every variant of
     it, built on demand and kept. `factory` builds the model again; `pipeline` and `rebuild`:
     the `tfgpu.data.pipeline` arguments and that function (this layer imports no feature);
-    `per_example`: seconds per example; `batch`: the one held in device memory."""
+    `per_example`: seconds per example; `batch`: the one held in device memory; `batches`:
+    what is known of the batches (arrays batched here; else read from the input chain)."""
 
     def __init__(
         self,
@@ -137,11 +146,13 @@ class Variants:
         per_example: bool = False,
         on_gpu: bool = False,
         batch: Any = None,
+        batches: Batches | None = None,
     ):
         self.model, self.dataset, self.timed = model, dataset, timed
         self.batch_size, self.factory = batch_size, factory
         self.pipeline, self.rebuild = pipeline, rebuild
         self.per_example, self.on_gpu = per_example, on_gpu
+        self.batches = batches  # what is known of the batches of `dataset` (arrays batched here)
         self._datasets: dict[_Key, tuple[tf.data.Dataset, int | None]] = {}
         self._models: dict[_Key, Any] = {}
         self._runs: dict[_Key, timing.Run] = {}
@@ -180,7 +191,8 @@ class Variants:
             return self._rebuilt(change), batch
         ds = self.dataset
         if "batch_size" in change or "drop_remainder" in change:
-            ds = batched_at(ds, int(batch or 1), bool(change.get("drop_remainder")))
+            drop = bool(change.get("drop_remainder"))
+            ds = batched_at(ds, int(batch or 1), drop, self.batches)
         if change.get("cache"):
             ds = ds.cache()
         if change.get("prefetch") or change.get("cache"):

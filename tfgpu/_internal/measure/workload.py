@@ -186,7 +186,7 @@ class ArrayData:
         """Its batches' facts (known: made here) and its pipeline's, Keras's array adapter's
         (a parallel gather per batch, prefetched; nothing read from its graph, which holds
         the arrays)."""
-        batches = Batches(self.batch_size, False, self.num_examples)
+        batches = Batches(self.batch_size, False, self.num_examples)  # as Workload.batches
         pipeline = {
             "pipeline": None, "made_by_pipeline": False, "service": False,
             "python_input": False, "prefetch": True, "parallel_map": True,
@@ -426,6 +426,15 @@ class Workload:
     def from_arrays(self) -> bool:
         """Whether the data came as arrays (batched here) rather than a dataset."""
         return self.data.from_arrays
+
+    @property
+    def batches(self) -> Batches | None:
+        """What is known of the batches without reading the input chain: those of arrays
+        (batched here); None for a dataset."""
+        data = self.data
+        if isinstance(data, ArrayData):
+            return Batches(data.batch_size, False, data.num_examples)
+        return None
 
     @property
     def validation(self) -> tuple[Any, ...] | None:
