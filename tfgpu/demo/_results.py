@@ -151,7 +151,8 @@ def waterfall_lines(result: Any, *, width: int = 30) -> list[str]:
     tuned = result.tuned_examples_per_s
     if tuned is None or not math.isfinite(tuned):
         tuned = base
-    rows.append(("tuned (verified together)", tuned, result.speedup.text()))
+    how = "verified together" if result.verified else "not verified together"
+    rows.append((f"tuned ({how})", tuned, result.speedup.text()))
     top = max(value for _, value, _ in rows)
     label_width = max(len(label) for label, _, _ in rows)
     lines = []
