@@ -156,6 +156,21 @@ CPU_FACTS = {
 }
 
 
+def tune_on_a_plain_cpu(monkeypatch, batch_size: int, cpu_count: int = 1) -> None:
+    """What tune's tests run on, whatever this machine is: `CPU_FACTS` with `cpu_count`
+    cores, no XLA candidate (Keras refuses it), and a batch-size search that finds nothing
+    faster than `batch_size`."""
+    import tfgpu.batch_size
+    from tfgpu._internal.adapters import model_state
+    from tfgpu._internal.measure import facts
+
+    monkeypatch.setattr(facts, "device_facts", lambda: {**CPU_FACTS, "cpu_count": cpu_count})
+    monkeypatch.setattr(model_state, "supports_xla", lambda model: False)
+    monkeypatch.setattr(
+        tfgpu.batch_size, "find_batch_size", lambda model, data, **k: FoundOneSize(batch_size)
+    )
+
+
 class ScriptedTiming:
     """The suite's one scripted timing engine: the measuring core's clock and timed fits
     (`tfgpu._internal.measure.timing`) replaced, so that no test depends on this machine's

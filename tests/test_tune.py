@@ -20,7 +20,7 @@ import tensorflow as tf
 
 import tfgpu
 import tfgpu.batch_size
-from tests.conftest import CPU_FACTS, FoundOneSize, ScriptedTiming
+from tests.conftest import CPU_FACTS, ScriptedTiming, tune_on_a_plain_cpu
 from tfgpu._internal.adapters import model_state
 from tfgpu._internal.measure import facts as facts_module
 from tfgpu._internal.measure import rules
@@ -88,11 +88,7 @@ def _Script(monkeypatch, step, *, real_fit=False):
 def _facts(monkeypatch):
     """A CPU without native bfloat16 and without GPUs, 4 cores, and a batch-size search that
     finds nothing faster, unless a test says otherwise; the global policy put back."""
-    monkeypatch.setattr(facts_module, "device_facts", lambda: {**CPU_FACTS, "cpu_count": 4})
-    monkeypatch.setattr(model_state, "supports_xla", lambda model: False)  # no XLA compile
-    monkeypatch.setattr(
-        tfgpu.batch_size, "find_batch_size", lambda model, data, **k: FoundOneSize(64)
-    )
+    tune_on_a_plain_cpu(monkeypatch, 64, cpu_count=4)
     policy = keras.mixed_precision.global_policy()
     yield
     keras.mixed_precision.set_global_policy(policy)

@@ -19,9 +19,8 @@ import tensorflow as tf
 
 import tfgpu
 import tfgpu.batch_size
-from tests.conftest import CPU_FACTS, FoundOneSize, ScriptedTiming
-from tfgpu._internal.adapters import all_reduce, model_state
-from tfgpu._internal.measure import facts as facts_module
+from tests.conftest import ScriptedTiming, tune_on_a_plain_cpu
+from tfgpu._internal.adapters import all_reduce
 from tfgpu._internal.measure import rules
 from tfgpu.tuning import _candidates as cands
 from tfgpu.tuning._candidates import TuneFacts as Facts
@@ -56,11 +55,7 @@ def _data() -> tf.data.Dataset:
 def _facts(monkeypatch):
     """No GPU, one core (no thread-pool candidates), no XLA candidate, a batch-size search
     that finds nothing faster."""
-    monkeypatch.setattr(facts_module, "device_facts", lambda: dict(CPU_FACTS))
-    monkeypatch.setattr(model_state, "supports_xla", lambda model: False)
-    monkeypatch.setattr(
-        tfgpu.batch_size, "find_batch_size", lambda model, data, **k: FoundOneSize(32)
-    )
+    tune_on_a_plain_cpu(monkeypatch, 32)
 
 
 def _ScriptedFits(monkeypatch):

@@ -20,9 +20,7 @@ import tensorflow as tf
 
 import tfgpu
 import tfgpu.batch_size
-from tests.conftest import CPU_FACTS, FoundOneSize, ScriptedTiming
-from tfgpu._internal.adapters import model_state
-from tfgpu._internal.measure import facts as facts_module
+from tests.conftest import ScriptedTiming, tune_on_a_plain_cpu
 from tfgpu._internal.measure import rules
 from tfgpu.tuning import _candidates as cands
 
@@ -34,11 +32,7 @@ Y = np.random.default_rng(1).integers(0, 4, 1000)
 def _facts(monkeypatch):
     """No GPU, one core (no thread-pool candidates), no XLA candidate, a batch-size search
     that finds nothing faster."""
-    monkeypatch.setattr(facts_module, "device_facts", lambda: dict(CPU_FACTS))
-    monkeypatch.setattr(model_state, "supports_xla", lambda model: False)
-    monkeypatch.setattr(
-        tfgpu.batch_size, "find_batch_size", lambda model, data, **k: FoundOneSize(32)
-    )
+    tune_on_a_plain_cpu(monkeypatch, 32)
 
 
 def _mirrored(devices=("/cpu:0",)) -> tf.distribute.Strategy:
