@@ -460,6 +460,17 @@ def test_apply_sets_the_compile_settings_and_names_what_it_cannot():
         result.apply("model")
 
 
+def test_apply_refuses_a_model_not_compiled_yet_and_leaves_it_untouched():
+    """`compile()` after `apply` would reset `steps_per_execution` to 1 without a word."""
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    result = TuneResult(trials=[], settings={"steps_per_execution": 16})
+    with pytest.raises(
+        TypeError, match=r"argument `model`\. Received: a model that is not compiled"
+    ):
+        result.apply(model)
+    assert model.steps_per_execution == 1
+
+
 @pytest.mark.slow
 def test_tune_json_and_the_waterfall_are_written_and_rotated(monkeypatch, tmp_path):
     _Script(monkeypatch, lambda s, n: 0.01 / s["spe"])
