@@ -76,11 +76,15 @@ def write_result(
 
 def read_json_object(path: Path) -> dict[str, Any]:
     """Reads a JSON object from `path`: OSError if unreadable, ValueError naming the file if
-    it is not UTF-8 JSON or not an object."""
+    it is not UTF-8 JSON, not an object, or beyond what Python reads (an integer of more than
+    4,300 digits, arrays nested thousands deep)."""
+    raw = path.read_bytes()
     try:
-        value = json.loads(path.read_bytes().decode("utf-8"))
+        value = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON ({e})") from None
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"{path} cannot be read as JSON ({e})") from None
     if not isinstance(value, dict):
         raise ValueError(f"{path} holds a JSON {type(value).__name__}, not an object")
     return value
