@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 
 import keras
@@ -414,6 +415,39 @@ def test_the_precision_candidate_on_a_cpu_both_ways(monkeypatch):
     # Without a factory the precision cannot be tried.
     result = tfgpu.tune(_build()(), _train(), time_budget_s=600, verbose=0)
     assert result.trial("precision mixed_bfloat16").reason == cands.NEEDS_FACTORY
+
+
+def test_a_factory_that_returns_its_first_model_again_leaves_the_precision_untried(monkeypatch):
+    """`tune(lambda: model, train)`: nothing is ever built under the policy, so no verdict
+    (noise alone would decide it). A factory of a different model each call is named."""
+    monkeypatch.setattr(
+        facts_module, "device_facts", lambda: {**CPU_FACTS, "cpu_native_bf16": True}
+    )
+    _Script(monkeypatch, lambda s, n: 0.01)
+    model = _build()()
+    result = tfgpu.tune(lambda: model, _train(), time_budget_s=600, verbose=0)
+    trial = result.trial("precision mixed_bfloat16")
+    assert trial.status == "untried" and trial.gain is None, str(result)
+    assert trial.reason == (
+        "the factory returned the same model object: nothing was built under the policy"
+    )
+    assert keras.mixed_precision.global_policy().name == "float32"
+
+    widths = iter([8, 16])
+
+    def grows():
+        grown = keras.Sequential([keras.Input((8,)), keras.layers.Dense(next(widths))])
+        grown.compile("sgd", "mse")
+        return grown
+
+    result = tfgpu.tune(grows, _train(), time_budget_s=600, verbose=0)
+    trial = result.trial("precision mixed_bfloat16")
+    assert trial.status == "failed", str(result)
+    assert re.search(
+        r"argument `model`\. Received: a function that built different models \(weight 1 of 2 "
+        r"\(`dense\w*/kernel`\): \(8, 8\), then \(8, 16\)",
+        trial.reason,
+    ), trial.reason
 
 
 def test_the_batch_size_is_reported_and_kept_only_when_allowed(monkeypatch):

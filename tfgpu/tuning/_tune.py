@@ -17,7 +17,7 @@ from tfgpu._internal.measure import rules, timing
 from tfgpu._internal.measure.facts import gather
 from tfgpu._internal.measure.session import Session, check_steps
 from tfgpu._internal.measure.variants import Epochs, Variants
-from tfgpu._internal.measure.workload import open_workload
+from tfgpu._internal.measure.workload import SAME_MODEL, SameModel, open_workload
 from tfgpu.tuning import _candidates as cands
 from tfgpu.tuning._candidates import Candidate, TuneFacts
 from tfgpu.tuning._result import Trial, TuneResult
@@ -33,6 +33,8 @@ FIT_S = (5.0, 0.5, 15.0)
 GUARD_STEPS = 5
 # find_batch_size tries batches up to this multiple of the current one.
 BATCH_GROWTH = 8
+# Why a precision candidate is untried when the factory returns its first model again.
+NOTHING_BUILT = "nothing was built under the policy"
 
 
 def tune(
@@ -276,7 +278,9 @@ class _Tuner:
                 unsafe = cands.numerics_verdict(base_loss, loss)
                 if unsafe:
                     status, reason = rules.UNSAFE, unsafe
-        if failure.text is not None:  # a setting that breaks the model or the pipeline ...
+        if isinstance(failure.error, SameModel):  # nothing was built under the policy
+            status, reason, rounds = rules.UNTRIED, f"{SAME_MODEL}: {NOTHING_BUILT}", []
+        elif failure.text is not None:  # a setting that breaks the model or the pipeline ...
             with recorded() as again, preserved(self.model):  # ... or the data itself?
                 self.variants.run_for(self.best)(self.budget.deadline, None)
             status, reason, rounds = rules.FAILED, failure.text, []

@@ -15,10 +15,9 @@ import tensorflow as tf
 
 from tfgpu._internal.adapters.all_reduce import using
 from tfgpu._internal.adapters.datasets import cardinality, read_first, source_batches
-from tfgpu._internal.adapters.model_state import build
 from tfgpu._internal.measure import timing
 from tfgpu._internal.measure.rules import COMPILE_KEYS, MODEL_KEYS, PIPELINE_KEYS, STEP_KEYS
-from tfgpu._internal.measure.workload import call_factory
+from tfgpu._internal.measure.workload import build_again
 
 # One batch of the data, held in device memory: the step without its input pipeline.
 DEVICE_RESIDENT = "device_resident"
@@ -86,7 +85,8 @@ class Variants:
     """The workload (`model`, `dataset`, `timed`: how each timed fit runs) and every variant of
     it, built on demand and kept. `factory` builds the model again; `pipeline` and `rebuild`:
     the `tfgpu.data.pipeline` arguments and that function (this layer imports no feature);
-    `per_example`: seconds per example; `batch`: the one held in device memory."""
+    `per_example`: seconds per example; `batch`: the one held in device memory; `argument`:
+    the front end's name for the factory, in its errors."""
 
     def __init__(
         self,
@@ -101,8 +101,10 @@ class Variants:
         per_example: bool = False,
         on_gpu: bool = False,
         batch: Any = None,
+        argument: str = "model",
     ):
         self.model, self.dataset, self.timed = model, dataset, timed
+        self.argument = argument
         self.batch_size, self.factory = batch_size, factory
         self.pipeline, self.rebuild = pipeline, rebuild
         self.per_example, self.on_gpu = per_example, on_gpu
@@ -199,10 +201,11 @@ class Variants:
 
     def _built(self, change: dict[str, Any]) -> Any:
         assert self.factory is not None
-        model = call_factory(self.factory, change.get("strategy"), change.get("precision"))
         x, _, _ = keras.utils.unpack_x_y_sample_weight(self.first_batch())
-        build(model, x)
-        return model
+        strategy, policy = change.get("strategy"), change.get("precision")
+        return build_again(
+            self.factory, self.model, x, strategy=strategy, policy=policy, argument=self.argument
+        )
 
     def strategy_for(
         self, model: Any, changes: dict[str, Any]
