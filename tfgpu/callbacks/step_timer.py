@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 import heapq
 import logging
@@ -18,7 +17,7 @@ import keras
 from tfgpu._internal.adapters import devices, keras_internals, model_state
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_int, check_number
-from tfgpu._internal.helpers.files import open_csv, writable_dir
+from tfgpu._internal.helpers.files import RunCsv, writable_dir
 from tfgpu.callbacks import _steps
 from tfgpu.monitor import artifact_name
 
@@ -103,7 +102,7 @@ class StepTimer(keras.callbacks.Callback):
         self._wall = time.time
         self.async_safe = True  # batch-end hook is thread-safe; lets Keras stay asynchronous
         self._lock = threading.Lock()  # guards everything but the two append-only deques
-        self._file: Any = None
+        self._csv: RunCsv | None = None
         self._closer: weakref.finalize | None = None
         self._fit_over: keras_internals.FitWatch | None = None
         self._batch_size: int | None = self.batch_size
@@ -138,9 +137,16 @@ class StepTimer(keras.callbacks.Callback):
         if self.log_dir is not None:
             try:
                 path = self.log_dir / artifact_name("steps", ".csv")
-                self._file, _ = open_csv(path, _STEPS_HEADER)
+                self._csv = RunCsv(
+                    path,
+                    _STEPS_HEADER,
+                    log=_log,
+                    who="StepTimer",
+                    name="steps.csv",
+                    kept="training goes on",
+                )
                 # Keras skips on_train_end when fit raises: close it when this callback goes.
-                self._closer = weakref.finalize(self, _close_quietly, self._file)
+                self._closer = weakref.finalize(self, self._csv.close)
             except (OSError, ValueError) as e:  # a full disk, a lost mount, a path it refuses
                 _log.warning("StepTimer cannot write steps.csv (%s); training goes on.", e)
         # ... and write the rows as soon as fit is over, also when it raised.
@@ -181,7 +187,7 @@ class StepTimer(keras.callbacks.Callback):
         if self._closer is not None:
             self._closer()  # closes the file, once
             self._closer = None
-        self._file = None
+        self._csv = None
 
     def _mfu_inputs(self) -> tuple[float | None, float | None]:
         """FLOPs per step and peak FLOP/s: as given, else worked out; never raises."""
@@ -314,16 +320,9 @@ class StepTimer(keras.callbacks.Callback):
         held = self._rows[-1:] if not final and unknown else []
         rows = self._rows[: len(self._rows) - len(held)]
         self._rows = held
-        if self._file is None or not rows:
+        if self._csv is None or not rows:
             return
-        try:
-            self._file.write(
-                "".join(f"{w:.3f},{e},{s},{t:.6g},{r:.6g}\n" for w, e, s, t, r in rows)
-            )
-            self._file.flush()
-        except (OSError, ValueError) as e:
-            _log.warning("StepTimer: writing steps.csv failed (%s); training goes on.", e)
-            self._file = None
+        self._csv.write("".join(f"{w:.3f},{e},{s},{t:.6g},{r:.6g}\n" for w, e, s, t, r in rows))
 
 
 _SYNC_EVERY_S = 1.0  # StepTimer turns noted times into steps.csv rows at most this often
@@ -379,8 +378,3 @@ def _sync_after_fit(timer: weakref.ref[StepTimer]) -> None:
     alive = timer()
     if alive is not None:
         alive._sync(final=True, timeout=1.0)
-
-
-def _close_quietly(file: Any) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        file.close()
