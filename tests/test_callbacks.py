@@ -1300,3 +1300,25 @@ def test_step_timer_logs_what_tune_measured_for_a_tuned_model(caplog):
     assert history.history["tuned_examples_per_s"] == [1e12, 1e12]
     short = [r.getMessage() for r in caplog.records if "tune measured" in r.getMessage()]
     assert len(short) == 1 and "of the 1,000,000,000,000 tune measured" in short[0]
+    # apply() left a step to trace: the first epoch includes it, the second is compared.
+    assert "in the first epoch after tracing (epoch 2)" in short[0]
+
+
+def test_step_timer_never_holds_tracing_against_what_tune_measured(caplog):
+    """`steps_per_execution=16` and 16 batches: an epoch is one execution, the first also
+    traces (it read 1% of what tune measured, the second epoch ran 80x faster). A fit whose
+    only epoch traces is not judged; the next fit of the same step is, from its first."""
+    from tfgpu.tuning import TuneResult
+
+    x, y = _data(256)
+    model = _model()
+    result = TuneResult(trials=[], settings={"steps_per_execution": 16})
+    result.tuned_examples_per_s = 1e12  # out of reach: any epoch compared falls short
+    result.apply(model)
+    with caplog.at_level(logging.WARNING, logger="tfgpu.callbacks"):
+        history = model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[StepTimer()])
+        assert history.history["tuned_examples_per_s"] == [1e12]
+        assert not [r for r in caplog.records if "tune measured" in r.getMessage()]
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[StepTimer()])
+    short = [r.getMessage() for r in caplog.records if "tune measured" in r.getMessage()]
+    assert len(short) == 1 and "in the first epoch (epoch 1)" in short[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import heapq
 import logging
@@ -26,6 +27,8 @@ _NAN = float("nan")
 
 # An epoch below this share of what `tune` measured for the model's settings is named.
 TUNED_SHORTFALL = 0.8
+# Keras's train functions that have run a whole epoch under a StepTimer: traced already.
+_TRACED: weakref.WeakSet[Any] = weakref.WeakSet()
 _Row = tuple[float, int, int, float, float]  # a steps.csv row: time, epoch, step, step time, rate
 
 
@@ -107,6 +110,9 @@ class StepTimer(keras.callbacks.Callback):
         self._fit_over: keras_internals.FitWatch | None = None
         self._batch_size: int | None = self.batch_size
         self._epoch = 0
+        self._epochs_in_fit = 0  # epochs this fit has ended
+        self._step_fn: Any = None  # Keras's train function of this fit
+        self._judged_at = 0  # the epoch of this fit compared with what tune measured
         self._reported = self._mfu_noted = False
         self._flops, self._peak = self.flops_per_step, self.peak_flops
         self._reset_epoch()
@@ -134,6 +140,16 @@ class StepTimer(keras.callbacks.Callback):
                 "dimension?), so examples_per_s is NaN. Pass StepTimer(batch_size=...)."
             )
         self._flops, self._peak = self._mfu_inputs()
+        # A train function new to this fit traces in its first epoch: tune's claim is checked
+        # on the first epoch that does not.
+        self._step_fn = keras_internals.keras_train_function(
+            keras_internals.train_function(self.model)
+        )
+        self._epochs_in_fit = 0
+        try:
+            self._judged_at = 0 if self._step_fn in _TRACED else 1
+        except TypeError:  # not weak-referenceable: assume it traces
+            self._judged_at = 1
         if self.log_dir is not None:
             try:
                 path = self.log_dir / artifact_name("steps", ".csv")
@@ -240,6 +256,9 @@ class StepTimer(keras.callbacks.Callback):
                     self._peak,
                 )
                 self._against_tune(summary)
+                self._epochs_in_fit += 1
+                with contextlib.suppress(TypeError):  # not weak-referenceable
+                    _TRACED.add(self._step_fn)
                 return summary
         except Exception as e:  # the boundary of every hook's work on the steps: `fit` goes on
             self._report(e)
@@ -248,18 +267,22 @@ class StepTimer(keras.callbacks.Callback):
         return None
 
     def _against_tune(self, summary: dict[str, float]) -> None:
-        """Adds what `tune` measured (`TuneResult.apply`); warns at epoch 0 if a fifth short."""
+        """Adds what `tune` measured (`TuneResult.apply`); warns if the fit's first epoch that
+        traces no step (the first, or the second where the first traced) is a fifth short."""
         tuned = model_state.tuned_examples_per_s(self.model)
         if tuned is None:
             return
         summary["tuned_examples_per_s"] = tuned
         reached = summary["examples_per_s"] / tuned
-        if self._epoch == 0 and reached < TUNED_SHORTFALL:
+        if self._epochs_in_fit == self._judged_at and reached < TUNED_SHORTFALL:
+            which = "the first epoch" if self._judged_at == 0 else "the first epoch after tracing"
             _log.warning(
-                "StepTimer: %s examples/s in the first epoch, %.0f%% of the %s tune measured "
+                "StepTimer: %s examples/s in %s (epoch %d), %.0f%% of the %s tune measured "
                 "for these settings (train on result.dataset; a loaded machine, another batch "
                 "size or a cache still filling also explain it).",
                 f"{summary['examples_per_s']:,.0f}",
+                which,
+                self._epoch + 1,
                 100 * reached,
                 f"{tuned:,.0f}",
             )
