@@ -346,6 +346,14 @@ class _Scripted:
         return cost.step_time(busy, 0.0, 0.0, global_batch / self.rate)
 
 
+def _sets_a_policy() -> keras.Model:
+    """A factory that sets a global precision policy: scaling puts the user's back."""
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, dtype="float32")])
+    model.compile("sgd", "mse")
+    return model
+
+
 def test_a_slow_pipeline_is_named_input_bound_and_everything_is_put_back(tmp_path, monkeypatch):
     """A pipeline of 1,000 examples/s feeds a step whose device work takes about 1 ms: at 64
     examples a step (64 ms of input) on, every step waits for its batch. The factory sets a
@@ -358,15 +366,9 @@ def test_a_slow_pipeline_is_named_input_bound_and_everything_is_put_back(tmp_pat
         rate=1000.0,
     )
 
-    def factory():
-        keras.mixed_precision.set_global_policy("mixed_bfloat16")
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, dtype="float32")])
-        model.compile("sgd", "mse")
-        return model
-
     before = keras.mixed_precision.global_policy().name
     result = tfgpu.scaling(
-        factory, (X, Y), replicas=[2], time_budget_s=60, verbose=0, log_dir=tmp_path
+        _sets_a_policy, (X, Y), replicas=[2], time_budget_s=60, verbose=0, log_dir=tmp_path
     )
     assert keras.mixed_precision.global_policy().name == before
     assert not tf.distribute.has_strategy()
@@ -465,16 +467,10 @@ def test_a_real_run_times_every_configuration_and_puts_everything_back(tmp_path)
     speed, on any load: every configuration is timed and split, a reason per point, the
     predictions, the policy and the strategy put back, the files written."""
 
-    def factory():
-        keras.mixed_precision.set_global_policy("mixed_bfloat16")
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, dtype="float32")])
-        model.compile("sgd", "mse")
-        return model
-
     before = keras.mixed_precision.global_policy().name
     data = tf.data.Dataset.from_tensor_slices((X, Y)).batch(8)
     result = tfgpu.scaling(
-        factory, data, replicas=[2], steps=3, time_budget_s=None, verbose=0, log_dir=tmp_path
+        _sets_a_policy, data, replicas=[2], steps=3, time_budget_s=None, verbose=0, log_dir=tmp_path
     )
     assert keras.mixed_precision.global_policy().name == before
     assert not tf.distribute.has_strategy()
