@@ -73,7 +73,7 @@ def dropped_by_default(facts: Facts, global_batch: int) -> str:
     """What the default `drop_remainder=True` drops every epoch, in words ("" when nothing:
     a source of a whole number of batches, or its own batches kept)."""
     n = facts.num_examples
-    if facts.batched or (n is not None and (n < 0 or n % global_batch == 0)):
+    if facts.batched or not global_batch or (n is not None and (n < 0 or n % global_batch == 0)):
         return ""
     replicas = f"on {facts.replicas} replicas the last partial batch is dropped by default"
     fix = (
