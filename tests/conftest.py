@@ -274,6 +274,25 @@ class ScriptedTiming:
         return run
 
 
+class FullDisk:
+    """The open file of a run-directory writer (`RunCsv.file`) on a disk that has just filled
+    up: every write fails with ENOSPC; the file is still there (its `fileno`)."""
+
+    def __init__(self, file):
+        self.file = file
+
+    def fileno(self):
+        return self.file.fileno()
+
+    def write(self, text):
+        raise OSError(28, "No space left on device")
+
+    flush = write
+
+    def close(self):
+        self.file.close()
+
+
 def _never_called(*args):  # what a scripted fit leaves as the model's train function
     raise AssertionError("a scripted train function is never called")
 

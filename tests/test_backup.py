@@ -562,3 +562,38 @@ def test_save_recreates_a_directory_a_peer_removed_meanwhile(tmp_path, monkeypat
     target = _backup.write_atomic(own, {"a": np.arange(3)}, keep_previous=False)
     assert len(calls) == 2
     np.testing.assert_array_equal(np.load(target)["a"], np.arange(3))
+
+
+@pytest.mark.parametrize("double_checkpoint", [False, True])
+def test_a_backup_disk_that_fills_up_names_the_backup_and_leaves_no_temporary_file(
+    tmp_path, monkeypatch, double_checkpoint
+):
+    """The disk fills after the first save: the error names the backup (it was a bare
+    `OSError: [Errno 28]`), the failed save's `.backup.npz.tmp-PID` is gone from the full disk,
+    and the previous backup resumes."""
+    from tfgpu.callbacks import _backup
+
+    real_savez, saves = np.savez, []
+
+    def savez_until_full(file, *args, **kwargs):
+        saves.append(1)
+        if len(saves) >= 2:
+            file.write(b"PK\x03\x04 half a backup")
+            raise OSError(28, "No space left on device")
+        return real_savez(file, *args, **kwargs)
+
+    monkeypatch.setattr(_backup.np, "savez", savez_until_full)
+    backup = tmp_path / "b"
+    kwargs = {"double_checkpoint": double_checkpoint}
+    with pytest.raises(
+        OSError,
+        match=r"No space left on device: BackupAndRestore could not save "
+        rf"the backup '{backup / 'backup.npz'}' \(the previous backup",
+    ):
+        train(callbacks=[BackupAndRestore(backup, **kwargs)])
+    assert sorted(p.name for p in backup.iterdir()) == ["backup.npz"]
+    monkeypatch.setattr(_backup.np, "savez", real_savez)
+    reference, _ = train()
+    model, history = train(callbacks=[BackupAndRestore(backup, **kwargs)])
+    assert len(history.history["loss"]) == 2  # epoch 0 was saved: it is not trained again
+    assert max_diff(model.get_weights(), reference.get_weights()) < 1e-6

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import numpy as np
 import pytest
 
 from tests import fake_pynvml
+from tests.conftest import FullDisk
 from tfgpu import flops, monitor
 from tfgpu._internal.adapters import devices, keras_internals
 from tfgpu._internal.helpers import warn
@@ -812,9 +814,13 @@ def test_steps_csv_with_another_header_or_a_cut_row_is_moved_aside(fake, tmp_pat
 def test_a_gpu_monitor_run_with_other_gpus_rotates_the_timeline(fake, tmp_path):
     x, y = _data(64)
     model = _model()
-    model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[GPUMonitor(tmp_path)])
+    # A sample as each fit starts and ends, however long it takes (no interval elapses).
+    model.fit(
+        x, y, batch_size=32, epochs=1, verbose=0, callbacks=[GPUMonitor(tmp_path, interval=60)]
+    )
     first = (tmp_path / "timeline.csv").read_text()
-    model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[GPUMonitor(tmp_path, gpus=[1])])
+    monitor_one = GPUMonitor(tmp_path, gpus=[1], interval=60)
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[monitor_one])
     assert (tmp_path / "timeline.1.csv").read_text() == first
     header, rows = _csv(tmp_path / "timeline.csv")
     assert header == monitor.timeline_columns(1) and len(rows) == 2
@@ -824,25 +830,15 @@ def test_a_gpu_monitor_run_with_other_gpus_rotates_the_timeline(fake, tmp_path):
 
 
 # ---------------------------------------------------------------- hostile conditions
-class _FullDisk:
-    def write(self, text):
-        raise OSError(28, "No space left on device")
-
-    flush = write
-
-    def close(self):
-        pass
-
-
 def test_a_disk_that_fills_up_mid_fit_never_stops_training(fake, tmp_path, caplog):
     caplog.set_level(logging.WARNING)
     gpu_monitor, timer = GPUMonitor(tmp_path, interval=60), StepTimer(log_dir=tmp_path)
 
     class _FillDisk(keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
-            if batch == 1:
-                gpu_monitor.sampler._file = _FullDisk()
-                timer._file = _FullDisk()
+            if batch == 1 and not isinstance(timer._csv.file, FullDisk | None):
+                gpu_monitor.sampler._csv.file = FullDisk(gpu_monitor.sampler._csv.file)
+                timer._csv.file = FullDisk(timer._csv.file)
 
     x, y = _data(128)
     history = _model().fit(
@@ -859,6 +855,45 @@ def test_a_disk_that_fills_up_mid_fit_never_stops_training(fake, tmp_path, caplo
     assert len(rows) == 1  # the sample taken at start, intact
     assert any("writing the timeline failed" in r.getMessage() for r in caplog.records)
     assert any("writing steps.csv failed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_run_directory_removed_mid_fit_is_started_again_and_said_once(fake, tmp_path, caplog):
+    """`rm -rf runs/exp1` after epoch 1: training goes on, the timeline is written again at its
+    path with every row of this run (the sampler holds them), run.json names the session
+    again, steps.csv starts again from there; each writer says so once."""
+    caplog.set_level(logging.WARNING)
+    run = tmp_path / "run"
+    gpu_monitor, timer = GPUMonitor(run, interval=60), StepTimer(log_dir=run)
+
+    class _RemoveRun(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch in (0, 1):  # twice: said once all the same
+                shutil.rmtree(run)
+
+    x, y = _data(128)
+    history = _model().fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=3,
+        verbose=0,
+        callbacks=[gpu_monitor, timer, _SampleAt(gpu_monitor), _RemoveRun()],
+    )
+    assert len(history.history["examples_per_s"]) == 3
+    _, rows = _csv(run / "timeline.csv")
+    # The first row, one at batch 3 of each epoch, the last: all of this run's, in order.
+    assert [r["epoch"] for r in rows][1:-1] == [0.0, 1.0, 2.0]
+    assert len(rows) == 5 and rows == sorted(rows, key=lambda r: r["time"])
+    assert json.loads((run / "run.json").read_text())["timeline"] == "timeline.csv"
+    _, steps = _csv(run / "steps.csv")
+    assert {r["epoch"] for r in steps} == {2.0}  # epochs 0 and 1 went with the directory
+    said = [
+        r.getMessage() for r in caplog.records if "was removed during the run" in r.getMessage()
+    ]
+    assert len(said) == 2, said
+    assert any("tfgpu.monitor" in m and "with the 2 row(s) this run still held" in m for m in said)
+    assert any("StepTimer" in m and "the rows written before went with it" in m for m in said)
+    assert not [r for r in caplog.records if "failed" in r.getMessage()]
 
 
 def test_nvml_raising_anything_mid_fit_never_stops_training(fake):
@@ -1265,3 +1300,25 @@ def test_step_timer_logs_what_tune_measured_for_a_tuned_model(caplog):
     assert history.history["tuned_examples_per_s"] == [1e12, 1e12]
     short = [r.getMessage() for r in caplog.records if "tune measured" in r.getMessage()]
     assert len(short) == 1 and "of the 1,000,000,000,000 tune measured" in short[0]
+    # apply() left a step to trace: the first epoch includes it, the second is compared.
+    assert "in the first epoch after tracing (epoch 2)" in short[0]
+
+
+def test_step_timer_never_holds_tracing_against_what_tune_measured(caplog):
+    """`steps_per_execution=16` and 16 batches: an epoch is one execution, the first also
+    traces (it read 1% of what tune measured, the second epoch ran 80x faster). A fit whose
+    only epoch traces is not judged; the next fit of the same step is, from its first."""
+    from tfgpu.tuning import TuneResult
+
+    x, y = _data(256)
+    model = _model()
+    result = TuneResult(trials=[], settings={"steps_per_execution": 16})
+    result.tuned_examples_per_s = 1e12  # out of reach: any epoch compared falls short
+    result.apply(model)
+    with caplog.at_level(logging.WARNING, logger="tfgpu.callbacks"):
+        history = model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[StepTimer()])
+        assert history.history["tuned_examples_per_s"] == [1e12]
+        assert not [r for r in caplog.records if "tune measured" in r.getMessage()]
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[StepTimer()])
+    short = [r.getMessage() for r in caplog.records if "tune measured" in r.getMessage()]
+    assert len(short) == 1 and "in the first epoch (epoch 1)" in short[0]

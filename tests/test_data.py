@@ -413,12 +413,40 @@ def test_augment_then_batch_stays_fusable_into_map_and_batch():
 # ----------------------------------------------------------------------------- strategies, sharding
 
 
-def test_drop_remainder_under_a_strategy(mirrored):
-    ds = tfdata.pipeline(_xy(10), batch_size=4, strategy=mirrored)
+def test_drop_remainder_on_several_replicas_is_said_with_the_examples_dropped(mirrored):
+    with pytest.warns(
+        UserWarning,
+        match=r"on 2 replicas the last partial batch is dropped by "
+        r"default: 2 of 10 examples \(20\.0%\) every epoch.*drop_remainder=False",
+    ):
+        ds = tfdata.pipeline(_xy(10), batch_size=4, strategy=mirrored)
     assert ds.element_spec[0].shape.as_list() == [4, 4]  # static batch dimension
     assert [int(y.shape[0]) for _, y in ds] == [4, 4]
-    per_replica = tfdata.pipeline(_xy(10), per_replica_batch_size=3, strategy=mirrored)
+    with pytest.warns(UserWarning, match=r"4 of 10 examples \(40\.0%\).*global batch of 6"):
+        per_replica = tfdata.pipeline(_xy(10), per_replica_batch_size=3, strategy=mirrored)
     assert [int(y.shape[0]) for _, y in per_replica] == [6]
+    with warnings.catch_warnings():  # asked for, or nothing to drop: nothing to say
+        warnings.simplefilter("error")
+        kept = tfdata.pipeline(_xy(10), batch_size=4, strategy=mirrored, drop_remainder=False)
+        assert sorted(_label_ids(kept)) == list(range(10))
+        tfdata.pipeline(_xy(10), batch_size=4, strategy=mirrored, drop_remainder=True)
+        tfdata.pipeline(_xy(12), batch_size=4, strategy=mirrored)
+        tfdata.pipeline(_xy(10), batch_size=4, strategy=mirrored, repeat=True)
+
+
+def test_one_replica_keeps_the_partial_batch_as_fit_does():
+    """Issue 34: 63 examples, batches of 32 under a one-device strategy: all 63 every epoch
+    (the partial batch was dropped in silence: 32 of 63)."""
+    from tfgpu import strategy
+
+    one = strategy("one_device", devices="/cpu:0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ds = tfdata.pipeline(_xy(63), batch_size=32, strategy=one)
+    assert sorted(_label_ids(ds)) == list(range(63))
+    assert [int(y.shape[0]) for _, y in ds] == [32, 31]
+    plan = _plan(_facts(replicas=1), has_strategy=True)
+    assert plan.drop_remainder is False and plan.warnings == ()
 
 
 def test_an_unshuffled_pipeline_under_a_strategy_keeps_every_example(mirrored):
@@ -647,7 +675,16 @@ def test_decide_cache():
 def test_decide_batch_drop_remainder_sharding_threads():
     plan = _plan(_facts(replicas=4), per_replica_batch_size=16, batch_size=None)
     assert plan.global_batch_size == 64 and plan.drop_remainder is False
-    assert _plan(_facts(replicas=2), has_strategy=True).drop_remainder is True
+    two = _plan(_facts(replicas=2, num_examples=1000), has_strategy=True)
+    assert two.drop_remainder is True
+    assert two.warnings == (
+        "on 2 replicas the last partial batch is dropped by default: 8 of 1000 examples (0.8%) "
+        "every epoch, a global batch of 32; pass drop_remainder=False to keep it (Keras then "
+        "splits it unevenly: each replica averages its own share), or drop_remainder=True to "
+        "say you mean it",
+    )
+    unknown = _plan(_facts(replicas=2, num_examples=None), has_strategy=True)
+    assert "(an unknown number of examples every epoch)" in unknown.warnings[0]
     assert _plan(_facts(), drop_remainder=True).drop_remainder is True
     assert _plan(_facts()).shard_policy == "DATA"
     assert _plan(_facts(kind="files", num_files=8, workers=4)).shard_policy == "FILE"

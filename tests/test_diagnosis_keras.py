@@ -46,11 +46,12 @@ def test_an_image_folder_with_a_partial_last_batch_gets_a_verdict_within_its_bud
     )
     model = _convnet()
     model.fit(ds, epochs=1, verbose=0, shuffle=False)
-    diagnosis = tfgpu.diagnose(model, ds, steps=5, warmup=2, time_budget_s=30.0)
+    diagnosis = tfgpu.diagnose(model, ds, steps=5, warmup=2, time_budget_s=15.0)
     m = diagnosis.measurements
     # Within its budget: the budget was the one given, and a run it cut says so (how long
-    # it took in seconds is the machine's load, not a property to assert).
-    assert m["time_budget_s"] == 30.0 and diagnosis.time_s > 0
+    # it took in seconds is the machine's load, not a property to assert; nor is the
+    # verdict, which only the scripted tests of tests/test_diagnosis.py assert).
+    assert m["time_budget_s"] == 15.0 and diagnosis.time_s > 0
     assert diagnosis.bottleneck in ("input", "host_overhead", "compute", "inconclusive")
     assert diagnosis.input_bound in ("high", "moderate", "no", "inconclusive")
     assert 3 <= len(m["rounds"]) <= MAX_ROUNDS or any("time budget" in n for n in diagnosis.notes)
@@ -59,10 +60,7 @@ def test_an_image_folder_with_a_partial_last_batch_gets_a_verdict_within_its_bud
     # unless the input is one; every note is one line.
     assert all("\n" not in n for n in diagnosis.notes)
     assert "input pipeline alone:" in text and "examples/s" in text
-    if diagnosis.input_bound in ("high", "moderate"):
-        # The wait is then explained by the pipeline's own time per batch.
-        wait = diagnosis.step_time_s - diagnosis.compute_step_time_s
-        assert wait <= 2 * diagnosis.input_batch_time_s + 1e-3 + 0.5 * wait
+    assert diagnosis.input_batch_time_s > 0 and diagnosis.step_time_s > 0
     if diagnosis.flops_per_step:  # counted with the batch's own shapes
         assert diagnosis.flops_per_step > 0
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests import fake_pynvml
-from tests.conftest import run_python
+from tests.conftest import FullDisk, run_python
 from tfgpu import monitor
 from tfgpu._internal.helpers import checks, warn
 from tfgpu.monitor import _metrics, host, nvml, sampler
@@ -745,24 +745,11 @@ def test_monitor_never_imports_tensorflow_or_keras(tmp_path):
 
 
 # ---------------------------------------------------------------- hostile conditions
-class _FullDisk:
-    """A timeline file on a disk that filled up: every write fails."""
-
-    def write(self, text):
-        raise OSError(28, "No space left on device")
-
-    def flush(self):
-        raise OSError(28, "No space left on device")
-
-    def close(self):
-        pass
-
-
 def test_a_failing_disk_mid_run_is_logged_once_and_samples_stay_in_memory(fake, tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="tfgpu.monitor")
     s = _started(monitor.Sampler(interval=60, log_dir=tmp_path))
     s._sample()
-    s._file = _FullDisk()
+    s._csv.file = FullDisk(s._csv.file)
     for _ in range(3):
         s._sample()
     s.stop()

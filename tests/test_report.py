@@ -279,6 +279,26 @@ _GARBAGE = bytes(range(256)) * 8
         (lambda run: (run / "steps.csv").write_text("\n"), r"steps\.csv` is empty"),
         (lambda run: (run / "timeline.2.csv").mkdir(), r"timeline\.2\.csv` cannot be read"),
         ("no permission", r"timeline\.csv` cannot be read \(Permission denied\)"),
+        (
+            lambda run: (run / "tune.json").symlink_to("tune.json"),
+            r"tune\.json` cannot be read \(Too many levels of symbolic links\)",
+        ),
+        (
+            lambda run: (run / "scaling.json").symlink_to(run / "gone.json"),
+            r"scaling\.json` cannot be read \(No such file or directory\)",
+        ),
+        (
+            lambda run: (run / "timeline.csv").unlink() or (run / "timeline.csv").symlink_to("x"),
+            r"timeline\.csv` cannot be read \(No such file or directory\)",
+        ),
+        (
+            lambda run: (run / "scaling.json").write_text('{"gradient_bytes": ' + "9" * 5000 + "}"),
+            r"scaling\.json` cannot be read as JSON \(Exceeds the limit \(4300 digits\)",
+        ),
+        (
+            lambda run: (run / "run.json").write_text("[" * 100_000),
+            r"run\.json` cannot be read as JSON \(maximum recursion depth",
+        ),
     ],
     ids=[
         "run.json-list",
@@ -293,6 +313,11 @@ _GARBAGE = bytes(range(256)) * 8
         "steps-empty",
         "timeline-is-a-directory",
         "timeline-unreadable",
+        "tune.json-symlink-loop",
+        "scaling.json-dangling-link",
+        "timeline-dangling-link",
+        "scaling.json-5000-digit-integer",
+        "run.json-nested-100000-deep",
     ],
 )
 def test_a_damaged_file_is_named_and_the_rest_is_written(

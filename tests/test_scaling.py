@@ -1,13 +1,15 @@
 """tfgpu.scaling(): the cost model (pure), the reasons (pure, from built numbers), the
-arguments (refused before any work), and real runs on the process's 4 logical CPU devices
-with a bottleneck built in: a Python generator (input-bound) and large gradients on tiny
-compute (all-reduce-bound)."""
+arguments and the factory (refused before any timing), the verdicts on a scripted stand-in
+of every measurement (`_Scripted`: no test here depends on this machine's speed or load),
+and one real run on the process's logical CPU devices that asserts only what no speed can
+change."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
+import types
 
 import keras
 import numpy as np
@@ -15,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 import tfgpu
+from tests.conftest import ScriptedTiming
 from tfgpu._internal.measure.rules import Gain
 from tfgpu.scalability import _cost as cost
 from tfgpu.scalability._result import Point, ScalingResult
@@ -160,11 +163,15 @@ Y = np.random.default_rng(1).random((64, 1), dtype=np.float32)
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        ({"model": _tiny_model()}, TypeError, r"argument `model`.*cannot be built again"),
         (
-            {"model": "m"},
+            {"model_factory": _tiny_model()},
             TypeError,
-            r"argument `model`\. Received: model='m'",
+            r"argument `model_factory`.*cannot be built again",
+        ),
+        (
+            {"model_factory": "m"},
+            TypeError,
+            r"argument `model_factory`\. Received: model_factory='m'",
         ),
         ({"data": "data"}, TypeError, r"argument `data`"),
         (
@@ -186,9 +193,9 @@ def test_bad_arguments_are_refused_before_any_work(kwargs, error, match):
         built.append(1)
         return _tiny_model()
 
-    call = {"model": factory, "data": (X, Y), **kwargs}
+    call = {"model_factory": factory, "data": (X, Y), **kwargs}
     with pytest.raises(error, match=match):
-        tfgpu.scaling(call.pop("model"), call.pop("data"), **call)
+        tfgpu.scaling(call.pop("model_factory"), call.pop("data"), **call)
     assert built == []
 
 
@@ -201,46 +208,182 @@ def test_a_log_dir_under_a_file_and_a_factory_with_its_own_strategy_are_refused(
         with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
             return _tiny_model()
 
-    with pytest.raises(ValueError, match=r"argument `model`.*open no strategy scope"):
+    with pytest.raises(ValueError, match=r"argument `model_factory`.*open no strategy scope"):
         tfgpu.scaling(own_strategy, (X, Y), replicas=[2], verbose=0)
 
 
-@pytest.mark.slow
-def test_a_python_generator_is_named_input_bound_and_everything_is_put_back(tmp_path):
-    """A generator doing Python work per example feeds a one-weight model: the pipeline alone
-    is slower than the step's device work by orders of magnitude. The factory sets a global
-    policy; the user's is back after; no strategy is left open; the files parse."""
+def _frozen() -> keras.Model:
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, trainable=False)])
+    model.compile("sgd", "mse")
+    return model
 
-    def examples():
-        for i in range(1_000_000):
-            total = sum(range(2_000))  # Python work per example: the generator's cost
-            yield np.full(4, (i + total) % 7, np.float32), np.ones(1, np.float32)
 
-    spec = (tf.TensorSpec([4], tf.float32), tf.TensorSpec([1], tf.float32))
-    data = tf.data.Dataset.from_generator(examples, output_signature=spec).batch(64)
+def _widths():
+    widths = iter([16, 32, 48, 64, 80])
 
-    def factory():
-        keras.mixed_precision.set_global_policy("mixed_bfloat16")
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, dtype="float32")])
+    def build():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(next(widths))])
         model.compile("sgd", "mse")
         return model
 
+    return build
+
+
+def _uncompiled() -> keras.Model:
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+
+
+_ONE_MODEL = _tiny_model()
+
+
+@pytest.mark.parametrize(
+    "make_factory, error, match",
+    [
+        (
+            lambda: _frozen,
+            ValueError,
+            r"argument `model_factory`\. Received: a function whose model has no trainable "
+            r"weights \(its 2 weights are all non-trainable",
+        ),
+        (
+            _widths,
+            ValueError,
+            r"argument `model_factory`\. Received: a function that built different models "
+            r"\(weight 1 of 2 \(`dense\w*/kernel`\): \(4, 16\), then \(4, 32\); 80 "
+            r"parameters, then 160\)",
+        ),
+        (
+            lambda: lambda: _ONE_MODEL,
+            ValueError,
+            r"argument `model_factory`\. Received: a function that returned the same model "
+            r"object twice",
+        ),
+        (
+            lambda: _uncompiled,
+            ValueError,
+            r"argument `model_factory`\. Received: the model the factory returned that is not "
+            r"compiled",
+        ),
+    ],
+    ids=["all-layers-frozen", "another-width-each-call", "the-same-object", "not-compiled"],
+)
+def test_a_factory_scaling_cannot_compare_is_refused_before_any_timing(
+    make_factory, error, match, monkeypatch
+):
+    """Frozen layers (plain `fit` trains, there is nothing to all-reduce: it failed after 6 s
+    inside `tf.add_n`), a model that changes from call to call (the speedups would compare
+    different models), one object returned every time, a model not compiled."""
+    engine = ScriptedTiming(monkeypatch, lambda model, dataset: 0.01)
+    with pytest.raises(error, match=match):
+        tfgpu.scaling(make_factory(), (X, Y), replicas=[2], verbose=0)
+    assert engine.calls == 0
+
+
+@pytest.mark.parametrize("failing_call", [1, 2, 3])
+def test_what_the_factory_raises_comes_through_as_itself(failing_call):
+    calls = []
+
+    def factory():
+        calls.append(1)
+        if len(calls) == failing_call:
+            raise RuntimeError("could not load the pretrained weights")
+        return _tiny_model()
+
+    with pytest.raises(RuntimeError, match=r"^could not load the pretrained weights$"):
+        tfgpu.scaling(factory, (X, Y), replicas=[2], verbose=0)
+    assert len(calls) == failing_call
+
+
+class _Scripted:
+    """Every measurement of `scaling` scripted from the parts of a step, so that a verdict
+    comes from these numbers and never from this machine: per replica count `n` and global
+    batch, the compute (`compute(n, per_replica_batch)`), the all-reduce (`all_reduce(n)`,
+    its latency a tenth of it), the update (`update(n)`) and the pipeline alone (`rate`
+    examples/s); each timed fit's step is the device's parts in sequence, or the input when
+    slower (`cost.step_time`, as the cost model says)."""
+
+    def __init__(self, monkeypatch, *, compute, all_reduce, update, rate):
+        from tfgpu._internal.adapters import replicas
+        from tfgpu._internal.measure import reader
+
+        self.compute, self.all_reduce, self.update, self.rate = compute, all_reduce, update, rate
+        self.engine = ScriptedTiming(monkeypatch, self._step)
+        monkeypatch.setattr(
+            replicas,
+            "compute_s",
+            lambda strategy, model, batch: self._compute(strategy.num_replicas_in_sync, batch),
+        )
+        monkeypatch.setattr(
+            replicas,
+            "all_reduce_s",
+            lambda strategy, model, tiny: (
+                self._reduce(strategy.num_replicas_in_sync) / (10 if tiny else 1)
+            ),
+        )
+        monkeypatch.setattr(
+            replicas,
+            "apply_s",
+            lambda strategy, model: (
+                self._reduce(strategy.num_replicas_in_sync) + update(strategy.num_replicas_in_sync)
+            ),
+        )
+        monkeypatch.setattr(
+            reader,
+            "read_alone",
+            lambda dataset, steps, warmup: types.SimpleNamespace(examples_per_s=rate),
+        )
+
+    def _reduce(self, n: int) -> float:
+        return 0.0 if n == 1 else self.all_reduce(n)
+
+    def _compute(self, n: int, batch) -> float:
+        return self.compute(n, int(tf.nest.flatten(batch)[0].shape[0]) // n)
+
+    def _step(self, model, dataset) -> float:
+        n = model.distribute_strategy.num_replicas_in_sync
+        global_batch = tf.nest.flatten(dataset.element_spec)[0].shape[0]  # whole batches
+        busy = self.compute(n, global_batch // n) + self._reduce(n) + self.update(n)
+        return cost.step_time(busy, 0.0, 0.0, global_batch / self.rate)
+
+
+def _sets_a_policy() -> keras.Model:
+    """A factory that sets a global precision policy: scaling puts the user's back."""
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, dtype="float32")])
+    model.compile("sgd", "mse")
+    return model
+
+
+def test_a_slow_pipeline_is_named_input_bound_and_everything_is_put_back(tmp_path, monkeypatch):
+    """A pipeline of 1,000 examples/s feeds a step whose device work takes about 1 ms: at 64
+    examples a step (64 ms of input) on, every step waits for its batch. The factory sets a
+    global policy; the user's is back after; no strategy is left open; the files parse."""
+    _Scripted(
+        monkeypatch,
+        compute=lambda n, per_replica: 0.001 * per_replica / 64,
+        all_reduce=lambda n: 0.0001,
+        update=lambda n: 0.0001,
+        rate=1000.0,
+    )
+
     before = keras.mixed_precision.global_policy().name
-    # 16 timed steps a fit: the batches the generator buffered while the first step traced
-    # (seconds on a loaded machine) must not make up half of them and hide the input wait.
     result = tfgpu.scaling(
-        factory, data, replicas=[2], steps=16, time_budget_s=60, verbose=0, log_dir=tmp_path
+        _sets_a_policy, (X, Y), replicas=[2], time_budget_s=60, verbose=0, log_dir=tmp_path
     )
     assert keras.mixed_precision.global_policy().name == before
     assert not tf.distribute.has_strategy()
     points = {(p.replicas, p.mode): p for p in result.points}
     assert set(points) == {(1, "both"), (2, "weak"), (2, "strong")}
     weak = points[2, "weak"]
-    assert weak.global_batch == 128 and weak.per_replica_batch == 64
-    assert points[2, "strong"].global_batch == 64
-    assert weak.reason.startswith("input-bound"), str(result)
+    assert weak.global_batch == 64 and weak.per_replica_batch == 32
+    assert points[2, "strong"].global_batch == 32
+    assert weak.speedup.value == pytest.approx(1.0)  # twice the examples, twice the input time
+    assert weak.reason == (
+        "input-bound (50% of linear): the pipeline alone delivers 1,000 examples/s, 64.0 ms per "
+        "global batch of 64"
+    ), str(result)
     assert "tfgpu.data.pipeline" in weak.fix
-    assert weak.input_s > weak.compute_s + weak.all_reduce_s
+    assert weak.input_wait_s == pytest.approx(0.064 - 0.0007)  # 0.5 ms of compute on 32
     record = json.loads((tmp_path / "scaling.json").read_text())
     assert record["device_kind"] == "logical CPU device"
     assert record["points"][1]["reason"] == weak.reason
@@ -248,30 +391,17 @@ def test_a_python_generator_is_named_input_bound_and_everything_is_put_back(tmp_
     assert (tmp_path / "scaling.png").stat().st_size > 0
 
 
-def _slow_interconnect(devices: list[str]) -> tf.distribute.Strategy:
-    """A strategy whose all-reduce is deliberately slow, as over a slow link: on logical CPU
-    devices the replicas share memory, so a real all-reduce moves nothing and costs one sum.
-    Each reduction here makes 40 more passes over the gradients."""
-
-    def slow_add_n(values):
-        total = tf.add_n(values)
-        for _ in range(40):
-            total = total * 0.5 + values[0] * 0.5
-        return total
-
-    if len(devices) == 1:
-        return tf.distribute.OneDeviceStrategy(devices[0])
-    ops = tf.distribute.ReductionToOneDevice(accumulation_fn=slow_add_n)
-    return tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
-
-
-@pytest.mark.slow
 def test_large_gradients_over_a_slow_link_are_named_all_reduce_bound_and_predicted(monkeypatch):
-    """2 MiB of gradients, four examples per replica, an all-reduce made slow: it holds the
-    step. The cost model, calibrated on 1 and 2 replicas, predicts 4 and says its error."""
-    from tfgpu.scalability import _scaling
-
-    monkeypatch.setattr(_scaling, "_strategy", _slow_interconnect)
+    """2 MiB of gradients, four examples per replica: an all-reduce of 8 ms on 2 replicas,
+    12 on 4, beside 1 ms of compute, holds the step. The cost model, calibrated on 1 and 2
+    replicas, predicts 4 and says its error against the 4 measured."""
+    _Scripted(
+        monkeypatch,
+        compute=lambda n, per_replica: 0.001 * per_replica / 4,
+        all_reduce=lambda n: {2: 0.008, 4: 0.012}[n],
+        update=lambda n: 0.0005,
+        rate=1e6,
+    )
 
     def factory():
         model = keras.Sequential(
@@ -284,18 +414,80 @@ def test_large_gradients_over_a_slow_link_are_named_all_reduce_bound_and_predict
     y = np.ones((64, 1), np.float32)
     result = tfgpu.scaling(factory, (x, y), batch_size=4, time_budget_s=None, verbose=0)
     assert result.gradient_bytes == 4 * (512 * 1024 + 1024 + 1024 + 1)
-    assert result.all_reduce == "reduction_to_one_device"
     points = {(p.replicas, p.mode): p for p in result.points}
+    assert points[2, "weak"].speedup.value == pytest.approx(2 * 0.0015 / 0.0095)
     for key in ((2, "weak"), (4, "weak")):
         assert points[key].reason.startswith("all-reduce-bound"), str(result)
+        assert "2.0 MiB of gradients take" in points[key].reason
         assert "larger per-replica batch" in points[key].fix
-    assert points[4, "weak"].all_reduce_s > points[4, "weak"].compute_s
+    assert points[4, "weak"].all_reduce_s == pytest.approx(0.012)
+    assert points[4, "weak"].compute_s == pytest.approx(0.001)
     predicted = {(q.replicas, q.mode) for q in result.predictions}
     assert {(4, "weak"), (8, "weak"), (4, "strong")} <= predicted
     assert set(result.prediction_errors) >= {"4 weak"}
     assert all(math.isfinite(e) for e in result.prediction_errors.values())
     assert "prediction vs measured here: 4 weak" in str(result)
     assert isinstance(result, ScalingResult)
+
+
+@pytest.mark.parametrize("replicas", [[1], None], ids=["replicas-1", "one-device"])
+def test_one_replica_alone_is_timed_even_when_the_build_spent_the_budget(replicas, monkeypatch):
+    """Nothing to interleave with: the reference gets rounds of its own, the first without a
+    deadline, even when building the model took the whole budget (a one-GPU machine with
+    `replicas=None` is the same call)."""
+    from tfgpu.scalability import _scaling
+
+    scripted = _Scripted(
+        monkeypatch,
+        compute=lambda n, per_replica: 0.001,
+        all_reduce=lambda n: 0.0,
+        update=lambda n: 0.0,
+        rate=1e6,
+    )
+    if replicas is None:
+        monkeypatch.setattr(_scaling, "_devices", lambda: (["/cpu:0"], "logical CPU device"))
+
+    def slow_to_build():
+        scripted.engine.clock += 100.0  # past the 8 s budget before any timing
+        return _tiny_model()
+
+    result = tfgpu.scaling(
+        slow_to_build, (X, Y), replicas=replicas, steps=3, time_budget_s=8, verbose=0
+    )
+    (point,) = result.points
+    assert point.examples_per_s == pytest.approx(1 / 0.001 * 32), str(result)
+    assert point.reason == "the reference: one replica"
+    with pytest.raises(ValueError, match=r"argument `steps`\. Received: steps=2"):
+        tfgpu.scaling(_tiny_model, (X, Y), steps=2, verbose=0)
+
+
+@pytest.mark.slow
+def test_a_real_run_times_every_configuration_and_puts_everything_back(tmp_path):
+    """The one real run (4 logical CPU devices, no time limit): what it asserts holds at any
+    speed, on any load: every configuration is timed and split, a reason per point, the
+    predictions, the policy and the strategy put back, the files written."""
+
+    before = keras.mixed_precision.global_policy().name
+    data = tf.data.Dataset.from_tensor_slices((X, Y)).batch(8)
+    result = tfgpu.scaling(
+        _sets_a_policy, data, replicas=[2], steps=3, time_budget_s=None, verbose=0, log_dir=tmp_path
+    )
+    assert keras.mixed_precision.global_policy().name == before
+    assert not tf.distribute.has_strategy()
+    assert [(p.replicas, p.mode, p.global_batch) for p in result.points] == [
+        (1, "both", 8),
+        (2, "weak", 16),
+        (2, "strong", 8),
+    ]
+    for p in result.points:
+        assert p.examples_per_s > 0 and p.compute_s is not None and p.input_s is not None
+        assert p.reason and not p.reason.startswith("not timed"), str(result)
+    assert result.gradient_bytes == 4 * (4 + 1)
+    assert result.device_kind == "logical CPU device" and result.all_reduce
+    assert {(q.replicas, q.mode) for q in result.predictions} >= {(4, "weak"), (4, "strong")}
+    record = json.loads((tmp_path / "scaling.json").read_text())
+    assert [p["reason"] for p in record["points"]] == [p.reason for p in result.points]
+    assert (tmp_path / "scaling.png").stat().st_size > 0
 
 
 def test_without_an_interconnect_cost_the_same_gradients_are_not_all_reduce_bound():
@@ -395,13 +587,3 @@ def test_the_link_nvml_reports_is_stated_and_bounds_the_predicted_all_reduce(
         max(2 / 2 * 2**30 / link.bandwidth_bytes_s, 2 * 0.00005 + 2**30 / (2**30 / 0.0004))
         + network
     )
-
-
-@pytest.mark.slow
-def test_one_replica_alone_is_timed_not_called_out_of_budget():
-    # Nothing to interleave with: the reference still gets its own rounds.
-    result = tfgpu.scaling(_tiny_model, (X, Y), replicas=[1], steps=3, time_budget_s=30, verbose=0)
-    (point,) = result.points
-    assert point.examples_per_s and point.reason == "the reference: one replica", str(result)
-    with pytest.raises(ValueError, match=r"argument `steps`\. Received: steps=2"):
-        tfgpu.scaling(_tiny_model, (X, Y), steps=2, verbose=0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 
 import keras
@@ -415,6 +416,39 @@ def test_the_precision_candidate_on_a_cpu_both_ways(monkeypatch):
     assert result.trial("precision mixed_bfloat16").reason == cands.NEEDS_FACTORY
 
 
+def test_a_factory_that_returns_its_first_model_again_leaves_the_precision_untried(monkeypatch):
+    """`tune(lambda: model, train)`: nothing is ever built under the policy, so no verdict
+    (noise alone would decide it). A factory of a different model each call is named."""
+    monkeypatch.setattr(
+        facts_module, "device_facts", lambda: {**CPU_FACTS, "cpu_native_bf16": True}
+    )
+    _Script(monkeypatch, lambda s, n: 0.01)
+    model = _build()()
+    result = tfgpu.tune(lambda: model, _train(), time_budget_s=600, verbose=0)
+    trial = result.trial("precision mixed_bfloat16")
+    assert trial.status == "untried" and trial.gain is None, str(result)
+    assert trial.reason == (
+        "the factory returned the same model object: nothing was built under the policy"
+    )
+    assert keras.mixed_precision.global_policy().name == "float32"
+
+    widths = iter([8, 16])
+
+    def grows():
+        grown = keras.Sequential([keras.Input((8,)), keras.layers.Dense(next(widths))])
+        grown.compile("sgd", "mse")
+        return grown
+
+    result = tfgpu.tune(grows, _train(), time_budget_s=600, verbose=0)
+    trial = result.trial("precision mixed_bfloat16")
+    assert trial.status == "failed", str(result)
+    assert re.search(
+        r"argument `model`\. Received: a function that built different models \(weight 1 of 2 "
+        r"\(`dense\w*/kernel`\): \(8, 8\), then \(8, 16\)",
+        trial.reason,
+    ), trial.reason
+
+
 def test_the_batch_size_is_reported_and_kept_only_when_allowed(monkeypatch):
     _Script(monkeypatch, lambda s, n: 0.01)
 
@@ -457,6 +491,17 @@ def test_apply_sets_the_compile_settings_and_names_what_it_cannot():
         TuneResult(trials=[], settings={"steps_per_execution": 4}).apply(model)
     with pytest.raises(TypeError, match="Invalid type for argument `model`"):
         result.apply("model")
+
+
+def test_apply_refuses_a_model_not_compiled_yet_and_leaves_it_untouched():
+    """`compile()` after `apply` would reset `steps_per_execution` to 1 without a word."""
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    result = TuneResult(trials=[], settings={"steps_per_execution": 16})
+    with pytest.raises(
+        TypeError, match=r"argument `model`\. Received: a model that is not compiled"
+    ):
+        result.apply(model)
+    assert model.steps_per_execution == 1
 
 
 @pytest.mark.slow
@@ -533,7 +578,7 @@ def test_an_uncompiled_model_is_refused():
 @pytest.mark.slow
 def test_a_real_run_on_a_tiny_model_has_the_promised_structure(tmp_path):
     # Unscripted: only the structure is checked, never the speed.
-    result = tfgpu.tune(_build(), _train(), steps=5, time_budget_s=20, verbose=0, log_dir=tmp_path)
+    result = tfgpu.tune(_build(), _train(), steps=5, time_budget_s=10, verbose=0, log_dir=tmp_path)
     assert result.trials and all(t.status in rules.STATUSES for t in result.trials)
     assert result.speedup.value >= 1.0 or result.settings == {}
     assert (tmp_path / "tune.json").exists()

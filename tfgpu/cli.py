@@ -81,7 +81,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser(
         "data-service",
-        help="run a tf.data service dispatcher or worker (`tfgpu data-service --help`)",
+        help="run a tf.data service dispatcher or worker; its ports are open to anyone who "
+        "reaches them (`tfgpu data-service --help`)",
         add_help=False,
     )
     for p in sub.choices.values():  # reports its command's argument errors (see `main`)

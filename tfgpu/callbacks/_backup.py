@@ -68,22 +68,37 @@ def delete_backups(canonical: Path, own: Path | None, is_chief: bool) -> None:
 
 def write_atomic(directory: Path, arrays: dict[str, np.ndarray], keep_previous: bool) -> Path:
     """Writes `arrays` to a flushed temporary file renamed over `directory/backup.npz`; with
-    `keep_previous` the old one first becomes `backup.prev.npz`: one complete backup always."""
+    `keep_previous` the old one first becomes `backup.prev.npz`: one complete backup always.
+    A save that fails (a full disk) leaves no temporary file and raises an OSError naming the
+    backup; the one before it is intact."""
     target = directory / FILE
     tmp = directory / f".{FILE}.tmp-{os.getpid()}"
-    with _create(tmp) as f:
-        np.savez(f, allow_pickle=True, **arrays)  # numpy's default, named for the stubs
-        f.flush()
-        os.fsync(f.fileno())
-    if keep_previous and target.exists():
-        prev_tmp = directory / f".{PREV}.tmp-{os.getpid()}"
-        prev_tmp.unlink(missing_ok=True)
-        try:
-            os.link(target, prev_tmp)
-        except OSError:
-            shutil.copyfile(target, prev_tmp)
-        _replace(prev_tmp, directory / PREV)
-    _replace(tmp, target)
+    prev_tmp = directory / f".{PREV}.tmp-{os.getpid()}"
+    try:
+        with _create(tmp) as f:
+            np.savez(f, allow_pickle=True, **arrays)  # numpy's default, named for the stubs
+            f.flush()
+            os.fsync(f.fileno())
+        if keep_previous and target.exists():
+            prev_tmp.unlink(missing_ok=True)
+            try:
+                os.link(target, prev_tmp)
+            except OSError:
+                shutil.copyfile(target, prev_tmp)
+            _replace(prev_tmp, directory / PREV)
+        _replace(tmp, target)
+    except BaseException as e:  # whatever stopped it, Ctrl-C included: no temporary file left
+        for left in (tmp, prev_tmp):
+            with contextlib.suppress(OSError):
+                left.unlink()
+        if not isinstance(e, OSError):
+            raise
+        raise OSError(
+            e.errno,
+            f"{e.strerror or e}: BackupAndRestore could not save the backup {str(target)!r} "
+            "(the previous backup, if any, is intact and training can resume from it; "
+            "nothing of the failed save is left)",
+        ) from e
     _fsync_dir(directory)
     return target
 

@@ -18,7 +18,7 @@ import keras
 from tfgpu._internal.adapters import devices, keras_internals, model_state
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_int, check_number
-from tfgpu._internal.helpers.files import open_csv, writable_dir
+from tfgpu._internal.helpers.files import RunCsv, writable_dir
 from tfgpu.callbacks import _steps
 from tfgpu.monitor import artifact_name
 
@@ -27,6 +27,8 @@ _NAN = float("nan")
 
 # An epoch below this share of what `tune` measured for the model's settings is named.
 TUNED_SHORTFALL = 0.8
+# Keras's train functions that have run a whole epoch under a StepTimer: traced already.
+_TRACED: weakref.WeakSet[Any] = weakref.WeakSet()
 _Row = tuple[float, int, int, float, float]  # a steps.csv row: time, epoch, step, step time, rate
 
 
@@ -103,11 +105,14 @@ class StepTimer(keras.callbacks.Callback):
         self._wall = time.time
         self.async_safe = True  # batch-end hook is thread-safe; lets Keras stay asynchronous
         self._lock = threading.Lock()  # guards everything but the two append-only deques
-        self._file: Any = None
+        self._csv: RunCsv | None = None
         self._closer: weakref.finalize | None = None
         self._fit_over: keras_internals.FitWatch | None = None
         self._batch_size: int | None = self.batch_size
         self._epoch = 0
+        self._epochs_in_fit = 0  # epochs this fit has ended
+        self._step_fn: Any = None  # Keras's train function of this fit
+        self._judged_at = 0  # the epoch of this fit compared with what tune measured
         self._reported = self._mfu_noted = False
         self._flops, self._peak = self.flops_per_step, self.peak_flops
         self._reset_epoch()
@@ -135,12 +140,29 @@ class StepTimer(keras.callbacks.Callback):
                 "dimension?), so examples_per_s is NaN. Pass StepTimer(batch_size=...)."
             )
         self._flops, self._peak = self._mfu_inputs()
+        # A train function new to this fit traces in its first epoch: tune's claim is checked
+        # on the first epoch that does not.
+        self._step_fn = keras_internals.keras_train_function(
+            keras_internals.train_function(self.model)
+        )
+        self._epochs_in_fit = 0
+        try:
+            self._judged_at = 0 if self._step_fn in _TRACED else 1
+        except TypeError:  # not weak-referenceable: assume it traces
+            self._judged_at = 1
         if self.log_dir is not None:
             try:
                 path = self.log_dir / artifact_name("steps", ".csv")
-                self._file, _ = open_csv(path, _STEPS_HEADER)
+                self._csv = RunCsv(
+                    path,
+                    _STEPS_HEADER,
+                    log=_log,
+                    who="StepTimer",
+                    name="steps.csv",
+                    kept="training goes on",
+                )
                 # Keras skips on_train_end when fit raises: close it when this callback goes.
-                self._closer = weakref.finalize(self, _close_quietly, self._file)
+                self._closer = weakref.finalize(self, self._csv.close)
             except (OSError, ValueError) as e:  # a full disk, a lost mount, a path it refuses
                 _log.warning("StepTimer cannot write steps.csv (%s); training goes on.", e)
         # ... and write the rows as soon as fit is over, also when it raised.
@@ -181,7 +203,7 @@ class StepTimer(keras.callbacks.Callback):
         if self._closer is not None:
             self._closer()  # closes the file, once
             self._closer = None
-        self._file = None
+        self._csv = None
 
     def _mfu_inputs(self) -> tuple[float | None, float | None]:
         """FLOPs per step and peak FLOP/s: as given, else worked out; never raises."""
@@ -234,6 +256,9 @@ class StepTimer(keras.callbacks.Callback):
                     self._peak,
                 )
                 self._against_tune(summary)
+                self._epochs_in_fit += 1
+                with contextlib.suppress(TypeError):  # not weak-referenceable
+                    _TRACED.add(self._step_fn)
                 return summary
         except Exception as e:  # the boundary of every hook's work on the steps: `fit` goes on
             self._report(e)
@@ -242,18 +267,22 @@ class StepTimer(keras.callbacks.Callback):
         return None
 
     def _against_tune(self, summary: dict[str, float]) -> None:
-        """Adds what `tune` measured (`TuneResult.apply`); warns at epoch 0 if a fifth short."""
+        """Adds what `tune` measured (`TuneResult.apply`); warns if the fit's first epoch that
+        traces no step (the first, or the second where the first traced) is a fifth short."""
         tuned = model_state.tuned_examples_per_s(self.model)
         if tuned is None:
             return
         summary["tuned_examples_per_s"] = tuned
         reached = summary["examples_per_s"] / tuned
-        if self._epoch == 0 and reached < TUNED_SHORTFALL:
+        if self._epochs_in_fit == self._judged_at and reached < TUNED_SHORTFALL:
+            which = "the first epoch" if self._judged_at == 0 else "the first epoch after tracing"
             _log.warning(
-                "StepTimer: %s examples/s in the first epoch, %.0f%% of the %s tune measured "
+                "StepTimer: %s examples/s in %s (epoch %d), %.0f%% of the %s tune measured "
                 "for these settings (train on result.dataset; a loaded machine, another batch "
                 "size or a cache still filling also explain it).",
                 f"{summary['examples_per_s']:,.0f}",
+                which,
+                self._epoch + 1,
                 100 * reached,
                 f"{tuned:,.0f}",
             )
@@ -314,16 +343,9 @@ class StepTimer(keras.callbacks.Callback):
         held = self._rows[-1:] if not final and unknown else []
         rows = self._rows[: len(self._rows) - len(held)]
         self._rows = held
-        if self._file is None or not rows:
+        if self._csv is None or not rows:
             return
-        try:
-            self._file.write(
-                "".join(f"{w:.3f},{e},{s},{t:.6g},{r:.6g}\n" for w, e, s, t, r in rows)
-            )
-            self._file.flush()
-        except (OSError, ValueError) as e:
-            _log.warning("StepTimer: writing steps.csv failed (%s); training goes on.", e)
-            self._file = None
+        self._csv.write("".join(f"{w:.3f},{e},{s},{t:.6g},{r:.6g}\n" for w, e, s, t, r in rows))
 
 
 _SYNC_EVERY_S = 1.0  # StepTimer turns noted times into steps.csv rows at most this often
@@ -379,8 +401,3 @@ def _sync_after_fit(timer: weakref.ref[StepTimer]) -> None:
     alive = timer()
     if alive is not None:
         alive._sync(final=True, timeout=1.0)
-
-
-def _close_quietly(file: Any) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        file.close()

@@ -74,7 +74,7 @@ def pipeline(
         shuffle: bool, shuffle the examples (and the files' order). Defaults to True.
         shuffle_buffer: int, the shuffle buffer in examples. Defaults to None: sized here.
         drop_remainder: bool, drop the last partial batch. Defaults to None: when shuffling
-            under a strategy.
+            on several replicas (said in a warning with the examples dropped).
         deterministic: bool, a fixed order through parallel steps. Defaults to None.
         repeat: bool, repeat indefinitely, after the shuffle (custom loops). Defaults to False.
         distribute: bool, return `strategy.experimental_distribute_dataset(...)`. Defaults to False.
@@ -152,7 +152,7 @@ def _batching(args: Arguments) -> Batching:
             "global batch size, or the batch size per replica (both may be None only for a "
             "dataset that is already batched, whose batches are then kept)."
         )
-    drop = drop_remainder_default(args.drop_remainder, strategy is not None, args.shuffle)
+    drop = drop_remainder_default(args.drop_remainder, num_replicas, args.shuffle)
     global_batch = requested if requested is not None else batch_size
     split_counts = None
     if args.validation_split is not None:

@@ -58,12 +58,35 @@ class Plan:
     keep_shard: bool = False  # the source keeps its own auto-shard policy (a dataset passed in)
 
 
-def drop_remainder_default(drop_remainder: bool | None, has_strategy: bool, shuffle: bool) -> bool:
-    """`drop_remainder` as given, else True for a shuffled (training) pipeline under a strategy
-    (even splits, one XLA shape); an unshuffled one is for validation: every example counts."""
+def drop_remainder_default(drop_remainder: bool | None, replicas: int, shuffle: bool) -> bool:
+    """`drop_remainder` as given, else True for a shuffled (training) pipeline on several
+    replicas: Keras splits a partial batch unevenly and each replica averages its own share,
+    which is not the step one device takes (docs/data.md, "The last partial batch"). One
+    replica keeps it, as `fit` does; an unshuffled pipeline is for validation: every example
+    counts."""
     if drop_remainder is not None:
         return drop_remainder
-    return has_strategy and shuffle
+    return replicas > 1 and shuffle
+
+
+def dropped_by_default(facts: Facts, global_batch: int) -> str:
+    """What the default `drop_remainder=True` drops every epoch, in words ("" when nothing:
+    a source of a whole number of batches, or its own batches kept)."""
+    n = facts.num_examples
+    if facts.batched or not global_batch or (n is not None and (n < 0 or n % global_batch == 0)):
+        return ""
+    replicas = f"on {facts.replicas} replicas the last partial batch is dropped by default"
+    fix = (
+        "pass drop_remainder=False to keep it (Keras then splits it unevenly: each replica "
+        "averages its own share), or drop_remainder=True to say you mean it"
+    )
+    if n is None:
+        return f"{replicas} (an unknown number of examples every epoch); {fix}"
+    left = n % global_batch
+    return (
+        f"{replicas}: {left} of {n} examples ({left / n:.1%}) every epoch, a global batch of "
+        f"{global_batch}; {fix}"
+    )
 
 
 def decide(
@@ -82,10 +105,14 @@ def decide(
     repeat: bool = False,
 ) -> Plan:
     """The `Plan` from facts and wishes (pure); ValueError for a batch or a cache that fails."""
-    drop_remainder = drop_remainder_default(drop_remainder, has_strategy, shuffle)
+    asked = drop_remainder
+    drop_remainder = drop_remainder_default(asked, facts.replicas if has_strategy else 1, shuffle)
     global_batch = _global_batch(
         facts, batch_size, per_replica_batch_size, has_strategy, drop_remainder and not repeat
     )
+    dropped = ""
+    if drop_remainder and asked is None and not repeat:
+        dropped = dropped_by_default(facts, global_batch)
     if facts.num_examples == 0:
         raise invalid_value(
             "data",
@@ -132,7 +159,7 @@ def decide(
         shard_policy=shard_policy,
         private_threadpool_size=private_threadpool_size,
         notes=tuple(note for note in (*notes, cache_note, buffer_note) if note),
-        warnings=(warning,) if warning else (),
+        warnings=tuple(w for w in (warning, dropped) if w),
         keep_shard=policy == "AUTO",
     )
 

@@ -39,7 +39,7 @@ def choose_sizes(*, quick: bool, num_gpus: int, epochs: int | None = None) -> Si
     if quick:
         sizes = Sizes(
             num_train=512, num_test=256, stored_size=48, image_size=24, per_replica_batch=32,
-            epochs=2, diagnose_steps=3, diagnose_warmup=1, check_xla=False, tune_budget_s=20.0,
+            epochs=2, diagnose_steps=3, diagnose_warmup=1, check_xla=False, tune_budget_s=10.0,
         )  # fmt: skip
     elif num_gpus > 0:
         batch = 256

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import contextlib
 import logging
 import os
 import threading
@@ -22,7 +21,7 @@ from tfgpu._internal.helpers.checks import (
     invalid_value,
     is_number,
 )
-from tfgpu._internal.helpers.files import open_csv, writable_dir
+from tfgpu._internal.helpers.files import RunCsv, writable_dir
 from tfgpu.monitor._gpu_reader import GpuReader, close_readers, open_readers
 from tfgpu.monitor._metrics import HOST_METRICS, aggregate_columns, timeline_columns
 from tfgpu.monitor._run_files import add_session, format_row, session_record
@@ -107,8 +106,8 @@ class Sampler:
         self._stop_event = threading.Event()
         self._first_row = threading.Event()  # set by the thread once its first row is in
         self._thread: threading.Thread | None = None
-        self._file: Any = None
-        self._file_failed = self._sample_failed = False
+        self._csv: RunCsv | None = None
+        self._sample_failed = False
         self._epoch = self._step = _NAN
         self._t0 = 0.0
         self._nv: Any = None
@@ -227,11 +226,26 @@ class Sampler:
         try:
             info = session_record(self._t0, self._interval, self._inventory, self._gpus, environ)
             self.timeline_path = directory / info["timeline"]
-            self._file, rotated = open_csv(self.timeline_path, ",".join(self._columns) + "\n")
-            add_session(directory, info, rotated, environ)
+
+            def restart() -> str:
+                """The run directory was removed: this session again, and its rows so far."""
+                add_session(directory, info, None, environ)
+                with self._lock:
+                    rows = list(zip(*(self._data[c] for c in self._columns)))[:-1]
+                return "".join(format_row(self._columns, row) + "\n" for row in rows)
+
+            self._csv = RunCsv(
+                self.timeline_path,
+                ",".join(self._columns) + "\n",
+                log=_log,
+                who="tfgpu.monitor",
+                name="the timeline",
+                kept="samples stay in memory",
+                restart=restart,
+            )
+            add_session(directory, info, self._csv.rotated, environ)
         # A full disk, a lost mount; a damaged run.json, Slurm variables that are not numbers.
         except (OSError, ValueError, TypeError) as e:
-            self._file_failed = True
             _log.warning("tfgpu.monitor: cannot write to %s (%s); sampling goes on.", directory, e)
 
     def _sample(self) -> None:
@@ -247,18 +261,8 @@ class Sampler:
             with self._lock:
                 for column, value in zip(self._columns, row):
                     self._data[column].append(value)
-            if self._file is not None:
-                try:
-                    self._file.write(format_row(self._columns, row) + "\n")
-                    self._file.flush()
-                except (OSError, ValueError) as e:
-                    if not self._file_failed:
-                        self._file_failed = True
-                        _log.warning(
-                            "tfgpu.monitor: writing the timeline failed (%s); samples stay in "
-                            "memory.",
-                            e,
-                        )
+            if self._csv is not None:
+                self._csv.write(format_row(self._columns, row) + "\n")
         except Exception:  # the tick's boundary: a failed sample never stops sampling or training
             if not self._sample_failed:
                 self._sample_failed = True
@@ -281,10 +285,9 @@ class Sampler:
             self._close()
 
     def _close(self) -> None:
-        if self._file is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self._file.close()
-            self._file = None
+        if self._csv is not None:
+            self._csv.close()
+            self._csv = None
         close_readers(self._nv, self._readers)
         self._nv, self._readers, self._host_reader = None, [], None
 

@@ -90,7 +90,7 @@ def write_report_and_problems(
     for diagnosis in diagnosis_files(names):  # earlier ones (diagnosis.1.json, ...) first
         body += _section(problems, diagnosis, sections.diagnosis_section, diagnosis, problems)
     for result in (run / name for name in sections.RESULTS):  # tune.json, scaling.json
-        if result.is_file():
+        if result in names:  # a dangling link or a loop too: named when it cannot be read
             body += _section(problems, result, sections.result_section, result, out, problems)
     if images:
         body += ["## Plots", "", *(f"![{p.stem}]({p.name})" for p in images), ""]

@@ -15,18 +15,21 @@ from tfgpu._internal.adapters import all_reduce
 from tfgpu._internal.adapters import replicas as measure
 from tfgpu._internal.adapters.datasets import pipeline_arguments, read_first
 from tfgpu._internal.adapters.devices import tf_gpus
+from tfgpu._internal.adapters.model_state import build
 from tfgpu._internal.helpers import stats
 from tfgpu._internal.helpers.checks import check_int, check_number, invalid_type, invalid_value
 from tfgpu._internal.measure import reader, timing
 from tfgpu._internal.measure.rules import MIN_ROUNDS, SEARCH_BUDGET_S, Gain, medians
 from tfgpu._internal.measure.session import Session, check_steps
-from tfgpu._internal.measure.variants import Steady, Variants
+from tfgpu._internal.measure.variants import Steady, Variants, batched_at
 from tfgpu._internal.measure.workload import DEFAULT_BATCH_SIZE, check_model, open_workload
 from tfgpu.scalability import _cost as cost
 from tfgpu.scalability._links import gpu_link, host_link
 from tfgpu.scalability._result import Point, Prediction, ScalingResult
 
 WEAK, STRONG = "weak", "strong"
+# The argument that builds the model, named in every error about it.
+FACTORY = "model_factory"
 # Timed steps of each `fit`, and the warm-up steps before them (the first traces).
 STEPS, WARMUP = 8, 3
 # Share of the budget for the interleaved rounds; the split of each step takes the rest, in
@@ -89,7 +92,7 @@ class _Config:
 
 
 def scaling(
-    model: Callable[[], keras.Model],
+    model_factory: Callable[[], keras.Model],
     data: Any,
     *,
     batch_size: int | None = None,
@@ -108,8 +111,10 @@ def scaling(
     CPU devices on a CPU host: "Limits").
 
     Args:
-        model: a function without arguments that builds and compiles the model, called
-            inside each strategy's scope (a model built already is refused).
+        model_factory: a function without arguments that builds, compiles and returns a new
+            model at each call, called inside each strategy's scope (a model built already
+            is refused, and so is a function that returns the same object or different
+            models, or a model without trainable weights).
         data: `tf.data.Dataset` of batches or examples, or arrays `x`, `(x, y)` or
             `(x, y, sample_weight)`.
         batch_size: int or None, the global batch of one replica. Defaults to None: the
@@ -129,9 +134,12 @@ def scaling(
         A `ScalingResult`: print it for the table, the reasons and the prediction.
 
     Raises:
-        TypeError: if an argument has the wrong type (`model` not a function, for one).
+        TypeError: if an argument has the wrong type (`model_factory` not a function, for
+            one).
         ValueError: if a value is out of range (more `replicas` than devices, for one), or
-            the factory's model is not compiled or opens its own strategy.
+            the factory's model is not compiled, opens its own strategy, has no trainable
+            weights, is the same object at each call or differs from call to call. What
+            the factory itself raises comes through as it is.
 
     Example:
 
@@ -158,7 +166,14 @@ def scaling(
     devices, kind = _devices()
     counts = replica_counts(len(devices), _check_replicas(replicas, devices, kind))
     one = _strategy(devices[:1])
-    work = open_workload(model, data, examples_ok=True, factory_only=True, strategy=one)
+    work = open_workload(
+        model_factory,
+        data,
+        examples_ok=True,
+        factory_only=True,
+        strategy=one,
+        argument=FACTORY,
+    )
     from tfgpu.data import pipeline
 
     base_batch = batch_size or work.batch_size or DEFAULT_BATCH_SIZE
@@ -172,11 +187,48 @@ def scaling(
         rebuild=pipeline,
         per_example=True,
         batches=work.batches,
+        batch=_first_batch(batched_at(work.dataset, base_batch, False, work.batches)),
+        argument=FACTORY,
     )
+    _check_trainable(variants)
     session.progress.phase("building the model on each replica count")
     configs = _configs(variants, devices, counts, base_batch, one, session.notes)
     result = _measure(session, variants, configs, steps, kind, network)
     return session.finish(result, result.headline())
+
+
+def _first_batch(dataset: tf.data.Dataset, whole: int | None = None) -> Any:
+    """The first batch of `dataset` (bounded: a dataset that never yields is a TimeoutError);
+    a ValueError naming `data` when it yields none (`whole`: the batches are whole ones of
+    that many examples)."""
+    read = read_first(dataset, 1)
+    if not read:
+        what = "batch" if whole is None else f"whole batch of {whole} examples"
+        raise invalid_value(
+            "data",
+            None,
+            f"a dataset that yields at least one {what}",
+            received=f"a dataset that yields no {what}",
+        )
+    return read[0]
+
+
+def _check_trainable(variants: Variants) -> None:
+    """Refuses, before any timing, a model without trainable weights (built on the first
+    batch): nothing to all-reduce."""
+    model = variants.model
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(variants.first_batch())
+    build(model, x)
+    if model.trainable_weights:
+        return
+    raise invalid_value(
+        FACTORY,
+        variants.factory,
+        "a function whose model has trainable weights: scaling times the all-reduce of their "
+        "gradients (set `trainable=True` on the layers to train)",
+        received=f"a function whose model has no trainable weights (its {len(model.weights)} "
+        "weights are all non-trainable: `fit` trains nothing and there is nothing to reduce)",
+    )
 
 
 def _check_replicas(replicas: Any, devices: list[str], kind: str) -> Sequence[int] | None:
@@ -201,13 +253,7 @@ def _measure(
     """The interleaved rounds, the split of each step, the points and the prediction."""
     progress, notes = session.progress, session.notes
     base, others = configs[0], configs[1:]
-    if not read_first(variants.dataset_for(base.changes)[0], 1):  # bounded: never-yielding
-        raise invalid_value(
-            "data",
-            None,
-            "a dataset that yields at least one batch",
-            received="a dataset that yields no batch",
-        )
+    _first_batch(variants.dataset_for(base.changes)[0], base.global_batch)  # bounded
     progress.phase(f"timing {len(configs)} configurations in interleaved rounds")
     base_run = variants.run_for(base.changes)
     comparisons = timing.compare(
@@ -269,7 +315,7 @@ def _configs(
 ) -> list[_Config]:
     """One replica (the workload's own model, built under `one`), then each count weak and
     strong, its model built by the factory inside its strategy's scope and checked."""
-    configs = [_Config(1, WEAK, base_batch, one)]
+    configs = [_Config(1, WEAK, base_batch, one)]  # as `scaling` read its first batch
     for n in counts[1:]:
         for mode in (WEAK, STRONG):
             global_batch = base_batch * n if mode == WEAK else base_batch
@@ -287,12 +333,12 @@ def _configs(
 
 def _check_built(variants: Variants, c: _Config) -> None:
     """Builds the model of `c` by the factory inside its strategy's scope; a ValueError naming
-    `model` when it is not compiled or has another replica count (its own strategy)."""
-    model = check_model(variants.model_for(c.changes), from_factory=True)
+    `model_factory` when it is not compiled or has another replica count (its own strategy)."""
+    model = check_model(variants.model_for(c.changes), from_factory=True, argument=FACTORY)
     built = getattr(model.distribute_strategy, "num_replicas_in_sync", 1)
     if built != c.n:
         raise invalid_value(
-            "model",
+            FACTORY,
             variants.factory,
             "a function that builds its model inside the strategy scope it is called in (open "
             f"no strategy scope inside it); its model has {built} replica(s) where {c.n} were "

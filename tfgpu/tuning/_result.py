@@ -125,8 +125,18 @@ class TuneResult(Result):
         from tfgpu._internal.adapters.model_state import note_tuned
         from tfgpu._internal.helpers.checks import invalid_type
 
+        expected = "a compiled `keras.Model`"
         if not isinstance(model, keras.Model):
-            raise invalid_type("model", model, "a compiled `keras.Model`")
+            raise invalid_type("model", model, expected)
+        if not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None:
+            # `compile()` after `apply` would put `steps_per_execution` back to 1 silently.
+            raise invalid_type(
+                "model",
+                model,
+                f"{expected}: call `model.compile(...)` first, then `result.apply(model)` "
+                "(compile sets `steps_per_execution` and `jit_compile` again)",
+                received=f"a model that is not compiled ({model.name!r})",
+            )
         compiled = {k: v for k, v in self.settings.items() if k in rules.COMPILE_KEYS}
         for key, value in compiled.items():
             setattr(model, key, value)

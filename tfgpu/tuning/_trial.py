@@ -29,9 +29,11 @@ CACHE_MEMORY_SHARE = 0.25
 
 @dataclasses.dataclass
 class Failure:
-    """What the body of a `recorded` block raised, in words (None while nothing failed)."""
+    """What the body of a `recorded` block raised, in words (None while nothing failed), and
+    the exception itself."""
 
     text: str | None = None
+    error: Exception | None = None
 
 
 @contextlib.contextmanager
@@ -42,7 +44,7 @@ def recorded(describe: Callable[[Exception], str] = one_line) -> Iterator[Failur
         yield failure
     except Exception as e:  # tune's one catch-all: a setting that breaks the model or the
         # pipeline (any error, theirs or TensorFlow's) is recorded, never a crash of the search
-        failure.text = describe(e)
+        failure.text, failure.error = describe(e), e
 
 
 def mean_loss(variants: Variants, batches: list[Any], changes: dict[str, Any]) -> float:

@@ -18,7 +18,7 @@ from tfgpu._internal.measure import rules, timing
 from tfgpu._internal.measure.facts import gather
 from tfgpu._internal.measure.session import Session, check_steps
 from tfgpu._internal.measure.variants import Epochs, Probe, Variants, key
-from tfgpu._internal.measure.workload import open_workload
+from tfgpu._internal.measure.workload import SAME_MODEL, SameModel, open_workload
 from tfgpu.tuning import _candidates as cands
 from tfgpu.tuning._candidates import Candidate, TuneFacts
 from tfgpu.tuning._result import Trial, TuneResult
@@ -46,6 +46,8 @@ BATCH_GROWTH = 8
 # A ladder stops at a rung with one of these verdicts (a borderline one does not stop it: the
 # next rung usually carries the gain).
 _STOPS_LADDER = (rules.SLOWER, rules.NO_GAIN, rules.FAILED, rules.UNSAFE)
+# Why a precision candidate is untried when the factory returns its first model again.
+NOTHING_BUILT = "nothing was built under the policy"
 
 
 def tune(
@@ -285,7 +287,7 @@ class _Tuner:
                 self.best, changes, self.budget, rounds=1, first_base=first, faster=rules.CLEARLY
             )
         if failure.text is not None or c.error:
-            return self._failed(cand, failure.text or c.error), None
+            return self._failed(cand, failure.text or c.error, failure.error), None
         if not c.rounds:
             return None, None
         base_s, seconds = c.rounds[0]
@@ -339,6 +341,8 @@ class _Tuner:
             return ""
         try:
             self.variants.model_for(self._resolved({**self.best, **cand.change}))
+        except SameModel:
+            return f"{SAME_MODEL}: nothing was built under the strategy"
         except ValueError as e:
             return f"{cands.NEEDS_FACTORY} ({e})"
         return ""
@@ -482,7 +486,7 @@ class _Tuner:
         with recorded() as failure:
             c = self._compare(self.best, changes, self.budget, until=budget)
         if failure.text is not None or c.error:
-            return self._failed(cand, failure.text or c.error)
+            return self._failed(cand, failure.text or c.error, failure.error)
         return self._judge(cand, c.rounds, c.stopped)
 
     def _judge(
@@ -497,7 +501,7 @@ class _Tuner:
             with recorded() as failure:
                 unsafe = cands.numerics_verdict(self._loss(self.best), self._loss(changes))
             if failure.text is not None:
-                return self._failed(cand, failure.text)
+                return self._failed(cand, failure.text, failure.error)
             if unsafe:
                 status, reason = rules.UNSAFE, unsafe
         if status == rules.KEPT and cand.note:
@@ -510,9 +514,13 @@ class _Tuner:
             self.step_s /= gain.value
         return trial
 
-    def _failed(self, cand: Candidate, text: str) -> Trial:
+    def _failed(self, cand: Candidate, text: str, error: Exception | None = None) -> Trial:
         """The trial of a setting that broke the model or the pipeline, unless the data or the
-        model raise without it too: then the search stops (`halted`)."""
+        model raise without it too: then the search stops (`halted`). A factory that returned
+        its first model again built nothing to try: untried."""
+        if isinstance(error, SameModel):
+            reason = f"{SAME_MODEL}: {NOTHING_BUILT}"
+            return Trial(cand.name, cand.change, None, rules.UNTRIED, reason, cand.line)
         with recorded() as again, preserved(self.model):
             self.variants.run_for(self._resolved(self.best))(self.budget.deadline, None)
         status, reason = rules.FAILED, text

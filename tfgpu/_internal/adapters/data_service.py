@@ -117,12 +117,28 @@ EXIT_CANNOT_START = 2  # bad arguments, a port in use: starting it again would f
 MAX_WORKER_TIMEOUT_S = 86400.0  # the longest --worker-timeout-s: a worker silent for a day
 
 
+# What every start line and `--help` say: TensorFlow binds every interface, plain gRPC.
+SECURITY = (
+    "on all interfaces, unauthenticated and unencrypted: reachable by anyone who reaches this "
+    'port (docs/data_service.md, "Security")'
+)
+_SECURITY_HELP = (
+    "Security: TensorFlow's servers listen on every interface of the machine, unauthenticated "
+    "and unencrypted (TensorFlow takes no bind address and speaks plain gRPC only). Anyone who "
+    "reaches the dispatcher can register a dataset graph that the workers run as your user, "
+    "file reads and writes included. Run them on a private network or VPC, firewall their "
+    "ports to the trainers' addresses, never on a public interface (Kubernetes: a "
+    'NetworkPolicy; docs/data_service.md, "Security").'
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfgpu data-service",
         description="Run a tf.data service dispatcher or worker until stopped (SIGTERM, "
         "Ctrl-C). The server runs in a child process that is started again at the same "
         "port when it dies (--no-restart: no child, no restarts).",
+        epilog=_SECURITY_HELP,
     )
     restart = argparse.ArgumentParser(add_help=False)
     restart.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # its supervisor's
@@ -136,7 +152,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="role", metavar="ROLE", required=True)
     d = sub.add_parser(
-        "dispatcher", parents=[restart], help="the dispatcher: hands out the work, one per run"
+        "dispatcher",
+        parents=[restart],
+        help="the dispatcher: hands out the work, one per run",
+        epilog=_SECURITY_HELP,
     )
     d.add_argument("--port", type=int, default=5050, help="port to serve on (default 5050)")
     d.add_argument(
@@ -153,7 +172,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.set_defaults(role_parser=d)
     w = sub.add_parser(
-        "worker", parents=[restart], help="a worker: runs the pipelines, streams their batches"
+        "worker",
+        parents=[restart],
+        help="a worker: runs the pipelines, streams their batches",
+        epilog=_SECURITY_HELP,
     )
     w.add_argument("--dispatcher", required=True, help="the dispatcher's host:port")
     w.add_argument("--port", type=int, default=0, help="port to serve on (default: any free)")
@@ -358,7 +380,9 @@ def _start(args: argparse.Namespace, service: Any) -> tuple[Any, Any, str]:
             )
             server = service.DispatchServer(config)
             mode = f"fault tolerant, journal in {work_dir}" if work_dir else "no work dir"
-            _log(f"dispatcher serving grpc://{socket.gethostname()}:{args.port} ({mode})")
+            _log(
+                f"dispatcher serving grpc://{socket.gethostname()}:{args.port} {SECURITY} ({mode})"
+            )
             return server, getattr(server, "_num_workers", None), "worker(s) registered"
         else:
             dispatcher = parse_address(args.dispatcher, "--dispatcher")
@@ -375,7 +399,7 @@ def _start(args: argparse.Namespace, service: Any) -> tuple[Any, Any, str]:
             )
             server = service.WorkerServer(config)
             port = getattr(server, "_address", f"?:{args.port}").rpartition(":")[2]
-            _log(f"worker serving {host}:{port} for dispatcher {dispatcher.target}")
+            _log(f"worker serving {host}:{port} {SECURITY} (dispatcher {dispatcher.target})")
             return server, getattr(server, "_num_tasks", None), "task(s) running"
     # A bad --dispatcher (TypeError, ValueError), a work dir it cannot make (OSError), a port
     # taken since the check or a dispatcher's journal it cannot read (TensorFlow's errors).

@@ -6,9 +6,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +78,15 @@ def write_result(
 
 def read_json_object(path: Path) -> dict[str, Any]:
     """Reads a JSON object from `path`: OSError if unreadable, ValueError naming the file if
-    it is not UTF-8 JSON or not an object."""
+    it is not UTF-8 JSON, not an object, or beyond what Python reads (an integer of more than
+    4,300 digits, arrays nested thousands deep)."""
+    raw = path.read_bytes()
     try:
-        value = json.loads(path.read_bytes().decode("utf-8"))
+        value = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON ({e})") from None
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"{path} cannot be read as JSON ({e})") from None
     if not isinstance(value, dict):
         raise ValueError(f"{path} holds a JSON {type(value).__name__}, not an object")
     return value
@@ -125,6 +131,87 @@ def open_csv(path: Path, header: str) -> tuple[Any, Path | None]:
             f.flush()
         on_error.pop_all()  # written: the caller closes it
     return f, rotated
+
+
+class RunCsv:
+    """A run directory's CSV file that a side feature appends rows to while training runs
+    (`timeline.csv`, `steps.csv`), flushed at each write. Opened as `open_csv` opens it
+    (`rotated`: where an old file it could not continue went); OSError or ValueError there.
+
+    Once open, `write` never raises. A write that fails (a full disk) closes it, logged once
+    (`who`: the writer, `name`: the file, `kept`: what becomes of the rows). A file removed
+    under it (its run directory deleted mid-fit) is started again at its path with `restart()`
+    first (the rows the writer still holds; it may write what else the directory lost),
+    logged once; if that fails, as a failed write.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        header: str,
+        *,
+        log: logging.Logger,
+        who: str,
+        name: str,
+        kept: str,
+        restart: Callable[[], str] | None = None,
+    ):
+        self.path, self.header, self.log = path, header, log
+        self.who, self.name, self.kept, self.restart = who, name, kept, restart
+        self.file: Any
+        self.file, self.rotated = open_csv(path, header)
+        self._restarted = False
+
+    def write(self, text: str) -> None:
+        """Appends `text` (whole rows) and flushes; never raises (see the class)."""
+        if self.file is None:
+            return
+        try:
+            if self._removed():
+                self._start_again()
+            self.file.write(text)
+            self.file.flush()
+        except (OSError, ValueError) as e:
+            self.log.warning("%s: writing %s failed (%s); %s.", self.who, self.name, e, self.kept)
+            self.close()
+
+    def close(self) -> None:
+        """Closes the file (idempotent); nothing is written after."""
+        if self.file is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.file.close()
+            self.file = None
+
+    def _removed(self) -> bool:
+        """Whether the path no longer names the open file (removed, or replaced)."""
+        try:
+            there = os.stat(self.path)
+        except FileNotFoundError:
+            return True
+        mine = os.fstat(self.file.fileno())
+        return (there.st_dev, there.st_ino) != (mine.st_dev, mine.st_ino)
+
+    def _start_again(self) -> None:
+        self.close()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file, _ = open_csv(self.path, self.header)
+        earlier = self.restart() if self.restart is not None else ""
+        self.file.write(earlier)
+        if not self._restarted:
+            self._restarted = True
+            rows = earlier.count("\n")
+            kept = (
+                f"with the {rows} row(s) this run still held"
+                if self.restart is not None
+                else "the rows written before went with it"
+            )
+            self.log.warning(
+                "%s: %s was removed during the run (its run directory deleted?); it is started "
+                "again there, %s. (Logged once.)",
+                self.who,
+                self.path,
+                kept,
+            )
 
 
 def writable_dir(log_dir: Any, argument: str = "log_dir") -> Path:

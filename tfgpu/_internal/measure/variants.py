@@ -18,7 +18,7 @@ from tfgpu._internal.adapters.datasets import Batches, cardinality, read_first, 
 from tfgpu._internal.adapters.model_state import build, clone_under
 from tfgpu._internal.measure import timing
 from tfgpu._internal.measure.rules import COMPILE_KEYS, MODEL_KEYS, PIPELINE_KEYS, STEP_KEYS
-from tfgpu._internal.measure.workload import call_factory
+from tfgpu._internal.measure.workload import build_again
 
 # One batch of the data, held in device memory: the step without its input pipeline.
 DEVICE_RESIDENT = "device_resident"
@@ -131,7 +131,8 @@ class Variants:
     it, built on demand and kept. `factory` builds the model again; `pipeline` and `rebuild`:
     the `tfgpu.data.pipeline` arguments and that function (this layer imports no feature);
     `per_example`: seconds per example; `batch`: the one held in device memory; `batches`:
-    what is known of the batches (arrays batched here; else read from the input chain)."""
+    what is known of the batches (arrays batched here; else read from the input chain);
+    `argument`: the front end's name for the factory, in its errors."""
 
     def __init__(
         self,
@@ -147,8 +148,10 @@ class Variants:
         on_gpu: bool = False,
         batch: Any = None,
         batches: Batches | None = None,
+        argument: str = "model",
     ):
         self.model, self.dataset, self.timed = model, dataset, timed
+        self.argument = argument
         self.batch_size, self.factory = batch_size, factory
         self.pipeline, self.rebuild = pipeline, rebuild
         self.per_example, self.on_gpu = per_example, on_gpu
@@ -246,14 +249,15 @@ class Variants:
         return model
 
     def _built(self, change: dict[str, Any]) -> Any:
-        strategy = change.get("strategy")
-        if self.factory is None:
-            model = clone_under(self.model, strategy)
-        else:
-            model = call_factory(self.factory, strategy, change.get("precision"))
         x, _, _ = keras.utils.unpack_x_y_sample_weight(self.first_batch())
-        build(model, x)
-        return model
+        strategy, policy = change.get("strategy"), change.get("precision")
+        if self.factory is None:  # a strategy alone: the model cloned under it
+            model = clone_under(self.model, strategy)
+            build(model, x)
+            return model
+        return build_again(
+            self.factory, self.model, x, strategy=strategy, policy=policy, argument=self.argument
+        )
 
     def strategy_for(
         self, model: Any, changes: dict[str, Any]

@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu._internal.adapters.datasets import Batches, chain_state, read_first, source_batches
+from tfgpu._internal.adapters.model_state import build
 from tfgpu._internal.helpers.checks import (
     check_int,
     check_validation_split,
@@ -39,18 +40,18 @@ _PARTS = ("x", "y", "sample_weight")
 _SHOWN_LENGTHS = 8
 
 
-def check_model(model: Any, *, from_factory: bool = False) -> keras.Model:
+def check_model(model: Any, *, from_factory: bool = False, argument: str = "model") -> keras.Model:
     """Returns `model` if it is a compiled Keras model: else TypeError, or ValueError with the
-    fix; `from_factory`: the messages say it came from the user's function."""
+    fix, naming `argument`; `from_factory`: the messages say it came from the user's function."""
     if not isinstance(model, keras.Model):
         returns = "a function that returns " if from_factory else ""
-        raise invalid_type("model", model, returns + "a compiled `keras.Model`")
+        raise invalid_type(argument, model, returns + "a compiled `keras.Model`")
     if not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None:
         where = "the model the factory returned" if from_factory else "a model"
         fix = "in the factory, before returning it" if from_factory else "before passing it"
         shown = short_repr(model)
         raise invalid_value(
-            "model",
+            argument,
             model,
             f"a compiled `keras.Model`: call `model.compile(optimizer=..., loss=...)` {fix}",
             received=f"{where} that is not compiled" + ("" if shown is None else f" ({shown})"),
@@ -455,29 +456,111 @@ class Workload:
         return self.data.examples(limit)
 
 
+# TensorFlow's error for a strategy scope opened inside another strategy's scope.
+_MIXED_STRATEGIES = "Mixing different tf.distribute.Strategy objects"
+
+
 def call_factory(
-    factory: Callable[[], Any], strategy: Any = None, policy: str | None = None
+    factory: Callable[[], Any],
+    strategy: Any = None,
+    policy: str | None = None,
+    *,
+    argument: str = "model",
 ) -> Any:
     """The factory's model, built inside `strategy`'s scope (None: the current one) under the
-    precision `policy` (None: the global one), the global policy put back; a factory that
-    opens a strategy of its own is a ValueError naming `model`."""
+    precision `policy` (None: the global one), the global policy put back. A factory that
+    opens a strategy of its own is a ValueError naming `argument`; anything else the factory
+    raises comes through as it is (the user's own exception)."""
     saved = keras.mixed_precision.global_policy()
     try:
         if policy is not None:
             keras.mixed_precision.set_global_policy(policy)
         with (strategy or tf.distribute.get_strategy()).scope():
             return factory()
-    except RuntimeError as e:  # TensorFlow's "Mixing different tf.distribute.Strategy objects"
-        if "tf.distribute.Strategy" not in str(e):
+    except RuntimeError as e:
+        if not str(e).startswith(_MIXED_STRATEGIES):
             raise  # the factory's own error, as it is
         raise invalid_value(
-            "model",
+            argument,
             factory,
             "a function that builds its model inside the strategy scope it is called in (open "
             f"no strategy scope inside it); it raised {one_line(e)}",
         ) from e
     finally:
         keras.mixed_precision.set_global_policy(saved)
+
+
+SAME_MODEL = "the factory returned the same model object"
+
+
+class SameModel(ValueError):
+    """The factory returned the model it had returned before: nothing new was built (under the
+    policy or the strategy asked). `tune` marks the candidate untried; `scaling` refuses."""
+
+
+def _shapes(model: keras.Model) -> list[tuple[str, tuple[int, ...]]]:
+    """(path without the model's name, shape) of each weight: `dense/kernel`, (8, 16)."""
+    return [(w.path.split("/", 1)[-1], tuple(w.shape)) for w in model.weights]
+
+
+def _differs(first: keras.Model, again: keras.Model) -> str:
+    """How the weights of `again` differ from those of `first` in number or shapes, first
+    difference first ("" when they do not)."""
+    a, b = _shapes(first), _shapes(again)
+    if [s for _, s in a] == [s for _, s in b]:
+        return ""
+    counts = [sum(int(np.prod(shape)) for _, shape in w) for w in (a, b)]
+    parameters = f"{counts[0]:,} parameters, then {counts[1]:,}"
+    changed = next(((i, p, x, y) for i, ((p, x), (_, y)) in enumerate(zip(a, b)) if x != y), None)
+    if changed is None:
+        return f"{len(a)} weights, then {len(b)}; {parameters}"
+    i, path, x, y = changed
+    return f"weight {i + 1} of {len(a)} (`{path}`): {x}, then {y}; {parameters}"
+
+
+def build_again(
+    factory: Callable[[], Any],
+    first: keras.Model,
+    x: Any,
+    *,
+    strategy: Any = None,
+    policy: str | None = None,
+    argument: str = "model",
+) -> Any:
+    """The factory's model once more (`call_factory`), built on one batch's inputs `x`, and
+    checked against `first`, the model it returned before: `SameModel` if it is that object;
+    a ValueError naming `argument` if its weights differ in number or shapes (the front ends
+    would compare different models)."""
+    model = call_factory(factory, strategy, policy, argument=argument)
+    if model is first:
+        raise SameModel(
+            str(
+                invalid_value(
+                    argument,
+                    factory,
+                    "a function that builds and returns a new model at each call (e.g. "
+                    "`def build(): model = keras.Sequential(...); model.compile(...); return "
+                    "model`), not one that returns a model built before",
+                    received=f"a function that returned the same model object twice "
+                    f"({SAME_MODEL}: nothing was built under "
+                    f"{'the policy' if policy is not None else 'the strategy'} asked)",
+                )
+            )
+        )
+    if not isinstance(model, keras.Model):
+        return model  # the caller's check names it
+    build(first, x)
+    build(model, x)
+    differs = _differs(first, model)
+    if differs:
+        raise invalid_value(
+            argument,
+            factory,
+            "a function that builds the same model at each call (the measurements compare "
+            "one model in several settings)",
+            received=f"a function that built different models ({differs})",
+        )
+    return model
 
 
 def open_workload(
@@ -489,25 +572,27 @@ def open_workload(
     examples_ok: bool = False,
     factory_only: bool = False,
     strategy: Any = None,
+    argument: str = "model",
 ) -> Workload:
     """Checks a model (or a function that builds one, called last, in `strategy`'s scope,
     the global policy put back) and its data together, before any work; reads no data.
     `examples_ok`: single examples are valid (the batch-size finder cuts its own batches);
-    `factory_only`: a built model is refused (`scaling` builds one per strategy)."""
+    `factory_only`: a built model is refused (`scaling` builds one per strategy); `argument`:
+    the front end's name for the model argument."""
     if factory_only and (isinstance(model, keras.Model) or not callable(model)):
         raise invalid_type(
-            "model",
+            argument,
             model,
             "a function without arguments that builds and compiles the model (a model built "
             "already cannot be built again under each strategy: pass the function that "
             "builds it)",
         )
     if not isinstance(model, keras.Model) and not callable(model):
-        raise invalid_type("model", model, MODEL_EXPECTED)
+        raise invalid_type(argument, model, MODEL_EXPECTED)
     checked = check_data(data, batch_size=batch_size, validation_split=validation_split)
     factory = None if isinstance(model, keras.Model) else model
-    built = model if factory is None else call_factory(factory, strategy)
-    built = check_model(built, from_factory=factory is not None)
+    built = model if factory is None else call_factory(factory, strategy, argument=argument)
+    built = check_model(built, from_factory=factory is not None, argument=argument)
     if not examples_ok:
         checked.check_batches(built)
     _check_labels(built, checked)
