@@ -25,6 +25,11 @@ SPE_LADDER = (4, 16, 64)
 # One execution of `steps_per_execution` steps should take at most this long: longer steps
 # leave no host overhead worth saving, and a fit would run for minutes.
 SPE_MAX_EXECUTION_S = 1.0
+# A timed fit runs a whole epoch when one lasts at most this many times the fit's target: the
+# epoch's start (its iterator, a distributed dataset, a shuffle buffer filling) then weighs in
+# it as in the user's `fit`; in the first steps of an epoch it weighs more (a gain that helps
+# the steps read smaller).
+WHOLE_EPOCH = 2.0
 # The untried reasons several places give.
 NEEDS_FACTORY = "needs a model factory: pass a function that builds and compiles the model"
 FRESH_PROCESS = "needs a fresh process (`tfgpu tune SCRIPT.py`)"
@@ -301,10 +306,10 @@ def fit_shape(
     step_s: float, batches_per_epoch: int | None, target_s: float, unit: int = 1
 ) -> tuple[int, int | None]:
     """(epochs, steps per epoch or None for whole epochs) of a timed `fit` that lasts about
-    `target_s` for steps of `step_s`: whole epochs when one fits, else the first steps of an
-    epoch, a multiple of `unit` (the largest `steps_per_execution` tried), at least 2 calls.
-    Pure."""
-    if batches_per_epoch is not None and batches_per_epoch * step_s <= target_s:
+    `target_s` for steps of `step_s`: whole epochs when one lasts at most `WHOLE_EPOCH` times
+    the target, else the first steps of an epoch, a multiple of `unit` (the largest
+    `steps_per_execution` tried), at least 2 calls. Pure."""
+    if batches_per_epoch is not None and batches_per_epoch * step_s <= WHOLE_EPOCH * target_s:
         return max(1, round(target_s / (batches_per_epoch * step_s))), None
     steps = max(2 * unit, math.ceil(target_s / step_s / unit) * unit)
     if batches_per_epoch is not None and steps >= batches_per_epoch:
