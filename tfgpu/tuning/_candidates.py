@@ -385,16 +385,24 @@ class Kept:
 
 
 def verify(
-    kept: list[Kept], together: Callable[[dict[str, Any]], Any], notes: list[str]
+    kept: list[Kept],
+    together: Callable[[dict[str, Any]], Any],
+    notes: list[str],
+    *,
+    again: bool = False,
 ) -> tuple[rules.Gain, bool]:
     """The gain of the kept settings together over the baseline, timed by `together(changes)`
     (a `timing.Comparison`), and whether it was verified. While they do not clear the margin
     over the rounds the rules ask, the one that gave the least is dropped (its trial, now
     borderline, and `notes` say so); a verification the budget cut first drops nothing: the
-    search's gains multiplied are returned, unverified. `kept` is left with what holds."""
+    search's gains multiplied are returned, unverified. A single setting measured in rounds
+    against the baseline is its own verification, unless `again`: then it is measured once
+    more, its gain over all its rounds (rounds that agree by chance seldom agree twice).
+    `kept` is left with what holds."""
     while kept:
         one = kept[0]
-        if len(kept) == 1 and one.against_baseline and len(one.rounds) >= rules.MIN_ROUNDS:
+        alone = len(kept) == 1 and one.against_baseline and len(one.rounds) >= rules.MIN_ROUNDS
+        if alone and not again:
             return rules.Gain.of(one.rounds) or NONE, True
         changes: dict[str, Any] = {}
         for k in kept:
@@ -407,13 +415,15 @@ def verify(
             notes.append(f"the verification failed: {c.error}")
             reason = c.error
         elif status == rules.KEPT and g is not None:
-            return g, True
+            return (rules.Gain.of(one.rounds + c.rounds) or g) if alone else g, True
         elif c.stopped == "budget" and g and every_round and len(c.rounds) >= 2:
             notes.append(
                 f"verified over {len(c.rounds)} round(s) only (time budget spent): every round "
                 f"cleared x{rules.MARGIN:.2f}"
             )
             return g, True
+        elif status == rules.UNTRIED and alone:  # its own rounds stand
+            return rules.Gain.of(one.rounds) or NONE, True
         elif status == rules.UNTRIED:  # cut by the budget before the rounds the rules ask
             notes.append(
                 "the kept settings were not verified together (the time budget ran out first): "
@@ -424,11 +434,18 @@ def verify(
         weakest = min(kept, key=lambda k: k.trial.gain.value if k.trial.gain else 0.0)
         kept.remove(weakest)
         weakest.trial.status = rules.BORDERLINE
-        weakest.trial.reason = (
-            f"measured {weakest.trial.gain_text} against the best before it, but the kept "
-            f"settings together against the baseline did not hold the gain ({reason}); "
-            "this one gave the least: not kept, and it may come and go from run to run"
-        )
+        if alone:
+            weakest.trial.reason = (
+                f"measured {weakest.trial.gain_text} against the baseline, but measured again "
+                f"it did not hold the gain ({reason}): not kept, and it may come and go from "
+                "run to run"
+            )
+        else:
+            weakest.trial.reason = (
+                f"measured {weakest.trial.gain_text} against the best before it, but the kept "
+                f"settings together against the baseline did not hold the gain ({reason}); "
+                "this one gave the least: not kept, and it may come and go from run to run"
+            )
         notes.append(f"{weakest.trial.name} dropped at the verification")
     return NONE, True
 

@@ -145,7 +145,8 @@ def tune(
         facts.cache_untried = cache_untried(
             dataset, variants.first_batch(), facts.batches_per_epoch
         )
-    result = _Tuner(variants, facts, session, guard_batches, change_batch_size, steps).run()
+    tuner = _Tuner(variants, facts, session, guard_batches, change_batch_size, steps)
+    result = tuner.run(work.fit_data)
     result.validation_data = work.validation
     verified = "verified" if result.verified else "not verified together"
     summary = f"{result.speedup.text()} {verified}, {len(result.settings)} setting(s) kept"
@@ -167,6 +168,7 @@ class _Tuner:
     ):
         self.variants, self.facts, self.steps = variants, facts, steps
         self.model, self.data = variants.model, variants.dataset
+        self.fit_data: Any = variants.dataset  # as `fit` takes it: what find_batch_size cuts
         self.guard_batches = guard_batches  # the first batches: the loss check's
         self.budget, self.progress, self.notes = session.budget, session.progress, session.notes
         self.change_batch_size = change_batch_size
@@ -184,7 +186,11 @@ class _Tuner:
         self._losses: dict[Any, float] = {}
 
     # The search.
-    def run(self) -> TuneResult:
+    def run(self, fit_data: Any = None) -> TuneResult:
+        """The search on the workload (`fit_data`: the data as `fit` takes it, arrays as
+        they are; None: the dataset)."""
+        if fit_data is not None:
+            self.fit_data = fit_data
         x, _, _ = keras.utils.unpack_x_y_sample_weight(self.guard_batches[0])
         with preserved(self.model, x):
             if self._first_look() is None:
@@ -443,11 +449,10 @@ class _Tuner:
         )
 
     def _verify_cost(self, one_more: bool) -> float:
-        """The time to hold back for the verification of the kept settings (and one more, to
-        be measured in rounds): none for one measured in rounds against the baseline; else
-        as `_verify_by_look` decides, a first look or three rounds against the baseline."""
-        kept = len(self.kept) + one_more
-        if kept == 0 or (kept == 1 and (one_more or len(self.kept[0].rounds) >= rules.MIN_ROUNDS)):
+        """The time to hold back for the verification of the kept settings (and one more): as
+        `_verify_by_look` decides, a first look or three rounds against the baseline (none
+        while nothing is kept or tried)."""
+        if not self.kept and not one_more:
             return 0.0
         look, rounds_s = self._verify_by_look()
         return self._trace_s() + (0.0 if look else rounds_s)
@@ -573,7 +578,7 @@ class _Tuner:
         with recorded() as failure, preserved(self.model):
             found = batch_size_module.find_batch_size(
                 v.model_for(self._resolved(self.best)),
-                self.data,
+                self.fit_data,
                 start=batch,
                 max_batch_size=batch * BATCH_GROWTH,
                 max_trials=5,
@@ -625,7 +630,7 @@ class _Tuner:
         """The kept settings together against the baseline (`cands.verify`): the gain, and
         whether it was verified (else the search's estimate: the budget ran out first)."""
         self.progress.phase("verifying the kept settings together")
-        return cands.verify(self.kept, self._together, self.notes)
+        return cands.verify(self.kept, self._together, self.notes, again=True)
 
     def _together(self, changes: dict[str, Any]) -> timing.Comparison:
         """All kept settings together against the baseline (`cands.verify` asks): in

@@ -164,8 +164,8 @@ class ArrayData:
         self.x, self.y, self.sample_weight = x, y, sample_weight
         self.num_examples, self.batch_size = num_examples, batch_size
 
-    def _element(self) -> Any:
-        """One example's structure: `x`, `(x, y)` or `(x, y, sample_weight)`."""
+    def arrays(self) -> Any:
+        """The training arrays as `fit` takes them: `x`, `(x, y)` or `(x, y, sample_weight)`."""
         if self.sample_weight is not None:
             return (self.x, self.y, self.sample_weight)
         return self.x if self.y is None else (self.x, self.y)
@@ -179,7 +179,7 @@ class ArrayData:
         n, size = self.num_examples, self.batch_size
         ds = array_batches(self.x, self.y, self.sample_weight, size)
         if ds is None:
-            ds = tf.data.Dataset.from_tensor_slices(self._element())
+            ds = tf.data.Dataset.from_tensor_slices(self.arrays())
             ds = ds.shuffle(n, reshuffle_each_iteration=True).batch(size).prefetch(2)
         return ds.apply(tf.data.experimental.assert_cardinality(-(-n // size)))
 
@@ -202,7 +202,7 @@ class ArrayData:
         def leaf_spec(a: Any) -> Any:
             return None if a is None else tf.TensorSpec((None, *tuple(a.shape)[1:]))
 
-        return tf.nest.map_structure(leaf_spec, self._element())
+        return tf.nest.map_structure(leaf_spec, self.arrays())
 
     def examples(self, limit: int) -> tuple[Any, Any, Any]:
         """The first `limit` examples as NumPy `(x, y, sample_weight)` (None where absent)."""
@@ -436,6 +436,12 @@ class Workload:
         if isinstance(data, ArrayData):
             return Batches(data.batch_size, False, data.num_examples)
         return None
+
+    @property
+    def fit_data(self) -> Any:
+        """The training data as `fit` takes it: the arrays (less what `validation_split` held
+        out), or the dataset."""
+        return self.data.arrays() if isinstance(self.data, ArrayData) else self.data.dataset
 
     @property
     def validation(self) -> tuple[Any, ...] | None:
