@@ -61,8 +61,10 @@ class TuneResult(Result):
         dataset: the tuned dataset when pipeline settings were kept, else the data passed in.
         notes: list of str, remarks (e.g. a setting dropped at the verification).
         time_s: float, seconds `tune` took.
-        compared_with: str, `"the best so far"` (`tune`) or `"the baseline"` (`tfgpu tune
-            SCRIPT.py`: each setting alone): what each trial's gain is against.
+        compared_with: str, `"the best so far"` (`tune`), or what `tfgpu tune SCRIPT.py`'s
+            gains are against: what each trial's gain is against.
+        diff: str, `tfgpu tune SCRIPT.py`: a unified diff of the script with the kept
+            settings, where the edit is unambiguous ("": none).
 
     Example:
 
@@ -81,6 +83,7 @@ class TuneResult(Result):
     notes: list[str] = dataclasses.field(default_factory=list)
     time_s: float = math.nan
     compared_with: str = "the best so far"
+    diff: str = ""
 
     json_name = "tune.json"
     png_name = "tune.png"
@@ -170,6 +173,9 @@ class TuneResult(Result):
             out += [f"  {line}" for line in self.lines]
         elif not unmeasured:
             out.append("nothing to change: no setting helped beyond the noise")
+        if self.diff:
+            out.append("the same as a diff (`git apply` or `patch -p1` in the script's directory):")
+            out += [f"  {line}" for line in self.diff.splitlines()]
         if unmeasured:  # never "nothing helped" about candidates that never ran
             out.append(unmeasured)
         out += [f"note: {n}" for n in self.notes]
