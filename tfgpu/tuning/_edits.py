@@ -128,10 +128,8 @@ def edits_for(
         at = src.top_line(script_tree) if script_tree is not None else None
         place = Place(places.script, at) if at is not None else None
         assign = "; ".join(f"os.environ[{k!r}] = {v!r}" for k, v in env.items())
-        lines.append(
-            f"in the shell that starts the script: {exports}; or at "
-            f"{where_text('top', place)}: import os; {assign}"
-        )
+        lines.append(f"in the shell that starts the script: {exports}")
+        lines.append(f"or {where_text('top', place)}: import os; {assign}")
         if at is not None:
             text = "import os\n" + "\n".join(f"os.environ[{k!r}] = {v!r}" for k, v in env.items())
             edits.append(_Edit(places.script, at, _insert(at, text)))

@@ -38,6 +38,7 @@ RUNS_PER_SETTING = 2 * rules.MIN_ROUNDS
 # environment before it starts, the precision policy before the script runs).
 CHILD_APPLIES = (*rules.COMPILE_KEYS, "prefetch", "private_threadpool_size", "cache")
 _POLICY = "precision"
+_NOT_STARTED = "a run was not started"
 
 
 @dataclasses.dataclass
@@ -146,7 +147,7 @@ def _run_child(
     if status is None:
         cut = timeout_s is not None and limit == timeout_s
         why = f"cut by the time budget after {wall:.0f} s" if cut else "timed out"
-        return ChildRun(error=f"{rules.BUDGET_SPENT}: its run was {why}", wall_s=wall, cut=cut)
+        return ChildRun(error=f"{rules.BUDGET_SPENT}: a run was {why}", wall_s=wall, cut=cut)
     run = child_outcome(status, report, output)
     run.wall_s = wall
     return run
@@ -215,8 +216,8 @@ class ProcessVariants:
         need = self.typical_s() + (search_s or 0.0)
         if left <= 0 or (not math.isinf(left) and left < need):
             return ChildRun(
-                error=f"{rules.BUDGET_SPENT}: not started, {max(left, 0):.0f} s left and a run "
-                f"of the script takes about {need:.0f} s here"
+                error=f"{rules.BUDGET_SPENT}: {_NOT_STARTED} ({max(left, 0):.0f} s left, a run "
+                f"of the script takes about {need:.0f} s here)"
             )
         self.progress.phase(phase)
         timeout = None if math.isinf(left) else max(1.0, left)
@@ -239,7 +240,7 @@ class ProcessVariants:
             child = self.child(change, f"round {calls[0]}: {name or 'the baseline'}")
             if child.error.startswith(rules.BUDGET_SPENT):
                 if name:
-                    self.spent[name] = child.error
+                    self.spent[name] = child.error[len(rules.BUDGET_SPENT) + 2 :]
                 return None
             if not change:
                 if child.step_s is not None:
@@ -452,8 +453,8 @@ def _fresh_trials(
             out.append(Trial(name, change, status=status, reason=c.error, line=line))
             continue
         status, reason = rules.verdict(c.rounds, c.stopped)
-        if status == rules.UNTRIED and name in spent:
-            reason = f"{spent[name]}" + (f" ({reason})" if c.rounds else "")
+        if status == rules.UNTRIED and name in spent:  # refused or cut: said as such
+            reason = f"{reason}; then {spent[name]}" if c.rounds else f"{reason}: {spent[name]}"
         out.append(Trial(name, change, rules.Gain.of(c.rounds), status, reason, line))
     return out
 
