@@ -208,3 +208,22 @@ def test_the_training_part_is_cut_as_fit_cuts_it():
     x, y = np.arange(10), np.arange(10) * 2
     part = training_part((x, {"a": y}), 0.25)  # floor(10 * 0.75) = 7
     assert part[0].tolist() == list(range(7)) and part[1]["a"].tolist() == [0, 2, 4, 6, 8, 10, 12]
+
+
+def test_a_loaded_model_is_compiled_as_keras_compiles_it(tmp_path):
+    # Keras skips compiling a loaded model whose class has a `compile` of its own: the one
+    # put in place must read as Keras's (the multi-GPU guide restores its checkpoints).
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("adam", "mse")
+    model.save(tmp_path / "m.keras")
+    seen = []
+
+    def on_fit(call):
+        seen.append(call.compiled_at)
+        return call.run(verbose=0)
+
+    with Interception(on_fit):
+        loaded = keras.models.load_model(tmp_path / "m.keras")
+        loaded.fit(np.zeros((4, 2)), np.zeros((4, 1)))
+    assert loaded.optimizer is not None and loaded.compiled
+    assert seen == [None]  # compiled by `load_model`, not by a line of the user's

@@ -112,10 +112,9 @@ def watched_fit(call: FitCall, record: FitRecord) -> Any:
     given = call.arguments["callbacks"]
     if given is not None and not isinstance(given, (list, tuple)):
         record.notes.append(f"the script passes a {type(given).__name__}: nothing added")
-        theirs = None
-    else:
-        theirs = list(given or [])
-    for kind in (GPUMonitor, StepTimer) if theirs is not None else ():
+        return call.run()
+    theirs = list(given or [])
+    for kind in (GPUMonitor, StepTimer):
         mine = [c for c in theirs if isinstance(c, kind)]
         if mine:
             where = getattr(mine[0], "log_dir", None)
@@ -128,8 +127,6 @@ def watched_fit(call: FitCall, record: FitRecord) -> Any:
             warnings.warn(f"tfgpu run: {kind.__name__} not added: {one_line(e)}", stacklevel=2)
     start = time.monotonic()
     try:
-        if theirs is None:
-            return call.run()
         return call.run(callbacks=[*theirs, *record.added])
     except BaseException as e:
         record.ended = one_line(e)

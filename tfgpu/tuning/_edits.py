@@ -125,14 +125,13 @@ def edits_for(
             edits.append(_Edit(places.compile.file, at, _keywords(at, compile_change)))
     if env:
         exports = "; ".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
-        at = src.top_line(script_tree) if script_tree is not None else None
-        place = Place(places.script, at) if at is not None else None
+        place = None if script_tree is None else Place(places.script, src.top_line(script_tree))
         assign = "; ".join(f"os.environ[{k!r}] = {v!r}" for k, v in env.items())
         lines.append(f"in the shell that starts the script: {exports}")
         lines.append(f"or {where_text('top', place)}: import os; {assign}")
-        if at is not None:
+        if place is not None:
             text = "import os\n" + "\n".join(f"os.environ[{k!r}] = {v!r}" for k, v in env.items())
-            edits.append(_Edit(places.script, at, _insert(at, text)))
+            edits.append(_Edit(places.script, place.line, _insert(place.line, text)))
     return lines, _diff(edits, sources, Path(places.script).parent)
 
 

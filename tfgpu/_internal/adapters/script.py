@@ -51,13 +51,15 @@ def user_place(frame: Any = None) -> Place | None:
     not Python's, an installed package's (Keras, TensorFlow) or tfgpu's; None when none is."""
     frame = frame or sys._getframe(1)
     while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith("<"):
-            resolved = str(Path(name).resolve())
-            if not resolved.startswith(_NOT_USER):
-                return Place(name, frame.f_lineno)
+        if _is_user(frame):
+            return Place(frame.f_code.co_filename, frame.f_lineno)
         frame = frame.f_back
     return None
+
+
+def _is_user(frame: Any) -> bool:
+    name = frame.f_code.co_filename
+    return not name.startswith("<") and not str(Path(name).resolve()).startswith(_NOT_USER)
 
 
 @dataclasses.dataclass
@@ -169,8 +171,11 @@ class Interception:
             self._local.depth -= 1
 
     def __enter__(self) -> Interception:
-        original_fit, original_compile = keras.Model.fit, keras.Model.compile
-        self._saved = {"fit": original_fit, "compile": original_compile}
+        # Replaced where Keras defines them: Keras tells a custom `compile` from its own by
+        # `cls.compile != Trainer.compile` (`compile_from_config`, which `load_model` runs).
+        owners = {name: _owner(name) for name in ("fit", "compile")}
+        original_fit, original_compile = (vars(owners[n])[n] for n in ("fit", "compile"))
+        self._saved = {name: (owner, vars(owner)[name]) for name, owner in owners.items()}
         fit_signature = inspect.signature(original_fit)
         compile_signature = inspect.signature(original_compile)
 
@@ -201,16 +206,19 @@ class Interception:
             if not self._inside():
                 bound = compile_signature.bind(*args, **kwargs)
                 model = bound.arguments["self"]
-                self._compiles.append((weakref.ref(model), user_place(sys._getframe(1))))
+                # The user's own call only (not `load_model`'s, say: its line is no compile).
+                caller = sys._getframe(1)
+                place = Place(caller.f_code.co_filename, caller.f_lineno)
+                self._compiles.append((weakref.ref(model), place if _is_user(caller) else None))
             return original_compile(*args, **kwargs)
 
-        keras.Model.fit = fit  # type: ignore[method-assign]
-        keras.Model.compile = compile  # type: ignore[method-assign]
+        setattr(owners["fit"], "fit", fit)  # noqa: B010 (the owner is found at run time)
+        setattr(owners["compile"], "compile", compile)  # noqa: B010
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        keras.Model.fit = self._saved["fit"]  # type: ignore[method-assign]
-        keras.Model.compile = self._saved["compile"]  # type: ignore[method-assign]
+        for name, (owner, original) in self._saved.items():
+            setattr(owner, name, original)
 
     def compiled_at(self, model: Any) -> Place | None:
         """Where the user's code last compiled `model` (None: not seen)."""
@@ -218,6 +226,11 @@ class Interception:
             if ref() is model:
                 return place
         return None
+
+
+def _owner(name: str) -> type:
+    """The class of `keras.Model`'s ancestry that defines `name`."""
+    return next(c for c in keras.Model.__mro__ if name in vars(c))
 
 
 def data_place(place: Place | None) -> tuple[Place | None, str]:
