@@ -199,7 +199,14 @@ def test_the_budget_is_respected(monkeypatch, clock, script):
         "10 s here)"
     )
     assert result.settings == {}
-    assert any("tfgpu.tune tries in the script's process" in n for n in result.notes)
+    search = result.trial(_script.SEARCH)
+    assert search.status == "untried"
+    assert (
+        search.reason == "time budget spent: 15 s left, a run of the script takes about 10 s here"
+    )
+    # Never "nothing helped" about what was not measured.
+    assert "nothing to change" not in str(result)
+    assert "not measured: 3 of 5 candidates untried (time budget spent" in str(result)
 
 
 def test_tune_json_and_the_waterfall_are_written(monkeypatch, clock, script, tmp_path):

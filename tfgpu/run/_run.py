@@ -119,7 +119,7 @@ def _diagnose(record: FitRecord, budget_s: float, outcome: Outcome) -> Any:
         file=sys.stderr,
         flush=True,
     )
-    try:
+    try:  # its lines on stderr, as they come (TensorFlow's log: as the script's own)
         with contextlib.redirect_stdout(sys.stderr):
             return tfgpu.diagnose(
                 call.model,

@@ -189,7 +189,11 @@ class TuneResult(Result):
                 f"not measured: {len(halted)} of {len(self.trials)} candidates untried "
                 f"({HALTED}: see the note)"
             )
-        left = [t for t in self.trials if t.status == "untried" and t.reason == rules.BUDGET_SPENT]
+        left = [
+            t
+            for t in self.trials
+            if t.status == "untried" and t.reason.startswith(rules.BUDGET_SPENT)
+        ]
         if not left:
             return ""
         ran = [t for t in self.trials if t.status != "untried"]

@@ -39,6 +39,8 @@ RUNS_PER_SETTING = 2 * rules.MIN_ROUNDS
 CHILD_APPLIES = (*rules.COMPILE_KEYS, "prefetch", "private_threadpool_size", "cache")
 _POLICY = "precision"
 _NOT_STARTED = "a run was not started"
+# The row of the in-process search when it did not run.
+SEARCH = "the settings of the script's process (tfgpu.tune)"
 
 
 @dataclasses.dataclass
@@ -218,7 +220,7 @@ class ProcessVariants:
             return ChildRun(
                 error=f"{rules.BUDGET_SPENT}: {_NOT_STARTED} ({max(left, 0):.0f} s left, a run "
                 f"of the script takes about {need:.0f} s here)"
-            )
+            )  # `need`: the search's run counts its search
         self.progress.phase(phase)
         timeout = None if math.isinf(left) else max(1.0, left)
         run = _run_child(
@@ -418,19 +420,26 @@ def tune_script(
 
 def _search(runs: ProcessVariants, fresh: int, notes: list[str]) -> _Search:
     """The in-process search in a child, within what the fresh-process settings leave."""
+    from tfgpu.tuning._result import Trial
+
     seconds = search_budget(runs.budget.left(), runs.typical_s(), fresh)
     if seconds is None:
-        notes.append(
-            "the settings tfgpu.tune tries in the script's process (steps_per_execution, "
-            f"jit_compile, the pipeline's): untried, {rules.BUDGET_SPENT} (give a larger "
-            "time budget)"
-        )
-        return _Search()
-    label = f"trying the settings of the script's process (tfgpu.tune, {seconds:.0f} s)"
-    run = runs.child({}, label, search_s=seconds)
-    if run.tune is None:
-        notes.append(f"the search in the script's process did not run: {run.error}")
-    return _Search.of(run.tune)
+        why = f"{rules.BUDGET_SPENT}: {seconds_left(runs)}"
+    else:
+        label = f"trying the settings of the script's process (tfgpu.tune, {seconds:.0f} s)"
+        run = runs.child({}, label, search_s=seconds)
+        if run.tune is not None:
+            return _Search.of(run.tune)
+        why = run.error
+        if not why.startswith(rules.BUDGET_SPENT):
+            return _Search([Trial(SEARCH, status=rules.FAILED, reason=why)])
+    return _Search([Trial(SEARCH, reason=why)])
+
+
+def seconds_left(runs: ProcessVariants) -> str:
+    """The budget left and what a run takes, in words."""
+    left = max(runs.budget.left(), 0.0)
+    return f"{left:.0f} s left, a run of the script takes about {runs.typical_s():.0f} s here"
 
 
 def _fresh_trials(
