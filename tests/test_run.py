@@ -150,12 +150,14 @@ def test_a_script_without_fit_says_so(tmp_path, capsys):
     assert "after no fit" in err and "nothing to diagnose: the script called no fit" in err
 
 
-def test_the_default_run_directory_is_named_after_the_script(tmp_path, monkeypatch):
+def test_the_default_run_directory_is_named_after_the_script(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    first = _run.default_log_dir(Path("a/train.py"), now=0.0)
-    assert first.parent == Path("runs") and first.name.startswith("train-19")
-    first.mkdir(parents=True)
-    assert _run.default_log_dir(Path("train.py"), now=0.0).name == first.name + "-2"
+    script = tmp_path / "nofit.py"
+    script.write_text("print('hello')\n")
+    assert run_script(script, [], diagnose=False) == 0
+    (run,) = (tmp_path / "runs").iterdir()
+    assert run.name.startswith("nofit-") and (run / "summary.md").exists()
+    assert f"records in runs/{run.name}" in capsys.readouterr().err
 
 
 def test_the_callbacks_run_on_a_copy_of_the_logs():

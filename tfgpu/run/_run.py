@@ -26,18 +26,6 @@ from tfgpu.run._summary import Outcome, ending, summary_lines
 from tfgpu.run._watch import FitRecord, watched_fit
 
 
-def default_log_dir(script: Path, now: float | None = None) -> Path:
-    """`runs/<script stem>-<YYYYmmdd-HHMMSS>` in the working directory, `-2`, `-3`, ... added
-    when that exists already (two runs in one second)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    base = Path("runs") / f"{script.stem}-{stamp}"
-    path, k = base, 1
-    while path.exists():
-        k += 1
-        path = base.with_name(f"{base.name}-{k}")
-    return path
-
-
 @dataclasses.dataclass
 class _Run:
     """The records of one run of the script."""
@@ -64,11 +52,11 @@ def run_script(
     writes each fit's report and prints a summary on stderr. Returns the script's exit
     status. The arguments are checked by the command line (`tfgpu run`); the guide:
     docs/diagnosis.md, "Zero changes: `tfgpu run SCRIPT.py`"."""
-    from tfgpu._internal.helpers.files import writable_dir
+    from tfgpu._internal.helpers.files import new_run_dir, writable_dir
     from tfgpu._internal.measure.rules import OBSERVE_BUDGET_S
 
     path = Path(script)
-    root = writable_dir(default_log_dir(path) if log_dir is None else log_dir)
+    root = writable_dir(new_run_dir(path.stem) if log_dir is None else log_dir)
     run = _Run(root)
     error: BaseException | None = None
     start = time.monotonic()

@@ -36,7 +36,7 @@ SEARCH_SHARE, MIN_SEARCH_S = 0.5, 10.0
 RUNS_PER_SETTING = 2 * rules.MIN_ROUNDS
 # The settings a child applies itself at the script's first `fit` (the others: the
 # environment before it starts, the precision policy before the script runs).
-CHILD_APPLIES = (*rules.COMPILE_KEYS, "prefetch", "private_threadpool_size", "cache")
+CHILD_APPLIES = (*rules.COMPILE_KEYS, "cache", "prefetch", "private_threadpool_size")
 _POLICY = "precision"
 _NOT_STARTED = "a run was not started"
 # The row of the in-process search when it did not run.
@@ -546,29 +546,21 @@ class Reported(BaseException):
 
 def apply_settings(call: Any, settings: Mapping[str, Any]) -> None:
     """Applies the in-process settings a child verifies to the script's `fit`: the compile
-    ones on the model (as `TuneResult.apply` does), the pipeline ones on a dataset `x`."""
+    ones on the model (as `TuneResult.apply` does), a dataset's end settings on `x`."""
     import tensorflow as tf
 
+    from tfgpu._internal.adapters.datasets import with_end_settings
     from tfgpu.tuning._result import TuneResult
 
     compiled = {k: v for k, v in settings.items() if k in rules.COMPILE_KEYS}
     if compiled:
         TuneResult(trials=[], settings=compiled).apply(call.model)
-    ds = call.arguments["x"]
     rest = {k: v for k, v in settings.items() if k not in rules.COMPILE_KEYS}
     if not rest:
         return
-    if not isinstance(ds, tf.data.Dataset) or not set(rest) <= set(CHILD_APPLIES):
+    if not isinstance(call.arguments["x"], tf.data.Dataset) or not set(rest) <= set(CHILD_APPLIES):
         raise ValueError(f"{', '.join(rest)} cannot be applied to this data without an edit")
-    if rest.get("cache"):
-        ds = ds.cache()
-    if rest.get("prefetch") or rest.get("cache"):
-        ds = ds.prefetch(tf.data.AUTOTUNE)
-    if "private_threadpool_size" in rest:
-        options = tf.data.Options()
-        options.threading.private_threadpool_size = int(rest["private_threadpool_size"])
-        ds = ds.with_options(options)
-    call.arguments["x"] = ds
+    call.arguments["x"] = with_end_settings(call.arguments["x"], rest)
 
 
 def _data_kind(x: Any) -> str:
