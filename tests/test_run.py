@@ -90,8 +90,8 @@ def test_the_scripts_own_tfgpu_callbacks_are_not_added_twice(tmp_path, capsys):
     ("end", "status", "ended", "stderr"),
     [
         ("raise ValueError('boom')", 1, "raised ValueError", "ValueError: boom"),
-        ("sys.exit(3)", 3, "exited with status 3", ""),
-        ("sys.exit('bad input')", 1, "exited with status 1", "bad input\n"),
+        ("sys.exit(3)", 3, "exited", ""),
+        ("sys.exit('bad input')", 1, "exited", "bad input\n"),
         ("sys.exit(0)", 0, "ended", ""),
     ],
 )
@@ -206,10 +206,10 @@ def test_the_summary_says_how_it_ended_and_where_to_change(tmp_path):
             return {"compile": "train.py:7 (the model's compile call)"}[kind]
 
     record = FitRecord(1, None, tmp_path, Call(), seconds=3.0, ended="KeyboardInterrupt")
-    outcome = _summary.Outcome(Path("train.py"), 130, 4.0, tmp_path, "was interrupted (Ctrl-C)")
+    outcome = _summary.Outcome(Path("train.py"), 130, 4.0, tmp_path, "was interrupted by Ctrl-C")
     outcome.diagnosis, outcome.notes = Diagnosis(), ["a note"]
     lines = _summary.summary_lines(outcome, [record], record)
-    assert lines[0].startswith("tfgpu run: train.py was interrupted (Ctrl-C) (exit status 130)")
+    assert lines[0].startswith("tfgpu run: train.py was interrupted by Ctrl-C (exit status 130)")
     assert "no epoch ended" in lines[1] and "stopped by KeyboardInterrupt" in lines[1]
     assert lines[2:] == [
         "  diagnosis of fit 1 (8 s): bottleneck host_overhead · 1,234 examples/s measured",
@@ -218,7 +218,8 @@ def test_the_summary_says_how_it_ended_and_where_to_change(tmp_path):
         "    where: train.py:7 (the model's compile call)",
         "  note: a note",
     ]
-    assert _summary.ending(KeyboardInterrupt(), 130) == "was interrupted (Ctrl-C)"
+    assert _summary.ending(KeyboardInterrupt(), 130) == "was interrupted by Ctrl-C"
+    assert _summary.ending(SystemExit(143), 143) == "exited"
 
 
 @pytest.mark.parametrize(
@@ -271,8 +272,18 @@ model.fit(x, x[:, :1], batch_size=8, epochs=10000, verbose=0, callbacks=[Started
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.name != "posix", reason="SIGINT to a process: POSIX")
-def test_ctrl_c_leaves_complete_records_the_diagnosis_and_the_report(tmp_path):
+@pytest.mark.skipif(os.name != "posix", reason="signals to a process: POSIX")
+@pytest.mark.parametrize(
+    ("sig", "status", "ended"),
+    [
+        (signal.SIGINT, 130, "was interrupted by Ctrl-C"),
+        (signal.SIGTERM, 143, "exited"),
+    ],
+    ids=["Ctrl-C", "SIGTERM"],
+)
+def test_a_stopped_script_leaves_complete_records_the_diagnosis_and_the_report(
+    tmp_path, sig, status, ended
+):
     script, started, log = tmp_path / "long.py", tmp_path / "started", tmp_path / "run"
     script.write_text(_LONG)
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -287,16 +298,15 @@ def test_ctrl_c_leaves_complete_records_the_diagnosis_and_the_report(tmp_path):
                 break
             time.sleep(0.05)
         assert started.exists(), proc.communicate()[1][-3000:]
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err[-3000:]
-    assert (
-        "KeyboardInterrupt" in err and "long.py was interrupted (Ctrl-C) (exit status 130)" in err
-    )
+    assert proc.returncode == status, err[-3000:]
+    assert f"long.py {ended} (exit status {status})" in err
+    assert ("KeyboardInterrupt" in err) == (sig == signal.SIGINT)  # Python's traceback
     rows = _rows(log / "fit-1" / "steps.csv")
     assert len(rows) >= 4 and all(float(r["step_time_s"]) > 0 for r in rows)  # complete rows
-    assert (log / "fit-1" / "diagnosis.json").exists()  # Ctrl-C once: the diagnosis still ran
+    assert (log / "fit-1" / "diagnosis.json").exists()  # stopped once: the diagnosis still ran
     assert (log / "fit-1" / "report.md").exists() and (log / "summary.md").exists()

@@ -60,23 +60,25 @@ def run_script(
     run = _Run(root)
     error: BaseException | None = None
     start = time.monotonic()
-    with signals_exit():  # SIGTERM, SIGHUP: SystemExit in the script, so the records end well
+    # SIGTERM, SIGHUP: a SystemExit in the script (its records end well), or in the diagnosis
+    # (skipped); the reports and the summary are written whatever ended the script.
+    with signals_exit():
         try:
             with Interception(run.on_fit):
                 run_as_main(path, script_args)
         except BaseException as e:  # the script's own end: sys.exit, Ctrl-C, any exception
             error = e
-    if error is not None:
-        print_error(error, path)
-    status = exit_status(error)
-    outcome = Outcome(path, status, time.monotonic() - start, root, ending(error, status))
-    budget = OBSERVE_BUDGET_S if diagnose_budget_s is None else diagnose_budget_s
-    chosen = _longest(run.records)
-    if chosen is not None and diagnose:
-        outcome.diagnosis = _diagnose(chosen, budget, outcome)
-    for record in run.records:
-        outcome.reports.append(_report(record))
-    lines = summary_lines(outcome, run.records, chosen)
+        if error is not None:
+            print_error(error, path)
+        status = exit_status(error)
+        outcome = Outcome(path, status, time.monotonic() - start, root, ending(error, status))
+        budget = OBSERVE_BUDGET_S if diagnose_budget_s is None else diagnose_budget_s
+        chosen = _longest(run.records)
+        if chosen is not None and diagnose:
+            outcome.diagnosis = _diagnose(chosen, budget, outcome)
+        for record in run.records:
+            outcome.reports.append(_report(record))
+        lines = summary_lines(outcome, run.records, chosen)
     _write_summary(root, lines, outcome)
     sys.stdout.flush()
     print("\n".join(lines), file=sys.stderr, flush=True)
@@ -116,8 +118,9 @@ def _diagnose(record: FitRecord, budget_s: float, outcome: Outcome) -> Any:
                 time_budget_s=budget_s,
                 log_dir=record.log_dir,
             )
-    except KeyboardInterrupt:
-        outcome.notes.append(f"the diagnosis of fit {record.index} was skipped (Ctrl-C)")
+    except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C again, or SIGTERM: stop it
+        why = "Ctrl-C" if isinstance(e, KeyboardInterrupt) else f"exit status {e.code}"
+        outcome.notes.append(f"the diagnosis of fit {record.index} was skipped ({why})")
     except Exception as e:  # the run's boundary for its side feature: the script's records and
         # report matter more than a diagnosis that failed (any error of the model or the data)
         outcome.notes.append(f"the diagnosis of fit {record.index} failed: {one_line(e)}")

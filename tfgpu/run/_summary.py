@@ -38,14 +38,14 @@ class Outcome:
 
 
 def ending(error: BaseException | None, status: int) -> str:
-    """How the script ended, in words: "ended", "exited with status 2", "was interrupted
-    (Ctrl-C)", "raised ValueError". Pure."""
+    """How the script ended, in words (its exit status follows): "ended", "exited" (`sys.exit`
+    or SIGTERM), "was interrupted by Ctrl-C", "raised ValueError". Pure."""
     if error is None or (isinstance(error, SystemExit) and status == 0):
         return "ended"
     if isinstance(error, SystemExit):
-        return f"exited with status {status}"
+        return "exited"
     if isinstance(error, KeyboardInterrupt):
-        return "was interrupted (Ctrl-C)"
+        return "was interrupted by Ctrl-C"
     return f"raised {type(error).__name__}"
 
 
