@@ -216,6 +216,7 @@ def test_the_summary_says_how_it_ended_and_where_to_change(tmp_path):
         "    Host-overhead-bound: steps are so short",
         "    change: `model.compile(..., steps_per_execution=16)`",
         "    where: train.py:7 (the model's compile call)",
+        "  to try every setting on it, measured: tfgpu tune train.py",
         "  note: a note",
     ]
     assert _summary.ending(KeyboardInterrupt(), 130) == "was interrupted by Ctrl-C"

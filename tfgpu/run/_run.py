@@ -71,7 +71,8 @@ def run_script(
         if error is not None:
             print_error(error, path)
         status = exit_status(error)
-        outcome = Outcome(path, status, time.monotonic() - start, root, ending(error, status))
+        took = time.monotonic() - start
+        outcome = Outcome(path, status, took, root, ending(error, status), list(script_args))
         budget = OBSERVE_BUDGET_S if diagnose_budget_s is None else diagnose_budget_s
         chosen = _longest(run.records)
         if chosen is not None and diagnose:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,15 @@ FINDING_PLACE = {
 @dataclasses.dataclass
 class Outcome:
     """How the run ended: the script, its exit status and how it ended in words, the time, the
-    run directory, the diagnosis (None: none), each fit's report, and notes."""
+    run directory, the script's arguments, the diagnosis (None: none), each fit's report, and
+    notes."""
 
     script: Path
     status: int
     seconds: float
     log_dir: Path
     ended: str = "ended"
+    args: list[str] = dataclasses.field(default_factory=list)  # the script's own
     diagnosis: Any = None
     reports: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
@@ -85,6 +88,12 @@ def _diagnosis_lines(diagnosis: Any, record: FitRecord) -> list[str]:
     return lines
 
 
+def _tune_line(outcome: Outcome) -> str:
+    """The command that tries the changes on the same script, unchanged."""
+    args = " ".join(shlex.quote(a) for a in (str(outcome.script), *outcome.args))
+    return f"  to try every setting on it, measured: tfgpu tune {args}"
+
+
 def summary_lines(
     outcome: Outcome, records: list[FitRecord], diagnosed: FitRecord | None
 ) -> list[str]:
@@ -100,6 +109,8 @@ def summary_lines(
         lines += [f"    {own}: not added again" for own in record.own]
     if outcome.diagnosis is not None and diagnosed is not None:
         lines += _diagnosis_lines(outcome.diagnosis, diagnosed)
+        if outcome.diagnosis.findings:
+            lines.append(_tune_line(outcome))
     elif not records:
         lines.append("  nothing to diagnose: the script called no fit")
     lines += [f"  report: {report}" for report in outcome.reports]

@@ -31,6 +31,8 @@ MAX_STEPS = 1_000_000
 # The in-process search gets at least half of what the baseline leaves (it usually carries
 # the gains), at most tune's own default, and none below this many seconds.
 SEARCH_SHARE, MIN_SEARCH_S = 0.5, 10.0
+# The search's run is cut at this multiple of what it should take (its start and the search).
+SEARCH_SLACK = 1.2
 # Each fresh-process setting needs this many runs of the script (its rounds and the
 # baseline's), the verification as many again: the time held for them.
 RUNS_PER_SETTING = 2 * rules.MIN_ROUNDS
@@ -223,6 +225,8 @@ class ProcessVariants:
             )  # `need`: the search's run counts its search
         self.progress.phase(phase)
         timeout = None if math.isinf(left) else max(1.0, left)
+        if search_s is not None and timeout is not None:  # tune's +10%, and the start's share
+            timeout = min(timeout, SEARCH_SLACK * need)
         run = _run_child(
             self.script, self.script_args, change, self.steps, self.warmup, timeout, search_s
         )
