@@ -163,6 +163,8 @@ def _intact(proc: subprocess.CompletedProcess, *lines: str) -> None:
     for line in lines:
         assert line in proc.stdout, proc.stdout[-3000:]
     assert "tfgpu run:" not in proc.stdout  # tfgpu's own lines go to stderr
+    for key in ("examples_per_s", "host_cpu_pct_mean", "step_time_median_s"):
+        assert key not in proc.stdout  # the progress bar shows the script's own logs only
 
 
 @pytest.mark.slow
