@@ -722,7 +722,15 @@ def _child_main(argv: Sequence[str]) -> int:
         sys.stderr.flush()
         os._exit(0)  # nothing after the first fit runs (the script may train for hours)
 
-    finish(run_to_first_fit(script, script_args, spec, finish))
+    from tfgpu._internal.adapters.script import exit_status, print_error
+
+    try:
+        data = run_to_first_fit(script, script_args, spec, finish)
+    except BaseException as e:  # the script failed: its traceback as Python prints it (the
+        print_error(e, script)  # parent shows its end), and its exit status
+        sys.stderr.flush()
+        os._exit(exit_status(e))
+    finish(data)
     return 0  # pragma: no cover (finish exits)
 
 
