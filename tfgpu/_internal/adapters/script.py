@@ -2,7 +2,7 @@
 seen: the one interception `tfgpu run` and `tfgpu tune SCRIPT.py`'s child share
 (docs/tuning.md, "Zero changes to your script").
 
-`Interception(script, on_fit)` replaces `keras.Model.fit` by a function that takes exactly what
+`Interception(on_fit)` replaces `keras.Model.fit` by a function that takes exactly what
 Keras's takes (bound with the original's `inspect.signature`, so it cannot drift) and hands
 each top-level call to `on_fit` as a `FitCall`: the model, every argument, and where in the
 user's code the `fit`, the model's last `compile` and the data passed to `fit` are (from the
