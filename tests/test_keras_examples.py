@@ -77,7 +77,7 @@ def _pet_images(root: Path) -> None:
     for label in ("Cat", "Dog"):
         folder = root / "PetImages" / label
         folder.mkdir(parents=True)
-        for i in range(10):
+        for i in range(6):  # the previews show 9 of the first batch
             name = "6779.jpg" if (label, i) == ("Cat", 0) else f"{i}.jpg"
             (folder / name).write_bytes(_jpeg(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)))
     (root / "PetImages" / "Dog" / "broken.jpg").write_bytes(b"\x89PNG not a JPEG")
