@@ -132,7 +132,7 @@ def _run(example: str, cwd: Path, keras_home: Path, *extra: str, gcs: Path | Non
         env["TFGPU_OFFLINE_GCS"] = str(gcs)
     log = cwd / "run"
     command = [sys.executable, "-m", "tfgpu", "run", "--log-dir", str(log),
-               "--diagnose-budget-s", "20", *extra, str(EXAMPLES / example)]  # fmt: skip
+               "--diagnose-budget-s", "8", *extra, str(EXAMPLES / example)]  # fmt: skip
     proc = subprocess.run(
         command, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT
     )
