@@ -291,7 +291,9 @@ def test_the_default_log_dir_never_reuses_an_earlier_run(tmp_path, monkeypatch):
             return cls(2025, 1, 2, 3, 4, 5)
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(_args.datetime, "datetime", Frozen)
+    from tfgpu._internal.helpers import files
+
+    monkeypatch.setattr(files.datetime, "datetime", Frozen)
     first = _args.check_arguments(False, None, None, None)
     assert first == Path("runs/demo-20250102-030405") and not first.exists()
     first.mkdir(parents=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import re
 import signal
@@ -44,13 +45,18 @@ def clock(monkeypatch):
     return engine
 
 
-def _scripted(monkeypatch, clock, times, *, batch=32, gpus=0, calls=None):
+def _scripted(monkeypatch, clock, times, *, batch=32, gpus=0, calls=None, search=None):
     """Child runs whose step time comes from `times(change, n)` (n: the nth run of that
-    setting); None -> the child failed."""
+    setting); None -> the child failed. The in-process search's child gives `search` (a
+    `TuneResult.to_dict()`; None: a search that found nothing to try)."""
     counts: dict[str, int] = {}
 
-    def run(script, script_args, change, steps, warmup, timeout_s):
+    def run(script, script_args, change, steps, warmup, timeout_s, search_s=None):
         clock.clock += 10.0
+        if search_s is not None:
+            if calls is not None:
+                calls.append({"search": search_s})
+            return ChildRun(tune=search or {"trials": [], "speedup": None, "notes": []})
         key = json.dumps(change, sort_keys=True)
         n = counts.get(key, 0)
         counts[key] = n + 1
@@ -58,8 +64,8 @@ def _scripted(monkeypatch, clock, times, *, batch=32, gpus=0, calls=None):
             calls.append(dict(change))
         value = times(change, n)
         if value is None:
-            return ChildRun(error="the script failed (exit status 1): boom", gpus=gpus)
-        return ChildRun(value, batch, gpus)
+            return ChildRun(error="the script failed (exit status 1): boom", gpus=gpus, wall_s=10)
+        return ChildRun(value, batch, gpus, wall_s=10.0)
 
     monkeypatch.setattr(_script, "_run_child", run)
 
@@ -88,7 +94,14 @@ def test_a_setting_that_clearly_helps_is_kept_one_within_noise_is_not(monkeypatc
     assert xla.status == "kept" and xla.gain.value == pytest.approx(0.010 / 0.006)
     assert threads.status == "no measurable gain"
     assert result.settings == {"TF_XLA_FLAGS": xla.change["TF_XLA_FLAGS"]}
-    assert result.lines == [xla.line] and result.lines[0].startswith("export TF_XLA_FLAGS=")
+    # Where to set it: the shell that starts the script, or the top of the script.
+    assert result.lines == [
+        f"in the shell that starts the script: {xla.line}",
+        f"or {script}:1 (the top of the script, before it imports TensorFlow): import os; "
+        f"os.environ['TF_XLA_FLAGS'] = {xla.change['TF_XLA_FLAGS']!r}",
+    ]
+    assert result.diff.startswith("--- a/train.py\n+++ b/train.py\n")
+    assert "+os.environ['TF_XLA_FLAGS'] = " in result.diff
     assert result.speedup.value == pytest.approx(0.010 / 0.006)
     assert result.baseline_examples_per_s == pytest.approx(32 / 0.010)
     # Without a GPU, the GPU settings are listed as untried, with the reason.
@@ -96,7 +109,9 @@ def test_a_setting_that_clearly_helps_is_kept_one_within_noise_is_not(monkeypatc
     assert len(gpu_only) == 2
     assert all(t.status == "untried" and "needs a GPU" in t.reason for t in gpu_only)
     assert "kept" in str(result) and "export TF_XLA_FLAGS=" in str(result)
-    assert str(result).startswith("tune: each setting against the baseline")  # each alone
+    # Fresh-process settings each alone, against the baseline; the header says so.
+    assert str(result).startswith("tune: each setting against the best so far (in the script's")
+    assert "or the baseline (fresh processes)" in str(result).splitlines()[0]
 
 
 def test_a_setting_that_clearly_hurts_is_rejected_after_one_round(monkeypatch, clock, script):
@@ -145,7 +160,8 @@ def test_kept_settings_verified_together_give_the_combined_speedup(monkeypatch, 
     result = _script.tune_script(script, time_budget_s=None, verbose=0)
     assert set(result.settings) == {"TF_XLA_FLAGS", "TF_NUM_INTEROP_THREADS"}
     assert result.speedup.value == pytest.approx(2.0)
-    assert len(result.lines) == 2
+    exports = result.lines[0]
+    assert "export TF_XLA_FLAGS=" in exports and "export TF_NUM_INTEROP_THREADS=1" in exports
 
 
 def test_a_setting_whose_run_fails_is_reported_failed(monkeypatch, clock, script):
@@ -167,13 +183,30 @@ def test_a_baseline_that_fails_raises_with_the_scripts_error(monkeypatch, clock,
 def test_the_budget_is_respected(monkeypatch, clock, script):
     calls: list[dict] = []
     _scripted(monkeypatch, clock, lambda change, n: 0.010, calls=calls)
-    # 10 s per child: the baseline and one round of both settings fit in 25 s.
+    # 10 s per child: after the baseline, 15 s hold one more run and no search.
     result = _script.tune_script(script, time_budget_s=25.0, verbose=0)
-    assert len(calls) <= 4
-    for name in (XLA, THREADS):
-        trial = result.trial(name)
-        assert trial.status == "untried" and "time budget spent" in trial.reason
+    assert calls == [{}, {"TF_XLA_FLAGS": process_settings(False)[0][1]["TF_XLA_FLAGS"]}]
+    # The one that ran is said as measured once; the other was never started, and says so.
+    assert result.trial(XLA).status == "untried"
+    assert result.trial(XLA).reason == (
+        "time budget spent after 1 round(s) (x1.00); then a run was not started (5 s left, a "
+        "run of the script takes about 10 s here)"
+    )
+    threads = result.trial(THREADS)
+    assert threads.status == "untried"
+    assert threads.reason == (
+        "time budget spent: a run was not started (5 s left, a run of the script takes about "
+        "10 s here)"
+    )
     assert result.settings == {}
+    search = result.trial(_script.SEARCH)
+    assert search.status == "untried"
+    assert (
+        search.reason == "time budget spent: 15 s left, a run of the script takes about 10 s here"
+    )
+    # Never "nothing helped" about what was not measured.
+    assert "nothing to change" not in str(result)
+    assert "not measured: 3 of 5 candidates untried (time budget spent" in str(result)
 
 
 def test_tune_json_and_the_waterfall_are_written(monkeypatch, clock, script, tmp_path):
@@ -301,7 +334,7 @@ def test_the_command_prints_the_table_and_the_lines_to_set(monkeypatch, clock, s
     assert args.script_args == ["--epochs", "3"] and args.time_budget_s == 1000.0
     assert _script.run_command(args) == 0
     out = capsys.readouterr().out
-    assert "export TF_XLA_FLAGS=" in out and "in the shell before Python starts" in out
+    assert "in the shell that starts the script: export TF_XLA_FLAGS=" in out
 
     bad = parser.parse_args(["tune", "--steps", "1", str(script)])
     assert _script.run_command(bad) == 2
@@ -334,19 +367,45 @@ def test_a_real_script_runs_in_child_processes_and_stops_after_its_first_fit(tmp
     assert run.batch == 16 and run.gpus >= 0
     assert not marker.exists()  # nothing after the first fit ran
 
+    # A child applies a setting it verifies, and the policy set before the script runs.
+    run = _script._run_child(
+        script,
+        [str(marker)],
+        {"steps_per_execution": 4, "precision": "mixed_bfloat16"},
+        8,
+        4,
+        120.0,
+    )
+    assert run.error == "" and run.policy == "mixed_bfloat16" and run.data == "arrays"
+    assert run.places["compile"] == [str(script), 11] and run.places["fit"] == [str(script), 12]
+    assert run.loss is not None and math.isfinite(run.loss)
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_tune_on_an_unchanged_script_end_to_end(tmp_path):
+    """The command on a real script in real children: the baseline, the search in the
+    script's process, fresh processes; structure only (no speed is asserted)."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(_TINY_SCRIPT))
+    marker, log = tmp_path / "after_fit.txt", tmp_path / "log"
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    code = (
-        "from tfgpu.tuning._script import tune_script; import sys; "
-        f"r = tune_script({str(script)!r}, [{str(marker)!r}], steps=3, warmup=1, "
-        "time_budget_s=25, verbose=0); print(r); "
-        "print('SETTINGS', sorted(r.settings)); print('TRIALS', [t.name for t in r.trials])"
-    )
     proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
-    )
+        [sys.executable, "-m", "tfgpu", "tune", "--time-budget-s", "60", "--steps", "6",
+         "--warmup", "2", "--log-dir", str(log), str(script), str(marker)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "TRIALS" in proc.stdout and XLA in proc.stdout and THREADS in proc.stdout
-    assert not marker.exists()  # structure only: no speed is asserted
+    saved = json.loads((log / "tune.json").read_text())
+    names = [t["name"] for t in saved["trials"]]
+    assert "steps_per_execution=4" in names and XLA in names and THREADS in names
+    by_name = {t["name"]: t for t in saved["trials"]}
+    assert by_name["steps_per_execution=4"]["status"] != "untried"  # the search ran
+    assert "needs a fresh process" not in proc.stdout
+    for line in saved["lines"]:  # each kept setting with its place in the script
+        assert str(script) in line or line.startswith("in the shell"), line
+    assert saved["time_s"] <= 60 * 1.1
+    assert not marker.exists()
 
 
 @pytest.mark.slow
@@ -409,3 +468,270 @@ def test_a_stopped_tune_leaves_no_process_and_no_file_behind(tmp_path, sig):
     else:  # a SIGKILLed parent runs no code: what the script started is the script's own
         os.kill(helper, signal.SIGKILL)
     assert list(temp.iterdir()) == []  # the report travelled through no named file
+
+
+# The in-process search on scripted steps: the script's own model and data handed to
+# `tfgpu.tune` in this process (as the child does), the time children scripted.
+
+_HOST_BOUND = """\
+import numpy as np
+import keras
+
+x = np.random.default_rng(0).random((512, 8), dtype=np.float32)
+y = (x.sum(axis=1) > 4).astype("float32")
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+model.compile(optimizer="adam", loss="mse"{jit})
+model.fit(x, y, 32, 2, validation_split=0.25)
+raise SystemExit("nothing after the first fit runs in a child")
+"""
+
+
+@pytest.fixture
+def in_process(monkeypatch):
+    """A CPU without native bfloat16, one core, and a batch-size search that finds nothing
+    faster (tune's own tests do the same); the global policy put back."""
+    import keras
+
+    import tfgpu.batch_size
+    from tests.conftest import CPU_FACTS, FoundOneSize
+    from tfgpu._internal.measure import facts as facts_module
+
+    monkeypatch.setattr(facts_module, "device_facts", lambda: {**CPU_FACTS, "cpu_count": 1})
+    monkeypatch.setattr(
+        tfgpu.batch_size, "find_batch_size", lambda model, data, **k: FoundOneSize(32)
+    )
+    policy = keras.mixed_precision.global_policy()
+    yield
+    keras.mixed_precision.set_global_policy(policy)
+
+
+def _children_here(monkeypatch, clock, times, calls):
+    """Children run in this process: the search one runs `tfgpu.tune` on the script's first
+    fit (steps from `clock`, the scripted engine), the first time one the real first fit for
+    its facts and places (the others reuse them), each step time scripted by `times(change)`."""
+    facts: dict = {}
+
+    def run(script, script_args, change, steps, warmup, timeout_s, search_s=None):
+        calls.append({"search": search_s} if search_s else dict(change))
+        if search_s:
+            data = _script.run_to_first_fit(
+                script, script_args, {"mode": "search", "search_s": search_s}
+            )
+            clock.clock += 10.0
+            return ChildRun(tune=data.get("tune"), error=data.get("error", ""))
+        if not facts:
+            spec = {"mode": "time", "steps": 3, "warmup": 1, "settings": {}, "policy": ""}
+            facts.update(_script.run_to_first_fit(script, script_args, spec))
+            assert not facts.get("error"), facts
+        data = facts
+        clock.clock += 10.0
+        return ChildRun(
+            times(change), data["batch"], 0, wall_s=10.0, places=data["places"],
+            data=data["data"], policy=data["policy"], loss=data["loss"],
+        )  # fmt: skip
+
+    monkeypatch.setattr(_script, "_run_child", run)
+
+
+@pytest.mark.slow
+def test_a_host_bound_script_keeps_steps_per_execution_with_its_compile_line(
+    monkeypatch, tmp_path, in_process
+):
+    spe_times = {1: 0.004, 4: 0.0015, 16: 0.0014, 64: 0.0014}
+    engine = ScriptedTiming(monkeypatch, lambda m, d: spe_times[int(m.steps_per_execution)])
+    engine.clock = 0.0
+    script = tmp_path / "train.py"
+    script.write_text(_HOST_BOUND.format(jit=""))
+    calls: list[dict] = []
+    _children_here(monkeypatch, engine, lambda change: 0.010, calls)
+    result = _script.tune_script(script, time_budget_s=None, verbose=0)
+    assert result.settings.get("steps_per_execution", 1) > 1
+    spe = result.settings["steps_per_execution"]
+    assert set(result.settings) == {"steps_per_execution"}
+    assert result.lines == [
+        f"{script}:7 (the model's compile call): model.compile(..., steps_per_execution={spe})"
+    ]
+    assert (
+        f'-model.compile(optimizer="adam", loss="mse")\n'
+        f'+model.compile(optimizer="adam", loss="mse", steps_per_execution={spe})\n'
+    ) in result.diff
+    # One table: the in-process trials, then each fresh-process setting measured in children.
+    names = [t.name for t in result.trials]
+    assert names[0] == "steps_per_execution=4" and names.count(XLA) == 1
+    assert result.trial(XLA).status == "no measurable gain"
+    assert "needs a fresh process" not in str(result)  # tune's own "untried" rows replaced
+    assert "verified together in the script's process by tfgpu.tune" in result.notes
+    # The search timed the fit as the script calls it: batch 32, the validation part cut off.
+    assert any("of 12 batches" in n for n in result.notes)  # 384 examples / 32
+    assert calls[1] == {"search": _script.rules.SEARCH_BUDGET_S}
+
+
+@pytest.mark.slow
+def test_an_xla_slowed_script_keeps_jit_compile_false(monkeypatch, tmp_path, in_process):
+    engine = ScriptedTiming(monkeypatch, lambda m, d: 0.05 if m.jit_compile else 0.01)
+    engine.clock = 0.0
+    script = tmp_path / "train.py"
+    script.write_text(_HOST_BOUND.format(jit=", jit_compile=True"))
+    _children_here(monkeypatch, engine, lambda change: 0.010, [])
+    result = _script.tune_script(script, time_budget_s=None, verbose=0)
+    assert result.settings.get("jit_compile") is False
+    assert result.trial("jit_compile=False").status == "kept"
+    assert result.lines[0].startswith(f"{script}:7 (the model's compile call): model.compile(")
+    assert "jit_compile=False" in result.lines[0]
+    assert '+model.compile(optimizer="adam", loss="mse", jit_compile=False' in result.diff
+
+
+def test_a_policy_the_search_cannot_try_is_tried_in_a_fresh_process_and_verified_with_the_rest(
+    monkeypatch, clock, script
+):
+    from tfgpu.tuning._candidates import FRESH_PROCESS, NEEDS_FACTORY
+
+    record = {
+        "trials": [
+            {"name": "steps_per_execution=4", "change": {"steps_per_execution": 4},
+             "gain": {"value": 1.5, "low": 1.3, "high": 1.6}, "status": "kept",
+             "reason": "over 3 rounds", "line": "model.compile(..., steps_per_execution=4)"},
+            {"name": "precision mixed_bfloat16", "change": {"precision": "mixed_bfloat16"},
+             "gain": None, "status": "untried", "reason": NEEDS_FACTORY, "line": "configure"},
+            {"name": XLA, "change": {}, "gain": None, "status": "untried",
+             "reason": FRESH_PROCESS, "line": "export TF_XLA_FLAGS=..."},
+        ],
+        "speedup": {"value": 1.5, "low": 1.3, "high": 1.6},
+        "notes": ["each timed fit ran 1 whole epoch(s)"],
+    }  # fmt: skip
+    calls: list[dict] = []
+
+    def times(change, n):
+        if change.get("precision") and change.get("steps_per_execution"):
+            return 0.004  # together
+        return 0.006 if change.get("precision") else 0.010
+
+    _scripted(monkeypatch, clock, times, calls=calls, search=record)
+    result = _script.tune_script(script, time_budget_s=None, verbose=0)
+    policy = result.trial("precision mixed_bfloat16")
+    assert policy.status == "kept" and policy.gain.value == pytest.approx(0.010 / 0.006)
+    assert {"precision": "mixed_bfloat16"} in calls  # its own fresh processes
+    together = {"precision": "mixed_bfloat16", "steps_per_execution": 4}
+    assert together in calls  # verified in fresh processes, the child applying the rest
+    assert result.speedup.value == pytest.approx(0.010 / 0.004)
+    assert result.settings == together
+    assert [t.name for t in result.trials].count(XLA) == 1  # tried here, not listed twice
+    assert any(
+        "mixed_precision.set_global_policy('mixed_bfloat16')" in line for line in result.lines
+    )
+    assert "in the script's process: each timed fit ran 1 whole epoch(s)" in result.notes
+
+
+def test_a_setting_a_child_cannot_apply_stays_kept_out_of_the_verification(
+    monkeypatch, clock, script
+):
+    record = {
+        "trials": [
+            {"name": "static batch shape", "change": {"drop_remainder": True},
+             "gain": {"value": 1.2, "low": 1.1, "high": 1.3}, "status": "kept",
+             "reason": "over 3 rounds", "line": "dataset = dataset.batch(32, drop_remainder=True)"},
+        ],
+        "speedup": {"value": 1.2, "low": 1.1, "high": 1.3},
+    }  # fmt: skip
+    calls: list[dict] = []
+
+    def times(change, n):
+        return {"base": 0.010, "xla": 0.005, "threads": 0.010}[_which(change)]
+
+    _scripted(monkeypatch, clock, times, calls=calls, search=record)
+    result = _script.tune_script(script, time_budget_s=None, verbose=0)
+    assert result.trial("static batch shape").status == "kept"
+    assert not any("drop_remainder" in c for c in calls)  # no child was asked to apply it
+    assert any(
+        n.startswith("static batch shape: kept in the script's process") for n in result.notes
+    )
+    assert result.speedup.value == pytest.approx(2.0)  # XLA alone, against the baseline
+
+
+def test_a_child_whose_script_sets_its_own_policy_fails_the_policy_setting(
+    monkeypatch, clock, script
+):
+    runs = _script.ProcessVariants(script, [], 3, 1, _script_budget(None), _Quiet())
+
+    def run(script, script_args, change, steps, warmup, timeout_s, search_s=None):
+        return ChildRun(0.01, 32, policy="float32", wall_s=1.0)
+
+    monkeypatch.setattr(_script, "_run_child", run)
+    with pytest.raises(_script.ChildFailed, match=r"sets its own precision policy \(float32\)"):
+        runs.run_for({"precision": "mixed_bfloat16"}, "precision")(None, None)
+
+    def nan_loss(script, script_args, change, steps, warmup, timeout_s, search_s=None):
+        return ChildRun(0.01, 32, policy="mixed_bfloat16", loss=float("nan"), wall_s=1.0)
+
+    monkeypatch.setattr(_script, "_run_child", nan_loss)
+    with pytest.raises(_script.ChildFailed, match="unsafe numerics: the loss is not finite"):
+        runs.run_for({"precision": "mixed_bfloat16"}, "precision")(None, None)
+
+
+def test_a_child_cut_by_the_budget_is_said_so(monkeypatch, clock, script):
+    def run(script, script_args, change, steps, warmup, timeout_s, search_s=None):
+        clock.clock += 10.0
+        if search_s is not None:
+            return ChildRun(tune={"trials": []})
+        if change:  # every setting's run is longer than the budget left: the budget cuts it
+            clock.clock += timeout_s
+            return ChildRun(
+                error=f"time budget spent: a run was cut by the time budget after {timeout_s:.0f} s",
+                cut=True,
+                wall_s=timeout_s,
+            )
+        return ChildRun(0.01, 32, wall_s=10.0)
+
+    monkeypatch.setattr(_script, "_run_child", run)
+    result = _script.tune_script(script, time_budget_s=100.0, verbose=0)
+    xla = result.trial(XLA)
+    assert xla.status == "untried"
+    assert xla.reason.startswith("time budget spent: a run was cut by the time budget after ")
+
+
+@pytest.mark.parametrize(
+    ("left", "typical", "fresh", "expected"),
+    [
+        (math.inf, 20.0, 3, 300.0),  # no limit: tune's own default
+        (900.0, 20.0, 3, 300.0),  # what the fresh runs leave, at most tune's default
+        (400.0, 20.0, 3, 180.0),  # 400 - 6 x 4 x 20 = -80: half of it, less a run
+        (30.0, 20.0, 3, None),  # under the least worth a search
+    ],
+)
+def test_the_search_gets_what_the_fresh_processes_leave(left, typical, fresh, expected):
+    assert _script.search_budget(left, typical, fresh) == expected
+
+
+def test_a_child_applies_the_settings_it_verifies(tmp_path):
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tfgpu._internal.adapters.script import Interception
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    ds = tf.data.Dataset.from_tensor_slices((np.zeros((8, 2)), np.zeros((8, 1)))).batch(4)
+    seen = {}
+
+    def on_fit(call):
+        _script.apply_settings(call, {"steps_per_execution": 4, "private_threadpool_size": 1})
+        seen.update(spe=call.model.steps_per_execution, ds=call.arguments["x"])
+        with pytest.raises(ValueError, match="drop_remainder cannot be applied"):
+            _script.apply_settings(call, {"drop_remainder": True})
+
+    with Interception(on_fit):
+        model.fit(ds)
+    assert seen["spe"] == 4
+    assert seen["ds"].options().threading.private_threadpool_size == 1
+
+
+class _Quiet:
+    def phase(self, text):
+        pass
+
+
+def _script_budget(seconds):
+    from tfgpu._internal.measure import timing
+
+    return timing.Budget(seconds)

@@ -1,4 +1,5 @@
-"""The `tfgpu` command: `tfgpu env`, `tfgpu demo`, `tfgpu report LOG_DIR`, `tfgpu tune SCRIPT.py`.
+"""The `tfgpu` command: `tfgpu env`, `tfgpu demo`, `tfgpu report LOG_DIR`, `tfgpu run SCRIPT.py`,
+`tfgpu tune SCRIPT.py`.
 
 Arguments are checked before TensorFlow is imported; errors exit 2, never with a traceback
 (docs/guarantees.md, "Errors: one rule, raised before any work")."""
@@ -12,7 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from tfgpu._internal.helpers.processes import startup_log_held_back
-from tfgpu._internal.measure.rules import PROCESS_BUDGET_S
+from tfgpu._internal.measure.rules import OBSERVE_BUDGET_S, PROCESS_BUDGET_S
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -56,19 +57,44 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", help="where to write (default: LOG_DIR)")
 
+    def script_arguments(p: argparse.ArgumentParser) -> None:
+        p.add_argument("script", metavar="SCRIPT.py", help="a script that builds a model and fits")
+        p.add_argument(
+            "script_args",
+            nargs="...",
+            metavar="ARGS",
+            help="the script's own arguments (everything after SCRIPT.py: give tfgpu's options "
+            "before it)",
+        )
+
+    p = command(
+        "run",
+        "run a training script unchanged: every fit recorded, the longest diagnosed, the "
+        "report written",
+    )
+    script_arguments(p)
+    p.add_argument(
+        "--log-dir",
+        metavar="LOG_DIR",
+        help="the run directory, one fit-K directory per fit (default: runs/SCRIPT-TIME)",
+    )
+    p.add_argument(
+        "--diagnose-budget-s",
+        type=float,
+        default=OBSERVE_BUDGET_S,
+        help=f"seconds for the diagnosis at the end (default {OBSERVE_BUDGET_S:g})",
+    )
+    p.add_argument(
+        "--no-diagnose", action="store_true", help="record and report only: no diagnosis"
+    )
+
     p = command(
         "tune",
-        "try the settings that need a fresh process (XLA auto-clustering, threads, GPU "
-        "thread mode and allocator) on a training script",
+        "try every speed setting on a training script, unchanged: in its own process "
+        "(tfgpu.tune's) and in fresh ones (precision, XLA auto-clustering, threads, GPU "
+        "thread mode and allocator)",
     )
-    p.add_argument("script", metavar="SCRIPT.py", help="a script that builds a model and fits")
-    p.add_argument(
-        "script_args",
-        nargs="...",
-        metavar="ARGS",
-        help="the script's own arguments (everything after SCRIPT.py: give tfgpu's options "
-        "before it)",
-    )
+    script_arguments(p)
     p.add_argument("--steps", type=int, default=30, help="timed steps per run (>= 3)")
     p.add_argument("--warmup", type=int, default=5, help="warm-up steps per run (>= 1)")
     p.add_argument(
@@ -117,6 +143,18 @@ def _check_arguments(args: argparse.Namespace) -> None:
     elif args.command == "report":
         check_path("LOG_DIR", args.log_dir)
         check_path("--out", args.out)
+    elif args.command == "run":
+        from tfgpu._internal.helpers.checks import check_number, check_script
+
+        check_script("SCRIPT.py", args.script)
+        check_path("--log-dir", args.log_dir)
+        check_number(
+            "--diagnose-budget-s",
+            args.diagnose_budget_s,
+            minimum=0,
+            exclusive_minimum=True,
+            expected="a finite number of seconds > 0",
+        )
     elif args.command == "tune":
         from tfgpu.tuning._script import check_arguments as check_tune_arguments
 
@@ -196,8 +234,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     file=sys.stderr,
                 )
             return 2 if problems.errors else 0
-        # demo and tune report no environment variables: quiet TensorFlow's own log too.
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if args.verbose else "2")
+        # demo and tune report no environment variables: quiet TensorFlow's own log too (not
+        # under `run`: the script's environment is the one it has under `python SCRIPT.py`).
+        if args.command != "run":
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if args.verbose else "2")
         with startup_log_held_back(hold_back):
             _load_tensorflow()
         if args.command == "demo":
@@ -205,6 +245,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_demo(
                 quick=args.quick, dataset=args.dataset, log_dir=args.log_dir, epochs=args.epochs
+            )
+        if args.command == "run":
+            from tfgpu.run import run_script
+
+            return run_script(
+                args.script,
+                args.script_args,
+                log_dir=args.log_dir,
+                diagnose=not args.no_diagnose,
+                diagnose_budget_s=args.diagnose_budget_s,
             )
         if args.command == "tune":
             from tfgpu.tuning._script import run_command

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ from tfgpu._internal.helpers.checks import (
     invalid_type,
     invalid_value,
 )
+from tfgpu._internal.helpers.files import new_run_dir
 
 
 def check_arguments(
@@ -56,10 +56,4 @@ def claim_log_dir(path: Path) -> None:
 
 def default_log_dir() -> Path:
     """`runs/demo-YYYYmmdd-HHMMSS`, or `...-2`, `-3`, ... when that exists already."""
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = Path("runs") / f"demo-{stamp}"
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    return path
+    return new_run_dir("demo")

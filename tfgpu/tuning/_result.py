@@ -61,8 +61,10 @@ class TuneResult(Result):
         dataset: the tuned dataset when pipeline settings were kept, else the data passed in.
         notes: list of str, remarks (e.g. a setting dropped at the verification).
         time_s: float, seconds `tune` took.
-        compared_with: str, `"the best so far"` (`tune`) or `"the baseline"` (`tfgpu tune
-            SCRIPT.py`: each setting alone): what each trial's gain is against.
+        compared_with: str, `"the best so far"` (`tune`), or what `tfgpu tune SCRIPT.py`'s
+            gains are against: what each trial's gain is against.
+        diff: str, `tfgpu tune SCRIPT.py`: a unified diff of the script with the kept
+            settings, where the edit is unambiguous ("": none).
         verified: bool, whether `speedup` was measured with the kept settings together
             (False: the budget ran out first, and it is the search's gains multiplied).
         validation_data: the arrays `validation_split` held out, as `fit(validation_data=)`
@@ -87,6 +89,7 @@ class TuneResult(Result):
     compared_with: str = "the best so far"
     verified: bool = True
     validation_data: Any = None
+    diff: str = ""
 
     json_name = "tune.json"
     png_name = "tune.png"
@@ -189,6 +192,9 @@ class TuneResult(Result):
             out += [f"  {line}" for line in self.lines]
         elif not unmeasured:
             out.append("nothing to change: no setting helped beyond the noise")
+        if self.diff:
+            out.append("the same as a diff (`git apply` or `patch -p1` in the script's directory):")
+            out += [f"  {line}" for line in self.diff.splitlines()]
         if unmeasured:  # never "nothing helped" about candidates that never ran
             out.append(unmeasured)
         out += [f"note: {n}" for n in self.notes]
@@ -202,7 +208,11 @@ class TuneResult(Result):
                 f"not measured: {len(halted)} of {len(self.trials)} candidates untried "
                 f"({HALTED}: see the note)"
             )
-        left = [t for t in self.trials if t.status == "untried" and t.reason == rules.BUDGET_SPENT]
+        left = [
+            t
+            for t in self.trials
+            if t.status == "untried" and t.reason.startswith(rules.BUDGET_SPENT)
+        ]
         if not left:
             return ""
         ran = [t for t in self.trials if t.status != "untried"]

@@ -242,3 +242,22 @@ def made_by_pipeline(ds: Any) -> bool:
     return any(
         isinstance(d, tf.data.Dataset) and hasattr(d, ATTRIBUTE) for d in _single_input_chain(ds)
     )
+
+
+# The settings of a user's own dataset that go at the end of its chain.
+END_SETTINGS = ("cache", "prefetch", "private_threadpool_size")
+
+
+def with_end_settings(ds: tf.data.Dataset, change: dict[str, Any]) -> tf.data.Dataset:
+    """`ds` with the `END_SETTINGS` of `change` at its end: a cache (then a prefetch), a
+    prefetch, a private thread pool; as `tfgpu tune` tries and `tfgpu tune SCRIPT.py`'s
+    fresh processes apply them."""
+    if change.get("cache"):
+        ds = ds.cache()
+    if change.get("prefetch") or change.get("cache"):
+        ds = ds.prefetch(tf.data.AUTOTUNE)
+    if "private_threadpool_size" in change:
+        options = tf.data.Options()
+        options.threading.private_threadpool_size = int(change["private_threadpool_size"])
+        ds = ds.with_options(options)
+    return ds

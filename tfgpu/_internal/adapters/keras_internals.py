@@ -79,13 +79,20 @@ def fit_batch_size(model: Any = None) -> int | None:
     return int(size) if is_int(size) and size > 0 else None
 
 
+# Modules whose callbacks only hand Keras's hooks on to another callback (`tfgpu run`'s): their
+# frames are not the function driving the callbacks.
+FORWARDING_MODULES: set[str] = set()
+
+
 def training_frame(caller_module: str) -> FrameType | None:
     """The frame of the function driving the callbacks (Keras `fit`, or a custom loop): the
-    first outwards that is not `caller_module`'s, this module's or `keras.src.callbacks`'."""
+    first outwards that is not `caller_module`'s, this module's, a `FORWARDING_MODULES` one's
+    or `keras.src.callbacks`'."""
     frame: FrameType | None = sys._getframe(1)
+    skipped = {caller_module, __name__, *FORWARDING_MODULES}
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
-        if module not in (caller_module, __name__) and not module.startswith("keras.src.callbacks"):
+        if module not in skipped and not module.startswith("keras.src.callbacks"):
             return frame
         frame = frame.f_back
     return None

@@ -282,3 +282,13 @@ def check_gpus(gpus: Any) -> list[int] | None:
             raise invalid_value("gpus", list(gpus), "each GPU index at most once")
         checked.append(int(g))
     return checked
+
+
+def check_script(name: str, value: Any) -> Path:
+    """Checks the path of a user's Python script (`tfgpu run`, `tfgpu tune`); returns it."""
+    if not isinstance(value, (str, os.PathLike)) or isinstance(value, bytes):
+        raise invalid_type(name, value, "the path of a Python script (str or os.PathLike)")
+    path = Path(value)
+    if not path.is_file():
+        raise invalid_value(name, value, "an existing Python script that calls `fit`")
+    return path

@@ -4,6 +4,7 @@ first free `NAME.N.SUFFIX` or refused, never truncated (docs/guarantees.md). No 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import itertools
 import json
 import logging
@@ -229,4 +230,16 @@ def writable_dir(log_dir: Any, argument: str = "log_dir") -> Path:
             f"a directory this process can create and write to "
             f"({type(e).__name__}: {e.strerror or e})",
         ) from e
+    return path
+
+
+def new_run_dir(name: str) -> Path:
+    """`runs/<name>-<YYYYmmdd-HHMMSS>` in the working directory, or `...-2`, `-3`, ... when
+    that exists already (two runs in one second): a default run directory never reuses one."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path("runs") / f"{name}-{stamp}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
     return path

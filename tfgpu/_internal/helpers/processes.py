@@ -155,3 +155,24 @@ def _watch(parent_pid: int) -> None:
     while os.getppid() == parent_pid:
         time.sleep(_WATCH_INTERVAL_S)
     os._exit(1)
+
+
+@contextlib.contextmanager
+def signals_exit() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise `SystemExit(128 + signal)` inside the block, so that cleanup
+    runs (their default ends the process at once); the handlers are restored after it. Only
+    in the main thread (elsewhere Python cannot set handlers: the block runs as it is)."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {}
+    try:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)):
+                if sig is not None:
+                    previous[sig] = signal.signal(sig, stop)
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
