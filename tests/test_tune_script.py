@@ -189,7 +189,7 @@ def test_the_budget_is_respected(monkeypatch, clock, script):
     # The one that ran is said as measured once; the other was never started, and says so.
     assert result.trial(XLA).status == "untried"
     assert result.trial(XLA).reason == (
-        "time budget spent after 1 round(s) (x1.00); then a run was not started (5 s left, a "
+        "time budget spent after 1 of 3 rounds (x1.00); then a run was not started (5 s left, a "
         "run of the script takes about 10 s here)"
     )
     threads = result.trial(THREADS)
@@ -400,7 +400,8 @@ def test_tune_on_an_unchanged_script_end_to_end(tmp_path):
     names = [t["name"] for t in saved["trials"]]
     assert "steps_per_execution=4" in names and XLA in names and THREADS in names
     by_name = {t["name"]: t for t in saved["trials"]}
-    assert by_name["steps_per_execution=4"]["status"] != "untried"  # the search ran
+    ladder = [t for name, t in by_name.items() if name.startswith("steps_per_execution=")]
+    assert any(t["status"] != "untried" for t in ladder)  # the search ran
     assert "needs a fresh process" not in proc.stdout
     for line in saved["lines"]:  # each kept setting with its place in the script
         assert str(script) in line or line.startswith("in the shell"), line
