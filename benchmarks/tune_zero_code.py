@@ -1,16 +1,16 @@
-"""Zero code against in code: `tfgpu tune SCRIPT.py` on a keras.io example as published, next to
-`tfgpu.tune` added to the same example, and the claim checked by the example's next run.
+"""Zero code against in code: `tfgpu tune SCRIPT.py` on a user script, next to `tfgpu.tune`
+added to the same script, and the claim checked by the script's next run.
 
-The examples are the test suite's (tests/keras_examples/, as published), with offline stand-in
-data of the real sizes (random pixels: a step costs the same): MNIST at 60,000 + 10,000. For
-each example:
+The scripts are the test suite's (tests/keras_examples/: written in the shape of the keras.io
+examples, our own code), with offline stand-in data of the real sizes (random pixels: a step
+costs the same): MNIST at 60,000 + 10,000. For each example:
 
 1. zero code: `tfgpu tune --time-budget-s B --log-dir ... EXAMPLE.py` (B: its default, 900 s:
    it starts the script again for every run): its verified speedup, what it kept, its time;
 2. in code: the example with one line put before its first `fit`, the call docs/tuning.md
    shows, with what the example has at hand there (`CASES` below), at `tfgpu.tune`'s default
    budget (300 s): the same figures;
-3. the claim: the example as published and with `tune.diff` applied (`patch -p1`), each run
+3. the claim: the example unchanged and with `tune.diff` applied (`patch -p1`), each run
    by `tfgpu run --no-diagnose` with `KERAS_MAX_EPOCHS=2`, alternating, `--pairs` times; the
    first fit's examples/s (StepTimer's, the median of its epochs) of each, the ratio of
    medians next to the claim.
@@ -44,15 +44,15 @@ CASES = {
     "mnist": (
         "mnist_convnet.py",
         lambda home: _mnist(home / "datasets" / "mnist.npz", 60_000, 10_000),
-        "model.fit(x_train, y_train, batch_size=batch_size",
-        "import tfgpu; print(tfgpu.tune(model, (x_train, y_train), batch_size=batch_size, "
+        "model.fit(x_train, y_train, batch_size=BATCH",
+        "import tfgpu; print(tfgpu.tune(model, (x_train, y_train), batch_size=BATCH, "
         "time_budget_s={budget}, log_dir={log!r})); raise SystemExit",
     ),
     "guide": (
         "distributed_training_with_tensorflow.py",
         lambda home: _mnist(home / "datasets" / "mnist.npz", 60_000, 10_000),
-        "    model.fit(train_dataset, epochs=2, validation_data=val_dataset)",
-        "    import tfgpu; print(tfgpu.tune(model, train_dataset, time_budget_s={budget}, "
+        "model.fit(train_ds, epochs=EPOCHS",
+        "import tfgpu; print(tfgpu.tune(model, train_ds, time_budget_s={budget}, "
         "log_dir={log!r})); raise SystemExit",
     ),
 }
@@ -145,16 +145,16 @@ def case(name: str, budget: float, in_budget: float, pairs: int, root: Path) -> 
     diff = zero_log / "tune.diff"
     if diff.exists():
         subprocess.run(["patch", "-p1", "-i", str(diff)], cwd=applied, check=True)
-    rates: dict[str, list[float]] = {"published": [], "applied": []}
+    rates: dict[str, list[float]] = {"unchanged": [], "applied": []}
     for _ in range(pairs):
-        for side, path in (("published", script), ("applied", applied / example)):
+        for side, path in (("unchanged", script), ("applied", applied / example)):
             log = work / f"run_{side}_{len(rates[side])}"
             proc, _ = _tfgpu("run", "--no-diagnose", "--log-dir", str(log), str(path),
                              cwd=path.parent, env=_env(home, 2))  # fmt: skip
             if proc.returncode != 0:
                 raise RuntimeError(proc.stderr[-3000:])
             rates[side].append(_rate((log / "summary.md").read_text()))
-    ratio = statistics.median(rates["applied"]) / statistics.median(rates["published"])
+    ratio = statistics.median(rates["applied"]) / statistics.median(rates["unchanged"])
     claim = zero["speedup"]["value"] if zero["speedup"] else 1.0
     load = os.getloadavg()[0]
     print(
@@ -168,7 +168,7 @@ def case(name: str, budget: float, in_budget: float, pairs: int, root: Path) -> 
         f"{', '.join(in_code_result['borderline']) or '-'} | {in_code_result['time_s']:.0f} s "
         f"(the script: {in_wall:.0f} s) | | |"
     )
-    print(f"  published {rates['published']}, applied {rates['applied']}; load average {load:.1f}")
+    print(f"  unchanged {rates['unchanged']}, applied {rates['applied']}; load average {load:.1f}")
 
 
 def main() -> None:

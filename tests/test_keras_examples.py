@@ -1,11 +1,12 @@
-"""The five keras.io examples of docs/from_keras.md, as published (tests/keras_examples/), run
-unchanged under `tfgpu run`: the script's own output and exit status intact, every fit recorded,
-the report written and the longest fit diagnosed.
+"""Five user scripts (tests/keras_examples/), written for these tests in the shape of the
+keras.io examples of docs/from_keras.md (the same kinds of data loading and Keras calls, our own
+code), run as they are under `tfgpu run`: the script's own output and exit status intact, every
+fit recorded, the report written and the longest fit diagnosed.
 
-Only their data is smaller, and offline (tests/keras_examples/offline/ says how): a small
-`mnist.npz` and IMDB archive in a temporary KERAS_HOME cache where `keras.utils.get_file` finds
-them, a folder of JPEGs, TFRecord files of JPEGs behind the example's `gs://` path, random
-Xception weights. `KERAS_MAX_EPOCHS=1`, Keras's own debugging variable, caps every `fit` at one
+Their data is small and offline (tests/keras_examples/offline/ says how): a small `mnist.npz`
+and IMDB archive in a temporary KERAS_HOME cache where `keras.utils.get_file` finds them, a
+folder of JPEGs, TFRecord files of JPEGs behind the script's `gs://` path, random Xception
+weights. `KERAS_MAX_EPOCHS=1`, Keras's own debugging variable, caps every `fit` at one
 epoch. Each example runs in its own process (`tfgpu run` is a command line)."""
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tests.conftest import REPO
 EXAMPLES = REPO / "tests" / "keras_examples"
 OFFLINE = EXAMPLES / "offline"
 TIMEOUT = 600
-GCS = "kds-b38ce1b823c3ae623f5691483dbaa0f0363f04b0d6a90b63cf69946e"
+BUCKET = "tfgpu-example-lesions/shards"  # tfrecord.py's gs:// path
 
 
 def _jpeg(pixels: np.ndarray) -> bytes:
@@ -50,9 +51,7 @@ def _mnist(path: Path, train: int, test: int) -> None:
 
 
 def _imdb(datasets: Path) -> None:
-    """The IMDB archive (the example's `get_file` finds it) and its tree where the example
-    reads it: `datasets/aclImdb`, where Keras before 3.7 extracted it (Keras 3.15 extracts
-    into `aclImdb_v1_extracted/`, which the example does not read)."""
+    """The IMDB archive where the script's `get_file` finds it (and extracts it)."""
     rng = np.random.default_rng(1)
     words = ["good", "bad", "film", "plot", "actor", "great", "boring", "scene"]
     files = {}
@@ -67,9 +66,6 @@ def _imdb(datasets: Path) -> None:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             archive.addfile(info, io.BytesIO(data))
-    for name, data in files.items():
-        (datasets / name).parent.mkdir(parents=True, exist_ok=True)
-        (datasets / name).write_bytes(data)
 
 
 def _pet_images(root: Path) -> None:
@@ -77,20 +73,20 @@ def _pet_images(root: Path) -> None:
     for label in ("Cat", "Dog"):
         folder = root / "PetImages" / label
         folder.mkdir(parents=True)
-        for i in range(6):  # the previews show 9 of the first batch
+        for i in range(6):
             name = "6779.jpg" if (label, i) == ("Cat", 0) else f"{i}.jpg"
             (folder / name).write_bytes(_jpeg(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)))
     (root / "PetImages" / "Dog" / "broken.jpg").write_bytes(b"\x89PNG not a JPEG")
 
 
-def _melanoma(gcs: Path) -> None:
-    """Ten training files of three records each (the example's first batch shows 25), one
-    test file; smooth 1024x1024 JPEGs (small files)."""
+def _lesions(gcs: Path) -> None:
+    """Ten labelled shards of three records each, one unlabelled; smooth 512x512 JPEGs (small
+    files)."""
     import tensorflow as tf
 
-    folder = gcs / GCS / "tfrecords"
+    folder = gcs / BUCKET
     folder.mkdir(parents=True)
-    ramp = np.linspace(0, 255, 1024, dtype=np.float32)
+    ramp = np.linspace(0, 255, 512, dtype=np.float32)
     image = _jpeg(np.stack([np.add.outer(ramp, ramp) / 2] * 3, -1).astype(np.uint8))
 
     def example(target: int | None) -> bytes:
@@ -99,8 +95,8 @@ def _melanoma(gcs: Path) -> None:
             feature["target"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[target]))
         return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
-    for name, n, labeled in [(f"train{k:02d}-3.tfrec", 3, True) for k in range(10)] + [
-        ("test00-3.tfrec", 3, False)
+    for name, n, labeled in [(f"train-{k:02d}.tfrec", 3, True) for k in range(10)] + [
+        ("test-00.tfrec", 3, False)
     ]:
         with tf.io.TFRecordWriter(str(folder / name)) as writer:
             for i in range(n):
@@ -171,8 +167,15 @@ def _intact(proc: subprocess.CompletedProcess, *lines: str) -> None:
 def test_image_classification_from_scratch(tmp_path):
     _pet_images(tmp_path)
     proc, log = _run("image_classification_from_scratch.py", tmp_path, tmp_path / "keras")
-    _intact(proc, "Deleted 1 images.", "This image is ", "% cat and ")
+    _intact(
+        proc,
+        "removed 1 file(s) that are not JPEGs: broken.jpg",
+        "classes: ['Cat', 'Dog']",
+        "PetImages/Cat/6779.jpg: Cat with probability ",
+    )
+    assert not (tmp_path / "PetImages" / "Dog" / "broken.jpg").exists()
     assert (tmp_path / "save_at_1.keras").exists()  # its own ModelCheckpoint, untouched
+    assert (tmp_path / "pets.png").exists()  # plot_model, through the pydot stand-in
     _recorded(log, 1)
 
 
@@ -180,7 +183,9 @@ def test_image_classification_from_scratch(tmp_path):
 def test_mnist_convnet(tmp_path):
     _mnist(tmp_path / "keras" / "datasets" / "mnist.npz", 640, 64)
     proc, log = _run("mnist_convnet.py", tmp_path, tmp_path / "keras")
-    _intact(proc, "x_train shape: (640, 28, 28, 1)", "640 train samples", "Test accuracy:")
+    _intact(
+        proc, "training images: 640, each (28, 28, 1)", "test images: 64", "held-out digits: loss "
+    )
     assert "5/5" in proc.stdout  # 576 examples after validation_split=0.1, at 128
     _recorded(log, 1)
 
@@ -189,22 +194,32 @@ def test_mnist_convnet(tmp_path):
 def test_text_classification_from_scratch(tmp_path):
     _imdb(tmp_path / "keras" / "datasets")
     proc, log = _run("text_classification_from_scratch.py", tmp_path, tmp_path / "keras")
-    _intact(proc, "Number of batches in raw_train_ds: 2", "Number of batches in raw_test_ds: 2")
+    # 48 labelled training reviews (unsup/ left out): 36 to train, 12 to validate; 48 to test.
+    _intact(
+        proc,
+        "train: 2 batches of up to 32 reviews",
+        "validation: 1 batches of up to 32 reviews",
+        "test: 2 batches of up to 32 reviews",
+        "test reviews: accuracy ",
+        " positive: Dull, and far too long.",
+    )
     _recorded(log, 1)
 
 
 @pytest.mark.slow
-def test_tfrecord_a_keras_2_example_fails_as_under_python(tmp_path):
-    """Published for Keras 2: Keras 3 refuses its `compile(metrics=AUC(...))` (a list is
-    expected), before any `fit`. `tfgpu run` ends the same way, and says that no fit ran."""
-    _melanoma(tmp_path / "gcs")
+def test_tfrecord_a_script_that_fails_before_its_fit(tmp_path):
+    """The script passes `lr=` to a Keras optimizer (a Keras 2 habit Keras 3 refuses) before
+    any `fit`. `tfgpu run` ends the same way as Python, with the script's traceback and exit
+    status, and says that no fit ran."""
+    _lesions(tmp_path / "gcs")
     _xception_weights(tmp_path / "keras" / "models")
     proc, log = _run("tfrecord.py", tmp_path, tmp_path / "keras", gcs=tmp_path / "gcs")
     assert proc.returncode == 1, proc.stderr[-6000:]
-    assert "Train TFRecord Files: 9\nValidation TFRecord Files: 1\n" in proc.stdout
+    assert "shards: 9 to train, 1 to validate, 1 to score\n" in proc.stdout
+    assert (tmp_path / "lesions.png").exists()  # it read the shards before it failed
     traceback = proc.stderr.split("Traceback (most recent call last):\n")[-1]
     assert traceback.startswith(f'  File "{EXAMPLES / "tfrecord.py"}", line ')
-    assert "ValueError: Expected `metrics` argument to be a list, tuple, or dict." in traceback
+    assert "ValueError: Argument(s) not recognized: {'lr': " in traceback
     assert "tfgpu" not in traceback.split("tfgpu run:")[0]  # the script's frames, Keras's
     assert "tfrecord.py raised ValueError (exit status 1) after no fit" in proc.stderr
     assert (log / "summary.md").exists() and not list(log.glob("fit-*"))
@@ -212,13 +227,23 @@ def test_tfrecord_a_keras_2_example_fails_as_under_python(tmp_path):
 
 @pytest.mark.slow
 def test_distributed_training_with_tensorflow(tmp_path):
-    # The guide keeps the last 10,000 training examples for validation.
-    _mnist(tmp_path / "keras" / "datasets" / "mnist.npz", 10_256, 64)
-    proc, log = _run("distributed_training_with_tensorflow.py", tmp_path, tmp_path / "keras")
-    _intact(proc, "Number of devices: 1", "Creating a new model", "Restoring from ./ckpt/ckpt-1")
-    _recorded(log, 3)
-    # Each fit of the guide with its call in the script (run_training's twice).
+    # 2,000 examples in batches of 64: a partial last batch of 16.
+    _mnist(tmp_path / "keras" / "datasets" / "mnist.npz", 2_000, 64)
     script = EXAMPLES / "distributed_training_with_tensorflow.py"
+    proc, log = _run(script.name, tmp_path, tmp_path / "keras")
+    _intact(
+        proc,
+        "MirroredStrategy over 1 replica(s)",
+        "2000 training examples in batches of 64",
+        "learning rate after epoch 1: 0.05000",
+        "restoring checkpoints/epoch-01.keras",
+        "restored model: test accuracy ",
+    )
+    assert len((tmp_path / "history.csv").read_text().splitlines()) == 3  # its CSVLogger: 2 fits
+    _recorded(log, 2)
+    # Each fit with its call line in the script: the fresh model's, then the restored one's.
+    calls = [n for n, text in enumerate(script.read_text().splitlines(), 1) if ".fit(" in text]
     summary = (log / "summary.md").read_text()
-    for k, line in ((1, 66), (2, 105), (3, 105)):
+    assert len(calls) == 2
+    for k, line in enumerate(calls, 1):
         assert f"\n  fit {k} ({script}:{line}): 1 epoch(s) in " in summary, summary
