@@ -292,6 +292,9 @@ def test_a_stopped_script_leaves_complete_records_the_diagnosis_and_the_report(
         [sys.executable, "-m", "tfgpu", "run", "--log-dir", str(log),
          "--diagnose-budget-s", "5", str(script), str(started)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # As from a terminal: a suite started in the background (`make test &`) hands its
+        # children SIGINT ignored, which Python then keeps ignoring.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     try:
         for _ in range(2400):  # TensorFlow starts first
