@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from tfgpu._internal.helpers.processes import startup_log_held_back
 from tfgpu._internal.measure.rules import OBSERVE_BUDGET_S, PROCESS_BUDGET_S
@@ -187,7 +188,7 @@ def _check_flags_after_script(args: argparse.Namespace) -> None:
     if not given:
         return
     try:
-        text = open(args.script, encoding="utf-8", errors="replace").read()
+        text = Path(args.script).read_text(encoding="utf-8", errors="replace")
     except OSError:  # check_script reports an unreadable script
         return
     for flag in given:
