@@ -220,6 +220,10 @@ def test_an_unexpected_os_error_is_an_error_line_not_a_traceback(tmp_path, capsy
         (["tune", "--time-budget-s", "nan", "{script}"], r"`--time-budget-s`. Received: "
          r"--time-budget-s=nan. Expected a finite number of seconds > 0\.$"),
         (["tune", "--log-dir", "{file}", "{script}"], r"`--log-dir`. Received: --log-dir="),
+        (["tune", "{script}", "--time-budget-s", "20"], r"`--time-budget-s`. Received: "
+         r"--time-budget-s after SCRIPT.py, where it goes to the script .*train.py'"),
+        (["run", "{script}", "--log-dir={dir}"], r"`--log-dir`. Received: --log-dir after "
+         r"SCRIPT.py.*Expected tfgpu's options before the script: `tfgpu run --log-dir"),
         (["report", "{file}"], r"`LOG_DIR`. Received: LOG_DIR="),
         (["report", "{dir}", "--out", ""], r"`--out`. Received: --out=''. Expected a directory "
          r"path\.$"),
@@ -252,3 +256,13 @@ def test_command_line_errors_name_flags_and_values_a_command_line_can_pass(
     python_name = r"(?<![-\w])(time_budget_s|log_dir|out_dir|work_dir|epochs|dataset)\b"
     assert not re.search(python_name, err), err
     assert (tmp_path / "notes.txt").read_text() == "kept"
+
+
+def test_a_flag_after_the_script_that_the_script_names_is_the_scripts_own(tmp_path):
+    from tfgpu.cli import _build_parser, _check_arguments
+
+    script = tmp_path / "train.py"
+    script.write_text("import argparse\np = argparse.ArgumentParser()\np.add_argument('--steps')\n")
+    args = _build_parser().parse_args(["tune", str(script), "--steps", "3"])
+    _check_arguments(args)  # the script reads --steps: it goes to the script
+    assert args.script_args == ["--steps", "3"] and args.steps == 30

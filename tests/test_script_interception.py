@@ -204,6 +204,17 @@ def test_a_scripts_traceback_starts_at_the_script_without_tfgpus_frames(tmp_path
     assert capsys.readouterr().err == "bad input\n"
 
 
+def test_a_script_that_does_not_compile_shows_its_syntax_error_as_python_does(tmp_path, capsys):
+    script = tmp_path / "broken.py"
+    script.write_text("def f(:\n    pass\n")
+    with pytest.raises(SyntaxError) as info:
+        run_as_main(script, [])
+    print_error(info.value, script)
+    err = capsys.readouterr().err
+    assert err.startswith(f'  File "{script}", line 1\n') and "SyntaxError: " in err
+    assert "Traceback" not in err and "runpy" not in err
+
+
 def test_the_training_part_is_cut_as_fit_cuts_it():
     x, y = np.arange(10), np.arange(10) * 2
     part = training_part((x, {"a": y}), 0.25)  # floor(10 * 0.75) = 7

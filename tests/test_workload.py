@@ -177,6 +177,13 @@ def test_single_examples_are_refused_where_batches_are_needed_and_read_nowhere()
     with pytest.raises(ValueError, match="single examples"):  # told by the model's rank
         open_workload(model, generated)
     assert read == []
+    flat = tf.data.Dataset.from_tensor_slices((X[:, 0], Y)).batch(8)  # batched, a rank short
+    with pytest.raises(
+        ValueError,
+        match=r"batches whose inputs have one dimension fewer \(shape "
+        r"\(None,\)\)\. Expected .*model's inputs \(shape \(None, 4\)\)",
+    ):
+        open_workload(model, flat)
     empty = open_workload(model, unbatched.take(0).batch(8))
     with pytest.raises(ValueError, match=r"an empty dataset\. Expected at least one batch"):
         empty.first_batch()

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from tfgpu._internal.helpers.processes import startup_log_held_back
 from tfgpu._internal.measure.rules import OBSERVE_BUDGET_S, PROCESS_BUDGET_S
@@ -124,6 +125,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
     def check_path(flag: str, value: str | None) -> None:
         check_dir(flag, value, allow_none=True, expected="a directory path")
 
+    if args.command in ("run", "tune"):
+        _check_flags_after_script(args)
     if args.command == "demo":
         from tfgpu.demo import check_arguments
 
@@ -162,6 +165,42 @@ def _check_arguments(args: argparse.Namespace) -> None:
             args.script, args.script_args, args.steps, args.warmup, args.time_budget_s,
             args.log_dir, flags=True,
         )  # fmt: skip
+
+
+def _check_flags_after_script(args: argparse.Namespace) -> None:
+    """Refuses one of the command's own flags after SCRIPT.py (`tfgpu tune train.py
+    --time-budget-s 60`): it would go to the script, unseen, and the command run on its
+    default. A flag the script's text names is the script's own and goes to it."""
+    from tfgpu._internal.helpers.checks import invalid_value
+
+    own = [
+        flag
+        for action in args.command_parser._actions
+        for flag in action.option_strings
+        if flag.startswith("--") and flag not in ("--help", "--verbose")
+    ]
+    given = [
+        flag
+        for flag in own
+        for arg in args.script_args
+        if arg == flag or arg.startswith(f"{flag}=")
+    ]
+    if not given:
+        return
+    try:
+        text = Path(args.script).read_text(encoding="utf-8", errors="replace")
+    except OSError:  # check_script reports an unreadable script
+        return
+    for flag in given:
+        if flag not in text:
+            raise invalid_value(
+                flag,
+                None,
+                f"tfgpu's options before the script: `tfgpu {args.command} {flag} ... "
+                "SCRIPT.py [ARGS]` (everything after SCRIPT.py is the script's own)",
+                received=f"{flag} after SCRIPT.py, where it goes to the script "
+                f"{args.script!r}, which does not mention it",
+            )
 
 
 def _hold_back_startup_log(verbose: bool, environ: Mapping[str, str]) -> bool:

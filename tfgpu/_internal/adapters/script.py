@@ -282,9 +282,17 @@ def exit_status(error: BaseException | None) -> int:
     return 1
 
 
+def _runner_frame(filename: str) -> bool:
+    """Whether a frame is tfgpu's or runpy's (a script that does not compile has no frame of
+    its own: Python shows its SyntaxError alone)."""
+    if filename in ("<frozen runpy>", runpy.__file__):
+        return True
+    return str(Path(filename).resolve()).startswith(_TFGPU)
+
+
 def print_error(error: BaseException, script: Path) -> None:
     """Writes what Python writes on stderr when `error` ends `script`: the traceback from the
-    script's own frame on, without tfgpu's frames (or runpy's), or `sys.exit`'s message."""
+    script's own frame on, without tfgpu's frames or runpy's, or `sys.exit`'s message."""
     if isinstance(error, SystemExit):
         if error.code is not None and not isinstance(error.code, int):
             print(error.code, file=sys.stderr)
@@ -293,7 +301,9 @@ def print_error(error: BaseException, script: Path) -> None:
     name = str(Path(script).resolve())
     while tb is not None and str(Path(tb.tb_frame.f_code.co_filename).resolve()) != name:
         tb = tb.tb_next
-    shown = traceback.TracebackException(type(error), error, tb or error.__traceback__)
+    if tb is None and not isinstance(error, SyntaxError):  # a script that does not compile
+        tb = error.__traceback__  # has no frame: Python shows its SyntaxError alone
+    shown = traceback.TracebackException(type(error), error, tb)
     seen: set[int] = set()
     todo = [shown]
     while todo:  # the chain too (`raise ... from ...`, an error while handling another)
@@ -301,7 +311,7 @@ def print_error(error: BaseException, script: Path) -> None:
         if id(te) in seen:
             continue
         seen.add(id(te))
-        frames = [f for f in te.stack if not str(Path(f.filename).resolve()).startswith(_TFGPU)]
+        frames = [f for f in te.stack if not _runner_frame(f.filename)]
         te.stack = traceback.StackSummary.from_list(frames)
         todo += [t for t in (te.__cause__, te.__context__) if t is not None]
     sys.stderr.write("".join(shown.format()))

@@ -101,8 +101,19 @@ class DatasetData:
         inputs = tf.nest.flatten(getattr(model, "inputs", None) or [])
         example_ranks = [len(t.shape) - 1 for t in inputs]  # one example per model input
         by_rank = bool(example_ranks) and ranks == example_ranks
-        if 0 in ranks or chain_state(self.dataset)[0] == "examples" or by_rank:
-            shown = [tuple(s) if s is not None and s.rank is not None else s for s in shapes]
+        state = chain_state(self.dataset)[0]
+        shown = [tuple(s) if s is not None and s.rank is not None else s for s in shapes]
+        if by_rank and state == "batched" and 0 not in ranks:  # batches of the wrong rank
+            model_shapes = [tuple(t.shape) for t in inputs]
+            raise invalid_value(
+                "data",
+                None,
+                "batches whose inputs have the rank of the model's inputs (shape "
+                f"{model_shapes[0] if len(model_shapes) == 1 else model_shapes})",
+                received="batches whose inputs have one dimension fewer (shape "
+                f"{shown[0] if len(shown) == 1 else shown})",
+            )
+        if 0 in ranks or state == "examples" or by_rank:
             raise invalid_value(
                 "data",
                 None,
