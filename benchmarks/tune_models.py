@@ -54,21 +54,17 @@ from tfgpu.demo._synthetic import make_jpegs
 
 
 class Case:
-    """A Keras example's shape: `build(strategy)` makes and compiles the model (in
-    `strategy`'s scope where the example opens one), `data` is what its `fit` takes (a
-    dataset, or arrays with `fit_kwargs`)."""
+    """A Keras example's shape: `make()` builds and compiles the model (`model(strategy)`
+    calls it in `strategy`'s scope, the example's own where it opens one), `data` is what its
+    `fit` takes (a dataset, or arrays with `fit_kwargs`)."""
 
-    def __init__(self, build, data, fit_kwargs=None, strategy=None):
-        self.build, self.data, self.strategy = build, data, strategy
+    def __init__(self, make, data, fit_kwargs=None, strategy=None):
+        self.make, self.data, self.strategy = make, data, strategy
         self.fit_kwargs = fit_kwargs or {}
 
     def model(self, strategy=None):
-        return self.build(strategy or self.strategy)
-
-
-def _scoped(strategy, make):
-    with (strategy or tf.distribute.get_strategy()).scope():
-        return make()
+        with (strategy or self.strategy or tf.distribute.get_strategy()).scope():
+            return self.make()
 
 
 def dense_case():
@@ -76,21 +72,18 @@ def dense_case():
     x = rng.random((16384, 32), dtype=np.float32)
     y = (x[:, :10].argmax(axis=1)).astype(np.int32)
 
-    def build(strategy):
-        def make():
-            model = keras.Sequential(
-                [
-                    keras.Input((32,)),
-                    keras.layers.Dense(64, activation="relu"),
-                    keras.layers.Dense(10, activation="softmax"),
-                ]
-            )
-            model.compile("adam", "sparse_categorical_crossentropy")
-            return model
+    def make():
+        model = keras.Sequential(
+            [
+                keras.Input((32,)),
+                keras.layers.Dense(64, activation="relu"),
+                keras.layers.Dense(10, activation="softmax"),
+            ]
+        )
+        model.compile("adam", "sparse_categorical_crossentropy")
+        return model
 
-        return _scoped(strategy, make)
-
-    return Case(build, tfgpu.data.pipeline((x, y), batch_size=64))
+    return Case(make, tfgpu.data.pipeline((x, y), batch_size=64))
 
 
 def cnn_case():
@@ -104,26 +97,23 @@ def cnn_case():
         image = tf.image.random_flip_up_down(image)
         return tf.image.random_brightness(image, 0.1), label
 
-    def build(strategy):
-        def make():
-            inputs = keras.Input((40, 40, 3))
-            x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
-            x = keras.layers.MaxPooling2D()(x)
-            x = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(x)
-            x = keras.layers.MaxPooling2D()(x)
-            x = keras.layers.Conv2D(64, 3, padding="same", activation="relu")(x)
-            x = keras.layers.GlobalAveragePooling2D()(x)
-            outputs = keras.layers.Dense(10, activation="softmax", dtype="float32")(x)
-            model = keras.Model(inputs, outputs)
-            model.compile("adam", "sparse_categorical_crossentropy")
-            return model
-
-        return _scoped(strategy, make)
+    def make():
+        inputs = keras.Input((40, 40, 3))
+        x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
+        x = keras.layers.MaxPooling2D()(x)
+        x = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(x)
+        x = keras.layers.MaxPooling2D()(x)
+        x = keras.layers.Conv2D(64, 3, padding="same", activation="relu")(x)
+        x = keras.layers.GlobalAveragePooling2D()(x)
+        outputs = keras.layers.Dense(10, activation="softmax", dtype="float32")(x)
+        model = keras.Model(inputs, outputs)
+        model.compile("adam", "sparse_categorical_crossentropy")
+        return model
 
     data = tfgpu.data.pipeline(
         (jpegs, labels), batch_size=64, map_fn=decode, augment_fn=augment, seed=0
     )
-    return Case(build, data)
+    return Case(make, data)
 
 
 def text_case():
@@ -142,23 +132,20 @@ def text_case():
     def to_ids(text, label):
         return vectorize(text), label
 
-    def build(strategy):
-        def make():
-            model = keras.Sequential(
-                [
-                    keras.Input((48,), dtype="int64"),
-                    keras.layers.Embedding(2048, 32),
-                    keras.layers.GlobalAveragePooling1D(),
-                    keras.layers.Dense(32, activation="relu"),
-                    keras.layers.Dense(1, activation="sigmoid", dtype="float32"),
-                ]
-            )
-            model.compile("adam", "binary_crossentropy")
-            return model
+    def make():
+        model = keras.Sequential(
+            [
+                keras.Input((48,), dtype="int64"),
+                keras.layers.Embedding(2048, 32),
+                keras.layers.GlobalAveragePooling1D(),
+                keras.layers.Dense(32, activation="relu"),
+                keras.layers.Dense(1, activation="sigmoid", dtype="float32"),
+            ]
+        )
+        model.compile("adam", "binary_crossentropy")
+        return model
 
-        return _scoped(strategy, make)
-
-    return Case(build, tfgpu.data.pipeline((texts, labels), batch_size=128, batch_map_fn=to_ids))
+    return Case(make, tfgpu.data.pipeline((texts, labels), batch_size=128, batch_map_fn=to_ids))
 
 
 def mnist_case():
@@ -166,27 +153,24 @@ def mnist_case():
     x = rng.random((6000, 28, 28, 1), dtype=np.float32)
     y = rng.integers(0, 10, 6000)
 
-    def build(strategy):
-        def make():
-            model = keras.Sequential(
-                [
-                    keras.Input((28, 28, 1)),
-                    keras.layers.Conv2D(32, 3, activation="relu"),
-                    keras.layers.MaxPooling2D(),
-                    keras.layers.Conv2D(64, 3, activation="relu"),
-                    keras.layers.MaxPooling2D(),
-                    keras.layers.Flatten(),
-                    keras.layers.Dropout(0.5),
-                    keras.layers.Dense(10, activation="softmax"),
-                ]
-            )
-            model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
-            return model
-
-        return _scoped(strategy, make)
+    def make():
+        model = keras.Sequential(
+            [
+                keras.Input((28, 28, 1)),
+                keras.layers.Conv2D(32, 3, activation="relu"),
+                keras.layers.MaxPooling2D(),
+                keras.layers.Conv2D(64, 3, activation="relu"),
+                keras.layers.MaxPooling2D(),
+                keras.layers.Flatten(),
+                keras.layers.Dropout(0.5),
+                keras.layers.Dense(10, activation="softmax"),
+            ]
+        )
+        model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+        return model
 
     data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(6000).batch(128)
-    return Case(build, data)
+    return Case(make, data)
 
 
 def _image_folder(count, size, classes=2):
@@ -206,24 +190,21 @@ def images_case():
         root, image_size=(96, 96), batch_size=128, seed=1337, verbose=False
     ).prefetch(tf.data.AUTOTUNE)
 
-    def build(strategy):
-        def make():
-            inputs = keras.Input((96, 96, 3))
-            x = keras.layers.RandomFlip("horizontal")(inputs)
-            x = keras.layers.RandomRotation(0.1)(x)
-            x = keras.layers.Rescaling(1.0 / 255)(x)
-            for width in (32, 64, 128):
-                x = keras.layers.SeparableConv2D(width, 3, padding="same", activation="relu")(x)
-                x = keras.layers.MaxPooling2D()(x)
-            x = keras.layers.GlobalAveragePooling2D()(x)
-            outputs = keras.layers.Dense(1)(x)
-            model = keras.Model(inputs, outputs)
-            model.compile("adam", keras.losses.BinaryCrossentropy(from_logits=True))
-            return model
+    def make():
+        inputs = keras.Input((96, 96, 3))
+        x = keras.layers.RandomFlip("horizontal")(inputs)
+        x = keras.layers.RandomRotation(0.1)(x)
+        x = keras.layers.Rescaling(1.0 / 255)(x)
+        for width in (32, 64, 128):
+            x = keras.layers.SeparableConv2D(width, 3, padding="same", activation="relu")(x)
+            x = keras.layers.MaxPooling2D()(x)
+        x = keras.layers.GlobalAveragePooling2D()(x)
+        outputs = keras.layers.Dense(1)(x)
+        model = keras.Model(inputs, outputs)
+        model.compile("adam", keras.losses.BinaryCrossentropy(from_logits=True))
+        return model
 
-        return _scoped(strategy, make)
-
-    return Case(build, data)
+    return Case(make, data)
 
 
 def guide_case():
@@ -234,27 +215,24 @@ def guide_case():
         warnings.simplefilter("ignore")
         strategy = tf.distribute.MirroredStrategy()
 
-    def build(strategy):
-        def make():
-            model = keras.Sequential(
-                [
-                    keras.Input((784,)),
-                    keras.layers.Dense(256, activation="relu"),
-                    keras.layers.Dense(256, activation="relu"),
-                    keras.layers.Dense(10),
-                ]
-            )
-            model.compile(
-                keras.optimizers.Adam(),
-                keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                metrics=[keras.metrics.SparseCategoricalAccuracy()],
-            )
-            return model
-
-        return _scoped(strategy, make)
+    def make():
+        model = keras.Sequential(
+            [
+                keras.Input((784,)),
+                keras.layers.Dense(256, activation="relu"),
+                keras.layers.Dense(256, activation="relu"),
+                keras.layers.Dense(10),
+            ]
+        )
+        model.compile(
+            keras.optimizers.Adam(),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=[keras.metrics.SparseCategoricalAccuracy()],
+        )
+        return model
 
     data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(12816).batch(32)
-    return Case(build, data, strategy=strategy)
+    return Case(make, data, strategy=strategy)
 
 
 def xla_case():
@@ -265,24 +243,19 @@ def xla_case():
     augmentation = keras.Sequential([keras.layers.RandomFlip("horizontal")])
     data = data.map(lambda x, y: (augmentation(x), y)).prefetch(tf.data.AUTOTUNE)
 
-    def build(strategy):
-        def make():
-            inputs = keras.Input((90, 90, 3))
-            x = keras.layers.Rescaling(1.0 / 255)(inputs)
-            for width in (32, 64, 128):
-                x = keras.layers.Conv2D(width, 3, padding="same", activation="relu")(x)
-                x = keras.layers.MaxPooling2D()(x)
-            x = keras.layers.GlobalAveragePooling2D()(x)
-            outputs = keras.layers.Dense(1)(x)
-            model = keras.Model(inputs, outputs)
-            model.compile(
-                "adam", keras.losses.BinaryCrossentropy(from_logits=True), jit_compile=True
-            )
-            return model
+    def make():
+        inputs = keras.Input((90, 90, 3))
+        x = keras.layers.Rescaling(1.0 / 255)(inputs)
+        for width in (32, 64, 128):
+            x = keras.layers.Conv2D(width, 3, padding="same", activation="relu")(x)
+            x = keras.layers.MaxPooling2D()(x)
+        x = keras.layers.GlobalAveragePooling2D()(x)
+        outputs = keras.layers.Dense(1)(x)
+        model = keras.Model(inputs, outputs)
+        model.compile("adam", keras.losses.BinaryCrossentropy(from_logits=True), jit_compile=True)
+        return model
 
-        return _scoped(strategy, make)
-
-    return Case(build, data)
+    return Case(make, data)
 
 
 def timeseries_case():
@@ -290,23 +263,20 @@ def timeseries_case():
     x = rng.normal(size=(3601, 500, 1)).astype(np.float32)
     y = rng.integers(0, 2, 3601)
 
-    def build(strategy):
-        def make():
-            inputs = keras.Input((500, 1))
-            h = inputs
-            for _ in range(3):
-                h = keras.layers.Conv1D(64, 3, padding="same")(h)
-                h = keras.layers.BatchNormalization()(h)
-                h = keras.layers.ReLU()(h)
-            h = keras.layers.GlobalAveragePooling1D()(h)
-            outputs = keras.layers.Dense(2, activation="softmax")(h)
-            model = keras.Model(inputs, outputs)
-            model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
-            return model
+    def make():
+        inputs = keras.Input((500, 1))
+        h = inputs
+        for _ in range(3):
+            h = keras.layers.Conv1D(64, 3, padding="same")(h)
+            h = keras.layers.BatchNormalization()(h)
+            h = keras.layers.ReLU()(h)
+        h = keras.layers.GlobalAveragePooling1D()(h)
+        outputs = keras.layers.Dense(2, activation="softmax")(h)
+        model = keras.Model(inputs, outputs)
+        model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+        return model
 
-        return _scoped(strategy, make)
-
-    return Case(build, (x, y), {"batch_size": 32, "validation_split": 0.2})
+    return Case(make, (x, y), {"batch_size": 32, "validation_split": 0.2})
 
 
 CASES = {
