@@ -107,9 +107,6 @@ def test_arrays_are_tuned_at_the_users_batch_and_keep_its_validation_split(monke
         return False
 
     _script(monkeypatch, faster)
-    # No global seed left by another test: with one, the shuffle's op seed is fixed when the
-    # dataset is built, and every iterator (each of `fit`'s epochs too) repeats one order.
-    tf.random.set_seed(None)
     model = _model()
     result = tfgpu.tune(model, (X, Y), batch_size=128, validation_split=0.1, time_budget_s=600)
     # Timed as fit trains: the first 900 examples, 8 batches of 128 (the last of 4).
