@@ -90,10 +90,11 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _restore_global_state():
-    """Restores the Keras precision policy, op determinism, TensorFlow's global seed and the
-    environment after each test. A global seed left behind fixes the op seed of every random
-    op built later, so a dataset's randomness would repeat in another test by the order tests
-    ran in."""
+    """Restores the Keras precision policy, op determinism and the environment after each
+    test, and unsets TensorFlow's global seed (as in a fresh process; a module's fixture may
+    have set it before this one ran). A global seed left behind fixes the op seed of every
+    random op built later: a dataset's randomness would repeat in another test, by the order
+    tests ran in."""
     import keras
     import tensorflow as tf
     from tensorflow.python.eager import context
@@ -101,12 +102,11 @@ def _restore_global_state():
 
     policy = keras.mixed_precision.global_policy().name
     deterministic = tf_config.is_op_determinism_enabled()
-    seed = context.global_seed()
     environ = dict(os.environ)
     yield
     keras.mixed_precision.set_global_policy(policy)
-    if context.global_seed() != seed:
-        tf.random.set_seed(seed)
+    if context.global_seed() is not None:
+        tf.random.set_seed(None)
     if tf_config.is_op_determinism_enabled() != deterministic:
         (tf_config.enable_op_determinism if deterministic else tf_config.disable_op_determinism)()
     os.environ.clear()
