@@ -20,6 +20,7 @@ import keras
 import pytest
 
 from tests.conftest import REPO
+from tfgpu._internal.helpers.processes import raise_if_signalled
 from tfgpu.cli import main
 from tfgpu.run import _run, _summary
 from tfgpu.run._run import run_script
@@ -140,6 +141,41 @@ def test_a_fit_that_raises_leaves_its_records_and_says_so(tmp_path, capsys):
     # Each step whose end StepTimer saw (the script's callback raised before it saw the 5th).
     assert len(_rows(tmp_path / "run" / "fit-1" / "steps.csv")) == 4
     assert (tmp_path / "run" / "fit-1" / "report.md").exists()
+
+
+@pytest.mark.skipif(os.name != "posix", reason="SIGTERM: POSIX")
+def test_a_sigterm_whose_exit_was_swallowed_still_ends_the_fit_at_the_next_batch(tmp_path, capsys):
+    # The handler's SystemExit can be raised inside a Python call that TensorFlow's C++ makes
+    # and clears; then the script would train on for all its epochs. Swallowed here on purpose.
+    swallowed = tmp_path / "swallowed"
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""\
+            import pathlib, signal
+            import numpy as np
+            import keras
+
+            class Swallow(keras.callbacks.Callback):
+                def on_train_batch_end(self, batch, logs=None):
+                    if batch == 4:
+                        try:
+                            signal.raise_signal(signal.SIGTERM)  # its handler runs in here
+                        except SystemExit:
+                            pathlib.Path({str(swallowed)!r}).write_text("swallowed")
+
+            x = np.zeros((256, 4), "float32")
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            model.compile("sgd", "mse")
+            model.fit(x, x[:, :1], epochs=3, verbose=0, callbacks=[Swallow()])
+            """
+        )
+    )
+    assert run_script(script, [], log_dir=tmp_path / "run", diagnose=False) == 143
+    assert swallowed.exists()
+    assert "train.py exited (exit status 143)" in capsys.readouterr().err
+    assert len(_rows(tmp_path / "run" / "fit-1" / "steps.csv")) == 5  # the 6th never began
+    raise_if_signalled()  # the record ends with `tfgpu run`: a later fit is not stopped
 
 
 def test_a_script_without_fit_says_so(tmp_path, capsys):

@@ -17,6 +17,7 @@ import keras
 from tfgpu._internal.adapters import keras_internals
 from tfgpu._internal.adapters.script import FitCall, Place
 from tfgpu._internal.helpers import stats
+from tfgpu._internal.helpers.processes import raise_if_signalled
 from tfgpu._internal.helpers.warn import one_line
 
 keras_internals.FORWARDING_MODULES.add(__name__)
@@ -69,6 +70,18 @@ def _forward(hook: str) -> Any:
 
 for _hook in _HOOKS:
     setattr(Quiet, _hook, _forward(_hook))
+
+
+class EndOnSignal(keras.callbacks.Callback):
+    """Ends the `fit` at the next batch once SIGTERM or SIGHUP came (`signals_exit`): the
+    handler's `SystemExit` can be swallowed where it is raised (a Python call made from
+    TensorFlow's C++), and the script would train on for its every epoch. A batch-begin hook:
+    Keras calls it without logs, so it never makes Keras wait for a step's results."""
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        raise_if_signalled()
+
+    on_test_batch_begin = on_predict_batch_begin = on_train_batch_begin
 
 
 @dataclasses.dataclass
@@ -127,7 +140,7 @@ def watched_fit(call: FitCall, record: FitRecord) -> Any:
             warnings.warn(f"tfgpu run: {kind.__name__} not added: {one_line(e)}", stacklevel=2)
     start = time.monotonic()
     try:
-        return call.run(callbacks=[*theirs, *record.added])
+        return call.run(callbacks=[*theirs, *record.added, EndOnSignal()])
     except BaseException as e:
         record.ended = one_line(e)
         raise

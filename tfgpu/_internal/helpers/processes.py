@@ -157,13 +157,21 @@ def _watch(parent_pid: int) -> None:
     os._exit(1)
 
 
+# The signal that `signals_exit`'s handler got inside the block (None: none yet), for
+# `raise_if_signalled`.
+_received: list[int] = []
+
+
 @contextlib.contextmanager
 def signals_exit() -> Iterator[None]:
     """SIGTERM and SIGHUP raise `SystemExit(128 + signal)` inside the block, so that cleanup
     runs (their default ends the process at once); the handlers are restored after it. Only
-    in the main thread (elsewhere Python cannot set handlers: the block runs as it is)."""
+    in the main thread (elsewhere Python cannot set handlers: the block runs as it is). The
+    signal is also recorded for `raise_if_signalled`: code that swallows the handler's
+    exception (a Python call made from C++ that clears the error) cannot make it lost."""
 
     def stop(signum: int, frame: object) -> None:
+        _received.append(signum)
         raise SystemExit(128 + signum)
 
     previous = {}
@@ -176,3 +184,11 @@ def signals_exit() -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+        _received.clear()
+
+
+def raise_if_signalled() -> None:
+    """Raises `SystemExit(128 + signal)` again when `signals_exit`'s handler got a signal: for a
+    loop that must end though the handler's exception was swallowed (a `fit` still training)."""
+    if _received:
+        raise SystemExit(128 + _received[-1])
