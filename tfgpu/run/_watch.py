@@ -73,8 +73,8 @@ for _hook in _HOOKS:
 
 
 class EndOnSignal(keras.callbacks.Callback):
-    """Ends the `fit` at the next batch once SIGTERM or SIGHUP came (`signals_exit`): the
-    handler's `SystemExit` can be swallowed where it is raised (a Python call made from
+    """Ends the `fit` at the next batch once Ctrl-C, SIGTERM or SIGHUP came (`signals_exit`):
+    the handler's exception can be swallowed where it is raised (a Python call made from
     TensorFlow's C++), and the script would train on for its every epoch. A batch-begin hook:
     Keras calls it without logs, so it never makes Keras wait for a step's results."""
 

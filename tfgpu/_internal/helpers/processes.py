@@ -157,22 +157,27 @@ def _watch(parent_pid: int) -> None:
     os._exit(1)
 
 
-# The signal that `signals_exit`'s handler got inside the block (None: none yet), for
-# `raise_if_signalled`.
+# The signals that `signals_exit`'s handlers got inside the block, for `raise_if_signalled`.
 _received: list[int] = []
 
 
 @contextlib.contextmanager
 def signals_exit() -> Iterator[None]:
     """SIGTERM and SIGHUP raise `SystemExit(128 + signal)` inside the block, so that cleanup
-    runs (their default ends the process at once); the handlers are restored after it. Only
-    in the main thread (elsewhere Python cannot set handlers: the block runs as it is). The
-    signal is also recorded for `raise_if_signalled`: code that swallows the handler's
-    exception (a Python call made from C++ that clears the error) cannot make it lost."""
+    runs (their default ends the process at once); Ctrl-C raises `KeyboardInterrupt` as
+    Python's own handler does (where that handler is set: not where SIGINT is ignored). The
+    handlers are restored after it. Only in the main thread (elsewhere Python cannot set
+    handlers: the block runs as it is). Each signal is also recorded for
+    `raise_if_signalled`: code that swallows the exception where the handler raised it (a
+    Python call made from C++ that clears the error) cannot make the signal lost."""
 
     def stop(signum: int, frame: object) -> None:
         _received.append(signum)
         raise SystemExit(128 + signum)
+
+    def interrupt(signum: int, frame: object) -> None:
+        _received.append(signum)
+        raise KeyboardInterrupt
 
     previous = {}
     try:
@@ -180,6 +185,8 @@ def signals_exit() -> Iterator[None]:
             for sig in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)):
                 if sig is not None:
                     previous[sig] = signal.signal(sig, stop)
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                previous[signal.SIGINT] = signal.signal(signal.SIGINT, interrupt)
         yield
     finally:
         for sig, old in previous.items():
@@ -188,7 +195,11 @@ def signals_exit() -> Iterator[None]:
 
 
 def raise_if_signalled() -> None:
-    """Raises `SystemExit(128 + signal)` again when `signals_exit`'s handler got a signal: for a
-    loop that must end though the handler's exception was swallowed (a `fit` still training)."""
-    if _received:
-        raise SystemExit(128 + _received[-1])
+    """Raises again what `signals_exit`'s handler raised for the last signal it got (Ctrl-C:
+    `KeyboardInterrupt`; others: `SystemExit(128 + signal)`), if any: for a loop that must end
+    though the handler's exception was swallowed (a `fit` still training)."""
+    if not _received:
+        return
+    if _received[-1] == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + _received[-1])
