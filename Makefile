@@ -20,19 +20,19 @@ demo: $(VENV)/.dev
 	$(BIN)/tfgpu env
 	$(BIN)/tfgpu demo $(ARGS)
 
-# Three workers (pytest-xdist), each test file on one of them: the subprocess and multi-worker
-# tests wait much of the time (two workers left a sixth of 2 cores idle: 642 s against 574 s
-# for three, on a fresh clone on a 2-core Intel Xeon). The whole suite also measures which
+# Four workers (pytest-xdist), each test file on one of them: the subprocess, multi-worker and
+# time-budgeted tests wait much of the time (on a 2-core Intel Xeon, pytest alone: two workers
+# 642 s, three 574-618 s, four 539 s). The whole suite also measures which
 # lines and branches of tfgpu/ ran (in this process and the workers, not in the subprocesses
 # tests start) and fails under the floor; a run narrowed with ARGS is not held to it.
 COV   := --cov=tfgpu --cov-branch
 FLOOR := $(if $(ARGS),,--cov-fail-under=90)
 test: $(VENV)/.dev
-	$(BIN)/python -m pytest -n 3 --dist loadfile --durations=15 $(COV) --cov-report= $(FLOOR) $(ARGS)
+	$(BIN)/python -m pytest -n 4 --dist loadfile --durations=15 $(COV) --cov-report= $(FLOOR) $(ARGS)
 
 # The same, with the figure of each module and its missed lines.
 coverage: $(VENV)/.dev
-	$(BIN)/python -m pytest -n 3 --dist loadfile $(COV) --cov-report=term-missing:skip-covered $(FLOOR) $(ARGS)
+	$(BIN)/python -m pytest -n 4 --dist loadfile $(COV) --cov-report=term-missing:skip-covered $(FLOOR) $(ARGS)
 
 # The edit-test loop: every test not marked `slow` (no subprocesses, no multi-second training).
 test-fast: $(VENV)/.dev
