@@ -17,7 +17,7 @@ import keras
 from tfgpu._internal.adapters import keras_internals
 from tfgpu._internal.adapters.script import FitCall, Place
 from tfgpu._internal.helpers import stats
-from tfgpu._internal.helpers.processes import raise_if_signalled
+from tfgpu._internal.helpers.processes import raise_if_signalled, signals_received
 from tfgpu._internal.helpers.warn import one_line
 
 keras_internals.FORWARDING_MODULES.add(__name__)
@@ -78,8 +78,12 @@ class EndOnSignal(keras.callbacks.Callback):
     TensorFlow's C++), and the script would train on for its every epoch. A batch-begin hook:
     Keras calls it without logs, so it never makes Keras wait for a step's results."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.since = signals_received()  # one the script caught before this fit is its own
+
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-        raise_if_signalled()
+        raise_if_signalled(self.since)
 
     on_test_batch_begin = on_predict_batch_begin = on_train_batch_begin
 

@@ -194,11 +194,17 @@ def signals_exit() -> Iterator[None]:
         _received.clear()
 
 
-def raise_if_signalled() -> None:
-    """Raises again what `signals_exit`'s handler raised for the last signal it got (Ctrl-C:
-    `KeyboardInterrupt`; others: `SystemExit(128 + signal)`), if any: for a loop that must end
-    though the handler's exception was swallowed (a `fit` still training)."""
-    if not _received:
+def signals_received() -> int:
+    """How many signals `signals_exit`'s handlers got so far (0 outside its block)."""
+    return len(_received)
+
+
+def raise_if_signalled(since: int = 0) -> None:
+    """Raises again what `signals_exit`'s handler raised for the last signal it got, if it got
+    more than `since` (a `signals_received()` read before): Ctrl-C `KeyboardInterrupt`, others
+    `SystemExit(128 + signal)`. For a loop that must end though the handler's exception was
+    swallowed (a `fit` still training)."""
+    if len(_received) <= since:
         return
     if _received[-1] == signal.SIGINT:
         raise KeyboardInterrupt
