@@ -12,8 +12,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
+# --no-compile: Python compiles a module when it is first imported, not every file of
+# TensorFlow at install (42 s against 56 s on a 2-core machine).
 $(VENV)/.dev: $(BIN)/python setup.cfg pyproject.toml
-	$(BIN)/python -m pip install -q -e ".[dev$(CUDA)]"
+	$(BIN)/python -m pip install -q --no-compile -e ".[dev$(CUDA)]"
 	touch $@
 
 demo: $(VENV)/.dev
@@ -22,17 +24,18 @@ demo: $(VENV)/.dev
 
 # Four workers (pytest-xdist), each test file on one of them: the subprocess, multi-worker and
 # time-budgeted tests wait much of the time (on a 2-core Intel Xeon, pytest alone: two workers
-# 642 s, three 574-618 s, four 539 s). The whole suite also measures which
-# lines and branches of tfgpu/ ran (in this process and the workers, not in the subprocesses
-# tests start) and fails under the floor; a run narrowed with ARGS is not held to it.
+# 642 s, three 574-618 s, four 539 s); the longest files go first (tests/conftest.py). The
+# whole suite also measures which lines and branches of tfgpu/ ran (in this process and the
+# workers, not in the subprocesses tests start) and fails under the floor; a run narrowed
+# with ARGS is not held to it.
 COV   := --cov=tfgpu --cov-branch
 FLOOR := $(if $(ARGS),,--cov-fail-under=90)
 test: $(VENV)/.dev
-	$(BIN)/python -m pytest -n 4 --dist loadfile --durations=15 $(COV) --cov-report= $(FLOOR) $(ARGS)
+	$(BIN)/python -m pytest -n 4 --dist loadfile --no-loadscope-reorder --durations=15 $(COV) --cov-report= $(FLOOR) $(ARGS)
 
 # The same, with the figure of each module and its missed lines.
 coverage: $(VENV)/.dev
-	$(BIN)/python -m pytest -n 4 --dist loadfile $(COV) --cov-report=term-missing:skip-covered $(FLOOR) $(ARGS)
+	$(BIN)/python -m pytest -n 4 --dist loadfile --no-loadscope-reorder $(COV) --cov-report=term-missing:skip-covered $(FLOOR) $(ARGS)
 
 # The edit-test loop: every test not marked `slow` (no subprocesses, no multi-second training).
 test-fast: $(VENV)/.dev
