@@ -12,10 +12,8 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-# --no-compile: Python compiles a module when it is first imported, not every file of
-# TensorFlow at install (42 s against 56 s on a 2-core machine).
 $(VENV)/.dev: $(BIN)/python setup.cfg pyproject.toml
-	$(BIN)/python -m pip install -q --no-compile -e ".[dev$(CUDA)]"
+	$(BIN)/python -m pip install -q -e ".[dev$(CUDA)]"
 	touch $@
 
 demo: $(VENV)/.dev
