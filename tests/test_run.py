@@ -149,8 +149,9 @@ def test_a_fit_that_raises_leaves_its_records_and_says_so(tmp_path, capsys):
     [(signal.SIGINT, 130, "was interrupted by Ctrl-C"), (signal.SIGTERM, 143, "exited")],
     ids=["Ctrl-C", "SIGTERM"],
 )
-def test_a_signal_whose_exception_was_swallowed_still_ends_the_fit_at_the_next_batch(
-    tmp_path, capsys, sig, status, ended
+@pytest.mark.parametrize(("at", "rows"), [(4, 5), (7, 8)], ids=["mid-epoch", "last batch"])
+def test_a_signal_whose_exception_was_swallowed_still_ends_the_fit_and_the_script(
+    tmp_path, capsys, sig, status, ended, at, rows
 ):
     # The handler's exception can be raised inside a Python call that TensorFlow's C++ makes
     # and clears; then the script would train on for all its epochs (seen with both signals
@@ -166,7 +167,7 @@ def test_a_signal_whose_exception_was_swallowed_still_ends_the_fit_at_the_next_b
 
             class Swallow(keras.callbacks.Callback):
                 def on_train_batch_end(self, batch, logs=None):
-                    if batch == 4:
+                    if batch == {at}:
                         try:
                             signal.raise_signal({int(sig)})  # its handler runs in here
                         except BaseException:
@@ -179,7 +180,8 @@ def test_a_signal_whose_exception_was_swallowed_still_ends_the_fit_at_the_next_b
             x = np.zeros((256, 4), "float32")
             model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
             model.compile("sgd", "mse")
-            model.fit(x, x[:, :1], epochs=3, verbose=0, callbacks=[Swallow()])
+            model.fit(x, x[:, :1], epochs={1 if at == 7 else 3}, verbose=0, callbacks=[Swallow()])
+            print("after the fit")
             """
         )
     )
@@ -189,8 +191,9 @@ def test_a_signal_whose_exception_was_swallowed_still_ends_the_fit_at_the_next_b
     finally:
         signal.signal(signal.SIGINT, before)
     assert swallowed.exists()
-    assert f"train.py {ended} (exit status {status})" in capsys.readouterr().err
-    assert len(_rows(tmp_path / "run" / "fit-1" / "steps.csv")) == 5  # the 6th never began
+    out, err = capsys.readouterr()
+    assert f"train.py {ended} (exit status {status})" in err and "after the fit" not in out
+    assert len(_rows(tmp_path / "run" / "fit-1" / "steps.csv")) == rows  # no batch after it
     raise_if_signalled()  # the record ends with `tfgpu run`
 
 

@@ -73,9 +73,10 @@ for _hook in _HOOKS:
 
 
 class EndOnSignal(keras.callbacks.Callback):
-    """Ends the `fit` at the next batch once Ctrl-C, SIGTERM or SIGHUP came (`signals_exit`):
-    the handler's exception can be swallowed where it is raised (a Python call made from
-    TensorFlow's C++), and the script would train on for its every epoch. A batch-begin hook:
+    """Ends the `fit` at its next batch (or as it ends) once Ctrl-C, SIGTERM or SIGHUP came
+    (`signals_exit`): the handler's exception can be swallowed where it is raised (a Python
+    call made from TensorFlow's C++), and the script would train on for its every epoch. A
+    batch-begin hook:
     Keras calls it without logs, so it never makes Keras wait for a step's results."""
 
     def __init__(self) -> None:
@@ -86,6 +87,9 @@ class EndOnSignal(keras.callbacks.Callback):
         raise_if_signalled(self.since)
 
     on_test_batch_begin = on_predict_batch_begin = on_train_batch_begin
+
+    def on_train_end(self, logs: Any = None) -> None:  # swallowed in the last batch
+        raise_if_signalled(self.since)
 
 
 @dataclasses.dataclass
