@@ -76,8 +76,7 @@ class EndOnSignal(keras.callbacks.Callback):
     """Ends the `fit` at its next batch (or as it ends) once Ctrl-C, SIGTERM or SIGHUP came
     (`signals_exit`): the handler's exception can be swallowed where it is raised (a Python
     call made from TensorFlow's C++), and the script would train on for its every epoch. A
-    batch-begin hook:
-    Keras calls it without logs, so it never makes Keras wait for a step's results."""
+    batch-begin hook: Keras calls it without logs, so it never makes Keras wait for a step."""
 
     def __init__(self) -> None:
         super().__init__()
