@@ -173,11 +173,7 @@ def signals_exit() -> Iterator[None]:
 
     def stop(signum: int, frame: object) -> None:
         _received.append(signum)
-        raise SystemExit(128 + signum)
-
-    def interrupt(signum: int, frame: object) -> None:
-        _received.append(signum)
-        raise KeyboardInterrupt
+        raise _exception(signum)
 
     previous = {}
     try:
@@ -186,7 +182,7 @@ def signals_exit() -> Iterator[None]:
                 if sig is not None:
                     previous[sig] = signal.signal(sig, stop)
             if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-                previous[signal.SIGINT] = signal.signal(signal.SIGINT, interrupt)
+                previous[signal.SIGINT] = signal.signal(signal.SIGINT, stop)
         yield
     finally:
         for sig, old in previous.items():
@@ -204,8 +200,11 @@ def raise_if_signalled(since: int = 0) -> None:
     more than `since` (a `signals_received()` read before): Ctrl-C `KeyboardInterrupt`, others
     `SystemExit(128 + signal)`. For a loop that must end though the handler's exception was
     swallowed (a `fit` still training)."""
-    if len(_received) <= since:
-        return
-    if _received[-1] == signal.SIGINT:
-        raise KeyboardInterrupt
-    raise SystemExit(128 + _received[-1])
+    if len(_received) > since:
+        raise _exception(_received[-1])
+
+
+def _exception(signum: int) -> BaseException:
+    """What `signals_exit` raises for `signum`: Ctrl-C `KeyboardInterrupt`, as Python's own
+    handler; others `SystemExit(128 + signal)`, the status a shell gives a process they end."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else SystemExit(128 + signum)
