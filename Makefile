@@ -26,14 +26,15 @@ demo: $(VENV)/.dev
 # whole suite also measures which lines and branches of tfgpu/ ran (in this process and the
 # workers, not in the subprocesses tests start) and fails under the floor; a run narrowed
 # with ARGS is not held to it.
+SUITE := $(BIN)/python -m pytest -n 4 --dist loadfile --no-loadscope-reorder
 COV   := --cov=tfgpu --cov-branch
 FLOOR := $(if $(ARGS),,--cov-fail-under=90)
 test: $(VENV)/.dev
-	$(BIN)/python -m pytest -n 4 --dist loadfile --no-loadscope-reorder --durations=15 $(COV) --cov-report= $(FLOOR) $(ARGS)
+	$(SUITE) --durations=15 $(COV) --cov-report= $(FLOOR) $(ARGS)
 
 # The same, with the figure of each module and its missed lines.
 coverage: $(VENV)/.dev
-	$(BIN)/python -m pytest -n 4 --dist loadfile --no-loadscope-reorder $(COV) --cov-report=term-missing:skip-covered $(FLOOR) $(ARGS)
+	$(SUITE) $(COV) --cov-report=term-missing:skip-covered $(FLOOR) $(ARGS)
 
 # The edit-test loop: every test not marked `slow` (no subprocesses, no multi-second training).
 test-fast: $(VENV)/.dev
